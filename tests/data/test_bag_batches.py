@@ -142,22 +142,65 @@ def test_hard_distractors_through_the_loop(make_cfg):
     assert [v["reward/retrieval/candidates"] for v in values if "reward" in v] == [12.0, 12.0]
 
 
-def test_a_mid_epoch_resume_with_another_split_of_the_global_batch_is_refused_under_bagcurri(make_cfg):
-    """BagCurri's bags per batch depend on processes x accumulation (whole bags per process), so the same global
-    batch split otherwise plans other batches: resumed mid-epoch it trained some images twice and skipped others
-    (the global batch alone was checked). The checkpoint now records which examples its epoch has trained."""
+SPLIT = ["train.objective=reinforce", "data.sampler=bagcurri", "data.bag_schedule={1: 4}",
+         "rl.rewards={retrieval: 1.0}", "rl.baseline=mean", "rl.strategy=greedy", "rl.samples=1",
+         "sr.distractors=bag", "train.eval_every=100", "train.save_every=1", "clipcap.tiny_dropout=0"]  # fmt: skip
+
+
+def test_accumulation_takes_the_global_batch_of_one_big_batch_and_cuts_bags_without_losing_bag_mates(
+    make_cfg, monkeypatch
+):
+    """One step of 12 images, bags of 4, as 1 x 12 and as 1 x 6 x 2 accumulation steps. The global batches used to
+    be rounded to whole bags per micro-batch, so the split step took 2 bags (8 images) where the big batch took 3
+    (12). Now both take the same 3 bags; the second bag is cut between the two micro-batches, and its images still
+    have their 3 bag-mates as distractors (the reward reads the step's bag numbers), so the rewards, the loss and
+    the gradient are those of the big batch."""
+    seen = []
+    original = RetrievalReward.__call__
+
+    def spy(self, captions, batch):
+        out = original(self, captions, batch)
+        seen.append((list(batch["step_info"].image_ids), list(batch["image_ids"]), out.parts["candidates"].tolist(),
+                     out.total.tolist()))  # fmt: skip
+        return out
+
+    monkeypatch.setattr(RetrievalReward, "__call__", spy)
+    big = train(make_cfg(*SPLIT, "train.max_steps=1", run="big"))
+    (step_ids, ids, candidates, rewards), *rest = seen
+    assert rest == [] and step_ids == ids and len(ids) == 12 and candidates == [4.0] * 12
+    seen.clear()
+    split = train(make_cfg(*SPLIT, "train.max_steps=1", "train.batch_size=6", "train.grad_accum_steps=2",
+                           run="split"))  # fmt: skip
+    assert [s[0] for s in seen] == [step_ids, step_ids]  # the big batch's images, whatever the split
+    assert [s[1] for s in seen] == [ids[:6], ids[6:]]  # the micro-batches cut the second bag of 4
+    assert [c for s in seen for c in s[2]] == candidates  # every image keeps its 3 bag-mates
+    assert [r for s in seen for r in s[3]] == pytest.approx(rewards, abs=1e-6)
+
+    def logged(run, key):
+        events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return next(e for e in events if e["split"] == "train")["values"][key]
+
+    assert logged(split, "loss") == pytest.approx(logged(big, "loss"), rel=1e-5)
+    assert logged(split, "grad_norm") == pytest.approx(logged(big, "grad_norm"), rel=1e-5)
+    assert logged(big, "grad_norm") > 0
+
+
+def test_a_mid_epoch_resume_with_another_split_continues_and_other_batches_are_refused(make_cfg):
+    """Resumed mid-epoch, a run must train the rest of its epoch's examples: with another split of the same global
+    batch BagCurri plans the same batches and the run continues; with batches that hold other examples (another bag
+    schedule: the global batch size alone was checked before the checkpoint recorded which examples its epoch has
+    trained) it is refused."""
     from finecap.train.state import CheckpointError
 
-    common = ["train.objective=reinforce", "data.sampler=bagcurri", "data.bag_schedule={1: 4}",
-              "rl.rewards={retrieval: 1.0}", "rl.baseline=mean", "rl.strategy=greedy", "rl.samples=1",
-              "sr.distractors=bag", "train.eval_every=100", "train.save_every=1"]  # fmt: skip
-    run = train(make_cfg(*common, "train.max_steps=1"))  # 1 process x 12: 3 bags of 4 a batch
+    run = train(make_cfg(*SPLIT, "train.max_steps=1"))  # 1 process x 12: 3 bags of 4 a batch
     state = json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())
     assert state["position"] == 1 and len(state["trained"]) == 64
-    split = make_cfg(*common, "train.max_steps=3", "train.batch_size=6", "train.grad_accum_steps=2")  # 2 bags a batch
+    other = make_cfg(*[o for o in SPLIT if not o.startswith("data.bag_schedule")], "data.bag_schedule={1: 3}",
+                     "train.max_steps=3")  # fmt: skip
     with pytest.raises(CheckpointError, match=r"stopped 1 global batches into epoch 0, but this run's first 1 "
                                               r"batches of that epoch hold other examples"):  # fmt: skip
-        train(split, resume=True)
+        train(other, resume=True)
     assert json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())["step"] == 1
-    same = train(make_cfg(*common, "train.max_steps=3"), resume=True)  # the checkpoint's split resumes
-    assert json.loads((checkpoint_dir(same, "last") / "trainer_state.json").read_text())["step"] == 3
+    split = make_cfg(*SPLIT, "train.max_steps=3", "train.batch_size=6", "train.grad_accum_steps=2")
+    resumed = train(split, resume=True)
+    assert json.loads((checkpoint_dir(resumed, "last") / "trainer_state.json").read_text())["step"] == 3

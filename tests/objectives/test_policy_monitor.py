@@ -91,18 +91,21 @@ def test_fact_alarms_are_silent_off_the_world():
     assert "monitor/fact_recall" not in values  # no scene graphs: nothing measured, nothing sounds
 
 
-def test_the_kl_alarm_reads_the_steps_mean_kl_and_names_its_option():
-    m = Monitor(RLConfig(samples=2, alarms={"kl": 0.1}, alarm_action="stop"))
-    m.observe_kl(0.05)
-    m.observe_kl(0.12)  # (0.05 + 0.12) / 2 = 0.085: below 0.1
+def test_the_kl_alarm_reads_the_steps_token_mean_kl_and_names_its_option():
+    # Each micro-batch hands over its token mean and its token count; the alarm reads the mean over the step's tokens,
+    # whatever the cut: 10 tokens at 0.05 and 30 at 0.3 are (0.5 + 9) / 40 = 0.2375 (the mean of the two micro-batch
+    # means, 0.175, which the alarm read until 2026-11-27, stayed below the threshold 0.2).
+    m = Monitor(RLConfig(samples=2, alarms={"kl": 0.2}, alarm_action="stop"))
+    m.observe_kl(0.05, 30)
+    m.observe_kl(0.3, 10)  # (1.5 + 3) / 40 = 0.1125: below 0.2
     step(m, ["a red circle", "a circle"], 1)
-    m.observe_kl(0.3)
-    m.observe_kl(0.1)  # (0.3 + 0.1) / 2 = 0.2 > 0.1
+    m.observe_kl(0.05, 10)
+    m.observe_kl(0.3, 30)  # (0.5 + 9) / 40 = 0.2375 > 0.2
     with pytest.raises(RewardHackingAlarm, match=r"^rl.alarms: at step 2 the KL to the starting policy "
-                       r"\(rl.alarms.kl\) is 0.2, above its threshold 0.1"):  # fmt: skip
+                       r"\(rl.alarms.kl\) is 0.2375, above its threshold 0.2"):  # fmt: skip
         step(m, ["a red circle", "a circle"], 2)
     quiet = Monitor(RLConfig(samples=2, alarms={"repetition": 0.5}, alarm_action="stop"))
-    quiet.observe_kl(5.0)  # no kl alarm asked for: a large KL stops nothing
+    quiet.observe_kl(5.0, 4)  # no kl alarm asked for: a large KL stops nothing
     step(quiet, ["a red circle", "a circle"], 1)
 
 

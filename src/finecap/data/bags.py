@@ -31,12 +31,15 @@ bags. The bag order is shuffled every epoch from ``(seed, epoch)``; everything i
 **Several processes (accelerate).** :class:`BagCurriSampler` follows :mod:`finecap.data.samplers`: ``batches(epoch)``
 returns the *global* batches, and each process takes a contiguous slice of each (the training loop's
 ``StepBatches``, or this sampler's own ``__iter__`` when built with ``num_processes``/``process_index``; the
-DataLoader is then *not* passed through ``accelerator.prepare``, which would shard a second time). The number of
-bags per global batch is rounded down to a multiple of ``num_processes`` (at least one bag a process: bags larger
-than a process's share of ``batch_size`` make batches of ``num_processes`` bags, more images than ``batch_size``), so
-that each process's slice holds whole bags when the bags are of one size; the one smaller bag of an epoch (``n`` not
-a multiple of ``s``) may fall in any batch and shift the slices there. The self-retrieval reward gathers the global
-batch, so the distractors are the same whatever the number of processes.
+DataLoader is then *not* passed through ``accelerator.prepare``, which would shard a second time). In the training
+loop (:func:`bagcurri_sampler`) the global batches depend on the global batch size alone, never on how it is split
+over processes and accumulation steps, so a step is that of one big batch (docs/training.md): a micro-batch may cut
+a bag, whose other members the self-retrieval reward still sees, as it reads the step's whole global batch and its
+bag numbers (:class:`~finecap.contract.StepInfo`). Built with ``num_processes`` for its own ``__iter__`` (no engine,
+no StepInfo), the number of bags per global batch is rounded down to a multiple of ``num_processes`` (at least one
+bag a process: bags larger than a process's share of ``batch_size`` make batches of ``num_processes`` bags, more
+images than ``batch_size``), so that each process's slice holds whole bags when the bags are of one size; the one
+smaller bag of an epoch (``n`` not a multiple of ``s``) may fall in any batch and shift the slices there.
 
 Example::
 
@@ -333,8 +336,10 @@ def bagcurri_sampler(
 
     The schedule is ``schedule`` or ``data.bag_schedule`` and the neighbour count ``data.bag_neighbours`` (default
     200) when the configuration has them. The data set needs ``records`` and, with several examples per image,
-    ``examples`` as ``(image, caption)`` pairs (:class:`finecap.data.datasets.CaptionDataset`). The number of
-    processes is ``global_batch_size // train.batch_size``.
+    ``examples`` as ``(image, caption)`` pairs (:class:`finecap.data.datasets.CaptionDataset`). A global batch holds
+    ``global_batch_size // s`` whole bags whatever the number of processes and accumulation steps (module docstring;
+    rounded to whole bags per micro-batch, as until 2026-11-27, 4 micro-batches of 25 took 4 bags of 15, 60 images, a
+    step where one batch of 100 takes 6, 90 images).
     """
     schedule = schedule if schedule is not None else getattr(cfg.data, "bag_schedule", None)
     if not schedule:
@@ -351,6 +356,5 @@ def bagcurri_sampler(
         groups = [[] for _ in records]
         for index, (image, _) in enumerate(examples):
             groups[image].append(index)
-    processes = max(1, global_batch_size // max(1, cfg.train.batch_size))
     return BagCurriSampler(neighbour_table(cfg, records, k), global_batch_size, schedule, seed=cfg.run.seed,
-                           num_processes=processes, groups=groups)  # fmt: skip
+                           groups=groups)  # fmt: skip

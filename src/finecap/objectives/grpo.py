@@ -572,7 +572,7 @@ class PolicyOptimization(Reinforce):
                 kl = kl * ratio
             per_token = per_token + grpo.kl_coef * kl
             metrics["kl"] = masked_mean(kl.detach(), mask)
-            self.monitor.observe_kl(metrics["kl"])  # the rl.alarms.kl alarm's measure
+            self.monitor.observe_kl(metrics["kl"], float(mask.sum()))  # the rl.alarms.kl alarm's measure
         loss, items = aggregate(per_token, mask, grpo.loss_aggregation, self.max_length)
         w = ratio.detach()
         a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)

@@ -19,7 +19,8 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   parser ``finecap eval``'s faithfulness uses).
 
 - ``kl`` (an alarm's measure only; the objective logs ``kl`` itself): the step's KL to the starting policy (TRL's k3,
-  mean over the step's micro-batches of each one's token mean), handed over by the GRPO objective
+  mean over every token of the step's global batch, so it does not depend on how the step is cut into micro-batches;
+  until 2026-11-27 the mean of each micro-batch's token mean), handed over by the GRPO objective
   (:meth:`Monitor.observe_kl`) when ``grpo.kl_coef > 0``.
 - ``failed`` (an alarm's measure only; the objective logs ``reward/failed``): the step's share of sampled captions a
   reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the objective
@@ -70,7 +71,7 @@ SUMS = (
     "precision",
     "recall",
     "kl",
-    "kl_batches",
+    "kl_tokens",
     "failed",
     "rewarded",
 )
@@ -146,11 +147,11 @@ class Monitor:
             self.step = step
         return out
 
-    def observe_kl(self, kl: float) -> None:
-        """Add one micro-batch's mean KL to the starting policy to the step's sums (the ``kl`` alarm reads their
-        mean over the step's global batch)."""
-        self._sums["kl"] += float(kl)
-        self._sums["kl_batches"] += 1.0
+    def observe_kl(self, kl: float, tokens: float) -> None:
+        """Add one micro-batch's mean KL to the starting policy over its ``tokens`` tokens to the step's sums (the
+        ``kl`` alarm reads the mean over every token of the step's global batch)."""
+        self._sums["kl"] += float(kl) * float(tokens)
+        self._sums["kl_tokens"] += float(tokens)
 
     def observe_failed(self, failed: int, captions: int) -> None:
         """Add one micro-batch's count of captions a reward could not score (``RewardOutput.failed``) out of its
@@ -175,8 +176,8 @@ class Monitor:
             self.first_length = length
         out = {"length_drift": self._drift(length), "repetition": sums["repetition"] / sums["captions"],
                "distinct": sums["distinct"] / max(1.0, sums["groups"])}  # fmt: skip
-        if sums["kl_batches"] > 0:
-            out["kl"] = sums["kl"] / sums["kl_batches"]
+        if sums["kl_tokens"] > 0:
+            out["kl"] = sums["kl"] / sums["kl_tokens"]
         if sums["rewarded"] > 0:
             out["failed"] = sums["failed"] / sums["rewarded"]
         if sums["scored"] > 0:

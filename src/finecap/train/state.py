@@ -361,10 +361,11 @@ def check_resume(info: dict[str, Any], folder: Path, total: int, num_batches: Ca
         if position <= len(plan) and trained_digest(plan, position) != info["trained"]:
             raise CheckpointError(
                 f"{path}: the run stopped {position} global batches into epoch {epoch}, but this run's first "
-                f"{position} batches of that epoch hold other examples (a sampler whose batches depend on the process "
-                "count and train.grad_accum_steps, as data.sampler=bagcurri's bags per batch do, or changed data), so "
-                "it would train again or skip examples of the epoch: resume with the checkpoint's processes and "
-                f"train.grad_accum_steps (it was saved by {info.get('num_processes', '?')} processes)"
+                f"{position} batches of that epoch hold other examples (changed data or sampler settings, such as "
+                "data.bag_schedule, or a sampler whose batches depend on the process count and "
+                "train.grad_accum_steps), so it would train again or skip examples of the epoch: resume with the "
+                "checkpoint's data settings, processes and train.grad_accum_steps (it was saved by "
+                f"{info.get('num_processes', '?')} processes)"
             )
     if step > total:
         raise CheckpointError(
