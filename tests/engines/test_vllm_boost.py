@@ -115,6 +115,12 @@ def test_decoding_settings_come_from_boost_and_the_folder(backends, monkeypatch)
     sampled = llm.sampling_params()
     assert (sampled.temperature, sampled.max_tokens, sampled.repetition_penalty, sampled.top_k) == (0.7, 64, 1.3, 5)
     assert llm.identity()["temperature"] == 0.7  # another cache key: greedy answers are not reused
+    # sampled answers depend on the engine's seed (run.seed): another seed is another key, greedy ones do not
+    sampled_key = llm.identity()
+    monkeypatch.setattr(llm, "seed", llm.seed + 1)
+    assert llm.identity() != sampled_key
+    monkeypatch.setattr(llm, "temperature", 0.0)
+    assert "seed" not in llm.identity()
 
 
 def test_a_prompt_vllm_refuses_fails_alone(folders, backends):

@@ -77,14 +77,17 @@ class VllmBackend(InProcessBackend):
         self.name, self.vision = model, vision
         self.weights = weights_stamp(model)  # read once: the identity of every request
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
-        self.refuse_cut_off = refuse_cut_off
+        self.refuse_cut_off, self.seed = refuse_cut_off, seed
         images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
         self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
                              generation_config="auto", option=option, **images)  # fmt: skip
 
     def identity(self) -> dict[str, Any]:
+        """Model, files and decoding settings; when it samples (``boost.temperature > 0``) also the engine's seed
+        (``run.seed``), which decides its samples: another seed into the same ``--out`` asks again."""
         return {"backend": "vllm", "model": self.name, "vision": self.vision,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+                **({"seed": self.seed} if self.temperature > 0 else {}),
                 **({"weights": self.weights} if self.weights is not None else {})}  # fmt: skip
 
     def sampling_params(self) -> Any:
