@@ -94,6 +94,24 @@ def test_the_registrys_length_wraps_a_named_reward_and_passes_its_settings_and_d
     assert out.total.tolist() == pytest.approx((inner.total + torch.tensor([0.0, -1.0])).tolist())
 
 
+def test_settings_of_the_wrapped_reward_come_with_its_name_never_with_a_built_reward():
+    from finecap.rewards import call_batch
+    from finecap.rewards.cider import CiderReward
+
+    refs = {1: ["a red circle", "a small red circle"]}
+    caption, batch = ["a red circle on the big green grass"], call_batch([1])
+    by_name = reward_of("length", reward="cider", references=refs, kind="piecewise", l1=99, l2=100, sigma=1.0)
+    # R_l = 1 (8 words <= l1); CIDEr-D with sigma 1: the length penalty exp(-d^2 / 2) of d = 5 and 4 more bigrams
+    # than the references shrinks it to ~0.0003
+    assert by_name(caption, batch).total.item() == pytest.approx(1 + reward_of("cider", references=refs, sigma=1.0)(
+        caption, batch).total.item()) and by_name(caption, batch).total.item() < 1.001  # fmt: skip
+    # a built CiderReward has its statistics (and sigma 6) already: sigma=1 given to it was taken by the reward but
+    # not by its scorer, so the caption scored 1.96 against the image's references and 0.0003 against the same
+    # references given with the call (caption_references); a setting is given when a reward is built, as reward_of
+    with pytest.raises(TypeError, match=r"settings \['sigma'\] are given with a built reward"):
+        reward_of("length", reward=CiderReward(refs), kind="piecewise", l1=99, l2=100, sigma=1.0)
+
+
 def test_length_in_rl_rewards_is_refused_before_the_run_naming_the_dotted_path_route():
     from finecap.config import load
     from finecap.rewards import RewardInputs, build_reward

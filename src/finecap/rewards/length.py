@@ -15,7 +15,8 @@ paid). The wrapped reward's facts (``needs``, ``per_caption``, ``compares_images
 
 The registry's ``length`` (:func:`build`) is a :class:`Shaped` reward, given what it wraps by settings
 (:meth:`RewardBase.configure`): ``reward=`` (a reward name or a built reward), ``kind=`` (:data:`TRANSFORMS`) and the
-transform's parameters; every other setting is the wrapped reward's. Adapters give them as options
+transform's parameters; every other setting is the wrapped reward's, given with a reward name only (a built reward
+took its settings when it was built, as :func:`finecap.rewards.reward_of` says). Adapters give them as options
 (``reward_function("length", reward="qa_utility", kind="piecewise", l1=60, l2=120, scenes=...)``). ``rl.rewards``
 gives a reward no settings, so a training run names a factory of its own by dotted path (docs/methods/judges.md).
 
@@ -200,8 +201,11 @@ class Shaped(Wrapper):
             from finecap.rewards import get_reward
 
             reward = get_reward(reward, self.cfg)
+            reward.configure(**settings)
+        elif settings:  # a built reward is set already: configured now, a setting could be half applied
+            raise TypeError(f"length: settings {sorted(settings)} are given with a built reward (reward=); give them "
+                            "when building it, or give the reward by name")  # fmt: skip
         reward = as_reward(reward, "length: reward=")
-        reward.configure(**settings)
         self.transform = cls(reward, **own)
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
