@@ -255,3 +255,17 @@ def test_failed_captions_are_not_read_by_check_finite_and_the_sum_ors_them():
     assert first.failed is not None and first.failed_mask() is None and first.values() == ([1.5], {"p": [1.0]})
     assert second.failed.tolist() == [True] and second.values(failed=None) == ([None], {"p": [None]})
     assert WeightedSum({"words": (1.0, Words())})(["a"], {}).failed is None
+
+
+def test_a_reward_of_weight_zero_is_logged_and_its_failures_leave_no_caption_unpaid():
+    # rl.rewards allows a weight of 0 (logged, not paid: "not all 0"); its failure made the whole caption NaN, never
+    # paid, though the total does not read it
+    captions = ["a b", "what ?", "a"]
+    mix = WeightedSum({"words": (1.0, Words()), "judge": (0.0, Judge())})
+    got = mix(captions, {})
+    assert got.failed is None and got.total.tolist() == [2.0, 2.0, 1.0]  # hand-computed: the words alone
+    judge = got.parts["judge"].tolist()
+    assert judge[0] == 2.0 and math.isnan(judge[1]) and judge[2] == 1.0  # logged as it gave it
+    weighed = WeightedSum({"words": (1.0, Words()), "judge": (0.5, Judge())})(captions, {})
+    assert weighed.failed.tolist() == [False, True, False]  # with a weight, its failures still fail the caption
+    assert WeightedSum({"judge": (0.0, Judge())})(captions, {}).total.tolist() == [0.0, 0.0, 0.0]

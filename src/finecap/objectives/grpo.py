@@ -497,11 +497,11 @@ class PolicyOptimization(Reinforce):
         return list(flat.split(sizes))
 
     def reward_weights(self) -> dict[str, float]:
-        """``{name: weight}`` of the weighted rewards (GDPO normalises each one)."""
+        """``{name: weight}`` of the weighted rewards (GDPO normalises each one); one of weight 0 is logged only."""
         rewards = getattr(self.reward, "rewards", None)
         if not isinstance(rewards, dict):
             raise ValueError("grpo.reward_aggregation=normalize_then_sum needs the weighted rewards of rl.rewards")
-        return {name: float(weight) for name, (weight, _) in rewards.items()}
+        return {name: float(weight) for name, (weight, _) in rewards.items() if weight}  # 0: logged, not paid
 
     # -- the step --------------------------------------------------------------------------------------------------
 

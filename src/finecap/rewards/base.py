@@ -278,7 +278,8 @@ class WeightedSum(RewardBase):
     ``per_caption``: all; ``compares_images``: any; ``known_images``: the intersection) and hooks are forwarded.
     Each component's output and the weighted sum are checked finite (:func:`check_finite`: a
     :class:`NonFiniteReward` naming the component and part, or ``rl.rewards`` when finite rewards times their weights
-    overflow). ``failed`` is the OR of the components' masks, and the total of a failed caption is NaN.
+    overflow). ``failed`` is the OR of the masks of the components that weigh (a weight of 0 logs a reward's values
+    without paying them, so its failures fail no caption), and the total of a failed caption is NaN.
     """
 
     def __init__(self, rewards: Mapping[str, tuple[float, Any]]):
@@ -318,17 +319,20 @@ class WeightedSum(RewardBase):
             value = out.total.detach().float()
             if value.shape != (len(captions),):
                 raise ValueError(f"reward {name!r} returned shape {tuple(value.shape)} for {len(captions)} captions")
+            parts[name] = value
+            for key, part in out.parts.items():
+                if key != name:
+                    parts[f"{name}/{key}"] = part.detach().float()
+            if weight == 0.0:  # logged only: it neither pays a caption nor, failing, leaves one unpaid
+                continue
             mask = out.failed_mask()
             if mask is not None:
                 failed = mask if failed is None else failed | mask
             if total is not None:
                 value = value.to(total.device)
             total = weight * value if total is None else total + weight * value  # (N,)
-            parts[name] = value
-            for key, part in out.parts.items():
-                if key != name:
-                    parts[f"{name}/{key}"] = part.detach().float()
-        assert total is not None
+        if total is None:  # every weight 0 (rl.rewards refuses it; an adapter's sum may hold it)
+            total = torch.zeros(len(captions))
         if failed is not None:
             total = total.masked_fill(failed.to(total.device), math.nan)  # never paid: NaN, not a number that trains
         check_finite(RewardOutput(total, failed=failed), "rl.rewards, the weighted sum")  # values x weights overflow
