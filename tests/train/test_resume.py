@@ -76,6 +76,27 @@ def test_a_resume_inside_an_epoch_with_another_global_batch_is_refused(make_cfg)
                   resume=True) / "checkpoints" / "last").is_dir()  # fmt: skip  # 8 x 2 = 16: resumed
 
 
+def test_a_run_of_epochs_resumed_at_an_epochs_end_with_another_global_batch_trains_its_epochs(make_cfg, tmp_path):
+    # The global batch is train.batch_size x processes x train.grad_accum_steps, so a checkpoint of 2 processes
+    # resumed in one (or of one resumed on 2) is this case. 200 examples: 7 batches of 32 an epoch, 4 of 64, 13 of
+    # 16. Killed after epoch 0 (7 steps of 32), train.epochs=2 is one more epoch: 4 steps of 64 or 13 of 16. The
+    # total was counted as if every epoch had the new batches: 2 x 4 = 8 steps (one of epoch 1 trained, stopping
+    # at 1.25 epochs) or 2 x 13 = 26 (19 steps: 2.46 epochs).
+    import shutil
+
+    common = ["train.epochs=2", "train.batch_size=32", "train.save_every=7", "train.eval_every=100"]
+    cfg = make_cfg(*common, run="epochs64")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(8)])
+    saved = json.loads((checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json").read_text())
+    assert (saved["step"], saved["epoch"], saved["position"], saved["global_batch"]) == (7, 1, 0, 32)
+    shutil.copytree(run_path(cfg.run), tmp_path / "epochs16")
+    for batch, run, steps in ((64, "epochs64", 7 + 4), (16, "epochs16", 7 + 13)):
+        run_dir = train(make_cfg(*common, f"train.batch_size={batch}", run=run), resume=True)
+        last = json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())
+        assert (last["step"], last["epoch"], last["position"], last["total_steps"]) == (steps, 2, 0, steps), batch
+
+
 def test_a_run_resumes_after_its_start_checkpoint_moved(make_cfg, tmp_path):
     # train.init_from was looked up (and fingerprinted) again on --resume, though a resumed run reads its own
     # checkpoint: a moved or deleted start stopped it with "checkpoint not found"

@@ -302,14 +302,21 @@ def build_optimizer(model: torch.nn.Module, settings: TrainConfig, no_decay: Seq
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=settings.lr)
 
 
-def total_steps(settings: TrainConfig, sampler: GlobalBatchSampler) -> int:
-    """``train.max_steps``, or the optimizer steps of ``train.epochs`` (a fractional last epoch rounds up)."""
+def total_steps(settings: TrainConfig, sampler: GlobalBatchSampler, resumed: dict[str, Any] | None = None) -> int:
+    """``train.max_steps``, or the optimizer steps of ``train.epochs`` (a fractional last epoch rounds up).
+
+    ``resumed``: the checked trainer state (``step``, ``epoch``, ``position``) of the checkpoint a resumed run
+    continues from. Its steps count as taken, and only the epochs left are counted in ``sampler``'s batches: a
+    checkpoint written at an epoch's end with another global batch (another process count,
+    ``train.batch_size`` or ``train.grad_accum_steps``) still ends after ``train.epochs`` epochs. For a run resumed
+    with its own global batch this is the total of the uninterrupted run."""
     if settings.max_steps > 0:
         return settings.max_steps
     full = int(settings.epochs)
-    steps = sum(sampler.num_batches(e) for e in range(full))
     frac = settings.epochs - full
-    if frac > 0:
+    step, epoch, position = (resumed.get(k, 0) for k in ("step", "epoch", "position")) if resumed else (0, 0, 0)
+    steps = step - position + sum(sampler.num_batches(e) for e in range(epoch, full))  # taken + epochs left
+    if frac > 0 and full >= epoch:
         steps += math.ceil(frac * sampler.num_batches(full))
     return steps
 
