@@ -97,6 +97,34 @@ def test_a_run_of_epochs_resumed_at_an_epochs_end_with_another_global_batch_trai
         assert (last["step"], last["epoch"], last["position"], last["total_steps"]) == (steps, 2, 0, steps), batch
 
 
+def test_a_resume_on_another_process_count_reseeds_by_the_runs_seed(make_cfg, monkeypatch):
+    # A checkpoint of another process count has no random state for this process, so the run is re-seeded; the seed
+    # was the step's alone (step x 1000 + process), so runs of run.seed 0 and 1 resumed so went on with the same
+    # dropout and unseeded draws. The checkpoint says 2 processes (x 8 = its global batch of 16): how one written
+    # by a 2-process launch is resumed in one.
+    from finecap.train.engine import Engine
+
+    cfgs = [make_cfg("train.max_steps=4", "train.save_every=2", "train.eval_every=100", f"run.seed={seed}",
+                     run=f"seed{seed}") for seed in (0, 1)]  # fmt: skip
+    for cfg in cfgs:
+        with pytest.raises(Killed):
+            train(cfg, callbacks=[kill_at(3)])
+        info_file = checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json"
+        info = json.loads(info_file.read_text())
+        assert (info["step"], info["num_processes"], info["global_batch"]) == (2, 1, 16)
+        info_file.write_text(json.dumps({**info, "num_processes": 2}))
+    original, states = Engine.fit, []
+
+    def fit(engine, *args, **kwargs):  # the random state the restored run starts its steps with
+        states.append(torch.random.get_rng_state())
+        return original(engine, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "fit", fit)
+    for cfg in cfgs:
+        train(cfg, resume=True)
+    assert len(states) == 2 and not torch.equal(states[0], states[1])
+
+
 def test_a_run_resumes_after_its_start_checkpoint_moved(make_cfg, tmp_path):
     # train.init_from was looked up (and fingerprinted) again on --resume, though a resumed run reads its own
     # checkpoint: a moved or deleted start stopped it with "checkpoint not found"

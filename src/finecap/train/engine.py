@@ -544,7 +544,8 @@ class Engine:
                     processes,
                     self.accelerator.num_processes,
                 )
-            seed_everything(self.state.step * 1000 + index)
+            # from (run.seed, step) as an epoch's draws are, and the process: runs of other seeds draw otherwise
+            seed_everything((epoch_seed(self.seed, self.state.step) + index) % 2**64)
         self.last_saved = (folder, self.state.step)
 
     def _save(self, path: Path, info: dict[str, Any], *, resumable: bool) -> None:
