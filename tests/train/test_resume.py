@@ -125,6 +125,24 @@ def test_a_resume_on_another_process_count_reseeds_by_the_runs_seed(make_cfg, mo
     assert len(states) == 2 and not torch.equal(states[0], states[1])
 
 
+def test_a_resume_on_another_process_count_logs_the_steps_before_it_too(make_cfg):
+    # Killed at step 3 after the step-2 checkpoint, logging every 4 steps: the step-4 event averages steps 1-4, two
+    # of them taken before the checkpoint (their values are in its logger state). On another process count that
+    # state was dropped and step 4 logged the mean of steps 3-4 alone. Without dropout the resumed steps are the
+    # uninterrupted run's, so the logged events are too; the checkpoint says 2 processes (x 8 = its global batch).
+    common = ["train.max_steps=4", "train.save_every=2", "train.eval_every=100", "train.log_every=4",
+              "clipcap.tiny_dropout=0"]  # fmt: skip
+    full = train(make_cfg(*common, run="full"))
+    cfg = make_cfg(*common, run="killed")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(3)])
+    info_file = checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json"
+    info_file.write_text(json.dumps({**json.loads(info_file.read_text()), "num_processes": 2}))
+    resumed = train(cfg, resume=True)
+    (step, loss), (step_full, loss_full) = train_events(resumed)[0], train_events(full)[0]
+    assert step == step_full == 4 and loss == pytest.approx(loss_full, rel=1e-6)
+
+
 def test_a_run_resumes_after_its_start_checkpoint_moved(make_cfg, tmp_path):
     # train.init_from was looked up (and fingerprinted) again on --resume, though a resumed run reads its own
     # checkpoint: a moved or deleted start stopped it with "checkpoint not found"

@@ -534,8 +534,12 @@ class Engine:
                 self.logger.load_state_dict(mine["logger"])
                 self.objective.load_state_dict(mine["objective"])
         else:
+            # a process of the checkpoint's: the pending log values (the step's loss and parts and the learning rate
+            # are every process's alike; the objectives' other values that process's) and the objective state
             mine = load_tree(folder / STATE_DIR, f"process_{min(index, processes - 1)}")
-            with state_errors(folder / STATE_DIR / f"process_{min(index, processes - 1)}.json", "the objective state"):
+            with state_errors(folder / STATE_DIR / f"process_{min(index, processes - 1)}.json",
+                              "the logger and objective state"):  # fmt: skip
+                self.logger.load_state_dict(mine["logger"])
                 self.objective.load_state_dict(mine["objective"])
             if self.accelerator.is_main_process:
                 log.warning(
