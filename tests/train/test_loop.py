@@ -154,6 +154,11 @@ def test_total_steps_fractional_epochs(make_cfg):
     sampler = RandomBatches(10, 4)  # 3 batches per epoch
     assert total_steps(make_cfg("train.epochs=2.5").train, sampler) == 8  # 3 + 3 + ceil(0.5 * 3)
     assert total_steps(make_cfg("train.epochs=1", "train.max_steps=5").train, sampler) == 5
+    # resumed: the checkpoint's steps, then this run's batches of what is left (2 batches an epoch before, 3 now)
+    cfg = make_cfg("train.epochs=2.5").train
+    assert total_steps(cfg, sampler, {"step": 2, "epoch": 1, "position": 0}) == 2 + 3 + 2
+    assert total_steps(cfg, sampler, {"step": 4, "epoch": 1, "position": 1}) == 4 + 2 + 2  # its own batches
+    assert total_steps(cfg, sampler, {"step": 7, "epoch": 3, "position": 0}) == 7 - 1  # past 2.5 epochs: < step
 
 
 def test_config_changes_reported_on_resume(make_cfg, tmp_path):

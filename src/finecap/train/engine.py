@@ -309,15 +309,18 @@ def total_steps(settings: TrainConfig, sampler: GlobalBatchSampler, resumed: dic
     continues from. Its steps count as taken, and only the epochs left are counted in ``sampler``'s batches: a
     checkpoint written at an epoch's end with another global batch (another process count,
     ``train.batch_size`` or ``train.grad_accum_steps``) still ends after ``train.epochs`` epochs. For a run resumed
-    with its own global batch this is the total of the uninterrupted run."""
+    with its own global batch this is the total of the uninterrupted run; one that trained more epochs than
+    ``train.epochs`` gets fewer steps than it took (which :func:`~finecap.train.state.check_resume` refuses)."""
     if settings.max_steps > 0:
         return settings.max_steps
     full = int(settings.epochs)
+    steps = sum(sampler.num_batches(e) for e in range(full))
     frac = settings.epochs - full
-    step, epoch, position = (resumed.get(k, 0) for k in ("step", "epoch", "position")) if resumed else (0, 0, 0)
-    steps = step - position + sum(sampler.num_batches(e) for e in range(epoch, full))  # taken + epochs left
-    if frac > 0 and full >= epoch:
+    if frac > 0:
         steps += math.ceil(frac * sampler.num_batches(full))
+    if resumed:  # the steps taken, in place of as many of this run's batches as the epochs they trained
+        epoch, position = resumed.get("epoch", 0), resumed.get("position", 0)
+        steps += resumed["step"] - position - sum(sampler.num_batches(e) for e in range(epoch))
     return steps
 
 
