@@ -54,13 +54,15 @@ def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir
         events = [json.loads(line) for line in (big / "metrics.jsonl").read_text().splitlines()]
         train_event = next(e for e in events if e["split"] == "train")
         assert train_event["values"]["grad_norm"] > 0
-        # the logged loss is the step's (item-weighted over every micro-batch), not a mean of micro-batch means
+        # the logged loss and its parts are the step's (item-weighted over every micro-batch), not means of
+        # micro-batch means
         runs = (big, accum, tmp_path / f"{name}-2proc")
-        losses = [logged(run, "loss") for run in runs]
-        assert losses[1] == pytest.approx(losses[0], rel=1e-6) and losses[2] == pytest.approx(losses[0], rel=1e-6), (
-            name,
-            losses,
-        )
+        parts = [k for k in train_event["values"] if k.startswith("loss/")]
+        assert parts, train_event
+        for key in ("loss", *parts):
+            losses = [logged(run, key) for run in runs]
+            assert losses[1] == pytest.approx(losses[0], rel=1e-6), (name, key, losses)
+            assert losses[2] == pytest.approx(losses[0], rel=1e-6), (name, key, losses)
         # ... and so is the gradient: Adam's first step hardly sees a gradient's scale, its norm does
         norms = [logged(run, "grad_norm") for run in runs]
         assert norms[1] == pytest.approx(norms[0], rel=1e-5) and norms[2] == pytest.approx(norms[0], rel=1e-5), (

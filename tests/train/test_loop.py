@@ -154,6 +154,11 @@ def test_total_steps_fractional_epochs(make_cfg):
     sampler = RandomBatches(10, 4)  # 3 batches per epoch
     assert total_steps(make_cfg("train.epochs=2.5").train, sampler) == 8  # 3 + 3 + ceil(0.5 * 3)
     assert total_steps(make_cfg("train.epochs=1", "train.max_steps=5").train, sampler) == 5
+    # resumed: the checkpoint's steps, then this run's batches of what is left (2 batches an epoch before, 3 now)
+    cfg = make_cfg("train.epochs=2.5").train
+    assert total_steps(cfg, sampler, {"step": 2, "epoch": 1, "position": 0}) == 2 + 3 + 2
+    assert total_steps(cfg, sampler, {"step": 4, "epoch": 1, "position": 1}) == 4 + 2 + 2  # its own batches
+    assert total_steps(cfg, sampler, {"step": 7, "epoch": 3, "position": 0}) == 7 - 1  # past 2.5 epochs: < step
 
 
 def test_config_changes_reported_on_resume(make_cfg, tmp_path):
@@ -216,6 +221,19 @@ def test_accumulated_micro_batches_are_weighted_by_their_items(make_cfg):
                           micro_batches=micro)  # fmt: skip
     assert torch.allclose(model.p.grad, torch.full((4,), 350.0))
     assert values["loss"] == 0.0 and values["grad_norm"] == pytest.approx(700.0)
+
+
+def test_the_logged_loss_parts_are_the_steps_as_the_loss_is(make_cfg):
+    # p = 1 (s = 4 x scale): micro-batches of 1 item at scale 1 and 3 items at scale 2 give a = 400 and 800, b = 800
+    # and 1600. The step's parts are item-weighted as its loss: a = (400 + 3 * 800) / 4 = 700, b = 1400, and with
+    # weights {b: 0.5} loss = a + b / 2 = 1400; means of the micro-batch means (a = 600, b = 1200) would not add up
+    # to the loss, and would move with the split (a 2-process run's parts differed from one process's)
+    model, engine = _engine(make_cfg, TwoLosses(), "train.loss_weights={b: 0.5}", "train.grad_accum_steps=2")
+    with torch.no_grad():
+        model.p.fill_(1.0)
+    values = engine.train_step([{"items": 1, "scale": 1.0}, {"items": 3, "scale": 2.0}])
+    assert (values["loss/a"], values["loss/b"], values["loss"]) == (700.0, 1400.0, 1400.0)
+    assert values["m"] == 7.0  # metrics stay means over the micro-batches
 
 
 def test_init_from_starts_from_a_checkpoint(make_cfg):

@@ -76,6 +76,73 @@ def test_a_resume_inside_an_epoch_with_another_global_batch_is_refused(make_cfg)
                   resume=True) / "checkpoints" / "last").is_dir()  # fmt: skip  # 8 x 2 = 16: resumed
 
 
+def test_a_run_of_epochs_resumed_at_an_epochs_end_with_another_global_batch_trains_its_epochs(make_cfg, tmp_path):
+    # The global batch is train.batch_size x processes x train.grad_accum_steps, so a checkpoint of 2 processes
+    # resumed in one (or of one resumed on 2) is this case. 200 examples: 7 batches of 32 an epoch, 4 of 64, 13 of
+    # 16. Killed after epoch 0 (7 steps of 32), train.epochs=2 is one more epoch: 4 steps of 64 or 13 of 16. The
+    # total was counted as if every epoch had the new batches: 2 x 4 = 8 steps (one of epoch 1 trained, stopping
+    # at 1.25 epochs) or 2 x 13 = 26 (19 steps: 2.46 epochs).
+    import shutil
+
+    common = ["train.epochs=2", "train.batch_size=32", "train.save_every=7", "train.eval_every=100"]
+    cfg = make_cfg(*common, run="epochs64")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(8)])
+    saved = json.loads((checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json").read_text())
+    assert (saved["step"], saved["epoch"], saved["position"], saved["global_batch"]) == (7, 1, 0, 32)
+    shutil.copytree(run_path(cfg.run), tmp_path / "epochs16")
+    for batch, run, steps in ((64, "epochs64", 7 + 4), (16, "epochs16", 7 + 13)):
+        run_dir = train(make_cfg(*common, f"train.batch_size={batch}", run=run), resume=True)
+        last = json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())
+        assert (last["step"], last["epoch"], last["position"], last["total_steps"]) == (steps, 2, 0, steps), batch
+
+
+def test_a_resume_on_another_process_count_reseeds_by_the_runs_seed(make_cfg, monkeypatch):
+    # A checkpoint of another process count has no random state for this process, so the run is re-seeded; the seed
+    # was the step's alone (step x 1000 + process), so runs of run.seed 0 and 1 resumed so went on with the same
+    # dropout and unseeded draws. The checkpoint says 2 processes (x 8 = its global batch of 16): how one written
+    # by a 2-process launch is resumed in one.
+    from finecap.train.engine import Engine
+
+    cfgs = [make_cfg("train.max_steps=4", "train.save_every=2", "train.eval_every=100", f"run.seed={seed}",
+                     run=f"seed{seed}") for seed in (0, 1)]  # fmt: skip
+    for cfg in cfgs:
+        with pytest.raises(Killed):
+            train(cfg, callbacks=[kill_at(3)])
+        info_file = checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json"
+        info = json.loads(info_file.read_text())
+        assert (info["step"], info["num_processes"], info["global_batch"]) == (2, 1, 16)
+        info_file.write_text(json.dumps({**info, "num_processes": 2}))
+    original, states = Engine.fit, []
+
+    def fit(engine, *args, **kwargs):  # the random state the restored run starts its steps with
+        states.append(torch.random.get_rng_state())
+        return original(engine, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "fit", fit)
+    for cfg in cfgs:
+        train(cfg, resume=True)
+    assert len(states) == 2 and not torch.equal(states[0], states[1])
+
+
+def test_a_resume_on_another_process_count_logs_the_steps_before_it_too(make_cfg):
+    # Killed at step 3 after the step-2 checkpoint, logging every 4 steps: the step-4 event averages steps 1-4, two
+    # of them taken before the checkpoint (their values are in its logger state). On another process count that
+    # state was dropped and step 4 logged the mean of steps 3-4 alone. Without dropout the resumed steps are the
+    # uninterrupted run's, so the logged events are too; the checkpoint says 2 processes (x 8 = its global batch).
+    common = ["train.max_steps=4", "train.save_every=2", "train.eval_every=100", "train.log_every=4",
+              "clipcap.tiny_dropout=0"]  # fmt: skip
+    full = train(make_cfg(*common, run="full"))
+    cfg = make_cfg(*common, run="killed")
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(3)])
+    info_file = checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json"
+    info_file.write_text(json.dumps({**json.loads(info_file.read_text()), "num_processes": 2}))
+    resumed = train(cfg, resume=True)
+    (step, loss), (step_full, loss_full) = train_events(resumed)[0], train_events(full)[0]
+    assert step == step_full == 4 and loss == pytest.approx(loss_full, rel=1e-6)
+
+
 def test_a_run_resumes_after_its_start_checkpoint_moved(make_cfg, tmp_path):
     # train.init_from was looked up (and fingerprinted) again on --resume, though a resumed run reads its own
     # checkpoint: a moved or deleted start stopped it with "checkpoint not found"

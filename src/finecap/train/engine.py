@@ -302,8 +302,15 @@ def build_optimizer(model: torch.nn.Module, settings: TrainConfig, no_decay: Seq
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=settings.lr)
 
 
-def total_steps(settings: TrainConfig, sampler: GlobalBatchSampler) -> int:
-    """``train.max_steps``, or the optimizer steps of ``train.epochs`` (a fractional last epoch rounds up)."""
+def total_steps(settings: TrainConfig, sampler: GlobalBatchSampler, resumed: dict[str, Any] | None = None) -> int:
+    """``train.max_steps``, or the optimizer steps of ``train.epochs`` (a fractional last epoch rounds up).
+
+    ``resumed``: the checked trainer state (``step``, ``epoch``, ``position``) of the checkpoint a resumed run
+    continues from. Its steps count as taken, and only the epochs left are counted in ``sampler``'s batches: a
+    checkpoint written at an epoch's end with another global batch (another process count,
+    ``train.batch_size`` or ``train.grad_accum_steps``) still ends after ``train.epochs`` epochs. For a run resumed
+    with its own global batch this is the total of the uninterrupted run; one that trained more epochs than
+    ``train.epochs`` gets fewer steps than it took (which :func:`~finecap.train.state.check_resume` refuses)."""
     if settings.max_steps > 0:
         return settings.max_steps
     full = int(settings.epochs)
@@ -311,6 +318,9 @@ def total_steps(settings: TrainConfig, sampler: GlobalBatchSampler) -> int:
     frac = settings.epochs - full
     if frac > 0:
         steps += math.ceil(frac * sampler.num_batches(full))
+    if resumed:  # the steps taken, in place of as many of this run's batches as the epochs they trained
+        epoch, position = resumed.get("epoch", 0), resumed.get("position", 0)
+        steps += resumed["step"] - position - sum(sampler.num_batches(e) for e in range(epoch))
     return steps
 
 
@@ -527,8 +537,12 @@ class Engine:
                 self.logger.load_state_dict(mine["logger"])
                 self.objective.load_state_dict(mine["objective"])
         else:
+            # a process of the checkpoint's: the pending log values (the step's loss and parts and the learning rate
+            # are every process's alike; the objectives' other values that process's) and the objective state
             mine = load_tree(folder / STATE_DIR, f"process_{min(index, processes - 1)}")
-            with state_errors(folder / STATE_DIR / f"process_{min(index, processes - 1)}.json", "the objective state"):
+            with state_errors(folder / STATE_DIR / f"process_{min(index, processes - 1)}.json",
+                              "the logger and objective state"):  # fmt: skip
+                self.logger.load_state_dict(mine["logger"])
                 self.objective.load_state_dict(mine["objective"])
             if self.accelerator.is_main_process:
                 log.warning(
@@ -537,7 +551,8 @@ class Engine:
                     processes,
                     self.accelerator.num_processes,
                 )
-            seed_everything(self.state.step * 1000 + index)
+            # from (run.seed, step) as an epoch's draws are, and the process: runs of other seeds draw otherwise
+            seed_everything((epoch_seed(self.seed, self.state.step) + index) % 2**64)
         self.last_saved = (folder, self.state.step)
 
     def _save(self, path: Path, info: dict[str, Any], *, resumable: bool) -> None:
@@ -632,8 +647,9 @@ class Engine:
     def train_step(self, micro_batches: list[dict[str, Any]]) -> dict[str, float]:
         """One optimizer step over this process's micro-batches of a global batch; returns the values to log (total
         and per-part losses, objective metrics, lr, grad norm), averaged over the micro-batches; the total ``loss``
-        is the step's: the item-weighted mean over every process's micro-batches (the loss whose gradient the step
-        takes), so it does not change with the process count or accumulation."""
+        and its parts ``loss/<name>`` are the step's: item-weighted means over every process's micro-batches (the
+        loss whose gradient the step takes, and each part's share of it: ``loss = sum(w * loss/<name>)``), so they
+        do not change with the process count or accumulation."""
         acc, model, optimizer = self.accelerator, self.model, self.optimizer
         if not model.training:  # a recursive walk over every module: only after an evaluation
             model.train()
@@ -643,7 +659,8 @@ class Engine:
         optimizer.zero_grad(set_to_none=True)  # at the start, so the step's gradients stay inspectable after it
         sums: dict[str, float] = {}
         local_items, local_bad, local_loss = 0.0, 0.0, 0.0  # local_loss: the item-weighted sum of the losses
-        step_loss = None  # the step's loss, the mean over all its items (not of the micro-batches' means)
+        local_parts: dict[str, float] = {}  # the item-weighted sum of each part
+        step_losses: dict[str, float] = {}  # the step's loss and parts, means over all its items (not of the means)
         grad_norm = None
         lr = optimizer.param_groups[0]["lr"]
         with acc.autocast():
@@ -656,7 +673,10 @@ class Engine:
                 items = num_items(out, batch)
                 local_items += items
                 loss_value = loss.item()
+                parts = {f"loss/{k}": v.item() for k, v in out.losses.items()}
                 local_loss += loss_value * items
+                for k, v in parts.items():
+                    local_parts[k] = local_parts.get(k, 0.0) + v * items
                 local_bad += 0.0 if math.isfinite(loss_value) else 1.0
                 if single and local_bad:
                     raise self._diverged("the loss is not finite")
@@ -664,12 +684,14 @@ class Engine:
                 if acc.sync_gradients:
                     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
                     if not single:  # every process learns the global item count and whether any loss diverged
-                        counts = acc.reduce(
-                            torch.tensor([local_items, local_bad, local_loss], device=acc.device), "sum"
-                        )
+                        names = sorted(local_parts)  # the objective's parts: the same on every process
+                        counts = acc.reduce(torch.tensor([local_items, local_bad, local_loss,
+                                                          *(local_parts[k] for k in names)], device=acc.device),
+                                            "sum")  # fmt: skip
                         if counts[1] > 0:
                             raise self._diverged("the loss is not finite")
-                        step_loss = float(counts[2] / counts[0])
+                        step_losses = {k: float(v / counts[0]) for k, v in zip(["loss", *names], counts[2:],
+                                                                                  strict=True)}  # fmt: skip
                         factor = acc.num_processes * acc.gradient_accumulation_steps / float(counts[0])
                         torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps; / items
                     max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
@@ -680,7 +702,7 @@ class Engine:
                 # accelerate skips it until the synchronising micro-batch; an fp16 gradient scaler skips a step whose
                 # gradients overflowed (and lowers its scale)
                 optimizer.step()
-            values = {"loss": loss_value, **{f"loss/{k}": v.item() for k, v in out.losses.items()}, **out.metrics}
+            values = {"loss": loss_value, **parts, **out.metrics}
             for k, v in values.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
         if not acc.sync_gradients:
@@ -693,8 +715,7 @@ class Engine:
             self.scheduler.step()
         self.objective.end_step()
         values = {k: v / len(micro_batches) for k, v in sums.items()}
-        if step_loss is not None:  # the parts (loss/*) and metrics stay means over the micro-batches
-            values["loss"] = step_loss
+        values.update(step_losses)  # the metrics stay means over the micro-batches
         grad = {} if scaler_values.get("skipped") else {"grad_norm": grad_norm if grad_norm is not None else math.nan}
         return {**values, "lr": lr, **grad, **scaler_values}
 

@@ -1,7 +1,8 @@
 """Logging of a training run: finecap's ``jsonl`` tracker, the flattened configuration trackers receive, and the
 :class:`Logger` that averages training values between log events.
 
-Logged values are averaged over micro-batches and processes and go to the trackers of ``train.log_with`` through
+Logged values are averaged over micro-batches and processes (a step's loss and its parts are already the step's:
+:meth:`finecap.train.engine.Engine.train_step`) and go to the trackers of ``train.log_with`` through
 ``accelerator.log`` (``jsonl``: ``metrics.jsonl``, one event per line; ``tensorboard``, ``wandb``, ``mlflow``, ... as
 accelerate supports them, under ``<run>/trackers``: :func:`placed_trackers`). Only the main process writes. Trackers
 receive the configuration with every secret masked (:func:`tracker_config`) and see the command line masked while

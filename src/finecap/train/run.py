@@ -83,6 +83,7 @@ from finecap.train.state import (
     find_resumable,
     holds_run,
     prepare_run_dir,
+    read_info,
     truncate_metrics,
 )
 from finecap.train.validators import caption_samples, validation_loss
@@ -241,7 +242,7 @@ def _build_run(
     optimizer = build_optimizer(model, cfg.train)
     global_batch = cfg.train.batch_size * accelerator.num_processes * cfg.train.grad_accum_steps
     sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # grpo.iterations
-    total = total_steps(cfg.train, sampler)
+    total = total_steps(cfg.train, sampler, read_info(resume_from) if resume_from is not None else None)
     scheduler = build_scheduler(optimizer, warmup=cfg.train.warmup_steps, total=total, kind=cfg.train.schedule)
     short = short_run_note(warmup=cfg.train.warmup_steps, total=total)
     if short and accelerator.is_main_process:
