@@ -216,6 +216,37 @@ def test_boost_within_budget_sends_only_decoded_images(planted, tmp_path, mode):
     assert rows[2]["captions"] == ["a red square number 3"]  # the failed image keeps its human caption
 
 
+def test_boost_reads_images_within_the_configured_budget(tmp_path):
+    """``data.max_image_pixels`` / ``data.max_aspect_ratio`` bound boost's images as training's: a 60 x 2 strip (30:1)
+    within data.max_aspect_ratio=40 is sent (the default 20 refused it), a 20 x 20 image over
+    data.max_image_pixels=300 is not (the default 64 MP sent it)."""
+    folder = tmp_path / "data"
+    png(folder / "a.png", RED)
+    png(folder / "wide.png", GREEN, size=(60, 2))
+    png(folder / "big.png", BLUE, size=(20, 20))
+    data = jsonl(folder / "data.jsonl", [("a.png", "test"), ("wide.png", "test"), ("big.png", "test")])
+    out = tmp_path / "out"
+    budget = ("data.max_image_pixels=300", "data.max_aspect_ratio=40", "boost.max_failure_rate=0.5")
+    with ChatServer(echo_first_caption) as server:
+        code, _, err = run_cli(_boost_argv(data, out, server.url, "visual", *budget))
+    assert code == 0, err
+    assert sorted(Image.open(io.BytesIO(b)).size for _, b in _sent_images(server)) == [(8, 8), (60, 2)]
+    failures = [json.loads(x) for x in (out / "failures.jsonl").read_text().splitlines()]
+    assert [(f["image_id"], f["step"]) for f in failures] == [(3, "visual")]
+    assert "data.max_image_pixels=300" in failures[0]["error"]
+    # the in-process backends decode within the same budget
+    from finecap.boost.hf_backend import TransformersBackend
+    from finecap.data.images import ImageLimits
+
+    backend = TransformersBackend.__new__(TransformersBackend)  # generation stubbed: no model needed
+    backend.vision, backend.batch_size = True, 4
+    backend.generate = lambda tasks, images: [f"{im.size}" for im in images]
+    limits = ImageLimits(max_pixels=300, max_aspect_ratio=40)
+    records = [Record(k, folder / n, "test", ["x"]) for k, n in enumerate(["wide.png", "big.png"], 1)]
+    answers = dict(backend.run([Task(i, r, "visual", [], {}, limits) for i, r in enumerate(records)]))
+    assert answers[0] == "(60, 2)" and isinstance(answers[1], BadImage) and "max_image_pixels=300" in str(answers[1])
+
+
 def test_openai_backend_re_encodes_and_refuses_non_images(planted):
     from finecap.boost.openai_backend import image_data_url
 

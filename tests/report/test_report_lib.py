@@ -1,5 +1,7 @@
 """Report library: generic tables, headline comparisons, plot data, gallery choices, reading a run directory."""
 
+import base64
+import io
 import json
 import re
 import shutil
@@ -109,6 +111,32 @@ def test_report_of_fabricated_run_is_self_contained(fabricated_run, tmp_path):
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "bag_recall.png", "curves_mle.png", "curves_smile.png", "curves_smile_random.png", "faithfulness.png",
         "length_hist.png", "smile_length.png"]  # fmt: skip
+
+
+def test_report_gallery_reads_images_within_the_runs_budget(tmp_path):
+    """The gallery reads a run's images within its data.max_image_pixels / data.max_aspect_ratio: a 60 x 2 strip
+    (30:1) that a run with data.max_aspect_ratio=40 trained on is drawn (the default budget, 20:1, stopped the report
+    with 'raise data.max_aspect_ratio'), and the other image too."""
+    from PIL import Image
+
+    from finecap.config import load
+    from finecap.data.results import write_results
+    from helpers.image_files import GREEN, RED, png
+
+    folder = tmp_path / "data"
+    png(folder / "a.png", RED)
+    png(folder / "wide.png", GREEN, size=(60, 2))
+    rows = [{"id": k, "image": name, "captions": [f"a shape {k}"], "split": "test"}
+            for k, name in enumerate(["a.png", "wide.png"], 1)]  # fmt: skip
+    (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    write_results(run / "captions" / "mle.json", {1: "a red square", 2: "a green strip"})
+    cfg = load(None, ["data.format=jsonl", f"data.path={folder / 'data.jsonl'}", "data.max_aspect_ratio=40"])
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    html = write_report(run, tmp_path / "r.html", retrieval=False).read_text()
+    shown = [Image.open(io.BytesIO(base64.b64decode(uri))).size
+             for uri in re.findall(r'<img[^>]* src="data:image/png;base64,([^"]+)"', html)]  # fmt: skip
+    assert (8, 8) in shown and (60, 2) in shown
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from finecap.boost.output import check_outputs, dataset_file, write_boosted
 from finecap.boost.prompts import Prompts
 from finecap.config import Config
 from finecap.data.formats import read_dataset
+from finecap.data.images import ImageLimits
 from finecap.data.references import data_file
 from finecap.locks import LOCK_NAME, output_lock
 from finecap.train.prepare import prepare
@@ -74,7 +75,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             result = boost_records(
                 records, b.mode, llm, vlm, cache, prompts, few_shot=b.few_shot, retries=b.retries, limit=b.limit,
                 progress=progress, max_failure_rate=b.max_failure_rate,
-                max_consecutive_failures=b.max_consecutive_failures,
+                max_consecutive_failures=b.max_consecutive_failures, image_limits=ImageLimits.of(cfg.data),
             )  # fmt: skip
         except KeyboardInterrupt:
             interrupted(out, source, cfg.boost.mode, len(cache.answers), time.perf_counter() - start)

@@ -55,6 +55,7 @@ from tqdm import tqdm
 from finecap.app.demo_vcb import FIELD_ROWS
 from finecap.config import Config, load, load_stored
 from finecap.data.bags_file import read_bags
+from finecap.data.images import ImageLimits
 from finecap.data.records import Record
 from finecap.data.references import data_file, load_references
 from finecap.data.results import read_results
@@ -236,15 +237,16 @@ def _match_ids(captions: dict[str, dict[Hashable, str]], records: dict[Hashable,
             for stage, caps in captions.items()}  # fmt: skip
 
 
-def _uri(records: dict[Hashable, Record], image_id: Hashable) -> str | None:
+def _uri(records: dict[Hashable, Record], image_id: Hashable, limits: ImageLimits) -> str | None:
+    """The gallery's ``data:`` URI of the image of ``image_id``, read within the run's image budget ``limits``."""
     record = records.get(image_id)
     if record is None or not record.path.is_file():
         return None
-    return image_uri(record.path)
+    return image_uri(record.path, limits=limits)
 
 
 def _gallery(run: RunData, records: dict[Hashable, Record], scenes: dict | None, n_sample: int, n_disagree: int,
-             seed: int) -> list[dict[str, Any]]:  # fmt: skip
+             seed: int, limits: ImageLimits) -> list[dict[str, Any]]:  # fmt: skip
     sample, top = select_images(run.captions, n_sample, n_disagree, seed)
 
     def item(image_id: Hashable, score: float | None) -> dict[str, Any]:
@@ -254,7 +256,7 @@ def _gallery(run: RunData, records: dict[Hashable, Record], scenes: dict | None,
                 for stage, caps in run.captions.items() if image_id in caps]  # fmt: skip
         record = records.get(image_id)
         humans = list(record.captions) if record is not None else []
-        return {"id": image_id, "uri": _uri(records, image_id), "humans": humans, "disagreement": score,
+        return {"id": image_id, "uri": _uri(records, image_id, limits), "humans": humans, "disagreement": score,
                 "rows": rows}  # fmt: skip
 
     sections = []
@@ -332,6 +334,7 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
     image_emb = retriever.image_embeddings([records[i] for i in ids])  # (N, D), bag images only: no cache entry
     columns = {i: c for c, i in enumerate(ids)}
     raw = read_json(source.path, DATA_FILE)["bags"]
+    limits = ImageLimits.of(cfg.data)  # the images as the run read them
     out = []
     for size, index, bag in tqdm(chosen, desc="report: bag outcomes", unit="bag", disable=not progress_enabled()):
         rows = []
@@ -348,7 +351,7 @@ def _bag_gallery(run: RunData, cfg: Config, records: dict[Hashable, Record], n_b
         entry = raw[str(size)][index]
         similarity = entry.get("similarity") if isinstance(entry, dict) else None
         out.append({"key": f"{size}/{index}", "similarity": similarity,
-                    "images": [{"id": b, "uri": _uri(records, b)} for b in bag], "rows": rows})  # fmt: skip
+                    "images": [{"id": b, "uri": _uri(records, b, limits)} for b in bag], "rows": rows})  # fmt: skip
     saved = {bag["key"]: {row["stage"]: [{k: o[k] for k in ("caption", "retrieved", "rank")} | {"image": im["id"]}
                                          for o, im in zip(row["outcomes"], bag["images"])] for row in bag["rows"]}
              for bag in out}  # fmt: skip
@@ -488,7 +491,7 @@ def main(
         if folder is not None:
             check_plot_files(folder, sorted(p.name for p in drawn.iterdir()), given=plots is not None, force=force)
             _write_plots(drawn, folder)
-    gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed)
+    gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed, ImageLimits.of(cfg.data))
     bags, bag_note = _bag_gallery(run, cfg, records, n_bags) if retrieval else ([], "Bag outcomes not computed.")
     context = {
         "title": run.run_dir.resolve().name,

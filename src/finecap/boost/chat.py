@@ -9,7 +9,7 @@ conversation with its image, and the batches they generate in.
   naming it).
 - **Images** (the VLM): the image joins the last user message as a ``{"type": "image"}`` content part, before the
   text, and the processor's chat template places its tokens. Each image is decoded by finecap's one rule
-  (:func:`finecap.data.images.load_record_image`); an image that fails it fails alone
+  (:func:`finecap.data.images.load_record_image`, within the task's image budget); an image that fails it fails alone
   (:class:`~finecap.boost.engine.BadImage`), unseen by the model.
 - **Batches**: ``boost.batch_size`` tasks per :meth:`InProcessBackend.generate` call; their answers are yielded (and
   so cached by the engine) when the batch is done, so a killed run loses at most one batch.
@@ -81,7 +81,7 @@ class InProcessBackend(ABC):
             if self.vision:  # decoded by finecap's one rule: an image that fails it fails alone, unseen by the model
                 for i in list(batch):
                     try:
-                        images[i] = load_record_image(tasks[i].record)
+                        images[i] = load_record_image(tasks[i].record, limits=tasks[i].limits)
                     except DataError as e:
                         batch.remove(i)
                         yield i, BadImage(str(e))

@@ -19,10 +19,12 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   ``visual`` step also fails the image's ``holistic`` step (its inputs are missing).
 - **Images** (modes with the ``visual`` step): before any request of any step, every image to boost is checked as an
   image file (:func:`finecap.data.images.check_image_file`: a regular file PIL identifies and verifies, within the
-  decompression-bomb limit). One that is not (a text file, a key, a damaged or oversized image) fails its ``visual``
-  step at once as a :class:`BadImage` (``attempts`` 0), counted in the failure budget like any failed image: nothing
-  of it is hashed or sent. Backends send only a re-encoding of the decoded pixels (the ``openai`` backend decodes
-  again when sending; a file that fails then is a :class:`BadImage` too).
+  decompression-bomb limit and the image budget ``data.max_image_pixels`` / ``data.max_aspect_ratio``, as training
+  reads it; each :class:`Task` carries the budget, so backends decode within it too). One that is not (a text file,
+  a key, a damaged or oversized image) fails its ``visual`` step at once as a :class:`BadImage` (``attempts`` 0),
+  counted in the failure budget like any failed image: nothing of it is hashed or sent. Backends send only a
+  re-encoding of the decoded pixels (the ``openai`` backend decodes again when sending; a file that fails then is a
+  :class:`BadImage` too).
 - **Stopping** (:class:`FailureBudget`): the run stops as soon as more than ``boost.max_failure_rate`` of the images
   to boost failed (the fraction can then only be exceeded at the end too), after ``boost.max_consecutive_failures``
   requests in a row could not reach the server (:class:`ServerUnavailable`), and at once on a
@@ -49,7 +51,7 @@ from typing import Any, Protocol
 from tqdm.auto import tqdm
 
 from finecap.boost.prompts import Prompts
-from finecap.data.images import check_image_file, load_record_image
+from finecap.data.images import DEFAULT_LIMITS, ImageLimits, check_image_file, load_record_image
 from finecap.data.records import DataError, Record
 from finecap.utils.files import open_append
 from finecap.utils.reading import read_lines
@@ -121,13 +123,14 @@ class BadImage(ValueError):
     ``visual`` step fails and nothing of the file is sent."""
 
 
-def image_problem(record: Record) -> str | None:
-    """Why the image of ``record`` may not be sent (a one-line reason naming the file), or ``None``."""
+def image_problem(record: Record, limits: ImageLimits = DEFAULT_LIMITS) -> str | None:
+    """Why the image of ``record`` may not be sent within the image budget ``limits`` (a one-line reason naming the
+    file), or ``None``."""
     try:
         if not record.embedded:
-            check_image_file(record.path)
+            check_image_file(record.path, limits)
         else:
-            load_record_image(record)
+            load_record_image(record, limits=limits)
     except DataError as e:
         return str(e)
     return None
@@ -149,6 +152,8 @@ class Task:
     messages: list[dict[str, Any]]
     inputs: dict[str, Any]
     """The step's variables: ``captions`` (human), ``blend`` and ``visual`` (earlier answers)."""
+    limits: ImageLimits = DEFAULT_LIMITS
+    """The image budget (``data.max_image_pixels``, ``data.max_aspect_ratio``) a backend decodes the image within."""
 
     @property
     def image(self) -> Path | None:
@@ -469,10 +474,13 @@ def boost_records(
     progress: bool = True,
     max_failure_rate: float = 1.0,
     max_consecutive_failures: int = 10**9,
+    image_limits: ImageLimits = DEFAULT_LIMITS,
 ) -> BoostResult:
-    """Run the steps of ``mode`` (:data:`MODE_STEPS`) over ``records`` (the first ``limit``; 0 = all). Every record
-    gets ``original`` and one field per step; a failed or unanswered step keeps the human captions in its field. The
-    run stops early (``result.stopped``) as :class:`FailureBudget` says; the library default is no budget."""
+    """Run the steps of ``mode`` (:data:`MODE_STEPS`) over ``records`` (the first ``limit``; 0 = all), their images
+    read within ``image_limits`` (:class:`~finecap.data.images.ImageLimits`: ``ImageLimits.of(cfg.data)``). Every
+    record gets ``original`` and one field per step; a failed or unanswered step keeps the human captions in its
+    field. The run stops early (``result.stopped``) as :class:`FailureBudget` says; the library default is no
+    budget."""
     if mode not in MODE_STEPS:
         raise ValueError(f"boost.mode: unknown mode {mode!r}; valid modes: {', '.join(MODE_STEPS)}")
     chosen = list(range(len(records)))[: limit or None]
@@ -482,7 +490,7 @@ def boost_records(
     bad_images: set[int] = set()
     if "visual" in MODE_STEPS[mode]:  # before any request: a file that is not an image is never sent
         for i in chosen:
-            problem = image_problem(records[i])
+            problem = image_problem(records[i], image_limits)
             if problem is not None:
                 bad_images.add(i)
                 result.failures.append(Failure(records[i].image_id, "visual", f"BadImage: {problem}", 0))
@@ -507,7 +515,7 @@ def boost_records(
                     continue
                 inputs |= {"blend": answers["blend"][i], "visual": answers["visual"][i]}
             messages = prompts.messages(step, few_shot=few_shot, **inputs)
-            tasks.append(Task(i, r, step, messages, inputs))
+            tasks.append(Task(i, r, step, messages, inputs, image_limits))
         done = run_step(step, tasks, backend, cache, retries, progress, budget)
         answers[step] = done.answers
         result.failures += done.failures

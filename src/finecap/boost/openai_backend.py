@@ -7,7 +7,8 @@ message (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,...
 accepts for vision models, before the text part, as the in-process backends place it
 (:func:`finecap.boost.chat.conversation`) and as the paper's VLM, InstructBLIP, reads its instruction after the image.
 What is sent is never the file's bytes: the image is decoded (:func:`finecap.data.images.decode_image`: a real image
-within the decompression-bomb limit, EXIF orientation applied) and its RGB pixels re-encoded, as JPEG (quality 95) when
+within the decompression-bomb limit and the task's image budget, ``data.max_image_pixels`` / ``data.max_aspect_ratio``,
+EXIF orientation applied) and its RGB pixels re-encoded, as JPEG (quality 95) when
 the file was a JPEG and PNG otherwise, with the matching MIME type (:func:`finecap.data.images.encode_image`). A file
 that does not decode is a :class:`~finecap.boost.engine.BadImage`: that image fails, nothing is sent. At most
 ``boost.concurrency`` requests are in flight (a thread pool of that size sharing one connection pool).
@@ -93,7 +94,7 @@ from finecap.boost.engine import (
     cut_off,
 )
 from finecap.config.secrets import masked_url_secrets
-from finecap.data.images import decode_image, encode_image
+from finecap.data.images import DEFAULT_LIMITS, ImageLimits, decode_image, encode_image
 from finecap.data.records import DataError
 
 log = logging.getLogger(__name__)
@@ -116,23 +117,26 @@ MASKED_KEY_LENGTH = 8
 """An API key this long or longer is masked in answers as in messages (module docstring)."""
 
 
-def image_data_url(path: str | Path) -> str:
-    """``data:<mime>;base64,<bytes>`` of the image file at ``path`` decoded and re-encoded (module docstring), never
-    of its bytes; :class:`~finecap.boost.engine.BadImage` naming the file when it is not an image finecap reads."""
+def image_data_url(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> str:
+    """``data:<mime>;base64,<bytes>`` of the image file at ``path`` decoded within the image budget ``limits`` and
+    re-encoded (module docstring), never of its bytes; :class:`~finecap.boost.engine.BadImage` naming the file when it
+    is not an image finecap reads."""
     try:
-        image, fmt = decode_image(path)
+        image, fmt = decode_image(path, limits)
     except DataError as e:
         raise BadImage(str(e)) from None
     data, mime = encode_image(image, fmt)
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
-def with_image(messages: list[dict[str, Any]], image: str | Path) -> list[dict[str, Any]]:
-    """``messages`` with the image attached to the last user message (OpenAI content-parts format), before its
-    text (module docstring)."""
+def with_image(
+    messages: list[dict[str, Any]], image: str | Path, limits: ImageLimits = DEFAULT_LIMITS
+) -> list[dict[str, Any]]:
+    """``messages`` with the image (read within the image budget ``limits``) attached to the last user message
+    (OpenAI content-parts format), before its text (module docstring)."""
     out = [dict(m) for m in messages]
     last = out[-1]
-    last["content"] = [{"type": "image_url", "image_url": {"url": image_data_url(image)}},
+    last["content"] = [{"type": "image_url", "image_url": {"url": image_data_url(image, limits)}},
                        {"type": "text", "text": last["content"]}]  # fmt: skip
     return out
 
@@ -253,7 +257,7 @@ class OpenAIBackend:
                 "temperature": self.temperature}  # fmt: skip
 
     def payload(self, task: Task) -> dict[str, Any]:
-        messages = with_image(task.messages, task.image) if task.image is not None else task.messages
+        messages = with_image(task.messages, task.image, task.limits) if task.image is not None else task.messages
         return {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
                 "temperature": self.temperature}  # fmt: skip
 

@@ -25,12 +25,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
 from finecap.outputs import write_output
 from finecap.report.columns import ColumnRules, better, direction, format_difference, format_value
+
+if TYPE_CHECKING:
+    from finecap.data.images import ImageLimits
 
 TEMPLATES = Path(__file__).parent / "templates"
 """Jinja2 templates of the report and of the bag-review page (:mod:`finecap.app.review`)."""
@@ -214,14 +217,15 @@ def png_uri(path: str | Path) -> str:
     return data_uri(*encode_image(load_image(path)))
 
 
-def image_uri(path: str | Path, max_side: int = 224) -> str:
+def image_uri(path: str | Path, max_side: int = 224, limits: ImageLimits | None = None) -> str:
     """An image file as a ``data:`` URI: decoded by finecap's one rule (:func:`finecap.data.images.load_image`:
-    a real image within the decompression-bomb limit, EXIF orientation applied; a one-line error naming the file
-    otherwise), scaled down to at most ``max_side`` pixels (never up), so a report over large photographs stays
-    small, and re-encoded as PNG."""
-    from finecap.data.images import load_image
+    a real image within the decompression-bomb limit and the image budget ``limits``, the run's
+    ``data.max_image_pixels`` / ``data.max_aspect_ratio``, default theirs; EXIF orientation applied; a one-line error
+    naming the file otherwise), scaled down to at most ``max_side`` pixels (never up), so a report over large
+    photographs stays small, and re-encoded as PNG."""
+    from finecap.data.images import DEFAULT_LIMITS, load_image
 
-    image = load_image(path)
+    image = load_image(path, limits=limits or DEFAULT_LIMITS)
     image.thumbnail((max_side, max_side))
     buf = io.BytesIO()
     image.save(buf, format="PNG", optimize=True)
