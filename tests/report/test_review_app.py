@@ -427,3 +427,16 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
     for src in sources:
         response = client.get(src)
         assert response.status_code == 200 and response.mimetype == "image/png", src
+
+
+def test_the_images_are_read_within_the_configurations_budget(fabricated_run, tiny_world, tmp_path):
+    # the app checked and decoded the bag images within the default budget (data.max_image_pixels,
+    # data.max_aspect_ratio), not the configuration's: a run that allowed larger images had them refused, one that
+    # allowed fewer pixels had them served (the world's images are 40 x 40 = 1,600 pixels)
+    from finecap.config import load
+
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    with pytest.raises(FileNotFoundError, match="none of the .* bag images is there as an image file"):
+        create_app(bags, tiny_world / "images", cfg=load(None, ["data.max_image_pixels=1599"]))
+    assert create_app(bags, tiny_world / "images", cfg=load(None, ["data.max_image_pixels=1600"])) is not None

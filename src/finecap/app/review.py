@@ -57,7 +57,7 @@ from urllib.parse import urlencode, urlsplit
 
 from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
-from finecap.data.images import check_image_file, decode_image, encode_image
+from finecap.data.images import ImageLimits, check_image_file, decode_image, encode_image
 from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
 from finecap.report.html import TEMPLATES
@@ -133,9 +133,9 @@ def image_type(path: Path) -> str | None:
     return mime if ok else None
 
 
-def _is_image(path: Path) -> bool:
+def _is_image(path: Path, limits: ImageLimits) -> bool:
     try:
-        check_image_file(path)
+        check_image_file(path, limits)
     except DataError as e:
         log.warning("%s", e)
         return False
@@ -155,9 +155,10 @@ def _data_source(bags: dict[str, Any], bags_path: Path, data: str | Path | None)
 
 
 def _served_images(
-    curation: BagCuration, records: dict[Hashable, Record], root: Path, source: str | Path
+    curation: BagCuration, records: dict[Hashable, Record], root: Path, source: str | Path, limits: ImageLimits
 ) -> dict[Hashable, str]:
-    """``{image id: path relative to root}`` of the bag images that can be served; errors when none can."""
+    """``{image id: path relative to root}`` of the bag images that can be served (within the run's ``limits``,
+    ``data.max_image_pixels`` and ``data.max_aspect_ratio``); errors when none can."""
     ids = list(dict.fromkeys(i for key in curation.keys() for i in curation.bag(key)))  # noqa: SIM118
     if not ids:
         return {}
@@ -178,7 +179,7 @@ def _served_images(
             missing.append(path)
             continue
         found = resolve_under(top, rel)
-        if found is None or image_type(found) is None or not _is_image(found):
+        if found is None or image_type(found) is None or not _is_image(found, limits):
             missing.append(path)
         else:
             served[i] = rel
@@ -203,6 +204,7 @@ def create_app(
     start check passed, the curated and decisions files are rebuilt from the decisions file (``rebuild``; :func:`main`
     does it itself once the server is bound, so that a port in use writes nothing either)."""
     cfg = cfg if cfg is not None else load()
+    limits = ImageLimits.of(cfg.data)  # the budget the bags' run read its images with, not the defaults
     bags_path, root = Path(bags), Path(images)
     if not root.is_dir():
         raise FileNotFoundError(f"--images {root}: not a folder")
@@ -214,7 +216,7 @@ def create_app(
     if curation.keys():
         source = _data_source(curation.source, bags_path, data)
         records = {r.image_id: r for r in load_references(cfg, source, images=root).records}
-        served = _served_images(curation, records, root, source)
+        served = _served_images(curation, records, root, source, limits)
     if rebuild:
         curation.rebuild()  # written only once every start check passed
     servable = set(served.values())
@@ -344,7 +346,8 @@ def create_app(
         if path is None or mime is None:
             refuse(404, "not an image of the bags under review (only those are served)")
         try:
-            decoded, fmt = decode_image(path)  # what is sent: the decoded pixels re-encoded, never the file's bytes
+            # what is sent: the decoded pixels re-encoded, never the file's bytes
+            decoded, fmt = decode_image(path, limits)
         except DataError:
             refuse(404, "not an image of the bags under review that decodes (damaged, or too large)")
         data, mime = encode_image(decoded, fmt)
