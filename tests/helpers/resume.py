@@ -27,6 +27,19 @@ def kill_at(step: int) -> Callable:
     return callback
 
 
+def killed_at(cfg, step: int) -> Path:
+    """Train ``cfg`` until it is killed at ``step`` (:func:`kill_at`); the ``trainer_state.json`` of the run's last
+    checkpoint, which a resume continues from."""
+    import pytest
+
+    from finecap.home import run_path
+    from finecap.train.run import train
+
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[kill_at(step)])
+    return checkpoint_dir(run_path(cfg.run), "last") / "trainer_state.json"
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The ClipCap of the run's last checkpoint, encoder included: its state dict."""
     return ClipCap.from_checkpoint(model_dir(checkpoint_dir(run_dir, "last"))).state_dict()
