@@ -187,10 +187,13 @@ def step_seeds(seed: int, step: int, index: torch.Tensor) -> torch.Tensor:
     depends on nothing else, so not on how the global batch is split over processes and accumulation steps (each
     process's generator would otherwise replay the same stream: equal draws on every process).
 
+    Any integer ``seed`` (``run.seed`` up to 2**64 - 1: ``$(date +%s%N)``): :func:`hash32` reads 32 bits, so the
+    mix is taken modulo 2**32 before it becomes a tensor (an int64 overflowed from seeds of about 9.2e12 on).
+
     >>> torch.equal(step_seeds(0, 3, torch.tensor([5, 9]))[1:], step_seeds(0, 3, torch.tensor([9])))
     True
     """
-    first = hash32(torch.tensor([seed * 1_000_003 + int(step)]))  # (1,)
+    first = hash32(torch.tensor([(seed * 1_000_003 + int(step)) % 2**32]))  # (1,): the bits hash32 reads
     return hash32(first ^ hash32(torch.as_tensor(index).long().cpu()))  # (B,)
 
 

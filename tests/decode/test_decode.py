@@ -523,3 +523,18 @@ def test_seeded_draws_follow_the_softmax_and_differ_by_position():
     same = (draws == later).double().mean().item()
     assert abs(same - (p**2).sum().item()) < 0.02  # independent draws agree with probability sum p^2
     assert torch.equal(draws, (logits + seeded_gumbel(keys, 0, 5)).argmax(-1))  # a pure function of (key, t, v)
+
+
+def test_step_seeds_take_any_run_seed():
+    # seed * 1_000_003 became an int64 tensor: run.seed=$(date +%s%N) (1.7e18) overflowed ('Overflow when unpacking
+    # long long') at the first RL rollout; hash32 reads 32 bits, so the mix modulo 2**32 gives every seed that
+    # worked its draws unchanged
+    from finecap.decode import hash32, step_seeds
+
+    index = torch.tensor([0, 5, 9])
+    big = 1_700_000_000_000_000_000
+    assert torch.equal(step_seeds(big, 3, index), step_seeds(big % 2**32, 3, index))
+    assert torch.equal(step_seeds(2**64 - 1, 0, index), step_seeds(2**32 - 1, 0, index))
+    # by hand for a seed that always worked: hash32(hash32(seed * 1_000_003 + step) ^ hash32(index))
+    first = hash32(torch.tensor([12 * 1_000_003 + 4]))
+    assert torch.equal(step_seeds(12, 4, index), hash32(first ^ hash32(index)))

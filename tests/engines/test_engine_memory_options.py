@@ -10,6 +10,7 @@ import sys
 import types
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -276,3 +277,21 @@ def test_no_autocast_reaches_the_vllm_judge_when_it_answers(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert backend._answers([{"prompt": "x"}]) == ["B"]
     assert seen == [False]
+
+
+def test_any_run_seed_starts_an_engine_with_a_seed_vllm_accepts(monkeypatch):
+    # run.seed is any integer up to 2**64 - 1 ($(date +%s%N) is 1.7e18); vLLM seeds numpy with it, which refuses a
+    # seed of 2**32 or more: the engine is given it modulo 2**32 (a seed below that unchanged, + the rank)
+    seeds = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            np.random.seed(kwargs["seed"])  # what vLLM's set_random_seed does with it
+            seeds.append(kwargs["seed"])
+
+    monkeypatch.setattr(engines_vllm, "import_vllm", lambda option="": SimpleNamespace(LLM=LLM))
+    monkeypatch.setattr(engines_vllm, "external_launcher", lambda options: 1)  # rank 1 of a launch
+    cfg = load(None, ["decode.engine=vllm"])
+    for seed in (1_700_000_000_000_000_000, 2**64 - 1, 7):
+        engines_vllm.start_llm("folder", cfg.vllm, dtype="float32", seed=seed)
+    assert seeds == [(1_700_000_000_000_000_000 + 1) % 2**32, 0, 8]

@@ -120,13 +120,14 @@ def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int,
     In one of several processes of a launched job (``torch.distributed`` initialised with more than one process:
     ``accelerate launch``, ``torchrun``), the engine joins that job's process group instead of opening its own
     (:func:`external_launcher`) and is seeded with ``seed + rank``, as TRL's colocated engines are: each process's
-    engine then generates on its own, for its own requests, with draws of its own."""
+    engine then generates on its own, for its own requests, with draws of its own. Taken modulo 2**32, what vLLM's
+    ``numpy.random.seed`` accepts, so that any ``run.seed`` starts an engine (the same for every seed below it)."""
     vllm = import_vllm(option)
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     rank = external_launcher(options)
     kwargs: dict[str, Any] = dict(
-        model=str(folder), dtype=dtype, seed=int(seed) + rank, enforce_eager=section.enforce_eager,
+        model=str(folder), dtype=dtype, seed=(int(seed) + rank) % 2**32, enforce_eager=section.enforce_eager,
         gpu_memory_utilization=section.gpu_memory_utilization, tensor_parallel_size=section.tensor_parallel_size,
         generation_config=generation_config, **options,
     )  # fmt: skip
