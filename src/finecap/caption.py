@@ -23,7 +23,7 @@ from finecap.data.features import model_features
 from finecap.data.images import ImageLimits
 from finecap.data.loading import LoaderSettings, chunks, encoder_draft
 from finecap.data.samplers import process_slice
-from finecap.decode import chunk_images
+from finecap.decode import chunk_images, step_seeds
 from finecap.engines.finecap import as_engine
 from finecap.metrics.diversity import lexical_diversity, mean_length
 from finecap.utils.system import progress_enabled
@@ -48,10 +48,17 @@ def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -
     return contextlib.nullcontext()
 
 
-def batch_captions(engine: GenerationEngine, batch: dict[str, Any], decode: DecodeConfig) -> dict[Any, list[str]]:
+def batch_captions(engine: GenerationEngine, batch: dict[str, Any], decode: DecodeConfig,
+                   seed: int | None = None) -> dict[Any, list[str]]:  # fmt: skip
     """``{image_id: [caption, ...]}`` of one collated batch (its ``image_ids``), ``decode.num_return_sequences`` per
-    image, decoded by ``engine`` on its device (:mod:`finecap.engines`)."""
-    texts = engine.generate(to_device(batch, engine.device), decode).texts
+    image, decoded by ``engine`` on its device (:mod:`finecap.engines`). ``seed``: sampling draws from per-image
+    seeds of ``(seed, the image's index)`` (:func:`~finecap.decode.step_seeds`, as RL rollouts draw), so an image's
+    samples depend on the seed and its place in the list only, not on the batch, the process count or what ran
+    before; ``None``: from torch's random generator."""
+    seeds = None
+    if seed is not None and decode.strategy == "sample":
+        seeds = step_seeds(seed, 0, batch["index"]).to(engine.device)  # (B,)
+    texts = engine.generate(to_device(batch, engine.device), decode, seeds).texts
     n = decode.num_return_sequences
     return {image_id: list(texts[b * n : (b + 1) * n]) for b, image_id in enumerate(batch["image_ids"])}
 
@@ -66,9 +73,11 @@ def generate_captions(
     decode: DecodeConfig | None = None,
     use_features: bool | None = None,
     progress: bool = True,
+    seed: int | None = None,
 ) -> dict[Any, list[str]]:
     """``{image_id: [caption, ...]}`` (``decode.num_return_sequences`` per image) for the first ``limit`` images of
-    ``split`` (0 = all), decoded with ``decode`` (default ``cfg.decode``).
+    ``split`` (0 = all), decoded with ``decode`` (default ``cfg.decode``); ``seed``: sampling's per-image seeds
+    (:func:`batch_captions`; ``None``: torch's random generator).
 
     ``model``: a captioner (decoding itself: :class:`~finecap.engines.finecap.FinecapEngine`), or a generation
     engine serving one (:func:`finecap.engines.open_engine`). ``use_features`` (default: unless the
@@ -107,7 +116,7 @@ def generate_captions(
     with model.decoding(autocast):  # a captioner: eval, full parameters if sharded, no gradient, the run's autocast
         for batch in tqdm(loader, total=len(batches), desc=f"caption [{split}]",
                           disable=not progress_enabled(progress and main), unit="batch"):  # fmt: skip
-            out.update(batch_captions(model, batch, decode))
+            out.update(batch_captions(model, batch, decode, seed))
     if world > 1:
         merged: dict[Any, list[str]] = {}
         for part in gather_object([out]):

@@ -230,6 +230,7 @@ def caption_images(
     progress: bool = True,
     limits: ImageLimits = DEFAULT_LIMITS,
     draft: int | None = None,
+    seed: int | None = None,
 ) -> ImageCaptions:
     """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model`` (a captioner, decoding itself,
     or a generation engine serving one: :func:`finecap.engines.open_engine`), decoded with ``decode``.
@@ -247,7 +248,9 @@ def caption_images(
     is a :class:`~finecap.data.records.DataError` naming it; a JPEG file is decoded at ``draft`` pixels as the
     run's data loading decodes it (``data.jpeg_draft``: :func:`finecap.data.loading.encoder_draft`); with
     ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
-    decodes. Reading the images draws nothing from torch's global random generator (only sampling does)."""
+    decodes. Reading the images draws nothing from torch's global random generator; sampling draws from it, or with
+    ``seed`` from per-image seeds of ``(seed, the image's position in images)``
+    (:func:`finecap.caption.batch_captions`: the same samples in any batch size and process count)."""
     import torch
     from accelerate.utils import gather_object
     from torch.utils.data import DataLoader
@@ -282,7 +285,7 @@ def caption_images(
             skipped += bad
             out.update((i, None) for i, _ in bad)
             if batch is not None:
-                out.update(batch_captions(model, batch, decode))
+                out.update(batch_captions(model, batch, decode, seed))
     if world > 1:
         merged: dict[int, list[str] | None] = {}
         gathered_skips: list[tuple[int, str]] = []

@@ -96,6 +96,27 @@ def test_files_named_one_by_one_and_overrides_after_them(run, shapes, tmp_path):
     assert after == before == {"red.png": "a red", "blue.png": "a blue"}
 
 
+def test_sampled_captions_depend_on_the_seed_and_the_image_only(run, shapes, tmp_path):
+    # finecap caption with decode.strategy=sample drew from torch's global generator, unseeded: two runs of one
+    # command gave other captions, and a batch size or process count changed them; images now draw from per-image
+    # seeds of (run.seed, their place), as RL rollouts do (hot: temperature 5, so that samples vary)
+    hot = ("decode.strategy=sample", "decode.temperature=5")
+
+    def sampled(name: str, *more: str) -> dict:
+        return caption(run, shapes["data"], out=tmp_path / f"{name}.json", more=(*hot, *more))
+
+    first = sampled("first")
+    assert sampled("again") == first  # the same command, the same captions
+    assert sampled("batch1", "decode.batch_size=1") == first  # another batch size: the same samples per image
+    other = sampled("other", "run.seed=1")
+    assert other.keys() == first.keys() and other != first  # another seed, other samples
+    assert len(set(first.values())) > len(set(CAPTION.values()))  # not the trained captions alone: they vary
+    split = tmp_path / "split.json"
+    argv = ["caption", "--checkpoint", str(run), "--split", "val", "--out", str(split), *hot]
+    assert run_cli(argv)[0] == 0 and run_cli([*argv[:-3], str(tmp_path / "split2.json"), *hot])[0] == 0
+    assert results(split) == results(tmp_path / "split2.json")  # a data set's split too
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The folders a checkpoint loads from
 # --------------------------------------------------------------------------------------------------------------------

@@ -258,13 +258,13 @@ def main(
             result = caption_images(generator, [f.path for f in files], cfg.decode,
                                     skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
                                     accelerator=accelerator, limits=ImageLimits.of(cfg.data),
-                                    draft=encoder_draft(model.encoder, cfg.data))  # fmt: skip
+                                    draft=encoder_draft(model.encoder, cfg.data), seed=cfg.run.seed)  # fmt: skip
             captions = {f.image_id: caps for f, caps in zip(files, result.captions, strict=True) if caps is not None}
             what = f"{len(files)} image(s)"
             if result.skipped and accelerator.is_main_process:
                 log.warning("caption: %s (data.skip_bad_images=true)", describe_skipped(result, len(files)))
         else:
-            captions = generate_captions(generator, cfg, split, accelerator=accelerator)
+            captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed)
             what = f"split {split!r}"
     out = Path(out)
     if accelerator.is_main_process:
