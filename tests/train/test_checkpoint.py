@@ -190,3 +190,19 @@ def test_an_edited_generation_config_setting_finecap_cannot_apply_is_named(tmp_p
     (record,) = caplog.records
     assert str(tmp_path / "generation_config.json") in record.getMessage()
     assert "no_repeat_ngram_size=3, repetition_penalty=1.2" in record.getMessage()
+
+
+def test_a_sampling_file_without_top_k_samples_as_generate_does(tmp_path):
+    # another tool's generation_config.json with do_sample and no top_k: generate samples with top_k 50
+    # (transformers' default), finecap read 0 (the whole vocabulary); finecap's own file keeps its 0
+    from transformers import GenerationConfig
+
+    from finecap.config import DecodeConfig
+    from finecap.train.checkpoint import decode_of_folder, write_generation_config
+
+    GenerationConfig(do_sample=True, temperature=0.7).save_pretrained(tmp_path / "theirs")
+    assert "top_k" not in (tmp_path / "theirs" / "generation_config.json").read_text()
+    theirs = decode_of_folder(tmp_path / "theirs")
+    assert (theirs["strategy"], theirs["top_k"], theirs["temperature"]) == ("sample", 50, 0.7)
+    write_generation_config(tmp_path / "ours", DecodeConfig(strategy="sample", top_k=0))
+    assert decode_of_folder(tmp_path / "ours")["top_k"] == 0

@@ -136,6 +136,9 @@ make ``generate`` with the saved file write other captions than the run's, so :f
 values (explicit where transformers has one, since ``generate(generation_config=...)`` fills a ``None`` from the
 model's own settings)."""
 
+TRANSFORMERS_TOP_K = 50
+"""The ``top_k`` transformers' ``generate`` samples with when a generation config does not set one."""
+
 FINECAP_ONLY = ("finished_beams", "stop_at_period", "batch_size")
 """``decode`` settings with no ``GenerationConfig`` name, kept in ``generation_config.json`` under
 ``finecap_decode`` (transformers keeps and ignores an unknown key)."""
@@ -170,7 +173,8 @@ def decode_of_folder(model_folder: str | Path) -> dict[str, Any]:
             out["early_stopping"] = gen.early_stopping
     if strategy == "sample":
         out["temperature"] = float(gen.temperature) if gen.temperature is not None else 1.0
-        out["top_k"] = int(gen.top_k or 0)
+        # a file without top_k samples with generate's default, 50 (finecap's own file writes its top_k, 0 included)
+        out["top_k"] = int(gen.top_k) if gen.top_k is not None else TRANSFORMERS_TOP_K
         out["top_p"] = float(gen.top_p) if gen.top_p is not None else 1.0
     if strategy != "greedy" and gen.num_return_sequences:
         out["num_return_sequences"] = int(gen.num_return_sequences)
