@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from beam_match import assert_same_hypotheses, trimmed
-from peft import PeftModel
+from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import BlipConfig, BlipForConditionalGeneration
 
 from finecap.config import DecodeConfig
@@ -15,6 +15,7 @@ from finecap.models.backbones import checkpoint_kind, load_captioner
 from finecap.models.blip import Blip, BlipImageProcessor, FeatureMapTokens
 from finecap.models.presets import save_tiny_blip, tiny_blip_config
 from finecap.models.tokenizer import world_tokenizer
+from finecap.models.vision import VisionEncoder
 from finecap.models.world_encoder import build_world_model
 from finecap.objectives.mle import mle_loss
 
@@ -233,3 +234,36 @@ def test_world_tokens_from_a_convnet_feature_map():
     assert torch.allclose(out[:, 0], dual.get_image_features(pixel_values=pv).pooler_output, atol=1e-5)
     stage = dual.vision_model(pixel_values=pv, output_hidden_states=True).hidden_states[-2]  # (2, 256, 2, 2)
     assert torch.allclose(out[:, 2], stage[:, :, 0, 1], atol=1e-5)  # cell (row 0, column 1)
+
+
+def test_world_tokens_of_a_vit_train_only_what_the_tokens_read(tmp_path):
+    """A ViT tower's tokens are its last hidden state: ``set_trainable`` leaves out its pooled output's
+    ``post_layernorm`` and ``visual_projection``, which no loss reaches (they counted as trained in ``--dry-run``
+    and stopped a 2-process run at its second step: DDP's "parameters that were not used in producing loss"), and
+    everything it trains, full or through LoRA adapters, gets a gradient from the tokens."""
+    from finecap.models.presets import save_tiny_clip
+
+    tokens = FeatureMapTokens.from_pretrained(save_tiny_clip(tmp_path / "clip", image_size=32, patch_size=16))
+    unread = ("vision_model.post_layernorm.", "visual_projection.")
+    for adapted in (False, True):
+        if adapted:
+            targets = lora.candidate_modules("encoder", tokens.model)  # visual_projection among them
+            tokens.model = get_peft_model(tokens.model, LoraConfig(r=2, target_modules=targets))
+        tokens.set_trainable(True)
+        trained = {lora.plain_name(n): p for n, p in tokens.model.named_parameters() if p.requires_grad}
+        assert trained and all(("lora_" in n) == adapted for n in trained)
+        assert not any(n.startswith(unread) for n in trained), sorted(trained)
+        tokens(torch.randn(2, 3, 32, 32)).square().sum().backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in trained.items() if "lora_A" not in n)
+        side = {lora.plain_name(n) for n, p in tokens.model.named_parameters() if "text" not in n and "logit" not in n}
+        assert {n for n in side if not n.startswith(unread) and ("lora_" in n) == adapted} == set(trained)
+        tokens.model.zero_grad()
+
+
+def test_world_tokens_of_a_convnet_train_every_image_side_weight():
+    """The world encoder's tokens read its projected feature: its whole image side trains."""
+    torch.manual_seed(0)
+    tokens = FeatureMapTokens(build_world_model(world_tokenizer(), image_size=32))
+    tokens.set_trainable(True)
+    assert [p for p in tokens.model.parameters() if p.requires_grad] == tokens.image_parameters()
+    assert {id(p) for p in tokens.image_parameters()} == {id(p) for p in VisionEncoder.image_parameters(tokens)}

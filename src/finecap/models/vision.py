@@ -128,8 +128,9 @@ class VisionEncoder(nn.Module):
         wrapped in some (:mod:`finecap.models.lora`; they sit on the image side only), else every image-side weight."""
         self.model.requires_grad_(False)
         if trainable:
-            adapters = [p for name, p in self.model.named_parameters() if "lora_" in name]
-            for p in adapters or self.image_parameters():
+            image = self.image_parameters()
+            adapters = {id(p) for name, p in self.model.named_parameters() if "lora_" in name}
+            for p in [p for p in image if id(p) in adapters] or image:
                 p.requires_grad_(True)
 
     def save(self, out: str | Path) -> None:
@@ -176,6 +177,36 @@ class FeatureMapTokens(VisionEncoder):
         with torch.no_grad():
             out = self(torch.zeros(1, 3, image_size, image_size, device=param.device, dtype=param.dtype))
         return int(out.shape[1]), int(out.shape[2])
+
+    @property
+    def image_size(self) -> int:
+        """The side of the square images the tower reads: its image processor's crop, else its config's
+        ``image_size``, else 64."""
+        crop = getattr(self.image_processor, "crop_size", None)
+        if isinstance(crop, dict) and crop.get("height"):
+            return int(crop["height"])
+        vision = getattr(self.model.config, "vision_config", self.model.config)
+        return int(getattr(vision, "image_size", None) or 64)
+
+    def image_parameters(self) -> list[nn.Parameter]:
+        """The image-side parameters that the tokens depend on: a ViT tower's tokens are its last hidden state, which
+        neither its pooled output's layers (CLIP's ``post_layernorm``) nor ``visual_projection`` read. Training
+        those would count weights that never learn as trained (``--dry-run``) and stop a multi-process run at its
+        second step (DDP: parameters that were not used in producing the loss). Found by the gradient of the
+        tokens of one blank image (:attr:`image_size`) through the tower."""
+        params = [p for p in super().image_parameters() if p.is_floating_point()]
+        flags = [p.requires_grad for p in params]
+        try:
+            for p in params:
+                p.requires_grad_(True)
+            with torch.enable_grad():
+                size = self.image_size
+                tokens = self(torch.zeros(1, 3, size, size, device=params[0].device, dtype=self.dtype))  # (1, P, D)
+                grads = torch.autograd.grad(tokens.float().sum(), params, allow_unused=True)
+        finally:
+            for p, flag in zip(params, flags, strict=True):
+                p.requires_grad_(flag)
+        return [p for p, g in zip(params, grads, strict=True) if g is not None]
 
 
 def load_frozen_tokens(cfg: Any, options: Any, what: str) -> FeatureMapTokens:
