@@ -149,6 +149,13 @@ def test_bag_retrieval_unknown_image_raises():
         bag_retrieval(np.eye(2), [["a", "zzz"]], ["a", "b"])
 
 
+def test_bag_retrieval_refuses_a_bag_naming_an_image_twice():
+    # Bag [0, 1, 1] holds 2 images: caption 0 (scores 0.5, 0.9 for images 0, 1) ranks 2nd of 2, but image 1 counted
+    # twice made it rank 3 in a "bag3" (the bags file refuses such a bag; the function took it).
+    with pytest.raises(ValueError, match=r"bag 0 names image\(s\) \[1\] more than once"):
+        bag_retrieval(np.array([[0.5, 0.9, 0.1]]), [[0, 1, 1]], [0, 1, 2], targets=[0])
+
+
 @dataclass
 class Rec:
     image_id: int

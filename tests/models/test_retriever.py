@@ -97,6 +97,22 @@ def test_text_batching_and_padding_do_not_change_embeddings(ckpt):
     assert torch.allclose(one_by_one, r.embed_texts(texts), atol=1e-5)
 
 
+def test_a_left_padding_tokenizer_is_padded_right_so_batches_do_not_change_embeddings(ckpt, tmp_path):
+    # A checkpoint whose tokenizer pads on the left: CLIP's text tower numbers positions from 0 and pools at the EOS,
+    # so "a red circle" left-padded to the longer text's 11 tokens sat at positions 7-10 with its EOS at 3 (the
+    # appended one), and its embedding moved (max |diff| 0.46 before the fix) with the batch it was in.
+    r = Retriever.from_pretrained(ckpt)
+    texts = ["a red circle", "a big blue square on the grass on the grass"]
+    alone = r.embed_texts(texts[:1])
+    r.tokenizer.padding_side = "left"
+    r.save(tmp_path / "left")
+    left = Retriever.from_pretrained(tmp_path / "left")
+    assert left.tokenizer.padding_side == "left"
+    ids, mask = left.tokenize(texts)
+    assert ids[0].tolist()[:4] == [5, 6, 8, 4] and mask[0].tolist()[4:] == [0] * 7  # padded on the right
+    assert torch.allclose(left.embed_texts(texts)[:1], alone, atol=1e-6)
+
+
 def test_vision_features_unnormalised_projection(ckpt, images):
     r = Retriever.from_pretrained(ckpt)
     pv = r.preprocess([Image.open(images[0].path)])

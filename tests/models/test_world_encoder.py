@@ -186,6 +186,28 @@ def test_probe_writes_numbers_and_bar(tiny, tmp_path):
     assert mine.read_text() == '{"my": "notes"}'
 
 
+def test_probe_of_a_configuration_reads_captions_as_its_retriever_long_text_says(tiny, tmp_path):
+    # retriever.checkpoint: a CLIP whose text window (16 tokens) is shorter than the world's dense captions. The probe
+    # loaded it with the default long_text=truncate, so with long_text=error its dense R@1 was silently scored on
+    # the first 16 tokens, where every metric and the reward refuse such a caption.
+    cfg, _ = tiny
+    tok = world_tokenizer()
+    torch.manual_seed(0)
+    clip = transformers.CLIPModel(transformers.CLIPConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=16, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        projection_dim=16))  # fmt: skip
+    Retriever(clip, tok, we.world_image_processor(32, [0.5] * 3, [0.25] * 3)).save(tmp_path / "clip")
+    overrides = [*TINY, f"world.out={cfg.world.out}", f"run.cache_dir={cfg.run.cache_dir}",
+                 f"retriever.checkpoint={tmp_path / 'clip'}"]  # fmt: skip
+    with pytest.raises(ValueError, match=r"retriever.long_text=error: .* more than the 16-token text window"):
+        ar.probe(load(None, [*overrides, "retriever.long_text=error"]), out=tmp_path / "e.json", progress=False)
+    assert not (tmp_path / "e.json").exists()
+
+
 def test_eval_of_a_world_uses_that_worlds_encoder_without_its_settings_repeated(tiny, tmp_path):
     # `finecap eval --references WORLD --metrics clipscore` looked the encoder up under the configured world (the
     # default 10,000-scene one): it had to be told the references world's world.* settings again

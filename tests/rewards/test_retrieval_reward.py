@@ -145,6 +145,19 @@ def test_sr_logit_scale_replaces_the_retrievers():
     assert close(reward()(["1 0"], batch).total, [2 - math.log(math.e**2 + 1)])
 
 
+def test_caption_embeddings_of_a_stand_in_are_normalised_as_the_image_table_is():
+    # A user's own retriever whose embed_texts returns raw features: caption "1 0" as (3, 0) is still cos (1, 0)
+    # with (a, b), so log p = 2 - log(e^2 + 1) = -0.126928 and cosine 1 (unnormalised: logits (6, 0), cosine 3).
+    class RawRetriever(VectorRetriever):
+        def embed_texts(self, texts):
+            return 3 * super().embed_texts(texts)
+
+    batch = {"image_ids": ["a", "b"], "image_index": torch.tensor([0])}
+    out = RetrievalReward(RawRetriever(), SRConfig(), image_ids=IDS, embeddings=TABLE)(["1 0"], batch)
+    assert close(out.total, [2 - math.log(math.e**2 + 1)])
+    assert close(out.parts["cosine"], [1.0])
+
+
 def test_variants_choose_the_total():
     batch = {"image_ids": ["a", "b", "c"]}
     captions = ["1 0", "0.6 0.8", "0 1"]

@@ -48,7 +48,7 @@ from finecap.config import Config
 from finecap.data.formats.world import read_world
 from finecap.home import cache_dir as resolve_cache_dir
 from finecap.metrics.retrieval import random_distractors, rd_retrieval
-from finecap.models.retriever import Retriever
+from finecap.models.retriever import Retriever, load_retriever
 from finecap.models.world_encoder import (
     MAIN_LABELS,
     load_split,
@@ -141,7 +141,9 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
 
     Args:
         cfg_or_paths: a :class:`~finecap.config.Config` (probes ``retriever.checkpoint`` or the world encoder of the
-            config, on the world of ``world.*``, made or trained first when missing) or ``(encoder_dir, world_dir)``.
+            config, on the world of ``world.*``, made or trained first when missing; loaded as the metrics load it,
+            :func:`~finecap.models.retriever.load_retriever`: its captions read as ``retriever.long_text`` says) or
+            ``(encoder_dir, world_dir)`` (``long_text=truncate``).
         out: JSON file for the results (default ``<encoder_dir>/probe.json``, never over a file finecap did not
             make; a Hub checkpoint has no folder: then ``out`` is needed).
         ceiling: also compute the oracle R@1 ceiling of reference captions (:func:`retrieval_ceiling`).
@@ -152,14 +154,16 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
     (bar: R@1 >= 0.6 and >= 0.95).
     """
     cache_dir: Path | None = None
+    t0 = time.perf_counter()
     if isinstance(cfg_or_paths, Config):
         cfg = cfg_or_paths
         world, cache_dir = ensure_world(cfg, make=True, progress=progress), resolve_cache_dir(cfg.run)
         enc = cfg.retriever.checkpoint or str(ensure_world_encoder(cfg, progress=progress))
+        t0 = time.perf_counter()
+        retriever = load_retriever(cfg)  # as the metrics and the reward read it: retriever.long_text, its batch size
     else:
         enc, world = str(cfg_or_paths[0]), Path(cfg_or_paths[1])
-    t0 = time.perf_counter()
-    retriever = Retriever.from_pretrained(enc)
+        retriever = Retriever.from_pretrained(enc)
     records = read_world(world)
     train = [r for r in records if r.split == "train"]
     test = [r for r in records if r.split == "test"]

@@ -184,6 +184,9 @@ def bag_ranks(
         if missing:
             raise ValueError(f"bag {b} names images not among the scored images: {missing[:5]}")
         cols = np.array([column[i] for i in bag], dtype=np.int64)
+        if len(np.unique(cols)) < len(cols):  # [a, b, b] holds 2 images: b would count twice against a, as a bag of 3
+            twice = sorted({i for i in bag if list(bag).count(i) > 1}, key=str)
+            raise ValueError(f"bag {b} names image(s) {twice[:5]} more than once; a bag's images are distinct")
         for c in cols:
             bag_of.setdefault(int(c), cols)
     out = []
@@ -225,7 +228,8 @@ def bag_retrieval() -> dict[str, float]:
 
     Args:
         scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
-        bags: lists of image ids; an image should be in at most one bag (only the first bag holding it is used).
+        bags: lists of distinct image ids (a bag naming one twice is refused); an image should be in at most one
+            bag (only the first bag holding it is used).
         image_ids: the id of every column.
         targets: target column per caption (default ``arange(Q)``).
         ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).

@@ -31,6 +31,9 @@ Choices left open by the papers:
   encoded whole as overlapping windows (``"chunks"``, :meth:`Retriever.text_features` says how);
   :meth:`Retriever.encode_texts` also returns each text's length, which every reward and metric reports
   (:mod:`finecap.models.text_window`).
+- Texts are padded on the right whatever the tokenizer's ``padding_side``: the text tower numbers positions from 0
+  and pools at the (first) EOS, so a left-padded batch would move a short text's tokens to other positions and, where
+  the pad is the EOS (OpenAI's CLIP), pool at a pad: a text's embedding would depend on the longest text of its batch.
 - When the text tower pools at the first EOS token (``CLIPTextModel`` with ``eos_token_id != 2``) and a tokenised
   text lacks that token (a tokenizer without an EOS post-processor, or truncation), the EOS is appended (or replaces
   the last token), so pooling never silently falls back to position 0.
@@ -308,9 +311,10 @@ class Retriever:
     # ----------------------------------------------------------------------------------------------------------------
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token ids and attention mask ``(B, T)``, cut to the text window, EOS guaranteed."""
+        """Token ids and attention mask ``(B, T)``, padded on the right (module docstring), cut to the text window,
+        EOS guaranteed."""
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="pt")  # fmt: skip
+                             padding_side="right", return_tensors="pt")  # fmt: skip
         return self._with_eos(enc["input_ids"], enc["attention_mask"])  # (B, T)
 
     def _with_eos(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -413,7 +417,7 @@ class Retriever:
         length = self.max_length - appended
         text_tokens = length - self.tokenizer.num_special_tokens_to_add()
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=length, stride=text_tokens // 2,
-                             return_overflowing_tokens=True, return_tensors="pt")  # fmt: skip
+                             padding_side="right", return_overflowing_tokens=True, return_tensors="pt")  # fmt: skip
         if "overflow_to_sample_mapping" not in enc:
             raise ValueError(
                 f"retriever.long_text=chunks: the tokenizer of {self.name or type(self.model).__name__} "

@@ -204,7 +204,8 @@ class RetrievalReward(RewardBase):
 
     Args:
         retriever: a :class:`finecap.models.retriever.Retriever` (``encode_texts``, or a stand-in's
-            ``embed_texts``; ``logit_scale``, ``image_embeddings``); ``None``: the inputs' in :meth:`setup`.
+            ``embed_texts``, its captions' embeddings L2-normalised here as the image table's; ``logit_scale``,
+            ``image_embeddings``); ``None``: the inputs' in :meth:`setup`.
         sr: the ``sr`` section (:class:`finecap.config.SRConfig`: ``reward``, ``distractors``, ``hard_k``,
             ``duplicate_threshold``, ``logit_scale``; checked when it is built; default: its defaults).
         image_ids, embeddings: the embedding table (``(P, D)`` unit-norm rows of the listed image ids); default: the
@@ -368,7 +369,8 @@ class RetrievalReward(RewardBase):
         )  # fmt: skip
         names = [batch["image_ids"][r] for r in caption_row.tolist()]  # each caption's image (for a refusal)
         encoding = encode_texts(self.retriever, list(captions), names)
-        text_emb = encoding.embeddings.float().cpu()  # (N, D)
+        # (N, D) unit norm: a Retriever's already are, a stand-in's own embed_texts need not be (as the image table)
+        text_emb = torch.nn.functional.normalize(encoding.embeddings.float().cpu(), dim=-1)
         scores = self_retrieval_scores(text_emb, image_emb, target, mask, self.scale)
         if encoding.long_text in DONE:  # (N,) 1 = longer than the text window
             scores[DONE[encoding.long_text]] = torch.tensor(encoding.long, dtype=torch.float)
