@@ -72,7 +72,7 @@ from finecap.data.samplers import GlobalBatchSampler, StepBatches
 from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, unwrap
 from finecap.runs import BEST, INFO_FILE, LAST, METRICS_FILE, STATE_DIR, TRACKERS_DIR, checkpoint_dir, temporary_dir
-from finecap.train.logging import JsonlTracker, Logger
+from finecap.train.logging import JsonlTracker, Logger, MlflowTracker
 from finecap.train.resume_checks import apply_schedule, check_main_state
 from finecap.train.state import (
     CHECKPOINT_KIND,
@@ -262,7 +262,9 @@ def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Acce
     trackers: list[Any] = []
     if run_dir is not None:
         check_trackers_installed(settings.log_with)
-        trackers = [JsonlTracker(run_dir / METRICS_FILE) if t == "jsonl" else t for t in settings.log_with]
+        # finecap's own jsonl; mlflow with the names it accepts (finecap.train.logging.MlflowTracker)
+        trackers = [JsonlTracker(run_dir / METRICS_FILE) if t == "jsonl" else MlflowTracker("finecap") if t == "mlflow"
+                    else t for t in settings.log_with]  # fmt: skip
     accelerator = Accelerator(
         cpu=cpu,
         mixed_precision=settings.mixed_precision,

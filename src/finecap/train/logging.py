@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
+from accelerate.tracking import MLflowTracker as AccelerateMlflowTracker
 from accelerate.utils import gather_object
 
 from finecap.config import flat_options
@@ -76,6 +78,31 @@ class JsonlTracker(GeneralTracker):
 
 
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+MLFLOW_DB = "mlflow.db"
+"""The SQLite database of mlflow's runs in ``<run>/trackers`` (:func:`placed_trackers`)."""
+MLFLOW_UNNAMEABLE = re.compile(r"[^/\w.\- ]")
+"""A character mlflow refuses in a metric name (``mlflow.utils.validation``: alphanumerics, ``_``, ``-``, ``.``, space
+and ``/``; a colon too, except on Windows)."""
+
+
+def mlflow_name(key: str) -> str:
+    """``key`` as mlflow takes it: ``@`` is ``_at_``, any other character it refuses ``_`` (mlflow raises on
+    ``val/r@1``, the retrieval validator's recall, and training stopped at its first evaluation).
+
+    Example::
+
+        >>> mlflow_name("val/r@1"), mlflow_name("train/loss/mle")
+        ('val/r_at_1', 'train/loss/mle')
+    """
+    return MLFLOW_UNNAMEABLE.sub("_", key.replace("@", "_at_"))
+
+
+class MlflowTracker(AccelerateMlflowTracker):
+    """accelerate's ``mlflow`` tracker with finecap's names made mlflow's (:func:`mlflow_name`); values and steps
+    as logged."""
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        super().log({mlflow_name(k): v for k, v in values.items()}, step=step, **kwargs)
 
 
 @contextlib.contextmanager
@@ -85,9 +112,11 @@ def placed_trackers(
     """For the length of a run: ``init_kwargs`` of ``accelerator.init_trackers`` placing each tracker of
     ``log_with`` that would write into the working directory under ``folder`` (``<run>/trackers``), unless its own
     environment variable places it (:data:`PLACES`); mlflow, whose local default is ``./mlruns`` and which reads its
-    tracking URI at every call, gets ``MLFLOW_TRACKING_URI=file:<folder>/mlruns`` while the run lasts when the
-    variable is unset (given back after, so a next run in the process is placed in its own folder). Nothing on
-    processes other than the main one (``main=False``), where trackers do not start.
+    tracking URI at every call, gets ``MLFLOW_TRACKING_URI=sqlite:///<folder>/mlflow.db`` while the run lasts when
+    the variable is unset (given back after, so a next run in the process is placed in its own folder). Not mlflow's
+    file store (``file:``): it keeps a metric in a file named by it, so ``train/loss`` and ``train/loss/mle`` cannot
+    both be there (the first event fails, ``Not a directory``), and mlflow 3 refuses it unless told otherwise.
+    Nothing on processes other than the main one (``main=False``), where trackers do not start.
 
     ``resumed_at``: the step of the checkpoint a resumed run continues from. TensorBoard's writer then gets
     ``purge_step=resumed_at + 1``, so the events the killed run logged after that checkpoint (written again by the
@@ -104,8 +133,8 @@ def placed_trackers(
         places.setdefault("tensorboard", {})["purge_step"] = resumed_at + 1  # SummaryWriter: steps >= it hidden
     mlflow = main and "mlflow" in log_with and not os.environ.get(MLFLOW_URI_ENV)
     if mlflow:
-        (folder / "mlruns").mkdir(parents=True, exist_ok=True)
-        os.environ[MLFLOW_URI_ENV] = (folder / "mlruns").resolve().as_uri()
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ[MLFLOW_URI_ENV] = f"sqlite:///{(folder / MLFLOW_DB).resolve()}"
     try:
         yield places
     finally:
