@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -162,24 +163,55 @@ def tracker_config(config: dict[str, dict[str, Any]]) -> dict[str, int | float |
             for key, value in flat_options(config).items()}  # fmt: skip
 
 
-def mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
-    """Per-key mean of each process's ``values`` (keys present on only some processes average over those)."""
-    if accelerator.num_processes == 1:
-        return values
-    sums: dict[str, list[float]] = {}
-    for part in gather_object([values]):
-        for k, v in part.items():
-            sums.setdefault(k, []).append(v)
-    return {k: sum(v) / len(v) for k, v in sums.items()}
+class Means:
+    """Per-key means of logged values added in turns (a step's micro-batches, a log window's steps, the processes):
+    a key averages over the turns that gave it, and a NaN (a value nothing defined: a reward mean of a micro-batch
+    whose every caption failed) is left out, so it is NaN only when every turn's was. ``sums``/``counts`` are the
+    state (:meth:`Logger.state_dict`); a key whose every value so far was NaN has the sum NaN and count 1.
 
+    Example::
 
-class Logger:
-    """Averages training values between log events and sends events to the trackers (``accelerator.log``)."""
+        >>> means = Means()
+        >>> means.add({"reward": 0.2, "m": 1.0}); means.add({"reward": float("nan")}); means.add({"reward": 0.4})
+        >>> means.means()
+        {'reward': 0.30000000000000004, 'm': 1.0}
+    """
 
-    def __init__(self, accelerator: Accelerator):
-        self.accelerator = accelerator
+    def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
+
+    def add(self, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            v = float(v)
+            if k not in self.sums or (math.isnan(self.sums[k]) and not math.isnan(v)):  # first, or first defined
+                self.sums[k], self.counts[k] = v, 1
+            elif not math.isnan(v):
+                self.sums[k] += v
+                self.counts[k] += 1
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+
+
+def mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
+    """Per-key mean of each process's ``values`` (:class:`Means`: keys present on only some processes average over
+    those, a NaN counts only where every process's is)."""
+    if accelerator.num_processes == 1:
+        return values
+    means = Means()
+    for part in gather_object([values]):
+        means.add(part)
+    return means.means()
+
+
+class Logger(Means):
+    """Averages training values between log events (:class:`Means` over the steps) and sends events to the trackers
+    (``accelerator.log``)."""
+
+    def __init__(self, accelerator: Accelerator):
+        super().__init__()
+        self.accelerator = accelerator
 
     def state_dict(self) -> dict[str, dict]:
         return {"sums": dict(self.sums), "counts": dict(self.counts)}
@@ -193,13 +225,8 @@ class Logger:
             raise ValueError("the pending log values must be numbers, each with a count >= 1")
         self.sums, self.counts = sums, counts
 
-    def add(self, values: dict[str, float]) -> None:
-        for k, v in values.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v)
-            self.counts[k] = self.counts.get(k, 0) + 1
-
     def flush_train(self, step: int, epoch: float) -> dict[str, float]:
-        local = {k: self.sums[k] / self.counts[k] for k in self.sums}
+        local = self.means()
         self.sums, self.counts = {}, {}
         values = mean_over_processes(local, self.accelerator)
         self.write(step, epoch, "train", values)
