@@ -30,6 +30,7 @@ from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_model, train_unit
 from finecap.train.state import config_changes
 from finecap.utils.rng import seed_everything
+from helpers.logged_keys import undocumented
 
 
 def read_metrics(run_dir):
@@ -60,6 +61,7 @@ def test_smoke_training_changes_parameters_and_lowers_loss(make_cfg):
     first = events[0]
     assert set(first) == {"step", "epoch", "split", "values"}
     assert {"loss", "loss/mle", "accuracy", "lr", "grad_norm"} <= set(first["values"])
+    assert undocumented({k for e in events if e["split"] == "train" for k in e["values"]}) == []  # docs/training.md
     # 40 scenes x 5 references = 200 examples, 16 per step -> 13 steps per epoch; step 1 is at epoch 1/13
     assert first["epoch"] == pytest.approx(round(1 / 13, 4))
 
