@@ -15,6 +15,7 @@ from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.run import train
+from helpers.logged_keys import undocumented
 
 GRPO = ["train.objective=reinforce", "grpo.advantage=group", "rl.samples=3", "grpo.policy_loss=clipped",
         "rl.rewards={cider: 1.0}", "decode.max_length=8", "clipcap.tiny_dropout=0", "train.eval_every=0",
@@ -52,6 +53,7 @@ def test_grpo_trains_and_logs_kl_clipping_rewards_and_the_monitor(make_cfg):
                 "advantage_std", "sample_words", "monitor/length_drift", "monitor/repetition",
                 "monitor/fact_precision", "monitor/fact_recall", "zero_std_groups"):  # fmt: skip
         assert all(key in v for v in values), key
+    assert undocumented({k for v in values for k in v}) == []  # docs/training.md, "What a run logs"
     assert values[0]["kl"] == pytest.approx(0.0, abs=1e-7)  # the reference is the starting policy, no dropout
     assert values[1]["ratio/max"] > 1.0 or values[1]["ratio/min"] < 1.0  # step 2 reuses step 1's rollout
     assert values[0]["ratio/min"] == values[0]["ratio/max"] == 1.0

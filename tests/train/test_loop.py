@@ -1,6 +1,7 @@
 """Smoke test of the training loop with the real tiny ClipCap, plus its small building blocks."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -23,11 +24,13 @@ from finecap.train.engine import (
     total_steps,
     weighted_loss,
 )
+from finecap.train.logging import mean_over_processes
 from finecap.train.run import train
 from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_model, train_unit
 from finecap.train.state import config_changes
 from finecap.utils.rng import seed_everything
+from helpers.logged_keys import undocumented
 
 
 def read_metrics(run_dir):
@@ -58,6 +61,7 @@ def test_smoke_training_changes_parameters_and_lowers_loss(make_cfg):
     first = events[0]
     assert set(first) == {"step", "epoch", "split", "values"}
     assert {"loss", "loss/mle", "accuracy", "lr", "grad_norm"} <= set(first["values"])
+    assert undocumented({k for e in events if e["split"] == "train" for k in e["values"]}) == []  # docs/training.md
     # 40 scenes x 5 references = 200 examples, 16 per step -> 13 steps per epoch; step 1 is at epoch 1/13
     assert first["epoch"] == pytest.approx(round(1 / 13, 4))
 
@@ -234,6 +238,38 @@ def test_the_logged_loss_parts_are_the_steps_as_the_loss_is(make_cfg):
     values = engine.train_step([{"items": 1, "scale": 1.0}, {"items": 3, "scale": 2.0}])
     assert (values["loss/a"], values["loss/b"], values["loss"]) == (700.0, 1400.0, 1400.0)
     assert values["m"] == 7.0  # metrics stay means over the micro-batches
+
+
+class RewardOfTheBatch:
+    """Objective logging the micro-batch's ``reward``: NaN where none of its captions was scored (every reward call
+    failed), as the REINFORCE family's reward means are (``finecap.objectives.reinforce._scored_mean``)."""
+
+    def __call__(self, model, batch):
+        return ObjectiveOutput(losses={"a": model.p.sum()}, metrics={"reward": batch["reward"]}, num_items=1)
+
+
+def test_a_value_no_caption_defined_is_left_out_of_the_logged_means(make_cfg, monkeypatch):
+    # A micro-batch whose captions all failed made its step's reward NaN, and the NaN the mean of the whole log
+    # window (and of the processes): one failed micro-batch in train.log_every steps hid every scored one
+    nan = float("nan")
+    _, engine = _engine(make_cfg, RewardOfTheBatch(), "train.grad_accum_steps=2")
+    logged = []
+    monkeypatch.setattr(engine.accelerator, "log", lambda values, step: logged.append(values))
+    first = engine.train_step([{"reward": 0.2}, {"reward": nan}])
+    assert first["reward"] == 0.2  # the step's scored micro-batch
+    engine.logger.add(first)
+    engine.logger.add(engine.train_step([{"reward": 0.6}, {"reward": 0.4}]))  # 0.5
+    engine.logger.add(engine.train_step([{"reward": nan}, {"reward": nan}]))  # nothing scored: NaN
+    engine.logger.flush_train(3, 0.3)
+    assert logged[-1]["train/reward"] == pytest.approx((0.2 + 0.5) / 2)  # the steps that had a reward
+    engine.logger.add(engine.train_step([{"reward": nan}, {"reward": nan}]))
+    engine.logger.flush_train(4, 0.4)
+    assert math.isnan(logged[-1]["train/reward"])  # none had one: logged as such
+    # over processes likewise: process 0 scored 0.3, process 1 nothing; m is 1.0 and 3.0
+    monkeypatch.setattr("finecap.train.logging.gather_object", lambda x: [{"reward": 0.3, "m": 1.0},
+                                                                          {"reward": nan, "m": 3.0}])  # fmt: skip
+    two = type("TwoProcesses", (), {"num_processes": 2})()
+    assert mean_over_processes({}, two) == {"reward": 0.3, "m": 2.0}
 
 
 def test_init_from_starts_from_a_checkpoint(make_cfg):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -143,12 +146,69 @@ def test_trackers_start_under_the_run_folder_and_see_the_command_line_masked(mak
                               "swanlab": {"logdir": str(trackers / "swanlab")}}  # fmt: skip
     assert list(cwd.iterdir()) == []  # nothing in the working directory
     # mlflow reads its URI at every call: set while the run lasts, given back after (a next run gets its own)
-    assert seen["mlflow"] == (trackers / "mlruns").resolve().as_uri() and "MLFLOW_TRACKING_URI" not in os.environ
+    assert seen["mlflow"] == f"sqlite:///{(trackers / 'mlflow.db').resolve()}"
+    assert "MLFLOW_TRACKING_URI" not in os.environ
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))  # the user's own placement wins
     from finecap.train.logging import placed_trackers
 
     with placed_trackers(["wandb"], trackers) as places:
         assert "wandb" not in places
+
+
+MLFLOW_NAME = re.compile(r"^[/\w.\- :]*$")
+"""The metric names mlflow takes (mlflow 3.17's ``mlflow.utils.validation.validate_param_and_metric_name``)."""
+
+
+def fake_mlflow(logged: list[tuple[int, dict]]) -> types.ModuleType:
+    """An ``mlflow`` module with what accelerate's tracker calls, failing as mlflow does (verified with mlflow 3.17
+    and a real run): a metric name outside :data:`MLFLOW_NAME` is refused, and the file store (a ``file:`` tracking
+    URI, ``mlruns/<experiment>/<run>/metrics/<name>`` one file per metric) cannot keep a metric under a name that is
+    another's file (``train/loss`` and ``train/loss/mle``: ``Not a directory``)."""
+    files: set[str] = set()
+
+    def log_metrics(metrics, step=None):
+        for name in metrics:
+            if not MLFLOW_NAME.match(name):
+                raise ValueError(f"Invalid value \"{name}\" for parameter 'metrics.name'")
+            nested = any(name.startswith(f"{f}/") or f.startswith(f"{name}/") for f in files)  # a file as a folder
+            if nested and os.environ["MLFLOW_TRACKING_URI"].startswith("file:"):
+                raise NotADirectoryError(f"[Errno 20] Not a directory: '.../metrics/{name}'")
+            files.add(name)
+        logged.append((step, dict(metrics)))
+
+    module = types.ModuleType("mlflow")
+    module.search_experiments = lambda filter_string=None: []
+    module.create_experiment = lambda name, artifact_location=None, tags=None: "1"
+    module.start_run = lambda **kwargs: types.SimpleNamespace(info=None)
+    module.log_params = lambda params: None
+    module.log_metrics = log_metrics
+    module.end_run = lambda *args, **kwargs: None
+    module.utils = types.SimpleNamespace(
+        validation=types.SimpleNamespace(MAX_PARAM_VAL_LENGTH=6000, MAX_PARAMS_TAGS_PER_BATCH=100)
+    )
+    return module
+
+
+def test_mlflow_receives_every_logged_value_under_a_name_it_takes(make_cfg, monkeypatch):
+    # mlflow in <run>/trackers was its file store, which fails at the first event (train/loss beside
+    # train/loss/mle); in a database the retrieval validator's val/r@1 stopped training at the first evaluation
+    import accelerate.tracking
+
+    from finecap.train.run import train
+
+    logged: list[tuple[int, dict]] = []
+    monkeypatch.setitem(sys.modules, "mlflow", fake_mlflow(logged))
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: list(LoggerType))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = make_cfg("train.max_steps=2", "train.eval_every=2", "train.validators=[retrieval]",
+                   "train.log_with=[jsonl,mlflow]")  # fmt: skip
+    run_dir = train(cfg)
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # every event's numbers, keyed as mlflow has them (r@1 -> r_at_1), at its step, with the epoch
+    expected = [(e["step"], {"epoch": e["epoch"], **{f"{e['split']}/{k}".replace("@", "_at_"): v
+                                                   for k, v in e["values"].items()}}) for e in events]  # fmt: skip
+    assert logged == expected
+    assert "val/r_at_1" in logged[-1][1]
 
 
 def test_trackers_are_finished_when_training_stops_with_an_error(make_cfg, monkeypatch):

@@ -72,7 +72,7 @@ from finecap.data.samplers import GlobalBatchSampler, StepBatches
 from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, unwrap
 from finecap.runs import BEST, INFO_FILE, LAST, METRICS_FILE, STATE_DIR, TRACKERS_DIR, checkpoint_dir, temporary_dir
-from finecap.train.logging import JsonlTracker, Logger
+from finecap.train.logging import JsonlTracker, Logger, Means, MlflowTracker
 from finecap.train.resume_checks import apply_schedule, check_main_state
 from finecap.train.state import (
     CHECKPOINT_KIND,
@@ -262,7 +262,9 @@ def make_accelerator(settings: TrainConfig, run_dir: Path | None = None) -> Acce
     trackers: list[Any] = []
     if run_dir is not None:
         check_trackers_installed(settings.log_with)
-        trackers = [JsonlTracker(run_dir / METRICS_FILE) if t == "jsonl" else t for t in settings.log_with]
+        # finecap's own jsonl; mlflow with the names it accepts (finecap.train.logging.MlflowTracker)
+        trackers = [JsonlTracker(run_dir / METRICS_FILE) if t == "jsonl" else MlflowTracker("finecap") if t == "mlflow"
+                    else t for t in settings.log_with]  # fmt: skip
     accelerator = Accelerator(
         cpu=cpu,
         mixed_precision=settings.mixed_precision,
@@ -657,7 +659,7 @@ class Engine:
         # step's items, and the gradient needs no rescaling (saves a pass over every gradient per step).
         single = acc.num_processes * acc.gradient_accumulation_steps == 1
         optimizer.zero_grad(set_to_none=True)  # at the start, so the step's gradients stay inspectable after it
-        sums: dict[str, float] = {}
+        means = Means()  # the logged values' means over the micro-batches (a NaN only where every one's is)
         local_items, local_bad, local_loss = 0.0, 0.0, 0.0  # local_loss: the item-weighted sum of the losses
         local_parts: dict[str, float] = {}  # the item-weighted sum of each part
         step_losses: dict[str, float] = {}  # the step's loss and parts, means over all its items (not of the means)
@@ -702,9 +704,7 @@ class Engine:
                 # accelerate skips it until the synchronising micro-batch; an fp16 gradient scaler skips a step whose
                 # gradients overflowed (and lowers its scale)
                 optimizer.step()
-            values = {"loss": loss_value, **parts, **out.metrics}
-            for k, v in values.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+            means.add({"loss": loss_value, **parts, **out.metrics})
         if not acc.sync_gradients:
             raise RuntimeError("train.grad_accum_steps: the step ended without a synchronising micro-batch")
         scaler_values = self._scaler_step(grad_norm) if acc.scaler is not None else {}
@@ -714,7 +714,7 @@ class Engine:
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
         self.objective.end_step()
-        values = {k: v / len(micro_batches) for k, v in sums.items()}
+        values = means.means()
         values.update(step_losses)  # the metrics stay means over the micro-batches
         grad = {} if scaler_values.get("skipped") else {"grad_norm": grad_norm if grad_norm is not None else math.nan}
         return {**values, "lr": lr, **grad, **scaler_values}

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 
 from accelerate import Accelerator
 from accelerate.tracking import GeneralTracker
+from accelerate.tracking import MLflowTracker as AccelerateMlflowTracker
 from accelerate.utils import gather_object
 
 from finecap.config import flat_options
@@ -76,6 +79,31 @@ class JsonlTracker(GeneralTracker):
 
 
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+MLFLOW_DB = "mlflow.db"
+"""The SQLite database of mlflow's runs in ``<run>/trackers`` (:func:`placed_trackers`)."""
+MLFLOW_UNNAMEABLE = re.compile(r"[^/\w.\- ]")
+"""A character mlflow refuses in a metric name (``mlflow.utils.validation``: alphanumerics, ``_``, ``-``, ``.``, space
+and ``/``; a colon too, except on Windows)."""
+
+
+def mlflow_name(key: str) -> str:
+    """``key`` as mlflow takes it: ``@`` is ``_at_``, any other character it refuses ``_`` (mlflow raises on
+    ``val/r@1``, the retrieval validator's recall, and training stopped at its first evaluation).
+
+    Example::
+
+        >>> mlflow_name("val/r@1"), mlflow_name("train/loss/mle")
+        ('val/r_at_1', 'train/loss/mle')
+    """
+    return MLFLOW_UNNAMEABLE.sub("_", key.replace("@", "_at_"))
+
+
+class MlflowTracker(AccelerateMlflowTracker):
+    """accelerate's ``mlflow`` tracker with finecap's names made mlflow's (:func:`mlflow_name`); values and steps
+    as logged."""
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        super().log({mlflow_name(k): v for k, v in values.items()}, step=step, **kwargs)
 
 
 @contextlib.contextmanager
@@ -85,9 +113,11 @@ def placed_trackers(
     """For the length of a run: ``init_kwargs`` of ``accelerator.init_trackers`` placing each tracker of
     ``log_with`` that would write into the working directory under ``folder`` (``<run>/trackers``), unless its own
     environment variable places it (:data:`PLACES`); mlflow, whose local default is ``./mlruns`` and which reads its
-    tracking URI at every call, gets ``MLFLOW_TRACKING_URI=file:<folder>/mlruns`` while the run lasts when the
-    variable is unset (given back after, so a next run in the process is placed in its own folder). Nothing on
-    processes other than the main one (``main=False``), where trackers do not start.
+    tracking URI at every call, gets ``MLFLOW_TRACKING_URI=sqlite:///<folder>/mlflow.db`` while the run lasts when
+    the variable is unset (given back after, so a next run in the process is placed in its own folder). Not mlflow's
+    file store (``file:``): it keeps a metric in a file named by it, so ``train/loss`` and ``train/loss/mle`` cannot
+    both be there (the first event fails, ``Not a directory``), and mlflow 3 refuses it unless told otherwise.
+    Nothing on processes other than the main one (``main=False``), where trackers do not start.
 
     ``resumed_at``: the step of the checkpoint a resumed run continues from. TensorBoard's writer then gets
     ``purge_step=resumed_at + 1``, so the events the killed run logged after that checkpoint (written again by the
@@ -104,8 +134,8 @@ def placed_trackers(
         places.setdefault("tensorboard", {})["purge_step"] = resumed_at + 1  # SummaryWriter: steps >= it hidden
     mlflow = main and "mlflow" in log_with and not os.environ.get(MLFLOW_URI_ENV)
     if mlflow:
-        (folder / "mlruns").mkdir(parents=True, exist_ok=True)
-        os.environ[MLFLOW_URI_ENV] = (folder / "mlruns").resolve().as_uri()
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ[MLFLOW_URI_ENV] = f"sqlite:///{(folder / MLFLOW_DB).resolve()}"
     try:
         yield places
     finally:
@@ -133,24 +163,55 @@ def tracker_config(config: dict[str, dict[str, Any]]) -> dict[str, int | float |
             for key, value in flat_options(config).items()}  # fmt: skip
 
 
-def mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
-    """Per-key mean of each process's ``values`` (keys present on only some processes average over those)."""
-    if accelerator.num_processes == 1:
-        return values
-    sums: dict[str, list[float]] = {}
-    for part in gather_object([values]):
-        for k, v in part.items():
-            sums.setdefault(k, []).append(v)
-    return {k: sum(v) / len(v) for k, v in sums.items()}
+class Means:
+    """Per-key means of logged values added in turns (a step's micro-batches, a log window's steps, the processes):
+    a key averages over the turns that gave it, and a NaN (a value nothing defined: a reward mean of a micro-batch
+    whose every caption failed) is left out, so it is NaN only when every turn's was. ``sums``/``counts`` are the
+    state (:meth:`Logger.state_dict`); a key whose every value so far was NaN has the sum NaN and count 1.
 
+    Example::
 
-class Logger:
-    """Averages training values between log events and sends events to the trackers (``accelerator.log``)."""
+        >>> means = Means()
+        >>> means.add({"reward": 0.2, "m": 1.0}); means.add({"reward": float("nan")}); means.add({"reward": 0.4})
+        >>> means.means()
+        {'reward': 0.30000000000000004, 'm': 1.0}
+    """
 
-    def __init__(self, accelerator: Accelerator):
-        self.accelerator = accelerator
+    def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
+
+    def add(self, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            v = float(v)
+            if k not in self.sums or (math.isnan(self.sums[k]) and not math.isnan(v)):  # first, or first defined
+                self.sums[k], self.counts[k] = v, 1
+            elif not math.isnan(v):
+                self.sums[k] += v
+                self.counts[k] += 1
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+
+
+def mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
+    """Per-key mean of each process's ``values`` (:class:`Means`: keys present on only some processes average over
+    those, a NaN counts only where every process's is)."""
+    if accelerator.num_processes == 1:
+        return values
+    means = Means()
+    for part in gather_object([values]):
+        means.add(part)
+    return means.means()
+
+
+class Logger(Means):
+    """Averages training values between log events (:class:`Means` over the steps) and sends events to the trackers
+    (``accelerator.log``)."""
+
+    def __init__(self, accelerator: Accelerator):
+        super().__init__()
+        self.accelerator = accelerator
 
     def state_dict(self) -> dict[str, dict]:
         return {"sums": dict(self.sums), "counts": dict(self.counts)}
@@ -164,13 +225,8 @@ class Logger:
             raise ValueError("the pending log values must be numbers, each with a count >= 1")
         self.sums, self.counts = sums, counts
 
-    def add(self, values: dict[str, float]) -> None:
-        for k, v in values.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v)
-            self.counts[k] = self.counts.get(k, 0) + 1
-
     def flush_train(self, step: int, epoch: float) -> dict[str, float]:
-        local = {k: self.sums[k] / self.counts[k] for k in self.sums}
+        local = self.means()
         self.sums, self.counts = {}, {}
         values = mean_over_processes(local, self.accelerator)
         self.write(step, epoch, "train", values)
