@@ -227,9 +227,16 @@ def rl_panels(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[t
 
 
 def rl_title(panel: str) -> str:
-    """The caption of an RL panel (:func:`rl_panels`)."""
+    """The caption of an RL panel (:func:`rl_panels`); ``reward/failed`` is the share of captions no reward scored,
+    not a reward part.
+
+    >>> rl_title("reward"), rl_title("reward/cider"), rl_title("reward/failed")
+    ('reward (total)', 'reward part: cider', 'share of captions unscored (reward/failed)')
+    """
     if panel == "reward":
         return "reward (total)"
+    if panel == "reward/failed":
+        return "share of captions unscored (reward/failed)"
     if panel in RL_GROUPS:
         return RL_GROUPS[panel][0]
     head, _, rest = panel.partition("/")
