@@ -111,6 +111,32 @@ def test_a_caption_the_engines_context_cuts_short_is_refused_naming_it(captioner
         engine.generate_images(IMAGES, DecodeConfig(max_length=120))
 
 
+def test_a_beam_search_the_engines_context_cannot_hold_is_refused_naming_it(captioner, engine, greedy):
+    """vLLM's beam search decodes every beam to decode.max_length: with a prompt of ~20 tokens, 120 more do not fit
+    the engine's context of 128, and vLLM fails at the step whose request fills it, naming neither option."""
+    cfg = DecodeConfig(strategy="beam", beam_size=2, max_length=120)
+    with pytest.raises(ValueError, match=r"decode.max_length=120.*vllm.max_model_len.*lower decode.max_length$"):
+        engine.generate_images(IMAGES[:2], cfg)
+    fits = DecodeConfig(strategy="beam", beam_size=2, max_length=MAX_LENGTH)  # the engine still serves
+    assert len(engine.generate_images(IMAGES[:2], fits)) == 2
+
+
+def test_beam_search_refuses_a_captioner_with_an_end_token_besides_eos(engine, greedy):
+    """vLLM's beam search stops at the tokenizer's EOS only: a beam runs through another of the captioner's end
+    tokens (Qwen2-VL-Instruct's <|endoftext|> beside its EOS <|im_end|>), where finecap's beam search ends it."""
+    cfg = DecodeConfig(strategy="beam", beam_size=3, max_length=MAX_LENGTH)
+    beams = engine.generate_images(IMAGES, cfg)
+    eos = engine.tokenizer.eos_token_id
+    inner = next(t for t in beams.sequences[0, : beams.lengths[0] - 1].tolist() if t != eos)  # a mid-caption token
+    ends = engine.ends
+    engine.ends = (eos, inner)
+    try:
+        with pytest.raises(ValueError, match=r"also end with .*; beam search with decode.engine=finecap$"):
+            engine.generate_images(IMAGES, cfg)
+    finally:
+        engine.ends = ends
+
+
 def test_collated_batches_decode_as_images_do(engine, greedy):
     """The captioning loops' route: the collator runs the engine's preprocessing, generate reads the batch."""
     items = [{"caption": "", "image": im, "image_id": i, "references": [], "index": i} for i, im in enumerate(IMAGES)]

@@ -19,9 +19,10 @@ the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes wi
   request's seed (:func:`request_seed`; vLLM gives the ``j``-th of the ``n`` samples ``seed + j``); beam search
   through ``LLM.beam_search`` (vLLM's own ranking: ``sum(logprob) / length ** length_penalty`` with the *prompt*
   counted in the length and EOS not, best ``num_return_sequences`` returned; ``decode.finished_beams`` and
-  ``early_stopping`` are finecap's decoder's and do not apply); ``max_length`` as ``max_tokens`` (a sampled or
-  greedy caption vLLM cuts shorter because prompt and caption fill ``vllm.max_model_len`` is refused, not returned
-  as if ended there); stopping at the
+  ``early_stopping`` are finecap's decoder's and do not apply; a captioner with an end token besides the
+  tokenizer's EOS is refused); ``max_length`` as ``max_tokens`` (a sampled or greedy caption vLLM cuts shorter
+  because prompt and caption fill ``vllm.max_model_len`` is refused, not returned as if ended there; so is a beam
+  search whose prompt and ``max_length`` tokens do not fit it); stopping at the
   captioner's end tokens (:meth:`finecap.models.base.CaptionerBase.stop_token_ids`: a VLM's turn end and its
   ``generation_config``'s other stop tokens), and with ``stop_at_period`` at a period token, and
   nothing else (``generation_config="vllm"``: the folder's ``generation_config.json`` adds no stop token or
@@ -609,23 +610,36 @@ class VllmEngine(GenerationEngine):
 
     def _beam(self, prompts: list[dict[str, Any]], cfg: DecodeConfig) -> Generation:
         """``LLM.beam_search`` with ``beam_size`` beams; the ``num_return_sequences`` best per image. vLLM's beam
-        search stops at the tokenizer's EOS only: a captioner whose captions end with another token (Gemma 3's
-        ``<end_of_turn>``) is refused in one line naming ``decode.engine``."""
+        search stops at the tokenizer's EOS only: a captioner whose captions end with another token as well or
+        instead (Qwen2-VL-Instruct's ``<|endoftext|>`` beside its EOS ``<|im_end|>``, Gemma 3's ``<end_of_turn>``),
+        where finecap's beam search ends a beam, is refused in one line naming ``decode.engine``. vLLM decodes every
+        beam to ``max_length`` tokens: where a prompt and ``max_length`` tokens do not fit ``vllm.max_model_len``, a
+        ``ValueError`` names both options (:meth:`_beam_context_error`)."""
         eos = self.tokenizer.eos_token_id
-        if self.ends is not None and self.ends[0] != eos:
+        others = [t for t in dict.fromkeys(self.ends or ()) if t != eos]
+        if others:
+            also = "also " if self.ends[0] == eos else ""
             raise ValueError(
                 f"decode.engine=vllm: vLLM's beam search stops only at the tokenizer's EOS "
-                f"{self.tokenizer.eos_token!r} but this captioner's captions end with "
-                f"{self.tokenizer.convert_ids_to_tokens(self.ends[0])!r}; "
+                f"{self.tokenizer.eos_token!r} but this captioner's captions {also}end with "
+                f"{', '.join(repr(t) for t in self.tokenizer.convert_ids_to_tokens(others))}; "
                 "beam search with decode.engine=finecap"
             )
         from vllm.entrypoints.generate.beam_search.utils import get_beam_search_score
+        from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import BeamSearchParams
 
         params = BeamSearchParams(beam_width=cfg.beam_size, max_tokens=cfg.max_length,
                                   length_penalty=cfg.length_penalty)  # fmt: skip
+        try:
+            outputs = self.llm.beam_search(prompts, params)
+        except VLLMValidationError as e:
+            error = self._beam_context_error(prompts, cfg.max_length)
+            if error is None:
+                raise
+            raise error from e
         rows = []
-        for out in self.llm.beam_search(prompts, params):
+        for out in outputs:
             for seq in out.sequences[: cfg.num_return_sequences]:
                 start = len(seq.tokens) - len(seq.logprobs)  # the prompt's tokens come first
                 tokens = seq.tokens[start:]
@@ -633,6 +647,29 @@ class VllmEngine(GenerationEngine):
                 rows.append((tokens, logprobs, get_beam_search_score(seq.tokens, seq.cum_logprob, eos,
                                                                     cfg.length_penalty)))  # fmt: skip
         return self._generation(rows, cfg.num_return_sequences)
+
+    def _beam_context_error(self, prompts: list[dict[str, Any]], max_length: int) -> ValueError | None:
+        """The error of a beam search that failed (vLLM's validation error) because a prompt and ``max_length``
+        caption tokens do not fit the engine's context, or ``None`` when they fit (another error). vLLM's beam search
+        sends each step as a request of the beam so far and fails, naming neither option, at the step whose request
+        fills ``vllm.max_model_len``. The prompts' lengths are measured here, on the error's path only (one token
+        generated per image; a prompt that alone fills the context fails that too)."""
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMValidationError
+
+        limit = self.llm.llm_engine.model_config.max_model_len
+        try:
+            outs = self.llm.generate(prompts, SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+            prompt: int | str = max(len(out.prompt_token_ids) for out in outs)
+        except VLLMValidationError:
+            prompt = f"{limit} or more"
+        if isinstance(prompt, int) and prompt + max_length <= limit:
+            return None
+        return ValueError(
+            f"decode.engine=vllm: beam search decodes every beam to decode.max_length={max_length} tokens, and a "
+            f"prompt of {prompt} tokens and such a caption do not fit the engine's context of {limit} "
+            "(vllm.max_model_len, 0: the model's context length); raise vllm.max_model_len or lower decode.max_length"
+        )
 
     def _generation(self, rows: list[tuple[list[int], list[float], float | None]], n: int) -> Generation:
         """A :class:`Generation` of ``(tokens, log-probs, score or None: their sum)`` rows, ``n`` per image."""
