@@ -66,7 +66,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "sle_vs_scst"
 
 def validation_curve(stage_dir: Path) -> list[tuple[int, float]]:
     """``(step, cider_d)`` of every evaluation of a stage's run (its ``metrics.jsonl``)."""
-    events = [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from finecap.report.plots import read_events  # values as logged, whichever way the run wrote them
+
+    events = read_events(stage_dir / "metrics.jsonl")
     return [(e["step"], float(e["values"]["cider_d"])) for e in events
             if e["split"] == "val" and "cider_d" in e["values"]]  # fmt: skip
 

@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 try:
     import fcntl
@@ -66,6 +68,8 @@ CONFIG_FILE = "config.yaml"
 FINGERPRINTS_FILE = "fingerprints.json"
 METRICS_FILE = "metrics.jsonl"
 TRACKERS_DIR = "trackers"
+NONFINITE = "nonfinite"
+"""The key of a ``metrics.jsonl`` event naming its values that are no finite number (:func:`encode_event`)."""
 STATE_DIR = "state"
 """Inside ``checkpoints/last``: the optimizer and loop state (:mod:`finecap.train.state`)."""
 CAPTIONER_FILE = "captioner.json"
@@ -73,6 +77,49 @@ GENERATION_CONFIG = "generation_config.json"
 """A model folder's decoding settings as transformers' ``GenerationConfig`` (ClipCap's ``lm/`` holds one too)."""
 """The file naming a captioner's model folder: its backbone (``"kind"``) and what the backbone records
 (:mod:`finecap.models.base`)."""
+
+
+_NONFINITE_WORDS = {0: "NaN", 1: "Infinity", -1: "-Infinity"}
+
+
+def encode_event(event: dict[str, Any]) -> dict[str, Any]:
+    """A ``metrics.jsonl`` event (``{"step", "epoch", "split", "values", "text"?}``) as strict JSON takes it: a value
+    that is no finite number is ``null`` in ``values`` and named in ``"nonfinite"`` (``{key: "NaN" | "Infinity" |
+    "-Infinity"}``), so ``jq``, JavaScript and strict parsers read the line (Python's ``NaN`` / ``Infinity`` tokens
+    are not JSON) and a reader still tells a diverged ``Infinity`` from a ``NaN`` nothing defined
+    (docs/training.md#what-a-run-logs). :func:`decode_event` gives the values back.
+
+    Example::
+
+        >>> encode_event({"step": 3, "split": "train", "values": {"loss": float("inf"), "lr": 0.1}})
+        {'step': 3, 'split': 'train', 'values': {'loss': None, 'lr': 0.1}, 'nonfinite': {'loss': 'Infinity'}}
+    """
+    values = event.get("values") or {}
+    words = {k: _NONFINITE_WORDS[math.copysign(1, v) if math.isinf(v) else 0]
+             for k, v in values.items() if isinstance(v, float) and not math.isfinite(v)}  # fmt: skip
+    if not words:
+        return event
+    return {**event, "values": {k: None if k in words else v for k, v in values.items()}, NONFINITE: words}
+
+
+def decode_event(event: Any) -> Any:
+    """A ``metrics.jsonl`` event as read (``json.loads`` of its line) with its values as logged: those
+    :func:`encode_event` wrote as ``null`` and named in ``"nonfinite"`` are the floats again, and the key is gone.
+    An event of a run written before the encoding (Python's ``NaN`` / ``Infinity`` tokens, which ``json.loads``
+    reads) is the same already and comes back as it is, as does anything that is no such event.
+
+    Example::
+
+        >>> decode_event({"step": 3, "values": {"loss": None, "lr": 0.1}, "nonfinite": {"loss": "Infinity"}})
+        {'step': 3, 'values': {'loss': inf, 'lr': 0.1}}
+    """
+    words = event.get(NONFINITE) if isinstance(event, dict) else None
+    values = event.get("values") if isinstance(event, dict) else None
+    if not isinstance(words, dict) or not isinstance(values, dict):
+        return event
+    back = {k: float(words[k]) if v is None and words.get(k) in _NONFINITE_WORDS.values() else v
+            for k, v in values.items()}  # fmt: skip
+    return {k: back if k == "values" else v for k, v in event.items() if k != NONFINITE}
 
 
 class CheckpointError(ValueError):

@@ -375,3 +375,21 @@ def test_a_bag_outcome_lost_on_a_tie_shows_the_other_image_as_retrieved():
 
     tied, *_ = bag_outcomes([[0.4, 0.0, 0.4], [0.0, 0.5, 0.0], [0.0, 0.0, 0.5]], [7, 8, 9], {7: 0, 8: 1, 9: 2})
     assert (tied.rank, tied.correct, tied.retrieved) == (2, False, 9)
+
+
+def test_the_report_reads_a_log_of_either_form_alike(tmp_path):
+    # metrics.jsonl is strict JSON now (a value that is no finite number null, its kind named in "nonfinite"); a run
+    # logged before holds bare NaN / Infinity tokens. The report reads both as the same values: the strict form's
+    # nulls were left out of the curves and of the results taken from the last validation.
+    from helpers.metrics_log import NEW_FORM, OLD_FORM, same
+
+    runs = {}
+    for form, text in (("new", NEW_FORM), ("old", OLD_FORM)):
+        (tmp_path / form).mkdir()
+        (tmp_path / form / "metrics.jsonl").write_text(text)
+        runs[form] = read_run(tmp_path / form)
+    new, old = runs["new"], runs["old"]
+    assert same(new.events["new"], old.events["old"]) and "nonfinite" not in new.events["new"][0]
+    assert same(new.results["new"], {"cider_d": float("nan"), "loss": float("-inf")}), new.results
+    assert same(curve_panels(new.events["new"]), curve_panels(old.events["old"]))
+    assert same(curve_panels(new.events["new"])["train loss"]["loss"], [[1, float("inf")], [3, 2.5]])

@@ -172,3 +172,21 @@ def test_a_resume_in_other_dtypes_is_refused_naming_the_change(make_cfg):
     with pytest.raises(CheckpointError, match=refusal):
         train(changed, resume=True)
     assert train(cfg, resume=True).is_dir()  # the run's own settings resume
+
+
+@pytest.mark.parametrize("form", ["new", "old"])
+def test_resume_truncates_a_log_of_either_form_alike_and_keeps_it_strict(tmp_path, form):
+    # A run logged before metrics.jsonl was strict JSON (bare NaN / Infinity tokens) is resumed as one logged after:
+    # the same events kept, written as strict JSON with their values.
+    from finecap.report.plots import read_events
+    from finecap.train.state import is_metrics_log, truncate_metrics
+    from helpers.metrics_log import NEW_FORM, OLD_FORM, same, strict_rows
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text((NEW_FORM if form == "new" else OLD_FORM) + '{"step": 4, "epoch": 0.4, "spl')  # a kill mid-line
+    assert is_metrics_log(log)
+    truncate_metrics(log, 2)
+    assert log.read_text() == "".join(NEW_FORM.splitlines(keepends=True)[:2])
+    assert [row["step"] for row in strict_rows(log.read_text())] == [1, 2]
+    (tmp_path / "old.jsonl").write_text(OLD_FORM)
+    assert same(read_events(log), read_events(tmp_path / "old.jsonl")[:2])

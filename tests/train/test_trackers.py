@@ -232,3 +232,25 @@ def test_trackers_are_finished_when_training_stops_with_an_error(make_cfg, monke
     with pytest.raises(RuntimeError, match="the step failed"):
         train(make_cfg("train.max_steps=1"))
     assert len(finished) == 1
+
+
+def test_the_jsonl_tracker_writes_a_non_finite_value_as_strict_json(tmp_path):
+    # metrics.jsonl held Python's bare NaN / Infinity tokens (a reward nothing scored, a diverged loss), which jq,
+    # JavaScript's JSON.parse and strict parsers refuse: now null, with its kind named in "nonfinite".
+    from finecap.report.plots import read_events
+    from finecap.train.logging import JsonlTracker
+    from helpers.metrics_log import NEW_FORM, OLD_FORM, same, strict_rows
+
+    nan, inf = float("nan"), float("inf")
+    tracker = JsonlTracker(tmp_path / "metrics.jsonl")
+    tracker.log({"train/loss": inf, "train/reward": nan, "train/lr": 0.1, "epoch": 0.1}, step=1)
+    tracker.log({"val/cider_d": nan, "val/loss": -inf, "val/captions": "0: a cat", "epoch": 0.2}, step=2)
+    tracker.log({"train/loss": 2.5, "train/reward": 0.25, "train/lr": 0.1, "epoch": 0.3}, step=3)
+    written = (tmp_path / "metrics.jsonl").read_text()
+    rows = strict_rows(written)
+    assert rows[0]["values"] == {"loss": None, "reward": None, "lr": 0.1}
+    assert rows[0]["nonfinite"] == {"loss": "Infinity", "reward": "NaN"} and "nonfinite" not in rows[2]
+    assert written == NEW_FORM
+    (tmp_path / "old.jsonl").write_text(OLD_FORM)
+    back = read_events(tmp_path / "metrics.jsonl")
+    assert same(back, read_events(tmp_path / "old.jsonl")) and back[1]["values"]["loss"] == -inf

@@ -17,7 +17,7 @@ from typing import Any
 
 from finecap.metrics.diversity import caption_length
 from finecap.outputs import check_replaceable, made_by_finecap, write_output
-from finecap.runs import METRICS_FILE
+from finecap.runs import METRICS_FILE, decode_event
 from finecap.utils.reading import DATA_FILE, read_lines
 
 log = logging.getLogger(__name__)
@@ -119,14 +119,16 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
     line by line within :data:`~finecap.utils.reading.DATA_FILE` (:func:`~finecap.utils.reading.read_lines`).
 
     A last line without its line end that is not JSON (a run still writing it, or killed while it did) is not read,
-    as resuming drops it; any other line that is not JSON is a ``ValueError`` naming the file and the line."""
+    as resuming drops it; any other line that is not JSON is a ``ValueError`` naming the file and the line. Values
+    come back as logged, whether the run wrote them as strict JSON or, before it did, with Python's ``NaN`` /
+    ``Infinity`` tokens (:func:`finecap.runs.decode_event`)."""
     path = Path(path)
     events = []
     for lineno, line in enumerate(read_lines(path, total=DATA_FILE), 1):
         if not line.strip():
             continue
         try:
-            events.append(json.loads(line))
+            events.append(decode_event(json.loads(line)))
         except json.JSONDecodeError as e:
             if not line.endswith("\n"):  # only the last line can lack its line end: cut short
                 log.info("%s, line %d: cut short (a run still writing it, or killed): not read", path, lineno)

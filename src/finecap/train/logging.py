@@ -28,6 +28,7 @@ from accelerate.utils import gather_object
 
 from finecap.config import flat_options
 from finecap.locks import command_argv
+from finecap.runs import encode_event
 from finecap.utils.files import append_jsonl
 
 PLACES: dict[str, tuple[str, str, str]] = {
@@ -44,7 +45,8 @@ their servers or their own caches."""
 class JsonlTracker(GeneralTracker):
     """accelerate tracker ``jsonl``: one line per event in ``metrics.jsonl``,
     ``{"step", "epoch", "split", "values", "text"?}``; keys logged as ``"<split>/<name>"`` are grouped by split,
-    string values go to ``text``."""
+    string values go to ``text``. Strict JSON: a value that is no finite number is ``null``, named in
+    ``"nonfinite"`` (:func:`finecap.runs.encode_event`)."""
 
     name = "jsonl"
     requires_logging_directory = False
@@ -75,7 +77,7 @@ class JsonlTracker(GeneralTracker):
             text = {k: v for k, v in items.items() if isinstance(v, str)}
             if text:
                 record["text"] = text
-            append_jsonl(self.path, record)
+            append_jsonl(self.path, encode_event(record))
 
 
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"

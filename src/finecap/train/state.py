@@ -64,6 +64,8 @@ from finecap.runs import (
     TRACKERS_DIR,
     CheckpointError,
     checkpoint_dir,
+    decode_event,
+    encode_event,
     swap_guard,
     temporary_dir,
 )
@@ -693,16 +695,19 @@ def continue_unfinished(run_dir: Path, *, what: str, ways_out: str) -> tuple[boo
 
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop the events after ``step`` (written by a killed run after its last checkpoint). A log that is not finecap's
-    (:func:`is_metrics_log`: a line that is not one of its events) is a :class:`CheckpointError` naming it."""
+    (:func:`is_metrics_log`: a line that is not one of its events) is a :class:`CheckpointError` naming it. The
+    events kept are written as the tracker writes them now (:func:`finecap.runs.encode_event`): those of a run
+    logged before with Python's ``NaN`` / ``Infinity`` tokens become strict JSON, with the same values."""
     if path.exists():
         if not is_metrics_log(path):
             raise CheckpointError(
                 f"{path}: not finecap's event log (a line is not an event with an integer step, a split and values); "
                 "nothing was changed: restore the run's own metrics.jsonl, or move it aside to resume without it"
             )
-        lines = [ln for ln in read_lines(path, total=DATA_FILE)  # a last line cut by a kill (no newline): dropped
-                 if ln.endswith("\n") and ln.strip() and json.loads(ln)["step"] <= step]  # fmt: skip
-        atomic_write_text(path, "".join(lines))
+        events = [json.loads(ln) for ln in read_lines(path, total=DATA_FILE)  # a last line cut by a kill: dropped
+                  if ln.endswith("\n") and ln.strip()]  # fmt: skip
+        kept = [json.dumps(encode_event(decode_event(e))) + "\n" for e in events if e["step"] <= step]
+        atomic_write_text(path, "".join(kept))
 
 
 RESUME_FIXED = ("model.dtype", "model.trainable_dtype", "model.quantization")
