@@ -516,3 +516,61 @@ def test_docs_family_table_is_generated_from_the_family_rows_family():
     assert page[start:end] == family_table()
     for model_type in [*FAMILIES, *REFUSED]:
         assert f"| `{model_type}` |" in page[start:end]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
+def test_a_trained_vision_tower_trains_only_what_the_image_features_reach(family):
+    """``model.train_encoder=true`` trains the tower's weights that the language model's inputs depend on, no more:
+    LLaVA reads a hidden layer, not its tower's ``post_layernorm``; Gemma 3's and LLaVA-OneVision's SigLIP pooling
+    head is never run into the features. They counted as trained (``--dry-run``'s counts, :func:`finecap.models.
+    memory.parameter_counts`) and stopped a 2-process run at its second step (DDP: parameters that were not used
+    in producing loss). After one AdamW step (a parameter without a gradient does not move) what trains is what
+    moved; Idefics3's tower trains whole."""
+    from finecap.models.memory import parameter_counts
+
+    model, processor = tiny_family(family)
+    vlm = Vlm(model, processor, source=family, train_encoder=True).train()
+    tower = module_path(vlm.model, vlm.family.vision)
+    trained = {n for n, p in vlm.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in vlm.named_parameters()}
+    opt = torch.optim.AdamW([p for p in vlm.parameters() if p.requires_grad], lr=1e-2)
+    batch = batch_of(vlm)
+    mle_loss(vlm(batch), batch["labels"]).backward()
+    opt.step()
+    moved = {n for n, p in vlm.named_parameters() if not torch.equal(p, before[n])}
+    assert trained == {n for n, p in vlm.named_parameters() if p.grad is not None}  # what DDP asks
+    # the tiny Qwen3-VL's last DeepStack merger feeds the output of its last language-model layer at the image
+    # tokens, which no caption logit reads: a zero gradient (a projector, trained by vlm.train_projector), so its
+    # zero biases stay put
+    still = {n for n in trained - moved if n.startswith("model.model.visual.deepstack_merger_list.1.")}
+    assert trained - still == moved, sorted(trained ^ moved)
+    counts = parameter_counts(vlm)
+    assert sum(n for part in counts.values() for n in part.get("trainable", {}).values()) == sum(
+        p.numel() for n, p in vlm.named_parameters() if n in trained
+    )
+    frozen = {n for n, p in tower.named_parameters() if not p.requires_grad}
+    if family in ("llava", "llava_next"):
+        assert frozen == {"post_layernorm.weight", "post_layernorm.bias"}
+    if family in ("gemma3", "llava_onevision"):
+        assert frozen and all(n.startswith(("head.", "post_layernorm.")) for n in frozen), sorted(frozen)
+    if family == "idefics3":
+        assert not frozen
+
+
+def test_vision_adapters_train_only_where_the_image_features_reach():
+    """LoRA on a LLaVA tower whose language model reads its first hidden layer (``vision_feature_layer=-2`` of 2
+    layers, LLaVA-1.5's choice): the adapters of the last layer, which nothing reads, stay frozen; every trained
+    adapter gets a gradient."""
+    from finecap.config import load
+    from finecap.models import lora
+
+    model, processor = tiny_family("llava")
+    model.config.vision_feature_layer = -2
+    cfg = load(None, ["model.kind=vlm", "model.train_encoder=true", "lora.encoder=true", "lora.rank=2"])
+    vlm = lora.configure_training(Vlm(model, processor, source="llava"), cfg).train()
+    tower = {n for n, _ in vlm.named_parameters() if ".vision_tower." in n and "lora_" in n}
+    trained = {n for n in tower if vlm.get_parameter(n).requires_grad}
+    assert trained and all(".layers.0." in n for n in trained) and any(".layers.1." in n for n in tower - trained)
+    batch = batch_of(vlm)
+    mle_loss(vlm(batch), batch["labels"]).backward()
+    assert trained == {n for n in tower if vlm.get_parameter(n).grad is not None}

@@ -16,7 +16,7 @@ projection and logit scale frozen. Module names are the checkpoint's own (``mode
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,18 +195,44 @@ class FeatureMapTokens(VisionEncoder):
         second step (DDP: parameters that were not used in producing the loss). Found by the gradient of the
         tokens of one blank image (:attr:`image_size`) through the tower."""
         params = [p for p in super().image_parameters() if p.is_floating_point()]
-        flags = [p.requires_grad for p in params]
-        try:
-            for p in params:
-                p.requires_grad_(True)
-            with torch.enable_grad():
-                size = self.image_size
-                tokens = self(torch.zeros(1, 3, size, size, device=params[0].device, dtype=self.dtype))  # (1, P, D)
-                grads = torch.autograd.grad(tokens.float().sum(), params, allow_unused=True)
-        finally:
-            for p, flag in zip(params, flags, strict=True):
-                p.requires_grad_(flag)
-        return [p for p, g in zip(params, grads, strict=True) if g is not None]
+        size = self.image_size
+        # (1, P, D): the tokens of one blank image
+        return reached_parameters(params, lambda: self(torch.zeros(1, 3, size, size, device=params[0].device,
+                                                                   dtype=self.dtype)))  # fmt: skip
+
+
+def reached_parameters(params: Sequence[nn.Parameter], run: Callable[[], Any]) -> list[nn.Parameter]:
+    """Those of ``params`` that the floating tensors ``run()`` returns (a tensor, or lists / tuples / dicts of them)
+    depend on: the gradient of their sum, with every one of ``params`` made to require a gradient for the call (its
+    flag restored after). What a part trains when only some of its weights reach the loss
+    (:meth:`FeatureMapTokens.image_parameters`, :meth:`finecap.models.vlm.VlmImages.image_parameters`)."""
+    params = list(params)
+    if not params:
+        return []
+    flags = [p.requires_grad for p in params]
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        with torch.enable_grad():
+            outs = [t for t in _tensors(run()) if t.is_floating_point() and t.requires_grad]
+            if not outs:
+                return []
+            total = torch.stack([t.float().sum() for t in outs]).sum()
+            grads = torch.autograd.grad(total, params, allow_unused=True)
+    finally:
+        for p, flag in zip(params, flags, strict=True):
+            p.requires_grad_(flag)
+    return [p for p, g in zip(params, grads, strict=True) if g is not None]
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def load_frozen_tokens(cfg: Any, options: Any, what: str) -> FeatureMapTokens:

@@ -85,6 +85,7 @@ built once. The checkpoint records the world encoder it reads, as ClipCap's and 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -107,7 +108,7 @@ from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, prompt_sh
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
-from finecap.models.vision import FeatureMapTokens, load_frozen_tokens
+from finecap.models.vision import FeatureMapTokens, load_frozen_tokens, reached_parameters
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -615,8 +616,56 @@ class VlmImages:
         out.update({k: enc[k] for k in (*vlm.family.image_inputs, *vlm.family.token_inputs) if k in enc})
         return out
 
+    def image_parameters(self) -> list[nn.Parameter]:
+        """The vision tower's parameters (its adapters' too) that what the language model reads from an image
+        depends on: LLaVA reads a hidden layer (``vision_feature_layer``), so its tower's ``post_layernorm`` (and
+        the layers after that layer) never reach the loss, nor does Gemma 3's or LLaVA-OneVision's SigLIP pooling
+        head. Training those would count weights that never learn as trained (``--dry-run``) and stop a
+        multi-process run at its second step (DDP: parameters that were not used in producing the loss). Found by
+        the gradient of the language model's inputs (its embeddings with the image features merged, Qwen3-VL's
+        DeepStack features) for one blank image: finecap's prompt pass, stopped where the language model starts;
+        in eval mode, so that no gradient checkpointing hides a weight."""
+        vlm = self.vlm
+        tower = [p for p in self.model.parameters() if p.is_floating_point()]
+        batch = self.preprocess([Image.new("RGB", (32, 32))])
+        read: list[Any] = []
+
+        def stop(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+            read.append((args, kwargs))
+            raise _LanguageModelReached
+
+        modes = [(m, m.training) for m in vlm.model.modules()]
+        handle = module_path(vlm.model, vlm.family.language_model).register_forward_pre_hook(stop, with_kwargs=True)
+
+        def run() -> Any:
+            with contextlib.suppress(_LanguageModelReached):
+                vlm.prompt_pass(vlm.prompt_of(batch), use_cache=False)
+            if not read:
+                raise RuntimeError(f"{vlm.family.name}: the model's forward never called its language model "
+                                   f"({vlm.family.language_model})")  # fmt: skip
+            return read[0]
+
+        try:
+            vlm.model.eval()
+            return reached_parameters(tower, run)
+        finally:
+            handle.remove()
+            for m, mode in modes:
+                m.training = mode
+
     def set_trainable(self, trainable: bool) -> None:
+        """The vision tower (through its adapters when it has some) as far as the image features reach
+        (:meth:`image_parameters`), or nothing."""
         lora.train_part(self.model, trainable)
+        if trainable:
+            reached = {id(p) for p in self.image_parameters()}
+            for p in self.model.parameters():
+                if id(p) not in reached:
+                    p.requires_grad_(False)
+
+
+class _LanguageModelReached(Exception):
+    """Stops :meth:`VlmImages.image_parameters`' forward where the language model would start."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -777,7 +826,7 @@ class Vlm(CaptionerBase):
         if self.world is not None:  # the placeholder vision tower stays frozen; the text side of the world's too
             self.world.set_trainable(self.train_encoder)
         else:
-            lora.train_part(self.lora_module("encoder"), self.train_encoder)
+            self._images.set_trainable(self.train_encoder)  # only what the image features reach
         for path in self.family.projectors:
             module_path(self.model, path).requires_grad_(self.section.train_projector)
 
