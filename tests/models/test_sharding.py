@@ -79,3 +79,27 @@ def test_fsdp_with_a_quantized_base_is_refused_in_one_line(quantization, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1, err
     assert "train.strategy" in err[0] and f"fsdp cannot shard a model.quantization={quantization} base" in err[0]
+
+
+def test_another_process_trains_what_the_main_process_trains(monkeypatch):
+    # which vision-tower weights train is found by a forward pass (vision.reached_parameters), which a model built on
+    # the meta device (a sharded run's other processes) cannot run: such a process takes the main one's flags, so
+    # that every process trains the same parameters
+    import torch.distributed as dist
+
+    from finecap.models.sharding import match_main
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+
+    main = model()
+    main[1].requires_grad_(False)  # the main process found the norm unreached
+    sent = {n: (tuple(p.shape), p.dtype, n, p.requires_grad) for n, p in main.named_parameters()}
+    with torch.device("meta"):
+        other = model()  # every flag on, as a meta build leaves it
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: objects.__setitem__(0, sent))
+    match_main(other)
+    assert {n: p.requires_grad for n, p in other.named_parameters()} == {
+        "0.weight": True, "0.bias": True, "1.weight": False, "1.bias": False,
+    }  # fmt: skip

@@ -574,3 +574,13 @@ def test_vision_adapters_train_only_where_the_image_features_reach():
     batch = batch_of(vlm)
     mle_loss(vlm(batch), batch["labels"]).backward()
     assert trained == {n for n in tower if vlm.get_parameter(n).grad is not None}
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "gemma3"])
+def test_a_tower_that_trains_builds_on_the_meta_device(family):
+    # a sharded run's other processes build the captioner on the meta device (train.strategy=fsdp), where the probe
+    # of what the image features reach cannot run ("Tensor.item() cannot be called on meta tensors"): it is skipped
+    # there, and sharding.match_main gives such a process the main one's flags
+    model, processor = tiny_family(family)
+    vlm = Vlm(model.to("meta"), processor, source=family, train_encoder=True)
+    assert all(p.is_meta for p in vlm.parameters()) and any(p.requires_grad for p in vlm.parameters())

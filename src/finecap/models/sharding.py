@@ -122,16 +122,17 @@ def receives_weights(strategy: str, processes: int) -> bool:
 def match_main(model: nn.Module) -> None:
     """Before sharding a model that the main process loaded and the others built on the meta device: every process
     must shard the same parameters, of the same shapes, dtypes and ties. The main process sends its parameters'
-    names, shapes, dtypes and ties; another process casts a meta parameter of another dtype to the main one's (a
-    config build can differ from a loaded checkpoint there, e.g. ``model.dtype=auto``) and refuses any other
-    difference in one line.
+    names, shapes, dtypes, ties and ``requires_grad``; another process casts a meta parameter of another dtype to the
+    main one's (a config build can differ from a loaded checkpoint there, e.g. ``model.dtype=auto``), takes the main
+    one's ``requires_grad`` (which weights train is found by a forward pass that a meta build cannot run) and refuses
+    any other difference in one line.
     Every process must call it."""
     import torch.distributed as dist
 
     first: dict[int, str] = {}
-    own = {}  # every name of every parameter: its shape, dtype and the first name of the tensor (ties)
+    own = {}  # every name of every parameter: its shape, dtype, the first name of the tensor (ties), requires_grad
     for n, p in model.named_parameters(remove_duplicate=False):
-        own[n] = (tuple(p.shape), p.dtype, first.setdefault(id(p), n))
+        own[n] = (tuple(p.shape), p.dtype, first.setdefault(id(p), n), p.requires_grad)
     sent = [own if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(sent, src=0)
     main = sent[0]
@@ -148,6 +149,9 @@ def match_main(model: nn.Module) -> None:
                 raise RuntimeError(f"train.strategy=fsdp: {name} is {p.dtype} on process {dist.get_rank()}, "
                                    f"{main[name][1]} on the main process")  # fmt: skip
             p.data = p.data.to(main[name][1])
+        # what trains is the main process's: a meta build cannot run the probes that find the weights a part's output
+        # reaches (finecap.models.vision.reached_parameters), and every process must train the same parameters
+        p.requires_grad_(main[name][3])
 
 
 def receive_weights(model: nn.Module, state: dict[str, torch.Tensor], device: torch.device | str) -> None:

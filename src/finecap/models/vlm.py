@@ -657,7 +657,9 @@ class VlmImages:
         """The vision tower (through its adapters when it has some) as far as the image features reach
         (:meth:`image_parameters`), or nothing."""
         lora.train_part(self.model, trainable)
-        if trainable:
+        # on the meta device (a sharded run's other processes) no probe runs: the main process's flags are taken
+        # (finecap.models.sharding.match_main)
+        if trainable and not any(p.is_meta for p in self.model.parameters()):
             reached = {id(p) for p in self.image_parameters()}
             for p in self.model.parameters():
                 if id(p) not in reached:
