@@ -154,15 +154,15 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
     (bar: R@1 >= 0.6 and >= 0.95).
     """
     cache_dir: Path | None = None
-    t0 = time.perf_counter()
     if isinstance(cfg_or_paths, Config):
         cfg = cfg_or_paths
         world, cache_dir = ensure_world(cfg, make=True, progress=progress), resolve_cache_dir(cfg.run)
         enc = cfg.retriever.checkpoint or str(ensure_world_encoder(cfg, progress=progress))
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # the probe's time: the world and encoder made above are not part of it
         retriever = load_retriever(cfg)  # as the metrics and the reward read it: retriever.long_text, its batch size
     else:
         enc, world = str(cfg_or_paths[0]), Path(cfg_or_paths[1])
+        t0 = time.perf_counter()
         retriever = Retriever.from_pretrained(enc)
     records = read_world(world)
     train = [r for r in records if r.split == "train"]

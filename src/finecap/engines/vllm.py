@@ -600,13 +600,23 @@ class VllmEngine(GenerationEngine):
         for out in outputs:
             for c in out.outputs:
                 if c.finish_reason == "length" and len(c.token_ids) < max_length:
-                    limit = self.llm.llm_engine.model_config.max_model_len
-                    raise ValueError(
-                        f"decode.engine=vllm: a caption was cut after {len(c.token_ids)} tokens, short of "
-                        f"decode.max_length={max_length}: its prompt of {len(out.prompt_token_ids)} tokens and the "
-                        f"caption fill the engine's context of {limit} (vllm.max_model_len, 0: the model's context "
-                        "length); raise vllm.max_model_len or lower decode.max_length"
+                    raise self._context_refusal(
+                        f"a caption was cut after {len(c.token_ids)} tokens, short of decode.max_length={max_length}: "
+                        f"its prompt of {len(out.prompt_token_ids)} tokens and the caption fill"
                     )
+
+    @property
+    def _context(self) -> int:
+        """The engine's context in tokens (``vllm.max_model_len``, or the model's own when that is 0)."""
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    def _context_refusal(self, what: str) -> ValueError:
+        """The one-line error of a caption that does not fit the engine's context: ``what`` (ending with a verb whose
+        object is the context), the context's size and the two options that decide it."""
+        return ValueError(
+            f"decode.engine=vllm: {what} the engine's context of {self._context} (vllm.max_model_len, 0: the model's "
+            "context length); raise vllm.max_model_len or lower decode.max_length"
+        )
 
     def _beam(self, prompts: list[dict[str, Any]], cfg: DecodeConfig) -> Generation:
         """``LLM.beam_search`` with ``beam_size`` beams; the ``num_return_sequences`` best per image. vLLM's beam
@@ -657,7 +667,7 @@ class VllmEngine(GenerationEngine):
         from vllm import SamplingParams
         from vllm.exceptions import VLLMValidationError
 
-        limit = self.llm.llm_engine.model_config.max_model_len
+        limit = self._context
         try:
             outs = self.llm.generate(prompts, SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
             prompt: int | str = max(len(out.prompt_token_ids) for out in outs)
@@ -665,10 +675,9 @@ class VllmEngine(GenerationEngine):
             prompt = f"{limit} or more"
         if isinstance(prompt, int) and prompt + max_length <= limit:
             return None
-        return ValueError(
-            f"decode.engine=vllm: beam search decodes every beam to decode.max_length={max_length} tokens, and a "
-            f"prompt of {prompt} tokens and such a caption do not fit the engine's context of {limit} "
-            "(vllm.max_model_len, 0: the model's context length); raise vllm.max_model_len or lower decode.max_length"
+        return self._context_refusal(
+            f"beam search decodes every beam to decode.max_length={max_length} tokens, and a prompt of {prompt} "
+            "tokens and such a caption do not fit"
         )
 
     def _generation(self, rows: list[tuple[list[int], list[float], float | None]], n: int) -> Generation:

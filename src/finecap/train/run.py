@@ -389,20 +389,22 @@ def _train(
     if processes.num_processes > 1:
         found = broadcast_object_list(found)
     resume_from = Path(found[0]) if found[0] else None
+    saved = cfg.saved_dict()  # absolute paths, secrets masked: what config.yaml holds and trackers receive
+    changes: list[str] = []
     if resume_from is not None:  # a resumed run reads the data and retriever it started with, in its dtypes
         check_fingerprints_of_run(run_dir, cfg, parts=("data", "retriever"))
-        check_unchanged_on_resume(run_dir / CONFIG_FILE, cfg.saved_dict())
+        changes = config_changes(run_dir / CONFIG_FILE, saved)
+        check_unchanged_on_resume(run_dir / CONFIG_FILE, changes)
 
     run = _build_run(cfg, run_dir, resume_from, validators=validators, callbacks=callbacks, processes=processes)
     accelerator, engine, data = run.accelerator, run.engine, run.data
-    saved = cfg.saved_dict()  # absolute paths, secrets masked: what config.yaml holds and trackers receive
     if resume_from is not None:
         engine.restore(resume_from)
         if accelerator.is_main_process:
             log.info(
                 "resume: continuing %s from %s (step %d of %d)", run_dir, resume_from, engine.state.step, engine.total
             )
-            for change in config_changes(run_dir / CONFIG_FILE, saved):
+            for change in changes:
                 log.info("resume: configuration changed: %s", change)
     if accelerator.is_main_process:
         if resume_from is not None:  # first: a log that is not finecap's, or too large to read, changes nothing

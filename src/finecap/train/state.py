@@ -715,10 +715,10 @@ RESUME_FIXED = ("model.dtype", "model.trainable_dtype", "model.quantization")
 would cast the saved optimizer moments to other ones silently (:func:`check_unchanged_on_resume`)."""
 
 
-def check_unchanged_on_resume(saved: Path, current: dict[str, dict[str, Any]]) -> None:
-    """A :class:`CheckpointError` when ``current`` (the resuming run's stored form) changes an option of
-    :data:`RESUME_FIXED` against the run's stored configuration ``saved``, naming each change and the way out."""
-    fixed = [change for change in config_changes(saved, current) if change.split(":", 1)[0] in RESUME_FIXED]
+def check_unchanged_on_resume(saved: Path, changes: Sequence[str]) -> None:
+    """A :class:`CheckpointError` when ``changes`` (:func:`config_changes` of the run's stored configuration ``saved``
+    and the resuming run's) hold an option of :data:`RESUME_FIXED`, naming each change and the way out."""
+    fixed = [change for change in changes if change.split(":", 1)[0] in RESUME_FIXED]
     if fixed:
         raise CheckpointError(
             f"{saved}: resuming with {'; '.join(fixed)}: the checkpoint's weights and optimizer state are in the "
