@@ -129,6 +129,27 @@ def test_a_model_folder_saved_again_in_place_is_another_identity(chat_model, tmp
     assert TransformersBackend(str(folder), max_new_tokens=4).identity() != first
 
 
+def test_a_hub_name_is_another_identity_at_another_commit(chat_model, tmp_path, monkeypatch):
+    # a Hub name was keyed by its name alone: after the Hub's weights or chat template changed (refs/main moved to a
+    # new commit), a re-run into the same --out took the answers of the earlier commit from the cache
+    import shutil
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # a fake cache: loading reads it, never the network
+    repo = tmp_path / "hub" / "models--org--tiny-chat"
+    for commit in ("aaaa1111", "bbbb2222"):
+        shutil.copytree(chat_model, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("aaaa1111")
+    first = TransformersBackend("org/tiny-chat", max_new_tokens=4).identity()
+    assert first["model"] == "org/tiny-chat" and first["revision"] == "aaaa1111" and "weights" not in first
+    assert TransformersBackend("org/tiny-chat", max_new_tokens=4).identity() == first
+    (repo / "refs" / "main").write_text("bbbb2222")
+    assert TransformersBackend("org/tiny-chat", max_new_tokens=4).identity() == {**first, "revision": "bbbb2222"}
+
+
 def test_a_model_folder_whose_generation_settings_or_chat_template_changed_is_another_identity(chat_model, tmp_path):
     # the identity held the weight files alone: a generation_config.json edited in place (a repetition setting)
     # changed every answer, and a re-run into the same --out took the answers of the earlier settings from the cache

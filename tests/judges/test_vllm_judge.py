@@ -108,3 +108,35 @@ def test_a_folder_saved_again_in_place_is_asked_again(tmp_path):
     assert again.answer([Ask(Q, OPTIONS, "a red circle")]) == ["green"] and len(backend.seen) == 1
     assert again.identity()["weights"][0][0] == "model.safetensors"
     again.close()
+
+
+def test_a_hub_name_is_asked_again_at_another_commit(tmp_path, monkeypatch):
+    """A Hub name is keyed by the commit its main resolves to in the local Hugging Face cache (refs/main): answers
+    given at one commit are not served for another (the Hub's weights or chat template changed), and a revision the
+    cache does not hold is keyed as unknown, never as the cached one."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--org--chat-lm"
+    (repo / "snapshots" / "aaaa1111").mkdir(parents=True)
+    (repo / "snapshots" / "aaaa1111" / "config.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("aaaa1111")
+    cfg = load(None, ["judge.name=vllm", "judge.model=org/chat-lm", "judge.cache=true"])
+    first = get_judge("vllm", cfg, backend=StandIn("B"), cache_path=tmp_path / "answers.sqlite")
+    assert first.identity()["revision"] == "aaaa1111" and "weights" not in first.identity()
+    assert first.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+    first.close()
+    same = get_judge("vllm", cfg, backend=StandIn(), cache_path=tmp_path / "answers.sqlite")
+    assert same.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]  # the same commit: from the cache, not asked
+    same.close()
+    (repo / "snapshots" / "bbbb2222").mkdir()
+    (repo / "snapshots" / "bbbb2222" / "config.json").write_text("{}")
+    (repo / "refs" / "main").write_text("bbbb2222\n")
+    backend = StandIn("C")
+    again = get_judge("vllm", cfg, backend=backend, cache_path=tmp_path / "answers.sqlite")
+    assert again.answer([Ask(Q, OPTIONS, "a red circle")]) == ["green"] and len(backend.seen) == 1
+    assert again.identity()["revision"] == "bbbb2222"
+    again.close()
+    (repo / "refs" / "main").unlink()
+    assert get_judge("vllm", cfg, backend=StandIn()).identity()["revision"] is None

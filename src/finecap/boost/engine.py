@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from tqdm.auto import tqdm
 
 from finecap.boost.prompts import Prompts
+from finecap.data.hashing import hub_revision
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits, check_image_file, load_record_image
 from finecap.data.records import DataError, Record
 from finecap.utils.files import open_append
@@ -177,14 +178,25 @@ MODEL_FILES = ("*.safetensors", "*.bin", "*.json", "*.jinja", "*.model", "*.txt"
 
 def weights_stamp(model: str | Path, patterns: Sequence[str] = MODEL_FILES) -> list[Any] | None:
     """``[(file, size, mtime_ns)]`` of the files ``patterns`` of a local model folder ``model`` (default
-    :data:`MODEL_FILES`; ``None`` for a Hub name): part of a backend's :meth:`Backend.identity`, so that a folder
-    trained or saved again in place, or whose chat template or generation settings were edited, is asked again rather
-    than answered from the cache of its earlier files."""
+    :data:`MODEL_FILES`; ``None`` for a Hub name, which :func:`model_stamp` keys by its commit): part of a backend's
+    :meth:`Backend.identity`, so that a folder trained or saved again in place, or whose chat template or generation
+    settings were edited, is asked again rather than answered from the cache of its earlier files."""
     path = Path(model)
     if not path.is_dir():
         return None
     weights = sorted(w for pattern in patterns for w in path.rglob(pattern))
     return [(str(w.relative_to(path)), w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
+
+
+def model_stamp(model: str | Path) -> dict[str, Any]:
+    """What identifies the files of a chat model in a backend's :meth:`Backend.identity` (docs/boost.md): for a local
+    folder ``{"weights": weights_stamp(model)}``; for a Hub name ``{"revision": commit}``, the commit its ``main``
+    resolves to in the local Hugging Face cache (:func:`finecap.data.hashing.hub_revision`; read after the model is
+    loaded, which downloads it there), so that answers of the repository's earlier commit (other weights, another chat
+    template) are not reused for a newer one; ``None`` when the cache holds no revision of it (nothing is downloaded
+    here)."""
+    weights = weights_stamp(model)
+    return {"weights": weights} if weights is not None else {"revision": hub_revision(str(model))}
 
 
 @dataclass

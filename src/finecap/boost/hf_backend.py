@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from finecap.boost.chat import InProcessBackend, conversation, load_chat_tokenizer, prompt_text
-from finecap.boost.engine import Task, cut_off, weights_stamp
+from finecap.boost.engine import Task, cut_off, model_stamp
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.vlm import model_stop_tokens
 
@@ -48,11 +48,11 @@ class TransformersBackend(InProcessBackend):
 
         self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="transformers")
         self.name, self.vision = model, vision
-        self.weights = weights_stamp(model)  # read once: the identity of every request
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
         self.refuse_cut_off = refuse_cut_off
         auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         self.model = auto.from_pretrained(model, trust_remote_code=False)
+        self.stamp = model_stamp(model)  # read once, after loading: the identity of every request
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -61,7 +61,7 @@ class TransformersBackend(InProcessBackend):
     def identity(self) -> dict[str, Any]:
         return {"backend": "transformers", "model": self.name, "vision": self.vision,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-                **({"weights": self.weights} if self.weights is not None else {})}  # fmt: skip
+                **self.stamp}  # fmt: skip
 
     def _inputs(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> dict[str, torch.Tensor]:
         if not self.vision:

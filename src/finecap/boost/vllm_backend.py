@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from finecap.boost.chat import InProcessBackend, load_chat_tokenizer, prompt_text
-from finecap.boost.engine import BackendError, Task, cut_off, weights_stamp
+from finecap.boost.engine import BackendError, Task, cut_off, model_stamp
 
 if TYPE_CHECKING:
     from finecap.config import VllmConfig
@@ -75,12 +75,12 @@ class VllmBackend(InProcessBackend):
         import_vllm(option)  # a missing vLLM is named before anything loads
         self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="vllm")
         self.name, self.vision = model, vision
-        self.weights = weights_stamp(model)  # read once: the identity of every request
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
         self.refuse_cut_off, self.seed = refuse_cut_off, seed
         images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
         self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
                              generation_config="auto", option=option, **images)  # fmt: skip
+        self.stamp = model_stamp(model)  # read once, after loading: the identity of every request
 
     def identity(self) -> dict[str, Any]:
         """Model, files and decoding settings; when it samples (``boost.temperature > 0``) also the engine's seed
@@ -88,7 +88,7 @@ class VllmBackend(InProcessBackend):
         return {"backend": "vllm", "model": self.name, "vision": self.vision,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
                 **({"seed": self.seed} if self.temperature > 0 else {}),
-                **({"weights": self.weights} if self.weights is not None else {})}  # fmt: skip
+                **self.stamp}  # fmt: skip
 
     def sampling_params(self) -> Any:
         """The folder's generation settings (module docstring) with ``boost.temperature`` and ``max_new_tokens``."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from finecap.boost.engine import BackendError, weights_stamp
+from finecap.boost.engine import BackendError, model_stamp
 from finecap.judges.base import Judge
 from finecap.judges.cache import AnswerCache
 from finecap.judges.openai import OpenAIJudge, holding_cache, judge_settings
@@ -61,14 +61,14 @@ class VllmJudge(OpenAIJudge):
             backend = VllmBackend(model, section=section, batch_size=1, max_new_tokens=max_tokens,
                                   temperature=0.0, seed=seed, key="judge.name=vllm: judge.model",
                                   refuse_cut_off=False)  # fmt: skip
-        self.weights = weights_stamp(model)  # a folder trained or saved again in place is asked again
+        self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, is asked again
         self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1)
 
     def identity(self) -> dict[str, Any]:
-        """The ``openai`` judge's, with the model files' names, sizes and times of a local folder (as boost's vLLM
-        backend keys its cache): answers of earlier weights saved under the same folder are not reused."""
-        own = super().identity()
-        return {**own, "weights": self.weights} if self.weights is not None else own
+        """The ``openai`` judge's, with what identifies the model's files as boost's vLLM backend keys its cache
+        (:func:`~finecap.boost.engine.model_stamp`): a local folder's files' names, sizes and times, a Hub name's
+        cached commit; answers of earlier weights saved under the same folder, or of another commit, are not reused."""
+        return {**super().identity(), **self.stamp}
 
 
 def build(cfg: Config | None = None, **options: Any) -> VllmJudge:
