@@ -79,3 +79,30 @@ def test_unknown_image_is_named():
 def test_image_index_shape_is_checked():
     with pytest.raises(ValueError, match="image_index"):
         CiderReward(REFS)(["a", "b"], {"image_ids": [1], "image_index": torch.tensor([0])})
+
+
+def test_configure_after_the_references_applies_wholly_or_refuses():
+    # configure(sigma=) after the references were given set the attribute only: captions scored against their
+    # image's references kept the constructor's sigma (the scorer's), those scored against a call's own references took
+    # the new one; tokenize_text=False left the references tokenised and the captions not
+    from finecap.rewards import call_batch
+
+    refs = {1: ["a red circle on grass", "a red circle"], 2: ["a blue square", "a big blue square on sand"]}
+    caption = ["a red circle on grass on grass on grass"]  # 9 words against 5 and 3: the length penalty bites
+    built = CiderReward(refs, sigma=1.0)
+    configured = CiderReward(refs)
+    configured.configure(sigma=1.0)
+    want = built(caption, call_batch([1])).total.tolist()
+    assert want != CiderReward(refs)(caption, call_batch([1])).total.tolist()  # sigma matters here
+    assert configured(caption, call_batch([1])).total.tolist() == want
+    assert configured(caption, call_batch([1], [refs[1]])).total.tolist() == want
+    with pytest.raises(ValueError, match=r"configure\(tokenize_text=False\) after the references .* constructor"):
+        configured.configure(tokenize_text=False)
+    configured.configure(tokenize_text=True)  # what it is already: nothing to refuse
+    late = CiderReward()
+    late.configure(tokenize_text=False, sigma=1.0)  # before the references: both apply when they come
+    late.setup(RewardInputs(references=refs))
+    assert (
+        late(caption, call_batch([1])).total.tolist()
+        == CiderReward(refs, tokenize_text=False, sigma=1.0)(caption, call_batch([1])).total.tolist()
+    )

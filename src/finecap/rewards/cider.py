@@ -71,6 +71,18 @@ class CiderReward(RewardBase):
         self.references = {i: list(refs) for i, refs in references.items()}
         self.scorer = CiderD(self.references, sigma=self.sigma)
 
+    def configure(self, **settings: Any) -> None:
+        """Set ``sigma`` and ``tokenize_text`` (:meth:`RewardBase.configure`) wholly: a new ``sigma`` is the scorer's
+        too when the references were given already; ``tokenize_text`` cannot change once they were (they are kept as
+        scored, tokenised or not), a ``ValueError`` saying to give it to the constructor."""
+        if self.scorer is not None and bool(settings.get("tokenize_text", self.tokenize_text)) != self.tokenize_text:
+            raise ValueError(f"cider: configure(tokenize_text={settings['tokenize_text']!r}) after the references "
+                             "were given (they are kept as scored): give tokenize_text= to the constructor, with "
+                             "the references")  # fmt: skip
+        super().configure(**settings)
+        if self.scorer is not None:
+            self.scorer.sigma = self.sigma  # the scorer was built with the earlier sigma: its score reads this
+
     def known_images(self) -> list[Hashable]:
         """The images of the document-frequency corpus."""
         return list(self.references)
