@@ -47,6 +47,21 @@ def test_recall_weight_references_and_the_metric_agree():
     assert out.parts["CHAIRi"].tolist() == pytest.approx([items[i].chair_i for i in captions])
 
 
+def test_a_calls_own_references_replace_the_images_in_the_ground_truth():
+    # the reward server's and the adapters' requests may send references; the chair reward ignored them, scoring
+    # against the references it was built with (CIDEr-D and claims read the call's instead)
+    reward = ChairReward(OBJECTS, {1: ["a dog chasing a cat"]})
+    captions = ["a dog chasing a cat", "a man with a frisbee", "a kitten on a bus"]
+    assert reward(captions, call_batch([1, 1, 2])).total.tolist() == pytest.approx([1.0, 0.5, 0.5])  # the image's
+    given = [["a dog with a frisbee"], ["a dog with a frisbee"], ["a cat on a bus"]]
+    out = reward(captions, call_batch([1, 1, 2], given))
+    # image 1 truth: dog, person + frisbee (cat no longer: replaced): cat 1 of 2 mentions -> 0.5; person, frisbee -> 1;
+    # image 2 truth: cat, teddy bear + bus -> 1
+    assert out.total.tolist() == pytest.approx([0.5, 1.0, 1.0])
+    assert out.parts["recall"].tolist() == pytest.approx([0.5, 0.5, 0.5])  # of the annotated objects alone
+    assert reward(captions, call_batch([1, 1, 2])).total.tolist() == pytest.approx([1.0, 0.5, 0.5])  # unchanged
+
+
 def test_factory_and_missing_images():
     with pytest.raises(ValueError, match="outside a training run give objects="):
         reward_of("chair")

@@ -174,8 +174,8 @@ def caption_rows(captions: Sequence[str], batch: Mapping[str, Any]) -> torch.Ten
 
 
 CAPTION_REFERENCES = "caption_references"
-"""The batch key of a call's own references, one list per caption (:func:`call_batch`; read by the CIDEr-D reward,
-:mod:`finecap.rewards.cider`); training batches never carry it."""
+"""The batch key of a call's own references, one list per caption (:func:`call_batch`; read by the CIDEr-D, claims
+and CHAIR rewards in place of an image's references); training batches never carry it."""
 
 
 def call_batch(image_ids: Sequence[Hashable], references: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:

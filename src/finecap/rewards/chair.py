@@ -15,7 +15,10 @@ Ground truth, read in ``setup(inputs)``: ``inputs.objects`` when given (outside 
 categories}``); else the world's scenes (``inputs.scenes``: on the world, its shapes with the world's shape words,
 :func:`finecap.metrics.hallucination.world_vocabulary`); else the instance annotations of ``eval.instances`` (a COCO
 ``instances_*.json``; ``instances=`` outside a run) and the objects the references (``inputs.references``: in a run
-the training references) mention, as CHAIR's reference code reads them.
+the training references) mention, as CHAIR's reference code reads them. A call's own references
+(``caption_references``: the reward server's and the adapters' requests, :func:`finecap.rewards.call_batch`) replace
+its image's, as the CIDEr-D and claims rewards read them: a caption's ground truth is then its image's objects and
+those its call's references mention.
 
 Example (image 1 shows a dog and a person)::
 
@@ -44,7 +47,7 @@ from finecap.metrics.hallucination import (
     world_objects,
     world_vocabulary,
 )
-from finecap.rewards.base import RewardBase, RewardOutput, caption_rows
+from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -109,9 +112,14 @@ class ChairReward(RewardBase):
         for image_id, refs in (inputs.references or {}).items():
             self.references.setdefault(image_id, []).extend(refs)
 
-    def truth(self, image_id: Hashable) -> tuple[frozenset[str], frozenset[str]]:
-        """(annotated categories, ground-truth objects) of ``image_id``."""
+    def truth(
+        self, image_id: Hashable, references: Sequence[str] | None = None
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """(annotated categories, ground-truth objects) of ``image_id``; ``references``: a call's own, in place of the
+        image's (module docstring)."""
         (annotated,) = lookup_objects([image_id], self.objects or {}, "rl.rewards.chair")
+        if references is not None:
+            return annotated, ground_truth(annotated, references, self._vocab())
         if image_id not in self._truth:
             self._truth[image_id] = ground_truth(annotated, self.references.get(image_id), self._vocab())
         return annotated, self._truth[image_id]
@@ -122,10 +130,10 @@ class ChairReward(RewardBase):
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
         if self.objects is None:
             raise RuntimeError("ChairReward: no objects; pass objects= or call setup(inputs) first")
-        ids = batch["image_ids"]
+        ids, given = batch["image_ids"], batch.get(CAPTION_REFERENCES)
         counts = []
-        for caption, row in zip(captions, caption_rows(captions, batch).tolist()):
-            annotated, truth = self.truth(ids[row])
+        for n, (caption, row) in enumerate(zip(captions, caption_rows(captions, batch).tolist())):
+            annotated, truth = self.truth(ids[row], None if given is None else given[n])
             counts.append(caption_chair(caption, annotated, truth, self._vocab()))
         chair_i = torch.tensor([c.chair_i for c in counts])  # (N,)
         recall = torch.tensor([1.0 if c.recall is None else c.recall for c in counts])  # (N,)

@@ -10,7 +10,7 @@ Two shapes:
       {"id": "step-17/3",                          # optional, any JSON scalar: echoed
        "captions": ["a red circle on sand", ...],   # N strings
        "image_ids": [17, 4, ...],                   # N ids of the served data set (or "images": N image paths)
-       "references": [["a red circle", ...], ...]}  # optional: N lists, CIDEr-D against these instead
+       "references": [["a red circle", ...], ...]}  # optional: N lists, instead of the images' (cider, claims, chair)
 
   Unknown fields are refused (a misspelt ``"image_id"`` must not pass for a request without images).
 
