@@ -243,4 +243,5 @@ def test_what_the_world_judge_does_not_read_is_as_its_docs_say():
     out = ClaimsReward(WorldJudge(), scenes={0: SCENE}, score="precision")(
         ["there is no red circle", "no triangle", "3 shapes"], {"image_ids": [0, 0, 0]}
     )
-    assert out.total.tolist() == [1.0, 0.0, 1.0]  # the false caption's precision is 1, the true one's 0
+    # the false caption's precision is 1, the true one's 0; "3 shapes" states nothing: the reward's 0 of 0 claims
+    assert out.total.tolist() == [1.0, 0.0, 0.0]

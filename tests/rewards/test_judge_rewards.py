@@ -121,6 +121,20 @@ def test_claims_by_hand_and_equal_to_the_faithfulness_metric():
     assert values(recall.total) == values(torch.tensor(r))
 
 
+def test_a_caption_that_claims_nothing_earns_no_precision():
+    # 0 of 0 claims was paid precision 1, the most a precision reward pays: score="precision" (BalCapRL's precision
+    # half) rewarded an empty caption as highly as a wholly true one, and a policy learnt to say nothing
+    captions = ["", "a big big big", "a red circle"]  # no fact, no fact (a size of no shape), two true facts of six
+    batch = {"image_ids": [0], "image_index": torch.tensor([0, 0, 0])}
+    out = ClaimsReward(WorldJudge(), scenes=SCENES, score="precision")(captions, batch)
+    assert values(out.total) == values(out.parts["precision"]) == [0.0, 0.0, 1.0]
+    assert values(out.parts["recall"]) == values(torch.tensor([0.0, 0.0, 2 / 6]))
+    assert values(out.parts["f1"]) == values(torch.tensor([0.0, 0.0, 2 * (1 / 3) / (1 + 1 / 3)]))  # 2PR / (P + R)
+    assert not out.failed.any()  # scored, not failed: 0 is its value
+    for caption in captions[:2]:  # the metric keeps the faithfulness metric's reading: nothing claimed, nothing false
+        assert faithfulness(caption, A).precision == 1.0
+
+
 def test_claims_against_a_calls_own_references():
     batch = call_batch([0, 0], [["a red circle on grass"]] * 2)
     out = reward_of("claims", references={0: ["unused"]})(["a red circle", "a blue square"], batch)

@@ -2,7 +2,8 @@
 and metric share (docs/methods/judges.md):
 
 - precision = caption claims the subject supports / caption claims (1.0 when the caption claims nothing: nothing
-  claimed, nothing false, as the world's faithfulness has it);
+  claimed, nothing false, as the world's faithfulness has it; the reward pays 0 there:
+  :attr:`ClaimScore.reward_precision`);
 - recall = reference claims (:meth:`~finecap.judges.base.Judge.reference_claims`) the caption supports / reference
   claims (0.0 when there are none);
 - F1 = 2 P R / (P + R) (0 when both are 0).
@@ -35,6 +36,13 @@ class ClaimScore:
     n_supported: int
     n_reference: int
     n_covered: int
+
+    @property
+    def reward_precision(self) -> float:
+        """:attr:`precision` as the ``claims`` reward pays it: 0 when the caption claims nothing (0 of 0 claims
+        supported). The metric's 1 (nothing claimed, nothing false) read as a reward pays a policy for saying
+        nothing, the most a precision reward gives (docs/methods/judges.md)."""
+        return self.precision if self.n_claims else 0.0
 
 
 def f1(precision: float, recall: float) -> float:

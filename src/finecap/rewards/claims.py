@@ -9,9 +9,11 @@ The evidence is read in ``setup(inputs)``: ``inputs.references`` (in a run the t
 
 ``reward`` = F1 (``score="f1"``, the default; a setting), or ``precision`` / ``recall``; parts ``precision``,
 ``recall``, ``f1`` and ``judge_failed`` (1 when a judge call for the caption failed: the caption is marked in
-``failed`` and its other values are NaN, :mod:`finecap.rewards.judged`). To pay the two parts each normalised on its
-own (BalCapRL, GDPO-style), sum two of these rewards, ``score="precision"`` and ``score="recall"``, under GDPO's
-per-reward normalisation.
+``failed`` and its other values are NaN, :mod:`finecap.rewards.judged`). A caption that claims nothing (empty, or no
+atomic claim) has precision 0 here, and F1 0: the metric's 1 (nothing claimed, nothing false) would pay a policy the
+highest precision for saying nothing (:attr:`finecap.judges.claims.ClaimScore.reward_precision`). To pay the two
+parts each normalised on its own (BalCapRL, GDPO-style), sum two of these rewards, ``score="precision"`` and
+``score="recall"``, under GDPO's per-reward normalisation.
 
 Example::
 
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from finecap.judges.base import Judge, JudgeFailed
-from finecap.judges.claims import claim_scores
+from finecap.judges.claims import claim_scores, f1
 from finecap.rewards.judged import JudgedReward, caption_subjects, judged_output
 
 if TYPE_CHECKING:
@@ -108,14 +110,15 @@ class ClaimsReward(JudgedReward):
         subjects = caption_subjects(captions, batch, self.scenes, self.references)
         scores = claim_scores(self.judge, list(captions), subjects)
         n = len(captions)
-        precision, recall, f1 = (torch.zeros(n) for _ in range(3))
+        precision, recall, harmonic = (torch.zeros(n) for _ in range(3))
         failed = torch.zeros(n, dtype=torch.bool)
         for i, s in enumerate(scores):
             if isinstance(s, JudgeFailed):
                 failed[i] = True
             else:
-                precision[i], recall[i], f1[i] = s.precision, s.recall, s.f1
-        parts = {"precision": precision, "recall": recall, "f1": f1}
+                p = s.reward_precision  # 0 for a caption that claims nothing (module docstring)
+                precision[i], recall[i], harmonic[i] = p, s.recall, f1(p, s.recall)
+        parts = {"precision": precision, "recall": recall, "f1": harmonic}
         return judged_output(parts[self.score].clone(), parts, failed)
 
 
