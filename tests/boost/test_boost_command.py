@@ -165,6 +165,41 @@ def test_blend_in_each_file_format_reads_back(world, tmp_path, fmt):
         assert len(raw["original_annotations"]) == sum(len(s.captions) for s in source)
 
 
+def _strict(text: str):
+    """``json.loads`` refusing Python's ``NaN`` / ``Infinity`` tokens, as ``jq`` and JavaScript do."""
+
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("fmt", ["karpathy", "coco", "jsonl"])
+def test_a_sources_value_that_is_no_number_is_written_as_strict_json(world, tmp_path, fmt):
+    # a field of the user's own holding NaN / Infinity (which Python's reader takes) was copied into the boosted file
+    # as a bare token, which jq, JavaScript and strict parsers refuse
+    src = _as_format(world, fmt, tmp_path / "src")
+    if fmt == "jsonl":
+        rows = [{**json.loads(line), "quality": float("nan")} for line in src.read_text().splitlines()]
+        src.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        raw = json.loads(src.read_text())
+        for img in raw["images"]:
+            img["quality"] = float("inf")
+        src.write_text(json.dumps(raw))
+    assert "NaN" in src.read_text() or "Infinity" in src.read_text()
+    cfg = load(None, [f"data.format={fmt}", f"data.path={src}", f"data.images={world}", "boost.mode=blend"])
+    assert boost(cfg, tmp_path / "out", progress=False)["boosted"] == 4
+    text = (tmp_path / "out" / src.name).read_text()
+    written = [_strict(line) for line in text.splitlines()] if fmt == "jsonl" else _strict(text)["images"]
+    assert written and all(row["quality"] is None for row in written)
+    _strict((tmp_path / "out" / "boost.json").read_text())  # boost's other files too
+    for name in ("cache.jsonl", "failures.jsonl"):
+        [_strict(line) for line in (tmp_path / "out" / name).read_text().splitlines()]
+    boosted = read_dataset(fmt, tmp_path / "out" / src.name, images=world)  # and it reads back as boost's output
+    assert len(boosted) == 4 and all(len(r.captions) == 1 for r in boosted)
+
+
 @pytest.mark.parametrize("fmt", ["coco", "jsonl"])
 def test_boosting_a_boosted_file_again_keeps_the_sources_ids_and_original_annotations(world, tmp_path, fmt):
     """A JSONL whose lines have no ``id`` (the id is then the image path as written) keeps its ids although boost

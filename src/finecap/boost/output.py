@@ -27,7 +27,6 @@ absolute, outside ``DIR``, and a data set names only files inside its image fold
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 from finecap.data.json_files import json_lines
 from finecap.data.records import Record
-from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, write_json
+from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, strict_json, write_json
 from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json
 from finecap.world.make import content_hashes
 
@@ -226,7 +225,7 @@ def write_boosted(
             row["image"] = str(Path(r.path).resolve())
             row["captions"] = f[mode]
             row["boost"] = f
-            rows.append(json.dumps(row))
+            rows.append(strict_json(row, indent=None))
         atomic_write_text(out, "\n".join(rows) + "\n")
     else:
         check_writable(fmt)
