@@ -303,6 +303,32 @@ def test_a_world_boosted_into_a_folder_of_another_worlds_boost_links_its_own_ima
         boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
 
 
+@pytest.mark.parametrize("kind", ["file", "folder", "link"])
+def test_the_images_link_is_made_without_touching_a_users_entry_at_its_temporary_name(world, tmp_path, kind):
+    # the new link was made at .images.<pid>.tmp after unlinking whatever was there: a user's file of that name in a
+    # folder boost wrote before was deleted (a folder there failed the run after every request was paid for)
+    out = tmp_path / "out"
+    boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    (out / "images").unlink()  # the link goes again (the user moved it): the next run makes it anew
+    users = out / f".images.{os.getpid()}.tmp"
+    if kind == "file":
+        users.write_text("mine")
+    elif kind == "folder":
+        users.mkdir()
+        (users / "notes.txt").write_text("mine")
+    else:
+        users.symlink_to(tmp_path / "elsewhere")
+    boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    assert (out / "images").is_symlink() and (out / "images").resolve() == (world / "images").resolve()
+    if kind == "file":
+        assert users.read_text() == "mine"
+    elif kind == "folder":
+        assert (users / "notes.txt").read_text() == "mine"
+    else:
+        assert os.readlink(users) == str(tmp_path / "elsewhere")
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".images.")) == [users.name]  # none of ours
+
+
 def test_a_data_set_named_like_a_boost_file_is_refused(world, tmp_path):
     # a JSONL source named failures.jsonl was written, then replaced by the (empty) failures list; exit 0
     source = tmp_path / "failures.jsonl"
