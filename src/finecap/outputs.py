@@ -30,15 +30,13 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from finecap.utils.files import OutputRefused, atomic_write_bytes, refuse_link
+from finecap.utils.files import OutputRefused, atomic_write_bytes, refuse_link, strict_json
 
 __all__ = [
     "OutputRefused",
@@ -153,27 +151,6 @@ def write_output(path: str | Path, data: bytes | str, kind: str) -> None:
 def write_output_json(path: str | Path, obj: Any, kind: str, indent: int | None = 2) -> None:
     """:func:`write_output` of ``obj`` as strict JSON (:func:`strict_json`, plus a final newline)."""
     write_output(path, strict_json(obj, indent=indent) + "\n", kind)
-
-
-def strict_json(obj: Any, indent: int | None = 2) -> str:
-    """``obj`` as JSON that every reader takes: a float that is no number (SPICE's ``NaN`` for an image, the
-    perplexity of an empty caption, ``inf``) is ``null``, never Python's ``NaN`` or ``Infinity`` tokens, which
-    ``jq``, JavaScript's ``JSON.parse`` and strict parsers refuse.
-
-    >>> strict_json({"SPICE": float("nan"), "rows": [1.5, float("inf")]}, indent=None)
-    '{"SPICE": null, "rows": [1.5, null]}'
-    """
-    return json.dumps(_finite_or_none(obj), indent=indent, allow_nan=False)
-
-
-def _finite_or_none(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {k: _finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite_or_none(v) for v in obj]
-    return obj
 
 
 def check_replaceable(

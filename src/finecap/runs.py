@@ -69,7 +69,8 @@ FINGERPRINTS_FILE = "fingerprints.json"
 METRICS_FILE = "metrics.jsonl"
 TRACKERS_DIR = "trackers"
 NONFINITE = "nonfinite"
-"""The key of a ``metrics.jsonl`` event naming its values that are no finite number (:func:`encode_event`)."""
+"""The key of a ``metrics.jsonl`` event (and of a ``trainer_state.json``) naming its values that are no finite
+number (:func:`encode_event`)."""
 STATE_DIR = "state"
 """Inside ``checkpoints/last``: the optimizer and loop state (:mod:`finecap.train.state`)."""
 CAPTIONER_FILE = "captioner.json"
@@ -83,11 +84,12 @@ _NONFINITE_WORDS = {0: "NaN", 1: "Infinity", -1: "-Infinity"}
 
 
 def encode_event(event: dict[str, Any]) -> dict[str, Any]:
-    """A ``metrics.jsonl`` event (``{"step", "epoch", "split", "values", "text"?}``) as strict JSON takes it: a value
-    that is no finite number is ``null`` in ``values`` and named in ``"nonfinite"`` (``{key: "NaN" | "Infinity" |
-    "-Infinity"}``), so ``jq``, JavaScript and strict parsers read the line (Python's ``NaN`` / ``Infinity`` tokens
-    are not JSON) and a reader still tells a diverged ``Infinity`` from a ``NaN`` nothing defined
-    (docs/training.md#what-a-run-logs). :func:`decode_event` gives the values back.
+    """A ``metrics.jsonl`` event (``{"step", "epoch", "split", "values", "text"?}``), or a best checkpoint's
+    ``trainer_state.json`` (its validation ``values``), as strict JSON takes it: a value that is no finite number is
+    ``null`` in ``values`` and named in ``"nonfinite"`` (``{key: "NaN" | "Infinity" | "-Infinity"}``), so ``jq``,
+    JavaScript and strict parsers read the file (Python's ``NaN`` / ``Infinity`` tokens are not JSON) and a reader
+    still tells a diverged ``Infinity`` from a ``NaN`` nothing defined (docs/training.md#what-a-run-logs).
+    :func:`decode_event` gives the values back.
 
     Example::
 
@@ -103,10 +105,10 @@ def encode_event(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_event(event: Any) -> Any:
-    """A ``metrics.jsonl`` event as read (``json.loads`` of its line) with its values as logged: those
-    :func:`encode_event` wrote as ``null`` and named in ``"nonfinite"`` are the floats again, and the key is gone.
-    An event of a run written before the encoding (Python's ``NaN`` / ``Infinity`` tokens, which ``json.loads``
-    reads) is the same already and comes back as it is, as does anything that is no such event.
+    """A ``metrics.jsonl`` event (or a ``trainer_state.json``) as read (``json.loads`` of its line or file) with its
+    values as logged: those :func:`encode_event` wrote as ``null`` and named in ``"nonfinite"`` are the floats again,
+    and the key is gone. One written before the encoding (Python's ``NaN`` / ``Infinity`` tokens, which
+    ``json.loads`` reads) is the same already and comes back as it is, as does anything that is no such event.
 
     Example::
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from finecap.app.cli import main
+from finecap.app.export import export_card
 from finecap.config import ClipCapBackboneConfig, load
 from finecap.models import lora
 from finecap.models.clipcap import ClipCap
@@ -57,6 +58,28 @@ def test_every_checkpoint_has_a_model_card_from_what_the_run_recorded(run):
                      "| cider | 0.5000 |", "| bleu4 | 0.2500 |", "LoRA adapters on lm", "coco/x.yaml"):  # fmt: skip
         assert expected in card, expected
     assert "sk-very-secret" not in card and "boost.llm_api_key=***" in card  # no secret ever reaches a file
+
+
+class _Bare:
+    tokenizer = None  # what save_checkpoint reads of a captioner besides save (no weights are needed here)
+
+    def save(self, out, state_dict=None):
+        out.mkdir(parents=True)
+
+
+@pytest.mark.parametrize("old_form", [False, True])
+def test_the_export_card_shows_a_non_finite_validation_value_as_the_checkpoint_recorded_it(tmp_path, old_form):
+    # the card of a merged export is made from the checkpoint's trainer_state.json: written strictly, a value that is
+    # no number is null there with its kind under "nonfinite", which the card must read back (inf, not None);
+    # one written before with bare tokens still reads
+    best = tmp_path / "run" / "checkpoints" / "best"
+    info = {**INFO, "values": {"cider": 0.5, "loss": float("inf"), "spice": float("nan")}}
+    save_checkpoint(best, model=_Bare(), cfg=load(), info=info)
+    if old_form:
+        (best / "trainer_state.json").write_text(json.dumps(info))
+    card = export_card(best, best / "model", {}, "")
+    for expected in ("| cider | 0.5000 |", "| loss | inf |", "| spice | nan |"):
+        assert expected in card, expected
 
 
 def test_export_merged_writes_a_plain_checkpoint_with_the_same_outputs(run, tmp_path, capsys):

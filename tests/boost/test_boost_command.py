@@ -165,6 +165,41 @@ def test_blend_in_each_file_format_reads_back(world, tmp_path, fmt):
         assert len(raw["original_annotations"]) == sum(len(s.captions) for s in source)
 
 
+def _strict(text: str):
+    """``json.loads`` refusing Python's ``NaN`` / ``Infinity`` tokens, as ``jq`` and JavaScript do."""
+
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("fmt", ["karpathy", "coco", "jsonl"])
+def test_a_sources_value_that_is_no_number_is_written_as_strict_json(world, tmp_path, fmt):
+    # a field of the user's own holding NaN / Infinity (which Python's reader takes) was copied into the boosted file
+    # as a bare token, which jq, JavaScript and strict parsers refuse
+    src = _as_format(world, fmt, tmp_path / "src")
+    if fmt == "jsonl":
+        rows = [{**json.loads(line), "quality": float("nan")} for line in src.read_text().splitlines()]
+        src.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        raw = json.loads(src.read_text())
+        for img in raw["images"]:
+            img["quality"] = float("inf")
+        src.write_text(json.dumps(raw))
+    assert "NaN" in src.read_text() or "Infinity" in src.read_text()
+    cfg = load(None, [f"data.format={fmt}", f"data.path={src}", f"data.images={world}", "boost.mode=blend"])
+    assert boost(cfg, tmp_path / "out", progress=False)["boosted"] == 4
+    text = (tmp_path / "out" / src.name).read_text()
+    written = [_strict(line) for line in text.splitlines()] if fmt == "jsonl" else _strict(text)["images"]
+    assert written and all(row["quality"] is None for row in written)
+    _strict((tmp_path / "out" / "boost.json").read_text())  # boost's other files too
+    for name in ("cache.jsonl", "failures.jsonl"):
+        [_strict(line) for line in (tmp_path / "out" / name).read_text().splitlines()]
+    boosted = read_dataset(fmt, tmp_path / "out" / src.name, images=world)  # and it reads back as boost's output
+    assert len(boosted) == 4 and all(len(r.captions) == 1 for r in boosted)
+
+
 @pytest.mark.parametrize("fmt", ["coco", "jsonl"])
 def test_boosting_a_boosted_file_again_keeps_the_sources_ids_and_original_annotations(world, tmp_path, fmt):
     """A JSONL whose lines have no ``id`` (the id is then the image path as written) keeps its ids although boost
@@ -266,6 +301,32 @@ def test_a_world_boosted_into_a_folder_of_another_worlds_boost_links_its_own_ima
     (out / "images").mkdir()
     with pytest.raises(ValueError, match=r"is a folder, not the link to the images boost makes"):
         boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+
+
+@pytest.mark.parametrize("kind", ["file", "folder", "link"])
+def test_the_images_link_is_made_without_touching_a_users_entry_at_its_temporary_name(world, tmp_path, kind):
+    # the new link was made at .images.<pid>.tmp after unlinking whatever was there: a user's file of that name in a
+    # folder boost wrote before was deleted (a folder there failed the run after every request was paid for)
+    out = tmp_path / "out"
+    boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    (out / "images").unlink()  # the link goes again (the user moved it): the next run makes it anew
+    users = out / f".images.{os.getpid()}.tmp"
+    if kind == "file":
+        users.write_text("mine")
+    elif kind == "folder":
+        users.mkdir()
+        (users / "notes.txt").write_text("mine")
+    else:
+        users.symlink_to(tmp_path / "elsewhere")
+    boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    assert (out / "images").is_symlink() and (out / "images").resolve() == (world / "images").resolve()
+    if kind == "file":
+        assert users.read_text() == "mine"
+    elif kind == "folder":
+        assert (users / "notes.txt").read_text() == "mine"
+    else:
+        assert os.readlink(users) == str(tmp_path / "elsewhere")
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".images.")) == [users.name]  # none of ours
 
 
 def test_a_data_set_named_like_a_boost_file_is_refused(world, tmp_path):

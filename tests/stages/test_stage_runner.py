@@ -217,6 +217,36 @@ def test_a_forced_retrain_that_is_killed_is_no_finished_stage(tmp_path):
     assert again.train_stage("start") is True and again.is_done("start")
 
 
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_forced_retrain_refuses_a_done_that_is_not_the_stages_marker_and_keeps_it(tmp_path, kind):
+    # a forced retrain unlinked whatever regular file was named DONE in the stage folder, a user's too, then wrote
+    # its marker there (a folder named DONE failed the stage after its training)
+    runner = _runner(tmp_path)
+    runner.run(["world", "start"])
+    marker = runner.stage_dir("start") / DONE
+    marker.unlink()
+    if kind == "file":
+        marker.write_text("my checklist: done reading the logs\n")
+    else:
+        marker.mkdir()
+        (marker / "notes.txt").write_text("mine")
+    (runner.stage_dir("start") / "trained.json").unlink()
+    forced = _runner(tmp_path, force=True)
+    with pytest.raises(ValueError, match=rf"{marker}: not the stage's {DONE} marker .*nothing was deleted"):
+        forced.train_stage("start")
+    assert not (runner.stage_dir("start") / "trained.json").exists()  # refused before training
+    if kind == "file":
+        assert marker.read_text() == "my checklist: done reading the logs\n"
+    else:
+        assert (marker / "notes.txt").read_text() == "mine"
+    # the stage's own marker is still replaced on a forced retrain
+    if kind == "folder":
+        (marker / "notes.txt").unlink()
+        marker.rmdir()
+    marker.write_text("ok\n")  # (a file: written over)
+    assert forced.train_stage("start") is True and marker.read_text() == "ok\n"
+
+
 def test_a_file_made_from_a_stages_model_is_made_again_once_the_stage_is_trained_again(tmp_path):
     # a stage trained again alone (--force) left its samples and shifted captions, which later runs read as the new
     # model's

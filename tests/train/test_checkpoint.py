@@ -1,9 +1,13 @@
+import json
+import math
+
 import pytest
 import torch
 
 from finecap.config import load
-from finecap.runs import checkpoint_dir, model_dir, temporary_dir
+from finecap.runs import INFO_FILE, checkpoint_dir, model_dir, temporary_dir
 from finecap.train.checkpoint import load_info, save_checkpoint
+from finecap.train.state import read_info
 
 
 class TinyModel:
@@ -46,6 +50,42 @@ def test_model_dir_resolution(tmp_path):
     assert model_dir(best / "model") == best / "model"  # a bare model folder is accepted too
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
         model_dir(tmp_path / "missing")
+
+
+def strict(text: str):
+    """``json.loads`` refusing Python's ``NaN`` / ``Infinity`` tokens, as ``jq`` and JavaScript do."""
+
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+BEST_INFO = {"step": 4, "best_value": 0.5, "best_step": 4, "metric": "CIDEr-D"}
+
+
+def test_a_best_checkpoints_non_finite_validation_values_are_strict_json_and_read_back(tmp_path):
+    # trainer_state.json held bare NaN / Infinity tokens (a validation value that is no number: a diverged loss,
+    # SPICE's NaN), which jq and JavaScript refuse
+    best = checkpoint_dir(tmp_path, "best")
+    values = {"CIDEr-D": 0.5, "loss": float("inf"), "SPICE": float("nan"), "margin": float("-inf")}
+    save_checkpoint(best, model=TinyModel(1), cfg=load(), info={**BEST_INFO, "values": values})
+    written = strict((best / INFO_FILE).read_text())
+    assert written["values"] == {"CIDEr-D": 0.5, "loss": None, "SPICE": None, "margin": None}
+    assert written["nonfinite"] == {"loss": "Infinity", "SPICE": "NaN", "margin": "-Infinity"}
+    for info in (load_info(best), read_info(best)):  # the values as validated, the encoding's key gone
+        assert "nonfinite" not in info and info["values"]["CIDEr-D"] == 0.5
+        assert (info["values"]["loss"], info["values"]["margin"]) == (math.inf, -math.inf)
+        assert math.isnan(info["values"]["SPICE"])
+
+
+def test_a_trainer_state_written_with_bare_tokens_still_reads(tmp_path):
+    best = checkpoint_dir(tmp_path, "best")
+    save_checkpoint(best, model=TinyModel(1), cfg=load(), info=BEST_INFO)
+    (best / INFO_FILE).write_text(json.dumps({**BEST_INFO, "values": {"loss": float("inf"), "SPICE": float("nan")}}))
+    assert "Infinity" in (best / INFO_FILE).read_text()  # the old form, as finecap wrote it before
+    for info in (load_info(best), read_info(best)):
+        assert info["values"]["loss"] == math.inf and math.isnan(info["values"]["SPICE"])
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from finecap.models.export import export_merged
 from finecap.runs import (
     FINGERPRINTS_FILE,
     INFO_FILE,
+    decode_event,
     find_checkpoint,
     model_dir,
     stored_config,
@@ -81,7 +82,7 @@ def export_card(checkpoint: Path, source: Path, merged_meta: dict, merged: str) 
     stored = stored_config(checkpoint)
     if stored is not None:
         info_file = checkpoint / INFO_FILE
-        info = read_json(info_file) if info_file.is_file() else {}
+        info = decode_event(read_json(info_file)) if info_file.is_file() else {}
         prints_file = checkpoint / FINGERPRINTS_FILE
         prints = read_json(prints_file) if prints_file.is_file() else None
         return model_card(

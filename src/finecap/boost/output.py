@@ -27,7 +27,7 @@ absolute, outside ``DIR``, and a data set names only files inside its image fold
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +35,7 @@ from typing import Any
 
 from finecap.data.json_files import json_lines
 from finecap.data.records import Record
-from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, write_json
+from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, strict_json, write_json
 from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json
 from finecap.world.make import content_hashes
 
@@ -145,10 +145,18 @@ def link_images(link: Path, images: Path) -> None:
     (a new link renamed over it): its images would be another world's under the same file names."""
     if link.is_symlink() and Path(os.readlink(link)) == images:
         return
-    fresh = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-    fresh.unlink(missing_ok=True)
-    os.symlink(images, fresh, target_is_directory=True)
-    os.replace(fresh, link)  # replaces a link, never a folder (check_outputs refuses a real folder there)
+    for attempt in itertools.count():  # a name nothing holds: whatever is there (a user's file) is never touched
+        fresh = link.with_name(f".{link.name}.{os.getpid()}{f'.{attempt}' if attempt else ''}.tmp")
+        try:
+            os.symlink(images, fresh, target_is_directory=True)  # fails on an existing name, never replaces it
+            break
+        except FileExistsError:
+            continue
+    try:
+        os.replace(fresh, link)  # replaces a link, never a folder (check_outputs refuses a real folder there)
+    except BaseException:
+        fresh.unlink(missing_ok=True)  # the link made just above
+        raise
 
 
 def _check_aligned(n_raw: int, records: Sequence[Record], path: Path) -> None:
@@ -226,7 +234,7 @@ def write_boosted(
             row["image"] = str(Path(r.path).resolve())
             row["captions"] = f[mode]
             row["boost"] = f
-            rows.append(json.dumps(row))
+            rows.append(strict_json(row, indent=None))
         atomic_write_text(out, "\n".join(rows) + "\n")
     else:
         check_writable(fmt)

@@ -51,6 +51,18 @@ TASK = "task"
 KINDS = (TRAIN, TASK)
 DONE = "DONE"
 """The marker a training stage writes into its folder when it has finished training."""
+MARKER_TEXT = "ok\n"
+"""What a stage's :data:`DONE` marker holds: a file of that name holding anything else is not finecap's."""
+
+
+def is_marker(path: Path) -> bool:
+    """Whether ``path`` is a stage's :data:`DONE` marker as finecap writes it: a regular file (not a link) holding
+    :data:`MARKER_TEXT`, read only when it is that short."""
+    try:
+        return (not path.is_symlink() and path.is_file() and path.stat().st_size == len(MARKER_TEXT)
+                and path.read_text(encoding="utf-8") == MARKER_TEXT)  # fmt: skip
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 class TrainFn(Protocol):
@@ -223,7 +235,10 @@ class StageRunner:
         if self.force:  # not finished until trained again: a killed retrain is no finished stage (nor its old files)
             resume, overwrite = False, True
             marker = out / DONE
-            if marker.is_file() and not marker.is_symlink():
+            if marker.exists() or marker.is_symlink():
+                if not is_marker(marker):  # a user's file or folder of that name: kept, and said before any work
+                    raise ValueError(f"{marker}: not the stage's {DONE} marker (finecap writes a file holding "
+                                     f"{MARKER_TEXT!r}); nothing was deleted: move it out of {out}")  # fmt: skip
                 marker.unlink()
         else:  # a killed stage resumes, or starts again when it saved no checkpoint
             resume, overwrite = continue_unfinished(
@@ -238,7 +253,7 @@ class StageRunner:
                     f"configuration names now, so it is not continued: {e} | {self.ways_out_of(stage)}"
                 ) from e
         self.train(cfg, resume=resume, overwrite=overwrite)
-        atomic_write_text(out / DONE, "ok\n")
+        atomic_write_text(out / DONE, MARKER_TEXT)
         return True
 
     def run_stage(self, stage: str) -> Any:

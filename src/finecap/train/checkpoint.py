@@ -39,6 +39,8 @@ from finecap.runs import (
     GENERATION_CONFIG,
     INFO_FILE,
     MODEL_SUBDIR,
+    decode_event,
+    encode_event,
     run_dir_of,
     temporary_dir,
 )
@@ -288,7 +290,7 @@ def save_checkpoint(
         cfg.save(tmp / CONFIG_FILE)
         if fingerprints is not None:
             write_json(tmp / FINGERPRINTS_FILE, fingerprints)
-        write_json(tmp / INFO_FILE, info)
+        write_json(tmp / INFO_FILE, encode_event(info))  # a best's non-finite values named, as metrics.jsonl's
         replace_checkpoint(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -297,4 +299,4 @@ def save_checkpoint(
 
 
 def load_info(path: str | Path) -> dict[str, Any]:
-    return read_json(Path(path) / INFO_FILE)
+    return decode_event(read_json(Path(path) / INFO_FILE))

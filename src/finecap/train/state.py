@@ -313,7 +313,7 @@ def read_info(folder: Path) -> dict[str, Any]:
     :class:`CheckpointError` naming it (and the field)."""
     path = folder / INFO_FILE
     try:
-        info = read_json(path)
+        info = decode_event(read_json(path))  # a best's non-finite values as written (finecap.runs.encode_event)
     except (ValueError, OSError, RecursionError) as e:
         raise CheckpointError(f"{path}: unreadable trainer state ({e})") from None
     return check_info(info, path)

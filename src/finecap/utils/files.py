@@ -6,9 +6,11 @@ import errno
 import functools
 import io
 import json
+import math
 import os
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +102,31 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
-    """Write ``obj`` as JSON (plus a final newline) to ``path`` atomically."""
-    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+    """Write ``obj`` as strict JSON (:func:`strict_json`, plus a final newline) to ``path`` atomically."""
+    atomic_write_text(path, strict_json(obj, indent=indent) + "\n")
+
+
+def strict_json(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as JSON that every reader takes: a float that is no number (SPICE's ``NaN`` for an image, the
+    perplexity of an empty caption, ``inf``) is ``null``, never Python's ``NaN`` or ``Infinity`` tokens, which
+    ``jq``, JavaScript's ``JSON.parse`` and strict parsers refuse. Every JSON file finecap writes goes through it
+    (:func:`write_json`, :func:`append_jsonl`, :func:`finecap.outputs.write_output_json`); a run's records that must
+    keep a value's kind (``metrics.jsonl``, ``trainer_state.json``) name it first (:func:`finecap.runs.encode_event`).
+
+    >>> strict_json({"SPICE": float("nan"), "rows": [1.5, float("inf")]}, indent=None)
+    '{"SPICE": null, "rows": [1.5, null]}'
+    """
+    return json.dumps(_finite_or_none(obj), indent=indent, allow_nan=False)
+
+
+def _finite_or_none(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite_or_none(v) for v in obj]
+    return obj
 
 
 def open_append(path: str | Path) -> io.TextIOWrapper:
@@ -128,8 +153,9 @@ def png_bytes(image: Any, **options: Any) -> bytes:
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append ``record`` to the JSONL file ``path`` as one line of strict JSON (:func:`strict_json`)."""
     with open_append(path) as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(strict_json(record, indent=None) + "\n")
 
 
 def make_temporary_dir(final_dir: str | Path) -> Path:
