@@ -6,9 +6,9 @@ the numbers come from the shapes alone, in a fraction of a second.
 
 Prints the table of docs/memory.md ("Forecast per recipe"): recipe x backbone -> weights, gradients, AdamW state,
 the frozen retrievers and the KL reference's copy of the trained weights, activations at the step's peak and the total
-per process, in GiB, and whether it fits the card. ``--h200``: the forecast of the three recipe steps ``benchmarks/results/gpu_check_h200_2026-11-26*.json`` measured (their
-settings as they ran then: float32 full fine-tuning with SmolVLM's image splitting, and so on) against the measured
-CUDA peaks.
+per process, in GiB, and whether it fits the card. ``--h200``: the forecast of the three recipe steps
+``benchmarks/results/gpu_check_h200_2026-11-26*.json`` measured (their settings as they ran then: float32 full
+fine-tuning with SmolVLM's image splitting, and so on) against the measured CUDA peaks.
 """
 
 from __future__ import annotations

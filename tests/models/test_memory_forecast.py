@@ -160,19 +160,28 @@ def total_line(lines: list[str]) -> str:
     return next(x for x in lines if x.startswith("forecast total per process"))
 
 
-def test_forecast_text_adds_what_is_kept_beside():
+def test_forecast_text_adds_what_is_kept_beside_and_a_sleeping_engine_or_the_step():
     """Session 35's review: the total left out what the run keeps beside the model (the frozen retrievers, the KL
-    reference's copy of the trained weights). State 250 bytes, retrievers 3 MiB, the KL copy 1 MiB, vLLM 1 MiB,
-    activations 116,288,512 bytes (110.9 MiB)."""
+    reference's copy of the trained weights), and with vllm.enable_sleep_mode added the engine's share to the step's
+    activations, though the engine sleeps (weights offloaded, KV cache dropped) while the step runs: then the larger
+    of the two is held, never both. State 250 bytes, retrievers 3 MiB, the KL copy 1 MiB, vLLM 1 GiB, activations
+    116,288,512 bytes (110.9 MiB)."""
     lm, step = LmShapes(2, 64, 160, 4, 2, 50), Step(64, 100, 1, 50)
     forecast = {"step": step, "bytes": activation_forecast(lm, Training(), step)}
     peak = forecast["bytes"]["peak"]
     assert peak == 116_288_512
     memory = {"weights": 100, "gradients": 50, "optimizer": 100, "total": 250}
     beside = {"frozen retrievers": 3 * 2**20, "the KL reference's copy of the trained weights": 2**20}
-    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**20, beside=beside)
+    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**30, beside=beside)
     kept = "kept beside the model: frozen retrievers 3.0 MiB, the KL reference's copy of the trained weights 1.0 MiB"
     assert kept in lines
+    assert total_line(lines).endswith(" 1.11 GiB")  # 250 + 4 MiB + 110.9 MiB + 1 GiB, awake through the step
+    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**30, beside=beside, asleep=True)
+    assert total_line(lines).endswith(" 1.00 GiB")  # 250 + 4 MiB + max(110.9 MiB, 1 GiB)
+    assert any("asleep during the step" in x for x in lines)
+    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**20, beside=beside, asleep=True)
+    assert total_line(lines).endswith(" 114.9 MiB")  # 250 + 4 MiB + max(110.9 MiB, 1 MiB)
+    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**20, beside=beside)
     assert total_line(lines).endswith(" 115.9 MiB")  # 250 + 4 MiB + 110.9 MiB + 1 MiB
 
 

@@ -406,14 +406,17 @@ def engine_weights(model: Any, element_bytes: int) -> int:
 
 
 def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, device_bytes: int | None,
-                  measured: bool, vllm: int = 0, beside: dict[str, int] | None = None) -> list[str]:  # fmt: skip
+                  measured: bool, vllm: int = 0, beside: dict[str, int] | None = None,
+                  asleep: bool = False) -> list[str]:  # fmt: skip
     """The lines ``--dry-run`` prints: the activation forecast by part, per image and per caption, the total with
     weights, gradients and optimizer state (``memory``: :func:`finecap.models.memory.training_memory`), what else the
     run keeps on the device (``beside``: bytes by what they are, e.g. the frozen retrievers, the KL reference's copy
     of the trained weights) and the vLLM share (``vllm`` bytes: the engine's
     :meth:`~finecap.engines.base.GenerationEngine.device_share`) against the device's memory (``device_bytes``;
     ``None``: unknown), and whether the activation line is a forecast only (``measured``: a CUDA step's peak
-    follows)."""
+    follows). ``asleep``: the engine sleeps between rollouts (``vllm.enable_sleep_mode``: its weights and KV cache
+    off the device while the step runs), so its share and the step's activations are never held together: the total
+    counts the larger of the two, not both."""
     if forecast is None:
         return ["activations: no forecast for this captioner (a model of VLM shapes only): the step below measures"]
     b, step = forecast["bytes"], forecast["step"]
@@ -431,9 +434,13 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
     beside = {k: v for k, v in (beside or {}).items() if v}
     if beside:
         rows.append("kept beside the model: " + ", ".join(f"{k} {size(v)}" for k, v in beside.items()))
-    total = memory["total"] + sum(beside.values()) + b["peak"] + vllm
+    engine_and_step = max(b["peak"], vllm) if asleep else b["peak"] + vllm
+    total = memory["total"] + sum(beside.values()) + engine_and_step
     if vllm:
-        rows.append(f"vLLM share (weights and KV cache): {size(vllm)}")
+        rows.append(
+            f"vLLM share (weights and KV cache): {size(vllm)}"
+            + (" (asleep during the step: the larger of it and the activations counted)" if asleep else "")
+        )
     against = f" of {size(device_bytes)} on this device ({total / device_bytes:.0%})" if device_bytes else ""
     rows.append(f"forecast total per process (weights, gradients, AdamW, activations): {size(total)}{against}")
     return rows

@@ -318,8 +318,10 @@ def dry_run(cfg: Config) -> dict[str, Any]:
     device_bytes = torch.cuda.get_device_properties(acc.device).total_memory if cuda else None
     # a colocated engine's own share of the device (vLLM's KV cache and weights: decode.engine), beside the step
     share = engine_class(cfg.decode).device_share(acc.unwrap_model(run.model), cfg, device_bytes, cuda)
+    # RL rollouts put a sleeping engine's memory back before the step (vllm.enable_sleep_mode)
+    asleep = cfg.vllm.enable_sleep_mode and getattr(engine.objective, "rollouts", None) is not None
     forecast_lines = forecast_text(memory, forecast, device_bytes, cuda, share,
-                                   kept_beside(run.model, cfg, engine.objective))  # fmt: skip
+                                   kept_beside(run.model, cfg, engine.objective), asleep)  # fmt: skip
     micro = [to_device({**mb, "step_info": info}, acc.device) for mb in micro]
     if acc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(acc.device)
