@@ -5,10 +5,10 @@ the numbers come from the shapes alone, in a fraction of a second.
     .venv/bin/python benchmarks/memory_forecast.py [--card-gib 80] [--h200]
 
 Prints the table of docs/memory.md ("Forecast per recipe"): recipe x backbone -> weights, gradients, AdamW state,
-activations at the step's peak and the total per process, in GiB, and whether it fits the card. ``--h200``: the
-forecast of the three recipe steps ``benchmarks/results/gpu_check_h200_2026-11-26*.json`` measured (their
-settings as they ran then: float32 full fine-tuning with SmolVLM's image splitting, and so on) against the measured
-CUDA peaks.
+the frozen retrievers and the KL reference's copy of the trained weights, activations at the step's peak and the total
+per process, in GiB, and whether it fits the card. ``--h200``: the forecast of the three recipe steps
+``benchmarks/results/gpu_check_h200_2026-11-26*.json`` measured (their settings as they ran then: float32 full
+fine-tuning with SmolVLM's image splitting, and so on) against the measured CUDA peaks.
 """
 
 from __future__ import annotations
@@ -35,17 +35,19 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def table(card_gib: float) -> list[str]:
-    rows = ["| recipe | backbone | batch x captions | weights | gradients | AdamW | activations | total | fits |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    rows = ["| recipe | backbone | batch x captions | weights | gradients | AdamW | retrievers | KL reference | "
+            "activations | total | fits |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for recipe in RECIPES:
         cfg = load(f"coco/{recipe}")
         for backbone in BACKBONES.values():
             f = recipe_forecast(cfg, backbone)
-            s, step = f["state"], f["step"]
+            s, step, b = f["state"], f["step"], f["beside"]
             note = " (+ the tower's LoRA activations, not forecast)" if cfg.model.train_encoder else ""
             rows.append(
                 f"| `coco/{recipe}` | {backbone.name} | {step.images} x {step.captions} | {s['weights'] / GIB:.2f} | "
-                f"{s['gradients'] / GIB:.2f} | {s['optimizer'] / GIB:.2f} | {f['activations']['peak'] / GIB:.2f} | "
+                f"{s['gradients'] / GIB:.2f} | {s['optimizer'] / GIB:.2f} | {b['retrievers'] / GIB:.2f} | "
+                f"{b['reference'] / GIB:.2f} | {f['activations']['peak'] / GIB:.2f} | "
                 f"{f['total'] / GIB:.2f}{note} | {'yes' if f['total'] / GIB < card_gib else 'no'} |"
             )
     return rows

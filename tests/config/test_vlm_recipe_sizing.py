@@ -16,6 +16,8 @@ from finecap.recipes import resolve_recipe
 VLM_RECIPES = ["mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm",
                "grpo_sr_cider_vlm"]  # fmt: skip
 CARD = 80 * 10**9  # an "80 GB" card, in bytes (74.5 GiB)
+KEPT = (("retrievers", "retrievers"), ("reference", "KL reference"))  # what a comment adds, as it names it
+CLIP_B32 = 4 * 151_277_313 + 8 * (77 + 50)  # CLIP ViT-B/32 in float32 and its position ids: 605,110,268 bytes
 
 
 @pytest.mark.parametrize("recipe", VLM_RECIPES)
@@ -34,11 +36,12 @@ def test_vlm_recipe_fits_the_card_at_both_sizes_as_its_comment_says(recipe):
     for backbone in BACKBONES.values():
         f = recipe_forecast(cfg, backbone)
         assert f["total"] < CARD, (recipe, backbone.name, f["total"] / GIB)
-        s, act = f["state"], f["activations"]["peak"]
+        s, act, beside = f["state"], f["activations"]["peak"], f["beside"]
         stated = (
             f"{backbone.name} {f['total'] / GIB:.2f} = weights {s['weights'] / GIB:.2f} + gradients "
             f"{s['gradients'] / GIB:.2f} + AdamW {s['optimizer'] / GIB:.2f} + activations {act / GIB:.2f}"
-        )
+        ) + "".join(f" + {label} {beside[k] / GIB:.2f}" for k, label in KEPT if beside[k])
+        assert f["total"] == s["total"] + act + sum(beside.values())
         assert stated in text, (recipe, stated)
     assert re.search(rf"Memory per process, {cfg.train.batch_size} images", text)
 
@@ -65,3 +68,25 @@ def test_a_recipe_training_the_vision_tower_counts_its_adapters_or_the_tower():
     assert full["gradients"] == 4 * (32 * 9728 * 28 + 631_183_360 + 34_087_936)  # the whole tower trains
     frozen = recipe_forecast(load("coco/sr_l_vlm"), qwen)["state"]
     assert frozen["gradients"] == 4 * (32 * 9728 * 28 + 34_087_936)
+
+
+def test_a_recipe_counts_the_retrievers_and_the_kl_reference_it_keeps_beside():
+    """Session 35's review: the sizing left out the frozen CLIP retriever of the SR and SMILE recipes and the GRPO
+    KL's copy of the trained weights. A retriever per component that loads one (the self-retrieval reward, the
+    retrieval validator: two loads, two copies), 605,110,268 bytes each (CLIP ViT-B/32: checked against the model
+    built on the meta device in tests/models/test_retriever_bytes.py); the KL copy is every trained parameter in
+    float32 but fresh LoRA adapters."""
+    qwen = BACKBONES["Qwen2-VL-2B"]
+    assert recipe_forecast(load("coco/mle_vlm"), qwen)["beside"] == {"retrievers": 0, "reference": 0}
+    assert recipe_forecast(load("coco/smile_vlm"), qwen)["beside"]["retrievers"] == CLIP_B32  # the validator's
+    assert recipe_forecast(load("coco/sr_l_vlm"), qwen)["beside"]["retrievers"] == 2 * CLIP_B32  # + the reward's
+    lora = 32 * 9728 * 28  # LoRA r32 on q/k/v/o of 28 layers (test_full_fine_tuning_is_one_override_away)
+    grpo = recipe_forecast(load("coco/grpo_sr_cider_vlm"), qwen)["beside"]
+    # from coco/mle_vlm's checkpoint (train.init_from), whose adapters of the same settings continue: copied
+    assert grpo == {"retrievers": 2 * CLIP_B32, "reference": 4 * (lora + 34_087_936)}
+    fresh = recipe_forecast(load("coco/grpo_sr_cider_vlm", ["train.init_from="]), qwen)["beside"]
+    assert fresh["reference"] == 4 * 34_087_936  # fresh adapters: the reference runs with them off
+    full = recipe_forecast(load("coco/grpo_sr_cider_vlm", ["lora.lm=false"]), qwen)
+    assert full["beside"]["reference"] == 4 * (1_543_714_304 + 34_087_936)  # the whole language model: 5.9 GiB
+    assert round(full["beside"]["reference"] / GIB, 1) == 5.9
+    assert recipe_forecast(load("coco/grpo_sr_cider_vlm", ["grpo.kl_coef=0"]), qwen)["beside"]["reference"] == 0

@@ -156,6 +156,60 @@ def test_forecast_text_says_a_cpu_line_is_a_forecast():
     assert "no forecast" in forecast_text(memory, None, None, measured=False)[0]
 
 
+def total_line(lines: list[str]) -> str:
+    return next(x for x in lines if x.startswith("forecast total per process"))
+
+
+def test_forecast_text_adds_what_is_kept_beside_and_a_sleeping_engine_or_the_step():
+    """Session 35's review: the total left out what the run keeps beside the model (the frozen retrievers, the KL
+    reference's copy of the trained weights), and with vllm.enable_sleep_mode added the engine's share to the step's
+    activations, though the engine sleeps (weights offloaded, KV cache dropped) while the step runs: then the larger
+    of the two is held, never both. State 250 bytes, retrievers 3 MiB, the KL copy 1 MiB, vLLM 1 GiB, activations
+    116,288,512 bytes (110.9 MiB)."""
+    lm, step = LmShapes(2, 64, 160, 4, 2, 50), Step(64, 100, 1, 50)
+    forecast = {"step": step, "bytes": activation_forecast(lm, Training(), step)}
+    peak = forecast["bytes"]["peak"]
+    assert peak == 116_288_512
+    memory = {"weights": 100, "gradients": 50, "optimizer": 100, "total": 250}
+    beside = {"frozen retrievers": 3 * 2**20, "the KL reference's copy of the trained weights": 2**20}
+    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**30, beside=beside)
+    kept = "kept beside the model: frozen retrievers 3.0 MiB, the KL reference's copy of the trained weights 1.0 MiB"
+    assert kept in lines
+    assert total_line(lines).endswith(" 1.11 GiB")  # 250 + 4 MiB + 110.9 MiB + 1 GiB, awake through the step
+    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**30, beside=beside, asleep=True)
+    assert total_line(lines).endswith(" 1.00 GiB")  # 250 + 4 MiB + max(110.9 MiB, 1 GiB)
+    assert any("asleep during the step" in x for x in lines)
+    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**20, beside=beside, asleep=True)
+    assert total_line(lines).endswith(" 114.9 MiB")  # 250 + 4 MiB + max(110.9 MiB, 1 MiB)
+    lines = forecast_text(memory, forecast, None, measured=False, vllm=2**20, beside=beside)
+    assert total_line(lines).endswith(" 115.9 MiB")  # 250 + 4 MiB + 110.9 MiB + 1 MiB
+
+
+def test_the_kl_reference_copy_counted_is_what_it_captures(tmp_path):
+    """The GRPO KL's reference keeps a copy of the trained parameters (not of fresh LoRA adapters, which it turns
+    off): :meth:`Reference.copy_bytes` before the capture equals the storage the capture then holds (measured:
+    the snapshot's storages), on a tiny Idefics3 with LoRA (the projector alone copied) and fully fine-tuned (its
+    whole language model and projector, float32)."""
+    from finecap.config import load
+    from finecap.models.presets import save_tiny_vlm
+    from finecap.objectives.reference import Reference
+    from finecap.train.setup import build_model  # the training path: what learns in float32 (model.trainable_dtype)
+
+    folder = save_tiny_vlm(tmp_path / "vlm", "idefics3")
+    for overrides, adapters_off in (([], True), (["lora.lm=false"], False)):
+        cfg = load("coco/grpo_sr_cider_vlm", [f"vlm.name={folder}", "train.init_from=", *overrides])
+        model = build_model(cfg)
+        trained = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        expected = sum(p.numel() * 4 for n, p in trained.items() if not (adapters_off and "lora_" in n))
+        assert all(p.dtype == torch.float32 for p in trained.values())
+        reference = Reference()
+        assert reference.copy_bytes(model) == expected > 0
+        reference.capture(model)
+        held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in reference.snapshot.values()}
+        assert reference.adapters_off is adapters_off and sum(held.values()) == expected
+        assert reference.copy_bytes(model) == expected
+
+
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["whole", "chunks"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_kl_reference_pass_peaks_at_what_the_forecast_counts(tmp_path, dtype, checkpointing):

@@ -72,6 +72,24 @@ def test_from_pretrained_loads_recorded_class(ckpt):
     assert r.max_length == 16  # min(tokenizer model_max_length 64, text positions 16)
 
 
+def test_weight_bytes_are_what_from_pretrained_holds(ckpt, tmp_path):
+    """The memory forecast's bytes per frozen retriever copy (``finecap train --dry-run``), counted from the
+    configuration on the meta device, equal the storage of the model ``from_pretrained`` loads (parameters and
+    buffers), for a checkpoint saved in float32 and one in bfloat16 (loaded in the dtype it was saved in); CLIP
+    ViT-B/32 (transformers' CLIPConfig defaults are its shapes) is the 605,110,268 bytes the recipes' sizing uses."""
+    from finecap.models.forecast import RETRIEVERS
+
+    half = tmp_path / "bf16"
+    Retriever(tiny_clip().to(torch.bfloat16), world_tokenizer(WORDS), processor()).save(half)
+    for folder, dtype in ((ckpt, torch.float32), (half, torch.bfloat16)):
+        model = Retriever.from_pretrained(folder).model
+        held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        assert model.dtype == dtype and Retriever.weight_bytes(folder) == held
+    b32 = tmp_path / "b32"
+    CLIPConfig(architectures=["CLIPModel"]).save_pretrained(b32)
+    assert Retriever.weight_bytes(b32) == RETRIEVERS["openai/clip-vit-base-patch32"] == 605_110_268
+
+
 def test_embeddings_unit_norm_and_similarity_matches_clip_forward(ckpt, images):
     r = Retriever.from_pretrained(ckpt, batch_size=2)
     pil = [Image.open(x.path) for x in images]

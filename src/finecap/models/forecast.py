@@ -406,12 +406,17 @@ def engine_weights(model: Any, element_bytes: int) -> int:
 
 
 def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, device_bytes: int | None,
-                  measured: bool, vllm: int = 0) -> list[str]:  # fmt: skip
+                  measured: bool, vllm: int = 0, beside: dict[str, int] | None = None,
+                  asleep: bool = False) -> list[str]:  # fmt: skip
     """The lines ``--dry-run`` prints: the activation forecast by part, per image and per caption, the total with
-    weights, gradients and optimizer state (``memory``: :func:`finecap.models.memory.training_memory`) and the vLLM
-    share (``vllm`` bytes: the engine's :meth:`~finecap.engines.base.GenerationEngine.device_share`) against the
-    device's memory (``device_bytes``; ``None``: unknown), and whether the activation line is a forecast only
-    (``measured``: a CUDA step's peak follows)."""
+    weights, gradients and optimizer state (``memory``: :func:`finecap.models.memory.training_memory`), what else the
+    run keeps on the device (``beside``: bytes by what they are, e.g. the frozen retrievers, the KL reference's copy
+    of the trained weights) and the vLLM share (``vllm`` bytes: the engine's
+    :meth:`~finecap.engines.base.GenerationEngine.device_share`) against the device's memory (``device_bytes``;
+    ``None``: unknown), and whether the activation line is a forecast only (``measured``: a CUDA step's peak
+    follows). ``asleep``: the engine sleeps between rollouts (``vllm.enable_sleep_mode``: its weights and KV cache
+    off the device while the step runs), so its share and the step's activations are never held together: the total
+    counts the larger of the two, not both."""
     if forecast is None:
         return ["activations: no forecast for this captioner (a model of VLM shapes only): the step below measures"]
     b, step = forecast["bytes"], forecast["step"]
@@ -426,9 +431,16 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
         + f"; peak {size(b['peak'])}"
         + (f" ({per})" if per else ""),
     ]
-    total = memory["total"] + b["peak"] + vllm
+    beside = {k: v for k, v in (beside or {}).items() if v}
+    if beside:
+        rows.append("kept beside the model: " + ", ".join(f"{k} {size(v)}" for k, v in beside.items()))
+    engine_and_step = max(b["peak"], vllm) if asleep else b["peak"] + vllm
+    total = memory["total"] + sum(beside.values()) + engine_and_step
     if vllm:
-        rows.append(f"vLLM share (weights and KV cache): {size(vllm)}")
+        rows.append(
+            f"vLLM share (weights and KV cache): {size(vllm)}"
+            + (" (asleep during the step: the larger of it and the activations counted)" if asleep else "")
+        )
     against = f" of {size(device_bytes)} on this device ({total / device_bytes:.0%})" if device_bytes else ""
     rows.append(f"forecast total per process (weights, gradients, AdamW, activations): {size(total)}{against}")
     return rows
@@ -512,11 +524,47 @@ def recipe_state(cfg: Any, backbone: Backbone) -> dict[str, int]:
     return {**out, "total": sum(out.values())}
 
 
+RETRIEVERS = {"openai/clip-vit-base-patch32": 4 * 151_277_313 + 8 * (77 + 50)}
+"""Bytes of a retriever checkpoint's model as :func:`finecap.models.retriever.load_retriever` holds it, for sizing
+recipes without loading it: CLIP ViT-B/32's 151,277,313 parameters in float32 (the dtype it is stored in, which
+``from_pretrained`` keeps) and its two int64 position-id buffers (77 text, 50 image positions); 0.56 GiB
+(:meth:`finecap.models.retriever.Retriever.weight_bytes` of its configuration on the meta device)."""
+
+
+def recipe_beside(cfg: Any, backbone: Backbone, state: dict[str, int]) -> dict[str, int]:
+    """What a VLM recipe keeps on the device beside the captioner and its training state (``state``:
+    :func:`recipe_state`): ``retrievers``, one frozen copy of ``retriever.checkpoint`` (:data:`RETRIEVERS`) for the
+    self-retrieval reward (``rl.rewards`` with ``retrieval``, loaded on the device when training starts) and one for
+    the retrieval validator (``train.validators``, moved there at the first evaluation): two loads, two copies; and
+    ``reference``, the GRPO KL's copy of the trained weights in their float32 (:mod:`finecap.objectives.reference`):
+    every trained parameter but fresh LoRA adapters (adapters continued from ``train.init_from`` are copied: a
+    checkpoint with the same adapter settings keeps its adapters, which then add something)."""
+    rewarded = cfg.train.objective in SAMPLING and "retrieval" in cfg.rl.rewards
+    copies = rewarded + ("retrieval" in cfg.train.validators)
+    retrievers = 0
+    if copies:
+        if cfg.retriever.checkpoint not in RETRIEVERS:
+            raise ValueError(f"retriever.checkpoint={cfg.retriever.checkpoint!r}: the sizing knows the bytes of "
+                             f"{', '.join(RETRIEVERS)} only")  # fmt: skip
+        retrievers = copies * RETRIEVERS[cfg.retriever.checkpoint]
+    reference = 0
+    if has_reference(cfg):
+        reference = state["gradients"]  # a float32 copy of each trained parameter, as its gradient
+        if not cfg.train.init_from:  # fresh adapters: the reference runs with them off, not copied
+            train = training_of(cfg)
+            adapters = backbone.lm_layers_lora(train) if cfg.model.train_lm and cfg.lora.lm else 0
+            if cfg.model.train_encoder and cfg.lora.encoder:
+                adapters += backbone.vision_lora(cfg.lora.rank, tuple(cfg.lora.encoder_targets))
+            reference -= 4 * adapters
+    return {"retrievers": retrievers, "reference": reference}
+
+
 def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
     """A ``coco/*_vlm`` recipe's configuration sized on ``backbone`` without building it: its state
-    (:func:`recipe_state`) and the activations of one step of ``train.batch_size`` images
-    (:func:`activation_forecast`; ``reinforce``: ``rl.samples`` captions of ``decode.max_length`` tokens per image,
-    else one of ``data.max_tokens``; batches padded), and their ``total`` per process."""
+    (:func:`recipe_state`), what it keeps beside (:func:`recipe_beside`) and the activations of one step of
+    ``train.batch_size`` images (:func:`activation_forecast`; ``reinforce``: ``rl.samples`` captions of
+    ``decode.max_length`` tokens per image, else one of ``data.max_tokens``; batches padded), and their ``total`` per
+    process."""
     rl = cfg.train.objective in SAMPLING
     # Vlm.sequence_logits: shared where an image has several captions
     shared = rl and cfg.rl.samples > 1 and prompt_shareable(cfg.train.gradient_checkpointing)
@@ -525,5 +573,7 @@ def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
                 rl and has_reference(cfg))  # fmt: skip
     train = Training(**{**training_of(cfg).__dict__, "projector_trains": bool(cfg.vlm.train_projector)})
     state = recipe_state(cfg, backbone)
+    beside = recipe_beside(cfg, backbone, state)
     act = activation_forecast(backbone.lm, train, step, backbone.vision)
-    return {"state": state, "activations": act, "total": state["total"] + act["peak"], "step": step}
+    total = state["total"] + sum(beside.values()) + act["peak"]
+    return {"state": state, "beside": beside, "activations": act, "total": total, "step": step}

@@ -544,19 +544,41 @@ def weight_count(p: torch.Tensor) -> int:
     return int(torch.Size(shape).numel()) if shape is not None else p.numel()
 
 
+def quantization_constants(p: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors bitsandbytes keeps beside a quantized weight's own data: a 4-bit weight's ``quant_state`` (the
+    absmax of each block of 64 weights, uint8 under double quantization, with the nested state's float32 absmax per
+    256 of those, its offset and both code books: 16 and 256 float32 values, one of each per layer) and an 8-bit
+    weight's ``SCB`` (one float32 scale per output row); ``[]`` for any other parameter."""
+    out: list[torch.Tensor] = []
+    states = [getattr(p, "quant_state", None)]
+    while states:
+        state = states.pop()
+        if state is None:
+            continue
+        for value in vars(state).values():
+            if isinstance(value, torch.Tensor):
+                out.append(value)
+            elif type(value).__name__ == "QuantState":  # double quantization: the absmax's own state
+                states.append(value)
+    scb = getattr(p, "SCB", None) if _quantized(p) == "8bit" else None
+    return out + ([scb] if isinstance(scb, torch.Tensor) else [])
+
+
 def training_memory(model: nn.Module) -> dict[str, int]:
-    """Bytes of what training holds besides activations, per process: ``weights`` (every parameter as stored),
-    ``gradients`` (one per trainable parameter, in its dtype) and ``optimizer`` (AdamW's two moments per trainable
-    parameter, in its dtype, as ``torch.optim.AdamW`` keeps them), and their ``total``. Under FSDP2 a parameter is a
-    ``DTensor`` whose ``numel`` is the whole tensor's: what this process holds is its local shard, counted here (a
-    model sharded over N processes was counted N times over); activations depend on the batch and the sequence
-    length, and ``--dry-run`` measures them with one step."""
+    """Bytes of what training holds besides activations, per process: ``weights`` (every parameter as stored, a
+    quantized one with its block scales: :func:`quantization_constants`, each tensor once), ``gradients`` (one per
+    trainable parameter, in its dtype) and ``optimizer`` (AdamW's two moments per trainable parameter, in its dtype,
+    as ``torch.optim.AdamW`` keeps them), and their ``total``. Under FSDP2 a parameter is a ``DTensor`` whose
+    ``numel`` is the whole tensor's: what this process holds is its local shard, counted here (a model sharded over N
+    processes was counted N times over); activations depend on the batch and the sequence length, and ``--dry-run``
+    measures them with one step."""
 
     def local_bytes(p: torch.Tensor) -> int:
         local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor: this process's shard
         return local.numel() * local.element_size()
 
-    weights = sum(local_bytes(p) for _, p in _parts(model))
+    constants = {id(t): t for _, p in _parts(model) for t in quantization_constants(p)}
+    weights = sum(local_bytes(p) for _, p in _parts(model)) + sum(map(local_bytes, constants.values()))
     trainable = sum(local_bytes(p) for _, p in _parts(model) if p.requires_grad)
     out = {"weights": weights, "gradients": trainable, "optimizer": 2 * trainable}
     return {**out, "total": sum(out.values())}

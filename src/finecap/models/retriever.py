@@ -154,14 +154,7 @@ class Retriever:
         name = str(name_or_path)
         config = transformers.AutoConfig.from_pretrained(name, trust_remote_code=False)
         archs = list(getattr(config, "architectures", None) or [])
-        model_cls = None
-        for arch in archs:
-            c = getattr(transformers, arch, None)
-            if c is not None and hasattr(c, "get_image_features") and hasattr(c, "get_text_features"):
-                model_cls = c
-                break
-        if model_cls is None:
-            model_cls = transformers.AutoModel
+        model_cls = _model_class(config)
         with memory.loading_onto(device):
             model = model_cls.from_pretrained(name, trust_remote_code=False, **memory.placement())
         if not (hasattr(model, "get_image_features") and hasattr(model, "get_text_features")):
@@ -173,6 +166,23 @@ class Retriever:
         image_processor = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
         return cls(model, tokenizer, image_processor, name=name, batch_size=batch_size, device=device,
                    long_text=long_text)  # fmt: skip
+
+    @staticmethod
+    def weight_bytes(name_or_path: str | Path) -> int:
+        """Bytes of the model :meth:`from_pretrained` loads from ``name_or_path`` (its parameters in the dtype the
+        checkpoint records, which ``from_pretrained`` keeps, float32 where it records none, and its buffers), counted
+        on the meta device from the configuration alone: what the memory forecast adds per frozen copy a run keeps on
+        its device (``finecap train --dry-run``)."""
+        config = transformers.AutoConfig.from_pretrained(str(name_or_path), trust_remote_code=False)
+        dtype = getattr(config, "dtype", None) or torch.float32
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        model_cls = _model_class(config)
+        with torch.device("meta"):
+            model = model_cls.from_config(config) if model_cls is transformers.AutoModel else model_cls._from_config(
+                config)  # fmt: skip
+        floats = sum(p.numel() for p in model.parameters() if p.is_floating_point()) * dtype.itemsize
+        rest = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_floating_point())
+        return floats + rest + sum(b.numel() * b.element_size() for b in model.buffers())
 
     def save(self, out: str | Path) -> Path:
         """Write model, tokenizer and image processor so that :meth:`from_pretrained` reloads them."""
@@ -512,12 +522,26 @@ class Retriever:
         return self.logit_scale * text_emb @ image_emb.T  # (T, I)
 
 
+def _model_class(config: Any) -> Any:
+    """The dual-encoder class a checkpoint's ``config.json`` names (``architectures``), else ``AutoModel``."""
+    for arch in getattr(config, "architectures", None) or []:
+        c = getattr(transformers, arch, None)
+        if c is not None and hasattr(c, "get_image_features") and hasattr(c, "get_text_features"):
+            return c
+    return transformers.AutoModel
+
+
+def retriever_path(cfg: Config) -> str | Path:
+    """The retriever a run loads (:func:`load_retriever`): ``retriever.checkpoint`` if set, else the world encoder."""
+    return cfg.retriever.checkpoint or world_encoder_path(cfg)
+
+
 def load_retriever(cfg: Config, batch_size: int | None = None, device: str | torch.device | None = None) -> Retriever:
     """The retriever a run uses: ``retriever.checkpoint`` if set, else the world encoder of ``cfg``, which must have
     been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise);
     on ``device`` (default: where ``from_pretrained`` puts it, the CPU; a CUDA device's weights are read straight onto
     it: :meth:`Retriever.from_pretrained`)."""
-    path = cfg.retriever.checkpoint or world_encoder_path(cfg)
+    path = retriever_path(cfg)
     retriever = Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device,
                                           long_text=cfg.retriever.long_text)  # fmt: skip
     retriever.jpeg_draft = cfg.data.jpeg_draft

@@ -55,11 +55,7 @@ class Reference:
         if self.captured:
             return
         bare = unwrap(model)
-        trainable = {name: p for name, p in bare.named_parameters() if p.requires_grad}
-        has_parts = callable(getattr(bare, "lora_module", None))
-        self.adapters_off = has_parts and lora.has_adapters(bare) and lora.adapters_are_identity(bare)
-        if self.adapters_off:
-            trainable = {n: p for n, p in trainable.items() if not lora.is_adapter_parameter(n)}
+        self.adapters_off, trainable = _to_copy(bare)
         if trainable and sharding.is_sharded(bare):
             raise ValueError(
                 f"grpo.kl_coef: the reference policy needs a copy of {len(trainable)} trained parameters, which "
@@ -68,6 +64,13 @@ class Reference:
             )
         self.snapshot = {name: p.detach().clone() for name, p in trainable.items()}
         self.captured = True
+
+    def copy_bytes(self, model: torch.nn.Module) -> int:
+        """Bytes of the copy :meth:`capture` keeps (or would keep) of ``model``'s trained parameters: what the KL
+        holds on the device beside the policy (``finecap train --dry-run``'s forecast)."""
+        if self.captured:
+            return sum(t.numel() * t.element_size() for t in self.snapshot.values())
+        return sum(p.numel() * p.element_size() for p in _to_copy(unwrap(model))[1].values())
 
     def logprobs(self, model: torch.nn.Module, batch: dict[str, Any], gen: Generation, temperature: float = 1.0):
         """``(N, L)`` per-token log-probs of ``gen``'s captions under the reference (0 at padding), no gradient."""
@@ -112,3 +115,14 @@ class Reference:
             raise ValueError("the reference policy's parameters must be tensors named by strings")
         self.captured, self.adapters_off = flags
         self.snapshot = dict(snapshot)
+
+
+def _to_copy(bare: torch.nn.Module) -> tuple[bool, dict[str, torch.nn.Parameter]]:
+    """Whether the reference is ``bare`` with its adapters off (they add nothing yet), and the trained parameters the
+    reference keeps a copy of (module docstring)."""
+    trainable = {name: p for name, p in bare.named_parameters() if p.requires_grad}
+    has_parts = callable(getattr(bare, "lora_module", None))
+    adapters_off = has_parts and lora.has_adapters(bare) and lora.adapters_are_identity(bare)
+    if adapters_off:
+        trainable = {n: p for n, p in trainable.items() if not lora.is_adapter_parameter(n)}
+    return adapters_off, trainable

@@ -318,7 +318,10 @@ def dry_run(cfg: Config) -> dict[str, Any]:
     device_bytes = torch.cuda.get_device_properties(acc.device).total_memory if cuda else None
     # a colocated engine's own share of the device (vLLM's KV cache and weights: decode.engine), beside the step
     share = engine_class(cfg.decode).device_share(acc.unwrap_model(run.model), cfg, device_bytes, cuda)
-    forecast_lines = forecast_text(memory, forecast, device_bytes, cuda, share)
+    # RL rollouts put a sleeping engine's memory back before the step (vllm.enable_sleep_mode)
+    asleep = cfg.vllm.enable_sleep_mode and getattr(engine.objective, "rollouts", None) is not None
+    forecast_lines = forecast_text(memory, forecast, device_bytes, cuda, share,
+                                   kept_beside(run.model, cfg, engine.objective), asleep)  # fmt: skip
     micro = [to_device({**mb, "step_info": info}, acc.device) for mb in micro]
     if acc.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(acc.device)
@@ -339,6 +342,25 @@ def dry_run(cfg: Config) -> dict[str, Any]:
         print(yaml.safe_dump(cfg.to_dict(redact=True), sort_keys=False), end="")
         print(dry_run_text(report))
     return report
+
+
+def kept_beside(model: torch.nn.Module, cfg: Config, objective: ObjectiveBase) -> dict[str, int]:
+    """What a run keeps on its device beside the captioner and its training state (``--dry-run``'s forecast): a
+    frozen copy of the retriever (``retriever.*``, :meth:`Retriever.weight_bytes
+    <finecap.models.retriever.Retriever.weight_bytes>`) for each component that loads one (the objective's reward
+    at setup, each validator declaring it at the first evaluation: each loads its own), and the GRPO KL's copy of the
+    trained weights (:meth:`Reference.copy_bytes <finecap.objectives.reference.Reference.copy_bytes>`)."""
+    loads = ("retriever" in declared_needs(objective)) + sum(
+        "retriever" in declared_needs(factory) for factory in validator_factories(cfg))  # fmt: skip
+    out = {"frozen retrievers": 0, "the KL reference's copy of the trained weights": 0}
+    if loads:
+        from finecap.models.retriever import Retriever, retriever_path
+
+        out["frozen retrievers"] = loads * Retriever.weight_bytes(retriever_path(cfg))
+    reference = getattr(objective, "reference", None)
+    if reference is not None:
+        out["the KL reference's copy of the trained weights"] = reference.copy_bytes(model)
+    return out
 
 
 def peak_rss_bytes() -> int:
