@@ -285,3 +285,19 @@ def test_rl_beam_rollouts_on_vllm_of_such_a_captioner_are_refused_at_setup(monke
     assert str(e.value) == BEAM_REFUSAL and e.value.key == "decode.engine"
     sampled = load(None, ["train.objective=reinforce", "decode.engine=vllm", "model.kind=vlm", "vlm.name=some/vlm"])
     RolloutEngine(sampled).check_model(captioner, [get_objective("reinforce", sampled).sample_cfg])  # it can sample
+
+
+def test_a_beam_search_with_fewer_captions_than_asked_is_refused():
+    """vLLM's ``BeamSearchOutput`` per image holds at most ``beam_width`` sequences, and fewer where its search had no
+    more: rows of one image would be read as the next image's (``num_return_sequences`` per image)."""
+    from finecap.engines.vllm import check_beams
+
+    def out(*reasons):
+        return SimpleNamespace(sequences=[SimpleNamespace(finish_reason=r) for r in reasons])
+
+    check_beams([out(None, None), out(None, None, None)], 2)  # vLLM leaves a finished beam's reason None
+    with pytest.raises(RuntimeError, match=r"returned 1 caption\(s\) of image 1 of the batch, not "
+                                           r"decode.num_return_sequences=2$"):  # fmt: skip
+        check_beams([out(None, None), out(None)], 2)
+    with pytest.raises(RuntimeError, match=r"vLLM aborted the beam search of image 0 .* 1 of its beams"):
+        check_beams([out(None, "abort"), out(None, None)], 2)

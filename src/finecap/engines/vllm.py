@@ -20,9 +20,10 @@ the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes wi
   through ``LLM.beam_search`` (vLLM's own ranking: ``sum(logprob) / length ** length_penalty`` with the *prompt*
   counted in the length and EOS not, best ``num_return_sequences`` returned; ``decode.finished_beams`` and
   ``early_stopping`` are finecap's decoder's and do not apply; a captioner with an end token besides the
-  tokenizer's EOS is refused when the engine opens); ``max_length`` as ``max_tokens`` (a sampled or greedy caption
-  vLLM cuts shorter because prompt and caption fill ``vllm.max_model_len`` is refused, not returned as if ended
-  there; so is a beam search whose prompt and ``max_length`` tokens do not fit it); stopping at the
+  tokenizer's EOS is refused when the engine opens, and a search vLLM aborted is refused, not returned cut short:
+  :func:`check_beams`); ``max_length`` as ``max_tokens`` (a sampled or greedy caption vLLM cuts shorter because
+  prompt and caption fill ``vllm.max_model_len`` is refused, not returned as if ended there; so is a beam search
+  whose prompt and ``max_length`` tokens do not fit it); stopping at the
   captioner's end tokens (:meth:`finecap.models.base.CaptionerBase.stop_token_ids`: a VLM's turn end and its
   ``generation_config``'s other stop tokens), and with ``stop_at_period`` at a period token, and
   nothing else (``generation_config="vllm"``: the folder's ``generation_config.json`` adds no stop token or
@@ -288,6 +289,27 @@ def beam_refusal(tokenizer: Any, ends: Sequence[int] | None) -> str | None:
             f"this captioner's captions {also}end with "
             f"{', '.join(repr(t) for t in tokenizer.convert_ids_to_tokens(others))}; beam search with "
             "decode.engine=finecap")  # fmt: skip
+
+
+def check_beams(outputs: Sequence[Any], n: int) -> None:
+    """Refuse what vLLM's ``LLM.beam_search`` returns (its ``BeamSearchOutput`` per image) where it did not finish a
+    search: vLLM 0.32 ends the search of an image whose request of a step was aborted (the engine paused or shut
+    down: finish reason ``abort``) and returns the beams it had then among the completed ones, cut short (or none of
+    the caption but the prompt: one sequence) and ranked as if they had ended. Those would be captions given as the
+    image's best, wrong; fewer than ``n`` sequences of an image (such a search's, or a later vLLM's) would make its
+    rows be read as the next image's. A ``RuntimeError`` naming the image and what happened."""
+    for i, out in enumerate(outputs):
+        aborted = sum(getattr(seq, "finish_reason", None) == "abort" for seq in out.sequences)
+        if aborted:
+            raise RuntimeError(
+                f"decode.engine=vllm: vLLM aborted the beam search of image {i} of the batch (finish reason 'abort': "
+                f"the engine paused or stopped): {aborted} of its beams were cut short; no captions returned"
+            )
+        if len(out.sequences) < n:
+            raise RuntimeError(
+                f"decode.engine=vllm: vLLM's beam search returned {len(out.sequences)} caption(s) of image {i} of the "
+                f"batch, not decode.num_return_sequences={n}"
+            )
 
 
 def request_seed(seed: int) -> int:
@@ -648,7 +670,8 @@ class VllmEngine(GenerationEngine):
         search stops at the tokenizer's EOS only: a captioner whose captions end with another token as well or
         instead (Qwen2-VL-Instruct's ``<|endoftext|>`` beside its EOS ``<|im_end|>``, Gemma 3's ``<end_of_turn>``),
         where finecap's beam search ends a beam, is refused in one line naming ``decode.engine`` (:func:`beam_refusal`,
-        before the engine opens: :meth:`decode_refusal`). vLLM decodes every
+        before the engine opens: :meth:`decode_refusal`); a search vLLM aborted, or one with fewer captions than
+        asked, is a ``RuntimeError`` (:func:`check_beams`). vLLM decodes every
         beam to ``max_length`` tokens: where a prompt and ``max_length`` tokens do not fit ``vllm.max_model_len``, a
         ``ValueError`` names both options (:meth:`_beam_context_error`)."""
         eos = self.tokenizer.eos_token_id
@@ -668,6 +691,7 @@ class VllmEngine(GenerationEngine):
             if error is None:
                 raise
             raise error from e
+        check_beams(outputs, cfg.num_return_sequences)
         rows = []
         for out in outputs:
             for seq in out.sequences[: cfg.num_return_sequences]:
