@@ -43,7 +43,7 @@ class StepInfo:
 @dataclass
 class TrainContext:
     """What ``setup`` of an objective receives, once before training: the configuration, the accelerator (device,
-    ``gather``), the training records, the tokenizer and the run directory. A reward is set up with the
+    ``gather``), the training records, the tokenizer, the run directory and the captioner. A reward is set up with the
     :class:`finecap.rewards.RewardInputs` made of it (:meth:`~finecap.rewards.RewardInputs.from_context`).
 
     Without an accelerator (a script) ``accelerator`` is ``None``: one process, the work on ``device`` (default the
@@ -59,6 +59,9 @@ class TrainContext:
     device: torch.device | None = None
     """Where set-up components compute (their frozen models, tables): the accelerator's device when there is one,
     else the given device, else the CPU."""
+    model: Any = None
+    """The captioner being trained, before the accelerator wraps it (what an objective's rollout engine checks it can
+    decode: :meth:`finecap.engines.rollouts.RolloutEngine.check_model`); ``None`` in a script that gives none."""
 
     def __post_init__(self) -> None:
         if self.device is None:

@@ -239,3 +239,65 @@ def test_heads_the_backend_takes_or_an_unknown_limit_are_not_refused(folders, tm
     assert cpu_head_sizes(sys.modules["vllm"]) == [32]
     sys.modules["vllm"].platforms = SimpleNamespace(current_platform=SimpleNamespace(is_cpu=lambda: False))
     assert cpu_head_sizes(sys.modules["vllm"]) is None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Decoding settings vLLM cannot decode a captioner's captions with
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def gemma3() -> Vlm:
+    """The tiny Gemma 3: its captions end with ``<end_of_turn>``, its tokenizer's EOS is ``<eos>``."""
+    from helpers.vlm_families import tiny_family
+
+    model, processor = tiny_family("gemma3")
+    vlm = Vlm(model, processor, source="gemma3")
+    assert vlm.end_token_ids[0] != vlm.tokenizer.eos_token_id
+    return vlm
+
+
+BEAM_REFUSAL = ("decode.engine=vllm: vLLM's beam search stops only at the tokenizer's EOS '<eos>' but this "
+                "captioner's captions end with '<end_of_turn>'; beam search with decode.engine=finecap")  # fmt: skip
+
+
+def test_vllm_beam_search_of_a_captioner_ending_besides_eos_is_refused_when_the_engine_opens(monkeypatch):
+    """vLLM's beam search stops at the tokenizer's EOS only; a captioner whose captions end with another token was
+    refused by the engine's generate, after vLLM started (and after a captioning run loaded its data): now by
+    open_engine, before anything of vLLM is imported."""
+    captioner = gemma3()
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ConfigError) as e:
+        open_engine(load(None, ["decode.engine=vllm", "decode.strategy=beam"]), captioner)
+    assert str(e.value) == BEAM_REFUSAL and e.value.key == "decode.engine"
+    with pytest.raises(MissingExtra):  # sampling it can: the engine is built (here: vLLM is missing)
+        open_engine(load(None, ["decode.engine=vllm", "decode.strategy=sample"]), captioner)
+
+
+def test_rl_beam_rollouts_on_vllm_of_such_a_captioner_are_refused_at_setup(monkeypatch):
+    """The RL objectives build their engine at the first rollout, after the run prepared everything: rollouts by
+    vLLM's beam search (``rl.strategy=beam``) of a captioner it cannot beam-search are refused at their setup."""
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    captioner = gemma3()
+    cfg = load(None, ["train.objective=reinforce", "decode.engine=vllm", "model.kind=vlm", "vlm.name=some/vlm",
+                      "rl.strategy=beam", "rl.samples=1", "decode.beam_size=2"])  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        get_objective("reinforce", cfg).setup(SimpleNamespace(accelerator=None, model=captioner))
+    assert str(e.value) == BEAM_REFUSAL and e.value.key == "decode.engine"
+    sampled = load(None, ["train.objective=reinforce", "decode.engine=vllm", "model.kind=vlm", "vlm.name=some/vlm"])
+    RolloutEngine(sampled).check_model(captioner, [get_objective("reinforce", sampled).sample_cfg])  # it can sample
+
+
+def test_a_beam_search_with_fewer_captions_than_asked_is_refused():
+    """vLLM's ``BeamSearchOutput`` per image holds at most ``beam_width`` sequences, and fewer where its search had no
+    more: rows of one image would be read as the next image's (``num_return_sequences`` per image)."""
+    from finecap.engines.vllm import check_beams
+
+    def out(*reasons):
+        return SimpleNamespace(sequences=[SimpleNamespace(finish_reason=r) for r in reasons])
+
+    check_beams([out(None, None), out(None, None, None)], 2)  # vLLM leaves a finished beam's reason None
+    with pytest.raises(RuntimeError, match=r"returned 1 caption\(s\) of image 1 of the batch, not "
+                                           r"decode.num_return_sequences=2$"):  # fmt: skip
+        check_beams([out(None, None), out(None)], 2)
+    with pytest.raises(RuntimeError, match=r"vLLM aborted the beam search of image 0 .* 1 of its beams"):
+        check_beams([out(None, "abort"), out(None, None)], 2)

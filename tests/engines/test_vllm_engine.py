@@ -137,6 +137,31 @@ def test_beam_search_refuses_a_captioner_with_an_end_token_besides_eos(engine, g
         engine.ends = ends
 
 
+@pytest.mark.parametrize("step", [0, 3], ids=["first-step", "mid-caption"])
+def test_a_beam_search_vllm_aborted_is_refused_not_returned_cut_short(engine, greedy, monkeypatch, step):
+    """vLLM 0.32's ``LLM.beam_search`` runs one request per beam and step; where a step's request of an image is
+    aborted (finish reason ``abort``: the engine paused or stopped), it ends that image's search and returns the beams
+    it had as completed, cut short (at the first step: the prompt alone), ranked as if they had ended. The abort is
+    made here at vLLM's own request call, from ``step`` on; the rest of the search is vLLM's."""
+    cfg = DecodeConfig(strategy="beam", beam_size=2, max_length=MAX_LENGTH)
+    run = engine.llm._render_and_run_requests
+    calls = []
+
+    def aborting(*args, **kwargs):
+        outputs = run(*args, **kwargs)
+        if kwargs.get("output_type") is not None and len(calls) >= step:
+            for out in outputs:
+                out.outputs[0].finish_reason = "abort"
+        calls.append(1)
+        return outputs
+
+    monkeypatch.setattr(engine.llm, "_render_and_run_requests", aborting)
+    with pytest.raises(RuntimeError, match=r"vLLM aborted the beam search of image 0 of the batch .*no captions"):
+        engine.generate_images(IMAGES[:2], cfg)
+    monkeypatch.undo()
+    assert len(engine.generate_images(IMAGES[:2], cfg)) == 2  # the engine still serves
+
+
 def test_collated_batches_decode_as_images_do(engine, greedy):
     """The captioning loops' route: the collator runs the engine's preprocessing, generate reads the batch."""
     items = [{"caption": "", "image": im, "image_id": i, "references": [], "index": i} for i, im in enumerate(IMAGES)]

@@ -103,3 +103,38 @@ def test_another_process_trains_what_the_main_process_trains(monkeypatch):
     assert {n: p.requires_grad for n, p in other.named_parameters()} == {
         "0.weight": True, "0.bias": True, "1.weight": False, "1.bias": False,
     }  # fmt: skip
+
+
+def test_another_process_drops_the_tower_adapters_the_main_process_left_out(monkeypatch):
+    # LoRA leaves out the tower layers the image features never reach (the tiny LLaVA reading its first hidden layer
+    # of 2), found by a forward pass that a meta build cannot run: such a process adapts them all, and match_main
+    # takes away those the main process does not have, so that every process shards the same parameters
+    import torch.distributed as dist
+
+    from finecap.config import load
+    from finecap.models import lora
+    from finecap.models.vlm import Vlm
+    from helpers.vlm_families import tiny_family
+
+    cfg = load(None, ["model.kind=vlm", "model.train_encoder=true", "lora.encoder=true", "lora.rank=2"])
+
+    def build(device: str) -> Vlm:
+        model, processor = tiny_family("llava")
+        model.config.vision_feature_layer = -2
+        return lora.configure_training(Vlm(model.to(device), processor, source="llava"), cfg)
+
+    sent: list = []
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: sent.append(objects[0]))
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    main = build("cpu")
+    sharding.match_main(main)  # what the main process sends
+    other = build("meta")
+    assert any(".layers.1." in n for n, _ in other.named_parameters() if "lora_" in n)  # every target adapted
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda objects, src: objects.__setitem__(0, sent[0]))
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    sharding.match_main(other)
+    assert [n for n, _ in other.named_parameters()] == [n for n, _ in main.named_parameters()]
+    assert {n: p.requires_grad for n, p in other.named_parameters()} == {
+        n: p.requires_grad for n, p in main.named_parameters()
+    }
+    assert lora.adapter_spec(other, "encoder") == lora.adapter_spec(main, "encoder")

@@ -557,23 +557,104 @@ def test_a_trained_vision_tower_trains_only_what_the_image_features_reach(family
         assert not frozen
 
 
-def test_vision_adapters_train_only_where_the_image_features_reach():
-    """LoRA on a LLaVA tower whose language model reads its first hidden layer (``vision_feature_layer=-2`` of 2
-    layers, LLaVA-1.5's choice): the adapters of the last layer, which nothing reads, stay frozen; every trained
-    adapter gets a gradient."""
+UNREACHED_LAYERS = {"llava": ".layers.1.", "gemma3": ".head.", "llava_onevision": ".head."}
+"""Where each tiny family's tower has linear layers the image features never reach: the LLaVA tower's last layer
+(its language model reads the first hidden layer, ``vision_feature_layer=-2`` of 2 layers, LLaVA-1.5's choice) and
+the SigLIP pooling head of Gemma 3 and LLaVA-OneVision."""
+
+
+def tower_lora(family: str) -> Vlm:
+    """A tiny ``family`` VLM with LoRA (rank 2) on its trained vision tower and a frozen language model (SR-V; LLaVA
+    reading its first hidden layer)."""
     from finecap.config import load
     from finecap.models import lora
 
-    model, processor = tiny_family("llava")
-    model.config.vision_feature_layer = -2
-    cfg = load(None, ["model.kind=vlm", "model.train_encoder=true", "lora.encoder=true", "lora.rank=2"])
-    vlm = lora.configure_training(Vlm(model, processor, source="llava"), cfg).train()
+    model, processor = tiny_family(family)
+    if family == "llava":
+        model.config.vision_feature_layer = -2
+    cfg = load(None, ["model.kind=vlm", "model.train_encoder=true", "model.train_lm=false", "lora.encoder=true",
+                      "lora.rank=2"])  # fmt: skip
+    return lora.configure_training(Vlm(model, processor, source=family), cfg).train()
+
+
+@pytest.mark.parametrize("family", sorted(UNREACHED_LAYERS))
+def test_tower_adapters_are_made_and_saved_only_where_the_image_features_reach(family, tmp_path):
+    """LoRA on a trained tower adapts only the layers the image features reach: adapters on the others stayed
+    frozen at zero (their layers never reach the loss) and were saved in ``encoder_lora/`` and ``adapter/``. Every
+    adapter trains and gets a gradient; the saved files hold the same adapters and load back."""
+    from safetensors import safe_open
+
+    vlm = tower_lora(family)
+    unread = UNREACHED_LAYERS[family]
     tower = {n for n, _ in vlm.named_parameters() if ".vision_tower." in n and "lora_" in n}
-    trained = {n for n in tower if vlm.get_parameter(n).requires_grad}
-    assert trained and all(".layers.0." in n for n in trained) and any(".layers.1." in n for n in tower - trained)
+    assert tower and not any(unread in n for n in tower), sorted(n for n in tower if unread in n)[:4]
+    assert all(vlm.get_parameter(n).requires_grad for n in tower)
     batch = batch_of(vlm)
     mle_loss(vlm(batch), batch["labels"]).backward()
-    assert trained == {n for n in tower if vlm.get_parameter(n).grad is not None}
+    assert tower == {n for n in tower if vlm.get_parameter(n).grad is not None}
+    out = vlm.save(tmp_path / "ckpt")
+    for file in (out / "encoder_lora" / "adapter_model.safetensors", out / "adapter" / "adapter_model.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            keys = list(f.keys())
+        assert keys and not any(unread in k for k in keys), file
+    again = Vlm.from_checkpoint(out)
+    assert {n for n, _ in again.named_parameters() if ".vision_tower." in n and "lora_" in n} == tower
+
+
+def test_a_checkpoint_with_adapters_on_unreached_tower_layers_still_loads_and_resumes(monkeypatch, tmp_path):
+    """Checkpoints saved before adapters were left off unreached layers hold adapters on them: they load as saved
+    (strictly: the file's adapters, no more, no fewer), and a run continuing them keeps them (the same settings,
+    not merged into the base weights and made afresh), frozen; so does a run continuing a checkpoint without them."""
+    from finecap.config import load
+    from finecap.models import lora
+
+    unread = UNREACHED_LAYERS["llava"]
+    with monkeypatch.context() as m:
+        m.setattr(Vlm, "lora_unreached", lambda self, part: frozenset())  # the old behaviour: every target
+        old = tower_lora("llava")
+    assert any(unread in n for n, _ in old.named_parameters() if "lora_" in n)
+    out = old.save(tmp_path / "old")
+    vlm = Vlm.from_checkpoint(out)
+    adapters = {n: p for n, p in vlm.named_parameters() if ".vision_tower." in n and "lora_" in n}
+    assert adapters.keys() == {n for n, _ in old.named_parameters() if ".vision_tower." in n and "lora_" in n}
+    cfg = load(None, ["model.kind=vlm", "model.train_encoder=true", "model.train_lm=false", "lora.encoder=true",
+                      "lora.rank=2"])  # fmt: skip
+    lora.configure_training(vlm, cfg)
+    kept = {n: p for n, p in vlm.named_parameters() if ".vision_tower." in n and "lora_" in n}
+    assert kept.keys() == adapters.keys() and all(kept[n] is adapters[n] for n in kept) and not vlm.base_changed
+    assert {n for n, p in kept.items() if not p.requires_grad} == {n for n in kept if unread in n}
+    new = Vlm.from_checkpoint(tower_lora("llava").save(tmp_path / "new"))  # and one saved without them
+    adapters = {n: p for n, p in new.named_parameters() if "lora_" in n}
+    lora.configure_training(new, cfg)
+    assert all(new.get_parameter(n) is p for n, p in adapters.items()) and not new.base_changed
+
+
+def test_targets_that_only_reach_unread_tower_layers_are_refused():
+    from finecap.config import load
+    from finecap.models import lora
+
+    model, processor = tiny_family("gemma3")
+    cfg = load(None, ["model.kind=vlm", "model.train_encoder=true", "lora.encoder=true", "lora.rank=2",
+                      "lora.encoder_targets=[head.mlp.fc1]"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"lora.encoder_targets: head.mlp.fc1 never reach the captioner's output"):
+        lora.configure_training(Vlm(model, processor, source="gemma3"), cfg)
+
+
+def test_the_tower_probe_runs_once_per_captioner(monkeypatch):
+    """What the image features reach depends only on the architecture and its config: probed once (at the build),
+    not again when the adapters are made or at each ``apply_trainable``."""
+    from finecap.models import lora, vlm
+
+    calls = []
+    probe = vlm.reached_parameters
+    monkeypatch.setattr(vlm, "reached_parameters", lambda *a: calls.append(1) or probe(*a))
+    model = tower_lora("llava")
+    model.apply_trainable()
+    lora.set_trainable(model, lm=True, encoder=True)
+    assert len(calls) == 1
+    assert {n for n, p in model.named_parameters() if p.requires_grad and ".vision_tower." in n} == {
+        n for n, _ in model.named_parameters() if ".vision_tower." in n and "lora_" in n
+    }
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "gemma3"])

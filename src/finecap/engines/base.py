@@ -78,6 +78,15 @@ class GenerationEngine(Closeable, abc.ABC):
         return None
 
     @classmethod
+    def decode_refusal(cls, model: Any, decode: DecodeConfig) -> str | None:
+        """Why this engine cannot decode the built captioner ``model``'s captions with the ``decode`` settings, in one
+        line naming the option at fault; ``None``: it can (the default). Asked when the engine is opened
+        (:func:`open_engine`) and by the RL objectives' setup for their rollouts' settings
+        (:meth:`finecap.engines.rollouts.RolloutEngine.check_model`), so that a run stops before any work; the
+        engine's ``generate`` still refuses such settings, given later."""
+        return None
+
+    @classmethod
     def check_processes(cls, cfg: Config, processes: int, *, rollouts: bool = False) -> None:
         """Refuse, with a :class:`~finecap.config.ConfigError` in one line, running in ``processes`` processes (an
         engine each: RL ``rollouts`` of a training job, or captioning under ``accelerate launch``); the default
@@ -165,10 +174,12 @@ def engine_class(decode: DecodeConfig) -> type[GenerationEngine]:
 
 def open_engine(cfg: Config, model: Any, *, tempered: bool = False) -> GenerationEngine:
     """The engine ``cfg.decode.engine`` names, opened to serve the captioner ``model`` (:meth:`GenerationEngine.open`);
-    a captioner it does not serve is a :class:`~finecap.config.ConfigError` naming ``decode.engine`` (its
-    :meth:`~GenerationEngine.refusal`). The caller closes it (``with open_engine(cfg, model) as engine:``)."""
+    a captioner it does not serve, or decoding settings it cannot decode that captioner's captions with, is a
+    :class:`~finecap.config.ConfigError` naming ``decode.engine`` (its :meth:`~GenerationEngine.refusal`,
+    :meth:`~GenerationEngine.decode_refusal`), before the engine is built. The caller closes it
+    (``with open_engine(cfg, model) as engine:``)."""
     cls = engine_class(cfg.decode)
-    reason = cls.refusal(model)
+    reason = cls.refusal(model) or cls.decode_refusal(model, cfg.decode)
     if reason is not None:
         raise ConfigError(reason, key=OPTION)
     return cls.open(model, cfg, tempered=tempered)

@@ -53,6 +53,8 @@ import torch
 from finecap.engines.base import GenerationEngine, engine_class
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from finecap.config import Config, DecodeConfig
     from finecap.decode import Generation
 
@@ -88,6 +90,19 @@ class RolloutEngine:
         an engine of its own (:meth:`GenerationEngine.check_processes <finecap.engines.base.GenerationEngine.
         check_processes>`: vLLM's tensor-parallel engine)."""
         self.kind.check_processes(self.cfg, processes, rollouts=True)
+
+    def check_model(self, policy: Any, decodes: Sequence[DecodeConfig]) -> None:
+        """Refuse, with a :class:`~finecap.config.ConfigError` in one line, rollouts of ``policy`` (the captioner to
+        train) with settings ``decodes`` (a step's samples, greedy captions) that the engine cannot decode its
+        captions with (:meth:`GenerationEngine.decode_refusal <finecap.engines.base.GenerationEngine.
+        decode_refusal>`: vLLM's beam search of a captioner ending captions besides its EOS), at the run's setup:
+        the engine itself is built at the first rollout."""
+        from finecap.config import ConfigError
+
+        for decode in decodes:
+            reason = self.kind.decode_refusal(policy, decode)
+            if reason is not None:
+                raise ConfigError(reason, key="decode.engine")
 
     def policy_changed(self) -> None:
         """The policy's weights changed (an optimizer step): the next rollout syncs them into the engine first."""

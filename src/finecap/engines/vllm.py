@@ -20,9 +20,10 @@ the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes wi
   through ``LLM.beam_search`` (vLLM's own ranking: ``sum(logprob) / length ** length_penalty`` with the *prompt*
   counted in the length and EOS not, best ``num_return_sequences`` returned; ``decode.finished_beams`` and
   ``early_stopping`` are finecap's decoder's and do not apply; a captioner with an end token besides the
-  tokenizer's EOS is refused); ``max_length`` as ``max_tokens`` (a sampled or greedy caption vLLM cuts shorter
-  because prompt and caption fill ``vllm.max_model_len`` is refused, not returned as if ended there; so is a beam
-  search whose prompt and ``max_length`` tokens do not fit it); stopping at the
+  tokenizer's EOS is refused when the engine opens, and a search vLLM aborted is refused, not returned cut short:
+  :func:`check_beams`); ``max_length`` as ``max_tokens`` (a sampled or greedy caption vLLM cuts shorter because
+  prompt and caption fill ``vllm.max_model_len`` is refused, not returned as if ended there; so is a beam search
+  whose prompt and ``max_length`` tokens do not fit it); stopping at the
   captioner's end tokens (:meth:`finecap.models.base.CaptionerBase.stop_token_ids`: a VLM's turn end and its
   ``generation_config``'s other stop tokens), and with ``stop_at_period`` at a period token, and
   nothing else (``generation_config="vllm"``: the folder's ``generation_config.json`` adds no stop token or
@@ -273,6 +274,44 @@ def config_refusal(cfg: Config) -> str | None:
     return refusal(kind, kind == KIND and cfg.vlm.name == WORLD_VLM, quantized)
 
 
+def beam_refusal(tokenizer: Any, ends: Sequence[int] | None) -> str | None:
+    """Why vLLM's beam search cannot decode a captioner's captions: it stops only at the tokenizer's EOS, and the
+    captioner's captions (``ends``: its end tokens, the caption's own first) end with another token as well or
+    instead (Qwen2-VL-Instruct's ``<|endoftext|>`` beside its EOS ``<|im_end|>``, Gemma 3's ``<end_of_turn>``),
+    where finecap's beam search ends a beam: one line naming ``decode.engine``; ``None`` where they end at EOS
+    only."""
+    eos = tokenizer.eos_token_id
+    others = [t for t in dict.fromkeys(ends or ()) if t != eos]
+    if not others:
+        return None
+    also = "also " if ends[0] == eos else ""
+    return (f"decode.engine=vllm: vLLM's beam search stops only at the tokenizer's EOS {tokenizer.eos_token!r} but "
+            f"this captioner's captions {also}end with "
+            f"{', '.join(repr(t) for t in tokenizer.convert_ids_to_tokens(others))}; beam search with "
+            "decode.engine=finecap")  # fmt: skip
+
+
+def check_beams(outputs: Sequence[Any], n: int) -> None:
+    """Refuse what vLLM's ``LLM.beam_search`` returns (its ``BeamSearchOutput`` per image) where it did not finish a
+    search: vLLM 0.32 ends the search of an image whose request of a step was aborted (the engine paused or shut
+    down: finish reason ``abort``) and returns the beams it had then among the completed ones, cut short (or none of
+    the caption but the prompt: one sequence) and ranked as if they had ended. Those would be captions given as the
+    image's best, wrong; fewer than ``n`` sequences of an image (such a search's, or a later vLLM's) would make its
+    rows be read as the next image's. A ``RuntimeError`` naming the image and what happened."""
+    for i, out in enumerate(outputs):
+        aborted = sum(getattr(seq, "finish_reason", None) == "abort" for seq in out.sequences)
+        if aborted:
+            raise RuntimeError(
+                f"decode.engine=vllm: vLLM aborted the beam search of image {i} of the batch (finish reason 'abort': "
+                f"the engine paused or stopped): {aborted} of its beams were cut short; no captions returned"
+            )
+        if len(out.sequences) < n:
+            raise RuntimeError(
+                f"decode.engine=vllm: vLLM's beam search returned {len(out.sequences)} caption(s) of image {i} of the "
+                f"batch, not decode.num_return_sequences={n}"
+            )
+
+
 def request_seed(seed: int) -> int:
     """The vLLM request seed of an image whose sampling seed is ``seed``: a 32-bit hash of it (:func:`hash32`), so
     images with consecutive seeds do not share the draws of their samples (vLLM seeds sample ``j`` with
@@ -449,6 +488,14 @@ class VllmEngine(GenerationEngine):
         return unservable_reason(model_or_cfg)
 
     @classmethod
+    def decode_refusal(cls, model: Any, decode: DecodeConfig) -> str | None:
+        """Beam search of a captioner whose captions end with another token than the tokenizer's EOS
+        (:func:`beam_refusal`); known from the built captioner, so refused before vLLM starts."""
+        if decode.strategy != "beam":
+            return None
+        return beam_refusal(model.tokenizer, model.end_token_ids)
+
+    @classmethod
     def check_processes(cls, cfg: Config, processes: int, *, rollouts: bool = False) -> None:
         """RL ``rollouts`` run one engine per training process, each generating its own images: a tensor-parallel
         engine (``vllm.tensor_parallel_size > 1``) would span processes that would have to send the same requests
@@ -622,19 +669,15 @@ class VllmEngine(GenerationEngine):
         """``LLM.beam_search`` with ``beam_size`` beams; the ``num_return_sequences`` best per image. vLLM's beam
         search stops at the tokenizer's EOS only: a captioner whose captions end with another token as well or
         instead (Qwen2-VL-Instruct's ``<|endoftext|>`` beside its EOS ``<|im_end|>``, Gemma 3's ``<end_of_turn>``),
-        where finecap's beam search ends a beam, is refused in one line naming ``decode.engine``. vLLM decodes every
+        where finecap's beam search ends a beam, is refused in one line naming ``decode.engine`` (:func:`beam_refusal`,
+        before the engine opens: :meth:`decode_refusal`); a search vLLM aborted, or one with fewer captions than
+        asked, is a ``RuntimeError`` (:func:`check_beams`). vLLM decodes every
         beam to ``max_length`` tokens: where a prompt and ``max_length`` tokens do not fit ``vllm.max_model_len``, a
         ``ValueError`` names both options (:meth:`_beam_context_error`)."""
         eos = self.tokenizer.eos_token_id
-        others = [t for t in dict.fromkeys(self.ends or ()) if t != eos]
-        if others:
-            also = "also " if self.ends[0] == eos else ""
-            raise ValueError(
-                f"decode.engine=vllm: vLLM's beam search stops only at the tokenizer's EOS "
-                f"{self.tokenizer.eos_token!r} but this captioner's captions {also}end with "
-                f"{', '.join(repr(t) for t in self.tokenizer.convert_ids_to_tokens(others))}; "
-                "beam search with decode.engine=finecap"
-            )
+        reason = beam_refusal(self.tokenizer, self.ends)  # refused when the engine opened, for the run's settings
+        if reason is not None:
+            raise ValueError(reason)
         from vllm.entrypoints.generate.beam_search.utils import get_beam_search_score
         from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import BeamSearchParams
@@ -648,6 +691,7 @@ class VllmEngine(GenerationEngine):
             if error is None:
                 raise
             raise error from e
+        check_beams(outputs, cfg.num_return_sequences)
         rows = []
         for out in outputs:
             for seq in out.sequences[: cfg.num_return_sequences]:

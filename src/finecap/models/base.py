@@ -327,6 +327,13 @@ class CaptionerBase(nn.Module, abc.ABC):
         default) = every linear layer of the part except the output head."""
         return ()
 
+    def lora_unreached(self, part: str) -> frozenset[str] | None:
+        """Modules of ``part`` (names in its plain module) whose output never reaches the captioner's: LoRA leaves
+        them unadapted, as their adapters could never learn (a VLM tower's layers past the one its language model
+        reads, its pooling head: :meth:`finecap.models.vlm.VlmImages.unreached_modules`); ``None``: unknown here (a
+        build on the meta device). The default: none."""
+        return frozenset()
+
     def frozen_modules(self) -> list[nn.Module]:
         """Modules kept in eval mode when the captioner trains: the parts whose flag is off (for the vision side, the
         whole :meth:`dual_encoder` when there is one)."""

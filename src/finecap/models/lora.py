@@ -190,6 +190,20 @@ def _targets(model: nn.Module, part: str, spec: LoraSpec) -> tuple[str, ...]:
     return tuple(spec.targets) or tuple(model.lora_default_targets(part))
 
 
+def _reached_targets(model: nn.Module, part: str, spec: LoraSpec) -> list[str]:
+    """The modules fresh adapters of ``part`` wrap: the spec's targets (:func:`_targets`, :func:`resolve_targets`)
+    but those whose output never reaches the captioner's (the backbone's ``lora_unreached``: a VLM tower's layers
+    past the one its language model reads), which would be frozen and saved at zero; targets that reach nothing
+    are refused, naming the option."""
+    names = resolve_targets(part, _part_module(model, part), _targets(model, part, spec))
+    unreached = model.lora_unreached(part) or frozenset()
+    kept = [n for n in names if n not in unreached]
+    if not kept:
+        raise ValueError(f"lora.{part}_targets: {strict.listed(names)} never reach the captioner's output (the "
+                         f"{part}'s output is not read after them): their adapters could not learn")  # fmt: skip
+    return kept
+
+
 def _lora_config(part: str, module: nn.Module, targets: Sequence[str], spec: LoraSpec):
     names = resolve_targets(part, module, targets)
     base = unwrapped(module)
@@ -225,10 +239,32 @@ def apply_lora(model: nn.Module, part: str, spec: LoraSpec) -> None:
     module = _part_module(model, part)
     if is_peft(module):
         raise ValueError(f"the {part} already has LoRA adapters; merge them first (merge_lora)")
-    wrapped = peft_library().get_peft_model(module, _lora_config(part, module, _targets(model, part, spec), spec))
+    wrapped = peft_library().get_peft_model(
+        module, _lora_config(part, module, _reached_targets(model, part, spec), spec)
+    )
     init_adapters(wrapped, spec.init)
     _set_part_module(model, part, wrapped)
     freeze_to_adapters(wrapped)
+
+
+def drop_adapters(model: nn.Module, layers: Sequence[str]) -> None:
+    """Put the base layers back in place of the LoRA layers at ``layers`` (paths in ``model``, the captioner, e.g.
+    ``model.model.vision_tower.base_model.model.encoder.layers.1.mlp.fc1``) and take them out of their part's
+    targets: a sharded run's other processes, built on the meta device where no probe of what reaches the output
+    runs, adapt the modules the main process left out (:func:`finecap.models.sharding.match_main`)."""
+    for path in layers:
+        layer = model.get_submodule(path)
+        if not is_lora_layer(layer):
+            raise ValueError(f"{path}: not a LoRA layer")
+        part = next((p for p in PARTS if is_peft(model.lora_module(p)) and path.startswith(model.part_path(p) + ".")),
+                    None)  # fmt: skip
+        if part is None:
+            raise ValueError(f"{path}: a LoRA layer outside the captioner's adapted parts")
+        parent, _, attr = path.rpartition(".")
+        setattr(model.get_submodule(parent), attr, layer.get_base_layer())
+        config = model.lora_module(part).peft_config["default"]
+        inner = path[len(model.part_path(part)) + 1 :].removeprefix("base_model.model.")
+        config.target_modules = {n for n in config.target_modules if n != inner}
 
 
 def freeze_to_adapters(module: nn.Module) -> None:
@@ -260,11 +296,15 @@ def adapter_spec(model: nn.Module, part: str) -> LoraSpec | None:
 
 
 def _same(model: nn.Module, part: str, have: LoraSpec, want: LoraSpec) -> bool:
+    """Whether ``part``'s adapters (``have``) are those ``want`` makes: the same settings and modules, leaving out
+    modules that never reach the captioner's output (older checkpoints adapted them too); where that is unknown (the
+    meta device), adapters on some of the wanted modules (the main process left out the others)."""
     module = _part_module(model, part)
-    resolved = tuple(sorted(resolve_targets(part, module, _targets(model, part, want))))
-    return (have.rank, have.alpha, have.dropout, tuple(sorted(have.targets))) == (
-        want.rank, want.alpha, want.dropout, resolved,
-    )  # fmt: skip
+    resolved = set(resolve_targets(part, module, _targets(model, part, want)))
+    unreached = model.lora_unreached(part)
+    targets = set(have.targets)
+    same_modules = targets <= resolved if unreached is None else targets - unreached == resolved - unreached
+    return same_modules and (have.rank, have.alpha, have.dropout) == (want.rank, want.alpha, want.dropout)
 
 
 def merge_part(model: nn.Module, part: str) -> None:

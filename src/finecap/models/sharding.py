@@ -41,6 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from finecap.models import lora
+
 STRATEGIES = ("ddp", "fsdp")
 """``train.strategy``: how several processes share a run (one process: no difference)."""
 
@@ -129,15 +131,18 @@ def match_main(model: nn.Module) -> None:
     Every process must call it."""
     import torch.distributed as dist
 
-    first: dict[int, str] = {}
-    own = {}  # every name of every parameter: its shape, dtype, the first name of the tensor (ties), requires_grad
-    for n, p in model.named_parameters(remove_duplicate=False):
-        own[n] = (tuple(p.shape), p.dtype, first.setdefault(id(p), n), p.requires_grad)
+    own = _described(model)
     sent = [own if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(sent, src=0)
     main = sent[0]
     if dist.get_rank() == 0:
         return
+    # adapters on modules the main process found unreached (lora.drop_adapters; a meta build cannot probe that)
+    extra = {n.split(".lora_", 1)[0] for n in set(own) - set(main) if ".lora_" in n}
+    extra -= {n.split(".lora_", 1)[0] for n in main if ".lora_" in n}
+    if extra:
+        lora.drop_adapters(model, sorted(extra))
+        own = _described(model)
     differ = sorted(set(main) ^ set(own))
     differ += [n for n in main if n in own and (main[n][0], main[n][2]) != (own[n][0], own[n][2])]
     if differ:
@@ -152,6 +157,14 @@ def match_main(model: nn.Module) -> None:
         # what trains is the main process's: a meta build cannot run the probes that find the weights a part's output
         # reaches (finecap.models.vision.reached_parameters), and every process must train the same parameters
         p.requires_grad_(main[name][3])
+
+
+def _described(model: nn.Module) -> dict[str, tuple]:
+    """Every name of every parameter of ``model``: its shape, dtype, the first name of the tensor (ties) and
+    ``requires_grad`` (what :func:`match_main` compares)."""
+    first: dict[int, str] = {}
+    return {n: (tuple(p.shape), p.dtype, first.setdefault(id(p), n), p.requires_grad)
+            for n, p in model.named_parameters(remove_duplicate=False)}  # fmt: skip
 
 
 def receive_weights(model: nn.Module, state: dict[str, torch.Tensor], device: torch.device | str) -> None:

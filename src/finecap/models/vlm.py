@@ -597,6 +597,7 @@ class VlmImages:
 
     def __init__(self, vlm: Vlm) -> None:
         self.vlm = vlm
+        self._reached: frozenset[str] | None = None
 
     @property
     def model(self) -> nn.Module:
@@ -621,12 +622,22 @@ class VlmImages:
         depends on: LLaVA reads a hidden layer (``vision_feature_layer``), so its tower's ``post_layernorm`` (and
         the layers after that layer) never reach the loss, nor does Gemma 3's or LLaVA-OneVision's SigLIP pooling
         head. Training those would count weights that never learn as trained (``--dry-run``) and stop a
-        multi-process run at its second step (DDP: parameters that were not used in producing the loss). Found by
-        the gradient of the language model's inputs (its embeddings with the image features merged, Qwen3-VL's
-        DeepStack features) for one blank image: finecap's prompt pass, stopped where the language model starts;
-        in eval mode, so that no gradient checkpointing hides a weight."""
+        multi-process run at its second step (DDP: parameters that were not used in producing the loss). An
+        adapter's parameters reach when its layer's weight does (:meth:`reached_names`)."""
+        reached = self.reached_names()
+        return [p for n, p in self.model.named_parameters() if p.is_floating_point() and _owner(n) in reached]
+
+    def reached_names(self) -> frozenset[str]:
+        """The plain tower's names (:func:`finecap.models.lora.plain_name`; adapters left out) of the weights the
+        language model's inputs depend on. Found by the gradient of those inputs (its embeddings with the image
+        features merged, Qwen3-VL's DeepStack features) for one blank image: finecap's prompt pass, stopped where
+        the language model starts; in eval mode, so that no gradient checkpointing hides a weight. Probed once per
+        captioner and kept: the answer depends only on the architecture and its config, not on the weights, the
+        adapters or what trains. Not on the meta device (no forward runs there)."""
+        if self._reached is not None:
+            return self._reached
         vlm = self.vlm
-        tower = [p for p in self.model.parameters() if p.is_floating_point()]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.is_floating_point()]
         batch = self.preprocess([Image.new("RGB", (32, 32))])
         read: list[Any] = []
 
@@ -647,11 +658,22 @@ class VlmImages:
 
         try:
             vlm.model.eval()
-            return reached_parameters(tower, run)
+            ids = {id(p) for p in reached_parameters([p for _, p in named], run)}
         finally:
             handle.remove()
             for m, mode in modes:
                 m.training = mode
+        self._reached = frozenset(lora.plain_name(n) for n, p in named if id(p) in ids and "lora_" not in n)
+        return self._reached
+
+    def unreached_modules(self) -> frozenset[str] | None:
+        """The plain tower's modules none of whose own weights the image features reach (:meth:`reached_names`):
+        what LoRA leaves unadapted (:meth:`Vlm.lora_unreached`); ``None`` on the meta device, where no probe runs."""
+        if any(p.is_meta for p in self.model.parameters()):
+            return None
+        reached = self.reached_names()
+        names = {lora.plain_name(n) for n, _ in self.model.named_parameters() if "lora_" not in n}
+        return frozenset(n.rpartition(".")[0] for n in names - reached) - {n.rpartition(".")[0] for n in reached}
 
     def set_trainable(self, trainable: bool) -> None:
         """The vision tower (through its adapters when it has some) as far as the image features reach
@@ -664,6 +686,13 @@ class VlmImages:
             for p in self.model.parameters():
                 if id(p) not in reached:
                     p.requires_grad_(False)
+
+
+def _owner(name: str) -> str:
+    """The plain name of the weight a tower parameter stands for: its own (:func:`finecap.models.lora.plain_name`),
+    or for an adapter's (``x.lora_A.default.weight``) its layer's ``x.weight``."""
+    name = lora.plain_name(name)
+    return name.split(".lora_", 1)[0] + ".weight" if ".lora_" in name else name
 
 
 class _LanguageModelReached(Exception):
@@ -816,6 +845,13 @@ class Vlm(CaptionerBase):
         if part == "encoder" and self.world is not None:
             return ()
         return self.family.lm_targets if part == "lm" else self.family.vision_targets
+
+    def lora_unreached(self, part: str) -> frozenset[str] | None:
+        """The tower's modules the image features never reach (:meth:`VlmImages.unreached_modules`); none elsewhere
+        (the world VLM's dual encoder included)."""
+        if part == "encoder" and self.world is None:
+            return self._images.unreached_modules()
+        return frozenset()
 
     def apply_trainable(self) -> None:
         """``requires_grad``: the language model and head from ``train_lm``, the vision tower from ``train_encoder``

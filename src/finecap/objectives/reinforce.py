@@ -212,6 +212,9 @@ class Reinforce(ObjectiveBase):
     def setup(self, ctx: TrainContext) -> None:
         acc = getattr(ctx, "accelerator", None)
         self.rollouts.check_processes(1 if acc is None else acc.num_processes)
+        model = getattr(ctx, "model", None)
+        if model is not None:  # decoding settings the engine cannot decode the policy's captions with
+            self.rollouts.check_model(model, [self.sample_cfg, self.greedy_cfg])
         self.reward.setup(RewardInputs.from_context(ctx, self.reward.needs))
         call_hook(self.baseline, "setup", ctx)
         self.monitor.setup(ctx)

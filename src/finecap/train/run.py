@@ -247,7 +247,7 @@ def _build_run(
     short = short_run_note(warmup=cfg.train.warmup_steps, total=total)
     if short and accelerator.is_main_process:
         log.warning(short)
-    objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir))
+    objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir, model=model))
 
     acc_device = accelerator.device
     engine = Engine(
