@@ -48,7 +48,7 @@ from finecap.metrics.hallucination import (
     world_objects,
     world_vocabulary,
 )
-from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows
+from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows, number_setting
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -84,9 +84,13 @@ class ChairReward(RewardBase):
         self.objects = None if objects is None else dict(objects)
         self.references = {} if references is None else {i: list(r) for i, r in references.items()}
         self.vocabulary = vocabulary
-        self.recall_weight = float(recall_weight)
+        self.recall_weight = self.check_setting("recall_weight", recall_weight)
         self.instances = instances
         self._truth: dict[Hashable, frozenset[str]] = {}  # ground truth per image, computed once
+
+    def check_setting(self, key: str, value: Any) -> Any:
+        """``recall_weight``: a finite number (a ``ValueError`` naming it otherwise)."""
+        return number_setting(self.name, key, value) if key == "recall_weight" else value
 
     def known_images(self) -> list[Hashable]:
         """The images with objects."""
