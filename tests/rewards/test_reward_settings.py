@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from finecap.rewards import reward_of
+from finecap.judges.world import WorldJudge
+from finecap.rewards import RewardInputs, call_batch, reward_of
 from finecap.rewards.base import flag_setting, number_setting
+from finecap.rewards.claims import ClaimsReward
 from finecap.rewards.length import LengthMask, PiecewiseLength, SoftOverlong
+from finecap.rewards.qa_utility import QAUtilityReward
 from finecap.world.scene import Obj, Scene
 
 SCENES = {0: Scene(0, "grass", [Obj("circle", "red", "large", 0, 0)])}
@@ -65,3 +68,54 @@ def test_the_length_transforms_check_their_parameters_when_built_directly():
     with pytest.raises(ValueError, match="^length: cache=inf must be a finite number"):
         SoftOverlong(inner, max_length=10, cache=float("inf"))
     assert LengthMask(inner, min_length=2).max_length == float("inf")  # no upper bound: the default
+
+
+def test_claims_settings_given_after_setup_apply():
+    caption, batch = ["a blue circle"], call_batch([0])
+    reward = ClaimsReward()
+    reward.setup(RewardInputs(scenes=SCENES))
+    # a judge name given after setup was kept as a string: every call then failed ("no judge or evidence")
+    reward.configure(judge="world", score="precision")
+    assert isinstance(reward.judge, WorldJudge)
+    assert reward(caption, batch).total.tolist() == [0.5]  # object true, colour false: 1 of 2 claims
+    # an unknown score after setup was a bare KeyError('bogus') at the next call; it is refused, the score kept
+    with pytest.raises(ValueError, match="^claims: score='bogus'"):
+        reward.configure(score="bogus")
+    assert reward.score == "precision" and reward(caption, batch).total.tolist() == [0.5]
+    # a judge of no kind after setup was taken, and every call failed; refused as set-up refuses it
+    with pytest.raises(TypeError, match="^claims: judge= must be a finecap.judges.base.Judge or a judge name"):
+        reward.configure(judge=42)
+    assert isinstance(reward.judge, WorldJudge)
+
+
+class ClosingJudge(WorldJudge):
+    closed = 0
+
+    def close(self) -> None:
+        ClosingJudge.closed += 1
+
+
+def closing_judge(cfg, **options):
+    return ClosingJudge()
+
+
+def test_a_judge_the_reward_built_is_closed_when_configure_replaces_it():
+    ClosingJudge.closed = 0
+    reward = ClaimsReward(f"{__name__}:closing_judge", scenes=SCENES)  # built from the name: the reward's to close
+    given = ClosingJudge()
+    reward.configure(judge=given)
+    assert reward.judge is given and ClosingJudge.closed == 1
+    reward.close()
+    assert ClosingJudge.closed == 1  # the judge given stays its giver's
+
+
+def test_qa_utility_refuses_a_judge_after_its_questions_were_filtered_by_another():
+    reward = QAUtilityReward(shuffles=1)
+    reward.setup(RewardInputs(scenes=SCENES))
+    # the old code kept the name unresolved (every call a RuntimeError), or would have kept the blind filter of the
+    # judge it replaced
+    with pytest.raises(ValueError, match=r"^qa_utility: configure\(judge=...\) after the questions were prepared"):
+        reward.configure(judge="world")
+    assert isinstance(reward.judge, WorldJudge) and reward(
+        ["a red circle"], call_batch([0])
+    ).total.tolist() == pytest.approx([0.2])  # 1 of 5
