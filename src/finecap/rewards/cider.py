@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from finecap.data.records import id_key
 from finecap.metrics.ngram import CiderD
 from finecap.metrics.ptb_tokenize import tokenize
 from finecap.rewards.base import (
@@ -129,7 +130,8 @@ class CiderReward(RewardBase):
         else:
             rows = caption_rows(captions, batch).tolist()
             ids = batch["image_ids"]
-            scores = self.scorer.score(texts, [ids[r] for r in rows])  # (N,) float64
+            keys = [id_key(ids[r], self.references) for r in rows]  # an id written as an int or as its string
+            scores = self.scorer.score(texts, [ids[r] if k is None else k for r, k in zip(rows, keys)])  # (N,) float64
         total = torch.from_numpy(scores).float()  # (N,)
         return RewardOutput(total, {self.name: total})
 
