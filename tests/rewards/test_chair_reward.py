@@ -91,3 +91,17 @@ def test_setup_in_a_run_reads_eval_instances_and_the_training_references(tmp_pat
     coco = load(None, ["data.format=coco"])
     with pytest.raises(ValueError, match=r"^chair: no object annotations: .* in a run set eval.instances="):
         get_reward("chair", coco).setup(RewardInputs.of_run(coco, records))
+
+
+def test_references_keyed_by_the_id_written_the_other_way_are_the_images():
+    # COCO's instances key images by int, a JSONL data set's references by string: the reward looked the references
+    # up by the id as the objects key it, so "a cat" named by the references of "1" was a hallucination on image 1
+    # (1 - 1/2 = 0.5 for "a dog chasing a cat"); through an adapter, whichever way the call writes the id
+    from finecap.integrations.scoring import Scorer
+
+    scorer = Scorer.of("chair", objects={1: frozenset({"dog"})}, references={"1": ["a dog chasing a cat"]})
+    assert scorer.score(["a dog chasing a cat", "a dog and a bus"], [1, "1"]).total.tolist() == [1.0, 0.5]
+    # references given to the constructor and with the inputs, one keyed each way: one list of the image
+    reward = ChairReward(references={"1": ["a cat"]})
+    reward.setup(RewardInputs(objects={1: frozenset({"dog"})}, references={1: ["a bus"]}))
+    assert reward(["a dog, a cat and a bus"], call_batch([1])).total.tolist() == [1.0]

@@ -269,3 +269,26 @@ def test_a_reward_of_weight_zero_is_logged_and_its_failures_leave_no_caption_unp
     weighed = WeightedSum({"words": (1.0, Words()), "judge": (0.5, Judge())})(captions, {})
     assert weighed.failed.tolist() == [False, True, False]  # with a weight, its failures still fail the caption
     assert WeightedSum({"judge": (0.0, Judge())})(captions, {}).total.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("order", [("cider", "chair"), ("chair", "cider")])
+def test_a_sum_knows_an_image_its_components_key_as_an_int_and_as_its_string(order):
+    # CIDEr-D's references from a JSONL data set key "1", CHAIR's COCO instances key 1: the sum's known images were
+    # the exact intersection, empty, so an adapter refused every id ("unknown image id"); and CIDEr-D, given the
+    # chair's 1, had no references for it
+    from finecap.integrations.scoring import Scorer
+
+    parts = {
+        "cider": reward_of("cider", references={"1": ["a dog chasing a cat"], "2": ["a red bus"]}),
+        "chair": reward_of("chair", objects={1: frozenset({"dog"}), 2: frozenset({"bus"})}),
+    }
+    mix = WeightedSum({name: (1.0, parts[name]) for name in order})
+    assert sorted(map(str, mix.known_images())) == ["1", "2"]
+    captions = ["a dog chasing a cat", "a red bus"]
+    out = Scorer.of(mix).score(captions, [1, "2"])
+    # each component alone, given the ids as it keys them: CIDEr-D 10 (the reference itself, clipped), chair 1 - 1/2
+    # (the cat) and 1
+    cider = parts["cider"](captions, {"image_ids": ["1", "2"]}).total
+    chair = parts["chair"](captions, {"image_ids": [1, 2]}).total
+    assert chair.tolist() == [0.5, 1.0]
+    assert out.total.tolist() == (cider + chair).tolist()

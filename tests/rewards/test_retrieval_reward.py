@@ -274,3 +274,15 @@ def test_sr_plus_lambda_cider():
     assert out.parts["cider"][0] > 1.0  # the caption repeats a reference of a
     assert close(out.total, out.parts["retrieval"] + 0.5 * out.parts["cider"])  # R = SR + 0.5 * CIDEr
     assert set(out.parts) >= {"retrieval", "cider", "retrieval/accuracy", "retrieval/candidates"}
+
+
+def test_an_image_id_written_as_an_int_or_as_its_string_is_one_image():
+    # a table keyed "1" (a JSONL data set) looked up with 1 (a weighted sum's other component, COCO's instances) was
+    # a KeyError; a weighted sum passes the ids as its first component writes them
+    keyed = RetrievalReward(VectorRetriever(), SRConfig(), image_ids=["1", "2", "3", "4", "5"], embeddings=TABLE)
+    captions = ["1 0", "0.6 0.8", "0 1"]
+    as_strings = keyed(captions, {"image_ids": ["1", "2", "3"]})
+    assert close(as_strings.total, [-0.460373, -1.151251, -0.990924])  # test_in_batch_distractors's values
+    assert keyed(captions, {"image_ids": [1, 2, "3"]}).total.tolist() == as_strings.total.tolist()
+    with pytest.raises(KeyError, match="image id 6 has no retriever embedding"):
+        keyed(captions, {"image_ids": [1, 2, 6]})

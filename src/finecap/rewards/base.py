@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -198,6 +199,38 @@ def call_batch(image_ids: Sequence[Hashable], references: Sequence[Sequence[str]
     return batch
 
 
+def number_setting(reward: str, key: str, value: Any, *, minimum: float | None = None, positive: bool = False,
+                   infinite: bool = False) -> float:  # fmt: skip
+    """``value`` of the setting ``key`` of ``reward`` as a float: a real number (never a bool or a string), finite
+    (``infinite``: ``+inf`` too), at least ``minimum``, above 0 when ``positive``; else a ``ValueError`` naming both.
+
+    >>> number_setting("chair", "recall_weight", 1)
+    1.0
+    >>> number_setting("cider", "sigma", "6")
+    Traceback (most recent call last):
+    ...
+    ValueError: cider: sigma='6' must be a number
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{reward}: {key}={value!r} must be a number")
+    number = float(value)
+    if math.isnan(number) or (math.isinf(number) and not (infinite and number > 0)):
+        raise ValueError(f"{reward}: {key}={value!r} must be a finite number")
+    if positive and number <= 0:
+        raise ValueError(f"{reward}: {key}={value!r} must be above 0")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{reward}: {key}={value!r} must be at least {minimum:g}")
+    return number
+
+
+def flag_setting(reward: str, key: str, value: Any) -> bool:
+    """``value`` of the setting ``key`` of ``reward``: ``True`` or ``False`` (a string such as ``"false"`` would
+    read as true), else a ``ValueError`` naming both."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{reward}: {key}={value!r} must be True or False")
+    return value
+
+
 class RewardBase:
     """Base of rewards: the facts and hooks every user of a reward reads (the REINFORCE objective, the reward server,
     the adapters), with defaults (module docstring)."""
@@ -222,13 +255,21 @@ class RewardBase:
         """Called once before the first call, with what the reward reads (references, images, retriever, ...)."""
 
     def configure(self, **settings: Any) -> None:
-        """Set the declared :attr:`settings` (before :meth:`setup`); any other name is a ``TypeError``."""
-        for key, value in settings.items():
+        """Set the declared :attr:`settings`, each checked by :meth:`check_setting` before any is set; any other name
+        is a ``TypeError``. A reward whose set-up reads a setting applies it or refuses it after :meth:`setup`."""
+        for key in settings:
             if key not in self.settings:
                 valid = ", ".join(self.settings) or "none"
                 raise TypeError(f"unexpected keyword argument {key!r} (settings: {valid}; data: the fields of "
                                 "RewardInputs)")  # fmt: skip
+        checked = {key: self.check_setting(key, value) for key, value in settings.items()}
+        for key, value in checked.items():
             setattr(self, key, value)
+
+    def check_setting(self, key: str, value: Any) -> Any:
+        """``value`` of the setting ``key`` as the reward keeps it, or a ``ValueError`` naming the reward and the
+        setting (:func:`number_setting`, :func:`flag_setting`); by default any value is kept."""
+        return value
 
     def known_images(self) -> Collection[Hashable] | None:
         """The image ids the reward can score (its references', embeddings' or scenes'), or ``None`` when it does not
@@ -303,8 +344,16 @@ class WeightedSum(RewardBase):
         return any(r.compares_images for r in self._components())
 
     def known_images(self) -> frozenset[Hashable] | None:
-        sets = [frozenset(s) for s in (r.known_images() for r in self._components()) if s is not None]
-        return frozenset.intersection(*sets) if sets else None
+        """The images every component knows, an id written as an int by one and as its string by another one image
+        (a COCO ``instances`` file keys ints, a JSONL data set strings), written as the first component writes it."""
+        sets = [s for s in (r.known_images() for r in self._components()) if s is not None]
+        if not sets:
+            return None
+        known = {str(i): i for i in sets[0]}
+        for other in sets[1:]:
+            texts = {str(i) for i in other}
+            known = {text: i for text, i in known.items() if text in texts}
+        return frozenset(known.values())
 
     def setup(self, inputs: RewardInputs) -> None:
         for reward in self._components():

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from finecap.data.records import id_key
 from finecap.metrics.hallucination import (
     ObjectVocabulary,
     caption_chair,
@@ -47,7 +48,7 @@ from finecap.metrics.hallucination import (
     world_objects,
     world_vocabulary,
 )
-from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows
+from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows, number_setting
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -83,9 +84,13 @@ class ChairReward(RewardBase):
         self.objects = None if objects is None else dict(objects)
         self.references = {} if references is None else {i: list(r) for i, r in references.items()}
         self.vocabulary = vocabulary
-        self.recall_weight = float(recall_weight)
+        self.recall_weight = self.check_setting("recall_weight", recall_weight)
         self.instances = instances
         self._truth: dict[Hashable, frozenset[str]] = {}  # ground truth per image, computed once
+
+    def check_setting(self, key: str, value: Any) -> Any:
+        """``recall_weight``: a finite number (a ``ValueError`` naming it otherwise)."""
+        return number_setting(self.name, key, value) if key == "recall_weight" else value
 
     def known_images(self) -> list[Hashable]:
         """The images with objects."""
@@ -109,19 +114,23 @@ class ChairReward(RewardBase):
                              "instances_*.json> (or train on the world)")  # fmt: skip
         else:
             self.objects = read_instances(self.instances, "eval.instances")
-        for image_id, refs in (inputs.references or {}).items():
-            self.references.setdefault(image_id, []).extend(refs)
+        for image_id, refs in (inputs.references or {}).items():  # one list an image, whichever way its id is written
+            key = id_key(image_id, self.references)
+            self.references.setdefault(image_id if key is None else key, []).extend(refs)
 
     def truth(
         self, image_id: Hashable, references: Sequence[str] | None = None
     ) -> tuple[frozenset[str], frozenset[str]]:
-        """(annotated categories, ground-truth objects) of ``image_id``; ``references``: a call's own, in place of the
-        image's (module docstring)."""
+        """(annotated categories, ground-truth objects) of ``image_id``, its objects and references found whether
+        either side writes the id as an int or as its string; ``references``: a call's own, in place of the image's
+        (module docstring)."""
         (annotated,) = lookup_objects([image_id], self.objects or {}, "rl.rewards.chair")
         if references is not None:
             return annotated, ground_truth(annotated, references, self._vocab())
-        if image_id not in self._truth:
-            self._truth[image_id] = ground_truth(annotated, self.references.get(image_id), self._vocab())
+        if image_id not in self._truth:  # the references keyed as the objects are, or by the id written the other way
+            key = id_key(image_id, self.references)
+            refs = None if key is None else self.references[key]
+            self._truth[image_id] = ground_truth(annotated, refs, self._vocab())
         return annotated, self._truth[image_id]
 
     def _vocab(self) -> ObjectVocabulary:

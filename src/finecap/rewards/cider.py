@@ -29,9 +29,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from finecap.data.records import id_key
 from finecap.metrics.ngram import CiderD
 from finecap.metrics.ptb_tokenize import tokenize
-from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows
+from finecap.rewards.base import (
+    CAPTION_REFERENCES,
+    RewardBase,
+    RewardOutput,
+    caption_rows,
+    flag_setting,
+    number_setting,
+)
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -58,8 +66,8 @@ class CiderReward(RewardBase):
         tokenize_text: bool = True,
         sigma: float = 6.0,
     ):
-        self.tokenize_text = tokenize_text
-        self.sigma = sigma
+        self.tokenize_text = self.check_setting("tokenize_text", tokenize_text)
+        self.sigma = self.check_setting("sigma", sigma)
         self.scorer: CiderD | None = None
         self.references: dict[Hashable, list[str]] = {}  # the document-frequency corpus, as scored (tokenised)
         if references is not None:
@@ -71,11 +79,24 @@ class CiderReward(RewardBase):
         self.references = {i: list(refs) for i, refs in references.items()}
         self.scorer = CiderD(self.references, sigma=self.sigma)
 
+    def check_setting(self, key: str, value: Any) -> Any:
+        """``sigma``: a number above 0 (the length penalty divides by it); ``tokenize_text``: ``True`` or ``False``; a
+        ``ValueError`` naming the setting otherwise."""
+        if key == "sigma":
+            return number_setting(self.name, key, value, positive=True)
+        if key == "tokenize_text":
+            return flag_setting(self.name, key, value)
+        return value
+
     def configure(self, **settings: Any) -> None:
-        """Set ``sigma`` and ``tokenize_text`` (:meth:`RewardBase.configure`) wholly: a new ``sigma`` is the scorer's
-        too when the references were given already; ``tokenize_text`` cannot change once they were (they are kept as
-        scored, tokenised or not), a ``ValueError`` saying to give it to the constructor."""
-        if self.scorer is not None and bool(settings.get("tokenize_text", self.tokenize_text)) != self.tokenize_text:
+        """Set ``sigma`` and ``tokenize_text`` (:meth:`RewardBase.configure`, :meth:`check_setting`) wholly: a new
+        ``sigma`` is the scorer's too when the references were given already; ``tokenize_text`` cannot change once
+        they were (they are kept as scored, tokenised or not), a ``ValueError`` saying to give it to the
+        constructor."""
+        changed = "tokenize_text" in settings and (
+            self.check_setting("tokenize_text", settings["tokenize_text"]) != self.tokenize_text
+        )
+        if self.scorer is not None and changed:
             raise ValueError(f"cider: configure(tokenize_text={settings['tokenize_text']!r}) after the references "
                              "were given (they are kept as scored): give tokenize_text= to the constructor, with "
                              "the references")  # fmt: skip
@@ -109,7 +130,8 @@ class CiderReward(RewardBase):
         else:
             rows = caption_rows(captions, batch).tolist()
             ids = batch["image_ids"]
-            scores = self.scorer.score(texts, [ids[r] for r in rows])  # (N,) float64
+            keys = [id_key(ids[r], self.references) for r in rows]  # an id written as an int or as its string
+            scores = self.scorer.score(texts, [ids[r] if k is None else k for r, k in zip(rows, keys)])  # (N,) float64
         total = torch.from_numpy(scores).float()  # (N,)
         return RewardOutput(total, {self.name: total})
 

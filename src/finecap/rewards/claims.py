@@ -83,6 +83,20 @@ class ClaimsReward(JudgedReward):
         if judge is not None and not isinstance(judge, Judge):
             self.judge = self._resolve(judge, cfg, "claims")
 
+    def check_setting(self, key: str, value: Any) -> Any:
+        """``score``: one of :data:`SCORES`; ``judge``: :meth:`JudgedReward.check_setting`'s (a ``ValueError``
+        naming the setting otherwise)."""
+        if key == "score":
+            check_score(value)
+        return super().check_setting(key, value)
+
+    def configure(self, **settings: Any) -> None:
+        """Set ``judge`` and ``score`` (:meth:`check_setting`); a judge given is resolved here, as the constructor
+        resolves it, so that it applies whether :meth:`setup` came before or comes after."""
+        super().configure(**settings)
+        if "judge" in settings:
+            self.judge = self._resolve(self.judge, self.cfg, "claims")
+
     def setup(self, inputs: RewardInputs) -> None:
         """The judge and the evidence (module docstring), once."""
         check_score(self.score)

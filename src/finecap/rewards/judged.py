@@ -43,10 +43,15 @@ def resolve_judge(judge: Judge | str | None, cfg: Config | None, option: str) ->
         return judge
     if judge is None:
         return get_judge(cfg.judge.name if cfg is not None else "world", cfg)
-    if isinstance(judge, str):
-        return get_judge(judge, cfg)
-    raise TypeError(f"{option}: judge= must be a finecap.judges.base.Judge or a judge name (e.g. 'world', 'openai'), "
-                    f"got {type(judge).__name__}")  # fmt: skip
+    check_judge(judge, option)
+    return get_judge(judge, cfg)
+
+
+def check_judge(judge: Any, option: str) -> None:
+    """A ``TypeError`` naming ``option`` unless ``judge`` is a :class:`Judge`, a judge name or ``None``."""
+    if not (judge is None or isinstance(judge, Judge | str)):
+        raise TypeError(f"{option}: judge= must be a finecap.judges.base.Judge or a judge name (e.g. 'world', "
+                        f"'openai'), got {type(judge).__name__}")  # fmt: skip
 
 
 class JudgedReward(RewardBase):
@@ -55,9 +60,20 @@ class JudgedReward(RewardBase):
     stays its giver's to close."""
 
     _built: Judge | None = None
+    name = "judged"
+
+    def check_setting(self, key: str, value: Any) -> Any:
+        """``judge``: a :class:`Judge`, a judge name or ``None`` (the configuration's); a ``TypeError`` naming the
+        reward otherwise (:func:`check_judge`)."""
+        if key == "judge":
+            check_judge(value, self.name)
+        return value
 
     def _resolve(self, judge: Judge | str | None, cfg: Config | None, option: str) -> Judge:
         resolved = resolve_judge(judge, cfg, option)
+        if self._built is not None and self._built is not resolved:  # a judge it built, replaced: released
+            self._built.close()
+            self._built = None
         if resolved is not judge:
             self._built = resolved
         return resolved

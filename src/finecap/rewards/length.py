@@ -34,13 +34,14 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from finecap.registry import declared_needs
-from finecap.rewards.base import RewardBase, RewardOutput, as_reward
+from finecap.rewards.base import RewardBase, RewardOutput, as_reward, number_setting
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -120,7 +121,9 @@ class PiecewiseLength(Transform):
 
     def __init__(self, inner: Reward, *, l1: float, l2: float, weight: float = 1.0) -> None:
         super().__init__(inner)
-        self.l1, self.l2, self.weight = l1, l2, weight
+        self.l1 = number_setting("length", "l1", l1, minimum=0)
+        self.l2 = number_setting("length", "l2", l2, minimum=0)
+        self.weight = number_setting("length", "weight", weight)
 
     def shape(self, out: RewardOutput, lengths: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         r = piecewise_length(lengths, self.l1, self.l2)
@@ -132,6 +135,8 @@ class SoftOverlong(Transform):
 
     def __init__(self, inner: Reward, *, max_length: float, cache: float) -> None:
         super().__init__(inner)
+        max_length = number_setting("length", "max_length", max_length, positive=True)
+        cache = number_setting("length", "cache", cache, positive=True)
         if not 0 < cache <= max_length:
             raise ValueError(f"length: cache={cache} must be in (0, max_length={max_length}]")
         self.max_length, self.cache = max_length, cache
@@ -146,7 +151,10 @@ class LengthMask(Transform):
 
     def __init__(self, inner: Reward, *, min_length: float = 0, max_length: float = float("inf")) -> None:
         super().__init__(inner)
-        self.min_length, self.max_length = min_length, max_length
+        self.min_length = number_setting("length", "min_length", min_length, minimum=0)
+        self.max_length = number_setting("length", "max_length", max_length, infinite=True)
+        if self.max_length < self.min_length:  # every caption masked: the wrapped reward would never count
+            raise ValueError(f"length: max_length={max_length!r} is below min_length={min_length!r}")
 
     def shape(self, out: RewardOutput, lengths: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         keep = ((lengths >= self.min_length) & (lengths <= self.max_length)).float()
@@ -195,6 +203,11 @@ class Shaped(Wrapper):
             raise ValueError(f"length: unknown kind {kind!r}; valid: {', '.join(TRANSFORMS)}")
         cls, params = TRANSFORMS[kind]
         own = {k: settings.pop(k) for k in params if k in settings}
+        signature = inspect.signature(cls).parameters
+        missing = [k for k in params if k not in own and signature[k].default is inspect.Parameter.empty]
+        if missing:
+            raise ValueError(f"length: kind={kind} needs {', '.join(f'{k}=' for k in missing)} (its parameters: "
+                             f"{', '.join(params)})")  # fmt: skip
         for key in settings.keys() & set(self.settings):
             raise TypeError(f"length: {key}= is not a parameter of kind={kind} ({', '.join(params)})")
         if isinstance(reward, str):

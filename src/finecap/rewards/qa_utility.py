@@ -105,6 +105,16 @@ class QAUtilityReward(JudgedReward):
         self.questions, self.blind = drop_blind(judge, questions, self.shuffles, self.seed, refuse="qa_utility")
         return questions
 
+    def configure(self, **settings: Any) -> None:
+        """Set ``judge`` (:meth:`JudgedReward.check_setting`) before the questions are prepared; after, a
+        ``ValueError``: the blind judge that filtered them was the earlier one (give ``judge=`` to the constructor, or
+        as an adapter's option)."""
+        if "judge" in settings and self.questions is not None:
+            raise ValueError("qa_utility: configure(judge=...) after the questions were prepared (set up, or given "
+                             "with a judge to the constructor): the earlier judge filtered out the questions it "
+                             "answered blind; give judge= before setup, with the questions")  # fmt: skip
+        super().configure(**settings)
+
     def check_covers(self, image_ids: Sequence[Hashable], asked: Mapping[Hashable, Sequence[Question]]) -> None:
         """A ``ValueError`` when an image of ``image_ids`` (a run's training images) has no question left, naming how
         many were given none and how many lost all theirs to the blind filter (``asked``: before it), before the run

@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import torch
 
 from finecap.config import Distractors, SRConfig, SRReward
+from finecap.data.records import id_key
 from finecap.models.text_window import DONE, encode_texts
 from finecap.rewards.base import RewardBase, RewardOutput, caption_rows
 
@@ -305,13 +306,14 @@ class RetrievalReward(RewardBase):
     # ----------------------------------------------------------------------------------------------------------------
 
     def _rows(self, image_ids: Sequence[Hashable]) -> torch.Tensor:
-        try:
-            return torch.tensor([self.row_of[i] for i in image_ids], dtype=torch.long)  # (B,)
-        except KeyError as e:
-            raise KeyError(
-                f"rl.rewards.retrieval: image id {e.args[0]!r} has no retriever embedding (only the training "
-                f"split's {len(self.row_of)} images are embedded)"
-            ) from None
+        rows = []
+        for i in image_ids:
+            key = i if i in self.row_of else id_key(i, self.row_of)  # an id written as an int or as its string
+            if key is None:
+                raise KeyError(f"rl.rewards.retrieval: image id {i!r} has no retriever embedding (only the training "
+                               f"split's {len(self.row_of)} images are embedded)")  # fmt: skip
+            rows.append(self.row_of[key])
+        return torch.tensor(rows, dtype=torch.long)  # (B,)
 
     def _global_batch(self, batch: Mapping[str, Any], rows: torch.Tensor, bags: torch.Tensor | None):
         """Table rows (and bag numbers) of the images of the optimizer step's global batch, in global order: from
