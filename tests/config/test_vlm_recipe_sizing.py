@@ -72,18 +72,18 @@ def test_a_recipe_training_the_vision_tower_counts_its_adapters_or_the_tower():
 
 def test_a_recipe_counts_the_retrievers_and_the_kl_reference_it_keeps_beside():
     """Session 35's review: the sizing left out the frozen CLIP retriever of the SR and SMILE recipes and the GRPO
-    KL's copy of the trained weights. A retriever per component that loads one (the self-retrieval reward, the
-    retrieval validator: two loads, two copies), 605,110,268 bytes each (CLIP ViT-B/32: checked against the model
-    built on the meta device in tests/models/test_retriever_bytes.py); the KL copy is every trained parameter in
-    float32 but fresh LoRA adapters."""
+    KL's copy of the trained weights. One retriever when the self-retrieval reward or the retrieval validator reads
+    it (a run loads it once and both share it: tests/train/test_shared_retriever.py), 605,110,268 bytes (CLIP
+    ViT-B/32: checked against the model built on the meta device in tests/models/test_retriever.py); the KL
+    copy is every trained parameter in float32 but fresh LoRA adapters."""
     qwen = BACKBONES["Qwen2-VL-2B"]
     assert recipe_forecast(load("coco/mle_vlm"), qwen)["beside"] == {"retrievers": 0, "reference": 0}
     assert recipe_forecast(load("coco/smile_vlm"), qwen)["beside"]["retrievers"] == CLIP_B32  # the validator's
-    assert recipe_forecast(load("coco/sr_l_vlm"), qwen)["beside"]["retrievers"] == 2 * CLIP_B32  # + the reward's
+    assert recipe_forecast(load("coco/sr_l_vlm"), qwen)["beside"]["retrievers"] == CLIP_B32  # shared with the reward's
     lora = 32 * 9728 * 28  # LoRA r32 on q/k/v/o of 28 layers (test_full_fine_tuning_is_one_override_away)
     grpo = recipe_forecast(load("coco/grpo_sr_cider_vlm"), qwen)["beside"]
     # from coco/mle_vlm's checkpoint (train.init_from), whose adapters of the same settings continue: copied
-    assert grpo == {"retrievers": 2 * CLIP_B32, "reference": 4 * (lora + 34_087_936)}
+    assert grpo == {"retrievers": CLIP_B32, "reference": 4 * (lora + 34_087_936)}
     fresh = recipe_forecast(load("coco/grpo_sr_cider_vlm", ["train.init_from="]), qwen)["beside"]
     assert fresh["reference"] == 4 * 34_087_936  # fresh adapters: the reference runs with them off
     full = recipe_forecast(load("coco/grpo_sr_cider_vlm", ["lora.lm=false"]), qwen)

@@ -109,11 +109,12 @@ def test_dry_run_of_a_vlm_recipe_prints_the_activation_forecast(tmp_path, monkey
     )
 
 
-def test_the_forecast_counts_a_retriever_per_component_that_loads_one(tmp_path):
-    """Session 35's review: the dry run's total left out the frozen retrievers. The self-retrieval reward loads one
-    onto the device when training starts and the retrieval validator another at the first evaluation (two loads,
-    two copies: coco/sr_l_vlm); coco/smile_vlm's validator alone loads one; coco/mle_vlm none. Each copy is the
-    loaded model's storage (measured here on a tiny CLIP)."""
+def test_the_forecast_counts_one_retriever_for_the_components_that_share_it(tmp_path):
+    """Session 35's review: the dry run's total left out the frozen retrievers. The self-retrieval reward (on the
+    device when training starts) and the retrieval validator (from its first evaluation) share one copy, loaded once
+    (tests/train/test_shared_retriever.py: coco/sr_l_vlm has both, one copy; until session 36 each loaded its own);
+    coco/smile_vlm's validator alone has one; coco/mle_vlm none. A copy is the loaded model's storage (measured here
+    on a tiny CLIP)."""
     from types import SimpleNamespace
 
     from finecap.config import load
@@ -125,7 +126,7 @@ def test_the_forecast_counts_a_retriever_per_component_that_loads_one(tmp_path):
     model = Retriever.from_pretrained(clip).model
     one = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     reward = SimpleNamespace(needs=frozenset({"retriever"}))  # what the objective of a retrieval reward declares
-    for recipe, objective, copies in (("sr_l_vlm", reward, 2), ("smile_vlm", SimpleNamespace(), 1),
+    for recipe, objective, copies in (("sr_l_vlm", reward, 1), ("smile_vlm", SimpleNamespace(), 1),
                                       ("mle_vlm", SimpleNamespace(), 0)):  # fmt: skip
         cfg = load(f"coco/{recipe}", [f"retriever.checkpoint={clip}"])
         assert kept_beside(torch.nn.Linear(2, 2), cfg, objective)["frozen retrievers"] == copies * one, recipe

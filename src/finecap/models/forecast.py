@@ -533,14 +533,15 @@ recipes without loading it: CLIP ViT-B/32's 151,277,313 parameters in float32 (t
 
 def recipe_beside(cfg: Any, backbone: Backbone, state: dict[str, int]) -> dict[str, int]:
     """What a VLM recipe keeps on the device beside the captioner and its training state (``state``:
-    :func:`recipe_state`): ``retrievers``, one frozen copy of ``retriever.checkpoint`` (:data:`RETRIEVERS`) for the
-    self-retrieval reward (``rl.rewards`` with ``retrieval``, loaded on the device when training starts) and one for
-    the retrieval validator (``train.validators``, moved there at the first evaluation): two loads, two copies; and
+    :func:`recipe_state`): ``retrievers``, one frozen copy of ``retriever.checkpoint`` (:data:`RETRIEVERS`) when the
+    self-retrieval reward (``rl.rewards`` with ``retrieval``, on the device when training starts) or the retrieval
+    validator (``train.validators``, from its first evaluation) reads it: a run loads it once and both share it
+    (:class:`finecap.models.retriever.SharedRetrievers`); and
     ``reference``, the GRPO KL's copy of the trained weights in their float32 (:mod:`finecap.objectives.reference`):
     every trained parameter but fresh LoRA adapters (adapters continued from ``train.init_from`` are copied: a
     checkpoint with the same adapter settings keeps its adapters, which then add something)."""
     rewarded = cfg.train.objective in SAMPLING and "retrieval" in cfg.rl.rewards
-    copies = rewarded + ("retrieval" in cfg.train.validators)
+    copies = int(rewarded or "retrieval" in cfg.train.validators)
     retrievers = 0
     if copies:
         if cfg.retriever.checkpoint not in RETRIEVERS:

@@ -49,6 +49,7 @@ train``, :func:`finecap.train.world_encoder.ensure_world_encoder`), never as a s
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 from collections.abc import Sequence
@@ -536,14 +537,67 @@ def retriever_path(cfg: Config) -> str | Path:
     return cfg.retriever.checkpoint or world_encoder_path(cfg)
 
 
+class SharedRetrievers:
+    """While one of its ``with`` blocks runs, :func:`load_retriever` loads a retriever of given settings (checkpoint,
+    batch size, ``retriever.long_text``, ``data.jpeg_draft``, the image budget) once and returns that same object to
+    every later call asking for the same settings, across all the blocks of this object: a training run loads the
+    frozen retriever once for the self-retrieval reward and the retrieval validator, which share it
+    (:func:`finecap.train.run.kept_beside` counts one copy). A call naming a ``device`` moves the shared model there
+    (the reward asks for the accelerator's device, where the validator moves it at its first evaluation anyway).
+    Sharing changes no value: both only read the frozen model (no gradient, eval mode). Outside any block every call
+    loads its own copy.
+
+    Example (``clip_dir``: a tiny CLIP checkpoint)::
+
+        >>> from finecap.config import load
+        >>> cfg = load(None, [f"retriever.checkpoint={clip_dir}"])
+        >>> shared = SharedRetrievers()
+        >>> with shared:
+        ...     first = load_retriever(cfg)
+        >>> with shared:
+        ...     load_retriever(cfg) is first, load_retriever(cfg, batch_size=1) is first
+        (True, False)
+        >>> load_retriever(cfg) is first
+        False
+    """
+
+    def __init__(self) -> None:
+        self.loaded: dict[tuple[Any, ...], Retriever] = {}
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> SharedRetrievers:
+        self._tokens.append(_SHARED.set(self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _SHARED.reset(self._tokens.pop())
+
+
+_SHARED: contextvars.ContextVar[SharedRetrievers | None] = contextvars.ContextVar("finecap_shared_retrievers",
+                                                                                   default=None)  # fmt: skip
+"""The :class:`SharedRetrievers` whose block is running (``None``: none; every load its own)."""
+
+
 def load_retriever(cfg: Config, batch_size: int | None = None, device: str | torch.device | None = None) -> Retriever:
     """The retriever a run uses: ``retriever.checkpoint`` if set, else the world encoder of ``cfg``, which must have
     been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise);
     on ``device`` (default: where ``from_pretrained`` puts it, the CPU; a CUDA device's weights are read straight onto
-    it: :meth:`Retriever.from_pretrained`)."""
+    it: :meth:`Retriever.from_pretrained`). Inside a :class:`SharedRetrievers` block, the one already loaded there
+    with the same settings (moved to ``device`` when one is given)."""
     path = retriever_path(cfg)
-    retriever = Retriever.from_pretrained(path, batch_size=batch_size or cfg.retriever.batch_size_eval, device=device,
+    batch_size = batch_size or cfg.retriever.batch_size_eval
+    limits = ImageLimits.of(cfg.data)
+    shared = _SHARED.get()
+    key = (str(path), batch_size, cfg.retriever.long_text, cfg.data.jpeg_draft, limits)
+    if shared is not None and key in shared.loaded:
+        retriever = shared.loaded[key]
+        if device is not None:
+            retriever.model.to(device)
+        return retriever
+    retriever = Retriever.from_pretrained(path, batch_size=batch_size, device=device,
                                           long_text=cfg.retriever.long_text)  # fmt: skip
     retriever.jpeg_draft = cfg.data.jpeg_draft
-    retriever.image_limits = ImageLimits.of(cfg.data)
+    retriever.image_limits = limits
+    if shared is not None:
+        shared.loaded[key] = retriever
     return retriever

@@ -42,8 +42,9 @@ Image embeddings are computed once, in :meth:`RetrievalReward.setup` (from its :
 ``embeddings``, or ``images`` embedded there, or in a run the training ``records`` with
 :meth:`finecap.models.retriever.Retriever.image_embeddings`, cached on disk by model and data set identity) and
 looked up by image id; only the captions are encoded each step. The retriever (``inputs.retriever``: in a run
-``load_retriever``) is a separate, frozen copy (``requires_grad_(False)``, eval mode), so fine-tuning the captioner's
-vision encoder (SR-V), even one loaded from the same checkpoint, never moves the scorer.
+``load_retriever``, the object the retrieval validator shares: :class:`finecap.models.retriever.SharedRetrievers`) is
+a frozen copy apart from the captioner (``requires_grad_(False)``, eval mode), so fine-tuning the captioner's vision
+encoder (SR-V), even one loaded from the same checkpoint, never moves the scorer.
 
 Example (hand-computed; see tests/rewards/test_retrieval_reward.py)::
 

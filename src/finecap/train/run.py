@@ -45,6 +45,7 @@ from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import sharding
 from finecap.models.backbones import check_before_building, reads_world_encoder
 from finecap.models.memory import check_attention
+from finecap.models.retriever import Retriever, SharedRetrievers, retriever_path
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.objectives.smile import validation_shift_token
@@ -238,7 +239,10 @@ def _build_run(
         data = build_data(cfg, model, accelerator, per_caption=per_caption)
         if cfg.train.strategy == "fsdp" and accelerator.is_main_process:
             log.info("train.strategy=fsdp with one process: nothing to shard, training as usual")
-    all_validators = [factory(cfg) for factory in factories] + list(validators or [])
+    # one frozen retriever for the self-retrieval reward and the retrieval validator (kept_beside counts one)
+    retrievers = SharedRetrievers()
+    with retrievers:
+        all_validators = [factory(cfg) for factory in factories] + list(validators or [])
     optimizer = build_optimizer(model, cfg.train)
     global_batch = cfg.train.batch_size * accelerator.num_processes * cfg.train.grad_accum_steps
     sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # grpo.iterations
@@ -247,7 +251,8 @@ def _build_run(
     short = short_run_note(warmup=cfg.train.warmup_steps, total=total)
     if short and accelerator.is_main_process:
         log.warning(short)
-    objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir, model=model))
+    with retrievers:
+        objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir, model=model))
 
     acc_device = accelerator.device
     engine = Engine(
@@ -347,16 +352,15 @@ def dry_run(cfg: Config) -> dict[str, Any]:
 def kept_beside(model: torch.nn.Module, cfg: Config, objective: ObjectiveBase) -> dict[str, int]:
     """What a run keeps on its device beside the captioner and its training state (``--dry-run``'s forecast): a
     frozen copy of the retriever (``retriever.*``, :meth:`Retriever.weight_bytes
-    <finecap.models.retriever.Retriever.weight_bytes>`) for each component that loads one (the objective's reward
-    at setup, each validator declaring it at the first evaluation: each loads its own), and the GRPO KL's copy of the
-    trained weights (:meth:`Reference.copy_bytes <finecap.objectives.reference.Reference.copy_bytes>`)."""
-    loads = ("retriever" in declared_needs(objective)) + sum(
+    <finecap.models.retriever.Retriever.weight_bytes>`) when a component declares it (the objective's reward, on the
+    device from setup; a validator, from its first evaluation): one copy however many, as the run loads it once and
+    they share it (:class:`~finecap.models.retriever.SharedRetrievers`); and the GRPO KL's copy of the trained
+    weights (:meth:`Reference.copy_bytes <finecap.objectives.reference.Reference.copy_bytes>`)."""
+    reads = "retriever" in declared_needs(objective) or any(
         "retriever" in declared_needs(factory) for factory in validator_factories(cfg))  # fmt: skip
     out = {"frozen retrievers": 0, "the KL reference's copy of the trained weights": 0}
-    if loads:
-        from finecap.models.retriever import Retriever, retriever_path
-
-        out["frozen retrievers"] = loads * Retriever.weight_bytes(retriever_path(cfg))
+    if reads:
+        out["frozen retrievers"] = Retriever.weight_bytes(retriever_path(cfg))
     reference = getattr(objective, "reference", None)
     if reference is not None:
         out["the KL reference's copy of the trained weights"] = reference.copy_bytes(model)

@@ -69,8 +69,9 @@ def retrieval_validator(cfg: Config) -> Validator:
     random distractor validation images, scored by the frozen retriever (``retriever.*``; the world encoder must have
     been prepared: the factory declares ``needs = {"retriever"}``). With ``train.best_metric=r@1`` the loop keeps
     the checkpoint that retrieves best, as the SMILE paper selects checkpoints. The retriever is loaded here (a
-    missing one stops the run before training) and runs on the accelerator's device, in float32, from the first
-    evaluation on, where the validation images are embedded once (cached on disk)."""
+    missing one stops the run before training; in a run, the object the self-retrieval reward then shares:
+    :class:`finecap.models.retriever.SharedRetrievers`) and runs on the accelerator's device, in float32, from the
+    first evaluation on, where the validation images are embedded once (cached on disk)."""
     retriever = load_retriever(cfg)
     records = validation_records(cfg)
     if len(records) < 2:
