@@ -73,7 +73,9 @@ class Captioner(Closeable):
         vision encoder is checked (:func:`finecap.train.fingerprint.check_run`), and weights holding NaN are refused.
         ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
         (:func:`finecap.metrics.context.eval_device`); one torch does not know or this machine lacks is a
-        ``ValueError`` naming it (:func:`usable_device`), before the model loads."""
+        ``ValueError`` naming it (:func:`usable_device`), before the model loads. Loading leaves the process's random
+        generators (python, numpy, torch) as they were: a notebook's draws after it are those it would have had
+        without it."""
         with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
             from finecap.config import load_stored
             from finecap.inference import checkpoint_where, load_for_captioning
@@ -81,13 +83,15 @@ class Captioner(Closeable):
             from finecap.runs import find_checkpoint, model_dir, stored_config
             from finecap.train.checkpoint import folder_config
             from finecap.train.fingerprint import check_run
+            from finecap.utils.rng import rng_preserved
 
             where = usable_device(device) if device is not None else None  # a wrong device said before any reading
             checkpoint = find_checkpoint(checkpoint_where(path, option="path"))  # a run name as --checkpoint takes it
             stored = stored_config(checkpoint)
             cfg = load_stored(stored) if stored is not None else folder_config(model_dir(checkpoint))
             check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
-            model = load_for_captioning(checkpoint, cfg, where if where is not None else eval_device(cfg))
+            with rng_preserved():  # building the modules draws their initial weights from torch's generator
+                model = load_for_captioning(checkpoint, cfg, where if where is not None else eval_device(cfg))
         return cls(model, cfg, checkpoint)
 
     @property

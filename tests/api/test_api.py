@@ -92,6 +92,24 @@ def test_greedy_and_beam_captions_leave_the_callers_random_stream_alone(cap, fil
         assert torch.equal(torch.rand(3), expected), options
 
 
+def test_loading_a_captioner_leaves_the_callers_random_streams_alone(run):
+    """A notebook seeds, loads a captioner, then draws: its draws are those it would have had without the load
+    (building the ClipCap's modules drew their initial weights from torch's global generator before the checkpoint's
+    replaced them: the draws after ``from_pretrained`` were other ones)."""
+    import random
+
+    def draws_after(action) -> tuple:
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        action()
+        return torch.rand(3), np.random.rand(3), random.random()
+
+    expected = draws_after(lambda: None)
+    drawn = draws_after(lambda: Captioner.from_pretrained(run, device="cpu"))
+    assert torch.equal(drawn[0], expected[0]) and np.array_equal(drawn[1], expected[1]) and drawn[2] == expected[2]
+
+
 def test_decode_options(cap, files):
     assert cap.caption(files[:2], max_length=2) == ["a red", "a blue"]
     assert cap.cfg.decode.max_length == 6  # the run's setting, not changed by a call
