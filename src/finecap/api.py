@@ -104,6 +104,7 @@ class Captioner(Closeable):
         images: Image.Image | str | os.PathLike[str] | Sequence[Image.Image | str | os.PathLike[str]],
         *,
         progress: bool = False,
+        seed: int | None = None,
         **decode: Any,
     ) -> list[str]:
         """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order.
@@ -117,19 +118,23 @@ class Captioner(Closeable):
         per image (``num_return_sequences``), use :meth:`caption_all`. A file and its PIL image give the same pixels
         but for a JPEG at least twice the processor's size: its file is decoded at a reduced scale (the JPEG draft
         training's feature cache used, ``data.jpeg_draft``), an already decoded PIL image at full size. Greedy decoding
-        and beam search leave torch's random generator as they found it; sampling draws from it (``torch.manual_seed``
-        before the call repeats its captions)."""
+        and beam search leave torch's random generator as they found it. Sampling draws from it (``torch.manual_seed``
+        before the call repeats its captions; another ``batch_size`` gives other ones), or, given ``seed``, from
+        per-image seeds of ``seed`` and the image's place in ``images``, as ``finecap caption`` samples with
+        ``run.seed``: ``seed=captioner.cfg.run.seed`` gives the command's captions, in any ``batch_size``, and leaves
+        torch's generator alone (:func:`finecap.caption.batch_captions`)."""
         settings = self.decode_settings(**decode)
         if settings.num_return_sequences != 1:
             raise ValueError("caption() returns one caption per image; for num_return_sequences="
                              f"{settings.num_return_sequences} use caption_all()")  # fmt: skip
-        return [caps[0] for caps in self.caption_all(images, progress=progress, **decode)]
+        return [caps[0] for caps in self.caption_all(images, progress=progress, seed=seed, **decode)]
 
     def caption_all(
         self,
         images: Image.Image | str | os.PathLike[str] | Sequence[Image.Image | str | os.PathLike[str]],
         *,
         progress: bool = False,
+        seed: int | None = None,
         **decode: Any,
     ) -> list[list[str]]:
         """:meth:`caption`, with every caption decoded per image (``num_return_sequences`` of them: the beams or
@@ -142,10 +147,12 @@ class Captioner(Closeable):
         if not images:
             return []
         settings = self.decode_settings(**decode)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):  # any int, as run.seed
+            raise TypeError(f"seed: expected an integer (run.seed's per-image sampling seeds), got {seed!r}")
         with silenced():
             result = caption_images(self.generator(settings), images, settings,
                                     mixed_precision=self.cfg.train.mixed_precision, progress=progress,
-                                    limits=ImageLimits.of(self.cfg.data),
+                                    limits=ImageLimits.of(self.cfg.data), seed=seed,
                                     draft=encoder_draft(self.model.encoder, self.cfg.data))  # fmt: skip
         return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
 

@@ -64,6 +64,26 @@ def test_the_api_and_the_command_share_their_captions(cap, run, files, tmp_path)
         assert cap.caption(files, **options) == [cli[f.name] for f in files]
 
 
+def test_sampled_captions_with_the_runs_seed_are_the_commands(cap, run, files, tmp_path):
+    """``finecap caption`` samples from per-image seeds of ``run.seed``; ``caption(seed=...)`` draws the same, in any
+    batch size, and leaves torch's generator alone (there was no way to get the command's samples: the API drew from
+    torch's global generator, batch by batch, and a ``seed`` keyword was an unknown decoding option)."""
+    sample = {"strategy": "sample", "temperature": 3.0, "max_length": 4}  # hot: the samples differ from seed to seed
+    cli = caption(run, *files, out=tmp_path / "cli.json", more=tuple(f"decode.{k}={v}" for k, v in sample.items()))
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    ours = cap.caption(files, seed=cap.cfg.run.seed, **sample)
+    assert torch.equal(torch.rand(3), expected)  # the per-image seeds draw nothing from torch's generator
+    assert ours == [cli[f.name] for f in files]
+    assert cap.caption(files, seed=cap.cfg.run.seed, batch_size=1, **sample) == ours
+    assert cap.caption_all(files, seed=cap.cfg.run.seed, **sample) == [[c] for c in ours]
+    assert cap.caption(files, seed=cap.cfg.run.seed + 1, **sample) != ours  # the seed decides the samples
+    for bad in ("0", 1.5, True):
+        with pytest.raises(TypeError, match="seed: expected an integer"):
+            cap.caption(files, seed=bad, **sample)
+
+
 def test_a_with_block_closes_the_captioners_engine(run, files, monkeypatch):
     closed = []
     with Captioner.from_pretrained(run, device="cpu") as captioner:
