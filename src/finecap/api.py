@@ -255,7 +255,8 @@ def evaluate(
       METEOR and SPICE where they cannot run here (METEOR: pycocoevalcap's data; SPICE: Java and its jars); without:
       ``length`` and ``vocab``.
       Image metrics (CLIPScore, self-retrieval) need images: use ``finecap eval`` or the suite.
-    - ``cfg``: the configuration of ``eval.*`` (default: the library defaults).
+    - ``cfg``: the configuration of ``eval.*`` (default: the library defaults); its ``eval.metrics``, when set, are
+      the groups computed without ``metrics``, as ``finecap eval`` computes a recipe's.
 
     Example::
 
@@ -266,7 +267,10 @@ def evaluate(
     from finecap.metrics import suite
 
     preds, refs = _aligned(predictions, references)
-    metrics = default_metrics(refs is not None, cfg) if metrics is None else metrics
+    if metrics is None:
+        metrics = (
+            list(cfg.eval.metrics) if cfg is not None and cfg.eval.metrics else default_metrics(refs is not None, cfg)
+        )
     return suite.evaluate(preds, refs, metrics=metrics, cfg=cfg)
 
 

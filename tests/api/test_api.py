@@ -26,6 +26,7 @@ from finecap.data.records import DataError
 from finecap.inference import upright_rgb
 from finecap.metrics import suite
 from finecap.runs import checkpoint_dir, model_dir
+from helpers.cli import run_cli
 from helpers.shapes import CAPTION, COLORS, caption
 
 
@@ -324,6 +325,24 @@ def test_evaluate_defaults_follow_the_configured_meteor_backend(monkeypatch):
     assert "meteor" not in default_metrics(True, load(None, ["eval.meteor_backend=java"]))
     python = meteor.meteor_unavailable_reason() is None  # pycocoevalcap's data installed
     assert ("meteor" in default_metrics(True, load(None, ["eval.meteor_backend=python"]))) is python
+
+
+def test_evaluate_computes_the_configured_metrics_as_finecap_eval_does(tmp_path):
+    """A recipe's ``eval.metrics`` are what ``finecap eval RECIPE`` computes; ``evaluate(cfg=...)`` computed the
+    default five instead (BLEU, METEOR, ROUGE-L, CIDEr-D for ``eval.metrics: [bleu, cider]``). ``metrics=`` wins."""
+    from finecap.config import load
+
+    (tmp_path / "recipe.yaml").write_text("eval:\n  metrics: [bleu, cider]\n")
+    cfg = load(str(tmp_path / "recipe.yaml"))
+    (tmp_path / "preds.json").write_text(json.dumps([{"image_id": i, "caption": c} for i, c in enumerate(PREDS)]))
+    (tmp_path / "refs.jsonl").write_text("".join(json.dumps({"image_id": i, "image": f"{i}.png", "captions": r}) + "\n"
+                                                 for i, r in enumerate(REFS)))  # fmt: skip
+    code, out, err = run_cli(["eval", str(tmp_path / "recipe.yaml"), "--predictions", str(tmp_path / "preds.json"),
+                              "--references", str(tmp_path / "refs.jsonl"), "--format", "json"])  # fmt: skip
+    assert code == 0, err
+    assert evaluate(PREDS, REFS, cfg=cfg) == json.loads(out)
+    assert set(json.loads(out)) == {"BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr-D"}
+    assert set(evaluate(PREDS, REFS, cfg=cfg, metrics="rouge")) == {"ROUGE-L"}
 
 
 def test_evaluate_refuses_what_it_does_not_accept():
