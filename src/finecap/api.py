@@ -326,6 +326,16 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
     return aligned, refs
 
 
+def _path_as_text(value: Any) -> Any:
+    """A keyword's value as a recipe holds it: a path (``pathlib.Path``, any ``os.PathLike``) as its text, in a list
+    too (``run__dir=tmp / "run"`` is ``run.dir=<tmp>/run``; a path was refused as "expected a string")."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, list | tuple) and any(isinstance(v, os.PathLike) for v in value):
+        return [_path_as_text(v) for v in value]
+    return value
+
+
 KEYWORDS = "finecap.train keywords: "
 """Where an error says a keyword override of :func:`train` was set."""
 
@@ -342,7 +352,8 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         overwrite: replace a finished run in the run directory (otherwise an existing run is an error).
         overrides: settings above the recipe, one keyword per option, the section and the key joined by a double
             underscore and the value a Python value: ``train__max_steps=2``, ``run__dir="runs/x"``,
-            ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line). They are checked
+            ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line); a path
+            (``pathlib.Path``) is its text (``run__dir=tmp / "run"``). They are checked
             as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
 
     The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
@@ -378,7 +389,7 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             if not isinstance(given, dict):
                 raise TypeError(f"finecap.train: {name!r} sets a key inside {part!r}, which is given a value itself")
             node[part] = node = dict(given)  # a copy: a table the caller gave is never changed
-        node[key] = value
+        node[key] = _path_as_text(value)
     if isinstance(recipe_or_config, Config):
         recipe = None
         cfg = load(base=recipe_or_config.to_dict(), over=over, over_source=KEYWORDS) if over else recipe_or_config

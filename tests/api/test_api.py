@@ -467,6 +467,17 @@ def test_finecap_train_sets_a_subsections_key_as_the_command_line_does(monkeypat
             finecap.train("demo/mle", **keywords)
 
 
+def test_finecap_train_takes_a_path_as_its_text(monkeypatch, tmp_path):
+    """``run__dir=tmp_path / "run"`` (what a notebook holds: ``save_tiny_clip`` returns a ``Path``) is ``run.dir`` set
+    to that path's text, as on the command line; it was a ConfigError "run.dir: expected a string, got PosixPath"."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    finecap.train("demo/mle", run__dir=tmp_path / "run", model__encoder=tmp_path / "clip", train__max_steps=2)
+    assert (seen[0].run.dir, seen[0].model.encoder) == (str(tmp_path / "run"), str(tmp_path / "clip"))
+    with pytest.raises(ConfigError, match="finecap.train keywords: train.max_steps: expected an integer"):
+        finecap.train("demo/mle", train__max_steps=tmp_path)  # a path where no text goes is still refused
+
+
 def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
     """A keyword that is not ``section__key`` is a TypeError naming the form; an unknown key is the configuration's
     own error (as on the command line), before anything is made."""
