@@ -73,7 +73,9 @@ class Captioner(Closeable):
         vision encoder is checked (:func:`finecap.train.fingerprint.check_run`), and weights holding NaN are refused.
         ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
         (:func:`finecap.metrics.context.eval_device`); one torch does not know or this machine lacks is a
-        ``ValueError`` naming it (:func:`usable_device`), before the model loads."""
+        ``ValueError`` naming it (:func:`usable_device`), before the model loads. Loading leaves the process's random
+        generators (python, numpy, torch) as they were: a notebook's draws after it are those it would have had
+        without it."""
         with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
             from finecap.config import load_stored
             from finecap.inference import checkpoint_where, load_for_captioning
@@ -81,13 +83,15 @@ class Captioner(Closeable):
             from finecap.runs import find_checkpoint, model_dir, stored_config
             from finecap.train.checkpoint import folder_config
             from finecap.train.fingerprint import check_run
+            from finecap.utils.rng import rng_preserved
 
             where = usable_device(device) if device is not None else None  # a wrong device said before any reading
             checkpoint = find_checkpoint(checkpoint_where(path, option="path"))  # a run name as --checkpoint takes it
             stored = stored_config(checkpoint)
             cfg = load_stored(stored) if stored is not None else folder_config(model_dir(checkpoint))
             check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
-            model = load_for_captioning(checkpoint, cfg, where if where is not None else eval_device(cfg))
+            with rng_preserved():  # building the modules draws their initial weights from torch's generator
+                model = load_for_captioning(checkpoint, cfg, where if where is not None else eval_device(cfg))
         return cls(model, cfg, checkpoint)
 
     @property
@@ -100,6 +104,7 @@ class Captioner(Closeable):
         images: Image.Image | str | os.PathLike[str] | Sequence[Image.Image | str | os.PathLike[str]],
         *,
         progress: bool = False,
+        seed: int | None = None,
         **decode: Any,
     ) -> list[str]:
         """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order.
@@ -113,19 +118,23 @@ class Captioner(Closeable):
         per image (``num_return_sequences``), use :meth:`caption_all`. A file and its PIL image give the same pixels
         but for a JPEG at least twice the processor's size: its file is decoded at a reduced scale (the JPEG draft
         training's feature cache used, ``data.jpeg_draft``), an already decoded PIL image at full size. Greedy decoding
-        and beam search leave torch's random generator as they found it; sampling draws from it (``torch.manual_seed``
-        before the call repeats its captions)."""
+        and beam search leave torch's random generator as they found it. Sampling draws from it (``torch.manual_seed``
+        before the call repeats its captions; another ``batch_size`` gives other ones), or, given ``seed``, from
+        per-image seeds of ``seed`` and the image's place in ``images``, as ``finecap caption`` samples with
+        ``run.seed``: ``seed=captioner.cfg.run.seed`` gives the command's captions, in any ``batch_size``, and leaves
+        torch's generator alone (:func:`finecap.caption.batch_captions`)."""
         settings = self.decode_settings(**decode)
         if settings.num_return_sequences != 1:
             raise ValueError("caption() returns one caption per image; for num_return_sequences="
                              f"{settings.num_return_sequences} use caption_all()")  # fmt: skip
-        return [caps[0] for caps in self.caption_all(images, progress=progress, **decode)]
+        return [caps[0] for caps in self.caption_all(images, progress=progress, seed=seed, **decode)]
 
     def caption_all(
         self,
         images: Image.Image | str | os.PathLike[str] | Sequence[Image.Image | str | os.PathLike[str]],
         *,
         progress: bool = False,
+        seed: int | None = None,
         **decode: Any,
     ) -> list[list[str]]:
         """:meth:`caption`, with every caption decoded per image (``num_return_sequences`` of them: the beams or
@@ -138,10 +147,12 @@ class Captioner(Closeable):
         if not images:
             return []
         settings = self.decode_settings(**decode)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):  # any int, as run.seed
+            raise TypeError(f"seed: expected an integer (run.seed's per-image sampling seeds), got {seed!r}")
         with silenced():
             result = caption_images(self.generator(settings), images, settings,
                                     mixed_precision=self.cfg.train.mixed_precision, progress=progress,
-                                    limits=ImageLimits.of(self.cfg.data),
+                                    limits=ImageLimits.of(self.cfg.data), seed=seed,
                                     draft=encoder_draft(self.model.encoder, self.cfg.data))  # fmt: skip
         return [caps for caps in result.captions if caps is not None]  # none skipped: bad images raise
 
@@ -244,7 +255,8 @@ def evaluate(
       METEOR and SPICE where they cannot run here (METEOR: pycocoevalcap's data; SPICE: Java and its jars); without:
       ``length`` and ``vocab``.
       Image metrics (CLIPScore, self-retrieval) need images: use ``finecap eval`` or the suite.
-    - ``cfg``: the configuration of ``eval.*`` (default: the library defaults).
+    - ``cfg``: the configuration of ``eval.*`` (default: the library defaults); its ``eval.metrics``, when set, are
+      the groups computed without ``metrics``, as ``finecap eval`` computes a recipe's.
 
     Example::
 
@@ -255,7 +267,10 @@ def evaluate(
     from finecap.metrics import suite
 
     preds, refs = _aligned(predictions, references)
-    metrics = default_metrics(refs is not None, cfg) if metrics is None else metrics
+    if metrics is None:
+        metrics = (
+            list(cfg.eval.metrics) if cfg is not None and cfg.eval.metrics else default_metrics(refs is not None, cfg)
+        )
     return suite.evaluate(preds, refs, metrics=metrics, cfg=cfg)
 
 
@@ -311,6 +326,16 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
     return aligned, refs
 
 
+def _path_as_text(value: Any) -> Any:
+    """A keyword's value as a recipe holds it: a path (``pathlib.Path``, any ``os.PathLike``) as its text, in a list
+    too (``run__dir=tmp / "run"`` is ``run.dir=<tmp>/run``; a path was refused as "expected a string")."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, list | tuple) and any(isinstance(v, os.PathLike) for v in value):
+        return [_path_as_text(v) for v in value]
+    return value
+
+
 KEYWORDS = "finecap.train keywords: "
 """Where an error says a keyword override of :func:`train` was set."""
 
@@ -327,7 +352,8 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         overwrite: replace a finished run in the run directory (otherwise an existing run is an error).
         overrides: settings above the recipe, one keyword per option, the section and the key joined by a double
             underscore and the value a Python value: ``train__max_steps=2``, ``run__dir="runs/x"``,
-            ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line). They are checked
+            ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line); a path
+            (``pathlib.Path``) is its text (``run__dir=tmp / "run"``). They are checked
             as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
 
     The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
@@ -363,7 +389,7 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             if not isinstance(given, dict):
                 raise TypeError(f"finecap.train: {name!r} sets a key inside {part!r}, which is given a value itself")
             node[part] = node = dict(given)  # a copy: a table the caller gave is never changed
-        node[key] = value
+        node[key] = _path_as_text(value)
     if isinstance(recipe_or_config, Config):
         recipe = None
         cfg = load(base=recipe_or_config.to_dict(), over=over, over_source=KEYWORDS) if over else recipe_or_config

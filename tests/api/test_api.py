@@ -26,6 +26,7 @@ from finecap.data.records import DataError
 from finecap.inference import upright_rgb
 from finecap.metrics import suite
 from finecap.runs import checkpoint_dir, model_dir
+from helpers.cli import run_cli
 from helpers.shapes import CAPTION, COLORS, caption
 
 
@@ -64,6 +65,26 @@ def test_the_api_and_the_command_share_their_captions(cap, run, files, tmp_path)
         assert cap.caption(files, **options) == [cli[f.name] for f in files]
 
 
+def test_sampled_captions_with_the_runs_seed_are_the_commands(cap, run, files, tmp_path):
+    """``finecap caption`` samples from per-image seeds of ``run.seed``; ``caption(seed=...)`` draws the same, in any
+    batch size, and leaves torch's generator alone (there was no way to get the command's samples: the API drew from
+    torch's global generator, batch by batch, and a ``seed`` keyword was an unknown decoding option)."""
+    sample = {"strategy": "sample", "temperature": 3.0, "max_length": 4}  # hot: the samples differ from seed to seed
+    cli = caption(run, *files, out=tmp_path / "cli.json", more=tuple(f"decode.{k}={v}" for k, v in sample.items()))
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    ours = cap.caption(files, seed=cap.cfg.run.seed, **sample)
+    assert torch.equal(torch.rand(3), expected)  # the per-image seeds draw nothing from torch's generator
+    assert ours == [cli[f.name] for f in files]
+    assert cap.caption(files, seed=cap.cfg.run.seed, batch_size=1, **sample) == ours
+    assert cap.caption_all(files, seed=cap.cfg.run.seed, **sample) == [[c] for c in ours]
+    assert cap.caption(files, seed=cap.cfg.run.seed + 1, **sample) != ours  # the seed decides the samples
+    for bad in ("0", 1.5, True):
+        with pytest.raises(TypeError, match="seed: expected an integer"):
+            cap.caption(files, seed=bad, **sample)
+
+
 def test_a_with_block_closes_the_captioners_engine(run, files, monkeypatch):
     closed = []
     with Captioner.from_pretrained(run, device="cpu") as captioner:
@@ -90,6 +111,24 @@ def test_greedy_and_beam_captions_leave_the_callers_random_stream_alone(cap, fil
         torch.manual_seed(0)
         cap.caption(files, **options)
         assert torch.equal(torch.rand(3), expected), options
+
+
+def test_loading_a_captioner_leaves_the_callers_random_streams_alone(run):
+    """A notebook seeds, loads a captioner, then draws: its draws are those it would have had without the load
+    (building the ClipCap's modules drew their initial weights from torch's global generator before the checkpoint's
+    replaced them: the draws after ``from_pretrained`` were other ones)."""
+    import random
+
+    def draws_after(action) -> tuple:
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        action()
+        return torch.rand(3), np.random.rand(3), random.random()
+
+    expected = draws_after(lambda: None)
+    drawn = draws_after(lambda: Captioner.from_pretrained(run, device="cpu"))
+    assert torch.equal(drawn[0], expected[0]) and np.array_equal(drawn[1], expected[1]) and drawn[2] == expected[2]
 
 
 def test_decode_options(cap, files):
@@ -288,6 +327,24 @@ def test_evaluate_defaults_follow_the_configured_meteor_backend(monkeypatch):
     assert ("meteor" in default_metrics(True, load(None, ["eval.meteor_backend=python"]))) is python
 
 
+def test_evaluate_computes_the_configured_metrics_as_finecap_eval_does(tmp_path):
+    """A recipe's ``eval.metrics`` are what ``finecap eval RECIPE`` computes; ``evaluate(cfg=...)`` computed the
+    default five instead (BLEU, METEOR, ROUGE-L, CIDEr-D for ``eval.metrics: [bleu, cider]``). ``metrics=`` wins."""
+    from finecap.config import load
+
+    (tmp_path / "recipe.yaml").write_text("eval:\n  metrics: [bleu, cider]\n")
+    cfg = load(str(tmp_path / "recipe.yaml"))
+    (tmp_path / "preds.json").write_text(json.dumps([{"image_id": i, "caption": c} for i, c in enumerate(PREDS)]))
+    (tmp_path / "refs.jsonl").write_text("".join(json.dumps({"image_id": i, "image": f"{i}.png", "captions": r}) + "\n"
+                                                 for i, r in enumerate(REFS)))  # fmt: skip
+    code, out, err = run_cli(["eval", str(tmp_path / "recipe.yaml"), "--predictions", str(tmp_path / "preds.json"),
+                              "--references", str(tmp_path / "refs.jsonl"), "--format", "json"])  # fmt: skip
+    assert code == 0, err
+    assert evaluate(PREDS, REFS, cfg=cfg) == json.loads(out)
+    assert set(json.loads(out)) == {"BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr-D"}
+    assert set(evaluate(PREDS, REFS, cfg=cfg, metrics="rouge")) == {"ROUGE-L"}
+
+
 def test_evaluate_refuses_what_it_does_not_accept():
     with pytest.raises(ValueError, match="references: 2 items for 3 predictions"):
         evaluate(PREDS, REFS[:2], metrics="bleu")
@@ -408,6 +465,17 @@ def test_finecap_train_sets_a_subsections_key_as_the_command_line_does(monkeypat
     ):
         with pytest.raises(TypeError, match="sets a key inside 'max_steps'"):
             finecap.train("demo/mle", **keywords)
+
+
+def test_finecap_train_takes_a_path_as_its_text(monkeypatch, tmp_path):
+    """``run__dir=tmp_path / "run"`` (what a notebook holds: ``save_tiny_clip`` returns a ``Path``) is ``run.dir`` set
+    to that path's text, as on the command line; it was a ConfigError "run.dir: expected a string, got PosixPath"."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    finecap.train("demo/mle", run__dir=tmp_path / "run", model__encoder=tmp_path / "clip", train__max_steps=2)
+    assert (seen[0].run.dir, seen[0].model.encoder) == (str(tmp_path / "run"), str(tmp_path / "clip"))
+    with pytest.raises(ConfigError, match="finecap.train keywords: train.max_steps: expected an integer"):
+        finecap.train("demo/mle", train__max_steps=tmp_path)  # a path where no text goes is still refused
 
 
 def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
