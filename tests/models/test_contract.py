@@ -445,8 +445,8 @@ def test_lora_on_both_parts_trains_adapters_only_and_round_trips(case, tmp_path)
     for part in PARTS:
         assert any(n in part_names(model, part) for n in names - always), part
         targets, default = set(lora.adapter_spec(model, part).targets), model.lora_default_targets(part)
-        if not default:  # every linear layer of the part but the head
-            assert targets == set(candidates[part]), part
+        if not default:  # every linear layer of the part but the head, and but those its output never reads
+            assert targets == set(candidates[part]) - set(model.lora_unreached(part)), part
         else:  # exactly the candidates named by the defaults, each default naming some
             named = {c for c in candidates[part] if any(c == d or c.endswith("." + d) for d in default)}
             assert targets == named and all(any(t.endswith(d) for t in targets) for d in default), part
@@ -461,6 +461,57 @@ def test_lora_on_both_parts_trains_adapters_only_and_round_trips(case, tmp_path)
     again = load_captioner(out).eval()
     assert type(again) is type(model) and lora.has_adapters(again)
     assert torch.allclose(again(batch), expected, atol=1e-5)
+
+
+ENCODER_LORA = ["model.train_encoder=true", "model.train_lm=false", "lora.encoder=true", "lora.rank=2"]
+"""SR-V on a backbone: LoRA (rank 2) on its trained vision side, its text side frozen."""
+
+
+def encoder_adapters(model: CaptionerBase) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if "lora_" in n and n in part_names(model, "encoder")}
+
+
+@pytest.mark.parametrize("name", ["blip_world", "vlm_world", "clipcap"])
+def test_encoder_adapters_are_made_and_saved_only_where_the_loss_reaches(name, dirs, tmp_path):
+    """LoRA on a trained dual encoder adapts only what the captioner's output reads: the world BLIP's and VLM's tokens
+    of a ViT (the tiny CLIP) are its last hidden state, which ``visual_projection`` never reaches; its adapters
+    stayed frozen at zero (2 of 14 tensors got no gradient from the captioning loss) and were saved in
+    ``encoder_lora/``. ClipCap reads the projected feature: ``visual_projection`` keeps its adapter. Every adapter
+    trains and gets a gradient from the loss; the saved file holds the same adapters and loads back."""
+    from safetensors import safe_open
+
+    model = lora.configure_training(CASES[name].build(dirs), load(None, ENCODER_LORA)).train()
+    adapters = encoder_adapters(model)
+    assert adapters and all(p.requires_grad for p in adapters.values())
+    assert any(".visual_projection." in n for n in adapters) == (name == "clipcap"), sorted(adapters)
+    batch = batch_of(model, CASES[name].image_size)
+    mle_loss(model(batch), batch["labels"]).backward()
+    assert {n for n, p in adapters.items() if p.grad is None} == set()
+    out = model.save(tmp_path / "ckpt")
+    with safe_open(str(out / "encoder_lora" / "adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    saved = {k.split(".lora_", 1)[0].removeprefix("base_model.model.") for k in keys}  # <layer>.lora_A.weight
+    assert saved == {n.split(".lora_", 1)[0].split(".base_model.model.", 1)[1] for n in adapters}
+    again = load_captioner(out)
+    assert encoder_adapters(again).keys() == adapters.keys()
+
+
+def test_a_checkpoint_with_adapters_the_tokens_never_read_still_loads_and_resumes(dirs, monkeypatch, tmp_path):
+    """World BLIP checkpoints saved before such adapters were left out hold one on ``visual_projection``: it loads as
+    saved, and a run continuing the checkpoint keeps it (the same settings: not merged into the base weights and
+    made afresh), frozen; the others train."""
+    with monkeypatch.context() as m:
+        m.setattr(CaptionerBase, "lora_unreached", lambda self, part: frozenset())  # the old behaviour
+        old = lora.configure_training(build_world_blip(dirs), load(None, ENCODER_LORA))
+    unread = {n for n in encoder_adapters(old) if ".visual_projection." in n}
+    assert unread
+    model = load_captioner(old.save(tmp_path / "old"))
+    adapters = encoder_adapters(model)
+    assert adapters.keys() == encoder_adapters(old).keys()
+    lora.configure_training(model, load(None, ENCODER_LORA))
+    kept = encoder_adapters(model)
+    assert kept.keys() == adapters.keys() and all(kept[n] is adapters[n] for n in kept)  # not merged, not remade
+    assert {n for n, p in kept.items() if not p.requires_grad} == unread
 
 
 # --------------------------------------------------------------------------------------------------------------------

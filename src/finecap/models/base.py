@@ -331,8 +331,20 @@ class CaptionerBase(nn.Module, abc.ABC):
         """Modules of ``part`` (names in its plain module) whose output never reaches the captioner's: LoRA leaves
         them unadapted, as their adapters could never learn (a VLM tower's layers past the one its language model
         reads, its pooling head: :meth:`finecap.models.vlm.VlmImages.unreached_modules`); ``None``: unknown here (a
-        build on the meta device). The default: none."""
-        return frozenset()
+        build on the meta device). The default: for the encoder of a :meth:`dual_encoder`, the modules of its image
+        side that its output never reads (the probe of its ``image_parameters``: a ViT's ``visual_projection``
+        under the world BLIP's / VLM's image tokens, :meth:`finecap.models.vision.FeatureMapTokens.image_parameters`;
+        :func:`finecap.models.lora.unreached_modules`); none elsewhere."""
+        dual = self.dual_encoder() if part == "encoder" else None
+        if dual is None:
+            return frozenset()
+        module = self.lora_module(part)
+        if any(p.is_meta for p in module.parameters()):
+            return None
+        reached = {id(p) for p in dual.image_parameters()}
+        return lora.unreached_modules(
+            module, {lora.plain_name(n) for n, p in module.named_parameters() if id(p) in reached and "lora_" not in n}
+        )
 
     def frozen_modules(self) -> list[nn.Module]:
         """Modules kept in eval mode when the captioner trains: the parts whose flag is off (for the vision side, the

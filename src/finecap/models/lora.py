@@ -18,6 +18,10 @@ documented list), and when that is empty too:
   the visual projection, e.g. CLIP's ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``, ``fc1``, ``fc2``,
   ``visual_projection``). The text tower is never adapted, whatever the targets say.
 
+Fresh adapters leave out the modules whose output never reaches the captioner's (the backbone's ``lora_unreached``:
+a VLM tower's layers past the one its language model reads, a ViT's ``visual_projection`` under the world BLIP's /
+VLM's image tokens); adapters there could never learn.
+
 A target is matched as a full module name or a dot-separated suffix of one (``c_attn`` matches
 ``transformer.h.0.attn.c_attn``); a target that matches nothing is an error naming the option.
 
@@ -54,7 +58,7 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
@@ -193,7 +197,8 @@ def _targets(model: nn.Module, part: str, spec: LoraSpec) -> tuple[str, ...]:
 def _reached_targets(model: nn.Module, part: str, spec: LoraSpec) -> list[str]:
     """The modules fresh adapters of ``part`` wrap: the spec's targets (:func:`_targets`, :func:`resolve_targets`)
     but those whose output never reaches the captioner's (the backbone's ``lora_unreached``: a VLM tower's layers
-    past the one its language model reads), which would be frozen and saved at zero; targets that reach nothing
+    past the one its language model reads, a ViT's ``visual_projection`` under image tokens), which would be frozen
+    and saved at zero; targets that reach nothing
     are refused, naming the option."""
     names = resolve_targets(part, _part_module(model, part), _targets(model, part, spec))
     unreached = model.lora_unreached(part) or frozenset()
@@ -202,6 +207,20 @@ def _reached_targets(model: nn.Module, part: str, spec: LoraSpec) -> list[str]:
         raise ValueError(f"lora.{part}_targets: {strict.listed(names)} never reach the captioner's output (the "
                          f"{part}'s output is not read after them): their adapters could not learn")  # fmt: skip
     return kept
+
+
+def unreached_modules(module: nn.Module, reached: Collection[str]) -> frozenset[str]:
+    """The modules of ``module`` (plain names, :func:`plain_name`; adapters left out) none of whose own weights are
+    among ``reached`` (plain names of the weights its output depends on, found by a probe: a VLM tower's
+    :meth:`finecap.models.vlm.VlmImages.reached_names`, a dual encoder's :meth:`finecap.models.vision.VisionEncoder.
+    image_parameters`): what fresh adapters leave out (a backbone's ``lora_unreached``).
+
+    >>> layers = nn.ModuleDict({"a": nn.Linear(2, 2), "b": nn.Linear(2, 2)})
+    >>> sorted(unreached_modules(layers, {"a.weight", "a.bias"}))
+    ['b']
+    """
+    names = {plain_name(n) for n, _ in module.named_parameters() if "lora_" not in n}
+    return frozenset(n.rpartition(".")[0] for n in names - set(reached)) - {n.rpartition(".")[0] for n in reached}
 
 
 def _lora_config(part: str, module: nn.Module, targets: Sequence[str], spec: LoraSpec):

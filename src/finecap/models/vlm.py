@@ -671,9 +671,7 @@ class VlmImages:
         what LoRA leaves unadapted (:meth:`Vlm.lora_unreached`); ``None`` on the meta device, where no probe runs."""
         if any(p.is_meta for p in self.model.parameters()):
             return None
-        reached = self.reached_names()
-        names = {lora.plain_name(n) for n, _ in self.model.named_parameters() if "lora_" not in n}
-        return frozenset(n.rpartition(".")[0] for n in names - reached) - {n.rpartition(".")[0] for n in reached}
+        return lora.unreached_modules(self.model, self.reached_names())
 
     def set_trainable(self, trainable: bool) -> None:
         """The vision tower (through its adapters when it has some) as far as the image features reach
@@ -847,11 +845,11 @@ class Vlm(CaptionerBase):
         return self.family.lm_targets if part == "lm" else self.family.vision_targets
 
     def lora_unreached(self, part: str) -> frozenset[str] | None:
-        """The tower's modules the image features never reach (:meth:`VlmImages.unreached_modules`); none elsewhere
-        (the world VLM's dual encoder included)."""
+        """The tower's modules the image features never reach (:meth:`VlmImages.unreached_modules`); the world VLM's
+        dual encoder's those its tokens never read (:meth:`CaptionerBase.lora_unreached`)."""
         if part == "encoder" and self.world is None:
             return self._images.unreached_modules()
-        return frozenset()
+        return super().lora_unreached(part)
 
     def apply_trainable(self) -> None:
         """``requires_grad``: the language model and head from ``train_lm``, the vision tower from ``train_encoder``
