@@ -2,8 +2,9 @@
 checkpoint; the other builds the VLM on the meta device and, once sharded, holds exactly the main process's weights
 (every parameter gathered equal bit for bit, the rotary buffers no state dict holds equal too, tied embeddings still
 one parameter), with LoRA adapters over a bfloat16 base (two dtypes, random adapters that differ per process until the
-main one's arrive), a BLIP (its tied text embeddings and head kept in the captioner's group) and a ClipCap whose
-language model is read from its folder."""
+main one's arrive), a LLaVA whose trained tower has LoRA adapters only on the layers its image features reach (the
+other process, which cannot probe that on the meta device, drops the rest), a BLIP (its tied text embeddings and head
+kept in the captioner's group) and a ClipCap whose language model is read from its folder."""
 
 from __future__ import annotations
 
@@ -37,9 +38,23 @@ def save_tied_qwen2_vl(out: Path) -> Path:
     return out
 
 
+def save_llava_reading_a_hidden_layer(out: Path) -> Path:
+    """A tiny LLaVA whose language model reads the first of its tower's 2 layers (``vision_feature_layer=-2``,
+    LLaVA-1.5's choice): the last layer never reaches the captioner, so the main process puts no LoRA adapters there
+    while the other, built on the meta device where that cannot be probed, adapts it and then drops them
+    (:func:`finecap.models.sharding.match_main`)."""
+    torch.manual_seed(0)
+    model, processor = tiny_vlm("llava", layers=1, vision={"num_hidden_layers": 2})
+    model.config.vision_feature_layer = -2
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
 CASES = {
     "vlm-bf16+lora": ("vlm", ["model.dtype=bfloat16", "lora.lm=true", "lora.rank=4", "lora.alpha=8"]),
     "vlm-fp32": ("vlm", []),
+    "llava-tower-lora": ("llava", ["model.train_encoder=true", "lora.encoder=true", "lora.rank=4"]),
     "blip": ("blip", []),
     "clipcap": ("clipcap", []),
 }
@@ -52,6 +67,8 @@ def case_source(backbone: str, root: Path) -> list[str]:
     root.mkdir(parents=True)
     if backbone == "vlm":
         return ["model.kind=vlm", f"vlm.name={save_tied_qwen2_vl(root / 'vlm')}"]
+    if backbone == "llava":
+        return ["model.kind=vlm", f"vlm.name={save_llava_reading_a_hidden_layer(root / 'llava')}"]
     if backbone == "blip":
         return ["model.kind=blip", f"blip.name={save_tiny_blip(root / 'blip', image_size=32, layers=1)}"]
     torch.manual_seed(0)
@@ -81,5 +98,11 @@ def test_only_the_main_process_reads_the_weights_and_every_shard_equals_them(tmp
             assert record["layers"] > 0 and record["sharded"] > 0, case
             assert record["equal"] and all(record["equal"].values()), (case, [k for k, v in record["equal"].items()
                                                                               if not v])  # fmt: skip
-            assert record["buffers_equal"] and all(record["buffers_equal"].values()), case
+            assert all(record["buffers_equal"].values()), case
+            if backbone == "llava":  # untied; the tower's adapters only where the features reach, on both processes
+                tower = [n for n in record["equal"] if "vision_tower" in n and ".lora_" in n]
+                assert tower and not [n for n in tower if ".layers.1." in n], (case, tower)
+                assert record["ties"] == main["ties"], case
+                continue
+            assert record["buffers_equal"], case  # the rotary buffers no state dict holds
             assert record["ties"] and record["ties"] == main["ties"], case  # the tied head is still one parameter
