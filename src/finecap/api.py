@@ -258,6 +258,10 @@ def evaluate(
     - ``cfg``: the configuration of ``eval.*`` (default: the library defaults); its ``eval.metrics``, when set, are
       the groups computed without ``metrics``, as ``finecap eval`` computes a recipe's.
 
+    A group asked for by name (``metrics``, or ``cfg``'s ``eval.metrics``) that cannot run here (METEOR or SPICE
+    without what they need) is a ``ValueError`` saying what is missing, as ``finecap eval --metrics`` exits 2; only the
+    default set leaves such groups out.
+
     Example::
 
         >>> evaluate({1: "a red circle", 2: "a blue square"}, {1: ["a red circle"], 2: "a blue square"},
@@ -267,11 +271,15 @@ def evaluate(
     from finecap.metrics import suite
 
     preds, refs = _aligned(predictions, references)
-    if metrics is None:
-        metrics = (
-            list(cfg.eval.metrics) if cfg is not None and cfg.eval.metrics else default_metrics(refs is not None, cfg)
-        )
-    return suite.evaluate(preds, refs, metrics=metrics, cfg=cfg)
+    if metrics is None and not (cfg is not None and cfg.eval.metrics):
+        return suite.evaluate(preds, refs, metrics=default_metrics(refs is not None, cfg), cfg=cfg)
+    option = "metrics" if metrics is not None else "eval.metrics"
+    names = suite.parse_metrics(metrics, cfg.eval.metrics if cfg is not None else (), option=option)
+    for name in names:  # asked for by name: one that cannot run here is an error, as finecap eval's (not skipped)
+        reason = suite.unavailable_reason(name, cfg)
+        if reason:
+            raise ValueError(f"{option}: metric {name!r} cannot run here: {reason}")
+    return suite.evaluate(preds, refs, metrics=names, cfg=cfg)
 
 
 def default_metrics(references: bool, cfg: Config | None = None) -> list[str]:
