@@ -23,7 +23,8 @@ share a rollout:
      normalised over the global batch, ``A = (S - mean S) / (std S + eps)``.
 
    Standard deviations are Bessel-corrected (TRL's ``nanstd``), so a group whose rewards are all equal has
-   ``std = 0`` and ``A = 0 / eps = 0``, never NaN. *Batch* statistics are over the step's whole global batch: every
+   ``std = 0`` and ``A = 0 / eps = 0``, never NaN, and exactly 0 (:func:`constant_groups`; TRL's float rounding
+   leaves up to 6e-4 there). *Batch* statistics are over the step's whole global batch: every
    micro-batch of the step is rolled out first, and the sums are reduced over processes with the accelerator that
    ``setup`` received (``accelerator.reduce``), so they do not depend on how the global batch is split over
    processes and accumulation steps. Groups never straddle processes or micro-batches: an image's samples are
@@ -149,7 +150,7 @@ def group_advantages(
     if failed is not None and bool(failed.any()):
         return _scored_group_advantages(rewards, samples, scale, reduce, ~failed.to(rewards.device, torch.bool))
     grouped = rewards.view(-1, samples)  # (G, s)
-    centred = (grouped - grouped.mean(dim=1, keepdim=True)).flatten()  # (N,)
+    centred = centre(grouped).flatten()  # (N,)
     if scale == "none":
         return centred
     if scale == "group":
@@ -179,7 +180,25 @@ def _scored_centred(grouped: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tens
     r = torch.where(ok, grouped, torch.zeros_like(grouped))
     count = ok.sum(dim=1, keepdim=True).to(grouped.dtype)
     mean = r.sum(dim=1, keepdim=True) / count.clamp(min=1.0)
-    return count, torch.where(ok, r - mean, torch.zeros_like(r))
+    return count, torch.where(ok & ~constant_groups(grouped, ok), r - mean, torch.zeros_like(r))
+
+
+def centre(grouped: torch.Tensor) -> torch.Tensor:
+    """``grouped`` (G, s) minus each group's mean, exactly 0 in a group whose values are all equal."""
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # (G, s)
+    constant = constant_groups(grouped, torch.ones_like(grouped, dtype=torch.bool))  # (G, 1)
+    return torch.where(constant, torch.zeros_like(centred), centred)
+
+
+def constant_groups(grouped: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    """(G, 1): whether each group's ``ok`` values (G, s) are all equal (true for one, false for none). Their centred
+    rewards are 0 by definition, but ``x - mean(x, ..., x)`` in floating point is not always: seven rewards of 0.7
+    (float32) are 6e-8 off their mean, which the group scaling's ``/ (std + eps)`` turns into an advantage of 6e-4
+    on every caption of a group that carries no signal (TRL 1.16 computes exactly that: docs/methods/grpo.md)."""
+    inf = torch.full_like(grouped, float("inf"))
+    high = torch.where(ok, grouped, -inf).amax(dim=1, keepdim=True)
+    low = torch.where(ok, grouped, inf).amin(dim=1, keepdim=True)
+    return high == low
 
 
 def _scored_std(centred: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
