@@ -231,10 +231,11 @@ def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], 
     return scored_only((summed - mean) / (std + EPS), scored)
 
 
-def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
+def zero_std_share(rewards: torch.Tensor, samples: int, failed: torch.Tensor | None = None) -> float:
     """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal. The std of a
-    group is over its scored captions (a failed caption's reward is NaN, which TRL's ``nanstd`` skips too), so a group
-    whose scored captions agree counts; one with fewer than two scored captions has no std and does not (as TRL's).
+    group is over its scored captions (neither NaN, which TRL's ``nanstd`` skips too, nor ``failed`` (N,), whatever
+    number a reward left there), so a group whose scored captions agree counts; one with fewer than two scored
+    captions has no std and does not (as TRL's).
 
     >>> zero_std_share(torch.tensor([2.0, float("nan"), 2.0, 1.0, 2.0, 3.0]), 3)  # group 0: (2, 2) scored
     0.5
@@ -242,7 +243,10 @@ def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
     0.0
     """
     grouped = rewards.view(-1, samples)  # (G, s)
-    count, centred = _scored_centred(grouped, ~torch.isnan(grouped))
+    ok = ~torch.isnan(grouped)
+    if failed is not None:
+        ok &= ~failed.to(grouped.device, torch.bool).view(-1, samples)
+    count, centred = _scored_centred(grouped, ok)
     std = _scored_std(centred, count)
     zero = torch.isclose(std, torch.zeros_like(std)) & (count >= 2)  # (G, 1)
     return float(zero.float().mean())
@@ -606,7 +610,8 @@ class PolicyOptimization(Reinforce):
         out = {"advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
                "advantage/min": float(adv.min()), "advantage/max": float(adv.max())}  # fmt: skip
         if self.grpo.advantage == "group":
-            out["zero_std_groups"] = zero_std_share(item.rollout.rewards.total, self.rl.samples)
+            rewards = item.rollout.rewards
+            out["zero_std_groups"] = zero_std_share(rewards.total, self.rl.samples, rewards.failed_mask())
         return out
 
 
