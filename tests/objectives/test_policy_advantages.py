@@ -84,6 +84,27 @@ def test_a_group_of_equal_rewards_gets_zero_advantage_not_nan(scale):
     assert zero_std_share(constant, 3) == 1.0 and zero_std_share(REWARDS, 3) == 0.5
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_a_constant_group_is_exactly_zero_whatever_the_float_rounding_of_its_mean(scale):
+    # Seven samples of 0.7 and eight of 0.9 (float32): their float mean is 6e-8 off the value, std 6e-8, and
+    # (R - mean) / (std + 1e-4) gave every caption of the group an advantage of +-6e-4 (one sign: a push on
+    # captions that carry no signal) while zero_std_groups missed the group (std 6e-8 is not isclose to 0).
+    varied = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    for value, s in ((0.7, 7), (0.9, 8)):
+        constant = torch.full((s,), value)
+        assert group_advantages(constant, s, scale).tolist() == [0.0] * s
+        rewards = torch.cat([constant, varied[:s]])  # a constant group beside a varied one
+        got = group_advantages(rewards, s, scale)
+        assert got[:s].tolist() == [0.0] * s and got[s:].abs().max() > 0.5
+        failed = torch.zeros(2 * s, dtype=torch.bool)
+        failed[-1] = True  # the masked path too
+        assert group_advantages(rewards, s, scale, failed=failed)[:s].tolist() == [0.0] * s
+        assert zero_std_share(rewards, s) == 0.5
+        # GDPO: the constant reward's part is 0 in each group, so the sum is the other reward's alone
+        gdpo = normalize_then_sum([torch.full((2 * s,), value), rewards], [1.0, 1.0], s)
+        assert torch.equal(gdpo, normalize_then_sum([torch.zeros(2 * s), rewards], [1.0, 1.0], s))
+
+
 def test_a_single_value_has_the_nan_std_of_trls_nanstd():
     mean, std = batch_mean_std(torch.tensor([2.0]))
     assert mean.item() == 2.0 and math.isnan(std.item())

@@ -420,6 +420,27 @@ def test_a_failed_caption_takes_no_gradient_is_logged_and_sounds_its_alarm():
         obj.end_step()  # 1/6 > 0.1
 
 
+class FailingFirst(Table):
+    """:class:`Table` that cannot score caption 0 of image 2 (``c2_0``, reward 0): the others of image 2 are (3, 3).
+    Its total keeps the number there, as a reward of its own may (only :class:`WeightedSum` writes NaN)."""
+
+    def __call__(self, captions, batch):
+        out = super().__call__(captions, batch)
+        return Scored(out.total, out.parts, failed=torch.tensor([c == "c2_0" for c in captions]))
+
+
+def test_zero_std_groups_skips_the_failed_captions_of_a_reward_used_alone():
+    # images 2 (0 failed, 3, 3) and 3 (5, 1, 0): image 2's scored captions agree, a group without signal, as its
+    # advantages say (all 0). zero_std_groups read the failed caption's 0 and counted no such group.
+    sections = rl_sections(samples=S, advantage="group")
+    obj = PolicyOptimization(FailingFirst(), NoBaseline(), **sections, decode=DecodeConfig(max_length=L))
+    model = StandIn()
+    obj.begin_step(model, [batch(2, 3)])
+    out = obj(model, batch(2, 3))
+    assert obj.cycle[0].advantages[:3].tolist() == [0.0, 0.0, 0.0]
+    assert out.metrics["zero_std_groups"] == 0.5
+
+
 def test_the_failed_alarm_is_a_share_and_a_reward_without_failures_logs_none():
     with pytest.raises(ConfigError) as e:
         load(None, ["rl.alarms={failed: 1.5}"])

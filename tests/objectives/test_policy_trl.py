@@ -245,3 +245,14 @@ def test_advantages_equal_trls(scale, aggregation):
     else:
         ours = normalize_then_sum([parts[:, 0], parts[:, 1]], weights.tolist(), 3)
     assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), (ours - theirs).abs().max()
+
+
+def test_a_constant_group_is_zero_where_trls_rounding_is_not():
+    """The one documented difference of the advantages (docs/methods/grpo.md): seven rewards of 0.7 are 6e-8 off
+    their float32 mean, which TRL's group scaling divides by ``std + 1e-4`` (6e-4 on each caption); finecap's are
+    exactly 0. The varied group beside it is TRL's."""
+    rewards = torch.tensor([0.7] * 7 + [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 9.0])
+    theirs = trl_advantages(rewards[:, None], torch.tensor([1.0]), 7, "group", "sum_then_normalize")
+    ours = group_advantages(rewards, 7, "group")
+    assert theirs[:7].abs().min() > 1e-4 and ours[:7].tolist() == [0.0] * 7
+    assert torch.allclose(ours[7:], theirs[7:], rtol=1e-6, atol=1e-6)

@@ -23,7 +23,8 @@ share a rollout:
      normalised over the global batch, ``A = (S - mean S) / (std S + eps)``.
 
    Standard deviations are Bessel-corrected (TRL's ``nanstd``), so a group whose rewards are all equal has
-   ``std = 0`` and ``A = 0 / eps = 0``, never NaN. *Batch* statistics are over the step's whole global batch: every
+   ``std = 0`` and ``A = 0 / eps = 0``, never NaN, and exactly 0 (:func:`constant_groups`; TRL's float rounding
+   leaves up to 6e-4 there). *Batch* statistics are over the step's whole global batch: every
    micro-batch of the step is rolled out first, and the sums are reduced over processes with the accelerator that
    ``setup`` received (``accelerator.reduce``), so they do not depend on how the global batch is split over
    processes and accumulation steps. Groups never straddle processes or micro-batches: an image's samples are
@@ -149,7 +150,7 @@ def group_advantages(
     if failed is not None and bool(failed.any()):
         return _scored_group_advantages(rewards, samples, scale, reduce, ~failed.to(rewards.device, torch.bool))
     grouped = rewards.view(-1, samples)  # (G, s)
-    centred = (grouped - grouped.mean(dim=1, keepdim=True)).flatten()  # (N,)
+    centred = centre(grouped).flatten()  # (N,)
     if scale == "none":
         return centred
     if scale == "group":
@@ -179,7 +180,25 @@ def _scored_centred(grouped: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tens
     r = torch.where(ok, grouped, torch.zeros_like(grouped))
     count = ok.sum(dim=1, keepdim=True).to(grouped.dtype)
     mean = r.sum(dim=1, keepdim=True) / count.clamp(min=1.0)
-    return count, torch.where(ok, r - mean, torch.zeros_like(r))
+    return count, torch.where(ok & ~constant_groups(grouped, ok), r - mean, torch.zeros_like(r))
+
+
+def centre(grouped: torch.Tensor) -> torch.Tensor:
+    """``grouped`` (G, s) minus each group's mean, exactly 0 in a group whose values are all equal."""
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # (G, s)
+    constant = constant_groups(grouped, torch.ones_like(grouped, dtype=torch.bool))  # (G, 1)
+    return torch.where(constant, torch.zeros_like(centred), centred)
+
+
+def constant_groups(grouped: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+    """(G, 1): whether each group's ``ok`` values (G, s) are all equal (true for one, false for none). Their centred
+    rewards are 0 by definition, but ``x - mean(x, ..., x)`` in floating point is not always: seven rewards of 0.7
+    (float32) are 6e-8 off their mean, which the group scaling's ``/ (std + eps)`` turns into an advantage of 6e-4
+    on every caption of a group that carries no signal (TRL 1.16 computes exactly that: docs/methods/grpo.md)."""
+    inf = torch.full_like(grouped, float("inf"))
+    high = torch.where(ok, grouped, -inf).amax(dim=1, keepdim=True)
+    low = torch.where(ok, grouped, inf).amin(dim=1, keepdim=True)
+    return high == low
 
 
 def _scored_std(centred: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -212,10 +231,11 @@ def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], 
     return scored_only((summed - mean) / (std + EPS), scored)
 
 
-def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
+def zero_std_share(rewards: torch.Tensor, samples: int, failed: torch.Tensor | None = None) -> float:
     """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal. The std of a
-    group is over its scored captions (a failed caption's reward is NaN, which TRL's ``nanstd`` skips too), so a group
-    whose scored captions agree counts; one with fewer than two scored captions has no std and does not (as TRL's).
+    group is over its scored captions (neither NaN, which TRL's ``nanstd`` skips too, nor ``failed`` (N,), whatever
+    number a reward left there), so a group whose scored captions agree counts; one with fewer than two scored
+    captions has no std and does not (as TRL's).
 
     >>> zero_std_share(torch.tensor([2.0, float("nan"), 2.0, 1.0, 2.0, 3.0]), 3)  # group 0: (2, 2) scored
     0.5
@@ -223,7 +243,10 @@ def zero_std_share(rewards: torch.Tensor, samples: int) -> float:
     0.0
     """
     grouped = rewards.view(-1, samples)  # (G, s)
-    count, centred = _scored_centred(grouped, ~torch.isnan(grouped))
+    ok = ~torch.isnan(grouped)
+    if failed is not None:
+        ok &= ~failed.to(grouped.device, torch.bool).view(-1, samples)
+    count, centred = _scored_centred(grouped, ok)
     std = _scored_std(centred, count)
     zero = torch.isclose(std, torch.zeros_like(std)) & (count >= 2)  # (G, 1)
     return float(zero.float().mean())
@@ -587,7 +610,8 @@ class PolicyOptimization(Reinforce):
         out = {"advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
                "advantage/min": float(adv.min()), "advantage/max": float(adv.max())}  # fmt: skip
         if self.grpo.advantage == "group":
-            out["zero_std_groups"] = zero_std_share(item.rollout.rewards.total, self.rl.samples)
+            rewards = item.rollout.rewards
+            out["zero_std_groups"] = zero_std_share(rewards.total, self.rl.samples, rewards.failed_mask())
         return out
 
 
