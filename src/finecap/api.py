@@ -348,6 +348,27 @@ KEYWORDS = "finecap.train keywords: "
 """Where an error says a keyword override of :func:`train` was set."""
 
 
+def _run_config(run_dir: str | os.PathLike, over: dict[str, Any], *, resume: bool, error: ValueError) -> Config:
+    """The configuration of ``finecap.train(run_dir, resume=True, **keywords)``: the run's own settings with the
+    keywords ``over`` on top (:func:`finecap.config.stored.resume_config`, what ``finecap train --resume --out RUN``
+    reads). Without ``resume`` the folder is no recipe: a :class:`finecap.config.ConfigError` (``error``'s message)
+    saying how to continue it; a ``run__dir`` keyword is a ``TypeError`` (the run resumes in its own folder)."""
+    from finecap.config import ConfigError
+    from finecap.config.stored import resume_config
+
+    asked = f"finecap.train({os.fspath(run_dir)!r}, resume=True)"
+    if not resume:
+        from finecap.runs import CONFIG_FILE
+
+        held = (Path(run_dir) / CONFIG_FILE).is_file()
+        raise ConfigError(f"{error}" + (f"; {asked} continues the run there with its own settings" if held else ""))
+    if isinstance(over.get("run"), dict) and "dir" in over["run"]:
+        raise TypeError(f"{asked}: run__dir is not taken: the run resumes in its own folder (to train from its "
+                        "checkpoint elsewhere: its recipe with train__init_from=<run>/checkpoints/last)")  # fmt: skip
+    return resume_config(run_dir, over=over, over_source=KEYWORDS, asked=asked,
+                         with_recipe="finecap.train(RECIPE, resume=True, run__dir=RUN)")  # fmt: skip
+
+
 def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = False, overwrite: bool = False,
           **overrides: Any) -> Path:  # fmt: skip
     """Train a captioner as ``finecap train`` does; returns the run directory (``run.dir``, or its default under the
@@ -355,8 +376,16 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
 
     Args:
         recipe_or_config: a recipe (a YAML file, or a packaged recipe by name: ``"demo/mle"``) or a
-            :class:`finecap.config.Config`.
-        resume: continue from the run directory's newest complete checkpoint (``finecap train --resume``).
+            :class:`finecap.config.Config`; with ``resume=True``, a run directory too (a folder, which no packaged
+            recipe's name takes: ``"./demo/mle"`` is the folder, ``"demo/mle"`` the recipe).
+        resume: continue from the run directory's newest complete checkpoint (``finecap train --resume``). Given a
+            run directory, ``finecap.train(run_dir, resume=True, **overrides)`` is ``finecap train --resume --out
+            RUN [key=value ...]``: the settings the run was trained with (its ``config.yaml``), the keywords on top,
+            refused as the command refuses them (a folder without a ``config.yaml`` or whose file finecap did not
+            write, a change of what cannot change on resume, a run another process trains) and trained as it trains
+            (the same steps, logs and weights). It is ``train``'s ``resume`` flag rather than a function of its own
+            because it is the command's: ``finecap train --resume``. ``run__dir`` is a ``TypeError`` there: the run
+            resumes in its own folder.
         overwrite: replace a finished run in the run directory (otherwise an existing run is an error).
         overrides: settings above the recipe, one keyword per option, the section and the key joined by a double
             underscore and the value a Python value: ``train__max_steps=2``, ``run__dir="runs/x"``,
@@ -405,8 +434,11 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         try:
             recipe = resolve_recipe(recipe_or_config)
         except ValueError as e:
-            raise ConfigError(str(e)) from None
-        cfg = load(recipe, over=over, over_source=KEYWORDS)
+            if not Path(recipe_or_config).is_dir():
+                raise ConfigError(str(e)) from None
+            recipe, cfg = None, _run_config(recipe_or_config, over, resume=resume, error=e)
+        else:
+            cfg = load(recipe, over=over, over_source=KEYWORDS)
     else:
         raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
     from finecap.train.engine import accelerate_state_kept, tf32_kept

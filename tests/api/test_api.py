@@ -427,8 +427,8 @@ def docs_train_example() -> str:
 
 def test_finecap_train_runs_the_documented_example(tmp_path, monkeypatch, capsys):
     """The notebook cell of docs/training.md, run as written in an empty folder with an empty finecap home: it trains
-    two steps, returns the run directory (``run.dir``), whose configuration holds the keyword overrides, and the
-    captioner it saved captions an image."""
+    two steps, returns the run directory (``run.dir``), resumes it for two more with its own settings (the first
+    call's keywords) and the new ``train.max_steps``, and the captioner it saved captions an image."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
     scope: dict = {}
@@ -436,9 +436,10 @@ def test_finecap_train_runs_the_documented_example(tmp_path, monkeypatch, capsys
     run_dir = scope["run_dir"]
     assert run_dir.resolve() == (tmp_path / "notebook" / "run").resolve()  # run.dir as given (here relative)
     saved = (run_dir / "config.yaml").read_text()
-    assert "max_steps: 2" in saved and "n_train: 40" in saved
-    steps = [json.loads(line).get("step") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert max(s for s in steps if s is not None) == 2
+    assert "max_steps: 4" in saved and "n_train: 40" in saved  # the stored settings, the resume's keyword on top
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [e["step"] for e in events if e["split"] == "train"]
+    assert steps == sorted(steps) and 2 in steps and steps[-1] == 4  # the first call's step 2 kept, then 3 and 4
     printed = capsys.readouterr().out
     assert str(run_dir) in printed and "[" in printed  # the caption list printed beside the run directory
 

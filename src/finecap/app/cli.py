@@ -188,18 +188,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def _stored_run_config(args: argparse.Namespace) -> Config:
-    """``finecap train --resume --out RUN [key=value ...]`` without a recipe: the settings RUN was trained with (its
-    ``config.yaml``), the overrides on top, ``run.dir`` RUN; a dotted path of code of one's own in it is imported only
-    when named again (:func:`finecap.config.stored.load_stored` ``for_training``: a run folder is data)."""
-    from finecap.config import load_stored
-    from finecap.runs import CONFIG_FILE
+    """``finecap train --resume --out RUN [key=value ...]`` without a recipe: the settings RUN was trained with, the
+    overrides on top (:func:`finecap.config.stored.resume_config`, which ``finecap.train(RUN, resume=True)`` reads
+    too)."""
+    from finecap.config.stored import resume_config
 
-    stored = Path(args.out) / CONFIG_FILE
-    if not stored.is_file():
-        raise ValueError(f"--resume --out {args.out}: no {CONFIG_FILE} of a run there to take the settings from; "
-                         "give the run's recipe (finecap train RECIPE --resume --out RUN)")  # fmt: skip
     _, overrides = _split_recipe([*args.items, *environment_overrides()])
-    return load_stored(stored, [f"run.dir={args.out}", *overrides], for_training=True)
+    return resume_config(args.out, overrides, asked=f"--resume --out {args.out}",
+                         with_recipe="finecap train RECIPE --resume --out RUN")  # fmt: skip
 
 
 def number(low: float, high: float, kind: type = float) -> Callable[[str], typing.Any]:

@@ -89,9 +89,11 @@ def without_unread(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: str | Path | None = None,
-                for_training: bool = False) -> Config:  # fmt: skip
-    """A configuration finecap stored (a run's or checkpoint's ``config.yaml``) with a ``recipe``'s keys and the
-    dotlist ``overrides`` on top (only the keys they set replace the stored ones).
+                for_training: bool = False, over: dict[str, Any] | None = None,
+                over_source: str = "") -> Config:  # fmt: skip
+    """A configuration finecap stored (a run's or checkpoint's ``config.yaml``) with a ``recipe``'s keys, the
+    settings ``over`` (``{section: {key: value}}``, e.g. :func:`finecap.train`'s keywords, which errors name by
+    ``over_source``) and the dotlist ``overrides`` on top (only the keys they set replace the stored ones).
 
     finecap writes absolute paths (:meth:`Config.save`); a relative path found in the file (edited by hand) is read
     relative to the file's folder. Paths in the recipe and the overrides are the user's, relative to the working
@@ -108,9 +110,29 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
     data = with_added_keys(migrate_moved_keys(data, f"{path}: "), path)
     data = absolute_path_values(without_unread(data, path), path.parent)
     stored = from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
-    cfg = load(recipe, overrides, base=data)
-    check_stored_code(path, stored, cfg, recipe, overrides or [], for_training)
+    cfg = load(recipe, overrides, base=data, over=over, over_source=over_source)
+    check_stored_code(path, stored, cfg, recipe, overrides or [], for_training, over)
     return cfg
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] | None = None, *, over: dict[str, Any] | None = None,
+                  over_source: str = "", asked: str, with_recipe: str) -> Config:  # fmt: skip
+    """The configuration that resumes the run in ``run_dir`` without a recipe (``finecap train --resume --out RUN``,
+    ``finecap.train(RUN, resume=True)``): the settings it was trained with (its ``config.yaml``), ``over`` and the
+    dotlist ``overrides`` on top, ``run.dir`` ``run_dir``; a dotted path of code of one's own in the file is
+    imported only when named again (:func:`load_stored` ``for_training``: a run folder is data). A folder without a
+    ``config.yaml`` is a ``ValueError`` beginning with ``asked`` (how the caller named the run: ``--resume --out
+    RUN``) that points to ``with_recipe`` (how to resume with the run's recipe instead)."""
+    from finecap.runs import CONFIG_FILE
+
+    stored = Path(run_dir) / CONFIG_FILE
+    if not stored.is_file():
+        raise ValueError(f"{asked}: no {CONFIG_FILE} of a run there to take the settings from; give the run's "
+                         f"recipe ({with_recipe})")  # fmt: skip
+    over = {name: dict(values) if isinstance(values, dict) else values for name, values in (over or {}).items()}
+    run = over.get("run")
+    over["run"] = {**(run if isinstance(run, dict) else {}), "dir": str(run_dir)}  # a dotlist's run.dir still wins
+    return load_stored(stored, overrides, for_training=True, over=over, over_source=over_source)
 
 
 def code_paths(cfg: Config, options: tuple[str, ...] = CODE_OPTIONS) -> dict[str, list[str]]:
@@ -146,6 +168,13 @@ def _named_in(overrides: list[str], option: str, name: str) -> bool:
     return False
 
 
+def _over_value(over: dict[str, Any] | None, option: str) -> Any:
+    """The value ``over`` (``{section: {key: value}}``) sets for ``option`` (``section.key``), or ``None``."""
+    section, key = option.split(".")
+    values = (over or {}).get(section)
+    return values.get(key) if isinstance(values, dict) else None
+
+
 def check_stored_code(
     path: Path,
     stored: Config,
@@ -153,9 +182,10 @@ def check_stored_code(
     recipe: str | Path | None,
     overrides: list[str],
     for_training: bool = False,
+    over: dict[str, Any] | None = None,
 ) -> None:
     """Refuse a dotted path (code of one's own) that the stored configuration ``path`` names and the loaded ``cfg``
-    still uses, unless the user named it too: in an override, in the recipe, or in
+    still uses, unless the user named it too: in an override (a dotlist's, or ``over``'s), in the recipe, or in
     :data:`~finecap.registry.TRUST_ENV`. A run folder is data, never code: importing a module runs it, so a
     tampered or shared ``config.yaml`` must not make finecap import one (as :func:`finecap.models.backbones.
     stored_backbone` for a checkpoint's ``captioner.json``)."""
@@ -164,7 +194,8 @@ def check_stored_code(
     named: set[str] | None = None
     for option, names in code_paths(stored, options).items():
         for name in names:
-            if name not in used.get(option, ()) or name in trusted_code() or _named_in(overrides, option, name):
+            if (name not in used.get(option, ()) or name in trusted_code() or _named_in(overrides, option, name)
+                    or name in _strings(_over_value(over, option))):  # fmt: skip
                 continue
             if named is None:
                 named = set() if recipe is None else _strings(read_yaml_mapping(resolve_recipe(recipe), "a recipe"))
