@@ -295,6 +295,25 @@ def test_cli_force_replaces_a_finecap_world(tmp_path, capsys):
     assert world_record(out)["config"]["seed"] == 9 and (out / "notes.txt").read_text() == "keep"
 
 
+def test_out_names_a_folder_or_is_refused(tmp_path, monkeypatch, capsys):
+    """``--out null`` (or ``~``, ``none``, empty) was read as a path option's "no path": the world went to the
+    default folder under the finecap home, not where the user pointed, and said nothing; it is refused now. Any other
+    text is the folder's name as typed, not YAML (``--out [a]`` was refused as a list). The same flag helper serves
+    ``finecap train --out``."""
+    from finecap.app.cli import main as cli
+
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    args = ["world", "make", "--n-train", "2", "--n-val", "1", "--n-test", "1"]
+    for name in ("null", "~", "None", " "):
+        assert cli([*args, "--out", name]) == 2
+        assert f"--out {name!r} names no folder" in capsys.readouterr().err
+    assert cli(["train", "--out", "null"]) == 2 and "--out 'null' names no folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing made, the default folder neither
+    assert cli([*args, "--out", "[a]"]) == 0
+    assert is_complete(tmp_path / "[a]", world_record(tmp_path / "[a]")["key"])
+
+
 def test_same_config_gives_identical_files(tmp_path):
     cfg = _cfg(n_train=5, n_val=1, n_test=1)
     a = make_world(cfg, tmp_path / "a", progress=False)

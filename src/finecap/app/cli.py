@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import logging
 import math
 import os
@@ -120,13 +121,26 @@ def _recipe_file(args: argparse.Namespace) -> Path | None:
     return resolve_recipe(recipe) if recipe else None
 
 
+FOLDER_FLAGS = ("out",)
+"""Flags naming a folder: their text is the folder's name as typed, never read as YAML (``--out [a]`` is a folder of
+that name); one that names no folder (empty, or ``null``, ``none``, ``~``, which a path option reads as no path:
+:func:`finecap.config.loading.empty_path`) is refused, where it sent the run or world to the default folder."""
+
+
 def _flags(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
-    """Turn command-line flags that were given into ``section.key=value`` overrides."""
+    """Turn command-line flags that were given into ``section.key=value`` overrides; a folder flag's value
+    (:data:`FOLDER_FLAGS`) is quoted, so that it stays the text typed, and one naming no folder is refused."""
     out = []
     for attr, key in mapping.items():
         value = getattr(args, attr, None)
-        if value is not None:
-            out.append(f"{key}={value}")
+        if value is None:
+            continue
+        if attr in FOLDER_FLAGS:
+            if str(value).strip().lower() in ("", "null", "none", "~"):
+                raise UsageError(f"--{attr} {str(value)!r} names no folder: give a folder, or leave --{attr} out for "
+                                 f"{key}'s default")  # fmt: skip
+            value = json.dumps(str(value))  # a YAML double-quoted scalar: the text itself
+        out.append(f"{key}={value}")
     return out
 
 
