@@ -230,6 +230,36 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
     assert captured.err == "" and "token" not in captured.out and "open http://127.0.0.1:8765/" in captured.out
 
 
+def test_a_chunked_body_is_refused_not_cut_at_the_form_limit(app_and_paths):
+    # A body sent chunked (no Content-Length) escaped the 413: werkzeug cut it at MAX_FORM_BYTES and parsed what it
+    # had read, so a 200 KB body carrying the form's fields first was taken as a decision (303, saved).
+    import http.client
+
+    from werkzeug.serving import make_server
+
+    app, _, _ = app_and_paths
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    body = (
+        urllib.parse.urlencode({"decision": "accept", "csrf_token": app.config["csrf_token"]})
+        + "&pad="
+        + "x" * (200 << 10)
+    )
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=30)
+        conn.request("POST", "/bag/3/0", body=iter([body.encode()]), encode_chunked=True,
+                     headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+        response = conn.getresponse()
+        status, text = response.status, response.read().decode()
+        conn.close()
+    finally:
+        server.shutdown()
+        thread.join()
+    assert status == 411 and "Content-Length" in text
+    assert app.config["curation"].decisions == {}
+
+
 def test_simultaneous_clicks_lose_no_acknowledged_decision(tiny_world, tmp_path):
     """100 pairs of POSTs sent at the same moment to a real threaded server: every decision that got its redirect is
     on disk (issue 22: 9 of 100 pairs lost one before)."""

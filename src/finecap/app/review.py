@@ -81,7 +81,8 @@ TOKEN_ENV = "FINECAP_REVIEW_TOKEN"
 """Environment variable read for the access token when ``--token`` is not given."""
 MAX_FORM_BYTES = 64 * 1024
 """The largest request body the server reads (a decision's form is under 200 bytes): a larger one is a 413 before it
-is read, where werkzeug spooled any body, 200 MB included, into a temporary file before refusing it."""
+is read, where werkzeug spooled any body, 200 MB included, into a temporary file before refusing it. A POST without
+a ``Content-Length`` (chunked) is a 411: werkzeug cut such a body at this limit and parsed the part it had read."""
 IMAGE_TYPES: dict[str, str] = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
                                ".webp": "image/webp", ".bmp": "image/bmp"}  # fmt: skip
 """Image file extensions served, with their MIME types."""
@@ -269,6 +270,8 @@ def create_app(
             if not secrets.compare_digest(cookie.encode(), token.encode()):
                 refuse(401, "this review server needs its access token: open the URL with ?token=... that it printed")
         if request.method == "POST":
+            if request.content_length is None:  # chunked: werkzeug cut it at MAX_FORM_BYTES and parsed the rest
+                refuse(411, "a decision's form is sent with its Content-Length (as browsers send it)")
             sent = request.form.get("csrf_token", "")
             if not secrets.compare_digest(sent.encode(), csrf_token.encode()):
                 refuse(400, "missing or stale form token (was the server restarted?); reload the page and decide "
