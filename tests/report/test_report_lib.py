@@ -376,6 +376,24 @@ def test_hostile_captions_stage_names_and_columns_are_escaped(fabricated_run, tm
 
 
 @pytest.mark.slow
+def test_a_right_to_left_override_in_a_name_reverses_none_of_the_pages_text(fabricated_run, tmp_path):
+    # A stage name (or caption, id) holding U+202E printed bare reversed the page's own text after it up to the end of
+    # its block: "Stages: mle\u202e, smile" showed "elims ,", a "(80%)" after it "(%08)" (seen in Chromium). Every
+    # user string is printed as an isolate (FSI ... PDI) with its override closed.
+    rlo, stage = "\u202e", "mle\u202e"
+    run = tmp_path / "run"
+    shutil.copytree(fabricated_run, run)
+    shutil.copy(run / "captions" / "mle.json", run / "captions" / f"{stage}.json")
+    results = json.loads((run / "results.json").read_text())
+    results[stage] = {"Length": 3.0, "faith/no_facts": 0.8, f"bag3/R@1{rlo}": 0.5}
+    (run / "results.json").write_text(json.dumps(results))
+    page = write_report(run, tmp_path / "r.html", retrieval=False, n_sample=2, n_disagree=2).read_text()
+    isolated = [f"\u2068{stage}\u202c\u2069", f"\u2068bag3/R@1{rlo}\u202c\u2069"]
+    assert page.count(isolated[0]) >= 4 and page.count(isolated[1]) >= 1  # stages, table, silent note, gallery
+    assert page.count(rlo) == sum(page.count(text) for text in isolated)  # no override left open
+
+
+@pytest.mark.slow
 def test_a_malformed_vcb_or_transfer_results_file_is_a_named_error_before_any_write(fabricated_run, tmp_path):
     # vcb_results.json or transfer/results.json of another layout stopped the report with an AttributeError traceback
     # ('list' object has no attribute 'get'), after the plot files were written into the run folder

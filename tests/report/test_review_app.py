@@ -445,6 +445,7 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
     for im, name in zip(test, ["a#b?.png", '%41 "q" &amp;.png', "é'<x>.png"], strict=True):
         (world / "images" / im["filepath"] / im["filename"]).rename(world / "images" / im["filepath"] / name)
         im["filename"], im["sentences"][0]["raw"] = name, HOSTILE
+    test[0]["sentences"][1]["raw"] = "a circle\u202e"  # a right-to-left override: printed isolated, closed
     (world / "dataset.json").write_text(json.dumps(dataset))
     bags = tmp_path / "bags.json"
     bags.write_text(json.dumps({"bags": {"3": [{"images": [im["imgid"] for im in test]}]}}))
@@ -452,6 +453,7 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
     page = client.get("/bag/3/0").get_data(as_text=True)
     assert "<script>alert" not in page and "<img src=x" not in page and "</textarea>" not in page
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img src=x") == 3
+    assert page.count("\u202e") == page.count("\u2068a circle\u202e\u202c\u2069") == 1
     sources = [html.unescape(s) for s in re.findall(r'<img src="([^"]+)"', page)]
     assert len(sources) == 3
     for src in sources:

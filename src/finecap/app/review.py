@@ -60,7 +60,7 @@ from finecap.data.curation import BagCuration, CurationBusy
 from finecap.data.images import ImageLimits, check_image_file, decode_image, encode_image
 from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
-from finecap.report.html import TEMPLATES
+from finecap.report.html import TEMPLATES, printed
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
 from finecap.utils.system import MissingExtra, is_loopback
@@ -227,6 +227,7 @@ def create_app(
     csrf_token = secrets.token_urlsafe(32)
 
     app = Flask(__name__, template_folder=str(TEMPLATES))
+    app.jinja_options = {**Flask.jinja_options, "finalize": printed}  # the report's printing of user text
     app.config["curation"] = curation
     app.config["csrf_token"] = csrf_token
     app.config["MAX_CONTENT_LENGTH"] = MAX_FORM_BYTES  # a decision's form: werkzeug spooled any body to disk first
