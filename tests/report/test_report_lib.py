@@ -13,7 +13,14 @@ from finecap.app.report import main as write_report
 from finecap.report.columns import better, column_info, direction, format_difference, format_value
 from finecap.report.gallery import select_images
 from finecap.report.html import HEADLINES, headline_comparisons, results_tables
-from finecap.report.plots import bag_recall_curves, curve_panels, length_histograms, precision_recall
+from finecap.report.plots import (
+    bag_recall_curves,
+    curve_panels,
+    length_histograms,
+    precision_recall,
+    rl_curves,
+    training_curves,
+)
 from finecap.report.run import read_run
 from finecap.report.table import markdown_table
 
@@ -79,6 +86,23 @@ def test_plots_draw_only_what_is_there(tmp_path):
     assert length_histograms({}, tmp_path / "c.png") is None
     out = bag_recall_curves(ROWS, tmp_path / "bags.png")
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("name", [r"$x^$", r"$\nosuchcommand$"])
+def test_plots_draw_stage_and_metric_names_as_text(tmp_path, name):
+    # A stage or metric name is the user's text: matplotlib parsed it as TeX between two $, and `$x^$` or an unknown
+    # command was a ValueError that stopped the whole report (`finecap report`) at its first plot.
+    import matplotlib
+
+    rows = {name: {"bag3/R@1": 0.5, "bag5/R@1": 0.4, "faith/recall": 0.3, "faith/precision": 0.6}, "mle": ROWS["mle"]}
+    events = [{"step": k, "split": "train", "values": {name: 1.0 / k, "reward": 0.1 * k, f"reward/{name}": 0.1 * k}}
+              for k in (1, 2)]  # fmt: skip
+    drawn = [bag_recall_curves(rows, tmp_path / "bags.png"), precision_recall(rows, tmp_path / "faith.png"),
+             length_histograms({name: {1: "a red circle"}, "mle": {1: "a"}}, tmp_path / "hist.png"),
+             training_curves(events, tmp_path / "curves.png", title=name),
+             *(path for _, path in rl_curves(events, tmp_path, "rl"))]  # fmt: skip
+    assert len(drawn) == 6 and all(p.read_bytes()[:4] == b"\x89PNG" for p in drawn)
+    assert matplotlib.rcParams["text.parse_math"]  # off only while finecap draws: the caller's setting is kept
 
 
 def test_gallery_picks_disagreement_and_a_disjoint_sample():
@@ -349,6 +373,24 @@ def test_hostile_captions_stage_names_and_columns_are_escaped(fabricated_run, tm
     assert "<script>alert" not in html and "<img src=x" not in html and "</textarea>" not in html
     assert html.count("<script>") == 1  # the page's own table sorting
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&#34;&gt;&lt;img src=x onerror=alert(3)&gt;" in html
+
+
+@pytest.mark.slow
+def test_a_right_to_left_override_in_a_name_reverses_none_of_the_pages_text(fabricated_run, tmp_path):
+    # A stage name (or caption, id) holding U+202E printed bare reversed the page's own text after it up to the end of
+    # its block: "Stages: mle\u202e, smile" showed "elims ,", a "(80%)" after it "(%08)" (seen in Chromium). Every
+    # user string is printed as an isolate (FSI ... PDI) with its override closed.
+    rlo, stage = "\u202e", "mle\u202e"
+    run = tmp_path / "run"
+    shutil.copytree(fabricated_run, run)
+    shutil.copy(run / "captions" / "mle.json", run / "captions" / f"{stage}.json")
+    results = json.loads((run / "results.json").read_text())
+    results[stage] = {"Length": 3.0, "faith/no_facts": 0.8, f"bag3/R@1{rlo}": 0.5}
+    (run / "results.json").write_text(json.dumps(results))
+    page = write_report(run, tmp_path / "r.html", retrieval=False, n_sample=2, n_disagree=2).read_text()
+    isolated = [f"\u2068{stage}\u202c\u2069", f"\u2068bag3/R@1{rlo}\u202c\u2069"]
+    assert page.count(isolated[0]) >= 4 and page.count(isolated[1]) >= 1  # stages, table, silent note, gallery
+    assert page.count(rlo) == sum(page.count(text) for text in isolated)  # no override left open
 
 
 @pytest.mark.slow

@@ -230,6 +230,36 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
     assert captured.err == "" and "token" not in captured.out and "open http://127.0.0.1:8765/" in captured.out
 
 
+def test_a_chunked_body_is_refused_not_cut_at_the_form_limit(app_and_paths):
+    # A body sent chunked (no Content-Length) escaped the 413: werkzeug cut it at MAX_FORM_BYTES and parsed what it
+    # had read, so a 200 KB body carrying the form's fields first was taken as a decision (303, saved).
+    import http.client
+
+    from werkzeug.serving import make_server
+
+    app, _, _ = app_and_paths
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    body = (
+        urllib.parse.urlencode({"decision": "accept", "csrf_token": app.config["csrf_token"]})
+        + "&pad="
+        + "x" * (200 << 10)
+    )
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=30)
+        conn.request("POST", "/bag/3/0", body=iter([body.encode()]), encode_chunked=True,
+                     headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+        response = conn.getresponse()
+        status, text = response.status, response.read().decode()
+        conn.close()
+    finally:
+        server.shutdown()
+        thread.join()
+    assert status == 411 and "Content-Length" in text
+    assert app.config["curation"].decisions == {}
+
+
 def test_simultaneous_clicks_lose_no_acknowledged_decision(tiny_world, tmp_path):
     """100 pairs of POSTs sent at the same moment to a real threaded server: every decision that got its redirect is
     on disk (issue 22: 9 of 100 pairs lost one before)."""
@@ -415,6 +445,7 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
     for im, name in zip(test, ["a#b?.png", '%41 "q" &amp;.png', "é'<x>.png"], strict=True):
         (world / "images" / im["filepath"] / im["filename"]).rename(world / "images" / im["filepath"] / name)
         im["filename"], im["sentences"][0]["raw"] = name, HOSTILE
+    test[0]["sentences"][1]["raw"] = "a circle\u202e"  # a right-to-left override: printed isolated, closed
     (world / "dataset.json").write_text(json.dumps(dataset))
     bags = tmp_path / "bags.json"
     bags.write_text(json.dumps({"bags": {"3": [{"images": [im["imgid"] for im in test]}]}}))
@@ -422,6 +453,7 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
     page = client.get("/bag/3/0").get_data(as_text=True)
     assert "<script>alert" not in page and "<img src=x" not in page and "</textarea>" not in page
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img src=x") == 3
+    assert page.count("\u202e") == page.count("\u2068a circle\u202e\u202c\u2069") == 1
     sources = [html.unescape(s) for s in re.findall(r'<img src="([^"]+)"', page)]
     assert len(sources) == 3
     for src in sources:

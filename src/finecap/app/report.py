@@ -96,7 +96,7 @@ from finecap.report.run import RunData, read_run
 from finecap.train.fingerprint import check_run_dir
 from finecap.utils.reading import DATA_FILE, read_json
 from finecap.utils.system import progress_enabled
-from finecap.utils.text import short_repr
+from finecap.utils.text import bidi_isolated, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,8 @@ def _rl_sections(run: RunData, folder: Path) -> list[dict[str, Any]]:
         panels = []
         for panel, path in drawn:
             ends = "; ".join(
-                f"{key} {points[0][1]:.4g} → {points[-1][1]:.4g}" for key, points in series[panel].items()
+                f"{bidi_isolated(key)} {points[0][1]:.4g} → {points[-1][1]:.4g}"
+                for key, points in series[panel].items()
             )
             panels.append({"panel": panel, "uri": png_uri(path), "note": ends, "title": rl_title(panel)})
         logged = run.logged_captions.get(stage, {})
@@ -444,7 +445,7 @@ def silent_note(results: dict[str, dict[str, Any]]) -> str | None:
     silent = {stage: share for stage, row in results.items() if (share := mostly_silent(row)) is not None}
     if not silent:
         return None
-    stages = ", ".join(f"{stage} ({share:.0%})" for stage, share in silent.items())
+    stages = ", ".join(f"{bidi_isolated(stage)} ({share:.0%})" for stage, share in silent.items())
     return f"Most captions of {stages} {SILENT_NOTE}."
 
 

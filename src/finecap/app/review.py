@@ -60,7 +60,7 @@ from finecap.data.curation import BagCuration, CurationBusy
 from finecap.data.images import ImageLimits, check_image_file, decode_image, encode_image
 from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
-from finecap.report.html import TEMPLATES
+from finecap.report.html import TEMPLATES, printed
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
 from finecap.utils.system import MissingExtra, is_loopback
@@ -81,7 +81,8 @@ TOKEN_ENV = "FINECAP_REVIEW_TOKEN"
 """Environment variable read for the access token when ``--token`` is not given."""
 MAX_FORM_BYTES = 64 * 1024
 """The largest request body the server reads (a decision's form is under 200 bytes): a larger one is a 413 before it
-is read, where werkzeug spooled any body, 200 MB included, into a temporary file before refusing it."""
+is read, where werkzeug spooled any body, 200 MB included, into a temporary file before refusing it. A POST without
+a ``Content-Length`` (chunked) is a 411: werkzeug cut such a body at this limit and parsed the part it had read."""
 IMAGE_TYPES: dict[str, str] = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
                                ".webp": "image/webp", ".bmp": "image/bmp"}  # fmt: skip
 """Image file extensions served, with their MIME types."""
@@ -226,6 +227,7 @@ def create_app(
     csrf_token = secrets.token_urlsafe(32)
 
     app = Flask(__name__, template_folder=str(TEMPLATES))
+    app.jinja_options = {**Flask.jinja_options, "finalize": printed}  # the report's printing of user text
     app.config["curation"] = curation
     app.config["csrf_token"] = csrf_token
     app.config["MAX_CONTENT_LENGTH"] = MAX_FORM_BYTES  # a decision's form: werkzeug spooled any body to disk first
@@ -269,6 +271,8 @@ def create_app(
             if not secrets.compare_digest(cookie.encode(), token.encode()):
                 refuse(401, "this review server needs its access token: open the URL with ?token=... that it printed")
         if request.method == "POST":
+            if request.content_length is None:  # chunked: werkzeug cut it at MAX_FORM_BYTES and parsed the rest
+                refuse(411, "a decision's form is sent with its Content-Length (as browsers send it)")
             sent = request.form.get("csrf_token", "")
             if not secrets.compare_digest(sent.encode(), csrf_token.encode()):
                 refuse(400, "missing or stale form token (was the server restarted?); reload the page and decide "

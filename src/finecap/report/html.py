@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
+import markupsafe
 
 from finecap.outputs import write_output
 from finecap.report.columns import ColumnRules, better, direction, format_difference, format_value
+from finecap.utils.text import bidi_isolated
 
 if TYPE_CHECKING:
     from finecap.data.images import ImageLimits
@@ -232,9 +234,20 @@ def image_uri(path: str | Path, max_side: int = 224, limits: ImageLimits | None 
     return data_uri(buf.getvalue(), "image/png")
 
 
+def printed(value: Any) -> Any:
+    """What a template prints for ``value`` (Jinja's ``finalize``, before escaping): a string isolated from the page's
+    text around it (:func:`finecap.utils.text.bidi_isolated`: a caption or id's right-to-left override reverses
+    nothing of the page's), markup the template made (a macro's) as it is. The report's templates and the review
+    page's (:mod:`finecap.app.review`) print through it."""
+    return bidi_isolated(value) if isinstance(value, str) and not isinstance(value, markupsafe.Markup) else value
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        finalize=printed,
     )
     env.filters["fmt"] = format_value
     return env

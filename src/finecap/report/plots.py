@@ -6,14 +6,15 @@ Every function draws from plain data (``metrics.jsonl`` events, ``{stage: {metri
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from finecap.metrics.diversity import caption_length
 from finecap.outputs import check_replaceable, made_by_finecap, write_output
@@ -40,6 +41,25 @@ RL_GROUPS = {
 metrics): ``{panel: (title, keys)}``."""
 
 
+_Draw = TypeVar("_Draw", bound=Callable[..., Any])
+
+
+def _plain_text(draw: _Draw) -> _Draw:
+    """``draw`` with matplotlib's mathtext off while it runs: the labels a plot writes (stage names, metric names,
+    reward parts: the user's text) are drawn as they are, never parsed as TeX between two ``$`` (a stage ``$x^$``
+    was a ``ValueError`` that stopped the report; ``$5 and $6`` printed in italics without its dollars). Scoped
+    (``matplotlib.rc_context``), so a program that imports finecap keeps its own setting."""
+
+    @functools.wraps(draw)
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return plain  # type: ignore[return-value]
+
+
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
     """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl``."""
     points = []
@@ -49,6 +69,7 @@ def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
     return points
 
 
+@_plain_text
 def length_curves(runs: Mapping[str, str | Path], out: str | Path, *, start: str | Path | None = None,
                   key: str = "length") -> Path:  # fmt: skip
     """Mean validation caption length over training steps, one line per run (SMILE Fig. 4a).
@@ -164,6 +185,7 @@ def curve_panels(events: Sequence[Mapping[str, Any]], max_val: int = 6) -> dict[
     return panels
 
 
+@_plain_text
 def training_curves(events: Sequence[Mapping[str, Any]], out: str | Path, title: str = "") -> Path | None:
     """Training loss, reward and validation metrics over steps (:func:`curve_panels`), one panel each."""
     panels = curve_panels(events)
@@ -245,6 +267,7 @@ def rl_title(panel: str) -> str:
     return f"reward part: {rest}" if head == "reward" and "/" not in rest else f"{head}: {rest}"
 
 
+@_plain_text
 def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, prefix: str) -> list[tuple[str, Path]]:
     """Each of :func:`rl_panels` drawn on its own axes as ``<folder>/<prefix>_<panel>.png`` (``/`` and other
     characters a file name avoids as ``-``):
@@ -268,6 +291,7 @@ def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, prefix: s
     return out
 
 
+@_plain_text
 def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path) -> Path | None:
     """Histogram of caption length (words, :func:`~finecap.metrics.diversity.caption_length`) per stage, on shared
     bins of one word."""
@@ -289,6 +313,7 @@ def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path
     return _save(fig, out)
 
 
+@_plain_text
 def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) -> Path | None:
     """TrueMatch R@1 against bag size (keys matching :data:`BAG_RECALL`), one line per stage that has them."""
     series = {}
@@ -309,6 +334,7 @@ def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) ->
     return _save(fig, out)
 
 
+@_plain_text
 def precision_recall(rows: Mapping[str, Mapping[str, Any]], out: str | Path, *, x: str = "faith/recall",
                      y: str = "faith/precision") -> Path | None:  # fmt: skip
     """Faithfulness precision against recall of true facts, one labelled point per stage that has both."""

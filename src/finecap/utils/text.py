@@ -96,3 +96,48 @@ def closest(name: object, valid: Iterable[object]) -> str | None:
         return None
     match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
     return match[0] if match else None
+
+
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+"""Unicode's bidirectional formatting characters (embeddings, overrides, isolates, their closers, the marks)."""
+_EMBEDDINGS, _ISOLATES, _PDF, _PDI, _FSI = (
+    "\u202a\u202b\u202d\u202e",
+    "\u2066\u2067\u2068",
+    "\u202c",
+    "\u2069",
+    "\u2068",
+)
+
+
+def bidi_isolated(text: str) -> str:
+    """``text`` as a unit that cannot reorder what is printed after it: a user's string (a caption, an image id, a
+    stage name) holding a right-to-left override would otherwise show the page's own text and numbers beside it
+    reversed (``rank 12`` as ``21 knar``). A text holding any of :data:`BIDI_CONTROLS` is wrapped in FSI ... PDI
+    (Unicode's isolate, ``<bdi>`` in plain text), its closers that match no opener of its own dropped and its
+    openers left open closed; any other text is returned as it is.
+
+    >>> bidi_isolated("mle") == "mle", bidi_isolated("7\\u202e") == "\\u20687\\u202e\\u202c\\u2069"
+    (True, True)
+    >>> bidi_isolated("\\u2069\\u202e") == "\\u2068\\u202e\\u202c\\u2069"  # its stray PDI would close the isolate
+    True
+    """
+    if BIDI_CONTROLS.isdisjoint(text):
+        return text
+    out: list[str] = []
+    open_: list[str] = []  # the closer each open embedding or isolate awaits, innermost last
+    for c in text:
+        if c in _EMBEDDINGS:
+            open_.append(_PDF)
+        elif c in _ISOLATES:
+            open_.append(_PDI)
+        elif c == _PDF:
+            if not open_ or open_[-1] != _PDF:  # a PDF closes no embedding outside the innermost isolate (UAX #9)
+                continue
+            open_.pop()
+        elif c == _PDI:
+            if _PDI not in open_:
+                continue
+            while open_.pop() != _PDI:  # a PDI closes the embeddings opened inside its isolate too
+                pass
+        out.append(c)
+    return _FSI + "".join(out) + "".join(reversed(open_)) + _PDI
