@@ -26,10 +26,11 @@ requests.
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
 - **Abandoned work.** A request whose client went away before its round began is never scored
-  (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects). A reward call still
-  running when the service stops is waited for :attr:`RewardService.stop_wait` seconds at most (none after
-  :meth:`RewardService.abandon`), then abandoned to its daemon thread (:class:`DaemonThreads`), so that a hung
-  call never keeps the server from stopping.
+  (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects), and leaves the
+  queue at once: the queue holds the requests of connected clients only, however long the reward's call takes. A
+  reward call still running when the service stops is waited for :attr:`RewardService.stop_wait` seconds at most
+  (none after :meth:`RewardService.abandon`), then abandoned to its daemon thread (:class:`DaemonThreads`), so
+  that a hung call never keeps the server from stopping.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
   line (and one at the end).
@@ -301,6 +302,11 @@ class RewardService:
         self._abandon_now = False
 
     # ---------------------------------------------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a round (their clients still connected: module docstring, "Abandoned work")."""
+        return len(self._pending)
+
     def job(self, request: RewardRequest) -> Job:
         """Check ``request`` against the images and the reward (:class:`CallCheck`)."""
         return self.check.job(request)
@@ -395,11 +401,26 @@ class RewardService:
             raise RewardFailed("the reward server is stopping: its reward failed")
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         start = time.perf_counter()
-        self._pending.append((job, future, start))
+        item = (job, future, start)
+        self._pending.append(item)
         self._wakeup.set()
-        result = await future  # cancelled (the client left): the future is cancelled too, and never scored
+        try:
+            result = await future  # cancelled (the client left): the future is cancelled too, and never scored
+        except asyncio.CancelledError:
+            self._forget(item)
+            raise
         self.meter.latency(time.perf_counter() - start)
         return result
+
+    def _forget(self, item: tuple[Job, asyncio.Future, float]) -> None:
+        """Take a departed client's request out of the queue now, so that its captions are not held until the
+        reward's current call returns (a slow or hung call, clients that time out and ask again: the queue grew by
+        one request a retry); one already taken into a round is left to it (its answer is dropped: :func:`settle`)."""
+        for i, queued in enumerate(self._pending):
+            if queued is item:
+                del self._pending[i]
+                self.meter.abandoned += 1
+                return
 
     async def _serve_queue(self) -> None:
         try:
