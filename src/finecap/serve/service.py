@@ -291,6 +291,7 @@ class RewardService:
         self._requests_seen = 0
         self._lock = threading.Lock()  # one reward call at a time, whoever calls
         self._pending: deque[tuple[Job, asyncio.Future, float]] = deque()
+        self._call_started: float | None = None  # time.monotonic() of the reward call running (busy_for)
         self._wakeup: asyncio.Event | None = None
         self._executor: DaemonThreads | None = None
         self._checks: DaemonThreads | None = None
@@ -306,6 +307,13 @@ class RewardService:
     def queued(self) -> int:
         """Requests waiting for a round (their clients still connected: module docstring, "Abandoned work")."""
         return len(self._pending)
+
+    @property
+    def busy_for(self) -> float:
+        """Seconds the reward's current call has run (0.0 when none runs): a call that never returns (a hung judge)
+        shows here, in ``/health``, while the requests behind it wait (:attr:`queued`)."""
+        started = self._call_started
+        return 0.0 if started is None else time.monotonic() - started
 
     def job(self, request: RewardRequest) -> Job:
         """Check ``request`` against the images and the reward (:class:`CallCheck`)."""
@@ -466,7 +474,11 @@ class RewardService:
             if not round_:
                 continue
             start = time.perf_counter()
-            results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
+            self._call_started = time.monotonic()
+            try:
+                results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
+            finally:
+                self._call_started = None
             settle(round_, results)
             self.meter.round(len(round_), sum(len(j.captions) for j, _, _ in round_), time.perf_counter() - start)
             self.meter.maybe_log(self.name)
