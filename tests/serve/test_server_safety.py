@@ -413,6 +413,52 @@ def test_a_departed_clients_request_is_never_scored():
     assert svc.meter.abandoned == 5
 
 
+def test_departed_clients_leave_the_queue_while_the_reward_is_still_busy():
+    """A reward call that does not return (a hung judge) while clients time out and ask again: each departed
+    request leaves the queue at once, its captions with it, instead of waiting there for the call to return (the
+    queue grew by one request of up to --max-request-bytes a retry, for as long as the call ran); /health shows the
+    call's seconds and the requests waiting behind it."""
+    release = threading.Event()
+
+    class Stuck(Words):
+        per_caption = False  # one call a request
+        started = threading.Event()
+
+        def __call__(self, captions, batch):
+            self.started.set()
+            release.wait(30)
+            return super().__call__(captions, batch)
+
+    reward = Stuck()
+    svc = service(reward)
+    with serving(svc) as url:
+        first = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
+        first.start()
+        until(reward.started.is_set, "the first request was not scored")
+        try:
+            for k in range(20):
+                with pytest.raises(httpx.TimeoutException):
+                    httpx.post(f"{url}/reward", json={"captions": [f"retry {k}"] * 50, "image_ids": [1] * 50},
+                               timeout=0.05)  # fmt: skip
+            until(lambda: svc.meter.abandoned == 20, "the departed requests were not dropped", timeout=5)
+            assert svc.queued == 0  # the call still runs: nothing of the twenty is held
+            waiting = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
+            waiting.start()
+            until(lambda: svc.queued == 1, "the waiting request did not queue")
+            stuck = httpx.get(f"{url}/health", timeout=5).json()
+        finally:
+            release.set()
+        got = httpx.post(f"{url}/reward", json={"captions": ["next"], "image_ids": [2]}, timeout=30).json()
+        first.join(10)
+        waiting.join(10)
+        idle = httpx.get(f"{url}/health", timeout=5).json()
+    # /health shows the hung call (it said "ok" and nothing more): its seconds so far, and the request behind it
+    assert stuck["queued"] == 1 and stuck["busy"] > 0 and stuck["requests"] == 0
+    assert idle["queued"] == 0 and idle["busy"] == 0 and idle["requests"] == 3
+    assert got["total"] == [1.0]
+    assert reward.calls == [OK["captions"], OK["captions"], ["next"]]
+
+
 def test_connections_beyond_the_cap_are_closed_at_once_and_the_server_recovers():
     limits = ConnectionLimits(max_connections=4, header_timeout=30)
     with serving_server(service(), connections=limits) as (url, server):

@@ -8,7 +8,9 @@ Endpoints:
   image ids (or ``images``) echoed, one total and one value per part for each caption, in order.
 - ``POST /get_reward``: OpenRLHF's and CapRL's (:func:`finecap.serve.protocol.parse_get_reward`) ->
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
-- ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "requests": ..., "captions": ...}``.
+- ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "requests": ..., "captions": ..., "queued": ...,
+  "busy": ...}``: the requests answered and their captions, the requests waiting for the reward, and the seconds its
+  current call has run (0 when idle): a call that hangs shows there (:attr:`RewardService.busy_for`).
 
 A caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that failed) is never a
 number a trainer would pay: ``/reward`` answers it ``null`` in ``total`` and in every part, and the reply then says
@@ -299,7 +301,8 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
             return refusal(e)
         meter = service.meter
         return _json({"status": "ok", "reward": service.name, "images": len(service.images),
-                      "requests": meter.total_requests, "captions": meter.total_captions})  # fmt: skip
+                      "requests": meter.total_requests, "captions": meter.total_captions, "queued": service.queued,
+                      "busy": round(service.busy_for, 3)})  # fmt: skip
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         """404 / 405 as a JSON error, with Starlette's headers (a 405's ``Allow``: the methods the path takes)."""

@@ -26,10 +26,11 @@ requests.
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
 - **Abandoned work.** A request whose client went away before its round began is never scored
-  (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects). A reward call still
-  running when the service stops is waited for :attr:`RewardService.stop_wait` seconds at most (none after
-  :meth:`RewardService.abandon`), then abandoned to its daemon thread (:class:`DaemonThreads`), so that a hung
-  call never keeps the server from stopping.
+  (:meth:`RewardService.score` cancelled: the HTTP layer cancels it when the client disconnects), and leaves the
+  queue at once: the queue holds the requests of connected clients only, however long the reward's call takes. A
+  reward call still running when the service stops is waited for :attr:`RewardService.stop_wait` seconds at most
+  (none after :meth:`RewardService.abandon`), then abandoned to its daemon thread (:class:`DaemonThreads`), so
+  that a hung call never keeps the server from stopping.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
   line (and one at the end).
@@ -290,6 +291,7 @@ class RewardService:
         self._requests_seen = 0
         self._lock = threading.Lock()  # one reward call at a time, whoever calls
         self._pending: deque[tuple[Job, asyncio.Future, float]] = deque()
+        self._call_started: float | None = None  # time.monotonic() of the reward call running (busy_for)
         self._wakeup: asyncio.Event | None = None
         self._executor: DaemonThreads | None = None
         self._checks: DaemonThreads | None = None
@@ -301,6 +303,18 @@ class RewardService:
         self._abandon_now = False
 
     # ---------------------------------------------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a round (their clients still connected: module docstring, "Abandoned work")."""
+        return len(self._pending)
+
+    @property
+    def busy_for(self) -> float:
+        """Seconds the reward's current call has run (0.0 when none runs): a call that never returns (a hung judge)
+        shows here, in ``/health``, while the requests behind it wait (:attr:`queued`)."""
+        started = self._call_started
+        return 0.0 if started is None else time.monotonic() - started
+
     def job(self, request: RewardRequest) -> Job:
         """Check ``request`` against the images and the reward (:class:`CallCheck`)."""
         return self.check.job(request)
@@ -395,11 +409,26 @@ class RewardService:
             raise RewardFailed("the reward server is stopping: its reward failed")
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         start = time.perf_counter()
-        self._pending.append((job, future, start))
+        item = (job, future, start)
+        self._pending.append(item)
         self._wakeup.set()
-        result = await future  # cancelled (the client left): the future is cancelled too, and never scored
+        try:
+            result = await future  # cancelled (the client left): the future is cancelled too, and never scored
+        except asyncio.CancelledError:
+            self._forget(item)
+            raise
         self.meter.latency(time.perf_counter() - start)
         return result
+
+    def _forget(self, item: tuple[Job, asyncio.Future, float]) -> None:
+        """Take a departed client's request out of the queue now, so that its captions are not held until the
+        reward's current call returns (a slow or hung call, clients that time out and ask again: the queue grew by
+        one request a retry); one already taken into a round is left to it (its answer is dropped: :func:`settle`)."""
+        for i, queued in enumerate(self._pending):
+            if queued is item:
+                del self._pending[i]
+                self.meter.abandoned += 1
+                return
 
     async def _serve_queue(self) -> None:
         try:
@@ -445,7 +474,11 @@ class RewardService:
             if not round_:
                 continue
             start = time.perf_counter()
-            results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
+            self._call_started = time.monotonic()
+            try:
+                results = await loop.run_in_executor(self._executor, self.score_now, [j for j, _, _ in round_])
+            finally:
+                self._call_started = None
             settle(round_, results)
             self.meter.round(len(round_), sum(len(j.captions) for j, _, _ in round_), time.perf_counter() - start)
             self.meter.maybe_log(self.name)
