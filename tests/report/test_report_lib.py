@@ -105,6 +105,24 @@ def test_plots_draw_stage_and_metric_names_as_text(tmp_path, name):
     assert matplotlib.rcParams["text.parse_math"]  # off only while finecap draws: the caller's setting is kept
 
 
+def test_a_name_beginning_with_an_underscore_stays_in_the_legend(tmp_path, monkeypatch):
+    """matplotlib leaves every label that begins with ``_`` out of a legend: a stage ``_ablation`` was drawn but
+    missing from the legend, its line unnamed."""
+    import finecap.report.plots as plots
+
+    legends = []
+    save = plots._save
+
+    def saving(fig, out):
+        legends.append([t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()])
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", saving)
+    rows = {"_ablation": {"bag3/R@1": 0.5, "bag5/R@1": 0.4}, "mle": {"bag3/R@1": 0.6, "bag5/R@1": 0.5}}
+    bag_recall_curves(rows, tmp_path / "bags.png")
+    assert legends == [["\u200b_ablation", "mle"]]  # a zero-width space in front: shown as typed
+
+
 def test_gallery_picks_disagreement_and_a_disjoint_sample():
     captions = {"a": {1: "a red circle", 2: "a red circle", 3: "a blue star", 4: "x"},
                 "b": {1: "a red circle", 2: "a green square", 3: "a blue star", 4: "x"}}  # fmt: skip

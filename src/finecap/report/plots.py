@@ -60,6 +60,17 @@ def _plain_text(draw: _Draw) -> _Draw:
     return plain  # type: ignore[return-value]
 
 
+def legend_label(name: str) -> str:
+    """``name`` as a line's legend label: matplotlib leaves out of the legend every label that begins with ``_``, so a
+    stage, metric or reward part named ``_ablation`` would vanish from it silently; such a name gets a zero-width space
+    in front (invisible), any other is as it is.
+
+    >>> legend_label("_ablation"), legend_label("mle")
+    ('\u200b_ablation', 'mle')
+    """
+    return "\u200b" + name if name.startswith("_") else name
+
+
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
     """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl``."""
     points = []
@@ -83,7 +94,7 @@ def length_curves(runs: Mapping[str, str | Path], out: str | Path, *, start: str
         points = validation_series(run_dir, key)
         if origin:
             points = [(0, origin[0][1]), *points]
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=legend_label(label))
     ax.set_xlabel("training step")
     ax.set_ylabel("mean caption length (words, validation)")
     ax.legend()
@@ -197,7 +208,7 @@ def training_curves(events: Sequence[Mapping[str, Any]], out: str | Path, title:
     for ax, (name, series) in zip(axes.flat, panels.items()):
         for key, points in series.items():
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                    label=key)  # fmt: skip
+                    label=legend_label(key))  # fmt: skip
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -280,7 +291,7 @@ def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, prefix: s
         fig, ax = plt.subplots(figsize=(3.2, 2.4))
         for key, points in series.items():
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None,
-                    label=key)  # fmt: skip
+                    label=legend_label(key))  # fmt: skip
         ax.set_title(rl_title(panel), fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -326,7 +337,7 @@ def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) ->
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for stage, points in series.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=stage)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=legend_label(stage))
     ax.set_xticks(sorted({p[0] for points in series.values() for p in points}))
     ax.set_xlabel("bag size")
     ax.set_ylabel("R@1 within the bag")

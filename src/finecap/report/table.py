@@ -46,9 +46,20 @@ def markdown_table(
         columns = []
         for values in rows.values():
             columns += [c for c in values if c not in columns]
-    lines = ["| " + " | ".join([row_header, *columns]) + " |", "| " + " | ".join(["---"] * (len(columns) + 1)) + " |"]
+    lines = ["| " + " | ".join(map(table_cell, [row_header, *columns])) + " |",
+             "| " + " | ".join(["---"] * (len(columns) + 1)) + " |"]  # fmt: skip
     for name, values in rows.items():
         # A cell is formatted as its column's metric, or as its row's when the rows are the metrics (finecap eval).
         cells = [format_value(values.get(c), c if column_info(c, rules) is not None else name, rules) for c in columns]
-        lines.append("| " + " | ".join([name, *cells]) + " |")
+        lines.append("| " + " | ".join(map(table_cell, [name, *cells])) + " |")
     return "\n".join(lines)
+
+
+def table_cell(text: object) -> str:
+    """``text`` as one Markdown table cell: a ``|`` (a stage, metric or reward named with one) escaped as ``\\|`` and
+    a line break as a space, which would otherwise end the cell or the row and shift every column after it.
+
+    >>> table_cell("a|b\\nc")
+    'a\\\\|b c'
+    """
+    return " ".join(str(text).replace("|", "\\|").splitlines())
