@@ -56,9 +56,9 @@ larger than the families (``world.families``) can never be pure; the command say
 
 JSON written by ``finecap bags build`` (read back by :func:`finecap.data.bags_file.read_bags`)::
 
-    {"split": "test", "data": "...", "n_images": 1000, "similarity": "query", "retriever": "...",
-     "sizes": [3, 5, 7], "keep_hardest": 0.333, "curated": {"3": 333, ...},
-     "alpha": {"3": 0.95, ...}, "alpha_curated": {"3": 0.81, ...},
+    {"split": "test", "data": "...", "fingerprint": {...}, "n_images": 1000, "similarity": "query",
+     "retriever": "...", "sizes": [3, 5, 7], "keep_hardest": 0.333, "curated": {"3": 333, ...},
+     "alpha_curated": {"3": 0.81, ...},   # the kept bags' mean alpha: bag_statistics, from their "similarity"
      "bags": {"3": [{"images": [id, id, id], "similarity": 0.97}, ...], "5": [...], "7": [...]},
      "family_purity": {"3": 0.81, ...}, "family_purity_random": {"3": 0.01, ...}}   # purity: world with families only
 
