@@ -166,6 +166,17 @@ def test_bag_size_larger_than_data_rejected():
         BagCurriSampler(nbrs, 4, {1: 2}, groups=[[0]])
 
 
+def test_a_bag_size_wider_than_the_neighbour_table_is_refused():
+    # 8 images, 2 neighbours each: a bag of 5 needs 4 bag-mates, so at least 2 of every bag's 4 would be random
+    # images (training_bags fills from free images at random): BagCurri of "bags" that are half random. It trained
+    # so, saying nothing (data.bag_neighbours=2 with data.bag_schedule={1: 5}); now refused. Bags of 3 fit.
+    _, nbrs = nearest_neighbours(EMB, 2)
+    with pytest.raises(ValueError, match=r"bag size 5 needs 4 nearest neighbours per image, the table has 2 \(raise "
+                       r"data\.bag_neighbours\)"):  # fmt: skip
+        BagCurriSampler(nbrs, 8, {1: 3, 2: 5})
+    assert BagCurriSampler(nbrs, 8, {1: 3}).batches(0)
+
+
 def test_neighbours_as_numpy_array():
     nbrs = np.array([[1, 2, 3], [0, 2, 3], [3, 1, 0], [2, 1, 0]])
     assert training_bags(nbrs, 2, shuffle_queries=False).bags == [[0, 1], [2, 3]]

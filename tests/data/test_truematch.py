@@ -116,6 +116,15 @@ def test_build_bags_with_ids_and_sizes():
         assert len(seen) == len(set(seen))
 
 
+def test_duplicate_images_make_the_hardest_bag_as_the_docstring_says():
+    # Images 0 and 1 share one embedding: only the query itself is excluded, so they are each other's nearest
+    # neighbour and their bag (cosine 1) is curated first; image 2 (cos 0.8 to them) is left to pair with 3 (cos 0.6).
+    emb = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+    bags = build_bags(emb, [2])[2]
+    assert [b.images for b in bags] == [[0, 1], [3, 2]]
+    assert [b.similarity for b in bags] == pytest.approx([1.0, 0.6], abs=1e-6)
+
+
 def test_build_bags_rejects_bad_sizes():
     with pytest.raises(ValueError, match="bag sizes must lie in"):
         build_bags(EMB, [6])

@@ -19,6 +19,7 @@ from finecap.metrics.retrieval import (
     summarize_ranks,
     target_ranks,
 )
+from finecap.metrics.suite import evaluate
 
 # Caption q's own image is column q.
 SCORES = np.array(
@@ -210,3 +211,10 @@ def test_a_score_that_is_not_finite_is_refused_naming_it():
     scores[0, 0], scores[2, 1] = 0.9, np.inf
     with pytest.raises(ValueError, match=r"the first inf \(caption 2, image 1\)"):
         pool_retrieval(torch.as_tensor(scores))
+
+
+def test_evaluate_refuses_a_bag_listed_under_another_size():
+    # {3: [a b c], 5: [d e f]}: the second bag holds 3 images; scored per its length it wrote bag3/* over the first
+    # bag's values and no bag5/* at all. Refused before any retriever is loaded.
+    with pytest.raises(ValueError, match=r"bags\[5\]\[0\] holds 3 images but is listed under bag size 5"):
+        evaluate({i: "x" for i in "abcdef"}, None, metrics="bags", bags={3: [list("abc")], 5: [list("def")]})

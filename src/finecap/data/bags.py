@@ -147,7 +147,8 @@ class BagCurriSampler(GlobalBatchSampler):
     """Batches of whole training bags whose size follows a BagCurri schedule (module docstring).
 
     Args:
-        neighbours: ``(N, k)`` neighbour indices of the N training images (best first, self excluded).
+        neighbours: ``(N, k)`` neighbour indices of the N training images (best first, self excluded); a schedule's
+            bag size ``s`` with ``s - 1 > k`` is refused (its bags could not be nearest neighbours).
         batch_size: images per *global* batch (all processes together).
         schedule: ``{end_epoch: bag_size}``; 0 = random batches. ``{1: 3}`` = bags of 3 throughout.
         seed: seeds bags, bag order and random batches.
@@ -183,6 +184,11 @@ class BagCurriSampler(GlobalBatchSampler):
         too_big = [s for _, s in self.schedule if s > self.n]
         if too_big:
             raise ValueError(f"BagCurri bag size {too_big[0]} exceeds the {self.n} training images")
+        k = self.neighbours.shape[1] if self.neighbours.ndim == 2 else 0
+        too_wide = [s for _, s in self.schedule if s - 1 > k]
+        if too_wide:  # every bag would hold random images beside the neighbours: not NDLB's bags of nearest ones
+            raise ValueError(f"BagCurri bag size {too_wide[0]} needs {too_wide[0] - 1} nearest neighbours per image, "
+                             f"the table has {k} (raise data.bag_neighbours)")  # fmt: skip
         if groups is not None and (len(groups) != self.n or any(len(g) == 0 for g in groups)):
             raise ValueError(f"groups must give >= 1 dataset index for each of the {self.n} images")
         self.batch_size, self.seed = batch_size, seed

@@ -1,5 +1,6 @@
 """The bags file of ``finecap bags build`` read back (:func:`read_bags`): ``{"bags": {size: [{"images": [id, ...],
-"similarity"?}, ...]}}``, every bag of at least two image ids, ``similarity`` a finite number when present. Its
+"similarity"?}, ...]}}``, every bag of at least two image ids and of the size it is listed under, ``similarity`` a
+finite number when present. Its
 writer is :mod:`finecap.app.bags` (the bags themselves: :mod:`finecap.data.truematch`). Torch-free.
 """
 
@@ -26,13 +27,30 @@ def _repeated(images: list) -> list:
     return [i for i in dict.fromkeys(images) if images.count(i) > 1]
 
 
+def check_bag_size(size: int, images: list, where: str) -> None:
+    """Refuse a bag listed under ``size`` that holds another number of images: the metric reports each bag under its
+    own length (``bag{len}/...``), so a bag of 3 listed under 5 would be scored, and its value overwritten, as a bag
+    of 3. ``where`` names the bag in the error (the file and ``bags["5"][0]``).
+
+    Example::
+
+        >>> check_bag_size(5, [1, 2, 3], 'bags["5"][0]')
+        Traceback (most recent call last):
+        ...
+        finecap.data.records.DataError: bags["5"][0] holds 3 images but is listed under bag size 5
+    """
+    if len(images) != size:
+        raise DataError(f"{where} holds {len(images)} images but is listed under bag size {size}")
+
+
 def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
     """Read a bags file of ``finecap bags build`` into ``{size: [[image_id, ...], ...]}``.
 
     Accepts ``{"bags": {size: [bag, ...]}}`` where a bag is ``{"images": [...], ...}`` (what the command writes,
     :mod:`finecap.data.truematch`) or a plain list of image ids; every bag holds at least two images, and a bag's
     ``similarity``, when present, is a number (the review page and the report print it as one). An image named twice
-    in one bag is an error naming the bag.
+    in one bag, or a bag whose number of images is not the size it is listed under (:func:`check_bag_size`), is an
+    error naming the bag.
     """
     path = Path(path)
     if not path.exists():
@@ -61,6 +79,7 @@ def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
                 raise DataError(
                     f"{path}: bags[{key!r}][{j}] names image(s) {twice} more than once; a bag's images are distinct"
                 )
+            check_bag_size(size, images, f"{path}: bags[{key!r}][{j}]")
             similarity = b.get("similarity") if isinstance(b, dict) else None
             if similarity is not None and (isinstance(similarity, bool) or not isinstance(similarity, int | float)
                                            or not _finite(similarity)):  # fmt: skip

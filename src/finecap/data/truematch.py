@@ -25,6 +25,11 @@ Choices the paper leaves open (or states two ways):
   (``eval.bag_similarity``). For ``s = 2`` both agree.
 - **Ties.** Neighbours with equal similarity are taken in increasing index order; bags with equal ``alpha`` are kept
   in increasing query order (stable sort). Results are therefore deterministic.
+- **Duplicates.** Only the image itself is excluded from its neighbours, as in Algorithm 1. Two images with the same
+  multimodal embedding (one photo twice under two ids) are each other's nearest neighbours and make the hardest bag
+  (``alpha = 1``), one no caption can win (the retriever scores both alike and a tie counts against the caption,
+  :mod:`finecap.metrics.retrieval`); ``bags.keep_hardest`` keeps such bags first. The paper's manual filter would drop
+  them: reject them in ``finecap bags review``.
 - **The filter.** The paper's manual filtering step kept the bags "that would require captioning systems to capture
   some aspect of fine-grained visual discrimination" (680 -> 254 bags of size 3 on COCO, about 37 %). Its automated
   stand-in here is :func:`keep_hardest`: the highest-``alpha`` share ``bags.keep_hardest`` of the curated bags of
@@ -51,9 +56,9 @@ larger than the families (``world.families``) can never be pure; the command say
 
 JSON written by ``finecap bags build`` (read back by :func:`finecap.data.bags_file.read_bags`)::
 
-    {"split": "test", "data": "...", "n_images": 1000, "similarity": "query", "retriever": "...",
-     "sizes": [3, 5, 7], "keep_hardest": 0.333, "curated": {"3": 333, ...},
-     "alpha": {"3": 0.95, ...}, "alpha_curated": {"3": 0.81, ...},
+    {"split": "test", "data": "...", "fingerprint": {...}, "n_images": 1000, "similarity": "query",
+     "retriever": "...", "sizes": [3, 5, 7], "keep_hardest": 0.333, "curated": {"3": 333, ...},
+     "alpha_curated": {"3": 0.81, ...},   # the kept bags' mean alpha: bag_statistics, from their "similarity"
      "bags": {"3": [{"images": [id, id, id], "similarity": 0.97}, ...], "5": [...], "7": [...]},
      "family_purity": {"3": 0.81, ...}, "family_purity_random": {"3": 0.01, ...}}   # purity: world with families only
 

@@ -236,6 +236,9 @@ def bag_retrieval() -> dict[str, float]:
 
     Returns:
         ``bag{s}/R@k``, ``bag{s}/mean_rank``, ``bag{s}/median_rank`` and ``bag{s}/n`` (captions) per bag size ``s``.
+        Each is a mean over the captions whose image lies in a bag (NDLB reports R@1 on TrueMatch without saying
+        how it averages): with one caption per image of every bag this is also the mean over bags of their share of
+        captions retrieving their image.
     """
 
 

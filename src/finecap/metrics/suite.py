@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.config import did_you_mean, load
+from finecap.data.bags_file import check_bag_size
 from finecap.metrics.context import EvalContext
 from finecap.metrics.group import MetricGroup, metric_group
 from finecap.metrics.items import corpus_only
@@ -183,6 +184,9 @@ def evaluate_items(
         for b in bags:
             grouped.setdefault(len(b), []).append(list(b))
         bags = grouped
+    for size, size_bags in (bags or {}).items():  # a bag of 3 under 5 would be scored, and overwrite, as bag3
+        for j, bag in enumerate(size_bags):
+            check_bag_size(int(size), list(bag), f"bags[{size!r}][{j}]")
     groups = [metric_group(name) for name in names]
     reads_instances = any("instances" in g.reads for g in groups)  # a file of ~160 MB: read only when asked for
     if reads_instances and (isinstance(instances, (str, Path)) or (instances is None and cfg.eval.instances)):
@@ -236,7 +240,8 @@ def evaluate() -> dict[str, float]:
             loaded only when a CLIP metric is asked for.
         images: records (``image_id``, ``path``) of the retrieval pool; must include every predicted image.
         scenes: ``{image_id: Scene}`` for ``faithfulness``.
-        bags: ``{size: [[image_id, ...], ...]}`` (or a plain list of bags) for ``bags``.
+        bags: ``{size: [[image_id, ...], ...]}`` (or a plain list of bags) for ``bags``; a bag listed under another
+            size than its number of images is refused.
         samples: ``{image_id: [sampled captions]}`` for ``diversity`` (every predicted image needs its own).
         instances: a COCO ``instances_*.json`` (or its ``{image_id: categories}``,
             :func:`finecap.metrics.hallucination.read_instances`) for ``hallucination``; default ``eval.instances``.

@@ -110,11 +110,11 @@ class DataConfig(Section, name="data"):
     bag_schedule: dict[int, int] = doc(
         {},
         "data.sampler=bagcurri: {end_epoch: bag_size} (0 = random batches), e.g. {1: 0, 2: 3, 3: 5, 4: 7}; sizes "
-        f"0 or 2 to {MAX_BAG} (images per bag; BagCurri grows bags from 3 to 7).",
+        f"0 or 2 to {MAX_BAG} (images per bag; the NDLB recipe grows bags from 2 to 20).",
     )
     bag_neighbours: int = doc(
         200,
-        "data.sampler=bagcurri: nearest neighbours per image searched for bag-mates.",
+        "data.sampler=bagcurri: nearest neighbours per image searched for bag-mates (>= the largest bag size - 1).",
         ge=1,
         le=10_000,
         why="an images x neighbours table; NDLB: 200",
@@ -132,7 +132,7 @@ class DataConfig(Section, name="data"):
         for end, size in self.bag_schedule.items():
             check(end >= 1, "data.bag_schedule", f"end epochs must be >= 1, got {end}")
             check(size == 0 or size >= 2, "data.bag_schedule", f"bag sizes must be 0 (random) or >= 2, got {size}")
-            check_at_most(size, "data.bag_schedule", MAX_BAG, "images per bag; BagCurri grows bags from 3 to 7")
+            check_at_most(size, "data.bag_schedule", MAX_BAG, "images per bag; the NDLB recipe: 2 to 20")
 
     def unread_options(self, cfg: Any) -> dict[str, tuple[str, str]]:
         """``data.hf.*`` under another registered format, BagCurri's options under another registered sampler (a
