@@ -152,6 +152,24 @@ def test_questions_file_round_trip_and_errors(tmp_path):
             read_questions(path)
 
 
+def test_a_questions_file_fact_with_options_the_world_never_states_is_refused(tmp_path):
+    # options not written as the world's facts write their values ("Red", "center", "one") were never chosen by the
+    # world judge: a caption stating every fact scored 0 right, 3 "cannot answer", silently
+    path = tmp_path / "questions.jsonl"
+    for fact, options, foreign in ((["color", "circle"], ["Red", "blue"], "'Red'"),
+                                   (["position", "circle"], ["top left", "center"], "'center'"),
+                                   (["count", None], ["one", "2"], "'one'")):  # fmt: skip
+        question = {"question": "?", "options": options, "answer": options[1], "fact": fact}
+        path.write_text(json.dumps({"image_id": 1, "questions": [question]}) + "\n")
+        with pytest.raises(ValueError, match=rf"questions.jsonl:1: question 0 of image 1: option\(s\) {foreign} of a "
+                                             f"'{fact[0]}' question are no value the world states"):  # fmt: skip
+            read_questions(path)
+    good = {"question": "?", "options": ["red", "blue"], "answer": "red", "fact": ["color", "circle"]}
+    path.write_text(json.dumps({"image_id": 1, "questions": [good]}) + "\n")
+    (q,) = read_questions(path)[1]
+    assert WorldJudge().answer([ask("a red circle", q, ("blue", "red", CANNOT_ANSWER))]) == ["red"]
+
+
 def test_caprls_layout_with_the_options_in_the_question_text(tmp_path):
     path = tmp_path / "caprl.jsonl"
     question = "What colour is the circle?\n   - A) red\n   - B) blue\n   - C) Can not answer based on the caption"
