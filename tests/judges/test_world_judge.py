@@ -129,6 +129,25 @@ def test_claims_against_references_without_a_scene():
     assert "false: color(circle)=blue" in reason and score == pytest.approx(100 * 2 * 0.5 * (1 / 11) / (0.5 + 1 / 11))
 
 
+def test_claims_against_references_read_the_worlds_other_wordings_of_a_fact():
+    # the circle above the square, as the world's relation template words it either way round and with a vague
+    # noun: each true claim here was refuted (the references state it otherwise), and the recall missed the same way
+    judge = WorldJudge()
+    references = ("a red circle above a small blue square", "a blue shape below a circle on grass")
+    captions = ["a square below a circle", "a circle above a blue shape", "a blue square under a red circle"]
+    scores = claim_scores(judge, captions, [Subject(0, references)] * 3)
+    # claims: object x2 + relation(square below circle); object(circle) + color(*)=blue + relation(circle above *);
+    # objects, both colours, relation(square below circle): every one implied by the references
+    assert [(s.n_supported, s.n_claims) for s in scores] == [(3, 3), (3, 3), (5, 5)]
+    # reference claims (9): objects (2), color(circle)=red, color(square)=blue, size(square)=small, background=grass,
+    # relation(circle above square), color(*)=blue, relation(* below circle); the third caption states or implies
+    # all but the size and the background: 9 - 2 = 7 (the two relations and color(*)=blue by implication)
+    assert (scores[2].n_reference, scores[2].n_covered) == (9, 7)
+    score, reason = judge.rate([(captions[2], Subject(0, references))])[0]
+    assert "false: none" in reason and "missing: background=grass, size(square)=small" in reason, reason
+    assert score == pytest.approx(100 * 2 * 1 * (7 / 9) / (1 + 7 / 9))
+
+
 def test_questions_file_round_trip_and_errors(tmp_path):
     path = tmp_path / "questions.jsonl"
     write_questions({0: scene_questions(0, SCENE)}, path)
