@@ -129,6 +129,25 @@ def test_claims_against_references_without_a_scene():
     assert "false: color(circle)=blue" in reason and score == pytest.approx(100 * 2 * 0.5 * (1 / 11) / (0.5 + 1 / 11))
 
 
+def test_claims_against_references_read_the_worlds_other_wordings_of_a_fact():
+    # the circle above the square, as the world's relation template words it either way round and with a vague
+    # noun: each true claim here was refuted (the references state it otherwise), and the recall missed the same way
+    judge = WorldJudge()
+    references = ("a red circle above a small blue square", "a blue shape below a circle on grass")
+    captions = ["a square below a circle", "a circle above a blue shape", "a blue square under a red circle"]
+    scores = claim_scores(judge, captions, [Subject(0, references)] * 3)
+    # claims: object x2 + relation(square below circle); object(circle) + color(*)=blue + relation(circle above *);
+    # objects, both colours, relation(square below circle): every one implied by the references
+    assert [(s.n_supported, s.n_claims) for s in scores] == [(3, 3), (3, 3), (5, 5)]
+    # reference claims (9): objects (2), color(circle)=red, color(square)=blue, size(square)=small, background=grass,
+    # relation(circle above square), color(*)=blue, relation(* below circle); the third caption states or implies
+    # all but the size and the background: 9 - 2 = 7 (the two relations and color(*)=blue by implication)
+    assert (scores[2].n_reference, scores[2].n_covered) == (9, 7)
+    score, reason = judge.rate([(captions[2], Subject(0, references))])[0]
+    assert "false: none" in reason and "missing: background=grass, size(square)=small" in reason, reason
+    assert score == pytest.approx(100 * 2 * 1 * (7 / 9) / (1 + 7 / 9))
+
+
 def test_questions_file_round_trip_and_errors(tmp_path):
     path = tmp_path / "questions.jsonl"
     write_questions({0: scene_questions(0, SCENE)}, path)
@@ -150,6 +169,24 @@ def test_questions_file_round_trip_and_errors(tmp_path):
         with pytest.raises(ValueError, match=r"questions.jsonl:1: question 0 of image 1: 'fact' .* is no fact the "
                                              "world judge answers"):  # fmt: skip
             read_questions(path)
+
+
+def test_a_questions_file_fact_with_options_the_world_never_states_is_refused(tmp_path):
+    # options not written as the world's facts write their values ("Red", "center", "one") were never chosen by the
+    # world judge: a caption stating every fact scored 0 right, 3 "cannot answer", silently
+    path = tmp_path / "questions.jsonl"
+    for fact, options, foreign in ((["color", "circle"], ["Red", "blue"], "'Red'"),
+                                   (["position", "circle"], ["top left", "center"], "'center'"),
+                                   (["count", None], ["one", "2"], "'one'")):  # fmt: skip
+        question = {"question": "?", "options": options, "answer": options[1], "fact": fact}
+        path.write_text(json.dumps({"image_id": 1, "questions": [question]}) + "\n")
+        with pytest.raises(ValueError, match=rf"questions.jsonl:1: question 0 of image 1: option\(s\) {foreign} of a "
+                                             f"'{fact[0]}' question are no value the world states"):  # fmt: skip
+            read_questions(path)
+    good = {"question": "?", "options": ["red", "blue"], "answer": "red", "fact": ["color", "circle"]}
+    path.write_text(json.dumps({"image_id": 1, "questions": [good]}) + "\n")
+    (q,) = read_questions(path)[1]
+    assert WorldJudge().answer([ask("a red circle", q, ("blue", "red", CANNOT_ANSWER))]) == ["red"]
 
 
 def test_caprls_layout_with_the_options_in_the_question_text(tmp_path):

@@ -47,15 +47,15 @@ def scene_questions(image_id: Hashable, scene: Scene) -> list[Question]:
         rng = random.Random(qid)
         out.append(Question(qid, text, _options(truth, values, rng), truth, (kind, shape)))
 
+    values = QUESTION_VALUES
     for o in scene.objects:
-        add("color", o.shape, f"What colour is the {o.shape}?", o.color, COLORS)
-        add("size", o.shape, f"What size is the {o.shape}?", o.size, SIZES)
-        add("position", o.shape, f"Where is the {o.shape}?", CELLS[o.cell], CELLS)
+        add("color", o.shape, f"What colour is the {o.shape}?", o.color, values["color"])
+        add("size", o.shape, f"What size is the {o.shape}?", o.size, values["size"])
+        add("position", o.shape, f"Where is the {o.shape}?", CELLS[o.cell], values["position"])
         if o.pattern:
-            add("pattern", o.shape, f"What pattern does the {o.shape} have?", o.pattern, PATTERNS)
-    add("background", None, "What is the background?", scene.background, BACKGROUNDS)
-    counts = [str(n) for n in range(1, MAX_OBJECTS + 1)]
-    add("count", None, "How many shapes are there?", str(len(scene.objects)), counts)
+            add("pattern", o.shape, f"What pattern does the {o.shape} have?", o.pattern, values["pattern"])
+    add("background", None, "What is the background?", scene.background, values["background"])
+    add("count", None, "How many shapes are there?", str(len(scene.objects)), values["count"])
     return out
 
 
@@ -94,7 +94,8 @@ def split_embedded(text: str) -> tuple[str, list[str]]:
 
 def question_of(raw: object, image_id: Hashable, n: int, where: str) -> Question:
     """Question ``n`` of image ``image_id`` read from its JSON form ``raw`` (CapRL's layout: ``options`` listed or
-    embedded in the question text, ``answer`` an option or its letter); a ``ValueError`` naming ``where``."""
+    embedded in the question text, ``answer`` an option or its letter; with a ``fact``, options among the world's
+    values of its kind, :data:`QUESTION_VALUES`); a ``ValueError`` naming ``where``."""
     if isinstance(raw, dict) and isinstance(raw.get("question"), str) and "options" not in raw:
         text, embedded = split_embedded(raw["question"])
         raw = {**raw, "question": text, "options": embedded}
@@ -111,6 +112,13 @@ def question_of(raw: object, image_id: Hashable, n: int, where: str) -> Question
             f"[kind, shape] with kind one of {', '.join(QUESTION_KINDS)} and shape one of {', '.join(SHAPES)} "
             "(null for background and count)"
         )
+    if fact and (foreign := [o for o in options if o not in QUESTION_VALUES[fact[0]]]):
+        raise ValueError(
+            f"{where}: question {n} of image {image_id!r}: option(s) {', '.join(map(repr, foreign))} of a "
+            f"'{fact[0]}' question are no value the world states, so the world judge, which matches options "
+            "against the caption's facts, would never choose them (a caption stating the fact would be answered "
+            f"'cannot answer'); the options of a '{fact[0]}' question are among {', '.join(QUESTION_VALUES[fact[0]])}"
+        )
     try:
         return Question(str(raw.get("id") or f"{image_id}/{n}"), raw["question"], options, answer,
                         tuple(fact) if fact else None)  # fmt: skip
@@ -118,7 +126,18 @@ def question_of(raw: object, image_id: Hashable, n: int, where: str) -> Question
         raise ValueError(f"{where}: {e}") from None
 
 
-QUESTION_KINDS = ("color", "size", "position", "pattern", "background", "count")
+QUESTION_VALUES: dict[str, tuple[str, ...]] = {
+    "color": tuple(COLORS),
+    "size": tuple(SIZES),
+    "position": tuple(CELLS),
+    "pattern": tuple(PATTERNS),
+    "background": tuple(BACKGROUNDS),
+    "count": tuple(str(n) for n in range(1, MAX_OBJECTS + 1)),
+}
+"""The values of each kind of fact a question may ask, as the world's facts write them (``str`` of
+:class:`finecap.world.facts.Fact`'s value): a question's options (:func:`scene_questions`), and what the world judge
+matches a questions file's options against."""
+QUESTION_KINDS = tuple(QUESTION_VALUES)
 """The kinds of fact a question may ask (:func:`scene_questions`): an object's (with its shape) or the scene's."""
 
 

@@ -13,7 +13,9 @@ What it answers, exactly:
 - **claims**: the caption's facts (``str(Fact)``, e.g. ``color(circle)=red``); **reference claims**: the scene's
   recall facts (:func:`finecap.world.facts.scene_facts`), or without a scene the facts the references state;
 - **supports**: a claim is supported by a subject with a scene when it is true in the scene
-  (:func:`finecap.world.facts.is_true`), else when the subject's texts state it;
+  (:func:`finecap.world.facts.is_true`), else when the subject's texts imply it (:func:`finecap.world.facts.entails`:
+  they state it, a relation's converse, or a specific instance of a vague fact, as the world's grammar words one
+  fact several ways);
 - **rate**: 100 x the F1 of the claim precision and recall (:mod:`finecap.judges.claims`), the reason naming the
   false and the missing facts.
 
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, Subject
-from finecap.world.facts import Fact, facts, is_true, scene_facts
+from finecap.world.facts import Fact, entails, facts, is_true, scene_facts
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -118,7 +120,7 @@ class WorldJudge(Judge):
                 out.append([is_true(self._facts[c], subject.scene) for c in claims])
             else:
                 stated = set().union(*(facts(r) for r in subject.references))
-                out.append([self._facts[c] in stated for c in claims])
+                out.append([entails(stated, self._facts[c]) for c in claims])
         return out
 
     def rate(self, pairs: Sequence[tuple[str, Subject]]) -> list[tuple[float, str] | JudgeFailed]:
@@ -133,8 +135,8 @@ class WorldJudge(Judge):
                 continue
             stated = facts(caption)
             reference = {self._facts[c] for c in self.reference_claims([subject])[0]}  # type: ignore[union-attr]
-            false = sorted(str(f) for f in stated if f not in reference and not _true(f, subject))
-            missing = sorted(str(f) for f in reference - stated)
+            false = sorted(str(f) for f in stated if not _true(f, subject, reference))
+            missing = sorted(str(f) for f in reference if not entails(stated, f))
             reason = (f"{score.n_supported} of {score.n_claims} stated facts hold, {score.n_covered} of "
                       f"{score.n_reference} reference facts stated; false: {', '.join(false) or 'none'}; missing: "
                       f"{', '.join(missing) or 'none'}")  # fmt: skip
@@ -142,8 +144,10 @@ class WorldJudge(Judge):
         return out
 
 
-def _true(fact: Fact, subject: Subject) -> bool:
-    return is_true(fact, subject.scene) if subject.scene is not None else False
+def _true(fact: Fact, subject: Subject, reference: set[Fact]) -> bool:
+    """Whether ``fact`` holds by ``subject`` (:meth:`WorldJudge.supports`): true in its scene, else implied by the
+    facts of its texts (``reference``, then the facts they state)."""
+    return is_true(fact, subject.scene) if subject.scene is not None else entails(reference, fact)
 
 
 def build(cfg: Config | None = None, *, noise: float | None = None, seed: int | None = None) -> WorldJudge:

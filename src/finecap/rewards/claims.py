@@ -1,7 +1,8 @@
 """Claim precision and recall (BalCapRL's, CCCaption's and ClaimDiff-RL's decomposition): the judge splits the caption
 and the references into atomic claims; precision = caption claims the image's evidence supports, recall = reference
 claims the caption covers (:mod:`finecap.judges.claims`). On the world with the ``world`` judge the claims are the
-parsed facts and the evidence the scene graph, so precision and recall are the faithfulness metric's exactly.
+parsed facts and the evidence the scene graph, so precision and recall are the faithfulness metric's exactly, but for
+a caption that states no fact (precision 0 here, 1 there: below).
 
 The evidence is read in ``setup(inputs)``: ``inputs.references`` (in a run the training references) and
 ``inputs.scenes`` (on the world); a call's own references (``caption_references``) replace an image's. The judge is the

@@ -69,7 +69,8 @@ class RewardInputs:
         scenes: ``{image_id: Scene}``, the world's scene graphs (the listener; CHAIR's ground truth on the world).
         objects: ``{image_id: annotated categories}`` (CHAIR outside a run).
         questions: ``{image_id: [Question]}``, multiple-choice questions (:class:`finecap.judges.base.Question`) about
-            each image (``qa_utility`` outside a run; in a run they come from ``judge.questions`` or the world).
+            each image (``qa_utility``; in a run the data set's own (:func:`questions_of` of the training records),
+            else ``judge.questions`` or the world's scene graphs are read by the reward).
         gather: ``gather(tensor) -> tensor`` over processes, for a reward scoring against the global batch (the
             accelerator's; the identity outside a multi-process run).
         device: where set-up models and tables compute (``None``: leave a given model where it is; the CPU).

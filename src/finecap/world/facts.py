@@ -235,6 +235,41 @@ def is_true(fact: Fact, scene: Scene) -> bool:
     raise ValueError(f"unknown fact kind {fact.kind!r}; valid kinds: {', '.join(FACT_KINDS)}")
 
 
+CONVERSE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+"""Each relation's converse: ``a left of b`` is ``b right of a``."""
+
+
+def entails(stated: set[Fact], fact: Fact) -> bool:
+    """Whether facts ``stated`` (a text's, :func:`facts`) imply ``fact`` in every scene where they hold: ``fact`` is
+    among them, or a relation's converse is (``square below circle`` implies ``circle above square``), or ``fact`` is
+    vague (``shape``, or a relation's ``other``, ``None``) and a specific instance of it is among them (``a blue
+    square`` implies ``color(*)=blue``; ``circle above square`` implies ``relation(circle above *)``).
+
+    Example::
+
+        >>> stated = facts("a blue square under a circle")
+        >>> [entails(stated, f) for f in (Fact("relation", "circle", "above", "square"), Fact("color", None, "blue"),
+        ...                               Fact("relation", "circle", "above", None), Fact("color", "circle", "blue"))]
+        [True, True, True, False]
+    """
+    if fact in stated:
+        return True
+
+    def fits(wanted: str | None, given: str | None) -> bool:
+        return wanted is None or wanted == given
+
+    for s in stated:
+        if s.kind != fact.kind:
+            continue
+        if fact.kind == "relation":
+            forms = ((s.shape, s.value, s.other), (s.other, CONVERSE.get(s.value or ""), s.shape))
+            if any(fits(fact.shape, a) and rel == fact.value and fits(fact.other, b) for a, rel, b in forms):
+                return True
+        elif fact.shape is None and s.value == fact.value:
+            return True
+    return False
+
+
 def faithfulness(caption: str, scene: Scene) -> Faithfulness:
     """Precision, recall and hallucinated facts of ``caption`` against ``scene`` (see module docs for the rules)."""
     stated = facts(caption)
