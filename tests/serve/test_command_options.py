@@ -27,6 +27,7 @@ from finecap.app.serve_reward import read_token
         ("--header-timeout", "0", "argument --header-timeout"),
         ("--body-timeout", "1e300", "argument --body-timeout"),
         ("--max-connections", "0", "argument --max-connections"),
+        ("--write-timeout", "0", "argument --write-timeout"),
         ("--log-every", "-inf", "argument --log-every"),
     ],
 )

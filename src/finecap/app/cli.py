@@ -354,7 +354,8 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
     limits = Limits(max_request_bytes=args.max_request_bytes, max_captions=args.max_captions,
                     max_caption_chars=args.max_caption_chars, max_references=args.max_references)  # fmt: skip
     connections = ConnectionLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
-                                   max_connections=args.max_connections)  # fmt: skip
+                                   max_connections=args.max_connections,
+                                   write_timeout=args.write_timeout)  # fmt: skip
     token = read_token(args.token_file) if args.token_file else None
     main(_config(args), host=args.host, port=args.port, limits=limits, batch_size=args.batch_size,
          batch_wait_ms=args.batch_wait_ms, log_every=args.log_every, token=token,
@@ -682,8 +683,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds for a request's headers to arrive (the connection is closed after)")  # fmt: skip
     p.add_argument("--body-timeout", dest="body_timeout", type=number(0.001, 3600), default=60.0,
                    help="seconds for a request's body to arrive (408 after)")  # fmt: skip
+    p.add_argument("--write-timeout", dest="write_timeout", type=number(0.001, 3600), default=60.0,
+                   help="seconds a reply waits for its client to read more of it (the connection is then aborted, "
+                   "the reply dropped)")  # fmt: skip
     p.add_argument("--max-connections", dest="max_connections", type=number(1, 65_536, int), default=256,
-                   help="connections open at once (beyond, new ones are closed; kept under ulimit -n)")  # fmt: skip
+                   help="connections open at once (beyond, new ones are closed; kept under ulimit -n); 2 more "
+                   "answer GET /health alone, for a supervisor's probe")  # fmt: skip
     p.add_argument("--log-every", dest="log_every", type=number(0, 86_400), default=60.0, help="seconds between "
                    "throughput lines (0: none)")  # fmt: skip
 
