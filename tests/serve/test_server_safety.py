@@ -161,6 +161,33 @@ def test_a_rewards_exception_is_a_500_without_its_text_and_the_server_goes_on(ca
     assert "sk-live-1234" in caplog.text or "/srv/secret/path" in caplog.text  # the detail is the server's log's
 
 
+def test_a_reward_failing_on_every_request_logs_its_traceback_once_per_period(caplog):
+    # a reward failing on everything for days logged a full traceback on every request: the log filled
+    now = [1000.0]
+    svc = service()
+    svc.failures.clock = lambda: now[0]
+    with caplog.at_level(logging.ERROR, logger="finecap.serve.service"), serving(svc) as url:
+        for k in range(5):
+            now[0] += 1.0
+            bad = {"captions": ["a b", "bug"] if k < 4 else ["leak-value"], "image_ids": [1, 2][: 2 - (k == 4)]}
+            assert httpx.post(f"{url}/reward", json=bad, timeout=5).status_code == 500
+        now[0] += svc.failures.every  # the period is over: the next one's traceback again
+        assert httpx.post(f"{url}/reward", json={"captions": ["bug"], "image_ids": [1]}, timeout=5).status_code == 500
+        health = httpx.get(f"{url}/health", timeout=5).json()
+    said = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    # request #1: the traceback; #2-#4 (the same failure, the same code): one line each, counted; #5 (another
+    # kind: a ValueError raised elsewhere) its own traceback; #6, a period later: the traceback again, with the count
+    assert [full for _, full in said] == [True, False, False, False, True, True]
+    assert said[0][0] == "reward server: words failed on request #1 (2 captions)"
+    assert said[3][0] == ("reward server: words failed on request #4 (2 captions): RuntimeError: /srv/secret/path "
+                          "exploded (the same failure 3 time(s) since its traceback 3 s ago; the next traceback in "
+                          "597 s at most)")  # fmt: skip
+    assert said[4][0] == "reward server: words failed on request #5 (1 captions)"
+    assert said[5][0] == ("reward server: words failed on request #6 (1 captions) (the same failure 3 more time(s) "
+                          "since its last traceback)")  # fmt: skip
+    assert health["requests"] == 6  # every failed request counted
+
+
 @pytest.mark.parametrize(("caption", "part"), [("nan-part", "part 'length' is nan"), ("inf-total", "total is inf"),
                                                ("huge-total", "total is inf")])  # fmt: skip
 def test_a_non_finite_value_is_a_500_naming_the_reward_and_the_reply_is_strict_json(caption, part):
