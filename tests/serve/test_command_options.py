@@ -3,7 +3,10 @@ command line (a one-line usage error, exit 2, before anything is loaded), and ``
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import time
 
 import pytest
 
@@ -27,6 +30,7 @@ from finecap.app.serve_reward import read_token
         ("--header-timeout", "0", "argument --header-timeout"),
         ("--body-timeout", "1e300", "argument --body-timeout"),
         ("--max-connections", "0", "argument --max-connections"),
+        ("--write-timeout", "0", "argument --write-timeout"),
         ("--log-every", "-inf", "argument --log-every"),
     ],
 )
@@ -114,3 +118,31 @@ def test_allow_host_is_repeatable_and_reaches_the_server(monkeypatch):
     assert seen["allowed_hosts"] == ["reward", "reward.local"]
     main(["serve-reward", "demo/sr_bagcurri"])
     assert seen["allowed_hosts"] == []
+
+
+def test_the_servers_log_lines_say_when_in_utc(monkeypatch, capsys):
+    # a server's lines were the message alone: a `> server.log` of a server left running for days could not tell when
+    # anything happened; other commands' lines stay as they were
+    import finecap.app.serve_reward
+
+    def serve(cfg, **options):
+        logging.getLogger("finecap.serve.service").info("reward server (words): 3 requests")
+        logging.getLogger("finecap.serve.app").warning("reward server: 1 connection(s) closed at once")
+
+    monkeypatch.setattr(finecap.app.serve_reward, "main", serve)
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # local time 5:30 ahead of UTC: a local stamp would show
+    time.tzset()
+    try:
+        assert main(["serve-reward", "demo/sr_bagcurri", "--port", "0"]) == 0
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    lines = capsys.readouterr().err.splitlines()
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+    assert len(lines) == 2, lines
+    assert re.fullmatch(rf"{stamp} reward server \(words\): 3 requests", lines[0]), lines
+    assert re.fullmatch(rf"{stamp} warning: reward server: 1 connection\(s\) closed at once", lines[1]), lines
+    import datetime
+
+    when = datetime.datetime.strptime(lines[0][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
+    assert abs((datetime.datetime.now(datetime.UTC) - when).total_seconds()) < 60  # UTC, not the local time

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from finecap.rewards import RewardOutput
-from finecap.serve.app import ConnectionLimits
+from finecap.serve.app import HEALTH_CONNECTIONS, ConnectionLimits
 from finecap.serve.protocol import Limits
 from finecap.serve.service import ImageTable, RewardService
 from helpers.served import open_connections, serving, serving_server
@@ -159,6 +159,33 @@ def test_a_rewards_exception_is_a_500_without_its_text_and_the_server_goes_on(ca
             assert secret not in response.text
         assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
     assert "sk-live-1234" in caplog.text or "/srv/secret/path" in caplog.text  # the detail is the server's log's
+
+
+def test_a_reward_failing_on_every_request_logs_its_traceback_once_per_period(caplog):
+    # a reward failing on everything for days logged a full traceback on every request: the log filled
+    now = [1000.0]
+    svc = service()
+    svc.failures.clock = lambda: now[0]
+    with caplog.at_level(logging.ERROR, logger="finecap.serve.service"), serving(svc) as url:
+        for k in range(5):
+            now[0] += 1.0
+            bad = {"captions": ["a b", "bug"] if k < 4 else ["leak-value"], "image_ids": [1, 2][: 2 - (k == 4)]}
+            assert httpx.post(f"{url}/reward", json=bad, timeout=5).status_code == 500
+        now[0] += svc.failures.every  # the period is over: the next one's traceback again
+        assert httpx.post(f"{url}/reward", json={"captions": ["bug"], "image_ids": [1]}, timeout=5).status_code == 500
+        health = httpx.get(f"{url}/health", timeout=5).json()
+    said = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    # request #1: the traceback; #2-#4 (the same failure, the same code): one line each, counted; #5 (another
+    # kind: a ValueError raised elsewhere) its own traceback; #6, a period later: the traceback again, with the count
+    assert [full for _, full in said] == [True, False, False, False, True, True]
+    assert said[0][0] == "reward server: words failed on request #1 (2 captions)"
+    assert said[3][0] == ("reward server: words failed on request #4 (2 captions): RuntimeError: /srv/secret/path "
+                          "exploded (the same failure 3 time(s) since its traceback 3 s ago; the next traceback in "
+                          "597 s at most)")  # fmt: skip
+    assert said[4][0] == "reward server: words failed on request #5 (1 captions)"
+    assert said[5][0] == ("reward server: words failed on request #6 (1 captions) (the same failure 3 more time(s) "
+                          "since its last traceback)")  # fmt: skip
+    assert health["requests"] == 6  # every failed request counted
 
 
 @pytest.mark.parametrize(("caption", "part"), [("nan-part", "part 'length' is nan"), ("inf-total", "total is inf"),
@@ -463,15 +490,70 @@ def test_connections_beyond_the_cap_are_closed_at_once_and_the_server_recovers()
     limits = ConnectionLimits(max_connections=4, header_timeout=30)
     with serving_server(service(), connections=limits) as (url, server):
         port = int(url.rsplit(":", 1)[1])
-        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-        until(lambda: open_connections(server) == 4, "the server never held the 4 connections")
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4 + HEALTH_CONNECTIONS)]
+        until(lambda: open_connections(server) == 4 + HEALTH_CONNECTIONS, "the server never held the connections")
         extra = socket.create_connection(("127.0.0.1", port))
-        assert recv_all(extra, 5) == b""  # closed at once: the cap is full
+        assert recv_all(extra, 5) == b""  # closed at once: the cap and the probes' connections are full
         for s in held:
             s.close()
-        until(lambda: open_connections(server) == 0, "the server never saw the 4 connections close")
+        until(lambda: open_connections(server) == 0, "the server never saw the connections close")
         assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
         extra.close()
+
+
+def test_a_health_probe_gets_through_while_a_trainer_holds_every_connection():
+    # the probe's connection was closed at once like any beyond the cap: a supervisor restarted a healthy server
+    limits = ConnectionLimits(max_connections=4, header_timeout=30)
+    with serving_server(service(), connections=limits) as (url, server):
+        port = int(url.rsplit(":", 1)[1])
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]  # the trainer's, all of them
+        until(lambda: open_connections(server) == 4, "the server never held the 4 connections")
+        with httpx.Client(timeout=5) as probe:  # one kept-alive connection beyond the cap, asked twice
+            for _ in range(2):
+                health = probe.get(f"{url}/health")
+                assert health.status_code == 200 and health.json()["status"] == "ok"
+        # a connection beyond the cap answers nothing else: a 503 naming the option, and it is closed
+        refused = httpx.post(f"{url}/reward", json=OK, timeout=5)
+        assert refused.status_code == 503 and refused.headers["connection"] == "close"
+        assert "--max-connections" in strict_json(refused.text)["error"]["message"]
+        # the policy holds on those connections too: a web page's probe is refused
+        assert httpx.get(f"{url}/health", headers={"Origin": "https://evil.example"}, timeout=5).status_code == 403
+        for s in held:
+            s.close()
+        until(lambda: open_connections(server) == 0, "the server never saw the connections close")
+        assert httpx.post(f"{url}/reward", json=OK, timeout=5).json()["total"] == [3.0, 2.0]
+
+
+class ManyParts(Words):
+    """A reply of about 12 MB (1,500 parts of 2,000 captions' values): beyond what the sockets' kernel buffers hold
+    (Linux's tcp_wmem allows 4 MiB), so that a client reading nothing leaves the reply waiting in the server."""
+
+    per_caption = True
+
+    def __call__(self, captions, batch):
+        total = torch.ones(len(captions))
+        return RewardOutput(total, {f"part{k}": total for k in range(1500)})
+
+
+def test_a_reply_its_client_does_not_read_is_dropped_after_the_write_timeout(caplog):
+    # a client that sent a request and never read its large reply held the connection and the reply for ever
+    limits = ConnectionLimits(write_timeout=0.5)
+    request = json.dumps({"captions": ["a"] * 2000, "image_ids": [1] * 2000}).encode()
+    svc = service(ManyParts())
+    with caplog.at_level(logging.WARNING, logger="finecap.serve.app"), \
+            serving_server(svc, connections=limits) as (url, server):  # fmt: skip
+        port = int(url.rsplit(":", 1)[1])
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing: the reply fills the buffers
+        reader.connect(("127.0.0.1", port))
+        reader.sendall(b"POST /reward HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(request)).encode() + b"\r\n\r\n" + request)  # fmt: skip
+        until(lambda: svc.meter.total_requests == 1, "the request was never scored")
+        until(lambda: open_connections(server) == 0, "the unread reply's connection was never closed", timeout=8)
+        assert httpx.post(f"{url}/reward", json=OK, timeout=5).json()["total"] == [1.0, 1.0]  # the others served
+        reader.close()
+    said = [r.getMessage() for r in caplog.records if "--write-timeout" in r.getMessage()]
+    assert len(said) == 1 and "1 connection(s) read no more of their reply for 0.5 s" in said[0]
 
 
 def test_accept_errors_are_one_line_every_ten_seconds(caplog):
@@ -509,6 +591,7 @@ def test_the_connection_cap_stays_under_the_file_descriptor_limit():
         ({"header_timeout": 0.0}, "--header-timeout"),
         ({"body_timeout": float("nan")}, "--body-timeout"),
         ({"max_connections": 0}, "--max-connections: must be from 1 to 65536"),
+        ({"write_timeout": -1.0}, "--write-timeout: must be a number of seconds above 0"),
     ],
 )
 def test_connection_limits_are_checked(kwargs, words):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import io
 import json
 import logging
@@ -354,7 +355,8 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
     limits = Limits(max_request_bytes=args.max_request_bytes, max_captions=args.max_captions,
                     max_caption_chars=args.max_caption_chars, max_references=args.max_references)  # fmt: skip
     connections = ConnectionLimits(header_timeout=args.header_timeout, body_timeout=args.body_timeout,
-                                   max_connections=args.max_connections)  # fmt: skip
+                                   max_connections=args.max_connections,
+                                   write_timeout=args.write_timeout)  # fmt: skip
     token = read_token(args.token_file) if args.token_file else None
     main(_config(args), host=args.host, port=args.port, limits=limits, batch_size=args.batch_size,
          batch_wait_ms=args.batch_wait_ms, log_every=args.log_every, token=token,
@@ -682,10 +684,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds for a request's headers to arrive (the connection is closed after)")  # fmt: skip
     p.add_argument("--body-timeout", dest="body_timeout", type=number(0.001, 3600), default=60.0,
                    help="seconds for a request's body to arrive (408 after)")  # fmt: skip
+    p.add_argument("--write-timeout", dest="write_timeout", type=number(0.001, 3600), default=60.0,
+                   help="seconds a reply waits for its client to read more of it (the connection is then aborted, "
+                   "the reply dropped)")  # fmt: skip
     p.add_argument("--max-connections", dest="max_connections", type=number(1, 65_536, int), default=256,
-                   help="connections open at once (beyond, new ones are closed; kept under ulimit -n)")  # fmt: skip
+                   help="connections open at once (beyond, new ones are closed; kept under ulimit -n); 2 more "
+                   "answer GET /health alone, for a supervisor's probe")  # fmt: skip
     p.add_argument("--log-every", dest="log_every", type=number(0, 86_400), default=60.0, help="seconds between "
                    "throughput lines (0: none)")  # fmt: skip
+    p.set_defaults(log_timestamps=True)  # a server left running for days: its log lines say when (UTC)
 
     models = _group(sub, "models", "tiny models for trying finecap offline")
     p = models.add_parser("tiny", help="Write a tiny random-weight CLIP, BLIP or VLM (any supported family) as a "
@@ -726,11 +733,20 @@ LIBRARY_LOGGERS = ("transformers", "accelerate", "datasets", "huggingface_hub", 
 
 class _Plain(logging.Formatter):
     """finecap's messages as they are, but for the credentials of URLs (masked: :func:`masked_url_secrets`); warnings
-    and errors led by ``warning:`` / ``error:``."""
+    and errors led by ``warning:`` / ``error:``; with ``stamped``, every line led by its time, ISO 8601 in UTC
+    (``2026-11-27T22:21:20.123Z``: a command that runs for days, ``serve-reward``, logs when things happened)."""
+
+    def __init__(self, fmt: str, stamped: bool = False) -> None:
+        super().__init__(fmt)
+        self.stamped = stamped
 
     def format(self, record: logging.LogRecord) -> str:
         text = masked_url_secrets(super().format(record))
-        return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
+        text = f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
+        if not self.stamped:
+            return text
+        when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        return f"{when.strftime('%Y-%m-%dT%H:%M:%S')}.{when.microsecond // 1000:03d}Z {text}"
 
 
 @contextlib.contextmanager
@@ -767,12 +783,13 @@ def levels(verbose: int, quiet: int) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
+def configured_logging(verbose: int = 0, quiet: int = 0, timestamps: bool = False) -> Iterator[None]:
     """finecap's messages (the ``finecap`` logger) to stderr at the chosen level; the libraries' loggers with it
     (transformers reads ``TRANSFORMERS_VERBOSITY`` when it is first imported, so that is set too); progress bars off
     with -q (``TQDM_DISABLE``, read by finecap's bars at each bar, :func:`finecap.utils.system.progress_enabled`;
     ``HF_HUB_DISABLE_PROGRESS_BARS``, and transformers' switch when it is already imported, as it reads the variable
-    once). Everything is put back afterwards (tests call :func:`main` many times in one process).
+    once). ``timestamps``: each line led by its UTC time (:class:`_Plain`; the commands whose parser sets
+    ``log_timestamps``). Everything is put back afterwards (tests call :func:`main` many times in one process).
 
     Under ``accelerate launch`` a process other than rank 0 (:func:`finecap.utils.system.launched_rank`) logs errors
     alone, finecap's and the libraries', shows no progress bar and no Python warning, whatever the flags and the
@@ -795,7 +812,7 @@ def configured_logging(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
     saved_levels = [lg.level for lg in loggers]
     root = logging.getLogger("finecap")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_Plain("%(message)s"))
+    handler.setFormatter(_Plain("%(message)s", stamped=timestamps))
     os.environ.update(env)
     root.setLevel(own)
     root.addHandler(handler)
@@ -928,7 +945,7 @@ def check_one_process(command: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     """Call the command's function; its error as one message and an exit code (module docstring)."""
     try:
-        with configured_logging(args.verbose, args.quiet):
+        with configured_logging(args.verbose, args.quiet, getattr(args, "log_timestamps", False)):
             check_one_process(args.command)
             args.func(args)
     except UsageError as e:

@@ -35,15 +35,19 @@ Policy (docs/integrations.md, "The reward server's safety"):
 - **Token.** With ``--token-file`` every request must carry ``Authorization: Bearer <token>`` (401 otherwise,
   compared in constant time); the token is read from the file, never from the command line, and never written.
 - **Connections.** Request headers must arrive within ``header_timeout`` seconds of the connection (or of the end
-  of the previous answer), the body within ``body_timeout`` seconds (408), at most ``max_connections`` are open at
-  once (beyond, a new one is closed at once; the cap is kept under the process's file-descriptor limit), and a
-  failing ``accept`` is logged at most once every 10 s with its count. What a request's bytes decide (decoding,
-  checks, image paths) runs on the service's check threads, never on the event loop; a request whose client
-  disconnects is cancelled and, if it has not started, never scored. At most :data:`BODIES_AT_ONCE` large bodies
-  (over :data:`SMALL_BODY`, 1 MiB, or chunked) are read and checked at once, so that the bodies held in memory are
-  bounded (a 16 MiB body of empty JSON objects costs about 400 MiB while parsed); a large body waits for a slot with
-  its connection paused (uvicorn reads 64 KiB of an unread body, then stops), and its ``body_timeout`` runs from
-  then. Small bodies take no slot: clients stalling large bodies hold up no trainer's request.
+  of the previous answer), the body within ``body_timeout`` seconds (408); a reply its client stops reading is cut
+  off (the connection aborted, the reply dropped) once it has waited ``write_timeout`` seconds for the client to
+  read more. At most ``max_connections`` are open at once, and :data:`HEALTH_CONNECTIONS` more answer ``GET
+  /health`` alone (any other request on them: 503, closed), so that a supervisor's probe gets through while a
+  trainer holds every connection; beyond both, a new one is closed at once (the cap is kept under the process's
+  file-descriptor limit). A failing ``accept`` is logged at most once every 10 s with its count. What a request's
+  bytes decide (decoding, checks, image paths) runs on the service's check threads, never on the event loop; a
+  request whose client disconnects is cancelled and, if it has not started, never scored. At most
+  :data:`BODIES_AT_ONCE` large bodies (over :data:`SMALL_BODY`, 1 MiB, or chunked) are read and checked at once, so
+  that the bodies held in memory are bounded (a 16 MiB body of empty JSON objects costs about 400 MiB while parsed);
+  a large body waits for a slot with its connection paused (uvicorn reads 64 KiB of an unread body, then stops), and
+  its ``body_timeout`` runs from then. Small bodies take no slot: clients stalling large bodies hold up no
+  trainer's request.
 
 Values are sent with Python's ``repr`` of the float32 values, which reads back to the same float32.
 """
@@ -101,15 +105,18 @@ class ConnectionLimits:
     Attributes:
         header_timeout: seconds for a request's headers to arrive (``--header-timeout``).
         body_timeout: seconds for its body to arrive (``--body-timeout``).
-        max_connections: connections open at once (``--max-connections``).
+        max_connections: connections open at once (``--max-connections``), besides :data:`HEALTH_CONNECTIONS`
+            kept for ``GET /health``.
+        write_timeout: seconds a reply may wait for its client to read more of it (``--write-timeout``).
     """
 
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     max_connections: int = 256
+    write_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout", "body_timeout"):
+        for name in ("header_timeout", "body_timeout", "write_timeout"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 < value <= 3600):
                 raise ValueError(f"--{name.replace('_', '-')}: must be a number of seconds above 0 and at most 3600, "
@@ -347,34 +354,88 @@ class QuietAcceptErrors:
             self.count, self.last = 0, now
 
 
+HEALTH_CONNECTIONS = 2
+"""Connections beyond ``--max-connections`` that answer ``GET /health`` alone (module docstring, "Connections")."""
+
+
+def health_only(app: Callable[..., Awaitable[None]], cap: int) -> Callable[..., Awaitable[None]]:
+    """``app`` (ASGI) on a connection beyond the cap (:data:`HEALTH_CONNECTIONS`): ``GET /health`` is answered as
+    ever; any other request gets 503 naming ``--max-connections``, and the connection is closed."""
+    message = (f"all {cap} connections of this reward server are open (--max-connections); this one answers GET "
+               "/health alone: retry later")  # fmt: skip
+    refused = json.dumps({"error": {"field": None, "message": message}})
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close"), (b"retry-after", b"1")]
+
+    async def guarded(scope: dict, receive: Callable[..., Awaitable[Any]],
+                      send: Callable[..., Awaitable[None]]) -> None:  # fmt: skip
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await app(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": refused.encode()})
+
+    return guarded
+
+
 SHUTDOWN_GRACE = 30
 """Seconds a stopping server gives the requests in flight (uvicorn's graceful-shutdown timeout)."""
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a deadline for request headers and a cap on open connections (module
-    docstring, "Connections"); :func:`make_server` makes a subclass holding the limits."""
+    """uvicorn's HTTP/1.1 protocol with a deadline for request headers, one for a reply its client does not read, and
+    a cap on open connections beyond which :data:`HEALTH_CONNECTIONS` answer ``GET /health`` alone (module docstring,
+    "Connections"); :func:`make_server` makes a subclass holding the limits."""
 
     header_timeout = 10.0
+    write_timeout = 60.0
     cap = 256
     refused = 0
     _said = -math.inf
     late = 0
     _said_late = -math.inf
+    unread = 0
+    _said_unread = -math.inf
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
-        if len(self.connections) > self.cap:
+        self._write_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.cap + HEALTH_CONNECTIONS:
             cls = type(self)
             cls.refused += 1
             if time.monotonic() - cls._said >= 10:
-                log.warning("reward server: %d connection(s) closed at once: %d are open (--max-connections)",
-                            cls.refused, len(self.connections) - 1)  # fmt: skip
+                log.warning("reward server: %d connection(s) closed at once: %d are open (--max-connections, and "
+                            "%d kept for GET /health)", cls.refused, len(self.connections) - 1,
+                            HEALTH_CONNECTIONS)  # fmt: skip
                 cls.refused, cls._said = 0, time.monotonic()
             transport.close()
             return
+        if len(self.connections) > self.cap:  # a supervisor's probe gets through while a trainer holds the cap
+            self.app = health_only(self.app, self.cap)
         self._arm()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:  # the client reads no more of the reply: it has write_timeout seconds
+            self._write_timer = self.loop.call_later(self.write_timeout, self._write_late)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_late(self) -> None:
+        self._write_timer = None
+        if self.transport.is_closing():
+            return
+        cls = type(self)
+        cls.unread += 1
+        if time.monotonic() - cls._said_unread >= 10:  # at most a line every 10 s, however many clients stall
+            log.warning("reward server: %d connection(s) read no more of their reply for %g s (--write-timeout): "
+                        "aborted, the reply dropped", cls.unread, self.write_timeout)  # fmt: skip
+            cls.unread, cls._said_unread = 0, time.monotonic()
+        self.transport.abort()  # close() would wait for the unread bytes to be sent
 
     def _arm(self) -> None:
         if self._header_timer is None:
@@ -413,6 +474,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         super().connection_lost(exc)
 
 
@@ -474,7 +538,8 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
     (:attr:`RewardService.fatal`). ``token``, ``connections`` and ``allowed_hosts``: module docstring."""
     connections = connections or ConnectionLimits()
     protocol = type("RewardServerProtocol", (GuardedH11Protocol,), {
-        "header_timeout": connections.header_timeout, "cap": connections.connection_cap()})  # fmt: skip
+        "header_timeout": connections.header_timeout, "write_timeout": connections.write_timeout,
+        "cap": connections.connection_cap()})  # fmt: skip
     app = create_app(service, host=host, token=token, connections=connections, allowed_hosts=allowed_hosts)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=SHUTDOWN_GRACE, backlog=BACKLOG, http=protocol,

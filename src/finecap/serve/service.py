@@ -31,6 +31,10 @@ requests.
   reward call still running when the service stops is waited for :attr:`RewardService.stop_wait` seconds at most
   (none after :meth:`RewardService.abandon`), then abandoned to its daemon thread (:class:`DaemonThreads`), so
   that a hung call never keeps the server from stopping.
+- **Repeated failures.** A reward that fails on every request (a judge's endpoint gone for days) logs the traceback
+  of each kind of failure (its exception type and the code it passed through) once, then one line a failed request
+  with the count since, and the traceback again every :data:`FULL_TRACEBACK_EVERY` seconds
+  (:class:`RepeatedFailures`); every failed request is still answered 500 and counted in ``/health``'s ``requests``.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
   line (and one at the end).
@@ -57,7 +61,8 @@ import math
 import queue
 import threading
 import time
-from collections import deque
+import traceback
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -233,6 +238,49 @@ class CallCheck:
         return whole.split(sizes)
 
 
+FULL_TRACEBACK_EVERY = 600.0
+"""Seconds between two full tracebacks of the same failure of a reward (:class:`RepeatedFailures`)."""
+
+
+class RepeatedFailures:
+    """The log of a reward's failures, bounded (module docstring, "Repeated failures"): a failure of a kind not seen
+    for ``every`` seconds (its exception type and the lines of code its traceback passed through; not its message,
+    which may name the request) is logged with its traceback; the others in between are one line each, with the
+    first line of their message and the count since that traceback. At most ``kinds`` kinds are remembered (the
+    oldest forgotten first), so that failures of ever-new kinds cannot grow it.
+
+    Args:
+        every: seconds between two tracebacks of one kind.
+        kinds: kinds of failure remembered at most.
+        clock: the time in seconds (``time.monotonic``; a test's own clock).
+    """
+
+    def __init__(self, every: float = FULL_TRACEBACK_EVERY, kinds: int = 256,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.every, self.kinds, self.clock = every, kinds, clock
+        self._seen: OrderedDict[tuple, list] = OrderedDict()  # kind -> [time of its traceback, repeats since]
+
+    def log(self, error: BaseException, what: str) -> None:
+        """Log ``error`` (raised by the reward, ``what``: the failed call in words) at error level."""
+        frames = tuple((f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__))
+        kind = (type(error).__qualname__, frames)
+        now = self.clock()
+        seen = self._seen.get(kind)
+        if seen is None or now - seen[0] >= self.every:
+            since = f" (the same failure {seen[1]} more time(s) since its last traceback)" if seen and seen[1] else ""
+            log.error("%s%s", what, since, exc_info=(type(error), error, error.__traceback__))
+            self._seen[kind] = [now, 0]
+            self._seen.move_to_end(kind)
+            while len(self._seen) > self.kinds:
+                self._seen.popitem(last=False)
+            return
+        seen[1] += 1
+        message = (str(error).splitlines() or [""])[0][:300]
+        log.error("%s: %s: %s (the same failure %d time(s) since its traceback %.0f s ago; the next traceback in "
+                  "%.0f s at most)", what, type(error).__name__, message, seen[1], now - seen[0],
+                  self.every - (now - seen[0]))  # fmt: skip
+
+
 class RewardFailed(RuntimeError):
     """The reward failed on a request after the request was checked: the server's fault, answered 500 with this
     message (generic, or finecap's own words for a non-finite value; never the reward's exception text)."""
@@ -284,6 +332,8 @@ class RewardService:
         self.compares = self.reward.compares_images
         self.check = CallCheck(images, self.compares, name)
         self.meter = Meter(log_every)
+        self.failures = RepeatedFailures()
+        """The log of the reward's failures (a traceback of each kind every :data:`FULL_TRACEBACK_EVERY` s)."""
         self.fatal: BaseException | None = None
         """What stopped the server: a non-``Exception`` the reward raised (``SystemExit``), or the worker's crash."""
         self.on_fatal: Callable[[], None] = lambda: None
@@ -341,9 +391,9 @@ class RewardService:
         except NonFiniteReward as e:  # finecap's own words: the reward, its part and the caption
             log.error("reward server: request #%d: %s", number, e)
             return RewardFailed(f"{e} (request #{number}); the server's log has the details")
-        except Exception:  # noqa: BLE001 - the reward's fault, whatever its type: logged, answered 500, the server goes on
-            log.exception("reward server: %s failed on request #%d (%d captions)", self.name, number,
-                          len(job.captions))  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - the reward's fault, whatever its type: logged, answered 500, the server goes on
+            self.failures.log(e, f"reward server: {self.name} failed on request #{number} ({len(job.captions)} "
+                              "captions)")  # fmt: skip
             return RewardFailed(f"internal error: the reward {self.name} failed on this request (#{number}); the "
                                 "server's log has the error")  # fmt: skip
         except BaseException as e:  # noqa: BLE001 - SystemExit, KeyboardInterrupt raised by the reward: stop the server
