@@ -141,6 +141,10 @@ def test_the_export_card_says_what_the_folder_is(run):
     first = [line for line in card.splitlines() if line.startswith("# ")][0]
     assert first.startswith("# MLE captioner on ") and "a finecap captioner" not in card  # objective and base model
     assert "**Run**: `export-test`" in card and "finecap export" in card  # made by the export, from the run
+    # the checkpoint's weights are the base under its adapters, the export's are the merged ones (its card said
+    # "base weights without adapters" too)
+    assert "`AutoModelForImageTextToText.from_pretrained(folder)`, base weights without adapters)" in source
+    assert "`AutoModelForImageTextToText.from_pretrained(folder)`, the captioner's weights; no adapter to add)" in card
 
 
 def test_a_recipes_decoding_wins_over_the_exports_and_an_override_over_both(run, tmp_path):

@@ -60,13 +60,23 @@ def loading(lines: list[str]) -> list[str]:
           "base weights without adapters).", PEFT_BLIP]),
         ({"kind": "blip", "source": "world-tiny", "world_source": "/x/enc"},  # reads a dual encoder: finecap's only
          {"model": "world-tiny", "vision encoder": "/x/enc"}, [], []),
-        ({"kind": "vlm", "source": HUB_VLM}, {"model": HUB_VLM}, [HUB_VLM],
+        ({"kind": "clipcap", "lm_source": "gpt2", "encoder_source": CLIP, "lora": {"lm": {"dir": "lm_lora"}}},
+         {"language model": "gpt2", "vision encoder": CLIP}, [CLIP],
+         ["`lm/` is a plain `AutoModelForCausalLM` folder; `mapper.safetensors` maps image features to its prefix "
+          "(finecap's `ClipCap` reads both).",
+          "`lm/` holds the base weights of the language model and `lm_lora/` its LoRA adapter: "
+          '`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("lm"), "lm_lora")`.']),
+        ({"kind": "vlm", "source": HUB_VLM, "lora": {}}, {"model": HUB_VLM}, [HUB_VLM],
+         ["The folder is also a plain transformers checkpoint (`AutoModelForImageTextToText.from_pretrained(folder)`, "
+          "the captioner's weights; no adapter to add)."]),
+        ({"kind": "vlm", "source": HUB_VLM, "lora": {"encoder": {}}}, {"model": HUB_VLM}, [HUB_VLM],
          ["The folder is also a plain transformers checkpoint (`AutoModelForImageTextToText.from_pretrained(folder)`, "
           "base weights without adapters)."]),
         ({"kind": "vlm", "source": "world-tiny", "world_source": "/x/enc", "adapter": "adapter"},
          {"model": "world-tiny", "vision encoder": "/x/enc"}, [], []),
     ],
-    ids=["clipcap", "clipcap-no-kind", "blip-adapter", "blip-world", "vlm", "vlm-world"],
+    ids=["clipcap", "clipcap-no-kind", "blip-adapter", "blip-world", "clipcap-lora", "vlm-merged", "vlm-lora",
+         "vlm-world"],
 )  # fmt: skip
 def test_the_card_asks_the_backbone(meta, bases, hub, extra):
     lines = card(meta)
