@@ -29,6 +29,8 @@ CLIP = "openai/clip-vit-base-patch32"
 BLIP_CLASS = "BlipForConditionalGeneration"
 PEFT_BLIP = ("`adapter/` is one peft LoRA adapter for the whole model: "
              f'`PeftModel.from_pretrained({BLIP_CLASS}.from_pretrained(base), "adapter")`.')  # fmt: skip
+BLIP_GENERATE = ("BLIP's `generate` decodes as the run did only when passed the folder's settings: "
+                 "`model.generate(**inputs, generation_config=model.generation_config)`.")  # fmt: skip
 
 
 def card(meta: dict) -> list[str]:
@@ -57,7 +59,7 @@ def loading(lines: list[str]) -> list[str]:
         ({"kind": "blip", "source": HUB_BLIP, "adapter": "adapter", "lora": {"lm": {}}}, {"model": HUB_BLIP},
          [HUB_BLIP],
          [f"The folder is also a plain transformers checkpoint (`{BLIP_CLASS}.from_pretrained(folder)`, "
-          "base weights without adapters).", PEFT_BLIP]),
+          "base weights without adapters).", PEFT_BLIP, BLIP_GENERATE]),
         ({"kind": "blip", "source": "world-tiny", "world_source": "/x/enc"},  # reads a dual encoder: finecap's only
          {"model": "world-tiny", "vision encoder": "/x/enc"}, [], []),
         ({"kind": "clipcap", "lm_source": "gpt2", "encoder_source": CLIP, "lora": {"lm": {"dir": "lm_lora"}}},
