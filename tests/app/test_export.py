@@ -55,7 +55,9 @@ def test_every_checkpoint_has_a_model_card_from_what_the_run_recorded(run):
     assert card.startswith("---\nlibrary_name: transformers\n") and "pipeline_tag: image-to-text" in card
     for expected in ("# SLE captioner on clipcap", "**Run**: `card-test`", "**Objective**: `sle`", "`abc123def456`",
                      "step 7 of 10",
-                     "| cider | 0.5000 |", "| bleu4 | 0.2500 |", "LoRA adapters on lm", "coco/x.yaml"):  # fmt: skip
+                     "| cider | 0.5000 |", "| bleu4 | 0.2500 |", "LoRA adapters on lm", "coco/x.yaml",
+                     # lm/ alone is the untrained language model: the card says where the adapter is
+                     "`lm/` holds the base weights of the language model and `lm_lora/` its LoRA"):  # fmt: skip
         assert expected in card, expected
     assert "sk-very-secret" not in card and "boost.llm_api_key=***" in card  # no secret ever reaches a file
 

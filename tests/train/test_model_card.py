@@ -29,6 +29,8 @@ CLIP = "openai/clip-vit-base-patch32"
 BLIP_CLASS = "BlipForConditionalGeneration"
 PEFT_BLIP = ("`adapter/` is one peft LoRA adapter for the whole model: "
              f'`PeftModel.from_pretrained({BLIP_CLASS}.from_pretrained(base), "adapter")`.')  # fmt: skip
+BLIP_GENERATE = ("BLIP's `generate` decodes as the run did only when passed the folder's settings: "
+                 "`model.generate(**inputs, generation_config=model.generation_config)`.")  # fmt: skip
 
 
 def card(meta: dict) -> list[str]:
@@ -57,16 +59,26 @@ def loading(lines: list[str]) -> list[str]:
         ({"kind": "blip", "source": HUB_BLIP, "adapter": "adapter", "lora": {"lm": {}}}, {"model": HUB_BLIP},
          [HUB_BLIP],
          [f"The folder is also a plain transformers checkpoint (`{BLIP_CLASS}.from_pretrained(folder)`, "
-          "base weights without adapters).", PEFT_BLIP]),
+          "base weights without adapters).", PEFT_BLIP, BLIP_GENERATE]),
         ({"kind": "blip", "source": "world-tiny", "world_source": "/x/enc"},  # reads a dual encoder: finecap's only
          {"model": "world-tiny", "vision encoder": "/x/enc"}, [], []),
-        ({"kind": "vlm", "source": HUB_VLM}, {"model": HUB_VLM}, [HUB_VLM],
+        ({"kind": "clipcap", "lm_source": "gpt2", "encoder_source": CLIP, "lora": {"lm": {"dir": "lm_lora"}}},
+         {"language model": "gpt2", "vision encoder": CLIP}, [CLIP],
+         ["`lm/` is a plain `AutoModelForCausalLM` folder; `mapper.safetensors` maps image features to its prefix "
+          "(finecap's `ClipCap` reads both).",
+          "`lm/` holds the base weights of the language model and `lm_lora/` its LoRA adapter: "
+          '`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("lm"), "lm_lora")`.']),
+        ({"kind": "vlm", "source": HUB_VLM, "lora": {}}, {"model": HUB_VLM}, [HUB_VLM],
+         ["The folder is also a plain transformers checkpoint (`AutoModelForImageTextToText.from_pretrained(folder)`, "
+          "the captioner's weights; no adapter to add)."]),
+        ({"kind": "vlm", "source": HUB_VLM, "lora": {"encoder": {}}}, {"model": HUB_VLM}, [HUB_VLM],
          ["The folder is also a plain transformers checkpoint (`AutoModelForImageTextToText.from_pretrained(folder)`, "
           "base weights without adapters)."]),
         ({"kind": "vlm", "source": "world-tiny", "world_source": "/x/enc", "adapter": "adapter"},
          {"model": "world-tiny", "vision encoder": "/x/enc"}, [], []),
     ],
-    ids=["clipcap", "clipcap-no-kind", "blip-adapter", "blip-world", "vlm", "vlm-world"],
+    ids=["clipcap", "clipcap-no-kind", "blip-adapter", "blip-world", "clipcap-lora", "vlm-merged", "vlm-lora",
+         "vlm-world"],
 )  # fmt: skip
 def test_the_card_asks_the_backbone(meta, bases, hub, extra):
     lines = card(meta)

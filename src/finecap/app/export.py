@@ -4,6 +4,8 @@ RUN is a run directory (its best checkpoint, else its last), a checkpoint folder
 the captioner with its LoRA adapters merged into the base weights (:func:`finecap.models.export.export_merged`): for
 BLIP and VLMs a ``save_pretrained`` folder transformers loads alone, for ClipCap the language model (``lm/``, a plain
 ``AutoModelForCausalLM`` folder) and the mapper, plus the source's model card with a line saying what was merged.
+A run that decoded under an autocast (``train.mixed_precision``) is exported with a warning
+(:data:`AUTOCAST_WARNING`): the export cannot carry it.
 
 OUT must be new or empty. The folder is written beside OUT (``.OUT.tmp``, never an existing one) and swapped in once
 complete (:func:`finecap.utils.folders.atomic_replace_dir`), so it carries finecap's folder mark
@@ -43,6 +45,15 @@ log = logging.getLogger(__name__)
 
 EXPORT_KIND = "export"
 """The folder kind of a merged export (:func:`finecap.utils.folders.folder_mark_text`)."""
+
+
+AUTOCAST_WARNING = (
+    "%s: the run captioned under train.mixed_precision=%s (an autocast), which no file of the export carries: "
+    "transformers, vLLM and finecap (Captioner.from_pretrained, finecap caption without that override) compute "
+    "without it, so some captions can differ from the run's: caption and score the export itself for numbers of "
+    "its own"
+)
+"""The warning of an export whose run decoded under an autocast."""
 
 
 def check_export_dir(out: Path, source: Path, force: bool) -> None:
@@ -113,7 +124,10 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
         raise OutputRefused(f"{tmp}: exists (an unfinished export? remove it) and is where OUT is written first")
     try:
         stored = stored_config(found)  # the run's model.dtype (else the folder's), which `finecap caption` loads in
-        export_merged(source, tmp, load_stored(stored).model.dtype if stored is not None else saved_dtype(source))
+        run_cfg = load_stored(stored) if stored is not None else None
+        export_merged(source, tmp, run_cfg.model.dtype if run_cfg is not None else saved_dtype(source))
+        if run_cfg is not None and run_cfg.train.mixed_precision != "no":
+            log.warning(AUTOCAST_WARNING, found, run_cfg.train.mixed_precision)
         card = export_card(found, source, read_meta(tmp), ", ".join(sorted(meta.get("lora") or {})))
         if card is not None:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")

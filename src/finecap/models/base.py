@@ -668,12 +668,16 @@ class CaptionerBase(nn.Module, abc.ABC):
     def card_lines(cls, meta: dict[str, Any]) -> list[str]:
         """Markdown lines the model card adds to its "Loading" section after finecap's own: how other tools load the
         folder. Default: with a :attr:`TRANSFORMERS_CLASS` and no dual encoder (the world BLIP or VLM, which only
-        finecap reads), that class and the whole-model peft adapter (``captioner.json``'s ``adapter``) if any."""
+        finecap reads), that class (base weights when ``captioner.json`` lists LoRA adapters, else the captioner's
+        own: a merged export's) and the whole-model peft adapter (``captioner.json``'s ``adapter``) if any."""
         auto = cls.TRANSFORMERS_CLASS
         if not auto or meta.get(cls.DUAL_SOURCE_KEY):
             return []
-        lines = ["", f"The folder is also a plain transformers checkpoint (`{auto}.from_pretrained(folder)`, base "
-                 "weights without adapters)."]  # fmt: skip
+        # with adapters the folder's weights are those under them; without (a merged export, full fine-tuning) they
+        # are the captioner's own
+        weights = "base weights without adapters" if meta.get("lora") else "the captioner's weights; no adapter to add"
+        lines = ["", f"The folder is also a plain transformers checkpoint (`{auto}.from_pretrained(folder)`, "
+                 f"{weights})."]  # fmt: skip
         if meta.get("adapter"):
             adapter = meta["adapter"]
             lines += [f"`{adapter}/` is one peft LoRA adapter for the whole model: "

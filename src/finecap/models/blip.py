@@ -331,6 +331,16 @@ class Blip(CaptionerBase):
         return cls(model, tokenizer, processor, source=name, **kwargs)
 
     @classmethod
+    def card_lines(cls, meta: dict[str, Any]) -> list[str]:
+        """The default lines, and that BLIP's ``generate`` reads the folder's decoding only when given it (it hands
+        over to its text decoder, whose own defaults are greedy, 20 tokens: docs/caption.md)."""
+        lines = super().card_lines(meta)
+        if lines:
+            lines += ["BLIP's `generate` decodes as the run did only when passed the folder's settings: "
+                      "`model.generate(**inputs, generation_config=model.generation_config)`."]  # fmt: skip
+        return lines
+
+    @classmethod
     def load_weights(cls, path: Path, meta: dict[str, Any], load_encoder: bool,
                      options: memory.LoadOptions) -> Blip:  # fmt: skip
         """The BLIP, tokenizer and image processor of the folder, and the world BLIP's dual encoder (``load_encoder``

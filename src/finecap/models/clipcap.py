@@ -427,9 +427,16 @@ class ClipCap(CaptionerBase):
 
     @classmethod
     def card_lines(cls, meta: dict[str, Any]) -> list[str]:
-        """``lm/`` is a plain transformers folder; the mapper is finecap's."""
-        return ["", "`lm/` is a plain `AutoModelForCausalLM` folder; `mapper.safetensors` maps image features to its "
-                "prefix (finecap's `ClipCap` reads both)."]  # fmt: skip
+        """``lm/`` is a plain transformers folder (with LoRA on the language model: its base weights, the adapter
+        beside it, as peft loads it); the mapper is finecap's."""
+        lines = ["", "`lm/` is a plain `AutoModelForCausalLM` folder; `mapper.safetensors` maps image features to its "
+                 "prefix (finecap's `ClipCap` reads both)."]  # fmt: skip
+        adapter = ((meta.get("lora") or {}).get("lm") or {}).get("dir")
+        if adapter:  # lm/ alone is the language model without what the adapter learnt
+            lines += [f"`lm/` holds the base weights of the language model and `{adapter}/` its LoRA adapter: "
+                      "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"lm\"), "
+                      f'"{adapter}")`.']  # fmt: skip
+        return lines
 
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:

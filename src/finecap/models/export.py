@@ -10,17 +10,26 @@ model as a plain ``AutoModelForCausalLM`` folder (``out/lm``) beside the mapper 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import torch
 
 from finecap.models import lora, strict
 from finecap.models.backbones import load_captioner
 from finecap.models.memory import LoadOptions
 from finecap.runs import GENERATION_CONFIG
 
+log = logging.getLogger(__name__)
+
+ROUNDED_DTYPES = (torch.bfloat16, torch.float16)
+"""Weight dtypes a merged adapter is rounded into (:func:`export_merged` warns)."""
+
 
 def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float32") -> Path:
     """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``) in ``dtype`` (a ``model.dtype``:
-    the run's, so a bfloat16 run exports bfloat16 weights and captions as ``finecap caption`` of the run computes;
+    the run's, so a bfloat16 run exports bfloat16 weights, computing as ``finecap caption`` of the run does where it
+    has no adapters to merge (below);
     never quantized: a QLoRA run's weights are exported dequantized, in ``dtype``), merge its LoRA adapters (peft
     rounds a merged 16-bit weight to its dtype) and save it as a plain checkpoint in ``out`` (which the caller has
     checked may be written), with the source's decoding
@@ -28,8 +37,18 @@ def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float
     writes at the same place, so the export captions as the run did, with finecap and with ``generate``. Loading is
     strict (:mod:`finecap.models.strict`: weights that do not fit or hold NaN or infinity are refused, as ``finecap
     caption`` refuses them); the merged weights are checked to be finite again before anything is written (a merge
-    can overflow)."""
-    model = lora.merge_lora(load_captioner(model_folder, options=LoadOptions(dtype=dtype)))  # type: ignore[arg-type]
+    can overflow). A 16-bit export of adapters is logged as a warning: the run adds each adapter's product (kept in
+    float32 weights) to the 16-bit base layer's output, the export computes with ``W + BA`` rounded to 16 bits, so
+    its outputs differ from the run's by that rounding and its captions can differ (``docs/caption.md``, merged
+    exports)."""
+    model = load_captioner(model_folder, options=LoadOptions(dtype=dtype))
+    adapters = lora.has_adapters(model)  # type: ignore[arg-type]
+    model = lora.merge_lora(model)  # type: ignore[arg-type]
+    rounded = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in ROUNDED_DTYPES})
+    if adapters and rounded:
+        log.warning("%s: its LoRA adapters are merged into %s weights, rounded to that dtype: the export's outputs "
+                    "differ from the run's by the rounding and some captions can too: caption and score "
+                    "the export itself for numbers of its own", model_folder, " and ".join(rounded))  # fmt: skip
     strict.check_finite_weights(model, f"{model_folder} (its adapters merged)")
     saved = model.save(out, masters=False)  # not resumed: its weights are those the captioner computes with
     source = Path(model_folder)

@@ -344,8 +344,9 @@ def merge_part(model: nn.Module, part: str) -> None:
 
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into the base weights (in place; returns ``model``): a plain captioner with the same
-    outputs, for inference or :meth:`ClipCap.save` as a plain checkpoint. Trainability follows
-    ``model.train_lm`` / ``model.train_encoder`` again (full fine-tuning)."""
+    outputs (up to rounding: a 16-bit weight holds ``W + BA`` rounded to its dtype), for inference or
+    :meth:`ClipCap.save` as a plain checkpoint. Trainability follows ``model.train_lm`` / ``model.train_encoder``
+    again (full fine-tuning)."""
     for part in PARTS:
         if model.lora_module(part) is not None:
             merge_part(model, part)
