@@ -18,6 +18,7 @@ from finecap.recipes import resolve_recipe
 from finecap.rewards.retrieval import RetrievalReward
 from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.run import train
+from helpers.logged_keys import undocumented
 
 RECIPES = resolve_recipe("demo/mle").parent
 N_TRAIN = 40
@@ -67,10 +68,12 @@ def test_bag_numbers_reach_the_reward_and_bag_mates_are_the_sampler_bags(make_cf
 
     monkeypatch.setattr(RetrievalReward, "__call__", spy)
     # 40 images, batches of 12: epoch 0 bags of 2 (6 per batch: 4 batches), epoch 1 bags of 4 (3 per batch: 4 batches)
+    # 3 neighbours an image: bags of 4 need them all, so some bags hold random images (bags/filled below)
     cfg = make_cfg("train.objective=reinforce", "data.sampler=bagcurri", "data.bag_schedule={1: 2, 2: 4}",
                    "rl.rewards={retrieval: 1.0}", "rl.baseline=mean", "rl.strategy=greedy", "rl.samples=1",
-                   "sr.distractors=bag", "train.max_steps=8", "train.eval_every=100", "train.lr=1e-3")  # fmt: skip
-    train(cfg)
+                   "sr.distractors=bag", "train.max_steps=8", "train.eval_every=100", "train.lr=1e-3",
+                   "data.bag_neighbours=3")  # fmt: skip
+    run = train(cfg)
     assert len(seen) == 8
 
     records = load_records(cfg, "train")
@@ -86,6 +89,25 @@ def test_bag_numbers_reach_the_reward_and_bag_mates_are_the_sampler_bags(make_cf
         assert candidates == [float(size)] * len(ids)  # distractors = the bag-mates only
         assert bags == sorted(bags, key=lambda b: bags.index(b))  # bag-mates are contiguous
     assert sum(len(ids) for ids, _, _ in seen[:4]) == N_TRAIN  # every image once in the epoch
+    # every training event names its epoch's bag size and how many bag-mates are random images (TrainingBags.filled,
+    # computed and never reported before)
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    values = [e["values"] for e in events if e["split"] == "train"]
+    assert [v["bags/size"] for v in values] == [2.0] * 4 + [4.0] * 4
+    filled = [sampler.bags_for(2).filled] * 4 + [sampler.bags_for(4).filled] * 4
+    assert [v["bags/filled"] for v in values] == filled and filled[-1] > 0
+    assert undocumented({k for v in values for k in v}) == []  # docs/training.md, "What a run logs"
+
+
+@pytest.mark.slow
+def test_a_run_ending_before_a_bag_size_warns_at_its_start(make_cfg, caplog):
+    # 40 images in batches of 12: bags of 2 take 4 steps (epoch 1); 3 steps never reach the bags of 4 of epoch 2
+    cfg = make_cfg("train.objective=reinforce", "data.sampler=bagcurri", "data.bag_schedule={1: 2, 2: 4}",
+                   "rl.rewards={retrieval: 1.0}", "rl.baseline=mean", "rl.strategy=greedy", "rl.samples=1",
+                   "train.max_steps=3", "train.eval_every=100")  # fmt: skip
+    train(cfg)
+    assert ("data.bag_schedule={1: 2, 2: 4}: this run ends in epoch 1 (train.max_steps=3) and never uses bags of 4 "
+            "(from epoch 2): train longer or shorten data.bag_schedule") in caplog.text  # fmt: skip
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from finecap.data.bags import BagCurriSampler, parse_schedule, training_bags
+from finecap.data.samplers import RepeatedBatches
 from finecap.data.truematch import nearest_neighbours
 
 
@@ -175,6 +176,44 @@ def test_a_bag_size_wider_than_the_neighbour_table_is_refused():
                        r"data\.bag_neighbours\)"):  # fmt: skip
         BagCurriSampler(nbrs, 8, {1: 3, 2: 5})
     assert BagCurriSampler(nbrs, 8, {1: 3}).batches(0)
+
+
+def test_a_run_ending_before_a_bag_size_begins_is_named():
+    # 8 images in global batches of 8: bags of 3 make 3 bags, 2 per batch -> 2 batches an epoch; random batches: 1.
+    # {1: 3, 5: 7} is 1 epoch of bags of 3, then bags of 7 from epoch 2 (a 1-based epoch uses the size of the
+    # smallest end_epoch >= it): 2 epochs use both; 1 epoch (2 steps) never uses bags of 7, and said nothing.
+    _, nbrs = nearest_neighbours(EMB, 7)
+    s = BagCurriSampler(nbrs, 8, {1: 3, 5: 7})
+    assert s.short_run_note(2, "train.epochs=1") == (
+        "data.bag_schedule={1: 3, 5: 7}: this run ends in epoch 1 (train.epochs=1) and never uses bags of 7 (from "
+        "epoch 2): train longer or shorten data.bag_schedule"
+    )
+    assert s.short_run_note(3, "train.max_steps=3") is None  # step 3 is epoch 2's first: bags of 7 are used
+    assert s.short_run_note(100, "train.epochs=50") is None
+    # {1: 0, 2: 3, 3: 7, 4: 3}: epoch 1 random (1 step), epoch 2 bags of 3 (2 steps); 3 steps end there, before
+    # the bags of 7 of epoch 3 (the bags of 3 of epoch 4 were used in epoch 2)
+    s = BagCurriSampler(nbrs, 8, {1: 0, 2: 3, 3: 7, 4: 3})
+    assert "ends in epoch 2 (train.max_steps=3) and never uses bags of 7 (from epoch 3):" in s.short_run_note(
+        3, "train.max_steps=3"
+    )
+    assert "never uses random batches (from epoch 2), bags of 7 (from epoch 3):" in BagCurriSampler(
+        nbrs, 8, {1: 3, 2: 0, 3: 7}
+    ).short_run_note(1, "train.max_steps=1")
+    # grpo.iterations=2 repeats each batch: 4 steps are still one epoch of bags of 3
+    repeated = RepeatedBatches(BagCurriSampler(nbrs, 8, {1: 3, 5: 7}), 2)
+    assert "ends in epoch 1 (train.max_steps=4)" in repeated.short_run_note(4, "train.max_steps=4")
+    assert repeated.short_run_note(5, "train.max_steps=5") is None
+
+
+def test_epoch_values_count_the_random_bag_mates():
+    # as test_top_k_exhausted_fills_with_random_free_images: 2 neighbours, bags of 3 hold 1 random image (7)
+    _, nbrs = nearest_neighbours(EMB, 2)
+    s = BagCurriSampler(nbrs, 8, {1: 0, 2: 3}, shuffle_queries=False)
+    assert s.epoch_values(0) == {"bags/size": 0.0, "bags/filled": 0.0}
+    assert s.epoch_values(1) == {"bags/size": 3.0, "bags/filled": 1.0}
+    assert RepeatedBatches(s, 2).epoch_values(1) == s.epoch_values(1)
+    _, nbrs = nearest_neighbours(EMB, 7)  # every bag-mate a near neighbour
+    assert BagCurriSampler(nbrs, 8, {1: 3}).epoch_values(0) == {"bags/size": 3.0, "bags/filled": 0.0}
 
 
 def test_neighbours_as_numpy_array():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from finecap.metrics.listener import listener_retrieval
-from finecap.metrics.retrieval import random_distractors
+from finecap.metrics.retrieval import bag_retrieval, random_distractors
 from finecap.metrics.suite import evaluate
 from finecap.world.scene import Obj, Scene
 
@@ -84,3 +84,18 @@ def _cfg():
     from finecap.config import load
 
     return load(None, ["eval.n_distractors=3", "eval.draws=2"])
+
+
+def test_bags_are_read_as_the_retriever_reads_them() -> None:
+    # A bag naming an image outside the pool (9): the retriever's bag metric refuses it; the listener scored the
+    # first bag alone (2 captions, bag2/R@1 = 1.0 by the tie-break) and reported bags of 2 over other captions.
+    preds = {0: "a red circle", 1: "a red circle", 2: "a blue square", 3: "a green star"}
+    with pytest.raises(ValueError, match=r"^bag 1 names images not among the scored images: \[9\]"):
+        bag_retrieval(np.eye(4), [[0, 1], [2, 9]], POOL)
+    with pytest.raises(ValueError, match=r"listener: bags\[2\]\[1\] names images not among the scored images: \[9\]"):
+        listener_retrieval(preds, SCENES, POOL, n_distractors=1, draws=1, bags={2: [[0, 1], [2, 9]]})
+    # an image twice in a bag ([2, 2]: one image, not a bag of 2) and a bag listed under another size are refused too
+    with pytest.raises(ValueError, match=r"bags\[2\]\[1\] names image\(s\) \[2\] more than once"):
+        listener_retrieval(preds, SCENES, POOL, n_distractors=1, draws=1, bags={2: [[0, 1], [2, 2]]})
+    with pytest.raises(ValueError, match=r"bags\[3\]\[0\] holds 2 images but is listed under bag size 3"):
+        listener_retrieval(preds, SCENES, POOL, n_distractors=1, draws=1, bags={3: [[0, 1]]})

@@ -11,7 +11,8 @@ Choices the paper leaves open:
 - **Leftovers.** When fewer than ``s-1`` of a query's top-k neighbours are still free (late queries, dense regions),
   the paper does not say what happens. Here the bag is filled up with *random* free images (seeded), so that every
   image is still used once per epoch; :attr:`TrainingBags.filled` counts these random members (with k = 200 they
-  are rare: only the last few hundred queries of an epoch run out of free neighbours).
+  are rare: only the last few hundred queries of an epoch run out of free neighbours), and a training run logs the
+  count of each epoch's bags as ``bags/filled`` (:meth:`BagCurriSampler.epoch_values`).
 - **Last bag.** When fewer than ``s`` images are left, they form one smaller last bag (at most one bag is smaller).
 - **Query order.** The paper goes "for each row" of the similarity matrix; the row order then decides which images
   get their true nearest neighbours. Queries are visited in a seeded random order (``shuffle_queries=True``) so that
@@ -21,7 +22,8 @@ Choices the paper leaves open:
 
 **BagCurri.** A schedule ``{end_epoch: bag_size}`` (``bag_size = 0``: random batches) gives the bag size of each
 epoch: epoch ``e`` (0-based) uses the size of the smallest ``end_epoch > e``; epochs after the last ``end_epoch`` keep
-the last size. E.g. ``{1: 0, 2: 3, 3: 5, 4: 7}`` trains one epoch each with random batches, bags of 3, 5 and 7.
+the last size. E.g. ``{1: 0, 2: 3, 3: 5, 4: 7}`` trains one epoch each with random batches, bags of 3, 5 and 7. A run
+that ends before a size's first epoch warns at its start (:meth:`BagCurriSampler.short_run_note`).
 
 **Batches.** A batch is made of whole bags (``batch_size // s`` of them; e.g. 33 bags of 3 = 99 images for a batch
 size of 100), so the distractors of an image in an in-batch self-retrieval reward are its bag-mates plus the other
@@ -259,6 +261,45 @@ class BagCurriSampler(GlobalBatchSampler):
     def example_fields(self, epoch: int) -> dict[str, dict[int, int]]:
         """``{"bag": bag_index(epoch)}``: the engine attaches every example's bag number (``batch["bag"]``)."""
         return {"bag": self.bag_index(epoch)}
+
+    def epoch_values(self, epoch: int) -> dict[str, float]:
+        """``bags/size`` (0: random batches) and ``bags/filled``, the bag-mates of ``epoch``'s bags drawn at random
+        because their query's nearest neighbours were all in other bags (:attr:`TrainingBags.filled`): logged with
+        every training step, so a run shows how much of its bags is random (docs/training.md)."""
+        size = self.bag_size(epoch)
+        return {"bags/size": float(size), "bags/filled": float(self.bags_for(size, epoch).filled if size else 0)}
+
+    def short_run_note(self, steps: int, ends: str) -> str | None:
+        """A warning naming the bag sizes of the schedule that a run of ``steps`` optimizer steps never reaches (it
+        ends, by ``ends``, before their first epoch); ``None`` when it reaches every one.
+
+        Example::
+
+            >>> s = BagCurriSampler([[1], [0], [3], [2]], 2, {1: 0, 2: 2})   # 2 batches an epoch
+            >>> note = s.short_run_note(2, "train.max_steps=2")
+            >>> note[note.index("this run") : note.index(": train longer")]
+            'this run ends in epoch 1 (train.max_steps=2) and never uses bags of 2 (from epoch 2)'
+            >>> s.short_run_note(3, "train.max_steps=3") is None
+            True
+        """
+        last = self.schedule[-1][0]  # from this epoch (0-based) on, the last size is kept: nothing left to reach
+        begun, done = 0, 0
+        while done < steps and begun < last:
+            done += self.num_batches(begun)
+            begun += 1
+        starts = [0, *(end for end, _ in self.schedule[:-1])]  # stage i's first epoch (0-based)
+        used = {size for start, (_, size) in zip(starts, self.schedule, strict=True) if start < begun}
+        unused: dict[int, int] = {}  # size: its first epoch (0-based)
+        for start, (_, size) in zip(starts, self.schedule, strict=True):
+            if size not in used:
+                unused.setdefault(size, start)
+        if not unused:
+            return None
+        sizes = ", ".join(("random batches" if size == 0 else f"bags of {size}") + f" (from epoch {start + 1})"
+                          for size, start in unused.items())  # fmt: skip
+        schedule = "{" + ", ".join(f"{end}: {size}" for end, size in self.schedule) + "}"
+        return (f"data.bag_schedule={schedule}: this run ends in epoch {begun} ({ends}) and never uses {sizes}: "
+                "train longer or shorten data.bag_schedule")  # fmt: skip
 
     def bag_index(self, epoch: int) -> dict[int, int]:
         """``{dataset index: bag number}`` of ``epoch`` (bag-mates share a number; random batches: one per image),

@@ -53,6 +53,17 @@ class GlobalBatchSampler(abc.ABC):
         ``batch["step_info"].fields[name]`` and the micro-batch's own rows in ``batch[name]``."""
         return {}
 
+    def epoch_values(self, epoch: int) -> dict[str, float]:
+        """Values describing ``epoch``'s batches that the engine logs with every training step's values (e.g.
+        BagCurri's ``bags/size`` and ``bags/filled``, docs/training.md's "What a run logs"); none by default."""
+        return {}
+
+    def short_run_note(self, steps: int, ends: str) -> str | None:
+        """A warning when a run of ``steps`` optimizer steps from epoch 0 ends before a part of this sampler's plan
+        (BagCurri: a bag size of ``data.bag_schedule`` it never reaches), ``ends`` naming the option that ends it
+        (``train.epochs=2``); ``None`` by default."""
+        return None
+
 
 class RandomBatches(GlobalBatchSampler):
     """A fresh permutation each epoch (seeded by ``seed`` and ``epoch``), cut into batches of ``batch_size``.
@@ -114,6 +125,12 @@ class RepeatedBatches(GlobalBatchSampler):
 
     def example_fields(self, epoch: int) -> dict[str, dict[int, int]]:
         return self.inner.example_fields(epoch)
+
+    def epoch_values(self, epoch: int) -> dict[str, float]:
+        return self.inner.epoch_values(epoch)
+
+    def short_run_note(self, steps: int, ends: str) -> str | None:
+        return self.inner.short_run_note(math.ceil(steps / self.times), ends)  # each inner batch: `times` steps
 
 
 def repeat_batches(sampler: GlobalBatchSampler, times: int) -> GlobalBatchSampler:

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from finecap.data.bags_file import check_bag_size
 from finecap.metrics.faithfulness import scene_of
-from finecap.metrics.retrieval import random_distractors, target_ranks
+from finecap.metrics.retrieval import bag_columns, random_distractors, target_ranks
 from finecap.world.listener import RankResult, rank_with_ties, support_matrix
 
 if TYPE_CHECKING:
@@ -72,7 +73,10 @@ def listener_retrieval(
         image_ids: the pool, in the retriever's column order (the retrieval records' ids), so the distractor draws
             are the retriever's.
         n_distractors, draws, seed: RD-N settings (``eval.*``).
-        bags: ``{size: [[image_id, ...], ...]}`` TrueMatch bags, or None.
+        bags: ``{size: [[image_id, ...], ...]}`` TrueMatch bags, or None. A bag with an image not in the pool or
+            one twice is a ``ValueError`` naming it (``bags[5][0]``), as in the retriever's bag metric
+            (:func:`finecap.metrics.retrieval.bag_columns`), so the two score the same captions; so is a bag whose
+            number of images is not its size.
         retriever_scores: the retriever's ``(Q, N)`` scores of the same queries and columns, for ``exploit``.
     """
     column = {i: c for c, i in enumerate(image_ids)}
@@ -98,12 +102,10 @@ def listener_retrieval(
             first.append(target_ranks(retriever_scores, targets, cands) == 1)
     out = _summary(f"listener/RD{n_distractors}", results, (1, 5), first)
     for size, size_bags in sorted((bags or {}).items()):
-        bag_of: dict[int, list[int]] = {}
-        for bag in size_bags:
-            cols = [column[i] for i in bag if i in column]
-            for c in cols:
-                bag_of.setdefault(c, cols)
-        rows = [r for r, t in enumerate(targets) if len(bag_of.get(int(t), ())) == size]
+        for b, bag in enumerate(size_bags):  # the retriever's metric would score it under its own length
+            check_bag_size(size, list(bag), f"listener: bags[{size}][{b}]")
+        bag_of = bag_columns(size_bags, column, f"listener: bags[{size}][{{}}]")  # the retriever's bags, or its error
+        rows = [r for r, t in enumerate(targets) if int(t) in bag_of]
         if not rows:
             continue
         sel = np.array(rows, dtype=np.int64)

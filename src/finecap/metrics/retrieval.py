@@ -166,6 +166,38 @@ def pool_retrieval(scores: Any, targets: Any = None, ks: Sequence[int] = KS) -> 
     return summarize_ranks(target_ranks(scores, targets), ks)
 
 
+def bag_columns(
+    bags: Sequence[Sequence[Hashable]], column: Mapping[Hashable, int], where: str = "bag {}"
+) -> dict[int, np.ndarray]:
+    """``{column: the columns of the first bag holding its image}`` of ``bags`` (lists of image ids) under
+    ``column`` (``{image id: score column}``), the one reading of bags that the retriever's bag metric
+    (:func:`bag_ranks`) and the listener's (:mod:`finecap.metrics.listener`) share, so both score the same captions.
+    ``ValueError`` naming the bag (``where`` with its index) for a bag with an image not in ``column`` (scoring the
+    rest as a smaller bag would count other captions than the bags say) or with one image twice.
+
+    Example::
+
+        >>> bag_columns([["a", "b"], ["c", "z"]], {"a": 0, "b": 1, "c": 2}, where="bags[2][{}]")
+        Traceback (most recent call last):
+        ...
+        ValueError: bags[2][1] names images not among the scored images: ['z']
+    """
+    bag_of: dict[int, np.ndarray] = {}
+    for b, bag in enumerate(bags):
+        missing = [i for i in bag if i not in column]
+        if missing:
+            raise ValueError(f"{where.format(b)} names images not among the scored images: {missing[:5]}")
+        cols = np.array([column[i] for i in bag], dtype=np.int64)
+        if len(np.unique(cols)) < len(cols):  # [a, b, b] holds 2 images: b would count twice against a, as a bag of 3
+            twice = sorted({i for i in bag if list(bag).count(i) > 1}, key=str)
+            raise ValueError(
+                f"{where.format(b)} names image(s) {twice[:5]} more than once; a bag's images are distinct"
+            )
+        for c in cols:
+            bag_of.setdefault(int(c), cols)
+    return bag_of
+
+
 def bag_ranks(
     scores: Any, bags: Sequence[Sequence[Hashable]], image_ids: Sequence[Hashable], targets: Any = None
 ) -> list[tuple[int, int, int]]:
@@ -178,17 +210,7 @@ def bag_ranks(
         raise ValueError("image_ids must be unique")
     if len(image_ids) != scores.shape[1]:
         raise ValueError(f"image_ids has {len(image_ids)} ids but scores have {scores.shape[1]} columns")
-    bag_of: dict[int, np.ndarray] = {}
-    for b, bag in enumerate(bags):
-        missing = [i for i in bag if i not in column]
-        if missing:
-            raise ValueError(f"bag {b} names images not among the scored images: {missing[:5]}")
-        cols = np.array([column[i] for i in bag], dtype=np.int64)
-        if len(np.unique(cols)) < len(cols):  # [a, b, b] holds 2 images: b would count twice against a, as a bag of 3
-            twice = sorted({i for i in bag if list(bag).count(i) > 1}, key=str)
-            raise ValueError(f"bag {b} names image(s) {twice[:5]} more than once; a bag's images are distinct")
-        for c in cols:
-            bag_of.setdefault(int(c), cols)
+    bag_of = bag_columns(bags, column)
     out = []
     for q, t in enumerate(targets):
         cols = bag_of.get(int(t))

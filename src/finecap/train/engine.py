@@ -812,6 +812,7 @@ class Engine:
         while state.step < self.total:
             batches = self.data.sampler.batches(state.epoch)
             fields = self.data.sampler.example_fields(state.epoch)
+            described = self.data.sampler.epoch_values(state.epoch)  # e.g. BagCurri's bags/filled, logged each step
             pending: list[dict[str, Any]] = []
             for micro in self.epoch_loader(batches):
                 for name, table in fields.items():  # the micro-batch's own rows, e.g. batch["bag"] (B,)
@@ -823,7 +824,7 @@ class Engine:
                 micro_batches = [to_device({**mb, "step_info": info}, acc.device) for mb in pending]
                 pending = []
                 values = self.last_values = self.train_step(micro_batches)
-                self.logger.add(values)
+                self.logger.add({**values, **described})
                 end_of_epoch = state.advance(len(batches))
                 epoch = state.epoch + state.position / len(batches)
                 progress.update(1)

@@ -248,9 +248,11 @@ def _build_run(
     sampler = repeat_batches(get_sampler(cfg, data.train, global_batch), objective.batch_repeats)  # grpo.iterations
     total = total_steps(cfg.train, sampler, read_info(resume_from) if resume_from is not None else None)
     scheduler = build_scheduler(optimizer, warmup=cfg.train.warmup_steps, total=total, kind=cfg.train.schedule)
-    short = short_run_note(warmup=cfg.train.warmup_steps, total=total)
-    if short and accelerator.is_main_process:
-        log.warning(short)
+    ends = f"train.max_steps={cfg.train.max_steps}" if cfg.train.max_steps > 0 else f"train.epochs={cfg.train.epochs}"
+    notes = [short_run_note(warmup=cfg.train.warmup_steps, total=total), sampler.short_run_note(total, ends)]
+    for note in notes:
+        if note and accelerator.is_main_process:
+            log.warning(note)
     with retrievers:
         objective.setup(TrainContext(cfg, accelerator, data.train_records, model.tokenizer, run_dir, model=model))
 
