@@ -60,6 +60,7 @@ from finecap.data.bags_file import read_bags
 from finecap.data.predictions import read_predictions
 from finecap.data.records import MAX_LISTED, DataError, Record, file_number
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
+from finecap.judges.questions import questions_of
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
 from finecap.metrics.group import metric_group
@@ -266,6 +267,8 @@ def _main(
         bags=bag_data,
         samples=samples,
         instances=objects,
+        # the data set's own questions, which qa reads first as the qa_utility reward does (parsed only for it)
+        questions=questions_of(refs.records) if "qa" in names else None,
         cfg=cfg,
         per_image=per_image is not None,
     )
