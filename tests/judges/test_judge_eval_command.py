@@ -240,3 +240,22 @@ def test_eval_qa_reads_the_data_sets_own_questions_as_the_qa_utility_reward_does
     assert cli([*args, f"judge.questions={tmp_path / 'q.jsonl'}"]) == 2
     err = capsys.readouterr().err
     assert "metric 'qa': the images have questions of their own" in err and "judge.questions" in err
+
+
+def test_eval_out_records_the_judge_that_scored(world, tmp_path, capsys):
+    """The scores file said nothing of the judge behind qa/claims (only --per-image rows named it, and only its name
+    and prompt version): two runs with a noisy and a clean world judge wrote files telling nothing apart. The JSON
+    now holds ``judge``: the judge's identity with the QA settings."""
+    refs = load_references(load(), world, split="test")
+    write_results(tmp_path / "r.json", {r.image_id: r.captions[0] for r in refs.records})
+    base = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world)]
+    args = [*base, "--metrics", "qa,claims", "--judge", "world", "--format", "json", "--out", str(tmp_path / "s.json"),
+            "judge.noise=0.25", "judge.seed=5", "judge.shuffles=3"]  # fmt: skip
+    assert cli(args) == 0
+    printed, written = json.loads(capsys.readouterr().out), json.loads((tmp_path / "s.json").read_text())
+    expected = {"judge": "world", "prompt_version": "world-1", "noise": 0.25, "seed": 5, "shuffles": 3}
+    assert written["judge"] == printed["judge"] == expected
+    assert written == printed and 0 <= written["qa/accuracy"] <= 1
+    # no judge-backed group: no judge key, the scores alone
+    assert cli([*base, "--metrics", "length", "--out", str(tmp_path / "t.json")]) == 0
+    assert set(json.loads((tmp_path / "t.json").read_text())) == {"Length"}

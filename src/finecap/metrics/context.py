@@ -44,6 +44,7 @@ class EvalContext:
     questions: Mapping[Hashable, Sequence[Question]] | None = None
     requested: tuple[str, ...] = ()
     items: dict[Hashable, dict[str, float]] | None = None  # per-image scores, when asked for (evaluate_items)
+    about: dict[str, Any] = field(default_factory=dict)  # what made the scores, beyond cfg: the judge (evaluate_items)
     cache: dict[str, Any] = field(default_factory=dict)
     opened: list[Any] = field(default_factory=list)  # what the groups opened and the evaluation closes (a judge)
 

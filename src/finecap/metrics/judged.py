@@ -15,7 +15,9 @@ Reported (corpus values are means over images; per-image values under the same k
 - ``clair/score``: the judge's 0-100 score; per image also ``clair/reason``, the judge's words.
 - ``<group>/judge_failed``: images whose judge calls failed after the retries, left out of the means (a count).
 
-Each image's row of ``--per-image`` also names the ``judge`` and its ``judge/prompt_version``.
+Each image's row of ``--per-image`` also names the ``judge`` and its ``judge/prompt_version``; the evaluation's
+``about["judge"]`` holds the whole of what judged (:func:`judge_record`), which ``finecap eval`` writes under the key
+``judge`` of its JSON.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from finecap.metrics.faithfulness import scene_of
 from finecap.metrics.group import Column, MetricGroup
 
 if TYPE_CHECKING:
+    from finecap.config import Config
     from finecap.judges.base import Judge
     from finecap.metrics.context import EvalContext
 
@@ -37,12 +40,30 @@ log = logging.getLogger(__name__)
 
 
 def _judge(ctx: EvalContext) -> Judge:
-    """The evaluation's judge (``judge.*`` of its configuration), made once for the groups that ask it."""
+    """The evaluation's judge (``judge.*`` of its configuration), made once for the groups that ask it; what it is
+    goes to ``ctx.about["judge"]`` (:func:`judge_record`)."""
     if "judge" not in ctx.cache:
         from finecap.judges import get_judge
 
         ctx.cache["judge"] = ctx.own(get_judge(ctx.cfg.judge.name, ctx.cfg))
+        ctx.about["judge"] = judge_record(ctx.cache["judge"], ctx.cfg)
     return ctx.cache["judge"]
+
+
+def judge_record(judge: Judge, cfg: Config) -> dict[str, Any]:
+    """What a results file says of the judge behind its judge-backed scores: the judge's identity (its name, prompt
+    version and what else decides its answers: the model and ``judge.max_tokens``, the world judge's ``noise`` and
+    ``seed``; :meth:`~finecap.judges.base.Judge.identity`) with the QA settings of every judge, ``shuffles`` and the
+    option shuffles' ``seed`` (``judge.*``).
+
+    Example::
+
+        >>> from finecap.config import load
+        >>> from finecap.judges.world import WorldJudge
+        >>> judge_record(WorldJudge(noise=0.1, seed=3), load(None, ["judge.seed=3"]))
+        {'judge': 'world', 'prompt_version': 'world-1', 'noise': 0.1, 'seed': 3, 'shuffles': 2}
+    """
+    return {**judge.identity(), "shuffles": cfg.judge.shuffles, "seed": cfg.judge.seed}
 
 
 def _subjects(ctx: EvalContext, group: str, need_references: bool) -> list[Subject]:

@@ -166,9 +166,13 @@ def evaluate_items(
     questions: Mapping[Hashable, Sequence[Question]] | None = None,
     cfg: Config | None = None,
     per_image: bool = True,
+    about: dict[str, Any] | None = None,
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
     """:func:`evaluate`, and the per-image scores ``{image_id: {metric key: score}}`` of the groups that have them
     (the caption metrics; module docstring), in the order of ``predictions`` (``{}`` with ``per_image=False``).
+    ``about``, when given, is filled with what made the scores beyond ``cfg``: ``about["judge"]``, when a
+    judge-backed group ran, the judge's record (:func:`finecap.metrics.judged.judge_record`: name, model, noise,
+    seed, shuffles, ...), which ``finecap eval`` writes beside the scores.
 
     Example::
 
@@ -216,6 +220,8 @@ def evaluate_items(
             out.update({k: float(v) for k, v in group.compute(ctx).items()})
     finally:
         ctx.close()
+    if about is not None:
+        about.update(ctx.about)
     return out, ctx.items if ctx.items is not None else {}
 
 
@@ -251,6 +257,7 @@ def evaluate() -> dict[str, float]:
         questions: ``{image_id: [Question]}``, the data set's own questions
             (:func:`finecap.judges.questions.questions_of` of its records) for ``qa``, read before ``judge.questions``
             and the scenes, as the ``qa_utility`` reward reads them (:func:`finecap.judges.questions.pick_questions`).
+        about: a dict filled with what made the scores beyond ``cfg`` (:func:`evaluate_items`: the judge).
         cfg: configuration (``eval.*``, ``run.cache_dir``, ``retriever.*``); default: the defaults.
 
     Returns:
