@@ -14,7 +14,7 @@ from finecap.config import load
 from finecap.data.formats.jsonl import read_jsonl
 from finecap.data.formats.messages import read_messages
 from finecap.data.records import DataError
-from finecap.rewards.inputs import questions_of
+from finecap.judges.questions import questions_of
 
 # One image with questions in both of CapRL's layouts (options embedded in the text, answer a letter; options listed,
 # answer the text), one image with none.

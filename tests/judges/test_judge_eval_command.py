@@ -194,3 +194,68 @@ def test_eval_with_a_judge_failing_on_every_image_fails_and_writes_nothing(world
     assert "metric(s) claims: the" in capsys.readouterr().err and not (tmp_path / "scores.json").exists()
     assert cli([*args[:6], "qa,bleu", *args[7:]]) == 2  # qa: its blind filter could not ask (the judge is down)
     assert "could not answer the blind asks" in capsys.readouterr().err and not (tmp_path / "scores.json").exists()
+
+
+def _questions_data(folder: Path) -> Path:
+    """A JSONL data set of two images whose lines give their own questions (a world judge's: each with a ``fact``)."""
+    from PIL import Image
+
+    asked = {
+        "a.png": [{"question": "What colour is the circle?", "options": ["red", "blue", "green"], "answer": "red",
+                   "fact": ["color", "circle"]}],
+        "b.png": [{"question": "What size is the square?", "options": ["small", "large"], "answer": "large",
+                   "fact": ["size", "square"]}],
+    }  # fmt: skip
+    lines = []
+    for name, questions in asked.items():
+        Image.new("RGB", (4, 4)).save(folder / name)
+        lines.append({"image": name, "id": name, "captions": ["a shape"], "questions": questions})
+    path = folder / "data.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_eval_qa_reads_the_data_sets_own_questions_as_the_qa_utility_reward_does(tmp_path, capsys):
+    """The qa metric read only judge.questions or a world's scenes: on a data set giving its images questions (which
+    the qa_utility reward asks first) it stopped, wanting scenes. Now it asks the same questions: image a's caption
+    names the circle's colour (2 of 2 shuffles right), b's the square's wrong size (2 of 2 wrong)."""
+    data = _questions_data(tmp_path)
+    write_results(tmp_path / "r.json", {"a.png": "a red circle", "b.png": "a small square"})
+    args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(data), "--metrics", "qa",
+            "--judge", "world", "--format", "json"]  # fmt: skip
+    assert cli(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    # per image: a 1.0 right, b 1.0 wrong; means over the 2 images; the world judge answers no question blind
+    assert out["qa/accuracy"] == out["qa/wrong"] == 0.5 and out["qa/cannot_answer"] == 0.0
+    assert out["qa/blind_dropped"] == 0.0
+    # the reward, given the same records, asks the same questions (one order of resolution: pick_questions)
+    from finecap.judges.questions import questions_of
+    from finecap.rewards.qa_utility import QAUtilityReward
+
+    reward = QAUtilityReward(judge=WorldJudge(), questions=questions_of(load_references(load(), data).records))
+    total = reward(["a red circle", "a small square"], {"image_ids": ["a.png", "b.png"]}).total.tolist()
+    assert total == [1.0, 0.0]
+    # the data set's questions and a questions file together: which scores is no silent choice
+    (tmp_path / "q.jsonl").write_text(json.dumps({"image_id": "a.png", "questions": []}) + "\n")
+    assert cli([*args, f"judge.questions={tmp_path / 'q.jsonl'}"]) == 2
+    err = capsys.readouterr().err
+    assert "metric 'qa': the images have questions of their own" in err and "judge.questions" in err
+
+
+def test_eval_out_records_the_judge_that_scored(world, tmp_path, capsys):
+    """The scores file said nothing of the judge behind qa/claims (only --per-image rows named it, and only its name
+    and prompt version): two runs with a noisy and a clean world judge wrote files telling nothing apart. The JSON
+    now holds ``judge``: the judge's identity with the QA settings."""
+    refs = load_references(load(), world, split="test")
+    write_results(tmp_path / "r.json", {r.image_id: r.captions[0] for r in refs.records})
+    base = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world)]
+    args = [*base, "--metrics", "qa,claims", "--judge", "world", "--format", "json", "--out", str(tmp_path / "s.json"),
+            "judge.noise=0.25", "judge.seed=5", "judge.shuffles=3"]  # fmt: skip
+    assert cli(args) == 0
+    printed, written = json.loads(capsys.readouterr().out), json.loads((tmp_path / "s.json").read_text())
+    expected = {"judge": "world", "prompt_version": "world-1", "noise": 0.25, "seed": 5, "shuffles": 3}
+    assert written["judge"] == printed["judge"] == expected
+    assert written == printed and 0 <= written["qa/accuracy"] <= 1
+    # no judge-backed group: no judge key, the scores alone
+    assert cli([*base, "--metrics", "length", "--out", str(tmp_path / "t.json")]) == 0
+    assert set(json.loads((tmp_path / "t.json").read_text())) == {"Length"}

@@ -288,6 +288,28 @@ def test_a_prompts_file_keeping_the_version_but_not_the_words_gets_answers_of_it
         reworded.close()
 
 
+def test_an_answer_of_one_max_tokens_is_not_served_under_another(tmp_path):
+    """An answer cut off under a low ``judge.max_tokens`` may still parse: here the server's answer is "B" when cut
+    at 1 token (the first token of "B) red, the caption says so", which does not parse), "A" given room. Raising the
+    limit asks again instead of serving the cut answer from the cache; the same limit is still answered from it."""
+
+    def by_limit(payload, n):
+        return 200, completion("B" if payload["max_tokens"] == 1 else "A")
+
+    asks = [Ask(Q, OPTIONS, "a red circle")]  # A: blue, B: red
+    with ChatServer(by_limit) as server:
+        cut = judge_of(server, max_tokens=1, cache=AnswerCache(tmp_path / "answers.sqlite"))
+        assert cut.answer(asks) == ["red"] and len(server.requests) == 1
+        cut.close()
+        roomy = judge_of(server, max_tokens=512, cache=AnswerCache(tmp_path / "answers.sqlite"))
+        assert roomy.answer(asks) == ["blue"] and len(server.requests) == 2 and roomy.counts["cache_hits"] == 0
+        roomy.close()
+        again = judge_of(server, max_tokens=1, cache=AnswerCache(tmp_path / "answers.sqlite"))
+        assert again.answer(asks) == ["red"] and len(server.requests) == 2 and again.counts["cache_hits"] == 1
+        again.close()
+    assert cut.identity()["max_tokens"] == 1 and roomy.identity()["max_tokens"] == 512
+
+
 def test_failures_are_not_cached(tmp_path):
     with ChatServer(lambda payload, n: (200, completion("??"))) as server:
         judge = judge_of(server, retries=0, cache=AnswerCache(tmp_path / "a.sqlite"))

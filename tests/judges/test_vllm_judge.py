@@ -71,6 +71,15 @@ def test_answers_are_cached_and_not_asked_again(tmp_path):
     assert AnswerCache(tmp_path / "answers.sqlite") is not None
 
 
+def test_an_answer_of_one_max_tokens_is_not_served_under_another(tmp_path):
+    """``judge.max_tokens`` is part of the cache key: an answer cut off (and parsed) under a low limit is asked again
+    under a higher one."""
+    assert judge_with(StandIn("B"), tmp_path, max_tokens=1).answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+    roomy = StandIn("A")
+    assert judge_with(roomy, tmp_path, max_tokens=512).answer([Ask(Q, OPTIONS, "a red circle")]) == ["blue"]
+    assert len(roomy.seen) == 1
+
+
 def test_a_missing_model_is_named():
     with pytest.raises(ValueError, match="judge.model"):
         get_judge("vllm", load(None, ["judge.name=vllm"]), backend=StandIn())

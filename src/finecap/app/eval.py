@@ -18,7 +18,9 @@ their keys are listed there).
 - Output: only a Markdown table on stdout (``--format table``, default), or only the JSON ``{metric: value}``
   (``--format json``, for scripts), or that JSON with pycocoevalcap's names (``--format coco``:
   ``Bleu_1`` .. ``Bleu_4``, ``METEOR``, ``ROUGE_L``, ``CIDEr``, ``SPICE``, the keys of ``COCOEvalCap.eval``; by
-  default only those five groups). ``--out`` also writes that JSON to a file. ``--per-image FILE`` writes the
+  default only those five groups). ``--out`` also writes that JSON to a file. When a judge-backed group ran
+  (``qa``, ``claims``, ``clair``) the JSON also holds ``judge``: what judged (its name, prompt version, model,
+  ``max_tokens``, noise, seed, shuffles: :func:`finecap.metrics.judged.judge_record`). ``--per-image FILE`` writes the
   per-image scores of the caption metrics as a JSON list of ``{"image_id": id, metric: score, ...}``, one per image
   in the references' order: ``COCOEvalCap.evalImgs`` (the values of ``imgToEval``), with the names of ``--format``.
   What the command says about its work (the notes: metrics left out, images scored, ``wrote FILE``) are INFO records
@@ -53,13 +55,14 @@ import gc
 import logging
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Any, Literal
 
 from finecap.config import Config
 from finecap.data.bags_file import read_bags
 from finecap.data.predictions import read_predictions
 from finecap.data.records import MAX_LISTED, DataError, Record, file_number
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
+from finecap.judges.questions import questions_of
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
 from finecap.metrics.group import metric_group
@@ -257,6 +260,7 @@ def _main(
                 names.append(name)
         for reason, left_out in skipped.items():
             log.info(f"skipping {', '.join(left_out)}: {reason}")
+    about: dict[str, Any] = {}  # what judged the judge-backed scores, written beside them
     result, items = evaluate_items(
         preds,
         refs.captions(),
@@ -266,8 +270,11 @@ def _main(
         bags=bag_data,
         samples=samples,
         instances=objects,
+        # the data set's own questions, which qa reads first as the qa_utility reward does (parsed only for it)
+        questions=questions_of(refs.records) if "qa" in names else None,
         cfg=cfg,
         per_image=per_image is not None,
+        about=about,
     )
     failed = "/judge_failed"
     groups = [k.removesuffix(failed) for k, v in result.items() if k.endswith(failed) and v > 0]
@@ -290,10 +297,11 @@ def _main(
         title = Path(predictions).name
         print(markdown_table({k: {title: v} for k, v in result.items()}, columns=[title], row_header="metric",
                              rules=rules_for(names)))  # fmt: skip
-    else:
-        print(strict_json(result, indent=1))
+    written = {**result, **about}  # the JSON: the scores, and the judge's record ("judge") under them
+    if fmt != "table":
+        print(strict_json(written, indent=1))
     if out is not None:
-        write_output_json(out, result, "scores")
+        write_output_json(out, written, "scores")
         log.info(f"wrote {out}")
     if per_image is not None:
         rows = [{"image_id": i, **{rename(k): v for k, v in s.items()}} for i, s in items.items()]

@@ -1,6 +1,7 @@
 """The judges' answer cache: one SQLite file, ``<finecap home>/cache/judges/answers.sqlite`` by default, keyed by
-the judge's identity (name, model, prompt version), the kind of call, its inputs (caption, question, options) and
-the messages asked, so that a re-run or a resumed run asks nothing twice. SQLite's locking (write-ahead log, a busy
+the judge's identity (name, model, ``judge.max_tokens``, prompt version:
+:meth:`~finecap.judges.base.Judge.identity`), the kind of call, its inputs (caption, question, options) and the
+messages asked, so that a re-run or a resumed run asks nothing twice. SQLite's locking (write-ahead log, a busy
 time-out) makes it safe for several processes at once; a value is written once per key (``INSERT OR IGNORE``), only
 for answers that parsed (failures are never cached). A damaged file (not a database, cut short) is a ``ValueError``
 naming it (:func:`cache_error`). Nothing is ever pruned: the file grows by about 170 bytes a short answer (a QA step

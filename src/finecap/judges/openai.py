@@ -21,11 +21,11 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   ``judge.max_consecutive_failures`` calls in a row reached no server (a judge server down would otherwise leave
   every caption unscored, step after step); every call after that raises too, without a request.
 - **Cache**: every parsed answer is kept (:class:`~finecap.judges.cache.AnswerCache`), keyed by the judge's model,
-  prompt version, the kind of call, its inputs (caption, question, options as presented, ...) and the messages
-  asked (the prompt's words). A call asked again while the same call is in flight (the samples of one image asking
-  for its reference claims at once) waits for that answer rather than asking twice, and the answer kept is the one
-  every caller gets (the first written, when several processes share the cache), so that a re-run from the cache
-  scores as the first run did.
+  ``judge.max_tokens``, prompt version, the kind of call, its inputs (caption, question, options as presented, ...)
+  and the messages asked (the prompt's words). A call asked again while the same call is in flight (the samples of
+  one image asking for its reference claims at once) waits for that answer rather than asking twice, and the answer
+  kept is the one every caller gets (the first written, when several processes share the cache), so that a re-run
+  from the cache scores as the first run did.
 """
 
 from __future__ import annotations
@@ -245,18 +245,19 @@ class OpenAIJudge(Judge):
             for url in urls
         ]  # fmt: skip
         self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency,
-                    max_consecutive_failures=max_consecutive_failures)  # fmt: skip
+                    max_tokens=max_tokens, max_consecutive_failures=max_consecutive_failures)  # fmt: skip
 
     def _start(self, model: str, backends: list[Any], *, prompts: str | Path | None, cache: AnswerCache | None,
-               retries: int, concurrency: int, max_consecutive_failures: int = 10) -> None:  # fmt: skip
-        """What every judge over chat backends holds: its prompts (and their version), the model's name, the
-        backends it asks in turn, the cache, the retries of an unparsable answer, the requests in flight and the
-        count of calls in a row that reached no server."""
+               retries: int, concurrency: int, max_tokens: int,
+               max_consecutive_failures: int = 10) -> None:  # fmt: skip
+        """What every judge over chat backends holds: its prompts (and their version), the model's name, the most
+        tokens of an answer, the backends it asks in turn, the cache, the retries of an unparsable answer, the
+        requests in flight and the count of calls in a row that reached no server."""
         if max_consecutive_failures < 1:
             raise ValueError(f"judge.max_consecutive_failures must be >= 1, got {max_consecutive_failures}")
         self.prompts = load_prompts(prompts)
         self.prompt_version = self.prompts["version"]
-        self.model, self.retries, self.concurrency = model, retries, concurrency
+        self.model, self.retries, self.concurrency, self.max_tokens = model, retries, concurrency, max_tokens
         self.backends = backends
         self.cache = cache
         self.max_consecutive_failures = max_consecutive_failures
@@ -267,7 +268,11 @@ class OpenAIJudge(Judge):
         self._unavailable = ""  # why the judge is unavailable, once the streak reached its limit
 
     def identity(self) -> dict[str, Any]:
-        return {**super().identity(), "model": self.model}
+        """The judge's name and prompt version, the model's name and ``judge.max_tokens``: an answer cut off under a
+        low limit may still parse (a letter, where the full answer goes on and would not), so an answer of one limit
+        is never served to another. Decoding is greedy (temperature 0) for every judge, so no temperature or seed is
+        part of it; the prompts' words are, through the messages of each call's key (:meth:`_call`)."""
+        return {**super().identity(), "model": self.model, "max_tokens": self.max_tokens}
 
     def _count(self, key: str) -> None:
         with self._lock:

@@ -23,6 +23,7 @@ import random
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from finecap.judges.base import CANNOT_ANSWER, Question
 from finecap.utils.reading import text_lines
@@ -181,6 +182,53 @@ def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
         questions.extend([question_of(q, image_id, start + n, where) for n, q in enumerate(row["questions"])])
         check_unique_ids(questions, image_id, where)
     return out
+
+
+def questions_of(records: Sequence[Any]) -> dict[Hashable, list[Question]] | None:
+    """The questions a data set gives its images (``Record.questions``: a JSONL line's or chat record's
+    ``questions``, an ``hf`` column), parsed (:func:`question_of`); ``None`` when no record gives any."""
+    if not any(getattr(r, "questions", None) for r in records):
+        return None
+    out = {}
+    for r in records:
+        if r.questions:
+            where = f"data: image {r.image_id!r}"
+            out[r.image_id] = [question_of(q, r.image_id, n, where) for n, q in enumerate(r.questions)]
+            check_unique_ids(out[r.image_id], r.image_id, "data")
+    return out
+
+
+def pick_questions(
+    given: Mapping[Hashable, Sequence[Question]] | None,
+    questions_file: str | Path,
+    scenes: Mapping[Hashable, Scene] | None,
+    who: str,
+) -> Mapping[Hashable, Sequence[Question]] | None:
+    """The questions QA utility asks, in the one order the ``qa_utility`` reward and the ``qa`` metric share: the
+    data set's own (``given``: :func:`questions_of` of its records, or a caller's ``questions=``), else the
+    questions file ``questions_file`` (``judge.questions``), else made from the world's ``scenes``; ``None`` when
+    there are none of the three. Both ``given`` and a file is a ``ValueError`` naming ``who``: which of two sets of
+    questions scores the captions would otherwise be a silent choice.
+
+    Example::
+
+        >>> q = Question("7/0", "Colour?", ("red", "blue"), "red")
+        >>> pick_questions({7: [q]}, "", None, "metric 'qa'") == {7: [q]}
+        True
+        >>> pick_questions(None, "", None, "metric 'qa'") is None
+        True
+    """
+    if questions_file:
+        if given is not None:
+            raise ValueError(f"{who}: the images have questions of their own (the data set's 'questions', or "
+                             f"questions= given) and judge.questions names a questions file ({questions_file}); "
+                             "give one of the two")  # fmt: skip
+        return read_questions(questions_file)
+    if given is not None:
+        return given
+    if scenes is not None:
+        return {i: scene_questions(i, s) for i, s in scenes.items()}
+    return None
 
 
 def check_unique_ids(questions: Sequence[Question], image_id: Hashable, where: str) -> None:

@@ -62,7 +62,8 @@ class VllmJudge(OpenAIJudge):
                                   temperature=0.0, seed=seed, key="judge.name=vllm: judge.model",
                                   refuse_cut_off=False)  # fmt: skip
         self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, is asked again
-        self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1)
+        self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1,
+                    max_tokens=max_tokens)  # fmt: skip
 
     def identity(self) -> dict[str, Any]:
         """The ``openai`` judge's, with what identifies the model's files as boost's vLLM backend keys its cache

@@ -17,6 +17,7 @@ from finecap.utils.closing import close_all
 if TYPE_CHECKING:
     from finecap.config import Config
     from finecap.data.records import Record
+    from finecap.judges.base import Question
     from finecap.world.scene import Scene
 
 
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 class EvalContext:
     """What a metric group's ``compute`` gets: the evaluation's inputs (``predictions`` ``{image id: caption}``,
     ``references``, ``images``, ``scenes``, ``bags``, ``samples``, ``instances`` (``{image id: annotated object
-    categories}`` of a COCO instances file, :func:`finecap.metrics.hallucination.read_instances`): None when not
+    categories}`` of a COCO instances file, :func:`finecap.metrics.hallucination.read_instances`), ``questions``
+    (``{image id: [Question]}``, the data set's own: :func:`finecap.judges.questions.questions_of`): None when not
     given; read them with :meth:`need`, which says what is missing), the configuration ``cfg``, the group names
     ``requested`` together, and the values the groups share, computed once: PTB-tokenised text
     (:meth:`tok_predictions`, :meth:`tok_references`), the retriever and its caption-image scores. A group records
@@ -39,8 +41,10 @@ class EvalContext:
     bags: dict[int, list[list[Hashable]]] | None = None
     samples: dict[Hashable, list[str]] | None = None
     instances: Mapping[Hashable, frozenset[str]] | None = None
+    questions: Mapping[Hashable, Sequence[Question]] | None = None
     requested: tuple[str, ...] = ()
     items: dict[Hashable, dict[str, float]] | None = None  # per-image scores, when asked for (evaluate_items)
+    about: dict[str, Any] = field(default_factory=dict)  # what made the scores, beyond cfg: the judge (evaluate_items)
     cache: dict[str, Any] = field(default_factory=dict)
     opened: list[Any] = field(default_factory=list)  # what the groups opened and the evaluation closes (a judge)
 

@@ -6,14 +6,18 @@ Reported (corpus values are means over images; per-image values under the same k
 
 - ``qa/accuracy``, ``qa/cannot_answer``, ``qa/wrong``: shares of the asks (questions x ``judge.shuffles``) answered
   right, "cannot answer", wrongly (:mod:`finecap.judges.qa`); ``qa/blind_dropped``: the share of questions dropped
-  because a blind judge answers them (corpus only). Questions: ``judge.questions`` (a questions file), else made
-  from the world's scene graphs.
+  because a blind judge answers them (corpus only). Questions: the data set's own (its records' ``questions``),
+  else ``judge.questions`` (a questions file), else made from the world's scene graphs: the order of the
+  ``qa_utility`` reward (:func:`finecap.judges.questions.pick_questions`); the data set's and a file together are
+  refused.
 - ``claims/precision``, ``claims/recall``, ``claims/f1`` (:mod:`finecap.judges.claims`): evidence the references
   and, on the world, the scene graph.
 - ``clair/score``: the judge's 0-100 score; per image also ``clair/reason``, the judge's words.
 - ``<group>/judge_failed``: images whose judge calls failed after the retries, left out of the means (a count).
 
-Each image's row of ``--per-image`` also names the ``judge`` and its ``judge/prompt_version``.
+Each image's row of ``--per-image`` also names the ``judge`` and its ``judge/prompt_version``; the evaluation's
+``about["judge"]`` holds the whole of what judged (:func:`judge_record`), which ``finecap eval`` writes under the key
+``judge`` of its JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from finecap.metrics.faithfulness import scene_of
 from finecap.metrics.group import Column, MetricGroup
 
 if TYPE_CHECKING:
+    from finecap.config import Config
     from finecap.judges.base import Judge
     from finecap.metrics.context import EvalContext
 
@@ -35,12 +40,30 @@ log = logging.getLogger(__name__)
 
 
 def _judge(ctx: EvalContext) -> Judge:
-    """The evaluation's judge (``judge.*`` of its configuration), made once for the groups that ask it."""
+    """The evaluation's judge (``judge.*`` of its configuration), made once for the groups that ask it; what it is
+    goes to ``ctx.about["judge"]`` (:func:`judge_record`)."""
     if "judge" not in ctx.cache:
         from finecap.judges import get_judge
 
         ctx.cache["judge"] = ctx.own(get_judge(ctx.cfg.judge.name, ctx.cfg))
+        ctx.about["judge"] = judge_record(ctx.cache["judge"], ctx.cfg)
     return ctx.cache["judge"]
+
+
+def judge_record(judge: Judge, cfg: Config) -> dict[str, Any]:
+    """What a results file says of the judge behind its judge-backed scores: the judge's identity (its name, prompt
+    version and what else decides its answers: the model and ``judge.max_tokens``, the world judge's ``noise`` and
+    ``seed``; :meth:`~finecap.judges.base.Judge.identity`) with the QA settings of every judge, ``shuffles`` and the
+    option shuffles' ``seed`` (``judge.*``).
+
+    Example::
+
+        >>> from finecap.config import load
+        >>> from finecap.judges.world import WorldJudge
+        >>> judge_record(WorldJudge(noise=0.1, seed=3), load(None, ["judge.seed=3"]))
+        {'judge': 'world', 'prompt_version': 'world-1', 'noise': 0.1, 'seed': 3, 'shuffles': 2}
+    """
+    return {**judge.identity(), "shuffles": cfg.judge.shuffles, "seed": cfg.judge.seed}
 
 
 def _subjects(ctx: EvalContext, group: str, need_references: bool) -> list[Subject]:
@@ -77,14 +100,16 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
 
 def _qa(ctx: EvalContext) -> dict[str, float]:
     from finecap.judges.qa import drop_blind, qa_scores
-    from finecap.judges.questions import read_questions, scene_questions
+    from finecap.judges.questions import pick_questions
 
     judge, j = _judge(ctx), ctx.cfg.judge
-    if j.questions:
-        questions = read_questions(j.questions)
-    else:
-        scenes = ctx.need("scenes", "qa", "questions come from judge.questions (a questions file) or a world's scenes")
-        questions = {i: scene_questions(i, s) for i in ctx.predictions if (s := scene_of(i, scenes)) is not None}
+    scenes = None  # of the predicted images alone: questions are made for them only
+    if ctx.scenes is not None:
+        scenes = {i: s for i in ctx.predictions if (s := scene_of(i, ctx.scenes)) is not None}
+    questions = pick_questions(ctx.questions, j.questions, scenes, "metric 'qa'")
+    if questions is None:
+        raise ValueError("metric 'qa' needs questions: the data set's own (a 'questions' field of its records), "
+                         "judge.questions (a questions file) or a world's scenes")  # fmt: skip
     mine = {i: scene_of(i, questions) for i in ctx.predictions}
     missing = [i for i, qs in mine.items() if not qs]
     if missing:
@@ -135,11 +160,11 @@ def _clair(ctx: EvalContext) -> dict[str, float]:
 
 
 FAILED = Column("*/judge_failed", "lower", count=True)
-QA = MetricGroup("qa", _qa,  # reads a world's scenes or judge.questions: checked when it runs
+QA = MetricGroup("qa", _qa,  # reads the data's questions, judge.questions or a world's scenes: checked when it runs
                  columns=(FAILED, Column("qa/wrong", "lower"), Column("qa/cannot_answer", None),
                           Column("qa/blind_dropped", None), Column("qa/accuracy", "higher")))  # fmt: skip
-"""QA utility through the judge (its questions from judge.questions or the world's scene graphs): right answers
-are better, wrong ones worse; "cannot answer" and the share of blind-answerable questions have no better
+"""QA utility through the judge (its questions the data set's, judge.questions or the world's scene graphs): right
+answers are better, wrong ones worse; "cannot answer" and the share of blind-answerable questions have no better
 direction."""
 CLAIMS = MetricGroup("claims", _claims, reads=frozenset({"references"}),
                      columns=(FAILED, Column("claims/*", "higher")))  # fmt: skip

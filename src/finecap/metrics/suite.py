@@ -94,6 +94,7 @@ from finecap.registry import METRIC_GROUPS, is_dotted_path
 if TYPE_CHECKING:
     from finecap.config import Config
     from finecap.data.records import Record
+    from finecap.judges.base import Question
     from finecap.world.scene import Scene
 
 Predictions = Mapping[Hashable, str]
@@ -162,11 +163,16 @@ def evaluate_items(
     bags: Mapping[int, Sequence[Sequence[Hashable]]] | Sequence[Sequence[Hashable]] | None = None,
     samples: Mapping[Hashable, Sequence[str]] | None = None,
     instances: str | Path | Mapping[Hashable, frozenset[str]] | None = None,
+    questions: Mapping[Hashable, Sequence[Question]] | None = None,
     cfg: Config | None = None,
     per_image: bool = True,
+    about: dict[str, Any] | None = None,
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
     """:func:`evaluate`, and the per-image scores ``{image_id: {metric key: score}}`` of the groups that have them
     (the caption metrics; module docstring), in the order of ``predictions`` (``{}`` with ``per_image=False``).
+    ``about``, when given, is filled with what made the scores beyond ``cfg``: ``about["judge"]``, when a
+    judge-backed group ran, the judge's record (:func:`finecap.metrics.judged.judge_record`: name, model, noise,
+    seed, shuffles, ...), which ``finecap eval`` writes beside the scores.
 
     Example::
 
@@ -204,6 +210,7 @@ def evaluate_items(
         bags={int(s): [list(b) for b in v] for s, v in bags.items()} if bags is not None else None,
         samples=caption_lists(samples, "samples") if samples is not None else None,
         instances=instances,
+        questions=questions,
         requested=tuple(names),
         items={i: {} for i in predictions} if per_image else None,
     )
@@ -213,6 +220,8 @@ def evaluate_items(
             out.update({k: float(v) for k, v in group.compute(ctx).items()})
     finally:
         ctx.close()
+    if about is not None:
+        about.update(ctx.about)
     return out, ctx.items if ctx.items is not None else {}
 
 
@@ -245,6 +254,10 @@ def evaluate() -> dict[str, float]:
         samples: ``{image_id: [sampled captions]}`` for ``diversity`` (every predicted image needs its own).
         instances: a COCO ``instances_*.json`` (or its ``{image_id: categories}``,
             :func:`finecap.metrics.hallucination.read_instances`) for ``hallucination``; default ``eval.instances``.
+        questions: ``{image_id: [Question]}``, the data set's own questions
+            (:func:`finecap.judges.questions.questions_of` of its records) for ``qa``, read before ``judge.questions``
+            and the scenes, as the ``qa_utility`` reward reads them (:func:`finecap.judges.questions.pick_questions`).
+        about: a dict filled with what made the scores beyond ``cfg`` (:func:`evaluate_items`: the judge).
         cfg: configuration (``eval.*``, ``run.cache_dir``, ``retriever.*``); default: the defaults.
 
     Returns:

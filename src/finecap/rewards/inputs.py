@@ -40,22 +40,6 @@ def references_of(records: Sequence[Any]) -> dict[Hashable, list[str]]:
     return refs
 
 
-def questions_of(records: Sequence[Any]) -> dict[Hashable, list[Any]] | None:
-    """The questions the data set gives its images (``Record.questions``, a JSONL line's ``questions``), parsed
-    (:func:`finecap.judges.questions.question_of`); ``None`` when no record gives any."""
-    if not any(getattr(r, "questions", None) for r in records):
-        return None
-    from finecap.judges.questions import check_unique_ids, question_of
-
-    out = {}
-    for r in records:
-        if r.questions:
-            where = f"data: image {r.image_id!r}"
-            out[r.image_id] = [question_of(q, r.image_id, n, where) for n, q in enumerate(r.questions)]
-            check_unique_ids(out[r.image_id], r.image_id, "data")
-    return out
-
-
 @dataclass
 class RewardInputs:
     """The data a reward is set up with (every field optional; a reward that misses one it needs says so).
@@ -69,8 +53,9 @@ class RewardInputs:
         scenes: ``{image_id: Scene}``, the world's scene graphs (the listener; CHAIR's ground truth on the world).
         objects: ``{image_id: annotated categories}`` (CHAIR outside a run).
         questions: ``{image_id: [Question]}``, multiple-choice questions (:class:`finecap.judges.base.Question`) about
-            each image (``qa_utility``; in a run the data set's own (:func:`questions_of` of the training records),
-            else ``judge.questions`` or the world's scene graphs are read by the reward).
+            each image (``qa_utility``; in a run the data set's own (:func:`finecap.judges.questions.questions_of` of
+            the training records), else ``judge.questions`` or the world's scene graphs are read by the reward:
+            :func:`finecap.judges.questions.pick_questions`).
         gather: ``gather(tensor) -> tensor`` over processes, for a reward scoring against the global batch (the
             accelerator's; the identity outside a multi-process run).
         device: where set-up models and tables compute (``None``: leave a given model where it is; the CPU).
@@ -114,6 +99,8 @@ class RewardInputs:
             from finecap.models.retriever import load_retriever
 
             retriever = load_retriever(cfg, device=given.get("device"))  # where the retrieval reward runs it
+        from finecap.judges.questions import questions_of
+
         given.setdefault("questions", questions_of(records))
         return cls(references=references_of(records), records=records, scenes=world_scenes(cfg), retriever=retriever,
                    cache_dir=cache_dir(cfg.run), **given)  # fmt: skip

@@ -1,12 +1,14 @@
 """QA utility (CapRL's reward): how many of an image's multiple-choice questions a text-only judge answers right from
 the caption alone.
 
-Per image a set of questions (:class:`~finecap.judges.base.Question`), read in ``setup(inputs)``: ``inputs.questions``
-(outside a run: ``questions={image_id: [Question]}``), else the questions file ``judge.questions`` (CapRL's layout,
-:mod:`finecap.judges.questions`), else made from the world's scene graphs (``inputs.scenes``;
-:func:`finecap.judges.questions.scene_questions`). The judge is the ``judge`` setting (a
-:class:`~finecap.judges.base.Judge` or a judge name) or the run's ``judge`` section. Each question is asked ``k`` times
-(``judge.shuffles``), its options shuffled each time, :data:`~finecap.judges.base.CANNOT_ANSWER` last. At set-up
+Per image a set of questions (:class:`~finecap.judges.base.Question`), read in ``setup(inputs)`` in the order the
+``qa`` metric reads them too (:func:`finecap.judges.questions.pick_questions`): ``inputs.questions`` (in a run the
+data set's own; outside one ``questions={image_id: [Question]}``), else the questions file ``judge.questions``
+(CapRL's layout, :mod:`finecap.judges.questions`; with questions of the data set too, refused), else made from the
+world's scene graphs (``inputs.scenes``; :func:`finecap.judges.questions.scene_questions`). The judge is the
+``judge`` setting (a :class:`~finecap.judges.base.Judge` or a judge name) or the run's ``judge`` section. Each
+question is asked ``k`` times (``judge.shuffles``), its options shuffled each time,
+:data:`~finecap.judges.base.CANNOT_ANSWER` last. At set-up
 every question is also asked blind (no caption) in its ``k`` orders; a question the blind judge answers right in all
 ``k`` is dropped (it pays for nothing the caption says), and the share dropped is reported
 (:attr:`QAUtilityReward.blind`). In a run (``inputs.records``, the training images) a training image left with no
@@ -37,7 +39,7 @@ import torch
 
 from finecap.judges.base import Judge, JudgeFailed, Question
 from finecap.judges.qa import drop_blind, qa_scores
-from finecap.judges.questions import read_questions, scene_questions
+from finecap.judges.questions import pick_questions
 from finecap.metrics.faithfulness import scene_of
 from finecap.rewards.base import caption_rows
 from finecap.rewards.judged import JudgedReward, judged_output
@@ -96,12 +98,12 @@ class QAUtilityReward(JudgedReward):
         """The one set-up step: take the judge, make or take the questions, drop the blind-answerable ones; returns
         the questions before the drop."""
         self.judge = judge
+        questions = pick_questions(questions, "", scenes, "qa_utility")
         if questions is None:
-            if scenes is None:
-                raise ValueError("qa_utility: no questions; outside a training run give questions={image_id: "
-                                 "[Question]} or scenes= (world=); in a run set judge.questions=<questions file> or "
-                                 "train on the world (questions from its scene graphs)")  # fmt: skip
-            questions = {i: scene_questions(i, s) for i, s in scenes.items()}
+            raise ValueError("qa_utility: no questions; outside a training run give questions={image_id: "
+                             "[Question]} or scenes= (world=); in a run give the data set's images questions, set "
+                             "judge.questions=<questions file> or train on the world (questions from its scene "
+                             "graphs)")  # fmt: skip
         self.questions, self.blind = drop_blind(judge, questions, self.shuffles, self.seed, refuse="qa_utility")
         return questions
 
@@ -140,14 +142,9 @@ class QAUtilityReward(JudgedReward):
         """The judge and the questions (module docstring), once; the blind asks are made here."""
         if self.questions is not None:
             return
-        questions = inputs.questions
-        if self.questions_file:
-            if questions is not None:
-                raise ValueError("qa_utility: give questions={image_id: [Question]} or a questions file "
-                                 "(judge.questions), not both")  # fmt: skip
-            questions = read_questions(self.questions_file)
+        questions = pick_questions(inputs.questions, self.questions_file, inputs.scenes, "qa_utility")
         judge = self._resolve(self.judge, self.cfg, "qa_utility")
-        asked = self.prepare(judge, questions, inputs.scenes if questions is None else None)
+        asked = self.prepare(judge, questions, None)
         if inputs.records is not None:  # a run: its training images
             self.check_covers([r.image_id for r in inputs.records], asked)
 
