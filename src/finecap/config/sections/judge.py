@@ -39,7 +39,9 @@ class JudgeConfig(Section, name="judge"):
     )
     cache: bool = doc(True, "Keep every answer in <finecap home>/cache/judges, so a re-run asks nothing twice.")
     questions: str = doc(
-        "", "qa_utility: questions file (JSON Lines, CapRL's layout); empty: from the world's scenes."
+        "",
+        "qa_utility, qa: questions file (JSON Lines, CapRL's layout), used where the data set holds none of its own "
+        "(both at once are refused); empty: the data set's, else the world's scenes.",
     )
     shuffles: int = doc(
         2, "qa: times each question is asked with its options shuffled.", ge=1, le=64, why="each is a judge call"
