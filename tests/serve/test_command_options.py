@@ -146,3 +146,32 @@ def test_the_servers_log_lines_say_when_in_utc(monkeypatch, capsys):
 
     when = datetime.datetime.strptime(lines[0][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
     assert abs((datetime.datetime.now(datetime.UTC) - when).total_seconds()) < 60  # UTC, not the local time
+
+
+def test_uvicorns_own_lines_have_the_servers_format_and_time(capsys):
+    # uvicorn's own logger ("uvicorn.error") printed through its own handler: 'WARNING:  Invalid HTTP request
+    # received.' with no time, amid the server's stamped lines
+    import socket
+
+    from finecap.app.cli import configured_logging
+    from finecap.rewards.cider import CiderReward
+    from finecap.serve.service import ImageTable, RewardService
+    from helpers.served import serving
+    from helpers.waiting import until
+
+    service = RewardService(CiderReward({1: ["a b"]}), ImageTable([1]), log_every=0, name="cider")
+    said: list[str] = []
+
+    def heard(words: str) -> bool:
+        said.extend(capsys.readouterr().err.splitlines())
+        return any(words in line for line in said)
+
+    with configured_logging(timestamps=True), serving(service) as url:
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as garbage:
+            garbage.sendall(b"NOT HTTP\r\n\r\n")
+            assert garbage.recv(1024).startswith(b"HTTP/1.1 400")
+        until(lambda: heard("Invalid HTTP request received."), "uvicorn's warning was not logged", timeout=10)
+    heard("")
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+    assert any(re.fullmatch(rf"{stamp} warning: Invalid HTTP request received\.", line) for line in said), said
+    assert all(re.match(rf"{stamp} ", line) for line in said), said

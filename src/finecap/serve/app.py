@@ -377,6 +377,27 @@ def health_only(app: Callable[..., Awaitable[None]], cap: int) -> Callable[..., 
     return guarded
 
 
+class ToFinecapLog(logging.Handler):
+    """The handler of uvicorn's own loggers (``uvicorn.error``: "Invalid HTTP request received.", "Exception in ASGI
+    application"): their records go through finecap's logger (this module's), so that they get the handlers, the level
+    and the format of the server's other lines (``finecap serve-reward``: its UTC time first), never uvicorn's own
+    ``WARNING:  ...`` lines on stderr (:data:`UVICORN_LOGGING`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if log.isEnabledFor(record.levelno):
+            log.handle(record)
+
+
+UVICORN_LOGGING: dict[str, Any] = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"finecap": {"()": ToFinecapLog}},
+    "loggers": {"uvicorn": {"handlers": ["finecap"], "level": "WARNING", "propagate": False}},
+}
+"""uvicorn's ``log_config`` (:func:`make_server`): its loggers to finecap's (:class:`ToFinecapLog`), warnings and
+above (uvicorn's ``log_level`` "warning"); no access log."""
+
+
 SHUTDOWN_GRACE = 30
 """Seconds a stopping server gives the requests in flight (uvicorn's graceful-shutdown timeout)."""
 
@@ -541,9 +562,9 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
         "header_timeout": connections.header_timeout, "write_timeout": connections.write_timeout,
         "cap": connections.connection_cap()})  # fmt: skip
     app = create_app(service, host=host, token=token, connections=connections, allowed_hosts=allowed_hosts)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE, backlog=BACKLOG, http=protocol,
-                            ws="none")  # fmt: skip
+    config = uvicorn.Config(app, host=host, port=port, log_config=UVICORN_LOGGING, log_level="warning",
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=SHUTDOWN_GRACE,
+                            backlog=BACKLOG, http=protocol, ws="none")  # fmt: skip
     server = Server(config)
     server.service = service
 
