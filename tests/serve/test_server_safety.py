@@ -53,6 +53,8 @@ class Words:
         if "huge-total" in captions:  # finite in float64, beyond float32's range (3.4e38): inf as float32
             total = total.double()
             total[captions.index("huge-total")] = 1e39
+        if "unscored" in captions:  # a judge that failed on it
+            return RewardOutput(total, {"length": total}, failed=torch.tensor([c == "unscored" for c in captions]))
         return RewardOutput(total, {"length": total})
 
 
@@ -166,6 +168,7 @@ def test_a_reward_failing_on_every_request_logs_its_traceback_once_per_period(ca
     now = [1000.0]
     svc = service()
     svc.failures.clock = lambda: now[0]
+    svc.failures.line_every = 0  # a line each between the tracebacks (their own bound: the next test)
     with caplog.at_level(logging.ERROR, logger="finecap.serve.service"), serving(svc) as url:
         for k in range(5):
             now[0] += 1.0
@@ -185,7 +188,49 @@ def test_a_reward_failing_on_every_request_logs_its_traceback_once_per_period(ca
     assert said[4][0] == "reward server: words failed on request #5 (1 captions)"
     assert said[5][0] == ("reward server: words failed on request #6 (1 captions) (the same failure 3 more time(s) "
                           "since its last traceback)")  # fmt: skip
-    assert health["requests"] == 6  # every failed request counted
+    assert health["requests"] == health["failures"] == 6  # every failed request counted
+
+
+def test_repeated_non_finite_values_502s_and_server_errors_are_bounded_lines(caplog, monkeypatch):
+    # a non-finite value, /get_reward's 502 and the server's own error logged a line (the last a traceback) on every
+    # request, however many: a trainer asking 100 times a second for days filled the log
+    import finecap.serve.app
+
+    def broken_reply(request, out):
+        raise RuntimeError("a bug of the server's")
+
+    monkeypatch.setattr(finecap.serve.app, "finecap_reply", broken_reply)  # POST /reward's reply: the server's bug
+    now = [1000.0]
+    svc = service()
+    svc.failures.clock = lambda: now[0]
+    asks = [("/reward", {"captions": ["a b", "nan-part"], "image_ids": [1, 2]}, 500),  # a non-finite value
+            ("/get_reward", {"query": ["a b", "unscored"], "labels": [1, 2]}, 502),  # a caption its judge failed on
+            ("/reward", OK, 500)]  # the server's own error  # fmt: skip
+    with caplog.at_level(logging.WARNING), serving(svc) as url:
+        for seconds in (1.0, 1.0, 1.0, 9.0):  # four rounds of the three: the last 12 s after the first
+            now[0] += seconds
+            for path, body, status in asks:
+                assert httpx.post(f"{url}{path}", json=body, timeout=5).status_code == status
+        health = httpx.get(f"{url}/health", timeout=5).json()
+    said = [(r.levelno, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    # each kind: its full report at 1001 s; its next two repeats (1002, 1003 s) counted, unsaid; the fourth (1012 s,
+    # 11 s after its full report) one line, with the count since
+    assert len(said) == 6, said
+    nan_first, get_first, bug_first, nan_line, get_line, bug_line = said
+    assert nan_first[0] == logging.ERROR and not nan_first[2]
+    assert nan_first[1].startswith("reward server: request #1: reward 'words': part 'length' is nan at caption 1")
+    assert get_first[0] == logging.WARNING and not get_first[2]
+    assert get_first[1].startswith("reward server: POST /get_reward: the reward words could not score 1 of 2 captions "
+                                   "(query[1])")  # fmt: skip
+    assert bug_first == (logging.ERROR, "reward server: POST /reward failed", True)  # the traceback, once
+    assert nan_line[1].startswith("reward server: request #10: reward 'words': part 'length' is nan")  # 3 a round
+    assert nan_line[1].endswith("(the same failure 3 time(s) since its full report 11 s ago; the next full report "
+                                "in 589 s at most)")  # fmt: skip
+    assert get_line[0] == logging.WARNING and "(the same failure 3 time(s) since its full report 11 s" in get_line[1]
+    assert bug_line == (logging.ERROR, "reward server: POST /reward failed: RuntimeError: a bug of the server's (the "
+                        "same failure 3 time(s) since its traceback 11 s ago; the next traceback in 589 s at most)",
+                        False)  # fmt: skip
+    assert health["failures"] == 12 and health["requests"] == 12  # every failure counted, said or not
 
 
 @pytest.mark.parametrize(("caption", "part"), [("nan-part", "part 'length' is nan"), ("inf-total", "total is inf"),

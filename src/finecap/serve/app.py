@@ -9,8 +9,10 @@ Endpoints:
 - ``POST /get_reward``: OpenRLHF's and CapRL's (:func:`finecap.serve.protocol.parse_get_reward`) ->
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
 - ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "requests": ..., "captions": ..., "queued": ...,
-  "busy": ...}``: the requests answered and their captions, the requests waiting for the reward, and the seconds its
-  current call has run (0 when idle): a call that hangs shows there (:attr:`RewardService.busy_for`).
+  "busy": ..., "failures": ...}``: the requests answered and their captions, the requests waiting for the reward, the
+  seconds its current call has run (0 when idle): a call that hangs shows there (:attr:`RewardService.busy_for`), and
+  the requests answered 500 or 502 for a fault of the reward or the server (each logged, a kind's repeats bounded:
+  :class:`~finecap.serve.service.RepeatedFailures`).
 
 A caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that failed) is never a
 number a trainer would pay: ``/reward`` answers it ``null`` in ``total`` and in every part, and the reply then says
@@ -293,10 +295,11 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                 return _json({"error": {"field": None, "message": str(e)}}, 500)
             except FailedCaptions as e:  # /get_reward: a judge failed on some of its captions (openrlhf_reply)
                 message = f"the reward {service.name} {e}; ask again, or ask /reward, which answers them null"
-                log.warning("reward server: %s %s: %s", request.method, request.url.path, message)
+                service.failures.log(e, f"reward server: {request.method} {request.url.path}: {message}",
+                                     level=logging.WARNING, trace=False)  # fmt: skip
                 return _json({"error": {"field": None, "message": message}}, 502)
-            except Exception:  # noqa: BLE001 - a bug of the server's: logged, answered without its text
-                log.exception("reward server: %s %s failed", request.method, request.url.path)
+            except Exception as e:  # noqa: BLE001 - a bug of the server's: logged, answered without its text
+                service.failures.log(e, f"reward server: {request.method} {request.url.path} failed")
                 return _json({"error": {"field": None, "message": "internal error; the server's log has it"}}, 500)
 
         return handle
@@ -309,7 +312,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
         meter = service.meter
         return _json({"status": "ok", "reward": service.name, "images": len(service.images),
                       "requests": meter.total_requests, "captions": meter.total_captions, "queued": service.queued,
-                      "busy": round(service.busy_for, 3)})  # fmt: skip
+                      "busy": round(service.busy_for, 3), "failures": service.failures.total})  # fmt: skip
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         """404 / 405 as a JSON error, with Starlette's headers (a 405's ``Allow``: the methods the path takes)."""

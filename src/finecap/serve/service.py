@@ -32,9 +32,11 @@ requests.
   (none after :meth:`RewardService.abandon`), then abandoned to its daemon thread (:class:`DaemonThreads`), so
   that a hung call never keeps the server from stopping.
 - **Repeated failures.** A reward that fails on every request (a judge's endpoint gone for days) logs the traceback
-  of each kind of failure (its exception type and the code it passed through) once, then one line a failed request
-  with the count since, and the traceback again every :data:`FULL_TRACEBACK_EVERY` seconds
-  (:class:`RepeatedFailures`); every failed request is still answered 500 and counted in ``/health``'s ``requests``.
+  of each kind of failure (its exception type and the code it passed through) once, then one line at most every
+  :data:`REPEAT_LINE_EVERY` seconds with the count since, and the traceback again every
+  :data:`FULL_TRACEBACK_EVERY` seconds (:class:`RepeatedFailures`); a non-finite value, the ``/get_reward`` 502s
+  and the server's own errors alike. Every failed request is still answered 500 (or 502) and counted in
+  ``/health``'s ``failures``.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
   line (and one at the end).
@@ -240,45 +242,66 @@ class CallCheck:
 
 FULL_TRACEBACK_EVERY = 600.0
 """Seconds between two full tracebacks of the same failure of a reward (:class:`RepeatedFailures`)."""
+REPEAT_LINE_EVERY = 10.0
+"""Seconds between two lines of the same failure between its tracebacks (:class:`RepeatedFailures`)."""
 
 
 class RepeatedFailures:
-    """The log of a reward's failures, bounded (module docstring, "Repeated failures"): a failure of a kind not seen
+    """The log of the failed requests, bounded (module docstring, "Repeated failures"): a failure of a kind not seen
     for ``every`` seconds (its exception type and the lines of code its traceback passed through; not its message,
-    which may name the request) is logged with its traceback; the others in between are one line each, with the
-    first line of their message and the count since that traceback. At most ``kinds`` kinds are remembered (the
-    oldest forgotten first), so that failures of ever-new kinds cannot grow it.
+    which may name the request) is logged in full (with its traceback, unless ``trace=False``); the others in between
+    are one line at most every ``line_every`` seconds for each kind, with the first line of their message and the
+    count since that full report, which counts every failure. At most ``kinds`` kinds are remembered (the oldest
+    forgotten first), so that failures of ever-new kinds cannot grow it. One home for every failed request of the
+    server: the reward's exceptions and non-finite values (:class:`RewardService`), the ``/get_reward`` 502s and the
+    server's own errors (:mod:`finecap.serve.app`); :attr:`total` counts them all (``/health``'s ``failures``).
 
     Args:
-        every: seconds between two tracebacks of one kind.
+        every: seconds between two full reports of one kind.
         kinds: kinds of failure remembered at most.
         clock: the time in seconds (``time.monotonic``; a test's own clock).
+        line_every: seconds between two lines of one kind between its full reports (0: a line each).
     """
 
     def __init__(self, every: float = FULL_TRACEBACK_EVERY, kinds: int = 256,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        self.every, self.kinds, self.clock = every, kinds, clock
-        self._seen: OrderedDict[tuple, list] = OrderedDict()  # kind -> [time of its traceback, repeats since]
+                 clock: Callable[[], float] = time.monotonic,
+                 line_every: float = REPEAT_LINE_EVERY) -> None:  # fmt: skip
+        self.every, self.kinds, self.clock, self.line_every = every, kinds, clock, line_every
+        self.total = 0
+        """Failures logged here since the start, said or not."""
+        self._seen: OrderedDict[tuple, list] = OrderedDict()  # kind -> [time of its full report, repeats, last line]
+        self._lock = threading.Lock()  # the worker thread and the event loop both log here
 
-    def log(self, error: BaseException, what: str) -> None:
-        """Log ``error`` (raised by the reward, ``what``: the failed call in words) at error level."""
+    def log(self, error: BaseException, what: str, *, level: int = logging.ERROR, trace: bool = True) -> None:
+        """Log ``error`` (``what``: the failed request in words) at ``level``: with its traceback (``trace``), or,
+        ``trace=False``, as ``what`` alone (which then says the error in finecap's words)."""
         frames = tuple((f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__))
-        kind = (type(error).__qualname__, frames)
-        now = self.clock()
-        seen = self._seen.get(kind)
-        if seen is None or now - seen[0] >= self.every:
-            since = f" (the same failure {seen[1]} more time(s) since its last traceback)" if seen and seen[1] else ""
-            log.error("%s%s", what, since, exc_info=(type(error), error, error.__traceback__))
-            self._seen[kind] = [now, 0]
-            self._seen.move_to_end(kind)
-            while len(self._seen) > self.kinds:
-                self._seen.popitem(last=False)
-            return
-        seen[1] += 1
-        message = (str(error).splitlines() or [""])[0][:300]
-        log.error("%s: %s: %s (the same failure %d time(s) since its traceback %.0f s ago; the next traceback in "
-                  "%.0f s at most)", what, type(error).__name__, message, seen[1], now - seen[0],
-                  self.every - (now - seen[0]))  # fmt: skip
+        kind = (type(error).__qualname__, frames, trace)
+        with self._lock:
+            self.total += 1
+            now = self.clock()
+            seen = self._seen.get(kind)
+            if seen is None or now - seen[0] >= self.every:
+                word = "traceback" if trace else "full report"
+                since = f" (the same failure {seen[1]} more time(s) since its last {word})" if seen and seen[1] else ""
+                shown = (type(error), error, error.__traceback__) if trace else None
+                log.log(level, "%s%s", what, since, exc_info=shown)
+                self._seen[kind] = [now, 0, now]
+                self._seen.move_to_end(kind)
+                while len(self._seen) > self.kinds:
+                    self._seen.popitem(last=False)
+                return
+            seen[1] += 1
+            if now - seen[2] < self.line_every:
+                return  # counted: the next line or full report says it
+            seen[2] = now
+            if trace:
+                message = (str(error).splitlines() or [""])[0][:300]
+                what, word = f"{what}: {type(error).__name__}: {message}", "traceback"
+            else:
+                word = "full report"
+            log.log(level, "%s (the same failure %d time(s) since its %s %.0f s ago; the next %s in %.0f s at most)",
+                    what, seen[1], word, now - seen[0], word, self.every - (now - seen[0]))  # fmt: skip
 
 
 class RewardFailed(RuntimeError):
@@ -333,7 +356,7 @@ class RewardService:
         self.check = CallCheck(images, self.compares, name)
         self.meter = Meter(log_every)
         self.failures = RepeatedFailures()
-        """The log of the reward's failures (a traceback of each kind every :data:`FULL_TRACEBACK_EVERY` s)."""
+        """The log of the failed requests (a full report of each kind every :data:`FULL_TRACEBACK_EVERY` s)."""
         self.fatal: BaseException | None = None
         """What stopped the server: a non-``Exception`` the reward raised (``SystemExit``), or the worker's crash."""
         self.on_fatal: Callable[[], None] = lambda: None
@@ -389,7 +412,7 @@ class RewardService:
         try:
             return self.check.answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
         except NonFiniteReward as e:  # finecap's own words: the reward, its part and the caption
-            log.error("reward server: request #%d: %s", number, e)
+            self.failures.log(e, f"reward server: request #{number}: {e}", trace=False)
             return RewardFailed(f"{e} (request #{number}); the server's log has the details")
         except Exception as e:  # noqa: BLE001 - the reward's fault, whatever its type: logged, answered 500, the server goes on
             self.failures.log(e, f"reward server: {self.name} failed on request #{number} ({len(job.captions)} "
