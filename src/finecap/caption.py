@@ -35,17 +35,26 @@ if TYPE_CHECKING:
     from finecap.engines import GenerationEngine
 
 
-def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
-    """The autocast that ``train.mixed_precision`` gives on ``device`` as accelerate sets it up, for captioning
-    without the run's ``Accelerator`` (``accelerator.autocast()`` otherwise): ``bf16``: ``torch.autocast`` to
-    bfloat16; ``fp16``: to float16 on a GPU, nothing on the CPU (accelerate has no CPU float16 autocast and trains
-    there in float32); ``no``: nothing."""
-    device_type = torch.device(device).type
+def autocast_dtype(mixed_precision: str, device: torch.device | str) -> torch.dtype | None:
+    """The dtype ``train.mixed_precision`` autocasts to on ``device`` as accelerate sets it up, ``None`` for no
+    autocast: ``bf16``: bfloat16; ``fp16``: float16 on a GPU, nothing on the CPU (accelerate has no CPU float16
+    autocast and trains there in float32); ``no``: nothing.
+
+    >>> autocast_dtype("fp16", "cpu") is None, autocast_dtype("bf16", "cpu")
+    (True, torch.bfloat16)
+    """
     if mixed_precision == "bf16":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
-    if mixed_precision == "fp16" and device_type != "cpu":
-        return torch.autocast(device_type, dtype=torch.float16)
-    return contextlib.nullcontext()
+        return torch.bfloat16
+    if mixed_precision == "fp16" and torch.device(device).type != "cpu":
+        return torch.float16
+    return None
+
+
+def mixed_precision_autocast(mixed_precision: str, device: torch.device | str) -> contextlib.AbstractContextManager:
+    """The autocast that ``train.mixed_precision`` gives on ``device`` (:func:`autocast_dtype`), for captioning
+    without the run's ``Accelerator`` (``accelerator.autocast()`` otherwise)."""
+    dtype = autocast_dtype(mixed_precision, device)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(torch.device(device).type, dtype=dtype)
 
 
 def batch_captions(engine: GenerationEngine, batch: dict[str, Any], decode: DecodeConfig,

@@ -179,3 +179,70 @@ def test_an_export_whose_frozen_encoder_moved_captions_with_model_encoder(run, t
     assert "finecap caption takes where it is now as model.encoder=PATH" in err
     assert main([*args, f"model.encoder={tmp_path / 'clip-moved'}"]) == 0
     assert json.loads((tmp_path / "b.json").read_text()) == json.loads((tmp_path / "a.json").read_text())
+
+
+def _resave(model, tmp_path, *overrides: str, info: dict = INFO):
+    """The run fixture's captioner saved as the best checkpoint of another run with ``overrides``."""
+    cfg = load(None, ["lora.rank=4", "lora.alpha=8", "lora.lm=true", "run.name=card-test", *overrides])
+    run_dir = tmp_path / "other"
+    save_checkpoint(run_dir / "checkpoints" / "best", model=model, cfg=cfg, info=info, fingerprints=FINGERPRINTS)
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    ("device", "autocast"),
+    [
+        ("cpu", None),
+        ("cuda", "float16"),
+        (None, "float16 if it ran on a GPU (its trainer_state.json records no device)"),
+    ],
+)
+def test_an_fp16_runs_export_warns_of_an_autocast_only_where_the_run_had_one(run, tmp_path, capsys, device, autocast):
+    # fp16 autocasts on a GPU only (finecap.caption.autocast_dtype, as accelerate): the export of a run on the CPU
+    # warned that "the run captioned under train.mixed_precision=fp16 (an autocast)", which it never did
+    info = {**INFO, **({"device": device} if device else {})}
+    run_dir = _resave(run[1], tmp_path, "train.mixed_precision=fp16", info=info)
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--merged", str(tmp_path / "export")]) == 0
+    err = capsys.readouterr().err
+    card = (tmp_path / "export" / "README.md").read_text()
+    if autocast is None:
+        assert "autocast" not in err and "autocast" not in card, err
+    else:
+        assert f"train.mixed_precision=fp16 (an autocast to {autocast})" in err, err
+        assert f"the run computed under an autocast to {autocast} (train.mixed_precision)" in card
+
+
+@pytest.mark.parametrize(
+    ("overrides", "otherwise"),
+    [
+        ([], None),
+        (
+            ["train.mixed_precision=bf16"],
+            "the run computed under an autocast to bfloat16 (train.mixed_precision), this export without it",
+        ),
+        (["model.dtype=bfloat16"], "its LoRA adapters are merged into bfloat16 weights, rounded to that dtype"),
+    ],
+)
+def test_the_export_card_says_its_validation_values_are_the_runs(run, tmp_path, overrides, otherwise):
+    # the export's card showed the source's validation table (computed by the run, adapters unmerged, under its
+    # autocast) as the export's own, also where the export computes otherwise: a lost autocast, a 16-bit merge
+    run_dir = _resave(run[1], tmp_path, *overrides, info={**INFO, "device": "cpu"})
+    assert main(["export", str(run_dir), "--merged", str(tmp_path / "export")]) == 0
+    card = (tmp_path / "export" / "README.md").read_text()
+    section = card.split("## Validation of the run at this checkpoint\n\n")[1].split("\n## ")[0]
+    source = run_dir / "checkpoints" / "best" / "model"
+    assert section.startswith(f"The run's values, measured by the run on `{source}`, not on this export")
+    assert "| cider | 0.5000 |" in section
+    if otherwise is None:
+        assert "computes otherwise" not in section
+    else:
+        assert f"which computes otherwise: {otherwise}; its own scores can differ" in section
+
+
+def test_the_export_card_of_a_best_checkpoint_without_values_says_so(run, tmp_path):
+    # the note of a checkpoint without values called every folder "the run's last state", a best one too
+    run_dir = _resave(run[1], tmp_path, info={"step": 7})
+    assert main(["export", str(run_dir), "--merged", str(tmp_path / "export")]) == 0
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "a best checkpoint records the validation values it was chosen by" in card and "last state" not in card

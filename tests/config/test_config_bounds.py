@@ -411,6 +411,7 @@ GOOD = {"step": 4, "epoch": 1, "position": 1, "best_value": 0.5, "best_step": 2,
         ({"best_step": 7}, "field 'best_step' must be in [0, 4], got 7"),
         ({"best_step": None}, "fields 'best_value' and 'best_step' must be set together"),
         ({"stpe": 3}, "unknown field 'stpe'"),
+        ({"device": 3}, "field 'device' must be a string, got 3"),
     ],
 )
 def test_a_tampered_trainer_state_is_refused_naming_the_field(change, message):

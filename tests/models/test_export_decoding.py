@@ -224,5 +224,5 @@ def test_an_export_of_an_autocast_run_says_its_captions_can_differ(tmp_path):
     ours = Captioner.from_pretrained(tmp_path / "run", device="cpu").caption(pictures)
     theirs = Captioner.from_pretrained(tmp_path / "export", device="cpu").caption(pictures)
     assert len(set(ours)) > 1 and sum(a != b for a, b in zip(ours, theirs, strict=True)) == 2  # what it warns of
-    assert "train.mixed_precision=bf16 (an autocast)" in err.getvalue(), err.getvalue()
+    assert "train.mixed_precision=bf16 (an autocast to bfloat16)" in err.getvalue(), err.getvalue()
     assert "rounded" not in err.getvalue()  # float32 weights: the merge rounds nothing

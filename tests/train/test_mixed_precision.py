@@ -458,3 +458,21 @@ def test_a_sharded_run_on_the_cpu_computes_as_the_warning_says(make_cfg, group, 
     batch = {"features": torch.randn(2, model.feature_dim), "input_ids": torch.tensor([[5, 6, 2], [7, 2, 0]]),
              "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}  # fmt: skip
     assert model(batch).dtype == computes and seen == [(computes, computes)]
+
+
+def test_a_cpu_fp16_run_records_its_device_and_its_export_claims_no_autocast(make_cfg, tmp_path, capsys):
+    """train.mixed_precision=fp16 on the CPU runs no autocast (accelerate trains and validates in float32 there), yet
+    finecap export warned that the run "captioned under train.mixed_precision=fp16 (an autocast)": the checkpoint did
+    not say where the run ran. trainer_state.json now records the device type (a resume reads it back), and the
+    export of a CPU fp16 run neither warns nor says on its card that it computes otherwise than the run."""
+    from finecap.app.cli import main
+
+    run_dir = train(make_cfg("train.mixed_precision=fp16", "train.max_steps=2", run="fp16-cpu"))
+    assert json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())["device"] == "cpu"
+    train(make_cfg("train.mixed_precision=fp16", "train.max_steps=3", run="fp16-cpu"), resume=True)
+    assert json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())["step"] == 3
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--merged", str(tmp_path / "export")]) == 0
+    err = capsys.readouterr().err
+    assert "autocast" not in err and "finecap export:" in err, err
+    assert "computes otherwise" not in (tmp_path / "export" / "README.md").read_text()

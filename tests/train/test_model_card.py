@@ -192,3 +192,30 @@ def test_the_title_names_grpo_and_its_former_name():
     meta = {"kind": "vlm", "name": "HuggingFaceTB/SmolVLM-256M-Instruct"}
     assert title("grpo", meta).startswith("GRPO captioner on ")
     assert title("reinforce", meta).startswith("REINFORCE captioner on ")
+
+
+class _Bare:
+    tokenizer = None  # what save_checkpoint reads of a captioner besides save (no weights are needed here)
+
+    def save(self, out, state_dict=None):
+        out.mkdir(parents=True)
+
+
+@pytest.mark.parametrize(
+    ("which", "says", "never"),
+    [
+        ("best", "a best checkpoint records the validation values it was chosen by", "its best checkpoint holds"),
+        ("last", "the run's last state, chosen by no validation", "a best checkpoint records"),
+        ("step-9", "None recorded for this checkpoint.", "last state"),
+    ],
+)
+def test_a_checkpoint_without_values_says_what_is_true_of_its_folder(tmp_path, which, says, never):
+    # every card without values said "the run's last state; its best checkpoint holds the values", also a best
+    # checkpoint's (whose trainer_state.json lost them) and a folder of another name, which is neither
+    from finecap.train.checkpoint import save_checkpoint
+
+    folder = save_checkpoint(tmp_path / "run" / "checkpoints" / which, model=_Bare(), cfg=from_dict({}),
+                             info={"step": 1})  # fmt: skip
+    text = (folder / "model" / "README.md").read_text()
+    section = text.split("## Validation at this checkpoint\n\n")[1].split("\n")[0]
+    assert section.startswith("None recorded for this checkpoint") and says in section and never not in section

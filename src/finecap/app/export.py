@@ -4,8 +4,9 @@ RUN is a run directory (its best checkpoint, else its last), a checkpoint folder
 the captioner with its LoRA adapters merged into the base weights (:func:`finecap.models.export.export_merged`): for
 BLIP and VLMs a ``save_pretrained`` folder transformers loads alone, for ClipCap the language model (``lm/``, a plain
 ``AutoModelForCausalLM`` folder) and the mapper, plus the source's model card with a line saying what was merged.
-A run that decoded under an autocast (``train.mixed_precision``) is exported with a warning
-(:data:`AUTOCAST_WARNING`): the export cannot carry it.
+A run that decoded under an autocast (``train.mixed_precision`` on the device its ``trainer_state.json`` records:
+:func:`run_autocast`) is exported with a warning (:data:`AUTOCAST_WARNING`): the export cannot carry it; the card
+then says, as for adapters merged into 16-bit weights, that the validation values it shows are the run's.
 
 OUT must be new or empty. The folder is written beside OUT (``.OUT.tmp``, never an existing one) and swapped in once
 complete (:func:`finecap.utils.folders.atomic_replace_dir`), so it carries finecap's folder mark
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
+from finecap.caption import autocast_dtype
 from finecap.config import load_stored
 from finecap.locks import command_argv
 from finecap.models.base import read_meta
@@ -48,12 +51,30 @@ EXPORT_KIND = "export"
 
 
 AUTOCAST_WARNING = (
-    "%s: the run captioned under train.mixed_precision=%s (an autocast), which no file of the export carries: "
+    "%s: the run captioned under train.mixed_precision=%s (an autocast to %s), which no file of the export carries: "
     "transformers, vLLM and finecap (Captioner.from_pretrained, finecap caption without that override) compute "
     "without it, so some captions can differ from the run's: caption and score the export itself for numbers of "
     "its own"
 )
 """The warning of an export whose run decoded under an autocast."""
+
+
+def run_autocast(mixed_precision: str, info: dict) -> str | None:
+    """The autocast the run computed under, in words (``bfloat16``), ``None`` when none: ``train.mixed_precision`` on
+    the device type ``info`` (the checkpoint's ``trainer_state.json``) records (:func:`finecap.caption.autocast_dtype`:
+    ``fp16`` autocasts on a GPU only); for ``fp16`` with no device recorded (a checkpoint of finecap before it), a
+    float16 autocast if the run was on a GPU."""
+    device = info.get("device")
+    if mixed_precision == "fp16" and not isinstance(device, str):
+        return "float16 if it ran on a GPU (its trainer_state.json records no device)"
+    dtype = autocast_dtype(mixed_precision, device if isinstance(device, str) else "cpu")
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def checkpoint_info(checkpoint: Path) -> dict:
+    """The checkpoint's ``trainer_state.json`` (its non-finite values decoded), ``{}`` when it has none."""
+    info_file = checkpoint / INFO_FILE
+    return decode_event(read_json(info_file)) if info_file.is_file() else {}
 
 
 def check_export_dir(out: Path, source: Path, force: bool) -> None:
@@ -85,27 +106,28 @@ def check_export_dir(out: Path, source: Path, force: bool) -> None:
         raise OutputRefused(f"{out}: holds an earlier export already; pass --force to replace it")
 
 
-def export_card(checkpoint: Path, source: Path, merged_meta: dict, merged: str) -> str | None:
+def export_card(checkpoint: Path, source: Path, merged_meta: dict, merged: str,
+                differs: Sequence[str] = ()) -> str | None:  # fmt: skip
     """The merged export's model card: made anew from the source checkpoint's records (its configuration, training
     state and fingerprints) and the export's own ``captioner.json``, so it says what the folder is (merged weights,
-    ``library_name: transformers``, no adapter folder); a bare source with no configuration keeps its card with a
-    note (and ``library_name: transformers``); ``None`` when the source has no card."""
+    ``library_name: transformers``, no adapter folder) and that the validation values are the run's, measured on
+    ``source`` (``differs``: how the export computes otherwise); a bare source with no configuration keeps its card
+    with a note (and ``library_name: transformers``); ``None`` when the source has no card."""
     stored = stored_config(checkpoint)
     if stored is not None:
-        info_file = checkpoint / INFO_FILE
-        info = decode_event(read_json(info_file)) if info_file.is_file() else {}
         prints_file = checkpoint / FINGERPRINTS_FILE
         prints = read_json(prints_file) if prints_file.is_file() else None
-        return model_card(
-            load_stored(stored), info, merged_meta, prints, command_argv(), merged_from=str(source), merged=merged
-        )
+        return model_card(load_stored(stored), checkpoint_info(checkpoint), merged_meta, prints, command_argv(),
+                          merged_from=str(source), merged=merged, which=checkpoint.name, differs=differs)  # fmt: skip
     card = source / CARD_NAME
     if not card.is_file():
         return None
     # (cards written before 2026-11-27 said library_name: peft for a checkpoint holding a whole-model adapter)
     text = read_text_bounded(card, METADATA).replace("\nlibrary_name: peft\n", "\nlibrary_name: transformers\n", 1)
     note = (f"\n## Export\n\nA merged export of {md_code(str(source))} (`finecap export --merged`): LoRA adapters "
-            f"folded into the base weights: {merged or 'none'}; no adapter folder.\n")  # fmt: skip
+            f"folded into the base weights: {merged or 'none'}; no adapter folder. Any values above are the run's, "
+            "measured on the source, not on this export"
+            + (f", which computes otherwise: {'; '.join(differs)}.\n" if differs else ".\n"))  # fmt: skip
     return text + note
 
 
@@ -125,10 +147,16 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
     try:
         stored = stored_config(found)  # the run's model.dtype (else the folder's), which `finecap caption` loads in
         run_cfg = load_stored(stored) if stored is not None else None
-        export_merged(source, tmp, run_cfg.model.dtype if run_cfg is not None else saved_dtype(source))
-        if run_cfg is not None and run_cfg.train.mixed_precision != "no":
-            log.warning(AUTOCAST_WARNING, found, run_cfg.train.mixed_precision)
-        card = export_card(found, source, read_meta(tmp), ", ".join(sorted(meta.get("lora") or {})))
+        rounded: list[str] = []
+        export_merged(source, tmp, run_cfg.model.dtype if run_cfg is not None else saved_dtype(source), rounded)
+        differs = [f"its LoRA adapters are merged into {' and '.join(rounded)} weights, rounded to that dtype"
+                   ] if rounded else []  # fmt: skip
+        autocast = run_autocast(run_cfg.train.mixed_precision, checkpoint_info(found)) if run_cfg else None
+        if autocast is not None:
+            log.warning(AUTOCAST_WARNING, found, run_cfg.train.mixed_precision, autocast)  # type: ignore[union-attr]
+            differs.append(f"the run computed under an autocast to {autocast} (train.mixed_precision), this export "
+                           "without it")  # fmt: skip
+        card = export_card(found, source, read_meta(tmp), ", ".join(sorted(meta.get("lora") or {})), differs)
         if card is not None:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
         if target.is_dir() and not any(target.iterdir()):

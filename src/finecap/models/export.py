@@ -26,7 +26,8 @@ ROUNDED_DTYPES = (torch.bfloat16, torch.float16)
 """Weight dtypes a merged adapter is rounded into (:func:`export_merged` warns)."""
 
 
-def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float32",
+                  rounded: list[str] | None = None) -> Path:  # fmt: skip
     """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``) in ``dtype`` (a ``model.dtype``:
     the run's, so a bfloat16 run exports bfloat16 weights, computing as ``finecap caption`` of the run does where it
     has no adapters to merge (below);
@@ -40,15 +41,19 @@ def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float
     can overflow). A 16-bit export of adapters is logged as a warning: the run adds each adapter's product (kept in
     float32 weights) to the 16-bit base layer's output, the export computes with ``W + BA`` rounded to 16 bits, so
     its outputs differ from the run's by that rounding and its captions can differ (``docs/caption.md``, merged
-    exports)."""
+    exports); ``rounded``, when given, receives the 16-bit dtypes the adapters were merged into (none: the merge
+    rounded nothing), which the export's model card names."""
     model = load_captioner(model_folder, options=LoadOptions(dtype=dtype))
     adapters = lora.has_adapters(model)  # type: ignore[arg-type]
     model = lora.merge_lora(model)  # type: ignore[arg-type]
-    rounded = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in ROUNDED_DTYPES})
-    if adapters and rounded:
+    sixteen = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in ROUNDED_DTYPES})
+    merged_into = sixteen if adapters else []
+    if rounded is not None:
+        rounded.extend(merged_into)
+    if merged_into:
         log.warning("%s: its LoRA adapters are merged into %s weights, rounded to that dtype: the export's outputs "
                     "differ from the run's by the rounding and some captions can too: caption and score "
-                    "the export itself for numbers of its own", model_folder, " and ".join(rounded))  # fmt: skip
+                    "the export itself for numbers of its own", model_folder, " and ".join(merged_into))  # fmt: skip
     strict.check_finite_weights(model, f"{model_folder} (its adapters merged)")
     saved = model.save(out, masters=False)  # not resumed: its weights are those the captioner computes with
     source = Path(model_folder)

@@ -285,7 +285,7 @@ def save_checkpoint(
             )
         meta_file = tmp / MODEL_SUBDIR / CAPTIONER_FILE
         meta = read_json(meta_file) if meta_file.is_file() else {}  # a captioner's save writes it
-        card = model_card(cfg, info, meta, fingerprints, command_argv())
+        card = model_card(cfg, info, meta, fingerprints, command_argv(), which=path.name)
         (tmp / MODEL_SUBDIR / CARD_NAME).write_text(card, encoding="utf-8")
         cfg.save(tmp / CONFIG_FILE)
         if fingerprints is not None:

@@ -583,6 +583,7 @@ class Engine:
         return {**asdict(self.state), "best_metric": self.settings.best_metric, "best_mode": self.mode,
                 "total_steps": self.total, "num_processes": self.accelerator.num_processes,
                 "global_batch": self.global_batch, "sharded": self.sharded,
+                "device": self.accelerator.device.type,  # with train.mixed_precision: whether it autocast
                 **({"trained": trained_digest(self._plan.batches, self.state.position)}
                    if self._plan is not None and self.state.position else {})}  # fmt: skip
 

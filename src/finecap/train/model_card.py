@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.config.secrets import masked_url_secrets
-from finecap.runs import CAPTIONER_FILE
+from finecap.runs import BEST, CAPTIONER_FILE, LAST
 from finecap.utils.text import CONTROL_CHARACTERS, shell_command
 
 if TYPE_CHECKING:
@@ -150,14 +150,47 @@ def folder_line(meta: dict[str, Any], merged_from: str | None, merged: str = "")
     return f"- **Folder**: a finecap checkpoint's model folder{adapter}"
 
 
+def validation_lines(
+    info: dict[str, Any], which: str, merged_from: str | None = None, differs: Sequence[str] = ()
+) -> list[str]:
+    """The card's validation section: the values ``info`` records (a best checkpoint's, chosen by ``metric``), else a
+    note true of the folder ``which`` (the checkpoint folder's name: ``best`` records the values it was chosen by,
+    ``last`` is the run's last state, chosen by no validation); for an export (``merged_from``) the values are said
+    to be the run's, measured on the source checkpoint and not on the export, with ``differs``: how the export
+    computes otherwise than the run did (its values can differ)."""
+    values = info.get("values") or {}
+    lines = ["", "## Validation of the run at this checkpoint" if merged_from is not None
+             else "## Validation at this checkpoint", ""]  # fmt: skip
+    if merged_from is not None and values:
+        lines += [f"The run's values, measured by the run on {md_code(merged_from)}, not on this export"
+                  + (f", which computes otherwise: {'; '.join(differs)}; its own scores can differ: caption and "
+                     "score this folder for numbers of its own." if differs else "."), ""]  # fmt: skip
+    if values:
+        metric = md_code(str(info.get("metric", "?")))
+        lines += [f"Best checkpoint by {metric}.", "", "| metric | value |", "|---|---|"]
+        lines += [f"| {md_text(str(k))} | {v:.4f} |" if isinstance(v, float) else f"| {md_text(str(k))} | "
+                  f"{md_text(str(v))} |" for k, v in sorted(values.items())]  # fmt: skip
+    elif which == BEST:
+        lines.append("None recorded for this checkpoint: its trainer_state.json holds no values, although a best "
+                     "checkpoint records the validation values it was chosen by.")  # fmt: skip
+    elif which == LAST:
+        lines.append("None recorded for this checkpoint: the run's last state, chosen by no validation (the run's "
+                     "best checkpoint, where it validated, holds the values it was chosen by).")  # fmt: skip
+    else:
+        lines.append("None recorded for this checkpoint.")
+    return lines
+
+
 def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerprints: dict[str, Any] | None,
-               command: str | Sequence[str], merged_from: str | None = None, merged: str = "") -> str:  # fmt: skip
+               command: str | Sequence[str], merged_from: str | None = None, merged: str = "", which: str = "",
+               differs: Sequence[str] = ()) -> str:  # fmt: skip
     """The ``README.md`` of a checkpoint (module docstring). ``info``: the checkpoint's ``info.json``; ``meta``: its
     ``captioner.json``; ``fingerprints``: its ``fingerprints.json`` (``None``: not recorded); ``command``: the
     arguments of the command that made it, secrets already masked (:func:`finecap.locks.command_argv`), shown as the
     shell command that runs them (:func:`command_block`), or a text shown on one line (:func:`md_block`);
     ``merged_from``: the model folder a merged export was made from, ``merged`` the parts whose adapters it folded
-    in."""
+    in, ``differs`` how it computes otherwise than the run; ``which``: the checkpoint folder's name (``best``,
+    ``last``), which says what a missing validation means (:func:`validation_lines`)."""
     kind = meta.get("kind", "clipcap")
     bases = base_models(meta)
     hub = [h for h in (_hub_name(s) for s in bases.values()) if h]
@@ -188,14 +221,7 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
     total = info.get("total_steps")
     body.append(f"- **Progress**: step {info.get('step', '?')}" + (f" of {total}" if total else "")
                 + (f", epoch {info['epoch']}" if "epoch" in info else ""))  # fmt: skip
-    values = info.get("values") or {}
-    body += ["", "## Validation at this checkpoint", ""]
-    if values:
-        body += [f"Best checkpoint by {md_code(str(info.get('metric', '?')))}.", "", "| metric | value |", "|---|---|"]
-        body += [f"| {md_text(str(k))} | {v:.4f} |" if isinstance(v, float) else f"| {md_text(str(k))} | "
-                 f"{md_text(str(v))} |" for k, v in sorted(values.items())]  # fmt: skip
-    else:
-        body.append("None recorded for this checkpoint (the run's last state; its best checkpoint holds the values).")
+    body += validation_lines(info, which, merged_from, differs)
     made_by = md_block(command) if isinstance(command, str) else command_block(command)
     body += ["", "## Loading", "", *_loading(meta), "", "## Made by", "", made_by, ""]
     return masked_url_secrets("\n".join(header + body))  # a data path or base model given as a URL may hold a password

@@ -238,14 +238,15 @@ def is_complete(folder: Path) -> bool:
 
 
 INFO_KEYS = frozenset({"step", "epoch", "position", "best_value", "best_step", "best_metric", "best_mode",
-                       "total_steps", "num_processes", "global_batch", "trained", "sharded", "metric",
+                       "total_steps", "num_processes", "global_batch", "trained", "sharded", "device", "metric",
                        "values"})  # fmt: skip
 """The fields of ``trainer_state.json``: the :class:`TrainState` counters, the ``best_metric`` and ``best_mode``
 ``best_value`` was chosen by, the run's ``total_steps``, ``num_processes``, ``global_batch`` (examples a step:
 ``train.batch_size × processes × train.grad_accum_steps``), ``trained`` (the :func:`trained_digest` of the epoch's
-global batches done) and whether it was ``sharded`` (FSDP2) when it was saved (``best_metric``, ``best_mode``,
-``global_batch`` and ``trained`` are absent in checkpoints of finecap before them), and
-(``best`` only) the ``metric`` and the validation ``values``."""
+global batches done), whether it was ``sharded`` (FSDP2) and the ``device`` type it ran on (``cuda``, ``cpu``: with
+``train.mixed_precision=fp16`` it says whether the run autocast, :func:`finecap.caption.autocast_dtype`) when it was
+saved (``best_metric``, ``best_mode``, ``global_batch``, ``trained`` and ``device`` are absent in checkpoints of
+finecap before them), and (``best`` only) the ``metric`` and the validation ``values``."""
 MAX_STATE_PROCESSES = 65_536
 """The most processes a checkpoint may say wrote it (its ``state/process_<i>`` files)."""
 
@@ -302,7 +303,7 @@ def check_info(info: Any, path: Path) -> dict[str, Any]:
         _state_int(info, path, "best_step", 0, step, default=None)
     if (best_value is None) != (best_step is None):
         raise CheckpointError(f"{path}: fields 'best_value' and 'best_step' must be set together; {RECOVER}")
-    for key in ("best_metric", "best_mode"):
+    for key in ("best_metric", "best_mode", "device"):
         if key in info and not isinstance(info[key], str):
             raise CheckpointError(f"{path}: field {key!r} must be a string, got {short_repr(info[key])}; {RECOVER}")
     return info
