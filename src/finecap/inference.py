@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.config import RunConfig
 from finecap.data.containment import ImageFolder
-from finecap.data.formats.folder import folder_images
+from finecap.data.formats.folder import folder_images, utf8_name
 from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image
 from finecap.data.records import MAX_LISTED, DataError, file_number
 from finecap.home import runs_root, start_path
@@ -93,7 +93,8 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
 
     A folder's images must lie inside it once links are followed (:class:`~finecap.data.containment.ImageFolder`, as
     for a ``folder`` data set) unless ``allow_outside`` (``data.allow_outside_paths``). A source that does not exist, a
-    folder without images and no source at all are a :class:`~finecap.data.records.DataError` naming it."""
+    folder without images, no source at all and an image whose name is not UTF-8
+    (:func:`~finecap.data.formats.folder.utf8_name`) are a :class:`~finecap.data.records.DataError` naming it."""
     if not sources:
         raise DataError("no images to caption: name image files or folders of images")
     found: list[tuple[str, Path]] = []  # (path relative to the folder named, or the file's name; the file)
@@ -110,7 +111,7 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
                 folder.check(path / name, f"{path}: {name}", name)
                 found.append((name, path / name))
         elif path.exists():
-            found.append((path.name, path))
+            found.append((utf8_name(path.name, path.parent), path))
         else:
             raise DataError(f"{path}: no such image file or folder")
     return [ImageFile(i, p) for i, (_, p) in zip(image_ids(found), found, strict=True)]

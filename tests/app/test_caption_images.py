@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -231,6 +232,18 @@ def test_two_images_with_one_id_are_an_error_naming_both(run, tmp_path):
         assert str(e.value) == expected
         line = error_of(["caption", "--checkpoint", str(run), "--images", *map(str, sources), "--out", str(out)])
         assert line == f"finecap: error: {expected}" and not out.exists()
+
+
+def test_an_image_name_that_is_not_utf8_is_refused_naming_it(run, tmp_path):
+    # its id was written as "caf\udce9.png", a lone surrogate: no UTF-8 text, and not the file's name in any encoding
+    photos = tmp_path / "photos"
+    _png(photos / "a.png")
+    latin1 = _png(Path(os.fsdecode(bytes(photos) + b"/caf\xe9.png")))
+    out = tmp_path / "out.json"
+    for source in (photos, latin1):  # in a folder, named as a file
+        line = error_of(["caption", "--checkpoint", str(run), "--images", str(source), "--out", str(out)])
+        expected = "the file name is not UTF-8 (its image id could not be written as JSON text): rename it"
+        assert line == f"finecap: error: {photos}/caf\\xe9.png: {expected}" and not out.exists()
 
 
 def test_missing_and_empty_sources_are_named(run, tmp_path):
