@@ -343,6 +343,21 @@ def test_outputs_never_replace_what_finecap_did_not_make(run, shapes, tmp_path):
     assert not (checkpoint_dir(run, "best") / "c.json").exists()
 
 
+def test_an_out_that_cannot_be_written_is_refused_before_the_model_loads(run, shapes, tmp_path, monkeypatch):
+    # it was refused only when the captions were written, after every image of the folder had been captioned
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the captioner loaded: the work began before --out was checked")
+
+    monkeypatch.setattr("finecap.app.caption.load_for_captioning", no_loading)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    out = notes / "results" / "out.json"  # a typo through a file
+    for argv in (["--images", str(shapes["new"])], ["--split", "val"]):
+        line = error_of(["caption", "--checkpoint", str(run), *argv, "--out", str(out)])
+        assert line == f"finecap: error: --out: {out}: {notes} is not a folder; choose another --out"
+    assert notes.read_text() == "mine\n"
+
+
 def test_images_exclude_data_and_split(run, shapes, tmp_path):
     for extra in (["--split", "val"], ["--data", str(shapes["data"])]):
         line = error_of(["caption", "--checkpoint", str(run), "--images", str(shapes["new"]), *extra, "--out",

@@ -53,7 +53,7 @@ from finecap.data.results import write_results
 from finecap.engines import engine_class, open_engine
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
-from finecap.outputs import check_not_input, check_output_file
+from finecap.outputs import check_not_input, check_output_file, check_writable
 from finecap.recipes import resolve_recipe
 from finecap.runs import find_checkpoint, model_dir, stored_config
 from finecap.train.checkpoint import folder_config
@@ -229,6 +229,7 @@ def main(
         inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
                   "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
     check_output_file(out, inputs, force=force, kind="results")
+    check_writable(out)  # before the model loads and the images decode, not when the captions are written
     if files is None:
         try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
             load_records(cfg, split, captioned=False)
