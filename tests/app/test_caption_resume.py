@@ -8,6 +8,7 @@ on its call N + 1; the captioner is the coloured-shape ClipCap of tests/app/test
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,19 @@ def test_a_file_finecap_did_not_write_at_the_partial_name_is_never_touched(run, 
         code, _, err = run_cli([*argv(run, shapes, out, "images", GREEDY), *force])
         assert code == 2 and f"{theirs} exists and finecap did not write it" in err, err
     assert theirs.read_text() == '{"image": 0, "captions": ["mine"]}\n' and not out.exists()
+
+
+@pytest.mark.slow
+def test_a_run_a_bad_image_stopped_resumes_with_skip_bad_images(run, shapes, tmp_path, monkeypatch):
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    (images / "zz_bad.png").write_bytes(b"not a png")  # the last image: the run stops at its last batch
+    out, whole = tmp_path / "out.json", tmp_path / "whole.json"
+    command = ["caption", "--checkpoint", str(run), *SAMPLED, "--images", str(images)]
+    code, _, err = run_cli([*command, "--out", str(out)])
+    assert code == 2 and "zz_bad.png" in err and "24 image(s) captioned are kept" in err, err
+    counted = Batches(monkeypatch)
+    assert run_cli([*command, "--skip-bad-images", "--out", str(out)])[0] == 0
+    assert counted.calls == 0  # the bad image's batch held only it: nothing left to decode
+    assert run_cli([*command, "--skip-bad-images", "--out", str(whole)])[0] == 0
+    assert out.read_bytes() == whole.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()

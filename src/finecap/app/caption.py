@@ -296,11 +296,14 @@ def caption_header(setup: CaptionSetup, cfg: Config, split: str, files: Sequence
                    fingerprints: Path | None) -> dict:  # fmt: skip
     """What makes a run's captions, the first line of its partial results file: the checkpoint (its folder, the
     sizes and times of its model files, its recorded fingerprints), the model options, the decoding settings, the
-    seed, and the images (``--images``: a digest of their ids and files; a split: its name and the data options)."""
+    seed, and the images (``--images``: a digest of their ids and files; a split: its name and the data options but
+    ``data.num_workers`` and ``data.skip_bad_images``)."""
     folder = model_dir(setup.checkpoint)
     model_files = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
                          for p in folder.rglob("*") if p.is_file())  # fmt: skip
-    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "num_workers"}
+    # not what makes a caption: the worker count, and whether a bad image stops the run (--skip-bad-images resumes
+    # a run a bad image stopped)
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in ("num_workers", "skip_bad_images")}
     if files is not None:
         listed = "\n".join(f"{f.image_id}\t{os.path.abspath(f.path)}" for f in files)
         images: dict[str, Any] = {"images": len(files), "files": digest(listed.encode("utf-8", "surrogateescape"))}
@@ -432,7 +435,7 @@ def main(
         if partial is not None and partial.close() == 0:
             partial.path.unlink()  # nothing captioned: nothing to keep
         elif partial is not None:
-            log.error("caption: stopped; %d image(s) captioned are kept in %s: run the same command again to resume "
+            log.warning("caption: stopped; %d image(s) captioned are kept in %s: run the same command again to resume "
                       "(--force to start over)", partial.kept, partial.path)  # fmt: skip
         raise
     out = Path(out)
