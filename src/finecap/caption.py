@@ -12,6 +12,7 @@ pixels, its images decoded and preprocessed in ``data.num_workers`` DataLoader w
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -83,10 +84,16 @@ def generate_captions(
     use_features: bool | None = None,
     progress: bool = True,
     seed: int | None = None,
+    done: Mapping[Any, list[str]] | None = None,
+    on_batch: Callable[[dict[Any, list[str]]], None] | None = None,
 ) -> dict[Any, list[str]]:
     """``{image_id: [caption, ...]}`` (``decode.num_return_sequences`` per image) for the first ``limit`` images of
     ``split`` (0 = all), decoded with ``decode`` (default ``cfg.decode``); ``seed``: sampling's per-image seeds
     (:func:`batch_captions`; ``None``: torch's random generator).
+
+    ``done``: captions of images already captioned (a resumed ``finecap caption``), not decoded again and returned
+    with the rest in the split's order, as a run without them would return them; ``on_batch`` is called with each
+    batch's captions as they are made.
 
     ``model``: a captioner (decoding itself: :class:`~finecap.engines.finecap.FinecapEngine`), or a generation
     engine serving one (:func:`finecap.engines.open_engine`). ``use_features`` (default: unless the
@@ -114,6 +121,8 @@ def generate_captions(
     collator = model_collator(model, cfg.data.max_tokens)
     device = model.device
     mine = process_slice(len(dataset), rank, world)
+    if done:
+        mine = [i for i in mine if dataset.image_id(i) not in done]
     out: dict[Any, list[str]] = {}
     batches = chunks(mine, chunk_images(decode))  # decode.batch_size counts sequences (images x beams or samples)
     loader = LoaderSettings.of(cfg.data, device, workers=features is None).loader(dataset, batches, collator)
@@ -125,12 +134,18 @@ def generate_captions(
     with model.decoding(autocast):  # a captioner: eval, full parameters if sharded, no gradient, the run's autocast
         for batch in tqdm(loader, total=len(batches), desc=f"caption [{split}]",
                           disable=not progress_enabled(progress and main), unit="batch"):  # fmt: skip
-            out.update(batch_captions(model, batch, decode, seed))
+            made = batch_captions(model, batch, decode, seed)
+            out.update(made)
+            if on_batch is not None:
+                on_batch(made)
     if world > 1:
         merged: dict[Any, list[str]] = {}
         for part in gather_object([out]):
             merged.update(part)
         out = merged
+    if done:
+        every = {**done, **out}
+        out = {r.image_id: every[r.image_id] for r in records if r.image_id in every}
     return out
 
 

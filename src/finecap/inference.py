@@ -29,14 +29,14 @@ way.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.config import RunConfig
 from finecap.data.containment import ImageFolder
-from finecap.data.formats.folder import folder_images
+from finecap.data.formats.folder import folder_images, utf8_name
 from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image
 from finecap.data.records import MAX_LISTED, DataError, file_number
 from finecap.home import runs_root, start_path
@@ -93,7 +93,8 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
 
     A folder's images must lie inside it once links are followed (:class:`~finecap.data.containment.ImageFolder`, as
     for a ``folder`` data set) unless ``allow_outside`` (``data.allow_outside_paths``). A source that does not exist, a
-    folder without images and no source at all are a :class:`~finecap.data.records.DataError` naming it."""
+    folder without images, no source at all and an image whose name is not UTF-8
+    (:func:`~finecap.data.formats.folder.utf8_name`) are a :class:`~finecap.data.records.DataError` naming it."""
     if not sources:
         raise DataError("no images to caption: name image files or folders of images")
     found: list[tuple[str, Path]] = []  # (path relative to the folder named, or the file's name; the file)
@@ -110,7 +111,7 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
                 folder.check(path / name, f"{path}: {name}", name)
                 found.append((name, path / name))
         elif path.exists():
-            found.append((path.name, path))
+            found.append((utf8_name(path.name, path.parent), path))
         else:
             raise DataError(f"{path}: no such image file or folder")
     return [ImageFile(i, p) for i, (_, p) in zip(image_ids(found), found, strict=True)]
@@ -231,6 +232,9 @@ def caption_images(
     limits: ImageLimits = DEFAULT_LIMITS,
     draft: int | None = None,
     seed: int | None = None,
+    done: Mapping[int, list[str] | None] | None = None,
+    done_skipped: Sequence[tuple[int, str]] = (),
+    on_batch: Callable[[dict[int, list[str] | None], list[tuple[int, str]]], None] | None = None,
 ) -> ImageCaptions:
     """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model`` (a captioner, decoding itself,
     or a generation engine serving one: :func:`finecap.engines.open_engine`), decoded with ``decode``.
@@ -250,7 +254,12 @@ def caption_images(
     ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
     decodes. Reading the images draws nothing from torch's global random generator; sampling draws from it, or with
     ``seed`` from per-image seeds of ``(seed, the image's position in images)``
-    (:func:`finecap.caption.batch_captions`: the same samples in any batch size and process count)."""
+    (:func:`finecap.caption.batch_captions`: the same samples in any batch size and process count).
+
+    ``done``: the captions (``None``: skipped, with its ``(index, reason)`` in ``done_skipped``) of the images
+    already captioned, by index (a resumed ``finecap caption``): not read again and returned with the rest, as a run
+    without them would return them; ``on_batch`` is called with each batch's ``{index: captions or None}`` and its
+    skipped images as they are made."""
     import torch
     from accelerate.utils import gather_object
     from torch.utils.data import DataLoader
@@ -267,7 +276,8 @@ def caption_images(
         raise DataError("no images to caption")
     model = as_engine(model)  # a captioner decodes itself
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
-    mine = process_slice(len(images), rank, world)
+    done = done or {}
+    mine = [i for i in process_slice(len(images), rank, world) if i not in done]
     loader = DataLoader(
         _Images(images, mine, skip_bad_images, limits, draft),
         batch_size=chunk_images(decode),
@@ -277,15 +287,18 @@ def caption_images(
     )
     device = model.device
     autocast = accelerator.autocast() if accelerator is not None else mixed_precision_autocast(mixed_precision, device)
-    out: dict[int, list[str] | None] = {}
-    skipped: list[tuple[int, str]] = []
+    out: dict[int, list[str] | None] = dict(done) if rank == 0 else {}
+    skipped: list[tuple[int, str]] = list(done_skipped) if rank == 0 else []
     with model.decoding(autocast):  # a captioner: eval, full parameters if sharded, no gradient, the run's autocast
         shown = progress_enabled(progress and rank == 0)
         for batch, bad in tqdm(loader, desc="caption [images]", unit="batch", disable=not shown):
-            skipped += bad
-            out.update((i, None) for i, _ in bad)
+            made: dict[int, list[str] | None] = dict.fromkeys((i for i, _ in bad), None)
             if batch is not None:
-                out.update(batch_captions(model, batch, decode, seed))
+                made.update(batch_captions(model, batch, decode, seed))
+            skipped += bad
+            out.update(made)
+            if on_batch is not None:
+                on_batch(made, bad)
     if world > 1:
         merged: dict[int, list[str] | None] = {}
         gathered_skips: list[tuple[int, str]] = []
@@ -293,6 +306,7 @@ def caption_images(
             merged.update(part)
             gathered_skips += part_skipped
         out, skipped = merged, sorted(gathered_skips)
+    skipped.sort()
     if skipped and len(skipped) == len(images):
         reasons = "; ".join(reason for _, reason in skipped[:MAX_LISTED])
         raise DataError(f"none of the {len(images)} images decodes (every one skipped as bad): {reasons}")

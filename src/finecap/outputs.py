@@ -15,6 +15,9 @@ Three checks, used by every writer and every command that takes an output path:
   the content says so (a report page; a run's
   ``config.yaml``). Any other file needs ``--force``.
 
+A long command also calls :func:`check_writable` first, so that an output no file can be written at is refused
+before its work, not after.
+
 Example::
 
     >>> import tempfile
@@ -32,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -183,6 +187,27 @@ def check_replaceable(
     raise OutputRefused(
         f"{option}: {out} exists and finecap did not make it as a {kind} file (or it was changed since); {how}"
     )
+
+
+def check_writable(out: str | Path, *, option: str = "--out") -> None:
+    """:class:`OutputRefused` when a file cannot be written at ``out``, said before a long command's work rather than
+    after it (``finecap caption`` of 100,000 images): the nearest folder of ``out`` that exists must be a folder
+    in which a file can be made, which is tried (a temporary file, removed at once; no folder is made). A typo
+    through a file (``results.json/out.json``), a read-only file system, a folder of another user."""
+    out = Path(out).absolute()
+    where = out.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise OutputRefused(f"{option}: {out}: {where} is not a folder; choose another {option}")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{out.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise OutputRefused(
+            f"{option}: {out}: cannot write in {where} ({(e.strerror or str(e)).lower()}); choose another {option}"
+        ) from None
 
 
 def check_output_file(

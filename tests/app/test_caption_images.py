@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -233,6 +234,18 @@ def test_two_images_with_one_id_are_an_error_naming_both(run, tmp_path):
         assert line == f"finecap: error: {expected}" and not out.exists()
 
 
+def test_an_image_name_that_is_not_utf8_is_refused_naming_it(run, tmp_path):
+    # its id was written as "caf\udce9.png", a lone surrogate: no UTF-8 text, and not the file's name in any encoding
+    photos = tmp_path / "photos"
+    _png(photos / "a.png")
+    latin1 = _png(Path(os.fsdecode(bytes(photos) + b"/caf\xe9.png")))
+    out = tmp_path / "out.json"
+    for source in (photos, latin1):  # in a folder, named as a file
+        line = error_of(["caption", "--checkpoint", str(run), "--images", str(source), "--out", str(out)])
+        expected = "the file name is not UTF-8 (its image id could not be written as JSON text): rename it"
+        assert line == f"finecap: error: {photos}/caf\\xe9.png: {expected}" and not out.exists()
+
+
 def test_missing_and_empty_sources_are_named(run, tmp_path):
     empty = tmp_path / "empty"
     (empty / "sub").mkdir(parents=True)
@@ -328,6 +341,21 @@ def test_outputs_never_replace_what_finecap_did_not_make(run, shapes, tmp_path):
             assert what in line
     assert image.read_bytes() == before and not (photos / "captions.json").exists()
     assert not (checkpoint_dir(run, "best") / "c.json").exists()
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_the_model_loads(run, shapes, tmp_path, monkeypatch):
+    # it was refused only when the captions were written, after every image of the folder had been captioned
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the captioner loaded: the work began before --out was checked")
+
+    monkeypatch.setattr("finecap.app.caption.load_for_captioning", no_loading)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    out = notes / "results" / "out.json"  # a typo through a file
+    for argv in (["--images", str(shapes["new"])], ["--split", "val"]):
+        line = error_of(["caption", "--checkpoint", str(run), *argv, "--out", str(out)])
+        assert line == f"finecap: error: --out: {out}: {notes} is not a folder; choose another --out"
+    assert notes.read_text() == "mine\n"
 
 
 def test_images_exclude_data_and_split(run, shapes, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from finecap.locks import TRAIN_LOCK, OutputLocked, output_lock
-from finecap.outputs import OutputRefused, check_output_file, made_by_finecap, write_output
+from finecap.outputs import OutputRefused, check_output_file, check_writable, made_by_finecap, write_output
 from finecap.utils.files import append_jsonl, atomic_write_text, make_temporary_dir, open_append
 from finecap.utils.folders import atomic_replace_dir
 from helpers.cli import refused, run_cli
@@ -314,6 +314,29 @@ def test_eval_outputs_never_over_the_inputs_its_configuration_names_even_with_fo
     refused(eval_argv(preds, refs, f"judge.questions={questions}", "--per-image", str(questions), "--force"),
             "--per-image", "judge.questions")  # fmt: skip
     assert instances.read_bytes() == questions.read_bytes() == PRECIOUS
+
+
+def test_check_writable_tries_the_nearest_folder_and_makes_nothing(tmp_path, monkeypatch):
+    check_writable(tmp_path / "new" / "deeper" / "out.json")  # the folders the write would make: not made here
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("mine")
+    with pytest.raises(OutputRefused) as e:
+        check_writable(tmp_path / "f" / "out.json", option="--per-image")
+    assert (
+        str(e.value) == f"--per-image: {tmp_path}/f/out.json: {tmp_path}/f is not a folder; choose another --per-image"
+    )
+
+    def denied(*args, **kwargs):  # a folder of another user, as root cannot be shown one
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("finecap.outputs.tempfile.mkstemp", denied)
+    with pytest.raises(OutputRefused) as e:
+        check_writable(tmp_path / "out.json")
+    assert (
+        str(e.value)
+        == f"--out: {tmp_path}/out.json: cannot write in {tmp_path} (permission denied); choose another --out"
+    )
+    assert (tmp_path / "f").read_text() == "mine"
 
 
 def test_an_existing_file_finecap_did_not_make_needs_force(eval_files, tmp_path):

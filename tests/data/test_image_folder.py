@@ -244,6 +244,19 @@ def test_images_are_checked_against_the_folder(tmp_path):
     assert len(read_folder(folder, images=folder, allow_outside=True)) == 2
 
 
+def test_an_image_name_that_is_not_utf8_is_named_not_a_crash(tmp_path):
+    # os.walk gives b"caf\xe9.png" (Latin-1) as "caf\udce9.png": hashing its id for a split, fingerprinting the folder
+    # or writing its id as JSON text failed on it with "f: not UTF-8 text", naming the folder, not the file
+    folder = images(tmp_path / "f", ["a.png", "sub/b.png"])
+    image(Path(os.fsdecode(bytes(folder / "sub") + b"/caf\xe9.png")))
+    expected = f"{folder}/sub/caf\\xe9.png: the file name is not UTF-8 (its image id could not be written as JSON "
+    expected += "text)"
+    for read in (lambda: read_folder(folder), lambda: load_records(folder_cfg(folder), "train", captioned=False)):
+        with pytest.raises(DataError) as e:
+            read()
+        assert str(e.value) == f"{expected}: rename it"
+
+
 def test_images_without_captions_are_for_captioning_only(tmp_path):
     folder = images(tmp_path / "f", [f"{k}.png" for k in range(7)])
     (folder / "captions.csv").write_text("image,caption\n0.png,a red square\n")

@@ -36,10 +36,13 @@ it stops with an error naming both fingerprints (exit 2). Decoding is :func:`fin
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from finecap.caption import generate_captions
 from finecap.config import Config, DataConfig, HfDataConfig, load_stored, parse_override
@@ -53,12 +56,13 @@ from finecap.data.results import write_results
 from finecap.engines import engine_class, open_engine
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
-from finecap.outputs import check_not_input, check_output_file
+from finecap.outputs import OutputRefused, check_not_input, check_output_file, check_writable, digest, strict_json
 from finecap.recipes import resolve_recipe
 from finecap.runs import find_checkpoint, model_dir, stored_config
 from finecap.train.checkpoint import folder_config
 from finecap.train.engine import make_accelerator
 from finecap.train.fingerprint import check_run
+from finecap.utils.files import open_append, refuse_link
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +181,147 @@ def decode_changes(recipe: str | None, overrides: Sequence[str]) -> str:
     return f", with {' and '.join(given)} {'from the command line' if decode else 'on top'}"
 
 
+PARTIAL_SUFFIX = ".partial.jsonl"
+"""What the partial results file of ``--out X`` is named: ``X.partial.jsonl`` beside it (docs/caption.md)."""
+
+PARTIAL_MARK = "finecap caption partial results"
+"""The ``finecap`` value of a partial results file's first line: how finecap knows the file is its own."""
+
+
+def partial_path(out: str | Path) -> Path:
+    """The partial results file of ``out``: ``results.json`` -> ``results.json.partial.jsonl``."""
+    out = Path(out)
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+def differences(old: object, new: object, where: str = "") -> list[str]:
+    """What differs between two headers (JSON values), as ``key: OLD before, NEW now`` (nested keys dotted)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in differences(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))]  # fmt: skip
+    return [] if old == new else [f"{where or 'header'}: {json.dumps(old)} before, {json.dumps(new)} now"]
+
+
+class PartialResults:
+    """The partial results file of a ``finecap caption`` run (docs/caption.md#a-stopped-run-resumes): strict JSON
+    lines, the first ``{"finecap": PARTIAL_MARK, "header": HEADER}`` (what makes the captions), then one line per
+    image captioned, ``{"image": KEY, "captions": [...]}`` or ``{"image": KEY, "skipped": REASON}``, appended and
+    flushed per batch. ``KEY``: the image's index in the images named (``--images``) or its id (a split).
+
+    :meth:`open` refuses a file of that name finecap did not write (with or without ``--force``), and one whose
+    header is not ``header`` unless ``force`` (then it is started over); it returns the images already captioned."""
+
+    def __init__(self, path: Path, header: dict) -> None:
+        self.path, self.header = path, json.loads(strict_json(header))  # as it reads back from the file
+        self.kept = 0
+        self.file: Any = None
+
+    def read(self) -> tuple[dict | None, list[dict], int]:
+        """The file's header (``None``: not finecap's), its image lines, and the length of its whole lines (a last
+        line cut short by a kill is left out)."""
+        data = self.path.read_bytes()
+        lines, end, header = [], 0, None
+        for number, raw in enumerate(data.split(b"\n"), 1):
+            if end + len(raw) >= len(data):  # no newline after it: cut short when the run was killed
+                break
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                row = None
+            if number == 1:
+                if not (isinstance(row, dict) and row.get("finecap") == PARTIAL_MARK and "header" in row):
+                    return None, [], 0
+                header = row["header"]
+            elif isinstance(row, dict) and "image" in row and ("captions" in row or "skipped" in row):
+                lines.append(row)
+            else:
+                raise OutputRefused(f"{self.path}:{number}: not a line of captions finecap writes; move the file "
+                                    "away (or remove it) to start over")  # fmt: skip
+            end += len(raw) + 1
+        return header, lines, end
+
+    def open(self, force: bool) -> list[dict]:
+        """Check the file (class docstring), open it for appending (header written when new); its image lines."""
+        refuse_link(self.path)
+        lines: list[dict] = []
+        if self.path.exists():
+            header, lines, end = self.read() if self.path.is_file() else (None, [], 0)
+            if header is None:
+                raise OutputRefused(
+                    f"--out: {self.path} exists and finecap did not write it (the partial results file of --out is "
+                    f"named so); move it away, or choose another --out"
+                )
+            if force:
+                log.warning("caption: --force: starting over, %s and its %d captions discarded", self.path,
+                            len(lines))  # fmt: skip
+                self.path.unlink()
+                lines = []
+            elif header != self.header:
+                raise OutputRefused(
+                    f"{self.path}: the partial results of a stopped run made otherwise ("
+                    + "; ".join(differences(header, self.header))
+                    + f"): rerun it as it was to resume, or pass --force to start over (its {len(lines)} captions "
+                    "discarded)"
+                )
+            else:
+                os.truncate(self.path, end)  # a last line cut short by the kill
+        new = not self.path.exists()
+        self.file = open_append(self.path)
+        if new:
+            self.write({"finecap": PARTIAL_MARK, "header": self.header})
+        self.kept = len(lines)
+        if lines:
+            log.info("caption: resuming from %s: %d image(s) already captioned", self.path, len(lines))
+        return lines
+
+    def write(self, *rows: dict) -> None:
+        self.file.write("".join(strict_json(row, indent=None) + "\n" for row in rows))
+        self.file.flush()
+
+    def add(self, made: dict, skipped: Sequence[tuple[int, str]] = ()) -> None:
+        """Append a batch: ``{key: captions or None}``, ``None`` for the images in ``skipped`` (``(key, reason)``)."""
+        reasons = dict(skipped)
+        self.write(*({"image": k, "skipped": reasons[k]} if caps is None else {"image": k, "captions": caps}
+                     for k, caps in made.items()))  # fmt: skip
+        self.kept += len(made)
+
+    def close(self) -> int:
+        """Close the file; the number of images it holds."""
+        if self.file is not None:
+            self.file.close()
+        return self.kept
+
+
+def caption_header(setup: CaptionSetup, cfg: Config, split: str, files: Sequence[Any] | None,
+                   fingerprints: Path | None) -> dict:  # fmt: skip
+    """What makes a run's captions, the first line of its partial results file: the checkpoint (its folder, the
+    sizes and times of its model files, its recorded fingerprints), the model options, the decoding settings, the
+    seed, and the images (``--images``: a digest of their ids and files; a split: its name and the data options but
+    ``data.num_workers`` and ``data.skip_bad_images``)."""
+    folder = model_dir(setup.checkpoint)
+    model_files = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
+                         for p in folder.rglob("*") if p.is_file())  # fmt: skip
+    # not what makes a caption: the worker count, and whether a bad image stops the run (--skip-bad-images resumes
+    # a run a bad image stopped)
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in ("num_workers", "skip_bad_images")}
+    if files is not None:
+        listed = "\n".join(f"{f.image_id}\t{os.path.abspath(f.path)}" for f in files)
+        images: dict[str, Any] = {"images": len(files), "files": digest(listed.encode("utf-8", "surrogateescape"))}
+    else:
+        images = {"split": split, "world": dataclasses.asdict(cfg.world)}
+    return {
+        "checkpoint": str(Path(setup.checkpoint).resolve()),
+        "model files": digest(json.dumps(model_files).encode()),
+        "fingerprints": digest(fingerprints.read_bytes()) if fingerprints is not None else None,
+        "model": dataclasses.asdict(cfg.model),
+        "mixed_precision": cfg.train.mixed_precision,
+        "decode": dataclasses.asdict(cfg.decode),
+        "seed": cfg.run.seed,
+        "data": data,
+        **images,
+    }
+
+
 def main(
     cfg: Config | None = None,
     *,
@@ -198,6 +343,10 @@ def main(
     ``skip_bad_images``: ``data.skip_bad_images=true`` (images that do not decode left out and counted). Runs on every
     process of an ``accelerate launch``; only the main process writes. ``out`` may not be one of the inputs (the
     checkpoint's folder, the data set, the images), nor an existing file finecap did not make unless ``force``.
+
+    In one process, captions are kept as they are made in ``<out>.partial.jsonl`` (:class:`PartialResults`): a
+    stopped run says how many, and the same call again resumes from them (``force``: starts over), writing ``out``
+    as a run never stopped would, then removing that file (docs/caption.md#a-stopped-run-resumes).
     """
     if images is not None and (data is not None or split is not None):
         raise ValueError("--images captions image files, --data and --split a data set's split: give one or the other")
@@ -229,6 +378,7 @@ def main(
         inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
                   "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
     check_output_file(out, inputs, force=force, kind="results")
+    check_writable(out)  # before the model loads and the images decode, not when the captions are written
     if files is None:
         try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
             load_records(cfg, split, captioned=False)
@@ -252,23 +402,48 @@ def main(
         log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
                  "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
     engine_class(cfg.decode).check_processes(cfg, accelerator.num_processes)  # vLLM: one engine in one process
-    model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
-    with open_engine(cfg, model) as generator:  # the captioner itself, or an engine serving it (decode.engine)
-        if files is not None:
-            result = caption_images(generator, [f.path for f in files], cfg.decode,
-                                    skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
-                                    accelerator=accelerator, limits=ImageLimits.of(cfg.data),
-                                    draft=encoder_draft(model.encoder, cfg.data), seed=cfg.run.seed)  # fmt: skip
-            captions = {f.image_id: caps for f, caps in zip(files, result.captions, strict=True) if caps is not None}
-            what = f"{len(files)} image(s)"
-            if result.skipped and accelerator.is_main_process:
-                log.warning("caption: %s (data.skip_bad_images=true)", describe_skipped(result, len(files)))
-        else:
-            captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed)
-            what = f"split {split!r}"
+    # the partial results file (kept when the run stops, resumed by the same command): one process only (several
+    # would each hold a part)
+    partial = None
+    done: list[dict] = []
+    if accelerator.num_processes == 1:
+        partial = PartialResults(partial_path(out), caption_header(setup, cfg, split, files, checked))
+        done = partial.open(force)
+    try:
+        model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
+        with open_engine(cfg, model) as generator:  # the captioner itself, or an engine serving it (decode.engine)
+            if files is not None:
+                result = caption_images(generator, [f.path for f in files], cfg.decode,
+                                        skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
+                                        accelerator=accelerator, limits=ImageLimits.of(cfg.data),
+                                        draft=encoder_draft(model.encoder, cfg.data), seed=cfg.run.seed,
+                                        done={row["image"]: row.get("captions") for row in done},
+                                        done_skipped=[(row["image"], row["skipped"]) for row in done
+                                                      if "skipped" in row],
+                                        on_batch=partial.add if partial else None)  # fmt: skip
+                paired = zip(files, result.captions, strict=True)
+                captions = {f.image_id: caps for f, caps in paired if caps is not None}
+                what = f"{len(files)} image(s)"
+                if result.skipped and accelerator.is_main_process:
+                    log.warning("caption: %s (data.skip_bad_images=true)", describe_skipped(result, len(files)))
+            else:
+                captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed,
+                                             done={row["image"]: row["captions"] for row in done},
+                                             on_batch=partial.add if partial else None)  # fmt: skip
+                what = f"split {split!r}"
+    except BaseException:
+        if partial is not None and partial.close() == 0:
+            partial.path.unlink()  # nothing captioned: nothing to keep
+        elif partial is not None:
+            log.warning("caption: stopped; %d image(s) captioned are kept in %s: run the same command again to resume "
+                      "(--force to start over)", partial.kept, partial.path)  # fmt: skip
+        raise
     out = Path(out)
     if accelerator.is_main_process:
         write_results(out, {image_id: caps[0] for image_id, caps in captions.items()})
         log.info("wrote %d captions of %s to %s", len(captions), what, out)
+    if partial is not None:
+        partial.close()
+        partial.path.unlink()
     accelerator.wait_for_everyone()
     return out

@@ -55,8 +55,8 @@ def _walk_error(error: OSError) -> None:
 def folder_images(root: str | Path) -> list[str]:
     """The image files under ``root`` (:data:`~finecap.data.images.IMAGE_SUFFIXES`, any case), as sorted paths
     relative to ``root`` with ``/``: every subfolder, linked ones too (each real folder once), but hidden files and
-    folders (``.name``:
-    ``.git``, macOS ``._photo.jpg`` files) skipped. A folder that cannot be listed is a :class:`DataError`."""
+    folders (``.name``: ``.git``, macOS ``._photo.jpg`` files) skipped. A folder that cannot be listed, and an image
+    whose path is not UTF-8 (:func:`utf8_name`), are a :class:`DataError` naming it."""
     found = []
     seen: set[str] = set()
     for dirpath, dirs, files in os.walk(root, onerror=_walk_error, followlinks=True):
@@ -69,8 +69,22 @@ def folder_images(root: str | Path) -> list[str]:
         rel = Path(os.path.relpath(dirpath, root)).as_posix()
         for name in files:
             if not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES):
-                found.append(name if rel == "." else f"{rel}/{name}")
+                found.append(utf8_name(name if rel == "." else f"{rel}/{name}", root))
     return sorted(found)
+
+
+def utf8_name(name: str, folder: str | Path) -> str:
+    """``name`` (an image's path under ``folder``, as :func:`os.listdir` gives it) when it is UTF-8; a name of other
+    bytes (``caf\\xe9.jpg`` written in Latin-1; Python holds such bytes as lone surrogates) is a :class:`DataError`
+    naming the file with its bytes escaped and saying to rename it: its image id would be no text a JSON file holds
+    (or a JSON reader other than Python's reads), and the image could not be split by its id's hash."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        raw = os.fsencode(name).decode("utf-8", "backslashreplace")
+        raise DataError(f"{Path(folder) / raw}: the file name is not UTF-8 (its image id could not be written as "
+                        "JSON text): rename it") from None  # fmt: skip
+    return name
 
 
 @dataclass

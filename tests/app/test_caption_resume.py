@@ -1,0 +1,134 @@
+"""``finecap caption`` keeps its work when stopped and resumes (docs/caption.md#a-stopped-run-resumes): captions are
+appended per batch to ``<out>.partial.jsonl``; the same command again skips the images captioned and writes the
+results byte for byte as a run never stopped would, then removes the partial file.
+
+A run is stopped after N batches by making :func:`finecap.caption.batch_captions` raise ``KeyboardInterrupt`` (Ctrl-C)
+on its call N + 1; the captioner is the coloured-shape ClipCap of tests/app/test_caption_images.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import finecap.caption
+from helpers.cli import run_cli
+
+GREEDY = ("decode.strategy=greedy", "decode.batch_size=4")
+SAMPLED = ("decode.strategy=sample", "decode.temperature=5", "decode.batch_size=4")  # run.seed: per-image seeds
+
+
+def argv(run: Path, shapes: dict, out: Path, what: str, more: tuple[str, ...]) -> list[str]:
+    """``finecap caption`` of the 24 training images (``--images``) or of the run's val split."""
+    where = ["--images", str(shapes["data"])] if what == "images" else ["--split", "val"]
+    return ["caption", "--checkpoint", str(run), "--out", str(out), *more, *where]
+
+
+class Batches:
+    """:func:`finecap.caption.batch_captions` counting its calls; ``stop_after``: Ctrl-C on the call after those."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, stop_after: int | None = None) -> None:
+        self.calls, self.stop_after, self.real = 0, stop_after, finecap.caption.batch_captions
+        monkeypatch.setattr(finecap.caption, "batch_captions", self)
+
+    def __call__(self, *args, **kwargs):
+        if self.stop_after is not None and self.calls == self.stop_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.real(*args, **kwargs)
+
+
+def stopped(run, shapes, out, what, more, monkeypatch, after: int) -> str:
+    """Run the command, stopped after ``after`` batches; its stderr (it must fail)."""
+    with monkeypatch.context() as m:
+        Batches(m, stop_after=after)
+        code, _, err = run_cli(argv(run, shapes, out, what, more))
+    assert code != 0, err
+    return err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("what", "more"), [("images", GREEDY), ("images", SAMPLED), ("split", SAMPLED)])
+def test_a_stopped_run_resumes_to_the_bytes_of_a_run_never_stopped(run, shapes, tmp_path, monkeypatch, what, more):
+    whole = tmp_path / "whole.json"
+    assert run_cli(argv(run, shapes, whole, what, more))[0] == 0
+    expected = whole.read_bytes()
+    total = len(json.loads(expected))
+
+    out = tmp_path / "out.json"
+    err = stopped(run, shapes, out, what, more, monkeypatch, after=1)
+    partial = tmp_path / "out.json.partial.jsonl"
+    kept = 4 if what == "images" else min(4, total)
+    assert not out.exists() and len(partial.read_text().splitlines()) == 1 + kept  # the header, then one per image
+    assert f"{kept} image(s) captioned are kept in {partial}" in err and "run the same command again" in err
+    header = json.loads(partial.read_text().splitlines()[0])
+    assert header["finecap"] == "finecap caption partial results"
+    assert header["header"]["decode"]["strategy"] == more[0].removeprefix("decode.strategy=")
+
+    if what == "images":  # stopped again, later, on the resumed run: both runs' captions kept
+        stopped(run, shapes, out, what, more, monkeypatch, after=2)
+        assert len(partial.read_text().splitlines()) == 1 + 12
+        kept = 12
+    counted = Batches(monkeypatch)
+    assert run_cli(argv(run, shapes, out, what, more))[0] == 0
+    assert out.read_bytes() == expected  # the same bytes as the run never stopped
+    assert not partial.exists()
+    assert counted.calls * 4 >= total - kept and counted.calls < -(-total // 4)  # only the images left were decoded
+
+
+@pytest.mark.slow
+def test_a_line_cut_short_by_a_kill_is_decoded_again(run, shapes, tmp_path, monkeypatch):
+    whole = tmp_path / "whole.json"
+    assert run_cli(argv(run, shapes, whole, "images", SAMPLED))[0] == 0
+    out = tmp_path / "out.json"
+    stopped(run, shapes, out, "images", SAMPLED, monkeypatch, after=2)
+    partial = tmp_path / "out.json.partial.jsonl"
+    with partial.open("a") as f:
+        f.write('{"image": 8, "capt')  # killed in the middle of a line
+    assert run_cli(argv(run, shapes, out, "images", SAMPLED))[0] == 0
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists()
+
+
+@pytest.mark.slow
+def test_other_settings_are_refused_naming_them_and_force_starts_over(run, shapes, tmp_path, monkeypatch):
+    out = tmp_path / "out.json"
+    stopped(run, shapes, out, "images", GREEDY, monkeypatch, after=1)
+    partial = tmp_path / "out.json.partial.jsonl"
+    before = partial.read_bytes()
+    shorter = (*GREEDY, "decode.max_length=3")
+    code, _, err = run_cli(argv(run, shapes, out, "images", shorter))
+    assert code == 2 and "decode.max_length: 6 before, 3 now" in err and "--force" in err, err
+    assert partial.read_bytes() == before and not out.exists()  # refused before anything is written
+    whole = tmp_path / "whole.json"
+    assert run_cli(argv(run, shapes, whole, "images", shorter))[0] == 0
+    assert run_cli([*argv(run, shapes, out, "images", shorter), "--force"])[0] == 0
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists()
+
+
+@pytest.mark.slow
+def test_a_file_finecap_did_not_write_at_the_partial_name_is_never_touched(run, shapes, tmp_path):
+    out = tmp_path / "out.json"
+    theirs = tmp_path / "out.json.partial.jsonl"
+    theirs.write_text('{"image": 0, "captions": ["mine"]}\n')
+    for force in ([], ["--force"]):
+        code, _, err = run_cli([*argv(run, shapes, out, "images", GREEDY), *force])
+        assert code == 2 and f"{theirs} exists and finecap did not write it" in err, err
+    assert theirs.read_text() == '{"image": 0, "captions": ["mine"]}\n' and not out.exists()
+
+
+@pytest.mark.slow
+def test_a_run_a_bad_image_stopped_resumes_with_skip_bad_images(run, shapes, tmp_path, monkeypatch):
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    (images / "zz_bad.png").write_bytes(b"not a png")  # the last image: the run stops at its last batch
+    out, whole = tmp_path / "out.json", tmp_path / "whole.json"
+    command = ["caption", "--checkpoint", str(run), *SAMPLED, "--images", str(images)]
+    code, _, err = run_cli([*command, "--out", str(out)])
+    assert code == 2 and "zz_bad.png" in err and "24 image(s) captioned are kept" in err, err
+    counted = Batches(monkeypatch)
+    assert run_cli([*command, "--skip-bad-images", "--out", str(out)])[0] == 0
+    assert counted.calls == 0  # the bad image's batch held only it: nothing left to decode
+    assert run_cli([*command, "--skip-bad-images", "--out", str(whole)])[0] == 0
+    assert out.read_bytes() == whole.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()
