@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,22 +31,34 @@ def images(n: int = 4) -> list[Image.Image]:
     return [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(n)]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A run whose best checkpoint is a tiny Idefics3 (SmolVLM's family) with random LoRA adapters on its language
-    model, saved by the checkpoint writer with the run's beam decoding."""
-    root = tmp_path_factory.mktemp("export")
-    tiny = save_tiny_vlm(root / "vlm", "idefics3")
-    cfg = load(None, ["model.kind=vlm", f"vlm.name={tiny}", "lora.lm=true", "lora.rank=4", "lora.alpha=8",
-                      "run.name=export-test", *DECODE])  # fmt: skip
+def save_with_drawn_adapters(folder: Path, overrides: list[str]) -> None:
+    """A checkpoint in ``folder`` of the captioner ``overrides`` configure, its LoRA ``B`` matrices drawn large (seed
+    0) so that the adapters move the captions."""
+    cfg = load(None, overrides)
     torch.manual_seed(0)
     model = lora.configure_training(build_model(cfg), cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
+    save_checkpoint(folder, model=model.eval(), cfg=cfg, info={"step": 1})
+
+
+def blip_with_lora(tiny: Path) -> list[str]:
+    """The tiny BLIP ``tiny`` with LoRA on both parts (rank 4), greedy captions of 8 tokens."""
+    return ["model.kind=blip", f"blip.name={tiny}", "lora.lm=true", "lora.encoder=true", "model.train_encoder=true",
+            "lora.rank=4", "lora.alpha=8", "decode.max_length=8"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run whose best checkpoint is a tiny Idefics3 (SmolVLM's family) with random LoRA adapters on its language
+    model, saved by the checkpoint writer with the run's beam decoding."""
+    root = tmp_path_factory.mktemp("export")
+    tiny = save_tiny_vlm(root / "vlm", "idefics3")
     run_dir = root / "run"
-    save_checkpoint(run_dir / "checkpoints" / "best", model=model.eval(), cfg=cfg, info={"step": 1})
+    save_with_drawn_adapters(run_dir / "checkpoints" / "best", ["model.kind=vlm", f"vlm.name={tiny}", "lora.lm=true",
+                             "lora.rank=4", "lora.alpha=8", "run.name=export-test", *DECODE])  # fmt: skip
     export = root / "export"
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
@@ -175,17 +188,8 @@ def test_a_16_bit_export_of_adapters_says_its_rounding_changes_captions(tmp_path
     tiny = save_tiny_blip(tmp_path / "blip")
     pictures = images()
     for dtype in ("bfloat16", "float32"):
-        cfg = load(None, ["model.kind=blip", f"blip.name={tiny}", f"model.dtype={dtype}", "lora.lm=true",
-                          "lora.encoder=true", "model.train_encoder=true", "lora.rank=4", "lora.alpha=8",
-                          "decode.max_length=8"])  # fmt: skip
-        torch.manual_seed(0)
-        model = lora.configure_training(build_model(cfg), cfg)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_B" in name:
-                    p.normal_(0, 0.5)
         source = tmp_path / dtype / "checkpoints" / "best"
-        save_checkpoint(source, model=model.eval(), cfg=cfg, info={"step": 1})
+        save_with_drawn_adapters(source, [*blip_with_lora(tiny), f"model.dtype={dtype}"])
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="finecap.models.export"):
             export_merged(source / "model", tmp_path / f"{dtype}-export", dtype)
@@ -207,16 +211,8 @@ def test_an_export_of_an_autocast_run_says_its_captions_can_differ(tmp_path):
     from finecap.models.presets import save_tiny_blip
 
     tiny = save_tiny_blip(tmp_path / "blip")
-    cfg = load(None, ["model.kind=blip", f"blip.name={tiny}", "train.mixed_precision=bf16", "lora.lm=true",
-                      "lora.encoder=true", "model.train_encoder=true", "lora.rank=4", "lora.alpha=8",
-                      "decode.max_length=8"])  # fmt: skip
-    torch.manual_seed(0)
-    model = lora.configure_training(build_model(cfg), cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)
-    save_checkpoint(tmp_path / "run" / "checkpoints" / "best", model=model.eval(), cfg=cfg, info={"step": 1})
+    best = tmp_path / "run" / "checkpoints" / "best"
+    save_with_drawn_adapters(best, [*blip_with_lora(tiny), "train.mixed_precision=bf16"])
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         assert main(["export", str(tmp_path / "run"), "--merged", str(tmp_path / "export")]) == 0, err.getvalue()

@@ -405,6 +405,28 @@ SHUTDOWN_GRACE = 30
 """Seconds a stopping server gives the requests in flight (uvicorn's graceful-shutdown timeout)."""
 
 
+class SaidEvery:
+    """Events of one kind (connections refused or cut off) counted and said in one log line at most every ``every``
+    seconds, with how many there were since the last line: a flood of them costs a line per window, not one each.
+    ``message`` is a %-format whose first field is that count.
+
+    >>> said = SaidEvery(logging.INFO, "%d connection(s) closed")
+    >>> said.add(); said.add(); said.count  # the first was said at once, the second waits for the window's end
+    1
+    """
+
+    def __init__(self, level: int, message: str, every: float = 10.0) -> None:
+        self.level, self.message, self.every = level, message, every
+        self.count = 0
+        self._said = -math.inf
+
+    def add(self, *args: Any) -> None:
+        self.count += 1
+        if time.monotonic() - self._said >= self.every:
+            log.log(self.level, self.message, self.count, *args)
+            self.count, self._said = 0, time.monotonic()
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with a deadline for request headers, one for a reply its client does not read, and
     a cap on open connections beyond which :data:`HEALTH_CONNECTIONS` answer ``GET /health`` alone (module docstring,
@@ -413,25 +435,16 @@ class GuardedH11Protocol(H11Protocol):
     header_timeout = 10.0
     write_timeout = 60.0
     cap = 256
-    refused = 0
-    _said = -math.inf
-    late = 0
-    _said_late = -math.inf
-    unread = 0
-    _said_unread = -math.inf
+    refused: SaidEvery  # each server's own (make_server's subclass)
+    late: SaidEvery
+    unread: SaidEvery
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.cap + HEALTH_CONNECTIONS:
-            cls = type(self)
-            cls.refused += 1
-            if time.monotonic() - cls._said >= 10:
-                log.warning("reward server: %d connection(s) closed at once: %d are open (--max-connections, and "
-                            "%d kept for GET /health)", cls.refused, len(self.connections) - 1,
-                            HEALTH_CONNECTIONS)  # fmt: skip
-                cls.refused, cls._said = 0, time.monotonic()
+            self.refused.add(len(self.connections) - 1, HEALTH_CONNECTIONS)
             transport.close()
             return
         if len(self.connections) > self.cap:  # a supervisor's probe gets through while a trainer holds the cap
@@ -453,12 +466,7 @@ class GuardedH11Protocol(H11Protocol):
         self._write_timer = None
         if self.transport.is_closing():
             return
-        cls = type(self)
-        cls.unread += 1
-        if time.monotonic() - cls._said_unread >= 10:  # at most a line every 10 s, however many clients stall
-            log.warning("reward server: %d connection(s) read no more of their reply for %g s (--write-timeout): "
-                        "aborted, the reply dropped", cls.unread, self.write_timeout)  # fmt: skip
-            cls.unread, cls._said_unread = 0, time.monotonic()
+        self.unread.add(self.write_timeout)
         self.transport.abort()  # close() would wait for the unread bytes to be sent
 
     def _arm(self) -> None:
@@ -488,12 +496,7 @@ class GuardedH11Protocol(H11Protocol):
     def _headers_late(self) -> None:
         self._header_timer = None
         if self._between_requests() and not self.transport.is_closing():
-            cls = type(self)
-            cls.late += 1
-            if time.monotonic() - cls._said_late >= 10:  # at most a line every 10 s, however many clients idle
-                log.info("reward server: %d connection(s) sent no complete request headers within %g s "
-                         "(--header-timeout): closed", cls.late, self.header_timeout)  # fmt: skip
-                cls.late, cls._said_late = 0, time.monotonic()
+            self.late.add(self.header_timeout)
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -563,7 +566,13 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
     connections = connections or ConnectionLimits()
     protocol = type("RewardServerProtocol", (GuardedH11Protocol,), {
         "header_timeout": connections.header_timeout, "write_timeout": connections.write_timeout,
-        "cap": connections.connection_cap()})  # fmt: skip
+        "cap": connections.connection_cap(),
+        "refused": SaidEvery(logging.WARNING, "reward server: %d connection(s) closed at once: %d are open "
+                             "(--max-connections, and %d kept for GET /health)"),
+        "late": SaidEvery(logging.INFO, "reward server: %d connection(s) sent no complete request headers within "
+                          "%g s (--header-timeout): closed"),
+        "unread": SaidEvery(logging.WARNING, "reward server: %d connection(s) read no more of their reply for %g s "
+                            "(--write-timeout): aborted, the reply dropped")})  # fmt: skip
     app = create_app(service, host=host, token=token, connections=connections, allowed_hosts=allowed_hosts)
     config = uvicorn.Config(app, host=host, port=port, log_config=UVICORN_LOGGING, log_level="warning",
                             access_log=False, lifespan="on", timeout_graceful_shutdown=SHUTDOWN_GRACE,
