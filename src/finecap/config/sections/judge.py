@@ -39,9 +39,7 @@ class JudgeConfig(Section, name="judge"):
     )
     cache: bool = doc(True, "Keep every answer in <finecap home>/cache/judges, so a re-run asks nothing twice.")
     questions: str = doc(
-        "",
-        "qa_utility, qa: questions file (JSON Lines, CapRL's layout), used where the data set holds none of its own "
-        "(both at once are refused); empty: the data set's, else the world's scenes.",
+        "", "qa_utility, qa: questions file (JSON Lines, CapRL's layout) where the data has none; empty: the scenes'."
     )
     shuffles: int = doc(
         2, "qa: times each question is asked with its options shuffled.", ge=1, le=64, why="each is a judge call"
