@@ -321,15 +321,20 @@ def test_a_stop_ends_within_the_grace_when_a_reward_call_hangs(monkeypatch, capl
         reward.release.set()
 
 
-def test_a_second_ctrl_c_ends_the_stop_at_once_when_a_reward_call_hangs():
+def test_a_second_ctrl_c_ends_the_stop_at_once_when_a_reward_call_hangs(caplog):
     """Ctrl-C waits for the requests in flight (the grace: 30 s); a second one forces the exit, as the Server's
     docstring says: neither the grace nor the wait for the reward call (a forced exit once waited for the call
-    without limit)."""
+    without limit). The forced exit skips the app's own end, and still says the failures' unsaid repeats."""
     import signal
 
     reward = Hangs()
     try:
         server, service, thread = start_hung_server(reward)
+        for _ in range(3):  # a kind's full report, then two repeats counted within its line's 10 s, unsaid
+            try:
+                raise RuntimeError("judge gone")
+            except RuntimeError as e:
+                service.failures.log(e, "reward server: hangs failed")
         port = server.servers[0].sockets[0].getsockname()[1]
         server.handle_exit(signal.SIGINT, None)  # the first: a graceful stop, which waits for the hung request
         until(lambda: not listening(port), "the first Ctrl-C did not start the stop")
@@ -341,6 +346,9 @@ def test_a_second_ctrl_c_ends_the_stop_at_once_when_a_reward_call_hangs():
         assert not thread.is_alive(), "a second Ctrl-C did not end the stop"
         assert took < 3, took  # neither the 30 s grace nor the service's stop_wait
         assert service.abandoned
+        said = [r.getMessage() for r in caplog.records if "unsaid" in r.getMessage()]
+        assert len(said) == 1 and said[0].startswith("reward server: hangs failed: RuntimeError: judge gone (the same "
+                                                     "failure 2 more time(s) since its last line")  # fmt: skip
     finally:
         reward.release.set()
 

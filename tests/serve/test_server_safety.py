@@ -233,6 +233,42 @@ def test_repeated_non_finite_values_502s_and_server_errors_are_bounded_lines(cap
     assert health["failures"] == 12 and health["requests"] == 12  # every failure counted, said or not
 
 
+def test_the_repeats_unsaid_when_the_server_stops_are_said_before_its_last_line(caplog):
+    # the repeats counted between a kind's rate-limited lines were never logged when the server stopped: a
+    # supervisor reading the log after a shutdown missed the last failures
+    now = [1000.0]
+    svc = service()
+    svc.failures.clock = lambda: now[0]
+    bug = {"captions": ["bug"], "image_ids": [1]}
+    nan = {"captions": ["a b", "nan-part"], "image_ids": [1, 2]}
+    with caplog.at_level(logging.INFO), serving(svc) as url:
+        for seconds, body in [(1.0, bug), (1.0, bug), (1.0, bug), (1.0, nan), (11.0, bug), (1.0, bug), (1.0, nan),
+                              (1.0, nan), (1.0, nan), (0.0, OK)]:  # fmt: skip
+            now[0] += seconds
+            assert httpx.post(f"{url}/reward", json=body, timeout=5).status_code == (200 if body is OK else 500)
+        now[0] += 2.0  # the stop (should_exit: the block's end) at 1021 s
+    said = [(r.levelno, r.getMessage(), r.exc_info is not None) for r in caplog.records
+            if r.name.startswith("finecap")]  # fmt: skip
+    # bug: its traceback (#1 at 1001 s), #2-#3 counted, #5 (1015 s) a line with 3, #6 (1016 s) counted, unsaid;
+    # nan: its full report (#4 at 1004 s), #7 (1017 s) a line with 1, #8-#9 (1018, 1019 s) counted, unsaid;
+    # the stop (1021 s): one line for each kind with its unsaid count, then the server's last line
+    assert len(said) == 7, said
+    assert said[0] == (logging.ERROR, "reward server: words failed on request #1 (1 captions)", True)
+    assert said[1][1].startswith("reward server: request #4: reward 'words': part 'length' is nan at caption 1")
+    assert said[2][1].endswith("(the same failure 3 time(s) since its traceback 14 s ago; the next traceback in 586 s "
+                               "at most)")  # fmt: skip
+    assert said[3][1].startswith("reward server: request #7: reward 'words': part 'length' is nan")
+    assert said[4] == (logging.ERROR, "reward server: words failed on request #6 (1 captions): RuntimeError: "
+                       "/srv/secret/path exploded (the same failure 1 more time(s) since its last line 6 s ago, "
+                       "unsaid until the server stopped)", False)  # fmt: skip
+    assert said[5][0] == logging.ERROR and not said[5][2]
+    assert said[5][1].startswith("reward server: request #9: reward 'words': part 'length' is nan at caption 1")
+    assert said[5][1].endswith("(the same failure 2 more time(s) since its last line 4 s ago, unsaid until the "
+                               "server stopped)")  # fmt: skip
+    assert said[6][1].startswith("reward server (words): 10 requests")  # the server's last line
+    assert svc.failures.total == 9
+
+
 @pytest.mark.parametrize(("caption", "part"), [("nan-part", "part 'length' is nan"), ("inf-total", "total is inf"),
                                                ("huge-total", "total is inf")])  # fmt: skip
 def test_a_non_finite_value_is_a_500_naming_the_reward_and_the_reply_is_strict_json(caption, part):

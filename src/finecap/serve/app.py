@@ -324,6 +324,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
         asyncio.get_running_loop().set_exception_handler(QuietAcceptErrors())
         async with service.running():
             yield
+        service.failures.flush()  # the repeats counted since their last line, before the server's last line
         log.info("%s", service.meter.line(service.name))
 
     routes = [
@@ -517,6 +518,13 @@ class Server(uvicorn.Server):
 
     service: RewardService | None = None
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().shutdown(sockets)
+        finally:  # a forced stop skips the lifespan's end, which says them first
+            if self.service is not None:
+                self.service.failures.flush()
+
     def handle_exit(self, sig: int, frame: Any) -> None:
         if sig == signal.SIGINT and self.should_exit:
             self.force_exit = True  # the second Ctrl-C: stop waiting for the requests in flight
@@ -562,7 +570,9 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
     being read or scored then is cut off, and uvicorn answers it with a plain-text 500; a reward call still running
     :attr:`RewardService.stop_wait` seconds later is abandoned, so that the run returns even when a call hangs; a
     second SIGINT ends the stop at once), ``server.should_exit = True``, or a reward that raises ``SystemExit``
-    (:attr:`RewardService.fatal`). ``token``, ``connections`` and ``allowed_hosts``: module docstring."""
+    (:attr:`RewardService.fatal`); every stop, a forced one too, first logs the failures' repeats not yet said
+    (:meth:`RepeatedFailures.flush <finecap.serve.service.RepeatedFailures.flush>`). ``token``, ``connections`` and
+    ``allowed_hosts``: module docstring."""
     connections = connections or ConnectionLimits()
     protocol = type("RewardServerProtocol", (GuardedH11Protocol,), {
         "header_timeout": connections.header_timeout, "write_timeout": connections.write_timeout,

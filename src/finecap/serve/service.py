@@ -35,7 +35,8 @@ requests.
   of each kind of failure (its exception type and the code it passed through) once, then one line at most every
   :data:`REPEAT_LINE_EVERY` seconds with the count since, and the traceback again every
   :data:`FULL_TRACEBACK_EVERY` seconds (:class:`RepeatedFailures`); a non-finite value, the ``/get_reward`` 502s
-  and the server's own errors alike. Every failed request is still answered 500 (or 502) and counted in
+  and the server's own errors alike; the server's stop says the repeats counted since each kind's last line
+  (:meth:`RepeatedFailures.flush`). Every failed request is still answered 500 (or 502) and counted in
   ``/health``'s ``failures``.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
@@ -269,7 +270,9 @@ class RepeatedFailures:
         self.every, self.kinds, self.clock, self.line_every = every, kinds, clock, line_every
         self.total = 0
         """Failures logged here since the start, said or not."""
-        self._seen: OrderedDict[tuple, list] = OrderedDict()  # kind -> [time of its full report, repeats, last line]
+        # kind -> [time of its full report, repeats, time of its last line, repeats said, level, its last repeat's
+        # words (the line it would have had)]
+        self._seen: OrderedDict[tuple, list] = OrderedDict()
         self._lock = threading.Lock()  # the worker thread and the event loop both log here
 
     def log(self, error: BaseException, what: str, *, level: int = logging.ERROR, trace: bool = True) -> None:
@@ -286,22 +289,36 @@ class RepeatedFailures:
                 since = f" (the same failure {seen[1]} more time(s) since its last {word})" if seen and seen[1] else ""
                 shown = (type(error), error, error.__traceback__) if trace else None
                 log.log(level, "%s%s", what, since, exc_info=shown)
-                self._seen[kind] = [now, 0, now]
+                self._seen[kind] = [now, 0, now, 0, level, what]
                 self._seen.move_to_end(kind)
                 while len(self._seen) > self.kinds:
                     self._seen.popitem(last=False)
                 return
             seen[1] += 1
-            if now - seen[2] < self.line_every:
-                return  # counted: the next line or full report says it
-            seen[2] = now
             if trace:
                 message = (str(error).splitlines() or [""])[0][:300]
-                what, word = f"{what}: {type(error).__name__}: {message}", "traceback"
-            else:
-                word = "full report"
+                what = f"{what}: {type(error).__name__}: {message}"
+            seen[4], seen[5] = level, what
+            if now - seen[2] < self.line_every:
+                return  # counted: the next line, the next full report or the server's stop (flush) says it
+            seen[2], seen[3] = now, seen[1]
+            word = "traceback" if trace else "full report"
             log.log(level, "%s (the same failure %d time(s) since its %s %.0f s ago; the next %s in %.0f s at most)",
                     what, seen[1], word, now - seen[0], word, self.every - (now - seen[0]))  # fmt: skip
+
+    def flush(self) -> None:
+        """Say the repeats counted but not yet said (those since each kind's last line): one line per kind that has
+        any, at its last failure's level, with its last failure's words and their count. The server's stop calls it
+        (:mod:`finecap.serve.app`), so that a log read after a shutdown misses no failure; a second call says
+        nothing more."""
+        with self._lock:
+            now = self.clock()
+            for seen in self._seen.values():
+                unsaid = seen[1] - seen[3]
+                if unsaid > 0:
+                    seen[3] = seen[1]
+                    log.log(seen[4], "%s (the same failure %d more time(s) since its last line %.0f s ago, unsaid "
+                            "until the server stopped)", seen[5], unsaid, now - seen[2])  # fmt: skip
 
 
 class RewardFailed(RuntimeError):
