@@ -567,19 +567,22 @@ def test_departed_clients_leave_the_queue_while_the_reward_is_still_busy():
     assert reward.calls == [OK["captions"], OK["captions"], ["next"]]
 
 
-def test_connections_beyond_the_cap_are_closed_at_once_and_the_server_recovers():
+def test_connections_beyond_the_cap_are_closed_at_once_and_the_server_recovers(caplog):
     limits = ConnectionLimits(max_connections=4, header_timeout=30)
+    caplog.set_level(logging.WARNING, logger="finecap.serve.app")
     with serving_server(service(), connections=limits) as (url, server):
         port = int(url.rsplit(":", 1)[1])
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4 + HEALTH_CONNECTIONS)]
         until(lambda: open_connections(server) == 4 + HEALTH_CONNECTIONS, "the server never held the connections")
-        extra = socket.create_connection(("127.0.0.1", port))
-        assert recv_all(extra, 5) == b""  # closed at once: the cap and the probes' connections are full
-        for s in held:
+        extra = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        assert [recv_all(e, 5) for e in extra] == [b""] * 3  # closed at once: the cap and the probes' are full
+        for s in [*held, *extra]:
             s.close()
         until(lambda: open_connections(server) == 0, "the server never saw the connections close")
         assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
-        extra.close()
+    # one line at the first, the other two counted within its 10 s: said as the server stopped, not lost with it
+    closed = [r.getMessage() for r in caplog.records if "closed at once" in r.getMessage()]
+    assert [m.split(" connection(s)")[0] for m in closed] == ["reward server: 1", "reward server: 2"], closed
 
 
 def test_a_health_probe_gets_through_while_a_trainer_holds_every_connection():
@@ -775,7 +778,8 @@ def test_reference_captions_beyond_the_limit_are_a_413():
 
 def test_connections_cut_off_for_their_headers_are_one_log_line_every_ten_seconds(caplog):
     """A client holding many idle connections made a log line for each one the header deadline closed (26 lines a
-    second under one client's load): now at most one line every 10 s, with the count."""
+    second under one client's load): now at most one line every 10 s, with the count, and those counted since the
+    last line said as the server stops."""
     limits = ConnectionLimits(header_timeout=0.3)
     with caplog.at_level(logging.INFO, logger="finecap"), serving(service(), connections=limits) as url:
         port = int(url.rsplit(":", 1)[1])
@@ -785,4 +789,5 @@ def test_connections_cut_off_for_their_headers_are_one_log_line_every_ten_second
             s.close()
         assert httpx.post(f"{url}/reward", json=OK).json()["total"] == [3.0, 2.0]
     said = [r.getMessage() for r in caplog.records if "no complete request headers" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("reward server: 1 connection(s) sent no complete request headers")
+    assert [m.split(" connection(s)")[0] for m in said] == ["reward server: 1", "reward server: 11"], said
+    assert said[0].startswith("reward server: 1 connection(s) sent no complete request headers")

@@ -414,17 +414,26 @@ class SaidEvery:
     >>> said = SaidEvery(logging.INFO, "%d connection(s) closed")
     >>> said.add(); said.add(); said.count  # the first was said at once, the second waits for the window's end
     1
+    >>> said.flush(); said.count  # a stopping server says what it counted since its last line
+    0
     """
 
     def __init__(self, level: int, message: str, every: float = 10.0) -> None:
         self.level, self.message, self.every = level, message, every
         self.count = 0
         self._said = -math.inf
+        self._args: tuple[Any, ...] = ()
 
     def add(self, *args: Any) -> None:
-        self.count += 1
+        self.count, self._args = self.count + 1, args
         if time.monotonic() - self._said >= self.every:
-            log.log(self.level, self.message, self.count, *args)
+            self.flush()
+
+    def flush(self) -> None:
+        """Say the events counted since the last line, if any (with the last one's values): the server calls it as it
+        stops, so that none counted is left unsaid (as :meth:`RepeatedFailures.flush`)."""
+        if self.count:
+            log.log(self.level, self.message, self.count, *self._args)
             self.count, self._said = 0, time.monotonic()
 
 
@@ -517,6 +526,8 @@ class Server(uvicorn.Server):
     (:meth:`RewardService.abandon`)."""
 
     service: RewardService | None = None
+    said: tuple[SaidEvery, ...] = ()
+    """The connections' flood-bounded counts (:func:`make_server`), said as the server stops."""
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         try:
@@ -524,6 +535,8 @@ class Server(uvicorn.Server):
         finally:  # a forced stop skips the lifespan's end, which says them first
             if self.service is not None:
                 self.service.failures.flush()
+            for said in self.said:
+                said.flush()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if sig == signal.SIGINT and self.should_exit:
@@ -589,6 +602,7 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
                             backlog=BACKLOG, http=protocol, ws="none")  # fmt: skip
     server = Server(config)
     server.service = service
+    server.said = (protocol.refused, protocol.late, protocol.unread)
 
     def stop() -> None:
         server.should_exit = True
