@@ -311,6 +311,25 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good
     warning = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
     assert "skipped 3 of 5 images that do not decode" in warning and all(str(b) in warning for b in bad)
+    # the full list beside --out, named by the warning: past the few the warning shows, every image and its reason
+    listed = tmp_path / "out.json.skipped.json"
+    assert f"every one, with its reason, in {listed}" in warning
+    skipped = json.loads(listed.read_text())
+    assert skipped["results"] == str(out) and skipped["images"] == 5
+    assert [(row["image_id"], row["path"]) for row in skipped["skipped"]] == [(b.name, str(b)) for b in sorted(bad)]
+    assert all(row["reason"].startswith(f"{row['path']}: ") for row in skipped["skipped"])
+    # a file of that name finecap did not write is never replaced (refused before the work), but with --force
+    listed.write_text("my notes")
+    line = error_of(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(out),
+                     "--skip-bad-images"])  # fmt: skip
+    assert line.startswith(f"finecap: error: --out: {listed} exists and finecap did not make it") and "--force" in line
+    assert listed.read_text() == "my notes"
+    # nothing skipped: no list, and the one an earlier run wrote (finecap's own) is gone, never describing new results
+    listed.unlink()
+    caption(run, photos, out=out, more=("--skip-bad-images",))
+    for b in bad:
+        b.unlink()
+    assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good and not listed.exists()
     # every image bad: an error, not an empty results file
     only_bad = tmp_path / "only_bad"
     only_bad.mkdir()
