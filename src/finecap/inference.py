@@ -28,6 +28,7 @@ way.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
     from finecap.config import Config, DecodeConfig
 
+log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------------------------------------------------
 # The checkpoint's captioner
@@ -121,8 +123,8 @@ def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
     """The ids of ``images`` (``(relative name, file)`` pairs; the rule of the module docstring): integers when every
     file stem is a number or ``COCO_<set>_<number>``, no number is beyond
     :data:`~finecap.data.records.MAX_INT_ID` (a 29-digit name stays a name) and no two are equal, else the relative
-    names. Two images with
-    one relative name are a :class:`~finecap.data.records.DataError` naming both files.
+    names, with a warning naming the files that made them names when some are numbers (:func:`_why_paths`). Two
+    images with one relative name are a :class:`~finecap.data.records.DataError` naming both files.
 
     Example::
 
@@ -142,6 +144,8 @@ def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
     numbers = [file_number(name) for name, _ in images]
     if images and None not in numbers and len(set(numbers)) == len(numbers):
         return numbers  # type: ignore[return-value]
+    if any(n is not None for n in numbers):  # numbered names, but not all: say which files made the ids paths
+        log.warning("image ids: %s", _why_paths(images, numbers))
     first: dict[str, Path] = {}
     for name, path in images:
         if name in first:
@@ -149,6 +153,34 @@ def image_ids(images: Sequence[tuple[str, Path]]) -> list[int | str]:
                             "the folders named); pass the folder holding both instead")  # fmt: skip
         first[name] = path
     return [name for name, _ in images]
+
+
+def _why_paths(images: Sequence[tuple[str, Path]], numbers: Sequence[int | None]) -> str:
+    """Why the ids of ``images`` are paths though some of their names are numbers (``numbers``: each one's
+    :func:`~finecap.data.records.file_number`): the files named by no number and those sharing a number (at most
+    :data:`MAX_LISTED` of each), and what the ids would have been (docs/caption.md)."""
+
+    def listed(items: list[str]) -> str:
+        return ", ".join(items[:MAX_LISTED]) + (
+            f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+        )
+
+    unnumbered = [str(path) for (_, path), n in zip(images, numbers, strict=True) if n is None]
+    by_number: dict[int, list[str]] = {}
+    for (_, path), n in zip(images, numbers, strict=True):
+        if n is not None:
+            by_number.setdefault(n, []).append(str(path))
+    shared = [f"{' and '.join(paths)} (both {n})" if len(paths) == 2 else f"{', '.join(paths)} (all {n})"
+              for n, paths in by_number.items() if len(paths) > 1]  # fmt: skip
+    causes = []
+    if unnumbered:
+        causes.append(f"{len(unnumbered)} file name(s) are no number ({listed(unnumbered)})")
+    if shared:
+        causes.append(f"{len(shared)} number(s) name several files ({listed(shared)})")
+    name, n = next((name, n) for (name, _), n in zip(images, numbers, strict=True) if n is not None)
+    return (f"every image id is the image's path, not its number ({name!r}, not {n}), because "
+            f"{' and '.join(causes)}; results matched to references by number (COCO's) will find none: rename or "
+            "move those files to keep the numbers")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -90,11 +90,23 @@ def check_not_input(out: str | Path, inputs: Mapping[str, str | Path | None], *,
             )
 
 
-KINDS = ("results", "scores", "per-image", "bags", "report", "config", "probe", "questions", "plot", "bag-outcomes")
+KINDS = (
+    "results",
+    "scores",
+    "per-image",
+    "bags",
+    "report",
+    "config",
+    "probe",
+    "questions",
+    "plot",
+    "bag-outcomes",
+    "skipped",
+)
 """What an output file is, as :func:`remember` records it: COCO results (``caption``, the demo's captions), scores
 and per-image scores (``eval``), a bags file, a report page, a run's stored configuration, a retriever probe, a
-questions file (``finecap questions make``), a report's plot (``<run>/plots/*.png``) or bag outcomes
-(``<run>/bag_outcomes.json``). A
+questions file (``finecap questions make``), a report's plot (``<run>/plots/*.png``), bag outcomes
+(``<run>/bag_outcomes.json``) or the list of images ``caption --skip-bad-images`` left out (``<out>.skipped.json``). A
 command replaces without ``--force`` only a file of its own kind: ``caption --out RUN/config.yaml`` is refused."""
 
 

@@ -221,6 +221,27 @@ def test_numbers_shared_by_two_images_give_path_ids(tmp_path):
     assert [f.image_id for f in image_files([flat])] == ["001.jpg", "1.png"]
 
 
+def test_numbered_names_turned_into_paths_are_named_in_a_warning(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="finecap")
+    coco = tmp_path / "coco"
+    for name in ("000123.jpg", "000124.jpg", "cover.jpg"):
+        _png(coco / name)
+    assert [f.image_id for f in image_files([coco])] == ["000123.jpg", "000124.jpg", "cover.jpg"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "not its number ('000123.jpg', not 123)" in warning and f"are no number ({coco / 'cover.jpg'})" in warning
+    caplog.clear()
+    flat = tmp_path / "flat"
+    for name in ("1.png", "001.jpg", "2.png"):
+        _png(flat / name)
+    image_files([flat])
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"name several files ({flat / '001.jpg'} and {flat / '1.png'} (both 1))" in warning
+    caplog.clear()  # no number at all, or every number once: nothing to say
+    image_files([tmp_path / "coco" / "cover.jpg"])
+    image_files([tmp_path / "coco" / "000123.jpg", tmp_path / "flat" / "2.png"])
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
 def test_two_images_with_one_id_are_an_error_naming_both(run, tmp_path):
     a, b = _png(tmp_path / "a" / "x.png"), _png(tmp_path / "b" / "x.png")
     expected = (f"{a} and {b} both have the image id 'x.png' (the same name relative to the folders named); pass the "
@@ -290,6 +311,25 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good
     warning = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
     assert "skipped 3 of 5 images that do not decode" in warning and all(str(b) in warning for b in bad)
+    # the full list beside --out, named by the warning: past the few the warning shows, every image and its reason
+    listed = tmp_path / "out.json.skipped.json"
+    assert f"every one, with its reason, in {listed}" in warning
+    skipped = json.loads(listed.read_text())
+    assert skipped["results"] == str(out) and skipped["images"] == 5
+    assert [(row["image_id"], row["path"]) for row in skipped["skipped"]] == [(b.name, str(b)) for b in sorted(bad)]
+    assert all(row["reason"].startswith(f"{row['path']}: ") for row in skipped["skipped"])
+    # a file of that name finecap did not write is never replaced (refused before the work), but with --force
+    listed.write_text("my notes")
+    line = error_of(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(out),
+                     "--skip-bad-images"])  # fmt: skip
+    assert line.startswith(f"finecap: error: --out: {listed} exists and finecap did not make it") and "--force" in line
+    assert listed.read_text() == "my notes"
+    # nothing skipped: no list, and the one an earlier run wrote (finecap's own) is gone, never describing new results
+    listed.unlink()
+    caption(run, photos, out=out, more=("--skip-bad-images",))
+    for b in bad:
+        b.unlink()
+    assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good and not listed.exists()
     # every image bad: an error, not an empty results file
     only_bad = tmp_path / "only_bad"
     only_bad.mkdir()

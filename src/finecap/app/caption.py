@@ -12,7 +12,8 @@ is the run ``finecap train demo/mle`` wrote.
 data set (no references needed): every image file under the folders (recursive) and the files named, with the ids of
 :mod:`finecap.inference` (integers when every file name is a number, as COCO's, else relative paths), through
 :func:`finecap.inference.caption_images`, the function the Python API (:class:`finecap.api.Captioner`) uses too.
-``--skip-bad-images`` (``data.skip_bad_images=true``) leaves out the images that do not decode and counts them.
+``--skip-bad-images`` (``data.skip_bad_images=true``) leaves out the images that do not decode and counts them;
+with ``--images`` every one, with its reason, is listed in ``<out>.skipped.json`` (:func:`write_skipped`).
 
 What it decodes with, lowest layer first:
 
@@ -56,7 +57,16 @@ from finecap.data.results import write_results
 from finecap.engines import engine_class, open_engine
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
-from finecap.outputs import OutputRefused, check_not_input, check_output_file, check_writable, digest, strict_json
+from finecap.outputs import (
+    OutputRefused,
+    check_not_input,
+    check_output_file,
+    check_writable,
+    digest,
+    made_by_finecap,
+    strict_json,
+    write_output_json,
+)
 from finecap.recipes import resolve_recipe
 from finecap.runs import find_checkpoint, model_dir, stored_config
 from finecap.train.checkpoint import folder_config
@@ -192,6 +202,33 @@ def partial_path(out: str | Path) -> Path:
     """The partial results file of ``out``: ``results.json`` -> ``results.json.partial.jsonl``."""
     out = Path(out)
     return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+SKIPPED_SUFFIX = ".skipped.json"
+"""What the list of the images ``--skip-bad-images`` left out of ``--out X`` is named: ``X.skipped.json`` beside it
+(docs/caption.md)."""
+
+
+def skipped_path(out: str | Path) -> Path:
+    """The skipped-images file of ``out``: ``results.json`` -> ``results.json.skipped.json``."""
+    out = Path(out)
+    return out.with_name(out.name + SKIPPED_SUFFIX)
+
+
+def write_skipped(out: Path, files: Sequence[Any], skipped: Sequence[tuple[int, str]]) -> Path | None:
+    """Write every image of ``files`` left out (``skipped``: ``(index, reason)``) to :func:`skipped_path` of ``out``
+    as strict JSON ``{"results": OUT, "images": N, "skipped": [{"image_id", "path", "reason"}, ...]}``, atomically;
+    return its path. Nothing skipped: nothing written, and such a file an earlier run left there (finecap's own, by
+    content) removed, so that it never describes other results; ``None``."""
+    path = skipped_path(out)
+    if not skipped:
+        if path.is_file() and not path.is_symlink() and made_by_finecap(path, ("skipped",)):
+            path.unlink()
+            log.info("caption: removed %s (an earlier run's list of skipped images; none skipped now)", path)
+        return None
+    rows = [{"image_id": files[i].image_id, "path": str(files[i].path), "reason": reason} for i, reason in skipped]
+    write_output_json(path, {"results": str(out), "images": len(files), "skipped": rows}, "skipped")
+    return path
 
 
 def differences(old: object, new: object, where: str = "") -> list[str]:
@@ -378,6 +415,8 @@ def main(
         inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
                   "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
     check_output_file(out, inputs, force=force, kind="results")
+    if files is not None and cfg.data.skip_bad_images:  # the list of the images left out, beside out
+        check_output_file(skipped_path(out), inputs, force=force, kind="skipped")
     check_writable(out)  # before the model loads and the images decode, not when the captions are written
     if files is None:
         try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
@@ -424,8 +463,11 @@ def main(
                 paired = zip(files, result.captions, strict=True)
                 captions = {f.image_id: caps for f, caps in paired if caps is not None}
                 what = f"{len(files)} image(s)"
-                if result.skipped and accelerator.is_main_process:
-                    log.warning("caption: %s (data.skip_bad_images=true)", describe_skipped(result, len(files)))
+                if accelerator.is_main_process:
+                    listed = write_skipped(Path(out), files, result.skipped)
+                    if listed is not None:
+                        log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
+                                    describe_skipped(result, len(files)), listed)  # fmt: skip
             else:
                 captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed,
                                              done={row["image"]: row["captions"] for row in done},
