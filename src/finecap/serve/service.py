@@ -247,6 +247,18 @@ REPEAT_LINE_EVERY = 10.0
 """Seconds between two lines of the same failure between its tracebacks (:class:`RepeatedFailures`)."""
 
 
+@dataclass
+class _FailureKind:
+    """What :class:`RepeatedFailures` keeps of one kind of failure."""
+
+    reported: float  # time of its last full report
+    level: int  # the level its last failure was logged at
+    words: str  # its last failure's line (what a line about it says)
+    repeats: int = 0  # failures since that report
+    said_at: float = 0.0  # time of its last line (the full report, or a count)
+    said: int = 0  # of the repeats, those a line has said
+
+
 class RepeatedFailures:
     """The log of the failed requests, bounded (module docstring, "Repeated failures"): a failure of a kind not seen
     for ``every`` seconds (its exception type and the lines of code its traceback passed through; not its message,
@@ -270,9 +282,7 @@ class RepeatedFailures:
         self.every, self.kinds, self.clock, self.line_every = every, kinds, clock, line_every
         self.total = 0
         """Failures logged here since the start, said or not."""
-        # kind -> [time of its full report, repeats, time of its last line, repeats said, level, its last repeat's
-        # words (the line it would have had)]
-        self._seen: OrderedDict[tuple, list] = OrderedDict()
+        self._seen: OrderedDict[tuple, _FailureKind] = OrderedDict()
         self._lock = threading.Lock()  # the worker thread and the event loop both log here
 
     def log(self, error: BaseException, what: str, *, level: int = logging.ERROR, trace: bool = True) -> None:
@@ -284,27 +294,28 @@ class RepeatedFailures:
             self.total += 1
             now = self.clock()
             seen = self._seen.get(kind)
-            if seen is None or now - seen[0] >= self.every:
-                word = "traceback" if trace else "full report"
-                since = f" (the same failure {seen[1]} more time(s) since its last {word})" if seen and seen[1] else ""
+            word = "traceback" if trace else "full report"
+            if seen is None or now - seen.reported >= self.every:
+                repeats = seen.repeats if seen is not None else 0
+                since = f" (the same failure {repeats} more time(s) since its last {word})" if repeats else ""
                 shown = (type(error), error, error.__traceback__) if trace else None
                 log.log(level, "%s%s", what, since, exc_info=shown)
-                self._seen[kind] = [now, 0, now, 0, level, what]
+                self._seen[kind] = _FailureKind(reported=now, level=level, words=what, said_at=now)
                 self._seen.move_to_end(kind)
                 while len(self._seen) > self.kinds:
                     self._seen.popitem(last=False)
                 return
-            seen[1] += 1
+            seen.repeats += 1
             if trace:
                 message = (str(error).splitlines() or [""])[0][:300]
                 what = f"{what}: {type(error).__name__}: {message}"
-            seen[4], seen[5] = level, what
-            if now - seen[2] < self.line_every:
+            seen.level, seen.words = level, what
+            if now - seen.said_at < self.line_every:
                 return  # counted: the next line, the next full report or the server's stop (flush) says it
-            seen[2], seen[3] = now, seen[1]
-            word = "traceback" if trace else "full report"
+            seen.said_at, seen.said = now, seen.repeats
+            ago = now - seen.reported
             log.log(level, "%s (the same failure %d time(s) since its %s %.0f s ago; the next %s in %.0f s at most)",
-                    what, seen[1], word, now - seen[0], word, self.every - (now - seen[0]))  # fmt: skip
+                    what, seen.repeats, word, ago, word, self.every - ago)  # fmt: skip
 
     def flush(self) -> None:
         """Say the repeats counted but not yet said (those since each kind's last line): one line per kind that has
@@ -314,11 +325,11 @@ class RepeatedFailures:
         with self._lock:
             now = self.clock()
             for seen in self._seen.values():
-                unsaid = seen[1] - seen[3]
+                unsaid = seen.repeats - seen.said
                 if unsaid > 0:
-                    seen[3] = seen[1]
-                    log.log(seen[4], "%s (the same failure %d more time(s) since its last line %.0f s ago, unsaid "
-                            "until the server stopped)", seen[5], unsaid, now - seen[2])  # fmt: skip
+                    seen.said = seen.repeats
+                    log.log(seen.level, "%s (the same failure %d more time(s) since its last line %.0f s ago, unsaid "
+                            "until the server stopped)", seen.words, unsaid, now - seen.said_at)  # fmt: skip
 
 
 class RewardFailed(RuntimeError):
