@@ -198,29 +198,25 @@ PARTIAL_MARK = "finecap caption partial results"
 """The ``finecap`` value of a partial results file's first line: how finecap knows the file is its own."""
 
 
-def partial_path(out: str | Path) -> Path:
-    """The partial results file of ``out``: ``results.json`` -> ``results.json.partial.jsonl``."""
-    out = Path(out)
-    return out.with_name(out.name + PARTIAL_SUFFIX)
-
-
 SKIPPED_SUFFIX = ".skipped.json"
 """What the list of the images ``--skip-bad-images`` left out of ``--out X`` is named: ``X.skipped.json`` beside it
 (docs/caption.md)."""
 
 
-def skipped_path(out: str | Path) -> Path:
-    """The skipped-images file of ``out``: ``results.json`` -> ``results.json.skipped.json``."""
+def beside(out: str | Path, suffix: str) -> Path:
+    """The file of ``out`` named with ``suffix`` after its whole name, in its folder: ``beside("results.json",
+    PARTIAL_SUFFIX)`` is ``results.json.partial.jsonl`` (the partial results), with :data:`SKIPPED_SUFFIX` the list of
+    skipped images."""
     out = Path(out)
-    return out.with_name(out.name + SKIPPED_SUFFIX)
+    return out.with_name(out.name + suffix)
 
 
 def write_skipped(out: Path, files: Sequence[Any], skipped: Sequence[tuple[int, str]]) -> Path | None:
-    """Write every image of ``files`` left out (``skipped``: ``(index, reason)``) to :func:`skipped_path` of ``out``
-    as strict JSON ``{"results": OUT, "images": N, "skipped": [{"image_id", "path", "reason"}, ...]}``, atomically;
-    return its path. Nothing skipped: nothing written, and such a file an earlier run left there (finecap's own, by
-    content) removed, so that it never describes other results; ``None``."""
-    path = skipped_path(out)
+    """Write every image of ``files`` left out (``skipped``: ``(index, reason)``) to ``out``'s :data:`SKIPPED_SUFFIX`
+    file (:func:`beside`) as strict JSON ``{"results": OUT, "images": N, "skipped": [{"image_id", "path", "reason"},
+    ...]}``, atomically; return its path. Nothing skipped: nothing written, and such a file an earlier run left there
+    (finecap's own, by content) removed, so that it never describes other results; ``None``."""
+    path = beside(out, SKIPPED_SUFFIX)
     if not skipped:
         if path.is_file() and not path.is_symlink() and made_by_finecap(path, ("skipped",)):
             path.unlink()
@@ -416,7 +412,7 @@ def main(
                   "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
     check_output_file(out, inputs, force=force, kind="results")
     if files is not None and cfg.data.skip_bad_images:  # the list of the images left out, beside out
-        check_output_file(skipped_path(out), inputs, force=force, kind="skipped")
+        check_output_file(beside(out, SKIPPED_SUFFIX), inputs, force=force, kind="skipped")
     check_writable(out)  # before the model loads and the images decode, not when the captions are written
     if files is None:
         try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
@@ -446,7 +442,7 @@ def main(
     partial = None
     done: list[dict] = []
     if accelerator.num_processes == 1:
-        partial = PartialResults(partial_path(out), caption_header(setup, cfg, split, files, checked))
+        partial = PartialResults(beside(out, PARTIAL_SUFFIX), caption_header(setup, cfg, split, files, checked))
         done = partial.open(force)
     try:
         model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
