@@ -126,6 +126,22 @@ class Skip(Exception):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def strict_json(obj: Any) -> str:
+    """``obj`` as strict JSON (indent 1): a float that is no number (a loss or a timing of a check that failed) is
+    ``null``, never Python's ``NaN`` or ``Infinity``, which ``jq`` and strict parsers refuse (the rule of
+    :func:`finecap.utils.files.strict_json`, not imported: the JSON is written where finecap does not import too); any
+    other object as its ``str``."""
+    loose = json.loads(json.dumps(obj, default=str), parse_constant=lambda _: None)  # NaN, Infinity -> None
+    return json.dumps(loose, indent=1, allow_nan=False)
+
+
+def write_report(path: Path, report: dict) -> None:
+    """``report`` as :func:`strict_json` to ``path``, atomically (a command cut off mid-write leaves the last one)."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(strict_json(report) + "\n")
+    os.replace(part, path)
+
+
 def one_line(e: BaseException) -> str:
     """The error's type and message on one line (at most 400 characters)."""
     return " ".join(f"{type(e).__name__}: {e}".split())[:400]
@@ -1151,7 +1167,7 @@ def main(argv: list[str] | None = None) -> int:
             record = run_check(check, ctx, cap, logs)
         report["checks"].append(record)
         report["seconds"] = round(time.perf_counter() - begin, 1)
-        out_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        write_report(out_path, report)
         print(f"  {record['name']:<28} {record['status']:<8} {record.get('wall_seconds', 0):>6.1f} s  "
               f"{record.get('summary', '')}", flush=True)  # fmt: skip
     print(table(report["checks"]))

@@ -213,3 +213,28 @@ def test_greedy_rows_agree_when_equal_or_parting_at_a_near_tie():
     lower = torch.zeros(1, 1, 5)
     lower[0, 0, 3] = 10.0
     assert gc.greedy_agreement([[3]], [[4]], lower, pad, 0.05) == (0, [])
+
+
+def test_the_json_is_strict_when_a_check_measures_no_number(tmp_path, monkeypatch):
+    """A check that failed records a loss or a timing that is no number (NaN, inf): gpu_check.json says ``null``
+    there, never Python's ``NaN`` or ``Infinity`` tokens, which ``jq`` and strict JSON parsers refuse."""
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+
+    def diverged(ctx):
+        return {"status": "fail", "losses": [2.5, float("nan")], "seconds_per_step": float("inf"), "summary": "nan"}
+
+    monkeypatch.setattr(gc, "checks", lambda: [gc.Check("diverged", diverged, 60)])
+    monkeypatch.setattr(gc, "cuda_visible", lambda: False)  # forked checks, as on the CPU
+    out = tmp_path / "out"
+    assert gc.main(["--out-dir", str(out), "--work-dir", str(tmp_path / "work"), "--budget", "120"]) == 1
+
+    def refuse(token):
+        raise ValueError(f"not strict JSON: {token}")
+
+    report = json.loads((out / "gpu_check.json").read_text(), parse_constant=refuse)
+    (record,) = report["checks"]
+    assert (record["name"], record["status"]) == ("diverged", "fail")
+    assert record["losses"] == [2.5, None] and record["seconds_per_step"] is None
+    assert not list(out.glob(".*.part"))  # written atomically: no partial file left beside it
