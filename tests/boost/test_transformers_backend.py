@@ -256,3 +256,31 @@ def test_vlm_describes_images_through_the_processor(tiny_vlm, tmp_path):
     assert "pixel_values" in inputs
     ref = model.generate(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert batched[1] == processor.tokenizer.decode(ref[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def test_the_model_and_its_inputs_are_on_the_device_finecap_eval_uses(chat_model, monkeypatch):
+    """``boost.llm_backend=transformers`` runs its model where ``finecap eval`` runs its own
+    (:func:`finecap.metrics.context.eval_device`: the machine's accelerator unless ``train.cpu``), and each batch's
+    inputs follow it: the machine's accelerator stands in as ``meta`` here (a CPU has no other device), and a model
+    left on the CPU would decode a whole data set there on a GPU machine."""
+    from finecap.boost.backends import make_backend
+    from finecap.config import load
+
+    meta = torch.device("meta")
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: meta)
+    cfg = load(None, ["boost.llm_backend=transformers", f"boost.llm_model={chat_model}"])
+    backend = make_backend(cfg, "llm")
+    assert backend.model.device == meta
+    seen = []
+
+    def generate(**inputs):  # the model's generate, on the accelerator: it reads inputs on its device
+        seen.extend(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
+        return torch.zeros(len(inputs["input_ids"]), inputs["input_ids"].shape[1] + 1, dtype=torch.long)
+
+    monkeypatch.setattr(backend.model, "generate", generate)
+    backend.generate(_tasks(2))
+    assert seen and set(seen) == {meta}
+    on_cpu = make_backend(load(None, ["boost.llm_backend=transformers", f"boost.llm_model={chat_model}",
+                                      "train.cpu=true"]), "llm")  # fmt: skip
+    assert on_cpu.model.device == torch.device("cpu")

@@ -41,9 +41,11 @@ def make_backend(cfg: Config, role: str) -> Backend:
                              max_wait=b.retry_max_wait, key=key)  # fmt: skip
     if name == "transformers":
         from finecap.boost.hf_backend import TransformersBackend
+        from finecap.metrics.context import eval_device
 
         return TransformersBackend(model, vision=role == "vlm", batch_size=b.batch_size,
-                                   max_new_tokens=b.max_new_tokens, temperature=b.temperature, key=key)  # fmt: skip
+                                   max_new_tokens=b.max_new_tokens, temperature=b.temperature, key=key,
+                                   device=eval_device(cfg))  # fmt: skip
     if name == "vllm":
         from finecap.boost.vllm_backend import VllmBackend
 

@@ -14,7 +14,8 @@ rest of the decoding settings are the folder's ``generation_config.json`` (``tra
 An answer with no end-of-sequence token (the generation config's ``eos_token_id``, else the tokenizer's) in its
 ``boost.max_new_tokens`` tokens was cut off: a :class:`~finecap.boost.engine.CutOff`, unless the backend is made with
 ``refuse_cut_off=False``.
-A model without a chat template is an error naming ``boost.llm_model`` / ``boost.vlm_model``.
+A model without a chat template is an error naming ``boost.llm_model`` / ``boost.vlm_model``. The model runs on
+``device`` (:func:`~finecap.boost.backends.make_backend`: the GPU, as ``finecap eval``'s models, unless ``train.cpu``).
 """
 
 from __future__ import annotations
@@ -43,15 +44,21 @@ class TransformersBackend(InProcessBackend):
         temperature: float = 0.0,
         key: str = "boost.llm",
         refuse_cut_off: bool = True,
+        device: str | torch.device | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        from finecap.models.memory import loading_onto, placement
 
         self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="transformers")
         self.name, self.vision = model, vision
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
         self.refuse_cut_off = refuse_cut_off
         auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-        self.model = auto.from_pretrained(model, trust_remote_code=False)
+        with loading_onto(device):  # a CUDA device's weights read straight onto it, not into host memory
+            self.model = auto.from_pretrained(model, trust_remote_code=False, **placement())
+        if device is not None:
+            self.model.to(device)
         self.stamp = model_stamp(model)  # read once, after loading: the identity of every request
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
@@ -74,7 +81,7 @@ class TransformersBackend(InProcessBackend):
     @torch.no_grad()
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
         """Answers of ``tasks``; ``images``: their decoded images (the VLM)."""
-        inputs = self._inputs(tasks, images)
+        inputs = self._inputs(tasks, images).to(self.model.device)
         sampling = (
             {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
         )
@@ -84,7 +91,7 @@ class TransformersBackend(InProcessBackend):
         new = out[:, inputs["input_ids"].shape[1] :]  # (B, T_new)
         texts: list[str | BaseException] = list(self.tokenizer.batch_decode(new, skip_special_tokens=True))
         if self.refuse_cut_off and new.shape[1] >= self.max_new_tokens:  # a shorter batch ended every answer
-            ends = torch.isin(new, torch.tensor(self.eos_ids(), dtype=new.dtype)).any(dim=1)  # (B,)
+            ends = torch.isin(new, torch.tensor(self.eos_ids(), dtype=new.dtype, device=new.device)).any(dim=1)  # (B,)
             for b in (~ends).nonzero().flatten().tolist():
                 texts[b] = cut_off(str(texts[b]), self.max_new_tokens, "no end-of-sequence token")
         return texts
