@@ -801,6 +801,21 @@ def device_memory(ctx: Ctx) -> dict | None:
     return out
 
 
+def engine_forecast(cfg: Any, freed_gib: float) -> dict:
+    """What finecap's memory forecast (``--dry-run``'s vLLM line: :func:`finecap.models.forecast.vllm_share`) says a
+    colocated engine holds awake, beside the memory its sleep freed on this device (``freed_gib``), and their ratio:
+    ``vllm.gpu_memory_utilization`` of the device's memory. ``None`` where ``vllm.kv_cache_memory_bytes`` is set (the
+    forecast then adds the engine's copy of the weights, which this check does not read) or without CUDA."""
+    import torch
+
+    from finecap.models.forecast import vllm_share
+
+    if cfg.vllm.kv_cache_memory_bytes or not torch.cuda.is_available():
+        return {"forecast_engine_share_gib": None, "freed_over_forecast": None}
+    share = vllm_share(cfg.vllm, torch.cuda.mem_get_info()[1]) / GIB
+    return {"forecast_engine_share_gib": share, "freed_over_forecast": freed_gib / share if share else None}
+
+
 def check_grpo_vllm(ctx: Ctx) -> dict:
     """``grpo``'s training with its rollouts on a colocated vLLM engine (``decode.engine=vllm``) that sleeps between
     rollouts (``vllm.enable_sleep_mode=true``) on CUDA; on the CPU, where vLLM cannot sleep, with the option off and
@@ -864,14 +879,17 @@ def check_grpo_vllm(ctx: Ctx) -> dict:
         out["device_used_awake_gib"] = last["awake"]["device_used_gib"] if last else None
         out["device_used_asleep_gib"] = last["asleep"]["device_used_gib"] if last else None
         out["device_used_after_steps_asleep_gib"] = max(asleep_at_steps) if asleep_at_steps else None
+        out.update(engine_forecast(cfg, freed))
         if not (sleeps and freed > 0 and len(asleep_at_steps) == steps):
             out["status"] = "fail"
             out["error"] = (f"vllm.enable_sleep_mode=true: {len(sleeps)} sleeps, {freed:.2f} GiB freed by the last, "
                             f"the engine asleep after {len(asleep_at_steps)} of {steps} steps")  # fmt: skip
+        forecast = out["forecast_engine_share_gib"]
         summary_mem = (
             (
                 f"device {out['device_used_awake_gib']:.1f} GiB awake -> "
-                f"{out['device_used_asleep_gib']:.1f} GiB asleep ({freed:.1f} freed)"
+                f"{out['device_used_asleep_gib']:.1f} GiB asleep ({freed:.1f} freed"
+                + (f", forecast {forecast:.1f})" if forecast is not None else ")")
             )
             if last
             else "no sleep"

@@ -238,3 +238,23 @@ def test_the_json_is_strict_when_a_check_measures_no_number(tmp_path, monkeypatc
     assert (record["name"], record["status"]) == ("diverged", "fail")
     assert record["losses"] == [2.5, None] and record["seconds_per_step"] is None
     assert not list(out.glob(".*.part"))  # written atomically: no partial file left beside it
+
+
+def test_the_vllm_check_sets_the_memory_sleep_freed_beside_finecaps_forecast_of_the_engine(monkeypatch):
+    """``grpo_vllm`` on CUDA records the engine share finecap's dry run forecasts (``vllm.gpu_memory_utilization`` of
+    the device: 0.3 of 80 GiB = 24 GiB) beside what the engine's sleep freed; no forecast where the KV cache is sized
+    in bytes (the forecast then needs the engine's weights) or without CUDA."""
+    import torch
+
+    from finecap.config import load
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    cfg = load(overrides=["vllm.gpu_memory_utilization=0.3"])
+    assert gc.engine_forecast(cfg, 12.0) == {"forecast_engine_share_gib": None, "freed_over_forecast": None}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (50 * 2**30, 80 * 2**30))  # (free, total)
+    assert gc.engine_forecast(cfg, 12.0) == {"forecast_engine_share_gib": pytest.approx(24.0),
+                                             "freed_over_forecast": pytest.approx(0.5)}  # fmt: skip
+    sized = load(overrides=["vllm.kv_cache_memory_bytes=1073741824"])
+    assert gc.engine_forecast(sized, 12.0)["forecast_engine_share_gib"] is None
