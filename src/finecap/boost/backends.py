@@ -43,7 +43,8 @@ def make_backend(cfg: Config, role: str) -> Backend:
         from finecap.boost.hf_backend import TransformersBackend
 
         return TransformersBackend(model, vision=role == "vlm", batch_size=b.batch_size,
-                                   max_new_tokens=b.max_new_tokens, temperature=b.temperature, key=key)  # fmt: skip
+                                   max_new_tokens=b.max_new_tokens, temperature=b.temperature, seed=cfg.run.seed,
+                                   key=key)  # fmt: skip
     if name == "vllm":
         from finecap.boost.vllm_backend import VllmBackend
 
