@@ -220,6 +220,36 @@ def test_boosting_a_boosted_file_again_keeps_the_sources_ids_and_original_annota
         )
 
 
+def test_a_jsonl_naming_images_through_links_keeps_their_paths_and_reads_back(world, tmp_path):
+    # boost wrote each image path resolved: a link (an image folder of links into a store, as a Hugging Face snapshot
+    # is) became its target's name, and two lines naming one stored file under two names in two splits (a photo
+    # stored once) then named the same file: the boosted data set was refused on reading ("has split 'train' here
+    # but 'test' at line 1 (the same file)")
+    source = [r for r in read_dataset("world", world) if r.split == "test"][:2]
+    src, store = tmp_path / "src", tmp_path / "store"
+    (src / "images").mkdir(parents=True)
+    store.mkdir()
+    rows = []
+    for k, (r, split) in enumerate(zip([*source, source[0]], ["test", "test", "train"], strict=True)):
+        blob = store / f"blob{k % 2}"
+        if not blob.exists():
+            blob.write_bytes(r.path.read_bytes())
+        (src / "images" / f"img{k}.png").symlink_to(blob)
+        rows.append({"id": f"im-{k}", "image": f"images/img{k}.png", "captions": r.captions, "split": split,
+                     "note": "café"})  # fmt: skip
+    data = src / "d.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = load(None, ["data.format=jsonl", f"data.path={data}", "boost.mode=blend", "data.allow_outside_paths=true"])
+    assert boost(cfg, tmp_path / "out", progress=False)["boosted"] == 3
+    boosted = read_dataset("jsonl", tmp_path / "out" / data.name, images=src, allow_outside=True)
+    assert [(r.image_id, r.path, r.split) for r in boosted] == [
+        (f"im-{k}", (src / "images" / f"img{k}.png").absolute(), split)
+        for k, split in enumerate(["test", "test", "train"])
+    ]
+    written = [json.loads(line) for line in (tmp_path / "out" / data.name).read_text().splitlines()]
+    assert [row["note"] for row in written] == ["café"] * 3
+
+
 def test_a_coco_file_without_images_keeps_its_boost_fields(world, tmp_path):
     # pycocotools reads a file of annotations alone; boost stored the fields on 'images' entries only: none were
     # written, the boosted captions read back as human ones, and a second boost blended the first one's answers

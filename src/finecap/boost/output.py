@@ -13,8 +13,9 @@ fields back.
   images without a caption annotation are left as they are (they were not read, so not boosted). A file without an
   ``images`` list gains one, ``{"id", "boost"}`` per image of the annotations in the order read (no ``file_name``, as
   the source had none), so that its boost fields are read back;
-- ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute; a line without ``id``
-  gains the one it was read with (the image path as written), so the ids stay the source's.
+- ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute (links kept, not
+  resolved to their targets); a line without ``id`` gains the one it was read with (the image path as written), so
+  the ids stay the source's.
 
 Karpathy, world and JSONL files are read again to be written, entry by entry beside the records boosted: an entry
 whose id or image file is not its record's (the file changed during the run) is refused, naming the file and the
@@ -231,7 +232,7 @@ def write_boosted(
         rows = []
         for row, r, f in zip(lines, records, fields):
             row.setdefault("id", r.image_id)  # the image path as written: the ids stay those of the source
-            row["image"] = str(Path(r.path).resolve())
+            row["image"] = str(Path(r.path).absolute())  # the path the source names: a link kept, not its target
             row["captions"] = f[mode]
             row["boost"] = f
             rows.append(strict_json(row, indent=None))
