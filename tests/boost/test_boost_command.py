@@ -95,6 +95,33 @@ def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path, caplog):
     assert (out / "failures.jsonl").read_text() == ""
 
 
+@pytest.mark.parametrize("name", ["failures.jsonl", "cache.jsonl"])
+def test_a_users_line_without_a_newline_under_a_boost_files_name_is_refused_untouched(world, tmp_path, name):
+    # A last line without its newline was taken as one a kill had cut, whatever it held: a user's one-line note named
+    # failures.jsonl was replaced by boost's (empty) failures list, and one named cache.jsonl was appended to (the run
+    # then failed at the end, after every request was paid for).
+    out = tmp_path / "out"
+    out.mkdir()
+    note = "notes on last week's labelling: image 7 is mislabelled"
+    (out / name).write_text(note)
+    with pytest.raises(ValueError, match=f"{name} is not finecap boost's"):
+        boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_text() == note
+
+
+def test_a_cache_whose_last_line_a_kill_cut_is_resumed(world, tmp_path):
+    # the line a kill cuts, even within its first bytes, is still boost's: the run resumes
+    items = [*world_items(world), "boost.mode=blend", "boost.limit=2"]
+    boost(load(None, items), tmp_path / "whole", progress=False)
+    line = json.dumps({"key": "k", "step": "blend", "image_id": 1, "answer": "café"}).encode()
+    for cut in (line[:4], line[:-3]):  # '{"ke'; all but the end of the answer
+        out = tmp_path / f"cut{len(cut)}"
+        out.mkdir()
+        (out / "cache.jsonl").write_bytes(cut)
+        assert boost(load(None, items), out, progress=False)["boosted"] == 2
+        assert (out / "dataset.json").read_bytes() == (tmp_path / "whole" / "dataset.json").read_bytes()
+
+
 @pytest.mark.slow
 def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkeypatch):
     import torch

@@ -37,7 +37,7 @@ from typing import Any
 from finecap.data.json_files import json_lines
 from finecap.data.records import Record
 from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, strict_json, write_json
-from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json
+from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json, unfinished_line
 from finecap.world.make import content_hashes
 
 WRITABLE = ("world", "karpathy", "coco", "jsonl")
@@ -74,16 +74,25 @@ JSONL_KEYS = {"cache.jsonl": {"key", "step", "image_id", "answer"}, "failures.js
 failures list)."""
 
 
+CUT_LINE_START = {"cache.jsonl": b'{"key": "'}
+"""How a line of boost's JSONL files that a kill may cut begins (:meth:`finecap.boost.engine.AnswerCache.put`'s
+``json.dumps``); ``failures.jsonl`` is written whole (atomically), so none of its lines is ever cut."""
+
+
 def is_boost_file(path: Path) -> bool:
     """Whether ``path`` (one of :data:`BOOST_FILES`) reads as what finecap boost writes there, by content: a
-    ``boost.json`` summary (``status``, ``mode``, ``source``), or JSONL lines with :data:`JSONL_KEYS` (a last line
-    cut by a kill allowed). A file of that name with other content is the user's; so is one too large to be
-    finecap's (:data:`~finecap.utils.reading.METADATA` for the summary, :data:`~finecap.utils.reading.DATA_FILE` for
-    the logs)."""
+    ``boost.json`` summary (``status``, ``mode``, ``source``), or JSONL lines with :data:`JSONL_KEYS`, of which only
+    ``cache.jsonl``'s last may be cut by a kill, and then begins as its lines do (:data:`CUT_LINE_START`). A file of
+    that name with other content is the user's (a line of text without a newline too: boost would append to it or
+    replace it); so is one too large to be finecap's (:data:`~finecap.utils.reading.METADATA` for the summary,
+    :data:`~finecap.utils.reading.DATA_FILE` for the logs)."""
     try:
         if path.name == "boost.json":
             summary = read_json(path)
             return isinstance(summary, dict) and {"status", "mode", "source"} <= set(summary)
+        cut, start = unfinished_line(path), CUT_LINE_START.get(path.name, b"")  # bytes: a kill may cut a character
+        if cut and not (start and (cut.startswith(start) or start.startswith(cut))):
+            return False
         return jsonl_rows_are(path, lambda row: isinstance(row, dict) and JSONL_KEYS[path.name] <= set(row))
     except (OSError, ValueError):
         return False
