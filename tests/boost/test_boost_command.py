@@ -95,6 +95,33 @@ def test_killed_run_resumes_without_loss_or_duplicates(world, tmp_path, caplog):
     assert (out / "failures.jsonl").read_text() == ""
 
 
+@pytest.mark.parametrize("name", ["failures.jsonl", "cache.jsonl"])
+def test_a_users_line_without_a_newline_under_a_boost_files_name_is_refused_untouched(world, tmp_path, name):
+    # A last line without its newline was taken as one a kill had cut, whatever it held: a user's one-line note named
+    # failures.jsonl was replaced by boost's (empty) failures list, and one named cache.jsonl was appended to (the run
+    # then failed at the end, after every request was paid for).
+    out = tmp_path / "out"
+    out.mkdir()
+    note = "notes on last week's labelling: image 7 is mislabelled"
+    (out / name).write_text(note)
+    with pytest.raises(ValueError, match=f"{name} is not finecap boost's"):
+        boost(load(None, [*world_items(world), "boost.mode=blend"]), out, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_text() == note
+
+
+def test_a_cache_whose_last_line_a_kill_cut_is_resumed(world, tmp_path):
+    # the line a kill cuts, even within its first bytes, is still boost's: the run resumes
+    items = [*world_items(world), "boost.mode=blend", "boost.limit=2"]
+    boost(load(None, items), tmp_path / "whole", progress=False)
+    line = json.dumps({"key": "k", "step": "blend", "image_id": 1, "answer": "café"}).encode()
+    for cut in (line[:4], line[:-3]):  # '{"ke'; all but the end of the answer
+        out = tmp_path / f"cut{len(cut)}"
+        out.mkdir()
+        (out / "cache.jsonl").write_bytes(cut)
+        assert boost(load(None, items), out, progress=False)["boosted"] == 2
+        assert (out / "dataset.json").read_bytes() == (tmp_path / "whole" / "dataset.json").read_bytes()
+
+
 @pytest.mark.slow
 def test_bags_take_text_embeddings_from_the_chosen_field(world, tmp_path, monkeypatch):
     import torch
@@ -218,6 +245,36 @@ def test_boosting_a_boosted_file_again_keeps_the_sources_ids_and_original_annota
             json.loads((second / src.name).read_text())["original_annotations"]
             == json.loads(src.read_text())["annotations"]
         )
+
+
+def test_a_jsonl_naming_images_through_links_keeps_their_paths_and_reads_back(world, tmp_path):
+    # boost wrote each image path resolved: a link (an image folder of links into a store, as a Hugging Face snapshot
+    # is) became its target's name, and two lines naming one stored file under two names in two splits (a photo
+    # stored once) then named the same file: the boosted data set was refused on reading ("has split 'train' here
+    # but 'test' at line 1 (the same file)")
+    source = [r for r in read_dataset("world", world) if r.split == "test"][:2]
+    src, store = tmp_path / "src", tmp_path / "store"
+    (src / "images").mkdir(parents=True)
+    store.mkdir()
+    rows = []
+    for k, (r, split) in enumerate(zip([*source, source[0]], ["test", "test", "train"], strict=True)):
+        blob = store / f"blob{k % 2}"
+        if not blob.exists():
+            blob.write_bytes(r.path.read_bytes())
+        (src / "images" / f"img{k}.png").symlink_to(blob)
+        rows.append({"id": f"im-{k}", "image": f"images/img{k}.png", "captions": r.captions, "split": split,
+                     "note": "café"})  # fmt: skip
+    data = src / "d.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = load(None, ["data.format=jsonl", f"data.path={data}", "boost.mode=blend", "data.allow_outside_paths=true"])
+    assert boost(cfg, tmp_path / "out", progress=False)["boosted"] == 3
+    boosted = read_dataset("jsonl", tmp_path / "out" / data.name, images=src, allow_outside=True)
+    assert [(r.image_id, r.path, r.split) for r in boosted] == [
+        (f"im-{k}", (src / "images" / f"img{k}.png").absolute(), split)
+        for k, split in enumerate(["test", "test", "train"])
+    ]
+    written = [json.loads(line) for line in (tmp_path / "out" / data.name).read_text().splitlines()]
+    assert [row["note"] for row in written] == ["café"] * 3
 
 
 def test_a_coco_file_without_images_keeps_its_boost_fields(world, tmp_path):

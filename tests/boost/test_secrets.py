@@ -81,3 +81,28 @@ def test_named_variable_that_is_unset_is_an_error(world, tmp_path, monkeypatch):
                       "boost.llm_base_url=http://127.0.0.1:9/v1", "boost.llm_api_key_env=MY_MISSING_KEY"])  # fmt: skip
     with pytest.raises(ValueError, match="boost.llm_api_key_env=MY_MISSING_KEY: the environment variable"):
         boost(cfg, tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize("tail", ["\r", "\n", " ", "é"])
+def test_a_key_no_header_can_carry_is_refused_before_any_request_and_never_shown(world, tmp_path, monkeypatch,
+                                                                                 caplog, tail):  # fmt: skip
+    # A key read from a .env file saved with CRLF ends in "\r": httpx refused the header on every request with
+    # "Illegal header value b'Bearer <key>\\r'", the escaped key that the masking did not recognise, and the run
+    # wrote it into failures.jsonl and boost.json (a space or "é" failed every request, or crashed, likewise).
+    caplog.set_level(logging.DEBUG, logger="finecap")
+    monkeypatch.setenv("MY_LLM_KEY", ENV_KEY + tail)
+    requests: list[dict] = []
+    with ChatServer() as server:
+        cfg = load(None, [*world_items(world, SMALL), "boost.mode=blend", "boost.llm_backend=openai",
+                          "boost.llm_model=m", f"boost.llm_base_url={server.url}", "boost.llm_api_key_env=MY_LLM_KEY",
+                          "boost.max_failure_rate=1.0"])  # fmt: skip
+        with pytest.raises(ValueError) as refused:
+            boost(cfg, tmp_path / "out", progress=False)
+        requests = server.requests
+    message = str(refused.value)
+    assert message.startswith("boost.llm_api_key_env: the API key holds a character an HTTP header cannot carry")
+    assert f"at position {len(ENV_KEY) + 1} of {len(ENV_KEY) + 1}" in message
+    assert not requests and ENV_KEY not in message + caplog.text
+    assert not (tmp_path / "out").exists() or not any(
+        ENV_KEY.encode() in d for d in _written(tmp_path / "out").values()
+    )

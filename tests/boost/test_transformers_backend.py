@@ -9,9 +9,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from finecap.boost.backends import make_backend
 from finecap.boost.engine import AnswerCache, CutOff, Task, boost_records
 from finecap.boost.hf_backend import TransformersBackend
 from finecap.boost.prompts import Prompts
+from finecap.config import load
 from finecap.data.records import Record
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.captions import vocabulary
@@ -112,6 +114,33 @@ def test_an_answer_cut_off_at_max_new_tokens_fails_its_image(chat_model, tmp_pat
     assert result.requested == {"blend": 5}  # not asked again: the same settings would cut it again
     assert (tmp_path / "cache.jsonl").read_text().strip() == ""
     assert [f["blend"] for f in result.fields] == [r.captions for r in records]
+
+
+def test_samples_follow_run_seed_whatever_ran_before(chat_model):
+    # boost.temperature > 0 sampled from torch's global generator, never seeded by boost: run.seed changed nothing
+    # (nor the cache key, so another seed into the same --out reused the first seed's answers), and the answers
+    # depended on what had drawn from the generator before (two runs in one process differed).
+    tasks = _tasks(3)
+
+    def sampled(seed: int) -> tuple[dict, dict]:
+        backend = TransformersBackend(str(chat_model), batch_size=2, max_new_tokens=8, temperature=1.0, seed=seed,
+                                      refuse_cut_off=False)  # fmt: skip
+        return dict(backend.run(tasks)), backend.identity()
+
+    torch.manual_seed(123)
+    first, identity = sampled(7)
+    torch.rand(1000)  # the global generator somewhere else now
+    before = torch.get_rng_state()
+    again, same = sampled(7)
+    assert torch.equal(torch.get_rng_state(), before)  # sampling leaves the process's generator as it was
+    other, other_identity = sampled(8)
+    assert again == first and same == identity and identity["seed"] == 7
+    assert other != first and other_identity != identity  # another seed: other samples, asked again
+    greedy = TransformersBackend(str(chat_model), batch_size=2, max_new_tokens=8, seed=7, refuse_cut_off=False)
+    assert "seed" not in greedy.identity()  # greedy answers do not depend on it: the cache stays shared
+    cfg = load(None, ["boost.llm_backend=transformers", f"boost.llm_model={chat_model}", "boost.temperature=1.0",
+                      "run.seed=7", "boost.batch_size=2", "boost.max_new_tokens=8"])  # fmt: skip
+    assert make_backend(cfg, "llm").identity() == identity  # finecap boost's backend: run.seed is its seed
 
 
 def test_a_model_folder_saved_again_in_place_is_another_identity(chat_model, tmp_path):

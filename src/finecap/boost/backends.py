@@ -44,8 +44,8 @@ def make_backend(cfg: Config, role: str) -> Backend:
         from finecap.metrics.context import eval_device
 
         return TransformersBackend(model, vision=role == "vlm", batch_size=b.batch_size,
-                                   max_new_tokens=b.max_new_tokens, temperature=b.temperature, key=key,
-                                   device=eval_device(cfg))  # fmt: skip
+                                   max_new_tokens=b.max_new_tokens, temperature=b.temperature, seed=cfg.run.seed,
+                                   key=key, device=eval_device(cfg))  # fmt: skip
     if name == "vllm":
         from finecap.boost.vllm_backend import VllmBackend
 

@@ -5,8 +5,10 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   accepted answer, written and flushed as soon as the answer arrives. ``key`` is the SHA-256 of the backend's
   identity (backend, model, generation settings), the step, the chat messages (prompt + inputs) and, for the visual
   step, the image file's bytes. A killed or stopped run loses at most the answers in flight; re-running reads the
-  file, skips every cached key and asks only for the rest. A last line cut by a kill is ignored; a key written twice
-  keeps its first answer, so nothing is duplicated in the output.
+  file, skips every cached key and asks only for the rest. A last line cut by a kill is dropped from the file (else,
+  ended by the next answer's newline, it would be a line of no JSON, and the folder would no longer read as boost's:
+  :func:`finecap.boost.output.is_boost_file`); a key written twice keeps its first answer, so nothing is duplicated in
+  the output.
 - **Answers** are kept whole (:func:`clean_answer`): white space runs (line breaks and paragraphs included) become
   one space, a pair of quotes around the whole answer and one leading label such as ``Caption:`` (before the quotes or
   inside them) are dropped, nothing else (docs/boost.md#prompts: finecap's rule, not the paper's). An empty answer
@@ -55,7 +57,7 @@ from finecap.data.hashing import hub_revision
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits, check_image_file, load_record_image
 from finecap.data.records import DataError, Record
 from finecap.utils.files import open_append
-from finecap.utils.reading import read_lines
+from finecap.utils.reading import read_lines, unfinished_line
 from finecap.utils.system import progress_enabled
 
 MODE_STEPS: dict[str, tuple[str, ...]] = {
@@ -332,15 +334,6 @@ def _sha256_file(path: Path, memo: dict[Path, str]) -> str:
     return memo[path]
 
 
-def _ends_with_newline(path: Path) -> bool:
-    """Whether the file ``path`` is empty or its last byte is a newline (read alone, not the whole file)."""
-    with path.open("rb") as f:
-        if f.seek(0, 2) == 0:
-            return True
-        f.seek(-1, 2)
-        return f.read(1) == b"\n"
-
-
 class AnswerCache:
     """Append-only JSONL of accepted answers keyed by request hash (module docstring)."""
 
@@ -358,9 +351,10 @@ class AnswerCache:
                     continue  # a line cut by a kill
                 self.answers.setdefault(key, answer)
                 self.n_lines += 1
+        cut = unfinished_line(self.path) if self.path.exists() else b""
         self._file = open_append(self.path)  # never through a link planted at cache.jsonl
-        if not _ends_with_newline(self.path):
-            self._file.write("\n")  # the next answer starts on its own line
+        if cut:  # dropped: the next answer starts its own line, and the file stays lines of JSON (is_boost_file)
+            self._file.truncate(self.path.stat().st_size - len(cut))
 
     def __contains__(self, key: str) -> bool:
         return key in self.answers

@@ -11,6 +11,10 @@ image's place in the conversation and the batches are :mod:`finecap.boost.chat`'
 
 Greedy decoding at ``boost.temperature=0``, sampling otherwise; at most ``boost.max_new_tokens`` new tokens; the
 rest of the decoding settings are the folder's ``generation_config.json`` (``transformers.generate``'s own reading).
+Samples follow ``run.seed``: each batch draws from torch's generator seeded by ``run.seed`` and the batch's tasks
+(:func:`batch_seed`; the process's generators are left as they were), so a run repeats its samples whatever ran
+before it in the process, and the cache key holds the seed when sampling (another ``run.seed`` into the same
+``--out`` asks again), as with the ``vllm`` backend.
 An answer with no end-of-sequence token (the generation config's ``eos_token_id``, else the tokenizer's) in its
 ``boost.max_new_tokens`` tokens was cut off: a :class:`~finecap.boost.engine.CutOff`, unless the backend is made with
 ``refuse_cut_off=False``.
@@ -20,6 +24,8 @@ A model without a chat template is an error naming ``boost.llm_model`` / ``boost
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +35,7 @@ from finecap.boost.chat import InProcessBackend, conversation, load_chat_tokeniz
 from finecap.boost.engine import Task, cut_off, model_stamp
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.vlm import model_stop_tokens
+from finecap.utils.rng import rng_preserved
 
 
 class TransformersBackend(InProcessBackend):
@@ -42,6 +49,7 @@ class TransformersBackend(InProcessBackend):
         batch_size: int = 8,
         max_new_tokens: int = 120,
         temperature: float = 0.0,
+        seed: int = 0,
         key: str = "boost.llm",
         refuse_cut_off: bool = True,
         device: str | torch.device | None = None,
@@ -53,7 +61,7 @@ class TransformersBackend(InProcessBackend):
         self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="transformers")
         self.name, self.vision = model, vision
         self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
-        self.refuse_cut_off = refuse_cut_off
+        self.refuse_cut_off, self.seed = refuse_cut_off, seed
         auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         with loading_onto(device):  # a CUDA device's weights read straight onto it, not into host memory
             self.model = auto.from_pretrained(model, trust_remote_code=False, **placement())
@@ -66,8 +74,10 @@ class TransformersBackend(InProcessBackend):
         self.model.eval()
 
     def identity(self) -> dict[str, Any]:
+        """Model, files and decoding settings; when it samples (``boost.temperature > 0``) also ``run.seed``."""
         return {"backend": "transformers", "model": self.name, "vision": self.vision,
                 "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+                **({"seed": self.seed} if self.temperature > 0 else {}),
                 **self.stamp}  # fmt: skip
 
     def _inputs(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> dict[str, torch.Tensor]:
@@ -85,9 +95,12 @@ class TransformersBackend(InProcessBackend):
         sampling = (
             {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
         )
-        out = self.model.generate(
-            **inputs, max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
-        )  # (B, T_in + T_new)
+        with rng_preserved():  # the process's generators as they were after the batch
+            if self.temperature > 0:
+                torch.manual_seed(batch_seed(self.seed, tasks))
+            out = self.model.generate(
+                **inputs, max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
+            )  # (B, T_in + T_new)
         new = out[:, inputs["input_ids"].shape[1] :]  # (B, T_new)
         texts: list[str | BaseException] = list(self.tokenizer.batch_decode(new, skip_special_tokens=True))
         if self.refuse_cut_off and new.shape[1] >= self.max_new_tokens:  # a shorter batch ended every answer
@@ -101,3 +114,26 @@ class TransformersBackend(InProcessBackend):
         tokenizer's."""
         eos = self.tokenizer.eos_token_id
         return model_stop_tokens(self.model) or ([] if eos is None else [int(eos)])
+
+
+def batch_seed(seed: int, tasks: Sequence[Task]) -> int:
+    """The seed of torch's generator while the ``transformers`` backend samples the answers of ``tasks``: a hash of
+    ``seed`` (``run.seed``) and each task's step, position and messages, so that the same batch draws the same samples
+    in any run or process, and two batches of one run draw different ones.
+
+    Example::
+
+        >>> from pathlib import Path
+        >>> from finecap.data.records import Record
+        >>> messages = [{"role": "user", "content": "a dog"}]
+        >>> def task(i):
+        ...     return Task(i, Record(i, Path(f"{i}.png"), "test", ["a dog"]), "blend", messages, {})
+        >>> batch_seed(0, [task(0), task(1)]) == batch_seed(0, [task(0), task(1)])
+        True
+        >>> len({batch_seed(0, [task(0)]), batch_seed(1, [task(0)]), batch_seed(0, [task(1)])})
+        3
+    """
+    content = json.dumps([seed, [(t.step, t.index, t.messages) for t in tasks]], sort_keys=True, default=str)
+    return (
+        int.from_bytes(hashlib.sha256(content.encode()).digest()[:8], "big") >> 1
+    )  # within torch.manual_seed's range

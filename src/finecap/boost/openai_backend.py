@@ -186,6 +186,30 @@ def check_base_url(url: str, key: str) -> None:
         )
 
 
+def check_api_key(api_key: str, option: str) -> None:
+    """``ValueError`` naming ``option`` (never the key) unless ``api_key`` can be sent as ``Authorization: Bearer``:
+    visible ASCII only. A key with a line break (a ``.env`` file saved with CRLF ends its values with ``\\r``), a
+    space, a control or a non-ASCII character would fail every request, and httpx's error would print the header with
+    its escapes (``\\r`` written as two characters), which the key's masking does not recognise.
+
+    Example::
+
+        >>> check_api_key("sk-0123456789", "boost.llm_api_key_env")  # fine: nothing said
+        >>> try:
+        ...     check_api_key("sk-0123456789\\r", "boost.llm_api_key_env")
+        ... except ValueError as e:
+        ...     print(str(e).split(" (")[0], "|", str(e).split(") ")[1].split(";")[0])
+        boost.llm_api_key_env: the API key holds a character an HTTP header cannot carry | at position 14 of 14
+    """
+    bad = next((i for i, c in enumerate(api_key) if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ValueError(
+            f"{option}: the API key holds a character an HTTP header cannot carry (a line break, space, control or "
+            f"non-ASCII character) at position {bad + 1} of {len(api_key)}; correct the variable or file it comes "
+            "from (the key is not shown)"
+        )
+
+
 def api_key_from_env(variable: str, key: str, explicit: bool) -> str:
     """The API key in environment ``variable``; ``""`` when unset, unless the variable was named explicitly (then a
     ``ValueError`` naming ``key``)."""
@@ -236,6 +260,7 @@ class OpenAIBackend:
         self.url = f"{self.base_url}/chat/completions"
         self.shown_url = masked_url_secrets(self.url)  # in messages: a password in the URL is a secret
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "")
+        check_api_key(self._api_key, f"{key}_api_key_env" if "." in key else f"{key}.api_key_env")
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self.concurrency, self.retries, self.backoff, self.max_wait = concurrency, retries, backoff, max_wait
         self.timeout = timeout

@@ -13,8 +13,9 @@ fields back.
   images without a caption annotation are left as they are (they were not read, so not boosted). A file without an
   ``images`` list gains one, ``{"id", "boost"}`` per image of the annotations in the order read (no ``file_name``, as
   the source had none), so that its boost fields are read back;
-- ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute; a line without ``id``
-  gains the one it was read with (the image path as written), so the ids stay the source's.
+- ``jsonl``: ``DIR/<file name>`` with ``captions`` replaced and image paths made absolute (links kept, not
+  resolved to their targets); a line without ``id`` gains the one it was read with (the image path as written), so
+  the ids stay the source's.
 
 Karpathy, world and JSONL files are read again to be written, entry by entry beside the records boosted: an entry
 whose id or image file is not its record's (the file changed during the run) is refused, naming the file and the
@@ -36,7 +37,7 @@ from typing import Any
 from finecap.data.json_files import json_lines
 from finecap.data.records import Record
 from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, strict_json, write_json
-from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json
+from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json, unfinished_line
 from finecap.world.make import content_hashes
 
 WRITABLE = ("world", "karpathy", "coco", "jsonl")
@@ -73,16 +74,25 @@ JSONL_KEYS = {"cache.jsonl": {"key", "step", "image_id", "answer"}, "failures.js
 failures list)."""
 
 
+CUT_LINE_START = {"cache.jsonl": b'{"key": "'}
+"""How a line of boost's JSONL files that a kill may cut begins (:meth:`finecap.boost.engine.AnswerCache.put`'s
+``json.dumps``); ``failures.jsonl`` is written whole (atomically), so none of its lines is ever cut."""
+
+
 def is_boost_file(path: Path) -> bool:
     """Whether ``path`` (one of :data:`BOOST_FILES`) reads as what finecap boost writes there, by content: a
-    ``boost.json`` summary (``status``, ``mode``, ``source``), or JSONL lines with :data:`JSONL_KEYS` (a last line
-    cut by a kill allowed). A file of that name with other content is the user's; so is one too large to be
-    finecap's (:data:`~finecap.utils.reading.METADATA` for the summary, :data:`~finecap.utils.reading.DATA_FILE` for
-    the logs)."""
+    ``boost.json`` summary (``status``, ``mode``, ``source``), or JSONL lines with :data:`JSONL_KEYS`, of which only
+    ``cache.jsonl``'s last may be cut by a kill, and then begins as its lines do (:data:`CUT_LINE_START`). A file of
+    that name with other content is the user's (a line of text without a newline too: boost would append to it or
+    replace it); so is one too large to be finecap's (:data:`~finecap.utils.reading.METADATA` for the summary,
+    :data:`~finecap.utils.reading.DATA_FILE` for the logs)."""
     try:
         if path.name == "boost.json":
             summary = read_json(path)
             return isinstance(summary, dict) and {"status", "mode", "source"} <= set(summary)
+        cut, start = unfinished_line(path), CUT_LINE_START.get(path.name, b"")  # bytes: a kill may cut a character
+        if cut and not (start and (cut.startswith(start) or start.startswith(cut))):
+            return False
         return jsonl_rows_are(path, lambda row: isinstance(row, dict) and JSONL_KEYS[path.name] <= set(row))
     except (OSError, ValueError):
         return False
@@ -231,7 +241,7 @@ def write_boosted(
         rows = []
         for row, r, f in zip(lines, records, fields):
             row.setdefault("id", r.image_id)  # the image path as written: the ids stay those of the source
-            row["image"] = str(Path(r.path).resolve())
+            row["image"] = str(Path(r.path).absolute())  # the path the source names: a link kept, not its target
             row["captions"] = f[mode]
             row["boost"] = f
             rows.append(strict_json(row, indent=None))

@@ -501,6 +501,25 @@ def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
     return data
 
 
+def unfinished_line(path: str | Path) -> bytes:
+    """The bytes after the last newline of the file ``path``: a line its writer did not finish (a killed run's), or
+    ``b""`` when the file is empty or ends in a newline. Read from the end, at most :data:`LINE` bytes and one more
+    (a longer unfinished line is returned cut to them: no line of finecap's is that long).
+
+    Example::
+
+        >>> path = Path(cache_dir) / "log.jsonl"
+        >>> _ = path.write_bytes(b'{"a": 1}\\n{"a"')
+        >>> unfinished_line(path)
+        b'{"a"'
+    """
+    with Path(path).open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - LINE.limit() - 1))
+        tail = f.read()
+    return b"" if tail.endswith(b"\n") else tail.rpartition(b"\n")[2]
+
+
 def jsonl_rows_are(path: str | Path, accept: Any) -> bool:
     """Whether every line of the JSONL file ``path`` is a JSON value ``accept(row)`` is true of (blank lines skipped;
     a last line without its newline, written when a run was killed, is not read): how finecap recognises its own
