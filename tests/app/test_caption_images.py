@@ -339,6 +339,38 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     assert "none of the 1 images decodes" in line and not (tmp_path / "none.json").exists()
 
 
+def test_a_splits_skipped_images_are_listed_beside_out_as_the_images_ones(run, shapes, tmp_path, caplog):
+    # a data set's split (--data, --split) left its bad images out with a warning showing the first five only, and
+    # no list: past those five, which images the results lack and why was nowhere
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    good = {f"{color}.png": CAPTION[color] for color in COLORS}
+    for name in good:
+        shutil.copy(shapes["new"] / name, photos / name)
+    bad = sorted(BROKEN[kind][0](photos / f"{kind}{i}.png") for kind in ("empty", "truncated", "text") for i in (1, 2))
+    out = tmp_path / "split.json"
+    command = ["caption", "--checkpoint", str(run), "--data", str(photos), "--split", "train", "--out", str(out),
+               "--skip-bad-images"]  # fmt: skip
+    listed = tmp_path / "split.json.skipped.json"
+    listed.write_text("my notes")  # a file of that name finecap did not write is refused before the work
+    line = error_of(command)
+    assert line.startswith(f"finecap: error: --out: {listed} exists and finecap did not make it") and "--force" in line
+    assert listed.read_text() == "my notes" and not out.exists()
+    listed.unlink()
+    caplog.set_level(logging.WARNING, logger="finecap")
+    code, _, err = run_cli(command)
+    assert code == 0, err
+    assert results(out) == good
+    assert any(f"every one, with its reason, in {listed}" in r.getMessage() for r in caplog.records)
+    skipped = json.loads(listed.read_text())  # all six, where the warning shows five
+    assert skipped["results"] == str(out) and skipped["images"] == 10
+    assert [(row["image_id"], row["path"]) for row in skipped["skipped"]] == [(b.name, str(b)) for b in bad]
+    assert all(row["reason"].startswith(f"{row['path']}: ") for row in skipped["skipped"])
+    for b in bad:  # nothing skipped now: the list an earlier run wrote is gone
+        b.unlink()
+    assert run_cli(command)[0] == 0 and results(out) == good and not listed.exists()
+
+
 @pytest.mark.slow
 def test_worker_processes_read_the_images_alike(run, shapes, tmp_path):
     # data.num_workers=2: images decoded and preprocessed in DataLoader workers; a bad image there is the same error

@@ -105,6 +105,17 @@ def test_a_constant_group_is_exactly_zero_whatever_the_float_rounding_of_its_mea
         assert torch.equal(gdpo, normalize_then_sum([torch.zeros(2 * s), rewards], [1.0, 1.0], s))
 
 
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize(("samples", "says"), [(1, "at least 2"), (0, "at least 2"), (4, "does not divide")])
+def test_group_advantages_refuses_groups_it_cannot_form_naming_samples(scale, samples, says):
+    # samples=1 with scale=group was NaN for every caption (the std of one value); the configuration refuses it, a
+    # direct call must too, and with the argument's name, as must the GDPO path that calls it per reward
+    with pytest.raises(ValueError, match=f"samples={samples}.*{says}"):
+        group_advantages(REWARDS, samples, scale)
+    with pytest.raises(ValueError, match=f"samples={samples}"):
+        normalize_then_sum([REWARDS], [1.0], samples)
+
+
 def test_a_single_value_has_the_nan_std_of_trls_nanstd():
     mean, std = batch_mean_std(torch.tensor([2.0]))
     assert mean.item() == 2.0 and math.isnan(std.item())

@@ -268,6 +268,15 @@ def test_the_entropy_term_is_the_steps_however_the_step_is_cut():
     assert (mean_entropy(h, m).item(), mean_entropy(h, m, "token").item()) == (2.0, pytest.approx(16 / 12))
 
 
+def test_the_entropy_term_ignores_whatever_padding_holds():
+    # a padded row of -inf logits has entropy NaN (token_entropy); the mean over the real positions is untouched:
+    # (ln 2 + ln 4) / 2 = 1.5 ln 2 per caption and per token
+    h = torch.tensor([[math.log(2), math.log(4), float("nan")]])
+    m = torch.tensor([[True, True, False]])
+    for per in ("caption", "token"):
+        assert mean_entropy(h, m, per).item() == pytest.approx(1.5 * math.log(2)), per
+
+
 class Uniform(StandIn):
     """A stand-in whose LM gives uniform logits over 2 tokens: every token log-prob is -ln 2, entropy ln 2."""
 

@@ -13,7 +13,8 @@ data set (no references needed): every image file under the folders (recursive) 
 :mod:`finecap.inference` (integers when every file name is a number, as COCO's, else relative paths), through
 :func:`finecap.inference.caption_images`, the function the Python API (:class:`finecap.api.Captioner`) uses too.
 ``--skip-bad-images`` (``data.skip_bad_images=true``) leaves out the images that do not decode and counts them;
-with ``--images`` every one, with its reason, is listed in ``<out>.skipped.json`` (:func:`write_skipped`).
+every one, with its reason, is listed in ``<out>.skipped.json`` (:func:`write_skipped`), for ``--images`` and a
+split alike.
 
 What it decodes with, lowest layer first:
 
@@ -47,7 +48,7 @@ from typing import Any
 
 from finecap.caption import generate_captions
 from finecap.config import Config, DataConfig, HfDataConfig, load_stored, parse_override
-from finecap.data.datasets import load_records
+from finecap.data.datasets import load_records, skipped_images
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
@@ -211,19 +212,20 @@ def beside(out: str | Path, suffix: str) -> Path:
     return out.with_name(out.name + suffix)
 
 
-def write_skipped(out: Path, files: Sequence[Any], skipped: Sequence[tuple[int, str]]) -> Path | None:
-    """Write every image of ``files`` left out (``skipped``: ``(index, reason)``) to ``out``'s :data:`SKIPPED_SUFFIX`
-    file (:func:`beside`) as strict JSON ``{"results": OUT, "images": N, "skipped": [{"image_id", "path", "reason"},
-    ...]}``, atomically; return its path. Nothing skipped: nothing written, and such a file an earlier run left there
-    (finecap's own, by content) removed, so that it never describes other results; ``None``."""
+def write_skipped(out: Path, images: int, skipped: Sequence[tuple[Any, Any, str]]) -> Path | None:
+    """Write every image left out of the ``images`` asked for (``skipped``: ``(image_id, path, reason)``; the files
+    of ``--images`` or the records of a split) to ``out``'s :data:`SKIPPED_SUFFIX` file (:func:`beside`) as strict
+    JSON ``{"results": OUT, "images": N, "skipped": [{"image_id", "path", "reason"}, ...]}``, atomically; return its
+    path. Nothing skipped: nothing written, and such a file an earlier run left there (finecap's own, by content)
+    removed, so that it never describes other results; ``None``."""
     path = beside(out, SKIPPED_SUFFIX)
     if not skipped:
         if path.is_file() and not path.is_symlink() and made_by_finecap(path, ("skipped",)):
             path.unlink()
             log.info("caption: removed %s (an earlier run's list of skipped images; none skipped now)", path)
         return None
-    rows = [{"image_id": files[i].image_id, "path": str(files[i].path), "reason": reason} for i, reason in skipped]
-    write_output_json(path, {"results": str(out), "images": len(files), "skipped": rows}, "skipped")
+    rows = [{"image_id": image_id, "path": str(where), "reason": reason} for image_id, where, reason in skipped]
+    write_output_json(path, {"results": str(out), "images": images, "skipped": rows}, "skipped")
     return path
 
 
@@ -411,12 +413,13 @@ def main(
         inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
                   "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
     check_output_file(out, inputs, force=force, kind="results")
-    if files is not None and cfg.data.skip_bad_images:  # the list of the images left out, beside out
+    if cfg.data.skip_bad_images:  # the list of the images left out, beside out
         check_output_file(beside(out, SKIPPED_SUFFIX), inputs, force=force, kind="skipped")
     check_writable(out)  # before the model loads and the images decode, not when the captions are written
+    kept: list[Any] = []
     if files is None:
         try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
-            load_records(cfg, split, captioned=False)
+            kept = load_records(cfg, split, captioned=False)
         except MissingSplit as e:
             if setup.data_from_command_line:
                 raise
@@ -460,7 +463,8 @@ def main(
                 captions = {f.image_id: caps for f, caps in paired if caps is not None}
                 what = f"{len(files)} image(s)"
                 if accelerator.is_main_process:
-                    listed = write_skipped(Path(out), files, result.skipped)
+                    listed = write_skipped(Path(out), len(files), [(files[i].image_id, files[i].path, reason)
+                                                                   for i, reason in result.skipped])  # fmt: skip
                     if listed is not None:
                         log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
                                     describe_skipped(result, len(files)), listed)  # fmt: skip
@@ -469,6 +473,13 @@ def main(
                                              done={row["image"]: row["captions"] for row in done},
                                              on_batch=partial.add if partial else None)  # fmt: skip
                 what = f"split {split!r}"
+                if accelerator.is_main_process:  # load_records warned of the first few
+                    bad = skipped_images(cfg, split, captioned=False)
+                    listed = write_skipped(Path(out), len(kept) + len(bad),
+                                           [(r.image_id, r.path, reason) for r, reason in bad])  # fmt: skip
+                    if listed is not None:
+                        log.warning("caption: %d image(s) of split %r left out (data.skip_bad_images=true); every "
+                                    "one, with its reason, in %s", len(bad), split, listed)  # fmt: skip
     except BaseException:
         if partial is not None and partial.close() == 0:
             partial.path.unlink()  # nothing captioned: nothing to keep

@@ -73,15 +73,16 @@ def token_scores(
 ) -> TokenScores:
     """Log-probs of ``sequences (N, L)`` under ``softmax(logits / temperature)`` (logits ``(N, L, V)`` aligned with
     the tokens), zeroed where ``mask (N, L)`` is false, and optionally the entropies of the same distributions and
-    whether each token is the distribution's most likely one (:attr:`TokenScores.top`)."""
+    whether each token is the distribution's most likely one (:attr:`TokenScores.top`). Padding is set to 0, not
+    multiplied by 0: a ``-inf`` log-prob there (a logit of ``-inf`` at the padded token) gives 0, never NaN."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (N, L, V)
-    keep = mask.to(logp.device, logp.dtype)  # (N, L)
+    pad = ~mask.to(logp.device).bool()  # (N, L)
     sequences = sequences.to(logp.device)
-    token = logp.gather(-1, sequences.unsqueeze(-1)).squeeze(-1) * keep  # (N, L)
-    entropy = entropy_of(logp) * keep if with_entropy else None  # (N, L)
-    top = (logp.detach().argmax(-1) == sequences) & mask.to(logp.device).bool() if with_top else None  # (N, L)
+    token = logp.gather(-1, sequences.unsqueeze(-1)).squeeze(-1).masked_fill(pad, 0.0)  # (N, L)
+    entropy = entropy_of(logp).masked_fill(pad, 0.0) if with_entropy else None  # (N, L)
+    top = (logp.detach().argmax(-1) == sequences) & ~pad if with_top else None  # (N, L)
     return TokenScores(token, entropy, top)
 
 

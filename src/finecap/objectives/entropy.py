@@ -39,15 +39,17 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
 
 def mean_entropy(entropy: torch.Tensor, mask: torch.Tensor, per: str = "caption") -> torch.Tensor:
     """Mean of ``entropy`` (N, L) over the positions where ``mask`` (N, L) is true: ``per="caption"`` the mean over
-    the captions of each one's mean, ``per="token"`` over all positions (module docstring).
+    the captions of each one's mean, ``per="token"`` over all positions (module docstring). Whatever ``entropy``
+    holds where ``mask`` is false (a NaN of a row of ``-inf`` logits) takes no part.
 
     >>> h, m = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]]), torch.tensor([[True] * 3, [True, False, False]])
     >>> mean_entropy(h, m).item(), mean_entropy(h, m, per="token").item()  # (1 + 3) / 2; 6 / 4
     (2.0, 1.5)
     """
-    m = mask.to(entropy.dtype)
+    keep = mask.to(entropy.device).bool()
+    kept, m = entropy.masked_fill(~keep, 0.0), keep.to(entropy.dtype)  # (N, L) each
     if per == "token":
-        return (entropy * m).sum() / m.sum().clamp(min=1.0)
+        return kept.sum() / m.sum().clamp(min=1.0)
     if per != "caption":
         raise ValueError(f"mean_entropy: per={per!r}; valid: caption, token")
-    return ((entropy * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    return (kept.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()

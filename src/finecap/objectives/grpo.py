@@ -141,12 +141,16 @@ def group_advantages(
     advantage is 0 too, as TRL's ``nan_to_num`` of the advantages makes it, never NaN. Without failures the result is
     the unmasked computation's, bit for bit.
 
+    Raises ``ValueError`` naming ``samples`` when it is below 2 (a group of one caption has no mean to compare with:
+    its std is NaN, ``grpo.advantage=group`` needs ``rl.samples >= 2``) or does not divide the number of rewards.
+
     >>> adv = group_advantages(torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0]), 3)  # std 1; a constant group: 0
     >>> [round(a, 4) for a in adv.tolist()]  # -1 / (1 + 1e-4), 0, 1 / (1 + 1e-4)
     [-0.9999, 0.0, 0.9999, 0.0, 0.0, 0.0]
     """
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"grpo.scale_rewards: invalid value {scale!r}; valid choices: group, batch, none")
+    _check_group_size(rewards, samples)
     if failed is not None and bool(failed.any()):
         return _scored_group_advantages(rewards, samples, scale, reduce, ~failed.to(rewards.device, torch.bool))
     grouped = rewards.view(-1, samples)  # (G, s)
@@ -158,6 +162,14 @@ def group_advantages(
     else:
         std = batch_mean_std(rewards, reduce)[1].expand_as(rewards)
     return centred / (std + EPS)
+
+
+def _check_group_size(rewards: torch.Tensor, samples: int) -> None:
+    """Refuse ``samples`` (captions per group) that cannot split ``rewards`` (N,) into groups of two or more."""
+    if samples < 2:
+        raise ValueError(f"samples={samples}: a group needs at least 2 captions (its mean and std are the baseline)")
+    if rewards.numel() % samples:
+        raise ValueError(f"samples={samples} does not divide the {rewards.numel()} rewards into whole groups")
 
 
 def _scored_group_advantages(

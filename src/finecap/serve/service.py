@@ -36,8 +36,8 @@ requests.
   :data:`REPEAT_LINE_EVERY` seconds with the count since, and the traceback again every
   :data:`FULL_TRACEBACK_EVERY` seconds (:class:`RepeatedFailures`); a non-finite value, the ``/get_reward`` 502s
   and the server's own errors alike; the server's stop says the repeats counted since each kind's last line
-  (:meth:`RepeatedFailures.flush`). Every failed request is still answered 500 (or 502) and counted in
-  ``/health``'s ``failures``.
+  (:meth:`RepeatedFailures.flush`), as does the forgetting of the oldest kind beyond the kinds it remembers.
+  Every failed request is still answered 500 (or 502) and counted in ``/health``'s ``failures``.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
   line (and one at the end).
@@ -265,9 +265,10 @@ class RepeatedFailures:
     which may name the request) is logged in full (with its traceback, unless ``trace=False``); the others in between
     are one line at most every ``line_every`` seconds for each kind, with the first line of their message and the
     count since that full report, which counts every failure. At most ``kinds`` kinds are remembered (the oldest
-    forgotten first), so that failures of ever-new kinds cannot grow it. One home for every failed request of the
-    server: the reward's exceptions and non-finite values (:class:`RewardService`), the ``/get_reward`` 502s and the
-    server's own errors (:mod:`finecap.serve.app`); :attr:`total` counts them all (``/health``'s ``failures``).
+    forgotten first, with one line of its repeats no line has said yet), so that failures of ever-new kinds cannot
+    grow it. One home for every failed request of the server: the reward's exceptions and non-finite values
+    (:class:`RewardService`), the ``/get_reward`` 502s and the server's own errors (:mod:`finecap.serve.app`);
+    :attr:`total` counts them all (``/health``'s ``failures``).
 
     Args:
         every: seconds between two full reports of one kind.
@@ -302,8 +303,12 @@ class RepeatedFailures:
                 log.log(level, "%s%s", what, since, exc_info=shown)
                 self._seen[kind] = _FailureKind(reported=now, level=level, words=what, said_at=now)
                 self._seen.move_to_end(kind)
-                while len(self._seen) > self.kinds:
-                    self._seen.popitem(last=False)
+                while len(self._seen) > self.kinds:  # the oldest kind is forgotten, what it counted said first
+                    self._say_unsaid(
+                        self._seen.popitem(last=False)[1],
+                        now,
+                        f"forgotten for a newer kind (at most {self.kinds} kinds are remembered)",
+                    )
                 return
             seen.repeats += 1
             if trace:
@@ -325,11 +330,16 @@ class RepeatedFailures:
         with self._lock:
             now = self.clock()
             for seen in self._seen.values():
-                unsaid = seen.repeats - seen.said
-                if unsaid > 0:
-                    seen.said = seen.repeats
-                    log.log(seen.level, "%s (the same failure %d more time(s) since its last line %.0f s ago, unsaid "
-                            "until the server stopped)", seen.words, unsaid, now - seen.said_at)  # fmt: skip
+                self._say_unsaid(seen, now, "the server stopped")
+
+    @staticmethod
+    def _say_unsaid(seen: _FailureKind, now: float, until: str) -> None:
+        """One line with the repeats of ``seen`` no line has said yet, if any (``until``: why now)."""
+        unsaid = seen.repeats - seen.said
+        if unsaid > 0:
+            seen.said = seen.repeats
+            log.log(seen.level, "%s (the same failure %d more time(s) since its last line %.0f s ago, unsaid until "
+                    "%s)", seen.words, unsaid, now - seen.said_at, until)  # fmt: skip
 
 
 class RewardFailed(RuntimeError):
