@@ -120,6 +120,16 @@ EXPECTED = [
     ("MFG. and PTY. but Mfg. and Pty. Ltd, ARK. not ark.", "mfg and pty but mfg. and pty. ltd ark. not ark"),
     ("etc.X y, etc.Xy z and Jan.B c", "etc. x y etc.xy z and jan. b c"),
     ("the non-U.S team and U.S.-U.K. talks", "the non-u.s team and u.s.-u.k. talks"),
+    # SGML tags as Java's lexer reads them (checked with the jar): a tag name, attributes with quoted values only, an
+    # optional "/", a closing tag, <!...> and <?...>; the spaces inside become no-break spaces (one token); a tag
+    # after a single letter and period ends a sentence as a sentence-start word does; "\*" (PTB's escaped asterisk)
+    ("a dog <unk> on a <b>bench</b>", "a dog <unk> on a <b> bench </b>"),
+    ("<end of text> a dog", "<end\xa0of\xa0text> a dog"),
+    ('<a href="x y"> and <b />', '<a\xa0href="x\xa0y"> and <b\xa0/>'),
+    ("<img src=x.jpg> <i dog, cat> <!>", "< img src = x.jpg > < i dog cat > < >"),
+    ("<?xml> <!-- a note --> </b c>", "<?xml> <!--\xa0a\xa0note\xa0--> < / b c >"),
+    ("plan A. <b> x", "plan a <b> x"),
+    ("\\* a\\*b \\*\\*\\*\\* *\\*", "\\* a \\* b \\*\\*\\* \\* * \\*"),
 ]
 
 
@@ -239,6 +249,9 @@ NEXT_LINE = [
     (["a fig.", "dogs"], "a fig"),
     (["a non-U.S", "x"], "a non-u.s"),
     (["a non-U.S"], "a non-u s"),
+    # ... and a single letter's period before an SGML tag on the next line, as before a sentence-start word
+    (["a dog b.", "</b>", "x"], "a dog b"),
+    (["a dog b.", "<b c"], "a dog b."),
 ]
 
 

@@ -30,7 +30,9 @@ reproducing its jar; ``meteor_backend="java"`` runs the jar) and SPICE through t
   pycocoevalcap would try to download them) is skipped with a warning saying why, instead of failing after the
   other metrics; its key is then absent.
 - SPICE's per-image entry is its F-score (``imgToEval[i]["SPICE"]``), not pycocoevalcap's dict of per-category
-  precision/recall; the corpus ``eval["SPICE"]`` is the same mean F-score.
+  precision/recall, and it is image ``i``'s: pycocoevalcap gives an image another's whenever ``params["image_id"]``
+  is not sorted (its ``Spice`` returns sorted ids' scores, assigned in ``params`` order; docs/evaluation.md#output);
+  the corpus ``eval["SPICE"]`` is the same mean F-score.
 - Nothing is printed (pycocoevalcap prints progress and each score); ``verbose=True`` prints the scores.
 - An image of ``params["image_id"]`` without a result caption, or with several, or with a caption that is not a
   string, raises ``ValueError`` naming it (pycocoevalcap fails with a bare ``KeyError``, ``AssertionError`` or

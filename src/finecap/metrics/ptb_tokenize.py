@@ -26,8 +26,10 @@ list holds the upper-case forms, but the Java tokenizer has already lower-cased 
 the abbreviations of the Java lexer's lists (``st.``, ``mr.``, ``etc.``, ``jan.``, ``ct.``, ``ph.d.``, ...: in the
 cases they may be written in, ``Ark.`` ``ARK.`` ``Mfg.`` but not ``ark.`` ``MFG.`` ``PTY.``), acronyms (``u.s.``,
 ``a.m.``, ``non-u.s``) and single letters (``plan b.``) keep their period, ``no. nos. prop. fig. ca. art. pp. op.``
-only before a number; ``etc.X y`` gives ``etc. x y`` (the lexer reads the two characters after ``etc.``, ``jan.``,
-``inc.``, ...: the longer word ``etc.Xy`` wins).
+only before a number; SGML tags are Java's (a name, attributes with quoted values, ``<!...>``, ``<?...>``; a
+tag's spaces become no-break spaces: ``<end of text>`` is one token, ``<i a=b>`` is not a tag); ``etc.X y`` gives
+``etc. x y`` (the lexer reads the two characters after ``etc.``, ``jan.``, ``inc.``, ...: the longer word ``etc.Xy``
+wins).
 
 Text in any script is tokenised as Java does it (``docs/evaluation.md#tokenisation``). The lexer's character classes
 (its letters, digits, the combining marks it reads as letters of a word, its symbols) were read off the jar by running
@@ -44,13 +46,13 @@ Known differences from the Java tokenizer (outside ordinary caption text):
 
 - Java's lexer reads pycocoevalcap's captions as the lines of one file, and at a line's end it can look into the
   next line: ``plan b.`` gives ``b`` when the next caption starts with a sentence-start word such as ``The`` or
-  ``A`` (blank lines between count as white space; ``b.`` otherwise), ``says no.`` (``fig.``, ...) keeps ``no.``
-  when the next caption starts with a digit, and ``plan b. The`` gives ``b``, ``photo 5.x`` keeps ``5.x``, ``etc.X``
-  gives ``etc. x`` and ``etc.5`` ``etc. 5`` when another caption follows (at the end of the file they give ``b.``,
-  ``5 x``, ``etc.x`` and ``etc. .5``). :func:`tokenize_all` and :func:`ptb_tokenize` reproduce these from the
-  captions after it in their input (give captions in pycocoevalcap's order: images, then each image's captions);
-  :func:`tokenize` alone tokenises a caption as if it were the last line.
-- SGML tags, phone numbers and dates are recognised only in their simplest forms.
+  ``A``, or with an SGML tag (blank lines between count as white space; ``b.`` otherwise), ``says no.`` (``fig.``,
+  ...) keeps ``no.`` when the next caption starts with a digit, and ``plan b. The`` gives ``b``, ``photo 5.x``
+  keeps ``5.x``, ``etc.X`` gives ``etc. x`` and ``etc.5`` ``etc. 5`` when another caption follows (at the end of the
+  file they give ``b.``, ``5 x``, ``etc.x`` and ``etc. .5``). :func:`tokenize_all` and :func:`ptb_tokenize`
+  reproduce these from the captions after it in their input (give captions in pycocoevalcap's order: images, then
+  each image's captions); :func:`tokenize` alone tokenises a caption as if it were the last line.
+- Phone numbers and dates are recognised only in their simplest forms.
 - A smiley at the very end of the file (the end of the last caption of a call): Java reads ``:)`` and ``;P`` as
   smileys only with a character after them (there ``:`` ``-rrb-`` and ``;`` ``p``); here they are smileys.
 - The Greek capital sigma inside a token where digits, marks, hyphens or other scripts sit next to it: Java picks
@@ -245,6 +247,11 @@ _FILENAME_EXT = (
     "tar|txt|wav|x|xml|zip"
 )
 _ENTITY_LETTER = r"&[aeiouAEIOU](?i:acute|grave|uml);"  # a letter of a word too: caf&eacute;
+_SGML_NAME = r"[A-Za-z][A-Za-z0-9_:.\-]*"
+_SGML = (
+    rf"<(?:[!?][A-Za-z\-][^>\r\n]*|{_SGML_NAME}(?: +{_SGML_NAME}(?: *= *(?:'[^'\r\n]*'|\"[^\"\r\n]*\"))?)* */?"
+    rf"|/{_SGML_NAME}) *>"
+)
 
 
 def _rules(entities: bool, ascii_only: bool) -> list[tuple[str, str, str]]:
@@ -274,7 +281,9 @@ def _rules(entities: bool, ascii_only: bool) -> list[tuple[str, str, str]]:
             r"(?P<t5>'(?i:t))(?i:is|was)",
             r"[cCgGwWlL']",
         ),
-        ("sgml", r"</?[A-Za-z!][^>\n]*>", "<"),
+        # Java's SGML: a tag name, attributes (quoted values only) and an optional "/", a closing tag, or <!...> and
+        # <?...>; its spaces become no-break spaces (one token: "<a\xa0b>")
+        ("sgml", _SGML, "<"),
         (
             "dash",
             r"[\u0096\u0097\u2013\u2014\u2015]" + (r"|&(?i:md|mdash|ndash);" if entities else ""),
@@ -340,8 +349,8 @@ def _rules(entities: bool, ascii_only: bool) -> list[tuple[str, str, str]]:
         ("currency", _CURRENCY_CLASS, _CURRENCY_CLASS),
         # ACRONYM (multi-letter) before a sentence-start word: token keeps the period, a period is re-emitted
         ("acronym_end", rf"{_GUARD_ACRO}(?P<t>{_ACRO}\.)(?={_SP}+(?:{_SENT_START}){_SP})", r"[A-Za-z]"),
-        # single letter + period before a sentence-start word: letter, then period
-        ("letter_end", rf"(?P<t>[A-Za-z])(?=\.{_SP}+(?:{_SENT_START}){_SP})\.", r"[A-Za-z]"),
+        # single letter + period before a sentence-start word or an SGML tag: letter, then period
+        ("letter_end", rf"(?P<t>[A-Za-z])(?=\.{_SP}+(?:{_SENT_START}|{_SGML}){_SP})\.", r"[A-Za-z]"),
         # the abbreviations (before a number, pty. ltd., ABBREV1 with its two characters after, ABBREV2, ACRO.)
         ("abbrev_num", rf"{_GUARD}(?P<t>{_abbrev_regex(_ABBREV_NUM)}\.){_SP}?{_D}", r"[A-Za-z]"),
         ("pty_ltd", rf"(?P<t>(?i:pt[eyEY]|co)\.){_SP}(?i:ltd|lim)", r"[pPcC]"),
@@ -369,7 +378,7 @@ def _rules(entities: bool, ascii_only: bool) -> list[tuple[str, str, str]]:
         ("hyphens", r"-+", "-"),
         ("ldots", r"\.{3,5}|(?:\.[ \xa0]){2,4}\.|\u2026", r"[.\u2026]"),
         ("fnmarks", r"@+|#+|_+", r"[@#_]"),
-        ("asts", r"\*+", r"\*"),
+        ("asts", r"\*+|(?:\\\*){1,3}", r"[*\\]"),  # Java's ASTS: "**", and "\*" (PTB's escaped asterisk) up to 3
         ("insentp", _INSENTP, _INSENTP),
         ("qmark", r"[?!]+", r"[?!]"),
         ("dot", _DOT, _DOT),
@@ -494,7 +503,7 @@ def tokens(text: str) -> list[str]:
                 tok = tok.replace("\xad", "") or "-"  # soft hyphens are removed (a token of them only: "-")
         elif best_name == "acronym_end" or (best_name == "abbrev1" and best.group("after") is None):
             end -= 1  # the period is read again (abbrev1: at the end of the text, "etc.5" gives "etc." ".5")
-        elif best_name == "frac":
+        elif best_name in ("frac", "sgml"):
             tok = tok.replace(" ", "\xa0")
         elif best_name == "dash" or (best_name == "hyphens" and 3 <= len(tok) <= 4):
             tok = "--"
@@ -541,12 +550,12 @@ _NUM_ABBREV_END = re.compile(rf"{_abbrev_regex(_ABBREV_NUM)}\.$")
 _NUM_ABBREV_TOKEN = re.compile(rf"(?:^| )(?:{_ABBREV_NUM})$")
 # line ends that Java reads differently before a line break than at the end of the file (tokenize's last line): a
 # single letter and period before a final sentence-start word ("plan b. The"), a final file name ("photo 1.jpg") ...
-_BEFORE_LINE_BREAK = re.compile(rf"[A-Za-z]\.{_SP}+(?:{_SENT_START})$|\.(?i:{_FILENAME_EXT})$")
+_BEFORE_LINE_BREAK = re.compile(rf"[A-Za-z]\.{_SP}+(?:{_SENT_START}|{_SGML})$|\.(?i:{_FILENAME_EXT})$")
 # ... an ABBREV1 and its period before one character ("etc.X": "etc." and "x" before a line break, the word "etc.x" at
 # the end of the file), a final ACRO with a hyphen ("non-U.S"): both have a period before the last character
 # (also inside a word: "'90ssr.5" is "'90s" and "sr." for Java)
 _BEFORE_LINE_BREAK_SHORT = re.compile(rf"{_GUARD_ACRO}(?:{_abbrev_regex(_ABBREV1)}\..|{_ACRO_HYPHEN})$")
-_SENT_NEXT = re.compile(rf"{_SP}*(?:{_SENT_START})(?P<end>{_SP}|$)")
+_SENT_NEXT = re.compile(rf"{_SP}*(?:{_SENT_START}|{_SGML})(?P<end>{_SP}|$)")
 _SP_CHARS = " \t\xa0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u3000"  # _SP's
 _DIGIT = re.compile(_D)
 
