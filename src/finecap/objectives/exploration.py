@@ -25,14 +25,17 @@ Choices made where the paper is open, and why:
   (tiny GPT-2 captioner, 300 steps of 32 images x 5 samples, lr 1e-4, 300 validation images): the literal
   ``r_j - b`` form ended with the diversity of SCST (Div-2 0.31 vs 0.30, mBLEU-4 0.85 vs 0.84), while ``r_j - 2b``
   kept part of the MLE model's diversity (Div-2 0.37, mBLEU-4 0.72; MLE: 0.62, 0.33).
-- **Distance.** The paper uses "BLEU3 + BLEU4"; a distance must grow with difference, so
-  ``d = 1 - (BLEU-3 + BLEU-4) / 2``: sentence-level BLEU (pycocoevalcap's smoothing) of one caption against the
-  other as the single reference (:func:`finecap.metrics.diversity.bleu_distance`). Sentence BLEU is not symmetric
-  (brevity penalty and precision denominators depend on the hypothesis), while Eq. 13-14 assume ``d(y, y') =
-  d(y', y)``; for an asymmetric d, Eq. 13 gives exactly the symmetrised distance ``(d(y, y') + d(y', y)) / 2``,
-  which is used. Identical captions are at distance 0 by definition (pycocoevalcap's smoothing would give two
-  identical captions shorter than 4 words a positive distance, rewarding short duplicates). Captions are
-  PTB-tokenised first, like the CIDEr-D reward.
+- **Distance.** The paper uses "BLEU3 + BLEU4"; a distance must grow with difference, so ``d = 1 - (BLEU-3 + BLEU-4) /
+  2``: sentence-level BLEU (pycocoevalcap's smoothing) of one caption against the other as the single reference
+  (:func:`finecap.metrics.diversity.bleu_distance`). Sentence BLEU is not symmetric (brevity penalty and precision
+  denominators depend on the hypothesis), while Eq. 13-14 assume ``d(y, y') = d(y', y)``; for an asymmetric d, Eq. 13
+  gives exactly the symmetrised distance ``(d(y, y') + d(y', y)) / 2``, which is used. **Scale** (the paper gives
+  none): the mean ``(BLEU-3 + BLEU-4) / 2`` keeps d in [0, 1], half the range of the paper's sum; a distance on the
+  sum's scale, ``2 - BLEU-3 - BLEU-4``, would double every diversity advantage: the paper's alpha = 0.75 on that scale
+  weighs the two terms in the ratio ``sle.alpha=0.6`` gives here (``sle.alpha=0.75`` here is alpha = 6/7 there).
+  Identical captions are at distance 0 by definition (pycocoevalcap's smoothing would give two identical captions
+  shorter than 4 words a positive distance, rewarding short duplicates). Captions are PTB-tokenised first, like the
+  CIDEr-D reward.
 - **A length-neutral distance (finecap's ablation, not the paper's).** BLEU-3/4 leans towards short captions: a
   caption shorter than the image's other samples has a brevity penalty against each of them and fewer 3- and
   4-grams to share, so it is "far" from them and the term pushes it up (docs/results.md, "Training noise": the
