@@ -20,6 +20,7 @@ from finecap.metrics.families import (
     hard_rd_ranks,
     hard_rd_retrieval,
 )
+from finecap.metrics.retrieval import target_ranks
 from finecap.world.make import generate_scenes
 from finecap.world.scene import scene_diff
 
@@ -194,3 +195,49 @@ def test_hard_rd_per_caption_values_average_to_the_corpus_values():
     # a caption's R@1 is its share of the three draws where it ranks first
     ranks, keep = hard_rd_ranks(scores, list(range(12)), families, size=3, n_distractors=5, draws=3)
     assert items[int(keep[0])]["hardRD5/R@1"] == pytest.approx((ranks[:, 0] == 1).mean())
+
+
+def _positional_hard_rd(scores, family_of, targets, size, n_distractors, seed):
+    """Draw 0 of the hard RD as every committed result was made: the ``j``-th caption of a complete family took
+    row ``j`` of the stream of its block of 1,024 such captions (``default_rng((seed, 0, first))``)."""
+    keep = np.flatnonzero(family_of[targets] >= 0)
+    out = []
+    for start in range(0, len(keep), 1024):
+        own = targets[keep[start : start + 1024]]
+        same = family_of[None, :] == family_of[own][:, None]
+        mates = same.copy()
+        mates[np.arange(len(own)), own] = False
+        mates = np.nonzero(mates)[1].reshape(len(own), size - 1)
+        keys = np.random.default_rng((seed, 0, start)).random(same.shape)
+        keys[same] = 2.0
+        n_random = n_distractors - size + 1
+        randoms = np.argpartition(keys, n_random - 1, axis=1)[:, :n_random]
+        out.append(target_ranks(scores[keep[start : start + 1024]], own, np.concatenate([mates, randoms], axis=1)))
+    return np.concatenate(out)
+
+
+def test_hard_rd_draws_are_the_committed_ones_for_captions_in_column_order():
+    # 1,100 images (families of 10 but for the last 10 images, in none), one caption each in column order: the layout
+    # of the demo's family world, two blocks of draws; the draws are exactly the committed results'
+    rng = np.random.default_rng(7)
+    scores = rng.random((1100, 1100))
+    families = {i: (i // 10 if i < 1090 else None) for i in range(1100)}
+    family_of = np.array([i // 10 if i < 1090 else -1 for i in range(1100)])
+    ranks, keep = hard_rd_ranks(scores, list(range(1100)), families, size=10, n_distractors=19, draws=1, seed=2)
+    assert len(keep) == 1090
+    assert np.array_equal(ranks[0], _positional_hard_rd(scores, family_of, np.arange(1100), 10, 19, seed=2))
+
+
+def test_hard_rd_distractors_depend_on_the_image_not_on_the_order_or_the_other_captions():
+    # The same captions in another order, or without image 0's (a captioner that skipped it), face the same
+    # distractors on every image (before, the j-th caption drew row j: a permutation moved every image's).
+    rng = np.random.default_rng(4)
+    scores = rng.random((30, 30))  # 30 images in 10 families of 3, one caption each
+    families = {i: i // 3 for i in range(30)}
+    args = dict(size=3, n_distractors=6, draws=2, seed=0)
+    ranks, _ = hard_rd_ranks(scores, list(range(30)), families, **args)
+    perm = rng.permutation(30)
+    shuffled, keep = hard_rd_ranks(scores[perm], list(range(30)), families, targets=perm, **args)
+    assert keep.tolist() == list(range(30)) and np.array_equal(shuffled, ranks[:, perm])
+    skipped, _ = hard_rd_ranks(scores[1:], list(range(30)), families, targets=np.arange(1, 30), **args)
+    assert np.array_equal(skipped, ranks[:, 1:])

@@ -105,6 +105,48 @@ def test_rd_ranks_match_recomputation_from_drawn_distractors():
     assert set(ranks[:, 0].tolist()) == {1, 2}
 
 
+def _positional_draws(targets: np.ndarray, n_images: int, n_distractors: int, rng: np.random.Generator):
+    """The draws as every committed result was made: caption ``q`` took row ``q`` of the stream of
+    ``(captions, n_images)`` uniform keys (blocks of 1,024 rows), its target's key set to 2 and the smallest kept."""
+    out = []
+    for start in range(0, len(targets), 1024):
+        keys = rng.random((min(1024, len(targets) - start), n_images))
+        keys[np.arange(len(keys)), targets[start : start + len(keys)]] = 2.0
+        out.append(np.argpartition(keys, n_distractors - 1, axis=1)[:, :n_distractors])
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize(
+    "targets",
+    [np.arange(1500), np.arange(40), np.repeat(np.arange(300), 5)],
+    ids=["every image in column order (2 blocks)", "a prefix of the pool", "5 captions per image, listed together"],
+)
+def test_random_distractors_are_the_committed_draws_for_captions_in_column_order(targets):
+    # The layouts every committed result used (finecap eval: the references' order; the probe: 5 references per
+    # image) draw exactly as before captions were keyed by their image.
+    got = random_distractors(len(targets), 1500, targets, 9, np.random.default_rng((0, 1)))
+    assert np.array_equal(got, _positional_draws(targets, 1500, 9, np.random.default_rng((0, 1))))
+
+
+def test_rd_distractors_depend_on_the_image_not_on_the_order_or_the_other_captions():
+    # The same captions listed in another order, or with one image not captioned (a captioner that skipped it),
+    # face the same distractors on every image: per-image ranks and the corpus R@1 are the same. Before, caption q
+    # drew from row q, so a permutation moved every image to other distractors (R@1 0.117 -> 0.100 here).
+    rng = np.random.default_rng(5)
+    scores = rng.normal(size=(30, 30))
+    ranks = rd_ranks(scores, np.arange(30), n_distractors=5, draws=2)  # (draws, 30)
+    perm = rng.permutation(30)
+    shuffled = rd_ranks(scores[perm], perm, n_distractors=5, draws=2)
+    assert np.array_equal(shuffled, ranks[:, perm])
+    assert rd_retrieval(scores[perm], perm, 5, 2) == rd_retrieval(scores, None, 5, 2)
+    skipped = rd_ranks(scores[1:], np.arange(1, 30), n_distractors=5, draws=2)
+    assert np.array_equal(skipped, ranks[:, 1:])
+    # two captions of image 4 in either order: each keeps its place among image 4's captions (first, second)
+    two = rd_ranks(scores[[4, 4, 7]], [4, 4, 7], n_distractors=5, draws=1)
+    swapped = rd_ranks(scores[[7, 4, 4]], [7, 4, 4], n_distractors=5, draws=1)
+    assert two[0].tolist() == [swapped[0, 1], swapped[0, 2], swapped[0, 0]]
+
+
 def test_rd_with_all_distractors_equals_pool_and_is_seeded():
     rng = np.random.default_rng(1)
     scores = rng.normal(size=(6, 6))

@@ -23,6 +23,9 @@ Choices the paper leaves open:
   Pass a string to force a prefix, ``""`` for none.
 - **Clipping of the reference part.** The paper clips ``max_r cos`` at 0; the authors' script does not. We follow
   the paper; the two differ only when every reference has a negative cosine with the candidate.
+- **ClipSc's prefix.** torchmetrics' ``CLIPScore`` encodes the caption as written; finecap gives ClipSc the
+  embedding CLIP-S uses (with the prefix), so that the two differ only in scale and clipping. ClipSc is therefore
+  not torchmetrics' number for the same captions when a prefix is used.
 - **w** is calibrated for ViT-B/32 cosines; it is kept at 2.5 for every model (configurable), so world-encoder scores
   are comparable across our runs but not to published numbers.
 - **Captions longer than the text window** (with the prefix: 77 tokens for CLIP) are scored as

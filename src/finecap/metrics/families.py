@@ -40,6 +40,7 @@ from finecap.metrics.retrieval import (
     as_score_matrix,
     bag_retrieval_items,
     rank_items,
+    stream_rows,
     summarize_ranks,
     target_columns,
     target_ranks,
@@ -141,10 +142,12 @@ def hard_rd_ranks(
     each against its ``size - 1`` family members and ``n_distractors - size + 1`` random images of other families,
     and the indices ``(Q',)`` of those captions among the ``Q`` rows of ``scores``.
 
-    Draw ``d`` of the block of captions starting at row ``first`` (1,024 captions a block) uses
-    ``numpy.random.default_rng((seed, d, first))`` and depends only on (seed, d, Q, N, the families and
-    the targets), never on the scores, as :func:`finecap.metrics.retrieval.rd_ranks`: captioners evaluated with the
-    same seed face the same distractors. Ties count against the caption.
+    A caption draws from the row :func:`finecap.metrics.retrieval.stream_rows` gives its image's place among the
+    columns of complete families (and its place among that image's captions); draw ``d`` of the block of rows
+    starting at ``first`` (1,024 rows a block) uses ``numpy.random.default_rng((seed, d, first))``. So a caption's
+    distractors depend only on (seed, d, N, the families, its image), never on the scores, the order of the captions
+    or the other images captioned, as :func:`finecap.metrics.retrieval.rd_ranks`: captioners evaluated with the
+    same seed face the same distractors on every image both captioned. Ties count against the caption.
     """
     scores = as_score_matrix(scores)
     targets = target_columns(scores, targets)
@@ -164,22 +167,27 @@ def hard_rd_ranks(
     keep = np.flatnonzero(family_of[targets] >= 0)  # (Q',) captions of complete families
     if not len(keep):
         raise ValueError(f"no caption belongs to a complete family of {size} scored images")
+    in_family = np.flatnonzero(family_of >= 0)  # the columns of complete families, ascending
+    position = np.searchsorted(in_family, targets[keep])  # (Q',) each caption's image among them
+    rows, n_rows = stream_rows(position)  # (Q',) the caption's row of each draw's stream
     out = np.empty((draws, len(keep)), dtype=np.int64)
-    for start in range(0, len(keep), _CHUNK):
-        rows = keep[start : start + _CHUNK]  # (C,) caption rows of this block
-        own = targets[rows]  # (C,)
+    for start in range(0, n_rows, _CHUNK):
+        here = np.flatnonzero((rows >= start) & (rows < start + _CHUNK))  # (C,) captions drawing from this block
+        if not len(here):
+            continue
+        own = targets[keep[here]]  # (C,)
         same = family_of[None, :] == family_of[own][:, None]  # (C, N): the target and its family members
         mates = same.copy()
-        mates[np.arange(len(rows)), own] = False
-        mates = np.nonzero(mates)[1].reshape(len(rows), size - 1)  # (C, size - 1) family members, ascending
+        mates[np.arange(len(here)), own] = False
+        mates = np.nonzero(mates)[1].reshape(len(here), size - 1)  # (C, size - 1) family members, ascending
         for d in range(draws):
             # one generator per (draw, block): the draws of a block never depend on the blocks before it
             rng = np.random.default_rng((seed, d, start))
-            keys = rng.random(same.shape)  # (C, N) random order of the images
+            keys = rng.random((min(_CHUNK, n_rows - start), n))[rows[here] - start]  # (C, N) random order of images
             keys[same] = 2.0  # the target's family sorts last, never drawn
             randoms = np.argpartition(keys, n_random - 1, axis=1)[:, :n_random] if n_random else keys[:, :0]
             candidates = np.concatenate([mates, randoms.astype(np.int64)], axis=1)  # (C, n_distractors)
-            out[d, start : start + len(rows)] = target_ranks(scores[rows], own, candidates)
+            out[d, here] = target_ranks(scores[keep[here]], own, candidates)
     return out, keep
 
 

@@ -114,30 +114,69 @@ def rank_items(ranks: Any, ks: Sequence[int] = KS) -> dict[str, np.ndarray]:
     return out
 
 
+def stream_rows(keys: Any) -> tuple[np.ndarray, int]:
+    """The row of a random stream each caption draws from, ``(Q,)``, and the rows the stream needs: ``r * key + k``
+    for a caption whose image has key ``key`` (its target column; RD-N) and which is the ``k``-th caption of that
+    image, where ``r`` is the most captions any image has. So a caption's draw depends on its image and its place
+    among that image's captions, never on the order of the captions or on which other images are captioned: two
+    captioners, one of which skipped an image or listed its captions in another order, face the same distractors on
+    the images they share. With one caption per image in column order (``arange``), and with ``r`` captions of each
+    image listed together, the row is the caption's own index.
+
+    Example::
+
+        >>> stream_rows([2, 0, 2])  # image 2's two captions: rows 4 and 5; image 0's: row 0
+        (array([4, 0, 5]), 6)
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    if not keys.size:
+        return np.zeros(0, dtype=np.int64), 0
+    order = np.argsort(keys, kind="stable")  # captions grouped by image, each image's in their given order
+    sorted_keys = keys[order]
+    first = np.r_[0, np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1]  # (images,) start of each group
+    occurrence = np.empty_like(keys)
+    occurrence[order] = np.arange(len(keys)) - np.repeat(first, np.diff(np.r_[first, len(keys)]))
+    r = int(occurrence.max()) + 1
+    rows = r * keys + occurrence  # (Q,)
+    return rows, int(rows.max()) + 1
+
+
 def random_distractors(
     n_queries: int, n_images: int, targets: np.ndarray, n_distractors: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """``(Q, n_distractors)`` image columns drawn uniformly without replacement, never the caption's own target."""
+    """``(Q, n_distractors)`` image columns drawn uniformly without replacement, never the caption's own target.
+
+    Each caption draws from the row :func:`stream_rows` gives it of ``rng``'s stream of ``(rows, n_images)`` uniform
+    keys (its image's distractors do not depend on the other captions)."""
     if n_distractors > n_images - 1:
         raise ValueError(
             f"n_distractors={n_distractors} needs at least {n_distractors + 1} images, got {n_images} "
             "(lower eval.n_distractors)"
         )
+    targets = np.asarray(targets, dtype=np.int64)
+    if targets.shape != (n_queries,):
+        raise ValueError(f"targets must have shape ({n_queries},), got {targets.shape}")
+    rows, n_rows = stream_rows(targets)
     out = np.empty((n_queries, n_distractors), dtype=np.int64)
-    for start in range(0, n_queries, _CHUNK):
-        stop = min(start + _CHUNK, n_queries)
-        keys = rng.random((stop - start, n_images))  # (C, N) random order of the images
-        keys[np.arange(stop - start), targets[start:stop]] = 2.0  # the target sorts last, never drawn
-        if n_distractors:
-            out[start:stop] = np.argpartition(keys, n_distractors - 1, axis=1)[:, :n_distractors]
+    for start in range(0, n_rows, _CHUNK):
+        stop = min(start + _CHUNK, n_rows)
+        keys = rng.random((stop - start, n_images))  # (C, N) random order of the images, for stream rows start:stop
+        here = np.flatnonzero((rows >= start) & (rows < stop))  # the captions drawing from this block
+        if not len(here) or not n_distractors:
+            continue
+        mine = keys[rows[here] - start]  # (h, N)
+        mine[np.arange(len(here)), targets[here]] = 2.0  # the target sorts last, never drawn
+        out[here] = np.argpartition(mine, n_distractors - 1, axis=1)[:, :n_distractors]
     return out
 
 
 def rd_ranks(scores: Any, targets: Any = None, n_distractors: int = 99, draws: int = 3, seed: int = 0) -> np.ndarray:
     """Ranks ``(draws, Q)`` of each caption's image among itself and ``n_distractors`` random other images.
 
-    Draw ``d`` uses ``numpy.random.default_rng((seed, d))``, so the distractors depend only on (seed, d, Q, N,
-    targets), never on the scores: two captioners evaluated with the same seed face the same distractors.
+    Draw ``d`` uses ``numpy.random.default_rng((seed, d))``, each caption its image's row of its stream
+    (:func:`random_distractors`), so a caption's distractors depend only on (seed, d, N, its image and its place
+    among that image's captions), never on the scores, the order of the captions or the other images captioned: two
+    captioners evaluated with the same seed face the same distractors on every image both captioned.
     """
     scores = as_score_matrix(scores)
     targets = target_columns(scores, targets)
