@@ -198,6 +198,51 @@ def test_objective_shifts_the_first_token_of_input_and_label():
     assert torch.equal(model.seen[0]["input_ids"], ids)
 
 
+def test_subword_shift_moves_each_first_token_to_its_own_sub_word_form():
+    """SMILE Sec. 3.3 shifts the first token to *its* alternative ("a" to "##a"; the released code: '##' + token).
+    finecap could only put one id first in every caption, so "two ..." became "##a ..." and lost its first word;
+    smile.shift_form=subword shifts each to its own form, the unknown token where the vocabulary has none, as
+    convert_tokens_to_ids makes it in the released code."""
+    from finecap.models.tokenizer import world_tokenizer
+    from finecap.objectives.smile import SmileObjective, shift_first_tokens, subword_alternatives
+
+    tok = world_tokenizer(["a", "two", "cat", "##a", "##two"])  # <unk> 1, <eos> 4; ids 5 .. 9
+    vocab = tok.get_vocab()
+    a, two, cat, sub_a, sub_two = (vocab[w] for w in ("a", "two", "cat", "##a", "##two"))
+    table = subword_alternatives(tok)
+    assert (table[a], table[two], table[cat], table[sub_a]) == (sub_a, sub_two, tok.unk_token_id, sub_a)
+
+    class Captioner(torch.nn.Module):  # uniform logits over the 10 ids; keeps the batch it was given
+        def __init__(self):
+            super().__init__()
+            self.tokenizer, self.seen = tok, []
+
+        def forward(self, batch):
+            self.seen.append(batch["input_ids"].clone())
+            return torch.zeros(*batch["labels"].shape, 10)  # (B, T, V)
+
+    ids = torch.tensor([[two, cat, 4], [a, cat, 4], [cat, a, 4]])  # "two cat", "a cat", "cat a"
+    model = Captioner()
+    smile = SmileConfig(subset="sequence", first_token="shift", shift_form="subword")
+    out = SmileObjective(smile)(model, {"input_ids": ids, "labels": ids.clone()})
+    assert model.seen[0][:, 0].tolist() == [sub_two, sub_a, tok.unk_token_id]
+    assert model.seen[0][:, 1:].tolist() == ids[:, 1:].tolist()
+    # uniform logits: each position costs log |V_D| of the shifted caption, 3 distinct ids in every row: log 3
+    assert out.losses["smile"].item() == pytest.approx(math.log(3), abs=1e-6)
+    from finecap.config import Config, TrainConfig
+    from finecap.objectives.smile import validation_shift_token
+
+    cfg = Config(train=TrainConfig(objective="smile"), smile=smile)  # the validation loss shifts as training does
+    assert torch.equal(validation_shift_token(cfg, model), table)
+    shifted = shift_first_tokens({"input_ids": ids, "labels": ids}, table)  # shifting twice changes nothing
+    assert torch.equal(shift_first_tokens(shifted, table)["labels"], shifted["labels"])
+    # the options name themselves: one id, or each token's form, not both; no sub-word forms, no subword shift
+    with pytest.raises(ConfigError, match="smile.shift_token_id: must be unset with smile.shift_form=subword"):
+        SmileConfig(first_token="shift", shift_form="subword", shift_token_id=2)
+    with pytest.raises(ValueError, match="smile.shift_form=subword: the tokenizer .* has no '##' sub-word forms"):
+        subword_alternatives(world_tokenizer(["a", "two"]))
+
+
 def test_in_training_a_captions_random_subset_depends_on_its_index_not_on_the_batch_it_is_in(monkeypatch):
     """Each process drew its micro-batch's subsets from a generator seeded by run.seed alone: row j of every process
     got the same ids (2 processes did not equal 1). Seeded by (seed, step, index), a caption's subset is its own."""

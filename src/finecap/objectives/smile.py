@@ -13,9 +13,14 @@ is the cross-entropy of the label under that restricted softmax (Eq. 2-3). Subse
 - ``full``: the whole vocabulary, i.e. plain MLE.
 
 Initial-context restriction (Sec. 3.3): ``first_token="mle"`` scores the first caption token over the full
-vocabulary (Algorithm 1's ``logits_mask[:, 0, :] = True``; the default), ``"shift"`` replaces the first token by
-``shift_token_id`` (e.g. BERT's ``##a``) and keeps the subset restriction there, ``"none"`` applies the subset at the
-first position too. Mixing (Eq. 4): ``loss = λ·MLE + (1-λ)·SMILE`` with ``λ = mle_weight``.
+vocabulary (Algorithm 1's ``logits_mask[:, 0, :] = True``; the default), ``"shift"`` replaces the first token by an
+alternative and keeps the subset restriction there, ``"none"`` applies the subset at the first position too. The
+paper shifts each first token to *its own* alternative, its WordPiece form ("a" to "##a"; the released code:
+``'##' + token``): ``shift_form="subword"`` does that (:func:`subword_alternatives`; a token whose ``##`` form the
+vocabulary lacks becomes the unknown token, as ``convert_tokens_to_ids`` makes it there). ``shift_form="token"``
+(finecap's, for vocabularies without sub-word forms: GPT-2's, the world's) puts the one id ``shift_token_id`` first in
+every caption, whatever its first word, so a caption's first word ("two", "the") is lost from its target. Mixing
+(Eq. 4): ``loss = λ·MLE + (1-λ)·SMILE`` with ``λ = mle_weight``.
 
 First-token shifting replaces the first token of the *caption*, teacher-forced input and label alike
 (:func:`shift_first_tokens`, applied by :class:`SmileObjective` before the forward): the released code shifts
@@ -42,6 +47,7 @@ Choices the paper leaves open, made here:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,11 +66,46 @@ def _first_positions(valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, idx, torch.full_like(idx, T)).min(dim=1).values  # (B,)
 
 
-def shift_first_tokens(batch: dict, shift_token_id: int, ignore_index: int = IGNORE_INDEX) -> dict:
-    """``batch`` with the first caption token of each row (its first non-ignored label) replaced by
-    ``shift_token_id`` in ``input_ids`` and in ``labels`` (SMILE's first-token shifting as the released code makes
-    it); new tensors, the batch given is unchanged. Every backbone aligns ``input_ids`` with ``labels``
-    (:mod:`finecap.models.base`), so the two change at the same position.
+SUBWORD_PREFIX = "##"
+"""The prefix of a WordPiece continuation token (BERT's, BLIP's): ``##a`` is ``a`` inside a word."""
+
+
+def subword_alternatives(tokenizer: Any) -> torch.Tensor:
+    """``(V,)`` long: each token id's first-token alternative under ``smile.shift_form=subword``, the id of its
+    WordPiece form ``'##' + token`` ("a" to "##a", SMILE Sec. 3.3), as the released code shifts
+    (``convert_tokens_to_ids('##' + token)``): the unknown token where the vocabulary has no such form, as there;
+    a token that already is a ``##`` form stays itself, so shifting twice changes nothing. ``ValueError`` (naming
+    ``smile.shift_form``) for a vocabulary with no ``##`` forms (GPT-2's byte-level BPE, the world's): use
+    ``shift_form=token`` and a ``shift_token_id`` there.
+
+    >>> from finecap.models.tokenizer import world_tokenizer
+    >>> tok = world_tokenizer(["a", "two", "##a"])  # ids 5, 6, 7; "two" has no "##two"
+    >>> subword_alternatives(tok)[5:8].tolist(), tok.unk_token_id
+    ([7, 1, 7], 1)
+    """
+    vocab = tokenizer.get_vocab()  # {token: id}
+    if not any(token.startswith(SUBWORD_PREFIX) for token in vocab):
+        raise ValueError(
+            f"smile.shift_form=subword: the tokenizer ({type(tokenizer).__name__}) has no '{SUBWORD_PREFIX}' sub-word "
+            "forms; use smile.shift_form=token with a smile.shift_token_id"
+        )
+    unk = getattr(tokenizer, "unk_token_id", None)
+    table = torch.full((max(vocab.values()) + 1,), -1 if unk is None else unk, dtype=torch.long)  # (V,)
+    for token, i in vocab.items():
+        if token.startswith(SUBWORD_PREFIX):
+            table[i] = i
+        elif SUBWORD_PREFIX + token in vocab:
+            table[i] = vocab[SUBWORD_PREFIX + token]
+    return table
+
+
+def shift_first_tokens(batch: dict, shift: int | torch.Tensor, ignore_index: int = IGNORE_INDEX) -> dict:
+    """``batch`` with the first caption token of each row (its first non-ignored label) replaced by its alternative
+    in ``input_ids`` and in ``labels`` (SMILE's first-token shifting as the released code makes it): ``shift``, one
+    token id for every row, or a ``(V,)`` table of each token's alternative (:func:`subword_alternatives`); new
+    tensors, the batch given is unchanged. Every backbone aligns ``input_ids`` with ``labels``
+    (:mod:`finecap.models.base`), so the two change at the same position. ``ValueError`` for a first token the table
+    has no alternative for (-1).
 
     >>> out = shift_first_tokens({"input_ids": torch.tensor([[7, 8, 4]]), "labels": torch.tensor([[7, 8, 4]])}, 2)
     >>> out["input_ids"].tolist(), out["labels"].tolist()
@@ -72,14 +113,33 @@ def shift_first_tokens(batch: dict, shift_token_id: int, ignore_index: int = IGN
     """
     labels = batch["labels"]  # (B, T)
     first = _first_positions(labels != ignore_index)  # (B,)
-    rows = torch.arange(labels.shape[0], device=labels.device)
-    has_first = first < labels.shape[1]
+    rows = torch.arange(labels.shape[0], device=labels.device)[first < labels.shape[1]]  # rows with a caption token
+    first = first[first < labels.shape[1]]
+    new: int | torch.Tensor = shift
+    if isinstance(shift, torch.Tensor):
+        firsts = labels[rows, first]  # (R,)
+        table = shift.to(labels.device)
+        known = firsts < len(table)
+        new = torch.where(known, table[firsts.clamp(max=len(table) - 1)], torch.full_like(firsts, -1))  # (R,)
+        if bool((new < 0).any()):
+            bad = int(firsts[new < 0][0])
+            raise ValueError(f"smile.shift_form=subword: first token id {bad} has no sub-word alternative (the "
+                             "tokenizer has no unknown token to stand in); use smile.shift_form=token")  # fmt: skip
     out = dict(batch)
     for key in ("input_ids", "labels"):
         shifted = batch[key].clone()  # (B, T)
-        shifted[rows[has_first], first[has_first]] = shift_token_id
+        shifted[rows, first] = new
         out[key] = shifted
     return out
+
+
+def first_token_shift(smile: SmileConfig, captioner: Any) -> int | torch.Tensor:
+    """What :func:`shift_first_tokens` shifts with under ``smile.first_token=shift``: ``smile.shift_token_id``, or
+    with ``smile.shift_form=subword`` the table of ``captioner.tokenizer``'s sub-word forms
+    (:func:`subword_alternatives`)."""
+    if smile.shift_form == "subword":
+        return subword_alternatives(captioner.tokenizer)
+    return smile.shift_token_id
 
 
 def subset_mask(
@@ -136,9 +196,12 @@ def smile_loss(
     ignore_index: int = IGNORE_INDEX,
     eos_token_id: int | None = None,
     draws: torch.Generator | torch.Tensor | None = None,
+    alternatives: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean SMILE loss over non-ignored positions; ``logits[:, t]`` predicts ``labels[:, t]``; the options are the
     ``smile`` section's (:class:`~finecap.config.SmileConfig`, checked when it is built; default: its defaults).
+    ``alternatives``: the ``(V,)`` table of first-token forms that ``smile.shift_form=subword`` shifts with
+    (:func:`subword_alternatives`; required there).
 
     ``loss = mle_weight · CE(full vocabulary) + (1 - mle_weight) · CE(restricted softmax)`` (Eq. 4).
 
@@ -155,9 +218,11 @@ def smile_loss(
     has_first = first < T
 
     smile_labels = labels
-    if smile.first_token == "shift":  # SmileConfig requires smile.shift_token_id then
-        smile_labels = labels.clone()
-        smile_labels[rows[has_first], first[has_first]] = smile.shift_token_id
+    if smile.first_token == "shift":  # SmileConfig requires smile.shift_token_id or shift_form=subword then
+        shift = smile.shift_token_id if smile.shift_form == "token" else alternatives
+        if shift is None:
+            raise ValueError("smile_loss: smile.shift_form=subword needs alternatives= (subword_alternatives)")
+        smile_labels = shift_first_tokens({"labels": labels, "input_ids": labels}, shift, ignore_index)["labels"]
 
     mask = subset_mask(smile_labels, V, smile, ignore_index=ignore_index, eos_token_id=eos_token_id,
                        draws=draws)  # fmt: skip  # (B, T, V)
@@ -182,6 +247,7 @@ class SmileObjective(ObjectiveBase):
 
     def __post_init__(self) -> None:
         self._generator = torch.Generator().manual_seed(self.seed)
+        self._shift: int | torch.Tensor | None = None  # first_token=shift: what the first token becomes
 
     def state_dict(self) -> dict:
         """The random-subset generator, so ``--resume`` continues the same draws."""
@@ -191,27 +257,32 @@ class SmileObjective(ObjectiveBase):
         self._generator.set_state(state["generator"])
 
     def __call__(self, model, batch):
+        captioner = unwrap(model)
+        alternatives = None
         if self.smile.first_token == "shift":  # the caption's first token, input and label (module docstring)
-            batch = shift_first_tokens(batch, self.smile.shift_token_id)
+            if self._shift is None:
+                self._shift = first_token_shift(self.smile, captioner)
+            batch = shift_first_tokens(batch, self._shift)
+            alternatives = self._shift if isinstance(self._shift, torch.Tensor) else None
         logits = model(batch)  # (B, T, V)
         labels = batch["labels"]  # (B, T)
-        captioner = unwrap(model)  # the caption's end token (a VLM's turn end: not always the tokenizer's EOS)
+        # the caption's end token (a VLM's turn end: not always the tokenizer's EOS)
         eos = captioner.eos_token_id if hasattr(captioner, "eos_token_id") else captioner.tokenizer.eos_token_id
         info, seeds = batch.get("step_info"), None
         if self.smile.subset == "random" and info is not None and "index" in batch:  # training: per caption's index
             seeds = step_seeds(self.seed, int(info.step), batch["index"])
-        loss = smile_loss(
-            logits, labels, self.smile, eos_token_id=eos, draws=self._generator if seeds is None else seeds
-        )
+        draws = self._generator if seeds is None else seeds
+        loss = smile_loss(logits, labels, self.smile, eos_token_id=eos, draws=draws, alternatives=alternatives)
         with torch.no_grad():
             mle = mle_loss(logits, labels)
         n = int((labels != IGNORE_INDEX).sum())
         return ObjectiveOutput(losses={"smile": loss}, metrics={"mle_loss": float(mle)}, num_items=n)  # n tokens
 
 
-def validation_shift_token(cfg) -> int | None:
-    """The token the training loop's validation loss puts first in every validation caption: ``smile.shift_token_id``
-    for ``train.objective=smile`` with ``smile.first_token=shift``, else ``None`` (captions as they are).
+def validation_shift_token(cfg, model: Any) -> int | torch.Tensor | None:
+    """What the training loop's validation loss puts first in every validation caption of ``model``: for
+    ``train.objective=smile`` with ``smile.first_token=shift`` what training shifts with (:func:`first_token_shift`:
+    ``smile.shift_token_id``, or each first token's sub-word form), else ``None`` (captions as they are).
 
     The paper selects SMILE checkpoints by self-retrieval and says nothing of a validation loss; finecap's ``loss``
     (``train.best_metric=loss``) scores the caption the model is trained to emit, so a shifted model is scored with
@@ -220,7 +291,7 @@ def validation_shift_token(cfg) -> int | None:
     every later token was read after a context it never saw in training.
     """
     if cfg.train.objective == "smile" and cfg.smile.first_token == "shift":
-        return cfg.smile.shift_token_id
+        return first_token_shift(cfg.smile, unwrap(model))
     return None
 
 

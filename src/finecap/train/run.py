@@ -132,7 +132,7 @@ def make_evaluate(cfg: Config, data: CaptionData, validators: list[Validator], a
         loader = LoaderSettings.of(cfg.data, accelerator.device, workers=data.val.features is None)
         values: dict[str, Any] = validation_loss(model, data.val, data.collator, cfg.train.batch_size, accelerator,
                                                  loader=loader,
-                                                 shift_token_id=validation_shift_token(cfg))  # fmt: skip
+                                                 shift_token_id=validation_shift_token(cfg, model))  # fmt: skip
         for validator in validators:
             extra = validator(model, cfg, accelerator)
             clash = set(extra) & set(values)

@@ -129,11 +129,12 @@ def cider_validator(cfg: Config) -> Validator:
 @torch.no_grad()
 def validation_loss(model: Any, data: CaptionDataset, collator: Any, batch_size: int, accelerator: Accelerator, *,
                     loader: LoaderSettings | None = None,
-                    shift_token_id: int | None = None) -> dict[str, float]:  # fmt: skip
+                    shift_token_id: int | torch.Tensor | None = None) -> dict[str, float]:  # fmt: skip
     """Teacher-forced MLE token loss on the validation images (first reference each), summed over processes;
     batches made by ``loader`` (:class:`~finecap.data.loading.LoaderSettings`; default: in this process). With
-    ``shift_token_id`` (SMILE's first-token shifting: :func:`~finecap.objectives.smile.validation_shift_token`) each
-    caption's first token is that token, input and label, as the model was trained to emit it."""
+    ``shift_token_id`` (SMILE's first-token shifting: :func:`~finecap.objectives.smile.validation_shift_token`, one
+    id or a table of each token's form) each caption's first token is shifted, input and label, as the model was
+    trained to emit it."""
     mine = process_slice(len(data), accelerator.process_index, accelerator.num_processes)
     totals = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # (nll sum, tokens)
     for batch in (loader or LoaderSettings()).loader(data, chunks(mine, batch_size), collator):

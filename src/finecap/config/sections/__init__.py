@@ -58,7 +58,7 @@ from finecap.config.sections.retriever import LongText, RetrieverConfig
 from finecap.config.sections.rl import AlarmAction, AlarmMeasure, Baseline, LogProb, RLConfig, RLStrategy
 from finecap.config.sections.run import RunConfig
 from finecap.config.sections.sle import Distance, DiversityBaseline, SLEConfig
-from finecap.config.sections.smile import FirstToken, SmileConfig, Subset
+from finecap.config.sections.smile import FirstToken, ShiftForm, SmileConfig, Subset
 from finecap.config.sections.sr import Distractors, SRConfig, SRReward
 from finecap.config.sections.train import TRACKERS, Schedule, TrainConfig
 from finecap.config.sections.vllm import VllmConfig, VllmDtype
@@ -127,6 +127,7 @@ __all__ = [  # the names finecap.config re-exports
     "ScaleRewards",
     "Schedule",
     "SmileConfig",
+    "ShiftForm",
     "Subset",
     "TRACKERS",
     "TrainConfig",
