@@ -1,6 +1,6 @@
 """The warnings of options a configuration sets but never reads, for the sections whose readers depend on another
 setting: the objective's own sections (``sle``, ``smile``, ``grpo``, ``rl``), the self-retrieval reward's (``sr``),
-(:meth:`finecap.config.fields.Section.unread_options`,
+the judge's and the caption booster's (:meth:`finecap.config.fields.Section.unread_options`,
 :func:`finecap.config.loading.warn_unread`). A review found ``train.objective=reinforce sle.alpha=0.5`` accepted
 silently: it trains plain SCST. Set under a setting that ignores it, an option is named with the setting that would
 read it and the configuration's own; under one that reads it, nothing is said."""
@@ -105,6 +105,41 @@ def test_an_sr_option_without_the_retrieval_reward_is_named(caplog, overrides, k
 
 
 @pytest.mark.parametrize(
+    ("overrides", "key", "needs", "have"),
+    [
+        (["judge.urls=[http://localhost:8000/v1]"], "judge.urls", "judge.name=openai", "judge.name=world"),
+        (["judge.name=vllm", "judge.model=m", "judge.concurrency=4"], "judge.concurrency", "judge.name=openai",
+         "judge.name=vllm"),
+        (["judge.name=openai", "judge.noise=0.2"], "judge.noise", "judge.name=world", "judge.name=openai"),
+        (["judge.max_tokens=64"], "judge.max_tokens", "judge.name=openai or vllm", "judge.name=world"),
+    ],
+)  # fmt: skip
+def test_a_judge_option_the_named_judge_does_not_read_is_named(caplog, overrides, key, needs, have):
+    assert warned(caplog, overrides) == [said(key, needs, have, overrides[-1])]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "needs", "have"),
+    [
+        (["boost.mode=visual", "boost.llm_backend=openai"], "boost.llm_backend", "boost.mode=blend or holistic",
+         "boost.mode=visual"),
+        (["boost.mode=blend", "boost.vlm_model=m"], "boost.vlm_model", "boost.mode=visual or holistic",
+         "boost.mode=blend"),
+        (["boost.llm_backend=transformers", "boost.llm_base_url=http://localhost:8000/v1"], "boost.llm_base_url",
+         "boost.llm_backend=openai", "boost.llm_backend=transformers"),
+        (["boost.llm_model=q"], "boost.llm_model", "boost.llm_backend=openai or transformers or vllm",
+         "boost.llm_backend=world"),
+        (["boost.mode=blend", "boost.llm_backend=openai", "boost.llm_model=q", "boost.batch_size=4"],
+         "boost.batch_size", "a backend transformers or vllm", "boost.llm_backend=openai"),
+        (["boost.temperature=0.7"], "boost.temperature", "a backend openai or transformers or vllm",
+         "boost.llm_backend=world, boost.vlm_backend=world"),
+    ],
+)  # fmt: skip
+def test_a_boost_option_no_asked_backend_reads_is_named(caplog, overrides, key, needs, have):
+    assert warned(caplog, overrides) == [said(key, needs, have, overrides[-1])]
+
+
+@pytest.mark.parametrize(
     "overrides",
     [
         ["train.objective=sle", "sle.alpha=0.5", "sle.distance=overlap34"],
@@ -119,6 +154,14 @@ def test_an_sr_option_without_the_retrieval_reward_is_named(caplog, overrides, k
          "rl.mean_momentum=0.9"],
         ["train.objective=mle", "rl.rewards={retrieval: 1}", "sr.distractors=hard", "sr.hard_k=3"],  # serve-reward
         ["rl.rewards={'helpers.shaped_rewards:qa_shaped': 1.0}", "sr.reward=accuracy"],  # one's own reward
+        ["judge.name=openai", "judge.urls=[http://localhost:8000/v1]", "judge.model=m", "judge.timeout=5"],
+        ["judge.name=vllm", "judge.model=m", "judge.max_tokens=64", "judge.seed=3", "judge.shuffles=3"],
+        ["judge.name=helpers.toy_judge:build", "judge.noise=0.1", "judge.urls=[http://localhost:8000/v1]"],
+        ["judge.noise=0.1", "judge.seed=2"],
+        ["boost.mode=holistic", "boost.llm_backend=world", "boost.vlm_backend=world", "boost.vlm_model=expert"],
+        ["boost.mode=visual", "boost.vlm_backend=openai", "boost.vlm_model=m", "boost.timeout=5",
+         "boost.temperature=0.2"],
+        ["boost.mode=blend", "boost.llm_backend=vllm", "boost.llm_model=m", "boost.batch_size=4"],
     ],
 )  # fmt: skip
 def test_an_option_its_setting_reads_is_not_warned_about(caplog, overrides):
