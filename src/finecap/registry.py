@@ -28,6 +28,12 @@ OBJECTIVES: dict[str, str] = {
 """``train.objective`` names -> factories ``factory(cfg) -> objective``. ``grpo`` and ``reinforce`` are one factory:
 REINFORCE/SCST with the ``grpo`` section's defaults, the GRPO family with its options (``reinforce`` is the name the
 GRPO recipes had before the ``grpo`` section; the same configuration trains bit for bit the same under either)."""
+RL_OBJECTIVES = ("reinforce", "grpo", "scst_me", "sle")
+"""The objectives that decode ``rl.samples`` captions per image and reward them: the readers of the ``rl`` section
+(``mle`` and ``smile`` read none of it)."""
+GRPO_OBJECTIVES = ("reinforce", "grpo", "scst_me")
+"""The objectives built by ``finecap.objectives.grpo``: the readers of the ``grpo`` section (``sle`` only refuses its
+GRPO-family options)."""
 
 REWARDS: dict[str, str] = {
     "cider": "finecap.rewards.cider:build",

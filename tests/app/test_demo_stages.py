@@ -522,3 +522,17 @@ def test_a_stage_worker_leaves_out_the_library_warnings_the_command_leaves_out(m
         finecap_logger.handlers[:], finecap_logger.level, finecap_logger.propagate = kept
         for name, logger in loggers.items():
             logger.filters[:] = filters[name]
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_no_demo_stage_sets_an_option_its_run_never_reads(tmp_path, caplog, monkeypatch, quick):
+    """Each training stage's configuration as the demo layers it (its recipe, its ablation's overrides, the quick
+    settings, the VCB stages' data set) warns of no option it never reads: the smile_random ablation
+    (smile.subset=random over demo/smile) once set smile.include_eos, which only the other subsets read."""
+    monkeypatch.setattr(demo_vcb, "mle_steps", lambda demo: 100)  # the full demo counts them in its world's data
+    demo = _demo(tmp_path, [], quick)
+    for stage in demo.training_stages():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="finecap.config"):
+            demo.stage_config(stage)
+        assert not [r.getMessage() for r in caplog.records if "changes nothing" in r.getMessage()], stage

@@ -237,7 +237,11 @@ def test_a_decode_option_the_strategy_never_reads_is_named_in_a_warning(caplog, 
         "has decode.strategy=greedy)"
     ]
     assert warned("decode.strategy=beam", "decode.beam_size=3") == []
-    assert warned("rl.strategy=beam", "rl.samples=1", "decode.beam_size=3") == []  # RL rollouts search beams
+    assert warned("train.objective=reinforce", "rl.strategy=beam", "rl.samples=1", "decode.beam_size=3") == []  # RL
+    # rollouts search beams; MLE decodes none
+    assert sorted(m.split(":")[0] for m in warned("rl.strategy=beam", "rl.samples=1", "decode.beam_size=3")) == [
+        "override 'decode.beam_size=3'", "override 'rl.samples=1'", "override 'rl.strategy=beam'"
+    ]  # fmt: skip
     assert warned("decode.strategy=greedy", base={"decode": {"strategy": "beam", "beam_size": 3}}) == []
 
 
@@ -257,7 +261,7 @@ def test_a_decode_option_the_strategy_never_reads_is_named_in_a_warning(caplog, 
          "vllm.gpu_memory_utilization changes nothing: it is read with decode.engine=vllm (this configuration has "
          "decode.engine=finecap)"),
         (["lora.rank=8"], "lora.rank changes nothing: it is read with lora.lm=true or lora.encoder=true"),
-        (["grpo.policy_loss=clipped", "rl.logprob=mean"],
+        (["train.objective=grpo", "grpo.policy_loss=clipped", "rl.logprob=mean"],
          "rl.logprob changes nothing: it is read with grpo.policy_loss=reinforce (this configuration has "
          "grpo.policy_loss=clipped)"),
         (["lora.lm=true", "model.train_lm=true", "lora.encoder_targets=[mlp.fc1]"],

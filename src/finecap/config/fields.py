@@ -87,6 +87,12 @@ def option_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Fi
     return rows
 
 
+def every_option(cls: type, needs: str, have: str, but: tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
+    """``{key: (needs, have)}`` for every option of section class ``cls`` (keys named by its ``section_name``) but
+    the keys in ``but``: what :meth:`Section.unread_options` returns for a section nothing reads under ``have``."""
+    return {key: (needs, have) for key, _, _ in option_fields(cls, f"{cls.section_name}.") if key not in but}
+
+
 def check(cond: bool, key: str, message: str) -> None:
     """A :class:`ConfigError` ``"<key>: <message>"`` unless ``cond`` (the cross-field checks of ``__post_init__``)."""
     if not cond:

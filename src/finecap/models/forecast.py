@@ -64,14 +64,15 @@ from typing import Any
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
 from finecap.models.kvcache import prompt_shareable
 from finecap.models.memory import weight_count
+from finecap.registry import GRPO_OBJECTIVES, RL_OBJECTIVES
 
 GIB = 1024**3
 CHUNKED = ("mle", "reinforce", "grpo")
 """Objectives that score their captions through the head in vocabulary chunks under checkpointing (``grpo`` is
 ``reinforce`` with options: one implementation)."""
-SAMPLING = ("reinforce", "grpo", "scst_me", "sle")
+SAMPLING = RL_OBJECTIVES
 """Objectives that score ``rl.samples`` sampled captions per image."""
-POLICY = ("reinforce", "grpo", "scst_me")
+POLICY = GRPO_OBJECTIVES
 """Objectives built by ``finecap.objectives.grpo`` (its ``grpo`` section read: ``grpo.kl_coef``'s reference pass)."""
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from finecap.config.fields import Section, check, doc
 from finecap.utils.text import short_repr
 
 BoostMode = Literal["blend", "visual", "holistic"]
 BoostBackend = Literal["openai", "transformers", "vllm", "world"]
+
+MODE_ROLES: dict[str, tuple[str, ...]] = {"blend": ("llm",), "visual": ("vlm",), "holistic": ("llm", "vlm")}
+"""The backends (``boost.<role>_*``) each ``boost.mode`` asks: its steps' (:data:`finecap.boost.engine.MODE_STEPS`:
+blend and holistic ask the LLM, visual the VLM)."""
+BACKEND_READS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("base_url", "api_key_env", "api_key"), ("openai",)),
+    "model": ("openai", "transformers", "vllm"),
+}
+"""The ``boost.<role>_*`` options only some backends read (:func:`finecap.boost.backends.make_backend`; the world VLM
+reads ``vlm_model``, its visual-expert checkpoint, the world LLM nothing)."""
+SHARED_READS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("concurrency", "timeout", "retry_max_wait"), ("openai",)),
+    "batch_size": ("transformers", "vllm"),
+    **dict.fromkeys(("max_new_tokens", "temperature"), ("openai", "transformers", "vllm")),
+}
+"""The options both roles share that only some backends read."""
 
 
 def _http_url_problem(url: str) -> str | None:
@@ -103,3 +119,24 @@ class BoostConfig(Section, name="boost"):
             "false with boost.prompts=ndlb would send the paper's system prompts, which announce \"Three examples are "
             'shown below", without the examples; keep few_shot=true, or give a prompts file of your own',
         )
+
+    def unread_options(self, cfg: Any) -> dict[str, tuple[str, str]]:
+        """The options of a role ``boost.mode`` does not ask (:data:`MODE_ROLES`) and those no asked backend reads
+        (:data:`BACKEND_READS`, :data:`SHARED_READS`)."""
+        mode, roles = f"boost.mode={self.mode}", MODE_ROLES[self.mode]
+        out = {}
+        for role in ("llm", "vlm"):
+            backend = getattr(self, f"{role}_backend")
+            if role not in roles:
+                needs = f"boost.mode={' or '.join(m for m, asked in MODE_ROLES.items() if role in asked)}"
+                out |= {f"boost.{role}_{key}": (needs, mode) for key in ("backend", *BACKEND_READS)}
+                continue
+            out |= {f"boost.{role}_{key}": (f"boost.{role}_backend={' or '.join(names)}", f"boost.{role}_backend="
+                                             f"{backend}")
+                    for key, names in BACKEND_READS.items()
+                    if backend not in names and not (role == "vlm" and key == "model")}  # fmt: skip
+        backends = {getattr(self, f"{role}_backend") for role in roles}
+        have = ", ".join(f"boost.{role}_backend={getattr(self, f'{role}_backend')}" for role in roles)
+        out |= {f"boost.{key}": (f"a backend {' or '.join(names)}", have)
+                for key, names in SHARED_READS.items() if not backends & set(names)}  # fmt: skip
+        return out

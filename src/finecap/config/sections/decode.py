@@ -11,7 +11,8 @@ from finecap.config.sections.limits import (
     MAX_DECODE_POSITIONS,
     MAX_TOKENS,
 )
-from finecap.registry import ENGINES
+from finecap.config.sections.train import objective_without
+from finecap.registry import ENGINES, RL_OBJECTIVES
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -109,11 +110,13 @@ class DecodeConfig(Section, name="decode"):
 
     def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
         """Sampling's options under greedy or beam search, beam search's when neither captions nor rollouts search
-        beams. A checkpoint's stored beam settings stay when a caption command asks for greedy: hence a warning."""
+        beams (an objective that rewards no captions decodes no rollouts). A checkpoint's stored beam settings stay
+        when a caption command asks for greedy: hence a warning."""
         have = f"decode.strategy={self.strategy}"
         out = {}
         if self.strategy != "sample":
             out |= {f"decode.{k}": ("decode.strategy=sample", have) for k in SAMPLE_ONLY}
-        if self.strategy != "beam" and cfg.rl.strategy != "beam":
+        rollouts_beam = cfg.rl.strategy == "beam" and objective_without(cfg, RL_OBJECTIVES) is None
+        if self.strategy != "beam" and not rollouts_beam:
             out |= {f"decode.{k}": ("decode.strategy=beam", have) for k in BEAM_ONLY}
         return out

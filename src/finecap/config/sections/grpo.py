@@ -6,8 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from finecap.config.fields import Section, check, doc
+from finecap.config.fields import Section, check, doc, every_option
 from finecap.config.sections.rl import RLConfig
+from finecap.config.sections.train import objective_without
+from finecap.registry import GRPO_OBJECTIVES
 
 if TYPE_CHECKING:
     from finecap.config.sections import Config
@@ -116,6 +118,15 @@ class GRPOConfig(Section, name="grpo"):
                 "is not used with grpo.advantage=group (the group's mean is the baseline): leave it out, or set "
                 "grpo.advantage=baseline",
             )
+
+    def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
+        """Every option under an objective that is not of the GRPO family (:data:`~finecap.registry.GRPO_OBJECTIVES`;
+        ``sle`` reads ``advantage`` and ``policy_loss`` only to refuse the family's values)."""
+        have = objective_without(cfg, GRPO_OBJECTIVES)
+        if not have:
+            return {}
+        read = ("grpo.advantage", "grpo.policy_loss") if cfg.train.objective == "sle" else ()
+        return every_option(GRPOConfig, "train.objective=grpo", have, but=read)
 
 
 def never_read(grpo: Mapping[str, Any], rl: Mapping[str, Any]) -> list[str]:

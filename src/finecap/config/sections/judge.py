@@ -4,9 +4,21 @@ it is reached. One module of the section package (:mod:`finecap.config.sections`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from finecap.config.fields import Section, check, doc
 from finecap.config.secrets import masked_url_secrets
+from finecap.registry import JUDGES
+
+SERVED = ("openai", "vllm")
+JUDGE_READS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("urls", "api_key_env", "timeout", "retry_max_wait", "concurrency", "max_consecutive_failures"),
+                    ("openai",)),
+    **dict.fromkeys(("model", "max_tokens", "retries", "cache"), SERVED),
+    "noise": ("world",),
+}  # fmt: skip
+"""The ``judge`` options only some judges read (their factories, :mod:`finecap.judges`), with those judges; the
+others (``name``, ``seed``, ``questions``, ``shuffles``) every judge's callers read."""
 
 
 @dataclass
@@ -44,6 +56,14 @@ class JudgeConfig(Section, name="judge"):
     shuffles: int = doc(
         2, "qa: times each question is asked with its options shuffled.", ge=1, le=64, why="each is a judge call"
     )
+
+    def unread_options(self, cfg: Any) -> dict[str, tuple[str, str]]:
+        """The options of the other registered judges (:data:`JUDGE_READS`; a judge of one's own, by dotted path,
+        may read any): ``judge.noise`` without the world judge, the server's options without ``openai``."""
+        if self.name not in JUDGES:
+            return {}
+        return {f"judge.{key}": (f"judge.name={' or '.join(names)}", f"judge.name={self.name}")
+                for key, names in JUDGE_READS.items() if self.name not in names}  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()

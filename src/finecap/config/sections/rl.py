@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
-from finecap.config.fields import Section, check, doc
+from finecap.config.fields import Section, check, doc, every_option
 from finecap.config.sections.limits import (
     FLOAT32_TINY,
     MAX_REWARD_WEIGHT,
 )
+from finecap.config.sections.train import objective_without
+from finecap.registry import RL_OBJECTIVES
 from finecap.utils.text import did_you_mean, short_repr
 
 if TYPE_CHECKING:
@@ -19,6 +21,9 @@ Baseline = Literal["greedy", "mean", "leave_one_out", "none"]
 RLStrategy = Literal["sample", "greedy", "beam"]
 LogProb = Literal["sum", "mean"]
 AlarmAction = Literal["warn", "stop"]
+VLLM_CORRECTION = ("vllm_is_correction", "vllm_is_cap")
+"""The ``rl`` options only rollouts another engine decoded read (``decode.engine=vllm``:
+:mod:`finecap.objectives.engine_mismatch`)."""
 AlarmMeasure = Literal["length_drift", "repetition", "distinct", "fact_precision", "fact_recall", "kl", "failed"]
 
 
@@ -153,7 +158,21 @@ class RLConfig(Section, name="rl"):
         )
 
     def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
-        """``rl.logprob`` under the clipped loss, which works per token (docs/methods/grpo.md)."""
+        """Every option but ``rl.rewards`` (which ``finecap serve-reward`` serves whatever the objective) under an
+        objective that rewards no captions (``mle``, ``smile``: :data:`~finecap.registry.RL_OBJECTIVES`). Under one:
+        ``rl.logprob`` under the clipped loss, which works per token (docs/methods/grpo.md); ``rl.mean_momentum``
+        without ``rl.baseline=mean``; ``rl.scaled_logprob`` without sampling; the vLLM corrections with finecap's own
+        decoder, whose log-probs are the trainer's."""
+        have = objective_without(cfg, RL_OBJECTIVES)
+        if have:
+            return every_option(RLConfig, "train.objective=reinforce, grpo, scst_me or sle", have, but=("rl.rewards",))
+        out = {}
         if cfg.grpo.policy_loss == "clipped":
-            return {"rl.logprob": ("grpo.policy_loss=reinforce", "grpo.policy_loss=clipped")}
-        return {}
+            out["rl.logprob"] = ("grpo.policy_loss=reinforce", "grpo.policy_loss=clipped")
+        if self.baseline != "mean":
+            out["rl.mean_momentum"] = ("rl.baseline=mean", f"rl.baseline={self.baseline}")
+        if self.strategy != "sample":
+            out["rl.scaled_logprob"] = ("rl.strategy=sample", f"rl.strategy={self.strategy}")
+        if cfg.decode.engine == "finecap":
+            out |= {f"rl.{k}": ("decode.engine=vllm", "decode.engine=finecap") for k in VLLM_CORRECTION}
+        return out

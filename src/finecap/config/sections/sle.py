@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from finecap.config.fields import Section, doc
+from finecap.config.fields import Section, doc, every_option
+from finecap.config.sections.train import objective_without
+
+if TYPE_CHECKING:
+    from finecap.config.sections import Config
 
 Distance = Literal["bleu34", "overlap34"]
 DiversityBaseline = Literal["pairwise_mean", "none"]
@@ -25,3 +29,8 @@ class SLEConfig(Section, name="sle"):
     diversity_baseline: DiversityBaseline = doc(
         "pairwise_mean", "Baseline of the diversity term (pairwise_mean: Sec. 4.3, zero-mean advantages)."
     )
+
+    def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
+        """Every option under another registered objective (``train.objective=reinforce`` trains plain SCST)."""
+        have = objective_without(cfg, ("sle",))
+        return every_option(SLEConfig, "train.objective=sle", have) if have else {}

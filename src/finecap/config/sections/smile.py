@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from finecap.config.fields import Section, check, doc
+from finecap.config.fields import Section, check, doc, every_option
+from finecap.config.sections.train import objective_without
+
+if TYPE_CHECKING:
+    from finecap.config.sections import Config
 
 Subset = Literal["sequence", "reverse", "random", "full"]
 FirstToken = Literal["mle", "shift", "none"]
@@ -43,3 +47,20 @@ class SmileConfig(Section, name="smile"):
             "smile.shift_token_id",
             "must be unset with smile.shift_form=subword (each first token is shifted to its own sub-word form)",
         )
+
+    def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
+        """Every option under another registered objective; under SMILE, ``random_k`` without ``subset=random``,
+        ``include_eos`` without ``subset=sequence`` or ``reverse`` (the subsets built from the caption's ids) and
+        ``shift_token_id`` without ``first_token=shift`` (:func:`finecap.objectives.smile.subset_mask`)."""
+        have = objective_without(cfg, ("smile",))
+        if have or cfg.train.objective != "smile":  # one's own objective (dotted path) may read any option
+            return every_option(SmileConfig, "train.objective=smile", have) if have else {}
+        subset = f"smile.subset={self.subset}"
+        out = {}
+        if self.subset != "random":
+            out["smile.random_k"] = ("smile.subset=random", subset)
+        if self.subset not in ("sequence", "reverse"):
+            out["smile.include_eos"] = ("smile.subset=sequence or reverse", subset)
+        if self.first_token != "shift":
+            out["smile.shift_token_id"] = ("smile.first_token=shift", f"smile.first_token={self.first_token}")
+        return out

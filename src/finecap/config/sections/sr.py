@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from finecap.config.fields import Section, doc
+from finecap.config.fields import Section, doc, every_option
 from finecap.config.sections.limits import (
     MAX_BAG,
 )
+from finecap.registry import REWARDS
+
+if TYPE_CHECKING:
+    from finecap.config.sections import Config
 
 SRReward = Literal["log_prob", "accuracy", "cosine"]
 Distractors = Literal["batch", "bag", "hard"]
@@ -42,3 +46,14 @@ class SRConfig(Section, name="sr"):
         le=1000,
         why="CLIP clamps its own scale at 100; cosines times a larger one make every log-softmax 0 or -inf",
     )
+
+    def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
+        """Every option when ``rl.rewards`` names no ``retrieval`` reward, its only reader (in training or
+        ``finecap serve-reward``; a reward of one's own, by dotted path, may read it); ``sr.hard_k`` without
+        ``sr.distractors=hard``."""
+        rewards = cfg.rl.rewards
+        if "retrieval" not in rewards and all(name in REWARDS for name in rewards):
+            return every_option(SRConfig, "rl.rewards.retrieval", f"rl.rewards={{{', '.join(rewards)}}}")
+        if self.distractors != "hard":
+            return {"sr.hard_k": ("sr.distractors=hard", f"sr.distractors={self.distractors}")}
+        return {}

@@ -9,6 +9,7 @@ from finecap.config.fields import Section, check, doc
 from finecap.config.sections.limits import (
     MAX_BATCH,
 )
+from finecap.registry import OBJECTIVES
 from finecap.utils.text import did_you_mean, short_repr
 
 if TYPE_CHECKING:
@@ -19,6 +20,14 @@ Schedule = Literal["linear", "cosine", "constant"]
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 """Values of ``train.log_with``: finecap's ``jsonl`` (metrics.jsonl) and accelerate's trackers (``LoggerType``)."""
+
+
+def objective_without(cfg: Config, readers: tuple[str, ...]) -> str | None:
+    """``"train.objective=<name>"`` when the objective of ``cfg`` is a registered one outside ``readers`` (so an
+    option only they read is never read: :meth:`~finecap.config.fields.Section.unread_options`), else ``None`` (an
+    objective of one's own, named by dotted path, may read any section)."""
+    objective = cfg.train.objective
+    return f"train.objective={objective}" if objective in OBJECTIVES and objective not in readers else None
 
 
 @dataclass
