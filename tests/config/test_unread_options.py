@@ -54,6 +54,8 @@ def test_an_sle_option_under_another_objective_is_named(caplog, overrides, key, 
          "smile.subset=sequence or reverse", "smile.subset=full"),
         (["train.objective=smile", "smile.shift_token_id=5"], "smile.shift_token_id", "smile.first_token=shift",
          "smile.first_token=mle"),
+        (["train.objective=smile", "smile.shift_form=subword"], "smile.shift_form", "smile.first_token=shift",
+         "smile.first_token=mle"),
     ],
 )  # fmt: skip
 def test_a_smile_option_smile_does_not_read_is_named(caplog, overrides, key, needs, have):
@@ -148,6 +150,7 @@ def test_a_boost_option_no_asked_backend_reads_is_named(caplog, overrides, key, 
         ["train.objective=smile", "smile.subset=random", "smile.random_k=3", "smile.mle_weight=0.1"],
         ["train.objective=smile", "smile.subset=reverse", "smile.include_eos=false"],
         ["train.objective=smile", "smile.first_token=shift", "smile.shift_token_id=5"],
+        ["train.objective=smile", "smile.first_token=shift", "smile.shift_form=subword"],
         ["train.objective=scst_me", "rl.entropy_coef=0.01", "grpo.advantage=baseline"],
         ["train.objective=sle", "rl.samples=5", "grpo.policy_loss=reinforce"],  # sle checks the family's options
         ["train.objective=grpo", "grpo.policy_loss=clipped", "grpo.kl_coef=0.1", "rl.baseline=mean",

@@ -50,8 +50,9 @@ class SmileConfig(Section, name="smile"):
 
     def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
         """Every option under another registered objective; under SMILE, ``random_k`` without ``subset=random``,
-        ``include_eos`` without ``subset=sequence`` or ``reverse`` (the subsets built from the caption's ids) and
-        ``shift_token_id`` without ``first_token=shift`` (:func:`finecap.objectives.smile.subset_mask`)."""
+        ``include_eos`` without ``subset=sequence`` or ``reverse`` (the subsets built from the caption's ids),
+        ``shift_token_id`` and ``shift_form`` without ``first_token=shift``
+        (:func:`finecap.objectives.smile.subset_mask`)."""
         have = objective_without(cfg, ("smile",))
         if have or cfg.train.objective != "smile":  # one's own objective (dotted path) may read any option
             return every_option(SmileConfig, "train.objective=smile", have) if have else {}
@@ -62,5 +63,6 @@ class SmileConfig(Section, name="smile"):
         if self.subset not in ("sequence", "reverse"):
             out["smile.include_eos"] = ("smile.subset=sequence or reverse", subset)
         if self.first_token != "shift":
-            out["smile.shift_token_id"] = ("smile.first_token=shift", f"smile.first_token={self.first_token}")
+            for key in ("smile.shift_token_id", "smile.shift_form"):
+                out[key] = ("smile.first_token=shift", f"smile.first_token={self.first_token}")
         return out
