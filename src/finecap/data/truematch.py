@@ -23,6 +23,9 @@ Choices the paper leaves open (or states two ways):
   speaks of "an average pairwise cosine similarity between ... all images in the bag". ``similarity="query"`` (the
   default) follows the algorithm; ``similarity="pairwise"`` averages over all ``s(s-1)/2`` pairs of the bag
   (``eval.bag_similarity``). For ``s = 2`` both agree.
+- **The images.** NDLB pools COCO's Karpathy validation and test images (10,000, App. B.1); ``finecap bags build``
+  takes one split (``--split``, default ``test``), so the bags' images are those ``finecap eval`` scores with that
+  split's captions. To pool two splits, list their images under one split name in the data file.
 - **Ties.** Neighbours with equal similarity are taken in increasing index order; bags with equal ``alpha`` are kept
   in increasing query order (stable sort). Results are therefore deterministic.
 - **Duplicates.** Only the image itself is excluded from its neighbours, as in Algorithm 1. Two images with the same
