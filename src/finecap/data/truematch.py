@@ -246,7 +246,8 @@ def candidate_bags(
     if similarity == "query":
         alpha = sims.mean(dim=1)  # (N,): mean cosine of the query to its s-1 bag-mates
     else:
-        members = e[bags]  # (N, s, d)
+        # members in index order: the same images from two queries give bit-identical alpha, so ties keep query order
+        members = e[bags.sort(dim=1).values]  # (N, s, d)
         gram = members @ members.transpose(1, 2)  # (N, s, s)
         iu = torch.triu_indices(size, size, offset=1)
         alpha = gram[:, iu[0], iu[1]].mean(dim=1)  # (N,): mean over the s(s-1)/2 pairs
