@@ -143,6 +143,13 @@ def test_duplicate_images_make_the_hardest_bag_as_the_docstring_says():
     assert [b.similarity for b in bags] == pytest.approx([1.0, 0.6], abs=1e-6)
 
 
+def test_build_bags_rejects_repeated_ids():
+    # Rows 0 and 1 (both "a") are each other's nearest: the bag ["a", "a"] was written, a file read_bags refuses.
+    emb = torch.tensor([[1.0, 0.0], [0.99, 0.14], [0.0, 1.0], [0.1, 0.99]])
+    with pytest.raises(ValueError, match="image ids must be unique: 'a' names two embeddings"):
+        build_bags(emb, [2], ids=["a", "a", "b", "c"])
+
+
 def test_build_bags_rejects_bad_sizes():
     with pytest.raises(ValueError, match="bag sizes must lie in"):
         build_bags(EMB, [6])

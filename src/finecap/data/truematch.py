@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,7 +286,7 @@ def build_bags(
 ) -> dict[int, list[Bag]]:
     """TrueMatch bags of each size from multimodal embeddings ``(N, d)``: ``{size: [Bag, ...]}``, hardest first.
 
-    ``ids`` names the images (default: row indices). One neighbour search serves every size.
+    ``ids`` names the images (default: row indices; unique). One neighbour search serves every size.
     """
     sizes = sorted({int(s) for s in sizes})
     if not sizes:
@@ -294,6 +295,9 @@ def build_bags(
     ids = list(range(len(e))) if ids is None else list(ids)
     if len(ids) != len(e):
         raise ValueError(f"{len(ids)} ids for {len(e)} embeddings")
+    if len(set(ids)) != len(ids):  # a bag would name one image twice (read_bags refuses such a file)
+        twice = next(i for i, n in Counter(ids).items() if n > 1)
+        raise ValueError(f"image ids must be unique: {twice!r} names two embeddings")
     if sizes[0] < 2 or sizes[-1] > len(e):
         raise ValueError(f"bag sizes must lie in [2, {len(e)}] (number of images), got {sizes}")
     neighbours = nearest_neighbours(e, sizes[-1] - 1, max_block_bytes=max_block_bytes, device=device)
