@@ -629,6 +629,20 @@ def test_duplicate_prediction_ids_are_refused_as_pycocoevalcap_does_unless_they_
     assert out["BLEU-4"] == pytest.approx(first["BLEU-4"]) and 0 < out["Div-1"] <= 1
 
 
+def test_bags_larger_than_the_split_are_refused_before_embedding_it(world, clip_dir, tmp_path, capsys, monkeypatch):
+    # The test split holds 12 images: bags of 13 cannot be made. The error came from build_bags after the whole split
+    # was embedded ("bag sizes must lie in [2, 12] (number of images)", naming neither --sizes nor the split).
+    def embedded(*args, **kwargs):
+        raise AssertionError("the split was embedded before its size was checked")
+
+    monkeypatch.setattr("finecap.app.bags.record_embeddings", embedded)
+    assert cli(["bags", "build", "--data", str(world), "--split", "test", "--sizes", "3,13",
+                "--out", str(tmp_path / "bags.json"), f"retriever.checkpoint={clip_dir}"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--sizes: a bag of 13 needs 13 images; split 'test' of" in err and "holds 12" in err
+    assert not (tmp_path / "bags.json").exists()
+
+
 def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsys):
     overrides = [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", "eval.n_distractors=5",
                  "eval.draws=2"]  # fmt: skip

@@ -88,6 +88,24 @@ def test_candidate_bags_pairwise_similarity():
     assert alpha.tolist() == pytest.approx([tri, tri, tri, other, other], abs=1e-6)
 
 
+def test_pairwise_similarity_ties_of_one_bag_keep_the_query_order():
+    # Angles 13, 22, 27, 33, 99; differences 22-27: 5, 27-33: 6, 13-22: 9, 22-33: 11, 13-27: 14, 33-99: 66, 27-99: 72.
+    # Candidate bags of 3: row 0 {0,1,2}, row 1 {1,2,0}, row 2 {2,1,3}, row 3 {3,2,1}, row 4 {4,3,2}.
+    # pairwise alpha: {0,1,2} (cos9 + cos14 + cos5)/3 = 0.98473; {1,2,3} (cos5 + cos11 + cos6)/3 = 0.99078;
+    # {2,3,4} (cos6 + cos66 + cos72)/3 = 0.57009. Rows 2 and 3 hold one bag, so alpha ties and the lower query (2)
+    # is kept: [2, 1, 3]. Summed in each row's member order, float32 gave row 3 the larger alpha: [3, 2, 1] was kept.
+    emb = torch.tensor([unit(a) for a in (13, 22, 27, 33, 99)])
+    bags, alpha = candidate_bags(emb, 3, similarity="pairwise")
+    assert bags.tolist() == [[0, 1, 2], [1, 2, 0], [2, 1, 3], [3, 2, 1], [4, 3, 2]]
+    c = [math.cos(math.radians(a)) for a in (5, 6, 9, 11, 14, 66, 72)]
+    low, high, far = (c[2] + c[4] + c[0]) / 3, (c[0] + c[3] + c[1]) / 3, (c[1] + c[5] + c[6]) / 3
+    assert alpha.tolist() == pytest.approx([low, low, high, high, far], abs=1e-6)
+    kept = build_bags(emb, [3], similarity="pairwise")[3]
+    assert [b.images for b in kept] == [[2, 1, 3]]
+    assert float(alpha[2]) == float(alpha[3]) and float(alpha[0]) == float(alpha[1])
+    assert kept[0].similarity == pytest.approx(high, abs=1e-6)
+
+
 def test_curate_bags_algorithm2():
     # alpha (query): 0: 0.92542, 1: 0.96225, 2: 0.90286, 3: 0.74240, 4: 0.66341 -> order 1, 0, 2, 3, 4.
     # keep bag 1 = {1,0,2}; bags 0 and 2 overlap it; bag 3 = {3,4,2} overlaps on image 2; bag 4 likewise.
@@ -123,6 +141,13 @@ def test_duplicate_images_make_the_hardest_bag_as_the_docstring_says():
     bags = build_bags(emb, [2])[2]
     assert [b.images for b in bags] == [[0, 1], [3, 2]]
     assert [b.similarity for b in bags] == pytest.approx([1.0, 0.6], abs=1e-6)
+
+
+def test_build_bags_rejects_repeated_ids():
+    # Rows 0 and 1 (both "a") are each other's nearest: the bag ["a", "a"] was written, a file read_bags refuses.
+    emb = torch.tensor([[1.0, 0.0], [0.99, 0.14], [0.0, 1.0], [0.1, 0.99]])
+    with pytest.raises(ValueError, match="image ids must be unique: 'a' names two embeddings"):
+        build_bags(emb, [2], ids=["a", "a", "b", "c"])
 
 
 def test_build_bags_rejects_bad_sizes():

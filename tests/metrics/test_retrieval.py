@@ -199,6 +199,18 @@ def test_bag_retrieval_refuses_a_bag_naming_an_image_twice():
         bag_retrieval(np.array([[0.5, 0.9, 0.1]]), [[0, 1, 1]], [0, 1, 2], targets=[0])
 
 
+def test_bag_retrieval_refuses_an_image_in_two_bags_of_one_size():
+    # Bags {1,2,3} and {3,4,5} share image 3. Captions score their own image highest (identity scores). Each caption
+    # is ranked in the bag holding its image: 6 (caption, bag) pairs, but caption 3 was ranked in the first bag only
+    # (bag3/n = 5, every R@1 1.0), so the second bag was scored as if it held 2 images. The bags of one size are
+    # disjoint (NDLB Algorithm 2 keeps a bag only if none of its images is in a kept bag): an overlap is refused.
+    with pytest.raises(ValueError, match=r"^bag 1 holds image 3, already in bag 0; the bags of one size are disjoint"):
+        bag_retrieval(np.eye(5), [[1, 2, 3], [3, 4, 5]], [1, 2, 3, 4, 5])
+    # disjoint bags of one size, and one image in bags of two sizes, are scored
+    out = bag_retrieval(np.eye(5), [[1, 2, 3], [4, 5]], [1, 2, 3, 4, 5])
+    assert (out["bag3/n"], out["bag2/n"]) == (3.0, 2.0)
+
+
 @dataclass
 class Rec:
     image_id: int

@@ -74,6 +74,9 @@ def main(
         prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data
     refs = load_references(cfg, data, split=split, check_images=True)
     records = select_captions(refs.records, cfg.bags.text_from, refs.path, key="bags.text_from")
+    if size_list[-1] > len(records):  # said before the split is embedded, naming the option and the split
+        raise ValueError(f"--sizes: a bag of {size_list[-1]} needs {size_list[-1]} images; split {split!r} of "
+                         f"{refs.path} holds {len(records)}")  # fmt: skip
     retriever = load_retriever(cfg)
     emb = record_embeddings(retriever, records, cache_dir(cfg.run))
     ids = [r.image_id for r in records]

@@ -1,7 +1,7 @@
 """The bags file of ``finecap bags build`` read back (:func:`read_bags`): ``{"bags": {size: [{"images": [id, ...],
-"similarity"?}, ...]}}``, every bag of at least two image ids and of the size it is listed under, ``similarity`` a
-finite number when present. Its
-writer is :mod:`finecap.app.bags` (the bags themselves: :mod:`finecap.data.truematch`). Torch-free.
+"similarity"?}, ...]}}``, every bag of at least two image ids and of the size it is listed under, the bags of one size
+disjoint, ``similarity`` a finite number when present. Its writer is :mod:`finecap.app.bags` (the bags themselves:
+:mod:`finecap.data.truematch`). Torch-free.
 """
 
 from __future__ import annotations
@@ -43,14 +43,17 @@ def check_bag_size(size: int, images: list, where: str) -> None:
         raise DataError(f"{where} holds {len(images)} images but is listed under bag size {size}")
 
 
-def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
+def read_bags(path: str | Path, *, disjoint: bool = True) -> dict[int, list[list[int | str]]]:
     """Read a bags file of ``finecap bags build`` into ``{size: [[image_id, ...], ...]}``.
 
     Accepts ``{"bags": {size: [bag, ...]}}`` where a bag is ``{"images": [...], ...}`` (what the command writes,
     :mod:`finecap.data.truematch`) or a plain list of image ids; every bag holds at least two images, and a bag's
     ``similarity``, when present, is a number (the review page and the report print it as one). An image named twice
-    in one bag, or a bag whose number of images is not the size it is listed under (:func:`check_bag_size`), is an
-    error naming the bag.
+    in one bag, an image in two bags of one size (a bag's images are ranked within that bag alone, so the bags of a
+    size are disjoint, as Algorithm 2 of NDLB makes them), a bag whose number of images is not the size it is listed
+    under (:func:`check_bag_size`), or two keys naming one size (``"3"`` and ``"03"``) is an error naming the bags.
+    ``disjoint=False`` lets bags of one size share images: the review page (:mod:`finecap.data.curation`) reads any
+    bags so; the metrics never take them (:func:`finecap.metrics.retrieval.bag_columns`).
     """
     path = Path(path)
     if not path.exists():
@@ -60,14 +63,20 @@ def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
     if not isinstance(raw, dict):
         raise DataError(f"{path}: expected an object with 'bags': {{size: [{{'images': [...]}}, ...]}}")
     out: dict[int, list[list[int | str]]] = {}
+    keys: dict[int, str] = {}
     for key, items in raw.items():
         try:
             size = int(key)
         except ValueError:
             raise DataError(f"{path}: bags key {short_repr(key)} is not a bag size") from None
+        if size in keys:  # "3" and "03": the second list would silently replace the first
+            raise DataError(f"{path}: bags keys {short_repr(keys[size])} and {short_repr(key)} both name bag size "
+                            f"{size}; list the bags of one size under one key")  # fmt: skip
+        keys[size] = key
         if not isinstance(items, list):
             raise DataError(f"{path}: bags[{key!r}] must be a list")
         bags = []
+        bag_of: dict[int | str, int] = {}  # image id: the first bag of this size holding it
         for j, b in enumerate(items):
             images = b.get("images") if isinstance(b, dict) else b
             if not isinstance(images, list) or len(images) < 2:
@@ -80,6 +89,14 @@ def read_bags(path: str | Path) -> dict[int, list[list[int | str]]]:
                     f"{path}: bags[{key!r}][{j}] names image(s) {twice} more than once; a bag's images are distinct"
                 )
             check_bag_size(size, images, f"{path}: bags[{key!r}][{j}]")
+            again = [i for i in images if i in bag_of] if disjoint else []
+            if again:  # the metric would rank that image's caption in one of the two bags only
+                raise DataError(
+                    f"{path}: bags[{key!r}][{j}] holds image {short_repr(again[0])}, already in "
+                    f"bags[{key!r}][{bag_of[again[0]]}]; the bags of one size are disjoint (NDLB Algorithm 2: an "
+                    "image is in one bag of each size, where its caption is ranked)"
+                )
+            bag_of.update(dict.fromkeys(images, j))
             similarity = b.get("similarity") if isinstance(b, dict) else None
             if similarity is not None and (isinstance(similarity, bool) or not isinstance(similarity, int | float)
                                            or not _finite(similarity)):  # fmt: skip

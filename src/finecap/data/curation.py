@@ -94,7 +94,7 @@ def _read_source(path: Path) -> dict[str, Any]:
     """The bags file, checked (:func:`read_bags`: its image ids too, :func:`finecap.data.records.check_id`); every
     error names the file."""
     try:
-        read_bags(path)
+        read_bags(path, disjoint=False)  # any bags can be reviewed; the metrics refuse overlapping ones
         source = read_json(path, DATA_FILE)
     except RecursionError:
         raise DataError(f"{path}: JSON nested too deeply to be a bags file") from None

@@ -23,6 +23,9 @@ Choices the paper leaves open (or states two ways):
   speaks of "an average pairwise cosine similarity between ... all images in the bag". ``similarity="query"`` (the
   default) follows the algorithm; ``similarity="pairwise"`` averages over all ``s(s-1)/2`` pairs of the bag
   (``eval.bag_similarity``). For ``s = 2`` both agree.
+- **The images.** NDLB pools COCO's Karpathy validation and test images (10,000, App. B.1); ``finecap bags build``
+  takes one split (``--split``, default ``test``), so the bags' images are those ``finecap eval`` scores with that
+  split's captions. To pool two splits, list their images under one split name in the data file.
 - **Ties.** Neighbours with equal similarity are taken in increasing index order; bags with equal ``alpha`` are kept
   in increasing query order (stable sort). Results are therefore deterministic.
 - **Duplicates.** Only the image itself is excluded from its neighbours, as in Algorithm 1. Two images with the same
@@ -75,6 +78,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,7 +247,8 @@ def candidate_bags(
     if similarity == "query":
         alpha = sims.mean(dim=1)  # (N,): mean cosine of the query to its s-1 bag-mates
     else:
-        members = e[bags]  # (N, s, d)
+        # members in index order: the same images from two queries give bit-identical alpha, so ties keep query order
+        members = e[bags.sort(dim=1).values]  # (N, s, d)
         gram = members @ members.transpose(1, 2)  # (N, s, s)
         iu = torch.triu_indices(size, size, offset=1)
         alpha = gram[:, iu[0], iu[1]].mean(dim=1)  # (N,): mean over the s(s-1)/2 pairs
@@ -281,7 +286,7 @@ def build_bags(
 ) -> dict[int, list[Bag]]:
     """TrueMatch bags of each size from multimodal embeddings ``(N, d)``: ``{size: [Bag, ...]}``, hardest first.
 
-    ``ids`` names the images (default: row indices). One neighbour search serves every size.
+    ``ids`` names the images (default: row indices; unique). One neighbour search serves every size.
     """
     sizes = sorted({int(s) for s in sizes})
     if not sizes:
@@ -290,6 +295,9 @@ def build_bags(
     ids = list(range(len(e))) if ids is None else list(ids)
     if len(ids) != len(e):
         raise ValueError(f"{len(ids)} ids for {len(e)} embeddings")
+    if len(set(ids)) != len(ids):  # a bag would name one image twice (read_bags refuses such a file)
+        twice = next(i for i, n in Counter(ids).items() if n > 1)
+        raise ValueError(f"image ids must be unique: {twice!r} names two embeddings")
     if sizes[0] < 2 or sizes[-1] > len(e):
         raise ValueError(f"bag sizes must lie in [2, {len(e)}] (number of images), got {sizes}")
     neighbours = nearest_neighbours(e, sizes[-1] - 1, max_block_bytes=max_block_bytes, device=device)

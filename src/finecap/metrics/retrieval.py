@@ -208,11 +208,12 @@ def pool_retrieval(scores: Any, targets: Any = None, ks: Sequence[int] = KS) -> 
 def bag_columns(
     bags: Sequence[Sequence[Hashable]], column: Mapping[Hashable, int], where: str = "bag {}"
 ) -> dict[int, np.ndarray]:
-    """``{column: the columns of the first bag holding its image}`` of ``bags`` (lists of image ids) under
-    ``column`` (``{image id: score column}``), the one reading of bags that the retriever's bag metric
-    (:func:`bag_ranks`) and the listener's (:mod:`finecap.metrics.listener`) share, so both score the same captions.
-    ``ValueError`` naming the bag (``where`` with its index) for a bag with an image not in ``column`` (scoring the
-    rest as a smaller bag would count other captions than the bags say) or with one image twice.
+    """``{column: the columns of the bag holding its image}`` of ``bags`` (lists of image ids) under ``column``
+    (``{image id: score column}``), the one reading of bags that the retriever's bag metric (:func:`bag_ranks`) and
+    the listener's (:mod:`finecap.metrics.listener`) share, so both score the same captions. ``ValueError`` naming
+    the bag (``where`` with its index) for a bag with an image not in ``column`` (scoring the rest as a smaller bag
+    would count other captions than the bags say), with one image twice, or with an image of an earlier bag (its
+    caption would be ranked in one of the two only; TrueMatch's bags of one size are disjoint, NDLB Algorithm 2).
 
     Example::
 
@@ -232,8 +233,14 @@ def bag_columns(
             raise ValueError(
                 f"{where.format(b)} names image(s) {twice[:5]} more than once; a bag's images are distinct"
             )
-        for c in cols:
-            bag_of.setdefault(int(c), cols)
+        again = [i for i, c in zip(bag, cols, strict=True) if int(c) in bag_of]
+        if again:
+            first = next(j for j in range(b) if again[0] in bags[j])
+            raise ValueError(
+                f"{where.format(b)} holds image {again[0]!r}, already in {where.format(first)}; the bags of one size "
+                "are disjoint (its caption is ranked in one bag)"
+            )
+        bag_of.update(dict.fromkeys(cols.tolist(), cols))
     return bag_of
 
 
@@ -289,8 +296,8 @@ def bag_retrieval() -> dict[str, float]:
 
     Args:
         scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
-        bags: lists of distinct image ids (a bag naming one twice is refused); an image should be in at most one
-            bag (only the first bag holding it is used).
+        bags: disjoint lists of distinct image ids (a bag naming one twice, or an image of an earlier bag, is
+            refused: :func:`bag_columns`).
         image_ids: the id of every column.
         targets: target column per caption (default ``arange(Q)``).
         ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).

@@ -15,7 +15,7 @@ class BagsConfig(Section, name="bags"):
     )
     keep_hardest: float = doc(
         1.0,
-        "Share of the curated bags kept, highest intra-bag similarity first (NDLB kept 254 of 680; demo: 1/3).",
+        "Share of the curated bags kept, highest intra-bag similarity first (NDLB kept 254 of 680 by hand; demo: 1).",
         gt=0,
         le=1,
     )
