@@ -11,6 +11,7 @@ from finecap.config.sections.limits import (
     MAX_REWARD_WEIGHT,
 )
 from finecap.config.sections.train import objective_without
+from finecap.config.sections.vllm import decodes_itself
 from finecap.registry import RL_OBJECTIVES
 from finecap.utils.text import did_you_mean, short_repr
 
@@ -173,6 +174,6 @@ class RLConfig(Section, name="rl"):
             out["rl.mean_momentum"] = ("rl.baseline=mean", f"rl.baseline={self.baseline}")
         if self.strategy != "sample":
             out["rl.scaled_logprob"] = ("rl.strategy=sample", f"rl.strategy={self.strategy}")
-        if cfg.decode.engine == "finecap":
+        if decodes_itself(cfg):
             out |= {f"rl.{k}": ("decode.engine=vllm", "decode.engine=finecap") for k in VLLM_CORRECTION}
         return out

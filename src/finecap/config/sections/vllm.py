@@ -59,3 +59,11 @@ class VllmConfig(Section, name="vllm"):
             return {}
         have = f"decode.engine={engine}"
         return {key: ("decode.engine=vllm", have) for key, _, _ in option_fields(VllmConfig, "vllm.")}
+
+
+def decodes_itself(cfg: Any) -> bool:
+    """Whether ``cfg`` decodes with finecap's own engine (``decode.engine=finecap``), whose log-probs are the
+    trainer's: what the configuration's warnings about options of another engine (RL's vLLM corrections) ask. The
+    configuration's one reading of ``decode.engine`` besides this section's own (behaviour asks
+    :func:`finecap.engines.base.engine_class` for the engine's facts)."""
+    return cfg.decode.engine == "finecap"
