@@ -4,7 +4,10 @@ own run: ``pytest --doctest-modules src/finecap``).
 It sits at the repository root because it is the one conftest both trees see; it is not part of the package. The
 tests' shared code is the package ``tests/helpers/``, imported as ``helpers.*`` (pyproject.toml's ``pythonpath``).
 
-- One torch thread per test process (the machine has 2 cores and the models are tiny).
+- One torch thread per test process (the machine has 2 cores and the models are tiny), and in the processes the
+  tests start (``OMP_NUM_THREADS=1`` unless set): ``make test`` keeps both cores busy with its two workers, so a
+  second thread in a test's subprocess only competes with the other worker (the quick demo beside a busy core:
+  95 s and 110 CPU-seconds with two threads, 74 s and 88 with one, docs/benchmarks.md).
 - One temporary finecap home for the whole session (:func:`finecap_home`), so nothing is written to ``~/.cache``,
   and one temporary folder (:func:`session_tmpdir`), so nothing is left in ``/tmp``.
 - The names the docstring examples use (:func:`doctest_namespace`): tiny models built here from configs with random
@@ -15,12 +18,15 @@ tests' shared code is the package ``tests/helpers/``, imported as ``helpers.*`` 
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import pytest
-import torch
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported, here and in the processes tests start
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(cmd: list, cwd: Path, timeout: int = 600, env: dict[str, str] | None = None) -> str:
     """``cmd`` run as a user's shell would, without this environment's ``PYTHONPATH`` and ``VIRTUAL_ENV``
-    (``env``: more variables); its stdout. A failure fails the test with the end of its stderr."""
+    (``env``: more variables); its stdout, one torch thread (the other core runs the other test worker: conftest.py).
+    A failure fails the test with the end of its stderr."""
     full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    full.update(OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false", **(env or {}))
+    full.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env or {}))
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full)
     assert proc.returncode == 0, f"{cmd}: {proc.stderr[-3000:]}"
     return proc.stdout
