@@ -50,7 +50,7 @@ Conventions chosen here (the papers leave them open):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -526,11 +526,39 @@ def chunk_images(cfg: DecodeConfig) -> int:
     return max(1, cfg.batch_size // rows_per_image(cfg))
 
 
-def texts_of(tokenizer: Any, generation: Generation) -> list[str]:
-    """Decode each row up to its length, dropping special tokens (EOS, pad)."""
+def texts_of(
+    tokenizer: Any, generation: Generation, first_tokens: Mapping[int, int | None] | None = None
+) -> list[str]:
+    """Decode each row up to its length, dropping special tokens (EOS, pad): the one place where every decoding path
+    (finecap's decoders through :func:`decode`, the vLLM engine) turns token ids into caption text.
+
+    ``first_tokens``: how a row's *first* token is written, ``{id: id written instead, or None: left out}`` (ids not
+    in it are written as they are): the captioner's
+    :attr:`~finecap.models.base.CaptionerBase.first_token_unshift`, which undoes SMILE's first-token shifting for a
+    captioner trained with it (:func:`finecap.objectives.smile.unshift_first_tokens`). ``Generation.sequences``
+    keep the ids decoded (their log-probs are of those).
+
+    >>> from finecap.models.tokenizer import world_tokenizer
+    >>> tok = world_tokenizer(["a", "dog", "##a"])  # ids 5, 6, 7; <eos> 4
+    >>> gen = Generation(torch.tensor([[7, 6, 4], [5, 6, 4]]), torch.zeros(2, 3), torch.tensor([3, 3]),
+    ...                  torch.arange(2), torch.zeros(2))
+    >>> texts_of(tok, gen), texts_of(tok, gen, {7: 5})  # "##a" first is written "a"; elsewhere, as it is
+    (['##a dog', 'a dog'], ['a dog', 'a dog'])
+    """
     seqs = generation.sequences.tolist()
     lens = generation.lengths.tolist()
-    return [tokenizer.decode(s[:n], skip_special_tokens=True).strip() for s, n in zip(seqs, lens)]
+    rows = [s[:n] for s, n in zip(seqs, lens)]
+    if first_tokens:
+        rows = [_first_written(row, first_tokens) for row in rows]
+    return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in rows]
+
+
+def _first_written(row: list[int], first_tokens: Mapping[int, int | None]) -> list[int]:
+    """``row`` with its first token written as ``first_tokens`` says (:func:`texts_of`)."""
+    if not row or row[0] not in first_tokens:
+        return row
+    written = first_tokens[row[0]]
+    return row[1:] if written is None else [written, *row[1:]]
 
 
 def decode(
@@ -541,12 +569,14 @@ def decode(
     generator: torch.Generator | None = None,
     seeds: torch.Tensor | None = None,
     stop_ids: Sequence[int] | None = None,
+    first_tokens: Mapping[int, int | None] | None = None,
 ) -> Generation:
     """Decode ``features`` (the conditioning of B images: ClipCap features ``(B, D)``, BLIP image tokens
     ``(B, P, H)``, a VLM's prompt) with the strategy of ``cfg``; fills ``texts`` with ``tokenizer``. ``seeds (B,)``:
     per-image sampling seeds (see :func:`sample`; ignored by greedy and beam search). ``stop_ids``: the tokens that
     end a caption (a captioner's :meth:`~finecap.models.base.CaptionerBase.stop_token_ids`; default
-    :func:`stop_token_ids` of ``tokenizer`` and ``decode.stop_at_period``).
+    :func:`stop_token_ids` of ``tokenizer`` and ``decode.stop_at_period``). ``first_tokens``: how each caption's
+    first token is written in its text (:func:`texts_of`).
 
     The images go in chunks of at most ``decode.batch_size`` *sequences* (images x beams or samples,
     :func:`chunk_images`), at least one image each, whose generations are concatenated."""
@@ -562,7 +592,7 @@ def decode(
             gen = beam_search(stepper, part, cfg, stop_ids, pad_id)
         else:
             gen = sample(stepper, part, cfg, stop_ids, pad_id, generator, part_seeds)
-        gen.texts = texts_of(tokenizer, gen)
+        gen.texts = texts_of(tokenizer, gen, first_tokens)
         chunks.append(gen)
     if not chunks:
         raise ValueError("decode: an empty batch (no images to caption)")

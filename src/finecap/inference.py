@@ -64,15 +64,19 @@ def load_for_captioning(checkpoint: str | Path, cfg: Config, device: torch.devic
     on the CPU and is moved. Every entry point that captions loads through here (``finecap caption``,
     :class:`finecap.api.Captioner`). Loading is strict (:mod:`finecap.models.strict`): weights that do not fit the
     model, or hold NaN or infinity (a diverged run's weights caption nothing, silently), are a
-    :class:`~finecap.runs.CheckpointError` naming the file."""
+    :class:`~finecap.runs.CheckpointError` naming the file. A captioner ``cfg`` says was trained with SMILE's
+    first-token shifting writes its captions without the shift token
+    (:func:`finecap.objectives.smile.decode_unshifted`).
+    """
     from finecap.models.backbones import load_captioner
     from finecap.models.memory import LoadOptions, loading_onto
+    from finecap.objectives.smile import decode_unshifted
     from finecap.runs import model_dir
 
     with loading_onto(device):
         encoder_at = None if cfg.model.encoder == "world" else cfg.model.encoder  # a frozen encoder that moved
         model = load_captioner(model_dir(checkpoint), options=LoadOptions.of(cfg.model), encoder_at=encoder_at)
-    return model.to(device).eval()
+    return decode_unshifted(model, cfg).to(device).eval()
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -329,3 +329,49 @@ def test_validation_loss_scores_the_captions_as_the_model_is_trained_to_emit_the
     assert seen["labels"][:, 1:].tolist() == [[2, 3], [2, 6]]  # the rest of each caption is as it was
     if first_token == "shift":  # the shift token has probability ~1: only the 4 later labels cost 30 nats each
         assert values["loss"] == pytest.approx(4 * 30.0 / 6, rel=1e-4)
+
+
+def test_a_subword_shifted_captioners_first_token_is_written_as_its_word():
+    """A captioner trained with smile.shift_form=subword starts its captions with a '##' form, which the tokenizer
+    writes as it is ("##a dog", as BERT's does); finecap writes the word it was shifted from ("a dog"), through
+    greedy decoding and beam search alike, and leaves out the unknown token that stood for words without a form."""
+    from finecap.config import Config, DecodeConfig, TrainConfig
+    from finecap.decode import Generation, decode, texts_of
+    from finecap.models.tokenizer import world_tokenizer
+    from finecap.objectives.smile import unshift_first_tokens
+
+    tok = world_tokenizer(["a", "two", "dog", "##a", "##two"])  # <unk> 1, <eos> 4; ids 5 .. 9
+    a, two, dog, sub_a, sub_two = (tok.convert_tokens_to_ids(w) for w in ("a", "two", "dog", "##a", "##two"))
+    cfg = Config(train=TrainConfig(objective="smile"), smile=SmileConfig(first_token="shift", shift_form="subword"))
+    first = unshift_first_tokens(cfg, tok)
+    assert first == {sub_a: a, sub_two: two, tok.unk_token_id: None}
+    # "dog" has no "##dog": shifted to <unk>, which is left out; "##a" later in a caption stays as it is
+    seqs = torch.tensor([[sub_a, dog, 4], [sub_two, dog, 4], [tok.unk_token_id, dog, 4], [dog, sub_a, 4]])
+    gen = Generation(seqs, torch.zeros(4, 3), torch.tensor([3, 3, 3, 3]), torch.arange(4), torch.zeros(4))
+    assert texts_of(tok, gen) == ["##a dog", "##two dog", "dog", "doga"]  # as the tokenizer writes them
+    assert texts_of(tok, gen, first) == ["a dog", "two dog", "dog", "doga"]
+    # the other runs write their captions as decoded
+    assert unshift_first_tokens(Config(train=TrainConfig(objective="smile")), tok) is None
+    assert unshift_first_tokens(Config(smile=SmileConfig(first_token="shift", shift_form="subword")), tok) is None
+
+    class Stepper:  # "##a" first, then "dog", then <eos>, whatever the image
+        def start(self, features):
+            return self.logits([()] * len(features)), [()] * len(features)
+
+        def step(self, tokens, state):
+            state = [h + (int(t),) for h, t in zip(state, tokens, strict=True)]
+            return self.logits(state), state
+
+        def select(self, state, index):
+            return [state[i] for i in index.tolist()]
+
+        def logits(self, state):
+            out = torch.full((len(state), len(tok)), -5.0)  # (N, V)
+            for row, history in enumerate(state):
+                out[row, [sub_a, dog, 4][min(len(history), 2)]] = 5.0
+            return out
+
+    for strategy in ("greedy", "beam"):
+        settings = DecodeConfig(strategy=strategy, beam_size=2, max_length=5)
+        gen = decode(Stepper(), torch.zeros(2, 1), settings, tok, first_tokens=first)
+        assert gen.sequences[:, 0].tolist() == [sub_a, sub_a] and gen.texts == ["a dog", "a dog"], strategy

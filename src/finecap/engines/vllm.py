@@ -33,7 +33,8 @@ the backbones it does not serve (:meth:`VllmEngine.refusal`). What it decodes wi
   token included, their log-probs under the model's own distribution (vLLM's ``raw_logprobs``: temperature 1, before
   top-k / top-p; an engine built with ``logprobs_mode="processed_logprobs"``, as RL rollouts scored at the sampling
   temperature are, gives those of the distribution sampled from), lengths, texts decoded as
-  :func:`finecap.decode.texts_of` does.
+  :func:`finecap.decode.texts_of` does (the first token written as the captioner's
+  :attr:`~finecap.models.base.CaptionerBase.first_token_unshift` says, as finecap's decoder writes it).
 
 In float32, greedy captions are token-identical to finecap's decoder and the log-probs equal the captioner's
 ``forward`` to 1e-5 (``tests/engines/``).
@@ -66,7 +67,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -468,8 +469,10 @@ class VllmEngine(GenerationEngine):
     external_logprobs = True
 
     def __init__(self, llm: Any, tokenizer: Any, prompt_text: str, folder: Path, owns_folder: bool,
-                 sleep_mode: bool = False, ends: Sequence[int] | None = None) -> None:  # fmt: skip
+                 sleep_mode: bool = False, ends: Sequence[int] | None = None,
+                 first_tokens: Mapping[int, int | None] | None = None) -> None:  # fmt: skip
         self.llm, self.tokenizer, self.prompt_text, self.folder = llm, tokenizer, prompt_text, folder
+        self.first_tokens = first_tokens  # the captioner's first_token_unshift: how texts_of writes first tokens
         self.ends = None if ends is None else tuple(int(t) for t in ends)
         self.device = torch.device("cpu")  # where the returned Generation's tensors are
         self.sleep_mode = sleep_mode
@@ -581,7 +584,8 @@ class VllmEngine(GenerationEngine):
             with rng_preserved():
                 llm = start_llm(folder, section, dtype=dtype, seed=seed, **options)
             engine = cls(llm, captioner.tokenizer, served_prompt(captioner), folder, owns_folder=True,
-                         sleep_mode=section.enable_sleep_mode, ends=captioner.end_token_ids)  # fmt: skip
+                         sleep_mode=section.enable_sleep_mode, ends=captioner.end_token_ids,
+                         first_tokens=captioner.first_token_unshift)  # fmt: skip
             engine.sync(captioner)  # the weights, from memory
         except BaseException:
             if engine is not None:
@@ -615,7 +619,7 @@ class VllmEngine(GenerationEngine):
         self.wake_up("weights", "kv_cache")
         prompts = [{"prompt": self.prompt_text, "multi_modal_data": {"image": im}} for im in images]
         gen = self._beam(prompts, cfg) if cfg.strategy == "beam" else self._sample(prompts, cfg, seeds)
-        gen.texts = texts_of(self.tokenizer, gen)
+        gen.texts = texts_of(self.tokenizer, gen, self.first_tokens)
         return gen
 
     def _sample(self, prompts: list[dict[str, Any]], cfg: DecodeConfig,

@@ -55,7 +55,7 @@ import abc
 import contextlib
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -403,6 +403,13 @@ class CaptionerBase(nn.Module, abc.ABC):
     write a space between the generation prompt and the answer: :attr:`finecap.models.vlm.Vlm.caption_prefix`);
     ``""`` for ClipCap and BLIP. Decoded captions are stripped (:func:`finecap.decode.texts_of`)."""
 
+    first_token_unshift: Mapping[int, int | None] | None = None
+    """How the first token of each decoded caption is written in its text (:func:`finecap.decode.texts_of`:
+    ``{id: id written instead, or None: left out}``): set from the run's configuration for a captioner trained with
+    SMILE's first-token shifting, which starts its captions with the shift token
+    (:func:`finecap.objectives.smile.unshift_first_tokens`); ``None`` (the default): captions as decoded. finecap's
+    decoder and the vLLM engine both read it."""
+
     def stop_token_ids(self, stop_at_period: bool = False) -> list[int]:
         """The tokens decoding stops at: :attr:`end_token_ids` and, with ``decode.stop_at_period``, the tokenizer's
         period tokens (:func:`finecap.decode.stop_token_ids`), :attr:`eos_token_id` first. finecap's decoder, the
@@ -521,7 +528,8 @@ class CaptionerBase(nn.Module, abc.ABC):
 
         Runs in the module's current mode (call ``.eval()`` for deterministic decoding) in chunks of at most
         ``decode.batch_size`` sequences (images x beams or samples). ``seeds (B,)``: per-image sampling seeds
-        (:func:`finecap.decode.sample`). See :mod:`finecap.decode` for strategies and the log-prob convention.
+        (:func:`finecap.decode.sample`). See :mod:`finecap.decode` for strategies and the log-prob convention. The
+        texts' first tokens are written as :attr:`first_token_unshift` says.
         """
         cfg = decode_cfg or DecodeConfig()
         x = batch_or_conditioning
@@ -529,9 +537,8 @@ class CaptionerBase(nn.Module, abc.ABC):
         if isinstance(conditioning, torch.Tensor):
             conditioning = conditioning.to(self.device)
         self.check_length(conditioning, cfg.max_length, "decode.max_length")
-        return decode(
-            self, conditioning, cfg, self.tokenizer, generator, seeds, self.stop_token_ids(cfg.stop_at_period)
-        )
+        stop_ids = self.stop_token_ids(cfg.stop_at_period)
+        return decode(self, conditioning, cfg, self.tokenizer, generator, seeds, stop_ids, self.first_token_unshift)
 
     # ---- saving and loading -------------------------------------------------------------------------------------
 

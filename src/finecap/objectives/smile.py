@@ -26,9 +26,11 @@ First-token shifting replaces the first token of the *caption*, teacher-forced i
 (:func:`shift_first_tokens`, applied by :class:`SmileObjective` before the forward): the released code shifts
 ``text.input_ids`` before the targets are made from them (``BLIP/models/model.py``, commented out there:
 ``input_ids[i, prompt_length] = '##' + token``). The shifted model therefore emits the shift token first at inference
-and reads it as the context of the second token, as it did in training. Decoding strips it when it is a special
-token (the world's ``<mask>``), so the caption shown lacks its first word; so do the released code's (BERT decodes
-``##a`` glued to the prompt ``a picture of``, which is then cut off with it). Until 2026-11-24 finecap shifted the
+and reads it as the context of the second token, as it did in training. Its captions' text is written without it
+(:func:`unshift_first_tokens`, set on the captioner by :func:`decode_unshifted` from the run's configuration): a
+``##`` form as its word ("##a dog" as "a dog"), ``shift_token_id`` left out, so that caption lacks its first word
+(the released code cuts the prompt's characters off the decoded text, taking a one-letter first word with it).
+Until 2026-11-24 finecap shifted the
 label only: the model learned to emit the shift token first (on a quick world, first in 100 % of the test captions)
 but never read it as an input, so every caption went on from a context it had not been trained on.
 :func:`smile_loss` on its own shifts the labels it is given (for a caller that scores unshifted labels); given labels
@@ -293,6 +295,61 @@ def validation_shift_token(cfg, model: Any) -> int | torch.Tensor | None:
     if cfg.train.objective == "smile" and cfg.smile.first_token == "shift":
         return first_token_shift(cfg.smile, unwrap(model))
     return None
+
+
+def unshift_first_tokens(cfg, tokenizer: Any) -> dict[int, int | None] | None:
+    """How the first token of a caption decoded by a captioner trained under ``cfg`` (its run's configuration) is
+    written in the caption's text (:func:`finecap.decode.texts_of`), ``None`` (as decoded) unless the run trained with
+    ``train.objective=smile`` and ``smile.first_token=shift``. Such a captioner learned to start every caption with
+    the shift token (input and label, :func:`shift_first_tokens`), so it does so at inference too:
+
+    - ``smile.shift_form=subword``: each ``##`` form is written as the word it was shifted from (``"##a"`` as
+      ``"a"``: :func:`subword_alternatives` inverted), so ``"##a dog runs"`` reads ``"a dog runs"``; the unknown
+      token, which stood for every first word without a ``##`` form, is left out (those words were never learned);
+    - ``smile.shift_form=token``: ``smile.shift_token_id`` is left out: it stood for every first word alike, so no
+      word can be restored, and a word's id chosen as the shift token ("a") would otherwise be shown as if the model
+      had said it.
+
+    The released code (``BLIP/models/model.py``, ``generate``) decodes the prompt ``"a picture of "`` and the caption
+    together and cuts the prompt's 13 characters off the text: BERT glues the ``##`` form to the prompt (``"a picture
+    ofa dog"``), so a one-letter first word goes with the prompt and a longer one leaves its tail (``"##two dogs"``:
+    ``"wo dogs"``). finecap restores the word where the shifted form names it and leaves out what names none
+    (docs/methods/smile.md). A model folder without its run's configuration (a merged export, a copied ``model/``)
+    and ``generate`` of transformers know nothing of the shift: their captions start with it.
+
+    >>> from finecap.config import Config, SmileConfig, TrainConfig
+    >>> from finecap.models.tokenizer import world_tokenizer
+    >>> tok = world_tokenizer(["a", "two", "##a"])  # ids 5, 6, 7; <unk> 1, <mask> 2
+    >>> unshift_first_tokens(Config(train=TrainConfig(objective="smile"),
+    ...                             smile=SmileConfig(first_token="shift", shift_form="subword")), tok)
+    {7: 5, 1: None}
+    >>> unshift_first_tokens(Config(train=TrainConfig(objective="smile"),
+    ...                             smile=SmileConfig(first_token="shift", shift_token_id=2)), tok)
+    {2: None}
+    """
+    if cfg.train.objective != "smile" or cfg.smile.first_token != "shift":
+        return None
+    if cfg.smile.shift_form == "token":
+        return {int(cfg.smile.shift_token_id): None}
+    table = subword_alternatives(tokenizer).tolist()  # (V,): each token's shifted form
+    unk = getattr(tokenizer, "unk_token_id", None)
+    written: dict[int, int | None] = {}
+    for word, form in enumerate(table):
+        if form not in (word, unk, -1):  # a word and its ## form (each ## form is the form of one word)
+            written[form] = word
+    if unk is not None:
+        written[int(unk)] = None
+    return written
+
+
+def decode_unshifted(model: Any, cfg) -> Any:
+    """``model`` (a captioner, or a wrapper of one) with its captions' first tokens written as
+    :func:`unshift_first_tokens` says for ``cfg``, its run's configuration
+    (:attr:`~finecap.models.base.CaptionerBase.first_token_unshift`); what every entry point that decodes a run's
+    captioner calls (training's validation, ``finecap caption``, the Python API, the demo's stages)."""
+    captioner = unwrap(model)
+    captioner.first_token_unshift = unshift_first_tokens(cfg, captioner.tokenizer)
+    return model
 
 
 def build(cfg) -> SmileObjective:

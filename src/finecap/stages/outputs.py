@@ -17,6 +17,7 @@ from finecap.data.records import id_from_key
 from finecap.data.results import read_results, write_results
 from finecap.metrics.suite import evaluate_items
 from finecap.models.backbones import load_captioner
+from finecap.objectives.smile import decode_unshifted
 from finecap.runs import model_dir
 from finecap.stages.runner import StageRunner
 from finecap.utils.files import write_json
@@ -28,8 +29,10 @@ SAMPLES = 5
 
 
 def best_model(runner: StageRunner, stage: str) -> Any:
-    """The stage's best checkpoint as a captioner in eval mode."""
-    return load_captioner(model_dir(runner.best_checkpoint(stage))).eval()
+    """The stage's best checkpoint as a captioner in eval mode, its captions written as its stage's configuration says
+    (without the shift token of SMILE's first-token shifting: :func:`finecap.objectives.smile.decode_unshifted`)."""
+    model = load_captioner(model_dir(runner.best_checkpoint(stage))).eval()
+    return decode_unshifted(model, runner.stage_config(stage))
 
 
 def caption_stage(runner: StageRunner, stage: str) -> Path:
