@@ -113,6 +113,14 @@ README_EFFECTS = {
 """README's names of the headline effects: the name ``effects.py`` prints for each."""
 
 
+def test_the_version_3_sections_sle_minus_scst_is_world_seed_0s(committed):
+    """docs/results.md's issue-26 paragraph quotes SLE − SCST beam CIDEr-D of world seed 0, whose CIDEr-D columns
+    ``seed0.json`` keeps (the hard-RD section says they equal the 2026-11-23 run's): the difference of the unrounded
+    scores, not of the printed 1.740 and 1.707."""
+    sle, scst = (committed[0][0][stage]["CIDEr-D"] for stage in ("sle", "scst"))
+    assert f"the paper's sign, {sle - scst:+.3f} ({sle:.4f} - {scst:.4f})" in prose(RESULTS_PAGE)
+
+
 def test_the_readmes_headline_effects_are_what_effects_py_prints(effects, committed):
     """README's effects table: seed 0's value, the mean ± sd over the world seeds and the interval over world and run
     seeds as ``effects.py --summarise-only`` prints them (its ``(runs)`` written ``, 12 runs`` where the run seeds add
