@@ -1,5 +1,6 @@
 # `make demo` and `make test` work on a fresh clone: each creates .venv if missing, installs torch first
-# (override TORCH for your accelerator, e.g. `make test TORCH="torch==2.13.0+cu128"`), then finecap with its
+# (override TORCH for your accelerator, with its index: `PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cu128
+# make test TORCH="torch==2.13.0+cu128"`: PyPI has no +cu128 builds), then finecap with its
 # test extras, then runs.
 PYTHON ?= python3
 VENV ?= .venv

@@ -105,3 +105,20 @@ def test_make_adapters_installs_each_framework_as_the_docs_say():
             (bare if "--no-deps" in words else deps).update(w for w in words if not w.startswith("-"))
         documented[cells[1].split()[0].lower()] = (deps, bare)
     assert documented == made
+
+
+def test_a_torch_build_of_another_index_is_given_its_index():
+    """``make install`` passes ``TORCH`` to pip as one requirement, and PyPI holds no local versions (``+cu128``,
+    ``+rocm6.4``): README.md told a GPU user ``make install TORCH="torch==2.13.0+cu128"``, which pip cannot find there.
+    Every such override the docs or the Makefile show names the index it comes from (``PIP_EXTRA_INDEX_URL``, which
+    pip reads from the environment) just before it."""
+    pages = [ROOT / "Makefile", ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    shown = 0
+    for page in pages:
+        text = page.read_text()
+        for match in re.finditer(r'TORCH="?torch==[^"\s]*\+(?:cu|rocm)\w*', text):
+            shown += 1
+            before = text[max(0, match.start() - 200) : match.start()]
+            line = text.count("\n", 0, match.start()) + 1
+            assert re.search(r"PIP_(EXTRA_)?INDEX_URL=https://download\.pytorch\.org/", before), f"{page.name}:{line}"
+    assert shown, "no TORCH override of another build is shown any more: drop this test"
