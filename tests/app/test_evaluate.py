@@ -710,3 +710,16 @@ def test_a_value_that_is_no_number_is_written_null_in_strict_json(tmp_path, monk
         json.loads(text, parse_constant=lambda token: pytest.fail(f"{token} is not JSON"))
     assert json.loads(out.read_text()) == {"SPICE": None}  # pycocoevalcap's mean with the NaN included: NaN
     assert [row["SPICE"] for row in json.loads(per.read_text())] == [0.5, None]
+
+
+def test_refclipscore_refuses_a_predicted_image_without_references():
+    # references given but image 3 has none: RefCLIPScore over images 0-2 would be another corpus's; it used to
+    # vanish from the results without a word, while bleu refuses (test_missing_references_for_a_prediction_is_named)
+    refs = {i: [c] for i, c in PREDS.items() if i != 3}
+    with pytest.raises(ValueError, match=r"metric 'clipscore': no references for 1 image\(s\), e.g. \[3\]"):
+        evaluate(PREDS, refs, metrics="clipscore", retriever=FakeRetriever(), images=[Rec(i) for i in range(4)])
+    refs[3] = []  # an empty list is no references either
+    with pytest.raises(ValueError, match=r"no references for 1 image\(s\), e.g. \[3\]"):
+        evaluate(PREDS, refs, metrics="clipscore", retriever=FakeRetriever(), images=[Rec(i) for i in range(4)])
+    out = evaluate(PREDS, None, metrics="clipscore", retriever=FakeRetriever(), images=[Rec(i) for i in range(4)])
+    assert set(out) == {"CLIPScore", "ClipSc"}  # no references given: CLIPScore alone, as before

@@ -411,3 +411,19 @@ def test_a_run_that_crashes_leaves_boost_json_running_not_an_earlier_runs_ok(wor
     boost_again = load(None, [*world_items(world), "boost.mode=blend"])
     monkeypatch.undo()
     assert boost(boost_again, out, progress=False)["status"] == "ok"  # the folder is boost's: a re-run finishes
+
+
+def test_karpathy_output_tokens_are_made_as_karpathys(world, tmp_path):
+    # tokens were caption.split(): "A Red circle," kept its capitals and comma, unlike Karpathy's own files
+    # ("raw": "A man with a red helmet ... road. ", "tokens": ["a", "man", ..., "road"])
+    from finecap.boost.output import write_boosted
+
+    src = _as_format(world, "karpathy", tmp_path / "src")
+    records = read_dataset("karpathy", src, images=world)
+    caption = "A Red circle, left of the star.  It's big!"
+    fields = [{"blend": [caption], "original": list(r.captions)} for r in records]
+    written = write_boosted("karpathy", src, tmp_path / "out", records, fields, "blend")
+    sentences = [s for img in json.loads(written.read_text())["images"] for s in img["sentences"]]
+    assert len(sentences) == len(records)
+    assert all(s == {"raw": caption, "tokens": ["a", "red", "circle", "left", "of", "the", "star", "its", "big"]}
+               for s in sentences)  # fmt: skip

@@ -373,3 +373,33 @@ def test_a_step_stopped_by_an_error_closes_its_progress_bar(tmp_path, monkeypatc
         run_step("blend", _tasks(_records(tmp_path, 2)), Interrupted(), cache, 0)
     cache.close()
     assert [bar.closed for bar in bars] == [True]
+
+
+def test_sampled_requests_carry_a_seed_of_run_seed_and_the_request(tmp_path):
+    # the in-process backends' samples follow run.seed; the openai backend sent no seed, so a server's samples at
+    # boost.temperature > 0 could not repeat, and the cache key (identity) held no seed either
+    from finecap.boost.backends import make_backend
+    from finecap.config import load
+
+    tasks = _tasks(_records(tmp_path, 2))
+    with ChatServer() as server:
+        cfg = load(None, ["boost.llm_backend=openai", "boost.llm_model=m", f"boost.llm_base_url={server.url}",
+                          "boost.temperature=0.7", "run.seed=7"])  # fmt: skip
+        backend = make_backend(cfg, "llm")
+        list(backend.run(tasks))
+        list(backend.run(tasks))  # the same requests again: the same seeds
+        greedy = OpenAIBackend("m", server.url, temperature=0.0, seed=7)
+        list(greedy.run(tasks[:1]))
+        other = OpenAIBackend("m", server.url, temperature=0.7, seed=8)
+        list(other.run(tasks[:1]))
+    seeds = {}
+    for r in server.requests[:4]:
+        first = r["payload"]["messages"][-1]["content"].split("- ")[1].strip()  # "caption 0 a" or "caption 1 a"
+        seeds.setdefault(first, set()).add(r["payload"]["seed"])
+    assert all(len(s) == 1 for s in seeds.values()) and len(seeds) == 2  # one seed per request, repeated
+    seed0, seed1 = (next(iter(seeds[f"caption {i} a"])) for i in range(2))
+    assert seed0 != seed1 and all(0 <= s < 2**31 for s in (seed0, seed1))  # each request its own, any server's range
+    assert "seed" not in server.requests[4]["payload"]  # greedy: no seed sent
+    assert server.requests[5]["payload"]["seed"] != seed0  # another run.seed: another seed for the same request
+    # the cache key holds run.seed when sampling (another seed into the same --out asks again), not when greedy
+    assert backend.identity()["seed"] == 7 and other.identity()["seed"] == 8 and "seed" not in greedy.identity()

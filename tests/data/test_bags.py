@@ -363,3 +363,23 @@ def test_any_run_seed_makes_bags_and_keep_hardest_counts_exactly():
     assert sorted(i for b in sampler.batches(1) for i in b) == list(range(12))
     assert [b for b in sampler.batches(1)] == [b for b in BagCurriSampler(nbrs, 4, {1: 0, 2: 3}, seed=-1).batches(1)]
     assert len(keep_hardest([Bag([i], float(i)) for i in range(100)], 0.07)) == 7
+
+
+def test_the_neighbour_table_refuses_an_embedding_that_is_not_finite_naming_its_image(tmp_path, monkeypatch):
+    # the table BagCurri samples from: a NaN embedding (image 11) was every image's first neighbour
+    from types import SimpleNamespace
+
+    import finecap.data.bags as bags
+    from finecap.config import load
+
+    records = [SimpleNamespace(image_id=10 + i, path=f"{i}.png", image_bytes=bytes([i]), captions=[f"c{i}"])
+               for i in range(4)]  # fmt: skip
+    emb = torch.eye(4)
+    emb[1, 1] = float("nan")
+    stub = SimpleNamespace(text_identity=lambda: "stub", device="cpu")
+    monkeypatch.setattr(bags, "load_retriever", lambda cfg: stub)
+    monkeypatch.setattr(bags, "record_embeddings", lambda *a: emb)
+    cfg = load(None, [f"run.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ValueError, match=r"1 of 4 are not finite .*of image\(s\) \[11\]"):
+        bags.neighbour_table(cfg, records, k=2)
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))  # nothing cached

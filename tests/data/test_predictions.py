@@ -238,6 +238,20 @@ def test_coco_results_written_one_object_a_line_are_named_as_json_lines_with_the
     assert read_predictions(tmp_path / "results.json")[1].captions == {1: ["a red circle"], 2: ["a square"]}
 
 
+def test_coco_results_of_one_line_get_the_json_lines_hint_too(tmp_path):
+    # a file of one such line parses as one object: the error said only "must be a list ... got dict"
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"image_id": 1, "caption": "a red circle"}) + "\n")
+    error = str(read_error(path))
+    assert "holds one JSON object a line (JSON Lines); COCO results are one JSON list" in error
+    fix = error.split("e.g. ", 1)[1].split(" > ", 1)[0]
+    out = subprocess.run(shlex.split(fix.replace("python", sys.executable, 1)), capture_output=True, text=True)
+    assert json.loads(out.stdout) == [{"image_id": 1, "caption": "a red circle"}]
+    path.write_text(json.dumps({"captions": {"1": "a red circle"}}))  # another object: the plain error, no hint
+    error = str(read_error(path))
+    assert "must be a list of {'image_id', 'caption'} objects, got dict" in error and "JSON Lines" not in error
+
+
 def read_error(path):
     with pytest.raises(DataError) as e:
         read_predictions(path)

@@ -150,6 +150,20 @@ def test_build_bags_rejects_repeated_ids():
         build_bags(emb, [2], ids=["a", "a", "b", "c"])
 
 
+def test_embeddings_that_are_not_finite_are_refused_naming_their_images():
+    # torch.topk ranks NaN above every cosine: image "c"'s NaN embedding made it every image's nearest neighbour and
+    # the bags [["a", "c"]] (similarity NaN), which only the JSON writer refused, after the whole search
+    emb = EMB.clone()
+    emb[2, 0] = math.nan
+    with pytest.raises(ValueError, match=r"embeddings: 1 of 5 are not finite .*of image\(s\) \['c'\]"):
+        build_bags(emb, [2, 3], ids=["a", "b", "c", "d", "e"])
+    emb[4, 1] = math.inf  # an overflow: normalised, a NaN too
+    with pytest.raises(ValueError, match=r"2 of 5 are not finite .*of row\(s\) \[2, 4\]"):
+        nearest_neighbours(emb, 2)
+    with pytest.raises(ValueError, match=r"of image\(s\) \['c', 'e'\]"):
+        nearest_neighbours(emb, 2, ids=["a", "b", "c", "d", "e"])
+
+
 def test_build_bags_rejects_bad_sizes():
     with pytest.raises(ValueError, match="bag sizes must lie in"):
         build_bags(EMB, [6])

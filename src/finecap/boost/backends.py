@@ -38,7 +38,7 @@ def make_backend(cfg: Config, role: str) -> Backend:
 
         return OpenAIBackend(model, base_url, api_key(cfg, role), concurrency=b.concurrency, timeout=b.timeout,
                              retries=b.retries, max_tokens=b.max_new_tokens, temperature=b.temperature,
-                             max_wait=b.retry_max_wait, key=key)  # fmt: skip
+                             seed=cfg.run.seed, max_wait=b.retry_max_wait, key=key)  # fmt: skip
     if name == "transformers":
         from finecap.boost.hf_backend import TransformersBackend
         from finecap.metrics.context import eval_device

@@ -163,6 +163,30 @@ class Task:
         return self.record.path if self.step == "visual" else None
 
 
+def batch_seed(seed: int, tasks: Sequence[Task]) -> int:
+    """The seed of the samples of ``tasks`` (``boost.temperature > 0``), below ``2**63``: a hash of ``seed``
+    (``run.seed``) and each task's step, position and messages, so that the same batch draws the same samples in any
+    run or process, and two batches of one run draw different ones: torch's generator while the ``transformers``
+    backend samples a batch, and the ``seed`` of each ``openai`` request (of one task, cut to 31 bits).
+
+    Example::
+
+        >>> from pathlib import Path
+        >>> from finecap.data.records import Record
+        >>> messages = [{"role": "user", "content": "a dog"}]
+        >>> def task(i):
+        ...     return Task(i, Record(i, Path(f"{i}.png"), "test", ["a dog"]), "blend", messages, {})
+        >>> batch_seed(0, [task(0), task(1)]) == batch_seed(0, [task(0), task(1)])
+        True
+        >>> len({batch_seed(0, [task(0)]), batch_seed(1, [task(0)]), batch_seed(0, [task(1)])})
+        3
+    """
+    content = json.dumps([seed, [(t.step, t.index, t.messages) for t in tasks]], sort_keys=True, default=str)
+    return (
+        int.from_bytes(hashlib.sha256(content.encode()).digest()[:8], "big") >> 1
+    )  # within torch.manual_seed's range
+
+
 class Backend(Protocol):
     def identity(self) -> dict[str, Any]:
         """JSON-able description of what determines the answers (backend, model, generation settings)."""

@@ -12,9 +12,9 @@ image's place in the conversation and the batches are :mod:`finecap.boost.chat`'
 Greedy decoding at ``boost.temperature=0``, sampling otherwise; at most ``boost.max_new_tokens`` new tokens; the
 rest of the decoding settings are the folder's ``generation_config.json`` (``transformers.generate``'s own reading).
 Samples follow ``run.seed``: each batch draws from torch's generator seeded by ``run.seed`` and the batch's tasks
-(:func:`batch_seed`; the process's generators are left as they were), so a run repeats its samples whatever ran
-before it in the process, and the cache key holds the seed when sampling (another ``run.seed`` into the same
-``--out`` asks again), as with the ``vllm`` backend.
+(:func:`~finecap.boost.engine.batch_seed`; the process's generators are left as they were), so a run repeats its
+samples whatever ran before it in the process, and the cache key holds the seed when sampling (another ``run.seed``
+into the same ``--out`` asks again), as with the ``vllm`` and ``openai`` backends.
 An answer with no end-of-sequence token (the generation config's ``eos_token_id``, else the tokenizer's) in its
 ``boost.max_new_tokens`` tokens was cut off: a :class:`~finecap.boost.engine.CutOff`, unless the backend is made with
 ``refuse_cut_off=False``.
@@ -24,15 +24,13 @@ A model without a chat template is an error naming ``boost.llm_model`` / ``boost
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from finecap.boost.chat import InProcessBackend, conversation, load_chat_tokenizer, prompt_text
-from finecap.boost.engine import Task, cut_off, model_stamp
+from finecap.boost.engine import Task, batch_seed, cut_off, model_stamp
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.vlm import model_stop_tokens
 from finecap.utils.rng import rng_preserved
@@ -114,26 +112,3 @@ class TransformersBackend(InProcessBackend):
         tokenizer's."""
         eos = self.tokenizer.eos_token_id
         return model_stop_tokens(self.model) or ([] if eos is None else [int(eos)])
-
-
-def batch_seed(seed: int, tasks: Sequence[Task]) -> int:
-    """The seed of torch's generator while the ``transformers`` backend samples the answers of ``tasks``: a hash of
-    ``seed`` (``run.seed``) and each task's step, position and messages, so that the same batch draws the same samples
-    in any run or process, and two batches of one run draw different ones.
-
-    Example::
-
-        >>> from pathlib import Path
-        >>> from finecap.data.records import Record
-        >>> messages = [{"role": "user", "content": "a dog"}]
-        >>> def task(i):
-        ...     return Task(i, Record(i, Path(f"{i}.png"), "test", ["a dog"]), "blend", messages, {})
-        >>> batch_seed(0, [task(0), task(1)]) == batch_seed(0, [task(0), task(1)])
-        True
-        >>> len({batch_seed(0, [task(0)]), batch_seed(1, [task(0)]), batch_seed(0, [task(1)])})
-        3
-    """
-    content = json.dumps([seed, [(t.step, t.index, t.messages) for t in tasks]], sort_keys=True, default=str)
-    return (
-        int.from_bytes(hashlib.sha256(content.encode()).digest()[:8], "big") >> 1
-    )  # within torch.manual_seed's range

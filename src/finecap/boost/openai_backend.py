@@ -1,10 +1,13 @@
 """The ``openai`` backend: any OpenAI-compatible chat-completions server (vLLM, llama.cpp server, Ollama, TGI,
 ``transformers serve``, OpenAI itself) over HTTP with ``httpx``, retried with ``tenacity``.
 
-``POST {base_url}/chat/completions`` with ``{"model", "messages", "max_tokens", "temperature"}``; the answer is
-``choices[0].message.content``. For the ``visual`` step the image is sent inline as a base64 data URL in the last user
-message (``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}``), which every server above
-accepts for vision models, before the text part, as the in-process backends place it
+``POST {base_url}/chat/completions`` with ``{"model", "messages", "max_tokens", "temperature"}`` and, when sampling
+(``temperature > 0``), a ``seed`` of the request's own (:func:`request_seed`: from ``run.seed`` and the task), which
+OpenAI's API and vLLM's server read, so that a server's samples repeat as the in-process backends' do (as far as the
+server makes them repeatable: OpenAI's are "mostly" so); the answer is ``choices[0].message.content``. For the
+``visual`` step the image is sent inline as a base64 data URL in the last user message (``{"type": "image_url",
+"image_url": {"url": "data:image/png;base64,..."}}``), which every server above accepts for vision models, before
+the text part, as the in-process backends place it
 (:func:`finecap.boost.chat.conversation`) and as the paper's VLM, InstructBLIP, reads its instruction after the image.
 What is sent is never the file's bytes: the image is decoded (:func:`finecap.data.images.decode_image`: a real image
 within the decompression-bomb limit and the task's image budget, ``data.max_image_pixels`` / ``data.max_aspect_ratio``,
@@ -91,6 +94,7 @@ from finecap.boost.engine import (
     MalformedReply,
     ServerUnavailable,
     Task,
+    batch_seed,
     cut_off,
 )
 from finecap.config.secrets import masked_url_secrets
@@ -115,6 +119,12 @@ MAX_REPLY_BYTES = 8 * 2**20
 asked again, never held whole in memory."""
 MASKED_KEY_LENGTH = 8
 """An API key this long or longer is masked in answers as in messages (module docstring)."""
+
+
+def request_seed(seed: int, task: Task) -> int:
+    """The ``seed`` sent with ``task``'s request when sampling: :func:`~finecap.boost.engine.batch_seed` of the task
+    alone, cut to 31 bits (``[0, 2**31)``), a seed every server takes (llama.cpp's is 32-bit)."""
+    return batch_seed(seed, [task]) >> 32
 
 
 def image_data_url(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> str:
@@ -242,6 +252,7 @@ class OpenAIBackend:
         retries: int = 3,
         max_tokens: int = 120,
         temperature: float = 0.0,
+        seed: int = 0,
         backoff: float = 1.0,
         max_wait: float = 60.0,
         key: str = "boost.llm",
@@ -266,6 +277,7 @@ class OpenAIBackend:
         self.timeout = timeout
         self.section = key.split(".")[0]  # boost or judge: the section whose options are named in messages
         self.max_tokens, self.temperature, self.refuse_cut_off = max_tokens, temperature, refuse_cut_off
+        self.seed = seed
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits, transport=transport)
@@ -277,14 +289,18 @@ class OpenAIBackend:
         self.requests_sent = 0
 
     def identity(self) -> dict[str, Any]:
-        """Model and generation settings, not the URL: a resumed run may reach the same model at another address."""
+        """Model and generation settings, not the URL: a resumed run may reach the same model at another address;
+        when it samples (``temperature > 0``) also ``seed`` (``run.seed``), which decides the requests' seeds."""
         return {"backend": "openai", "model": self.model, "max_tokens": self.max_tokens,
-                "temperature": self.temperature}  # fmt: skip
+                "temperature": self.temperature,
+                **({"seed": self.seed} if self.temperature > 0 else {})}  # fmt: skip
 
     def payload(self, task: Task) -> dict[str, Any]:
+        """The request's JSON body (module docstring): a ``seed`` of its own (:func:`request_seed`) when sampling."""
         messages = with_image(task.messages, task.image, task.limits) if task.image is not None else task.messages
         return {"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
-                "temperature": self.temperature}  # fmt: skip
+                "temperature": self.temperature,
+                **({"seed": request_seed(self.seed, task)} if self.temperature > 0 else {})}  # fmt: skip
 
     def redact(self, text: str) -> str:
         """``text`` with the API key replaced by ``***`` (servers may echo it in errors) and the credentials of the

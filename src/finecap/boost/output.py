@@ -7,7 +7,8 @@ fields back.
 
 - ``world``: ``DIR/dataset.json`` (Karpathy layout), with ``scenes.jsonl``, ``dense.json`` and ``world.json`` copied
   and ``DIR/images`` a symbolic link to the source images, so ``DIR`` is a world folder for every command;
-- ``karpathy``: ``DIR/<file name>`` with ``sentences`` replaced (``raw`` and ``tokens``);
+- ``karpathy``: ``DIR/<file name>`` with ``sentences`` replaced (``raw``, and ``tokens`` made as Karpathy's:
+  lower-cased, punctuation removed, :func:`finecap.utils.text.karpathy_tokens`);
 - ``coco``: ``DIR/<file name>`` with ``annotations`` replaced (one per caption, renumbered, in the order the images
   were read) and the source's kept as ``original_annotations`` (a file boosted again keeps the first source's);
   images without a caption annotation are left as they are (they were not read, so not boosted). A file without an
@@ -38,6 +39,7 @@ from finecap.data.json_files import json_lines
 from finecap.data.records import Record
 from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, strict_json, write_json
 from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json, unfinished_line
+from finecap.utils.text import karpathy_tokens
 from finecap.world.make import content_hashes
 
 WRITABLE = ("world", "karpathy", "coco", "jsonl")
@@ -208,7 +210,7 @@ def write_boosted(
             image_id = img["cocoid"] if "cocoid" in img else img.get("imgid", i)
             _check_entry(i, image_id, os.path.join(img.get("filepath", ""), img.get("filename", "")), r, source)
         for img, f in zip(raw["images"], fields):
-            img["sentences"] = [{"raw": c, "tokens": c.split()} for c in f[mode]]
+            img["sentences"] = [{"raw": c, "tokens": karpathy_tokens(c)} for c in f[mode]]
             img["boost"] = f
         write_json(out, raw, indent=None)
         if fmt == "world":

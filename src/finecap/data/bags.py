@@ -347,7 +347,7 @@ def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torc
 
     def search() -> torch.Tensor:
         emb = record_embeddings(retriever, records, cache_dir(cfg.run))
-        return nearest_neighbours(emb, k, device=retriever.device)[1]
+        return nearest_neighbours(emb, k, device=retriever.device, ids=[r.image_id for r in records])[1]
 
     return cached_tensor(path, {"key": key}, search, valid=lambda t: is_neighbour_table(t, len(records), k))
 

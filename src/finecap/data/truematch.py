@@ -179,6 +179,18 @@ def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     return vals.gather(1, order), cols.gather(1, order)
 
 
+def check_finite(emb: torch.Tensor, ids: Sequence[Hashable] | None = None) -> None:
+    """A ``ValueError`` naming the images (``ids[row]``, else the row) whose embedding in ``emb`` ``(N, d)`` holds a
+    NaN or an infinity (a half-precision overflow): ``torch.topk`` ranks NaN above every cosine, so such an image
+    would be every image's nearest neighbour."""
+    bad = (~torch.isfinite(emb).all(dim=-1)).nonzero().flatten().tolist() if emb.numel() else []  # rows
+    if bad:
+        names = [ids[r] for r in bad[:5]] if ids is not None else bad[:5]
+        which = "image(s)" if ids is not None else "row(s)"
+        raise ValueError(f"embeddings: {len(bad)} of {len(emb)} are not finite (NaN or infinite), of {which} "
+                         f"{names}{' ...' if len(bad) > 5 else ''}; is the retriever's output finite?")  # fmt: skip
+
+
 def nearest_neighbours(
     emb: Any,
     k: int,
@@ -186,15 +198,19 @@ def nearest_neighbours(
     exclude_self: bool = True,
     max_block_bytes: int = MAX_BLOCK_BYTES,
     device: str | torch.device | None = None,
+    ids: Sequence[Hashable] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact cosine nearest neighbours: ``(similarities, indices)``, each ``(N, k)`` on the CPU, best first.
 
     ``emb`` ``(N, d)`` is L2-normalised here. Rows are searched in blocks (``block * N * 4`` bytes at most
     ``max_block_bytes``), so memory stays bounded; ``device`` runs the search elsewhere (e.g. ``"cuda"``). See the
     module docstring for timings. With ``exclude_self`` an image is never its own neighbour (even when another image
-    has an identical embedding, which then comes first).
+    has an identical embedding, which then comes first). An embedding that is not finite is refused before the
+    search, naming its image (``ids``, the rows' image ids, else its row): :func:`check_finite`.
     """
-    e = F.normalize(_tensor(emb), dim=-1)  # (N, d)
+    e = _tensor(emb)  # (N, d)
+    check_finite(e, ids)
+    e = F.normalize(e, dim=-1)  # (N, d)
     if device is not None:
         e = e.to(device)
     n = len(e)
@@ -286,7 +302,8 @@ def build_bags(
 ) -> dict[int, list[Bag]]:
     """TrueMatch bags of each size from multimodal embeddings ``(N, d)``: ``{size: [Bag, ...]}``, hardest first.
 
-    ``ids`` names the images (default: row indices; unique). One neighbour search serves every size.
+    ``ids`` names the images (default: row indices; unique). One neighbour search serves every size. An embedding
+    that is not finite is refused before it, naming its image (:func:`check_finite`).
     """
     sizes = sorted({int(s) for s in sizes})
     if not sizes:
@@ -300,7 +317,7 @@ def build_bags(
         raise ValueError(f"image ids must be unique: {twice!r} names two embeddings")
     if sizes[0] < 2 or sizes[-1] > len(e):
         raise ValueError(f"bag sizes must lie in [2, {len(e)}] (number of images), got {sizes}")
-    neighbours = nearest_neighbours(e, sizes[-1] - 1, max_block_bytes=max_block_bytes, device=device)
+    neighbours = nearest_neighbours(e, sizes[-1] - 1, max_block_bytes=max_block_bytes, device=device, ids=ids)
     out: dict[int, list[Bag]] = {}
     for s in sizes:
         bags, alpha = candidate_bags(e, s, similarity=similarity, neighbours=neighbours)

@@ -88,12 +88,18 @@ class EvalContext:
         """The references of the predicted images, PTB-tokenised; every predicted image must have some (errors name
         the metric ``group``)."""
         if "tok_refs" not in self.cache:
-            refs = self.need("references", group, "pass the reference captions")
-            missing = [i for i in self.predictions if not refs.get(i)]
-            if missing:
-                raise ValueError(f"metric {group!r}: no references for {len(missing)} image(s), e.g. {missing[:5]}")
-            self.cache["tok_refs"] = ptb_tokenize({i: refs[i] for i in self.predictions})
+            self.cache["tok_refs"] = ptb_tokenize(self.predicted_references(group))
         return self.cache["tok_refs"]
+
+    def predicted_references(self, group: str) -> dict[Hashable, list[str]]:
+        """``{image id: references}`` of the predicted images, in the order of the predictions; a ``ValueError``
+        naming the metric ``group`` when references were not given or a predicted image has none (a score over the
+        images that have some would be another corpus's, with no sign of it)."""
+        refs = self.need("references", group, "pass the reference captions")
+        missing = [i for i in self.predictions if not refs.get(i)]
+        if missing:
+            raise ValueError(f"metric {group!r}: no references for {len(missing)} image(s), e.g. {missing[:5]}")
+        return {i: list(refs[i]) for i in self.predictions}
 
     # self-retrieval -------------------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ run.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -273,9 +273,8 @@ def _clipscore(ctx: EvalContext) -> dict[str, float]:
 
     images = ctx.need("images", "clipscore", "pass the image records")
     scorer = CLIPScore(ctx.get_retriever(), images, cache_dir=cache_dir(ctx.cfg.run))
-    refs: dict[Hashable, list[str]] | None = None
-    if ctx.references is not None and all(ctx.references.get(i) for i in ctx.predictions):
-        refs = {i: list(ctx.references[i]) for i in ctx.predictions}
+    # RefCLIPScore when references are given, of every predicted image (refused, as the n-gram groups, otherwise)
+    refs = ctx.predicted_references("clipscore") if ctx.references is not None else None
     corpus, items = scorer.corpus_and_items(ctx.predictions, refs)
     ctx.add_items(items, ["CLIPScore", "RefCLIPScore"])  # not ClipSc: its corpus value is the mean clipped at 0
     return corpus

@@ -43,7 +43,9 @@ Text handling: the n-gram metrics, METEOR, SPICE, length, vocabulary and diversi
 faithfulness, the CLIP metrics, perplexity and hallucination (which splits and lemmatises them itself) see the
 captions as written. Recalls are fractions in ``[0, 1]``,
 ranks start at 1. The images evaluated are those of ``predictions`` (like pycocoevalcap); extra references are
-ignored, but the retrieval pool is every image given in ``images``.
+ignored, but the retrieval pool is every image given in ``images``. Every group that reads references (the n-gram
+groups, METEOR, SPICE, and ``clipscore`` for ``RefCLIPScore`` when references are given) refuses a predicted image
+with none, naming it.
 
 The ``length`` and ``vocab`` groups count words with :func:`finecap.metrics.diversity.caption_words`, the one
 definition of a caption's words (the ``captions`` training validator uses it too).

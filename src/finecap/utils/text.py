@@ -1,4 +1,5 @@
-"""Short texts for messages: one-line errors, short reprs, shell commands."""
+"""Short texts for messages: one-line errors, short reprs, shell commands; and a caption's tokens as Karpathy's files
+hold them (:func:`karpathy_tokens`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import re
 import reprlib
 import shlex
+import string
+import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -141,3 +144,19 @@ def bidi_isolated(text: str) -> str:
                 pass
         out.append(c)
     return _FSI + "".join(out) + "".join(reversed(open_)) + _PDI
+
+
+def karpathy_tokens(caption: str) -> list[str]:
+    """The ``tokens`` of ``caption`` in a Karpathy-format file (``dataset_coco.json``'s ``sentences[].tokens``,
+    beside ``raw``): lower-cased, punctuation removed (ASCII ``string.punctuation`` and any Unicode punctuation),
+    split on white space, the rule of Karpathy's neuraltalk preprocessing (``"A man with a red helmet on a small moped
+    on a dirt road. "`` has the tokens ``["a", "man", ..., "dirt", "road"]``). Every Karpathy file finecap writes
+    (the world, ``finecap boost``) makes its tokens here.
+
+    >>> karpathy_tokens("A Red circle, left of the star.  It's big!")
+    ['a', 'red', 'circle', 'left', 'of', 'the', 'star', 'its', 'big']
+    """
+    kept = "".join(
+        c for c in caption.lower() if c not in string.punctuation and not unicodedata.category(c).startswith("P")
+    )
+    return kept.split()

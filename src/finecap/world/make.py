@@ -42,7 +42,7 @@ from finecap.locks import waiting_lock
 from finecap.utils.files import atomic_write_bytes, atomic_write_text, png_bytes, write_json
 from finecap.utils.reading import read_json, read_lines
 from finecap.utils.system import progress_enabled
-from finecap.utils.text import shell_command
+from finecap.utils.text import karpathy_tokens, shell_command
 from finecap.world.captions import dense_caption, reference_captions, vocabulary
 from finecap.world.key import WORLD_VERSION, world_key
 from finecap.world.key import content_config as _content_config
@@ -307,7 +307,7 @@ def _write_world(cfg: WorldConfig, out: Path, progress: bool) -> Path:
         caps = reference_captions(scene, random.Random(f"{cfg.seed}-{tag}captions-{imgid}"), style=cfg.shift)
         sentences = []
         for c in caps:
-            sentences.append({"raw": c, "tokens": c.split(), "imgid": imgid, "sentid": sentid})
+            sentences.append({"raw": c, "tokens": karpathy_tokens(c), "imgid": imgid, "sentid": sentid})
             sentid += 1
         images.append({"filename": filename, "filepath": split, "split": split, "imgid": imgid,
                        "sentids": [s["sentid"] for s in sentences], "sentences": sentences})  # fmt: skip

@@ -16,7 +16,9 @@ def _read(path: Path) -> Predictions:
         return Predictions(read_results(path))
     except DataError as e:
         first = first_record(path)
-        if first is not None and "image_id" in first and "invalid JSON at line 2" in str(e):
+        # JSON Lines of COCO results: a second line is extra data, and a file of one line reads as one object
+        one_a_line = "invalid JSON at line 2" in str(e) or "COCO results must be a list" in str(e)
+        if first is not None and "image_id" in first and one_a_line:
             raise DataError(
                 f"{path}: holds one JSON object a line (JSON Lines); COCO results are one JSON list "
                 '[{"image_id": ..., "caption": ...}, ...], e.g. python -c "import json, sys; print(json.dumps('
