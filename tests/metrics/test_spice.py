@@ -7,6 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import finecap.compat.pycocoevalcap.spice.spice as compat_spice
 import finecap.metrics.spice as spice
 
 
@@ -31,3 +32,42 @@ def test_per_image_spice_is_each_images_own_whatever_the_order_of_the_ids(monkey
     assert list(per) == [3, 1, 2]
     assert per == {3: {"SPICE": 0.3}, 1: {"SPICE": 0.1}, 2: {"SPICE": 0.2}}
     assert corpus["SPICE"] == (0.1 + 0.2 + 0.3) / 3  # the mean in the jar's order, as pycocoevalcap sums them
+
+
+def _fake_jar(cmd, *args, **kwargs):
+    """The jar's run, faked for finecap's ``subprocess.run`` and pycocoevalcap's ``check_call`` alike (the input file
+    is the command's 5th word): each caption's F-score is a fixed function of its words, the other fields left out."""
+    rows = json.loads(Path(cmd[4]).read_text())
+    out = Path(cmd[cmd.index("-out") + 1])
+    out.write_text(json.dumps([{"image_id": r["image_id"], "scores": {"All": {"f": _f_score(r["test"])}}}
+                               for r in rows]))  # fmt: skip
+    return subprocess.CompletedProcess(cmd, 0, b"", b"")
+
+
+def _f_score(caption: str) -> float:
+    return ((int(caption.split()[-1]) * 0.7548776662466927) % 1) ** 3  # spread over [0, 1): the last bits vary
+
+
+def test_corpus_spice_equals_pycocoevalcaps_bit_for_bit(monkeypatch, tmp_path):
+    # pycocoevalcap's corpus SPICE is np.mean of the F-scores in sorted id order: numpy's pairwise summation, which a
+    # running sum (sum(values) / len(values)) differs from in the last bits on most corpora of more than 8 images.
+    import pycocoevalcap.spice.spice as reference
+
+    ids = [(k * 37) % 101 for k in range(101)]  # 101 images, ids not sorted
+    predictions = {i: f"a caption {i + 1}" for i in ids}
+    references = {i: ["a reference"] for i in ids}
+    monkeypatch.setattr(reference, "get_stanford_models", lambda: None)  # no download
+    monkeypatch.setattr(reference, "__file__", str(tmp_path / "spice.py"))  # its tmp/ and cache/ under tmp_path
+    monkeypatch.setattr(reference.subprocess, "check_call", _fake_jar)
+    want, _ = reference.Spice().compute_score(references, {i: [c] for i, c in predictions.items()})
+    values = [_f_score(predictions[i]) for i in sorted(ids)]
+    assert sum(values) / len(values) != want  # the data tell a running sum from pycocoevalcap's mean
+
+    monkeypatch.setattr(spice, "spice_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(spice, "find_spice_dir", lambda *args: tmp_path)
+    monkeypatch.setattr(spice.subprocess, "run", _fake_jar)
+    corpus, per = spice.spice_per_item(predictions, references)
+    assert corpus["SPICE"] == want and type(corpus["SPICE"]) is float
+    assert per == {i: {"SPICE": _f_score(predictions[i])} for i in ids}
+    monkeypatch.setattr(compat_spice, "spice_unavailable_reason", lambda *args: None)
+    assert compat_spice.Spice().compute_score(references, {i: [c] for i, c in predictions.items()})[0] == want

@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from finecap.metrics.meteor.inputs import check_inputs
 from finecap.metrics.meteor.resources import MetricUnavailable, pycocoevalcap_file
 
@@ -75,15 +77,16 @@ def spice_per_item(
     memory: str = "8G",
     timeout: float | None = None,
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
-    """Corpus SPICE (key ``SPICE``: mean of the per-image F-scores, NaNs included as pycocoevalcap does) and
-    per-image SPICE F-score. Raises :class:`MetricUnavailable` when Java or a jar is missing."""
+    """Corpus SPICE (key ``SPICE``: mean of the per-image F-scores in sorted id order, NaNs included, taken with
+    ``np.mean`` as pycocoevalcap does: its pairwise sum differs from a running one in the last bits) and per-image
+    SPICE F-score. Raises :class:`MetricUnavailable` when Java or a jar is missing."""
     ids, order, results = spice_results(predictions, references, spice_dir=spice_dir, cache_dir=cache_dir,
                                         java=java, memory=memory, timeout=timeout)  # fmt: skip
     per: dict[Hashable, dict[str, float]] = {}
     for i, scores in results.items():
         per[i] = {"SPICE": spice_float(scores["All"]["f"])}
     values = [per[ids[j]]["SPICE"] for j in order]
-    return {"SPICE": sum(values) / len(values)}, {i: per[i] for i in ids}
+    return {"SPICE": float(np.mean(np.array(values)))}, {i: per[i] for i in ids}
 
 
 def spice_results(
