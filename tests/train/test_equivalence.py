@@ -2,7 +2,8 @@
 batch b x 2 accumulation steps, gives the parameters of 1 process x batch 2b, for MLE, SMILE (its sequence and
 random subsets: each caption's random subset is seeded by its index, not drawn from a generator per process), SCST
 (sampled captions, CIDEr-D, greedy baseline) and self-retrieval (DiscriTune-style: retrieval reward against the
-global batch, running-mean baseline).
+global batch, running-mean baseline); and, over several steps with a resume in between, for a VLM whose vision
+tower trains through LoRA adapters (:func:`test_vlm_tower_lora_two_processes_and_resume_equal_accumulation`).
 
 Dropout is off (``clipcap.tiny_dropout=0``) and RL sampling is seeded per image (``finecap.decode.sample``), so the
 three runs compute the same function of the same data; what differs is only how the global batch is split, which
@@ -23,11 +24,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from finecap.config import load
+from finecap.runs import METRICS_FILE, checkpoint_dir, model_dir
 from finecap.train.run import train
-from helpers.equivalence import OBJECTIVES, compare, overrides, weights
+from helpers.equivalence import LR, OBJECTIVES, compare, overrides, weights
 from helpers.launch import launch_bounded
+from helpers.vlm import save_llava_reading_a_hidden_layer
 
 
 def logged(run: Path, key: str) -> float:
@@ -69,3 +73,65 @@ def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir
             name,
             norms,
         )
+
+
+def adapter_files(run: Path) -> dict[str, dict[str, torch.Tensor]]:
+    """The LoRA adapter files of the run's last checkpoint (paths in its ``model/`` folder) and their tensors."""
+    model = model_dir(checkpoint_dir(run, "last"))
+    return {str(f.relative_to(model)): load_file(f) for f in sorted(model.rglob("adapter_model.safetensors"))}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
+def test_vlm_tower_lora_two_processes_and_resume_equal_accumulation(world_args, tmp_path, launch_two):
+    """A tiny LLaVA whose tower trains through LoRA adapters only (language model and projector frozen: the gradient
+    goes through the frozen projector) and whose language model reads the tower's first of 2 layers, so no adapters
+    go on the second (a parameter without gradient stops DDP, launched with ``find_unused_parameters=False``, at its
+    second step): 2 processes x batch 4 for 2 steps, resumed in 2 processes for a third, log the losses and gradient
+    norms of 1 process x batch 4 x 2 accumulation steps, and save the same adapters (names, shapes, values within the
+    bounds of the module docstring), checkpoint files and nothing more but the second process's own state."""
+    llava = save_llava_reading_a_hidden_layer(tmp_path / "llava")
+
+    def run(name: str, batch: int, accum: int, steps: int) -> list[str]:
+        return [
+            *world_args, "model.kind=vlm", f"vlm.name={llava}", "model.train_lm=false", "vlm.train_projector=false",
+            "model.train_encoder=true", "lora.encoder=true", "lora.rank=4", f"run.cache_dir={tmp_path / 'cache'}",
+            "decode.max_length=6", f"train.max_steps={steps}", "train.warmup_steps=0", "train.schedule=constant",
+            f"train.lr={LR}", "train.eval_every=2", "train.eval_samples=4", "train.log_captions=0",
+            "train.log_every=1", f"train.batch_size={batch}", f"train.grad_accum_steps={accum}",
+            f"run.dir={tmp_path / name}",
+        ]  # fmt: skip
+
+    two = [(run("two", 4, 1, 2), False), (run("two", 4, 1, 3), True)]
+    worker = str(Path(__file__).with_name("fsdp_worker.py"))
+    launch_bounded([*launch_two, worker, json.dumps(two)], tmp_path / "launch.log", timeout=300)
+    one = train(load(None, run("one", 4, 2, 3)))
+
+    def steps(run_dir: Path) -> dict[int, dict[str, float]]:
+        events = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
+        train_events = [e for e in events if e["split"] == "train"]
+        assert len(train_events) == len({e["step"] for e in train_events}), run_dir  # written once
+        return {e["step"]: e["values"] for e in train_events}
+
+    logged_one, logged_two = steps(one), steps(tmp_path / "two")
+    assert sorted(logged_two) == sorted(logged_one) == [1, 2, 3]
+    for step, values in logged_one.items():
+        assert logged_two[step]["loss"] == pytest.approx(values["loss"], rel=1e-6), step
+        assert logged_two[step]["grad_norm"] == pytest.approx(values["grad_norm"], rel=1e-5), step
+    assert len({v["loss"] for v in logged_one.values()}) == 3  # the adapters learn
+
+    info = json.loads((checkpoint_dir(tmp_path / "two", "last") / "trainer_state.json").read_text())
+    assert info["step"] == 3 and info["num_processes"] == 2
+    files = {r: {str(f.relative_to(checkpoint_dir(r, "last"))) for f in checkpoint_dir(r, "last").rglob("*")
+                 if f.is_file()} for r in (one, tmp_path / "two")}  # fmt: skip
+    assert files[tmp_path / "two"] - files[one] == {"state/process_1.json", "state/process_1.safetensors"}
+    assert files[one] <= files[tmp_path / "two"]
+    adapters_one, adapters_two = adapter_files(one), adapter_files(tmp_path / "two")
+    assert sorted(adapters_one) == sorted(adapters_two) == ["adapter/adapter_model.safetensors",
+                                                            "encoder_lora/adapter_model.safetensors"]  # fmt: skip
+    tower = adapters_one["encoder_lora/adapter_model.safetensors"]
+    assert tower and all(".layers.0." in name for name in tower), sorted(tower)  # none on the unreached layer
+    assert all(tower[k].abs().max() > 0 for k in tower if "lora_B" in k)  # B starts at zero: it moved
+    for name, tensors in adapters_one.items():
+        assert {k: v.shape for k, v in adapters_two[name].items()} == {k: v.shape for k, v in tensors.items()}, name
+        compare(tensors, adapters_two[name], f"{name}: 2 processes x 4, resumed, vs 1 x 4 x 2 accumulation steps")

@@ -16,6 +16,7 @@ import torch
 
 from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, tiny_vlm
 from helpers.launch import launch_bounded
+from helpers.vlm import save_llava_reading_a_hidden_layer
 
 pytestmark = pytest.mark.skipif(torch.accelerator.is_available(), reason="launches CPU processes on a CPU machine")
 
@@ -33,19 +34,6 @@ def save_tied_qwen2_vl(out: Path) -> Path:
         for p in model.parameters():
             p.normal_(0.0, 0.2)
     assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
-
-
-def save_llava_reading_a_hidden_layer(out: Path) -> Path:
-    """A tiny LLaVA whose language model reads the first of its tower's 2 layers (``vision_feature_layer=-2``,
-    LLaVA-1.5's choice): the last layer never reaches the captioner, so the main process puts no LoRA adapters there
-    while the other, built on the meta device where that cannot be probed, adapts it and then drops them
-    (:func:`finecap.models.sharding.match_main`)."""
-    torch.manual_seed(0)
-    model, processor = tiny_vlm("llava", layers=1, vision={"num_hidden_layers": 2})
-    model.config.vision_feature_layer = -2
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
