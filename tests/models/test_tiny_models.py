@@ -60,6 +60,8 @@ def test_a_clip_folder_loads_back_as_the_retriever_and_with_auto_classes(tmp_pat
 
     code, out, err = run_cli(["models", "tiny", "clip", "--out", str(tmp_path / "clip"), "--hidden", "32"])
     assert code == 0 and f"model.encoder={tmp_path / 'clip'}" in err, err
+    # the key of CLIPScore and self-retrieval too: model.encoder alone (said as "the retriever") gave finecap eval none
+    assert f"or retriever.checkpoint={tmp_path / 'clip'} (CLIPScore" in err, err
     theirs = AutoModel.from_pretrained(tmp_path / "clip")
     assert type(theirs).__name__ == "CLIPModel" and theirs.config.text_config.hidden_size == 32
     AutoProcessor.from_pretrained(tmp_path / "clip")

@@ -21,7 +21,11 @@ from finecap.utils.files import OutputRefused, apply_umask, make_temporary_dir, 
 
 log = logging.getLogger(__name__)
 
-USE = {"clip": "model.encoder={out} (the retriever / CLIP rewards)", "blip": "model.kind=blip blip.name={out}"}
+USE = {
+    "clip": "model.encoder={out} (ClipCap's image encoder) or retriever.checkpoint={out} (CLIPScore and "
+    "self-retrieval in finecap eval and the rewards)",
+    "blip": "model.kind=blip blip.name={out}",
+}
 """How a folder of each non-VLM kind is used in a recipe; a VLM's is ``model.kind=vlm vlm.name=DIR``."""
 
 
