@@ -522,3 +522,22 @@ def test_a_missing_split_of_the_runs_own_data_points_to_images_it_never_saw(beam
     assert "data.test_fraction" not in str(e.value)
     with pytest.raises(ValueError, match=r"no records in split 'test'.*set data.test_fraction"):
         main(checkpoint=run, data=data, out=tmp_path / "t.json")
+
+
+def test_data_given_without_the_default_split_names_the_split_option(beam_run, world, tmp_path):
+    """``--data captions_val.json`` (a COCO file: its name's split, val) without ``--split``: captioning reads the
+    default split, test, which the file does not hold. The error names --split and the splits the file holds; it
+    said only "give some records split 'test'", advice for a file one wants to caption as test, not this one."""
+    images = sorted((world / "images").rglob("*.png"))[:2]
+    data = tmp_path / "captions_val.json"
+    entries = [{"id": k, "file_name": str(p.relative_to(world / "images"))} for k, p in enumerate(images)]
+    notes = [{"id": k, "image_id": k, "caption": "a red circle"} for k in range(len(images))]
+    data.write_text(json.dumps({"images": entries, "annotations": notes}))
+    with pytest.raises(ValueError) as e:
+        main(checkpoint=beam_run, data=data, out=tmp_path / "t.json", overrides=[f"data.images={world / 'images'}"])
+    assert "no records in split 'test'; splits present: val" in str(e.value)
+    assert "with --split val (--split defaults to test)" in str(e.value)
+    with pytest.raises(ValueError) as e:  # a split given: no default to name
+        main(checkpoint=beam_run, data=data, split="train", out=tmp_path / "t.json",
+             overrides=[f"data.images={world / 'images'}"])  # fmt: skip
+    assert "no records in split 'train'" in str(e.value) and "with --split val, or give" in str(e.value)

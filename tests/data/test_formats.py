@@ -169,6 +169,28 @@ def test_read_coco_captions(tmp_path):
     assert read_coco_captions(path, check_images=False, split="test")[0].split == "test"
 
 
+def test_coco_images_naming_another_split_are_said(tmp_path, caplog):
+    """A COCO file is one split, its name's; images carrying a "split" key of another (data made by hand with its
+    splits in one file) are read into the file's split all the same, and were silently: `finecap caption --data
+    captions_all.json` captioned the training images as "test". Now a warning names them and what keeps the
+    splits; a key agreeing with the file's split (any case, restval as train) says nothing."""
+    data = json.loads(json.dumps(COCO))
+    data["images"][0]["split"] = "train"
+    data["images"][1]["split"] = " Val "
+    path = _write(tmp_path / "captions_all.json", data)
+    with caplog.at_level(logging.INFO, logger="finecap"):
+        records = read_coco_captions(path, check_images=False)
+    assert [r.split for r in records] == ["test", "test"]  # read as before: the file name's split
+    said = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and "2 of 2 images name another split than the file's in a 'split' key" in said[0].message
+    assert "('train' (1), ' Val ' (1))" in said[0].message and "all are in split 'test'" in said[0].message
+    caplog.clear()
+    data["images"][0]["split"], data["images"][1]["split"] = "restval", "TRAIN"
+    with caplog.at_level(logging.INFO, logger="finecap"):
+        read_coco_captions(_write(tmp_path / "captions_train.json", data), check_images=False)
+    assert [r.message for r in caplog.records if r.levelno == logging.WARNING] == []
+
+
 def test_coco_variants_pycocotools_reads(tmp_path):
     # pycocotools' COCO (hence pycocoevalcap) reads reference files whose images carry only an id, with extra fields
     # everywhere, images without annotations, or no 'images' list at all: the reader takes them all for text metrics.

@@ -1,7 +1,8 @@
 """``finecap models tiny KIND --out DIR`` (finecap.models.tiny, finecap.app.models): every kind's folder loads back
 with transformers' Auto classes and finecap's loader (a VLM's processor: finecap's, which builds the image-only
-processors transformers' ``AutoProcessor`` wants a video processor for), with the weights that were written, at the
-default head width vLLM's CPU attention takes (32); a non-empty --out is refused."""
+processors transformers' ``AutoProcessor`` wants a video processor for; the command says which need torchvision),
+with the weights that were written, at the default head width vLLM's CPU attention takes (32); a non-empty --out is
+refused."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def same_weights(ours: torch.nn.Module, theirs: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_family_folder_loads_back_with_auto_classes_and_as_a_captioner(family, tmp_path):
-    from transformers import AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText, AutoProcessor
     from transformers.utils import is_torchvision_available
 
     from finecap.config import DecodeConfig
@@ -45,6 +46,18 @@ def test_a_family_folder_loads_back_with_auto_classes_and_as_a_captioner(family,
     head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     assert (text.hidden_size, text.num_attention_heads, head) == (64, 2, 32)
     same_weights(model, loaded)
+    # transformers' AutoProcessor: the families said to need torchvision are those it refuses without
+    auto = tiny.AUTO_PROCESSOR_NEEDS.get(family)
+    assert (f"AutoProcessor reads the folder only with {auto} installed" in err) == (
+        auto is not None and auto != tiny.LOAD_NEEDS.get(family)
+    ), err
+    if not is_torchvision_available() and family not in tiny.STAND_INS:  # stand-ins change this process's classes
+        try:
+            AutoProcessor.from_pretrained(tmp_path / family)
+            refused = None
+        except (ImportError, ValueError) as e:
+            refused = str(e)
+        assert (refused is not None and "orchvision" in refused) == (auto == "torchvision"), refused
     if family == "mistral3" and not is_torchvision_available():  # the weights are checked; the processor is not
         pytest.skip("PixtralProcessor loads from a folder only with torchvision (built here through a stand-in)")
     captioner = Vlm.from_pretrained(tmp_path / family).eval()
@@ -60,6 +73,8 @@ def test_a_clip_folder_loads_back_as_the_retriever_and_with_auto_classes(tmp_pat
 
     code, out, err = run_cli(["models", "tiny", "clip", "--out", str(tmp_path / "clip"), "--hidden", "32"])
     assert code == 0 and f"model.encoder={tmp_path / 'clip'}" in err, err
+    # the key of CLIPScore and self-retrieval too: model.encoder alone (said as "the retriever") gave finecap eval none
+    assert f"or retriever.checkpoint={tmp_path / 'clip'} (CLIPScore" in err, err
     theirs = AutoModel.from_pretrained(tmp_path / "clip")
     assert type(theirs).__name__ == "CLIPModel" and theirs.config.text_config.hidden_size == 32
     AutoProcessor.from_pretrained(tmp_path / "clip")

@@ -385,6 +385,7 @@ def main(
     """
     if images is not None and (data is not None or split is not None):
         raise ValueError("--images captions image files, --data and --split a data set's split: give one or the other")
+    split_given = split is not None
     split = split or "test"
     if cfg is None:
         setup = resolve(checkpoint, data=data, recipe=recipe, overrides=overrides, skip_bad_images=skip_bad_images)
@@ -421,8 +422,10 @@ def main(
         try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
             kept = load_records(cfg, split, captioned=False)
         except MissingSplit as e:
-            if setup.data_from_command_line:
-                raise
+            if setup.data_from_command_line:  # the split asked for (or --split's default) may be what is wrong
+                held = " or ".join(f"--split {s}" for s in e.present)
+                default = "" if split_given else f" (--split defaults to {split})"
+                raise DataError(f"{e.found}; caption a split it holds with {held}{default}, or {e.advice}") from None
             raise DataError(
                 f"{e.found}; the run's own data set is split as it was trained (another split would hold images it "
                 "trained or validated on): caption images it never saw with --images FOLDER, or --data FILE"

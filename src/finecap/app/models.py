@@ -21,7 +21,11 @@ from finecap.utils.files import OutputRefused, apply_umask, make_temporary_dir, 
 
 log = logging.getLogger(__name__)
 
-USE = {"clip": "model.encoder={out} (the retriever / CLIP rewards)", "blip": "model.kind=blip blip.name={out}"}
+USE = {
+    "clip": "model.encoder={out} (ClipCap's image encoder) or retriever.checkpoint={out} (CLIPScore and "
+    "self-retrieval in finecap eval and the rewards)",
+    "blip": "model.kind=blip blip.name={out}",
+}
 """How a folder of each non-VLM kind is used in a recipe; a VLM's is ``model.kind=vlm vlm.name=DIR``."""
 
 
@@ -69,6 +73,11 @@ def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, s
         raise
     use = USE.get(kind, "model.kind=vlm vlm.name={out}").format(out=out)
     needs = f" (its processor loads with {tiny.LOAD_NEEDS[kind]} installed)" if kind in tiny.LOAD_NEEDS else ""
+    auto = tiny.AUTO_PROCESSOR_NEEDS.get(kind)
+    if auto and auto != tiny.LOAD_NEEDS.get(kind):
+        needs += (
+            f"; transformers' AutoProcessor reads the folder only with {auto} installed (finecap's loader without)"
+        )
     log.info(f"wrote a tiny random {kind} (width {sizes.hidden}, {sizes.heads} heads of {sizes.head_dim}) to {out}; "
              f"use it with {use}{needs}")  # fmt: skip
     return out

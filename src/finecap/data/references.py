@@ -57,12 +57,14 @@ def world_scenes(cfg: Config | None) -> dict[Hashable, Scene] | None:
 
 
 class MissingSplit(ValueError):
-    """No record of a split (:func:`select_split`): ``found`` is the message without its advice (the file, the
-    split, the splits present), which a caller that knows better ways out words again."""
+    """No record of a split (:func:`select_split`): ``found`` is the message without its ``advice`` (the file, the
+    split, the splits ``present``), which a caller that knows better ways out words again."""
 
-    def __init__(self, found: str, advice: str) -> None:
+    def __init__(self, found: str, advice: str, present: Sequence[str] = ()) -> None:
         super().__init__(f"{found}; {advice}")
         self.found = found
+        self.advice = advice
+        self.present = tuple(present)
 
 
 def select_split(
@@ -76,7 +78,7 @@ def select_split(
     if not kept:
         present = sorted({r.split for r in records})
         found = f"{path}: no records in split {split!r}; splits present: {', '.join(present)}"
-        raise MissingSplit(found, missing_split_advice(split, fmt, records, unsplit))
+        raise MissingSplit(found, missing_split_advice(split, fmt, records, unsplit), present)
     return kept
 
 

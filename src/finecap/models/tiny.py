@@ -42,6 +42,12 @@ STAND_INS = {"smolvlm": "num2words-placeholder", "mistral3": "pixtral-processor-
 LOAD_NEEDS = {"smolvlm": "num2words", "mistral3": "torchvision"}
 """The package a saved folder of these families needs to load back in another process (its processor class's
 requirement, which the stand-in stood for while it was built)."""
+VIDEO_FAMILIES = ("glm4v", "internvl", "llava_onevision", "mistral3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "smolvlm")
+AUTO_PROCESSOR_NEEDS = dict.fromkeys(VIDEO_FAMILIES, "torchvision")
+"""The package transformers' ``AutoProcessor.from_pretrained`` needs for a folder of these families (a Hub
+checkpoint's as much as a tiny one's): their processors hold a video processor, and Pixtral's an image processor,
+that transformers builds with torchvision only. finecap's own loader builds the image-only processor without it
+(:func:`finecap.models.processors.image_only_processor`), but for :data:`LOAD_NEEDS`."""
 
 
 @dataclass(frozen=True)

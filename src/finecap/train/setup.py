@@ -183,12 +183,19 @@ def check_vocabulary(tokenizer: Any, records: list, cfg: Config) -> None:
     step = max(1, len(captions) // VOCABULARY_SAMPLE)
     found = unknown_tokens(tokenizer, captions[::step])
     if found.share > cfg.data.max_unk_share:
+        if cfg.model.kind in ("vlm", "blip"):  # a tiny or world model of the backbone: clipcap.lm does nothing here
+            key, name = f"{cfg.model.kind}.name", getattr(cfg, cfg.model.kind).name
+            how = (f"a pretrained model whose tokenizer has them ({key}=...; {key}={name} knows the world's words "
+                   "only), or ClipCap over these captions' words, offline: model.kind=clipcap clipcap.lm=data-tiny "
+                   "(docs/data.md)")  # fmt: skip
+        else:
+            how = ("clipcap.lm=data-tiny (a word-level GPT-2 over the training captions' words, offline, "
+                   "docs/data.md) or a pretrained LM or VLM (clipcap.lm=gpt2, vlm.name=...)")  # fmt: skip
         raise DataError(
             f"{cfg.data.path or 'the data set'}: {found.share:.0%} of the training captions' tokens are unknown to "
             f"the captioner's tokenizer ({len(tokenizer)} tokens), e.g. {found.example!r} reads as "
             f"{found.tokenised!r} (data.max_unk_share={cfg.data.max_unk_share}); train on a vocabulary made for these "
-            "captions: clipcap.lm=data-tiny (a word-level GPT-2 over the training captions' words, offline, "
-            "docs/data.md) or a pretrained LM or VLM (clipcap.lm=gpt2, vlm.name=...)"
+            f"captions: {how}"
         )
 
 

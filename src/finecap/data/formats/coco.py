@@ -9,6 +9,8 @@ JSON object with ``annotations``.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from pathlib import Path
 
 from finecap.data.containment import ImageFolder
@@ -29,6 +31,8 @@ from finecap.data.records import (
     split_from_name,
 )
 from finecap.utils.text import short_repr
+
+log = logging.getLogger(__name__)
 
 
 def read_coco_captions(
@@ -124,6 +128,8 @@ def read_coco_captions(
         records.append(Record(image_id, image_path, split, stripped, boosts.get(image_id) or {}))
     if not records:
         raise DataError(f"{path}: no image has a caption annotation")
+    if imgs:
+        said_split(imgs, path, split)
     if check_images:
         if no_file:
             raise DataError(
@@ -132,6 +138,24 @@ def read_coco_captions(
             )
         check_image_files(records, path, root)
     return records
+
+
+def said_split(imgs: list, path: Path, split: str) -> None:
+    """Warn when ``images`` entries carry a ``"split"`` naming another split than ``split``, the file's: a COCO file
+    is one split (pycocotools reads no such key), so those images are read into ``split`` all the same, and a
+    command reading that split (``finecap caption --data``) would take images the data set puts in train or val.
+    Such data keeps its splits as JSONL or Karpathy (docs/data.md)."""
+    other: Counter[str] = Counter()
+    for img in imgs:
+        said = img.get("split") if isinstance(img, dict) else None
+        if isinstance(said, str) and {"restval": "train"}.get(key := said.strip().lower(), key) != split:
+            other[said] += 1
+    if other:
+        shown = ", ".join(f"{short_repr(w)} ({n})" for w, n in other.most_common(MAX_LISTED))
+        log.warning("data: %s: %d of %d images name another split than the file's in a 'split' key (%s), which a "
+                    "COCO file does not read: all are in split %r, as its name says; to keep each image's split, "
+                    "write the data as JSONL or in the Karpathy format (docs/data.md)", path, other.total(),
+                    len(imgs), shown, split)  # fmt: skip
 
 
 def uncaptioned_images(path: str | Path) -> set[int | str]:
