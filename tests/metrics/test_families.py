@@ -23,6 +23,7 @@ from finecap.metrics.families import (
 from finecap.metrics.retrieval import target_ranks
 from finecap.world.make import generate_scenes
 from finecap.world.scene import scene_diff
+from helpers.counted_draws import CountedGenerator
 
 # Images 0-2: family "A", 3-5: family "B", 6: family "C" (one member, incomplete), 7: no family.
 FAMILIES = {0: "A", 1: "A", 2: "A", 3: "B", 4: "B", 5: "B", 6: "C", 7: None}
@@ -241,3 +242,27 @@ def test_hard_rd_distractors_depend_on_the_image_not_on_the_order_or_the_other_c
     assert keep.tolist() == list(range(30)) and np.array_equal(shuffled, ranks[:, perm])
     skipped, _ = hard_rd_ranks(scores[1:], list(range(30)), families, targets=np.arange(1, 30), **args)
     assert np.array_equal(skipped, ranks[:, 1:])
+
+
+def test_hard_rd_draws_only_the_rows_of_the_captions_scored(monkeypatch):
+    # Three captions of images far apart among 1,500 (500 families of 3): they face the distractors they face among
+    # all 1,500 captions (rows 1499, 0 and 700 of the blocks at 1024 and 0), and only their 3 rows of 1,500 keys are
+    # drawn in each draw, not the blocks' 1,024 + 476 rows
+    rng = np.random.default_rng(3)
+    scores = rng.random((1500, 1500))
+    families = {i: i // 3 for i in range(1500)}
+    args = dict(size=3, n_distractors=8, draws=2, seed=1)
+    every, _ = hard_rd_ranks(scores, list(range(1500)), families, **args)
+    targets = np.array([1499, 0, 700])
+    generators = []
+
+    def counted(seed):
+        generators.append(CountedGenerator(default_rng(seed)))
+        return generators[-1]
+
+    default_rng = np.random.default_rng
+    monkeypatch.setattr(np.random, "default_rng", counted)
+    ranks, keep = hard_rd_ranks(scores[targets], list(range(1500)), families, targets=targets, **args)
+    monkeypatch.undo()
+    assert keep.tolist() == [0, 1, 2] and np.array_equal(ranks, every[:, targets])
+    assert sum(g.drawn for g in generators) == 2 * 3 * 1500

@@ -20,6 +20,7 @@ from finecap.metrics.retrieval import (
     target_ranks,
 )
 from finecap.metrics.suite import evaluate
+from helpers.counted_draws import CountedGenerator
 
 # Caption q's own image is column q.
 SCORES = np.array(
@@ -145,6 +146,28 @@ def test_rd_distractors_depend_on_the_image_not_on_the_order_or_the_other_captio
     two = rd_ranks(scores[[4, 4, 7]], [4, 4, 7], n_distractors=5, draws=1)
     swapped = rd_ranks(scores[[7, 4, 4]], [7, 4, 4], n_distractors=5, draws=1)
     assert two[0].tolist() == [swapped[0, 1], swapped[0, 2], swapped[0, 0]]
+
+
+def test_random_distractors_draw_only_the_rows_of_the_captions_scored():
+    # Four captions of three images far apart in a pool of 1,000 (a few images scored against a large pool): image
+    # 999's two captions take rows 2 * 999 + 0 and + 1 of the stream, image 0's row 0, image 500's row 1000 (r = 2,
+    # stream_rows), and only those 4 rows of 1,000 keys are drawn, not the 2,000 rows up to the last (a pool of
+    # 20,000 with 200 captions: 5 s a draw, where the captions' own rows take 0.1 s); the generator is left past the
+    # whole stream, as drawing it would leave it.
+    targets, n = np.array([999, 0, 500, 999]), 1000
+    counted = CountedGenerator(np.random.default_rng((0, 1)))
+    got = random_distractors(4, n, targets, 9, counted)
+    whole = np.random.default_rng((0, 1))
+    keys = whole.random((2000, n))[[1998, 0, 1000, 1999]]  # (4, N): the captions' rows of the whole stream
+    keys[np.arange(4), targets] = 2.0
+    assert np.array_equal(got, np.argpartition(keys, 8, axis=1)[:, :9])
+    assert counted.drawn == 4 * n
+    assert counted.rng.random() == whole.random()
+    # a generator that cannot jump (MT19937) draws the rows between and drops them: the same distractors
+    mt = random_distractors(4, n, targets, 9, np.random.Generator(np.random.MT19937(2)))
+    keys = np.random.Generator(np.random.MT19937(2)).random((2000, n))[[1998, 0, 1000, 1999]]
+    keys[np.arange(4), targets] = 2.0
+    assert np.array_equal(mt, np.argpartition(keys, 8, axis=1)[:, :9])
 
 
 def test_rd_with_all_distractors_equals_pool_and_is_seeded():

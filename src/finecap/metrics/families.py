@@ -40,6 +40,7 @@ from finecap.metrics.retrieval import (
     as_score_matrix,
     bag_retrieval_items,
     rank_items,
+    stream_keys,
     stream_rows,
     summarize_ranks,
     target_columns,
@@ -180,10 +181,12 @@ def hard_rd_ranks(
         mates = same.copy()
         mates[np.arange(len(here)), own] = False
         mates = np.nonzero(mates)[1].reshape(len(here), size - 1)  # (C, size - 1) family members, ascending
+        by_row = np.argsort(rows[here])  # (C,) this block's captions in the order of their rows (distinct)
         for d in range(draws):
             # one generator per (draw, block): the draws of a block never depend on the blocks before it
             rng = np.random.default_rng((seed, d, start))
-            keys = rng.random((min(_CHUNK, n_rows - start), n))[rows[here] - start]  # (C, N) random order of images
+            keys = np.empty((len(here), n))  # (C, N) random order of the images, only the captions' rows drawn
+            keys[by_row] = stream_keys(rng, rows[here][by_row] - start, n)[0]
             keys[same] = 2.0  # the target's family sorts last, never drawn
             randoms = np.argpartition(keys, n_random - 1, axis=1)[:, :n_random] if n_random else keys[:, :0]
             candidates = np.concatenate([mates, randoms.astype(np.int64)], axis=1)  # (C, n_distractors)

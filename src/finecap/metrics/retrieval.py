@@ -141,13 +141,50 @@ def stream_rows(keys: Any) -> tuple[np.ndarray, int]:
     return rows, int(rows.max()) + 1
 
 
+def _skip(rng: np.random.Generator, values: int) -> None:
+    """Move ``rng`` past ``values`` uniform floats of its stream as drawing them would: a PCG64 generator (numpy's
+    ``default_rng``: one 64-bit step a float) jumps (``advance``), another draws them in blocks and drops them."""
+    if values <= 0:
+        return
+    if isinstance(rng.bit_generator, np.random.PCG64 | np.random.PCG64DXSM):
+        rng.bit_generator.advance(values)
+        return
+    while values > 0:
+        block = min(values, _CHUNK * 1024)
+        rng.random(block)
+        values -= block
+
+
+def stream_keys(rng: np.random.Generator, rows: np.ndarray, n: int, at: int = 0) -> tuple[np.ndarray, int]:
+    """Rows ``rows`` (ascending, distinct, none before ``at``) of ``rng``'s stream of ``(·, n)`` uniform keys whose
+    row ``at`` is drawn next, and the row next drawn after them: ``rng.random((rows[-1] + 1 - at, n))[rows - at]``,
+    drawing only those rows (the rows between are skipped, :func:`_skip`), so that the work follows the captions, not
+    the largest image column or the most captions of one image (:func:`stream_rows`).
+
+    Example::
+
+        >>> keys, at = stream_keys(np.random.default_rng(0), np.array([1, 3]), 2)
+        >>> bool((keys == np.random.default_rng(0).random((4, 2))[[1, 3]]).all()), at
+        (True, 4)
+    """
+    out = np.empty((len(rows), n))
+    runs = np.split(np.arange(len(rows)), np.flatnonzero(np.diff(rows) != 1) + 1) if len(rows) else []
+    for run in runs:  # consecutive rows drawn together
+        first = int(rows[run[0]])
+        _skip(rng, (first - at) * n)
+        out[run] = rng.random((len(run), n))
+        at = first + len(run)
+    return out, at
+
+
 def random_distractors(
     n_queries: int, n_images: int, targets: np.ndarray, n_distractors: int, rng: np.random.Generator
 ) -> np.ndarray:
     """``(Q, n_distractors)`` image columns drawn uniformly without replacement, never the caption's own target.
 
     Each caption draws from the row :func:`stream_rows` gives it of ``rng``'s stream of ``(rows, n_images)`` uniform
-    keys (its image's distractors do not depend on the other captions)."""
+    keys (its image's distractors do not depend on the other captions); only the captions' rows are drawn
+    (:func:`stream_keys`), and ``rng`` is left past the whole stream."""
     if n_distractors > n_images - 1:
         raise ValueError(
             f"n_distractors={n_distractors} needs at least {n_distractors + 1} images, got {n_images} "
@@ -157,16 +194,17 @@ def random_distractors(
     if targets.shape != (n_queries,):
         raise ValueError(f"targets must have shape ({n_queries},), got {targets.shape}")
     rows, n_rows = stream_rows(targets)
+    by_row = np.argsort(rows)  # (Q,) the captions in the order of their rows (distinct)
     out = np.empty((n_queries, n_distractors), dtype=np.int64)
-    for start in range(0, n_rows, _CHUNK):
-        stop = min(start + _CHUNK, n_rows)
-        keys = rng.random((stop - start, n_images))  # (C, N) random order of the images, for stream rows start:stop
-        here = np.flatnonzero((rows >= start) & (rows < stop))  # the captions drawing from this block
-        if not len(here) or not n_distractors:
+    at = 0
+    for start in range(0, n_queries, _CHUNK):
+        here = by_row[start : start + _CHUNK]  # (h,) captions of this block
+        keys, at = stream_keys(rng, rows[here], n_images, at)  # (h, N) random order of the images
+        if not n_distractors:
             continue
-        mine = keys[rows[here] - start]  # (h, N)
-        mine[np.arange(len(here)), targets[here]] = 2.0  # the target sorts last, never drawn
-        out[here] = np.argpartition(mine, n_distractors - 1, axis=1)[:, :n_distractors]
+        keys[np.arange(len(here)), targets[here]] = 2.0  # the target sorts last, never drawn
+        out[here] = np.argpartition(keys, n_distractors - 1, axis=1)[:, :n_distractors]
+    _skip(rng, (n_rows - at) * n_images)
     return out
 
 
