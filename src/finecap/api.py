@@ -72,14 +72,14 @@ class Captioner(Closeable):
         the decoding settings and the autocast, as ``finecap caption`` uses them. Its recorded fingerprint of the
         vision encoder is checked (:func:`finecap.train.fingerprint.check_run`), and weights holding NaN are refused.
         ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
-        (:func:`finecap.metrics.context.eval_device`); one torch does not know or this machine lacks is a
+        (:func:`finecap.models.memory.eval_device`); one torch does not know or this machine lacks is a
         ``ValueError`` naming it (:func:`usable_device`), before the model loads. Loading leaves the process's random
         generators (python, numpy, torch) as they were: a notebook's draws after it are those it would have had
         without it."""
         with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
             from finecap.config import load_stored
             from finecap.inference import checkpoint_where, load_for_captioning
-            from finecap.metrics.context import eval_device
+            from finecap.models.memory import eval_device
             from finecap.runs import find_checkpoint, model_dir, stored_config
             from finecap.train.checkpoint import folder_config
             from finecap.train.fingerprint import check_run

@@ -141,10 +141,10 @@ def clip_folder(tmp_path_factory) -> Path:
 
 
 def test_the_retriever_loads_onto_its_cuda_device(clip_folder, monkeypatch):
-    """``finecap eval``'s retriever (on :func:`~finecap.metrics.context.eval_device`, mocked CUDA) and a run's
+    """``finecap eval``'s retriever (on :func:`~finecap.models.memory.eval_device`, mocked CUDA) and a run's
     (``RewardInputs.of_run``: the reward server's and training's device) load onto it; on the CPU or with no device,
     as before."""
-    from finecap.metrics.context import eval_device
+    from finecap.models.memory import eval_device
     from finecap.models.retriever import Retriever, load_retriever
     from finecap.rewards.inputs import RewardInputs
 

@@ -289,7 +289,7 @@ def test_vlm_describes_images_through_the_processor(tiny_vlm, tmp_path):
 
 def test_the_model_and_its_inputs_are_on_the_device_finecap_eval_uses(chat_model, monkeypatch):
     """``boost.llm_backend=transformers`` runs its model where ``finecap eval`` runs its own
-    (:func:`finecap.metrics.context.eval_device`: the machine's accelerator unless ``train.cpu``), and each batch's
+    (:func:`finecap.models.memory.eval_device`: the machine's accelerator unless ``train.cpu``), and each batch's
     inputs follow it: the machine's accelerator stands in as ``meta`` here (a CPU has no other device), and a model
     left on the CPU would decode a whole data set there on a GPU machine."""
     from finecap.boost.backends import make_backend

@@ -14,7 +14,8 @@ import torch
 
 import finecap.train.validators as validators
 from finecap.data.datasets import load_records
-from finecap.metrics.context import EvalContext, eval_device
+from finecap.metrics.context import EvalContext
+from finecap.models.memory import eval_device
 from finecap.models.retriever import load_retriever
 
 

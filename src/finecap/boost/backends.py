@@ -41,7 +41,7 @@ def make_backend(cfg: Config, role: str) -> Backend:
                              seed=cfg.run.seed, max_wait=b.retry_max_wait, key=key)  # fmt: skip
     if name == "transformers":
         from finecap.boost.hf_backend import TransformersBackend
-        from finecap.metrics.context import eval_device
+        from finecap.models.memory import eval_device
 
         return TransformersBackend(model, vision=role == "vlm", batch_size=b.batch_size,
                                    max_new_tokens=b.max_new_tokens, temperature=b.temperature, seed=cfg.run.seed,

@@ -105,10 +105,11 @@ class EvalContext:
 
     def get_retriever(self) -> Any:
         """The retriever given to :func:`~finecap.metrics.suite.evaluate`, else the configured one (``retriever.*``),
-        loaded once on :func:`eval_device`."""
+        loaded once on :func:`~finecap.models.memory.eval_device`."""
         if self.retriever is None:
             # Deferred: the retriever module imports torch and transformers, which text-only evaluation never needs
             # (`finecap eval --metrics bleu,...` must not import them; tests/app/test_cli.py checks).
+            from finecap.models.memory import eval_device
             from finecap.models.retriever import load_retriever
 
             self.retriever = load_retriever(self.cfg, device=eval_device(self.cfg))
@@ -134,14 +135,3 @@ class EvalContext:
         longer than the retriever's text window, else ``{}``
         (:meth:`finecap.models.text_window.TextEncoding.counts`)."""
         return dict(self.cache.get("long captions", {}))
-
-
-def eval_device(cfg: Config) -> Any:
-    """Where ``finecap eval`` runs its models (the CLIP retriever, the perplexity LM): the machine's accelerator
-    (``torch.accelerator``: a GPU), as accelerate would choose it for training, unless ``train.cpu`` is set; else
-    the CPU. Imports torch: call it only for groups that run a model."""
-    import torch
-
-    if cfg.train.cpu or not torch.accelerator.is_available():
-        return torch.device("cpu")
-    return torch.accelerator.current_accelerator()

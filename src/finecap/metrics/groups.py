@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from finecap.home import cache_dir
-from finecap.metrics.context import eval_device
 from finecap.metrics.diversity import caption_length, mean_length, set_diversity_per_item, vocabulary_metrics
 from finecap.metrics.group import Column, MetricGroup
 from finecap.metrics.meteor import MetricUnavailable
@@ -300,6 +299,7 @@ def _perplexity(ctx: EvalContext) -> dict[str, float]:
         raise ValueError("metric 'perplexity' needs a language model: set eval.lm=<causal LM name or path>")
     # Deferred: perplexity runs a causal LM (torch + transformers); text-only evaluation must not import them.
     from finecap.metrics.perplexity import Perplexity
+    from finecap.models.memory import eval_device
 
     return Perplexity(ctx.cfg.eval.lm, batch_size=ctx.cfg.eval.batch_size, device=eval_device(ctx.cfg))(
         ctx.predictions

@@ -247,6 +247,16 @@ def load_device(device: torch.device | str) -> torch.device | None:
     return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
+def eval_device(cfg: Any) -> torch.device:
+    """Where ``finecap eval`` runs its models (the CLIP retriever, the perplexity LM): the machine's accelerator
+    (``torch.accelerator``: a GPU), as accelerate would choose it for training, unless ``train.cpu`` is set; else
+    the CPU. Also where the Python API's :class:`~finecap.api.Captioner` and boost's in-process ``transformers``
+    backend run, so that all three follow one rule (here, beside the other placement helpers, for each of them)."""
+    if cfg.train.cpu or not torch.accelerator.is_available():
+        return torch.device("cpu")
+    return torch.accelerator.current_accelerator()
+
+
 def placement() -> dict[str, Any]:
     """The ``from_pretrained`` keyword arguments that read a model's weights where :func:`loading_onto` puts them:
     ``{"device_map": {"": device}}`` inside the block of a CUDA device; none on the CPU, on ``meta`` and outside any
