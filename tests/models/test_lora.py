@@ -322,3 +322,18 @@ def test_peft_is_imported_where_adapters_are_first_made():
                           timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["False", "False", "True", "True", "True"], proc.stdout
+
+
+def test_making_and_loading_adapters_gives_no_warning_of_peft_and_transformers_own(clip_dir, tmp_path):
+    """peft reads the ``is_gradient_checkpointing`` transformers 5 deprecated, whose ``FutureWarning`` came with every
+    run that made or loaded adapters (:func:`finecap.models.peft_import.get_peft_model`): nothing for a user to do."""
+    import warnings
+
+    model = captioner(clip_dir)
+    with warnings.catch_warnings(record=True) as made:
+        warnings.simplefilter("always")
+        lora.configure_training(model, cfg("model.train_encoder=true", "lora.lm=true", "lora.encoder=true"))
+        out = model.save(tmp_path / "ckpt")
+        ClipCap.from_checkpoint(out)
+    assert lora.has_adapters(model)
+    assert [str(w.message) for w in made if "is_gradient_checkpointing" in str(w.message)] == []

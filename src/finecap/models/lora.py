@@ -71,7 +71,7 @@ from transformers.pytorch_utils import Conv1D
 from finecap.config import LoraInit
 from finecap.models import strict
 from finecap.models.captioner import PARTS
-from finecap.models.peft_import import is_lora_layer, is_peft, peft_library
+from finecap.models.peft_import import get_peft_model, is_lora_layer, is_peft, peft_library
 from finecap.models.vision import TEXT_SIDE
 from finecap.runs import CAPTIONER_FILE, CheckpointError
 from finecap.utils.reading import read_json
@@ -258,9 +258,7 @@ def apply_lora(model: nn.Module, part: str, spec: LoraSpec) -> None:
     module = _part_module(model, part)
     if is_peft(module):
         raise ValueError(f"the {part} already has LoRA adapters; merge them first (merge_lora)")
-    wrapped = peft_library().get_peft_model(
-        module, _lora_config(part, module, _reached_targets(model, part, spec), spec)
-    )
+    wrapped = get_peft_model(module, _lora_config(part, module, _reached_targets(model, part, spec), spec))
     init_adapters(wrapped, spec.init)
     _set_part_module(model, part, wrapped)
     freeze_to_adapters(wrapped)
@@ -611,7 +609,7 @@ def load_part_adapters(model: nn.Module, path: Path, part: str, info: Any) -> No
     if is_peft(module):
         raise CheckpointError(f"{where}: the {part} already has LoRA adapters (listed twice?)")
     config = _checked_adapter_config(config_file, part, module, spec)
-    wrapped = peft_library().get_peft_model(module, config)
+    wrapped = get_peft_model(module, config)
     tensors = strict.read_tensors(weights_file)
     kinds = [f"{k} (stored {str(v.dtype).removeprefix('torch.')})" for k, v in tensors.items()
              if not v.is_floating_point()]  # fmt: skip

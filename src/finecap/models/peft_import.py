@@ -6,6 +6,7 @@ exists, so the checks below need not import it."""
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 
@@ -14,6 +15,15 @@ def peft_library() -> Any:
     import peft
 
     return peft
+
+
+def get_peft_model(module: Any, config: Any) -> Any:
+    """``peft.get_peft_model(module, config)``, without the ``FutureWarning`` transformers 5 gives when peft reads the
+    deprecated ``is_gradient_checkpointing`` of a transformers model (peft 0.21's ``PeftModel.__init__``): it named
+    peft's use of transformers, not the user's, and came with every run that made or loaded adapters."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return peft_library().get_peft_model(module, config)
 
 
 def is_peft(module: Any) -> bool:
