@@ -37,6 +37,8 @@ from helpers.cli import run_cli
 
 COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
 
+DATA_DOCS = Path(__file__).resolve().parents[2] / "docs" / "data.md"
+
 
 def image(path: Path, k: int = 0, fmt: str | None = None, size: tuple[int, int] = (32, 32)) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -560,9 +562,12 @@ def test_a_coco_file_missing_a_training_split_says_which_formats_can_hold_one(tm
     cfg = load(None, ["data.format=coco", f"data.path={data}"])
     assert len(load_records(cfg, "train")) == 1
     with pytest.raises(ValueError, match=r"no records in split 'val'; splits present: train; give some records split "
-                                         r"'val' \(a COCO file holds the one split its name says .*write the captions "
-                                         r"as JSONL or in the Karpathy format"):  # fmt: skip
+                                         r"'val' \(a COCO file holds the one split its name says .*write the split "
+                                         r"files into one JSONL \(a few lines: docs/data.md, \"Training on COCO "
+                                         r"caption files\"\) or the captions in the Karpathy format\)"):  # fmt: skip
         load_records(cfg, "val")
+    # the section the message names is on that page, under that name
+    assert '<a id="training-on-coco-caption-files"></a>**Training on COCO caption files.**' in DATA_DOCS.read_text()
 
 
 def test_sidecars_starting_with_a_byte_order_mark_are_read_without_it(tmp_path):

@@ -183,6 +183,7 @@ FORMAT = Format(
     detect=_detect,
     split_hint=(
         "a COCO file holds the one split its name says (train, val or test, else test) and data.path reads one file: "
-        "to train, which needs train and val, write the captions as JSONL or in the Karpathy format (docs/data.md)"
+        "to train, which needs train and val, write the split files into one JSONL (a few lines: docs/data.md, "
+        '"Training on COCO caption files") or the captions in the Karpathy format'
     ),
 )
