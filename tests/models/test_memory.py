@@ -596,3 +596,20 @@ def test_part_dtypes_cover_every_part(dirs):
     model = build(dirs, "vlm", "model.dtype=bfloat16", "lora.lm=true")
     assert isinstance(model, Vlm) and set(memory.part_dtypes(model)) == {*PARTS, "rest"}
     assert memory.describe(memory.part_dtypes(model)).startswith("lm: trainable float32, frozen bfloat16; encoder:")
+
+
+def test_a_qlora_checkpoint_loads_without_transformers_warning_that_its_own_quantization_is_used(dirs, tmp_path):
+    """transformers warns that the ``quantization_config`` passed is ignored for the one a checkpoint stored quantized
+    holds (every ``finecap caption`` of a QLoRA run said it); finecap then settles the dtype itself
+    (:meth:`finecap.models.memory.LoadOptions.loaded`), so :meth:`~finecap.models.memory.LoadOptions.load` silences
+    that one warning, and the checkpoint still loads quantized."""
+    import warnings
+
+    pytest.importorskip("bitsandbytes")
+    model = build(dirs, "clipcap", "model.quantization=4bit", "lora.lm=true", "model.dtype=float32")
+    out = model.save(tmp_path / "run")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        loaded = load_captioner(out, options=memory.LoadOptions(dtype="float32", quantization="4bit"))
+    assert quantized_kinds(loaded.lora_module("lm")) == {"Linear4bit"}
+    assert [str(w.message)[:60] for w in said if "quantization_config" in str(w.message)] == []

@@ -85,6 +85,11 @@ _BRIDGES = "_finecap_dtype_bridges"
 _CHECKPOINTING = "_finecap_checkpointing"
 
 
+_STORED_QUANTIZATION = r"You passed `quantization_config` or equivalent parameters to `from_pretrained` but the model"
+"""The start of transformers' warning when a checkpoint stored quantized is loaded with a quantization config:
+the stored one is used (:meth:`LoadOptions.load` silences it; :meth:`LoadOptions.loaded` settles the dtype)."""
+
+
 def _check(value: str, allowed: Any, key: str) -> None:
     if value not in get_args(allowed):
         raise ValueError(f"{key}={value!r}; valid: {', '.join(get_args(allowed))}")
@@ -153,11 +158,15 @@ class LoadOptions:
         if device is not None and device.type == "meta" and self.quantization == "none":
             return self.empty(auto_cls, name)
         kwargs = {"trust_remote_code": False, **self.pretrained(quantize=True, skip=skip)}
-        model = (
-            strict.load_pretrained(auto_cls, name, **kwargs)
-            if checkpoint
-            else auto_cls.from_pretrained(name, **kwargs)
-        )
+        with warnings.catch_warnings():
+            # a checkpoint stored quantized keeps its own quantization_config, as transformers warns it does:
+            # :meth:`loaded` then puts it in model.dtype, or refuses another quantization, so the warning says nothing
+            warnings.filterwarnings("ignore", message=_STORED_QUANTIZATION, category=UserWarning)
+            model = (
+                strict.load_pretrained(auto_cls, name, **kwargs)
+                if checkpoint
+                else auto_cls.from_pretrained(name, **kwargs)
+            )
         return self.loaded(model, what)
 
     def empty(self, auto_cls: Any, name: str | Path) -> nn.Module:
