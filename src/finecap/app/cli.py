@@ -655,7 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder (resumable: re-run with the same --out)")
 
     p = _add(sub, "serve-reward", cmd_serve_reward, "Serve a recipe's rewards (rl.rewards) over HTTP to RL trainers "
-             "(OpenRLHF, verl, ms-swift; docs/integrations.md).")  # fmt: skip
+             "(OpenRLHF, verl, ms-swift, TRL by url=; docs/integrations.md).")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--allow-host", dest="allowed_hosts", action="append", default=[], metavar="NAME",
                    help="a host name clients reach the server by (a docker-compose service, a cluster's DNS name), "
