@@ -70,10 +70,6 @@ GIB = 1024**3
 CHUNKED = ("mle", "reinforce", "grpo")
 """Objectives that score their captions through the head in vocabulary chunks under checkpointing (``grpo`` is
 ``reinforce`` with options: one implementation)."""
-SAMPLING = RL_OBJECTIVES
-"""Objectives that score ``rl.samples`` sampled captions per image."""
-POLICY = GRPO_OBJECTIVES
-"""Objectives built by ``finecap.objectives.grpo`` (its ``grpo`` section read: ``grpo.kl_coef``'s reference pass)."""
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -364,7 +360,7 @@ def step_of(cfg: Any, batch: dict[str, Any], rl: Any | None, shares_prompt: bool
 
 def has_reference(cfg: Any) -> bool:
     """Whether a run's objective scores its captions under the KL's reference policy (``grpo.kl_coef > 0``)."""
-    return cfg.train.objective in POLICY and cfg.grpo.kl_coef > 0
+    return cfg.train.objective in GRPO_OBJECTIVES and cfg.grpo.kl_coef > 0
 
 
 def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any) -> dict[str, Any] | None:
@@ -541,7 +537,7 @@ def recipe_beside(cfg: Any, backbone: Backbone, state: dict[str, int]) -> dict[s
     ``reference``, the GRPO KL's copy of the trained weights in their float32 (:mod:`finecap.objectives.reference`):
     every trained parameter but fresh LoRA adapters (adapters continued from ``train.init_from`` are copied: a
     checkpoint with the same adapter settings keeps its adapters, which then add something)."""
-    rewarded = cfg.train.objective in SAMPLING and "retrieval" in cfg.rl.rewards
+    rewarded = cfg.train.objective in RL_OBJECTIVES and "retrieval" in cfg.rl.rewards
     copies = int(rewarded or "retrieval" in cfg.train.validators)
     retrievers = 0
     if copies:
@@ -567,7 +563,7 @@ def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
     ``train.batch_size`` images (:func:`activation_forecast`; ``reinforce``: ``rl.samples`` captions of
     ``decode.max_length`` tokens per image, else one of ``data.max_tokens``; batches padded), and their ``total`` per
     process."""
-    rl = cfg.train.objective in SAMPLING
+    rl = cfg.train.objective in RL_OBJECTIVES
     # Vlm.sequence_logits: shared where an image has several captions
     shared = rl and cfg.rl.samples > 1 and prompt_shareable(cfg.train.gradient_checkpointing)
     captions, tokens = (cfg.rl.samples, cfg.decode.max_length) if rl else (1, cfg.data.max_tokens)
