@@ -35,15 +35,6 @@ def said(key: str, needs: str, have: str, override: str) -> str:
         (["train.objective=reinforce", "sle.alpha=0.5"], "sle.alpha", "train.objective=sle",
          "train.objective=reinforce"),
         (["sle.distance=overlap34"], "sle.distance", "train.objective=sle", "train.objective=mle"),
-    ],
-)  # fmt: skip
-def test_an_sle_option_under_another_objective_is_named(caplog, overrides, key, needs, have):
-    assert warned(caplog, overrides) == [said(key, needs, have, overrides[-1])]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "key", "needs", "have"),
-    [
         (["train.objective=mle", "smile.mle_weight=0.1"], "smile.mle_weight", "train.objective=smile",
          "train.objective=mle"),
         (["train.objective=grpo", "smile.subset=random"], "smile.subset", "train.objective=smile",
@@ -56,27 +47,6 @@ def test_an_sle_option_under_another_objective_is_named(caplog, overrides, key, 
          "smile.first_token=mle"),
         (["train.objective=smile", "smile.shift_form=subword"], "smile.shift_form", "smile.first_token=shift",
          "smile.first_token=mle"),
-    ],
-)  # fmt: skip
-def test_a_smile_option_smile_does_not_read_is_named(caplog, overrides, key, needs, have):
-    assert warned(caplog, overrides) == [said(key, needs, have, overrides[-1])]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "key", "needs", "have"),
-    [
-        (["grpo.advantage=group"], "grpo.advantage", "train.objective=grpo", "train.objective=mle"),
-        (["train.objective=smile", "grpo.policy_loss=clipped", "grpo.kl_coef=0.1"], "grpo.kl_coef",
-         "train.objective=grpo", "train.objective=smile"),
-    ],
-)  # fmt: skip
-def test_a_grpo_option_under_an_objective_outside_the_family_is_named(caplog, overrides, key, needs, have):
-    assert said(key, needs, have, overrides[-1]) in warned(caplog, overrides)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "key", "needs", "have"),
-    [
         (["train.objective=mle", "rl.entropy_coef=0.01"], "rl.entropy_coef",
          "train.objective=reinforce, grpo, scst_me or sle", "train.objective=mle"),
         (["train.objective=smile", "rl.samples=8"], "rl.samples", "train.objective=reinforce, grpo, scst_me or sle",
@@ -87,42 +57,15 @@ def test_a_grpo_option_under_an_objective_outside_the_family_is_named(caplog, ov
           "rl.scaled_logprob=true"], "rl.scaled_logprob", "rl.strategy=sample", "rl.strategy=beam"),
         (["train.objective=grpo", "rl.vllm_is_cap=2"], "rl.vllm_is_cap", "decode.engine=vllm",
          "decode.engine=finecap"),
-    ],
-)  # fmt: skip
-def test_an_rl_option_no_rollout_reads_is_named(caplog, overrides, key, needs, have):
-    assert warned(caplog, overrides) == [said(key, needs, have, overrides[-1])]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "key", "needs", "have"),
-    [
         (["sr.distractors=hard"], "sr.distractors", "rl.rewards.retrieval", "rl.rewards={cider}"),
         (["train.objective=grpo", "rl.rewards={cider: 1, length: 0.5}", "sr.reward=accuracy"], "sr.reward",
          "rl.rewards.retrieval", "rl.rewards={cider, length}"),
         (["rl.rewards={retrieval: 1}", "sr.hard_k=10"], "sr.hard_k", "sr.distractors=hard", "sr.distractors=batch"),
-    ],
-)  # fmt: skip
-def test_an_sr_option_without_the_retrieval_reward_is_named(caplog, overrides, key, needs, have):
-    assert warned(caplog, overrides) == [said(key, needs, have, overrides[-1])]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "key", "needs", "have"),
-    [
         (["judge.urls=[http://localhost:8000/v1]"], "judge.urls", "judge.name=openai", "judge.name=world"),
         (["judge.name=vllm", "judge.model=m", "judge.concurrency=4"], "judge.concurrency", "judge.name=openai",
          "judge.name=vllm"),
         (["judge.name=openai", "judge.noise=0.2"], "judge.noise", "judge.name=world", "judge.name=openai"),
         (["judge.max_tokens=64"], "judge.max_tokens", "judge.name=openai or vllm", "judge.name=world"),
-    ],
-)  # fmt: skip
-def test_a_judge_option_the_named_judge_does_not_read_is_named(caplog, overrides, key, needs, have):
-    assert warned(caplog, overrides) == [said(key, needs, have, overrides[-1])]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "key", "needs", "have"),
-    [
         (["boost.mode=visual", "boost.llm_backend=openai"], "boost.llm_backend", "boost.mode=blend or holistic",
          "boost.mode=visual"),
         (["boost.mode=blend", "boost.vlm_model=m"], "boost.vlm_model", "boost.mode=visual or holistic",
@@ -137,8 +80,23 @@ def test_a_judge_option_the_named_judge_does_not_read_is_named(caplog, overrides
          "boost.llm_backend=world, boost.vlm_backend=world"),
     ],
 )  # fmt: skip
-def test_a_boost_option_no_asked_backend_reads_is_named(caplog, overrides, key, needs, have):
+def test_an_option_no_reader_of_the_configuration_reads_is_named(caplog, overrides, key, needs, have):
+    """``sle`` and ``smile`` under other objectives or settings, ``rl`` where no rollout reads it, ``sr`` without the
+    retrieval reward, ``judge`` options the named judge does not read, ``boost`` options no asked backend reads (the
+    ``grpo`` section's below: its options come with other warnings)."""
     assert warned(caplog, overrides) == [said(key, needs, have, overrides[-1])]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "needs", "have"),
+    [
+        (["grpo.advantage=group"], "grpo.advantage", "train.objective=grpo", "train.objective=mle"),
+        (["train.objective=smile", "grpo.policy_loss=clipped", "grpo.kl_coef=0.1"], "grpo.kl_coef",
+         "train.objective=grpo", "train.objective=smile"),
+    ],
+)  # fmt: skip
+def test_a_grpo_option_under_an_objective_outside_the_family_is_named(caplog, overrides, key, needs, have):
+    assert said(key, needs, have, overrides[-1]) in warned(caplog, overrides)
 
 
 @pytest.mark.parametrize(
