@@ -295,6 +295,24 @@ def test_eval_outputs_never_over_its_inputs_even_with_force(eval_files):
     assert (preds.read_bytes(), refs.read_bytes()) == before
 
 
+def test_eval_outputs_never_in_the_image_folder_even_with_force(eval_files, tmp_path):
+    """`finecap eval --images DIR --out DIR/1.png --force` replaced the user's image with the scores, and `--out
+    DIR/scores.json` wrote into the folder it reads: the image folder (`--images`, else `data.images`) is an input."""
+    preds, refs = eval_files
+    images = tmp_path / "photos"
+    for name in ("1.png", "2.png"):
+        precious(images, name)
+    os.symlink(images, tmp_path / "photos-link")
+    with_images = ("--images", str(images))
+    for option, out in (("--out", images / "1.png"), ("--per-image", images / "new.json"),
+                        ("--out", tmp_path / "photos-link" / "2.png"), ("--out", images)):  # fmt: skip
+        refused(eval_argv(preds, refs, *with_images, option, str(out), "--force"), option, "--images", str(images))
+    refused(eval_argv(preds, refs, f"data.images={images}", "--out", str(images / "1.png"), "--force"),
+            "--out", "data.images")  # fmt: skip
+    assert sorted(p.name for p in images.iterdir()) == ["1.png", "2.png"]
+    assert all(p.read_bytes() == PRECIOUS for p in images.iterdir())
+
+
 def test_eval_out_and_per_image_naming_one_file_are_refused_as_such(eval_files):
     # both are outputs: "--per-image: s.json is also the command's --out; writing it would destroy the input"
     preds, refs = eval_files

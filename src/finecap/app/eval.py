@@ -109,9 +109,9 @@ def main(
     ``references`` may be ``None`` when the predictions file carries them.
 
     ``out`` and ``per_image`` may not name an input (the predictions, the references, the bags, the instances and
-    questions files, given as options or in the configuration, the ``recipe`` the configuration was read from:
-    refused even with ``force``), nor replace an existing file finecap did not make unless ``force``
-    (:mod:`finecap.outputs`).
+    questions files, given as options or in the configuration, the ``recipe`` the configuration was read from), nor
+    be or lie inside the image folder (``images``, else ``data.images``): refused even with ``force``; nor replace an
+    existing file finecap did not make unless ``force`` (:mod:`finecap.outputs`).
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -122,6 +122,8 @@ def main(
             "--references": references,
             "--bags": bags,
             "--instances": instances,
+            "--images": images,
+            "data.images": None if images is not None else (cfg.data.images or None),  # the image folder read
             "eval.instances": cfg.eval.instances or None,  # the inputs the configuration names too
             "judge.questions": cfg.judge.questions or None,
             "recipe": recipe,
