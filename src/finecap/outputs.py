@@ -8,7 +8,8 @@ Three checks, used by every writer and every command that takes an output path:
   The atomic writers (:func:`finecap.utils.files.atomic_write_bytes`, :func:`finecap.utils.folders.atomic_replace_dir`,
   :func:`finecap.utils.files.open_append`) call it.
 - :func:`check_not_input`: a command resolves its outputs and its inputs to real paths (links and ``..`` followed,
-  hard links compared by inode) and refuses an output that is one of its inputs, with or without ``--force``.
+  hard links compared by inode) and refuses an output that is one of its inputs, with or without ``--force``; and
+  :func:`check_not_among` refuses one that is a file its data set names (an image beside the references file).
 - :func:`check_replaceable`: an output file that already exists is replaced only when finecap made it: its content
   was recorded by :func:`remember` when finecap wrote it as an output of the same kind (:data:`KINDS`; a SHA-256 of
   the bytes, kept in ``<finecap home>/made/``: recognised by content, never by name), or the command's own test of
@@ -44,6 +45,7 @@ from finecap.utils.files import OutputRefused, atomic_write_bytes, refuse_link, 
 
 __all__ = [
     "OutputRefused",
+    "check_not_among",
     "check_not_input",
     "check_output_file",
     "check_replaceable",
@@ -88,6 +90,24 @@ def check_not_input(out: str | Path, inputs: Mapping[str, str | Path | None], *,
             raise OutputRefused(
                 f"{option}: {out} lies inside the command's {what} ({path}), which it reads: choose another {option}"
             )
+
+
+def check_not_among(out: str | Path, files: Iterable[str | Path], *, what: str, option: str) -> None:
+    """:class:`OutputRefused` when ``out`` is an existing file that is one of ``files`` (``what`` they are: ``"an
+    image of --references"``), by inode: links, ``..`` and hard links included. The check for the many files a data
+    set names (its images, which may lie beside its file rather than in a folder :func:`check_not_input` is given):
+    one ``stat`` each, and none when ``out`` does not exist (a file that is not there is none of them)."""
+    try:
+        mine = os.stat(out)
+    except OSError:
+        return
+    for path in files:
+        try:
+            if os.path.samestat(mine, os.stat(path)):
+                raise OutputRefused(f"{option}: {out} is also {what} ({path}); writing it would destroy the input: "
+                                    f"choose another {option}")  # fmt: skip
+        except OSError:
+            continue
 
 
 KINDS = (

@@ -390,6 +390,32 @@ def test_caption_and_bags_never_write_over_the_data_set(tiny, trained, tmp_path)
     assert mine.read_bytes() == PRECIOUS
 
 
+def test_no_output_over_an_image_beside_the_data_set_even_with_force(tiny, trained, eval_files, tmp_path):
+    """The images of a JSONL data set lie beside it, in no folder the command is given: `finecap eval --references
+    refs.jsonl --out 1.png --force` (likewise `caption --data` and `bags build --data`) replaced the user's image."""
+    preds, refs = eval_files  # refs.jsonl names 1.png and 2.png beside it
+    world = Path(next(o for o in tiny["base"] if o.startswith("world.out=")).split("=", 1)[1])
+    image = refs.parent / "1.png"
+    shutil.copyfile(world / "images" / "test" / "000050.png", image)
+    (refs.parent / "2.png").write_bytes(image.read_bytes())
+    before = image.read_bytes()
+    alias = tmp_path / "alias.png"
+    os.link(image, alias)  # the same file under another name, outside the data set's folder
+    for out in (image, alias):
+        refused(eval_argv(preds, refs, "--out", str(out), "--force"), "--out", "an image of the references",
+                str(image))  # fmt: skip
+    refused(eval_argv(preds, refs, "--per-image", str(image), "--force"), "--per-image", "an image of the references")
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"image": "1.png", "captions": ["x"], "split": "test"}) + "\n"
+                    + json.dumps({"image": "2.png", "captions": ["y"], "split": "test"}) + "\n")  # fmt: skip
+    refused(["caption", "--checkpoint", str(trained), "--data", str(data), "--out", str(image), "--force"],
+            "an image of the data set")  # fmt: skip
+    clip = f"retriever.checkpoint={tiny['clip']}"  # a retriever: without the check, the bags were written
+    refused(["bags", "build", clip, "--data", str(data), "--sizes", "2", "--out", str(alias), "--force"],
+            "an image of", str(image))  # fmt: skip
+    assert image.read_bytes() == before
+
+
 def test_train_never_replaces_the_recipe_nor_a_users_config(tiny, tmp_path):
     exp = tmp_path / "myexp"
     exp.mkdir()

@@ -26,7 +26,7 @@ from finecap.data.references import load_references
 from finecap.data.truematch import Bag, build_bags, family_purity, keep_hardest, random_bag_purity, record_embeddings
 from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
-from finecap.outputs import check_output_file, write_output_json
+from finecap.outputs import check_not_among, check_output_file, write_output_json
 from finecap.train.fingerprint import bags_data_fingerprint
 from finecap.train.prepare import prepare
 
@@ -64,8 +64,8 @@ def main(
 ) -> dict[str, Any]:  # fmt: skip
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
     JSON written and logs one line per size (with family purity on a world with families). ``out`` may not be the
-    data set (nor ``recipe``, the file the configuration came from), nor an existing file finecap did not make unless
-    ``force``."""
+    data set or one of its images (nor ``recipe``, the file the configuration came from), nor an existing file finecap
+    did not make unless ``force``."""
     size_list = parse_sizes(sizes)
     data_set = data or cfg.data.path or world_path(cfg.world)
     inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe}
@@ -73,6 +73,8 @@ def main(
     if data is None:
         prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data
     refs = load_references(cfg, data, split=split, check_images=True)
+    check_not_among(out, [r.path for r in refs.records if not r.embedded], what=f"an image of {refs.path}",
+                    option="--out")  # fmt: skip
     records = select_captions(refs.records, cfg.bags.text_from, refs.path, key="bags.text_from")
     if size_list[-1] > len(records):  # said before the split is embedded, naming the option and the split
         raise ValueError(f"--sizes: a bag of {size_list[-1]} needs {size_list[-1]} images; split {split!r} of "

@@ -60,6 +60,7 @@ from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
 from finecap.outputs import (
     OutputRefused,
+    check_not_among,
     check_not_input,
     check_output_file,
     check_writable,
@@ -377,7 +378,8 @@ def main(
     docstring). A ``cfg`` given by a caller is used as it is (its ``data.path`` replaced by ``data`` when given).
     ``skip_bad_images``: ``data.skip_bad_images=true`` (images that do not decode left out and counted). Runs on every
     process of an ``accelerate launch``; only the main process writes. ``out`` may not be one of the inputs (the
-    checkpoint's folder, the data set, the images), nor an existing file finecap did not make unless ``force``.
+    checkpoint's folder, the data set or an image it names, the images), nor an existing file finecap did not make
+    unless ``force``.
 
     In one process, captions are kept as they are made in ``<out>.partial.jsonl`` (:class:`PartialResults`): a
     stopped run says how many, and the same call again resumes from them (``force``: starts over), writing ``out``
@@ -430,6 +432,9 @@ def main(
                 f"{e.found}; the run's own data set is split as it was trained (another split would hold images it "
                 "trained or validated on): caption images it never saw with --images FOLDER, or --data FILE"
             ) from None
+        # an image beside the data set's file lies in no folder of the inputs checked above
+        check_not_among(out, [r.path for r in kept if not r.embedded], what="an image of the data set",
+                        option="--out")  # fmt: skip
     parts = ["captioner"] if setup.data_from_command_line or files is not None else ["captioner", "data"]
     checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
     accelerator = make_accelerator(cfg.train)

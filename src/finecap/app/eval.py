@@ -67,7 +67,7 @@ from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
 from finecap.metrics.group import metric_group
 from finecap.metrics.suite import CAPTION_METRICS, evaluate_items, parse_metrics, unavailable_reason
-from finecap.outputs import check_outputs, strict_json, write_output_json
+from finecap.outputs import check_not_among, check_outputs, strict_json, write_output_json
 
 Format = Literal["table", "json", "coco"]
 FORMATS = ("table", "json", "coco")
@@ -110,8 +110,9 @@ def main(
 
     ``out`` and ``per_image`` may not name an input (the predictions, the references, the bags, the instances and
     questions files, given as options or in the configuration, the ``recipe`` the configuration was read from), nor
-    be or lie inside the image folder (``images``, else ``data.images``): refused even with ``force``; nor replace an
-    existing file finecap did not make unless ``force`` (:mod:`finecap.outputs`).
+    be or lie inside the image folder (``images``, else ``data.images``), nor be an image file the references name:
+    refused even with ``force``; nor replace an existing file finecap did not make unless ``force``
+    (:mod:`finecap.outputs`).
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -201,6 +202,10 @@ def _main(
         refs = _carried_references(Path(predictions), pred_format, read.references)
     else:
         raise ValueError(f"--references: required: {predictions} holds {pred_format} predictions, without references")
+    for option, path in (("--out", out), ("--per-image", per_image)):  # an image beside the references: no folder
+        if path is not None:  # of check_outputs holds it
+            check_not_among(path, [r.path for r in refs.records if not r.embedded],
+                            what=f"an image of the references {refs.path}", option=option)  # fmt: skip
     by_id = {r.image_id: r for r in refs.records}
     numbers = file_numbers(refs)
     matched = match_ids(list(results), refs, numbers)
