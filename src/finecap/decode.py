@@ -291,6 +291,8 @@ def sample(
     Uses ``generator`` (or torch's global RNG); with ``seeds (B,)`` (one integer per image) the draws are instead a
     function of (image seed, sample number, position) only (:func:`seeded_gumbel`), so an image's samples do not
     depend on the batch it is decoded in. Returned log-probs are of the untempered model (module docstring).
+    ``generator`` must be on the device of the stepper's logits (``torch.Generator(device="cuda")`` for a model on a
+    GPU; ``torch.multinomial`` draws with it there): another device is a ``ValueError`` naming both.
     """
     _expect_strategy(cfg, "sample")
     n, temperature, top_k, top_p = cfg.num_return_sequences, cfg.temperature, cfg.top_k, cfg.top_p
@@ -305,6 +307,11 @@ def sample(
         if keys is not None:  # Gumbel-max: argmax(log p + G) is a draw from p
             noise = seeded_gumbel(keys.to(scaled.device), t, scaled.shape[1])  # (N, V)
             return (scaled.double() + noise).argmax(dim=-1)  # (N,)
+        if generator is not None and generator.device != scaled.device:  # torch.multinomial's own error is CUDA's
+            raise ValueError(
+                f"sample: the generator is on {generator.device}, the logits on {scaled.device}; make it on theirs "
+                f"(torch.Generator(device={str(scaled.device)!r})), or pass seeds"
+            )
         return torch.multinomial(scaled.softmax(dim=-1), 1, generator=generator).squeeze(1)  # (N,)
 
     return _token_loop(stepper, features, cfg.max_length, stop_ids, pad_id, choose, n)

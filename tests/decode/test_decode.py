@@ -368,6 +368,27 @@ def test_sampling_frequencies_follow_the_tempered_distribution():
     assert torch.allclose(gen.token_logprobs[:, 0], expected, atol=1e-6)
 
 
+class OnDevice(TableStepper):
+    """The toy LM with its logits moved to ``device``."""
+
+    def __init__(self, vocab: int, device: str) -> None:
+        super().__init__(vocab)
+        self.device = device
+
+    def _out(self, state):
+        return super()._out(state).to(self.device)
+
+
+def test_sampling_refuses_a_generator_on_another_device_than_the_logits():
+    # a CPU generator with a model on a GPU failed inside torch.multinomial (CUDA's check); "meta" stands in for the
+    # other device here: torch.multinomial draws there without a word, so only finecap's check can refuse it
+    cfg = sample_cfg(4, num_return_sequences=1)
+    with pytest.raises(ValueError, match=r"the generator is on cpu, the logits on meta; .*device='meta'"):
+        sample(OnDevice(5, "meta"), images(0), cfg, [EOS], PAD, generator=torch.Generator().manual_seed(0))
+    gen = sample(OnDevice(5, "cpu"), images(0, 1), cfg, [EOS], PAD, generator=torch.Generator().manual_seed(0))
+    assert gen.image_index.tolist() == [0, 1]  # the same device: drawn
+
+
 def test_top_p_sampling_never_leaves_the_nucleus():
     # p = [.5, .3, .2]: top_p .6 keeps EOS and A (preceding mass 0 and .5 < .6), never B
     s = TableStepper(4, {(): [0, 0.5, 0.3, 0.2]})
