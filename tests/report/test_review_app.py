@@ -20,6 +20,7 @@ from finecap.app.review import create_app, default_out, resolve_under
 from finecap.data.bags_file import read_bags
 from finecap.data.curation import decisions_path
 from finecap.data.records import DataError
+from finecap.outputs import OutputRefused
 
 
 @pytest.fixture
@@ -349,6 +350,19 @@ def test_start_checks_the_image_folder_and_the_data(fabricated_run, tiny_world, 
     other.write_text(json.dumps({"data": os.path.relpath(tiny_world / "dataset.json", tmp_path),
                                  "bags": json.loads(bags.read_text())["bags"]}))  # fmt: skip
     assert create_app(other, tiny_world / "images").test_client().get("/bag/3/0").status_code == 200
+
+
+def test_the_curated_file_is_never_written_into_the_image_folder(fabricated_run, tiny_world, tmp_path):
+    """`finecap bags review bags.json --images DIR --out DIR/curated.json` wrote the curated file, its decisions file
+    and a lock file into the user's image folder: the image folder is one of the command's inputs."""
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    images = shutil.copytree(tiny_world / "images", tmp_path / "images")
+    before = sorted(p.relative_to(images) for p in images.rglob("*"))
+    for out in (images / "curated.json", images / "test" / "curated.json", images):
+        with pytest.raises(OutputRefused, match=f"--out: {out} .*--images"):
+            create_app(bags, images, out=out)
+    assert sorted(p.relative_to(images) for p in images.rglob("*")) == before
 
 
 def test_a_bags_file_whose_data_changed_is_refused_at_start(tiny_world, tmp_path, capsys):

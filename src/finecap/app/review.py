@@ -60,6 +60,7 @@ from finecap.data.curation import BagCuration, CurationBusy
 from finecap.data.images import ImageLimits, check_image_file, decode_image, encode_image
 from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
+from finecap.outputs import check_not_input
 from finecap.report.html import TEMPLATES, printed
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
@@ -203,7 +204,8 @@ def create_app(
     ``host`` is the address the server binds (it decides which ``Host`` headers are accepted); ``token``, required
     when ``host`` is beyond loopback, is the access token every request must present (module docstring). Once every
     start check passed, the curated and decisions files are rebuilt from the decisions file (``rebuild``; :func:`main`
-    does it itself once the server is bound, so that a port in use writes nothing either)."""
+    does it itself once the server is bound, so that a port in use writes nothing either). ``out`` may be none of
+    the inputs (the bags file, ``data``) nor lie in the image folder (:func:`finecap.outputs.check_not_input`)."""
     cfg = cfg if cfg is not None else load()
     limits = ImageLimits.of(cfg.data)  # the budget the bags' run read its images with, not the defaults
     bags_path, root = Path(bags), Path(images)
@@ -211,7 +213,9 @@ def create_app(
         raise FileNotFoundError(f"--images {root}: not a folder")
     if token is None and not is_loopback(host):
         raise ValueError(f"--host {host}: serving beyond this machine needs an access token (--token)")
-    curation = BagCuration(bags_path, out if out is not None else default_out(bags_path), rebuild=False)
+    out_path = Path(out) if out is not None else default_out(bags_path)  # its decisions file is beside it
+    check_not_input(out_path, {"--bags": bags_path, "--images": root, "--data": data}, option="--out")
+    curation = BagCuration(bags_path, out_path, rebuild=False)
     records: dict[Hashable, Record] = {}
     served: dict[Hashable, str] = {}
     if curation.keys():
