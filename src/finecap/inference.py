@@ -64,9 +64,9 @@ def load_for_captioning(checkpoint: str | Path, cfg: Config, device: torch.devic
     on the CPU and is moved. Every entry point that captions loads through here (``finecap caption``,
     :class:`finecap.api.Captioner`). Loading is strict (:mod:`finecap.models.strict`): weights that do not fit the
     model, or hold NaN or infinity (a diverged run's weights caption nothing, silently), are a
-    :class:`~finecap.runs.CheckpointError` naming the file. A captioner ``cfg`` says was trained with SMILE's
-    first-token shifting writes its captions without the shift token
-    (:func:`finecap.objectives.smile.decode_unshifted`).
+    :class:`~finecap.runs.CheckpointError` naming the file. A captioner whose weights were trained with SMILE's
+    first-token shifting (``cfg`` says so, or its ``captioner.json`` records it: an RL run started from such weights,
+    an export) writes its captions without the shift token (:func:`finecap.objectives.smile.decode_unshifted`).
     """
     from finecap.models.backbones import load_captioner
     from finecap.models.memory import LoadOptions, loading_onto

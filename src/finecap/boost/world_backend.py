@@ -73,11 +73,16 @@ def expert_hint(path: Path, cfg: Config) -> str:
 
 class WorldVLM:
     """The visual expert: a captioner checkpoint (``boost.vlm_model``; the demo's is a ClipCap) decoding greedily,
-    up to ``data.max_tokens`` tokens (dense captions reach 41), on the frozen-feature cache of ``cfg``."""
+    up to ``data.max_tokens`` tokens (dense captions reach 41), on the frozen-feature cache of ``cfg``. A checkpoint
+    whose weights were trained with SMILE's first-token shifting writes its captions without the shift token
+    (:func:`finecap.objectives.smile.decode_unshifted`: its ``captioner.json``'s record, or its run's configuration),
+    and its :meth:`identity` names the shift."""
 
     def __init__(self, checkpoint: str | Path, cfg: Config, batch_size: int = 256) -> None:
+        from finecap.config import load_stored
         from finecap.models.backbones import load_captioner
-        from finecap.runs import model_dir
+        from finecap.objectives.smile import decode_unshifted
+        from finecap.runs import model_dir, stored_config
 
         path = Path(checkpoint)
         if not path.exists():
@@ -86,6 +91,8 @@ class WorldVLM:
         self.path = model_dir(path)
         self.weights = weights_stamp(self.path, ("*.safetensors",))  # read once: the identity of every request
         self.model = load_captioner(self.path).eval()  # any backbone's checkpoint (the demo trains a ClipCap)
+        stored = stored_config(path)  # its captions without the shift token of SMILE-shifted weights
+        decode_unshifted(self.model, load_stored(stored) if stored is not None else None)
         self.cfg = cfg
         limit = self.model.max_caption_tokens or 10**6
         self.decode = dataclasses.replace(
@@ -94,8 +101,10 @@ class WorldVLM:
         )  # fmt: skip
 
     def identity(self) -> dict[str, Any]:
+        shift = self.model.first_token_shift  # named only when set: an unshifted expert's answers keep their keys
         return {"backend": "world-vlm", "checkpoint": str(self.path.resolve()), "weights": self.weights,
-                "decode": dataclasses.asdict(self.decode)}  # fmt: skip
+                "decode": dataclasses.asdict(self.decode),
+                **({"first_token_shift": shift} if shift else {})}  # fmt: skip
 
     def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
         import torch

@@ -101,6 +101,28 @@ def set_module_path(root: Any, path: str, value: Any) -> None:
     setattr(module_path(root, parent) if parent else root, name, value)
 
 
+SHIFT_KEY = "first_token_shift"
+"""The ``captioner.json`` key of :attr:`CaptionerBase.first_token_shift` (written only for shifted weights)."""
+
+
+def recorded_shift(meta: dict[str, Any], path: str | Path) -> dict[str, Any] | None:
+    """The first-token shift a ``captioner.json`` (``meta``, of the folder ``path``) records
+    (:attr:`CaptionerBase.first_token_shift`), ``None`` when it records none (every checkpoint written before
+    2026-11-28, and every unshifted one); one that is not ``{"form": "token", "token_id": <int>}`` or
+    ``{"form": "subword"}`` is a :class:`~finecap.runs.CheckpointError` naming the file."""
+    shift = meta.get(SHIFT_KEY)
+    if shift is None:
+        return None
+    ok = isinstance(shift, dict) and (
+        shift == {"form": "subword"}
+        or (set(shift) == {"form", "token_id"} and shift["form"] == "token" and type(shift["token_id"]) is int)
+    )
+    if not ok:
+        raise CheckpointError(f"{Path(path) / CONFIG_NAME}: {SHIFT_KEY} is {shift!r}, not "
+                              '{"form": "token", "token_id": <id>} or {"form": "subword"}')  # fmt: skip
+    return dict(shift)
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     """The ``captioner.json`` of a checkpoint folder; a folder without one, or one that is not a JSON object, is
     named."""
@@ -405,10 +427,17 @@ class CaptionerBase(nn.Module, abc.ABC):
 
     first_token_unshift: Mapping[int, int | None] | None = None
     """How the first token of each decoded caption is written in its text (:func:`finecap.decode.texts_of`:
-    ``{id: id written instead, or None: left out}``): set from the run's configuration for a captioner trained with
-    SMILE's first-token shifting, which starts its captions with the shift token
-    (:func:`finecap.objectives.smile.unshift_first_tokens`); ``None`` (the default): captions as decoded. finecap's
-    decoder and the vLLM engine both read it."""
+    ``{id: id written instead, or None: left out}``): set from :attr:`first_token_shift` for a captioner whose weights
+    start their captions with SMILE's shift token (:func:`finecap.objectives.smile.decode_unshifted`); ``None`` (the
+    default): captions as decoded. finecap's decoder and the vLLM engine both read it."""
+
+    first_token_shift: dict[str, Any] | None = None
+    """What these weights were trained to put first in every caption (SMILE's first-token shifting,
+    :func:`finecap.objectives.smile.shift_of`): ``{"form": "token", "token_id": id}`` or ``{"form": "subword"}``;
+    ``None``: a caption's own first word. :meth:`save` records it in ``captioner.json`` (:data:`SHIFT_KEY`, only when
+    set) and :meth:`from_checkpoint` reads it back, so it travels with the weights to every later loader, export and
+    run started from them; :func:`finecap.objectives.smile.decode_unshifted` turns it into
+    :attr:`first_token_unshift`."""
 
     def stop_token_ids(self, stop_at_period: bool = False) -> list[int]:
         """The tokens decoding stops at: :attr:`end_token_ids` and, with ``decode.stop_at_period``, the tokenizer's
@@ -578,6 +607,8 @@ class CaptionerBase(nn.Module, abc.ABC):
         # the base weights saved here are the source's only when adapters alone (and the modules they carry) learned
         meta["base_changed"] = bool(self.base_changed or not reproduces or self.train_lm and "lm" not in meta["lora"])
         meta["dtypes"] = memory.part_dtypes(self)
+        if self.first_token_shift is not None:  # absent otherwise: an unshifted captioner's file is as before
+            meta[SHIFT_KEY] = dict(self.first_token_shift)
         if masters:
             memory.save_float32_masters(self, out, state)
         write_json(out / CONFIG_NAME, meta)
@@ -620,6 +651,7 @@ class CaptionerBase(nn.Module, abc.ABC):
         # the folder's base is the source's when it recorded so, or (written before the record) held a whole adapter
         model.base_changed = bool(meta.get("base_changed", "adapter" not in meta))
         model.inherited_modules = frozenset(meta.get("adapter_modules", ()))
+        model.first_token_shift = recorded_shift(meta, path)
         return model
 
     def loaded_setting_differences(self, cfg: Config) -> list[tuple[str, Any, Any]]:

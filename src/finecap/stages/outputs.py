@@ -29,8 +29,9 @@ SAMPLES = 5
 
 
 def best_model(runner: StageRunner, stage: str) -> Any:
-    """The stage's best checkpoint as a captioner in eval mode, its captions written as its stage's configuration says
-    (without the shift token of SMILE's first-token shifting: :func:`finecap.objectives.smile.decode_unshifted`)."""
+    """The stage's best checkpoint as a captioner in eval mode, its captions written without the shift token of
+    SMILE's first-token shifting when its stage's configuration or its ``captioner.json`` says its weights emit one
+    (:func:`finecap.objectives.smile.decode_unshifted`)."""
     model = load_captioner(model_dir(runner.best_checkpoint(stage))).eval()
     return decode_unshifted(model, runner.stage_config(stage))
 
