@@ -30,6 +30,7 @@ from finecap.train.schedule import build_scheduler
 from finecap.train.setup import build_model, train_unit
 from finecap.train.state import config_changes
 from finecap.utils.rng import seed_everything
+from helpers.equivalence import LR, compare, weights
 from helpers.logged_keys import undocumented
 
 
@@ -225,6 +226,21 @@ def test_accumulated_micro_batches_are_weighted_by_their_items(make_cfg):
                           micro_batches=micro)  # fmt: skip
     assert torch.allclose(model.p.grad, torch.full((4,), 350.0))
     assert values["loss"] == 0.0 and values["grad_norm"] == pytest.approx(700.0)
+
+
+def test_a_last_batch_smaller_than_the_micro_batches_is_one_big_batchs_step(make_cfg):
+    # 200 examples, global batch 3 x 66 = 198: the second step's global batch holds 2 examples for 3 micro-batches,
+    # which repeat them ([a], [b], [a]). The copy takes part with weight 0, so the step is that of the 2 examples
+    # in one batch; counted, it doubled a's tokens (the step's logged loss was 4.2601 for 4.2541)
+    options = ["clipcap.tiny_dropout=0", "train.max_steps=2", "train.warmup_steps=0", "train.schedule=constant",
+               f"train.lr={LR}", "train.eval_every=0", "train.validators=[]"]  # fmt: skip
+    big = train(make_cfg(*options, "train.batch_size=198", run="big"))
+    accum = train(make_cfg(*options, "train.batch_size=66", "train.grad_accum_steps=3", run="accum"))
+    logged = [[e["values"] for e in read_metrics(run) if e["split"] == "train"] for run in (big, accum)]
+    assert [e["step"] for e in read_metrics(big) if e["split"] == "train"] == [1, 2]
+    for key in ("loss", "grad_norm"):
+        assert logged[1][1][key] == pytest.approx(logged[0][1][key], rel=1e-5), key
+    compare(weights(big), weights(accum), "1 x 66 x 3 accumulation steps, a last batch of 2, vs 1 x 198")
 
 
 def test_the_logged_loss_parts_are_the_steps_as_the_loss_is(make_cfg):

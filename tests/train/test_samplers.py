@@ -1,7 +1,14 @@
 import pytest
 import torch
 
-from finecap.data.samplers import RandomBatches, StepBatches, process_slice, shard, step_micro_batches
+from finecap.data.samplers import (
+    RandomBatches,
+    StepBatches,
+    process_slice,
+    repeated_micro_batches,
+    shard,
+    step_micro_batches,
+)
 
 
 def test_random_batches_reproducible_and_cover_each_index_once():
@@ -50,6 +57,18 @@ def test_micro_batches_cover_the_global_batch_whatever_the_split():
     for world, accum in ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4)):
         parts = [mb for r in range(world) for mb in step_micro_batches(batch, r, world, accum)]
         assert sorted(i for mb in parts for i in mb) == batch and all(parts)
+
+
+def test_the_micro_batches_not_marked_as_copies_are_the_global_batch_once():
+    # a global batch smaller than world x accum is repeated to fill every slice; the slices not marked as copies hold
+    # each of its examples exactly once (the engine gives the others weight 0), and larger batches have no copy
+    for size in range(1, 10):
+        batch = list(range(100, 100 + size))
+        for world, accum in ((1, 1), (2, 1), (1, 3), (2, 2), (3, 2), (2, 4)):
+            kept = [i for r in range(world) for mb, copy in zip(step_micro_batches(batch, r, world, accum),
+                                                                 repeated_micro_batches(size, r, world, accum),
+                                                                 strict=True) if not copy for i in mb]  # fmt: skip
+            assert kept == batch, (size, world, accum)
 
 
 def test_process_slice():

@@ -167,6 +167,22 @@ def step_micro_batches(batch: list[int], rank: int, world: int, accum: int) -> l
     return [shard(batch, rank * accum + a, world * accum) for a in range(accum)]
 
 
+def repeated_micro_batches(size: int, rank: int, world: int, accum: int) -> list[bool]:
+    """Which of process ``rank``'s ``accum`` micro-batches of a global batch of ``size`` examples are copies: when
+    ``size`` is below ``world * accum``, :func:`shard` repeats the examples to fill every slice (one example each),
+    and slice ``i = rank * accum + a`` is a copy of slice ``i - size`` exactly when ``i >= size``. The training
+    engine gives the copies no weight, so the step is that of the global batch itself.
+
+    Example::
+
+        >>> [repeated_micro_batches(3, r, 2, 2) for r in range(2)]  # slices [a], [b], [c], [a]
+        [[False, False], [False, True]]
+        >>> repeated_micro_batches(8, 1, 2, 2)
+        [False, False]
+    """
+    return [size <= rank * accum + a for a in range(accum)]
+
+
 class StepBatches(Sampler[list[int]]):
     """``batch_sampler`` of a DataLoader: this process's ``accum`` micro-batches of each global batch, in order, from
     global batch ``start`` on."""

@@ -12,9 +12,11 @@ global batch, whatever the split, every micro-batch's loss (a mean over its item
 for REINFORCE; ``ObjectiveOutput.num_items``) is weighted by its item count, and at the synchronising micro-batch the
 gradients are multiplied by ``processes x accumulation / (items of the global batch)``: DDP's average and
 accelerate's division by the accumulation steps are undone and the sum is divided by the global item count (the
-normalisation torchtune and transformers' Trainer use). Objectives with per-step state update it once per optimizer
-step (``end_step``); an objective that needs the whole step first gets this process's micro-batches before any of
-them runs (``begin_step``: the GRPO family rolls them all out there, for batch statistics of the global batch).
+normalisation torchtune and transformers' Trainer use). A global batch smaller than the micro-batches (an epoch's
+last) is repeated to fill them; the copies run with weight 0 (:func:`~finecap.data.samplers.repeated_micro_batches`).
+Objectives with per-step state update it once per optimizer step (``end_step``); an objective that needs the whole
+step first gets this process's micro-batches before any of them runs (``begin_step``: the GRPO family rolls them all
+out there, for batch statistics of the global batch).
 ``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x 2 accumulation
 steps, give the parameters of 1 process x batch 2b.
 
@@ -68,7 +70,7 @@ from finecap.config import TrainConfig
 from finecap.contract import StepInfo
 from finecap.data.datasets import to_device
 from finecap.data.loading import LoaderSettings
-from finecap.data.samplers import GlobalBatchSampler, StepBatches
+from finecap.data.samplers import GlobalBatchSampler, StepBatches, repeated_micro_batches
 from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, unwrap
 from finecap.runs import BEST, INFO_FILE, LAST, METRICS_FILE, STATE_DIR, TRACKERS_DIR, checkpoint_dir, temporary_dir
@@ -647,12 +649,15 @@ class Engine:
             f"{self.settings.lr:g}) or check the data, then resume or restart"
         )
 
-    def train_step(self, micro_batches: list[dict[str, Any]]) -> dict[str, float]:
+    def train_step(self, micro_batches: list[dict[str, Any]], copies: Sequence[bool] = ()) -> dict[str, float]:
         """One optimizer step over this process's micro-batches of a global batch; returns the values to log (total
         and per-part losses, objective metrics, lr, grad norm), averaged over the micro-batches; the total ``loss``
         and its parts ``loss/<name>`` are the step's: item-weighted means over every process's micro-batches (the
         loss whose gradient the step takes, and each part's share of it: ``loss = sum(w * loss/<name>)``), so they
-        do not change with the process count or accumulation."""
+        do not change with the process count or accumulation. ``copies``: which micro-batches repeat another's
+        examples (:func:`~finecap.data.samplers.repeated_micro_batches`, a global batch smaller than processes x
+        accumulation steps); they run (every process steps in step) with weight 0, so they add nothing to the
+        step's loss and gradient."""
         acc, model, optimizer = self.accelerator, self.model, self.optimizer
         if not model.training:  # a recursive walk over every module: only after an evaluation
             model.train()
@@ -668,12 +673,13 @@ class Engine:
         lr = optimizer.param_groups[0]["lr"]
         with acc.autocast():
             self.objective.begin_step(model, micro_batches)  # e.g. the GRPO family's rollouts of the whole step
-        for batch in micro_batches:
+        copies = list(copies) or [False] * len(micro_batches)
+        for batch, copy in zip(micro_batches, copies, strict=True):
             with acc.accumulate(model):
                 with acc.autocast():
                     out = self.objective(model, batch)
                     loss = weighted_loss(out.losses, self.settings.loss_weights)
-                items = num_items(out, batch)
+                items = 0.0 if copy else num_items(out, batch)  # a copy's items are counted where it was cut from
                 local_items += items
                 loss_value = loss.item()
                 parts = {f"loss/{k}": v.item() for k, v in out.losses.items()}
@@ -824,7 +830,9 @@ class Engine:
                 info = self.step_info(batches[state.position], fields)
                 micro_batches = [to_device({**mb, "step_info": info}, acc.device) for mb in pending]
                 pending = []
-                values = self.last_values = self.train_step(micro_batches)
+                copies = repeated_micro_batches(len(batches[state.position]), acc.process_index, acc.num_processes,
+                                                accum)  # fmt: skip
+                values = self.last_values = self.train_step(micro_batches, copies)
                 self.logger.add({**values, **described})
                 end_of_epoch = state.advance(len(batches))
                 epoch = state.epoch + state.position / len(batches)
