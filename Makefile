@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.finecap-installed
 
-.PHONY: install demo test test-fast doctest lint format bench browser vllm vllm-test adapters test-adapters gpu-check
+.PHONY: install demo test test-fast doctest lint format bench browser vllm vllm-test adapters test-adapters gpu-check bytecode
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -110,14 +110,21 @@ test-adapters: adapters
 	else echo "verl, ms-swift and OpenRLHF tests skipped: $$(cat $(ADAPTERS_FAILED) 2>/dev/null || \
 	  echo '$(ADAPTERS_VENV) was not built')"; fi
 
+# finecap's and the tests' modules compiled to bytecode once, before a test run: where PYTHONDONTWRITEBYTECODE is set
+# (this machine sets it), no process writes bytecode, so every Python process the tests start (a command run as a
+# subprocess, each process of a 2-process launch, the collection of each pair of test folders) would compile them
+# from source again. compileall writes regardless; Python reads a file's bytecode while its source is unchanged.
+bytecode: $(STAMP)
+	@$(BIN)/python -m compileall -q src tests benchmarks conftest.py > /dev/null
+
 # The docstring examples of src/finecap, a run of their own (--doctest-modules over the tests would collect each
 # folder's conftest.py as a module, all named `conftest`); their names come from the root conftest.py.
-doctest: $(STAMP)
+doctest: bytecode
 	$(BIN)/python -m pytest -q --doctest-modules src/finecap
 
 # The fast suite: plain `pytest` (the tests marked slow left out) on both cores. Any folder runs alone too:
 # `pytest tests/serve`.
-test-fast: $(STAMP)
+test-fast: bytecode
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal
 
 # The whole suite: the slow tests too (plain `pytest` leaves them out, pyproject.toml's addopts), on both cores of
@@ -127,7 +134,7 @@ test-fast: $(STAMP)
 # output kept in $(VLLM_VENV)/build.log and printed after: on a fresh clone that hides its ~75 s.
 # (Named through a variable: a recipe line that says $$(MAKE) itself runs even under `make -n`, pytest included.)
 BUILD_VLLM = $(MAKE) --no-print-directory vllm
-test: $(STAMP) browser
+test: bytecode browser
 	$(BIN)/ruff check src tests benchmarks conftest.py
 	$(BIN)/ruff format --check src tests benchmarks conftest.py
 	@mkdir -p $(VLLM_VENV) && { $(BUILD_VLLM) > $(VLLM_VENV)/build.log 2>&1 & } && \
