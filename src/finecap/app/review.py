@@ -205,7 +205,9 @@ def create_app(
     when ``host`` is beyond loopback, is the access token every request must present (module docstring). Once every
     start check passed, the curated and decisions files are rebuilt from the decisions file (``rebuild``; :func:`main`
     does it itself once the server is bound, so that a port in use writes nothing either). ``out`` may be none of
-    the inputs (the bags file, ``data``) nor lie in the image folder (:func:`finecap.outputs.check_not_input`)."""
+    the inputs (the bags file, ``data``) nor, when given, lie in the image folder
+    (:func:`finecap.outputs.check_not_input`); the default, beside the bags file, may (a bags file kept among the
+    images)."""
     cfg = cfg if cfg is not None else load()
     limits = ImageLimits.of(cfg.data)  # the budget the bags' run read its images with, not the defaults
     bags_path, root = Path(bags), Path(images)
@@ -214,7 +216,10 @@ def create_app(
     if token is None and not is_loopback(host):
         raise ValueError(f"--host {host}: serving beyond this machine needs an access token (--token)")
     out_path = Path(out) if out is not None else default_out(bags_path)  # its decisions file is beside it
-    check_not_input(out_path, {"--bags": bags_path, "--images": root, "--data": data}, option="--out")
+    inputs = {"--bags": bags_path, "--data": data}
+    if out is not None:  # the default lies beside the bags file: where the user keeps it, in the image folder or not
+        inputs["--images"] = root
+    check_not_input(out_path, inputs, option="--out")
     curation = BagCuration(bags_path, out_path, rebuild=False)
     records: dict[Hashable, Record] = {}
     served: dict[Hashable, str] = {}
