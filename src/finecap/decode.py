@@ -542,7 +542,7 @@ def texts_of(
     ``first_tokens``: how a row's *first* token is written, ``{id: id written instead, or None: left out}`` (ids not
     in it are written as they are): the captioner's
     :attr:`~finecap.models.base.CaptionerBase.first_token_unshift`, which undoes SMILE's first-token shifting for a
-    captioner trained with it (:func:`finecap.objectives.smile.unshift_first_tokens`). ``Generation.sequences``
+    captioner trained with it (:func:`finecap.models.first_token.unshift_first_tokens`). ``Generation.sequences``
     keep the ids decoded (their log-probs are of those).
 
     >>> from finecap.models.tokenizer import world_tokenizer

@@ -66,11 +66,11 @@ def load_for_captioning(checkpoint: str | Path, cfg: Config, device: torch.devic
     model, or hold NaN or infinity (a diverged run's weights caption nothing, silently), are a
     :class:`~finecap.runs.CheckpointError` naming the file. A captioner whose weights were trained with SMILE's
     first-token shifting (``cfg`` says so, or its ``captioner.json`` records it: an RL run started from such weights,
-    an export) writes its captions without the shift token (:func:`finecap.objectives.smile.decode_unshifted`).
+    an export) writes its captions without the shift token (:func:`finecap.models.first_token.decode_unshifted`).
     """
     from finecap.models.backbones import load_captioner
+    from finecap.models.first_token import decode_unshifted
     from finecap.models.memory import LoadOptions, loading_onto
-    from finecap.objectives.smile import decode_unshifted
     from finecap.runs import model_dir
 
     with loading_onto(device):

@@ -203,8 +203,9 @@ def test_subword_shift_moves_each_first_token_to_its_own_sub_word_form():
     finecap could only put one id first in every caption, so "two ..." became "##a ..." and lost its first word;
     smile.shift_form=subword shifts each to its own form, the unknown token where the vocabulary has none, as
     convert_tokens_to_ids makes it in the released code."""
+    from finecap.models.first_token import subword_alternatives
     from finecap.models.tokenizer import world_tokenizer
-    from finecap.objectives.smile import SmileObjective, shift_first_tokens, subword_alternatives
+    from finecap.objectives.smile import SmileObjective, shift_first_tokens
 
     tok = world_tokenizer(["a", "two", "cat", "##a", "##two"])  # <unk> 1, <eos> 4; ids 5 .. 9
     vocab = tok.get_vocab()
@@ -337,8 +338,8 @@ def test_a_subword_shifted_captioners_first_token_is_written_as_its_word():
     greedy decoding and beam search alike, and leaves out the unknown token that stood for words without a form."""
     from finecap.config import Config, DecodeConfig, TrainConfig
     from finecap.decode import Generation, decode, texts_of
+    from finecap.models.first_token import unshift_first_tokens
     from finecap.models.tokenizer import world_tokenizer
-    from finecap.objectives.smile import unshift_first_tokens
 
     tok = world_tokenizer(["a", "two", "dog", "##a", "##two"])  # <unk> 1, <eos> 4; ids 5 .. 9
     a, two, dog, sub_a, sub_two = (tok.convert_tokens_to_ids(w) for w in ("a", "two", "dog", "##a", "##two"))

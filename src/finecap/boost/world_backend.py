@@ -75,13 +75,13 @@ class WorldVLM:
     """The visual expert: a captioner checkpoint (``boost.vlm_model``; the demo's is a ClipCap) decoding greedily,
     up to ``data.max_tokens`` tokens (dense captions reach 41), on the frozen-feature cache of ``cfg``. A checkpoint
     whose weights were trained with SMILE's first-token shifting writes its captions without the shift token
-    (:func:`finecap.objectives.smile.decode_unshifted`: its ``captioner.json``'s record, or its run's configuration),
+    (:func:`finecap.models.first_token.decode_unshifted`: its ``captioner.json``'s record, or its run's configuration),
     and its :meth:`identity` names the shift."""
 
     def __init__(self, checkpoint: str | Path, cfg: Config, batch_size: int = 256) -> None:
         from finecap.config import load_stored
         from finecap.models.backbones import load_captioner
-        from finecap.objectives.smile import decode_unshifted
+        from finecap.models.first_token import decode_unshifted
         from finecap.runs import model_dir, stored_config
 
         path = Path(checkpoint)

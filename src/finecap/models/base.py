@@ -428,15 +428,15 @@ class CaptionerBase(nn.Module, abc.ABC):
     first_token_unshift: Mapping[int, int | None] | None = None
     """How the first token of each decoded caption is written in its text (:func:`finecap.decode.texts_of`:
     ``{id: id written instead, or None: left out}``): set from :attr:`first_token_shift` for a captioner whose weights
-    start their captions with SMILE's shift token (:func:`finecap.objectives.smile.decode_unshifted`); ``None`` (the
+    start their captions with SMILE's shift token (:func:`finecap.models.first_token.decode_unshifted`); ``None`` (the
     default): captions as decoded. finecap's decoder and the vLLM engine both read it."""
 
     first_token_shift: dict[str, Any] | None = None
     """What these weights were trained to put first in every caption (SMILE's first-token shifting,
-    :func:`finecap.objectives.smile.shift_of`): ``{"form": "token", "token_id": id}`` or ``{"form": "subword"}``;
+    :func:`finecap.models.first_token.shift_of`): ``{"form": "token", "token_id": id}`` or ``{"form": "subword"}``;
     ``None``: a caption's own first word. :meth:`save` records it in ``captioner.json`` (:data:`SHIFT_KEY`, only when
     set) and :meth:`from_checkpoint` reads it back, so it travels with the weights to every later loader, export and
-    run started from them; :func:`finecap.objectives.smile.decode_unshifted` turns it into
+    run started from them; :func:`finecap.models.first_token.decode_unshifted` turns it into
     :attr:`first_token_unshift`."""
 
     def stop_token_ids(self, stop_at_period: bool = False) -> list[int]:

@@ -17,7 +17,7 @@ from finecap.data.records import id_from_key
 from finecap.data.results import read_results, write_results
 from finecap.metrics.suite import evaluate_items
 from finecap.models.backbones import load_captioner
-from finecap.objectives.smile import decode_unshifted
+from finecap.models.first_token import decode_unshifted
 from finecap.runs import model_dir
 from finecap.stages.runner import StageRunner
 from finecap.utils.files import write_json
@@ -31,7 +31,7 @@ SAMPLES = 5
 def best_model(runner: StageRunner, stage: str) -> Any:
     """The stage's best checkpoint as a captioner in eval mode, its captions written without the shift token of
     SMILE's first-token shifting when its stage's configuration or its ``captioner.json`` says its weights emit one
-    (:func:`finecap.objectives.smile.decode_unshifted`)."""
+    (:func:`finecap.models.first_token.decode_unshifted`)."""
     model = load_captioner(model_dir(runner.best_checkpoint(stage))).eval()
     return decode_unshifted(model, runner.stage_config(stage))
 

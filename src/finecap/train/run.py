@@ -44,11 +44,12 @@ from finecap.home import run_path, world_path
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import sharding
 from finecap.models.backbones import check_before_building, reads_world_encoder
+from finecap.models.first_token import unshift_as
 from finecap.models.memory import check_attention
 from finecap.models.retriever import Retriever, SharedRetrievers, retriever_path
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
-from finecap.objectives.smile import training_shift, unshift_as, validation_shift_token
+from finecap.objectives.smile import training_shift, validation_shift_token
 from finecap.outputs import check_not_input, check_replaceable, write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
 from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
