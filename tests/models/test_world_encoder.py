@@ -186,6 +186,31 @@ def test_probe_writes_numbers_and_bar(tiny, tmp_path):
     assert mine.read_text() == '{"my": "notes"}'
 
 
+def test_probe_refuses_an_out_inside_the_world_or_unwritable_before_its_work(tiny, tmp_path, monkeypatch):
+    # --out inside the world folder the probe reads was written there (other commands refuse an output inside a
+    # folder input), and an --out no file can be written at was found only after the probe's work
+    cfg, path = tiny
+    world = Path(cfg.world.out)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the probe worked before checking --out")
+
+    monkeypatch.setattr(ar, "read_world", boom)
+    monkeypatch.setattr(ar, "ensure_world_encoder", boom)
+    inside = world / "probe.json"
+    with pytest.raises(ValueError, match=r"--out: .*probe.json lies inside the command's world"):
+        ar.probe((path, world), out=inside, progress=False)
+    config = load(None, [*TINY, f"world.out={world}", f"run.cache_dir={cfg.run.cache_dir}"])
+    with pytest.raises(ValueError, match=r"--out: .*probe.json lies inside the command's world"):
+        ar.probe(config, out=inside, progress=False)
+    assert not inside.exists()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match=r"--out: .*a-file is not a folder"):
+        ar.probe((path, world), out=tmp_path / "a-file" / "probe.json", progress=False)
+    with pytest.raises(ValueError, match=r"--out: .*a-file is not a folder"):
+        ar.probe(config, out=tmp_path / "a-file" / "probe.json", progress=False)
+
+
 def test_probe_of_a_configuration_reads_captions_as_its_retriever_long_text_says(tiny, tmp_path):
     # retriever.checkpoint: a CLIP whose text window (16 tokens) is shorter than the world's dense captions. The probe
     # loaded it with the default long_text=truncate, so with long_text=error its dense R@1 was silently scored on

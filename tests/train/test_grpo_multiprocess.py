@@ -53,6 +53,8 @@ def test_two_processes_equal_one_with_the_same_global_batch(world_args, clip_dir
     # the logged values of 2 processes are the mean of each process's; the reward mean is the same either way
     assert a["reward"] == pytest.approx(b["reward"], rel=1e-6)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5) and a["grad_norm"] > 0
+    for key in ("advantage/min", "advantage/max", "ratio/min", "ratio/max"):  # the extremes over both processes
+        assert a[key] == pytest.approx(b[key], rel=1e-6), key
     mine = ClipCap.from_checkpoint(model_dir(checkpoint_dir(one, "last")), load_encoder=False).state_dict()
     theirs = ClipCap.from_checkpoint(model_dir(checkpoint_dir(tmp_path / "two", "last")), load_encoder=False)
     diffs = torch.cat([(mine[k].float() - v.float()).abs().flatten() for k, v in theirs.state_dict().items()])

@@ -72,6 +72,9 @@ def test_accumulation_gives_the_weights_of_one_big_batch(make_cfg):
     assert (diffs > 1e-6).float().mean().item() <= 1e-3 and diffs.max().item() <= 0.05 * 1e-3  # as test_equivalence
     one, two = train_values(big)[0], train_values(accum)[0]
     assert one["reward"] == pytest.approx(two["reward"], rel=1e-6)
+    # the step's extremes are those of the union batch (a mean of the micro-batches' minima was logged before)
+    for key in ("advantage/min", "advantage/max", "ratio/min", "ratio/max"):
+        assert one[key] == pytest.approx(two[key], rel=1e-6), key
     assert one["grad_norm"] == pytest.approx(two["grad_norm"], rel=1e-4) and one["grad_norm"] > 0
 
 

@@ -288,6 +288,42 @@ def test_a_value_no_caption_defined_is_left_out_of_the_logged_means(make_cfg, mo
     assert mean_over_processes({}, two) == {"reward": 0.3, "m": 2.0}
 
 
+class ExtremesOfTheBatch:
+    """Objective logging the micro-batch's ``advantage/min|max`` and their mean, as the GRPO family does."""
+
+    def __call__(self, model, batch):
+        adv = batch["advantages"]
+        metrics = {"advantage/min": min(adv), "advantage/max": max(adv), "advantage_mean": sum(adv) / len(adv)}
+        return ObjectiveOutput(losses={"a": model.p.sum()}, metrics=metrics, num_items=1)
+
+
+def test_a_logged_extreme_is_the_extreme_of_the_micro_batches_steps_and_processes(make_cfg, monkeypatch):
+    # advantage/min of a step cut into micro-batches [-1, 2] and [-3, 0] is -3, the union's minimum; a mean of the
+    # minima (-2) changed with the cut. The log window and the processes reduce extremes as extremes too (min of
+    # the minima), while the other values stay means
+    _, engine = _engine(make_cfg, ExtremesOfTheBatch(), "train.grad_accum_steps=2")
+    logged = []
+    monkeypatch.setattr(engine.accelerator, "log", lambda values, step: logged.append(values))
+    first = engine.train_step([{"advantages": [-1.0, 2.0]}, {"advantages": [-3.0, 0.0]}])
+    assert (first["advantage/min"], first["advantage/max"], first["advantage_mean"]) == (-3.0, 2.0, -0.5)
+    engine.logger.add(first)
+    engine.logger.add(engine.train_step([{"advantages": [-2.0, 5.0]}, {"advantages": [1.0, 4.0]}]))  # -2, 5; 2
+    engine.logger.flush_train(2, 0.2)
+    assert (logged[-1]["train/advantage/min"], logged[-1]["train/advantage/max"]) == (-3.0, 5.0)
+    assert logged[-1]["train/advantage_mean"] == 0.75  # (-0.5 + 2) / 2
+    parts = [{"ratio/min": 0.9, "ratio/max": 1.2}, {"ratio/min": 0.7, "ratio/max": 1.1}]  # 2 processes' values
+    monkeypatch.setattr("finecap.train.logging.gather_object", lambda x: parts)
+    two = type("TwoProcesses", (), {"num_processes": 2})()
+    assert mean_over_processes({}, two) == {"ratio/min": 0.7, "ratio/max": 1.2}
+    # a pending window saved before extremes were reduced so (no "extremes" in the state) held their sum: it is
+    # taken as their mean, what that run would have logged; a state saved now keeps the extreme
+    engine.logger.load_state_dict({"sums": {"advantage/min": -4.0}, "counts": {"advantage/min": 2}})
+    assert engine.logger.means() == {"advantage/min": -2.0}
+    engine.logger.add({"advantage/min": -1.0})
+    engine.logger.load_state_dict(engine.logger.state_dict())
+    assert engine.logger.means() == {"advantage/min": -2.0}
+
+
 def test_init_from_starts_from_a_checkpoint(make_cfg):
     first = train(make_cfg("train.max_steps=2", run="first"))
     start = checkpoint_dir(first, "best")

@@ -47,13 +47,15 @@ from torch import nn
 from finecap.config import Config
 from finecap.data.formats.world import read_world
 from finecap.home import cache_dir as resolve_cache_dir
+from finecap.home import world_path
 from finecap.metrics.retrieval import random_distractors, rd_retrieval
 from finecap.models.retriever import Retriever, load_retriever
 from finecap.models.world_encoder import (
     MAIN_LABELS,
+    encoder_dir,
     load_split,
 )
-from finecap.outputs import check_output_file, check_replaceable, write_output_json
+from finecap.outputs import check_output_file, check_replaceable, check_writable, write_output_json
 from finecap.train.world_encoder import ensure_world_encoder
 from finecap.utils.reading import read_json
 from finecap.world.facts import facts, is_true
@@ -145,7 +147,8 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
             :func:`~finecap.models.retriever.load_retriever`: its captions read as ``retriever.long_text`` says) or
             ``(encoder_dir, world_dir)`` (``long_text=truncate``).
         out: JSON file for the results (default ``<encoder_dir>/probe.json``, never over a file finecap did not
-            make; a Hub checkpoint has no folder: then ``out`` is needed).
+            make; a Hub checkpoint has no folder: then ``out`` is needed); checked before the world, the encoder or
+            the probe is made (:func:`probe_out`).
         ceiling: also compute the oracle R@1 ceiling of reference captions (:func:`retrieval_ceiling`).
 
     Probes are fitted on the training split's features and scored on the test split: main object ``shape``,
@@ -156,12 +159,15 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
     cache_dir: Path | None = None
     if isinstance(cfg_or_paths, Config):
         cfg = cfg_or_paths
+        trained = not cfg.retriever.checkpoint  # the world encoder, trained below when missing
+        probe_out(out, cfg.retriever.checkpoint or encoder_dir(cfg), world_path(cfg.world), trained)  # before work
         world, cache_dir = ensure_world(cfg, make=True, progress=progress), resolve_cache_dir(cfg.run)
         enc = cfg.retriever.checkpoint or str(ensure_world_encoder(cfg, progress=progress))
         t0 = time.perf_counter()  # the probe's time: the world and encoder made above are not part of it
         retriever = load_retriever(cfg)  # as the metrics and the reward read it: retriever.long_text, its batch size
     else:
         enc, world = str(cfg_or_paths[0]), Path(cfg_or_paths[1])
+        probe_out(out, enc, world)
         t0 = time.perf_counter()
         retriever = Retriever.from_pretrained(enc)
     records = read_world(world)
@@ -211,17 +217,32 @@ def probe(cfg_or_paths: Config | tuple[str | Path, str | Path], out: str | Path 
         result["train_seconds"] = meta.get("train_seconds")
         result["in_batch_accuracy"] = meta.get("in_batch_accuracy")
     result["probe_seconds"] = round(time.perf_counter() - t0, 1)
-    if out is None and not Path(enc).is_dir():  # a Hub name: no folder of its own, and never the working directory
-        raise ValueError(f"retriever probe: {enc} is no local folder to keep probe.json in; give --out FILE")
-    if out is not None:  # the user's path: not an input, not a file of theirs
-        check_output_file(out, {"the retriever": enc}, force=False, kind="probe", force_flag=None)
-    else:  # beside the retriever, never over a file of the user's there (a probe.json of theirs was replaced)
-        out = Path(enc) / "probe.json"
-        check_replaceable(out, force=False, option="--out", kind="probe", force_flag=None)
-    out = Path(out)
+    out = probe_out(out, enc, world)  # again: the encoder trained above holds the default, a file may have appeared
+    assert out is not None
     write_output_json(out, result, "probe")
     result["out"] = str(out)
     return result
+
+
+def probe_out(out: str | Path | None, enc: str | Path, world: Path, trained: bool = False) -> Path | None:
+    """The file :func:`probe` writes for ``out`` and the retriever ``enc`` probed on ``world``, or ``None`` while
+    ``enc`` is a folder not made yet (``trained``: it is the world encoder's, trained first when missing).
+
+    ``OutputRefused`` for a given ``out`` that is the retriever or lies inside it or the world (which the probe
+    reads), is a file of the user's (never replaced: probe has no ``--force``), or where no file can be written; for
+    the default, ``<enc>/probe.json``, when it is a file of the user's there (one was replaced). ``ValueError`` when
+    ``out`` is missing and ``enc`` is no local folder (a Hub name: never the working directory)."""
+    if out is not None:  # the user's path: not an input, not a file of theirs, a place a file can be made
+        check_output_file(out, {"the retriever": enc, "world": world}, force=False, kind="probe", force_flag=None)
+        check_writable(out)
+        return Path(out)
+    if not Path(enc).is_dir():
+        if trained:
+            return None
+        raise ValueError(f"retriever probe: {enc} is no local folder to keep probe.json in; give --out FILE")
+    default = Path(enc) / "probe.json"  # beside the retriever, never over a file of the user's there
+    check_replaceable(default, force=False, option="--out", kind="probe", force_flag=None)
+    return default
 
 
 def probe_main(cfg: Config, out: str | Path | None = None) -> dict[str, Any]:

@@ -651,7 +651,8 @@ class Engine:
 
     def train_step(self, micro_batches: list[dict[str, Any]], copies: Sequence[bool] = ()) -> dict[str, float]:
         """One optimizer step over this process's micro-batches of a global batch; returns the values to log (total
-        and per-part losses, objective metrics, lr, grad norm), averaged over the micro-batches; the total ``loss``
+        and per-part losses, objective metrics, lr, grad norm), averaged over the micro-batches (an extreme such as
+        ``advantage/min``: the extreme over them, :data:`~finecap.train.logging.EXTREMES`); the total ``loss``
         and its parts ``loss/<name>`` are the step's: item-weighted means over every process's micro-batches (the
         loss whose gradient the step takes, and each part's share of it: ``loss = sum(w * loss/<name>)``), so they
         do not change with the process count or accumulation. ``copies``: which micro-batches repeat another's
@@ -665,7 +666,7 @@ class Engine:
         # step's items, and the gradient needs no rescaling (saves a pass over every gradient per step).
         single = acc.num_processes * acc.gradient_accumulation_steps == 1
         optimizer.zero_grad(set_to_none=True)  # at the start, so the step's gradients stay inspectable after it
-        means = Means()  # the logged values' means over the micro-batches (a NaN only where every one's is)
+        means = Means()  # the logged values' means (extremes: extremes) over the micro-batches (NaN: where all are)
         local_items, local_bad, local_loss = 0.0, 0.0, 0.0  # local_loss: the item-weighted sum of the losses
         local_parts: dict[str, float] = {}  # the item-weighted sum of each part
         step_losses: dict[str, float] = {}  # the step's loss and parts, means over all its items (not of the means)

@@ -2,7 +2,8 @@
 :class:`Logger` that averages training values between log events.
 
 Logged values are averaged over micro-batches and processes (a step's loss and its parts are already the step's:
-:meth:`finecap.train.engine.Engine.train_step`) and go to the trackers of ``train.log_with`` through
+:meth:`finecap.train.engine.Engine.train_step`; an extreme such as ``advantage/min`` is the extreme of them all:
+:data:`EXTREMES`) and go to the trackers of ``train.log_with`` through
 ``accelerator.log`` (``jsonl``: ``metrics.jsonl``, one event per line; ``tensorboard``, ``wandb``, ``mlflow``, ... as
 accelerate supports them, under ``<run>/trackers``: :func:`placed_trackers`). Only the main process writes. Trackers
 receive the configuration with every secret masked (:func:`tracker_config`) and see the command line masked while
@@ -17,7 +18,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,18 +166,39 @@ def tracker_config(config: dict[str, dict[str, Any]]) -> dict[str, int | float |
             for key, value in flat_options(config).items()}  # fmt: skip
 
 
+EXTREMES = {"min": min, "max": max}
+"""The one rule for a logged extreme: a key whose last ``/`` part is ``min`` or ``max`` (``advantage/min``,
+``ratio/max``, ``vllm/is_ratio/min``) is the extreme of what it covers, and reduces as one (:func:`extreme`, used by
+:class:`Means`) over a step's micro-batches, the processes and a log window: the smallest of the minima, the largest
+of the maxima (docs/training.md#what-a-run-logs). An objective naming a metric so promises it is an extreme."""
+
+
+def extreme(key: str) -> Callable[[float, float], float] | None:
+    """The reduction of ``key`` if it is a logged extreme (:data:`EXTREMES`), else ``None``.
+
+    Example::
+
+        >>> extreme("advantage/min") is min, extreme("vllm/logp_diff/max") is max, extreme("ratio/mean")
+        (True, True, None)
+    """
+    return EXTREMES.get(key.rsplit("/", 1)[-1]) if "/" in key else None
+
+
 class Means:
     """Per-key means of logged values added in turns (a step's micro-batches, a log window's steps, the processes):
     a key averages over the turns that gave it, and a NaN (a value nothing defined: a reward mean of a micro-batch
-    whose every caption failed) is left out, so it is NaN only when every turn's was. ``sums``/``counts`` are the
-    state (:meth:`Logger.state_dict`); a key whose every value so far was NaN has the sum NaN and count 1.
+    whose every caption failed) is left out, so it is NaN only when every turn's was. An extreme (:func:`extreme`:
+    ``advantage/min``) is the extreme of the turns' instead, so the order and grouping of the turns does not change
+    it. ``sums``/``counts`` are the state (:meth:`Logger.state_dict`; an extreme's ``sums`` entry holds the extreme
+    so far); a key whose every value so far was NaN has the sum NaN and count 1.
 
     Example::
 
         >>> means = Means()
-        >>> means.add({"reward": 0.2, "m": 1.0}); means.add({"reward": float("nan")}); means.add({"reward": 0.4})
+        >>> means.add({"reward": 0.2, "m": 1.0, "adv/min": -1.0}); means.add({"reward": float("nan")})
+        >>> means.add({"reward": 0.4, "adv/min": -3.0})
         >>> means.means()
-        {'reward': 0.30000000000000004, 'm': 1.0}
+        {'reward': 0.30000000000000004, 'm': 1.0, 'adv/min': -3.0}
     """
 
     def __init__(self) -> None:
@@ -189,16 +211,18 @@ class Means:
             if k not in self.sums or (math.isnan(self.sums[k]) and not math.isnan(v)):  # first, or first defined
                 self.sums[k], self.counts[k] = v, 1
             elif not math.isnan(v):
-                self.sums[k] += v
+                reduce = extreme(k)
+                self.sums[k] = reduce(self.sums[k], v) if reduce else self.sums[k] + v
                 self.counts[k] += 1
 
     def means(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+        """Each key's mean, or for an extreme its extreme."""
+        return {k: self.sums[k] if extreme(k) else self.sums[k] / self.counts[k] for k in self.sums}
 
 
 def mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
     """Per-key mean of each process's ``values`` (:class:`Means`: keys present on only some processes average over
-    those, a NaN counts only where every process's is)."""
+    those, a NaN counts only where every process's is; an extreme is the extreme over the processes)."""
     if accelerator.num_processes == 1:
         return values
     means = Means()
@@ -215,16 +239,20 @@ class Logger(Means):
         super().__init__()
         self.accelerator = accelerator
 
-    def state_dict(self) -> dict[str, dict]:
-        return {"sums": dict(self.sums), "counts": dict(self.counts)}
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": dict(self.sums), "counts": dict(self.counts), "extremes": True}
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
         """Restore :meth:`state_dict`; ``ValueError`` unless every pending value has a number and a count >= 1 (the
-        next log line divides one by the other)."""
+        next log line divides one by the other). A state saved before extremes were reduced as extremes (no
+        ``"extremes"``, before 2026-11-28) summed them: their pending sums become the mean of their values, what
+        that run would have logged for them."""
         sums, counts = dict(state["sums"]), dict(state["counts"])
         numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in sums.values())
         if set(sums) != set(counts) or not numbers or not all(type(c) is int and c >= 1 for c in counts.values()):
             raise ValueError("the pending log values must be numbers, each with a count >= 1")
+        if not state.get("extremes"):
+            sums = {k: v / counts[k] if extreme(k) else v for k, v in sums.items()}
         self.sums, self.counts = sums, counts
 
     def flush_train(self, step: int, epoch: float) -> dict[str, float]:
