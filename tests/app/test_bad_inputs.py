@@ -406,11 +406,11 @@ def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret
     checkpoint with LoRA adapters, whose loading imports peft and with it bitsandbytes (a model without adapters
     imports neither: finecap.models.peft_import)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
-    control = subprocess.run([sys.executable, "-c", "from transformers import CLIPImageProcessor"], env=env,
-                             capture_output=True, text=True, check=True)  # fmt: skip
+    # the controls, in one process (each its own import, each its own warning): whether the libraries warn here
+    control = subprocess.run([sys.executable, "-c", "from transformers import CLIPImageProcessor; import peft"],
+                             env=env, capture_output=True, text=True, check=True)  # fmt: skip
     torchvision_missing = TORCHVISION_WARNING in control.stderr  # transformers 5 without torchvision warns here
-    bnb = subprocess.run([sys.executable, "-c", "import peft"], env=env, capture_output=True, text=True, check=True)
-    kernels_missing = KERNELS_WARNING in bnb.stderr  # bitsandbytes 0.50 on an AVX512-BF16 CPU without `kernels`
+    kernels_missing = KERNELS_WARNING in control.stderr  # bitsandbytes 0.50 on an AVX512-BF16 CPU without `kernels`
     ckpt = secret_run["run"] / "checkpoints" / "best"
     code, _, err = run_cli(["train", *tiny["base"], "lora.lm=true", "lora.rank=4", "--out", str(tmp_path / "lora")])
     assert code == 0, err

@@ -68,9 +68,13 @@ def test_resume_sharded_is_exact_and_in_one_process_is_close(world_args, clip_di
         base = overrides("mle", tmp_path / name, batch=4, accum=2, **args)
         return [*base, *FSDP, f"train.max_steps={steps}", "train.grad_clip=0.05", "train.save_every=1", *extra]
 
+    # a run started in one process (its step 1, here; step 2 resumed sharded in the launch below)
+    alone = [o for o in run("one", 1) if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
+    train(load(None, [*alone, "train.batch_size=8", "train.grad_accum_steps=2"]))
+    # every sharded run in one launch of 2 processes (each run is trained on its own, one after another)
     launch(launch_two, [(run("whole", 2), False), (run("cut", 1), False), (run("cut", 2), True),
-                        (run("ckpt", 2, "train.gradient_checkpointing=true"), False)],
-           tmp_path / "launch.log")  # fmt: skip
+                        (run("ckpt", 2, "train.gradient_checkpointing=true"), False), (run("cut1", 1), False),
+                        (run("one", 2), True)], tmp_path / "launch.log")  # fmt: skip
     whole, cut = weights(tmp_path / "whole"), weights(tmp_path / "cut")
     assert all(torch.equal(whole[k], cut[k]) for k in whole), "resumed sharded run differs from the uninterrupted one"
     compare(whole, weights(tmp_path / "ckpt"), "sharded with gradient checkpointing vs without")
@@ -78,15 +82,11 @@ def test_resume_sharded_is_exact_and_in_one_process_is_close(world_args, clip_di
     norms = [e["values"]["grad_norm"] for e in events if e["split"] == "train"]
     assert norms and all(n > 0.05 for n in norms)  # clipping was active (norm logged before clipping)
     # a sharded checkpoint of step 1 resumes in one process (1 x 8 x 2 accumulation steps: the same global batch)
-    launch(launch_two, [(run("cut1", 1), False)], tmp_path / "launch-cut1.log")
     single = [o for o in run("cut1", 2) if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
     train(load(None, [*single, "train.batch_size=8", "train.grad_accum_steps=2"]), resume=True)
     compare(whole, weights(tmp_path / "cut1"), "sharded step 1, then step 2 resumed in one process")
-    # and the other way: a run started in one process (nothing to shard: torch's position-keyed optimizer state)
-    # resumes sharded over 2 (refused before, as 'trained with train.strategy=ddp'; a run could never scale out)
-    alone = [o for o in run("one", 1) if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
-    train(load(None, [*alone, "train.batch_size=8", "train.grad_accum_steps=2"]))
-    launch(launch_two, [(run("one", 2), True)], tmp_path / "launch-one.log")
+    # and the other way: the run started in one process (nothing to shard: torch's position-keyed optimizer state)
+    # resumed sharded over 2 (refused before, as 'trained with train.strategy=ddp'; a run could never scale out)
     info = json.loads((checkpoint_dir(tmp_path / "one", "last") / INFO_FILE).read_text())
     assert (info["step"], info["sharded"], info["num_processes"]) == (2, True, 2)
     compare(whole, weights(tmp_path / "one"), "step 1 in one process, then step 2 resumed sharded over 2")
