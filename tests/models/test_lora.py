@@ -225,6 +225,27 @@ def test_checkpoint_saves_base_and_peft_adapters_and_reloads_them(clip_dir, tmp_
         assert torch.allclose(ClipCap.from_checkpoint(export).eval()(batch), expected, atol=1e-5)
 
 
+def test_a_trained_encoder_frozen_by_a_later_stage_is_saved_with_it(clip_dir, tmp_path):
+    """A stage that trained the encoder (SR-V, here through LoRA), then a stage from its checkpoint with the encoder
+    frozen (``train.init_from``, ``model.train_encoder=false``: its adapters merged): the second checkpoint holds the
+    encoder it trained on. It used to name the source CLIP instead, so it reloaded the untrained encoder (and
+    ``finecap caption`` refused it: the feature fingerprint of the run was the checkpoint's encoder)."""
+    model = captioner(clip_dir)
+    lora.configure_training(model, cfg("model.train_encoder=true", "lora.encoder=true"))
+    randomise_adapters(model)
+    first = model.save(tmp_path / "sr_v")
+    later = lora.configure_training(ClipCap.from_checkpoint(first), cfg())  # frozen: the adapters merged into it
+    assert not later.train_encoder and not lora.has_adapters(later)
+    batch = batch_of(later)
+    with torch.no_grad():
+        expected = later.eval()(batch)
+    out = later.save(tmp_path / "frozen")
+    meta = json.loads((out / "captioner.json").read_text())
+    assert meta["encoder_saved"] is True and (out / "encoder").is_dir()
+    with torch.no_grad():
+        assert torch.allclose(ClipCap.from_checkpoint(out).eval()(batch), expected, atol=1e-6)
+
+
 def test_plain_checkpoints_are_unchanged(clip_dir, tmp_path):
     model = captioner(clip_dir)
     out = model.save(tmp_path / "plain")

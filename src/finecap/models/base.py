@@ -203,6 +203,10 @@ class CaptionerBase(nn.Module, abc.ABC):
     base_changed: bool = False
     """Whether the base weights differ from the source's (adapters merged into them, parts trained fully, a start from
     a checkpoint whose base had changed): then no adapter on the source reproduces the captioner (:meth:`save`)."""
+    dual_in_checkpoint: bool = False
+    """Whether the dual encoder was loaded from the checkpoint folder (an earlier stage trained it): it differs from
+    its source, so :meth:`save` writes it again even when it is frozen now (a later stage with
+    ``model.train_encoder=false``), instead of a reference to the source that would load the untrained one."""
     inherited_modules: frozenset[str] = frozenset()
     """Modules (under :meth:`adapter_root`) a start checkpoint trained fully beside its adapters (its whole adapter's
     ``modules_to_save``): they differ from the source's, so an adapter written now must carry them again."""
@@ -390,7 +394,8 @@ class CaptionerBase(nn.Module, abc.ABC):
 
     def dual_encoder(self) -> VisionEncoder | None:
         """The dual encoder read from outside the folder (ClipCap's encoder, the world BLIP's / VLM's image tokens),
-        saved into the folder only when it trains; ``None`` when the backbone brings its own vision side."""
+        saved into the folder only when it trains or was read from one (:attr:`dual_in_checkpoint`); ``None`` when the
+        backbone brings its own vision side."""
         return None
 
     # ================================================================================================================
@@ -590,8 +595,8 @@ class CaptionerBase(nn.Module, abc.ABC):
         meta.update(self.save_weights(out, state))
         dual = self.dual_encoder()
         if dual is not None:
-            meta[self.DUAL_SAVED_KEY] = bool(self.train_encoder)
-            if self.train_encoder:
+            meta[self.DUAL_SAVED_KEY] = bool(self.train_encoder or self.dual_in_checkpoint)
+            if meta[self.DUAL_SAVED_KEY]:
                 lora.save_encoder(dual, out / self.DUAL_ENCODER_DIR, self.part_state(state, "encoder"))
         part_states = {p: self.part_state(state, p) for p in PARTS}
         meta["lora"] = lora.save_adapters(self, out, part_states)
@@ -651,6 +656,7 @@ class CaptionerBase(nn.Module, abc.ABC):
         # the folder's base is the source's when it recorded so, or (written before the record) held a whole adapter
         model.base_changed = bool(meta.get("base_changed", "adapter" not in meta))
         model.inherited_modules = frozenset(meta.get("adapter_modules", ()))
+        model.dual_in_checkpoint = bool(meta.get(cls.DUAL_SAVED_KEY))
         model.first_token_shift = recorded_shift(meta, path)
         return model
 
