@@ -274,6 +274,20 @@ def test_checkpointing_gives_the_same_gradients(dirs, backbone, adapters):
         torch.testing.assert_close(grads[True][name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_checkpointing_counts_only_the_layers_of_parts_that_train(dirs):
+    """The log line of ``train.gradient_checkpointing`` ("lm 2 modules, encoder 4 modules") counts the layers that
+    are checkpointed: a frozen part's layers stay in eval mode, which transformers never checkpoints, so a frozen
+    encoder counts 0 (it said 4)."""
+    counts = {}
+    for trains in (True, False):
+        model = build(
+            dirs, "clipcap", f"model.train_encoder={str(trains).lower()}", "train.gradient_checkpointing=true"
+        )
+        counts[trains] = memory.enable_gradient_checkpointing(model)
+    assert counts[True]["encoder"] > 0 and counts[True]["lm"] > 0
+    assert counts[False] == {**counts[True], "encoder": 0}
+
+
 @pytest.mark.parametrize("backbone", ["clipcap", "vlm"])
 def test_the_head_reads_contiguous_hidden_states(dirs, backbone):
     """Teacher forcing and the first decoding step ask transformers for the logits of the last positions only; the

@@ -681,16 +681,18 @@ def enable_gradient_checkpointing(model: nn.Module) -> dict[str, int]:
     gradients enabled (a forward pre-hook switches it on, a forward hook that runs even on an exception off), so
     decoding with the KV cache never runs checkpointed. Layers of frozen parts are in eval mode and
     ``transformers`` checkpoints only layers in training mode. Returns the number of checkpointed modules per part
-    (0: a part without checkpointing layers, e.g. a ConvNeXt tower)."""
+    (0: a part without checkpointing layers, e.g. a ConvNeXt tower, or a frozen part: its layers stay in eval mode,
+    :meth:`~finecap.models.base.CaptionerBase.frozen_modules`)."""
     disable_gradient_checkpointing(model)
     counts: dict[str, int] = {}
     layers: list[nn.Module] = []
+    frozen = {id(m) for f in getattr(model, "frozen_modules", list)() for m in f.modules()}
     for part in PARTS:
         module = model.lora_module(part)
         if module is None:
             continue
         found = _enable_layers(module.get_base_model() if is_peft(module) else module)
-        counts[part] = len(found)
+        counts[part] = sum(id(m) not in frozen for m in found)
         layers += found
 
     def switch_on(_module: nn.Module, _args: Any) -> None:
