@@ -58,6 +58,41 @@ def test_bf16_policy_computes_in_bf16_and_keeps_float32_gradients(group):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["whole-logits", "checkpointing-vocab-chunks"])
+def test_sharded_scores_are_no_view_and_equal_the_plain_model_with_gradients(group, checkpointing):
+    """Given sequences scored by a sharded ClipCap in training mode (MLE under ``train.gradient_checkpointing``
+    scores its captions so, in vocabulary chunks: ``scores_in_chunks``), as ``tests/train/test_fsdp.py``'s ``ckpt``
+    run does: FSDP2 warns of no view returned by the root's forward (an in-place op on one would skip its
+    pre-backward all-gather), and the log-probs, entropies and every gradient equal the plain model's bit for bit
+    (one process: the all-gather and reduce-scatter move the same numbers)."""
+    import warnings
+
+    from finecap.models import memory
+
+    models = [captioner().train(), captioner().train()]
+    for model in models:
+        if checkpointing:
+            memory.enable_gradient_checkpointing(model)
+        assert model.scores_in_chunks is checkpointing
+    sharding.shard_captioner(models[1])
+    b = batch()
+    results = []
+    for model in models:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = model(b, sequences=b["input_ids"], mask=b["attention_mask"].bool(), with_entropy=True)
+        assert not [str(w.message) for w in caught if "view tensor" in str(w.message)]
+        (out.logprobs.sum() - 0.3 * out.entropy.sum()).backward()
+        grads = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                 for n, p in model.named_parameters() if p.grad is not None}  # fmt: skip
+        results.append((out.logprobs.detach(), out.entropy.detach(), grads))
+    (plain_lp, plain_ent, plain_grads), (lp, ent, grads) = results
+    assert torch.equal(lp, plain_lp) and torch.equal(ent, plain_ent)
+    assert grads.keys() == plain_grads.keys() and len(grads) > 0
+    differ = [n for n in grads if not torch.equal(grads[n], plain_grads[n])]
+    assert not differ, differ
+
+
 def test_scalar_parameters_stay_whole_when_frozen_and_are_refused_when_trained(group):
     model = captioner()
     model.scale = torch.nn.Parameter(torch.tensor(2.0), requires_grad=False)

@@ -7,7 +7,8 @@ stopped after its first step and resumed sharded continues exactly as the uninte
 bit); the same checkpoint resumes in one process (the optimizer state is stored full, keyed by parameter names) to
 within the equivalence bounds, and a checkpoint of one process resumes sharded; gradient accumulation and clipping
 act on sharded gradients; gradient checkpointing composes with sharding; the sharded run's checkpoint is a plain
-transformers folder.
+transformers folder; and no sharded run's forward returns a view (FSDP2's warning). Every sharded run is trained in
+one launch of 2 processes shared by the tests (the ``launched`` fixture).
 """
 
 from __future__ import annotations
@@ -24,69 +25,96 @@ from finecap.config import load
 from finecap.runs import INFO_FILE, checkpoint_dir, model_dir
 from finecap.train.run import train
 from helpers.equivalence import OBJECTIVES, compare, overrides, weights
-from helpers.launch import launch_bounded
+from helpers.launch import launch_bounded, two_processes
+from helpers.once import once_per_session
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU machine"),
 ]
 FSDP = ["train.strategy=fsdp"]
+TIMEOUT = 600  # seconds for the one launch of 10 tiny runs
 
 
-def launch(launch_two: list[str], runs: list[tuple[list[str], bool]], log: Path) -> str:
-    """The ``runs`` (overrides, resume) trained one after another in one launch of 2 processes; what it printed."""
-    return launch_bounded([*launch_two, str(Path(__file__).with_name("fsdp_worker.py")), json.dumps(runs)], log,
-                          timeout=600)  # fmt: skip
+def resume_run(root: Path, args: dict, name: str, steps: int, *extra: str) -> list[str]:
+    """MLE over 2 micro-batches of 4 per process and clipping (``train.grad_clip=0.05``), ``steps`` steps, saved after
+    each, into ``root/<name>``."""
+    base = overrides("mle", root / name, batch=4, accum=2, **args)
+    return [*base, *FSDP, f"train.max_steps={steps}", "train.grad_clip=0.05", "train.save_every=1", *extra]
 
 
-def test_two_sharded_processes_equal_one_big_batch(world_args, clip_dir, tmp_path, launch_two):
+def in_one_process(run: list[str]) -> list[str]:
+    """A run's overrides for 1 process x batch 8 x 2 accumulation steps: the global batch of 2 processes x 4 x 2."""
+    kept = [o for o in run if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
+    return [*kept, "train.batch_size=8", "train.grad_accum_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def launched(world_args, clip_dir, tmp_path_factory) -> Path:
+    """Every sharded run of this module trained in one launch of 2 processes, one after another (a launch costs both
+    processes' imports of torch, transformers and finecap), once for both xdist workers, so that the absence of
+    FSDP2's view warning is checked over all of them (``launch.log``): one step of each objective (``<name>-fsdp``)
+    and the resume test's runs (``whole``, ``cut``, ``ckpt`` with gradient checkpointing, ``cut1``, ``one``); around
+    the launch, the resume test's one-process parts (``one``'s step 1 before it, ``cut1``'s step 2 after it). Every
+    run's feature cache: ``cache``."""
+
+    def make(root: Path) -> None:
+        args = dict(world=world_args, clip=clip_dir, cache=root / "cache")
+        # a run started in one process (its step 1 here; step 2 resumed sharded in the launch)
+        train(load(None, in_one_process(resume_run(root, args, "one", 1))))
+        runs = [([*overrides(n, root / f"{n}-fsdp", batch=8, accum=1, **args), *FSDP], False) for n in OBJECTIVES]
+        runs += [(resume_run(root, args, "whole", 2), False), (resume_run(root, args, "cut", 1), False),
+                 (resume_run(root, args, "cut", 2), True),
+                 (resume_run(root, args, "ckpt", 2, "train.gradient_checkpointing=true"), False),
+                 (resume_run(root, args, "cut1", 1), False), (resume_run(root, args, "one", 2), True)]  # fmt: skip
+        worker = str(Path(__file__).with_name("fsdp_worker.py"))
+        launch_bounded([*two_processes(), worker, json.dumps(runs)], root / "launch.log", TIMEOUT)
+        # the sharded checkpoint of cut1's step 1 resumed in one process (1 x 8 x 2: the same global batch)
+        train(load(None, in_one_process(resume_run(root, args, "cut1", 2))), resume=True)
+
+    return once_per_session(tmp_path_factory, "fsdp_clipcap", make)
+
+
+def test_no_sharded_run_returns_a_view(launched):
+    """FSDP2 warns when a sharded module's forward returns a view: an in-place op on it would skip the pre-backward
+    all-gather. No run of the launch may print it, gradient checkpointing's (ClipCap's scores of given sequences in
+    vocabulary chunks) included."""
+    log = (launched / "launch.log").read_text()
+    assert "returned a view tensor" not in log, [line for line in log.splitlines() if "view tensor" in line][:3]
+
+
+def test_two_sharded_processes_equal_one_big_batch(launched, world_args, clip_dir, tmp_path):
     args = dict(world=world_args, clip=clip_dir, cache=tmp_path / "cache")
-    err = launch(launch_two, [([*overrides(n, tmp_path / f"{n}-fsdp", batch=8, accum=1, **args), *FSDP], False)
-                              for n in OBJECTIVES], tmp_path / "launch.log")  # fmt: skip
-    assert "returned a view tensor" not in err  # FSDP2's warning: an in-place op on the logits would skip a gather
     for name in OBJECTIVES:
-        info = json.loads((checkpoint_dir(tmp_path / f"{name}-fsdp", "last") / INFO_FILE).read_text())
+        info = json.loads((checkpoint_dir(launched / f"{name}-fsdp", "last") / INFO_FILE).read_text())
         assert info["sharded"] is True and info["num_processes"] == 2
         big = train(load(None, overrides(name, tmp_path / f"{name}-big", batch=16, accum=1, **args)))
-        compare(weights(big), weights(tmp_path / f"{name}-fsdp"), f"{name}: 2 sharded processes x 8 vs 1 x 16")
+        compare(weights(big), weights(launched / f"{name}-fsdp"), f"{name}: 2 sharded processes x 8 vs 1 x 16")
     # the sharded checkpoint is a plain transformers folder (the language model of ClipCap) with the trained weights
-    lm = AutoModelForCausalLM.from_pretrained(model_dir(checkpoint_dir(tmp_path / "mle-fsdp", "last")) / "lm")
-    trained = weights(tmp_path / "mle-fsdp")
+    lm = AutoModelForCausalLM.from_pretrained(model_dir(checkpoint_dir(launched / "mle-fsdp", "last")) / "lm")
+    trained = weights(launched / "mle-fsdp")
     assert all(torch.equal(v, trained[f"lm.{k}"]) for k, v in lm.state_dict().items() if f"lm.{k}" in trained)
     # and a one-process `finecap caption` decodes it
     out = tmp_path / "captions.json"
-    assert main(["caption", "--checkpoint", str(tmp_path / "mle-fsdp"), "--out", str(out)]) == 0
+    code = main(["caption", "--checkpoint", str(launched / "mle-fsdp"), "--out", str(out),
+                 f"run.cache_dir={tmp_path / 'cache'}"])  # fmt: skip
+    assert code == 0
     assert len(json.loads(out.read_text())) == 8  # world.n_test
 
 
-def test_resume_sharded_is_exact_and_in_one_process_is_close(world_args, clip_dir, tmp_path, launch_two):
+def test_resume_sharded_is_exact_and_in_one_process_is_close(launched):
     """2 steps with accumulation (2 micro-batches of 4 per process) and clipping: uninterrupted, and stopped after
     step 1 then resumed, sharded; the resumed sharded run equals the uninterrupted one bit for bit."""
-    args = dict(world=world_args, clip=clip_dir, cache=tmp_path / "cache")
-
-    def run(name: str, steps: int, *extra: str) -> list[str]:
-        base = overrides("mle", tmp_path / name, batch=4, accum=2, **args)
-        return [*base, *FSDP, f"train.max_steps={steps}", "train.grad_clip=0.05", "train.save_every=1", *extra]
-
-    # a run started in one process (its step 1, here; step 2 resumed sharded in the launch below)
-    alone = [o for o in run("one", 1) if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
-    train(load(None, [*alone, "train.batch_size=8", "train.grad_accum_steps=2"]))
-    # every sharded run in one launch of 2 processes (each run is trained on its own, one after another)
-    launch(launch_two, [(run("whole", 2), False), (run("cut", 1), False), (run("cut", 2), True),
-                        (run("ckpt", 2, "train.gradient_checkpointing=true"), False), (run("cut1", 1), False),
-                        (run("one", 2), True)], tmp_path / "launch.log")  # fmt: skip
-    whole, cut = weights(tmp_path / "whole"), weights(tmp_path / "cut")
+    whole, cut = weights(launched / "whole"), weights(launched / "cut")
     assert all(torch.equal(whole[k], cut[k]) for k in whole), "resumed sharded run differs from the uninterrupted one"
-    compare(whole, weights(tmp_path / "ckpt"), "sharded with gradient checkpointing vs without")
-    events = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    compare(whole, weights(launched / "ckpt"), "sharded with gradient checkpointing vs without")
+    events = [json.loads(line) for line in (launched / "whole" / "metrics.jsonl").read_text().splitlines()]
     norms = [e["values"]["grad_norm"] for e in events if e["split"] == "train"]
     assert norms and all(n > 0.05 for n in norms)  # clipping was active (norm logged before clipping)
-    # a sharded checkpoint of step 1 resumes in one process (1 x 8 x 2 accumulation steps: the same global batch)
-    single = [o for o in run("cut1", 2) if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
-    train(load(None, [*single, "train.batch_size=8", "train.grad_accum_steps=2"]), resume=True)
-    compare(whole, weights(tmp_path / "cut1"), "sharded step 1, then step 2 resumed in one process")
+    # a sharded checkpoint of step 1 resumed in one process (1 x 8 x 2 accumulation steps: the same global batch)
+    compare(whole, weights(launched / "cut1"), "sharded step 1, then step 2 resumed in one process")
     # and the other way: the run started in one process (nothing to shard: torch's position-keyed optimizer state)
     # resumed sharded over 2 (refused before, as 'trained with train.strategy=ddp'; a run could never scale out)
-    info = json.loads((checkpoint_dir(tmp_path / "one", "last") / INFO_FILE).read_text())
+    info = json.loads((checkpoint_dir(launched / "one", "last") / INFO_FILE).read_text())
     assert (info["step"], info["sharded"], info["num_processes"]) == (2, True, 2)
-    compare(whole, weights(tmp_path / "one"), "step 1 in one process, then step 2 resumed sharded over 2")
+    compare(whole, weights(launched / "one"), "step 1 in one process, then step 2 resumed sharded over 2")

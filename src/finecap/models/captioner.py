@@ -125,7 +125,10 @@ def chunked_token_scores(
     parts = [torch.utils.checkpoint.checkpoint(score, flat[i : i + rows], tokens[i : i + rows], keep[i : i + rows],
                                                use_reentrant=False)
              for i in range(0, N * L, rows)]  # fmt: skip
-    columns = iter(torch.cat(column).reshape(N, L) for column in zip(*parts, strict=True))
+    # cloned out of the reshape's view of the concatenation: a sharded captioner's forward returns these, and FSDP2
+    # warns of a view returned by a sharded forward (an in-place op on it would skip its pre-backward all-gather);
+    # the copy is N*L numbers, not the logits' N*L*V, and equal bit for bit (tests/models/test_sharding.py)
+    columns = iter(torch.cat(column).reshape(N, L).clone() for column in zip(*parts, strict=True))  # (N, L) each
     token = next(columns)
     entropy = next(columns) if with_entropy else None
     top = next(columns) if with_top else None
