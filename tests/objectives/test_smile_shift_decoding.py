@@ -227,6 +227,18 @@ def test_an_export_of_a_shifted_run_carries_its_shift(smile_run, shapes, tmp_pat
     assert "first_token_shift" in json.loads((out / "captioner.json").read_text())
 
 
+def test_an_export_of_a_shifted_checkpoint_recorded_before_2026_11_28_carries_its_shift(shifted, shapes, tmp_path):
+    """A shifted checkpoint whose captioner.json records no shift (finecap before 2026-11-28: ``shifted``, its
+    configuration saying so) is exported with the shift its configuration names: ``finecap caption`` of the source
+    leaves the shift token out, so must the export, which has no configuration (it wrote "a red circle")."""
+    assert "first_token_shift" not in json.loads((model_dir(find_checkpoint(shifted)) / "captioner.json").read_text())
+    out = tmp_path / "export"
+    code, _, err = run_cli(["export", str(shifted), "--merged", str(out)])
+    assert code == 0, err
+    got = caption(out, shapes["new"], out=tmp_path / "new.json")
+    assert got == {f"{c}.png": SHIFTED[c] for c in COLORS}
+
+
 def test_a_malformed_shift_record_is_refused_naming_the_file(smile_run, tmp_path):
     from finecap.runs import CheckpointError
 

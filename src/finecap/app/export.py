@@ -148,7 +148,8 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
         stored = stored_config(found)  # the run's model.dtype (else the folder's), which `finecap caption` loads in
         run_cfg = load_stored(stored) if stored is not None else None
         rounded: list[str] = []
-        export_merged(source, tmp, run_cfg.model.dtype if run_cfg is not None else saved_dtype(source), rounded)
+        export_merged(source, tmp, run_cfg.model.dtype if run_cfg is not None else saved_dtype(source), rounded,
+                      run_cfg)  # fmt: skip
         differs = [f"its LoRA adapters are merged into {' and '.join(rounded)} weights, rounded to that dtype"
                    ] if rounded else []  # fmt: skip
         autocast = run_autocast(run_cfg.train.mixed_precision, checkpoint_info(found)) if run_cfg else None

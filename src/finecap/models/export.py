@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 
+from finecap.config import Config
 from finecap.models import lora, strict
 from finecap.models.backbones import load_captioner
+from finecap.models.first_token import decode_unshifted
 from finecap.models.memory import LoadOptions
 from finecap.runs import GENERATION_CONFIG
 
@@ -27,7 +29,7 @@ ROUNDED_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float32",
-                  rounded: list[str] | None = None) -> Path:  # fmt: skip
+                  rounded: list[str] | None = None, cfg: Config | None = None) -> Path:  # fmt: skip
     """Load the captioner of ``model_folder`` (a folder holding ``captioner.json``) in ``dtype`` (a ``model.dtype``:
     the run's, so a bfloat16 run exports bfloat16 weights, computing as ``finecap caption`` of the run does where it
     has no adapters to merge (below);
@@ -42,8 +44,12 @@ def export_merged(model_folder: str | Path, out: str | Path, dtype: str = "float
     float32 weights) to the 16-bit base layer's output, the export computes with ``W + BA`` rounded to 16 bits, so
     its outputs differ from the run's by that rounding and its captions can differ (``docs/caption.md``, merged
     exports); ``rounded``, when given, receives the 16-bit dtypes the adapters were merged into (none: the merge
-    rounded nothing), which the export's model card names."""
-    model = load_captioner(model_folder, options=LoadOptions(dtype=dtype))
+    rounded nothing), which the export's model card names. ``cfg``: the run's configuration, which names the
+    first-token shift of SMILE-shifted weights whose ``captioner.json`` predates its record: the export records the
+    shift ``finecap caption`` of the source writes its captions without
+    (:func:`finecap.models.first_token.decode_unshifted`), so finecap's loaders of the export, which has no
+    configuration, write them so too."""
+    model = decode_unshifted(load_captioner(model_folder, options=LoadOptions(dtype=dtype)), cfg)
     adapters = lora.has_adapters(model)  # type: ignore[arg-type]
     model = lora.merge_lora(model)  # type: ignore[arg-type]
     sixteen = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.dtype in ROUNDED_DTYPES})
