@@ -114,8 +114,9 @@ test-adapters: adapters
 # (this machine sets it), no process writes bytecode, so every Python process the tests start (a command run as a
 # subprocess, each process of a 2-process launch, the collection of each pair of test folders) would compile them
 # from source again. compileall writes regardless; Python reads a file's bytecode while its source is unchanged.
+# A file that does not compile stops the run here, compileall naming it (on its standard output, kept).
 bytecode: $(STAMP)
-	@$(BIN)/python -m compileall -q src tests benchmarks conftest.py > /dev/null
+	@$(BIN)/python -m compileall -q src tests benchmarks conftest.py
 
 # The docstring examples of src/finecap, a run of their own (--doctest-modules over the tests would collect each
 # folder's conftest.py as a module, all named `conftest`); their names come from the root conftest.py.

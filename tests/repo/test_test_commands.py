@@ -122,3 +122,18 @@ def test_a_torch_build_of_another_index_is_given_its_index():
             line = text.count("\n", 0, match.start()) + 1
             assert re.search(r"PIP_(EXTRA_)?INDEX_URL=https://download\.pytorch\.org/", before), f"{page.name}:{line}"
     assert shown, "no TORCH override of another build is shown any more: drop this test"
+
+
+def test_make_bytecode_names_a_file_that_does_not_compile(tmp_path):
+    """``make bytecode`` (before ``make test``, ``test-fast`` and ``doctest``) stops the run at a file that does not
+    compile; it must say which: compileall prints the error on its standard output, which the recipe once sent to
+    /dev/null, so make said only ``[Makefile:118: bytecode] Error 1``."""
+    for folder in ("src", "tests", "benchmarks"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "conftest.py").write_text("")
+    (tmp_path / "tests" / "test_broken.py").write_text("def test_broken(:\n    pass\n")
+    (recipe,) = make_target("bytecode")
+    command = recipe.removeprefix("@").replace("$(BIN)/python", shlex.quote(sys.executable))
+    proc = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert "test_broken.py" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
