@@ -6,23 +6,26 @@ float32 master weights, gradient checkpointing (equal gradients, equal captions)
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import save_file
 from transformers.pytorch_utils import Conv1D
 
 from finecap.config import DecodeConfig, load
 from finecap.data.datasets import model_collator
-from finecap.models import lora, memory
+from finecap.models import lora, memory, strict
 from finecap.models.backbones import load_captioner
 from finecap.models.base import module_path
 from finecap.models.captioner import PARTS, last_positions
 from finecap.models.presets import build_world_lm, save_tiny_blip, save_tiny_clip, save_tiny_vlm
 from finecap.models.vlm import Vlm
 from finecap.objectives.mle import MLE, mle_loss
+from finecap.runs import CheckpointError
 from finecap.train.setup import build_model
 
 CAPTIONS = ["a red circle", "two blue squares on the left", "a small green triangle"]
@@ -627,3 +630,76 @@ def test_a_qlora_checkpoint_loads_without_transformers_warning_that_its_own_quan
         loaded = load_captioner(out, options=memory.LoadOptions(dtype="float32", quantization="4bit"))
     assert quantized_kinds(loaded.lora_module("lm")) == {"Linear4bit"}
     assert [str(w.message)[:60] for w in said if "quantization_config" in str(w.message)] == []
+
+
+START_TRAINING = {"clipcap": ("model.train_lm=true",), "vlm": ("lora.lm=true",)}
+"""How the unquantised start of a QLoRA run trained: GPT-2 fine-tuned whole (its weights move), the VLM through
+LoRA adapters (its base weights stay, the adapters and the projector move)."""
+BESIDE = ("mapper.", "model.model.connector.")
+"""What trains beside the adapters: ClipCap's mapper, Idefics3's projector (its connector)."""
+
+
+def packed(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The language model's bitsandbytes-quantized weights and their quantization constants, by name."""
+    lm = model.lora_module("lm")
+    names = strict.quantized_weights(lm)
+    return {n: t for n, t in lm.state_dict().items() if n in names or n.rsplit(".weight.", 1)[0] + ".weight" in names}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone", ["clipcap", "vlm"])
+def test_an_unquantised_checkpoint_starts_a_qlora_run(dirs, backbone, tmp_path):
+    """``train.init_from`` an unquantised checkpoint with ``model.quantization=4bit`` (the route docs/training.md
+    gives for a run that changes ``model.quantization``) quantizes its float weights as they load, as transformers
+    quantizes a Hub model's, instead of refusing them as "of another kind" (stored F32, the model's uint8). The
+    packed weights are those of QLoRA from the same weights as a pretrained model (``clipcap.lm`` / ``vlm.name``
+    naming the checkpoint's folder), not the original's, and what the start trained beside them (adapters, ClipCap's
+    mapper, the projector) is the start's; a step trains only the adapters (and mapper / projector), and its
+    checkpoint reloads quantized with the same outputs and captions. An integer tensor in place of a quantized float
+    weight is still refused."""
+    pytest.importorskip("bitsandbytes")
+    family = "idefics3"
+    start = build(dirs, backbone, *START_TRAINING[backbone], family=family)
+    batch = batch_of(start, backbone)
+    sgd_steps(start, batch, 2)
+    saved = start.save(tmp_path / "start")
+    quantized = ("model.quantization=4bit", "lora.lm=true")
+    model = build(dirs, backbone, *quantized, f"train.init_from={saved}", family=family)
+    assert quantized_kinds(model.lora_module("lm")) == {"Linear4bit"}
+    name = {"clipcap": f"clipcap.lm={saved / 'lm'}", "vlm": f"vlm.name={saved}"}[backbone]
+    hub, original = (build(dirs, backbone, *quantized, *extra, family=family) for extra in ((name,), ()))
+    ours, theirs, before = packed(model), packed(hub), packed(original)
+    assert ours.keys() == theirs.keys() == before.keys() and any(k.endswith(".weight") for k in ours)
+    for key, tensor in ours.items():
+        assert torch.equal(tensor, theirs[key]), key
+    trained_base = any(not torch.equal(ours[k], before[k]) for k in ours)
+    assert trained_base == (backbone == "clipcap")  # GPT-2's trained weights, not clipcap.lm's
+    own = dict(model.named_parameters())
+    kept = {n: p for n, p in start.named_parameters() if p.requires_grad and n in own}
+    assert kept.keys() >= {n for n in own if n.startswith(BESIDE)}
+    assert backbone == "clipcap" or any("lora_" in n for n in kept)
+    for n, p in kept.items():  # the adapters, mapper and projector the start trained
+        assert torch.equal(own[n], p), n
+
+    learning = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert learning and all("lora_" in n or n.startswith(BESIDE) for n in learning)
+    sgd_steps(model, batch, 1)
+    model.eval()
+    config_ = DecodeConfig(strategy="greedy", max_length=8)
+    with torch.no_grad():
+        expected, captions = model(batch), model.generate(batch, config_).sequences
+    out = model.save(tmp_path / "qlora")
+    loaded = load_captioner(out, options=memory.LoadOptions(quantization="4bit")).eval()
+    assert quantized_kinds(loaded.lora_module("lm")) == {"Linear4bit"}
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(batch), expected, rtol=0, atol=1e-5)
+        assert torch.equal(loaded.generate(batch, config_).sequences, captions)
+
+    weights = saved / ("lm" if backbone == "clipcap" else "") / "model.safetensors"
+    tensors = strict.read_tensors(weights)
+    victim = sorted(k for k, t in tensors.items() if t.dim() == 2 and k.endswith(("c_fc.weight", "up_proj.weight")))[0]
+    tensors[victim] = torch.ones_like(tensors[victim], dtype=torch.int32)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    refused = rf"of another kind: {re.escape(victim)} \(stored I32, the model's uint8"
+    with pytest.raises(CheckpointError, match=refused):
+        build(dirs, backbone, *quantized, f"train.init_from={saved}", family=family)

@@ -430,8 +430,7 @@ def quantization_of(module: nn.Module) -> str | None:
 
 
 def _quantized(p: torch.Tensor) -> str | None:
-    name = type(p).__name__
-    return "4bit" if name == "Params4bit" else "8bit" if name == "Int8Params" else None
+    return strict.QUANTIZED_PARAMS.get(type(p).__name__)
 
 
 def keep_cpu_layout(model: nn.Module) -> None:

@@ -12,7 +12,10 @@ the file and the first offending tensors:
   ``ignore_mismatched_sizes=True`` to report them rather than raise without names);
 - tensors of another kind (an integer or boolean tensor where the model holds floating point, or the reverse:
   transformers and ``load_state_dict`` cast it silently). A floating-point tensor of another precision is accepted:
-  a checkpoint saved in bfloat16 is loaded in ``model.dtype``, as intended;
+  a checkpoint saved in bfloat16 is loaded in ``model.dtype``, as intended; so is one where the model holds a
+  bitsandbytes-quantized weight (``model.quantization``: transformers quantizes it as it loads, as it does a Hub
+  model's, so that an unquantised checkpoint starts a QLoRA run), whose only other accepted kind is its own packed
+  one;
 - NaN or infinity in a floating-point tensor (a diverged run's weights caption nothing, silently):
   :func:`check_finite`, the one check ``finecap caption``, ``finecap export`` and ``train.init_from`` rely on.
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -81,21 +84,53 @@ def is_float_name(dtype: str) -> bool:
     return dtype.startswith(("F", "BF"))
 
 
-def kind_misfits(stored: Mapping[str, str], model: Mapping[str, torch.Tensor]) -> list[str]:
+def kind_misfits(stored: Mapping[str, str], model: Mapping[str, torch.Tensor],
+                 quantized: Collection[str] = ()) -> list[str]:  # fmt: skip
     """``name (stored I32, the model's float32)`` for each tensor of ``stored`` (name -> safetensors dtype name) whose
-    kind (floating point or not) differs from the model's tensor of that name. transformers may store a tensor under
-    another name than the model's (its checkpoint conversions: a VLM's ``language_model.lm_head.weight`` is the
-    model's ``lm_head.weight``), so when every tensor of the model is floating point, every stored one must be too,
-    whatever its name."""
+    kind (floating point or not) differs from the model's tensor of that name. ``quantized``: names of the model's
+    bitsandbytes-quantized weights (:func:`quantized_weights`), which take a floating-point tensor (quantized as it
+    loads) or one of their own packed dtype, and nothing else. transformers may store a tensor under another name
+    than the model's (its checkpoint conversions: a VLM's ``language_model.lm_head.weight`` is the model's
+    ``lm_head.weight``), so when every tensor of the model is floating point, every stored one must be too, whatever
+    its name.
+
+    Example::
+
+        >>> packed = {"w": torch.zeros(2, dtype=torch.uint8)}
+        >>> kind_misfits({"w": "F32"}, packed, quantized={"w"}), kind_misfits({"w": "U8"}, packed, quantized={"w"})
+        ([], [])
+        >>> kind_misfits({"w": "I64"}, packed, quantized={"w"}), kind_misfits({"w": "F32"}, packed)
+        (["w (stored I64, the model's uint8)"], ["w (stored F32, the model's uint8)"])
+    """
     all_float = all(t.is_floating_point() for t in model.values())
     out = []
     for name, dtype in stored.items():
         tensor = model.get(name)
-        if tensor is not None and is_float_name(dtype) != tensor.is_floating_point():
-            out.append(f"{name} (stored {dtype}, the model's {str(tensor.dtype).removeprefix('torch.')})")
+        own = None if tensor is None else str(tensor.dtype).removeprefix("torch.")
+        if name in quantized and tensor is not None:
+            if not is_float_name(dtype) and SAFETENSORS_NAMES.get(dtype) != own:
+                out.append(f"{name} (stored {dtype}, the model's {own})")
+        elif tensor is not None and is_float_name(dtype) != tensor.is_floating_point():
+            out.append(f"{name} (stored {dtype}, the model's {own})")
         elif tensor is None and all_float and not is_float_name(dtype):
             out.append(f"{name} (stored {dtype}, the model's floating point)")
     return out
+
+
+SAFETENSORS_NAMES = {"U8": "uint8", "I8": "int8"}
+"""The torch dtype of the safetensors dtype names a bitsandbytes-quantized weight is stored in (4-bit packed in
+``uint8``, LLM.int8() in ``int8``)."""
+
+
+QUANTIZED_PARAMS = {"Params4bit": "4bit", "Int8Params": "8bit"}
+"""bitsandbytes' parameter classes of a quantized weight, and the ``model.quantization`` each is."""
+
+
+def quantized_weights(model: nn.Module) -> set[str]:
+    """The names of ``model``'s bitsandbytes-quantized weights (:data:`QUANTIZED_PARAMS`; its state dict holds them
+    as plain tensors of their packed dtype)."""
+    return {name for name, p in model.named_parameters(remove_duplicate=False)
+            if type(p).__name__ in QUANTIZED_PARAMS}  # fmt: skip
 
 
 def check_finite(tensors: Iterable[tuple[str, torch.Tensor]], where: str | Path) -> None:
@@ -231,12 +266,12 @@ def load_pretrained(auto_cls: Any, folder: str | Path, **kwargs: Any) -> nn.Modu
         raise CheckpointError(f"{folder}: cannot load the weights ({lines[-1] if len(lines) > 1 else lines[0]}); "
                               f"{RECOVER}") from None  # fmt: skip
     where = next(iter(set(files.values()))) if len(set(files.values())) == 1 else folder
-    state = model.state_dict()
+    state, quantized = model.state_dict(), quantized_weights(model)
     mismatched = [f"{name} (stored {tuple(stored)}, the model's {tuple(own)})"
                   for name, stored, own in info.get("mismatched_keys") or ()]  # fmt: skip
     refuse_misfit(where, {"missing": info.get("missing_keys") or (), "unexpected": info.get("unexpected_keys") or (),
                           "of another shape": mismatched,
-                          "of another kind": kind_misfits(stored_dtypes(files), state)})  # fmt: skip
+                          "of another kind": kind_misfits(stored_dtypes(files), state, quantized)})  # fmt: skip
     bad = [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         shown = {files.get(name, where) for name in bad}
