@@ -93,3 +93,15 @@ def launch_two() -> list[str]:
     from helpers.launch import two_processes
 
     return two_processes()
+
+
+@pytest.fixture(scope="session")
+def shared_launch(world_args, clip_dir, tmp_path_factory) -> Path:
+    """The runs of the modules that share one launch of 2 processes (:mod:`helpers.shared_launch`), trained once for
+    every xdist worker: the folder holding each module's folder and ``launch.log``."""
+    from helpers.once import once_per_session
+    from helpers.shared_launch import make_shared_launch
+
+    return once_per_session(
+        tmp_path_factory, "shared_launch", lambda root: make_shared_launch(root, world_args, clip_dir)
+    )

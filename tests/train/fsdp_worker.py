@@ -1,6 +1,6 @@
-"""Worker of tests/train/test_fsdp*.py and test_equivalence.py: trains each ``[overrides, resume]`` given as JSON, one
-after the other, in this ``accelerate launch``-ed process group (``train.strategy=fsdp`` among the overrides, or DDP,
-the default); a first item ``--recipe=NAME`` names the recipe they go on."""
+"""Worker of tests/train/test_fsdp*.py and helpers.shared_launch: trains each ``[overrides, resume]`` given as JSON,
+one after the other, in this ``accelerate launch``-ed process group (``train.strategy=fsdp`` among the overrides, or
+DDP, the default); a first item ``--recipe=NAME`` names the recipe they go on."""
 
 import json
 import sys

@@ -29,9 +29,8 @@ from safetensors.torch import load_file
 from finecap.config import load
 from finecap.runs import METRICS_FILE, checkpoint_dir, model_dir
 from finecap.train.run import train
-from helpers.equivalence import LR, OBJECTIVES, compare, overrides, weights
-from helpers.launch import launch_bounded
-from helpers.vlm import save_llava_reading_a_hidden_layer
+from helpers.equivalence import OBJECTIVES, compare, overrides, weights
+from helpers.shared_launch import vlm_tower_run
 
 
 def logged(run: Path, key: str) -> float:
@@ -41,26 +40,24 @@ def logged(run: Path, key: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
-def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir, tmp_path, launch_two):
-    cache = tmp_path / "cache"
-    args = dict(world=world_args, clip=clip_dir, cache=cache)
-    two = [overrides(name, tmp_path / f"{name}-2proc", batch=8, accum=1, **args) for name in OBJECTIVES]
-    cmd = [*launch_two, str(Path(__file__).with_name("equivalence_worker.py")),
-           json.dumps(two)]  # fmt: skip
-    launch_bounded(cmd, tmp_path / "launch.log", timeout=300)
+def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir, tmp_path, shared_launch):
+    """The 2-process runs: one step of each objective over 2 processes x 8 in the shared launch
+    (:func:`helpers.shared_launch.equivalence_runs`), whose feature cache the one-process runs share."""
+    folder = shared_launch / "equivalence"
+    args = dict(world=world_args, clip=clip_dir, cache=folder / "cache")
     for name in OBJECTIVES:
         big = train(load(None, overrides(name, tmp_path / f"{name}-big", batch=16, accum=1, **args)))
         accum = train(load(None, overrides(name, tmp_path / f"{name}-accum", batch=8, accum=2, **args)))
         reference = weights(big)
         compare(reference, weights(accum), f"{name}: 1 process x 8 x 2 accumulation steps vs 1 x 16")
-        compare(reference, weights(tmp_path / f"{name}-2proc"), f"{name}: 2 processes x 8 vs 1 x 16")
+        compare(reference, weights(folder / f"{name}-2proc"), f"{name}: 2 processes x 8 vs 1 x 16")
         # the step really moved the weights (so equality is not that of untouched parameters)
         events = [json.loads(line) for line in (big / "metrics.jsonl").read_text().splitlines()]
         train_event = next(e for e in events if e["split"] == "train")
         assert train_event["values"]["grad_norm"] > 0
         # the logged loss and its parts are the step's (item-weighted over every micro-batch), not means of
         # micro-batch means
-        runs = (big, accum, tmp_path / f"{name}-2proc")
+        runs = (big, accum, folder / f"{name}-2proc")
         parts = [k for k in train_event["values"] if k.startswith("loss/")]
         assert parts, train_event
         for key in ("loss", *parts):
@@ -83,29 +80,16 @@ def adapter_files(run: Path) -> dict[str, dict[str, torch.Tensor]]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
-def test_vlm_tower_lora_two_processes_and_resume_equal_accumulation(world_args, tmp_path, launch_two):
+def test_vlm_tower_lora_two_processes_and_resume_equal_accumulation(world_args, tmp_path, shared_launch):
     """A tiny LLaVA whose tower trains through LoRA adapters only (language model and projector frozen: the gradient
     goes through the frozen projector) and whose language model reads the tower's first of 2 layers, so no adapters
     go on the second (a parameter without gradient stops DDP, launched with ``find_unused_parameters=False``, at its
-    second step): 2 processes x batch 4 for 2 steps, resumed in 2 processes for a third, log the losses and gradient
-    norms of 1 process x batch 4 x 2 accumulation steps, and save the same adapters (names, shapes, values within the
-    bounds of the module docstring), checkpoint files and nothing more but the second process's own state."""
-    llava = save_llava_reading_a_hidden_layer(tmp_path / "llava")
-
-    def run(name: str, batch: int, accum: int, steps: int) -> list[str]:
-        return [
-            *world_args, "model.kind=vlm", f"vlm.name={llava}", "model.train_lm=false", "vlm.train_projector=false",
-            "model.train_encoder=true", "lora.encoder=true", "lora.rank=4", f"run.cache_dir={tmp_path / 'cache'}",
-            "decode.max_length=6", f"train.max_steps={steps}", "train.warmup_steps=0", "train.schedule=constant",
-            f"train.lr={LR}", "train.eval_every=2", "train.eval_samples=4", "train.log_captions=0",
-            "train.log_every=1", f"train.batch_size={batch}", f"train.grad_accum_steps={accum}",
-            f"run.dir={tmp_path / name}",
-        ]  # fmt: skip
-
-    two = [(run("two", 4, 1, 2), False), (run("two", 4, 1, 3), True)]
-    worker = str(Path(__file__).with_name("fsdp_worker.py"))
-    launch_bounded([*launch_two, worker, json.dumps(two)], tmp_path / "launch.log", timeout=300)
-    one = train(load(None, run("one", 4, 2, 3)))
+    second step): 2 processes x batch 4 for 2 steps, resumed in 2 processes for a third (in the shared launch:
+    :func:`helpers.shared_launch.vlm_tower_runs`), log the losses and gradient norms of 1 process x batch 4 x 2
+    accumulation steps, and save the same adapters (names, shapes, values within the bounds of the module docstring),
+    checkpoint files and nothing more but the second process's own state."""
+    folder = shared_launch / "vlm_tower"
+    one = train(load(None, vlm_tower_run(folder, world_args, tmp_path / "one", 4, 2, 3)))
 
     def steps(run_dir: Path) -> dict[int, dict[str, float]]:
         events = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
@@ -113,20 +97,20 @@ def test_vlm_tower_lora_two_processes_and_resume_equal_accumulation(world_args, 
         assert len(train_events) == len({e["step"] for e in train_events}), run_dir  # written once
         return {e["step"]: e["values"] for e in train_events}
 
-    logged_one, logged_two = steps(one), steps(tmp_path / "two")
+    logged_one, logged_two = steps(one), steps(folder / "two")
     assert sorted(logged_two) == sorted(logged_one) == [1, 2, 3]
     for step, values in logged_one.items():
         assert logged_two[step]["loss"] == pytest.approx(values["loss"], rel=1e-6), step
         assert logged_two[step]["grad_norm"] == pytest.approx(values["grad_norm"], rel=1e-5), step
     assert len({v["loss"] for v in logged_one.values()}) == 3  # the adapters learn
 
-    info = json.loads((checkpoint_dir(tmp_path / "two", "last") / "trainer_state.json").read_text())
+    info = json.loads((checkpoint_dir(folder / "two", "last") / "trainer_state.json").read_text())
     assert info["step"] == 3 and info["num_processes"] == 2
     files = {r: {str(f.relative_to(checkpoint_dir(r, "last"))) for f in checkpoint_dir(r, "last").rglob("*")
-                 if f.is_file()} for r in (one, tmp_path / "two")}  # fmt: skip
-    assert files[tmp_path / "two"] - files[one] == {"state/process_1.json", "state/process_1.safetensors"}
-    assert files[one] <= files[tmp_path / "two"]
-    adapters_one, adapters_two = adapter_files(one), adapter_files(tmp_path / "two")
+                 if f.is_file()} for r in (one, folder / "two")}  # fmt: skip
+    assert files[folder / "two"] - files[one] == {"state/process_1.json", "state/process_1.safetensors"}
+    assert files[one] <= files[folder / "two"]
+    adapters_one, adapters_two = adapter_files(one), adapter_files(folder / "two")
     assert sorted(adapters_one) == sorted(adapters_two) == ["adapter/adapter_model.safetensors",
                                                             "encoder_lora/adapter_model.safetensors"]  # fmt: skip
     tower = adapters_one["encoder_lora/adapter_model.safetensors"]

@@ -28,9 +28,7 @@ from finecap.models import sharding
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.runs import METRICS_FILE
-from helpers.launch import launch_bounded
-
-TIMEOUT = 480  # seconds for one launch of 4 tiny runs; measured about 100 s on the 2-core development machine
+from helpers.shared_launch import VALIDATION_VARIANTS
 
 
 def is_gathered(model: torch.nn.Module) -> bool:
@@ -77,40 +75,19 @@ def test_the_feature_fingerprint_leaves_a_sharded_model_alone_and_equals_the_pla
 # -- two processes ------------------------------------------------------------------------------------------------
 
 
-def run_overrides(run_dir: Path, world: list[str], clip: Path, cache: Path, strategy: str, *extra: str) -> list[str]:
-    """3 steps of a tiny ClipCap over 2 processes x batch 8, validated after every step (validation loss, sample
-    captions on the main process, and ``extra``'s validators)."""
-    return [
-        *world, f"model.encoder={clip}", f"retriever.checkpoint={clip}", f"run.cache_dir={cache}",
-        "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
-        "clipcap.tiny_dropout=0", "decode.max_length=8", "train.max_steps=3", "train.warmup_steps=0",
-        "train.schedule=constant", "train.lr=1e-3", "train.eval_every=1", "train.eval_samples=4",
-        "train.log_captions=2", "train.log_every=1", "train.batch_size=8", f"train.strategy={strategy}",
-        f"run.dir={run_dir}", *extra,
-    ]  # fmt: skip
-
-
 def losses(run_dir: Path) -> dict[tuple[int, str], float]:
     events = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
     return {(e["step"], e["split"]): e["values"]["loss"] for e in events if e["split"] in ("train", "val")}
 
 
-VARIANTS = {
-    "features": ["train.validators=[cider]"],  # frozen encoder: the feature cache's fingerprint
-    "pixels": ["train.validators=[captions]", "model.train_encoder=true"],  # a nested decoding block
-}
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU machine")
-def test_sharded_training_validated_mid_run_finishes_and_matches_ddp(world_args, clip_dir, tmp_path, launch_two):
-    cache = tmp_path / "cache"
-    runs = [(run_overrides(tmp_path / f"{s}-{v}", world_args, clip_dir, cache, s, *extra), False)
-            for v, extra in VARIANTS.items() for s in ("fsdp", "ddp")]  # fmt: skip
-    worker = str(Path(__file__).with_name("fsdp_worker.py"))
-    launch_bounded([*launch_two, worker, json.dumps(runs)], tmp_path / "launch.log", TIMEOUT)
-    for variant in VARIANTS:
-        sharded, ddp = losses(tmp_path / f"fsdp-{variant}"), losses(tmp_path / f"ddp-{variant}")
+def test_sharded_training_validated_mid_run_finishes_and_matches_ddp(shared_launch):
+    """The runs of :func:`helpers.shared_launch.validation_runs`, trained in the shared launch under its hard
+    timeout."""
+    folder = shared_launch / "validation"
+    for variant in VALIDATION_VARIANTS:
+        sharded, ddp = losses(folder / f"fsdp-{variant}"), losses(folder / f"ddp-{variant}")
         assert sorted(sharded) == [(s, split) for s in (1, 2, 3) for split in ("train", "val")], variant
         assert sharded.keys() == ddp.keys()
         for key, value in ddp.items():  # the same sums in another order (float32)

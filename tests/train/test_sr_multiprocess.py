@@ -16,7 +16,7 @@ import torch
 from finecap.config import load
 from finecap.recipes import resolve_recipe
 from finecap.train.run import train
-from helpers.launch import launch_bounded
+from helpers.shared_launch import discritune_run
 
 RECIPE = resolve_recipe("demo/discritune")
 
@@ -28,23 +28,16 @@ def train_values(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU-only machine")
-def test_in_batch_distractors_are_the_global_batch(world_args, clip_dir, tmp_path, launch_two):
-    common = [
-        *world_args, f"model.encoder={clip_dir}", f"retriever.checkpoint={clip_dir}",
-        "clipcap.tiny_layers=1", "clipcap.tiny_hidden=32", "clipcap.tiny_heads=2", "clipcap.prefix_length=2",
-        f"run.cache_dir={tmp_path / 'cache'}", "train.init_from=", "train.max_steps=3", "train.log_every=1",
-        "train.eval_every=3", "train.lr=1e-3", "decode.max_length=8", "eval.n_distractors=3", "eval.draws=1",
-    ]  # fmt: skip
-    two = tmp_path / "two"
-    cmd = [*launch_two, "-m", "finecap.app.cli", "train", str(RECIPE), *common,
-           f"run.dir={two}", "train.batch_size=8"]  # fmt: skip
-    launch_bounded(cmd, tmp_path / "launch.log", timeout=180)
+def test_in_batch_distractors_are_the_global_batch(world_args, clip_dir, tmp_path, shared_launch):
+    folder = shared_launch / "discritune"  # 2 processes x 8: helpers.shared_launch.discritune_runs
+    two = folder / "two"
 
     # 40 training images in global batches of 2 x 8 = 16: 16, 16, then the last 8 images
     values = train_values(two)
     assert [v["reward/retrieval/candidates"] for v in values] == [16.0, 16.0, 8.0]
 
-    one = train(load(RECIPE, [*common, f"run.dir={tmp_path / 'one'}", "train.batch_size=16"]))
+    _, *single_run = discritune_run(tmp_path / "one", world_args, clip_dir, folder / "cache", 16)
+    one = train(load(RECIPE, single_run))
     single = train_values(one)
     assert [v["reward/retrieval/candidates"] for v in single] == [16.0, 16.0, 8.0]
     # same start, same global batch, greedy captions: the first step's rewards agree (each process averages its 8)
