@@ -75,14 +75,13 @@ class WorldVLM:
     """The visual expert: a captioner checkpoint (``boost.vlm_model``; the demo's is a ClipCap) decoding greedily,
     up to ``data.max_tokens`` tokens (dense captions reach 41), on the frozen-feature cache of ``cfg``. A checkpoint
     whose weights were trained with SMILE's first-token shifting writes its captions without the shift token
-    (:func:`finecap.models.first_token.decode_unshifted`: its ``captioner.json``'s record, or its run's configuration),
+    (:func:`finecap.models.first_token.start_shift`: its ``captioner.json``'s record, or its run's configuration),
     and its :meth:`identity` names the shift."""
 
     def __init__(self, checkpoint: str | Path, cfg: Config, batch_size: int = 256) -> None:
-        from finecap.config import load_stored
         from finecap.models.backbones import load_captioner
-        from finecap.models.first_token import decode_unshifted
-        from finecap.runs import model_dir, stored_config
+        from finecap.models.first_token import start_shift, unshift_as
+        from finecap.runs import model_dir
 
         path = Path(checkpoint)
         if not path.exists():
@@ -91,8 +90,7 @@ class WorldVLM:
         self.path = model_dir(path)
         self.weights = weights_stamp(self.path, ("*.safetensors",))  # read once: the identity of every request
         self.model = load_captioner(self.path).eval()  # any backbone's checkpoint (the demo trains a ClipCap)
-        stored = stored_config(path)  # its captions without the shift token of SMILE-shifted weights
-        decode_unshifted(self.model, load_stored(stored) if stored is not None else None)
+        unshift_as(self.model, start_shift(path))  # its captions without the shift token of SMILE-shifted weights
         self.cfg = cfg
         limit = self.model.max_caption_tokens or 10**6
         self.decode = dataclasses.replace(
