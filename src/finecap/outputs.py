@@ -103,11 +103,12 @@ def check_not_among(out: str | Path, files: Iterable[str | Path], *, what: str, 
         return
     for path in files:
         try:
-            if os.path.samestat(mine, os.stat(path)):
-                raise OutputRefused(f"{option}: {out} is also {what} ({path}); writing it would destroy the input: "
-                                    f"choose another {option}")  # fmt: skip
-        except OSError:
+            theirs = os.stat(path)
+        except OSError:  # a file not there (or not readable) is not the output
             continue
+        if os.path.samestat(mine, theirs):
+            raise OutputRefused(f"{option}: {out} is also {what} ({path}); writing it would destroy the input: "
+                                f"choose another {option}")  # fmt: skip
 
 
 KINDS = (
