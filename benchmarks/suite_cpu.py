@@ -8,7 +8,7 @@ test's CPU seconds and wall seconds, and a report of the records.
 ``make test`` must stay under 15 minutes on the 2-core development machine, and the suite is CPU-bound (both xdist
 workers busy from the end of collection to the end). So a test's cost is its CPU time, not its wall time: wall time
 moves with whatever runs on the other core, CPU time barely does. The plugin appends one JSON line per test to
-``SUITE_CPU_OUT``: ``id``, ``worker`` (xdist's, else ``main``), ``start``, ``wall``, ``self`` and ``child``. These
+``SUITE_CPU_OUT``: ``id``, ``worker`` (xdist's id, else ``main``), ``start``, ``wall``, ``self`` and ``child``. These
 cover setup, call and teardown, so a fixture is charged to the first test that builds it. ``self`` is the process's
 user+system seconds. ``child`` is that of the children it reaped meanwhile: commands run as subprocesses, launches
 of several processes, the Java jars.
@@ -57,7 +57,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
     start, (own, children) = time.time(), _cpu()
     yield
     end, (own_end, children_end) = time.time(), _cpu()
-    record = {"id": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "start": start,
+    worker = getattr(item.config, "workerinput", {}).get("workerid", "main")  # xdist's worker id, else main
+    record = {"id": item.nodeid, "worker": worker, "start": start,
               "wall": end - start, "self": own_end - own, "child": children_end - children}  # fmt: skip
     with open(os.environ[OUT_VARIABLE], "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
