@@ -27,6 +27,7 @@ from finecap.models.forecast import (
     VisionShapes,
     activation_forecast,
     recipe_forecast,
+    training_of,
 )
 
 RECIPES = ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm",
@@ -43,12 +44,11 @@ def table(card_gib: float) -> list[str]:
         for backbone in BACKBONES.values():
             f = recipe_forecast(cfg, backbone)
             s, step, b = f["state"], f["step"], f["beside"]
-            note = " (+ the tower's LoRA activations, not forecast)" if cfg.model.train_encoder else ""
             rows.append(
                 f"| `coco/{recipe}` | {backbone.name} | {step.images} x {step.captions} | {s['weights'] / GIB:.2f} | "
                 f"{s['gradients'] / GIB:.2f} | {s['optimizer'] / GIB:.2f} | {b['retrievers'] / GIB:.2f} | "
                 f"{b['reference'] / GIB:.2f} | {f['activations']['peak'] / GIB:.2f} | "
-                f"{f['total'] / GIB:.2f}{note} | {'yes' if f['total'] / GIB < card_gib else 'no'} |"
+                f"{f['total'] / GIB:.2f} | {'yes' if f['total'] / GIB < card_gib else 'no'} |"
             )
     return rows
 
@@ -83,6 +83,48 @@ def h200() -> list[str]:
     return rows
 
 
+SMOLVLM_NOV28 = LmShapes(30, 576, 1536, 9, 3, 49_036)  # the vocabulary the 2026-11-28 records' forecasts were of
+SIGLIP_512 = VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12)  # SmolVLM's tower: one 512 px crop, 12 layers
+H200_NOV28 = [  # the memory lines of the second H200 run, the recipes as they are; each step as the record's own
+    # forecast parts give it (tests/benchmarks/test_memory_pages.py checks they are reproduced exactly): 78 prompt
+    # tokens (one crop), the data's captions of 9 tokens (MLE, SMILE), or the RL recipes' samples of 40
+    ("memory:mle_vlm", "gpu_check_h200_2026-11-28_memory.json", Step(32, 78, 1, 9)),
+    ("memory:smile_vlm", "gpu_check_h200_2026-11-28_memory.json", Step(32, 78, 1, 9, chunked=False)),
+    ("memory:discritune_vlm", "gpu_check_h200_2026-11-28_memory.json", Step(100, 78, 1, 40)),
+    ("memory:sr_l_vlm", "gpu_check_h200_2026-11-28_memory.json", Step(100, 78, 1, 40)),
+    ("memory:sr_lv_bagcurri_vlm", "gpu_check_h200_2026-11-28_memory.json", Step(100, 78, 1, 40)),
+    ("memory:grpo_cider_vlm", "gpu_check_h200_2026-11-28_memory_grpo.json", Step(16, 78, 8, 40, shared=True)),
+]
+
+
+def nov28_record(name: str, file: str) -> dict:
+    return next(c for c in json.loads((RESULTS / file).read_text())["checks"] if c["name"] == name)
+
+
+def nov28_forecast(name: str, step: Step) -> dict:
+    """The activation forecast now of a 2026-11-28 memory line's step (its recipe's levers, batches padded)."""
+    train = training_of(load(f"coco/{name.split(':')[1]}"))
+    return activation_forecast(SMOLVLM_NOV28, train, step, SIGLIP_512)
+
+
+def h200_nov28() -> list[str]:
+    rows = ["| check | trains | step | weights + gradients + AdamW (exact) | forecast then | forecast now | "
+            "measured CUDA peak | now / measured |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name, file, step in H200_NOV28:
+        record = nov28_record(name, file)
+        state = record["forecast_bytes"]["total"]
+        then = state + record["activation_forecast_bytes"]["peak"]
+        now = state + nov28_forecast(name, step)["peak"]
+        measured = record["measured_peak_bytes"]
+        tower = training_of(load(f"coco/{name.split(':')[1]}")).tower
+        trains = "LoRA on the language model" + (" and the vision tower" if tower != "frozen" else "")
+        what = f"{step.images} x {step.captions} of {step.tokens} tokens" + (", prompt shared" if step.shared else "")
+        rows.append(f"| `{name}` | {trains} | {what} | {state / GIB:.2f} | {then / GIB:.2f} | {now / GIB:.2f} | "
+                    f"{measured / GIB:.2f} | {now / measured:.3f} |")  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--card-gib", type=float, default=80.0, help="the card's memory the totals are held to")
@@ -92,6 +134,8 @@ def main() -> None:
     if args.h200:
         print()
         print("\n".join(h200()))
+        print()
+        print("\n".join(h200_nov28()))
 
 
 if __name__ == "__main__":

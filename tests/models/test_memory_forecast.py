@@ -24,6 +24,10 @@ from finecap.models.forecast import (
     forecast_text,
     layer_bytes,
     mask_bytes,
+    tower_autocast_bytes,
+    tower_gradient_bytes,
+    tower_layer_bytes,
+    tower_targets_of,
 )
 from helpers.scripts import benchmark
 
@@ -112,6 +116,103 @@ def test_layer_bytes_by_hand():
     assert layer_bytes(LmShapes(1, 64, 160, 4, 2, 50), Training("full", 4, mask=False)) == (
         norms + attention + mlp + projections
     )  # 4888
+
+
+def tower_saved(layers: int, train: Training) -> int:
+    """What a ``layers``-layer Idefics3 (SigLIP) vision encoder trained as ``train.tower`` saves for one forward of
+    B images of T patches (LoRA r8 on ``train.tower_targets``, adapters in float32 as ``model.trainable_dtype``)."""
+    from transformers import Idefics3VisionConfig
+    from transformers.models.idefics3 import modeling_idefics3
+
+    from finecap.models.forecast import TOWER_TARGETS
+
+    torch.manual_seed(0)
+    config = Idefics3VisionConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
+                                  num_attention_heads=4, attn_implementation="sdpa")  # fmt: skip
+    tower = modeling_idefics3.Idefics3VisionTransformer._from_config(config).to(
+        torch.bfloat16 if train.weights_bytes == 2 else torch.float32
+    )
+    if train.tower == "lora":
+        tower.requires_grad_(False)
+        adapted = get_peft_model(tower, LoraConfig(r=RANK, target_modules=list(train.tower_targets or TOWER_TARGETS)))
+        for name, p in adapted.named_parameters():
+            if "lora_" in name:
+                p.data = p.data.float()
+    tower.train()
+    x = torch.randn(B, T, 64, generator=torch.Generator().manual_seed(0)).to(next(tower.parameters()).dtype)
+
+    def forward() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=train.autocast):
+            tower.encoder(inputs_embeds=x.detach().requires_grad_(True))
+
+    return saved_bytes(tower, forward)
+
+
+TOWER_CASES = [
+    Training(tower="lora", weights_bytes=2, rank=RANK, cpu=True),
+    Training(tower="lora", weights_bytes=2, autocast=True, rank=RANK, cpu=True),
+    Training(tower="lora", weights_bytes=2, autocast=True, rank=RANK, tower_targets=("fc1", "v_proj"), cpu=True),
+    Training(tower="lora", weights_bytes=4, rank=RANK, cpu=True),
+    Training(tower="full", weights_bytes=4, cpu=True),
+    Training(tower="full", weights_bytes=4, autocast=True, cpu=True),
+]
+
+
+@pytest.mark.parametrize("train", TOWER_CASES, ids=[
+    f"{t.tower}-{t.weights_bytes}B-{'autocast' if t.autocast else 'plain'}-{len(t.tower_targets) or 'all'}"
+    for t in TOWER_CASES])  # fmt: skip
+def test_one_tower_layer_saves_what_the_formula_counts(train):
+    """A trained SigLIP layer, as SmolVLM's and Idefics3's towers are: on the CPU (``Training.cpu``: LayerNorm's
+    statistics in the input's dtype, and autocast leaves it in bf16), the bf16 weight copies under autocast once a
+    layer."""
+    measured = tower_saved(3, train) - tower_saved(2, train)  # one more layer
+    vision = VisionShapes(64, 160, T, 0, 3, 4)
+    assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) == measured
+
+
+def test_tower_layer_bytes_by_hand():
+    """LoRA r8 on every linear layer of a bf16 SigLIP layer, no autocast, on CUDA (float32 LayerNorm statistics):
+    h = 64, i = 160, 4 heads."""
+    norms = 2 * (2 * 64 + 8)  # the bf16 input, float32 mean and rstd
+    adapters = 3 * (4 * 64 + 4 * 8) + (4 * 64 + 4 * 8) + (4 * 64 + 4 * 8) + (4 * 160 + 4 * 8)  # peft's float32 copies
+    attention = 2 * 4 * 64 + 4 * 4  # q, k, v, output, log-sum-exp
+    gelu = 2 * 160  # fc1's output
+    train = Training(tower="lora", weights_bytes=2, rank=8)
+    vision = VisionShapes(64, 160, 1, 0, 1, 4)
+    assert tower_layer_bytes(vision, train) == norms + adapters + attention + gelu
+    assert tower_autocast_bytes(vision, train) == 0
+    assert tower_gradient_bytes(vision, train) == 160 * (2 + 4 + 2)  # base's bf16, peft copy's float32, cast back
+    assert tower_gradient_bytes(vision, Training(tower="full", weights_bytes=4)) == 160 * 4
+    assert tower_targets_of(["qkv", "attn.proj", "mlp.down_proj", "fc1"]) == ("q_proj", "k_proj", "v_proj",
+                                                                            "out_proj", "fc2", "fc1")  # fmt: skip
+    with pytest.raises(ValueError, match="Training.tower='encoder'"):
+        Training(tower="encoder")
+
+
+def test_a_trained_tower_adds_its_saved_layers_and_its_backward_pass():
+    """Under checkpointing the tower keeps each layer's input until its backward pass, which runs after the language
+    model's: its own peak (kept inputs, one recomputed layer, its gradients, the images); without checkpointing every
+    layer's saved tensors sit beside the language model's."""
+    vision = VisionShapes(64, 160, 16, 3 * 32 * 32, 3, 4)
+    step = Step(2, 8, 1, 6)
+    frozen = Training("lora", 2, autocast=True, checkpointing=True, rank=RANK)
+    lora = Training(**{**frozen.__dict__, "tower": "lora"})
+    f = activation_forecast(LmShapes(2, 64, 160, 4, 2, 50), frozen, step, vision)
+    t = activation_forecast(LmShapes(2, 64, 160, 4, 2, 50), lora, step, vision)
+    assert f["tower_saved"] == f["tower_backward"] == 0
+    patches = 2 * 16
+    assert t["tower_saved"] == 3 * patches * 2 * 64  # bf16 layer inputs
+    layer = patches * tower_layer_bytes(vision, lora) + tower_autocast_bytes(vision, lora)
+    assert t["tower_backward"] == layer + patches * tower_gradient_bytes(vision, lora)
+    backward = t["tower_saved"] + t["tower_backward"] + t["images"]
+    assert t["peak"] == max(t["lm"] + t["mask"] + t["vocab"] + t["images"] + t["tower_saved"],
+                            t["tower"] + t["images"] + t["tower_saved"], backward) == backward  # fmt: skip
+    plain = Training(**{**lora.__dict__, "checkpointing": False})
+    assert activation_forecast(LmShapes(2, 64, 160, 4, 2, 50), plain, step, vision)["tower_saved"] == 3 * layer
+    with pytest.raises(ValueError, match="layers and heads"):
+        activation_forecast(LmShapes(2, 64, 160, 4, 2, 50), lora, step, VisionShapes(64, 160, 16, 3 * 32 * 32))
+    line = forecast_text({"total": 0}, {"bytes": t, "step": step}, None, False)[0]
+    assert "the trained tower's saved activations" in line
 
 
 def test_forecast_grows_with_images_and_captions_and_checkpointing_shrinks_it():
@@ -380,6 +481,19 @@ REAL = [  # variant overrides, step, Training (no mask: one image size, captions
         "scst",
         Training("lora", 2, rank=16, mask=False, checkpointing=True),
     ),
+    (  # the tower's LoRA adapters trained too: its backward pass is the peak
+        "bf16+lora+tower+ckpt",
+        [
+            "model.dtype=bfloat16",
+            "lora.lm=true",
+            "lora.rank=16",
+            "train.gradient_checkpointing=true",
+            "model.train_encoder=true",
+            "lora.encoder=true",
+        ],
+        "scst",
+        Training("lora", 2, rank=16, mask=False, checkpointing=True, tower="lora", cpu=True),
+    ),  # fmt: skip
 ]
 
 
@@ -401,7 +515,7 @@ def test_forecast_within_a_quarter_of_the_measured_cpu_peak(smolvlm_checkpoint, 
     )  # the one measure compared: the others' passes left out
     shapes = Step(images, row["prompt_tokens"], samples if step == "scst" else 1, tokens,
                   shared=step == "scst")  # fmt: skip
-    vision = VisionShapes(768, 3072, 1024, 3 * 512 * 512)  # SigLIP at 512 px, patch 16, one crop
+    vision = VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12)  # SigLIP at 512 px, patch 16, one crop
     forecast = activation_forecast(SMOLVLM, train, shapes, vision)["peak"] / 2**20
     print(f"{name}: prompt {row['prompt_tokens']} tokens, forecast {forecast:.0f} MB, measured "
           f"{row['activations_mb']:.0f} MB ({forecast / row['activations_mb']:.3f})")  # fmt: skip

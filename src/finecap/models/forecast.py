@@ -42,6 +42,13 @@ values over the prompt, once per image (the cache the captions read: ``(r + l) k
 residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer; the two passes
 are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
 
+**A trained vision tower** (``model.train_encoder``: LoRA or the whole tower) keeps, beyond the frozen tower's
+counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, counted as a SigLIP / CLIP encoder
+layer by the rules above), or under checkpointing each layer's input, from its forward pass, which runs first, to
+its backward pass, which runs last: the language model's activations are freed by then, so the tower's backward
+pass is a peak of its own: what the tower keeps, one recomputed layer (under checkpointing) and the gradients that
+layer's backward pass forms at its ``fc2`` (:func:`tower_gradient_bytes`), beside the images.
+
 **The reference pass** of the GRPO family's KL term (``grpo.kl_coef > 0``, :mod:`finecap.objectives.reference`)
 scores the step's captions once more before the step, without gradient and in eval mode: the logits (``l`` bytes:
 bf16 under autocast or bf16 weights), their float32 copy divided by the temperature and its float32 log-softmax,
@@ -50,10 +57,10 @@ in the policy's vocabulary chunks, so only one chunk's positions at a time, besi
 (``l H`` a position). Both measured on the CPU (``tests/models/test_memory_forecast.py``).
 
 The peak is taken at the start of the backward pass: everything saved, plus the vocabulary's gradients (or, under
-checkpointing, one recomputed layer), or the vision tower's temporaries if larger, or the reference pass's logits if
-larger still (the pass's KV cache, freed before its log-softmax, aside). Not counted: the allocator's
-rounding and fragmentation, the optimizer step's temporaries, a data-parallel wrapper's buckets, and decoding
-(rollouts run without a graph, before the step's forward).
+checkpointing, one recomputed layer), or the vision tower's temporaries if larger, or a trained tower's backward
+pass, or the reference pass's logits if larger still (the pass's KV cache, freed before its log-softmax, aside). Not
+counted: the allocator's rounding and fragmentation, the optimizer step's temporaries, a data-parallel wrapper's
+buckets, and decoding (rollouts run without a graph, before the step's forward).
 """
 
 from __future__ import annotations
@@ -71,6 +78,14 @@ CHUNKED = ("mle", "reinforce", "grpo")
 """Objectives that score their captions through the head in vocabulary chunks under checkpointing (``grpo`` is
 ``reinforce`` with options: one implementation)."""
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TOWER_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+"""The linear layers of the encoder layer :func:`tower_layer_bytes` counts, SigLIP's and CLIP's (finecap's LoRA
+targets there: :data:`finecap.models.vlm.VIT_TARGETS`)."""
+TOWER_ROLES = {"qkv": ("q_proj", "k_proj", "v_proj"), "attn.qkv": ("q_proj", "k_proj", "v_proj"),
+               "attn.proj": ("out_proj",), "proj": ("out_proj",), "mlp.gate_proj": ("fc1",), "mlp.up_proj": ("fc1",),
+               "mlp.down_proj": ("fc2",)}  # fmt: skip
+"""Other towers' LoRA targets (Qwen2-VL's fused ``qkv``, Qwen2.5-VL's gated MLP) by the SigLIP layer they are
+counted as."""
 
 
 @dataclass(frozen=True)
@@ -105,14 +120,17 @@ class LmShapes:
 
 @dataclass(frozen=True)
 class VisionShapes:
-    """A frozen vision tower's shapes per image: ``patches`` (all crops) of width ``hidden`` (``intermediate`` in
-    its MLP), the float32 values of its ``pixel_values`` (``pixels``) and of the projector's input (``projector_in``:
-    the tower's output, pixel-shuffled or merged: ``patches x hidden``)."""
+    """A vision tower's shapes per image: ``patches`` (all crops) of width ``hidden`` (``intermediate`` in its MLP),
+    the float32 values of its ``pixel_values`` (``pixels``) and of the projector's input (``projector_in``: the
+    tower's output, pixel-shuffled or merged: ``patches x hidden``); its ``layers`` and attention ``heads`` (read
+    only when the tower trains: :func:`tower_layer_bytes`)."""
 
     hidden: int
     intermediate: int
     patches: int
     pixels: int
+    layers: int = 0
+    heads: int = 0
 
     @property
     def projector_in(self) -> int:
@@ -126,14 +144,20 @@ class VisionShapes:
         intermediate = int(getattr(vision, "intermediate_size", 0) or hidden * getattr(vision, "mlp_ratio", 4))
         patch = int(vision.patch_size) ** 2 * int(getattr(vision, "temporal_patch_size", 1) or 1)
         pixels = pixel_values.numel() // images
-        return cls(hidden, intermediate, pixels // (3 * patch), pixels)
+        layers = int(getattr(vision, "depth", 0) or getattr(vision, "num_hidden_layers", 0) or 0)
+        heads = int(getattr(vision, "num_heads", 0) or getattr(vision, "num_attention_heads", 0) or 0)
+        return cls(hidden, intermediate, pixels // (3 * patch), pixels, layers, heads)
 
 
 @dataclass(frozen=True)
 class Training:
     """How the step trains: ``lm`` = ``"full"`` (the language model's weights train), ``"lora"`` (adapters of
     ``rank`` on ``targets``, base and norms frozen) or ``"frozen"``; ``weights_bytes`` of the frozen base (2 or 4);
-    bf16 ``autocast``; gradient ``checkpointing``; whether an attention ``mask`` is passed (padded batches)."""
+    bf16 ``autocast``; gradient ``checkpointing``; whether an attention ``mask`` is passed (padded batches); the
+    vision ``tower`` likewise (``"frozen"``, ``"lora"`` with adapters of ``rank`` on ``tower_targets``, SigLIP's
+    names of :data:`TOWER_TARGETS`, or ``"full"``); ``cpu``: the step runs on the CPU, whose LayerNorm keeps its
+    mean and rstd in the input's dtype and which autocast leaves in bf16 (CUDA keeps them in float32, and its
+    autocast runs LayerNorm in float32: the default, the GPU a run is sized for)."""
 
     lm: str = "full"
     weights_bytes: int = 4
@@ -143,10 +167,14 @@ class Training:
     targets: tuple[str, ...] = LM_TARGETS
     mask: bool = True
     projector_trains: bool = True
+    tower: str = "frozen"
+    tower_targets: tuple[str, ...] = ()
+    cpu: bool = False
 
     def __post_init__(self) -> None:
-        if self.lm not in ("full", "lora", "frozen"):
-            raise ValueError(f"Training.lm={self.lm!r}; valid: full, lora, frozen")
+        for part in ("lm", "tower"):
+            if getattr(self, part) not in ("full", "lora", "frozen"):
+                raise ValueError(f"Training.{part}={getattr(self, part)!r}; valid: full, lora, frozen")
 
     @property
     def residual(self) -> int:
@@ -264,6 +292,66 @@ def reference_bytes(lm: LmShapes, train: Training, scored: int) -> int:
     return (train.linear + 8) * lm.vocab * scored
 
 
+def tower_training(train: Training) -> Training:
+    """The vision tower's own :class:`Training`: its mode (``train.tower``) and adapters (``train.tower_targets``,
+    every linear layer when empty), the step's dtype and autocast, no attention mask."""
+    return replace(train, lm=train.tower, targets=train.tower_targets or TOWER_TARGETS, mask=False,
+                   tower="frozen", tower_targets=())  # fmt: skip
+
+
+def tower_targets_of(names: Any) -> tuple[str, ...]:
+    """``lora.encoder_targets`` as the SigLIP layer's names :func:`tower_layer_bytes` counts (:data:`TOWER_ROLES`);
+    empty: every linear layer."""
+    return tuple(dict.fromkeys(t for name in names for t in TOWER_ROLES.get(name, (name,))))
+
+
+def tower_layer_bytes(vision: VisionShapes, train: Training) -> int:
+    """Bytes one trained vision-tower layer saves per patch (``train.tower``: ``"lora"`` or ``"full"``), counted as a
+    SigLIP / CLIP encoder layer (``x + attn(LN(x))``, then ``+ fc2(gelu(fc1(LN(x))))``, attention through ``sdpa``
+    without a mask), by the rules of :func:`layer_bytes`: each LayerNorm saves its input (under autocast the float32
+    cast it runs on, whose float32 output the projections then read) and its mean and rstd; attention saves query,
+    key, value, output and the log-sum-exp; GELU saves ``fc1``'s output; the projections their inputs
+    (:func:`_inputs`). Other towers (Qwen2-VL's fused ``qkv``, rotary and QuickGELU, Qwen2.5-VL's gated MLP) are
+    counted as this layer (:data:`TOWER_ROLES`): an approximation, not measured for them. Under autocast the
+    layer's bf16 weight copies come on top (:func:`tower_autocast_bytes`, per layer, not per patch)."""
+    t = tower_training(train)
+    h, i, lb = vision.hidden, vision.intermediate, t.linear
+    normed = 4 if t.autocast and not t.cpu else t.residual  # the norm's input as saved, and its output
+    norm = normed * h + (2 * normed if t.cpu else 8)  # mean and rstd: float32 on CUDA
+    attention = lb * 4 * h + 4 * vision.heads
+    projections = (
+        _inputs(t, h, normed, ("q_proj", "k_proj", "v_proj"), False)
+        + _inputs(t, h, lb, ("out_proj",), saved=True)  # sdpa's output, saved by sdpa
+        + _inputs(t, h, normed, ("fc1",), False)
+        + _inputs(t, i, lb, ("fc2",), False)  # GELU saves its input, not its output
+    )
+    return 2 * norm + attention + lb * i + projections
+
+
+def tower_autocast_bytes(vision: VisionShapes, train: Training) -> int:
+    """The bf16 copies of a trained tower layer's float32 weights that autocast makes and the backward pass keeps
+    (as :func:`autocast_bytes`): its projections' when they train whole or are stored in float32, and its LoRA
+    adapters' (``rank x (in + out)`` each); 0 without autocast."""
+    t = tower_training(train)
+    if not t.autocast:
+        return 0
+    h, i = vision.hidden, vision.intermediate
+    sizes = {"q_proj": 2 * h, "k_proj": 2 * h, "v_proj": 2 * h, "out_proj": 2 * h, "fc1": h + i, "fc2": i + h}
+    base = 4 * h * h + 2 * h * i if t.lm == "full" or t.weights_bytes == 4 else 0
+    lora = t.rank * sum(sizes[n] for n in t.targets if n in sizes) if t.lm == "lora" else 0
+    return 2 * (base + lora)
+
+
+def tower_gradient_bytes(vision: VisionShapes, train: Training) -> int:
+    """Bytes per patch of the gradients a trained tower layer's backward pass holds at once, counted where they are
+    largest, at ``fc2``: the gradient of the MLP's intermediate from the base projection (in the projections' output
+    dtype) and, with an adapter on ``fc2``, the float32 gradient of the copy peft casts its input to and that
+    gradient cast back."""
+    t = tower_training(train)
+    adapted = t.lm == "lora" and "fc2" in t.targets
+    return vision.intermediate * (t.linear + (4 + t.linear if adapted else 0))
+
+
 def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None = None) -> dict:
     """Bytes of one step's activations at its peak, by part: ``lm`` (the decoder layers and final norm, per the
     prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), ``tower``
@@ -315,8 +403,7 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
     vocab = vocab_bytes(lm, train, rows * step.tokens, step.chunked)
     if train.lm == "full":  # the head's weight gradient as the backward pass forms it, before it is accumulated
         vocab += 4 * lm.vocab * lm.hidden
-    images = 0
-    tower = 0
+    images = tower = tower_saved = tower_backward = 0
     if vision is not None:
         # without the shared prompt each caption's row runs the model's own forward, vision tower included: the
         # image's pixel values are copied per row and the tower and projector see every row
@@ -327,10 +414,32 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
             images += (2 if train.autocast else 4) * vision.projector_in * seen
         # one frozen tower layer's temporaries (q, k, v, output, the MLP's two intermediates), in the weights' dtype
         tower = seen * vision.patches * (5 * vision.hidden + 2 * vision.intermediate) * train.weights_bytes
-    total = layers + head_cast + mask_total + vocab + images
+        if train.tower != "frozen":
+            if vision.layers <= 0 or vision.heads <= 0:
+                raise ValueError(f"a trained vision tower needs its layers and heads: {vision}")
+            patches = seen * vision.patches
+            layer = patches * tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train)
+            gradients = patches * tower_gradient_bytes(vision, train)
+            if train.checkpointing:  # each layer's input kept; one layer recomputed at a time in the backward pass
+                tower_saved = vision.layers * patches * tower_training(train).residual * vision.hidden
+                tower_backward = layer + gradients
+            else:
+                tower_saved, tower_backward = vision.layers * layer, gradients
+    total = layers + head_cast + mask_total + vocab + images + tower_saved
     reference = reference_bytes(lm, train, rows * step.tokens) if step.reference else 0
-    out = {"lm": layers + head_cast, "mask": mask_total, "vocab": vocab, "images": images, "tower": tower,
-           "reference": reference, "peak": max(total, tower + images, reference)}  # fmt: skip
+    # the tower's backward pass runs after the language model's, whose activations are freed by then
+    peak = max(total, tower + images + tower_saved, tower_saved + tower_backward + images, reference)
+    out = {
+        "lm": layers + head_cast,
+        "mask": mask_total,
+        "vocab": vocab,
+        "images": images,
+        "tower": tower,
+        "tower_saved": tower_saved,
+        "tower_backward": tower_backward,
+        "reference": reference,
+        "peak": peak,
+    }
     return out
 
 
@@ -340,8 +449,10 @@ def training_of(cfg: Any, padded: bool = True) -> Training:
     lm = ("lora" if cfg.lora.lm else "full") if cfg.model.train_lm else "frozen"
     weights = 2 if cfg.model.dtype in ("bfloat16", "float16") else 4
     targets = tuple(cfg.lora.lm_targets) or LM_TARGETS
+    tower = ("lora" if cfg.lora.encoder else "full") if cfg.model.train_encoder else "frozen"
     return Training(lm, weights, cfg.train.mixed_precision in ("bf16", "fp16"), cfg.train.gradient_checkpointing,
-                    cfg.lora.rank, targets, padded)  # fmt: skip
+                    cfg.lora.rank, targets, padded, tower=tower,
+                    tower_targets=tower_targets_of(cfg.lora.encoder_targets))  # fmt: skip
 
 
 def step_of(cfg: Any, batch: dict[str, Any], rl: Any | None, shares_prompt: bool) -> Step:
@@ -363,10 +474,11 @@ def has_reference(cfg: Any) -> bool:
     return cfg.train.objective in GRPO_OBJECTIVES and cfg.grpo.kl_coef > 0
 
 
-def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any) -> dict[str, Any] | None:
+def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any,
+                    cpu: bool = False) -> dict[str, Any] | None:  # fmt: skip
     """The activation forecast (:func:`activation_forecast`) of a run's first batch, for a VLM whose own forward
-    reads prompt ids (``model.kind=vlm`` with a pretrained checkpoint); ``None`` for other captioners (no model of
-    their shapes here)."""
+    reads prompt ids (``model.kind=vlm`` with a pretrained checkpoint), stepping on the CPU (``cpu``: ``Training.cpu``)
+    or CUDA; ``None`` for other captioners (no model of their shapes here)."""
     config = getattr(getattr(model, "model", None), "config", None)
     if cfg.model.kind != "vlm" or config is None or "prompt_ids" not in batch or not hasattr(config, "text_config"):
         return None
@@ -376,7 +488,7 @@ def forecast_of_run(model: Any, cfg: Any, batch: dict[str, Any], objective: Any)
     train = training_of(cfg, padded or rl is not None)  # sampled captions end at different lengths
     step = step_of(cfg, batch, rl, shares)
     vision = VisionShapes.of(config, batch["pixel_values"], step.images) if "pixel_values" in batch else None
-    train = Training(**{**train.__dict__, "projector_trains": bool(getattr(cfg.vlm, "train_projector", True))})
+    train = replace(train, projector_trains=bool(getattr(cfg.vlm, "train_projector", True)), cpu=cpu)
     return {"step": step, "training": train, "bytes": activation_forecast(LmShapes.of(config), train, step, vision)}
 
 
@@ -424,6 +536,12 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
         f"{' shared' if step.shared else ''}, caption {step.tokens} tokens: language model {size(b['lm'])}, "
         f"attention mask {size(b['mask'])}, vocabulary {size(b['vocab'])}, images {size(b['images'])}, "
         f"vision tower {size(b['tower'])}"
+        + (
+            f", the trained tower's saved activations {size(b['tower_saved'])} and its backward pass "
+            f"{size(b['tower_backward'])}"
+            if b.get("tower_saved")
+            else ""
+        )  # fmt: skip
         + (f", the KL's reference pass {size(b['reference'])}" if b.get("reference") else "")
         + f"; peak {size(b['peak'])}"
         + (f" ({per})" if per else ""),
@@ -447,9 +565,9 @@ def forecast_text(memory: dict[str, int], forecast: dict[str, Any] | None, devic
 class Backbone:
     """A reference backbone for sizing recipes without loading it: its language model's and vision tower's shapes,
     the prompt's tokens per image under a recipe's pixel budget (:data:`BUDGET_PIXELS`), its parameter counts
-    (language model with its head, vision tower, projector), and the vision tower's ``vision_layers`` with each
-    linear layer a LoRA adapter may target there (``vision_linears``: name, inputs + outputs; the family's default
-    targets, all of them)."""
+    (language model with its head, vision tower, projector), and each linear layer of the vision tower's layers
+    (``vision.layers``) a LoRA adapter may target there (``vision_linears``: name, inputs + outputs; the family's
+    default targets, all of them)."""
 
     name: str
     lm: LmShapes
@@ -458,7 +576,6 @@ class Backbone:
     lm_params: int
     vision_params: int
     projector_params: int
-    vision_layers: int
     vision_linears: tuple[tuple[str, int], ...]
 
     def lm_layers_lora(self, train: Training) -> int:
@@ -474,7 +591,7 @@ class Backbone:
         if unknown:
             raise ValueError(f"lora.encoder_targets: {unknown[0]!r} is not a vision linear layer the sizing of "
                              f"{self.name} knows ({', '.join(sizes)})")  # fmt: skip
-        return self.vision_layers * rank * sum(sizes[t] for t in (targets or tuple(sizes)))
+        return self.vision.layers * rank * sum(sizes[t] for t in (targets or tuple(sizes)))
 
 
 BUDGET_PIXELS = 512 * 512
@@ -485,16 +602,16 @@ BACKBONES = {
     # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector); the
     # tower's LoRA targets (finecap.models.vlm.VIT_TARGETS) per layer: attention 4 x 768 -> 768, fc1 768 -> 3,072, fc2
     "SmolVLM-256M": Backbone("SmolVLM-256M", LmShapes(30, 576, 1536, 9, 3, 49_280),
-                             VisionShapes(768, 3072, 1024, 3 * 512 * 512), 78, 162_974_016, 86_433_024, 7_077_888,
-                             12, (("q_proj", 1536), ("k_proj", 1536), ("v_proj", 1536), ("out_proj", 1536),
+                             VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12), 78, 162_974_016, 86_433_024,
+                             7_077_888, (("q_proj", 1536), ("k_proj", 1536), ("v_proj", 1536), ("out_proj", 1536),
                                   ("fc1", 3840), ("fc2", 3840))),
     # Qwen2-VL-2B-Instruct (config.json): 640 x 480 under 262,144 pixels -> 588 x 420 = 42 x 30 patches of 14 px
     # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
     # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
     # the tower's LoRA targets (QWEN_VIT_TARGETS) per layer: qkv 1,280 -> 3,840, proj, fc1 1,280 -> 5,120, fc2
     "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
-                            VisionShapes(1280, 5120, 1260, 1260 * 1176), 335, 1_543_714_304, 631_183_360,
-                            34_087_936, 32, (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
+                            VisionShapes(1280, 5120, 1260, 1260 * 1176, 32, 16), 335, 1_543_714_304, 631_183_360,
+                            34_087_936, (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
 }  # fmt: skip
 
 

@@ -324,8 +324,8 @@ def dry_run(cfg: Config) -> dict[str, Any]:
         if len(micro) == cfg.train.grad_accum_steps:
             break
     info = engine.step_info(batches[0], fields)
-    forecast = forecast_of_run(run.model, cfg, micro[0], engine.objective) if micro else None
     cuda = acc.device.type == "cuda"
+    forecast = forecast_of_run(run.model, cfg, micro[0], engine.objective, acc.device.type == "cpu") if micro else None
     device_bytes = torch.cuda.get_device_properties(acc.device).total_memory if cuda else None
     # a colocated engine's own share of the device (vLLM's KV cache and weights: decode.engine), beside the step
     share = engine_class(cfg.decode).device_share(acc.unwrap_model(run.model), cfg, device_bytes, cuda)
