@@ -258,3 +258,79 @@ def test_the_vllm_check_sets_the_memory_sleep_freed_beside_finecaps_forecast_of_
                                              "freed_over_forecast": pytest.approx(0.5)}  # fmt: skip
     sized = load(overrides=["vllm.kv_cache_memory_bytes=1073741824"])
     assert gc.engine_forecast(sized, 12.0)["forecast_engine_share_gib"] is None
+
+
+def replayed_memory_line(tmp_path, monkeypatch, record: dict, cuda: bool) -> dict:
+    """``check_memory`` of ``record``'s recipe with the dry run replaying ``record``'s forecast and measured peak (a
+    committed GPU record), on a CUDA device faked to be there when ``cuda``: the line as the check would judge it."""
+    import types
+
+    import torch
+
+    import finecap.train.run
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    (tmp_path / "smolvlm").mkdir(parents=True)
+    (tmp_path / "smolvlm" / "config.json").write_text("{}")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dataset.json").write_text("{}")
+    activations = record.get("activation_forecast_bytes")
+    report = {"memory_bytes": record["forecast_bytes"], "parameters": record["parameters"],
+              "forecast": {"activations": activations} if activations else None,
+              "step": {"loss": record["loss"], "seconds": record["step_seconds"],
+                       "peak_bytes": record["measured_peak_bytes"]}}  # fmt: skip
+    monkeypatch.setattr(finecap.train.run, "dry_run", lambda cfg: report)
+    if cuda:
+        card = types.SimpleNamespace(total_memory=140 * 2**30)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: card)
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 2**30)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (100 * 2**30, 140 * 2**30))
+    ctx = gc.Ctx(smoke=False, work=tmp_path, cuda=cuda)
+    return gc.check_memory(ctx, record["recipe"].split("/")[1])
+
+
+def committed_memory_records() -> dict[str, dict]:
+    out = {}
+    for file in sorted((ROOT / "benchmarks" / "results").glob("gpu_check_h200_2026-11-28*.json")):
+        out |= {c["name"]: c for c in json.loads(file.read_text())["checks"] if c["name"].startswith("memory:")
+                and c["status"] != "skipped"}  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("name", ["memory:sr_lv_bagcurri_vlm", "memory:mle_vlm", "memory:discritune_vlm"])
+def test_a_memory_line_on_cuda_fails_when_its_forecast_is_under_three_quarters_of_the_measured_peak(
+    tmp_path, monkeypatch, name
+):
+    """The H200's 2026-11-28 records replayed through ``check_memory``: ``sr_lv_bagcurri_vlm``'s forecast with
+    activations, 3.05 GiB against a measured 8.61 GiB (0.35 of it), fails the line (it passed on that run: a check
+    that could not fail on the quantity it checks); ``mle_vlm`` (0.97) and ``discritune_vlm`` (0.90) pass."""
+    record = committed_memory_records()[name]
+    line = replayed_memory_line(tmp_path, monkeypatch, record, cuda=True)
+    ratio = record["forecast_with_activations_gib"] / record["measured_peak_gib"]
+    assert line["forecast_over_measured"] == pytest.approx(ratio)
+    if name == "memory:sr_lv_bagcurri_vlm":
+        assert ratio == pytest.approx(0.354, abs=1e-3)
+        assert line["status"] == "fail", line
+        assert line["error"].startswith("forecast 3.05 GiB is under 0.75 of the measured 8.61 GiB"), line["error"]
+    else:
+        assert 0.75 <= ratio < 1 and line["status"] == "pass" and "error" not in line, line
+    assert f"({ratio:.2f})" in line["summary"]
+
+
+def test_an_over_forecast_passes_and_the_cpu_smoke_records_no_ratio(tmp_path, monkeypatch):
+    """An over-forecast sizes safely: twice the measured peak passes, its ratio recorded. Off CUDA the measured number
+    is the step's RSS growth, no peak to hold a forecast to: no ratio and no verdict, however far apart."""
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    record = committed_memory_records()["memory:sr_lv_bagcurri_vlm"]
+    over = {**record, "measured_peak_bytes": record["measured_peak_bytes"] // 6}  # forecast 3.05 / 1.44 GiB
+    line = replayed_memory_line(tmp_path / "over", monkeypatch, over, cuda=True)
+    assert line["status"] == "pass" and line["forecast_over_measured"] == pytest.approx(2.12, abs=0.01), line
+    cpu = replayed_memory_line(tmp_path / "cpu", monkeypatch, record, cuda=False)
+    assert cpu["status"] == "pass" and cpu["forecast_over_measured"] is None, cpu
+    assert cpu["measured_what"] == "peak RSS growth (CPU)"
+    # a state forecast alone (no activations forecast) counts no activations: recorded, never judged
+    state = gc.judge_forecast({"forecast_gib": 0.7, "measured_peak_gib": 8.6, "status": "pass"}, cuda=True)
+    assert state["status"] == "pass" and state["forecast_over_measured"] == pytest.approx(0.7 / 8.6)
