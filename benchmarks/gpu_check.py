@@ -284,6 +284,16 @@ def smolvlm_sizes(smoke: bool) -> dict[str, Any]:
     return dict(SMOLVLM_256M)
 
 
+def smolvlm_tokenizer(processor: Any, sizes: dict[str, Any]) -> None:
+    """Give setup's SmolVLM-shaped model's tokenizer the model's own length limit: ``model_max_length`` = its
+    ``positions`` (SmolVLM-256M-Instruct's 8192, as its own tokenizer says; the smoke model's 2048). The world
+    tokenizer it is built from says 64 (the tiny models' limit), and transformers warned of every longer prompt
+    ("Token indices sequence length is longer than the specified maximum sequence length for this model (78 > 64)",
+    in every ``memory:*`` and ``grpo`` log of the 2026-11-28 H200 run). The tiny families keep theirs: their prompts
+    (4 image tokens, no image splitting) stay under 64."""
+    processor.tokenizer.model_max_length = int(sizes["positions"])
+
+
 def check_setup(ctx: Ctx) -> dict:
     import torch
 
@@ -325,6 +335,7 @@ def check_setup(ctx: Ctx) -> dict:
             sizes = {k: v for k, v in sizes.items() if k != "scale"} | ({"patch": 64} if not ctx.smoke else {})
             model, processor = tiny_vlm("llava", **sizes)
         model.save_pretrained(folder)
+        smolvlm_tokenizer(processor, sizes)
         processor.save_pretrained(folder)
         if stand_in:
             (folder / "STAND_IN").write_text(stand_in)

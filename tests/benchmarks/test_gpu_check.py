@@ -334,3 +334,48 @@ def test_an_over_forecast_passes_and_the_cpu_smoke_records_no_ratio(tmp_path, mo
     # a state forecast alone (no activations forecast) counts no activations: recorded, never judged
     state = gc.judge_forecast({"forecast_gib": 0.7, "measured_peak_gib": 8.6, "status": "pass"}, cuda=True)
     assert state["status"] == "pass" and state["forecast_over_measured"] == pytest.approx(0.7 / 8.6)
+
+
+def test_setups_smolvlm_shaped_tokenizer_says_smolvlms_own_length_limit(tmp_path, monkeypatch):
+    """The SmolVLM-256M-shaped checkpoint setup saves: its tokenizer's ``model_max_length`` is SmolVLM-256M-Instruct's
+    8192 (the model's positions), in the saved tokenizer_config.json and as the processor loads back, so a prompt of
+    78 tokens (64 image tokens and the text) raises no "longer than the specified maximum sequence length" warning
+    (the world tokenizer it is built from says 64: the warning of every memory and grpo log on the 2026-11-28 H200)."""
+    import logging
+
+    import transformers
+
+    from finecap.models.presets import tiny_vlm
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # rollouts.py's SMOLVLM_256M, as the script finds it
+    sizes = gc.smolvlm_sizes(smoke=False)
+    assert sizes["positions"] == 8192
+    _, processor = tiny_vlm("idefics3")  # the tiny shapes' processor: its tokenizer is the same world tokenizer
+    assert processor.tokenizer.model_max_length == 64
+    gc.smolvlm_tokenizer(processor, sizes)
+    processor.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] == 8192
+    loaded = transformers.AutoProcessor.from_pretrained(tmp_path)
+    assert loaded.tokenizer.model_max_length == 8192
+
+    class Messages(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.seen: list[str] = []
+
+        def emit(self, record):
+            self.seen.append(record.getMessage())
+
+    def warnings_of(tokenizer) -> list[str]:
+        messages, library = Messages(), transformers.logging.get_logger("transformers")
+        library.addHandler(messages)
+        try:
+            assert len(tokenizer(" ".join(["red"] * 78))["input_ids"]) >= 78
+        finally:
+            library.removeHandler(messages)
+        return [m for m in messages.seen if "maximum sequence length" in m]
+
+    assert not warnings_of(loaded.tokenizer)
+    assert warnings_of(tiny_vlm("idefics3")[1].tokenizer)  # the control: the world tokenizer's 64 warns
