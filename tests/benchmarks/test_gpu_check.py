@@ -379,3 +379,37 @@ def test_setups_smolvlm_shaped_tokenizer_says_smolvlms_own_length_limit(tmp_path
 
     assert not warnings_of(loaded.tokenizer)
     assert warnings_of(tiny_vlm("idefics3")[1].tokenizer)  # the control: the world tokenizer's 64 warns
+
+
+def test_gpu_wheels_dry_run_names_the_wheels_the_gpu_check_carries(tmp_path):
+    """``benchmarks/gpu_wheels.sh --dry-run`` prints its one pip command and downloads nothing: binary wheels for
+    python 3.12 on manylinux x86_64 without dependencies into WHEELS, transformers at the installed version, the
+    pyproject's pins for bitsandbytes, platformdirs, snowballstemmer, isal, lemminflect and tenacity, transformers'
+    own regex requirement, num2words (SmolVLM's processor)."""
+    import importlib.metadata as md
+    import shlex
+    import tomllib
+
+    wheels = tmp_path / "wheels"
+    env = {**os.environ, "WHEELS": str(wheels), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), "--dry-run"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    argv = shlex.split(line)
+    assert argv[:4] == [sys.executable, "-m", "pip", "download"]
+    for flags in (["--no-deps"], ["--only-binary=:all:"], ["--python-version", "3.12"], ["-d", str(wheels)],
+                  ["--platform", "manylinux2014_x86_64"]):  # fmt: skip
+        assert any(argv[i : i + len(flags)] == flags for i in range(len(argv))), (flags, argv)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = {s.split(">")[0].split("<")[0].split("=")[0]: s for s in project["dependencies"]}
+    pinned = [pins[n] for n in ("platformdirs", "snowballstemmer", "isal", "lemminflect", "tenacity")]
+    regex = next(r for r in md.requires("transformers") if r.startswith("regex"))
+    assert argv[argv.index(str(wheels)) + 1 :] == [
+        f"transformers=={md.version('transformers')}", *project["optional-dependencies"]["quant"], *pinned,
+        regex.split(";")[0], "num2words",
+    ]  # fmt: skip
+    assert not wheels.exists()  # nothing downloaded, no folder made
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), "--download"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "usage" in bad.stderr and not wheels.exists()
