@@ -157,6 +157,8 @@ bench: $(STAMP)
 # With OUT (a directory; a device machine sets the environment variable) the JSON, the printed log, nvidia-smi.txt and
 # one tarball of the per-check logs go there (benchmarks/gpu_check.sh); else to $$FINECAP_HOME/gpu_check or a new
 # temporary folder. GPU_CHECK_ARGS passes options, e.g. GPU_CHECK_ARGS="--budget 480" or --cpu-smoke for the CPU.
+# .whl/ beforehand, on a machine with internet access: bash benchmarks/gpu_wheels.sh (the wheels the device lacks,
+# docs/scaling.md; --dry-run prints the pip command).
 # Device command (one H100 or H200; timeout_s=560, carry .whl): make gpu-check GPU_CHECK_ARGS="--budget 480"
 gpu-check:
 	OUT="$(OUT)" PYTHON="$(PYTHON)" bash benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)

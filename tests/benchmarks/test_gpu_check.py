@@ -258,3 +258,158 @@ def test_the_vllm_check_sets_the_memory_sleep_freed_beside_finecaps_forecast_of_
                                              "freed_over_forecast": pytest.approx(0.5)}  # fmt: skip
     sized = load(overrides=["vllm.kv_cache_memory_bytes=1073741824"])
     assert gc.engine_forecast(sized, 12.0)["forecast_engine_share_gib"] is None
+
+
+def replayed_memory_line(tmp_path, monkeypatch, record: dict, cuda: bool) -> dict:
+    """``check_memory`` of ``record``'s recipe with the dry run replaying ``record``'s forecast and measured peak (a
+    committed GPU record), on a CUDA device faked to be there when ``cuda``: the line as the check would judge it."""
+    import types
+
+    import torch
+
+    import finecap.train.run
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    (tmp_path / "smolvlm").mkdir(parents=True)
+    (tmp_path / "smolvlm" / "config.json").write_text("{}")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dataset.json").write_text("{}")
+    activations = record.get("activation_forecast_bytes")
+    report = {"memory_bytes": record["forecast_bytes"], "parameters": record["parameters"],
+              "forecast": {"activations": activations} if activations else None,
+              "step": {"loss": record["loss"], "seconds": record["step_seconds"],
+                       "peak_bytes": record["measured_peak_bytes"]}}  # fmt: skip
+    monkeypatch.setattr(finecap.train.run, "dry_run", lambda cfg: report)
+    if cuda:
+        card = types.SimpleNamespace(total_memory=140 * 2**30)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: card)
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 2**30)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (100 * 2**30, 140 * 2**30))
+    ctx = gc.Ctx(smoke=False, work=tmp_path, cuda=cuda)
+    return gc.check_memory(ctx, record["recipe"].split("/")[1])
+
+
+def committed_memory_records() -> dict[str, dict]:
+    out = {}
+    for file in sorted((ROOT / "benchmarks" / "results").glob("gpu_check_h200_2026-11-28*.json")):
+        out |= {c["name"]: c for c in json.loads(file.read_text())["checks"] if c["name"].startswith("memory:")
+                and c["status"] != "skipped"}  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("name", ["memory:sr_lv_bagcurri_vlm", "memory:mle_vlm", "memory:discritune_vlm"])
+def test_a_memory_line_on_cuda_fails_when_its_forecast_is_under_three_quarters_of_the_measured_peak(
+    tmp_path, monkeypatch, name
+):
+    """The H200's 2026-11-28 records replayed through ``check_memory``: ``sr_lv_bagcurri_vlm``'s forecast with
+    activations, 3.05 GiB against a measured 8.61 GiB (0.35 of it), fails the line (it passed on that run: a check
+    that could not fail on the quantity it checks); ``mle_vlm`` (0.97) and ``discritune_vlm`` (0.90) pass."""
+    record = committed_memory_records()[name]
+    line = replayed_memory_line(tmp_path, monkeypatch, record, cuda=True)
+    ratio = record["forecast_with_activations_gib"] / record["measured_peak_gib"]
+    assert line["forecast_over_measured"] == pytest.approx(ratio)
+    if name == "memory:sr_lv_bagcurri_vlm":
+        assert ratio == pytest.approx(0.354, abs=1e-3)
+        assert line["status"] == "fail", line
+        assert line["error"].startswith("forecast 3.05 GiB is under 0.75 of the measured 8.61 GiB"), line["error"]
+    else:
+        assert 0.75 <= ratio < 1 and line["status"] == "pass" and "error" not in line, line
+    assert f"({ratio:.2f})" in line["summary"]
+
+
+def test_an_over_forecast_passes_and_the_cpu_smoke_records_no_ratio(tmp_path, monkeypatch):
+    """An over-forecast sizes safely: twice the measured peak passes, its ratio recorded. Off CUDA the measured number
+    is the step's RSS growth, no peak to hold a forecast to: no ratio and no verdict, however far apart."""
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    record = committed_memory_records()["memory:sr_lv_bagcurri_vlm"]
+    over = {**record, "measured_peak_bytes": record["measured_peak_bytes"] // 6}  # forecast 3.05 / 1.44 GiB
+    line = replayed_memory_line(tmp_path / "over", monkeypatch, over, cuda=True)
+    assert line["status"] == "pass" and line["forecast_over_measured"] == pytest.approx(2.12, abs=0.01), line
+    cpu = replayed_memory_line(tmp_path / "cpu", monkeypatch, record, cuda=False)
+    assert cpu["status"] == "pass" and cpu["forecast_over_measured"] is None, cpu
+    assert cpu["measured_what"] == "peak RSS growth (CPU)"
+    # a state forecast alone (no activations forecast) counts no activations: recorded, never judged
+    state = gc.judge_forecast({"forecast_gib": 0.7, "measured_peak_gib": 8.6, "status": "pass"}, cuda=True)
+    assert state["status"] == "pass" and state["forecast_over_measured"] == pytest.approx(0.7 / 8.6)
+
+
+def test_setups_smolvlm_shaped_tokenizer_says_smolvlms_own_length_limit(tmp_path, monkeypatch):
+    """The SmolVLM-256M-shaped checkpoint setup saves: its tokenizer's ``model_max_length`` is SmolVLM-256M-Instruct's
+    8192 (the model's positions), in the saved tokenizer_config.json and as the processor loads back, so a prompt of
+    78 tokens (64 image tokens and the text) raises no "longer than the specified maximum sequence length" warning
+    (the world tokenizer it is built from says 64: the warning of every memory and grpo log on the 2026-11-28 H200)."""
+    import logging
+
+    import transformers
+
+    from finecap.models.presets import tiny_vlm
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # rollouts.py's SMOLVLM_256M, as the script finds it
+    sizes = gc.smolvlm_sizes(smoke=False)
+    assert sizes["positions"] == 8192
+    _, processor = tiny_vlm("idefics3")  # the tiny shapes' processor: its tokenizer is the same world tokenizer
+    assert processor.tokenizer.model_max_length == 64
+    gc.smolvlm_tokenizer(processor, sizes)
+    processor.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] == 8192
+    loaded = transformers.AutoProcessor.from_pretrained(tmp_path)
+    assert loaded.tokenizer.model_max_length == 8192
+
+    class Messages(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.seen: list[str] = []
+
+        def emit(self, record):
+            self.seen.append(record.getMessage())
+
+    def warnings_of(tokenizer) -> list[str]:
+        messages, library = Messages(), transformers.logging.get_logger("transformers")
+        library.addHandler(messages)
+        try:
+            assert len(tokenizer(" ".join(["red"] * 78))["input_ids"]) >= 78
+        finally:
+            library.removeHandler(messages)
+        return [m for m in messages.seen if "maximum sequence length" in m]
+
+    assert not warnings_of(loaded.tokenizer)
+    assert warnings_of(tiny_vlm("idefics3")[1].tokenizer)  # the control: the world tokenizer's 64 warns
+
+
+def test_gpu_wheels_dry_run_names_the_wheels_the_gpu_check_carries(tmp_path):
+    """``benchmarks/gpu_wheels.sh --dry-run`` prints its one pip command and downloads nothing: binary wheels for
+    python 3.12 on manylinux x86_64 without dependencies into WHEELS, transformers at the installed version, the
+    pyproject's pins for bitsandbytes, platformdirs, snowballstemmer, isal, lemminflect and tenacity, transformers'
+    own regex requirement, num2words (SmolVLM's processor)."""
+    import importlib.metadata as md
+    import shlex
+    import tomllib
+
+    wheels = tmp_path / "wheels"
+    env = {**os.environ, "WHEELS": str(wheels), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), "--dry-run"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    argv = shlex.split(line)
+    assert argv[:4] == [sys.executable, "-m", "pip", "download"]
+    for flags in (["--no-deps"], ["--only-binary=:all:"], ["--python-version", "3.12"], ["-d", str(wheels)],
+                  ["--platform", "manylinux2014_x86_64"]):  # fmt: skip
+        assert any(argv[i : i + len(flags)] == flags for i in range(len(argv))), (flags, argv)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = {s.split(">")[0].split("<")[0].split("=")[0]: s for s in project["dependencies"]}
+    pinned = [pins[n] for n in ("platformdirs", "snowballstemmer", "isal", "lemminflect", "tenacity")]
+    regex = next(r for r in md.requires("transformers") if r.startswith("regex"))
+    assert argv[argv.index(str(wheels)) + 1 :] == [
+        f"transformers=={md.version('transformers')}", *project["optional-dependencies"]["quant"], *pinned,
+        regex.split(";")[0], "num2words",
+    ]  # fmt: skip
+    assert not wheels.exists()  # nothing downloaded, no folder made
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), "--download"], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "usage" in bad.stderr and not wheels.exists()

@@ -1,7 +1,7 @@
 """The memory numbers docs/memory.md and docs/scaling.md quote, against what backs them: the forecast tables are
 ``benchmarks/memory_forecast.py``'s output (from shapes alone, seconds), and the H200 rows are the committed
-``benchmarks/results/gpu_check_h200_2026-11-26*.json`` records, so neither page can keep a number its source no
-longer gives."""
+``benchmarks/results/gpu_check_h200_<date>*.json`` records of each run (2026-11-26, 2026-11-28), so neither page can
+keep a number its source no longer gives."""
 
 from __future__ import annotations
 
@@ -38,29 +38,96 @@ def test_the_h200_forecast_table_is_the_scripts_from_the_committed_records(forec
     assert table_after("memory.md", "**Against the first H200 run**") == forecast.h200()[2:]
 
 
-def h200_record(name: str) -> dict:
-    for file in sorted(RESULTS.glob("gpu_check_h200_2026-11-26*.json")):
+FIRST, SECOND = "2026-11-26", "2026-11-28"
+"""The H200 runs scaling.md reports, each under "### Measured: one H200, <date>"."""
+
+
+def h200_record(name: str, date: str = FIRST) -> dict:
+    for file in sorted(RESULTS.glob(f"gpu_check_h200_{date}*.json")):
         for check in json.loads(file.read_text())["checks"]:
             if check["name"] == name and check["status"] == "pass":
                 return check
-    raise AssertionError(f"no passing {name} in the committed H200 records")
+    raise AssertionError(f"no passing {name} in the committed H200 records of {date}")
+
+
+def h200_rows(date: str) -> list[str]:
+    return table_after("scaling.md", f"### Measured: one H200, {date}")
+
+
+def h200_row(date: str, start: str) -> str:
+    """The row of the run of ``date`` whose first cell starts with ``start``, bold marks removed."""
+    return next(r for r in h200_rows(date) if r.startswith(f"| {start}")).replace("**", "")
+
+
+def gib(value: float) -> str:
+    """A peak as the page writes it: to 0.1 GiB, or 0.01 under 10 GiB."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
 @pytest.mark.parametrize("name", ["memory:mle_vlm", "memory:smile_vlm", "memory:sr_l_vlm", "memory:grpo_cider_vlm"])
 def test_scalings_h200_memory_rows_are_the_committed_records(name):
     """docs/scaling.md's "Measured: one H200" rows: batch, forecast, measured peak and step seconds as each record
     has them (the peak to 0.1 GiB, or 0.01 under 10 GiB as the page writes it)."""
-    row = next(r for r in table_after("scaling.md", "### Measured: one H200") if f"`{name}`" in r).replace("**", "")
+    row = next(r for r in h200_rows(FIRST) if f"`{name}`" in r).replace("**", "")
     r = h200_record(name)
-    peak = f"{r['measured_peak_gib']:.1f}" if r["measured_peak_gib"] >= 10 else f"{r['measured_peak_gib']:.2f}"
+    peak = gib(r["measured_peak_gib"])
     for part in (f"batch {r['batch']}:", f"forecast {r['forecast_gib']:.2f} GiB", f" {peak} GiB",
                  f"{r['step_seconds']:.1f} s a step"):  # fmt: skip
         assert part in row, (name, part, row)
 
 
-def test_scalings_h200_grpo_row_is_the_committed_record():
-    row = next(r for r in table_after("scaling.md", "### Measured: one H200") if r.startswith("| `grpo` |"))
-    r = h200_record("grpo")
+@pytest.mark.parametrize("date", [FIRST, SECOND])
+def test_scalings_h200_grpo_row_is_the_committed_record(date):
+    row = h200_row(date, "`grpo` |")
+    r = h200_record("grpo", date)
     for part in (f"{r['seconds_per_step']:.2f} s a step", f"{r['captions_per_second']:.0f} sampled captions/s",
                  f"peak {r['peak_cuda_gib_steps_2_on']:.1f} GiB"):  # fmt: skip
         assert part in row, (part, row)
+
+
+MEMORY_LINES = ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm")
+
+
+@pytest.mark.parametrize("recipe", MEMORY_LINES)
+def test_scalings_second_h200_memory_rows_are_the_committed_records(recipe):
+    """The 2026-11-28 rows: batch, the forecast with activations, the measured peak, their ratio and the step's seconds
+    as each record has them; the one row under 0.75 is the one the page says fails by the rule."""
+    row = h200_row(SECOND, f"`memory:{recipe}` |")
+    r = h200_record(f"memory:{recipe}", SECOND)
+    ratio = r["forecast_with_activations_gib"] / r["measured_peak_gib"]
+    peak = gib(r["measured_peak_gib"])
+    for part in (f"batch {r['batch']}:", f"forecast {r['forecast_with_activations_gib']:.2f} GiB",
+                 f" {peak} GiB ({ratio:.2f})", f"{r['step_seconds']:.1f} s a step"):  # fmt: skip
+        assert part in row, (recipe, part, row)
+    assert ("`fail` by the rule" in row) == (ratio < 0.75), row
+
+
+def test_scalings_second_h200_rows_name_every_check_of_the_run():
+    """Every check of the 2026-11-28 run has its row (the families grouped), with the status its records give (a line
+    measured in a rerun: the rerun's), and the families' numbers are theirs: the range of the float32 first-token
+    difference, 4 of 4 greedy rows, 12 of 13 passed."""
+    checks: dict[str, dict] = {}
+    for file in sorted(RESULTS.glob(f"gpu_check_h200_{SECOND}*.json")):
+        for check in json.loads(file.read_text())["checks"]:
+            if check["status"] != "skipped" or check["name"] not in checks:
+                checks[check["name"]] = check
+    rows = h200_rows(SECOND)
+    families = [c for n, c in checks.items() if n.startswith("family:") and c["status"] == "pass"]
+    (group,) = [r for r in rows if r.startswith("| `family:*`")]
+    assert f"{len(families)} of {len([n for n in checks if n.startswith('family:')])}" in group
+    assert all(f"`{c['name'].split(':')[1]}`" in group for c in families)
+    diffs = [c["parts"]["float32/sdpa"]["first_token_max_rel_diff"] for c in families]
+    low, high = (f"{x:.1e}".replace("e-0", "e-") for x in (min(diffs), max(diffs)))
+    assert f"{low} to {high} (float32" in group, group
+    assert {c["parts"][p]["greedy_rows_equal"] for c in families for p in ("float32/sdpa", "bfloat16/sdpa")} == {"4/4"}
+    for name, check in checks.items():
+        if name.startswith("family:") and check["status"] == "pass" or name in ("env", "setup"):
+            continue
+        row = next((r for r in rows if f"`{name}`" in r.split(" | ")[0]), None)
+        assert row is not None, name
+        status, measured = row.split(" | ")[1], check["status"] == "pass"
+        assert status.startswith("pass") if measured else status in ("skipped", "not run"), (name, row)
+    qlora, fsdp2 = checks["qlora"], checks["fsdp2"]
+    assert f"loss {qlora['loss']:.3f}, gradient norm {qlora['grad_norm']:.2f}" in h200_row(SECOND, "`qlora` |")
+    losses = " -> ".join(f"{x:.3f}" for x in fsdp2["losses"])
+    assert f"losses {losses} over two steps" in h200_row(SECOND, "`fsdp2` |")
