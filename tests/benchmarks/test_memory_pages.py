@@ -38,6 +38,28 @@ def test_the_h200_forecast_table_is_the_scripts_from_the_committed_records(forec
     assert table_after("memory.md", "**Against the first H200 run**") == forecast.h200()[2:]
 
 
+def test_the_trained_tower_table_is_the_scripts_from_the_committed_records(forecast):
+    assert table_after("memory.md", "### A trained vision tower") == forecast.h200_nov28()[2:]
+
+
+def test_the_second_h200_runs_steps_are_rebuilt_exactly_and_forecast_within_a_quarter(forecast):
+    """Each 2026-11-28 memory line's step as the script rebuilds it gives, with the vision tower counted frozen as it
+    was that day, exactly the forecast parts the record holds (so "forecast now" is of the step the H200 measured);
+    the forecast now comes within a quarter of the measured peak on every line."""
+    from dataclasses import replace
+
+    from finecap.config import load
+    from finecap.models.forecast import activation_forecast, training_of
+
+    for name, file, step in forecast.H200_NOV28:
+        record = forecast.nov28_record(name, file)
+        then = replace(training_of(load(f"coco/{name.split(':')[1]}")), tower="frozen", tower_targets=())
+        parts = activation_forecast(forecast.SMOLVLM_NOV28, then, step, forecast.SIGLIP_512)
+        assert {k: parts[k] for k in record["activation_forecast_bytes"]} == record["activation_forecast_bytes"], name
+        now = record["forecast_bytes"]["total"] + forecast.nov28_forecast(name, step)["peak"]
+        assert 0.75 <= now / record["measured_peak_bytes"] <= 1.25, (name, now / record["measured_peak_bytes"])
+
+
 FIRST, SECOND = "2026-11-26", "2026-11-28"
 """The H200 runs scaling.md reports, each under "### Measured: one H200, <date>"."""
 
