@@ -551,3 +551,13 @@ def test_forecast_of_a_runs_first_batch_reads_its_shapes(tmp_path):
                                                        VisionShapes.of(model.model.config, batch["pixel_values"], 3)
                                                        )["peak"] > 0  # fmt: skip
     assert LmShapes.of(model.model.config).hidden == text.hidden_size
+    assert train.tower == "frozen" and not train.cpu and out["bytes"]["tower_saved"] == 0
+    vision = VisionShapes.of(model.model.config, batch["pixel_values"], 3)
+    config = model.model.config.vision_config
+    assert (vision.layers, vision.heads) == (config.num_hidden_layers, config.num_attention_heads)
+    # the tower's adapters trained (coco/sr_lv_bagcurri_vlm's levers), on the CPU
+    tower_cfg = load("coco/mle_vlm", [f"vlm.name={folder}", "model.train_encoder=true", "lora.encoder=true"])
+    towered = forecast_of_run(build_model(tower_cfg), tower_cfg, batch, MLE(), cpu=True)
+    assert (towered["training"].tower, towered["training"].cpu) == ("lora", True)
+    assert towered["bytes"]["tower_saved"] == vision.layers * 3 * vision.patches * 2 * vision.hidden  # bf16 inputs
+    assert towered["bytes"]["peak"] > out["bytes"]["peak"]
