@@ -31,9 +31,11 @@ Checks (docs/scaling.md, "The GPU check", says what each line of the table means
   bf16 mixed precision), two MLE steps, greedy captions inside :func:`~finecap.models.sharding.decoding`, the full
   model and optimizer state gathered.
 - ``grpo``: ``finecap train coco/grpo_cider_vlm`` (GRPO, CIDEr-D, 16 images x 8 samples, LoRA, checkpointing,
-  bf16) for 6 steps on the SmolVLM-256M-shaped model and the random data with finecap's decoder: seconds per step
-  (median of steps 2-5; step 6 also validates and saves), sampled captions per second, peak CUDA memory, the losses
-  (finite).
+  bf16) for 6 steps on the SmolVLM-256M-shaped model and the random images with finecap's decoder, on references the
+  random model can partly match (:func:`signal_references`): seconds per step (median of steps 2-5; step 6 also
+  validates and saves), sampled captions per second, peak CUDA memory, the losses and the run's logged learning
+  signal per step (:data:`SIGNAL_KEYS`); ``fail`` when a loss or gradient norm is not finite, no step had a finite,
+  non-zero gradient norm, or every group's rewards were equal in every step (:func:`learning_signal`).
 - ``grpo_vllm``: the same training for 5 steps with its rollouts on a colocated vLLM engine (``decode.engine=vllm``)
   that sleeps between rollouts (``vllm.enable_sleep_mode=true``, vLLM's sleep level 1): seconds per step (median of
   steps 2-4), captions per second, and the device's memory in use (``mem_get_info``; torch's ``memory_allocated``
@@ -727,21 +729,82 @@ def train_rows(run_dir: Path) -> list[dict]:
     return [e["values"] for e in read_events(metrics) if e.get("split") == "train"]
 
 
+SIGNAL_KEYS = ("grad_norm", "reward", "advantage_std", "advantage/min", "advantage/max", "zero_std_groups")
+"""What a GRPO run logs per step (``metrics.jsonl``) that shows whether the policy got a learning signal: the gradient
+norm before clipping, the mean reward, the advantages' spread and the share of groups whose rewards were all equal
+(TRL's ``frac_reward_zero_std``: :func:`finecap.objectives.grpo.zero_std_share`)."""
+
+
+def signal_references(ctx: Ctx, length: int) -> Path:
+    """A Karpathy JSON of setup's images and splits whose references the random policy can partly match, for the GRPO
+    checks: each image's 5 references are ``length`` (``decode.max_length``) words drawn at random (seeded by the
+    image) from the words of the SmolVLM-shaped model's tokenizer; setup's ``dataset.json`` is left as it is (the
+    ``memory:*`` lines train on its captions).
+
+    Why: the GRPO step is a learning step only where a group's rewards differ. With setup's references (4 to 8 of
+    the 14 :data:`WORDS`) the random model's captions (``decode.max_length`` tokens drawn near uniformly from its
+    49k words: it never ends one early) share almost no n-gram with them, and CIDEr-D's length penalty
+    ``exp(-(40 - 6)^2 / 72)`` ~ 1e-7 scales what they share: on the CPU at SmolVLM's vocabulary, 4 images x 8
+    samples x 40 tokens, the rewards were 0 or 2e-12, every group equal to TRL's tolerance (``zero_std_groups`` 1.0),
+    the gradient norm 0 or 9e-9 and the losses 0 and 8.9e-16: the 2026-11-28 H200 record's (reward 2.5e-12). With
+    references as long as the captions there is no length penalty, and a caption shares a word with its image's
+    5 references with probability ``1 - (1 - 5 L / V) ** L`` (L = 40, V = 49k: 15%), so most groups of 8 hold
+    different rewards. The reward is the recipe's own (CIDEr-D), its cost included in the step's time."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ctx.work / "smolvlm")
+    special = set(tok.all_special_tokens)
+    words = sorted(w for w in tok.get_vocab() if w not in special and w.isalnum())
+    dataset = json.loads((ctx.work / "data" / "dataset.json").read_text())
+    for entry in dataset["images"]:
+        rng = np.random.default_rng(int(entry["cocoid"]))
+        entry["sentences"] = [{"raw": " ".join(rng.choice(words, size=length))} for _ in range(5)]
+    path = ctx.work / "data" / "grpo_dataset.json"
+    path.write_text(json.dumps(dataset))
+    return path
+
+
+def learning_signal(rows: list[dict]) -> tuple[dict[str, list], str | None]:
+    """The per-step values of :data:`SIGNAL_KEYS` in a GRPO run's logged training rows (``None`` where a step did not
+    log one) and what fails the check, else ``None``: a loss or a gradient norm that is no finite number, no step with
+    a finite, non-zero gradient norm (the policy learned nothing), or every group's rewards equal in every step
+    (``zero_std_groups`` 1.0: the advantages are 0, or float rounding of equal rewards, and so is the gradient)."""
+    signal = {key: [r.get(key) for r in rows] for key in SIGNAL_KEYS}
+    steps = list(range(1, len(rows) + 1))
+    problems = []
+    for key in ("loss", "grad_norm"):
+        bad = [s for s, r in zip(steps, rows, strict=True)
+               if isinstance(r.get(key), float | int) and not math.isfinite(r[key])]  # fmt: skip
+        if bad:
+            problems.append(f"{key} not finite at step {', '.join(map(str, bad))}")
+    norms = signal["grad_norm"]
+    if not any(isinstance(g, float | int) and math.isfinite(g) and g != 0 for g in norms):
+        problems.append(f"no step had a finite, non-zero grad_norm (per step: {norms})")
+    zero = signal["zero_std_groups"]
+    if zero and all(z == 1.0 for z in zero):
+        problems.append("every group's rewards were equal in every step (zero_std_groups 1.0): no learning signal")
+    return signal, "; ".join(problems) or None
+
+
 def timed_grpo(ctx: Ctx, name: str, steps: int, extra: list[str],
                on_step: Callable[[Any], None] | None = None) -> tuple[Any, dict, list[dict]]:  # fmt: skip
     """``finecap train coco/grpo_cider_vlm`` (``recipe_overrides``, then ``extra``) for ``steps`` steps in
-    ``runs/<name>``, logging every step: the configuration, the timing record (seconds per step: the median of the
-    steps between the first, which builds, and the last, which also validates and saves; captions per second; the
-    CUDA peak from step 2 on; the losses; ``status`` fail unless every step ran with a finite loss) and the logged
-    training values; its ``summary`` begins the check's line (seconds per step, captions per second, the shapes).
-    ``on_step(state)`` runs after each step's timing mark."""
+    ``runs/<name>``, logging every step, on the references of :func:`signal_references`: the configuration, the
+    timing record (seconds per step: the median of the steps between the first, which builds, and the last, which
+    also validates and saves; captions per second; the CUDA peak from step 2 on; the losses; the run's per-step
+    learning signal, ``learning_signal``: :data:`SIGNAL_KEYS`; ``status`` fail unless every step ran and logged a
+    loss and :func:`learning_signal` found nothing wrong, its finding the ``error``) and the logged training values;
+    its ``summary`` begins the check's line (seconds per step, captions per second, the shapes, the largest gradient
+    norm). ``on_step(state)`` runs after each step's timing mark."""
     import torch
 
     from finecap.train.run import train
 
     overrides = [*recipe_overrides(ctx, "coco/grpo_cider_vlm", name), f"train.max_steps={steps}",
                  "train.eval_every=0", "train.eval_samples=8", "train.log_every=1", *extra]  # fmt: skip
-    cfg = load_cfg("coco/grpo_cider_vlm", overrides)
+    references = signal_references(ctx, load_cfg("coco/grpo_cider_vlm", overrides).decode.max_length)
+    cfg = load_cfg("coco/grpo_cider_vlm", [*overrides, f"data.path={references}"])
     marks: list[float] = []
 
     def mark(state: Any) -> None:
@@ -759,16 +822,22 @@ def timed_grpo(ctx: Ctx, name: str, steps: int, extra: list[str],
     per_step = statistics.median(clean) if clean else float("nan")
     rows = train_rows(ctx.work / "runs" / name)
     losses = [r["loss"] for r in rows if "loss" in r]
+    signal, problem = learning_signal(rows)
     peak = peak_bytes(ctx)
     ok = len(marks) == steps and math.isfinite(per_step) and len(losses) == steps
-    out = {"status": "pass" if ok and all(math.isfinite(x) for x in losses) else "fail", "steps": steps,
+    out = {"status": "pass" if ok and problem is None else "fail", "steps": steps,
            "first_step_seconds_with_setup": marks[0] - start if marks else None, "step_seconds": intervals,
            "seconds_per_step": per_step, "images_per_step": cfg.train.batch_size, "samples": cfg.rl.samples,
            "max_length": cfg.decode.max_length,
            "captions_per_second": cfg.train.batch_size * cfg.rl.samples / per_step, "losses": losses,
+           "learning_signal": signal, "references": "signal_references: decode.max_length words of the tokenizer's",
            "peak_cuda_gib_steps_2_on": peak / GIB if peak is not None else None, "model": model_note(ctx)}  # fmt: skip
+    if problem is not None:
+        out["error"] = problem
+    norms = [g for g in signal["grad_norm"] if isinstance(g, float | int) and math.isfinite(g)]
     out["summary"] = (f"{per_step:.2f} s/step, {out['captions_per_second']:.0f} captions/s "
-                      f"({cfg.train.batch_size}x{cfg.rl.samples}x<={cfg.decode.max_length} tok)")  # fmt: skip
+                      f"({cfg.train.batch_size}x{cfg.rl.samples}x<={cfg.decode.max_length} tok), "
+                      f"grad norm <= {max(norms, default=float('nan')):.2g}")  # fmt: skip
     return cfg, out, rows
 
 

@@ -413,3 +413,80 @@ def test_gpu_wheels_dry_run_names_the_wheels_the_gpu_check_carries(tmp_path):
     bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), "--download"], capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "usage" in bad.stderr and not wheels.exists()
+
+
+def replayed_grpo_line(tmp_path, monkeypatch, rows: list[dict]) -> tuple[dict, list]:
+    """``check_grpo`` (not the smoke: 6 steps at the recipe's sizes) with finecap's training faked to log ``rows`` to
+    the run's ``metrics.jsonl`` (one per step, as ``train.log_every=1`` writes them), on setup's tokenizer and data
+    written small: the line as the check would judge it, and the configurations ``train`` was given."""
+    import finecap.train.run
+    from finecap.models.presets import vlm_tokenizer
+    from finecap.runs import METRICS_FILE, encode_event
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    ctx = gc.Ctx(smoke=False, work=tmp_path, sizes={"data_split": (4, 2, 2), "data_image": (8, 6)})
+    vlm_tokenizer("idefics3").save_pretrained(tmp_path / "smolvlm")
+    (tmp_path / "smolvlm" / "config.json").write_text("{}")
+    gc.write_karpathy(ctx)
+    given = []
+
+    def train(cfg, callbacks, overwrite):
+        given.append(cfg)
+        run = Path(cfg.run.dir)
+        run.mkdir(parents=True, exist_ok=True)
+        for step, values in enumerate(rows, 1):
+            event = {"step": step, "epoch": step / 10, "split": "train", "values": values}
+            with open(run / METRICS_FILE, "a") as f:
+                f.write(json.dumps(encode_event(event)) + "\n")
+            for callback in callbacks:
+                callback(None)
+
+    monkeypatch.setattr(finecap.train.run, "train", train)
+    return gc.check_grpo(ctx), given
+
+
+def test_the_grpo_line_fails_when_its_run_logged_no_learning_signal(tmp_path, monkeypatch):
+    """The 2026-11-28 H200 grpo line passed with losses of 0 and +-1e-15 and nothing showing a gradient. Replayed
+    with what that setup's run logs (measured on the CPU at SmolVLM's vocabulary: every group's rewards equal,
+    gradient norm 0, or 9e-9 from rewards of 2e-12), it fails, naming why; a NaN gradient norm or loss fails; a run
+    with a gradient passes, its per-step signal recorded."""
+    record = next(c for c in json.loads((ROOT / "benchmarks" / "results" / "gpu_check_h200_2026-11-28.json")
+                                        .read_text())["checks"] if c["name"] == "grpo")  # fmt: skip
+    flat = {"reward": 0.0, "advantage_std": 0.0, "advantage/min": 0.0, "advantage/max": 0.0, "zero_std_groups": 1.0}
+    replay = [{"loss": loss, **flat, "grad_norm": 0.0} for loss in record["losses"]]
+    line, _ = replayed_grpo_line(tmp_path / "a", monkeypatch, replay)
+    assert line["status"] == "fail" and "no step had a finite, non-zero grad_norm" in line["error"], line
+    assert line["learning_signal"]["grad_norm"] == [0.0] * 6 and line["losses"] == record["losses"]
+    rounding = [dict(r) for r in replay]
+    rounding[1].update(grad_norm=8.9e-9, reward=2.2e-12, advantage_std=1.2e-7)
+    line, _ = replayed_grpo_line(tmp_path / "b", monkeypatch, rounding)
+    assert line["status"] == "fail" and line["error"].startswith("every group's rewards were equal"), line
+    healthy = [{"loss": 1e-8, "reward": 0.002, "advantage_std": 0.66, "advantage/min": -0.7, "advantage/max": 2.4,
+                "zero_std_groups": 0.5, "grad_norm": 0.04} for _ in range(6)]  # fmt: skip
+    line, given = replayed_grpo_line(tmp_path / "c", monkeypatch, healthy)
+    assert line["status"] == "pass" and "error" not in line, line
+    assert (
+        line["learning_signal"]["grad_norm"] == [0.04] * 6 and line["learning_signal"]["zero_std_groups"] == [0.5] * 6
+    )
+    assert "grad norm <= 0.04" in line["summary"]
+    diverged = [dict(r) for r in healthy]
+    diverged[3]["grad_norm"] = float("nan")
+    diverged[4]["loss"] = float("inf")
+    line, _ = replayed_grpo_line(tmp_path / "d", monkeypatch, diverged)
+    assert line["status"] == "fail", line
+    assert "loss not finite at step 5" in line["error"] and "grad_norm not finite at step 4" in line["error"]
+    # the run trained on references the random policy can match: the recipe's max length in the tokenizer's words
+    (cfg,) = given
+    from finecap.models.presets import vlm_tokenizer
+
+    words = set(vlm_tokenizer("idefics3").get_vocab())
+    data = json.loads(Path(cfg.data.path).read_text())["images"]
+    setup = json.loads((tmp_path / "c" / "data" / "dataset.json").read_text())["images"]
+    assert Path(cfg.data.path).name == "grpo_dataset.json" and len(data) == len(setup) == 8
+    assert [e["filename"] for e in data] == [e["filename"] for e in setup]
+    for entry in data:
+        assert len(entry["sentences"]) == 5
+        for s in entry["sentences"]:
+            assert len(s["raw"].split()) == cfg.decode.max_length == 40 and set(s["raw"].split()) <= words
+    assert all(len(s["raw"].split()) <= 8 for e in setup for s in e["sentences"])  # setup's data left as it was
