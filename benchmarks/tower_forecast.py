@@ -25,7 +25,14 @@ from PIL import Image
 
 from finecap.models import lora
 from finecap.models.base import module_path
-from finecap.models.forecast import Training, VisionShapes, tower_autocast_bytes, tower_layer_bytes, tower_targets_of
+from finecap.models.forecast import (
+    Training,
+    VisionShapes,
+    mlp_width,
+    tower_autocast_bytes,
+    tower_layer_bytes,
+    tower_targets_of,
+)
 from finecap.models.tiny import tiny_family
 from finecap.models.vlm import FAMILIES, Vlm
 
@@ -122,7 +129,8 @@ def measure(family: str, layers: int, autocast: bool) -> dict[str, Any]:
         for handle in handles:
             handle.remove()
     targets = sorted({n.split(".")[-1] for n, m in tower.named_modules() if lora.is_lora_layer(m)})
-    return {"saved": saved, "patches": seen[0], "tower": type(tower).__name__, "targets": targets}
+    width = mlp_width(vlm.model.config.vision_config, hidden)  # GLM-4.1V's: its out_hidden_size
+    return {"saved": saved, "patches": seen[0], "tower": type(tower).__name__, "targets": targets, "mlp": width}
 
 
 def row(family: str, autocast: bool) -> tuple[str, int, float, float]:
@@ -130,7 +138,7 @@ def row(family: str, autocast: bool) -> tuple[str, int, float, float]:
     (module docstring), with or without ``autocast``."""
     fewer, more = measure(family, LAYERS, autocast), measure(family, LAYERS + 1, autocast)
     patches = more["patches"]
-    vision = VisionShapes(WIDTHS["hidden"], WIDTHS["intermediate"], patches, 0, LAYERS + 1, WIDTHS["heads"])
+    vision = VisionShapes(WIDTHS["hidden"], more["mlp"], patches, 0, LAYERS + 1, WIDTHS["heads"])
     train = Training(tower="lora", weights_bytes=2, autocast=autocast, rank=RANK, cpu=True,
                      tower_targets=tower_targets_of(FAMILIES[family].vision_targets))  # fmt: skip
     forecast = tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train) / patches

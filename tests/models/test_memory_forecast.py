@@ -561,3 +561,22 @@ def test_forecast_of_a_runs_first_batch_reads_its_shapes(tmp_path):
     assert (towered["training"].tower, towered["training"].cpu) == ("lora", True)
     assert towered["bytes"]["tower_saved"] == vision.layers * 3 * vision.patches * 2 * vision.hidden  # bf16 inputs
     assert towered["bytes"]["peak"] > out["bytes"]["peak"]
+
+
+def test_every_familys_tower_targets_are_counted_and_glm_reads_its_mlps_width():
+    """Each family's default tower targets (finecap.models.vlm.FAMILIES) map onto layers the count knows (an unmapped
+    name matched nothing, and its adapters went uncounted: InternViT's projection_layer, Pixtral's o_proj and gated
+    MLP, Qwen3-VL's linear_fc1/2), and GLM-4.1V's vision MLP is out_hidden_size wide (its intermediate_size is the
+    merger's)."""
+    from transformers import Glm4vVisionConfig
+
+    from finecap.models.forecast import TOWER_TARGETS, mlp_width
+    from finecap.models.vlm import FAMILIES
+
+    for name, family in FAMILIES.items():
+        mapped = tower_targets_of(family.vision_targets)
+        assert set(mapped) <= set(TOWER_TARGETS) and {"out_proj", "fc1", "fc2"} <= set(mapped), (name, mapped)
+    glm = Glm4vVisionConfig(hidden_size=1536, intermediate_size=13_696, out_hidden_size=4096)
+    assert mlp_width(glm, 1536) == 4096
+    assert mlp_width(SimpleNamespace(intermediate_size=3072), 768) == 3072
+    assert mlp_width(SimpleNamespace(mlp_ratio=4), 1280) == 5120

@@ -82,10 +82,16 @@ TOWER_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 """The linear layers of the encoder layer :func:`tower_layer_bytes` counts, SigLIP's and CLIP's (finecap's LoRA
 targets there: :data:`finecap.models.vlm.VIT_TARGETS`)."""
 TOWER_ROLES = {"qkv": ("q_proj", "k_proj", "v_proj"), "attn.qkv": ("q_proj", "k_proj", "v_proj"),
-               "attn.proj": ("out_proj",), "proj": ("out_proj",), "mlp.gate_proj": ("fc1",), "mlp.up_proj": ("fc1",),
-               "mlp.down_proj": ("fc2",)}  # fmt: skip
-"""Other towers' LoRA targets (Qwen2-VL's fused ``qkv``, Qwen2.5-VL's gated MLP) by the SigLIP layer they are
-counted as."""
+               "attn.proj": ("out_proj",), "proj": ("out_proj",), "o_proj": ("out_proj",),
+               "projection_layer": ("out_proj",), "mlp.gate_proj": ("fc1",), "mlp.up_proj": ("fc1",),
+               "gate_proj": ("fc1",), "up_proj": ("fc1",), "mlp.linear_fc1": ("fc1",), "mlp.down_proj": ("fc2",),
+               "down_proj": ("fc2",), "mlp.linear_fc2": ("fc2",)}  # fmt: skip
+"""Other towers' LoRA targets (:data:`finecap.models.vlm.FAMILIES`' ``vision_targets``: Qwen2-VL's fused ``qkv``,
+the gated MLPs of Qwen2.5-VL, GLM-4.1V and Pixtral, InternViT's ``projection_layer``, Qwen3-VL's ``linear_fc1``) by
+the SigLIP layer's they are counted as."""
+MLP_WIDTH = {"glm4v_vision": "out_hidden_size"}
+"""Towers whose MLP is not ``intermediate_size`` wide, by their config's ``model_type``: the field that gives its
+width (GLM-4.1V's vision MLP is ``out_hidden_size`` wide; its ``intermediate_size`` is the merger's)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,13 @@ class LmShapes:
                    int(getattr(text, "head_dim", None) or 0))  # fmt: skip
 
 
+def mlp_width(vision: Any, hidden: int) -> int:
+    """The width of a vision tower's MLP from its config ``vision`` (:data:`MLP_WIDTH`, else ``intermediate_size``,
+    else ``mlp_ratio`` x ``hidden``, 4 by default)."""
+    field = MLP_WIDTH.get(getattr(vision, "model_type", ""), "intermediate_size")
+    return int(getattr(vision, field, 0) or hidden * getattr(vision, "mlp_ratio", 4))
+
+
 @dataclass(frozen=True)
 class VisionShapes:
     """A vision tower's shapes per image: ``patches`` (all crops) of width ``hidden`` (``intermediate`` in its MLP),
@@ -141,7 +154,7 @@ class VisionShapes:
         """The shapes of a VLM's ``vision_config`` and one batch's ``pixel_values`` of ``images`` images."""
         vision = config.vision_config
         hidden = int(getattr(vision, "embed_dim", 0) or vision.hidden_size)  # Qwen2-VL: embed_dim is the tower's
-        intermediate = int(getattr(vision, "intermediate_size", 0) or hidden * getattr(vision, "mlp_ratio", 4))
+        intermediate = mlp_width(vision, hidden)
         patch = int(vision.patch_size) ** 2 * int(getattr(vision, "temporal_patch_size", 1) or 1)
         pixels = pixel_values.numel() // images
         layers = int(getattr(vision, "depth", 0) or getattr(vision, "num_hidden_layers", 0) or 0)
@@ -311,8 +324,9 @@ def tower_layer_bytes(vision: VisionShapes, train: Training) -> int:
     without a mask), by the rules of :func:`layer_bytes`: each LayerNorm saves its input (under autocast the float32
     cast it runs on, whose float32 output the projections then read) and its mean and rstd; attention saves query,
     key, value, output and the log-sum-exp; GELU saves ``fc1``'s output; the projections their inputs
-    (:func:`_inputs`). Other towers (Qwen2-VL's fused ``qkv``, rotary and QuickGELU, Qwen2.5-VL's gated MLP) are
-    counted as this layer (:data:`TOWER_ROLES`): an approximation, not measured for them. Under autocast the
+    (:func:`_inputs`). Other towers (Qwen2-VL's fused ``qkv``, rotary and QuickGELU, the gated MLPs) are counted as
+    this layer (:data:`TOWER_ROLES`): an approximation, measured per family by ``benchmarks/tower_forecast.py``
+    (docs/memory.md: exact for the SigLIP towers, under for CLIP's, Qwen's and Pixtral's). Under autocast the
     layer's bf16 weight copies come on top (:func:`tower_autocast_bytes`, per layer, not per patch)."""
     t = tower_training(train)
     h, i, lb = vision.hidden, vision.intermediate, t.linear
