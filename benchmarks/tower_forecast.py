@@ -18,6 +18,8 @@ the table of docs/memory.md ("A trained vision tower").
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +37,10 @@ from finecap.models.forecast import (
 )
 from finecap.models.tiny import tiny_family
 from finecap.models.vlm import FAMILIES, Vlm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import machine_line  # noqa: E402  (benchmarks/machine.py)
 
 RANK = 8
 LAYERS = 2  # a tower of LAYERS + 1 layers less one of LAYERS: the added layer's input requires grad
@@ -161,7 +167,7 @@ def table(families: tuple[str, ...] = tuple(sorted(FAMILIES))) -> list[str]:
 
 
 def main() -> None:
-    print(f"torch {torch.__version__}, CPU; bytes one trained tower layer saves per patch (LoRA r{RANK}, bf16 base)")
+    print(f"bytes one trained tower layer saves per patch (LoRA r{RANK}, bf16 base); {machine_line()}")
     print("\n".join(table()))
 
 

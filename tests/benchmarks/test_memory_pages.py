@@ -5,12 +5,12 @@ keep a number its source no longer gives."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
 import pytest
 
+from helpers.markdown_tables import table_lines
 from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,10 +19,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def table_after(page: str, heading: str) -> list[str]:
     """The data rows of the first Markdown table after ``heading`` on ``page`` (docs/<page>), header left out."""
-    text = (ROOT / "docs" / page).read_text()
-    lines = text[text.index(heading) :].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    return list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))[2:]
+    return table_lines((ROOT / "docs" / page).read_text(), heading)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,14 @@ without autocast (the other families' gaps are findings the page states, not bou
 
 from __future__ import annotations
 
-import pytest
-from test_memory_pages import table_after
+from pathlib import Path
 
+import pytest
+
+from helpers.markdown_tables import table_lines
 from helpers.scripts import benchmark
+
+MEMORY_PAGE = Path(__file__).resolve().parents[2] / "docs" / "memory.md"
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +20,7 @@ def script():
 
 
 def test_the_per_family_tower_table_is_the_scripts(script):
-    assert table_after("memory.md", "**Per family, on the CPU.**") == script.table()[2:]
+    assert table_lines(MEMORY_PAGE.read_text(), "**Per family, on the CPU.**") == script.table()[2:]
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "autocast"])

@@ -24,3 +24,11 @@ def markdown_rows(text: str, heading: str) -> list[dict[str, str]]:
 def ascii_minus(text: str) -> str:
     """``text`` with the pages' typographic minus (U+2212) as the ``-`` the scripts print."""
     return text.replace("\u2212", "-")
+
+
+def table_lines(text: str, heading: str) -> list[str]:
+    """The data rows of the first Markdown table after ``heading`` in ``text``, as lines (header and ``| --- |`` left
+    out): what a benchmark prints below its own header, for a page whose table is a script's output."""
+    lines = text[text.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    return list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))[2:]
