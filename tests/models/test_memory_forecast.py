@@ -563,10 +563,11 @@ def test_a_vllm_kv_cache_of_a_set_size_comes_beside_the_engines_weights():
 def test_the_reference_towers_and_their_adapters_count_what_the_built_towers_hold(name):
     """The vision towers of SmolVLM-256M (SigLIP at 512 px) and Qwen2-VL-2B (its ViT, merger included: the
     projector) built from their config.json shapes on the meta device, and peft's LoRA r32 on the family's default
-    targets (finecap.models.vlm): the parameters the recipe sizing counts."""
+    targets (finecap.models.vlm): the parameters the recipe sizing counts; and the layer kind its trained tower's
+    activations are counted as is the one its config gives (Qwen2-VL's: LayerNorm, fused rotary qkv, QuickGELU)."""
     import transformers as tf
 
-    from finecap.models.forecast import BACKBONES
+    from finecap.models.forecast import BACKBONES, tower_kind
     from finecap.models.vlm import QWEN_VIT_TARGETS, VIT_TARGETS
 
     backbone = BACKBONES[name]
@@ -590,6 +591,8 @@ def test_the_reference_towers_and_their_adapters_count_what_the_built_towers_hol
             tower, targets = modeling_idefics3.Idefics3VisionTransformer._from_config(config), VIT_TARGETS
             extra = 0
         assert sum(p.numel() for p in tower.parameters()) == backbone.vision_params + extra
+        v = backbone.vision
+        assert {"norm": v.norm, "mlp": v.mlp, "attention": v.attention} == tower_kind(config)
         adapted = get_peft_model(tower, LoraConfig(r=32, target_modules=list(targets)))
     adapters = sum(p.numel() for n, p in adapted.named_parameters() if "lora_" in n)
     assert backbone.vision_lora(32) == adapters
