@@ -1,5 +1,5 @@
-"""The trained vision tower's forecast (:func:`finecap.models.forecast.tower_layer_bytes`, a SigLIP / CLIP encoder
-layer's count) against what autograd saves in every supported family's own tower, on the CPU, in a few seconds.
+"""The trained vision tower's forecast (:func:`finecap.models.forecast.tower_layer_bytes`, a layer of the tower's
+kind) against what autograd saves in every supported family's own tower, on the CPU, in a few seconds.
 
     .venv/bin/python benchmarks/tower_forecast.py
 
@@ -11,8 +11,9 @@ on the family's default tower targets put on by finecap (:func:`finecap.models.l
 tensors (``saved_tensors_hooks``; parameters and buffers left out, each storage once) of a tower of
 ``LAYERS + 1`` layers less those of ``LAYERS`` layers, per patch the layers see (the tokens of their input: CLIP's
 class token included), against the forecast for that layer: ``tower_layer_bytes`` + ``tower_autocast_bytes`` /
-patches, with ``Training.cpu`` (the CPU's LayerNorm: statistics in the input's dtype, bf16 under autocast). Prints
-the table of docs/memory.md ("A trained vision tower").
+patches for a layer of the family's kind (:func:`finecap.models.forecast.tower_kind` of its vision config, as
+``VisionShapes.of`` reads it), with ``Training.cpu`` (the CPU's LayerNorm: statistics in the input's dtype, bf16 under
+autocast). Prints the table of docs/memory.md ("A trained vision tower").
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from finecap.models.forecast import (
     VisionShapes,
     mlp_width,
     tower_autocast_bytes,
+    tower_kind,
     tower_layer_bytes,
     tower_targets_of,
 )
@@ -135,8 +137,10 @@ def measure(family: str, layers: int, autocast: bool) -> dict[str, Any]:
         for handle in handles:
             handle.remove()
     targets = sorted({n.split(".")[-1] for n, m in tower.named_modules() if lora.is_lora_layer(m)})
-    width = mlp_width(vlm.model.config.vision_config, hidden)  # GLM-4.1V's: its out_hidden_size
-    return {"saved": saved, "patches": seen[0], "tower": type(tower).__name__, "targets": targets, "mlp": width}
+    vision = vlm.model.config.vision_config
+    width = mlp_width(vision, hidden)  # GLM-4.1V's: its out_hidden_size
+    return {"saved": saved, "patches": seen[0], "tower": type(tower).__name__, "targets": targets, "mlp": width,
+            "kind": tower_kind(vision)}  # fmt: skip
 
 
 def row(family: str, autocast: bool) -> tuple[str, int, float, float]:
@@ -144,7 +148,7 @@ def row(family: str, autocast: bool) -> tuple[str, int, float, float]:
     (module docstring), with or without ``autocast``."""
     fewer, more = measure(family, LAYERS, autocast), measure(family, LAYERS + 1, autocast)
     patches = more["patches"]
-    vision = VisionShapes(WIDTHS["hidden"], more["mlp"], patches, 0, LAYERS + 1, WIDTHS["heads"])
+    vision = VisionShapes(WIDTHS["hidden"], more["mlp"], patches, 0, LAYERS + 1, WIDTHS["heads"], **more["kind"])
     train = Training(tower="lora", weights_bytes=2, autocast=autocast, rank=RANK, cpu=True,
                      tower_targets=tower_targets_of(FAMILIES[family].vision_targets))  # fmt: skip
     forecast = tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train) / patches

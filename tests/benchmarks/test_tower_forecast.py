@@ -1,6 +1,7 @@
 """benchmarks/tower_forecast.py: docs/memory.md's per-family table of a trained tower layer's saved bytes is the
-script's output, and a SigLIP tower (Idefics3's, SmolVLM's) measures exactly what the forecast counts, with and
-without autocast (the other families' gaps are findings the page states, not bounds)."""
+script's output, and a tower of each layer kind measures exactly what the forecast counts, with and without autocast:
+SigLIP's (Idefics3's, SmolVLM's), a gated MLP with RMSNorm and the fused rotary qkv (Qwen2.5-VL's), a gated MLP with
+RMSNorm (Pixtral's, Mistral 3's) and CLIP's QuickGELU (LLaVA's, with its class token)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,14 @@ def test_the_per_family_tower_table_is_the_scripts(script):
     assert table_lines(MEMORY_PAGE.read_text(), "**Per family, on the CPU.**") == script.table()[2:]
 
 
+TOWERS = {"idefics3": ("Idefics3VisionTransformer", 4 * 16),
+          "qwen2_5_vl": ("Qwen2_5_VisionTransformerPretrainedModel", 4 * 16),
+          "mistral3": ("PixtralVisionModel", 4 * 16), "llava": ("CLIPVisionModel", 4 * 5)}  # fmt: skip
+
+
 @pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "autocast"])
-def test_a_siglip_tower_layer_saves_exactly_the_forecast(script, autocast):
-    tower, patches, measured, forecast = script.row("idefics3", autocast)
-    assert tower == "Idefics3VisionTransformer" and patches == 4 * 16
+@pytest.mark.parametrize("family", list(TOWERS))
+def test_a_tower_layer_of_each_kind_saves_exactly_the_forecast(script, family, autocast):
+    tower, patches, measured, forecast = script.row(family, autocast)
+    assert (tower, patches) == TOWERS[family]
     assert measured == forecast

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, get_peft_model, inject_adapter_in_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from finecap.models.captioner import VOCAB_CHUNK_ELEMENTS
@@ -170,6 +170,126 @@ def test_one_tower_layer_saves_what_the_formula_counts(train):
     assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) == measured
 
 
+LAYER_KINDS = {
+    "qwen2_5_vl": ({"norm": "rms", "mlp": "gated", "attention": "fused"},
+                   {"qkv": "attn.qkv", "out_proj": "attn.proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+                    "down_proj": "mlp.down_proj"}, ("up_proj", "qkv")),
+    "pixtral": ({"norm": "rms", "mlp": "gated", "attention": "split"},
+                {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "o_proj",
+                 "gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}, ("gate_proj", "v_proj")),
+    "clip": ({"norm": "layer", "mlp": "quick_gelu", "attention": "split"},
+             {n: n for n in ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")}, ("fc1", "v_proj")),
+}  # fmt: skip
+"""Towers whose layers are not SigLIP's, one per kind: Qwen2.5-VL's (RMSNorm, fused rotary qkv run image by image,
+gated SiLU MLP; GLM-4.1V's is the same kind), Pixtral's (RMSNorm, rotary q/k/v over a block mask, gated MLP) and
+CLIP's (QuickGELU; Qwen2-VL's MLP too): the kind ``tower_kind`` reads from the config, each counted linear's module
+name (the family's LoRA target), and two of them for an adapter on two."""
+
+
+def kind_layers(kind: str, layers: int, dtype: torch.dtype):
+    """``layers`` tower layers of ``kind`` (:data:`LAYER_KINDS`) of width 64 (MLP 160, 4 heads) in ``dtype``, the
+    ``transformers`` config they are built from, and a function running them over B images of T patches."""
+    torch.manual_seed(0)
+    if kind == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLVisionConfig
+        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
+
+        config = Qwen2_5_VLVisionConfig(hidden_size=64, intermediate_size=160, num_heads=4, depth=layers)
+        block, shape = modeling.Qwen2_5_VLVisionBlock, (B * T, 64)
+        cu_seqlens = torch.arange(0, B * T + 1, T, dtype=torch.int32)  # one attention per image
+        rotary = (torch.randn(B * T, 16), torch.randn(B * T, 16))  # float32, shared by the layers
+
+        def run(layer, x, autocast):
+            return layer(x, cu_seqlens=cu_seqlens, position_embeddings=rotary)
+    elif kind == "pixtral":
+        from transformers import PixtralVisionConfig
+        from transformers.models.pixtral import modeling_pixtral as modeling
+
+        config = PixtralVisionConfig(hidden_size=64, intermediate_size=160, num_attention_heads=4, head_dim=16,
+                                     num_hidden_layers=layers)  # fmt: skip
+        block, shape = modeling.PixtralAttentionLayer, (1, B * T, 64)
+
+        # the block mask over all patches (shared by the layers) and the rotary cos and sin, in the dtype of the patch
+        # convolution's output as PixtralVisionModel makes them: bf16 under autocast (no copy of the mask per layer)
+        def made(dtype: torch.dtype) -> tuple:
+            mask = modeling.generate_block_attention_mask([T] * B, torch.zeros(1, B * T, dtype=dtype))
+            return mask, (torch.randn(B * T, 16).to(dtype), torch.randn(B * T, 16).to(dtype))
+
+        inputs = {False: made(dtype), True: made(torch.bfloat16)}
+
+        def run(layer, x, autocast):
+            return layer(x, attention_mask=inputs[autocast][0], position_embeddings=inputs[autocast][1])
+
+    else:
+        from transformers import CLIPVisionConfig
+        from transformers.models.clip import modeling_clip as modeling
+
+        config = CLIPVisionConfig(hidden_size=64, intermediate_size=160, num_attention_heads=4,
+                                  num_hidden_layers=layers, hidden_act="quick_gelu")  # fmt: skip
+        block, shape = modeling.CLIPEncoderLayer, (B, T, 64)
+
+        def run(layer, x, autocast):
+            return layer(x, None)
+
+    config._attn_implementation = "sdpa"
+    stack = torch.nn.ModuleList([block(config) for _ in range(layers)]).to(dtype)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+
+    def forward(autocast: bool) -> torch.Tensor:
+        h = x.detach().requires_grad_(True)  # the layers' input needs a gradient
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            for layer in stack:
+                out = run(layer, h, autocast)
+                h = out[0] if isinstance(out, tuple) else out
+        return h
+
+    return stack, config, forward
+
+
+def kind_saved(kind: str, layers: int, train: Training) -> int:
+    """What ``layers`` tower layers of ``kind`` trained as ``train.tower`` save for one forward of B images of T
+    patches (LoRA r8 on ``train.tower_targets`` by their module names, adapters in float32)."""
+    _, names, _ = LAYER_KINDS[kind]
+    stack, _, forward = kind_layers(kind, layers, torch.bfloat16 if train.weights_bytes == 2 else torch.float32)
+    if train.tower == "lora":
+        stack.requires_grad_(False)
+        targets = [names[t] for t in train.tower_targets or names]
+        inject_adapter_in_model(LoraConfig(r=RANK, target_modules=targets), stack)
+        for name, p in stack.named_parameters():
+            if "lora_" in name:
+                p.data = p.data.float()
+    stack.train()
+    kept = []
+    return saved_bytes(stack, lambda: kept.append(forward(train.autocast)))
+
+
+KIND_CASES = [(kind, c) for kind, (_, _, two) in LAYER_KINDS.items() for c in [
+    Training(tower="lora", weights_bytes=2, rank=RANK, cpu=True),
+    Training(tower="lora", weights_bytes=2, autocast=True, rank=RANK, cpu=True),
+    Training(tower="lora", weights_bytes=2, autocast=True, rank=RANK, tower_targets=two, cpu=True),
+    Training(tower="lora", weights_bytes=4, rank=RANK, cpu=True),
+    Training(tower="full", weights_bytes=4, cpu=True),
+    Training(tower="full", weights_bytes=4, autocast=True, cpu=True),
+]]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "train"), KIND_CASES, ids=[
+    f"{k}-{t.tower}-{t.weights_bytes}B-{'autocast' if t.autocast else 'plain'}-{len(t.tower_targets) or 'all'}"
+    for k, t in KIND_CASES])  # fmt: skip
+def test_one_tower_layer_of_each_kind_saves_what_the_formula_counts(kind, train):
+    """A trained layer of the towers that are not SigLIP's (:data:`LAYER_KINDS`), exactly, on the CPU: the kind read
+    from its config, its module names mapped onto the counted ones (``tower_targets_of``)."""
+    from finecap.models.forecast import tower_kind
+
+    shapes, names, _ = LAYER_KINDS[kind]
+    _, config, _ = kind_layers(kind, 1, torch.float32)
+    assert tower_kind(config) == shapes
+    assert tower_targets_of(names.values()) == tuple(names)
+    measured = kind_saved(kind, 3, train) - kind_saved(kind, 2, train)  # one more layer
+    vision = VisionShapes(64, 160, T, 0, 3, 4, **shapes)
+    assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) == measured
+
+
 def test_tower_layer_bytes_by_hand():
     """LoRA r8 on every linear layer of a bf16 SigLIP layer, no autocast, on CUDA (float32 LayerNorm statistics):
     h = 64, i = 160, 4 heads."""
@@ -183,8 +303,22 @@ def test_tower_layer_bytes_by_hand():
     assert tower_autocast_bytes(vision, train) == 0
     assert tower_gradient_bytes(vision, train) == 160 * (2 + 4 + 2)  # base's bf16, peft copy's float32, cast back
     assert tower_gradient_bytes(vision, Training(tower="full", weights_bytes=4)) == 160 * 4
-    assert tower_targets_of(["qkv", "attn.proj", "mlp.down_proj", "fc1"]) == ("q_proj", "k_proj", "v_proj",
-                                                                            "out_proj", "fc2", "fc1")  # fmt: skip
+    assert tower_targets_of(["attn.qkv", "attn.proj", "mlp.down_proj", "fc1"]) == (
+        "qkv",
+        "out_proj",
+        "down_proj",
+        "fc1",
+    )
+    # Qwen2.5-VL's layer, the same adapters: RMSNorm (float32 input and rsqrt), the fused qkv's one adapter, the
+    # value a view of the fused output (3h held), the gated MLP's gate, act(gate) and up, and its three adapters
+    qwen = VisionShapes(64, 160, 1, 0, 1, 4, norm="rms", mlp="gated", attention="fused")
+    norms = 2 * (4 * 64 + 4)
+    adapters = 2 * (4 * 64 + 4 * 8) + 2 * (4 * 64 + 4 * 8) + (4 * 160 + 4 * 8)  # qkv, out_proj; gate, up; down
+    attention = 2 * (64 + 64 + 3 * 64 + 64) + 4 * 4
+    assert tower_layer_bytes(qwen, train) == norms + adapters + attention + 3 * 2 * 160  # 4088
+    assert tower_gradient_bytes(qwen, train) == 160 * (2 + 4 + 2)  # an adapter on down_proj
+    with pytest.raises(ValueError, match="VisionShapes.mlp='swiglu'"):
+        VisionShapes(64, 160, 1, 0, mlp="swiglu")
     with pytest.raises(ValueError, match="Training.tower='encoder'"):
         Training(tower="encoder")
 
@@ -429,10 +563,11 @@ def test_a_vllm_kv_cache_of_a_set_size_comes_beside_the_engines_weights():
 def test_the_reference_towers_and_their_adapters_count_what_the_built_towers_hold(name):
     """The vision towers of SmolVLM-256M (SigLIP at 512 px) and Qwen2-VL-2B (its ViT, merger included: the
     projector) built from their config.json shapes on the meta device, and peft's LoRA r32 on the family's default
-    targets (finecap.models.vlm): the parameters the recipe sizing counts."""
+    targets (finecap.models.vlm): the parameters the recipe sizing counts; and the layer kind its trained tower's
+    activations are counted as is the one its config gives (Qwen2-VL's: LayerNorm, fused rotary qkv, QuickGELU)."""
     import transformers as tf
 
-    from finecap.models.forecast import BACKBONES
+    from finecap.models.forecast import BACKBONES, tower_kind
     from finecap.models.vlm import QWEN_VIT_TARGETS, VIT_TARGETS
 
     backbone = BACKBONES[name]
@@ -456,6 +591,8 @@ def test_the_reference_towers_and_their_adapters_count_what_the_built_towers_hol
             tower, targets = modeling_idefics3.Idefics3VisionTransformer._from_config(config), VIT_TARGETS
             extra = 0
         assert sum(p.numel() for p in tower.parameters()) == backbone.vision_params + extra
+        v = backbone.vision
+        assert {"norm": v.norm, "mlp": v.mlp, "attention": v.attention} == tower_kind(config)
         adapted = get_peft_model(tower, LoraConfig(r=32, target_modules=list(targets)))
     adapters = sum(p.numel() for n, p in adapted.named_parameters() if "lora_" in n)
     assert backbone.vision_lora(32) == adapters
@@ -563,19 +700,34 @@ def test_forecast_of_a_runs_first_batch_reads_its_shapes(tmp_path):
     assert towered["bytes"]["peak"] > out["bytes"]["peak"]
 
 
-def test_every_familys_tower_targets_are_counted_and_glm_reads_its_mlps_width():
-    """Each family's default tower targets (finecap.models.vlm.FAMILIES) map onto layers the count knows (an unmapped
-    name matched nothing, and its adapters went uncounted: InternViT's projection_layer, Pixtral's o_proj and gated
-    MLP, Qwen3-VL's linear_fc1/2), and GLM-4.1V's vision MLP is out_hidden_size wide (its intermediate_size is the
-    merger's)."""
+def test_every_familys_tower_kind_is_read_and_its_targets_are_its_layers_linears_and_glm_reads_its_mlps_width():
+    """Each family's tower layer kind is read from its config (tower_kind: RMSNorm and the gated MLP, the fused
+    rotary qkv, QuickGELU), and its default tower targets (finecap.models.vlm.FAMILIES) map onto exactly the linear
+    layers the count knows in a layer of that kind (an unmapped name matched nothing, and its adapters went
+    uncounted: InternViT's projection_layer, Pixtral's o_proj, Qwen3-VL's linear_fc1/2; until 2026-11-28 the gated
+    MLP's gate_proj and up_proj were counted as one fc1 and the fused qkv as three projections), and GLM-4.1V's vision
+    MLP is out_hidden_size wide (its intermediate_size is the merger's)."""
     from transformers import Glm4vVisionConfig
 
-    from finecap.models.forecast import TOWER_TARGETS, mlp_width
+    from finecap.models.forecast import TOWER_TARGETS, mlp_width, tower_kind, tower_linears
+    from finecap.models.tiny import tiny_family
     from finecap.models.vlm import FAMILIES
 
+    gated = {"norm": "rms", "mlp": "gated"}
+    kinds = {
+        "glm4v": {**gated, "attention": "fused"},
+        "qwen2_5_vl": {**gated, "attention": "fused"},
+        "mistral3": {**gated, "attention": "split"},
+        "qwen2_vl": {"mlp": "quick_gelu", "attention": "fused"},
+        "qwen3_vl": {"attention": "fused"},
+        "llava": {"mlp": "quick_gelu"},
+        "llava_next": {"mlp": "quick_gelu"},
+    }
     for name, family in FAMILIES.items():
-        mapped = tower_targets_of(family.vision_targets)
-        assert set(mapped) <= set(TOWER_TARGETS) and {"out_proj", "fc1", "fc2"} <= set(mapped), (name, mapped)
+        kind = tower_kind(tiny_family(name)[0].config.vision_config)
+        assert kind == {"norm": "layer", "mlp": "gelu", "attention": "split", **kinds.get(name, {})}, name
+        linears = tower_linears(VisionShapes(64, 256, 1, 0, 1, 4, **kind))
+        assert set(tower_targets_of(family.vision_targets)) == set(linears) <= set(TOWER_TARGETS), name
     glm = Glm4vVisionConfig(hidden_size=1536, intermediate_size=13_696, out_hidden_size=4096)
     assert mlp_width(glm, 1536) == 4096
     assert mlp_width(SimpleNamespace(intermediate_size=3072), 768) == 3072

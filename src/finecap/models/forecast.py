@@ -43,11 +43,12 @@ residual stream's dtype after rope), the captions' rows of them formed only insi
 are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
 
 **A trained vision tower** (``model.train_encoder``: LoRA or the whole tower) keeps, beyond the frozen tower's
-counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, counted as a SigLIP / CLIP encoder
-layer by the rules above), or under checkpointing each layer's input, from its forward pass, which runs first, to
-its backward pass, which runs last: the language model's activations are freed by then, so the tower's backward
-pass is a peak of its own: what the tower keeps, one recomputed layer (under checkpointing) and the gradients that
-layer's backward pass forms at its ``fc2`` (:func:`tower_gradient_bytes`), beside the images.
+counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, a layer of the tower's kind by
+the rules above: SigLIP's, or with RMSNorm, QuickGELU, a gated MLP, the Qwen towers' fused rotary ``qkv``), or
+under checkpointing each layer's input, from its forward pass, which runs first, to its backward pass, which runs
+last: the language model's activations are freed by then, so the tower's backward pass is a peak of its own: what
+the tower keeps, one recomputed layer (under checkpointing) and the gradients that layer's backward pass forms at
+its MLP's output projection (:func:`tower_gradient_bytes`), beside the images.
 
 **The reference pass** of the GRPO family's KL term (``grpo.kl_coef > 0``, :mod:`finecap.objectives.reference`)
 scores the step's captions once more before the step, without gradient and in eval mode: the logits (``l`` bytes:
@@ -78,17 +79,25 @@ CHUNKED = ("mle", "reinforce", "grpo")
 """Objectives that score their captions through the head in vocabulary chunks under checkpointing (``grpo`` is
 ``reinforce`` with options: one implementation)."""
 LM_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-TOWER_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
-"""The linear layers of the encoder layer :func:`tower_layer_bytes` counts, SigLIP's and CLIP's (finecap's LoRA
-targets there: :data:`finecap.models.vlm.VIT_TARGETS`)."""
-TOWER_ROLES = {"qkv": ("q_proj", "k_proj", "v_proj"), "attn.qkv": ("q_proj", "k_proj", "v_proj"),
-               "attn.proj": ("out_proj",), "proj": ("out_proj",), "o_proj": ("out_proj",),
-               "projection_layer": ("out_proj",), "mlp.gate_proj": ("fc1",), "mlp.up_proj": ("fc1",),
-               "gate_proj": ("fc1",), "up_proj": ("fc1",), "mlp.linear_fc1": ("fc1",), "mlp.down_proj": ("fc2",),
-               "down_proj": ("fc2",), "mlp.linear_fc2": ("fc2",)}  # fmt: skip
-"""Other towers' LoRA targets (:data:`finecap.models.vlm.FAMILIES`' ``vision_targets``: Qwen2-VL's fused ``qkv``,
-the gated MLPs of Qwen2.5-VL, GLM-4.1V and Pixtral, InternViT's ``projection_layer``, Qwen3-VL's ``linear_fc1``) by
-the SigLIP layer's they are counted as."""
+TOWER_TARGETS = ("q_proj", "k_proj", "v_proj", "qkv", "out_proj", "fc1", "fc2", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of the tower layers :func:`tower_layer_bytes` counts (:func:`tower_linears`: SigLIP's and
+CLIP's ``q/k/v_proj``, ``out_proj``, ``fc1``, ``fc2``, finecap's LoRA targets there,
+:data:`finecap.models.vlm.VIT_TARGETS`; the fused ``qkv`` of the Qwen towers; the gated MLP's ``gate/up/down_proj``):
+every one a layer of its kind has, when no targets are given."""
+TOWER_ROLES = {"attn.qkv": ("qkv",), "attn.proj": ("out_proj",), "proj": ("out_proj",), "o_proj": ("out_proj",),
+               "projection_layer": ("out_proj",), "mlp.gate_proj": ("gate_proj",), "mlp.up_proj": ("up_proj",),
+               "mlp.down_proj": ("down_proj",), "mlp.linear_fc1": ("fc1",), "mlp.linear_fc2": ("fc2",)}  # fmt: skip
+"""Other towers' LoRA targets (:data:`finecap.models.vlm.FAMILIES`' ``vision_targets``: the Qwen towers' ``attn.qkv``
+and ``attn.proj``, the gated MLPs' ``mlp.gate_proj`` ..., InternViT's ``projection_layer``, Pixtral's ``o_proj``,
+Qwen3-VL's ``linear_fc1``) by the names of :data:`TOWER_TARGETS` they are counted as."""
+TOWER_KINDS = {"qwen2_vl_vision": {"attention": "fused"}, "qwen3_vl_vision": {"attention": "fused"},
+               "qwen2_5_vl_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
+               "glm4v_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
+               "pixtral": {"norm": "rms", "mlp": "gated"}}  # fmt: skip
+"""The towers whose layers are not SigLIP's, by their vision config's ``model_type``: their :class:`VisionShapes`
+``norm``, ``mlp`` and ``attention`` (read from ``transformers``' modeling code: Qwen2.5-VL's, GLM-4.1V's and
+Pixtral's RMSNorm and gated MLP, the Qwen towers' and GLM-4.1V's fused ``qkv`` with rotary, run image by image);
+a QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's)."""
 MLP_WIDTH = {"glm4v_vision": "out_hidden_size"}
 """Towers whose MLP is not ``intermediate_size`` wide, by their config's ``model_type``: the field that gives its
 width (GLM-4.1V's vision MLP is ``out_hidden_size`` wide; its ``intermediate_size`` is the merger's)."""
@@ -131,12 +140,26 @@ def mlp_width(vision: Any, hidden: int) -> int:
     return int(getattr(vision, field, 0) or hidden * getattr(vision, "mlp_ratio", 4))
 
 
+def tower_kind(vision: Any) -> dict[str, str]:
+    """The kind of a vision tower's layers from its config ``vision`` (:class:`VisionShapes`' ``norm``, ``mlp`` and
+    ``attention``): :data:`TOWER_KINDS` by ``model_type``, else a SigLIP layer, whose MLP is QuickGELU's where
+    ``hidden_act`` says so."""
+    kind = {"norm": "layer", "mlp": "quick_gelu" if getattr(vision, "hidden_act", "") == "quick_gelu" else "gelu",
+            "attention": "split"}  # fmt: skip
+    return {**kind, **TOWER_KINDS.get(getattr(vision, "model_type", ""), {})}
+
+
 @dataclass(frozen=True)
 class VisionShapes:
     """A vision tower's shapes per image: ``patches`` (all crops) of width ``hidden`` (``intermediate`` in its MLP),
     the float32 values of its ``pixel_values`` (``pixels``) and of the projector's input (``projector_in``: the
-    tower's output, pixel-shuffled or merged: ``patches x hidden``); its ``layers`` and attention ``heads`` (read
-    only when the tower trains: :func:`tower_layer_bytes`)."""
+    tower's output, pixel-shuffled or merged: ``patches x hidden``); its ``layers`` and attention ``heads``, and its
+    layers' kind (read only when the tower trains: :func:`tower_layer_bytes`): ``norm`` (``"layer"``: LayerNorm;
+    ``"rms"``: RMSNorm), ``mlp`` (``"gelu"``: ``fc2(act(fc1(x)))`` with an activation that saves its input, GELU or
+    its tanh form; ``"quick_gelu"``: the same with ``x * sigmoid(1.702 x)``; ``"gated"``:
+    ``down_proj(act(gate_proj(x)) * up_proj(x))``) and ``attention`` (``"split"``: ``q/k/v_proj`` and ``out_proj``
+    over the whole batch; ``"fused"``: the Qwen towers' one ``qkv`` projection, rotary ``q`` and ``k``, attention run
+    image by image and the outputs concatenated before ``out_proj``)."""
 
     hidden: int
     intermediate: int
@@ -144,6 +167,15 @@ class VisionShapes:
     pixels: int
     layers: int = 0
     heads: int = 0
+    norm: str = "layer"
+    mlp: str = "gelu"
+    attention: str = "split"
+
+    def __post_init__(self) -> None:
+        for field, valid in (("norm", ("layer", "rms")), ("mlp", ("gelu", "quick_gelu", "gated")),
+                             ("attention", ("split", "fused"))):  # fmt: skip
+            if getattr(self, field) not in valid:
+                raise ValueError(f"VisionShapes.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}")
 
     @property
     def projector_in(self) -> int:
@@ -159,7 +191,7 @@ class VisionShapes:
         pixels = pixel_values.numel() // images
         layers = int(getattr(vision, "depth", 0) or getattr(vision, "num_hidden_layers", 0) or 0)
         heads = int(getattr(vision, "num_heads", 0) or getattr(vision, "num_attention_heads", 0) or 0)
-        return cls(hidden, intermediate, pixels // (3 * patch), pixels, layers, heads)
+        return cls(hidden, intermediate, pixels // (3 * patch), pixels, layers, heads, **tower_kind(vision))
 
 
 @dataclass(frozen=True)
@@ -318,51 +350,81 @@ def tower_targets_of(names: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t for name in names for t in TOWER_ROLES.get(name, (name,))))
 
 
+def tower_linears(vision: VisionShapes) -> dict[str, tuple[int, int]]:
+    """The linear layers of one tower layer of ``vision``'s kind, by the names of :data:`TOWER_TARGETS`: each one's
+    inputs and outputs."""
+    h, i = vision.hidden, vision.intermediate
+    attention = {"qkv": (h, 3 * h)} if vision.attention == "fused" else {"q_proj": (h, h), "k_proj": (h, h),
+                                                                         "v_proj": (h, h)}  # fmt: skip
+    gated = {"gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    mlp = gated if vision.mlp == "gated" else {"fc1": (h, i), "fc2": (i, h)}
+    return {**attention, "out_proj": (h, h), **mlp}
+
+
 def tower_layer_bytes(vision: VisionShapes, train: Training) -> int:
-    """Bytes one trained vision-tower layer saves per patch (``train.tower``: ``"lora"`` or ``"full"``), counted as a
-    SigLIP / CLIP encoder layer (``x + attn(LN(x))``, then ``+ fc2(gelu(fc1(LN(x))))``, attention through ``sdpa``
-    without a mask), by the rules of :func:`layer_bytes`: each LayerNorm saves its input (under autocast the float32
-    cast it runs on, whose float32 output the projections then read) and its mean and rstd; attention saves query,
-    key, value, output and the log-sum-exp; GELU saves ``fc1``'s output; the projections their inputs
-    (:func:`_inputs`). Other towers (Qwen2-VL's fused ``qkv``, rotary and QuickGELU, the gated MLPs) are counted as
-    this layer (:data:`TOWER_ROLES`): an approximation, measured per family by ``benchmarks/tower_forecast.py``
-    (docs/memory.md: exact for the SigLIP towers, under for CLIP's, Qwen's and Pixtral's). Under autocast the
-    layer's bf16 weight copies come on top (:func:`tower_autocast_bytes`, per layer, not per patch)."""
+    """Bytes one trained vision-tower layer saves per patch (``train.tower``: ``"lora"`` or ``"full"``), a layer of
+    ``vision``'s kind (:class:`VisionShapes`: ``x + attn(norm(x))``, then ``+ mlp(norm(x))``, attention through
+    ``sdpa`` without a mask), by the rules of :func:`layer_bytes`:
+
+    - a LayerNorm saves its input (under CUDA's autocast the float32 cast it runs on, whose float32 output the
+      projections then read) and its mean and rstd (float32 on CUDA, the input's dtype on the CPU); an RMSNorm (which
+      casts to float32 itself, on the CPU and CUDA alike) its float32 input and rsqrt, and when its weight trains the
+      normalised input in the residual's dtype, the dtype of its output;
+    - attention saves query, key, value, output and the log-sum-exp; with the fused ``qkv`` the value is a view of
+      that projection's output, whose ``3h`` it holds whole (query and key are rotary's own tensors), and the
+      per-image outputs are concatenated, so that ``out_proj`` reads (and saves, when it trains) a copy, not
+      ``sdpa``'s output;
+    - GELU saves ``fc1``'s output; QuickGELU (``x * sigmoid(1.702 x)``) that and the sigmoid's output; the gated MLP
+      ``down(act(gate(x)) * up(x))`` ``gate``'s output, ``act(gate)`` and ``up``'s output (``3 l i``);
+    - the projections their inputs (:func:`_inputs`, :func:`tower_linears`' names).
+
+    Measured per family by ``benchmarks/tower_forecast.py`` (docs/memory.md). Under autocast the layer's bf16 weight
+    copies come on top (:func:`tower_autocast_bytes`, per layer, not per patch)."""
     t = tower_training(train)
     h, i, lb = vision.hidden, vision.intermediate, t.linear
-    normed = 4 if t.autocast and not t.cpu else t.residual  # the norm's input as saved, and its output
-    norm = normed * h + (2 * normed if t.cpu else 8)  # mean and rstd: float32 on CUDA
-    attention = lb * 4 * h + 4 * vision.heads
-    projections = (
-        _inputs(t, h, normed, ("q_proj", "k_proj", "v_proj"), False)
-        + _inputs(t, h, lb, ("out_proj",), saved=True)  # sdpa's output, saved by sdpa
-        + _inputs(t, h, normed, ("fc1",), False)
-        + _inputs(t, i, lb, ("fc2",), False)  # GELU saves its input, not its output
-    )
-    return 2 * norm + attention + lb * i + projections
+    if vision.norm == "rms":
+        normed = t.residual  # weight * x.to(input dtype)
+        norm = 4 * h + 4 + (t.residual * h if t.lm == "full" else 0)  # float32 input, rsqrt, hn
+    else:
+        normed = 4 if t.autocast and not t.cpu else t.residual  # the norm's input as saved, and its output
+        norm = normed * h + (2 * normed if t.cpu else 8)  # mean and rstd: float32 on CUDA
+    if vision.attention == "fused":
+        attention = lb * (h + h + 3 * h + h) + 4 * vision.heads  # q, k, the fused output (v), output, log-sum-exp
+        qkv = _inputs(t, h, normed, ("qkv",), False)
+    else:
+        attention = lb * 4 * h + 4 * vision.heads
+        qkv = _inputs(t, h, normed, ("q_proj", "k_proj", "v_proj"), False)
+    out = _inputs(t, h, lb, ("out_proj",), saved=vision.attention == "split")  # sdpa's output, saved by sdpa
+    if vision.mlp == "gated":
+        mlp = 3 * lb * i + _inputs(t, h, normed, ("gate_proj", "up_proj"), False)
+        mlp += _inputs(t, i, lb, ("down_proj",), False)  # the product, saved by nothing else
+    else:
+        mlp = (2 if vision.mlp == "quick_gelu" else 1) * lb * i + _inputs(t, h, normed, ("fc1",), False)
+        mlp += _inputs(t, i, lb, ("fc2",), False)  # the activation's output, saved by nothing else
+    return 2 * norm + attention + qkv + out + mlp
 
 
 def tower_autocast_bytes(vision: VisionShapes, train: Training) -> int:
     """The bf16 copies of a trained tower layer's float32 weights that autocast makes and the backward pass keeps
-    (as :func:`autocast_bytes`): its projections' when they train whole or are stored in float32, and its LoRA
-    adapters' (``rank x (in + out)`` each); 0 without autocast."""
+    (as :func:`autocast_bytes`): its projections' (:func:`tower_linears`) when they train whole or are stored in
+    float32, and its LoRA adapters' (``rank x (in + out)`` each); 0 without autocast."""
     t = tower_training(train)
     if not t.autocast:
         return 0
-    h, i = vision.hidden, vision.intermediate
-    sizes = {"q_proj": 2 * h, "k_proj": 2 * h, "v_proj": 2 * h, "out_proj": 2 * h, "fc1": h + i, "fc2": i + h}
-    base = 4 * h * h + 2 * h * i if t.lm == "full" or t.weights_bytes == 4 else 0
-    lora = t.rank * sum(sizes[n] for n in t.targets if n in sizes) if t.lm == "lora" else 0
+    linears = tower_linears(vision)
+    base = sum(a * b for a, b in linears.values()) if t.lm == "full" or t.weights_bytes == 4 else 0
+    lora = t.rank * sum(a + b for n, (a, b) in linears.items() if n in t.targets) if t.lm == "lora" else 0
     return 2 * (base + lora)
 
 
 def tower_gradient_bytes(vision: VisionShapes, train: Training) -> int:
     """Bytes per patch of the gradients a trained tower layer's backward pass holds at once, counted where they are
-    largest, at ``fc2``: the gradient of the MLP's intermediate from the base projection (in the projections' output
-    dtype) and, with an adapter on ``fc2``, the float32 gradient of the copy peft casts its input to and that
-    gradient cast back."""
+    largest, at the MLP's output projection (``fc2``, the gated MLP's ``down_proj``): the gradient of the MLP's
+    intermediate from the base projection (in the projections' output dtype) and, with an adapter there, the float32
+    gradient of the copy peft casts its input to and that gradient cast back (measured on SigLIP's layer,
+    docs/memory.md; the gated MLP is counted the same way, at ``down_proj``, not measured)."""
     t = tower_training(train)
-    adapted = t.lm == "lora" and "fc2" in t.targets
+    adapted = t.lm == "lora" and ("down_proj" if vision.mlp == "gated" else "fc2") in t.targets
     return vision.intermediate * (t.linear + (4 + t.linear if adapted else 0))
 
 
@@ -622,10 +684,12 @@ BACKBONES = {
     # Qwen2-VL-2B-Instruct (config.json): 640 x 480 under 262,144 pixels -> 588 x 420 = 42 x 30 patches of 14 px
     # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
     # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
-    # the tower's LoRA targets (QWEN_VIT_TARGETS) per layer: qkv 1,280 -> 3,840, proj, fc1 1,280 -> 5,120, fc2
+    # the tower's LoRA targets (QWEN_VIT_TARGETS) per layer: qkv 1,280 -> 3,840, proj, fc1 1,280 -> 5,120, fc2; its
+    # layers' kind (tower_kind of its vision config): LayerNorm, the fused rotary qkv run image by image, QuickGELU
     "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
-                            VisionShapes(1280, 5120, 1260, 1260 * 1176, 32, 16), 335, 1_543_714_304, 631_183_360,
-                            34_087_936, (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
+                            VisionShapes(1280, 5120, 1260, 1260 * 1176, 32, 16, mlp="quick_gelu", attention="fused"),
+                            335, 1_543_714_304, 631_183_360, 34_087_936,
+                            (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
 }  # fmt: skip
 
 
