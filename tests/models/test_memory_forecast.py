@@ -28,6 +28,7 @@ from finecap.models.forecast import (
     tower_gradient_bytes,
     tower_layer_bytes,
     tower_targets_of,
+    training_of,
 )
 from helpers.scripts import benchmark
 
@@ -168,6 +169,26 @@ def test_one_tower_layer_saves_what_the_formula_counts(train):
     measured = tower_saved(3, train) - tower_saved(2, train)  # one more layer
     vision = VisionShapes(64, 160, T, 0, 3, 4)
     assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) == measured
+
+
+def test_tower_targets_written_as_module_suffixes_count_as_the_layers_they_adapt():
+    """``lora.encoder_targets`` are module names or dot-separated suffixes of them, as peft matches them:
+    ``self_attn.q_proj`` and ``mlp.fc1`` adapt SigLIP's ``q_proj`` and ``fc1``, and the forecast of a run so
+    configured (:func:`training_of`) counts what those adapters save, measured on the CPU (it counted them as adapting
+    nothing)."""
+    names = ("self_attn.q_proj", "mlp.fc1")
+    cfg = SimpleNamespace(model=SimpleNamespace(train_lm=False, train_encoder=True, dtype="bfloat16"),
+                          lora=SimpleNamespace(lm=False, encoder=True, lm_targets=[], encoder_targets=list(names),
+                                               rank=RANK),
+                          train=SimpleNamespace(mixed_precision="no", gradient_checkpointing=False))  # fmt: skip
+    train = dataclasses.replace(training_of(cfg), cpu=True)
+    assert train.tower_targets == ("q_proj", "fc1")
+    as_peft = dataclasses.replace(train, tower_targets=names)  # peft matches the suffixes themselves
+    measured = tower_saved(3, as_peft) - tower_saved(2, as_peft)  # one more layer
+    vision = VisionShapes(64, 160, T, 0, 3, 4)
+    assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) == measured
+    assert tower_targets_of(["vision_model.encoder.layers.0.self_attn.out_proj", "linear_fc2", "blocks.0.attn.qkv",
+                             "merger.mlp.0"]) == ("out_proj", "fc2", "qkv", "merger.mlp.0")  # fmt: skip
 
 
 LAYER_KINDS = {

@@ -86,7 +86,7 @@ CLIP's ``q/k/v_proj``, ``out_proj``, ``fc1``, ``fc2``, finecap's LoRA targets th
 every one a layer of its kind has, when no targets are given."""
 TOWER_ROLES = {"attn.qkv": ("qkv",), "attn.proj": ("out_proj",), "proj": ("out_proj",), "o_proj": ("out_proj",),
                "projection_layer": ("out_proj",), "mlp.gate_proj": ("gate_proj",), "mlp.up_proj": ("up_proj",),
-               "mlp.down_proj": ("down_proj",), "mlp.linear_fc1": ("fc1",), "mlp.linear_fc2": ("fc2",)}  # fmt: skip
+               "mlp.down_proj": ("down_proj",), "linear_fc1": ("fc1",), "linear_fc2": ("fc2",)}  # fmt: skip
 """Other towers' LoRA targets (:data:`finecap.models.vlm.FAMILIES`' ``vision_targets``: the Qwen towers' ``attn.qkv``
 and ``attn.proj``, the gated MLPs' ``mlp.gate_proj`` ..., InternViT's ``projection_layer``, Pixtral's ``o_proj``,
 Qwen3-VL's ``linear_fc1``) by the names of :data:`TOWER_TARGETS` they are counted as."""
@@ -346,8 +346,23 @@ def tower_training(train: Training) -> Training:
 
 def tower_targets_of(names: Any) -> tuple[str, ...]:
     """``lora.encoder_targets`` as the SigLIP layer's names :func:`tower_layer_bytes` counts (:data:`TOWER_ROLES`);
-    empty: every linear layer."""
-    return tuple(dict.fromkeys(t for name in names for t in TOWER_ROLES.get(name, (name,))))
+    empty: every linear layer. A target is a module name or a dot-separated suffix of one (:mod:`finecap.models.lora`),
+    so each is read by its longest suffix that names a counted layer (``self_attn.q_proj`` and ``mlp.fc1`` are
+    ``q_proj`` and ``fc1``); a name none of whose suffixes does (e.g. the merger's) is kept as it is, adapting no layer
+    counted here."""
+    return tuple(dict.fromkeys(t for name in names for t in _tower_role(name)))
+
+
+def _tower_role(name: str) -> tuple[str, ...]:
+    """The names of :data:`TOWER_TARGETS` the target ``name`` is counted as (:func:`tower_targets_of`)."""
+    parts = name.split(".")
+    for start in range(len(parts)):
+        suffix = ".".join(parts[start:])
+        if suffix in TOWER_ROLES:
+            return TOWER_ROLES[suffix]
+        if suffix in TOWER_TARGETS:
+            return (suffix,)
+    return (name,)
 
 
 def tower_linears(vision: VisionShapes) -> dict[str, tuple[int, int]]:
