@@ -768,8 +768,9 @@ def signal_references(ctx: Ctx, length: int) -> Path:
 def learning_signal(rows: list[dict]) -> tuple[dict[str, list], str | None]:
     """The per-step values of :data:`SIGNAL_KEYS` in a GRPO run's logged training rows (``None`` where a step did not
     log one) and what fails the check, else ``None``: a loss or a gradient norm that is no finite number, no step with
-    a finite, non-zero gradient norm (the policy learned nothing), or every group's rewards equal in every step
-    (``zero_std_groups`` 1.0: the advantages are 0, or float rounding of equal rewards, and so is the gradient)."""
+    a finite, non-zero gradient norm (the policy learned nothing), every group's rewards equal in every step that
+    logged them (``zero_std_groups`` 1.0: the advantages are 0, or float rounding of equal rewards, and so is the
+    gradient), or no step that logged ``zero_std_groups`` at all (the rule could not be checked)."""
     signal = {key: [r.get(key) for r in rows] for key in SIGNAL_KEYS}
     steps = list(range(1, len(rows) + 1))
     problems = []
@@ -781,8 +782,10 @@ def learning_signal(rows: list[dict]) -> tuple[dict[str, list], str | None]:
     norms = signal["grad_norm"]
     if not any(isinstance(g, float | int) and math.isfinite(g) and g != 0 for g in norms):
         problems.append(f"no step had a finite, non-zero grad_norm (per step: {norms})")
-    zero = signal["zero_std_groups"]
-    if zero and all(z == 1.0 for z in zero):
+    zero = [z for z in signal["zero_std_groups"] if z is not None]
+    if not zero:  # the rule below could not fail: say so rather than pass on nothing
+        problems.append("no step logged zero_std_groups: whether any group's rewards differed is unknown")
+    elif all(z == 1.0 for z in zero):
         problems.append("every group's rewards were equal in every step (zero_std_groups 1.0): no learning signal")
     return signal, "; ".join(problems) or None
 

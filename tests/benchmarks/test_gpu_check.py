@@ -446,6 +446,28 @@ def replayed_grpo_line(tmp_path, monkeypatch, rows: list[dict]) -> tuple[dict, l
     return gc.check_grpo(ctx), given
 
 
+def test_the_learning_signal_rule_fails_when_no_step_logged_zero_std_groups():
+    """Rewards equal in every group, gradient norms of float rounding: failed when the run logs
+    ``zero_std_groups`` 1.0, and also when it logs no ``zero_std_groups`` at all (a renamed metric, an advantage that
+    is not per group), which the rule read as nothing wrong and passed; steps that did not log it are left out of the
+    rule, not counted as groups that differed."""
+    from helpers.scripts import benchmark
+
+    gpu_check = benchmark("gpu_check")
+    rows = [{"loss": 0.0, "reward": 2e-12, "grad_norm": 8.9e-9, "zero_std_groups": 1.0} for _ in range(3)]
+    _, problem = gpu_check.learning_signal(rows)
+    assert problem is not None and problem.startswith("every group's rewards were equal"), problem
+    silent = [{k: v for k, v in r.items() if k != "zero_std_groups"} for r in rows]
+    signal, problem = gpu_check.learning_signal(silent)
+    assert signal["zero_std_groups"] == [None] * 3
+    assert problem == "no step logged zero_std_groups: whether any group's rewards differed is unknown"
+    gaps = [silent[0], *rows[1:]]
+    _, problem = gpu_check.learning_signal(gaps)
+    assert problem is not None and problem.startswith("every group's rewards were equal"), problem
+    _, problem = gpu_check.learning_signal([{**r, "zero_std_groups": 0.5} for r in rows])
+    assert problem is None
+
+
 def test_the_grpo_line_fails_when_its_run_logged_no_learning_signal(tmp_path, monkeypatch):
     """The 2026-11-28 H200 grpo line passed with losses of 0 and +-1e-15 and nothing showing a gradient. Replayed
     with what that setup's run logs (measured on the CPU at SmolVLM's vocabulary: every group's rewards equal,
