@@ -191,6 +191,8 @@ def test_tower_targets_written_as_module_suffixes_count_as_the_layers_they_adapt
                              "merger.mlp.0"]) == ("out_proj", "fc2", "qkv", "merger.mlp.0")  # fmt: skip
 
 
+INTERNVIT = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "projection_layer", "fc1": "fc1",
+             "fc2": "fc2"}  # fmt: skip
 LAYER_KINDS = {
     "qwen2_5_vl": ({"norm": "rms", "mlp": "gated", "attention": "fused"},
                    {"qkv": "attn.qkv", "out_proj": "attn.proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
@@ -200,10 +202,16 @@ LAYER_KINDS = {
                  "gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}, ("gate_proj", "v_proj")),
     "clip": ({"norm": "layer", "mlp": "quick_gelu", "attention": "split"},
              {n: n for n in ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")}, ("fc1", "v_proj")),
+    "internvl": ({"norm": "layer", "mlp": "gelu", "attention": "split", "layer_scale": True}, INTERNVIT,
+                 ("fc1", "v_proj")),
+    "internvit_6b": ({"norm": "rms", "mlp": "gelu", "attention": "split", "layer_scale": True, "qk_norm": True},
+                     INTERNVIT, ("fc1", "q_proj")),
 }  # fmt: skip
 """Towers whose layers are not SigLIP's, one per kind: Qwen2.5-VL's (RMSNorm, fused rotary qkv run image by image,
 gated SiLU MLP; GLM-4.1V's is the same kind), Pixtral's (RMSNorm, rotary q/k/v over a block mask, gated MLP) and
-CLIP's (QuickGELU; Qwen2-VL's MLP too): the kind ``tower_kind`` reads from the config, each counted linear's module
+CLIP's (QuickGELU; Qwen2-VL's MLP too), InternViT-300M's (SigLIP's with a layer scale, ``lambda_1`` and
+``lambda_2``) and InternViT-6B's (that with RMSNorm and query and key RMSNorms): the kind ``tower_kind`` reads from the
+config, each counted linear's module
 name (the family's LoRA target), and two of them for an adapter on two."""
 
 
@@ -240,6 +248,19 @@ def kind_layers(kind: str, layers: int, dtype: torch.dtype):
 
         def run(layer, x, autocast):
             return layer(x, attention_mask=inputs[autocast][0], position_embeddings=inputs[autocast][1])
+
+    elif kind.startswith("intern"):
+        from transformers import InternVLVisionConfig
+        from transformers.models.internvl import modeling_internvl as modeling
+
+        big = kind == "internvit_6b"
+        config = InternVLVisionConfig(hidden_size=64, intermediate_size=160, num_attention_heads=4,
+                                      num_hidden_layers=layers, norm_type="rms_norm" if big else "layer_norm",
+                                      use_qk_norm=big)  # fmt: skip
+        block, shape = modeling.InternVLVisionLayer, (B, T, 64)
+
+        def run(layer, x, autocast):
+            return layer(x)
 
     else:
         from transformers import CLIPVisionConfig
@@ -743,6 +764,7 @@ def test_every_familys_tower_kind_is_read_and_its_targets_are_its_layers_linears
         "qwen3_vl": {"attention": "fused"},
         "llava": {"mlp": "quick_gelu"},
         "llava_next": {"mlp": "quick_gelu"},
+        "internvl": {"layer_scale": True},
     }
     for name, family in FAMILIES.items():
         kind = tower_kind(tiny_family(name)[0].config.vision_config)

@@ -44,11 +44,12 @@ are recomputed one after the other (the captions' first), so the larger one's la
 
 **A trained vision tower** (``model.train_encoder``: LoRA or the whole tower) keeps, beyond the frozen tower's
 counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, a layer of the tower's kind by
-the rules above: SigLIP's, or with RMSNorm, QuickGELU, a gated MLP, the Qwen towers' fused rotary ``qkv``), or
-under checkpointing each layer's input, from its forward pass, which runs first, to its backward pass, which runs
-last: the language model's activations are freed by then, so the tower's backward pass is a peak of its own: what
-the tower keeps, one recomputed layer (under checkpointing) and the gradients that layer's backward pass forms at
-its MLP's output projection (:func:`tower_gradient_bytes`), beside the images.
+the rules above: SigLIP's, or with RMSNorm, QuickGELU, a gated MLP, the Qwen towers' fused rotary ``qkv``,
+InternViT's layer scale and query and key norms), or under checkpointing each layer's input, from its forward pass,
+which runs first, to its backward pass, which runs last: the language model's activations are freed by then, so the
+tower's backward pass is a peak of its own: what the tower keeps, one recomputed layer (under checkpointing) and the
+gradients that layer's backward pass forms at its MLP's output projection (:func:`tower_gradient_bytes`), beside the
+images.
 
 **The reference pass** of the GRPO family's KL term (``grpo.kl_coef > 0``, :mod:`finecap.objectives.reference`)
 scores the step's captions once more before the step, without gradient and in eval mode: the logits (``l`` bytes:
@@ -93,11 +94,13 @@ Qwen3-VL's ``linear_fc1``) by the names of :data:`TOWER_TARGETS` they are counte
 TOWER_KINDS = {"qwen2_vl_vision": {"attention": "fused"}, "qwen3_vl_vision": {"attention": "fused"},
                "qwen2_5_vl_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
                "glm4v_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
-               "pixtral": {"norm": "rms", "mlp": "gated"}}  # fmt: skip
+               "pixtral": {"norm": "rms", "mlp": "gated"}, "internvl_vision": {"layer_scale": True}}  # fmt: skip
 """The towers whose layers are not SigLIP's, by their vision config's ``model_type``: their :class:`VisionShapes`
-``norm``, ``mlp`` and ``attention`` (read from ``transformers``' modeling code: Qwen2.5-VL's, GLM-4.1V's and
-Pixtral's RMSNorm and gated MLP, the Qwen towers' and GLM-4.1V's fused ``qkv`` with rotary, run image by image);
-a QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's)."""
+``norm``, ``mlp``, ``attention`` and ``layer_scale`` (read from ``transformers``' modeling code: Qwen2.5-VL's,
+GLM-4.1V's and Pixtral's RMSNorm and gated MLP, the Qwen towers' and GLM-4.1V's fused ``qkv`` with rotary, run image
+by image, InternViT's layer scale); a QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's), an RMSNorm
+from ``norm_type`` and the query and key norms from ``use_qk_norm`` (InternViT's: ``rms_norm`` and QK norms in
+InternViT-6B, ``layer_norm`` without in InternViT-300M)."""
 MLP_WIDTH = {"glm4v_vision": "out_hidden_size"}
 """Towers whose MLP is not ``intermediate_size`` wide, by their config's ``model_type``: the field that gives its
 width (GLM-4.1V's vision MLP is ``out_hidden_size`` wide; its ``intermediate_size`` is the merger's)."""
@@ -140,12 +143,14 @@ def mlp_width(vision: Any, hidden: int) -> int:
     return int(getattr(vision, field, 0) or hidden * getattr(vision, "mlp_ratio", 4))
 
 
-def tower_kind(vision: Any) -> dict[str, str]:
+def tower_kind(vision: Any) -> dict[str, Any]:
     """The kind of a vision tower's layers from its config ``vision`` (:class:`VisionShapes`' ``norm``, ``mlp`` and
-    ``attention``): :data:`TOWER_KINDS` by ``model_type``, else a SigLIP layer, whose MLP is QuickGELU's where
-    ``hidden_act`` says so."""
-    kind = {"norm": "layer", "mlp": "quick_gelu" if getattr(vision, "hidden_act", "") == "quick_gelu" else "gelu",
-            "attention": "split"}  # fmt: skip
+    ``attention``, and ``layer_scale`` and ``qk_norm`` where it has them): :data:`TOWER_KINDS` by ``model_type``, else
+    a SigLIP layer, whose MLP is QuickGELU's where ``hidden_act`` says so, whose norm is an RMSNorm where
+    ``norm_type`` does, and whose queries and keys are normalised where ``use_qk_norm`` says so."""
+    kind = {"norm": "rms" if getattr(vision, "norm_type", "") == "rms_norm" else "layer",
+            "mlp": "quick_gelu" if getattr(vision, "hidden_act", "") == "quick_gelu" else "gelu",
+            "attention": "split", **({"qk_norm": True} if getattr(vision, "use_qk_norm", False) else {})}  # fmt: skip
     return {**kind, **TOWER_KINDS.get(getattr(vision, "model_type", ""), {})}
 
 
@@ -159,7 +164,10 @@ class VisionShapes:
     its tanh form; ``"quick_gelu"``: the same with ``x * sigmoid(1.702 x)``; ``"gated"``:
     ``down_proj(act(gate_proj(x)) * up_proj(x))``) and ``attention`` (``"split"``: ``q/k/v_proj`` and ``out_proj``
     over the whole batch; ``"fused"``: the Qwen towers' one ``qkv`` projection, rotary ``q`` and ``k``, attention run
-    image by image and the outputs concatenated before ``out_proj``)."""
+    image by image and the outputs concatenated before ``out_proj``); ``layer_scale``: each branch's output is
+    multiplied by a learned per-channel scale before the residual addition (InternViT's ``lambda_1`` and
+    ``lambda_2``); ``qk_norm``: RMSNorms over the whole query and key projections' outputs before attention
+    (InternViT-6B's ``q_norm`` and ``k_norm``)."""
 
     hidden: int
     intermediate: int
@@ -170,6 +178,8 @@ class VisionShapes:
     norm: str = "layer"
     mlp: str = "gelu"
     attention: str = "split"
+    layer_scale: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for field, valid in (("norm", ("layer", "rms")), ("mlp", ("gelu", "quick_gelu", "gated")),
@@ -391,7 +401,11 @@ def tower_layer_bytes(vision: VisionShapes, train: Training) -> int:
       ``sdpa``'s output;
     - GELU saves ``fc1``'s output; QuickGELU (``x * sigmoid(1.702 x)``) that and the sigmoid's output; the gated MLP
       ``down(act(gate(x)) * up(x))`` ``gate``'s output, ``act(gate)`` and ``up``'s output (``3 l i``);
-    - the projections their inputs (:func:`_inputs`, :func:`tower_linears`' names).
+    - the projections their inputs (:func:`_inputs`, :func:`tower_linears`' names);
+    - a layer scale (``lambda * branch``), when its scale trains (the whole tower), the branch's output: ``out_proj``'s
+      and the MLP's, ``2 l h``;
+    - the query and key RMSNorms (``qk_norm``) each their float32 input and rsqrt, and when their weights train the
+      normalised input in the projections' output dtype, the dtype of their output.
 
     Measured per family by ``benchmarks/tower_forecast.py`` (docs/memory.md). Under autocast the layer's bf16 weight
     copies come on top (:func:`tower_autocast_bytes`, per layer, not per patch)."""
@@ -416,7 +430,9 @@ def tower_layer_bytes(vision: VisionShapes, train: Training) -> int:
     else:
         mlp = (2 if vision.mlp == "quick_gelu" else 1) * lb * i + _inputs(t, h, normed, ("fc1",), False)
         mlp += _inputs(t, i, lb, ("fc2",), False)  # the activation's output, saved by nothing else
-    return 2 * norm + attention + qkv + out + mlp
+    scale = 2 * lb * h if vision.layer_scale and t.lm == "full" else 0
+    qk_norm = 2 * (4 * h + 4 + (lb * h if t.lm == "full" else 0)) if vision.qk_norm else 0
+    return 2 * norm + attention + qkv + out + mlp + scale + qk_norm
 
 
 def tower_autocast_bytes(vision: VisionShapes, train: Training) -> int:
