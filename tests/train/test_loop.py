@@ -21,6 +21,7 @@ from finecap.train.engine import (
     best_mode,
     build_optimizer,
     is_better,
+    reference_items,
     total_steps,
     weighted_loss,
 )
@@ -226,6 +227,48 @@ def test_accumulated_micro_batches_are_weighted_by_their_items(make_cfg):
                           micro_batches=micro)  # fmt: skip
     assert torch.allclose(model.p.grad, torch.full((4,), 350.0))
     assert values["loss"] == 0.0 and values["grad_norm"] == pytest.approx(700.0)
+
+
+def test_each_micro_batch_back_propagates_its_loss_weighted_relative_to_the_first(make_cfg, monkeypatch):
+    # p = 1: the losses (weights {b: 0.5}) are 800 x scale, means over 300 and 100 items. Weighted by the items
+    # themselves the engine back-propagated 480,000 and 80,000, hundreds of times a mean loss (fp16's scaled
+    # gradients overflow: test_mixed_precision.py); weighted by items / R, R = 300 (the first micro-batch's items),
+    # 1600 and 800 / 3. The step's gradient stays the item-weighted mean's: (300 x 2 + 100 x 1) / 400 = 1.75 times
+    # the gradient of 200 per element at scale 1 (a plain mean of the micro-batch means would give 1.5 x 200)
+    model, engine = _engine(make_cfg, TwoLosses(), "train.loss_weights={b: 0.5}", "train.grad_clip=0",
+                            "train.grad_accum_steps=2")  # fmt: skip
+    with torch.no_grad():
+        model.p.fill_(1.0)
+    backward, seen = engine.accelerator.backward, []
+    monkeypatch.setattr(engine.accelerator, "backward", lambda loss: (seen.append(loss.item()), backward(loss)))
+    values = engine.train_step([{"items": 300, "scale": 2.0}, {"items": 100, "scale": 1.0}])
+    assert seen == pytest.approx([1600.0, 800.0 / 3], rel=1e-6)
+    assert torch.allclose(model.p.grad, torch.full((4,), 350.0))
+    assert values["loss"] == 1400.0 and values["grad_norm"] == pytest.approx(700.0)
+
+
+class ProcessesSumming:
+    """An accelerator of 2 processes whose ``reduce`` adds the other process's values to this one's."""
+
+    num_processes, device = 2, torch.device("cpu")
+
+    def __init__(self, other: list[float]):
+        self.other = other
+
+    def reduce(self, tensor, reduction):
+        assert reduction == "sum"
+        return tensor + torch.tensor(self.other)
+
+
+def test_the_reference_item_count_is_the_mean_of_the_first_micro_batches_that_are_not_copies():
+    one = type("OneProcess", (), {"num_processes": 1})()
+    assert reference_items(one, 184.0, False) == 184.0
+    assert reference_items(one, 0.0, False) == 1.0  # no items (a micro-batch of failed captions): no division by 0
+    assert reference_items(ProcessesSumming([60.0, 1.0]), 90.0, False) == 75.0  # the mean over both processes
+    # the other process's first micro-batch is a copy (items 0): R is this one's items, not half of them
+    assert reference_items(ProcessesSumming([0.0, 0.0]), 90.0, False) == 90.0
+    assert reference_items(ProcessesSumming([90.0, 1.0]), 0.0, True) == 90.0  # likewise, seen from the copy
+    assert reference_items(ProcessesSumming([0.0, 1.0]), 0.0, False) == 1.0  # no process has items
 
 
 def test_a_last_batch_smaller_than_the_micro_batches_is_one_big_batchs_step(make_cfg):

@@ -59,10 +59,10 @@ def fresh_accelerate():
     GradientState._reset_state()
 
 
-def cpu_fp16(init_scale: float = 2.0**16) -> Accelerator:
+def cpu_fp16(init_scale: float = 2.0**16, accum: int = 1) -> Accelerator:
     """A CPU ``Accelerator`` with what accelerate sets up for fp16 on a GPU: float16 autocast and a gradient scaler
-    (here ``torch.amp.GradScaler("cpu")``, the same class and update rule as CUDA's)."""
-    acc = make_accelerator(TrainConfig(cpu=True, mixed_precision="fp16"))
+    (here ``torch.amp.GradScaler("cpu")``, the same class and update rule as CUDA's); ``accum`` accumulation steps."""
+    acc = make_accelerator(TrainConfig(cpu=True, mixed_precision="fp16", grad_accum_steps=accum))
     assert acc.scaler is None and not acc.native_amp  # accelerate: no fp16 on the CPU (it would train in float32)
     acc.native_amp = True  # accelerator.autocast() -> torch.autocast("cpu", torch.float16)
     acc.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
@@ -254,6 +254,39 @@ def test_skips_separated_by_taken_steps_never_stop_the_run():
         values = engine.train_step([{"g": g, "index": [0]}])
         assert values["skipped"] == (1.0 if g > 1 else 0.0)
     assert (engine.skipped.consecutive, engine.skipped.total) == (0, 3)
+
+
+def _tiny_clipcap_fp16_skips(accum: int, examples: int = 64, steps: int = 3) -> tuple[list[float], float]:
+    """``steps`` engine steps of the tiny ClipCap (MLE, seed 0) under float16 autocast and a GradScaler at its default
+    initial scale 2**16, on one global batch of ``examples`` captions cut into ``accum`` accumulated micro-batches ->
+    (each step's ``skipped``, the scale after them)."""
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    torch.manual_seed(0)
+    model = _tiny_clipcap()
+    enc = encode_captions(model.tokenizer, CAPTIONS * (examples // len(CAPTIONS)), max_tokens=16)
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    batch = {"features": torch.randn(examples, 16), **enc, "labels": labels, "index": list(range(examples))}
+    size = examples // accum
+    micro = [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(accum)]
+    settings = TrainConfig(cpu=True, mixed_precision="fp16", grad_clip=0.0, grad_accum_steps=accum, max_steps=steps)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scheduler = build_scheduler(optimizer, warmup=0, total=steps, kind="constant")
+    engine = Engine(settings, cpu_fp16(accum=accum), model, MLE(), TrainingData(None, None, RandomBatches(64, 64)),
+                    optimizer, scheduler, seed=0, total=steps, progress=False)  # fmt: skip
+    skipped = [engine.train_step(micro)["skipped"] for _ in range(steps)]
+    return skipped, engine.accelerator.scaler.get_scale()
+
+
+def test_accumulated_token_losses_do_not_overflow_fp16_where_one_batch_does_not():
+    # 64 captions, 368 target tokens: one batch back-propagates the mean over them and fits float16 at the scale
+    # 2**16. Cut into 2 or 4 micro-batches (184 or 92 tokens each), the engine back-propagated loss x tokens (184
+    # or 92 times a mean loss, / the accumulation steps) and the scaled gradients overflowed: the scaler skipped the
+    # first 6 (2 micro-batches) or 4 (4) steps, halving its scale each time (every one of these 3). Weighted by
+    # tokens / R (R: the first micro-batch's tokens) the back-propagated loss is of the order of the mean loss, and
+    # no step is skipped.
+    for accum in (1, 2, 4):
+        assert _tiny_clipcap_fp16_skips(accum) == ([0.0, 0.0, 0.0], 2.0**16), accum
 
 
 def test_a_non_finite_loss_under_fp16_is_divergence_at_once():

@@ -12,8 +12,13 @@ global batch, whatever the split, every micro-batch's loss (a mean over its item
 for REINFORCE; ``ObjectiveOutput.num_items``) is weighted by its item count, and at the synchronising micro-batch the
 gradients are multiplied by ``processes x accumulation / (items of the global batch)``: DDP's average and
 accelerate's division by the accumulation steps are undone and the sum is divided by the global item count (the
-normalisation torchtune and transformers' Trainer use). A global batch smaller than the micro-batches (an epoch's
-last) is repeated to fill them; the copies run with weight 0 (:func:`~finecap.data.samplers.repeated_micro_batches`).
+normalisation torchtune and transformers' Trainer use). The weight is relative, ``items / R``, with ``R`` the mean
+item count of the processes' first micro-batches (:func:`reference_items`: one scalar all-reduce after the step's
+first forward, the same on every process), and the sync multiplies by ``R`` again, so the back-propagated loss stays
+of the order of a mean loss. Weighted by ``items`` itself it was hundreds of times that (tokens), and fp16's scaled
+gradients overflowed: the scaler skipped steps, halving its scale, until they fitted
+(``tests/train/test_mixed_precision.py``). A global batch smaller than the micro-batches (an epoch's last) is
+repeated to fill them; the copies run with weight 0 (:func:`~finecap.data.samplers.repeated_micro_batches`).
 Objectives with per-step state update it once per optimizer step (``end_step``); an objective that needs the whole
 step first gets this process's micro-batches before any of them runs (``begin_step``: the GRPO family rolls them all
 out there, for batch statistics of the global batch).
@@ -347,6 +352,17 @@ def num_items(out: Any, batch: dict[str, Any]) -> float:
     return float(len(batch["index"]))
 
 
+def reference_items(accelerator: Accelerator, items: float, copy: bool) -> float:
+    """The step's reference item count ``R``: the mean over processes of the items of their first micro-batches that
+    are not copies (every process calls it at its first micro-batch, copy or not: one scalar all-reduce, none with
+    one process); 1 where none has items. Each micro-batch back-propagates ``loss x items / R``, a loss of the
+    order of a mean loss (``items / R`` near 1), and the sync multiplies the gradients by ``R`` again."""
+    if accelerator.num_processes > 1:
+        total = accelerator.reduce(torch.tensor([items, 0.0 if copy else 1.0], device=accelerator.device), "sum")
+        items = float(total[0]) / max(float(total[1]), 1.0)  # a copy's items are 0
+    return items if items > 0 else 1.0
+
+
 def is_better(value: float, best: float | None, mode: str) -> bool:
     """Whether ``value`` improves on ``best`` (``mode`` ``min`` or ``max``); a non-finite value never does."""
     if not math.isfinite(value):
@@ -658,7 +674,14 @@ class Engine:
         do not change with the process count or accumulation. ``copies``: which micro-batches repeat another's
         examples (:func:`~finecap.data.samplers.repeated_micro_batches`, a global batch smaller than processes x
         accumulation steps); they run (every process steps in step) with weight 0, so they add nothing to the
-        step's loss and gradient."""
+        step's loss and gradient.
+
+        Gradient: without accumulation on one process, that of the micro-batch's loss itself; otherwise each
+        micro-batch back-propagates ``loss x items / R`` (``R``: :func:`reference_items`, taken at the first
+        micro-batch; of the order of the mean loss, so fp16's scaled gradients do not overflow for the item counts'
+        sake) and the sync multiplies the gradients by ``processes x accumulation x R / (the step's items)``: the
+        step's gradient is that of the item-weighted mean loss over every process's micro-batches, up to float
+        rounding. Every process, a copy's included, takes part in the same collectives in the same order (FSDP2)."""
         acc, model, optimizer = self.accelerator, self.model, self.optimizer
         if not model.training:  # a recursive walk over every module: only after an evaluation
             model.train()
@@ -671,6 +694,7 @@ class Engine:
         local_parts: dict[str, float] = {}  # the item-weighted sum of each part
         step_losses: dict[str, float] = {}  # the step's loss and parts, means over all its items (not of the means)
         grad_norm = None
+        reference: float | None = None  # R: every micro-batch back-propagates its loss x items / R (not single)
         lr = optimizer.param_groups[0]["lr"]
         with acc.autocast():
             self.objective.begin_step(model, micro_batches)  # e.g. the GRPO family's rollouts of the whole step
@@ -690,7 +714,11 @@ class Engine:
                 local_bad += 0.0 if math.isfinite(loss_value) else 1.0
                 if single and local_bad:
                     raise self._diverged("the loss is not finite")
-                acc.backward(loss if single else loss * items)  # an item-weighted sum; normalised at the sync below
+                if not single:  # an item-weighted sum over R items, normalised at the sync below
+                    if reference is None:  # at the first micro-batch: before any backward, the same everywhere
+                        reference = reference_items(acc, items, copy)
+                    loss = loss * (items / reference)
+                acc.backward(loss)
                 if acc.sync_gradients:
                     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
                     if not single:  # every process learns the global item count and whether any loss diverged
@@ -702,8 +730,9 @@ class Engine:
                             raise self._diverged("the loss is not finite")
                         step_losses = {k: float(v / counts[0]) for k, v in zip(["loss", *names], counts[2:],
                                                                                   strict=True)}  # fmt: skip
-                        factor = acc.num_processes * acc.gradient_accumulation_steps / float(counts[0])
-                        torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps; / items
+                        assert reference is not None
+                        factor = acc.num_processes * acc.gradient_accumulation_steps * reference / float(counts[0])
+                        torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps x 1/R; / items
                     max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
                     norm = acc.clip_grad_norm_(params, max_norm)  # of the unscaled gradients
                     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: DTensor
