@@ -774,3 +774,32 @@ def test_every_familys_tower_kind_is_read_and_its_targets_are_its_layers_linears
     assert mlp_width(glm, 1536) == 4096
     assert mlp_width(SimpleNamespace(intermediate_size=3072), 768) == 3072
     assert mlp_width(SimpleNamespace(mlp_ratio=4), 1280) == 5120
+
+
+def test_a_towers_modules_outside_its_layers_are_counted_as_adapting_no_layer():
+    """In every family's tiny tower, each linear or convolution module named by its full path is counted as adapting
+    a layer's linear (``tower_targets_of``) exactly when it is inside one of the tower's encoder layers: the Qwen
+    towers' patch embedding ``patch_embed.proj`` (a convolution) was read as the attention's ``proj``, and the
+    mergers' ``proj``, ``gate_proj``, ``down_proj``, ``linear_fc1`` ... and SigLIP's pooling head's ``out_proj`` and
+    ``fc1`` as a layer's projections."""
+    from finecap.models.base import module_path
+    from finecap.models.tiny import tiny_family
+    from finecap.models.vlm import FAMILIES
+
+    assert tower_targets_of(["patch_embed.proj"]) == ("patch_embed.proj",)
+    assert tower_targets_of(["visual.merger.down_proj", "merger.linear_fc1"]) == ("visual.merger.down_proj",
+                                                                                  "merger.linear_fc1")  # fmt: skip
+    assert tower_targets_of(["blocks.0.attn.proj", "proj"]) == ("out_proj",)
+    outside = set()
+    for name, family in FAMILIES.items():
+        tower = module_path(tiny_family(name)[0], family.vision)
+        lists = [n for n, m in tower.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)
+                 and type(m[0]).__name__.endswith(("Layer", "Block"))]  # fmt: skip
+        for path, module in tower.named_modules():
+            if not isinstance(module, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv3d)):
+                continue
+            in_layer = any(path.startswith(f"{prefix}.") for prefix in lists if "merger" not in prefix)
+            (role,) = tower_targets_of([path])
+            assert (role != path) == in_layer, (name, path, role)
+            outside |= {path} - ({path} if in_layer else set())
+    assert {"patch_embed.proj", "merger.proj", "merger.down_proj", "head.attention.out_proj"} <= outside

@@ -91,6 +91,11 @@ TOWER_ROLES = {"attn.qkv": ("qkv",), "attn.proj": ("out_proj",), "proj": ("out_p
 """Other towers' LoRA targets (:data:`finecap.models.vlm.FAMILIES`' ``vision_targets``: the Qwen towers' ``attn.qkv``
 and ``attn.proj``, the gated MLPs' ``mlp.gate_proj`` ..., InternViT's ``projection_layer``, Pixtral's ``o_proj``,
 Qwen3-VL's ``linear_fc1``) by the names of :data:`TOWER_TARGETS` they are counted as."""
+TOWER_OUTSIDE = ("patch_embed", "merger", "deepstack_merger_list", "head")
+"""The parts of a tower outside its layers whose modules bear a layer's names (the Qwen towers' and GLM-4.1V's patch
+embedding ``patch_embed.proj``, a convolution; the mergers' ``proj``, ``gate_proj``, ``down_proj``, ``linear_fc1``
+...; SigLIP's pooling ``head``, its ``attention.out_proj`` and ``mlp.fc1``): a target under one of them adapts no
+layer :func:`tower_layer_bytes` counts (:func:`tower_targets_of`)."""
 TOWER_KINDS = {"qwen2_vl_vision": {"attention": "fused"}, "qwen3_vl_vision": {"attention": "fused"},
                "qwen2_5_vl_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
                "glm4v_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
@@ -358,8 +363,9 @@ def tower_targets_of(names: Any) -> tuple[str, ...]:
     """``lora.encoder_targets`` as the SigLIP layer's names :func:`tower_layer_bytes` counts (:data:`TOWER_ROLES`);
     empty: every linear layer. A target is a module name or a dot-separated suffix of one (:mod:`finecap.models.lora`),
     so each is read by its longest suffix that names a counted layer (``self_attn.q_proj`` and ``mlp.fc1`` are
-    ``q_proj`` and ``fc1``); a name none of whose suffixes does (e.g. the merger's) is kept as it is, adapting no layer
-    counted here."""
+    ``q_proj`` and ``fc1``); a name none of whose suffixes does (e.g. the merger's ``mlp.0``), or whose suffix does
+    but under a part of the tower outside its layers (:data:`TOWER_OUTSIDE`: ``patch_embed.proj`` is the patch
+    embedding, not an attention's ``proj``), is kept as it is, adapting no layer counted here."""
     return tuple(dict.fromkeys(t for name in names for t in _tower_role(name)))
 
 
@@ -368,10 +374,10 @@ def _tower_role(name: str) -> tuple[str, ...]:
     parts = name.split(".")
     for start in range(len(parts)):
         suffix = ".".join(parts[start:])
-        if suffix in TOWER_ROLES:
-            return TOWER_ROLES[suffix]
-        if suffix in TOWER_TARGETS:
-            return (suffix,)
+        if suffix in TOWER_ROLES or suffix in TOWER_TARGETS:
+            if any(part in TOWER_OUTSIDE for part in parts[:start]):
+                return (name,)
+            return TOWER_ROLES.get(suffix, (suffix,))
     return (name,)
 
 
