@@ -23,6 +23,7 @@ from finecap.models.forecast import (
     activation_forecast,
     autocast_bytes,
     forecast_text,
+    frozen_tower_bytes,
     layer_bytes,
     mask_bytes,
     tower_autocast_bytes,
@@ -196,7 +197,7 @@ LAYER_KINDS = {
     "qwen2_5_vl": ({"norm": "rms", "mlp": "gated", "attention": "fused"},
                    {"qkv": "attn.qkv", "out_proj": "attn.proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
                     "down_proj": "mlp.down_proj"}, ("up_proj", "qkv")),
-    "pixtral": ({"norm": "rms", "mlp": "gated", "attention": "split"},
+    "pixtral": ({"norm": "rms", "mlp": "gated", "attention": "split", "block_mask": True},
                 {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "o_proj",
                  "gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}, ("gate_proj", "v_proj")),
     "clip": ({"norm": "layer", "mlp": "quick_gelu", "attention": "split"},
@@ -758,7 +759,7 @@ def test_every_familys_tower_kind_is_read_and_its_targets_are_its_layers_linears
     kinds = {
         "glm4v": {**gated, "attention": "fused"},
         "qwen2_5_vl": {**gated, "attention": "fused"},
-        "mistral3": {**gated, "attention": "split"},
+        "mistral3": {**gated, "attention": "split", "block_mask": True},
         "qwen2_vl": {"mlp": "quick_gelu", "attention": "fused"},
         "qwen3_vl": {"attention": "fused"},
         "llava": {"mlp": "quick_gelu"},
@@ -803,3 +804,23 @@ def test_a_towers_modules_outside_its_layers_are_counted_as_adapting_no_layer():
             assert (role != path) == in_layer, (name, path, role)
             outside |= {path} - ({path} if in_layer else set())
     assert {"patch_embed.proj", "merger.proj", "merger.down_proj", "head.attention.out_proj"} <= outside
+
+
+def test_the_frozen_tower_term_is_the_stream_and_one_layers_peak_and_pixtrals_block_mask():
+    """The step's ``tower`` term (a frozen tower: no graph) is :func:`frozen_tower_bytes` of every patch the step
+    runs through the tower, by hand at Pixtral's shapes (width 1,024, MLP 4,096, 8 images of 4,096 patches in bf16):
+    the residual stream (``2h``) and the gated MLP's phase, the largest (the stream after attention and the normed
+    input, ``2 w h``, ``act(gate)``, ``up`` and their product, ``3 w i``), plus the block-diagonal mask over all
+    32,768 patches (``w x patches^2``, 2 GiB); the fused rotary attention in bf16 (the normed input and ``qkv``,
+    ``4 w h``; float32 query and key casts, ``8h``; the rotated query and the key's three float32 temporaries,
+    ``16h``) and in float32 (no casts). The count it replaced, ``(5h + 2i) w`` a patch, came to 0.81 GiB here."""
+    vision = VisionShapes(1024, 4096, 4096, 3 * 1024 * 1024, 24, 16, norm="rms", mlp="gated", block_mask=True)
+    patches = 8 * 4096
+    per_patch = 2 * 1024 + 2 * 2 * 1024 + 3 * 2 * 4096
+    assert frozen_tower_bytes(vision, 2, patches) == patches * per_patch + 2 * patches**2 == 3_154_116_608
+    lm = LmShapes(2, 64, 128, 4, 2, 100)
+    out = activation_forecast(lm, Training("frozen", 2, projector_trains=False), Step(8, 300, 1, 10), vision)
+    assert out["tower"] == 3_154_116_608
+    fused = VisionShapes(1280, 1280, 1, 0, 32, 16, norm="rms", mlp="gated", attention="fused")  # i = h: attention
+    assert frozen_tower_bytes(fused, 2, 1) == 2 * 1280 + 4 * 2 * 1280 + 8 * 1280 + 16 * 1280
+    assert frozen_tower_bytes(fused, 4, 1) == 4 * 1280 + 4 * 4 * 1280 + 16 * 1280

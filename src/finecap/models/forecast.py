@@ -34,13 +34,15 @@ zeroes gradients to ``None`` keeps that very tensor); with the prompt shared (on
 its KV cache repeated to its captions), each caption's attention also saves its rows' keys and values over the
 prompt (``2 l k' P`` per layer); the image inputs (``pixel_values``, float32) and the projector's input (trained:
 saved) per image, and per caption where the prompt is not shared (each caption's row then runs the model's own
-forward, vision tower included); a frozen vision tower runs without a graph (only one layer's temporaries at a time,
-before the language model runs). **Under gradient checkpointing** (non-reentrant, per layer) only each layer's input
-(``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass; with the prompt
-shared (it is under checkpointing too: :class:`finecap.models.kvcache.PromptCache`) also every layer's keys and
-values over the prompt, once per image (the cache the captions read: ``(r + l) kv`` a prompt token, the keys in the
-residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer; the two passes
-are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
+forward, vision tower included); a frozen vision tower runs without a graph, before the language model runs: its
+residual stream and one layer's temporaries at a time (:func:`frozen_tower_bytes`, by the layer's kind; Pixtral's
+block-diagonal mask over all the patches too). **Under gradient checkpointing** (non-reentrant, per layer) only each
+layer's input (``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass;
+with the prompt shared (it is under checkpointing too: :class:`finecap.models.kvcache.PromptCache`) also every
+layer's keys and values over the prompt, once per image (the cache the captions read: ``(r + l) kv`` a prompt token,
+the keys in the residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed
+layer; the two passes are recomputed one after the other (the captions' first), so the larger one's layer is the
+recomputed peak.
 
 **A trained vision tower** (``model.train_encoder``: LoRA or the whole tower) keeps, beyond the frozen tower's
 counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, a layer of the tower's kind by
@@ -99,11 +101,13 @@ layer :func:`tower_layer_bytes` counts (:func:`tower_targets_of`)."""
 TOWER_KINDS = {"qwen2_vl_vision": {"attention": "fused"}, "qwen3_vl_vision": {"attention": "fused"},
                "qwen2_5_vl_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
                "glm4v_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
-               "pixtral": {"norm": "rms", "mlp": "gated"}, "internvl_vision": {"layer_scale": True}}  # fmt: skip
+               "pixtral": {"norm": "rms", "mlp": "gated", "block_mask": True},
+               "internvl_vision": {"layer_scale": True}}  # fmt: skip
 """The towers whose layers are not SigLIP's, by their vision config's ``model_type``: their :class:`VisionShapes`
 ``norm``, ``mlp``, ``attention`` and ``layer_scale`` (read from ``transformers``' modeling code: Qwen2.5-VL's,
 GLM-4.1V's and Pixtral's RMSNorm and gated MLP, the Qwen towers' and GLM-4.1V's fused ``qkv`` with rotary, run image
-by image, InternViT's layer scale); a QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's), an RMSNorm
+by image, InternViT's layer scale, Pixtral's one sequence of every image's patches under a block-diagonal mask); a
+QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's), an RMSNorm
 from ``norm_type`` and the query and key norms from ``use_qk_norm`` (InternViT's: ``rms_norm`` and QK norms in
 InternViT-6B, ``layer_norm`` without in InternViT-300M)."""
 MLP_WIDTH = {"glm4v_vision": "out_hidden_size"}
@@ -172,7 +176,9 @@ class VisionShapes:
     image by image and the outputs concatenated before ``out_proj``); ``layer_scale``: each branch's output is
     multiplied by a learned per-channel scale before the residual addition (InternViT's ``lambda_1`` and
     ``lambda_2``); ``qk_norm``: RMSNorms over the whole query and key projections' outputs before attention
-    (InternViT-6B's ``q_norm`` and ``k_norm``)."""
+    (InternViT-6B's ``q_norm`` and ``k_norm``); ``block_mask``: the tower runs every image's patches as one sequence
+    under a block-diagonal attention mask of ``(all patches)^2`` values in the weights' dtype, held through its
+    layers (Pixtral's ``generate_block_attention_mask`` without flash attention)."""
 
     hidden: int
     intermediate: int
@@ -185,6 +191,7 @@ class VisionShapes:
     attention: str = "split"
     layer_scale: bool = False
     qk_norm: bool = False
+    block_mask: bool = False
 
     def __post_init__(self) -> None:
         for field, valid in (("norm", ("layer", "rms")), ("mlp", ("gelu", "quick_gelu", "gated")),
@@ -465,6 +472,39 @@ def tower_gradient_bytes(vision: VisionShapes, train: Training) -> int:
     return vision.intermediate * (t.linear + (4 + t.linear if adapted else 0))
 
 
+def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -> int:
+    """Bytes a frozen tower of ``vision``'s kind holds at its forward pass's peak, beyond its inputs, running
+    ``patches`` patches in one call without a graph (``w`` = ``weights_bytes``, the dtype of its activations; ``h``
+    its width, ``i`` its MLP's), read from ``transformers``' modeling code: the residual stream (the layer's input,
+    ``w h`` a patch) and the largest of one layer's phases above it, a patch:
+
+    - attention, split (``q/k/v_proj``): the normed input, query, key, value, and the output and its transposed
+      copy (``out_proj`` then reads the copy): ``6 w h``; Pixtral's rotary (in ``w``, below its MLP's at ``i = 4h``)
+      not counted;
+    - attention, fused (the Qwen towers' and GLM-4.1V's ``qkv``): the normed input and ``qkv``'s output (``4 w h``),
+      then rotary in float32 (``apply_rotary_pos_emb_vision``): the float32 casts of query and key (``8h``; none in
+      float32 weights, where ``.float()`` returns the tensor itself), the rotated query (``4h``) and, while the key
+      is rotated, ``k * cos``, ``rotate_half(k) * sin`` and their sum (``12h``);
+    - the MLP: the stream after attention and the normed input (``2 w h``; with a layer scale also the scaled
+      attention branch, still referenced: ``w h``) and ``fc1``'s output and the activation's (GELU: ``2 w i``),
+      or with QuickGELU's ``x * sigmoid(1.702 x)`` the sigmoid and the product too (``3 w i``), or the gated MLP's
+      ``act(gate)``, ``up`` and their product (``3 w i``);
+    - an RMSNorm (it casts to float32): the stream after attention, its float32 copy (none in float32 weights) and
+      ``pow``'s output, then in its place the normed product (``w h + 8h``; ``w h + 4h`` in float32).
+
+    With a ``block_mask`` the tower also holds the mask over all ``patches`` (``w patches^2``). Not counted: the
+    tower's tables and buffers (rotary ``cos``/``sin``, position ids, the window order of Qwen2.5-VL), the CPU
+    kernels' scratch buffers, and autocast (the activations counted in ``w``). Measured on the CPU per family by
+    ``benchmarks/tower_forecast.py --frozen`` (docs/memory.md, "The frozen vision tower")."""
+    w, h, i = weights_bytes, vision.hidden, vision.intermediate
+    rotary = (8 * h if w != 4 else 0) + 16 * h  # the fused attention's float32 rotary
+    attention = 4 * w * h + rotary if vision.attention == "fused" else 6 * w * h
+    mlp = (2 + vision.layer_scale) * w * h + (2 if vision.mlp == "gelu" else 3) * w * i
+    norm = w * h + (4 * h if w != 4 else 0) + 4 * h if vision.norm == "rms" else 0
+    per_patch = w * h + max(attention, mlp, norm)
+    return patches * per_patch + (w * patches**2 if vision.block_mask else 0)
+
+
 def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None = None) -> dict:
     """Bytes of one step's activations at its peak, by part: ``lm`` (the decoder layers and final norm, per the
     prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), ``tower``
@@ -525,8 +565,7 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
         images = 4 * vision.pixels * (step.images + copies)
         if train.projector_trains:  # its input, cast to the projector's float32 (bf16 under autocast)
             images += (2 if train.autocast else 4) * vision.projector_in * seen
-        # one frozen tower layer's temporaries (q, k, v, output, the MLP's two intermediates), in the weights' dtype
-        tower = seen * vision.patches * (5 * vision.hidden + 2 * vision.intermediate) * train.weights_bytes
+        tower = frozen_tower_bytes(vision, train.weights_bytes, seen * vision.patches)  # the stream and one layer
         if train.tower != "frozen":
             if vision.layers <= 0 or vision.heads <= 0:
                 raise ValueError(f"a trained vision tower needs its layers and heads: {vision}")
