@@ -22,8 +22,10 @@ pass of :data:`FROZEN_IMAGES` images without gradient up to the projector (Qwen'
 and torch's profiler records every allocation and free (``profile_memory=True``, as ``benchmarks/memory.py``'s
 ``allocation_peak``); the tower's peak is the largest running sum between its entry and its exit (or the projector)
 less the sum at its entry: net of the weights and of its inputs, allocated before; and the same from the entry of the
-model's ``get_image_features`` (net of the batch's ``pixel_values``), which also holds what the family makes of the
-pixels before the tower runs (Idefics3's bf16 copy, LLaVA-NeXT's crops, ...: not counted). A peak at the smaller and
+model's ``get_image_features`` and from the model's own entry (its forward, as finecap's prompt pass calls it; net of
+the batch's inputs), which also hold what the family makes of the pixels before the tower runs (Idefics3's bf16 copy,
+LLaVA-NeXT's crops, Qwen's cast: :func:`pixel_copy_bytes`) and, from the model's entry, the prompt's embeddings
+(``inputs_embeds``, bf16, the tiny language model's width). A peak at the smaller and
 at the larger image count, differenced per patch, leaves out what does not grow with the patches (the CPU's oneDNN
 scratch buffers, of the weights' size, which at these widths are as large as a layer's activations), against the
 forecast's difference over the same patches (:func:`frozen_tower_bytes`; Pixtral's block mask grows as the
@@ -44,10 +46,12 @@ from PIL import Image
 from finecap.models import lora
 from finecap.models.base import module_path
 from finecap.models.forecast import (
+    PIXEL_COPIES,
     Training,
     VisionShapes,
     frozen_tower_bytes,
     mlp_width,
+    pixel_copy_bytes,
     tower_autocast_bytes,
     tower_kind,
     tower_layer_bytes,
@@ -188,9 +192,10 @@ def table(families: tuple[str, ...] = tuple(sorted(FAMILIES))) -> list[str]:
 
 FROZEN_IMAGES = (16, 64)
 """The image counts whose frozen-tower peaks are differenced (16 x 16 pixels each: 16 patches in most families)."""
-_MARKS = (700_001, 700_003, 700_005, 700_007)
+_MARKS = (700_001, 700_003, 700_005, 700_007, 700_009)
 """Sizes of the byte tensors the hooks allocate and drop at once to mark, among the profiler's events (set to 0 in
-the running sum), the entry of ``get_image_features``, the tower's entry, its exit and the projector's entry."""
+the running sum), the entry of ``get_image_features``, the tower's entry, its exit, the projector's entry and the
+model's own entry (its forward, as finecap's prompt pass calls it)."""
 
 
 def _mark(size: int) -> Any:
@@ -220,7 +225,8 @@ def frozen_peak(family: str, layers: int, images: int) -> dict[str, Any]:
     tower = module_path(vlm.model, vlm.family.vision)
     seen: list[int] = []
     hidden = WIDTHS["hidden"]
-    call, enter, leave, stop = _MARKS
+    call, enter, leave, stop, model_entry = _MARKS
+    vlm.model.register_forward_pre_hook(_mark(model_entry))
     tower.register_forward_pre_hook(_mark(enter))
     tower.register_forward_hook(_mark(leave))
     inner = vlm.model.model
@@ -258,12 +264,15 @@ def frozen_peak(family: str, layers: int, images: int) -> dict[str, Any]:
     running = list(itertools.accumulate((0 if abs(n) in _MARKS else n for n in sizes), initial=0))
     end = min(sizes.index(m) for m in (leave, stop) if m in sizes)
     peaks = {}
-    for key, mark in (("peak", enter), ("call", call)):
+    for key, mark in (("peak", enter), ("call", call), ("entry", model_entry)):
         start = sizes.index(mark)
         peaks[key] = max(running[start : end + 1]) - running[start]
     vision = vlm.model.config.vision_config
+    pixels = prompt.images["pixel_values"].numel() // images  # as VisionShapes.of reads them
     return {**peaks, "patches": seen[0], "tower": type(tower).__name__, "kind": tower_kind(vision),
-            "mlp": mlp_width(vision, hidden)}  # fmt: skip
+            "mlp": mlp_width(vision, hidden), "pixels": pixels,
+            "pixel_copy": PIXEL_COPIES.get(vlm.model.config.model_type, "none"),
+            "embedded": prompt.ids.numel() * vlm.model.config.text_config.hidden_size * 2}  # fmt: skip
 
 
 def frozen_row(family: str) -> dict[str, Any]:
@@ -273,14 +282,19 @@ def frozen_row(family: str) -> dict[str, Any]:
     few, many = (frozen_peak(family, LAYERS, n) for n in FROZEN_IMAGES)
     deeper = frozen_peak(family, LAYERS + 2, FROZEN_IMAGES[-1])
     h, i = WIDTHS["hidden"], many["mlp"]
-    vision = VisionShapes(h, i, 0, 0, LAYERS, WIDTHS["heads"], **many["kind"])
+    vision = VisionShapes(h, i, 0, many["pixels"], LAYERS, WIDTHS["heads"], **many["kind"],
+                          pixel_copy=many["pixel_copy"])  # fmt: skip
     extra = many["patches"] - few["patches"]
+    copies = (FROZEN_IMAGES[-1] - FROZEN_IMAGES[0]) * pixel_copy_bytes(vision, 2) / extra  # per patch, in bf16
+    embeds = (many["embedded"] - few["embedded"]) / extra  # the prompt's embeddings, bf16
 
     def per_patch(count: Any) -> float:
         return (count(many["patches"]) - count(few["patches"])) / extra
 
     return {"tower": many["tower"], "kind": many["kind"], "patches": (few["patches"], many["patches"]),
             "measured": (many["peak"] - few["peak"]) / extra, "call": (many["call"] - few["call"]) / extra,
+            "entry": (many["entry"] - few["entry"]) / extra, "copies": copies, "embeds": embeds,
+            "pixel_copy": vision.pixel_copy,
             "forecast": per_patch(lambda n: frozen_tower_bytes(vision, 2, n)),
             "before": per_patch(lambda n: n * (5 * h + 2 * i) * 2),  # the count until 2026-11-28: 5h + 2i
             "deeper": deeper["peak"] - many["peak"]}  # fmt: skip
@@ -289,15 +303,19 @@ def frozen_row(family: str) -> dict[str, Any]:
 def frozen_table(families: tuple[str, ...] = tuple(sorted(FAMILIES))) -> list[str]:
     """The frozen tower's table of docs/memory.md: per family, the peak's bytes per patch, measured and forecast."""
     rows = ["| family | tower class | kind | patches | measured | forecast | forecast / measured "
-            "| before | before / measured | 2 more layers | `get_image_features` | forecast / it |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+            "| before | before / measured | 2 more layers | `get_image_features` | pixel copy | the model's entry "
+            "| forecast / it | + pixel copies | + prompt embeddings | (forecast + both) / it |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: "
+            "| ---: | ---: |"]  # fmt: skip
     for family in families:
         r = frozen_row(family)
         kind = ", ".join(str(v) if not isinstance(v, bool) else k for k, v in r["kind"].items() if v)
         rows.append(f"| `{family}` | `{r['tower']}` | {kind} | {r['patches'][0]} -> {r['patches'][1]} | "
                     f"{r['measured']:.0f} | {r['forecast']:.0f} | {r['forecast'] / r['measured']:.2f} | "
                     f"{r['before']:.0f} | {r['before'] / r['measured']:.2f} | {r['deeper']:+d} B | {r['call']:.0f} | "
-                    f"{r['forecast'] / r['call']:.2f} |")  # fmt: skip
+                    f"{r['pixel_copy']} | {r['entry']:.0f} | {r['forecast'] / r['entry']:.2f} | {r['copies']:.0f} | "
+                    f"{r['embeds']:.0f} | {(r['forecast'] + r['copies'] + r['embeds']) / r['entry']:.2f} "
+                    "|")  # fmt: skip
     return rows
 
 

@@ -26,6 +26,8 @@ from finecap.models.forecast import (
     frozen_tower_bytes,
     layer_bytes,
     mask_bytes,
+    pixel_copy_bytes,
+    pixel_input_bytes,
     tower_autocast_bytes,
     tower_gradient_bytes,
     tower_layer_bytes,
@@ -820,7 +822,58 @@ def test_the_frozen_tower_term_is_the_stream_and_one_layers_peak_and_pixtrals_bl
     assert frozen_tower_bytes(vision, 2, patches) == patches * per_patch + 2 * patches**2 == 3_154_116_608
     lm = LmShapes(2, 64, 128, 4, 2, 100)
     out = activation_forecast(lm, Training("frozen", 2, projector_trains=False), Step(8, 300, 1, 10), vision)
-    assert out["tower"] == 3_154_116_608
+    assert out["tower"] == 3_154_116_608 + 8 * 309 * 64 * 2  # and the prompt's embeddings (Pixtral: no pixel copy)
     fused = VisionShapes(1280, 1280, 1, 0, 32, 16, norm="rms", mlp="gated", attention="fused")  # i = h: attention
     assert frozen_tower_bytes(fused, 2, 1) == 2 * 1280 + 4 * 2 * 1280 + 8 * 1280 + 16 * 1280
     assert frozen_tower_bytes(fused, 4, 1) == 4 * 1280 + 4 * 4 * 1280 + 16 * 1280
+
+
+def test_the_frozen_tower_term_holds_what_the_model_made_of_the_pixels_and_the_prompts_embeddings():
+    """The step's ``tower`` term also counts what ``get_image_features`` makes of the pixels before the tower runs and
+    holds while it runs, and the embeddings of the ids the pass embedded first; the ``images`` term, Idefics's int64
+    pixel mask beside the float32 pixels. By hand at SmolVLM's shapes (Idefics3: SigLIP 768 wide, MLP 3,072, one
+    512 px crop of 1,024 patches; 32 images of 78 prompt and 9 caption tokens, one caption each: the pass runs 86
+    positions a row; bf16): the tower's stream and GELU MLP, ``(2h + 2 x 2h + 2 x 2i)`` = 16,896 B a patch; the real
+    images' bf16 copy (``2 p``, ``p`` = 3 x 512 x 512), their pixel mask's int64 copy (``8 p / 3``) and the bool patch
+    mask (1 B a patch); the prompt's embeddings, ``86 x 64 x 2`` B a row. The count before was the first alone
+    (553,648,128 B: 0.82 of this) and the pixel values alone (``4 p`` an image). A cast (the Qwen towers) copies in
+    bf16 only; LLaVA-NeXT's crops are float32 in either."""
+    p = 3 * 512 * 512
+    vision = VisionShapes(768, 3072, 1024, p, 12, 12, pixel_copy="select")
+    assert pixel_copy_bytes(vision, 2) == 2 * p + 8 * p // 3 + 1024 == 3_671_040
+    assert pixel_input_bytes(vision) == 4 * p + 8 * p // 3 == 5_242_880
+    lm = LmShapes(2, 64, 128, 4, 2, 100)
+    out = activation_forecast(lm, Training("frozen", 2, projector_trains=False), Step(32, 78, 1, 9), vision)
+    assert out["tower"] == 32 * 1024 * 16_896 + 32 * 3_671_040 + 32 * 86 * 64 * 2 == 671_473_664
+    assert out["images"] == 32 * 5_242_880
+    cast = dataclasses.replace(vision, pixel_copy="cast")
+    assert (pixel_copy_bytes(cast, 2), pixel_copy_bytes(cast, 4)) == (2 * p, 0)
+    crops = dataclasses.replace(vision, pixel_copy="crops")
+    assert pixel_copy_bytes(crops, 2) == pixel_copy_bytes(crops, 4) == 4 * p
+    assert pixel_copy_bytes(dataclasses.replace(vision, pixel_copy="none"), 2) == 0
+    with pytest.raises(ValueError, match="pixel_copy"):
+        VisionShapes(768, 3072, 1024, p, pixel_copy="copied")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "copy"),
+    [
+        ("idefics3", "select"),
+        ("smolvlm", "select"),
+        ("llava_next", "crops"),
+        ("qwen2_5_vl", "cast"),
+        ("llava", "none"),
+    ],
+)
+def test_the_shapes_of_a_vlm_read_what_its_model_makes_of_the_pixels_from_its_model_type(model_type, copy):
+    vision = SimpleNamespace(
+        hidden_size=64,
+        intermediate_size=256,
+        patch_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        model_type="siglip_vision_model",
+    )
+    config = SimpleNamespace(model_type=model_type, vision_config=vision)
+    shapes = VisionShapes.of(config, torch.zeros(2, 3, 32, 32), 2)
+    assert (shapes.pixel_copy, shapes.pixels, shapes.patches) == (copy, 3 * 32 * 32, 4)

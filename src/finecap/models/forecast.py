@@ -26,23 +26,25 @@ node until the backward pass reaches it:
   and ``down``'s input as a projection input above.
 
 **Around the layers**: the final norm (as one norm) over every position; the vocabulary: a scored token's float32
-log-softmax (``4V``) is saved and the first backward nodes hold two more float32 gradients of that size, ``12V`` at
-the step's peak (the vocabulary in chunks under checkpointing: one chunk of
+log-softmax (``4V``) is saved and the first backward nodes hold two more float32 gradients of that size, ``12V`` at the
+step's peak (the vocabulary in chunks under checkpointing: one chunk of
 :data:`~finecap.models.captioner.VOCAB_CHUNK_ELEMENTS` logits), and a trained head's weight gradient as it is formed
-(``4 V h``, before it is added to the gradient kept: counted here although the first micro-step of a run that
-zeroes gradients to ``None`` keeps that very tensor); with the prompt shared (one prompt pass per image,
-its KV cache repeated to its captions), each caption's attention also saves its rows' keys and values over the
-prompt (``2 l k' P`` per layer); the image inputs (``pixel_values``, float32) and the projector's input (trained:
-saved) per image, and per caption where the prompt is not shared (each caption's row then runs the model's own
-forward, vision tower included); a frozen vision tower runs without a graph, before the language model runs: its
-residual stream and one layer's temporaries at a time (:func:`frozen_tower_bytes`, by the layer's kind; Pixtral's
-block-diagonal mask over all the patches too). **Under gradient checkpointing** (non-reentrant, per layer) only each
-layer's input (``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass;
-with the prompt shared (it is under checkpointing too: :class:`finecap.models.kvcache.PromptCache`) also every
+(``4 V h``, before it is added to the gradient kept: counted here although the first micro-step of a run that zeroes
+gradients to ``None`` keeps that very tensor); with the prompt shared (one prompt pass per image, its KV cache repeated
+to its captions), each caption's attention also saves its rows' keys and values over the prompt (``2 l k' P`` per
+layer); the image inputs (``pixel_values``, float32; Idefics's int64 pixel mask: :func:`pixel_input_bytes`) and the
+projector's input (trained: saved) per image, and per caption where the prompt is not shared (each caption's row then
+runs the model's own forward, vision tower included); a frozen vision tower runs without a graph, before the language
+model runs: its residual stream and one layer's temporaries at a time (:func:`frozen_tower_bytes`, by the layer's kind;
+Pixtral's block-diagonal mask over all the patches too), over what the model made of the pixels before it ran
+(:func:`pixel_copy_bytes`: Idefics's selected images, LLaVA-NeXT's crops, Qwen's cast) and the embeddings of the ids it
+embedded first (``w h_lm`` a position of that pass). **Under gradient checkpointing** (non-reentrant, per layer) only
+each layer's input (``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward
+pass; with the prompt shared (it is under checkpointing too: :class:`finecap.models.kvcache.PromptCache`) also every
 layer's keys and values over the prompt, once per image (the cache the captions read: ``(r + l) kv`` a prompt token,
-the keys in the residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed
-layer; the two passes are recomputed one after the other (the captions' first), so the larger one's layer is the
-recomputed peak.
+the keys in the residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer;
+the two passes are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed
+peak.
 
 **A trained vision tower** (``model.train_encoder``: LoRA or the whole tower) keeps, beyond the frozen tower's
 counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, a layer of the tower's kind by
@@ -110,6 +112,16 @@ by image, InternViT's layer scale, Pixtral's one sequence of every image's patch
 QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's), an RMSNorm
 from ``norm_type`` and the query and key norms from ``use_qk_norm`` (InternViT's: ``rms_norm`` and QK norms in
 InternViT-6B, ``layer_norm`` without in InternViT-300M)."""
+PIXEL_COPIES = {"idefics2": "select", "idefics3": "select", "smolvlm": "select", "llava_next": "crops",
+                "llava_onevision": "crops", "qwen2_vl": "cast", "qwen2_5_vl": "cast", "qwen3_vl": "cast",
+                "glm4v": "cast", "internvl": "cast"}  # fmt: skip
+"""What the model's ``get_image_features`` makes of the batch's pixels before its tower runs and holds while it runs,
+by the VLM config's ``model_type`` (read from ``transformers`` 5.24's code; :func:`pixel_copy_bytes`): ``"select"``
+(Idefics2, Idefics3, SmolVLM2: the real images' copy ``pixel_values[real_images_inds]`` in the weights' dtype and their
+``pixel_attention_mask``'s copy, the processor's int64), ``"crops"`` (LLaVA-NeXT, LLaVA-OneVision: ``torch.cat`` of
+each image's crops, float32), ``"cast"`` (the Qwen towers, GLM-4.1V, InternVL: ``pixel_values`` cast to the weights'
+dtype, no copy in float32); the others (LLaVA, Pixtral, Gemma 3) cast inside the patch embedding only, freed before the
+first layer."""
 MLP_WIDTH = {"glm4v_vision": "out_hidden_size"}
 """Towers whose MLP is not ``intermediate_size`` wide, by their config's ``model_type``: the field that gives its
 width (GLM-4.1V's vision MLP is ``out_hidden_size`` wide; its ``intermediate_size`` is the merger's)."""
@@ -178,7 +190,8 @@ class VisionShapes:
     ``lambda_2``); ``qk_norm``: RMSNorms over the whole query and key projections' outputs before attention
     (InternViT-6B's ``q_norm`` and ``k_norm``); ``block_mask``: the tower runs every image's patches as one sequence
     under a block-diagonal attention mask of ``(all patches)^2`` values in the weights' dtype, held through its
-    layers (Pixtral's ``generate_block_attention_mask`` without flash attention)."""
+    layers (Pixtral's ``generate_block_attention_mask`` without flash attention); ``pixel_copy``: what the model makes
+    of the pixels before its tower runs (:data:`PIXEL_COPIES`, ``"none"`` for none)."""
 
     hidden: int
     intermediate: int
@@ -192,10 +205,12 @@ class VisionShapes:
     layer_scale: bool = False
     qk_norm: bool = False
     block_mask: bool = False
+    pixel_copy: str = "none"
 
     def __post_init__(self) -> None:
         for field, valid in (("norm", ("layer", "rms")), ("mlp", ("gelu", "quick_gelu", "gated")),
-                             ("attention", ("split", "fused"))):  # fmt: skip
+                             ("attention", ("split", "fused")),
+                             ("pixel_copy", ("none", "select", "crops", "cast"))):  # fmt: skip
             if getattr(self, field) not in valid:
                 raise ValueError(f"VisionShapes.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}")
 
@@ -213,7 +228,9 @@ class VisionShapes:
         pixels = pixel_values.numel() // images
         layers = int(getattr(vision, "depth", 0) or getattr(vision, "num_hidden_layers", 0) or 0)
         heads = int(getattr(vision, "num_heads", 0) or getattr(vision, "num_attention_heads", 0) or 0)
-        return cls(hidden, intermediate, pixels // (3 * patch), pixels, layers, heads, **tower_kind(vision))
+        copy = PIXEL_COPIES.get(getattr(config, "model_type", ""), "none")
+        return cls(hidden, intermediate, pixels // (3 * patch), pixels, layers, heads, **tower_kind(vision),
+                   pixel_copy=copy)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -505,6 +522,32 @@ def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -
     return patches * per_patch + (w * patches**2 if vision.block_mask else 0)
 
 
+def pixel_copy_bytes(vision: VisionShapes, weights_bytes: int) -> int:
+    """Bytes per image that the model's ``get_image_features`` makes of the batch's pixels before the tower runs and
+    holds while it runs (its locals; ``w`` = ``weights_bytes``, ``p`` = ``vision.pixels``, float32 values from the
+    processor), by ``vision.pixel_copy`` (:data:`PIXEL_COPIES`): ``"select"``: the real images' copy in the weights'
+    dtype (boolean indexing copies, float32 too: ``w p``), their int64 pixel mask's copy (one value a pixel position:
+    ``8 p / 3``) and the patch mask (a bool a patch); ``"crops"``: the crops concatenated, float32 (``4 p``);
+    ``"cast"``: the cast to the weights' dtype (``w p``; none in float32). Not counted: what is freed before the
+    tower's first layer (Idefics's padding-image test ``pixel_values == 0.0``, its first cast, the patch mask's sums;
+    the patch embedding's cast) and the batch's own inputs (:func:`pixel_input_bytes`)."""
+    w, p = weights_bytes, vision.pixels
+    if vision.pixel_copy == "select":
+        return w * p + 8 * p // 3 + vision.patches
+    if vision.pixel_copy == "crops":
+        return 4 * p
+    if vision.pixel_copy == "cast":
+        return w * p if w != 4 else 0
+    return 0
+
+
+def pixel_input_bytes(vision: VisionShapes) -> int:
+    """Bytes per image of the batch's image inputs on the device: the float32 ``pixel_values`` (``4 p``) and, for the
+    families that read one (``pixel_copy`` ``"select"``), the processor's int64 ``pixel_attention_mask`` (``8 p / 3``:
+    one value a pixel position)."""
+    return 4 * vision.pixels + (8 * vision.pixels // 3 if vision.pixel_copy == "select" else 0)
+
+
 def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None = None) -> dict:
     """Bytes of one step's activations at its peak, by part: ``lm`` (the decoder layers and final norm, per the
     prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), ``tower``
@@ -562,10 +605,15 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
         # image's pixel values are copied per row and the tower and projector see every row
         seen = step.images if step.shared or step.captions == 1 else rows
         copies = seen if seen != step.images else 0
-        images = 4 * vision.pixels * (step.images + copies)
+        images = pixel_input_bytes(vision) * (step.images + copies)
         if train.projector_trains:  # its input, cast to the projector's float32 (bf16 under autocast)
             images += (2 if train.autocast else 4) * vision.projector_in * seen
-        tower = frozen_tower_bytes(vision, train.weights_bytes, seen * vision.patches)  # the stream and one layer
+        # the stream and one layer, over what the model made of the pixels before the tower ran (held through it;
+        # a trained tower's forward peaks with them too, freed before its backward pass: the patch embedding is frozen)
+        tower = frozen_tower_bytes(vision, train.weights_bytes, seen * vision.patches)
+        tower += seen * pixel_copy_bytes(vision, train.weights_bytes)
+        rows_run, positions, _ = sequences[0]  # the pass that runs the tower embeds its ids first (held through it)
+        tower += rows_run * positions * lm.hidden * train.weights_bytes
         if train.tower != "frozen":
             if vision.layers <= 0 or vision.heads <= 0:
                 raise ValueError(f"a trained vision tower needs its layers and heads: {vision}")
@@ -754,16 +802,19 @@ BACKBONES = {
     # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector); the
     # tower's LoRA targets (finecap.models.vlm.VIT_TARGETS) per layer: attention 4 x 768 -> 768, fc1 768 -> 3,072, fc2
     "SmolVLM-256M": Backbone("SmolVLM-256M", LmShapes(30, 576, 1536, 9, 3, 49_280),
-                             VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12), 78, 162_974_016, 86_433_024,
+                             VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12, pixel_copy="select"), 78,
+                             162_974_016, 86_433_024,
                              7_077_888, (("q_proj", 1536), ("k_proj", 1536), ("v_proj", 1536), ("out_proj", 1536),
                                   ("fc1", 3840), ("fc2", 3840))),
     # Qwen2-VL-2B-Instruct (config.json): 640 x 480 under 262,144 pixels -> 588 x 420 = 42 x 30 patches of 14 px
     # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
     # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
     # the tower's LoRA targets (QWEN_VIT_TARGETS) per layer: qkv 1,280 -> 3,840, proj, fc1 1,280 -> 5,120, fc2; its
-    # layers' kind (tower_kind of its vision config): LayerNorm, the fused rotary qkv run image by image, QuickGELU
+    # layers' kind (tower_kind of its vision config): LayerNorm, the fused rotary qkv run image by image, QuickGELU;
+    # get_image_features casts the pixels to the weights' dtype (PIXEL_COPIES)
     "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
-                            VisionShapes(1280, 5120, 1260, 1260 * 1176, 32, 16, mlp="quick_gelu", attention="fused"),
+                            VisionShapes(1280, 5120, 1260, 1260 * 1176, 32, 16, mlp="quick_gelu", attention="fused",
+                                         pixel_copy="cast"),
                             335, 1_543_714_304, 631_183_360, 34_087_936,
                             (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
 }  # fmt: skip
