@@ -1,7 +1,9 @@
 """The trained vision tower's forecast (:func:`finecap.models.forecast.tower_layer_bytes`, a layer of the tower's
-kind) against what autograd saves in every supported family's own tower, on the CPU, in a few seconds.
+kind) against what autograd saves in every supported family's own tower, on the CPU, in a few seconds; with
+``--frozen``, the frozen tower's (:func:`finecap.models.forecast.frozen_tower_bytes`) against its forward pass's
+allocation peak.
 
-    .venv/bin/python benchmarks/tower_forecast.py
+    .venv/bin/python benchmarks/tower_forecast.py [--frozen]
 
 For each family of :data:`finecap.models.vlm.FAMILIES`: its tiny model (:func:`finecap.models.tiny.tiny_family`'s
 config, the tower widened to :data:`WIDTHS` so that its MLP is 4 x its width, as in the real towers) in bf16, LoRA r8
@@ -14,11 +16,26 @@ class token included), against the forecast for that layer: ``tower_layer_bytes`
 patches for a layer of the family's kind (:func:`finecap.models.forecast.tower_kind` of its vision config, as
 ``VisionShapes.of`` reads it), with ``Training.cpu`` (the CPU's LayerNorm: statistics in the input's dtype, bf16 under
 autocast). Prints the table of docs/memory.md ("A trained vision tower").
-"""
+
+``--frozen``: each family's tiny model as above, in bf16 and frozen (no adapters, eval mode), runs finecap's prompt
+pass of :data:`FROZEN_IMAGES` images without gradient up to the projector (Qwen's merger: inside the tower, not run),
+and torch's profiler records every allocation and free (``profile_memory=True``, as ``benchmarks/memory.py``'s
+``allocation_peak``); the tower's peak is the largest running sum between its entry and its exit (or the projector)
+less the sum at its entry: net of the weights and of its inputs, allocated before; and the same from the entry of the
+model's ``get_image_features`` and from the model's own entry (its forward, as finecap's prompt pass calls it; net of
+the batch's inputs), which also hold what the family makes of the pixels before the tower runs (Idefics3's bf16 copy,
+LLaVA-NeXT's crops, Qwen's cast: :func:`pixel_copy_bytes`) and, from the model's entry, the prompt's embeddings
+(``inputs_embeds``, bf16, the tiny language model's width). A peak at the smaller and
+at the larger image count, differenced per patch, leaves out what does not grow with the patches (the CPU's oneDNN
+scratch buffers, of the weights' size, which at these widths are as large as a layer's activations), against the
+forecast's difference over the same patches (:func:`frozen_tower_bytes`; Pixtral's block mask grows as the
+square); and the peak of a tower of ``LAYERS + 2`` layers less that of ``LAYERS`` layers, at the larger count (a
+tower that kept every layer's output would grow)."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,9 +46,12 @@ from PIL import Image
 from finecap.models import lora
 from finecap.models.base import module_path
 from finecap.models.forecast import (
+    PIXEL_COPIES,
     Training,
     VisionShapes,
+    frozen_tower_bytes,
     mlp_width,
+    pixel_copy_bytes,
     tower_autocast_bytes,
     tower_kind,
     tower_layer_bytes,
@@ -170,7 +190,140 @@ def table(families: tuple[str, ...] = tuple(sorted(FAMILIES))) -> list[str]:
     return rows
 
 
+FROZEN_IMAGES = (16, 64)
+"""The image counts whose frozen-tower peaks are differenced (16 x 16 pixels each: 16 patches in most families)."""
+_MARKS = (700_001, 700_003, 700_005, 700_007, 700_009)
+"""Sizes of the byte tensors the hooks allocate and drop at once to mark, among the profiler's events (set to 0 in
+the running sum), the entry of ``get_image_features``, the tower's entry, its exit, the projector's entry and the
+model's own entry (its forward, as finecap's prompt pass calls it)."""
+
+
+def _mark(size: int) -> Any:
+    """A hook that allocates ``size`` bytes and drops them (a marker among the profiler's events)."""
+
+    def hook(*_: Any) -> None:
+        torch.empty(size, dtype=torch.uint8)
+
+    return hook
+
+
+def frozen_peak(family: str, layers: int, images: int) -> dict[str, Any]:
+    """The frozen tower's forward peak in ``family``'s tiny model (module docstring) with ``layers`` layers over
+    ``images`` images, the patches its layers see, its class and its :class:`VisionShapes` kind and MLP width."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, processor = tiny_family(family)
+    config = model.config
+    widened(config.vision_config, layers)
+    torch.manual_seed(0)
+    model = type(model)._from_config(config, attn_implementation="sdpa").to(torch.bfloat16)
+    vlm = Vlm(model, processor, train_encoder=False, train_lm=False, source=f"tiny:{family}")
+    vlm.eval()
+    g = torch.Generator().manual_seed(0)
+    pictures = [Image.fromarray((torch.rand(16, 16, 3, generator=g) * 255).byte().numpy()) for _ in range(images)]
+    prompt = vlm.prompt_of(vlm._images.preprocess(pictures))
+    tower = module_path(vlm.model, vlm.family.vision)
+    seen: list[int] = []
+    hidden = WIDTHS["hidden"]
+    call, enter, leave, stop, model_entry = _MARKS
+    vlm.model.register_forward_pre_hook(_mark(model_entry))
+    tower.register_forward_pre_hook(_mark(enter))
+    tower.register_forward_hook(_mark(leave))
+    inner = vlm.model.model
+    features = inner.get_image_features
+
+    def get_image_features(*args: Any, **kwargs: Any) -> Any:
+        _mark(call)()
+        return features(*args, **kwargs)
+
+    inner.get_image_features = get_image_features
+    tower_layers(tower, layers)[0].register_forward_pre_hook(
+        lambda _m, args, kwargs: seen.append((args[0] if args else kwargs["hidden_states"]).numel() // hidden),
+        with_kwargs=True,
+    )
+
+    def halt(*args: Any) -> None:
+        _mark(stop)(*args)
+        raise _Stop
+
+    module_path(vlm.model, vlm.family.projector).register_forward_pre_hook(halt)
+    module_path(vlm.model, vlm.family.language_model).register_forward_pre_hook(halt)
+
+    def forward() -> None:
+        with torch.no_grad(), contextlib.suppress(_Stop):
+            vlm.prompt_pass(prompt, use_cache=False)
+
+    forward()  # warm-up: lazily built buffers and hooks
+    seen.clear()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        forward()
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    sizes = [n for _, n in events]
+    running = list(itertools.accumulate((0 if abs(n) in _MARKS else n for n in sizes), initial=0))
+    end = min(sizes.index(m) for m in (leave, stop) if m in sizes)
+    peaks = {}
+    for key, mark in (("peak", enter), ("call", call), ("entry", model_entry)):
+        start = sizes.index(mark)
+        peaks[key] = max(running[start : end + 1]) - running[start]
+    vision = vlm.model.config.vision_config
+    pixels = prompt.images["pixel_values"].numel() // images  # as VisionShapes.of reads them
+    return {**peaks, "patches": seen[0], "tower": type(tower).__name__, "kind": tower_kind(vision),
+            "mlp": mlp_width(vision, hidden), "pixels": pixels,
+            "pixel_copy": PIXEL_COPIES.get(vlm.model.config.model_type, "none"),
+            "embedded": prompt.ids.numel() * vlm.model.config.text_config.hidden_size * 2}  # fmt: skip
+
+
+def frozen_row(family: str) -> dict[str, Any]:
+    """``family``'s frozen tower: its class, kind, the patches of the two image counts, the peak's growth per patch
+    between them, measured and forecast (now and by the count it replaced), and the peak's growth from ``LAYERS`` to
+    ``LAYERS + 2`` layers."""
+    few, many = (frozen_peak(family, LAYERS, n) for n in FROZEN_IMAGES)
+    deeper = frozen_peak(family, LAYERS + 2, FROZEN_IMAGES[-1])
+    h, i = WIDTHS["hidden"], many["mlp"]
+    vision = VisionShapes(h, i, 0, many["pixels"], LAYERS, WIDTHS["heads"], **many["kind"],
+                          pixel_copy=many["pixel_copy"])  # fmt: skip
+    extra = many["patches"] - few["patches"]
+    copies = (FROZEN_IMAGES[-1] - FROZEN_IMAGES[0]) * pixel_copy_bytes(vision, 2) / extra  # per patch, in bf16
+    embeds = (many["embedded"] - few["embedded"]) / extra  # the prompt's embeddings, bf16
+
+    def per_patch(count: Any) -> float:
+        return (count(many["patches"]) - count(few["patches"])) / extra
+
+    return {"tower": many["tower"], "kind": many["kind"], "patches": (few["patches"], many["patches"]),
+            "measured": (many["peak"] - few["peak"]) / extra, "call": (many["call"] - few["call"]) / extra,
+            "entry": (many["entry"] - few["entry"]) / extra, "copies": copies, "embeds": embeds,
+            "pixel_copy": vision.pixel_copy,
+            "forecast": per_patch(lambda n: frozen_tower_bytes(vision, 2, n)),
+            "before": per_patch(lambda n: n * (5 * h + 2 * i) * 2),  # the count until 2026-11-28: 5h + 2i
+            "deeper": deeper["peak"] - many["peak"]}  # fmt: skip
+
+
+def frozen_table(families: tuple[str, ...] = tuple(sorted(FAMILIES))) -> list[str]:
+    """The frozen tower's table of docs/memory.md: per family, the peak's bytes per patch, measured and forecast."""
+    rows = ["| family | tower class | kind | patches | measured | forecast | forecast / measured "
+            "| before | before / measured | 2 more layers | `get_image_features` | pixel copy | the model's entry "
+            "| forecast / it | + pixel copies | + prompt embeddings | (forecast + both) / it |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: "
+            "| ---: | ---: |"]  # fmt: skip
+    for family in families:
+        r = frozen_row(family)
+        kind = ", ".join(str(v) if not isinstance(v, bool) else k for k, v in r["kind"].items() if v)
+        rows.append(f"| `{family}` | `{r['tower']}` | {kind} | {r['patches'][0]} -> {r['patches'][1]} | "
+                    f"{r['measured']:.0f} | {r['forecast']:.0f} | {r['forecast'] / r['measured']:.2f} | "
+                    f"{r['before']:.0f} | {r['before'] / r['measured']:.2f} | {r['deeper']:+d} B | {r['call']:.0f} | "
+                    f"{r['pixel_copy']} | {r['entry']:.0f} | {r['forecast'] / r['entry']:.2f} | {r['copies']:.0f} | "
+                    f"{r['embeds']:.0f} | {(r['forecast'] + r['copies'] + r['embeds']) / r['entry']:.2f} "
+                    "|")  # fmt: skip
+    return rows
+
+
 def main() -> None:
+    if "--frozen" in sys.argv[1:]:
+        print(f"bytes a frozen bf16 tower's forward peak grows by per patch (without gradient); {machine_line()}")
+        print("\n".join(frozen_table()))
+        return
     print(f"bytes one trained tower layer saves per patch (LoRA r{RANK}, bf16 base); {machine_line()}")
     print("\n".join(table()))
 

@@ -23,8 +23,11 @@ from finecap.models.forecast import (
     activation_forecast,
     autocast_bytes,
     forecast_text,
+    frozen_tower_bytes,
     layer_bytes,
     mask_bytes,
+    pixel_copy_bytes,
+    pixel_input_bytes,
     tower_autocast_bytes,
     tower_gradient_bytes,
     tower_layer_bytes,
@@ -196,7 +199,7 @@ LAYER_KINDS = {
     "qwen2_5_vl": ({"norm": "rms", "mlp": "gated", "attention": "fused"},
                    {"qkv": "attn.qkv", "out_proj": "attn.proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
                     "down_proj": "mlp.down_proj"}, ("up_proj", "qkv")),
-    "pixtral": ({"norm": "rms", "mlp": "gated", "attention": "split"},
+    "pixtral": ({"norm": "rms", "mlp": "gated", "attention": "split", "block_mask": True},
                 {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "out_proj": "o_proj",
                  "gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}, ("gate_proj", "v_proj")),
     "clip": ({"norm": "layer", "mlp": "quick_gelu", "attention": "split"},
@@ -758,7 +761,7 @@ def test_every_familys_tower_kind_is_read_and_its_targets_are_its_layers_linears
     kinds = {
         "glm4v": {**gated, "attention": "fused"},
         "qwen2_5_vl": {**gated, "attention": "fused"},
-        "mistral3": {**gated, "attention": "split"},
+        "mistral3": {**gated, "attention": "split", "block_mask": True},
         "qwen2_vl": {"mlp": "quick_gelu", "attention": "fused"},
         "qwen3_vl": {"attention": "fused"},
         "llava": {"mlp": "quick_gelu"},
@@ -774,3 +777,103 @@ def test_every_familys_tower_kind_is_read_and_its_targets_are_its_layers_linears
     assert mlp_width(glm, 1536) == 4096
     assert mlp_width(SimpleNamespace(intermediate_size=3072), 768) == 3072
     assert mlp_width(SimpleNamespace(mlp_ratio=4), 1280) == 5120
+
+
+def test_a_towers_modules_outside_its_layers_are_counted_as_adapting_no_layer():
+    """In every family's tiny tower, each linear or convolution module named by its full path is counted as adapting
+    a layer's linear (``tower_targets_of``) exactly when it is inside one of the tower's encoder layers: the Qwen
+    towers' patch embedding ``patch_embed.proj`` (a convolution) was read as the attention's ``proj``, and the
+    mergers' ``proj``, ``gate_proj``, ``down_proj``, ``linear_fc1`` ... and SigLIP's pooling head's ``out_proj`` and
+    ``fc1`` as a layer's projections."""
+    from finecap.models.base import module_path
+    from finecap.models.tiny import tiny_family
+    from finecap.models.vlm import FAMILIES
+
+    assert tower_targets_of(["patch_embed.proj"]) == ("patch_embed.proj",)
+    assert tower_targets_of(["visual.merger.down_proj", "merger.linear_fc1"]) == ("visual.merger.down_proj",
+                                                                                  "merger.linear_fc1")  # fmt: skip
+    assert tower_targets_of(["blocks.0.attn.proj", "proj"]) == ("out_proj",)
+    outside = set()
+    for name, family in FAMILIES.items():
+        tower = module_path(tiny_family(name)[0], family.vision)
+        lists = [n for n, m in tower.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)
+                 and type(m[0]).__name__.endswith(("Layer", "Block"))]  # fmt: skip
+        for path, module in tower.named_modules():
+            if not isinstance(module, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv3d)):
+                continue
+            in_layer = any(path.startswith(f"{prefix}.") for prefix in lists if "merger" not in prefix)
+            (role,) = tower_targets_of([path])
+            assert (role != path) == in_layer, (name, path, role)
+            outside |= {path} - ({path} if in_layer else set())
+    assert {"patch_embed.proj", "merger.proj", "merger.down_proj", "head.attention.out_proj"} <= outside
+
+
+def test_the_frozen_tower_term_is_the_stream_and_one_layers_peak_and_pixtrals_block_mask():
+    """The step's ``tower`` term (a frozen tower: no graph) is :func:`frozen_tower_bytes` of every patch the step
+    runs through the tower, by hand at Pixtral's shapes (width 1,024, MLP 4,096, 8 images of 4,096 patches in bf16):
+    the residual stream (``2h``) and the gated MLP's phase, the largest (the stream after attention and the normed
+    input, ``2 w h``, ``act(gate)``, ``up`` and their product, ``3 w i``), plus the block-diagonal mask over all
+    32,768 patches (``w x patches^2``, 2 GiB); the fused rotary attention in bf16 (the normed input and ``qkv``,
+    ``4 w h``; float32 query and key casts, ``8h``; the rotated query and the key's three float32 temporaries,
+    ``16h``) and in float32 (no casts). The count it replaced, ``(5h + 2i) w`` a patch, came to 0.81 GiB here."""
+    vision = VisionShapes(1024, 4096, 4096, 3 * 1024 * 1024, 24, 16, norm="rms", mlp="gated", block_mask=True)
+    patches = 8 * 4096
+    per_patch = 2 * 1024 + 2 * 2 * 1024 + 3 * 2 * 4096
+    assert frozen_tower_bytes(vision, 2, patches) == patches * per_patch + 2 * patches**2 == 3_154_116_608
+    lm = LmShapes(2, 64, 128, 4, 2, 100)
+    out = activation_forecast(lm, Training("frozen", 2, projector_trains=False), Step(8, 300, 1, 10), vision)
+    assert out["tower"] == 3_154_116_608 + 8 * 309 * 64 * 2  # and the prompt's embeddings (Pixtral: no pixel copy)
+    fused = VisionShapes(1280, 1280, 1, 0, 32, 16, norm="rms", mlp="gated", attention="fused")  # i = h: attention
+    assert frozen_tower_bytes(fused, 2, 1) == 2 * 1280 + 4 * 2 * 1280 + 8 * 1280 + 16 * 1280
+    assert frozen_tower_bytes(fused, 4, 1) == 4 * 1280 + 4 * 4 * 1280 + 16 * 1280
+
+
+def test_the_frozen_tower_term_holds_what_the_model_made_of_the_pixels_and_the_prompts_embeddings():
+    """The step's ``tower`` term also counts what ``get_image_features`` makes of the pixels before the tower runs and
+    holds while it runs, and the embeddings of the ids the pass embedded first; the ``images`` term, Idefics's int64
+    pixel mask beside the float32 pixels. By hand at SmolVLM's shapes (Idefics3: SigLIP 768 wide, MLP 3,072, one
+    512 px crop of 1,024 patches; 32 images of 78 prompt and 9 caption tokens, one caption each: the pass runs 86
+    positions a row; bf16): the tower's stream and GELU MLP, ``(2h + 2 x 2h + 2 x 2i)`` = 16,896 B a patch; the real
+    images' bf16 copy (``2 p``, ``p`` = 3 x 512 x 512), their pixel mask's int64 copy (``8 p / 3``) and the bool patch
+    mask (1 B a patch); the prompt's embeddings, ``86 x 64 x 2`` B a row. The count before was the first alone
+    (553,648,128 B: 0.82 of this) and the pixel values alone (``4 p`` an image). A cast (the Qwen towers) copies in
+    bf16 only; LLaVA-NeXT's crops are float32 in either."""
+    p = 3 * 512 * 512
+    vision = VisionShapes(768, 3072, 1024, p, 12, 12, pixel_copy="select")
+    assert pixel_copy_bytes(vision, 2) == 2 * p + 8 * p // 3 + 1024 == 3_671_040
+    assert pixel_input_bytes(vision) == 4 * p + 8 * p // 3 == 5_242_880
+    lm = LmShapes(2, 64, 128, 4, 2, 100)
+    out = activation_forecast(lm, Training("frozen", 2, projector_trains=False), Step(32, 78, 1, 9), vision)
+    assert out["tower"] == 32 * 1024 * 16_896 + 32 * 3_671_040 + 32 * 86 * 64 * 2 == 671_473_664
+    assert out["images"] == 32 * 5_242_880
+    cast = dataclasses.replace(vision, pixel_copy="cast")
+    assert (pixel_copy_bytes(cast, 2), pixel_copy_bytes(cast, 4)) == (2 * p, 0)
+    crops = dataclasses.replace(vision, pixel_copy="crops")
+    assert pixel_copy_bytes(crops, 2) == pixel_copy_bytes(crops, 4) == 4 * p
+    assert pixel_copy_bytes(dataclasses.replace(vision, pixel_copy="none"), 2) == 0
+    with pytest.raises(ValueError, match="pixel_copy"):
+        VisionShapes(768, 3072, 1024, p, pixel_copy="copied")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "copy"),
+    [
+        ("idefics3", "select"),
+        ("smolvlm", "select"),
+        ("llava_next", "crops"),
+        ("qwen2_5_vl", "cast"),
+        ("llava", "none"),
+    ],
+)
+def test_the_shapes_of_a_vlm_read_what_its_model_makes_of_the_pixels_from_its_model_type(model_type, copy):
+    vision = SimpleNamespace(
+        hidden_size=64,
+        intermediate_size=256,
+        patch_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        model_type="siglip_vision_model",
+    )
+    config = SimpleNamespace(model_type=model_type, vision_config=vision)
+    shapes = VisionShapes.of(config, torch.zeros(2, 3, 32, 32), 2)
+    assert (shapes.pixel_copy, shapes.pixels, shapes.patches) == (copy, 3 * 32 * 32, 4)

@@ -26,21 +26,25 @@ node until the backward pass reaches it:
   and ``down``'s input as a projection input above.
 
 **Around the layers**: the final norm (as one norm) over every position; the vocabulary: a scored token's float32
-log-softmax (``4V``) is saved and the first backward nodes hold two more float32 gradients of that size, ``12V`` at
-the step's peak (the vocabulary in chunks under checkpointing: one chunk of
+log-softmax (``4V``) is saved and the first backward nodes hold two more float32 gradients of that size, ``12V`` at the
+step's peak (the vocabulary in chunks under checkpointing: one chunk of
 :data:`~finecap.models.captioner.VOCAB_CHUNK_ELEMENTS` logits), and a trained head's weight gradient as it is formed
-(``4 V h``, before it is added to the gradient kept: counted here although the first micro-step of a run that
-zeroes gradients to ``None`` keeps that very tensor); with the prompt shared (one prompt pass per image,
-its KV cache repeated to its captions), each caption's attention also saves its rows' keys and values over the
-prompt (``2 l k' P`` per layer); the image inputs (``pixel_values``, float32) and the projector's input (trained:
-saved) per image, and per caption where the prompt is not shared (each caption's row then runs the model's own
-forward, vision tower included); a frozen vision tower runs without a graph (only one layer's temporaries at a time,
-before the language model runs). **Under gradient checkpointing** (non-reentrant, per layer) only each layer's input
-(``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward pass; with the prompt
-shared (it is under checkpointing too: :class:`finecap.models.kvcache.PromptCache`) also every layer's keys and
-values over the prompt, once per image (the cache the captions read: ``(r + l) kv`` a prompt token, the keys in the
-residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer; the two passes
-are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed peak.
+(``4 V h``, before it is added to the gradient kept: counted here although the first micro-step of a run that zeroes
+gradients to ``None`` keeps that very tensor); with the prompt shared (one prompt pass per image, its KV cache repeated
+to its captions), each caption's attention also saves its rows' keys and values over the prompt (``2 l k' P`` per
+layer); the image inputs (``pixel_values``, float32; Idefics's int64 pixel mask: :func:`pixel_input_bytes`) and the
+projector's input (trained: saved) per image, and per caption where the prompt is not shared (each caption's row then
+runs the model's own forward, vision tower included); a frozen vision tower runs without a graph, before the language
+model runs: its residual stream and one layer's temporaries at a time (:func:`frozen_tower_bytes`, by the layer's kind;
+Pixtral's block-diagonal mask over all the patches too), over what the model made of the pixels before it ran
+(:func:`pixel_copy_bytes`: Idefics's selected images, LLaVA-NeXT's crops, Qwen's cast) and the embeddings of the ids it
+embedded first (``w h_lm`` a position of that pass). **Under gradient checkpointing** (non-reentrant, per layer) only
+each layer's input (``r h`` a token) is kept, and one layer's activations are recomputed at a time in the backward
+pass; with the prompt shared (it is under checkpointing too: :class:`finecap.models.kvcache.PromptCache`) also every
+layer's keys and values over the prompt, once per image (the cache the captions read: ``(r + l) kv`` a prompt token,
+the keys in the residual stream's dtype after rope), the captions' rows of them formed only inside a recomputed layer;
+the two passes are recomputed one after the other (the captions' first), so the larger one's layer is the recomputed
+peak.
 
 **A trained vision tower** (``model.train_encoder``: LoRA or the whole tower) keeps, beyond the frozen tower's
 counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, a layer of the tower's kind by
@@ -91,16 +95,33 @@ TOWER_ROLES = {"attn.qkv": ("qkv",), "attn.proj": ("out_proj",), "proj": ("out_p
 """Other towers' LoRA targets (:data:`finecap.models.vlm.FAMILIES`' ``vision_targets``: the Qwen towers' ``attn.qkv``
 and ``attn.proj``, the gated MLPs' ``mlp.gate_proj`` ..., InternViT's ``projection_layer``, Pixtral's ``o_proj``,
 Qwen3-VL's ``linear_fc1``) by the names of :data:`TOWER_TARGETS` they are counted as."""
+TOWER_OUTSIDE = ("patch_embed", "merger", "deepstack_merger_list", "head")
+"""The parts of a tower outside its layers whose modules bear a layer's names (the Qwen towers' and GLM-4.1V's patch
+embedding ``patch_embed.proj``, a convolution; the mergers' ``proj``, ``gate_proj``, ``down_proj``, ``linear_fc1``
+...; SigLIP's pooling ``head``, its ``attention.out_proj`` and ``mlp.fc1``): a target under one of them adapts no
+layer :func:`tower_layer_bytes` counts (:func:`tower_targets_of`)."""
 TOWER_KINDS = {"qwen2_vl_vision": {"attention": "fused"}, "qwen3_vl_vision": {"attention": "fused"},
                "qwen2_5_vl_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
                "glm4v_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
-               "pixtral": {"norm": "rms", "mlp": "gated"}, "internvl_vision": {"layer_scale": True}}  # fmt: skip
+               "pixtral": {"norm": "rms", "mlp": "gated", "block_mask": True},
+               "internvl_vision": {"layer_scale": True}}  # fmt: skip
 """The towers whose layers are not SigLIP's, by their vision config's ``model_type``: their :class:`VisionShapes`
 ``norm``, ``mlp``, ``attention`` and ``layer_scale`` (read from ``transformers``' modeling code: Qwen2.5-VL's,
 GLM-4.1V's and Pixtral's RMSNorm and gated MLP, the Qwen towers' and GLM-4.1V's fused ``qkv`` with rotary, run image
-by image, InternViT's layer scale); a QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's), an RMSNorm
+by image, InternViT's layer scale, Pixtral's one sequence of every image's patches under a block-diagonal mask); a
+QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's), an RMSNorm
 from ``norm_type`` and the query and key norms from ``use_qk_norm`` (InternViT's: ``rms_norm`` and QK norms in
 InternViT-6B, ``layer_norm`` without in InternViT-300M)."""
+PIXEL_COPIES = {"idefics2": "select", "idefics3": "select", "smolvlm": "select", "llava_next": "crops",
+                "llava_onevision": "crops", "qwen2_vl": "cast", "qwen2_5_vl": "cast", "qwen3_vl": "cast",
+                "glm4v": "cast", "internvl": "cast"}  # fmt: skip
+"""What the model's ``get_image_features`` makes of the batch's pixels before its tower runs and holds while it runs,
+by the VLM config's ``model_type`` (read from ``transformers`` 5.24's code; :func:`pixel_copy_bytes`): ``"select"``
+(Idefics2, Idefics3, SmolVLM2: the real images' copy ``pixel_values[real_images_inds]`` in the weights' dtype and their
+``pixel_attention_mask``'s copy, the processor's int64), ``"crops"`` (LLaVA-NeXT, LLaVA-OneVision: ``torch.cat`` of
+each image's crops, float32), ``"cast"`` (the Qwen towers, GLM-4.1V, InternVL: ``pixel_values`` cast to the weights'
+dtype, no copy in float32); the others (LLaVA, Pixtral, Gemma 3) cast inside the patch embedding only, freed before the
+first layer."""
 MLP_WIDTH = {"glm4v_vision": "out_hidden_size"}
 """Towers whose MLP is not ``intermediate_size`` wide, by their config's ``model_type``: the field that gives its
 width (GLM-4.1V's vision MLP is ``out_hidden_size`` wide; its ``intermediate_size`` is the merger's)."""
@@ -167,7 +188,10 @@ class VisionShapes:
     image by image and the outputs concatenated before ``out_proj``); ``layer_scale``: each branch's output is
     multiplied by a learned per-channel scale before the residual addition (InternViT's ``lambda_1`` and
     ``lambda_2``); ``qk_norm``: RMSNorms over the whole query and key projections' outputs before attention
-    (InternViT-6B's ``q_norm`` and ``k_norm``)."""
+    (InternViT-6B's ``q_norm`` and ``k_norm``); ``block_mask``: the tower runs every image's patches as one sequence
+    under a block-diagonal attention mask of ``(all patches)^2`` values in the weights' dtype, held through its
+    layers (Pixtral's ``generate_block_attention_mask`` without flash attention); ``pixel_copy``: what the model makes
+    of the pixels before its tower runs (:data:`PIXEL_COPIES`, ``"none"`` for none)."""
 
     hidden: int
     intermediate: int
@@ -180,10 +204,13 @@ class VisionShapes:
     attention: str = "split"
     layer_scale: bool = False
     qk_norm: bool = False
+    block_mask: bool = False
+    pixel_copy: str = "none"
 
     def __post_init__(self) -> None:
         for field, valid in (("norm", ("layer", "rms")), ("mlp", ("gelu", "quick_gelu", "gated")),
-                             ("attention", ("split", "fused"))):  # fmt: skip
+                             ("attention", ("split", "fused")),
+                             ("pixel_copy", ("none", "select", "crops", "cast"))):  # fmt: skip
             if getattr(self, field) not in valid:
                 raise ValueError(f"VisionShapes.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}")
 
@@ -201,7 +228,9 @@ class VisionShapes:
         pixels = pixel_values.numel() // images
         layers = int(getattr(vision, "depth", 0) or getattr(vision, "num_hidden_layers", 0) or 0)
         heads = int(getattr(vision, "num_heads", 0) or getattr(vision, "num_attention_heads", 0) or 0)
-        return cls(hidden, intermediate, pixels // (3 * patch), pixels, layers, heads, **tower_kind(vision))
+        copy = PIXEL_COPIES.get(getattr(config, "model_type", ""), "none")
+        return cls(hidden, intermediate, pixels // (3 * patch), pixels, layers, heads, **tower_kind(vision),
+                   pixel_copy=copy)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -358,8 +387,9 @@ def tower_targets_of(names: Any) -> tuple[str, ...]:
     """``lora.encoder_targets`` as the SigLIP layer's names :func:`tower_layer_bytes` counts (:data:`TOWER_ROLES`);
     empty: every linear layer. A target is a module name or a dot-separated suffix of one (:mod:`finecap.models.lora`),
     so each is read by its longest suffix that names a counted layer (``self_attn.q_proj`` and ``mlp.fc1`` are
-    ``q_proj`` and ``fc1``); a name none of whose suffixes does (e.g. the merger's) is kept as it is, adapting no layer
-    counted here."""
+    ``q_proj`` and ``fc1``); a name none of whose suffixes does (e.g. the merger's ``mlp.0``), or whose suffix does
+    but under a part of the tower outside its layers (:data:`TOWER_OUTSIDE`: ``patch_embed.proj`` is the patch
+    embedding, not an attention's ``proj``), is kept as it is, adapting no layer counted here."""
     return tuple(dict.fromkeys(t for name in names for t in _tower_role(name)))
 
 
@@ -368,10 +398,10 @@ def _tower_role(name: str) -> tuple[str, ...]:
     parts = name.split(".")
     for start in range(len(parts)):
         suffix = ".".join(parts[start:])
-        if suffix in TOWER_ROLES:
-            return TOWER_ROLES[suffix]
-        if suffix in TOWER_TARGETS:
-            return (suffix,)
+        if suffix in TOWER_ROLES or suffix in TOWER_TARGETS:
+            if any(part in TOWER_OUTSIDE for part in parts[:start]):
+                return (name,)
+            return TOWER_ROLES.get(suffix, (suffix,))
     return (name,)
 
 
@@ -459,6 +489,65 @@ def tower_gradient_bytes(vision: VisionShapes, train: Training) -> int:
     return vision.intermediate * (t.linear + (4 + t.linear if adapted else 0))
 
 
+def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -> int:
+    """Bytes a frozen tower of ``vision``'s kind holds at its forward pass's peak, beyond its inputs, running
+    ``patches`` patches in one call without a graph (``w`` = ``weights_bytes``, the dtype of its activations; ``h``
+    its width, ``i`` its MLP's), read from ``transformers``' modeling code: the residual stream (the layer's input,
+    ``w h`` a patch) and the largest of one layer's phases above it, a patch:
+
+    - attention, split (``q/k/v_proj``): the normed input, query, key, value, and the output and its transposed
+      copy (``out_proj`` then reads the copy): ``6 w h``; Pixtral's rotary (in ``w``, below its MLP's at ``i = 4h``)
+      not counted;
+    - attention, fused (the Qwen towers' and GLM-4.1V's ``qkv``): the normed input and ``qkv``'s output (``4 w h``),
+      then rotary in float32 (``apply_rotary_pos_emb_vision``): the float32 casts of query and key (``8h``; none in
+      float32 weights, where ``.float()`` returns the tensor itself), the rotated query (``4h``) and, while the key
+      is rotated, ``k * cos``, ``rotate_half(k) * sin`` and their sum (``12h``);
+    - the MLP: the stream after attention and the normed input (``2 w h``; with a layer scale also the scaled
+      attention branch, still referenced: ``w h``) and ``fc1``'s output and the activation's (GELU: ``2 w i``),
+      or with QuickGELU's ``x * sigmoid(1.702 x)`` the sigmoid and the product too (``3 w i``), or the gated MLP's
+      ``act(gate)``, ``up`` and their product (``3 w i``);
+    - an RMSNorm (it casts to float32): the stream after attention, its float32 copy (none in float32 weights) and
+      ``pow``'s output, then in its place the normed product (``w h + 8h``; ``w h + 4h`` in float32).
+
+    With a ``block_mask`` the tower also holds the mask over all ``patches`` (``w patches^2``). Not counted: the
+    tower's tables and buffers (rotary ``cos``/``sin``, position ids, the window order of Qwen2.5-VL), the CPU
+    kernels' scratch buffers, and autocast (the activations counted in ``w``). Measured on the CPU per family by
+    ``benchmarks/tower_forecast.py --frozen`` (docs/memory.md, "The frozen vision tower")."""
+    w, h, i = weights_bytes, vision.hidden, vision.intermediate
+    rotary = (8 * h if w != 4 else 0) + 16 * h  # the fused attention's float32 rotary
+    attention = 4 * w * h + rotary if vision.attention == "fused" else 6 * w * h
+    mlp = (2 + vision.layer_scale) * w * h + (2 if vision.mlp == "gelu" else 3) * w * i
+    norm = w * h + (4 * h if w != 4 else 0) + 4 * h if vision.norm == "rms" else 0
+    per_patch = w * h + max(attention, mlp, norm)
+    return patches * per_patch + (w * patches**2 if vision.block_mask else 0)
+
+
+def pixel_copy_bytes(vision: VisionShapes, weights_bytes: int) -> int:
+    """Bytes per image that the model's ``get_image_features`` makes of the batch's pixels before the tower runs and
+    holds while it runs (its locals; ``w`` = ``weights_bytes``, ``p`` = ``vision.pixels``, float32 values from the
+    processor), by ``vision.pixel_copy`` (:data:`PIXEL_COPIES`): ``"select"``: the real images' copy in the weights'
+    dtype (boolean indexing copies, float32 too: ``w p``), their int64 pixel mask's copy (one value a pixel position:
+    ``8 p / 3``) and the patch mask (a bool a patch); ``"crops"``: the crops concatenated, float32 (``4 p``);
+    ``"cast"``: the cast to the weights' dtype (``w p``; none in float32). Not counted: what is freed before the
+    tower's first layer (Idefics's padding-image test ``pixel_values == 0.0``, its first cast, the patch mask's sums;
+    the patch embedding's cast) and the batch's own inputs (:func:`pixel_input_bytes`)."""
+    w, p = weights_bytes, vision.pixels
+    if vision.pixel_copy == "select":
+        return w * p + 8 * p // 3 + vision.patches
+    if vision.pixel_copy == "crops":
+        return 4 * p
+    if vision.pixel_copy == "cast":
+        return w * p if w != 4 else 0
+    return 0
+
+
+def pixel_input_bytes(vision: VisionShapes) -> int:
+    """Bytes per image of the batch's image inputs on the device: the float32 ``pixel_values`` (``4 p``) and, for the
+    families that read one (``pixel_copy`` ``"select"``), the processor's int64 ``pixel_attention_mask`` (``8 p / 3``:
+    one value a pixel position)."""
+    return 4 * vision.pixels + (8 * vision.pixels // 3 if vision.pixel_copy == "select" else 0)
+
+
 def activation_forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | None = None) -> dict:
     """Bytes of one step's activations at its peak, by part: ``lm`` (the decoder layers and final norm, per the
     prompt and the captions), ``mask``, ``vocab``, ``images`` (pixel values and the projector's input), ``tower``
@@ -516,11 +605,15 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
         # image's pixel values are copied per row and the tower and projector see every row
         seen = step.images if step.shared or step.captions == 1 else rows
         copies = seen if seen != step.images else 0
-        images = 4 * vision.pixels * (step.images + copies)
+        images = pixel_input_bytes(vision) * (step.images + copies)
         if train.projector_trains:  # its input, cast to the projector's float32 (bf16 under autocast)
             images += (2 if train.autocast else 4) * vision.projector_in * seen
-        # one frozen tower layer's temporaries (q, k, v, output, the MLP's two intermediates), in the weights' dtype
-        tower = seen * vision.patches * (5 * vision.hidden + 2 * vision.intermediate) * train.weights_bytes
+        # the stream and one layer, over what the model made of the pixels before the tower ran (held through it;
+        # a trained tower's forward peaks with them too, freed before its backward pass: the patch embedding is frozen)
+        tower = frozen_tower_bytes(vision, train.weights_bytes, seen * vision.patches)
+        tower += seen * pixel_copy_bytes(vision, train.weights_bytes)
+        rows_run, positions, _ = sequences[0]  # the pass that runs the tower embeds its ids first (held through it)
+        tower += rows_run * positions * lm.hidden * train.weights_bytes
         if train.tower != "frozen":
             if vision.layers <= 0 or vision.heads <= 0:
                 raise ValueError(f"a trained vision tower needs its layers and heads: {vision}")
@@ -709,16 +802,19 @@ BACKBONES = {
     # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector); the
     # tower's LoRA targets (finecap.models.vlm.VIT_TARGETS) per layer: attention 4 x 768 -> 768, fc1 768 -> 3,072, fc2
     "SmolVLM-256M": Backbone("SmolVLM-256M", LmShapes(30, 576, 1536, 9, 3, 49_280),
-                             VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12), 78, 162_974_016, 86_433_024,
+                             VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12, pixel_copy="select"), 78,
+                             162_974_016, 86_433_024,
                              7_077_888, (("q_proj", 1536), ("k_proj", 1536), ("v_proj", 1536), ("out_proj", 1536),
                                   ("fc1", 3840), ("fc2", 3840))),
     # Qwen2-VL-2B-Instruct (config.json): 640 x 480 under 262,144 pixels -> 588 x 420 = 42 x 30 patches of 14 px
     # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
     # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
     # the tower's LoRA targets (QWEN_VIT_TARGETS) per layer: qkv 1,280 -> 3,840, proj, fc1 1,280 -> 5,120, fc2; its
-    # layers' kind (tower_kind of its vision config): LayerNorm, the fused rotary qkv run image by image, QuickGELU
+    # layers' kind (tower_kind of its vision config): LayerNorm, the fused rotary qkv run image by image, QuickGELU;
+    # get_image_features casts the pixels to the weights' dtype (PIXEL_COPIES)
     "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
-                            VisionShapes(1280, 5120, 1260, 1260 * 1176, 32, 16, mlp="quick_gelu", attention="fused"),
+                            VisionShapes(1280, 5120, 1260, 1260 * 1176, 32, 16, mlp="quick_gelu", attention="fused",
+                                         pixel_copy="cast"),
                             335, 1_543_714_304, 631_183_360, 34_087_936,
                             (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
 }  # fmt: skip
