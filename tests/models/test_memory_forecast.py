@@ -877,3 +877,19 @@ def test_the_shapes_of_a_vlm_read_what_its_model_makes_of_the_pixels_from_its_mo
     config = SimpleNamespace(model_type=model_type, vision_config=vision)
     shapes = VisionShapes.of(config, torch.zeros(2, 3, 32, 32), 2)
     assert (shapes.pixel_copy, shapes.pixels, shapes.patches) == (copy, 3 * 32 * 32, 4)
+
+
+def test_every_familys_vision_config_gives_its_shapes():
+    """``VisionShapes.of`` reads each family's tiny config: InternViT's ``patch_size`` is a pair (``[4, 4]`` here,
+    ``[14, 14]`` in InternVL3), which ``int()`` refused until 2026-11-28, so ``finecap train --dry-run`` of an InternVL
+    model failed in its forecast."""
+    from finecap.models.tiny import tiny_family
+    from finecap.models.vlm import FAMILIES
+
+    for name in FAMILIES:
+        config = tiny_family(name)[0].config
+        size = config.vision_config.patch_size
+        area = size * size if isinstance(size, int) else size[0] * size[1]
+        per_patch = 3 * area * int(getattr(config.vision_config, "temporal_patch_size", 1) or 1)
+        shapes = VisionShapes.of(config, torch.zeros(2, 5 * per_patch), 2)  # 2 images of 5 patches each
+        assert (shapes.pixels, shapes.patches) == (5 * per_patch, 5), name

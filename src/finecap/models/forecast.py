@@ -220,11 +220,14 @@ class VisionShapes:
 
     @classmethod
     def of(cls, config: Any, pixel_values: Any, images: int) -> VisionShapes:
-        """The shapes of a VLM's ``vision_config`` and one batch's ``pixel_values`` of ``images`` images."""
+        """The shapes of a VLM's ``vision_config`` and one batch's ``pixel_values`` of ``images`` images (a patch of
+        ``patch_size`` squared pixels, or ``patch_size`` = ``(height, width)``, times ``temporal_patch_size``)."""
         vision = config.vision_config
         hidden = int(getattr(vision, "embed_dim", 0) or vision.hidden_size)  # Qwen2-VL: embed_dim is the tower's
         intermediate = mlp_width(vision, hidden)
-        patch = int(vision.patch_size) ** 2 * int(getattr(vision, "temporal_patch_size", 1) or 1)
+        size = vision.patch_size  # an int, or (height, width): InternViT's
+        high, wide = (size, size) if isinstance(size, int) else size
+        patch = int(high) * int(wide) * int(getattr(vision, "temporal_patch_size", 1) or 1)
         pixels = pixel_values.numel() // images
         layers = int(getattr(vision, "depth", 0) or getattr(vision, "num_hidden_layers", 0) or 0)
         heads = int(getattr(vision, "num_heads", 0) or getattr(vision, "num_attention_heads", 0) or 0)
