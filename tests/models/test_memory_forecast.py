@@ -690,7 +690,9 @@ def smolvlm_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize(("name", "overrides", "step", "train"), REAL, ids=[r[0] for r in REAL])
 def test_forecast_within_a_quarter_of_the_measured_cpu_peak(smolvlm_checkpoint, name, overrides, step, train):
     bench, loads = smolvlm_checkpoint
-    images, samples, tokens = 2, 4, 24
+    # 2 images; 1 where the tower trains (its backward pass at 1,024 patches an image is this file's costliest
+    # step on the CPU: 1 image checks the same count at half the work)
+    images, samples, tokens = (2 if train.tower == "frozen" else 1), 4, 24
     row = bench.measure(
         [*loads, "train.batch_size=8", *overrides], step, images, samples, tokens, measures=["activations"]
     )  # the one measure compared: the others' passes left out
