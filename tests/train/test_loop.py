@@ -288,6 +288,17 @@ def test_on_one_process_the_reference_is_the_first_micro_batch_that_has_items(ma
     assert values["loss"] == 1400.0
 
 
+def test_a_step_whose_micro_batches_have_no_items_takes_a_zero_gradient(make_cfg):
+    # every micro-batch reports 0 items (e.g. no caption tokens): each loss is weighted 0, so the step's gradient is
+    # 0 and its loss, a mean over no items, NaN; the sync divided by the 0 items (ZeroDivisionError) until 2026-11-28
+    model, engine = _engine(make_cfg, TwoLosses(), "train.grad_clip=0", "train.grad_accum_steps=2")
+    with torch.no_grad():
+        model.p.fill_(1.0)
+    values = engine.train_step([{"items": 0}, {"items": 0}])
+    assert torch.equal(model.p.grad, torch.zeros(4)) and torch.equal(model.p.detach(), torch.ones(4))
+    assert math.isnan(values["loss"]) and values["grad_norm"] == 0.0
+
+
 def test_a_last_batch_smaller_than_the_micro_batches_is_one_big_batchs_step(make_cfg):
     # 200 examples, global batch 3 x 66 = 198: the second step's global batch holds 2 examples for 3 micro-batches,
     # which repeat them ([a], [b], [a]). The copy takes part with weight 0, so the step is that of the 2 examples

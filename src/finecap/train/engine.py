@@ -738,7 +738,7 @@ class Engine:
                         step_losses = {k: float(v / counts[0]) for k, v in zip(["loss", *names], counts[2:],
                                                                                   strict=True)}  # fmt: skip
                         scale = acc.num_processes * acc.gradient_accumulation_steps * (reference or 1.0)
-                        factor = scale / float(counts[0])
+                        factor = scale / (float(counts[0]) or 1.0)  # no items: every loss weighted 0, each gradient 0
                         torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps x 1/R; / items
                     max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
                     norm = acc.clip_grad_norm_(params, max_norm)  # of the unscaled gradients
