@@ -260,15 +260,43 @@ class ProcessesSumming:
         return tensor + torch.tensor(self.other)
 
 
-def test_the_reference_item_count_is_the_mean_of_the_first_micro_batches_that_are_not_copies():
+def test_the_reference_item_count_is_the_mean_of_the_first_micro_batches_that_have_items():
     one = type("OneProcess", (), {"num_processes": 1})()
-    assert reference_items(one, 184.0, False) == 184.0
-    assert reference_items(one, 0.0, False) == 1.0  # no items (a micro-batch of failed captions): no division by 0
-    assert reference_items(ProcessesSumming([60.0, 1.0]), 90.0, False) == 75.0  # the mean over both processes
-    # the other process's first micro-batch is a copy (items 0): R is this one's items, not half of them
-    assert reference_items(ProcessesSumming([0.0, 0.0]), 90.0, False) == 90.0
-    assert reference_items(ProcessesSumming([90.0, 1.0]), 0.0, True) == 90.0  # likewise, seen from the copy
-    assert reference_items(ProcessesSumming([0.0, 1.0]), 0.0, False) == 1.0  # no process has items
+    assert reference_items(one, 184.0) == 184.0
+    assert reference_items(one, 0.0) == 1.0  # no items (e.g. no caption tokens): no division by 0
+    assert reference_items(one, math.nan) == reference_items(one, math.inf) == 1.0  # a count that is not one
+    assert reference_items(ProcessesSumming([60.0, 1.0]), 90.0) == 75.0  # the mean over both processes
+    # the other process's first micro-batch is a copy or has no items (0): R is this one's items, not half of them
+    assert reference_items(ProcessesSumming([0.0, 0.0]), 90.0) == 90.0
+    assert reference_items(ProcessesSumming([90.0, 1.0]), 0.0) == 90.0  # likewise, seen from that process
+    assert reference_items(ProcessesSumming([0.0, 0.0]), 0.0) == 1.0  # no process has items
+
+
+def test_on_one_process_the_reference_is_the_first_micro_batch_that_has_items(make_cfg, monkeypatch):
+    # the first micro-batch has no items (weight 0 whatever R is); R is the second's 100 items, so it back-propagates
+    # its loss (800 at scale 1, weights {b: 0.5}) x 100 / 100, not x 100 / 1 (R = 1 when taken from the first: the
+    # item-sized loss that overflowed fp16's scaled gradients); the step's gradient is the second's, 200 per element
+    model, engine = _engine(make_cfg, TwoLosses(), "train.loss_weights={b: 0.5}", "train.grad_clip=0",
+                            "train.grad_accum_steps=3")  # fmt: skip
+    with torch.no_grad():
+        model.p.fill_(1.0)
+    backward, seen = engine.accelerator.backward, []
+    monkeypatch.setattr(engine.accelerator, "backward", lambda loss: (seen.append(loss.item()), backward(loss)))
+    values = engine.train_step([{"items": 0}, {"items": 100}, {"items": 300, "scale": 2.0}])
+    assert seen == pytest.approx([0.0, 800.0, 4800.0], rel=1e-6)
+    assert torch.allclose(model.p.grad, torch.full((4,), 350.0))  # (100 x 1 + 300 x 2) / 400 x 200
+    assert values["loss"] == 1400.0
+
+
+def test_a_step_whose_micro_batches_have_no_items_takes_a_zero_gradient(make_cfg):
+    # every micro-batch reports 0 items (e.g. no caption tokens): each loss is weighted 0, so the step's gradient is
+    # 0 and its loss, a mean over no items, NaN; the sync divided by the 0 items (ZeroDivisionError) until 2026-11-28
+    model, engine = _engine(make_cfg, TwoLosses(), "train.grad_clip=0", "train.grad_accum_steps=2")
+    with torch.no_grad():
+        model.p.fill_(1.0)
+    values = engine.train_step([{"items": 0}, {"items": 0}])
+    assert torch.equal(model.p.grad, torch.zeros(4)) and torch.equal(model.p.detach(), torch.ones(4))
+    assert math.isnan(values["loss"]) and values["grad_norm"] == 0.0
 
 
 def test_a_last_batch_smaller_than_the_micro_batches_is_one_big_batchs_step(make_cfg):

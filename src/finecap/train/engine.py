@@ -13,12 +13,13 @@ for REINFORCE; ``ObjectiveOutput.num_items``) is weighted by its item count, and
 gradients are multiplied by ``processes x accumulation / (items of the global batch)``: DDP's average and
 accelerate's division by the accumulation steps are undone and the sum is divided by the global item count (the
 normalisation torchtune and transformers' Trainer use). The weight is relative, ``items / R``, with ``R`` the mean
-item count of the processes' first micro-batches (:func:`reference_items`: one scalar all-reduce after the step's
-first forward, the same on every process), and the sync multiplies by ``R`` again, so the back-propagated loss stays
-of the order of a mean loss. Weighted by ``items`` itself it was hundreds of times that (tokens), and fp16's scaled
-gradients overflowed: the scaler skipped steps, halving its scale, until they fitted
-(``tests/train/test_mixed_precision.py``). A global batch smaller than the micro-batches (an epoch's last) is
-repeated to fill them; the copies run with weight 0 (:func:`~finecap.data.samplers.repeated_micro_batches`).
+item count of the processes' first micro-batches that have items (:func:`reference_items`: one scalar all-reduce after
+the step's first forward, the same on every process; on one process, the first micro-batch's that has items), and the
+sync multiplies by ``R`` again, so the back-propagated loss stays of the order of a mean loss. Weighted by ``items``
+itself it was hundreds of times that (tokens), and fp16's scaled gradients overflowed: the scaler skipped steps,
+halving its scale, until they fitted (``tests/train/test_mixed_precision.py``). A global batch smaller than the
+micro-batches (an epoch's last) is repeated to fill them; the copies run with weight 0
+(:func:`~finecap.data.samplers.repeated_micro_batches`).
 Objectives with per-step state update it once per optimizer step (``end_step``); an objective that needs the whole
 step first gets this process's micro-batches before any of them runs (``begin_step``: the GRPO family rolls them all
 out there, for batch statistics of the global batch).
@@ -352,15 +353,18 @@ def num_items(out: Any, batch: dict[str, Any]) -> float:
     return float(len(batch["index"]))
 
 
-def reference_items(accelerator: Accelerator, items: float, copy: bool) -> float:
-    """The step's reference item count ``R``: the mean over processes of the items of their first micro-batches that
-    are not copies (every process calls it at its first micro-batch, copy or not: one scalar all-reduce, none with
-    one process); 1 where none has items. Each micro-batch back-propagates ``loss x items / R``, a loss of the
-    order of a mean loss (``items / R`` near 1), and the sync multiplies the gradients by ``R`` again."""
+def reference_items(accelerator: Accelerator, items: float) -> float:
+    """The step's reference item count ``R``: the mean over processes of the items of their first micro-batches,
+    over those that have items (a copy's are 0; every process calls it at its first micro-batch, copy or not: one
+    scalar all-reduce, none with one process); 1 where none has items (a count that is not finite is none). Each
+    micro-batch back-propagates ``loss x items / R``, a loss of the order of a mean loss (``items / R`` near 1), and
+    the sync multiplies the gradients by ``R`` again."""
+    items = items if math.isfinite(items) and items > 0 else 0.0
+    count = 1.0 if items > 0 else 0.0
     if accelerator.num_processes > 1:
-        total = accelerator.reduce(torch.tensor([items, 0.0 if copy else 1.0], device=accelerator.device), "sum")
-        items = float(total[0]) / max(float(total[1]), 1.0)  # a copy's items are 0
-    return items if items > 0 else 1.0
+        total = accelerator.reduce(torch.tensor([items, count], device=accelerator.device), "sum")
+        items, count = float(total[0]), float(total[1])
+    return items / count if count > 0 else 1.0
 
 
 def is_better(value: float, best: float | None, mode: str) -> bool:
@@ -678,10 +682,11 @@ class Engine:
 
         Gradient: without accumulation on one process, that of the micro-batch's loss itself; otherwise each
         micro-batch back-propagates ``loss x items / R`` (``R``: :func:`reference_items`, taken at the first
-        micro-batch; of the order of the mean loss, so fp16's scaled gradients do not overflow for the item counts'
-        sake) and the sync multiplies the gradients by ``processes x accumulation x R / (the step's items)``: the
-        step's gradient is that of the item-weighted mean loss over every process's micro-batches, up to float
-        rounding. Every process, a copy's included, takes part in the same collectives in the same order (FSDP2)."""
+        micro-batch, on one process at the first that has items; of the order of the mean loss, so fp16's scaled
+        gradients do not overflow for the item counts' sake) and the sync multiplies the gradients by ``processes x
+        accumulation x R / (the step's items)``: the step's gradient is that of the item-weighted mean loss over every
+        process's micro-batches, up to float rounding. Every process, a copy's included, takes part in the same
+        collectives in the same order (FSDP2)."""
         acc, model, optimizer = self.accelerator, self.model, self.optimizer
         if not model.training:  # a recursive walk over every module: only after an evaluation
             model.train()
@@ -715,9 +720,11 @@ class Engine:
                 if single and local_bad:
                     raise self._diverged("the loss is not finite")
                 if not single:  # an item-weighted sum over R items, normalised at the sync below
-                    if reference is None:  # at the first micro-batch: before any backward, the same everywhere
-                        reference = reference_items(acc, items, copy)
-                    loss = loss * (items / reference)
+                    # R before any backward, the same everywhere: at the first micro-batch (a collective), or on one
+                    # process at the first that has items (those before it back-propagate 0 whatever R is)
+                    if reference is None and (acc.num_processes > 1 or items > 0):
+                        reference = reference_items(acc, items)
+                    loss = loss * (items / (reference or 1.0))
                 acc.backward(loss)
                 if acc.sync_gradients:
                     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -730,8 +737,8 @@ class Engine:
                             raise self._diverged("the loss is not finite")
                         step_losses = {k: float(v / counts[0]) for k, v in zip(["loss", *names], counts[2:],
                                                                                   strict=True)}  # fmt: skip
-                        assert reference is not None
-                        factor = acc.num_processes * acc.gradient_accumulation_steps * reference / float(counts[0])
+                        scale = acc.num_processes * acc.gradient_accumulation_steps * (reference or 1.0)
+                        factor = scale / (float(counts[0]) or 1.0)  # no items: every loss weighted 0, each gradient 0
                         torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps x 1/R; / items
                     max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
                     norm = acc.clip_grad_norm_(params, max_norm)  # of the unscaled gradients
