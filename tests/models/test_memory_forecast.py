@@ -33,6 +33,7 @@ from finecap.models.forecast import (
     tower_gradient_bytes,
     tower_kind,
     tower_layer_bytes,
+    tower_shared_bytes,
     tower_targets_of,
     training_of,
 )
@@ -249,16 +250,15 @@ def kind_layers(kind: str, layers: int, dtype: torch.dtype):
                                      num_hidden_layers=layers)  # fmt: skip
         block, shape = modeling.PixtralAttentionLayer, (1, B * T, 64)
 
-        # the block mask over all patches (shared by the layers) and the rotary cos and sin, in the dtype of the patch
-        # convolution's output as PixtralVisionModel makes them: bf16 under autocast (no copy of the mask per layer)
-        def made(dtype: torch.dtype) -> tuple:
-            mask = modeling.generate_block_attention_mask([T] * B, torch.zeros(1, B * T, dtype=dtype))
-            return mask, (torch.randn(B * T, 16).to(dtype), torch.randn(B * T, 16).to(dtype))
-
-        inputs = {False: made(dtype), True: made(torch.bfloat16)}
+        # the block mask over all patches (shared by the layers) and the rotary cos and sin, in the dtype of ln_pre's
+        # output as PixtralVisionModel makes them: its weight's (``weight * x.to(input dtype)``), float32 in float32
+        # weights even under autocast, where each layer's sdpa then casts the mask to bf16 (until 2026-11-28 made
+        # here in bf16 under autocast, the conv's output dtype, which hid those copies)
+        mask = modeling.generate_block_attention_mask([T] * B, torch.zeros(1, B * T, dtype=dtype))
+        tables = (torch.randn(B * T, 16).to(dtype), torch.randn(B * T, 16).to(dtype))
 
         def run(layer, x, autocast):
-            return layer(x, attention_mask=inputs[autocast][0], position_embeddings=inputs[autocast][1])
+            return layer(x, attention_mask=mask, position_embeddings=tables)
 
     elif kind.startswith("intern"):
         from transformers import InternVLVisionConfig
@@ -340,7 +340,29 @@ def test_one_tower_layer_of_each_kind_saves_what_the_formula_counts(kind, train)
     assert tower_targets_of(names.values()) == tuple(names)
     measured = kind_saved(kind, 3, train) - kind_saved(kind, 2, train)  # one more layer
     vision = VisionShapes(64, 160, T, 0, 3, 4, **shapes, **KIND_HELD[kind])
-    assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) == measured
+    _, own = tower_shared_bytes(vision, train, B * T)  # Pixtral's mask cast per layer under autocast
+    assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) + own == measured
+
+
+@pytest.mark.parametrize(("kind", "train"), KIND_CASES, ids=[
+    f"{k}-{t.tower}-{t.weights_bytes}B-{'autocast' if t.autocast else 'plain'}-{len(t.tower_targets) or 'all'}"
+    for k, t in KIND_CASES])  # fmt: skip
+def test_a_trained_towers_layers_save_the_rotary_tables_and_pixtrals_block_mask_besides_their_own(kind, train):
+    """Everything two trained tower layers of each kind save, exactly, on the CPU: two layers' counts and what the
+    layers save of the tensors they all read (``tower_shared_bytes``): the rotary ``cos`` and ``sin`` (float32 in
+    Qwen2.5-VL's; Pixtral's in its weights' dtype), Pixtral's block mask over all B x T patches, once in its dtype, or
+    under autocast with float32 weights each layer's bf16 cast of it. Until 2026-11-28 none of these was counted
+    (Pixtral at 8 images of 4,096 patches: a 2 GiB bf16 mask, and under autocast 2 GiB a layer)."""
+    shapes, _, _ = LAYER_KINDS[kind]
+    vision = VisionShapes(64, 160, T, 0, 2, 4, **shapes, **KIND_HELD[kind])
+    once, own = tower_shared_bytes(vision, train, B * T)
+    layer = tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) + own
+    assert kind_saved(kind, 2, train) == 2 * layer + once
+    if kind == "pixtral":
+        mask = B * T * B * T
+        made = 4 if train.weights_bytes == 4 or train.tower == "full" else 2
+        assert (once, own) == ((B * T * 2 * 16 * made) + (0 if train.autocast and made == 4 else made * mask),
+                               2 * mask if train.autocast and made == 4 else 0)  # fmt: skip
 
 
 def test_tower_layer_bytes_by_hand():
@@ -877,6 +899,32 @@ def test_qwen3_vls_frozen_tower_peaks_at_its_interpolated_position_embedding_in_
                                   "embeddings_kept": 0, "position_taps": 4, "deepstack": 1536}  # fmt: skip
     with pytest.raises(ValueError, match="heads"):
         VisionShapes(h, 4 * h, 1, 0, rotary="float32")
+
+
+def test_a_trained_pixtral_tower_keeps_its_block_mask_and_rotary_tables_to_its_backward_pass():
+    """The trained tower's saved activations count, once, what all its layers save of the tensors they share
+    (``tower_shared_bytes``), by hand at Pixtral's shapes (width 1,024, MLP 4,096, 16 heads, 24 layers; 8 images of
+    4,096 patches): in bf16 with LoRA the bf16 mask (``2 x 32,768^2``, 2 GiB) and cos and sin (``2 x 2 x 64`` a
+    patch); with float32 weights under autocast each layer's bf16 cast of the float32 mask (2 GiB a layer) and the
+    float32 tables; under checkpointing the float32 mask itself (a layer's input) and the recomputed layer's cast.
+    Until 2026-11-28 none of them was counted."""
+    vision = VisionShapes(1024, 4096, 4096, 3 * 1024 * 1024, 24, 16, norm="rms", mlp="gated", block_mask=True,
+                          rotary="weights", embeddings_kept=2)  # fmt: skip
+    patches, lm, step = 8 * 4096, LmShapes(2, 64, 128, 4, 2, 100), Step(8, 300, 1, 10)
+    lora = Training("frozen", 2, rank=8, projector_trains=False, tower="lora")
+    layer = patches * tower_layer_bytes(vision, lora)
+    assert tower_shared_bytes(vision, lora, patches) == (patches * 2 * 2 * 64 + 2 * patches**2, 0)
+    out = activation_forecast(lm, lora, step, vision)
+    assert out["tower_saved"] == 24 * layer + patches * 256 + 2 * patches**2 == 66_813_165_568
+    cast = Training("frozen", 4, autocast=True, rank=8, projector_trains=False, tower="lora")
+    assert tower_shared_bytes(vision, cast, patches) == (patches * 2 * 4 * 64, 2 * patches**2)
+    out = activation_forecast(lm, cast, step, vision)
+    layer = patches * tower_layer_bytes(vision, cast) + tower_autocast_bytes(vision, cast) + 2 * patches**2
+    assert out["tower_saved"] == 24 * layer + patches * 512
+    checkpointed = dataclasses.replace(cast, checkpointing=True)
+    out = activation_forecast(lm, checkpointed, step, vision)
+    assert out["tower_saved"] == 24 * patches * 4 * 1024 + patches * 512 + 4 * patches**2
+    assert out["tower_backward"] == layer + patches * tower_gradient_bytes(vision, checkpointed)
 
 
 def test_the_frozen_tower_term_holds_what_the_model_made_of_the_pixels_and_the_prompts_embeddings():

@@ -49,11 +49,12 @@ peak.
 **A trained vision tower** (``model.train_encoder``: LoRA or the whole tower) keeps, beyond the frozen tower's
 counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, a layer of the tower's kind by
 the rules above: SigLIP's, or with RMSNorm, QuickGELU, a gated MLP, the Qwen towers' fused rotary ``qkv``,
-InternViT's layer scale and query and key norms), or under checkpointing each layer's input, from its forward pass,
-which runs first, to its backward pass, which runs last: the language model's activations are freed by then, so the
-tower's backward pass is a peak of its own: what the tower keeps, one recomputed layer (under checkpointing) and the
-gradients that layer's backward pass forms at its MLP's output projection (:func:`tower_gradient_bytes`), beside the
-images.
+InternViT's layer scale and query and key norms) and, once, what its layers save of the tensors they all read
+(:func:`tower_shared_bytes`: the rotary tables, Pixtral's block mask), or under checkpointing each layer's input, from
+its forward pass, which runs first, to its backward pass, which runs last: the language model's activations are freed
+by then, so the tower's backward pass is a peak of its own: what the tower keeps, one recomputed layer (under
+checkpointing) and the gradients that layer's backward pass forms at its MLP's output projection
+(:func:`tower_gradient_bytes`), beside the images.
 
 **The reference pass** of the GRPO family's KL term (``grpo.kl_coef > 0``, :mod:`finecap.objectives.reference`)
 scores the step's captions once more before the step, without gradient and in eval mode: the logits (``l`` bytes:
@@ -532,6 +533,27 @@ def tower_gradient_bytes(vision: VisionShapes, train: Training) -> int:
     return vision.intermediate * (t.linear + (4 + t.linear if adapted else 0))
 
 
+def tower_shared_bytes(vision: VisionShapes, train: Training, patches: int) -> tuple[int, int]:
+    """What a trained tower's layers save beyond :func:`tower_layer_bytes` over ``patches`` patches in all, from
+    ``transformers`` 5.24's code: ``(once, per_layer)``, the bytes saved once for all the layers (tensors every layer
+    reads) and the bytes each layer saves of its own. The rotary tables, ``cos`` and ``sin`` (``2 d`` values a patch,
+    ``d = hidden / heads``: every layer's rotary multiplies by the same two and saves them), float32 in the Qwen towers
+    and GLM-4.1V, and Pixtral's in the dtype of ``ln_pre``'s output (its weight's: float32 for a whole tower, even
+    under autocast); Pixtral's block mask over all the patches (``patches^2`` values, made in that dtype too), which
+    ``sdpa`` saves: once, the same tensor in every layer, when it runs in the mask's dtype; under autocast with a
+    float32 mask each layer's ``sdpa`` casts it to bf16 and saves its own copy (``2 patches^2`` a layer), the float32
+    mask itself then saved by none (but under checkpointing, where each layer's inputs are kept, the mask among them,
+    and only the recomputed layer's copy is formed)."""
+    t = tower_training(train)
+    tables = {"float32": 4, "weights": t.residual}.get(vision.rotary, 0) * 2 * (vision.hidden // max(vision.heads, 1))
+    if not vision.block_mask:
+        return patches * tables, 0
+    made = t.residual * patches**2
+    per_layer = 2 * patches**2 if t.autocast and t.residual != 2 else 0
+    once = made if t.checkpointing or not per_layer else 0
+    return patches * tables + once, per_layer
+
+
 def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -> int:
     """Bytes a frozen tower of ``vision``'s kind holds at its forward pass's peak, beyond its inputs, running
     ``patches`` patches in one call without a graph (``w`` = ``weights_bytes``, the dtype of its activations; ``h``
@@ -681,13 +703,14 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
             if vision.layers <= 0 or vision.heads <= 0:
                 raise ValueError(f"a trained vision tower needs its layers and heads: {vision}")
             patches = seen * vision.patches
-            layer = patches * tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train)
+            once, own = tower_shared_bytes(vision, train, patches)  # rotary tables, Pixtral's block mask
+            layer = patches * tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train) + own
             gradients = patches * tower_gradient_bytes(vision, train)
             if train.checkpointing:  # each layer's input kept; one layer recomputed at a time in the backward pass
-                tower_saved = vision.layers * patches * tower_training(train).residual * vision.hidden
+                tower_saved = vision.layers * patches * tower_training(train).residual * vision.hidden + once
                 tower_backward = layer + gradients
             else:
-                tower_saved, tower_backward = vision.layers * layer, gradients
+                tower_saved, tower_backward = vision.layers * layer + once, gradients
     total = layers + head_cast + mask_total + vocab + images + tower_saved
     reference = reference_bytes(lm, train, rows * step.tokens) if step.reference else 0
     # the tower's backward pass runs after the language model's, whose activations are freed by then
