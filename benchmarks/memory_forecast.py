@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from finecap.config import load
@@ -54,17 +55,19 @@ def table(card_gib: float) -> list[str]:
 
 
 SMOLVLM_AS_MEASURED = LmShapes(30, 576, 1536, 9, 3, 49_152)  # gpu_check's SmolVLM (benchmarks/rollouts.py)
+SIGLIP_512 = VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12, pixel_copy="select", embeddings_kept=1)
+"""SmolVLM's tower over a 512 px crop (SigLIP: its encoder keeps the embeddings while its later layers run)."""
 H200 = [  # gpu_check's settings then (the recipes before issue 65), the state it printed, its measured peak
     ("memory:mle_vlm", "gpu_check_h200_2026-11-26.json", Training("full", 4),
-     Step(32, 894, 1, 9), VisionShapes(768, 3072, 13 * 1024, 13 * 3 * 512 * 512, pixel_copy="select"),
+     Step(32, 894, 1, 9), replace(SIGLIP_512, patches=13 * 1024, pixels=13 * 3 * 512 * 512),
      "float32 full fine-tune, image splitting on (13 crops, 894 prompt tokens), captions of 4-8 words (9 tokens)"),
     ("memory:sr_l_vlm", "gpu_check_h200_2026-11-26.json",
      Training("lora", 4, rank=32, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
-     Step(100, 78, 1, 40, shared=True), VisionShapes(768, 3072, 1024, 3 * 512 * 512, pixel_copy="select"),
+     Step(100, 78, 1, 40, shared=True), SIGLIP_512,
      "float32, LoRA r32 on attention, one 512 px crop (78 prompt tokens), 1 sample of 40 tokens, prompt shared"),
     ("memory:grpo_cider_vlm", "gpu_check_h200_2026-11-26_memory_rerun.json",
      Training("lora", 2, autocast=True, checkpointing=True, rank=32, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
-     Step(16, 78, 8, 40), VisionShapes(768, 3072, 1024, 3 * 512 * 512, pixel_copy="select"),
+     Step(16, 78, 8, 40), SIGLIP_512,
      "bf16 + LoRA r32 + autocast + checkpointing, 16 images x 8 samples of 40 tokens"),
 ]  # fmt: skip
 
@@ -84,7 +87,6 @@ def h200() -> list[str]:
 
 
 SMOLVLM_NOV28 = LmShapes(30, 576, 1536, 9, 3, 49_036)  # the vocabulary the 2026-11-28 records' forecasts were of
-SIGLIP_512 = VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12, pixel_copy="select")  # SmolVLM: a 512 px crop
 H200_NOV28 = [  # the memory lines of the second H200 run, the recipes as they are; each step as the record's own
     # forecast parts give it (tests/benchmarks/test_memory_pages.py checks they are reproduced exactly): 78 prompt
     # tokens (one crop), the data's captions of 9 tokens (MLE, SMILE), or the RL recipes' samples of 40

@@ -29,7 +29,9 @@ LLaVA-NeXT's crops, Qwen's cast: :func:`pixel_copy_bytes`) and, from the model's
 at the larger image count, differenced per patch, leaves out what does not grow with the patches (the CPU's oneDNN
 scratch buffers, of the weights' size, which at these widths are as large as a layer's activations), against the
 forecast's difference over the same patches (:func:`frozen_tower_bytes`; Pixtral's block mask grows as the
-square); and the peak of a tower of ``LAYERS + 2`` layers less that of ``LAYERS`` layers, at the larger count (a
+square); the larger count's peak per patch, not differenced, against the forecast's at that count (the fixed scratch
+buffers then divided by the patches, not cancelled: a peak whose phase holds one at the smaller count only reads low
+differenced); and the peak of a tower of ``LAYERS + 2`` layers less that of ``LAYERS`` layers, at the larger count (a
 tower that kept every layer's output would grow)."""
 
 from __future__ import annotations
@@ -296,6 +298,8 @@ def frozen_row(family: str) -> dict[str, Any]:
             "entry": (many["entry"] - few["entry"]) / extra, "copies": copies, "embeds": embeds,
             "pixel_copy": vision.pixel_copy,
             "forecast": per_patch(lambda n: frozen_tower_bytes(vision, 2, n)),
+            "whole": many["peak"] / many["patches"],  # the larger count's peak, not differenced
+            "whole_forecast": frozen_tower_bytes(vision, 2, many["patches"]) / many["patches"],
             "before": per_patch(lambda n: n * (5 * h + 2 * i) * 2),  # the count until 2026-11-28: 5h + 2i
             "deeper": deeper["peak"] - many["peak"]}  # fmt: skip
 
@@ -303,15 +307,17 @@ def frozen_row(family: str) -> dict[str, Any]:
 def frozen_table(families: tuple[str, ...] = tuple(sorted(FAMILIES))) -> list[str]:
     """The frozen tower's table of docs/memory.md: per family, the peak's bytes per patch, measured and forecast."""
     rows = ["| family | tower class | kind | patches | measured | forecast | forecast / measured "
+            "| at the larger count | forecast / it "
             "| before | before / measured | 2 more layers | `get_image_features` | pixel copy | the model's entry "
             "| forecast / it | + pixel copies | + prompt embeddings | (forecast + both) / it |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: "
-            "| ---: | ---: |"]  # fmt: skip
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: "
+            "| ---: | ---: | ---: | ---: |"]  # fmt: skip
     for family in families:
         r = frozen_row(family)
         kind = ", ".join(str(v) if not isinstance(v, bool) else k for k, v in r["kind"].items() if v)
         rows.append(f"| `{family}` | `{r['tower']}` | {kind} | {r['patches'][0]} -> {r['patches'][1]} | "
                     f"{r['measured']:.0f} | {r['forecast']:.0f} | {r['forecast'] / r['measured']:.2f} | "
+                    f"{r['whole']:.0f} | {r['whole_forecast'] / r['whole']:.2f} | "
                     f"{r['before']:.0f} | {r['before'] / r['measured']:.2f} | {r['deeper']:+d} B | {r['call']:.0f} | "
                     f"{r['pixel_copy']} | {r['entry']:.0f} | {r['forecast'] / r['entry']:.2f} | {r['copies']:.0f} | "
                     f"{r['embeds']:.0f} | {(r['forecast'] + r['copies'] + r['embeds']) / r['entry']:.2f} "

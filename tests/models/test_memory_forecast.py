@@ -22,6 +22,7 @@ from finecap.models.forecast import (
     VisionShapes,
     activation_forecast,
     autocast_bytes,
+    deepstack_values,
     forecast_text,
     frozen_tower_bytes,
     layer_bytes,
@@ -30,7 +31,9 @@ from finecap.models.forecast import (
     pixel_input_bytes,
     tower_autocast_bytes,
     tower_gradient_bytes,
+    tower_kind,
     tower_layer_bytes,
+    tower_shared_bytes,
     tower_targets_of,
     training_of,
 )
@@ -217,6 +220,13 @@ config, each counted linear's module
 name (the family's LoRA target), and two of them for an adapter on two."""
 
 
+KIND_HELD = {"qwen2_5_vl": {"rotary": "float32", "embeddings_kept": 0}, "pixtral": {"rotary": "weights",
+              "embeddings_kept": 2}, "clip": {"embeddings_kept": 1}, "internvl": {"embeddings_kept": 1},
+              "internvit_6b": {"embeddings_kept": 1}}  # fmt: skip
+"""What :data:`LAYER_KINDS`' towers hold beside their layers as ``tower_kind`` reads it (their rotary tables, the
+embeddings their encoder keeps: :func:`finecap.models.forecast.frozen_tower_bytes`)."""
+
+
 def kind_layers(kind: str, layers: int, dtype: torch.dtype):
     """``layers`` tower layers of ``kind`` (:data:`LAYER_KINDS`) of width 64 (MLP 160, 4 heads) in ``dtype``, the
     ``transformers`` config they are built from, and a function running them over B images of T patches."""
@@ -240,16 +250,15 @@ def kind_layers(kind: str, layers: int, dtype: torch.dtype):
                                      num_hidden_layers=layers)  # fmt: skip
         block, shape = modeling.PixtralAttentionLayer, (1, B * T, 64)
 
-        # the block mask over all patches (shared by the layers) and the rotary cos and sin, in the dtype of the patch
-        # convolution's output as PixtralVisionModel makes them: bf16 under autocast (no copy of the mask per layer)
-        def made(dtype: torch.dtype) -> tuple:
-            mask = modeling.generate_block_attention_mask([T] * B, torch.zeros(1, B * T, dtype=dtype))
-            return mask, (torch.randn(B * T, 16).to(dtype), torch.randn(B * T, 16).to(dtype))
-
-        inputs = {False: made(dtype), True: made(torch.bfloat16)}
+        # the block mask over all patches (shared by the layers) and the rotary cos and sin, in the dtype of ln_pre's
+        # output as PixtralVisionModel makes them: its weight's (``weight * x.to(input dtype)``), float32 in float32
+        # weights even under autocast, where each layer's sdpa then casts the mask to bf16 (until 2026-11-28 made
+        # here in bf16 under autocast, the conv's output dtype, which hid those copies)
+        mask = modeling.generate_block_attention_mask([T] * B, torch.zeros(1, B * T, dtype=dtype))
+        tables = (torch.randn(B * T, 16).to(dtype), torch.randn(B * T, 16).to(dtype))
 
         def run(layer, x, autocast):
-            return layer(x, attention_mask=inputs[autocast][0], position_embeddings=inputs[autocast][1])
+            return layer(x, attention_mask=mask, position_embeddings=tables)
 
     elif kind.startswith("intern"):
         from transformers import InternVLVisionConfig
@@ -327,11 +336,33 @@ def test_one_tower_layer_of_each_kind_saves_what_the_formula_counts(kind, train)
 
     shapes, names, _ = LAYER_KINDS[kind]
     _, config, _ = kind_layers(kind, 1, torch.float32)
-    assert tower_kind(config) == shapes
+    assert tower_kind(config) == {**shapes, **KIND_HELD[kind]}
     assert tower_targets_of(names.values()) == tuple(names)
     measured = kind_saved(kind, 3, train) - kind_saved(kind, 2, train)  # one more layer
-    vision = VisionShapes(64, 160, T, 0, 3, 4, **shapes)
-    assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) == measured
+    vision = VisionShapes(64, 160, T, 0, 3, 4, **shapes, **KIND_HELD[kind])
+    _, own = tower_shared_bytes(vision, train, B * T)  # Pixtral's mask cast per layer under autocast
+    assert tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) + own == measured
+
+
+@pytest.mark.parametrize(("kind", "train"), KIND_CASES, ids=[
+    f"{k}-{t.tower}-{t.weights_bytes}B-{'autocast' if t.autocast else 'plain'}-{len(t.tower_targets) or 'all'}"
+    for k, t in KIND_CASES])  # fmt: skip
+def test_a_trained_towers_layers_save_the_rotary_tables_and_pixtrals_block_mask_besides_their_own(kind, train):
+    """Everything two trained tower layers of each kind save, exactly, on the CPU: two layers' counts and what the
+    layers save of the tensors they all read (``tower_shared_bytes``): the rotary ``cos`` and ``sin`` (float32 in
+    Qwen2.5-VL's; Pixtral's in its weights' dtype), Pixtral's block mask over all B x T patches, once in its dtype, or
+    under autocast with float32 weights each layer's bf16 cast of it. Until 2026-11-28 none of these was counted
+    (Pixtral at 8 images of 4,096 patches: a 2 GiB bf16 mask, and under autocast 2 GiB a layer)."""
+    shapes, _, _ = LAYER_KINDS[kind]
+    vision = VisionShapes(64, 160, T, 0, 2, 4, **shapes, **KIND_HELD[kind])
+    once, own = tower_shared_bytes(vision, train, B * T)
+    layer = tower_layer_bytes(vision, train) * B * T + tower_autocast_bytes(vision, train) + own
+    assert kind_saved(kind, 2, train) == 2 * layer + once
+    if kind == "pixtral":
+        mask = B * T * B * T
+        made = 4 if train.weights_bytes == 4 or train.tower == "full" else 2
+        assert (once, own) == ((B * T * 2 * 16 * made) + (0 if train.autocast and made == 4 else made * mask),
+                               2 * mask if train.autocast and made == 4 else 0)  # fmt: skip
 
 
 def test_tower_layer_bytes_by_hand():
@@ -608,7 +639,8 @@ def test_the_reference_towers_and_their_adapters_count_what_the_built_towers_hol
     """The vision towers of SmolVLM-256M (SigLIP at 512 px) and Qwen2-VL-2B (its ViT, merger included: the
     projector) built from their config.json shapes on the meta device, and peft's LoRA r32 on the family's default
     targets (finecap.models.vlm): the parameters the recipe sizing counts; and the layer kind its trained tower's
-    activations are counted as is the one its config gives (Qwen2-VL's: LayerNorm, fused rotary qkv, QuickGELU)."""
+    activations are counted as is the one its config gives (Qwen2-VL's: LayerNorm, fused rotary qkv, QuickGELU,
+    float32 rotary tables; SigLIP's encoder keeps the embeddings)."""
     import transformers as tf
 
     from finecap.models.forecast import BACKBONES, tower_kind
@@ -636,7 +668,8 @@ def test_the_reference_towers_and_their_adapters_count_what_the_built_towers_hol
             extra = 0
         assert sum(p.numel() for p in tower.parameters()) == backbone.vision_params + extra
         v = backbone.vision
-        assert {"norm": v.norm, "mlp": v.mlp, "attention": v.attention} == tower_kind(config)
+        kind = tower_kind(config)  # its layers' and what the tower holds beside them (its rotary tables, embeddings)
+        assert {k: getattr(v, k) for k in kind} == kind
         adapted = get_peft_model(tower, LoraConfig(r=32, target_modules=list(targets)))
     adapters = sum(p.numel() for n, p in adapted.named_parameters() if "lora_" in n)
     assert backbone.vision_lora(32) == adapters
@@ -760,19 +793,23 @@ def test_every_familys_tower_kind_is_read_and_its_targets_are_its_layers_linears
     from finecap.models.vlm import FAMILIES
 
     gated = {"norm": "rms", "mlp": "gated"}
+    fused = {"attention": "fused", "rotary": "float32", "embeddings_kept": 0}
     kinds = {
-        "glm4v": {**gated, "attention": "fused"},
-        "qwen2_5_vl": {**gated, "attention": "fused"},
-        "mistral3": {**gated, "attention": "split", "block_mask": True},
-        "qwen2_vl": {"mlp": "quick_gelu", "attention": "fused"},
-        "qwen3_vl": {"attention": "fused"},
+        "glm4v": {**gated, **fused},
+        "qwen2_5_vl": {**gated, **fused},
+        "mistral3": {**gated, "attention": "split", "block_mask": True, "rotary": "weights", "embeddings_kept": 2},
+        "qwen2_vl": {"mlp": "quick_gelu", **fused},
+        # its tiny tower's 2 layers, DeepStack after both (indexes 0 and 1): layer 0's features, 64 values a merged
+        # token of 2 x 2 patches, kept while layer 1 runs
+        "qwen3_vl": {**fused, "position_taps": 4, "deepstack": 64 // 4},
         "llava": {"mlp": "quick_gelu"},
         "llava_next": {"mlp": "quick_gelu"},
         "internvl": {"layer_scale": True},
     }
     for name, family in FAMILIES.items():
         kind = tower_kind(tiny_family(name)[0].config.vision_config)
-        assert kind == {"norm": "layer", "mlp": "gelu", "attention": "split", **kinds.get(name, {})}, name
+        split = {"norm": "layer", "mlp": "gelu", "attention": "split", "embeddings_kept": 1}
+        assert kind == {**split, **kinds.get(name, {})}, name
         linears = tower_linears(VisionShapes(64, 256, 1, 0, 1, 4, **kind))
         assert set(tower_targets_of(family.vision_targets)) == set(linears) <= set(TOWER_TARGETS), name
     glm = Glm4vVisionConfig(hidden_size=1536, intermediate_size=13_696, out_hidden_size=4096)
@@ -822,12 +859,72 @@ def test_the_frozen_tower_term_is_the_stream_and_one_layers_peak_and_pixtrals_bl
     patches = 8 * 4096
     per_patch = 2 * 1024 + 2 * 2 * 1024 + 3 * 2 * 4096
     assert frozen_tower_bytes(vision, 2, patches) == patches * per_patch + 2 * patches**2 == 3_154_116_608
+    # what Pixtral's forward also holds through its layers: the patch_conv output and ln_pre's (2 x 2h), the int64
+    # position ids (16) and the bf16 rotary cos and sin (2 x 2 x 64)
+    pixtral = dataclasses.replace(vision, rotary="weights", embeddings_kept=2)
+    held = 2 * 2 * 1024 + 16 + 2 * 2 * 64
+    assert frozen_tower_bytes(pixtral, 2, patches) == 3_154_116_608 + patches * held == 3_297_247_232
     lm = LmShapes(2, 64, 128, 4, 2, 100)
-    out = activation_forecast(lm, Training("frozen", 2, projector_trains=False), Step(8, 300, 1, 10), vision)
-    assert out["tower"] == 3_154_116_608 + 8 * 309 * 64 * 2  # and the prompt's embeddings (Pixtral: no pixel copy)
+    out = activation_forecast(lm, Training("frozen", 2, projector_trains=False), Step(8, 300, 1, 10), pixtral)
+    assert out["tower"] == 3_297_247_232 + 8 * 309 * 64 * 2  # and the prompt's embeddings (Pixtral: no pixel copy)
     fused = VisionShapes(1280, 1280, 1, 0, 32, 16, norm="rms", mlp="gated", attention="fused")  # i = h: attention
     assert frozen_tower_bytes(fused, 2, 1) == 2 * 1280 + 4 * 2 * 1280 + 8 * 1280 + 16 * 1280
     assert frozen_tower_bytes(fused, 4, 1) == 4 * 1280 + 4 * 4 * 1280 + 16 * 1280
+
+
+def test_qwen3_vls_frozen_tower_peaks_at_its_interpolated_position_embedding_in_bf16():
+    """Qwen3-VL's tower (``transformers`` 5.24) embeds its positions before the first layer by bilinear
+    interpolation of a learned table: the patch embedding (``2h``), the int64 position ids (16) and the 4 taps'
+    int64 indices and float32 weights (48), the 4 bf16 rows looked up (``4 x 2h``), their float32 cast and the float32
+    product (``4 x 4h`` each): 43,072 B a patch at width 1,024, above its layers' phase (the stream, the float32 rotary
+    tables ``2 x 4 x 64`` and ids, the indices and weights, the float32 position embeddings ``4h``, the DeepStack
+    features of 3 layers, 2,048 values a merged token of 4 patches, in bf16, and the fused attention, ``4 x 2h +
+    24h``: 42,560); in float32 the MLP's phase is larger (no casts; GELU, ``2 x 4h + 2 x 4 x 4h``). Until 2026-11-28
+    only the layers' phase without what is held beside it (34,816 B a patch in bf16: 0.81 of this) was counted; the
+    tiny tower measures exactly this count (``benchmarks/tower_forecast.py --frozen``)."""
+    h, d = 1024, 64
+    qwen3 = VisionShapes(h, 4 * h, 1, 0, 24, 16, attention="fused", rotary="float32", embeddings_kept=0,
+                         position_taps=4, deepstack=3 * 2048 // 4)  # fmt: skip
+    position = 2 * h + 16 + 48 + 4 * 2 * h + 4 * 4 * h + 4 * 4 * h
+    layers = 2 * h + (16 + 2 * 4 * d) + (48 + 4 * h) + 2 * 1536 + (4 * 2 * h + 24 * h)
+    assert (position, layers) == (43_072, 42_560)
+    assert frozen_tower_bytes(qwen3, 2, 10) == 10 * 43_072
+    mlp = 4 * h + (16 + 2 * 4 * d) + (48 + 4 * h) + 4 * 1536 + (2 * 4 * h + 2 * 4 * 4 * h)
+    assert frozen_tower_bytes(qwen3, 4, 1) == mlp == 55_872
+    config = SimpleNamespace(model_type="qwen3_vl_vision", depth=24, deepstack_visual_indexes=[5, 11, 17],
+                             out_hidden_size=2048, spatial_merge_size=2, hidden_act="gelu_pytorch_tanh")  # fmt: skip
+    assert deepstack_values(config) == 1536
+    assert deepstack_values(SimpleNamespace(**{**config.__dict__, "depth": 18})) == 1024  # layer 17's: none after
+    assert tower_kind(config) == {"norm": "layer", "mlp": "gelu", "attention": "fused", "rotary": "float32",
+                                  "embeddings_kept": 0, "position_taps": 4, "deepstack": 1536}  # fmt: skip
+    with pytest.raises(ValueError, match="heads"):
+        VisionShapes(h, 4 * h, 1, 0, rotary="float32")
+
+
+def test_a_trained_pixtral_tower_keeps_its_block_mask_and_rotary_tables_to_its_backward_pass():
+    """The trained tower's saved activations count, once, what all its layers save of the tensors they share
+    (``tower_shared_bytes``), by hand at Pixtral's shapes (width 1,024, MLP 4,096, 16 heads, 24 layers; 8 images of
+    4,096 patches): in bf16 with LoRA the bf16 mask (``2 x 32,768^2``, 2 GiB) and cos and sin (``2 x 2 x 64`` a
+    patch); with float32 weights under autocast each layer's bf16 cast of the float32 mask (2 GiB a layer) and the
+    float32 tables; under checkpointing the float32 mask itself (a layer's input) and the recomputed layer's cast.
+    Until 2026-11-28 none of them was counted."""
+    vision = VisionShapes(1024, 4096, 4096, 3 * 1024 * 1024, 24, 16, norm="rms", mlp="gated", block_mask=True,
+                          rotary="weights", embeddings_kept=2)  # fmt: skip
+    patches, lm, step = 8 * 4096, LmShapes(2, 64, 128, 4, 2, 100), Step(8, 300, 1, 10)
+    lora = Training("frozen", 2, rank=8, projector_trains=False, tower="lora")
+    layer = patches * tower_layer_bytes(vision, lora)
+    assert tower_shared_bytes(vision, lora, patches) == (patches * 2 * 2 * 64 + 2 * patches**2, 0)
+    out = activation_forecast(lm, lora, step, vision)
+    assert out["tower_saved"] == 24 * layer + patches * 256 + 2 * patches**2 == 66_813_165_568
+    cast = Training("frozen", 4, autocast=True, rank=8, projector_trains=False, tower="lora")
+    assert tower_shared_bytes(vision, cast, patches) == (patches * 2 * 4 * 64, 2 * patches**2)
+    out = activation_forecast(lm, cast, step, vision)
+    layer = patches * tower_layer_bytes(vision, cast) + tower_autocast_bytes(vision, cast) + 2 * patches**2
+    assert out["tower_saved"] == 24 * layer + patches * 512
+    checkpointed = dataclasses.replace(cast, checkpointing=True)
+    out = activation_forecast(lm, checkpointed, step, vision)
+    assert out["tower_saved"] == 24 * patches * 4 * 1024 + patches * 512 + 4 * patches**2
+    assert out["tower_backward"] == layer + patches * tower_gradient_bytes(vision, checkpointed)
 
 
 def test_the_frozen_tower_term_holds_what_the_model_made_of_the_pixels_and_the_prompts_embeddings():

@@ -49,11 +49,12 @@ peak.
 **A trained vision tower** (``model.train_encoder``: LoRA or the whole tower) keeps, beyond the frozen tower's
 counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, a layer of the tower's kind by
 the rules above: SigLIP's, or with RMSNorm, QuickGELU, a gated MLP, the Qwen towers' fused rotary ``qkv``,
-InternViT's layer scale and query and key norms), or under checkpointing each layer's input, from its forward pass,
-which runs first, to its backward pass, which runs last: the language model's activations are freed by then, so the
-tower's backward pass is a peak of its own: what the tower keeps, one recomputed layer (under checkpointing) and the
-gradients that layer's backward pass forms at its MLP's output projection (:func:`tower_gradient_bytes`), beside the
-images.
+InternViT's layer scale and query and key norms) and, once, what its layers save of the tensors they all read
+(:func:`tower_shared_bytes`: the rotary tables, Pixtral's block mask), or under checkpointing each layer's input, from
+its forward pass, which runs first, to its backward pass, which runs last: the language model's activations are freed
+by then, so the tower's backward pass is a peak of its own: what the tower keeps, one recomputed layer (under
+checkpointing) and the gradients that layer's backward pass forms at its MLP's output projection
+(:func:`tower_gradient_bytes`), beside the images.
 
 **The reference pass** of the GRPO family's KL term (``grpo.kl_coef > 0``, :mod:`finecap.objectives.reference`)
 scores the step's captions once more before the step, without gradient and in eval mode: the logits (``l`` bytes:
@@ -100,18 +101,24 @@ TOWER_OUTSIDE = ("patch_embed", "merger", "deepstack_merger_list", "head")
 embedding ``patch_embed.proj``, a convolution; the mergers' ``proj``, ``gate_proj``, ``down_proj``, ``linear_fc1``
 ...; SigLIP's pooling ``head``, its ``attention.out_proj`` and ``mlp.fc1``): a target under one of them adapts no
 layer :func:`tower_layer_bytes` counts (:func:`tower_targets_of`)."""
-TOWER_KINDS = {"qwen2_vl_vision": {"attention": "fused"}, "qwen3_vl_vision": {"attention": "fused"},
-               "qwen2_5_vl_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
-               "glm4v_vision": {"norm": "rms", "mlp": "gated", "attention": "fused"},
-               "pixtral": {"norm": "rms", "mlp": "gated", "block_mask": True},
+FUSED = {"attention": "fused", "rotary": "float32", "embeddings_kept": 0}
+"""The Qwen towers' and GLM-4.1V's layers: the fused rotary ``qkv``, float32 ``cos``/``sin`` tables, the blocks run in
+the tower's own forward (no embeddings kept beside the stream)."""
+TOWER_KINDS = {"qwen2_vl_vision": FUSED, "qwen3_vl_vision": {**FUSED, "position_taps": 4},
+               "qwen2_5_vl_vision": {"norm": "rms", "mlp": "gated", **FUSED},
+               "glm4v_vision": {"norm": "rms", "mlp": "gated", **FUSED},
+               "pixtral": {"norm": "rms", "mlp": "gated", "block_mask": True, "rotary": "weights",
+                           "embeddings_kept": 2},
                "internvl_vision": {"layer_scale": True}}  # fmt: skip
 """The towers whose layers are not SigLIP's, by their vision config's ``model_type``: their :class:`VisionShapes`
 ``norm``, ``mlp``, ``attention`` and ``layer_scale`` (read from ``transformers``' modeling code: Qwen2.5-VL's,
 GLM-4.1V's and Pixtral's RMSNorm and gated MLP, the Qwen towers' and GLM-4.1V's fused ``qkv`` with rotary, run image
-by image, InternViT's layer scale, Pixtral's one sequence of every image's patches under a block-diagonal mask); a
-QuickGELU MLP is read from ``hidden_act`` (CLIP's, Qwen2-VL's), an RMSNorm
-from ``norm_type`` and the query and key norms from ``use_qk_norm`` (InternViT's: ``rms_norm`` and QK norms in
-InternViT-6B, ``layer_norm`` without in InternViT-300M)."""
+by image, InternViT's layer scale, Pixtral's one sequence of every image's patches under a block-diagonal mask), and
+what their frozen forward holds beside the layers (``rotary``, ``embeddings_kept``, ``position_taps``: Qwen3-VL's
+bilinear position embedding; :func:`frozen_tower_bytes`); a QuickGELU MLP is read from ``hidden_act`` (CLIP's,
+Qwen2-VL's), an RMSNorm from ``norm_type`` and the query and key norms from ``use_qk_norm`` (InternViT's:
+``rms_norm`` and QK norms in InternViT-6B, ``layer_norm`` without in InternViT-300M), and Qwen3-VL's DeepStack
+features from ``deepstack_visual_indexes`` (:func:`deepstack_values`)."""
 PIXEL_COPIES = {"idefics2": "select", "idefics3": "select", "smolvlm": "select", "llava_next": "crops",
                 "llava_onevision": "crops", "qwen2_vl": "cast", "qwen2_5_vl": "cast", "qwen3_vl": "cast",
                 "glm4v": "cast", "internvl": "cast"}  # fmt: skip
@@ -171,8 +178,25 @@ def tower_kind(vision: Any) -> dict[str, Any]:
     ``norm_type`` does, and whose queries and keys are normalised where ``use_qk_norm`` says so."""
     kind = {"norm": "rms" if getattr(vision, "norm_type", "") == "rms_norm" else "layer",
             "mlp": "quick_gelu" if getattr(vision, "hidden_act", "") == "quick_gelu" else "gelu",
-            "attention": "split", **({"qk_norm": True} if getattr(vision, "use_qk_norm", False) else {})}  # fmt: skip
-    return {**kind, **TOWER_KINDS.get(getattr(vision, "model_type", ""), {})}
+            "attention": "split", "embeddings_kept": 1,
+            **({"qk_norm": True} if getattr(vision, "use_qk_norm", False) else {})}  # fmt: skip
+    deepstack = deepstack_values(vision)
+    return {**kind, **TOWER_KINDS.get(getattr(vision, "model_type", ""), {}),
+            **({"deepstack": deepstack} if deepstack else {})}  # fmt: skip
+
+
+def deepstack_values(vision: Any) -> int:
+    """Values per patch of the DeepStack features a tower's forward keeps while its later layers run, from its
+    config ``vision`` (Qwen3-VL's, ``transformers`` 5.24: the output of each layer of ``deepstack_visual_indexes``
+    goes through its ``deepstack_merger_list`` merger, ``out_hidden_size`` values a merged token of
+    ``spatial_merge_size`` squared patches, appended to a list returned at the end): those of every index a later
+    layer follows (of ``depth`` layers; all of them where the depth is not known); 0 for a tower without."""
+    indexes = list(getattr(vision, "deepstack_visual_indexes", None) or ())
+    if not indexes:
+        return 0
+    depth = int(getattr(vision, "depth", 0) or 0)
+    followed = sum(1 for j in indexes if not depth or j < depth - 1)
+    return followed * int(vision.out_hidden_size) // int(vision.spatial_merge_size) ** 2
 
 
 @dataclass(frozen=True)
@@ -191,7 +215,17 @@ class VisionShapes:
     (InternViT-6B's ``q_norm`` and ``k_norm``); ``block_mask``: the tower runs every image's patches as one sequence
     under a block-diagonal attention mask of ``(all patches)^2`` values in the weights' dtype, held through its
     layers (Pixtral's ``generate_block_attention_mask`` without flash attention); ``pixel_copy``: what the model makes
-    of the pixels before its tower runs (:data:`PIXEL_COPIES`, ``"none"`` for none)."""
+    of the pixels before its tower runs (:data:`PIXEL_COPIES`, ``"none"`` for none). What a frozen forward holds
+    beside its layers (:func:`frozen_tower_bytes`): ``rotary``: the rotary tables, ``cos`` and ``sin`` of
+    ``hidden // heads`` values a patch each (``"float32"``: the Qwen towers' and GLM-4.1V's; ``"weights"``: in the
+    weights' dtype, Pixtral's; ``"none"``: no rotary), and the int64 position ids they are made of (two a patch);
+    ``embeddings_kept``: the tensors of ``hidden`` values a patch that the tower's forward keeps beside its residual
+    stream while its second and later layers run (1: the embeddings, alive as the encoder's ``inputs_embeds`` in
+    SigLIP's, CLIP's and InternViT's towers; 2 in Pixtral's: ``ln_pre``'s output so, and the ``patch_conv`` output
+    that ``patch_embeds_list``'s views keep; 0: the Qwen towers and GLM-4.1V run their blocks in the tower's own
+    forward); ``position_taps``: a learned position embedding interpolated from ``position_taps`` rows a patch
+    (Qwen3-VL's bilinear ``pos_embed``, 4); ``deepstack``: values a patch of the DeepStack features kept to the
+    tower's end (:func:`deepstack_values`)."""
 
     hidden: int
     intermediate: int
@@ -206,13 +240,20 @@ class VisionShapes:
     qk_norm: bool = False
     block_mask: bool = False
     pixel_copy: str = "none"
+    rotary: str = "none"
+    embeddings_kept: int = 0
+    position_taps: int = 0
+    deepstack: int = 0
 
     def __post_init__(self) -> None:
         for field, valid in (("norm", ("layer", "rms")), ("mlp", ("gelu", "quick_gelu", "gated")),
                              ("attention", ("split", "fused")),
-                             ("pixel_copy", ("none", "select", "crops", "cast"))):  # fmt: skip
+                             ("pixel_copy", ("none", "select", "crops", "cast")),
+                             ("rotary", ("none", "float32", "weights"))):  # fmt: skip
             if getattr(self, field) not in valid:
                 raise ValueError(f"VisionShapes.{field}={getattr(self, field)!r}; valid: {', '.join(valid)}")
+        if self.rotary != "none" and self.heads <= 0:
+            raise ValueError(f"VisionShapes.rotary={self.rotary!r} needs the attention heads (its tables' width)")
 
     @property
     def projector_in(self) -> int:
@@ -492,11 +533,38 @@ def tower_gradient_bytes(vision: VisionShapes, train: Training) -> int:
     return vision.intermediate * (t.linear + (4 + t.linear if adapted else 0))
 
 
+def tower_shared_bytes(vision: VisionShapes, train: Training, patches: int) -> tuple[int, int]:
+    """What a trained tower's layers save beyond :func:`tower_layer_bytes` over ``patches`` patches in all, from
+    ``transformers`` 5.24's code: ``(once, per_layer)``, the bytes saved once for all the layers (tensors every layer
+    reads) and the bytes each layer saves of its own. The rotary tables, ``cos`` and ``sin`` (``2 d`` values a patch,
+    ``d = hidden / heads``: every layer's rotary multiplies by the same two and saves them), float32 in the Qwen towers
+    and GLM-4.1V, and Pixtral's in the dtype of ``ln_pre``'s output (its weight's: float32 for a whole tower, even
+    under autocast); Pixtral's block mask over all the patches (``patches^2`` values, made in that dtype too), which
+    ``sdpa`` saves: once, the same tensor in every layer, when it runs in the mask's dtype; under autocast with a
+    float32 mask each layer's ``sdpa`` casts it to bf16 and saves its own copy (``2 patches^2`` a layer), the float32
+    mask itself then saved by none (but under checkpointing, where each layer's inputs are kept, the mask among them,
+    and only the recomputed layer's copy is formed)."""
+    t = tower_training(train)
+    tables = {"float32": 4, "weights": t.residual}.get(vision.rotary, 0) * 2 * (vision.hidden // max(vision.heads, 1))
+    if not vision.block_mask:
+        return patches * tables, 0
+    made = t.residual * patches**2
+    per_layer = 2 * patches**2 if t.autocast and t.residual != 2 else 0
+    once = made if t.checkpointing or not per_layer else 0
+    return patches * tables + once, per_layer
+
+
 def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -> int:
     """Bytes a frozen tower of ``vision``'s kind holds at its forward pass's peak, beyond its inputs, running
     ``patches`` patches in one call without a graph (``w`` = ``weights_bytes``, the dtype of its activations; ``h``
-    its width, ``i`` its MLP's), read from ``transformers``' modeling code: the residual stream (the layer's input,
-    ``w h`` a patch) and the largest of one layer's phases above it, a patch:
+    its width, ``i`` its MLP's, ``d = h / heads``), read from ``transformers`` 5.24's modeling code, a patch: the
+    larger of its layers' phase and, in Qwen3-VL, its position embedding's. **The layers' phase**: the residual
+    stream (the layer's input, ``w h``), what the tower holds beside it while its later layers run
+    (:class:`VisionShapes`: the ``embeddings_kept``, ``w h`` each; the rotary tables, ``cos`` and ``sin``, ``2 x 4d``
+    in float32 or ``2 w d`` in the weights' dtype, and their int64 position ids, ``16``; Qwen3-VL's interpolation
+    indices and weights, int64 and float32, ``12`` a tap, and its float32 position embeddings, ``4h``; the DeepStack
+    features, ``w`` a value), and
+    the largest of one layer's phases above them:
 
     - attention, split (``q/k/v_proj``): the normed input, query, key, value, and the output and its transposed
       copy (``out_proj`` then reads the copy): ``6 w h``; Pixtral's rotary (in ``w``, below its MLP's at ``i = 4h``)
@@ -512,17 +580,31 @@ def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -
     - an RMSNorm (it casts to float32): the stream after attention, its float32 copy (none in float32 weights) and
       ``pow``'s output, then in its place the normed product (``w h + 8h``; ``w h + 4h`` in float32).
 
+    **Qwen3-VL's position embedding** (``position_taps``, before the first layer): the patch embedding (``w h``), the
+    position ids and the interpolation's indices and weights, the embedding rows looked up (``taps x w h``), their
+    float32 cast as the float32 weights multiply them (``taps x 4h``; none in float32) and the product (``taps x 4h``).
+
     With a ``block_mask`` the tower also holds the mask over all ``patches`` (``w patches^2``). Not counted: the
-    tower's tables and buffers (rotary ``cos``/``sin``, position ids, the window order of Qwen2.5-VL), the CPU
-    kernels' scratch buffers, and autocast (the activations counted in ``w``). Measured on the CPU per family by
-    ``benchmarks/tower_forecast.py --frozen`` (docs/memory.md, "The frozen vision tower")."""
+    tower's fixed buffers and small tables (Qwen2.5-VL's window order, the sequence lengths), the DeepStack mergers'
+    own temporaries (four of ``w h`` at most, below a layer's), the CPU kernels' scratch buffers (oneDNN's, and
+    ``sdpa``'s CPU flash kernel with a mask: threads x blocks of up to 256 x 512 float32 and bf16 scores, which grow
+    with the sequence up to that size), and autocast (the activations counted in ``w``). Measured on the CPU per
+    family by ``benchmarks/tower_forecast.py --frozen`` (docs/memory.md, "The frozen vision tower")."""
     w, h, i = weights_bytes, vision.hidden, vision.intermediate
-    rotary = (8 * h if w != 4 else 0) + 16 * h  # the fused attention's float32 rotary
+    cast = w != 4  # a float32 copy of a tensor in the weights' dtype (none in float32)
+    rotary = (8 * h if cast else 0) + 16 * h  # the fused attention's float32 rotary
     attention = 4 * w * h + rotary if vision.attention == "fused" else 6 * w * h
     mlp = (2 + vision.layer_scale) * w * h + (2 if vision.mlp == "gelu" else 3) * w * i
-    norm = w * h + (4 * h if w != 4 else 0) + 4 * h if vision.norm == "rms" else 0
-    per_patch = w * h + max(attention, mlp, norm)
-    return patches * per_patch + (w * patches**2 if vision.block_mask else 0)
+    norm = w * h + (4 * h if cast else 0) + 4 * h if vision.norm == "rms" else 0
+    ids = 16 if vision.rotary != "none" else 0  # int64 (row, column) a patch
+    tables = ids + 2 * (4 if vision.rotary == "float32" else w) * (h // vision.heads) if ids else 0
+    interpolation = 12 * vision.position_taps  # int64 indices and float32 weights, a tap
+    embedded = vision.embeddings_kept - (vision.layers == 1)  # one layer: the embeddings are its stream
+    beside = embedded * w * h + tables + (interpolation + 4 * h if vision.position_taps else 0) + w * vision.deepstack
+    layers = w * h + beside + max(attention, mlp, norm)
+    taps = vision.position_taps
+    position = w * h + ids + interpolation + taps * (w * h + (4 * h if cast else 0) + 4 * h) if taps else 0
+    return patches * max(layers, position) + (w * patches**2 if vision.block_mask else 0)
 
 
 def pixel_copy_bytes(vision: VisionShapes, weights_bytes: int) -> int:
@@ -621,13 +703,14 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
             if vision.layers <= 0 or vision.heads <= 0:
                 raise ValueError(f"a trained vision tower needs its layers and heads: {vision}")
             patches = seen * vision.patches
-            layer = patches * tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train)
+            once, own = tower_shared_bytes(vision, train, patches)  # rotary tables, Pixtral's block mask
+            layer = patches * tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train) + own
             gradients = patches * tower_gradient_bytes(vision, train)
             if train.checkpointing:  # each layer's input kept; one layer recomputed at a time in the backward pass
-                tower_saved = vision.layers * patches * tower_training(train).residual * vision.hidden
+                tower_saved = vision.layers * patches * tower_training(train).residual * vision.hidden + once
                 tower_backward = layer + gradients
             else:
-                tower_saved, tower_backward = vision.layers * layer, gradients
+                tower_saved, tower_backward = vision.layers * layer + once, gradients
     total = layers + head_cast + mask_total + vocab + images + tower_saved
     reference = reference_bytes(lm, train, rows * step.tokens) if step.reference else 0
     # the tower's backward pass runs after the language model's, whose activations are freed by then
@@ -805,7 +888,8 @@ BACKBONES = {
     # from this config on the meta device (language model 134.6 M + its untied head 28.4 M, tower, connector); the
     # tower's LoRA targets (finecap.models.vlm.VIT_TARGETS) per layer: attention 4 x 768 -> 768, fc1 768 -> 3,072, fc2
     "SmolVLM-256M": Backbone("SmolVLM-256M", LmShapes(30, 576, 1536, 9, 3, 49_280),
-                             VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12, pixel_copy="select"), 78,
+                             VisionShapes(768, 3072, 1024, 3 * 512 * 512, 12, 12, pixel_copy="select",
+                                          embeddings_kept=1), 78,
                              162_974_016, 86_433_024,
                              7_077_888, (("q_proj", 1536), ("k_proj", 1536), ("v_proj", 1536), ("out_proj", 1536),
                                   ("fc1", 3840), ("fc2", 3840))),
@@ -813,11 +897,11 @@ BACKBONES = {
     # (1,260 of width 1,280, 1,176 floats each), merged 2 x 2 into 315 image tokens + about 20 of text; head tied;
     # parameters counted as SmolVLM's (2.209 B in all; the projector is visual.merger)
     # the tower's LoRA targets (QWEN_VIT_TARGETS) per layer: qkv 1,280 -> 3,840, proj, fc1 1,280 -> 5,120, fc2; its
-    # layers' kind (tower_kind of its vision config): LayerNorm, the fused rotary qkv run image by image, QuickGELU;
-    # get_image_features casts the pixels to the weights' dtype (PIXEL_COPIES)
+    # layers' kind (tower_kind of its vision config): LayerNorm, the fused rotary qkv run image by image, QuickGELU,
+    # float32 rotary tables; get_image_features casts the pixels to the weights' dtype (PIXEL_COPIES)
     "Qwen2-VL-2B": Backbone("Qwen2-VL-2B", LmShapes(28, 1536, 8960, 12, 2, 151_936),
                             VisionShapes(1280, 5120, 1260, 1260 * 1176, 32, 16, mlp="quick_gelu", attention="fused",
-                                         pixel_copy="cast"),
+                                         pixel_copy="cast", rotary="float32"),
                             335, 1_543_714_304, 631_183_360, 34_087_936,
                             (("qkv", 5120), ("attn.proj", 2560), ("fc1", 6400), ("fc2", 6400))),
 }  # fmt: skip
