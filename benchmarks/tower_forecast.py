@@ -116,16 +116,22 @@ def tower_layers(tower: torch.nn.Module, layers: int) -> torch.nn.ModuleList:
     return found[0]
 
 
-def measure(family: str, layers: int, autocast: bool) -> dict[str, Any]:
-    """What the prompt pass of :data:`IMAGES` images saves in ``family``'s tiny model with a tower of ``layers``
-    layers trained with LoRA (module docstring), the patches its layers see, its tower's class and its adapters'
-    targets."""
+def tiny_vlm(family: str, layers: int, train_encoder: bool) -> Vlm:
+    """``family``'s tiny model with a tower of ``layers`` layers (:func:`widened`), random weights (seed 0) in bf16,
+    sdpa attention, its language model frozen and its tower trained or not."""
     model, processor = tiny_family(family)
     config = model.config
     widened(config.vision_config, layers)
     torch.manual_seed(0)
     model = type(model)._from_config(config, attn_implementation="sdpa").to(torch.bfloat16)
-    vlm = Vlm(model, processor, train_encoder=True, train_lm=False, source=f"tiny:{family}")
+    return Vlm(model, processor, train_encoder=train_encoder, train_lm=False, source=f"tiny:{family}")
+
+
+def measure(family: str, layers: int, autocast: bool) -> dict[str, Any]:
+    """What the prompt pass of :data:`IMAGES` images saves in ``family``'s tiny model with a tower of ``layers``
+    layers trained with LoRA (module docstring), the patches its layers see, its tower's class and its adapters'
+    targets."""
+    vlm = tiny_vlm(family, layers, train_encoder=True)
     lora.apply_lora(vlm, "encoder", lora.LoraSpec(rank=RANK, alpha=RANK))
     tower = lora.unwrapped(vlm.lora_module("encoder"))
     for name, p in vlm.named_parameters():
@@ -214,12 +220,7 @@ def frozen_peak(family: str, layers: int, images: int) -> dict[str, Any]:
     ``images`` images, the patches its layers see, its class and its :class:`VisionShapes` kind and MLP width."""
     from torch.profiler import ProfilerActivity, profile
 
-    model, processor = tiny_family(family)
-    config = model.config
-    widened(config.vision_config, layers)
-    torch.manual_seed(0)
-    model = type(model)._from_config(config, attn_implementation="sdpa").to(torch.bfloat16)
-    vlm = Vlm(model, processor, train_encoder=False, train_lm=False, source=f"tiny:{family}")
+    vlm = tiny_vlm(family, layers, train_encoder=False)
     vlm.eval()
     g = torch.Generator().manual_seed(0)
     pictures = [Image.fromarray((torch.rand(16, 16, 3, generator=g) * 255).byte().numpy()) for _ in range(images)]

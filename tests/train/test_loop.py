@@ -229,19 +229,26 @@ def test_accumulated_micro_batches_are_weighted_by_their_items(make_cfg):
     assert values["loss"] == 0.0 and values["grad_norm"] == pytest.approx(700.0)
 
 
+def _backward_values(make_cfg, monkeypatch, micro: list) -> tuple[torch.nn.Module, list[float], dict[str, float]]:
+    """One engine step of :class:`TwoLosses` at p = 1 (weights {b: 0.5}, no clipping), its micro-batches ``micro``
+    accumulated: the model, the value each micro-batch passed to ``accelerator.backward`` and the logged values."""
+    model, engine = _engine(make_cfg, TwoLosses(), "train.loss_weights={b: 0.5}", "train.grad_clip=0",
+                            f"train.grad_accum_steps={len(micro)}")  # fmt: skip
+    with torch.no_grad():
+        model.p.fill_(1.0)
+    backward, seen = engine.accelerator.backward, []
+    monkeypatch.setattr(engine.accelerator, "backward", lambda loss: (seen.append(loss.item()), backward(loss)))
+    return model, seen, engine.train_step(micro)
+
+
 def test_each_micro_batch_back_propagates_its_loss_weighted_relative_to_the_first(make_cfg, monkeypatch):
     # p = 1: the losses (weights {b: 0.5}) are 800 x scale, means over 300 and 100 items. Weighted by the items
     # themselves the engine back-propagated 480,000 and 80,000, hundreds of times a mean loss (fp16's scaled
     # gradients overflow: test_mixed_precision.py); weighted by items / R, R = 300 (the first micro-batch's items),
     # 1600 and 800 / 3. The step's gradient stays the item-weighted mean's: (300 x 2 + 100 x 1) / 400 = 1.75 times
     # the gradient of 200 per element at scale 1 (a plain mean of the micro-batch means would give 1.5 x 200)
-    model, engine = _engine(make_cfg, TwoLosses(), "train.loss_weights={b: 0.5}", "train.grad_clip=0",
-                            "train.grad_accum_steps=2")  # fmt: skip
-    with torch.no_grad():
-        model.p.fill_(1.0)
-    backward, seen = engine.accelerator.backward, []
-    monkeypatch.setattr(engine.accelerator, "backward", lambda loss: (seen.append(loss.item()), backward(loss)))
-    values = engine.train_step([{"items": 300, "scale": 2.0}, {"items": 100, "scale": 1.0}])
+    model, seen, values = _backward_values(make_cfg, monkeypatch, [{"items": 300, "scale": 2.0},
+                                                                    {"items": 100, "scale": 1.0}])  # fmt: skip
     assert seen == pytest.approx([1600.0, 800.0 / 3], rel=1e-6)
     assert torch.allclose(model.p.grad, torch.full((4,), 350.0))
     assert values["loss"] == 1400.0 and values["grad_norm"] == pytest.approx(700.0)
@@ -276,13 +283,8 @@ def test_on_one_process_the_reference_is_the_first_micro_batch_that_has_items(ma
     # the first micro-batch has no items (weight 0 whatever R is); R is the second's 100 items, so it back-propagates
     # its loss (800 at scale 1, weights {b: 0.5}) x 100 / 100, not x 100 / 1 (R = 1 when taken from the first: the
     # item-sized loss that overflowed fp16's scaled gradients); the step's gradient is the second's, 200 per element
-    model, engine = _engine(make_cfg, TwoLosses(), "train.loss_weights={b: 0.5}", "train.grad_clip=0",
-                            "train.grad_accum_steps=3")  # fmt: skip
-    with torch.no_grad():
-        model.p.fill_(1.0)
-    backward, seen = engine.accelerator.backward, []
-    monkeypatch.setattr(engine.accelerator, "backward", lambda loss: (seen.append(loss.item()), backward(loss)))
-    values = engine.train_step([{"items": 0}, {"items": 100}, {"items": 300, "scale": 2.0}])
+    model, seen, values = _backward_values(make_cfg, monkeypatch, [{"items": 0}, {"items": 100},
+                                                                    {"items": 300, "scale": 2.0}])  # fmt: skip
     assert seen == pytest.approx([0.0, 800.0, 4800.0], rel=1e-6)
     assert torch.allclose(model.p.grad, torch.full((4,), 350.0))  # (100 x 1 + 300 x 2) / 400 x 200
     assert values["loss"] == 1400.0
