@@ -598,8 +598,10 @@ def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -
       attention branch, still referenced: ``w h``) and ``fc1``'s output and the activation's (GELU: ``2 w i``),
       or with QuickGELU's ``x * sigmoid(1.702 x)`` the sigmoid and the product too (``3 w i``), or the gated MLP's
       ``act(gate)``, ``up`` and their product (``3 w i``);
-    - an RMSNorm (it casts to float32): the stream after attention, its float32 copy (none in float32 weights) and
-      ``pow``'s output, then in its place the normed product (``w h + 8h``; ``w h + 4h`` in float32).
+    - an RMSNorm (it casts to float32): the stream after attention, its float32 copy and ``pow``'s output, then in
+      its place the normed product (``w h + 8h``; its cast back and ``weight *``'s output, ``2 w h``, come after the
+      copy is freed); in float32 weights (no copy: ``.to`` returns the stream) the stream, the normed product and
+      ``weight *``'s output, all float32 (``12h``).
 
     **Qwen3-VL's position embedding** (``position_taps``, before the first layer): the patch embedding (``w h``), the
     position ids and the interpolation's indices and weights, the embedding rows looked up (``taps x w h``), their
@@ -616,7 +618,7 @@ def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -
     rotary = (8 * h if cast else 0) + 16 * h  # the fused attention's float32 rotary
     attention = 4 * w * h + rotary if vision.attention == "fused" else 6 * w * h
     mlp = (2 + vision.layer_scale) * w * h + (2 if vision.mlp == "gelu" else 3) * w * i
-    norm = w * h + (4 * h if cast else 0) + 4 * h if vision.norm == "rms" else 0
+    norm = w * h + (8 * h if cast else 4 * h + w * h) if vision.norm == "rms" else 0  # float32: product and output
     ids = 16 if vision.rotary != "none" else 0  # int64 (row, column) a patch
     tables = ids + 2 * (4 if vision.rotary == "float32" else w) * (h // vision.heads) if ids else 0
     interpolation = 12 * vision.position_taps  # int64 indices and float32 weights, a tap
