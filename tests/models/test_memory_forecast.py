@@ -5,6 +5,7 @@ allocation peaks (slow)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from types import SimpleNamespace
@@ -30,6 +31,7 @@ from finecap.models.forecast import (
     pixel_copy_bytes,
     pixel_input_bytes,
     tower_autocast_bytes,
+    tower_embedding_bytes,
     tower_gradient_bytes,
     tower_kind,
     tower_layer_bytes,
@@ -396,6 +398,99 @@ def test_tower_layer_bytes_by_hand():
         VisionShapes(64, 160, 1, 0, mlp="swiglu")
     with pytest.raises(ValueError, match="Training.tower='encoder'"):
         Training(tower="encoder")
+
+
+EMBEDDING_CASES = [
+    Training(tower="full", weights_bytes=4, cpu=True),
+    Training(tower="full", weights_bytes=4, autocast=True, cpu=True),
+    Training(tower="full", weights_bytes=2, cpu=True),
+    Training(tower="full", weights_bytes=2, autocast=True, cpu=True),
+    Training(tower="lora", weights_bytes=2, rank=RANK, cpu=True),
+    Training(tower="lora", weights_bytes=2, autocast=True, rank=RANK, cpu=True),
+]
+EMBEDDING_FAMILIES = ("idefics3", "llava", "llava_next", "llava_onevision", "qwen2_5_vl", "qwen3_vl", "mistral3",
+                      "internvl")  # fmt: skip
+"""One family of each way the pixels reach the patch embedding: Idefics's selected copy, CLIP's and SigLIP's own
+pixels, LLaVA-NeXT's and LLaVA-OneVision's crops, the Qwen towers' Conv3d over flattened patches, Pixtral's
+``patch_conv``, InternVL's cast."""
+
+
+def embedding_saved(family: str, train: Training) -> tuple[int, int, VisionShapes]:
+    """What the patch embedding (the tower's first convolution) of ``family``'s tiny model saves in finecap's prompt
+    pass of 4 images trained as ``train.tower`` (a whole tower: its weights in float32 as ``model.trainable_dtype``,
+    the rest in ``train.weights_bytes``; LoRA: the family's adapters, in float32), the batch's own ``pixel_values``
+    left out (``pixel_input_bytes`` counts them), the images, and the shapes ``VisionShapes.of`` reads."""
+    from PIL import Image
+
+    from finecap.models import lora
+    from finecap.models.memory import apply_dtypes
+
+    bench = benchmark("tower_forecast", neighbours=True)
+    vlm = bench.tiny_vlm(family, 2, train_encoder=True)
+    if train.tower == "lora":
+        lora.apply_lora(vlm, "encoder", lora.LoraSpec(rank=RANK, alpha=RANK))
+    apply_dtypes(vlm, "float32" if train.weights_bytes == 4 else "bfloat16", "float32")
+    vlm.train()
+    tower = vlm.lora_module("encoder")
+    conv = next(m for m in tower.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)))
+    g = torch.Generator().manual_seed(0)
+    images = [Image.fromarray((torch.rand(16, 16, 3, generator=g) * 255).byte().numpy()) for _ in range(4)]
+    prompt = vlm.prompt_of(vlm._images.preprocess(images))
+    pixels = prompt.images["pixel_values"]
+
+    def stop(*_):
+        raise bench._Stop()
+
+    handle = conv.register_forward_hook(stop)  # the convolution alone: nothing after it runs
+    excluded = {t.untyped_storage().data_ptr() for t in [*vlm.parameters(), *vlm.buffers(), pixels]}
+
+    def forward() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=train.autocast), contextlib.suppress(bench._Stop):
+            vlm.prompt_pass(prompt, use_cache=False)
+
+    try:
+        saved = _storage_counter()(forward, excluded)
+    finally:
+        handle.remove()
+    return saved, len(images), VisionShapes.of(vlm.model.config, pixels, len(images))
+
+
+@pytest.mark.parametrize("family", EMBEDDING_FAMILIES)
+def test_a_whole_trained_towers_patch_embedding_saves_its_input_once(family):
+    """When the whole tower trains, its patch embedding's weight trains, so the convolution saves its input: the
+    family's float32 copy (Idefics's selected images, LLaVA-NeXT's crops; the batch's own pixels elsewhere, counted
+    already), or under autocast its bf16 cast and the weight's bf16 copy; a LoRA tower's saves nothing. Exactly, in
+    every setting, on the real tiny model's prompt pass (until 2026-11-28 none of it was counted)."""
+    for train in EMBEDDING_CASES:
+        saved, images, vision = embedding_saved(family, train)
+        assert tower_embedding_bytes(vision, train, images) == saved, (family, train)
+        if train.tower == "full":
+            assert saved > 0 or vision.pixel_copy not in ("select", "crops"), (family, train)
+        else:
+            assert saved == 0, (family, train)
+
+
+def test_a_whole_trained_towers_forecast_keeps_the_embeddings_input_to_its_backward_pass():
+    """``tower_saved`` holds the patch embedding's input once (not per layer), and the forward pass's peak counts the
+    copy it saves once: the held copy (``pixel_copy_bytes``, float32 in a whole trained tower) is that very tensor."""
+    vision = VisionShapes(64, 160, 64, 3 * 16 * 16 * 64, 3, 4, pixel_copy="crops")
+    lm, step = LmShapes(2, 64, 160, 4, 2, 50), Step(2, 8, 1, 6)
+    full = Training("frozen", 2, tower="full")
+    out = activation_forecast(lm, full, step, vision)
+    patches = 2 * 64
+    layer = patches * tower_layer_bytes(vision, full)
+    assert out["tower_saved"] == 3 * layer + 2 * 4 * vision.pixels
+    copy = 2 * 4 * vision.pixels
+    assert out["tower"] == frozen_tower_bytes(vision, 2, patches) + copy + 2 * (8 + 5) * 64 * 2  # prompt, caption
+    total = out["lm"] + out["mask"] + out["vocab"] + out["images"] + out["tower_saved"]
+    backward = out["tower_saved"] + out["tower_backward"] + out["images"]
+    forward = out["tower"] + out["images"] + out["tower_saved"] - copy  # the copy once
+    assert out["peak"] == max(total, forward, backward) == forward
+    autocast = Training("frozen", 2, autocast=True, tower="full")
+    cast = activation_forecast(lm, autocast, step, vision)
+    once = 2 * 2 * vision.pixels + 2 * 3 * 16 * 16 * 64  # the pixels' bf16 casts and the conv weight's bf16 copy
+    layer = patches * tower_layer_bytes(vision, autocast) + tower_autocast_bytes(vision, autocast)
+    assert cast["tower_saved"] == 3 * layer + once
 
 
 def test_a_trained_tower_adds_its_saved_layers_and_its_backward_pass():

@@ -50,7 +50,8 @@ peak.
 counts above, what each of its layers saves per patch (:func:`tower_layer_bytes`, a layer of the tower's kind by
 the rules above: SigLIP's, or with RMSNorm, QuickGELU, a gated MLP, the Qwen towers' fused rotary ``qkv``,
 InternViT's layer scale and query and key norms) and, once, what its layers save of the tensors they all read
-(:func:`tower_shared_bytes`: the rotary tables, Pixtral's block mask), or under checkpointing each layer's input, from
+(:func:`tower_shared_bytes`: the rotary tables, Pixtral's block mask) and, when the whole tower trains, what its patch
+embedding saves (:func:`tower_embedding_bytes`: its input), or under checkpointing each layer's input, from
 its forward pass, which runs first, to its backward pass, which runs last: the language model's activations are freed
 by then, so the tower's backward pass is a peak of its own: what the tower keeps, one recomputed layer (under
 checkpointing) and the gradients that layer's backward pass forms at its MLP's output projection
@@ -554,6 +555,26 @@ def tower_shared_bytes(vision: VisionShapes, train: Training, patches: int) -> t
     return patches * tables + once, per_layer
 
 
+def tower_embedding_bytes(vision: VisionShapes, train: Training, images: int) -> int:
+    """Bytes a trained patch embedding (a ``Conv2d``, the Qwen towers' and GLM-4.1V's ``Conv3d``) saves over
+    ``images`` images as the tower sees them, once (not per layer), measured on every family's tiny model: only when
+    the whole tower trains (``train.tower == "full"``: the convolution's weight trains, so it saves its input; a LoRA
+    tower's embedding is frozen and saves nothing). Its input is the pixels as the model passes them, in the trained
+    tower's float32: the batch's own ``pixel_values`` (counted by :func:`pixel_input_bytes`, nothing more) or the
+    family's copy (``pixel_copy`` ``"select"``: Idefics's selected images, made in the model's dtype, the trained
+    tower's float32; ``"crops"``: LLaVA-NeXT's and LLaVA-OneVision's float32 crops): ``4 p`` an image, the very copy
+    :func:`pixel_copy_bytes` holds through the forward pass. Under autocast the convolution saves the bf16 cast of its
+    input instead (``2 p`` an image, every family) and the bf16 copy of its weight (``2 x 3 x patch pixels x h``, once;
+    as :func:`tower_autocast_bytes`)."""
+    if tower_training(train).lm != "full":
+        return 0
+    p = vision.pixels
+    if train.autocast:
+        weight = vision.pixels // max(vision.patches, 1) * vision.hidden  # (3 x patch pixels) inputs, h outputs
+        return images * 2 * p + 2 * weight
+    return images * 4 * p if vision.pixel_copy in ("select", "crops") else 0
+
+
 def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -> int:
     """Bytes a frozen tower of ``vision``'s kind holds at its forward pass's peak, beyond its inputs, running
     ``patches`` patches in one call without a graph (``w`` = ``weights_bytes``, the dtype of its activations; ``h``
@@ -577,8 +598,10 @@ def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -
       attention branch, still referenced: ``w h``) and ``fc1``'s output and the activation's (GELU: ``2 w i``),
       or with QuickGELU's ``x * sigmoid(1.702 x)`` the sigmoid and the product too (``3 w i``), or the gated MLP's
       ``act(gate)``, ``up`` and their product (``3 w i``);
-    - an RMSNorm (it casts to float32): the stream after attention, its float32 copy (none in float32 weights) and
-      ``pow``'s output, then in its place the normed product (``w h + 8h``; ``w h + 4h`` in float32).
+    - an RMSNorm (it casts to float32): the stream after attention, its float32 copy and ``pow``'s output, then in
+      its place the normed product (``w h + 8h``; its cast back and ``weight *``'s output, ``2 w h``, come after the
+      copy is freed); in float32 weights (no copy: ``.to`` returns the stream) the stream, the normed product and
+      ``weight *``'s output, all float32 (``12h``).
 
     **Qwen3-VL's position embedding** (``position_taps``, before the first layer): the patch embedding (``w h``), the
     position ids and the interpolation's indices and weights, the embedding rows looked up (``taps x w h``), their
@@ -595,7 +618,7 @@ def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -
     rotary = (8 * h if cast else 0) + 16 * h  # the fused attention's float32 rotary
     attention = 4 * w * h + rotary if vision.attention == "fused" else 6 * w * h
     mlp = (2 + vision.layer_scale) * w * h + (2 if vision.mlp == "gelu" else 3) * w * i
-    norm = w * h + (4 * h if cast else 0) + 4 * h if vision.norm == "rms" else 0
+    norm = w * h + (8 * h if cast else 4 * h + w * h) if vision.norm == "rms" else 0  # float32: product and output
     ids = 16 if vision.rotary != "none" else 0  # int64 (row, column) a patch
     tables = ids + 2 * (4 if vision.rotary == "float32" else w) * (h // vision.heads) if ids else 0
     interpolation = 12 * vision.position_taps  # int64 indices and float32 weights, a tap
@@ -684,7 +707,7 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
     vocab = vocab_bytes(lm, train, rows * step.tokens, step.chunked)
     if train.lm == "full":  # the head's weight gradient as the backward pass forms it, before it is accumulated
         vocab += 4 * lm.vocab * lm.hidden
-    images = tower = tower_saved = tower_backward = 0
+    images = tower = tower_saved = tower_backward = held = 0
     if vision is not None:
         # without the shared prompt each caption's row runs the model's own forward, vision tower included: the
         # image's pixel values are copied per row and the tower and projector see every row
@@ -694,9 +717,11 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
         if train.projector_trains:  # its input, cast to the projector's float32 (bf16 under autocast)
             images += (2 if train.autocast else 4) * vision.projector_in * seen
         # the stream and one layer, over what the model made of the pixels before the tower ran (held through it;
-        # a trained tower's forward peaks with them too, freed before its backward pass: the patch embedding is frozen)
+        # a trained tower's forward peaks with them too, freed before its backward pass but where a whole tower's patch
+        # embedding saves that copy: tower_embedding_bytes)
         tower = frozen_tower_bytes(vision, train.weights_bytes, seen * vision.patches)
-        tower += seen * pixel_copy_bytes(vision, train.weights_bytes)
+        copy = pixel_copy_bytes(vision, 4 if train.tower == "full" else train.weights_bytes)  # a whole tower: float32
+        tower += seen * copy
         rows_run, positions, _ = sequences[0]  # the pass that runs the tower embeds its ids first (held through it)
         tower += rows_run * positions * lm.hidden * train.weights_bytes
         if train.tower != "frozen":
@@ -706,15 +731,18 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
             once, own = tower_shared_bytes(vision, train, patches)  # rotary tables, Pixtral's block mask
             layer = patches * tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train) + own
             gradients = patches * tower_gradient_bytes(vision, train)
+            once += tower_embedding_bytes(vision, train, seen)  # a whole tower's patch embedding saves its input
             if train.checkpointing:  # each layer's input kept; one layer recomputed at a time in the backward pass
                 tower_saved = vision.layers * patches * tower_training(train).residual * vision.hidden + once
                 tower_backward = layer + gradients
             else:
                 tower_saved, tower_backward = vision.layers * layer + once, gradients
+            if train.tower == "full" and not train.autocast and vision.pixel_copy in ("select", "crops"):
+                held = seen * 4 * vision.pixels  # the embedding saves the very copy the forward pass holds
     total = layers + head_cast + mask_total + vocab + images + tower_saved
     reference = reference_bytes(lm, train, rows * step.tokens) if step.reference else 0
     # the tower's backward pass runs after the language model's, whose activations are freed by then
-    peak = max(total, tower + images + tower_saved, tower_saved + tower_backward + images, reference)
+    peak = max(total, tower + images + tower_saved - held, tower_saved + tower_backward + images, reference)
     out = {
         "lm": layers + head_cast,
         "mask": mask_total,
