@@ -703,3 +703,27 @@ def test_an_unquantised_checkpoint_starts_a_qlora_run(dirs, backbone, tmp_path):
     refused = rf"of another kind: {re.escape(victim)} \(stored I32, the model's uint8"
     with pytest.raises(CheckpointError, match=refused):
         build(dirs, backbone, *quantized, f"train.init_from={saved}", family=family)
+
+
+def test_smolvlm2_refuses_parts_whose_dtypes_its_forward_cannot_merge(tmp_path):
+    """SmolVLM2's forward (transformers 5.24) casts the image features to its first parameter's dtype, the vision
+    tower's, and scatters them into the language model's embeddings: on a bfloat16 base, a float32 language model
+    trained whole (or a float32 tower) made every step fail in ``masked_scatter`` ("expected self and source to have
+    same dtypes"). The build refuses it, naming what works; one dtype trains, and Idefics3, which casts the features
+    to the embeddings' dtype, takes parts of two dtypes."""
+    from helpers.vlm_families import save_family
+
+    folders = {family: save_family(tmp_path / family, family) for family in ("smolvlm", "idefics3")}
+
+    def model(family: str, *overrides: str):
+        torch.manual_seed(0)
+        return build_model(load("coco/mle_vlm", [f"vlm.name={folders[family]}", "model.dtype=bfloat16", *overrides]))
+
+    for parts in (["lora.lm=false"], ["model.train_encoder=true", "lora.encoder=false"]):
+        with pytest.raises(ValueError, match=r"SmolVLM2: .* model\.trainable_dtype=same, LoRA"):
+            model("smolvlm", *parts)
+        for family, extra in (("smolvlm", ["model.trainable_dtype=same"]), ("idefics3", [])):
+            vlm = model(family, *parts, *extra)
+            batch = model_collator(vlm, 8)([{"caption": "w1 w2", "image": Image.new("RGB", (32, 24)), "image_id": 0,
+                                             "references": ["w1"], "index": 0}])  # fmt: skip
+            assert torch.isfinite(MLE()(vlm, batch).losses["mle"]), (family, parts)

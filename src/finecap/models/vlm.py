@@ -164,6 +164,9 @@ class Family:
         processor_reads: image options that the family's processor reads from its image processor's own settings,
             not from the call, when it writes the image tokens (Idefics2's ``do_image_splitting``: 5 images' tokens
             per image): :class:`Vlm` sets them there too, so that the prompt's image tokens match the features.
+        features_in_first_dtype: the model casts its image features to the dtype of its first parameter (the vision
+            tower's) before scattering them into the prompt's embeddings (SmolVLM2 in ``transformers`` 5.24; the
+            other families cast them to the embeddings' dtype): :func:`check_merge_dtypes`.
     """
 
     language_model: str
@@ -181,6 +184,7 @@ class Family:
     image_budget: str = "fixed"
     more_projectors: tuple[str, ...] = ()
     processor_reads: tuple[str, ...] = ()
+    features_in_first_dtype: bool = False
 
     @property
     def projectors(self) -> tuple[str, ...]:
@@ -224,7 +228,7 @@ FAMILIES: dict[str, Family] = {
     "smolvlm": Family(
         "model.text_model", "model.vision_model", "model.connector", ("pixel_values", "pixel_attention_mask"),
         name="SmolVLM2", examples=("HuggingFaceTB/SmolVLM2-256M-Video-Instruct",),
-        vllm="SmolVLMForConditionalGeneration", image_budget="crops",
+        vllm="SmolVLMForConditionalGeneration", image_budget="crops", features_in_first_dtype=True,
     ),
     "qwen2_vl": Family(
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
@@ -1275,3 +1279,23 @@ class Vlm(CaptionerBase):
         world = cls.load_dual_encoder(path, meta, load_encoder, options.torch_dtype or "auto", FeatureMapTokens)
         return cls(model, processor, section, train_encoder=meta["train_encoder"],
                    train_lm=meta["train_lm"], source=meta.get("source", ""), world=world)  # fmt: skip
+
+
+def check_merge_dtypes(model: Any) -> None:
+    """Refuse a VLM whose forward would fail merging its image features into the prompt: a family that casts them to
+    its first parameter's dtype (:attr:`Family.features_in_first_dtype`, SmolVLM2) with its vision tower and its
+    language model's embeddings in different dtypes, which ``model.trainable_dtype`` makes when only one of them
+    trains whole on a 16-bit ``model.dtype`` (``transformers``' ``masked_scatter`` then fails: "expected self and
+    source to have same dtypes"). Not fixed here: the cast is inside the model's own forward. Other captioners pass."""
+    if not isinstance(model, Vlm) or not model.family.features_in_first_dtype:
+        return
+    inner = module_path(model.model, "model")  # the model whose forward merges the features
+    first = next(p.dtype for p in inner.parameters() if p.is_floating_point())
+    embeds = model.model.get_input_embeddings().weight.dtype
+    if first != embeds:
+        raise ValueError(
+            f"{model.family.name}: transformers casts the image features to its first parameter's dtype (the vision "
+            f"tower's, {str(first).removeprefix('torch.')}) and scatters them into the prompt's embeddings (the "
+            f"language model's, {str(embeds).removeprefix('torch.')}), which fails when the two differ; train both "
+            "in one dtype: model.trainable_dtype=same, LoRA (lora.lm=true, lora.encoder=true), or model.dtype=float32"
+        )

@@ -128,7 +128,7 @@ def build_model(
 def _build_model(cfg: Config, resume_from: Path | None) -> torch.nn.Module:
     start = resume_from or cfg.train.init_from
     if not start:
-        return memory.prepare_training(configure_training(build_captioner(cfg), cfg), cfg)
+        return _prepared(build_captioner(cfg), cfg)
     folder = model_dir(start)
     option = "--resume" if resume_from else "train.init_from"
     check_backbone(folder, cfg, option)
@@ -137,7 +137,17 @@ def _build_model(cfg: Config, resume_from: Path | None) -> torch.nn.Module:
     check_loaded(model, folder, cfg, option)  # per key: refused when it cannot apply (tiny sizes), else applied
     if not any(p.is_meta for p in model.parameters()):  # built without weights: they come from the main process
         memory.load_float32_masters(model, folder)
-    return memory.prepare_training(configure_training(model, cfg), cfg)
+    return _prepared(model, cfg)
+
+
+def _prepared(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
+    """``model`` configured for training (adapters, dtypes, checkpointing), refused where its parts' dtypes would
+    break its forward (:func:`finecap.models.vlm.check_merge_dtypes`)."""
+    from finecap.models.vlm import check_merge_dtypes  # transformers' VLM classes: only where a model is built
+
+    model = memory.prepare_training(configure_training(model, cfg), cfg)
+    check_merge_dtypes(model)
+    return model
 
 
 def build_sharded_model(cfg: Config, resume_from: Path | None, device: torch.device | str,
