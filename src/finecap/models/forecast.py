@@ -534,6 +534,15 @@ def tower_gradient_bytes(vision: VisionShapes, train: Training) -> int:
     return vision.intermediate * (t.linear + (4 + t.linear if adapted else 0))
 
 
+def rotary_table_bytes(vision: VisionShapes, element_bytes: int) -> int:
+    """Bytes a patch of a tower's rotary tables, ``cos`` and ``sin`` of ``d = hidden / heads`` values each: float32
+    (``vision.rotary`` ``"float32"``, the Qwen towers' and GLM-4.1V's) or of ``element_bytes`` (``"weights"``,
+    Pixtral's); 0 without rotary (:func:`tower_shared_bytes`, :func:`frozen_tower_bytes`)."""
+    if vision.rotary == "none":
+        return 0
+    return 2 * (4 if vision.rotary == "float32" else element_bytes) * (vision.hidden // vision.heads)
+
+
 def tower_shared_bytes(vision: VisionShapes, train: Training, patches: int) -> tuple[int, int]:
     """What a trained tower's layers save beyond :func:`tower_layer_bytes` over ``patches`` patches in all, from
     ``transformers`` 5.24's code: ``(once, per_layer)``, the bytes saved once for all the layers (tensors every layer
@@ -546,7 +555,7 @@ def tower_shared_bytes(vision: VisionShapes, train: Training, patches: int) -> t
     mask itself then saved by none (but under checkpointing, where each layer's inputs are kept, the mask among them,
     and only the recomputed layer's copy is formed)."""
     t = tower_training(train)
-    tables = {"float32": 4, "weights": t.residual}.get(vision.rotary, 0) * 2 * (vision.hidden // max(vision.heads, 1))
+    tables = rotary_table_bytes(vision, t.residual)
     if not vision.block_mask:
         return patches * tables, 0
     made = t.residual * patches**2
@@ -620,7 +629,7 @@ def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -
     mlp = (2 + vision.layer_scale) * w * h + (2 if vision.mlp == "gelu" else 3) * w * i
     norm = w * h + (8 * h if cast else 4 * h + w * h) if vision.norm == "rms" else 0  # float32: product and output
     ids = 16 if vision.rotary != "none" else 0  # int64 (row, column) a patch
-    tables = ids + 2 * (4 if vision.rotary == "float32" else w) * (h // vision.heads) if ids else 0
+    tables = ids + rotary_table_bytes(vision, w) if ids else 0
     interpolation = 12 * vision.position_taps  # int64 indices and float32 weights, a tap
     embedded = vision.embeddings_kept - (vision.layers == 1)  # one layer: the embeddings are its stream
     beside = embedded * w * h + tables + (interpolation + 4 * h if vision.position_taps else 0) + w * vision.deepstack
@@ -731,14 +740,15 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
             once, own = tower_shared_bytes(vision, train, patches)  # rotary tables, Pixtral's block mask
             layer = patches * tower_layer_bytes(vision, train) + tower_autocast_bytes(vision, train) + own
             gradients = patches * tower_gradient_bytes(vision, train)
-            once += tower_embedding_bytes(vision, train, seen)  # a whole tower's patch embedding saves its input
+            embedding = tower_embedding_bytes(vision, train, seen)  # a whole tower's patch embedding saves its input
+            once += embedding
             if train.checkpointing:  # each layer's input kept; one layer recomputed at a time in the backward pass
                 tower_saved = vision.layers * patches * tower_training(train).residual * vision.hidden + once
                 tower_backward = layer + gradients
             else:
                 tower_saved, tower_backward = vision.layers * layer + once, gradients
-            if train.tower == "full" and not train.autocast and vision.pixel_copy in ("select", "crops"):
-                held = seen * 4 * vision.pixels  # the embedding saves the very copy the forward pass holds
+            if not train.autocast:  # the embedding saves the very copy the forward pass holds (select, crops)
+                held = embedding
     total = layers + head_cast + mask_total + vocab + images + tower_saved
     reference = reference_bytes(lm, train, rows * step.tokens) if step.reference else 0
     # the tower's backward pass runs after the language model's, whose activations are freed by then
