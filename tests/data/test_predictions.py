@@ -279,3 +279,23 @@ def test_a_vlmevalkit_json_result_file_scores_as_its_tsv(tmp_path, capsys, capti
     path.write_text(json.dumps([rows[0], {"index": 1, "prediction": "a dog"}]))
     with pytest.raises(DataError, match=r"\[1\] has the keys \['index', 'prediction'\], the first row"):
         read_predictions(path)
+
+
+def test_an_lmms_eval_log_of_before_0_3_scores_as_its_sample_lines(tmp_path, capsys, captions):
+    # lmms-eval until 2024-09 wrote --log_samples as <output_path>/<task>.json, one object whose `logs` are the
+    # documents (EvolvingLMMs-Lab/lmms-eval e20d5d6b^, lmms_eval/__main__.py:529-533: {"args", "model_configs",
+    # "logs" sorted by doc_id, "time"}, json.dumps indent=4); it was read as COCO results: "must be a list, got dict"
+    ids, preds, refs = captions
+    lines = lmms_eval_log(tmp_path / "20240101_samples_coco2017_cap_val.jsonl", ids, preds, refs)
+    logs = [json.loads(line) | {"doc": {"question_id": f"{i:012d}.jpg"}, "arguments": [["Provide a caption.", {}]],
+                                "resps": [[p]]}  # the old logs kept the document, the arguments and the responses
+            for line, i, p in zip(lines.read_text().splitlines(), ids, preds, strict=True)]  # fmt: skip
+    old = tmp_path / "coco2017_cap_val.json"
+    old.write_text(json.dumps({"args": {"model": "llava", "tasks": "coco2017_cap_val"}, "model_configs": {},
+                               "logs": logs, "time": "0101_1200"}, indent=4, ensure_ascii=False))  # fmt: skip
+    name, read = read_predictions(old)
+    assert name == "lmms-eval" and read == read_predictions(lines)[1]
+    assert score(capsys, "--predictions", str(old)) == pycocoevalcap_scores(preds, refs)
+    old.write_text(json.dumps({"args": {}, "model_configs": {}, "logs": [logs[0], ["a dog"]]}, indent=4))
+    with pytest.raises(DataError, match=r"logs\[1\]: expected a JSON object"):
+        read_predictions(old)
