@@ -281,8 +281,8 @@ def test_a_vlmevalkit_json_result_file_scores_as_its_tsv(tmp_path, capsys, capti
         read_predictions(path)
 
 
-def test_an_lmms_eval_log_of_before_0_3_scores_as_its_sample_lines(tmp_path, capsys, captions):
-    # lmms-eval until 2024-09 wrote --log_samples as <output_path>/<task>.json, one object whose `logs` are the
+def test_an_lmms_eval_log_of_0_2_3_scores_as_its_sample_lines(tmp_path, capsys, captions):
+    # lmms-eval up to 0.2.3 wrote --log_samples as <output_path>/<task>.json, one object whose `logs` are the
     # documents (EvolvingLMMs-Lab/lmms-eval e20d5d6b^, lmms_eval/__main__.py:529-533: {"args", "model_configs",
     # "logs" sorted by doc_id, "time"}, json.dumps indent=4); it was read as COCO results: "must be a list, got dict"
     ids, preds, refs = captions

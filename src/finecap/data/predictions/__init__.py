@@ -8,7 +8,7 @@ name                      file (what the tool writes)                           
 ``lmms-eval``             lmms-eval's ``--log_samples`` JSONL (``*_samples_<task>.jsonl``):    in the file
 (:mod:`.lmms_eval`)       per line the metric entries ``{"pred", "answer", "image_id"}`` of
                           its caption tasks, else ``filtered_resps`` / ``target``; or the
-                          ``<task>.json`` of lmms-eval before 0.3 (``logs``: those lines)
+                          ``<task>.json`` of lmms-eval up to 0.2.3 (``logs``: those lines)
 ``vlmevalkit``            VLMEvalKit's result file (``<model>_<dataset>.xlsx`` / ``.tsv`` /    in the file
 (:mod:`.vlmevalkit`)      ``.json``): columns ``index``, ``prediction``, ``answer`` (a
                           stringified list); ``.json`` a list of those rows

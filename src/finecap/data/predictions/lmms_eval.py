@@ -1,5 +1,5 @@
 """lmms-eval's sample logs (``--log_samples``: ``<date>_samples_<task>.jsonl``), one line per document; or the
-``<task>.json`` that lmms-eval wrote before 0.3 (until 2024-09, commit e20d5d6b): one JSON object
+``<task>.json`` that lmms-eval wrote up to 0.2.3 (its commit e20d5d6b, in 0.2.4, changed it): one JSON object
 ``{"args", "model_configs", "logs": [document, ...], "time"}`` whose ``logs`` are those lines.
 
 A caption task's line holds its metric entries, each the ``process_results`` dict of the document: for COCO
