@@ -256,3 +256,46 @@ def read_error(path):
     with pytest.raises(DataError) as e:
         read_predictions(path)
     return e.value
+
+
+def test_a_vlmevalkit_json_result_file_scores_as_its_tsv(tmp_path, capsys, captions):
+    # PRED_FORMAT=json: VLMEvalKit writes <model>_<dataset>.json, the table as a JSON list of row objects
+    # (open-compass/VLMEvalKit e8e78f05, vlmeval/smp/file.py: get_pred_file_path, dump_json's
+    # DataFrame.to_dict('records') with indent=4); it was read as COCO results: "missing key 'image_id'"
+    ids, preds, refs = captions
+    rows = [{"index": k, "question": "Please describe this image in general.", "answer": str(r), "prediction": p}
+            for k, (p, r) in enumerate(zip(preds, refs, strict=True))]  # fmt: skip
+    path = tmp_path / "Qwen2-VL-2B_COCO_VAL.json"
+    path.write_text(json.dumps(rows, indent=4, ensure_ascii=False), encoding="utf-8")
+    name, read = read_predictions(path)
+    assert name == "vlmevalkit" and read.captions == {k: [p] for k, p in enumerate(preds)}
+    assert read.references == dict(enumerate(refs))
+    assert score(capsys, "--predictions", str(path)) == pycocoevalcap_scores(preds, refs)
+    # a JSON list of other objects is still COCO results (with COCO's errors), and a VLMEvalKit list whose rows
+    # are not one table says so
+    (tmp_path / "other.json").write_text(json.dumps([{"index": 0, "caption": "a dog"}]))
+    with pytest.raises(DataError, match="missing key 'image_id'"):
+        read_predictions(tmp_path / "other.json")
+    path.write_text(json.dumps([rows[0], {"index": 1, "prediction": "a dog"}]))
+    with pytest.raises(DataError, match=r"\[1\] has the keys \['index', 'prediction'\], the first row"):
+        read_predictions(path)
+
+
+def test_an_lmms_eval_log_of_0_2_3_scores_as_its_sample_lines(tmp_path, capsys, captions):
+    # lmms-eval up to 0.2.3 wrote --log_samples as <output_path>/<task>.json, one object whose `logs` are the
+    # documents (EvolvingLMMs-Lab/lmms-eval e20d5d6b^, lmms_eval/__main__.py:529-533: {"args", "model_configs",
+    # "logs" sorted by doc_id, "time"}, json.dumps indent=4); it was read as COCO results: "must be a list, got dict"
+    ids, preds, refs = captions
+    lines = lmms_eval_log(tmp_path / "20240101_samples_coco2017_cap_val.jsonl", ids, preds, refs)
+    logs = [json.loads(line) | {"doc": {"question_id": f"{i:012d}.jpg"}, "arguments": [["Provide a caption.", {}]],
+                                "resps": [[p]]}  # the old logs kept the document, the arguments and the responses
+            for line, i, p in zip(lines.read_text().splitlines(), ids, preds, strict=True)]  # fmt: skip
+    old = tmp_path / "coco2017_cap_val.json"
+    old.write_text(json.dumps({"args": {"model": "llava", "tasks": "coco2017_cap_val"}, "model_configs": {},
+                               "logs": logs, "time": "0101_1200"}, indent=4, ensure_ascii=False))  # fmt: skip
+    name, read = read_predictions(old)
+    assert name == "lmms-eval" and read == read_predictions(lines)[1]
+    assert score(capsys, "--predictions", str(old)) == pycocoevalcap_scores(preds, refs)
+    old.write_text(json.dumps({"args": {}, "model_configs": {}, "logs": [logs[0], ["a dog"]]}, indent=4))
+    with pytest.raises(DataError, match=r"logs\[1\]: expected a JSON object"):
+        read_predictions(old)

@@ -557,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "eval", cmd_eval, "Evaluate captions (n-gram, CLIP, retrieval, diversity, faithfulness).")
     p.add_argument("--predictions", required=True, help="COCO results JSON, or another toolkit's predictions "
-                   "(lmms-eval sample log, VLMEvalKit .xlsx/.tsv, LLaMA-Factory / ms-swift JSONL)")  # fmt: skip
+                   "(lmms-eval sample log, VLMEvalKit .xlsx/.tsv/.json, LLaMA-Factory / ms-swift JSONL)")  # fmt: skip
     p.add_argument("--predictions-format", default="auto", choices=("auto", *PREDICTION_FORMATS),
                    help="format of --predictions (default: detected)")  # fmt: skip
     p.add_argument("--references", default=None, help="references (Karpathy/COCO/JSONL/world/Hugging Face data set); "

@@ -7,9 +7,11 @@ name                      file (what the tool writes)                           
 ``coco`` (:mod:`.coco`)   COCO results ``[{"image_id", "caption"}]`` (finecap, pycocoevalcap)  ``--references``
 ``lmms-eval``             lmms-eval's ``--log_samples`` JSONL (``*_samples_<task>.jsonl``):    in the file
 (:mod:`.lmms_eval`)       per line the metric entries ``{"pred", "answer", "image_id"}`` of
-                          its caption tasks, else ``filtered_resps`` / ``target``
-``vlmevalkit``            VLMEvalKit's result file (``<model>_<dataset>.xlsx`` / ``.tsv``):    in the file
-(:mod:`.vlmevalkit`)      columns ``index``, ``prediction``, ``answer`` (a stringified list)
+                          its caption tasks, else ``filtered_resps`` / ``target``; or the
+                          ``<task>.json`` of lmms-eval up to 0.2.3 (``logs``: those lines)
+``vlmevalkit``            VLMEvalKit's result file (``<model>_<dataset>.xlsx`` / ``.tsv`` /    in the file
+(:mod:`.vlmevalkit`)      ``.json``): columns ``index``, ``prediction``, ``answer`` (a
+                          stringified list); ``.json`` a list of those rows
 ``llamafactory``          LLaMA-Factory's ``generated_predictions.jsonl``: ``predict``,        in the file
 (:mod:`.llamafactory`)    ``label``; ids are line numbers (from 0)
 ``swift``                 ms-swift's ``swift infer --result_path`` JSONL: ``response``;        in the file

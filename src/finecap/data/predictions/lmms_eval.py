@@ -1,4 +1,6 @@
-"""lmms-eval's sample logs (``--log_samples``: ``<date>_samples_<task>.jsonl``), one line per document.
+"""lmms-eval's sample logs (``--log_samples``: ``<date>_samples_<task>.jsonl``), one line per document; or the
+``<task>.json`` that lmms-eval wrote up to 0.2.3 (its commit e20d5d6b, in 0.2.4, changed it): one JSON object
+``{"args", "model_configs", "logs": [document, ...], "time"}`` whose ``logs`` are those lines.
 
 A caption task's line holds its metric entries, each the ``process_results`` dict of the document: for COCO
 (``tasks/coco_cap``) ``"coco_Bleu_4": {"answer": [references], "pred": caption, "image_id": id, "id": ...}``, for
@@ -11,12 +13,15 @@ references are an error naming the line.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from finecap.data.predictions import PredictionFormat, Predictions
 from finecap.data.predictions.jsonl import first_record, records
 from finecap.data.predictions.reference_lists import ReferenceLists, first_of
 from finecap.data.records import DataError, check_id
+from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
 
 
 def _entry(rec: dict) -> dict | None:
@@ -30,8 +35,7 @@ def _read(path: Path) -> Predictions:
     captions: dict[int | str, list[str]] = {}
     references: dict[int | str, list[str]] = {}
     targets = ReferenceLists(path, "target")
-    for n, rec in records(path):
-        where = f"{path}, line {n}"
+    for n, where, rec in _documents(path):
         entry = _entry(rec)
         if entry is not None:
             image_id = check_id(entry.get("image_id", rec.get("doc_id")), where)
@@ -52,7 +56,39 @@ def _read(path: Path) -> Predictions:
     return Predictions(captions, references, targets.warnings())
 
 
+def _documents(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """``(row, where, document)`` of each logged document: the lines of a ``.jsonl`` log (row: the line number), the
+    ``logs`` of an old ``<task>.json`` (row: the place in ``logs``, from 0)."""
+    if not _old_log(path):
+        for n, rec in records(path):
+            yield n, f"{path}, line {n}", rec
+        return
+    data = parse_json(read_bounded(path, DATA_FILE), path)
+    logs = data.get("logs") if isinstance(data, dict) else None
+    if not isinstance(logs, list):
+        raise DataError(f"{path}: an lmms-eval <task>.json holds its documents in a list 'logs'")
+    for k, rec in enumerate(logs):
+        if not isinstance(rec, dict):
+            raise DataError(f"{path}: logs[{k}]: expected a JSON object")
+        yield k, f"{path}: logs[{k}]", rec
+
+
+def _old_log(path: Path) -> bool:
+    """Whether ``path`` is a ``.json`` object that starts as lmms-eval's old ``<task>.json`` (``args`` and
+    ``model_configs`` before ``logs``, within its first MiB: the file is parsed once, by the reader)."""
+    if path.suffix.lower() != ".json":
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20).decode("utf-8-sig", errors="replace").lstrip()
+    except OSError:
+        return False
+    return head.startswith("{") and '"model_configs"' in head and '"logs": [' in head
+
+
 def _detect(path: Path) -> bool:
+    if _old_log(path):
+        return True
     rec = first_record(path)
     return rec is not None and "doc_id" in rec and ("filtered_resps" in rec or _entry(rec) is not None)
 

@@ -1,19 +1,21 @@
-"""VLMEvalKit's result files (``<model>_<dataset>.xlsx``, or ``.tsv``): one row per image with the columns ``index``
-(the id), ``prediction`` (the caption) and ``answer`` (the references as a stringified list, which VLMEvalKit's own
-scorer reads with ``eval``: parsed here, :mod:`.reference_lists`). ``.xlsx`` needs openpyxl (``pip install
-'finecap[xlsx]'``).
+"""VLMEvalKit's result files (``<model>_<dataset>.xlsx``, its default, or ``.tsv`` / ``.json`` with
+``PRED_FORMAT=tsv`` / ``json``): one row per image with the columns ``index`` (the id), ``prediction`` (the caption)
+and ``answer`` (the references as a stringified list, which VLMEvalKit's own scorer reads with ``eval``: parsed here,
+:mod:`.reference_lists`). The ``.json`` file is the table as a JSON list of row objects (``vlmeval/smp/file.py``'s
+``dump_json``: ``DataFrame.to_dict('records')``). ``.xlsx`` needs openpyxl (``pip install 'finecap[xlsx]'``).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from pathlib import Path
 
 from finecap.data.predictions import PredictionFormat, Predictions
 from finecap.data.predictions.reference_lists import ReferenceLists
 from finecap.data.records import DataError, check_id
-from finecap.utils.reading import DATA_FILE, read_bounded
+from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
 
 COLUMNS = ("index", "prediction", "answer")
 
@@ -28,12 +30,30 @@ def _rows(path: Path) -> tuple[list[str], list[list[object]]]:
         book = openpyxl.load_workbook(path, read_only=True, data_only=True)
         rows = [list(r) for r in book.worksheets[0].iter_rows(values_only=True)]
         book.close()
+    elif path.suffix.lower() == ".json":
+        return _json_rows(path)
     else:
         text = read_bounded(path, DATA_FILE).decode("utf-8-sig")
         rows = list(csv.reader(io.StringIO(text), delimiter="\t"))
     if not rows:
         raise DataError(f"{path}: empty file")
     return [str(h) for h in rows[0]], rows[1:]
+
+
+def _json_rows(path: Path) -> tuple[list[str], list[list[object]]]:
+    """The header and rows of a ``.json`` result file: a JSON list of row objects (the columns are the first row's
+    keys, as ``DataFrame.to_dict('records')`` gives every row the same keys)."""
+    data = parse_json(read_bounded(path, DATA_FILE), path)
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise DataError(f"{path}: VLMEvalKit's .json result file is a JSON list of row objects "
+                        '([{"index": ..., "prediction": ..., "answer": ...}, ...])')  # fmt: skip
+    if not data:
+        raise DataError(f"{path}: empty file")
+    header = list(data[0])
+    for n, rec in enumerate(data):
+        if list(rec) != header:
+            raise DataError(f"{path}: [{n}] has the keys {list(rec)}, the first row {header}; not one table")
+    return header, [list(rec.values()) for rec in data]
 
 
 def _read(path: Path) -> Predictions:
@@ -59,7 +79,22 @@ def _read(path: Path) -> Predictions:
 
 
 def _detect(path: Path) -> bool:
-    return path.suffix.lower() in (".xlsx", ".tsv")
+    suffix = path.suffix.lower()
+    return suffix in (".xlsx", ".tsv") or suffix == ".json" and _first_row_is_a_result(path)
+
+
+def _first_row_is_a_result(path: Path) -> bool:
+    """Whether the ``.json`` file is a JSON list whose first element is an object with ``index`` and ``prediction``
+    (read from the first MiB: the file is parsed once, by the reader)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20).decode("utf-8-sig", errors="replace").lstrip()
+        if not head.startswith("["):
+            return False
+        first, _ = json.JSONDecoder().raw_decode(head, len(head) - len(head[1:].lstrip()))
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and "index" in first and "prediction" in first
 
 
 FORMAT = PredictionFormat("vlmevalkit", _read, _detect, references=True)
