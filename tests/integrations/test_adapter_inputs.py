@@ -233,3 +233,40 @@ def test_the_openrlhf_function_in_process_applies_no_server_limit():
     labels = [json.dumps({"image_id": 1 + i % 2, "references": ["a red circle"] * 8}) for i in range(n)]
     out = openrlhf_function(cider())(["Q:a red circle"] * n, ["Q:"] * n, labels)["rewards"]
     assert out.shape == (n,) and bool((out > 0).all())
+
+
+def swift_reward_kwargs(image_ids: list) -> dict:
+    """The keywords ms-swift's GRPO passes every reward function besides the completions (strings: each sample's
+    ``messages[-1]['content']``): ``trainer_state`` and every column of the samples' reward rows, one value per
+    completion (ms-swift 4.6.0, ``swift/rl_core/grpo_algorithm.py`` ``compute_rewards_per_func`` and
+    ``swift/rl_core/data.py`` ``to_reward_row``; modelscope/ms-swift at 3602360a562313afbf2ef6065fdf61f271a2c5b9)."""
+    n = len(image_ids)
+    return {"trainer_state": None, "messages": [[{"role": "user", "content": "Describe."}]] * n,
+            "prompt_id": [f"p{i}" for i in range(n)], "request_id": [f"r{i}" for i in range(n)],
+            "finish_reason": ["stop"] * n, "is_truncated": [False] * n, "rollout_infos": [{}] * n,
+            "response_token_ids": [[1, 2]] * n, "images": [None] * n, "image_id": image_ids}  # fmt: skip
+
+
+def test_swift_refuses_a_call_holding_a_caption_the_reward_could_not_score_never_a_nan_it_would_pay_as_0():
+    """ms-swift 4.6 turns a reward function's ``None`` into NaN and sums the functions with ``nansum``
+    (``swift/rl_core/advantage.py`` ``compute_advantages``, same commit as :func:`swift_reward_kwargs`): a NaN is
+    paid as 0, inside its group's mean and standard deviation. The adapter raises :class:`FailedCaptions` naming the
+    completion, as OpenRLHF's does, in both classes."""
+    import torch
+
+    from finecap.integrations.swift import async_orm
+    from finecap.rewards import RewardBase, RewardOutput
+    from finecap.serve.protocol import FailedCaptions
+
+    class Judge(RewardBase):  # a judge that failed on the second caption
+        def __call__(self, captions, batch):
+            return RewardOutput(torch.tensor([1.0, float("nan"), 2.0]), failed=torch.tensor([False, True, False]))
+
+    completions, kwargs = ["a red circle", "a square", "a blue square"], swift_reward_kwargs([1, 2, 2])
+    with pytest.raises(FailedCaptions, match=r"^finecap ms-swift reward FinecapReward: the reward could not score 1 "
+                                             r"of 3 captions \(completions\[1\]\): its judge failed on them, and "
+                                             r"ms-swift would pay a NaN as 0"):  # fmt: skip
+        orm(Judge())()(completions, **kwargs)
+    with pytest.raises(FailedCaptions, match=r"FinecapAsyncReward: the reward could not score 1 of 3 captions"):
+        asyncio.run(async_orm(Judge())()(completions, **kwargs))
+    assert orm(cider())()(completions, **kwargs)[1] > 0  # the same call, every caption scored: its values

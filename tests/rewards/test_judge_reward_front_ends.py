@@ -111,6 +111,17 @@ def test_failed_judge_calls_give_failed_captions_counted_never_paid_and_answered
     # OpenRLHF has no NaN handling (a NaN reaches its group's statistics): in process, the server's 502 as an error
     with pytest.raises(FailedCaptions, match=r"could not score 2 of 6 captions \(query\[2\], query\[5\]\)"):
         openrlhf_function(mix)(CAPTIONS, [""] * 6, IDS)
+    from finecap.integrations.swift import orm
+    from finecap.integrations.verl import VerlReward
+
+    # verl: NaN; ms-swift sums a NaN as 0 (nansum): the server's error, naming the completions
+    verl = VerlReward(mix).batch(["d"] * 6, CAPTIONS, [""] * 6, [{"image_id": i} for i in IDS])
+    assert [math.isnan(r["score"]) for r in verl] == failed
+    assert [r["score"] for r in verl if not math.isnan(r["score"])] == [v for v in got["total"] if v is not None]
+    with pytest.raises(
+        FailedCaptions, match=r"could not score 2 of 6 captions \(completions\[2\], completions\[5\]\)"
+    ):
+        orm(mix)()(CAPTIONS, image_id=IDS, trainer_state=None)
 
 
 def test_a_shaped_judge_reward_in_rl_rewards_by_dotted_path_is_set_up_as_the_run_sets_it_up(world):

@@ -137,8 +137,9 @@ def test_a_url_that_is_no_http_url_is_refused_at_once(url):
 
 def test_a_counted_null_is_a_failed_caption_through_the_client_and_every_adapter():
     """A server's ``null`` with its count (a caption the reward could not score) reaches each trainer in its own
-    way: the client's mask, TRL's ``None`` (read by TRL as NaN), NaN for verl and ms-swift, OpenRLHF's
-    ``reward_func`` the error ``/get_reward`` answers 502 (it has no NaN handling); never a 0."""
+    way: the client's mask, TRL's ``None`` (read by TRL as NaN), NaN for verl, ms-swift's classes and OpenRLHF's
+    ``reward_func`` the error ``/get_reward`` answers 502 (ms-swift would sum a NaN as 0, OpenRLHF has no NaN
+    handling); never a 0."""
     import math
 
     from finecap.integrations.trl import reward_function as trl_function
@@ -150,14 +151,15 @@ def test_a_counted_null_is_a_failed_caption_through_the_client_and_every_adapter
         assert out.failed.tolist() == [False, True] and out.total[0].item() == 1.5 and math.isnan(out.total[1])
         assert trl_function(url=url)(prompts=["", ""], completions=captions, image_id=ids) == [1.5, None]
         verl = compute_score_batch(["d"] * 2, captions, ["", ""], [{"image_id": i} for i in ids], url=url)
-        swift = orm(url=url)()(captions, image_id=ids)
-        swift_async = asyncio.run(async_orm(url=url)()(captions, image_id=ids))
+        failed = r"the reward could not score 1 of 2 captions \(completions\[1\]\): its judge failed on them"
+        with pytest.raises(FailedCaptions, match=rf"FinecapReward: {failed}, and ms-swift would pay a NaN as 0"):
+            orm(url=url)()(captions, image_id=ids)  # ms-swift sums its reward functions with nansum
+        with pytest.raises(FailedCaptions, match=rf"FinecapAsyncReward: {failed}"):
+            asyncio.run(async_orm(url=url)()(captions, image_id=ids))
         with pytest.raises(FailedCaptions, match=r"the reward could not score 1 of 2 captions \(query\[1\]\)"):
             openrlhf_function(url=url)(captions, ["", ""], ids)  # OpenRLHF has no NaN handling: /get_reward's 502
         for who, values in {
             "verl": [r["score"] for r in verl],
             "verl part": [r["judge"] for r in verl],
-            "ms-swift": swift,
-            "ms-swift async": swift_async,
         }.items():
             assert values[0] == 1.5 and math.isnan(values[1]), who

@@ -20,7 +20,13 @@ Both take the adapters' one entry (:meth:`finecap.integrations.scoring.Scorer.of
 options, a built reward, or ``url=``. The classes derive from ms-swift's ``ORM`` / ``AsyncORM`` when ms-swift is
 installed (and from ``object`` otherwise: the call signature is all ms-swift reads). A call is one reward call over
 the whole batch, so a reward that ranks each caption's image among the batch's images (self-retrieval) sees the
-batch's images. A completion the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) is NaN.
+batch's images.
+
+A call holding a completion the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that
+failed on it) raises :class:`~finecap.serve.protocol.FailedCaptions` naming it (``completions[i]``), as OpenRLHF's
+adapter does, never a NaN or a ``None``: ms-swift reads ``None`` as NaN and sums its reward functions with
+``nansum`` (``swift.rl_core.advantage.compute_advantages``, ms-swift 4.6), which pays a NaN as 0 and counts it in the
+group's mean and standard deviation.
 
 Example::
 
@@ -36,6 +42,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from finecap.integrations.scoring import Scorer, column, completion_texts
+from finecap.rewards import RewardOutput
+from finecap.serve.protocol import FailedCaptions, refuse_failed
 
 __all__ = ["async_orm", "orm"]
 
@@ -67,6 +75,16 @@ class _Inputs:
             refs = column(kwargs, self.references_column, len(texts), who, "references_column")
         return texts, ids, refs
 
+    def _paid(self, out: RewardOutput) -> list[float]:
+        """The totals, or :class:`FailedCaptions` naming the completions the reward could not score."""
+        try:
+            refuse_failed(
+                out, "completions", "ms-swift would pay a NaN as 0 (it sums its reward functions with nansum)"
+            )
+        except FailedCaptions as e:
+            raise FailedCaptions(f"finecap ms-swift reward {type(self).__name__}: the reward {e}") from None
+        return out.values()[0]
+
 
 def _orm_class(base: type, call: Any, scorer: Scorer, image_id_column: str, references_column: str,
                name: str) -> type:  # fmt: skip
@@ -85,7 +103,7 @@ def orm(name_or_reward: Any = None, *, url: str | None = None, image_id_column: 
 
     def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
         texts, ids, refs = self._inputs(completions, kwargs)
-        return self.scorer.score(texts, ids, refs).values()[0]
+        return self._paid(self.scorer.score(texts, ids, refs))
 
     scorer = Scorer.of(name_or_reward, url=url, **options)
     return _orm_class(_swift_bases()[0], __call__, scorer, image_id_column, references_column, name)
@@ -99,7 +117,7 @@ def async_orm(name_or_reward: Any = None, *, url: str | None = None, image_id_co
 
     async def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
         texts, ids, refs = self._inputs(completions, kwargs)
-        return (await self.scorer.ascore(texts, ids, refs)).values()[0]
+        return self._paid(await self.scorer.ascore(texts, ids, refs))
 
     scorer = Scorer.of(name_or_reward, url=url, **options)
     return _orm_class(_swift_bases()[1], __call__, scorer, image_id_column, references_column, name)

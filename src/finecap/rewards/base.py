@@ -53,8 +53,8 @@ class RewardOutput:
     caption's values mean nothing and are never paid as 0: :func:`check_finite` ignores them, :class:`WeightedSum`
     ORs its components' masks and makes the total NaN there, the reward server's ``/reward`` answers them as JSON
     ``null`` (with their count) and its ``/get_reward`` with a 502 naming them (OpenRLHF reads every reward as a
-    number; its in-process ``reward_func`` raises the same error), TRL's adapter as ``None`` (TRL reads it as NaN)
-    and verl's and ms-swift's as NaN."""
+    number; its in-process ``reward_func`` raises the same error, ms-swift's adapter too: ms-swift would sum a NaN as
+    0), TRL's adapter as ``None`` (TRL reads it as NaN) and verl's as NaN."""
 
     total: torch.Tensor
     parts: dict[str, torch.Tensor] = field(default_factory=dict)

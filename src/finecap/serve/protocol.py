@@ -415,8 +415,9 @@ def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
 
 
 class FailedCaptions(ValueError):
-    """A request for OpenRLHF holding captions the reward could not score (:func:`openrlhf_reply`): the server's
-    ``/get_reward`` answers it 502 with this message, OpenRLHF's ``reward_func`` in process raises it."""
+    """A call holding captions the reward could not score, for a trainer that would read their NaN as a number
+    (:func:`refuse_failed`): OpenRLHF's (:func:`openrlhf_reply`: the server's ``/get_reward`` answers it 502 with this
+    message, OpenRLHF's ``reward_func`` in process raises it) and ms-swift's (:mod:`finecap.integrations.swift`)."""
 
 
 SHOWN_FAILED = 10
@@ -428,21 +429,28 @@ def openrlhf_reply(request: RewardRequest, out: RewardOutput) -> dict[str, Any]:
 
     A request holding a caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that
     failed) is refused whole, :class:`FailedCaptions` (the server's 502 naming the captions, ``query[i]``; OpenRLHF's
-    ``reward_func`` in process raises it), where ``/reward`` answers ``null`` and the other adapters NaN
-    (docs/methods/judges.md, "Judge failures are counted, never paid"). OpenRLHF reads every reward of the reply as a
-    number: ``torch.tensor(reply["rewards"])`` before 0.9, ``torch.tensor([reward])`` for each sample since, so a
-    ``null`` stops the run with a ``TypeError`` that names nothing; and it has no NaN handling, so a NaN would spread
-    through its group's mean and standard deviation to every sample of the prompt and into the loss. An HTTP error is
-    what its client expects of a reward server that could not answer: it retries the request (5 times, a second apart:
-    a judge's passing failure is scored then), and then stops (before 0.9 with its "Request error" exception; since,
-    the sample has no reward, which stops the run when it gathers the batch's rewards); the server's log names the
-    captions (docs/integrations.md)."""
+    ``reward_func`` in process raises it, ms-swift's adapter too), where ``/reward`` answers ``null``, TRL's adapter
+    ``None`` and verl's NaN (docs/methods/judges.md, "Judge failures are counted, never paid"). OpenRLHF reads every
+    reward of the reply as a number: ``torch.tensor(reply["rewards"])`` before 0.9, ``torch.tensor([reward])`` for each
+    sample since, so a ``null`` stops the run with a ``TypeError`` that names nothing; and it has no NaN handling, so a
+    NaN would spread through its group's mean and standard deviation to every sample of the prompt and into the loss.
+    An HTTP error is what its client expects of a reward server that could not answer: it retries the request (5 times,
+    a second apart: a judge's passing failure is scored then), and then stops (before 0.9 with its "Request error"
+    exception; since, the sample has no reward, which stops the run when it gathers the batch's rewards); the server's
+    log names the captions (docs/integrations.md)."""
+    refuse_failed(out, "query", "OpenRLHF reads every reward as a number (a NaN would reach every sample of their "
+                  "groups)")  # fmt: skip
+    total, parts = out.values()
+    return {"rewards": total, "extra_logs": parts}
+
+
+def refuse_failed(out: RewardOutput, field: str, why: str) -> None:
+    """Raise :class:`FailedCaptions` when ``out`` holds captions the reward could not score
+    (:attr:`finecap.rewards.RewardOutput.failed`), naming them as ``field[i]`` (at most :data:`SHOWN_FAILED`) and
+    saying ``why`` the trainer cannot be given their NaN."""
     mask = out.failed_mask()
     if mask is not None:
         bad = mask.nonzero().flatten().tolist()
-        named = ", ".join(f"query[{i}]" for i in bad[:SHOWN_FAILED]) + (", ..." if len(bad) > SHOWN_FAILED else "")
+        named = ", ".join(f"{field}[{i}]" for i in bad[:SHOWN_FAILED]) + (", ..." if len(bad) > SHOWN_FAILED else "")
         raise FailedCaptions(f"could not score {len(bad)} of {mask.numel()} captions ({named}): its judge failed on "
-                             "them, and OpenRLHF reads every reward as a number (a NaN would reach every sample of "
-                             "their groups)")  # fmt: skip
-    total, parts = out.values()
-    return {"rewards": total, "extra_logs": parts}
+                             f"them, and {why}")  # fmt: skip
