@@ -219,3 +219,19 @@ def test_the_forecast_per_recipe_prose_is_the_forecasts():
             f"{totals_off['smile_vlm']:.1f} GiB; `coco/grpo_cider_vlm`'s {totals_off['grpo_cider_vlm']:.1f} GiB is "
             "under 80 GiB but over 80 GB)") in text  # fmt: skip
     assert 80 * 1e9 / GIB < totals_off["grpo_cider_vlm"] < 80
+
+
+def test_the_pixel_copies_against_the_frozen_towers_peak_at_smolvlms_crop(forecast):
+    """docs/memory.md's SmolVLM example: one 512 px crop in bf16, what the model makes of its pixels (Idefics's
+    selected bf16 images and the int64 pixel mask's copy, ``8p / 3``) against the frozen tower's own peak at its
+    1,024 patches (``frozen_tower_bytes``, the kept embeddings included)."""
+    from finecap.models.forecast import frozen_tower_bytes
+
+    mib = 2**20
+    pixels = 3 * 512 * 512
+    tower = frozen_tower_bytes(forecast.SIGLIP_512, 2, 1024) / mib
+    images, mask = 2 * pixels / mib, 8 * pixels // 3 / mib  # bf16 pixels; the int64 mask, one value a position
+    stated = (f"that is {images + mask:.1f} MiB an image held through the tower ({images:.1f} MiB of bf16 pixels, "
+              f"{mask:.0f} MiB of the mask's copy) and {mask:.0f} MiB more of input, against {tower:.1f} MiB of the "
+              "tower's own peak")  # fmt: skip
+    assert stated in " ".join((ROOT / "docs" / "memory.md").read_text().split()), stated
