@@ -169,3 +169,69 @@ def test_scalings_second_h200_rows_name_every_check_of_the_run():
     assert f"loss {qlora['loss']:.3f}, gradient norm {qlora['grad_norm']:.2f}" in h200_row(SECOND, "`qlora` |")
     losses = " -> ".join(f"{x:.3f}" for x in fsdp2["losses"])
     assert f"losses {losses} over two steps" in h200_row(SECOND, "`fsdp2` |")
+
+
+def test_scalings_first_h200_prose_gives_the_forecast_as_it_stands(forecast):
+    """The prose under the 2026-11-26 table restates, beside the numbers of when it was first compared, the forecast
+    of the three measured steps as ``memory_forecast.py --h200`` gives it now: its total (GiB) and its ratio."""
+    rows = [r.split(" | ") for r in forecast.h200()[2:]]
+    now = {r[0].strip("| `"): (float(r[4]), float(r[6].strip(" |"))) for r in rows}
+    (mle, mle_ratio), (sr_l, sr_l_ratio) = now["memory:mle_vlm"], now["memory:sr_l_vlm"]
+    grpo, grpo_ratio = now["memory:grpo_cider_vlm"]
+    stated = (f"{mle:.1f} GiB ({mle_ratio:.2f}), {sr_l:.1f} GiB ({sr_l_ratio:.2f}) and {grpo:.1f} GiB "
+              f"({grpo_ratio:.1f}x)")  # fmt: skip
+    text = " ".join((ROOT / "docs" / "scaling.md").read_text().split())
+    assert f"as it stands now (`python benchmarks/memory_forecast.py --h200`), {stated}." in text, stated
+
+
+def test_the_forecast_per_recipe_prose_is_the_forecasts():
+    """What docs/memory.md says under "Forecast per recipe": the 2B model's largest step, and full fine-tuning's
+    range over the recipes at Qwen2-VL-2B's shapes with checkpointing on and off (``lora.lm=false``), the recipes
+    that name the ends, and which fit 80 GB (74.5 GiB) without checkpointing."""
+    from finecap.config import load
+    from finecap.models.forecast import BACKBONES, GIB, recipe_forecast
+
+    qwen = BACKBONES["Qwen2-VL-2B"]
+    recipes = ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri_vlm", "grpo_cider_vlm",
+               "grpo_sr_cider_vlm")  # fmt: skip
+    lora = {r: recipe_forecast(load(f"coco/{r}"), qwen)["total"] / GIB for r in recipes}
+    on = {r: recipe_forecast(load(f"coco/{r}", ["lora.lm=false"]), qwen)["total"] / GIB for r in recipes}
+    off = {r: recipe_forecast(load(f"coco/{r}", ["lora.lm=false", "train.gradient_checkpointing=false"]), qwen)
+           for r in recipes}  # fmt: skip
+    text = " ".join((ROOT / "docs" / "memory.md").read_text().split())
+    largest = max(lora, key=lora.get)
+    assert largest == "sr_lv_bagcurri_vlm"
+    step = "largest step (`coco/sr_lv_bagcurri_vlm`, 100 images x 1 sample, its tower's adapters trained)"
+    assert f"{step} is forecast at {lora[largest]:.1f} GiB" in text
+    assert f"`coco/grpo_sr_cider_vlm`'s 32 images x 8 samples at {lora['grpo_sr_cider_vlm']:.1f} GiB" in text
+    totals_off = {r: f["total"] / GIB for r, f in off.items()}
+    assert max(on, key=on.get) == max(totals_off, key=totals_off.get) == "sr_lv_bagcurri_vlm"
+    assert (f"{min(on.values()):.0f}-{max(on.values()):.0f} GiB a recipe with checkpointing on "
+            f"(`coco/grpo_sr_cider_vlm`'s {on['grpo_sr_cider_vlm']:.1f}") in text  # fmt: skip
+    assert f"`coco/sr_lv_bagcurri_vlm`'s {on['sr_lv_bagcurri_vlm']:.1f} with its tower's adapters" in text
+    tower = off["sr_lv_bagcurri_vlm"]["activations"]["tower_saved"] / GIB
+    assert (f"{min(totals_off.values()):.0f}-{max(totals_off.values()):.0f} GiB with it off "
+            f"(`coco/sr_lv_bagcurri_vlm`'s {totals_off['sr_lv_bagcurri_vlm']:.0f}: its tower's saved tensors for "
+            f"100 images are {tower:.0f} GiB of it)") in text  # fmt: skip
+    fit = sorted((r for r, t in totals_off.items() if t * GIB < 80e9), key=totals_off.get)
+    assert fit == ["mle_vlm", "smile_vlm"]
+    assert (f"fits 80 GB for no recipe but MLE and SMILE ({totals_off['mle_vlm']:.1f} and "
+            f"{totals_off['smile_vlm']:.1f} GiB; `coco/grpo_cider_vlm`'s {totals_off['grpo_cider_vlm']:.1f} GiB is "
+            "under 80 GiB but over 80 GB)") in text  # fmt: skip
+    assert 80 * 1e9 / GIB < totals_off["grpo_cider_vlm"] < 80
+
+
+def test_the_pixel_copies_against_the_frozen_towers_peak_at_smolvlms_crop(forecast):
+    """docs/memory.md's SmolVLM example: one 512 px crop in bf16, what the model makes of its pixels (Idefics's
+    selected bf16 images and the int64 pixel mask's copy, ``8p / 3``) against the frozen tower's own peak at its
+    1,024 patches (``frozen_tower_bytes``, the kept embeddings included)."""
+    from finecap.models.forecast import frozen_tower_bytes
+
+    mib = 2**20
+    pixels = 3 * 512 * 512
+    tower = frozen_tower_bytes(forecast.SIGLIP_512, 2, 1024) / mib
+    images, mask = 2 * pixels / mib, 8 * pixels // 3 / mib  # bf16 pixels; the int64 mask, one value a position
+    stated = (f"that is {images + mask:.1f} MiB an image held through the tower ({images:.1f} MiB of bf16 pixels, "
+              f"{mask:.0f} MiB of the mask's copy) and {mask:.0f} MiB more of input, against {tower:.1f} MiB of the "
+              "tower's own peak")  # fmt: skip
+    assert stated in " ".join((ROOT / "docs" / "memory.md").read_text().split()), stated
