@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -66,6 +67,7 @@ class Scorer(Closeable):
         self.owns_reward = False  # set by Scorer.of for a reward it built: close() closes it
         self.client = None
         self._check: CallCheck | None = None
+        self._lock = threading.Lock()  # one reward call at a time, whoever calls (as the server's, service.py)
         if url is not None:
             from finecap.serve.client import RewardClient  # httpx: only for a server
 
@@ -118,11 +120,15 @@ class Scorer(Closeable):
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable],
               references: Sequence[Sequence[str]] | None = None) -> RewardOutput:  # fmt: skip
         """The values (float32 on the CPU) of ``captions`` of the images ``image_ids`` (against ``references``, when
-        given)."""
+        given). Safe from several threads (verl's reward loop runs ``compute_score`` in a thread pool, OpenRLHF its
+        ``reward_func`` in ``asyncio.to_thread``): a reward in this process is called by one thread at a time, as the
+        server calls its reward, since a reward need not be thread-safe (an in-process vLLM judge's engine is not);
+        a server's requests go out at once."""
         if self.client is not None:
             return self.client.score(captions, image_ids, references=references)
-        job = self.check().job(parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS))
-        return self.check().answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
+        with self._lock:
+            job = self.check().job(parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS))
+            return self.check().answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable],
                      references: Sequence[Sequence[str]] | None = None) -> RewardOutput:  # fmt: skip
