@@ -270,3 +270,36 @@ def test_swift_refuses_a_call_holding_a_caption_the_reward_could_not_score_never
     with pytest.raises(FailedCaptions, match=r"FinecapAsyncReward: the reward could not score 1 of 3 captions"):
         asyncio.run(async_orm(Judge())()(completions, **kwargs))
     assert orm(cider())()(completions, **kwargs)[1] > 0  # the same call, every caption scored: its values
+
+
+def test_every_front_end_scores_a_caption_without_its_surrounding_white_space():
+    """finecap's decoder gives its rewards stripped captions in training; a trainer's completion often keeps a
+    newline or a leading space (verl's ``solution_str``, ms-swift's message content). Every front end scores
+    ``" a red circle\\n"`` as ``"a red circle"``: TRL stripped before, OpenRLHF's query reading too, verl, ms-swift,
+    the scorer and the server did not. The reward here is the caption's length in characters, which sees any space."""
+    import torch
+
+    from finecap.rewards import RewardBase, RewardOutput
+    from helpers.served import serving
+
+    class Length(RewardBase):
+        def __call__(self, captions, batch):
+            return RewardOutput(torch.tensor([float(len(c)) for c in captions]))
+
+    padded, ids = [" a red circle\n", "\ta square  "], [1, 2]
+    expected = [12.0, 8.0]
+    assert Scorer(Length()).score(padded, ids).total.tolist() == expected
+    assert TrlReward("length", Length())(prompts=["", ""], completions=padded, image_id=ids) == expected
+    chat = [[{"role": "assistant", "content": c}] for c in padded]
+    assert TrlReward("length", Length())(prompts=["", ""], completions=chat, image_id=ids) == expected
+    infos = [{"image_id": i} for i in ids]
+    assert [r["score"] for r in VerlReward(Length()).batch(["d", "d"], padded, ["", ""], infos)] == expected
+    assert VerlReward(Length())("d", padded[0], "", infos[0])["score"] == expected[0]
+    assert orm(Length())()(padded, image_id=ids) == expected
+    queries = [f"Q:{c}" for c in padded]
+    assert openrlhf_function(Length())(queries, ["Q:", "Q:"], ids)["rewards"].tolist() == expected
+    with serving(RewardService(Length(), ImageTable(ids), log_every=0, name="length")) as url:
+        response = httpx.post(f"{url}/reward", json={"captions": padded, "image_ids": ids})
+        assert response.status_code == 200, response.text
+        assert response.json()["total"] == expected
+        assert Scorer(url=url).score(padded, ids).total.tolist() == expected

@@ -46,3 +46,15 @@ def test_a_reward_in_process_is_called_by_one_thread_at_a_time():
     assert reward.most_inside == 1
     assert [o.total.tolist() for o in outs] == [outs[0].total.tolist()] * 2
     assert outs[0].total[0] > 0 and outs[0].total[1] > 0
+
+
+def test_a_pickled_scorer_in_process_has_a_lock_of_its_own():
+    """verl's ``remote`` reward manager pickles the adapter into its workers: the lock is not pickled, the copy makes
+    its own and scores as the original does."""
+    import pickle
+
+    scorer = Scorer.of(CiderReward(REFERENCES))
+    copy = pickle.loads(pickle.dumps(scorer))
+    assert copy._lock is not scorer._lock
+    captions, ids = ["a red circle", "a blue square"], [1, 2]
+    assert copy.score(captions, ids).total.tolist() == scorer.score(captions, ids).total.tolist()

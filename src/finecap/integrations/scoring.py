@@ -73,6 +73,15 @@ class Scorer(Closeable):
 
             self.client = RewardClient(url, timeout=timeout, token=token)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for another process (verl's ``remote`` reward manager pickles the adapter): all but the lock, which
+        is this process's; the copy makes its own."""
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @classmethod
     def of(cls, name_or_reward: Any = None, *, url: str | None = None, timeout: float = 180.0,
            token: str | None = None, name: str | None = None, **options: Any) -> Scorer:  # fmt: skip

@@ -52,7 +52,7 @@ class TrlReward:
         """One value per completion (``None``: the reward could not score it); a call the reward server would refuse
         is refused alike (a ``ValueError`` with the server's message: :class:`finecap.integrations.scoring.Scorer`),
         a conversational completion without an assistant message too."""
-        texts = [t.strip() for t in completion_texts(completions)]
+        texts = completion_texts(completions)  # stripped as every adapter's (finecap.serve.protocol.parse_reward)
         total, parts = self.scorer.score(texts, self.image_ids(len(texts), kwargs)).values(failed=None)
         log_metric = kwargs.get("log_metric")  # TRL >= 1.16: averaged over the logging step beside its own metrics
         if callable(log_metric):

@@ -12,7 +12,9 @@ Two shapes:
        "image_ids": [17, 4, ...],                   # N ids of the served data set (or "images": N image paths)
        "references": [["a red circle", ...], ...]}  # optional: N lists, instead of the images' (cider, claims, chair)
 
-  Unknown fields are refused (a misspelt ``"image_id"`` must not pass for a request without images).
+  Unknown fields are refused (a misspelt ``"image_id"`` must not pass for a request without images). A caption is
+  scored without its surrounding white space, as finecap's decoder gives its captions to its rewards in training (and
+  as :func:`caption_of_query` reads OpenRLHF's): every adapter and the server score ``" a cat\\n"`` as ``"a cat"``.
 
 - OpenRLHF's remote reward model and CapRL's reward server (``POST /get_reward``)::
 
@@ -287,7 +289,7 @@ def parse_reward(body: Any, limits: Limits) -> RewardRequest:
     if body.get("references") is not None:
         references = _references(body["references"], "references", len(captions), limits)
         _check_reference_count(references, "references", limits)
-    return RewardRequest(list(captions), ids, by_path, references, request_id)
+    return RewardRequest([c.strip() for c in captions], ids, by_path, references, request_id)
 
 
 def _check_reference_count(references: list[list[str]], field: str, limits: Limits) -> None:
