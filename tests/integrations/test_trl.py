@@ -53,6 +53,10 @@ def test_names_options_and_columns_are_checked():
     assert fn.__name__ == "cider" and set(REWARDS) == names
     with pytest.raises(KeyError, match="no 'image_id' column among the data set's columns \\['imgid'\\]"):
         fn(prompts=["p"], completions=["a red circle"], imgid=[1], trainer_state=None)
+    trl_keywords = {"completion_ids": [[5]], "trainer_state": None, "log_extra": print, "log_metric": print,
+                    "environments": [None]}  # what TRL 1.16's GRPOTrainer passes beside the columns  # fmt: skip
+    with pytest.raises(KeyError, match="no 'image_id' column among the data set's columns \\['imgid'\\]"):
+        fn(prompts=["p"], completions=["a red circle"], imgid=[1], **trl_keywords)
     other = reward_function("cider", references=REFS, image_id_column="imgid")
     assert other(prompts=["p"], completions=["a red circle"], imgid=[1]) == fn(["p"], ["a red circle"], image_id=[1])
 

@@ -147,11 +147,16 @@ class Scorer(Closeable):
         return self.score(captions, image_ids, references)
 
 
+TRAINER_KEYWORDS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"})
+"""The keywords TRL's ``GRPOTrainer`` passes a reward function beside the data set's columns (TRL 1.16,
+``_calculate_rewards``): never listed as columns in an error."""
+
+
 def column(values: Mapping[str, Any], name: str, n: int, who: str, option: str) -> list[Any]:
     """The per-sample column ``name`` of a trainer's keyword arguments (``n`` values), or an error listing the
     columns there are and the ``option`` that names another."""
     if name not in values:
-        columns = sorted(k for k in values if k not in ("trainer_state", "log_extra", "log_metric"))
+        columns = sorted(k for k in values if k not in TRAINER_KEYWORDS)
         raise KeyError(f"{who}: no {name!r} column among the data set's columns {columns}; add the image ids as that "
                        f"column or pass {option}=")  # fmt: skip
     given = values[name]
