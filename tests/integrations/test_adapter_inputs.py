@@ -303,3 +303,26 @@ def test_every_front_end_scores_a_caption_without_its_surrounding_white_space():
         assert response.status_code == 200, response.text
         assert response.json()["total"] == expected
         assert Scorer(url=url).score(padded, ids).total.tolist() == expected
+
+
+def test_openrlhfs_reward_function_logs_its_error_as_an_error_before_raising_it(caplog):
+    """OpenRLHF 0.11 catches a reward function's error and logs it at INFO only (``openrlhf/utils/agent.py``,
+    ``SingleTurnExecutor``: "Failed to fetch reward from remote RM"), then stops on a later error that names no reward
+    (a sample without a reward): the function logs the cause at ERROR, then raises it as before."""
+    import torch
+
+    from finecap.rewards import RewardBase, RewardOutput
+    from finecap.serve.protocol import FailedCaptions
+
+    class Judge(RewardBase):  # a judge that failed on the caption
+        def __call__(self, captions, batch):
+            return RewardOutput(torch.tensor([float("nan")]), failed=torch.tensor([True]))
+
+    fn = openrlhf_function(Judge())
+    with caplog.at_level(logging.ERROR, logger="finecap.integrations.openrlhf"):
+        with pytest.raises(FailedCaptions, match=r"could not score 1 of 1 captions \(query\[0\]\)") as raised:
+            fn(["Q:a red circle"], ["Q:"], [1])
+        with pytest.raises(ValueError, match="finecap OpenRLHF reward: ") as refused:
+            fn(["Q:a red circle"], ["Q:"], [None])
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [str(raised.value), str(refused.value)]

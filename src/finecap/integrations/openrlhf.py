@@ -41,6 +41,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,6 +49,8 @@ from finecap.integrations.scoring import IN_PROCESS, Scorer
 from finecap.serve.protocol import FailedCaptions, Limits, RequestError, openrlhf_reply, parse_get_reward
 
 __all__ = ["reward_function"]
+
+log = logging.getLogger(__name__)
 
 
 def reward_function(name_or_reward: Any = None, *, url: str | None = None, limits: Limits | None = None,
@@ -64,6 +67,15 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
 
     def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any],
                     **kwargs: Any) -> dict[str, Any]:  # fmt: skip
+        try:
+            return _rewards(queries, prompts, labels)
+        except Exception as e:
+            # OpenRLHF (0.11) catches a reward function's error and logs it at INFO only, then stops on a later,
+            # unrelated error (a sample without a reward): the cause is logged here where it is seen.
+            log.error("%s", e)
+            raise
+
+    def _rewards(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any]) -> dict[str, Any]:
         import torch
 
         try:
