@@ -64,28 +64,13 @@ from finecap.models.vlm import FAMILIES, Vlm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import machine_line  # noqa: E402  (benchmarks/machine.py)
+from saved_tensors import saved_bytes  # noqa: E402  (benchmarks/saved_tensors.py)
 
 RANK = 8
 LAYERS = 2  # a tower of LAYERS + 1 layers less one of LAYERS: the added layer's input requires grad
 IMAGES = 4
 WIDTHS = {"hidden": 64, "intermediate": 256, "heads": 4}
 """The towers' width, MLP width and heads (head width 16), in every family."""
-
-
-def saved_bytes(forward: Any, excluded: set[int]) -> int:
-    """Bytes of the distinct storages that ``forward()`` saves for backward, but those of ``excluded`` (data
-    pointers: the model's parameters and buffers). Each is held until the end, so that no address is reused by a
-    later one (a branch whose result is dropped, CLIP's pooled class token, frees its graph at once)."""
-    storages: dict[int, torch.UntypedStorage] = {}  # by storage, not address: one address may hold two
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in excluded:
-            storages[t.untyped_storage()._cdata] = t.untyped_storage()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        forward()
-    return sum(s.nbytes() for s in storages.values())
 
 
 def widened(vision: Any, layers: int) -> None:
@@ -157,9 +142,8 @@ def measure(family: str, layers: int, autocast: bool) -> dict[str, Any]:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), contextlib.suppress(_Stop):
             vlm.prompt_pass(prompt, use_cache=False)
 
-    excluded = {t.untyped_storage().data_ptr() for t in [*vlm.parameters(), *vlm.buffers()]}
     try:
-        saved = saved_bytes(forward, excluded)
+        saved = saved_bytes(forward, vlm)
     finally:
         for handle in handles:
             handle.remove()
