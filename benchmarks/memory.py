@@ -43,7 +43,9 @@ already exist (zeroed in place, ``zero_grad(set_to_none=False)``), so the traina
 state, which no lever but LoRA changes) are not in it, except one parameter's incoming gradient at a time while it
 is added in place (and, for a parameter used several times in the graph, the sum of its incoming gradients, e.g.
 GPT-2's tied embedding and head). *Saved*: the bytes of the distinct tensors the forward pass saves for the backward
-pass (:func:`saved_bytes`): activations in the textbook sense, what checkpointing recomputes instead of keeping.
+pass (``benchmarks/saved_tensors.py``'s ``saved_bytes``, each storage once): activations in the textbook sense,
+what checkpointing recomputes instead of keeping (under checkpointing: the checkpointed layers' and vocabulary
+chunks' inputs).
 Ratios are printed in one run: checkpointed / plain step peak, activations and saved, and bf16 / fp32 weight memory.
 """
 
@@ -58,7 +60,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
@@ -160,28 +161,6 @@ def allocation_peak(fn: Callable[[], None], cuda: bool) -> int:
     return max(itertools.accumulate((n for _, n in events), initial=0))
 
 
-def saved_bytes(forward: Callable[[], Any], model: Any) -> int:
-    """Bytes of the distinct tensor storages the forward pass saves for the backward pass (``saved_tensors_hooks``
-    around ``forward()``, whose loss is then backpropagated to free them; parameters and buffers left out): the
-    activations in the textbook sense, what gradient checkpointing replaces by recomputation (under checkpointing:
-    the checkpointed layers' and vocabulary chunks' inputs)."""
-    import torch
-
-    weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = forward()
-    loss.backward()
-    return sum(storages.values())
-
-
 MEASURES = ("step_peak", "activations", "saved")
 """What :func:`measure` measures, one pass each: the step's allocation peak, the activations' (the gradient buffers
 kept from the step before) and the tensors saved for the backward pass."""
@@ -205,6 +184,7 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
     from finecap.models.lora import configure_training
     from finecap.models.memory import prepare_training
     from finecap.objectives.mle import MLE
+    from saved_tensors import saved_bytes  # benchmarks/saved_tensors.py
 
     torch.manual_seed(0)
     cfg = load(None, overrides)
@@ -256,7 +236,7 @@ def measure(overrides: list[str], step: str, images: int, samples: int, tokens: 
     if "activations" in measures:  # the gradient buffers kept
         row["activations_mb"] = allocation_peak(lambda: forward_backward(set_to_none=False), cuda) / 2**20
     if "saved" in measures:
-        row["saved_mb"] = saved_bytes(forward, model) / 2**20
+        row["saved_mb"] = saved_bytes(forward, model) / 2**20  # the loss dropped: its graph freed
     return row
 
 

@@ -48,7 +48,6 @@ from PIL import Image
 from finecap.models import lora
 from finecap.models.base import module_path
 from finecap.models.forecast import (
-    PIXEL_COPIES,
     Training,
     VisionShapes,
     frozen_tower_bytes,
@@ -65,28 +64,13 @@ from finecap.models.vlm import FAMILIES, Vlm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import machine_line  # noqa: E402  (benchmarks/machine.py)
+from saved_tensors import saved_bytes  # noqa: E402  (benchmarks/saved_tensors.py)
 
 RANK = 8
 LAYERS = 2  # a tower of LAYERS + 1 layers less one of LAYERS: the added layer's input requires grad
 IMAGES = 4
 WIDTHS = {"hidden": 64, "intermediate": 256, "heads": 4}
 """The towers' width, MLP width and heads (head width 16), in every family."""
-
-
-def saved_bytes(forward: Any, excluded: set[int]) -> int:
-    """Bytes of the distinct storages that ``forward()`` saves for backward, but those of ``excluded`` (data
-    pointers: the model's parameters and buffers). Each is held until the end, so that no address is reused by a
-    later one (a branch whose result is dropped, CLIP's pooled class token, frees its graph at once)."""
-    storages: dict[int, torch.UntypedStorage] = {}  # by storage, not address: one address may hold two
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in excluded:
-            storages[t.untyped_storage()._cdata] = t.untyped_storage()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        forward()
-    return sum(s.nbytes() for s in storages.values())
 
 
 def widened(vision: Any, layers: int) -> None:
@@ -158,9 +142,8 @@ def measure(family: str, layers: int, autocast: bool) -> dict[str, Any]:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), contextlib.suppress(_Stop):
             vlm.prompt_pass(prompt, use_cache=False)
 
-    excluded = {t.untyped_storage().data_ptr() for t in [*vlm.parameters(), *vlm.buffers()]}
     try:
-        saved = saved_bytes(forward, excluded)
+        saved = saved_bytes(forward, vlm)
     finally:
         for handle in handles:
             handle.remove()
@@ -217,7 +200,8 @@ def _mark(size: int) -> Any:
 
 def frozen_peak(family: str, layers: int, images: int) -> dict[str, Any]:
     """The frozen tower's forward peak in ``family``'s tiny model (module docstring) with ``layers`` layers over
-    ``images`` images, the patches its layers see, its class and its :class:`VisionShapes` kind and MLP width."""
+    ``images`` images, the patches its layers see, its class, its kind (:func:`tower_kind`) and its shapes as finecap's
+    forecast reads them (:meth:`VisionShapes.of`: an image's pixels and patches, ``layers``, the pixels' copy)."""
     from torch.profiler import ProfilerActivity, profile
 
     vlm = tiny_vlm(family, layers, train_encoder=False)
@@ -270,12 +254,10 @@ def frozen_peak(family: str, layers: int, images: int) -> dict[str, Any]:
     for key, mark in (("peak", enter), ("call", call), ("entry", model_entry)):
         start = sizes.index(mark)
         peaks[key] = max(running[start : end + 1]) - running[start]
-    vision = vlm.model.config.vision_config
-    pixels = prompt.images["pixel_values"].numel() // images  # as VisionShapes.of reads them
-    return {**peaks, "patches": seen[0], "tower": type(tower).__name__, "kind": tower_kind(vision),
-            "mlp": mlp_width(vision, hidden), "pixels": pixels,
-            "pixel_copy": PIXEL_COPIES.get(vlm.model.config.model_type, "none"),
-            "embedded": prompt.ids.numel() * vlm.model.config.text_config.hidden_size * 2}  # fmt: skip
+    config = vlm.model.config
+    return {**peaks, "patches": seen[0], "tower": type(tower).__name__, "kind": tower_kind(config.vision_config),
+            "shapes": VisionShapes.of(config, prompt.images["pixel_values"], images),
+            "embedded": prompt.ids.numel() * config.text_config.hidden_size * 2}  # fmt: skip
 
 
 def frozen_row(family: str) -> dict[str, Any]:
@@ -284,9 +266,8 @@ def frozen_row(family: str) -> dict[str, Any]:
     ``LAYERS + 2`` layers."""
     few, many = (frozen_peak(family, LAYERS, n) for n in FROZEN_IMAGES)
     deeper = frozen_peak(family, LAYERS + 2, FROZEN_IMAGES[-1])
-    h, i = WIDTHS["hidden"], many["mlp"]
-    vision = VisionShapes(h, i, 0, many["pixels"], LAYERS, WIDTHS["heads"], **many["kind"],
-                          pixel_copy=many["pixel_copy"])  # fmt: skip
+    vision = many["shapes"]  # an image's patches: pixel_copy_bytes counts the selected images' bool patch mask
+    h, i = vision.hidden, vision.intermediate
     extra = many["patches"] - few["patches"]
     copies = (FROZEN_IMAGES[-1] - FROZEN_IMAGES[0]) * pixel_copy_bytes(vision, 2) / extra  # per patch, in bf16
     embeds = (many["embedded"] - few["embedded"]) / extra  # the prompt's embeddings, bf16
@@ -297,7 +278,7 @@ def frozen_row(family: str) -> dict[str, Any]:
     return {"tower": many["tower"], "kind": many["kind"], "patches": (few["patches"], many["patches"]),
             "measured": (many["peak"] - few["peak"]) / extra, "call": (many["call"] - few["call"]) / extra,
             "entry": (many["entry"] - few["entry"]) / extra, "copies": copies, "embeds": embeds,
-            "pixel_copy": vision.pixel_copy,
+            "pixel_copy": vision.pixel_copy, "shapes": vision,
             "forecast": per_patch(lambda n: frozen_tower_bytes(vision, 2, n)),
             "whole": many["peak"] / many["patches"],  # the larger count's peak, not differenced
             "whole_forecast": frozen_tower_bytes(vision, 2, many["patches"]) / many["patches"],

@@ -73,3 +73,16 @@ def test_a_frozen_towers_peak_at_the_larger_image_count_is_forecast_within_two_p
     (0.79 without it). Both measured at exactly the forecast on the AMD EPYC (docs/memory.md)."""
     row = script.frozen_row(family)
     assert 0.98 <= row["whole_forecast"] / row["whole"] <= 1.02, row
+
+
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_the_selected_images_copies_count_their_bool_patch_mask(script, family):
+    """``--frozen``'s shapes are ``VisionShapes.of``'s, with an image's patches (16 x 16 pixels, patch 4: 16, as the
+    layers see them), so that the *+ pixel copies* column of the families that select their real images counts the
+    bool patch mask :func:`finecap.models.forecast.pixel_copy_bytes` holds with them: 48 more images of 768 float32
+    pixel values, each a bf16 copy (1,536 B), the int64 pixel mask's copy (2,048 B) and 16 bools, over 768 more
+    patches, is 225 B a patch (224 until 2026-11-28, when the shapes carried no patches and the mask was left out)."""
+    row = script.frozen_row(family)
+    assert row["patches"] == (16 * 16, 64 * 16)
+    assert row["copies"] == 48 * (2 * 768 + 8 * 256 + 16) / 768 == 225
+    assert row["shapes"].patches == 16

@@ -48,15 +48,14 @@ SHAPES = {"hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 4,
 
 @functools.cache
 def _storage_counter():
-    """``benchmarks/tower_forecast.py``'s ``saved_bytes``, loaded once: the one counter of saved storages."""
-    return benchmark("tower_forecast").saved_bytes
+    """``benchmarks/saved_tensors.py``'s ``saved_bytes``, loaded once: the one counter of saved storages."""
+    return benchmark("saved_tensors").saved_bytes
 
 
 def saved_bytes(model: torch.nn.Module, forward) -> int:
     """Bytes of the distinct non-parameter storages that ``forward()`` saves for backward (each storage once, held
-    until the end so that no address is reused: ``benchmarks/tower_forecast.py``)."""
-    weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    return _storage_counter()(forward, weights)
+    until the end so that no address is reused: ``benchmarks/saved_tensors.py``)."""
+    return _storage_counter()(forward, model)
 
 
 def layers_saved(family: str, layers: int, train: Training) -> int:
@@ -442,14 +441,13 @@ def embedding_saved(family: str, train: Training) -> tuple[int, int, VisionShape
         raise bench._Stop()
 
     handle = conv.register_forward_hook(stop)  # the convolution alone: nothing after it runs
-    excluded = {t.untyped_storage().data_ptr() for t in [*vlm.parameters(), *vlm.buffers(), pixels]}
 
     def forward() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=train.autocast), contextlib.suppress(bench._Stop):
             vlm.prompt_pass(prompt, use_cache=False)
 
     try:
-        saved = _storage_counter()(forward, excluded)
+        saved = _storage_counter()(forward, vlm, [pixels])
     finally:
         handle.remove()
     return saved, len(images), VisionShapes.of(vlm.model.config, pixels, len(images))
