@@ -62,6 +62,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_allocations import allocation_sizes  # noqa: E402  (benchmarks/cpu_allocations.py)
 from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
 
 VARIANTS = {
@@ -151,14 +152,7 @@ def allocation_peak(fn: Callable[[], None], cuda: bool) -> int:
         before = torch.cuda.memory_allocated()
         fn()
         return torch.cuda.max_memory_allocated() - before
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    return max(itertools.accumulate((n for _, n in events), initial=0))
+    return max(itertools.accumulate(allocation_sizes(fn), initial=0))
 
 
 MEASURES = ("step_peak", "activations", "saved")

@@ -63,6 +63,7 @@ from finecap.models.vlm import FAMILIES, Vlm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cpu_allocations import allocation_sizes  # noqa: E402  (benchmarks/cpu_allocations.py)
 from machine import machine_line  # noqa: E402  (benchmarks/machine.py)
 from saved_tensors import saved_bytes  # noqa: E402  (benchmarks/saved_tensors.py)
 
@@ -202,8 +203,6 @@ def frozen_peak(family: str, layers: int, images: int) -> dict[str, Any]:
     """The frozen tower's forward peak in ``family``'s tiny model (module docstring) with ``layers`` layers over
     ``images`` images, the patches its layers see, its class, its kind (:func:`tower_kind`) and its shapes as finecap's
     forecast reads them (:meth:`VisionShapes.of`: an image's pixels and patches, ``layers``, the pixels' copy)."""
-    from torch.profiler import ProfilerActivity, profile
-
     vlm = tiny_vlm(family, layers, train_encoder=False)
     vlm.eval()
     g = torch.Generator().manual_seed(0)
@@ -242,12 +241,7 @@ def frozen_peak(family: str, layers: int, images: int) -> dict[str, Any]:
 
     forward()  # warm-up: lazily built buffers and hooks
     seen.clear()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        forward()
-    events = sorted(
-        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
-    )
-    sizes = [n for _, n in events]
+    sizes = allocation_sizes(forward)
     running = list(itertools.accumulate((0 if abs(n) in _MARKS else n for n in sizes), initial=0))
     end = min(sizes.index(m) for m in (leave, stop) if m in sizes)
     peaks = {}
