@@ -524,3 +524,26 @@ def test_an_interrupted_run_closes_its_progress_bar(make_cfg, monkeypatch):
     with pytest.raises(KeyboardInterrupt) as interrupted:  # holds the traceback, as a notebook does
         train(make_cfg("train.max_steps=4"), callbacks=[interrupt])
     assert closed == ["train"] and interrupted.traceback
+
+
+def test_init_from_takes_a_run_directory(tmp_path):
+    """`train.init_from=RUN` starts from the run's best checkpoint (else its last), as `finecap caption --checkpoint
+    RUN` and `finecap export RUN` read it and the not-found error offers it; it was read as a model folder and
+    refused (`RUN: not a captioner checkpoint (no captioner.json)`)."""
+    import dataclasses
+
+    from finecap.config import Config
+    from finecap.train.setup import resolve_start
+
+    run = tmp_path / "run"
+    for which in ("best", "last"):
+        (checkpoint_dir(run, which) / "model").mkdir(parents=True)
+        (checkpoint_dir(run, which) / "model" / "captioner.json").write_text("{}")
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(run)))
+    assert resolve_start(cfg).train.init_from == str(checkpoint_dir(run, "best"))
+    (tmp_path / "empty").mkdir()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=str(tmp_path / "empty")))
+    with pytest.raises(FileNotFoundError, match="empty: not a checkpoint folder; pass a run directory"):
+        resolve_start(cfg)
+    assert resolve_start(cfg, must_exist=False).train.init_from == str(tmp_path / "empty")  # never read again

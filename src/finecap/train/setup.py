@@ -36,15 +36,17 @@ from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import check_backbone, check_loaded, load_captioner
 from finecap.models.lora import configure_training
 from finecap.objectives.base import ObjectiveBase
-from finecap.runs import model_dir
+from finecap.runs import find_checkpoint, model_dir
 from finecap.utils.text import shell_command
 
 
 def resolve_start(cfg: Config, must_exist: bool = True) -> Config:
     """``cfg`` with ``train.init_from`` where the run reads it (:func:`finecap.home.start_path`: from the working
     directory, else under the runs root), absolute, so that the run's stored configuration names the checkpoint it
-    started from. A start that is found nowhere is a ``FileNotFoundError`` naming the key, where it was looked for
-    and, when a packaged recipe writes there, the command that makes it (:func:`maker_of`)::
+    started from; a run directory stands for its best checkpoint, else its last (:func:`finecap.runs.find_checkpoint`,
+    whose ``FileNotFoundError`` names the folder to pass for any other folder). A start that is found nowhere is a
+    ``FileNotFoundError`` naming the key, where it was looked for and, when a packaged recipe writes there, the
+    command that makes it (:func:`maker_of`)::
 
         train.init_from=demo/mle/checkpoints/best: checkpoint not found (looked in the working directory and in
         <home>/runs); make it with `finecap train demo/mle`
@@ -55,7 +57,13 @@ def resolve_start(cfg: Config, must_exist: bool = True) -> Config:
     if not value:
         return cfg
     path = start_path(value, cfg.run)
-    if not path.exists() and must_exist:
+    if path.exists():  # a run directory: its best checkpoint, else its last (as `finecap caption --checkpoint RUN`)
+        try:
+            path = find_checkpoint(path)
+        except FileNotFoundError:  # no checkpoint there, or none of the folders one is loaded from: it names them
+            if must_exist:
+                raise
+    elif must_exist:
         looked = "" if Path(value).is_absolute() else f" (looked in the working directory and in {runs_root(cfg.run)})"
         maker = maker_of(path, cfg.run.root)
         how = (f"make it with `{maker}`" if maker else "train the run that makes it, give an existing checkpoint or "

@@ -35,8 +35,9 @@ class TrainConfig(Section, name="train"):
     objective: str = doc("mle", "Objective name (see finecap.objectives) or a dotted import path 'pkg.mod:factory'.")
     init_from: str = doc(
         "",
-        "Checkpoint directory to start from (empty = fresh model); a relative path is read from the working "
-        "directory, else from <run.root> (demo/mle/checkpoints/best: the run of recipe demo/mle).",
+        "Checkpoint directory, or run directory (its best checkpoint, else its last), to start from (empty = fresh "
+        "model); a relative path is read from the working directory, else from <run.root> (demo/mle/checkpoints/best: "
+        "the run of recipe demo/mle).",
     )
     epochs: float = doc(
         10.0,
