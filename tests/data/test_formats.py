@@ -146,6 +146,21 @@ def test_bad_json_and_missing_file(tmp_path):
         read_dataset("csv", bad)
 
 
+@pytest.mark.parametrize("fmt", ["karpathy", "coco", "jsonl", "messages"])
+def test_a_folder_given_to_a_format_that_reads_a_file_says_what_the_folder_reads_as(tmp_path, fmt):
+    """``data.path=photos`` with a recipe's ``data.format=karpathy`` said only "is a directory, but a file is
+    expected here": it names the format that reads a file and the one the folder reads as."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.png").write_bytes(b"")
+    with pytest.raises(DataError, match=rf"photos: a folder, but data.format={fmt} reads a file; it reads as "
+                                        r"data.format=folder$"):  # fmt: skip
+        read_dataset(fmt, photos)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=rf"empty: a folder, but data.format={fmt} reads a file$"):
+        read_dataset(fmt, tmp_path / "empty")
+
+
 COCO = {
     "info": {},
     "images": [{"id": 42, "file_name": "COCO_val2014_000000000042.jpg"}, {"id": 7, "file_name": "b.jpg"}],

@@ -181,9 +181,25 @@ def read_dataset(
                         f"{', '.join(spec.options) or 'none'})")  # fmt: skip
     source = DataSource(Path(path), Path(images) if images is not None else None, check_images, allow_outside,
                         Path(cache_dir) if cache_dir is not None else None, options)  # fmt: skip
-    records = spec.read(source)
+    try:
+        records = spec.read(source)
+    except IsADirectoryError:
+        if not source.path.is_dir():
+            raise
+        raise DataError(_folder_for_a_file(fmt, source.path)) from None
     check_unique_ids(records, Path(path))  # every format, one's own too: one record per image
     return records
+
+
+def _folder_for_a_file(fmt: str, path: Path) -> str:
+    """What to say when the format ``fmt`` reads a file and ``path`` is a folder: the format the folder reads as,
+    when one does (a folder of images with captions is ``data.format=folder``)."""
+    try:
+        found, _ = detect_format(path)
+    except (OSError, ValueError):
+        found = None
+    hint = f"; it reads as data.format={found}" if found is not None and found != fmt else ""
+    return f"{path}: a folder, but data.format={fmt} reads a file{hint}"
 
 
 def detect_format(path: str | Path) -> tuple[str, Path]:

@@ -203,7 +203,7 @@ def read_messages(
     path = Path(path)
     root = Path(images) if images is not None else path.parent
     folder = ImageFolder(root, allow_outside)
-    if not path.is_file():
+    if not path.exists():  # a folder: IsADirectoryError, which read_dataset names
         raise DataError(f"{path}: file not found")
     by_file: dict[str, tuple[Record, str]] = {}  # the image file -> its record, and where it was first named
     asked: dict[str, str] = {}  # the image file -> where its questions were given
