@@ -441,3 +441,26 @@ def test_main_returns_and_writes_for_library_callers(run, shapes, tmp_path):
     out = main(checkpoint=run, images=[shapes["new"] / "green.png", shapes["new"] / "yellow.png"],
                out=tmp_path / "lib.json")  # fmt: skip
     assert results(out) == {"green.png": CAPTION["green"], "yellow.png": CAPTION["yellow"]}
+
+
+def test_captions_that_decode_to_no_text_are_written_and_said(run, shapes, tmp_path, monkeypatch):
+    """A real VLM can end its caption at once (a tiny Qwen3-VL did): the empty caption is written as it is, and the
+    command says how many and which; before, nothing was said."""
+    import finecap.app.caption as command
+
+    real = command.caption_images
+
+    def first_decodes_to_nothing(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.captions[0] = [""]
+        return result
+
+    monkeypatch.setattr(command, "caption_images", first_decodes_to_nothing)
+    code, _, err = run_cli(["caption", "--checkpoint", str(run), "--out", str(tmp_path / "out.json"), "--images",
+                            str(shapes["new"])])  # fmt: skip
+    assert code == 0, err
+    got = results(tmp_path / "out.json")
+    first = sorted(got)[0]
+    assert got[first] == "" and all(got[k] for k in got if k != first)
+    assert f"caption: 1 of the captions (of {len(got)}) are empty, e.g. image ids ['{first}'] (they decoded to no " \
+           "text)" in err  # fmt: skip

@@ -133,3 +133,16 @@ def test_an_image_coco_lists_without_a_caption_is_named_so(tmp_path):
     refused(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "length"],
             "1 predicted image id(s) are not in the references", "1 of them ([2]) are in its 'images' list without a "
             "caption annotation")  # fmt: skip
+
+
+def test_empty_predicted_captions_are_said_and_scored_as_they_are(chat, tmp_path):
+    """A caption that decoded to no text (a real VLM's ``finecap caption`` can write ``""``) is scored as it is, and
+    the command says how many there are and which: before, nothing was said."""
+    preds = predictions(tmp_path / "p.json", {"photos/img000.jpg": "", "photos/img001.jpg": "a cat on a red mat",
+                                              "more/img000.png": " "})  # fmt: skip
+    code, out, err = run_cli(["eval", "--predictions", str(preds), "--references", str(chat), "--metrics", "length",
+                              "--format", "json"])  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["Length"] == pytest.approx(6 / 3)
+    assert ("2 of the predicted captions (of 3) are empty, e.g. image ids ['photos/img000.jpg', 'more/img000.png'], "
+            "scored as they are") in err  # fmt: skip

@@ -54,7 +54,7 @@ from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
 from finecap.data.records import DataError
 from finecap.data.references import MissingSplit
-from finecap.data.results import write_results
+from finecap.data.results import empty_captions_note, write_results
 from finecap.engines import engine_class, open_engine
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
@@ -497,8 +497,12 @@ def main(
         raise
     out = Path(out)
     if accelerator.is_main_process:
-        write_results(out, {image_id: caps[0] for image_id, caps in captions.items()})
+        first = {image_id: caps[0] for image_id, caps in captions.items()}
+        write_results(out, first)
         log.info("wrote %d captions of %s to %s", len(captions), what, out)
+        empty = empty_captions_note(first, "the captions")
+        if empty:
+            log.warning("caption: %s (they decoded to no text)", empty)
     if partial is not None:
         partial.close()
         partial.path.unlink()

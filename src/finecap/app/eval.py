@@ -62,6 +62,7 @@ from finecap.data.bags_file import read_bags
 from finecap.data.predictions import read_predictions
 from finecap.data.records import MAX_LISTED, DataError, Record, file_number
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
+from finecap.data.results import empty_captions_note
 from finecap.judges.questions import questions_of
 from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
@@ -239,6 +240,9 @@ def _main(
     # consecutive lines, and a caption's last token can depend on the next line (finecap.metrics.ptb_tokenize)
     preds = {r.image_id: results[r.image_id][0] for r in refs.records if r.image_id in results}
     require_captions([by_id[i] for i in preds], refs.path, refs.format, "the predictions")  # a folder's may have none
+    empty = empty_captions_note(preds, "the predicted captions")
+    if empty:
+        log.warning("%s: %s, scored as they are", predictions, empty)
     pool = refs.records
     if split is None:
         splits = {by_id[i].split for i in preds}

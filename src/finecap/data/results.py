@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from finecap.data.json_files import load_json
-from finecap.data.records import DataError, check_id, is_id, require, require_id, type_name
+from finecap.data.records import MAX_LISTED, DataError, check_id, is_id, require, require_id, type_name
 from finecap.outputs import write_output
 from finecap.utils.text import short_repr
 
@@ -47,6 +47,20 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
         image_id = require_id(rec, "image_id", where)
         out.setdefault(image_id, []).append(require(rec, "caption", str, where))
     return out
+
+
+def empty_captions_note(captions: dict[int | str, str], what: str) -> str | None:
+    """A line saying how many of ``captions`` (image id -> caption) are empty or white space alone, with the first
+    ids, or ``None`` when none is: ``finecap caption`` and ``finecap eval`` log it, since an empty caption is scored
+    as it is (``what``: what the captions are, for the line).
+
+    >>> empty_captions_note({1: "a cat", 2: " ", 3: ""}, "the captions")
+    '2 of the captions (of 3) are empty, e.g. image ids [2, 3]'
+    """
+    empty = [i for i, c in captions.items() if not c.strip()]
+    if not empty:
+        return None
+    return f"{len(empty)} of {what} (of {len(captions)}) are empty, e.g. image ids {empty[:MAX_LISTED]}"
 
 
 def write_results(path: str | Path, captions: dict[int | str, str]) -> None:
