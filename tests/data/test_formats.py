@@ -156,6 +156,11 @@ def test_a_folder_given_to_a_format_that_reads_a_file_says_what_the_folder_reads
     with pytest.raises(DataError, match=rf"photos: a folder, but data.format={fmt} reads a file; it reads as "
                                         r"data.format=folder$"):  # fmt: skip
         read_dataset(fmt, photos)
+    with pytest.raises(DataError, match=rf"photos: a folder, but data.format={fmt} reads a file; it reads as "
+                                        r"data.format=folder data.images=$"):  # fmt: skip
+        read_dataset(fmt, photos, images=tmp_path / "coco")  # a coco/* recipe's image root: a folder is its own
+    with pytest.raises(DataError, match=r"data.format=folder$"):
+        read_dataset(fmt, photos, images=photos)
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=rf"empty: a folder, but data.format={fmt} reads a file$"):
         read_dataset(fmt, tmp_path / "empty")

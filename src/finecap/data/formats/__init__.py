@@ -186,20 +186,25 @@ def read_dataset(
     except IsADirectoryError:
         if not source.path.is_dir():
             raise
-        raise DataError(_folder_for_a_file(fmt, source.path)) from None
+        raise DataError(_folder_for_a_file(fmt, source)) from None
     check_unique_ids(records, Path(path))  # every format, one's own too: one record per image
     return records
 
 
-def _folder_for_a_file(fmt: str, path: Path) -> str:
-    """What to say when the format ``fmt`` reads a file and ``path`` is a folder: the format the folder reads as,
-    when one does (a folder of images with captions is ``data.format=folder``)."""
+def _folder_for_a_file(fmt: str, source: DataSource) -> str:
+    """What to say when the format ``fmt`` reads a file and ``source.path`` is a folder: the format the folder reads
+    as, when one does (a folder of images with captions is ``data.format=folder``), with ``data.images=`` emptied when
+    that format's data set is its own image root and another root is given (a ``coco/*`` recipe's)."""
+    path = source.path
     try:
         found, _ = detect_format(path)
     except (OSError, ValueError):
         found = None
-    hint = f"; it reads as data.format={found}" if found is not None and found != fmt else ""
-    return f"{path}: a folder, but data.format={fmt} reads a file{hint}"
+    if found is None or found == fmt:
+        return f"{path}: a folder, but data.format={fmt} reads a file"
+    other_root = source.images is not None and str(source.images) and source.images.resolve() != path.resolve()
+    images = " data.images=" if data_format(found).own_image_root and other_root else ""
+    return f"{path}: a folder, but data.format={fmt} reads a file; it reads as data.format={found}{images}"
 
 
 def detect_format(path: str | Path) -> tuple[str, Path]:
