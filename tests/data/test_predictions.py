@@ -25,6 +25,7 @@ from finecap.app.cli import main as cli
 from finecap.data.predictions import read_predictions
 from finecap.data.records import DataError
 from finecap.metrics.ptb_tokenize import ptb_tokenize
+from helpers.cli import run_cli
 from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -299,3 +300,24 @@ def test_an_lmms_eval_log_of_0_2_3_scores_as_its_sample_lines(tmp_path, capsys, 
     old.write_text(json.dumps({"args": {}, "model_configs": {}, "logs": [logs[0], ["a dog"]]}, indent=4))
     with pytest.raises(DataError, match=r"logs\[1\]: expected a JSON object"):
         read_predictions(old)
+
+
+def test_an_lmms_eval_test_split_line_is_read_under_its_entrys_image_id_not_its_row(tmp_path, capsys):
+    # lmms-eval's nocaps test split logs no references, only {"pred", "image_id"} (EvolvingLMMs-Lab/lmms-eval,
+    # lmms_eval/tasks/nocaps/utils.py at 75571cfe, nocaps_test_process_result: "nocaps_passthrough"); doc_id is the
+    # row. Scored against references of one's own, the row would pair each caption with another image (ids 0 and 1
+    # are images here too), silently.
+    rows = [{"doc_id": k, "target": "", "filtered_resps": [pred], "nocaps_passthrough": {"pred": pred, "image_id": i}}
+            for k, (i, pred) in enumerate([(1, "a dog on grass"), (0, "a red car")])]  # fmt: skip
+    log = write_lines(tmp_path / "20250101_samples_nocaps_test.jsonl", rows)
+    name, read = read_predictions(log)
+    assert name == "lmms-eval" and read.captions == {1: ["a dog on grass"], 0: ["a red car"]}
+    refs = tmp_path / "refs.jsonl"
+    write_lines(refs, [{"id": 0, "image": "0.jpg", "captions": ["a red car"]},
+                       {"id": 1, "image": "1.jpg", "captions": ["a dog on grass"]}])  # fmt: skip
+    for k in (0, 1):
+        (tmp_path / f"{k}.jpg").write_bytes(b"")
+    code, out, err = run_cli(["eval", "--predictions", str(log), "--references", str(refs), "--metrics", "bleu",
+                              "--format", "json"])  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["BLEU-1"] == pytest.approx(1.0)

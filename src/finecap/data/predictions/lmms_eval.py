@@ -6,7 +6,9 @@ A caption task's line holds its metric entries, each the ``process_results`` dic
 (``tasks/coco_cap``) ``"coco_Bleu_4": {"answer": [references], "pred": caption, "image_id": id, "id": ...}``, for
 Flickr30k / NoCaps / DetailCaps alike. The first such entry (a dict with ``pred`` and ``answer``) gives the caption,
 the references and the image id (``image_id``, else the line's ``doc_id``). A line without one falls back to
-``filtered_resps`` (the caption) and ``target`` (the references, a stringified list: parsed) with ``doc_id`` as id.
+``filtered_resps`` (the caption) and ``target`` (the references, a stringified list: parsed) with ``doc_id`` as id,
+but for a line whose entry names its image without references (a test split's, ``nocaps_passthrough``: ``{"pred",
+"image_id"}``): its ``pred`` and ``image_id`` then, since ``doc_id`` is the document's row, no image's id.
 An image id on several lines (its captions are then samples) must carry the same references on each; other
 references are an error naming the line.
 """
@@ -24,9 +26,10 @@ from finecap.data.records import DataError, check_id
 from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
 
 
-def _entry(rec: dict) -> dict | None:
+def _entry(rec: dict, *keys: str) -> dict | None:
+    """The document's first metric entry holding ``pred`` and ``keys`` (default ``answer``), or ``None``."""
     for value in rec.values():
-        if isinstance(value, dict) and "pred" in value and "answer" in value:
+        if isinstance(value, dict) and "pred" in value and all(k in value for k in keys or ("answer",)):
             return value
     return None
 
@@ -41,8 +44,13 @@ def _read(path: Path) -> Predictions:
             image_id = check_id(entry.get("image_id", rec.get("doc_id")), where)
             pred, refs = entry["pred"], targets.parse(entry["answer"], n)
         elif "filtered_resps" in rec and "target" in rec:
-            image_id = check_id(rec.get("doc_id"), where, "'doc_id'")
-            pred, refs = first_of(rec["filtered_resps"]), targets.parse(rec["target"], n)
+            named = _entry(rec, "image_id")  # a test split's entry without references (nocaps_passthrough)
+            if named is not None:  # its image's id, not the document's row number
+                image_id = check_id(named["image_id"], where)
+                pred, refs = first_of(named["pred"]), targets.parse(rec["target"], n)
+            else:
+                image_id = check_id(rec.get("doc_id"), where, "'doc_id'")
+                pred, refs = first_of(rec["filtered_resps"]), targets.parse(rec["target"], n)
         else:
             raise DataError(f"{where}: no caption entry (a metric entry with 'pred' and 'answer', or 'filtered_resps' "
                             "and 'target'): not an lmms-eval sample log of a caption task")  # fmt: skip
