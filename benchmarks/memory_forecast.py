@@ -69,6 +69,13 @@ H200 = [  # gpu_check's settings then (the recipes before issue 65), the state i
      Training("lora", 2, autocast=True, checkpointing=True, rank=32, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
      Step(16, 78, 8, 40), SIGLIP_512,
      "bf16 + LoRA r32 + autocast + checkpointing, 16 images x 8 samples of 40 tokens"),
+    # the same step as the code committed before that run scored it (01b68616: the sampled captions' rows read the
+    # prompt embeddings made once per image; a4857391, 14 minutes after the run began, made it the model's own
+    # forward, which runs the tower for every row of an unshared prompt)
+    ("memory:grpo_cider_vlm", "gpu_check_h200_2026-11-26_memory_rerun.json",
+     Training("lora", 2, autocast=True, checkpointing=True, rank=32, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
+     Step(16, 78, 8, 40, own_forward=False), SIGLIP_512,
+     "the same, the rows reading prompt embeddings made once per image (the code committed before the run)"),
 ]  # fmt: skip
 
 

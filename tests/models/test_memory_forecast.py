@@ -1085,3 +1085,20 @@ def test_every_familys_vision_config_gives_its_shapes():
         per_patch = 3 * area * int(getattr(config.vision_config, "temporal_patch_size", 1) or 1)
         shapes = VisionShapes.of(config, torch.zeros(2, 5 * per_patch), 2)  # 2 images of 5 patches each
         assert (shapes.pixels, shapes.patches) == (5 * per_patch, 5), name
+
+
+def test_rows_reading_prompt_embeddings_run_the_tower_once_per_image():
+    """``Step.own_forward=False``: an unshared prompt's rows read prompt embeddings made once per image (the world
+    VLM; every VLM before the prompt pass became the model's own forward), so the tower and the pixels are counted
+    for the images, not for every row, and the language model is unchanged; with the own forward, every row's."""
+    vision = VisionShapes(64, 256, 16, 3 * 32 * 32, 2, 4, pixel_copy="select")
+    train = Training("lora", 2, autocast=True, checkpointing=True)
+    own = activation_forecast(SMOLVLM, train, Step(2, 20, 8, 10), vision)
+    embeds = activation_forecast(SMOLVLM, train, Step(2, 20, 8, 10, own_forward=False), vision)
+    assert embeds["lm"] == own["lm"] and embeds["vocab"] == own["vocab"]
+    projector = 2 * vision.projector_in if train.projector_trains else 0  # its bf16 input (autocast), per image seen
+    assert own["images"] == pixel_input_bytes(vision) * (2 + 16) + projector * 16
+    assert embeds["images"] == pixel_input_bytes(vision) * 2 + projector * 2
+    tower_rows = frozen_tower_bytes(vision, 2, 16 * 16) + 16 * pixel_copy_bytes(vision, 2)
+    tower_images = frozen_tower_bytes(vision, 2, 2 * 16) + 2 * pixel_copy_bytes(vision, 2)
+    assert own["tower"] - embeds["tower"] == tower_rows - tower_images > 0

@@ -324,7 +324,11 @@ class Step:
     KV cache repeated; RL objectives, checkpointed or not), else the prompt is run again for each caption;
     ``chunked``: under checkpointing the captions are scored through the head in vocabulary chunks (MLE and the RL
     objectives; SMILE's subset softmax reads whole logits); ``reference``: the GRPO KL's reference pass scores the
-    captions once more before the step (module docstring)."""
+    captions once more before the step (module docstring); ``own_forward``: a caption's row is scored by the model's
+    own forward over its image's pixels, so without the shared prompt the vision tower runs for every row (the
+    transformers families since 2026-11-26, a4857391), else the rows read prompt embeddings made once per image
+    (the world VLM; every VLM before that commit, as the first H200 run measured it:
+    ``benchmarks/memory_forecast.py``)."""
 
     images: int
     prompt: int
@@ -333,6 +337,7 @@ class Step:
     shared: bool = False
     chunked: bool = True  # under checkpointing the vocabulary is scored in chunks (MLE, RL; not SMILE's subsets)
     reference: bool = False  # grpo.kl_coef > 0: the captions scored again without gradient, their whole logits held
+    own_forward: bool = True  # rows scored by the model's own forward over the pixels (False: prompt embeddings)
 
 
 def _inputs(train: Training, width: int, x_bytes: int, names: tuple[str, ...], saved: bool) -> int:
@@ -719,8 +724,9 @@ def _forecast(lm: LmShapes, train: Training, step: Step, vision: VisionShapes | 
     images = tower = tower_saved = tower_backward = held = 0
     if vision is not None:
         # without the shared prompt each caption's row runs the model's own forward, vision tower included: the
-        # image's pixel values are copied per row and the tower and projector see every row
-        seen = step.images if step.shared or step.captions == 1 else rows
+        # image's pixel values are copied per row and the tower and projector see every row (not where the rows read
+        # prompt embeddings made once per image: Step.own_forward)
+        seen = step.images if step.shared or step.captions == 1 or not step.own_forward else rows
         copies = seen if seen != step.images else 0
         images = pixel_input_bytes(vision) * (step.images + copies)
         if train.projector_trains:  # its input, cast to the projector's float32 (bf16 under autocast)
