@@ -30,3 +30,24 @@ from finecap.boost.engine import clean_answer
 )
 def test_only_quotes_around_the_whole_answer_are_dropped(answer, caption):
     assert clean_answer(answer) == caption
+
+
+@pytest.mark.parametrize(
+    ("answer", "caption"),
+    [
+        # a label in markdown emphasis, as chat models write it, was kept in the caption ('**Caption:** A dog ...')
+        ("**Caption:** A dog runs on grass.", "A dog runs on grass."),
+        ("**Improved caption**: A dog runs on grass.", "A dog runs on grass."),
+        ("*Caption:* A dog runs on grass.", "A dog runs on grass."),
+        ('"**Caption:** A dog runs on grass."', "A dog runs on grass."),
+        # strong emphasis around the whole answer, as quotes are: dropped
+        ("**A dog runs on grass.**", "A dog runs on grass."),
+        ("Caption: __A dog runs on grass.__", "A dog runs on grass."),
+        # emphasis inside the answer, or another bold label, is the answer's own: kept
+        ("**A dog** runs on **grass**.", "**A dog** runs on **grass**."),
+        ("**Note:** A dog runs on grass.", "**Note:** A dog runs on grass."),
+        ("****", "****"),
+    ],
+)
+def test_a_markdown_label_and_emphasis_around_the_whole_answer_are_dropped(answer, caption):
+    assert clean_answer(answer) == caption

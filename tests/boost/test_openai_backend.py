@@ -403,3 +403,47 @@ def test_sampled_requests_carry_a_seed_of_run_seed_and_the_request(tmp_path):
     assert server.requests[5]["payload"]["seed"] != seed0  # another run.seed: another seed for the same request
     # the cache key holds run.seed when sampling (another seed into the same --out asks again), not when greedy
     assert backend.identity()["seed"] == 7 and other.identity()["seed"] == 8 and "seed" not in greedy.identity()
+
+
+def test_refusals_content_filter_and_a_cut_off_with_no_text_fail_their_image_at_once(tmp_path):
+    """Replies shaped as OpenAI's API and vLLM's server send them: a refusal (``message.refusal``, content null) was a
+    malformed reply asked again 3 times, the same refusal each time; an answer the content filter stopped
+    (``finish_reason: "content_filter"``, part of a caption) was taken as a caption; a reasoning model's answer cut at
+    ``max_tokens`` before any text (``content: null``, ``finish_reason: "length"``) was asked again as malformed and
+    reported as such, not as cut off."""
+    records = _records(tmp_path, 4)
+
+    def answer(payload, n):
+        text = payload["messages"][-1]["content"]
+        body = completion("boosted caption 1 a red")
+        choice = body["choices"][0]
+        if "caption 0 a" in text:
+            choice["message"] |= {"content": None, "refusal": "I'm sorry, I cannot help with that."}
+        elif "caption 1 a" in text:
+            choice["finish_reason"] = "content_filter"
+        elif "caption 2 a" in text:
+            choice["message"]["content"], choice["finish_reason"] = None, "length"
+        else:
+            return echo_first_caption(payload, n)
+        return 200, body
+
+    with ChatServer(answer) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.01, max_tokens=9)
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        result = boost_records(records, "blend", backend, None, cache, Prompts.load(), few_shot=False, retries=2,
+                               progress=False)  # fmt: skip
+        cache.close()
+    assert [f["blend"] for f in result.fields] == [r.captions for r in records[:3]] + [["boosted caption 3 a"]]
+    errors = {f.image_id: (f.error, f.attempts) for f in result.failures}
+    assert errors == {
+        0: (f"BackendError: {server.url}/chat/completions: the model refused to answer: "
+            "\"I'm sorry, I cannot help with that.\"", 1),
+        1: (f"BackendError: {server.url}/chat/completions: the server's content filter stopped the answer "
+            "(finish_reason 'content_filter'): 'boosted caption 1 a red'", 1),
+        2: ("CutOff: the answer reached boost.max_new_tokens=9 before the model ended it (finish_reason 'length'): "
+            "''; raise boost.max_new_tokens", 1),
+    }  # fmt: skip
+    assert len(server.requests) == 4 and result.cut_off == {"blend": 1}  # none asked again
+    assert [json.loads(line)["answer"] for line in (tmp_path / "cache.jsonl").read_text().splitlines()] == [
+        "boosted caption 3 a"
+    ]

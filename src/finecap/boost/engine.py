@@ -10,12 +10,12 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   :func:`finecap.boost.output.is_boost_file`); a key written twice keeps its first answer, so nothing is duplicated in
   the output.
 - **Answers** are kept whole (:func:`clean_answer`): white space runs (line breaks and paragraphs included) become
-  one space, a pair of quotes around the whole answer and one leading label such as ``Caption:`` (before the quotes or
-  inside them) are dropped, nothing else (docs/boost.md#prompts: finecap's rule, not the paper's). An empty answer
-  or a reply that is not a chat completion (:class:`MalformedReply`) is asked again, up to ``boost.retries`` times;
-  a backend error that survived the backend's own retries (:class:`BackendError`: HTTP 5xx, time-outs) fails the
-  image at once, and so does an answer cut off at ``boost.max_new_tokens`` (:class:`CutOff`: every backend that can
-  tell reports one; it is never a caption).
+  one space, a pair of quotes or of markdown ``**`` around the whole answer and one leading label such as
+  ``Caption:`` or ``**Caption:**`` (before the quotes or inside them) are dropped, nothing else (docs/boost.md#prompts:
+  finecap's rule, not the paper's). An empty answer or a reply that is not a chat completion (:class:`MalformedReply`)
+  is asked again, up to ``boost.retries`` times; a backend error that survived the backend's own retries
+  (:class:`BackendError`: HTTP 5xx, time-outs, a refusal) fails the image at once, and so does an answer cut off at
+  ``boost.max_new_tokens`` (:class:`CutOff`: every backend that can tell reports one; it is never a caption).
 - **Failures** (:class:`Failure`): every image whose step failed, with the step, the reason and the attempts; the
   caller writes them to ``failures.jsonl`` and keeps the image's human captions for that field. A failed ``blend`` or
   ``visual`` step also fails the image's ``holistic`` step (its inputs are missing).
@@ -307,9 +307,14 @@ class BoostResult:
     """Answers per step cut off at ``boost.max_new_tokens`` (:class:`CutOff`; their images failed)."""
 
 
+_LABEL_WORDS = r"(?:improved |blended |holistic |human |final |correct |new )?(?:caption|description|answer)"
 _LABEL = re.compile(
-    r"^(?:improved |blended |holistic |human |final |correct |new )?(?:caption|description|answer)\s*:\s*", re.I
+    rf"^(?:(\*\*|__|\*){_LABEL_WORDS}\s*:\s*\1|(\*\*|__|\*){_LABEL_WORDS}\2\s*:|{_LABEL_WORDS}\s*:)\s*", re.I
 )
+"""A leading label, also in markdown emphasis as chat models write it: ``Caption:``, ``**Caption:**``,
+``**Caption**:``."""
+_EMPHASIS = ("**", "__")
+"""Markdown strong emphasis around a whole answer (``**A dog runs.**``), dropped as a pair of quotes is."""
 _QUOTE_PAIRS = {'"': '"', "'": "'", "`": "`", "“": "”", "‘": "’"}
 """Opening quote -> its closing quote, for :func:`clean_answer`."""
 _APOSTROPHE = re.compile(r"(?<=\w)['’](?=\w)")
@@ -327,9 +332,10 @@ def _unquoted(line: str) -> str:
 
 
 def clean_answer(text: Any) -> str | None:
-    """The whole answer with white space normalised, without quotes around the whole of it (a matching pair with no
-    other quote of that kind inside) or a leading label (before the quotes or inside them); ``None`` when nothing is
-    left. Every line and paragraph is kept (a VLM's description runs to several).
+    """The whole answer with white space normalised, without quotes or markdown strong emphasis (``**``, ``__``)
+    around the whole of it (a matching pair with no other of that kind inside) or a leading label, plain or in
+    markdown emphasis (before the quotes or inside them); ``None`` when nothing is left. Every line and paragraph is
+    kept (a VLM's description runs to several).
 
     Example::
 
@@ -337,6 +343,8 @@ def clean_answer(text: Any) -> str | None:
         'A red circle on grass. A blue square is above it.'
         >>> clean_answer('"A red circle on grass.\\n  It is small."')
         'A red circle on grass. It is small.'
+        >>> clean_answer('**Caption:** A red circle on grass.')
+        'A red circle on grass.'
         >>> clean_answer('"STOP" is painted on a sign reading "SLOW"')  # two quotations, not one around it all
         '"STOP" is painted on a sign reading "SLOW"'
         >>> clean_answer("   ") is None
@@ -345,6 +353,9 @@ def clean_answer(text: Any) -> str | None:
     if not isinstance(text, str):
         return None
     line = _LABEL.sub("", " ".join(text.split())).strip()
+    mark = next((m for m in _EMPHASIS if line.startswith(m) and line.endswith(m) and len(line) > 2 * len(m)), None)
+    if mark is not None and mark not in line[len(mark) : -len(mark)]:  # '**A dog.**', not '**A** dog and **B**'
+        line = line[len(mark) : -len(mark)].strip()
     unquoted = _unquoted(line)
     if unquoted != line:  # a label inside the quotes: '"Caption: A dog."'
         unquoted = _LABEL.sub("", unquoted)

@@ -33,8 +33,13 @@ What happens to each request:
 - **fails the image, as cut off** (:class:`~finecap.boost.engine.CutOff`, unless made with ``refuse_cut_off=False``,
   as the judges are: they parse an answer rather than keep it): an answer whose ``finish_reason`` is ``"length"``,
   stopped at ``max_tokens`` (``boost.max_new_tokens``) before the model ended it;
+- **fails the image, not asked again**: a refusal (``choices[0].message.refusal``, as OpenAI's API reports one,
+  with or without content) and an answer stopped by the server's content filter (``finish_reason:
+  "content_filter"``): the same request would get the same, and what came is no caption;
 - **asked again by the engine**: a reply that is not chat-completions JSON
   (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
+  A ``finish_reason`` of ``"length"`` is a cut-off answer (above) whatever its content, none included (a reasoning
+  model that spent ``max_tokens`` thinking answers ``content: null``).
 
 The time-out (``boost.timeout``, ``judge.timeout``) bounds each step of a request: a server silent for that long
 while connecting, sending or between any two reads is a time-out (httpx's time-outs are per step), and so is a reply
@@ -357,13 +362,23 @@ class OpenAIBackend:
         except ValueError:  # UnicodeDecodeError too
             raise MalformedReply(f"HTTP {status} but the reply is not JSON: {shown[:200]!r}") from None
         try:
-            content = body["choices"][0]["message"]["content"]
+            choice = body["choices"][0]
+            message = choice["message"]
         except (KeyError, IndexError, TypeError):
-            content = None
+            choice = message = None
+        content = message.get("content") if isinstance(message, dict) else None
+        refusal = message.get("refusal") if isinstance(message, dict) else None
+        finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+        if isinstance(refusal, str) and refusal.strip():  # asked again, the same request would be refused again
+            raise BackendError(f"{self.shown_url}: the model refused to answer: {self.masked_answer(refusal)[:200]!r}")
+        if finish == "content_filter":  # what came is not the model's whole answer
+            raise BackendError(f"{self.shown_url}: the server's content filter stopped the answer (finish_reason "
+                               f"'content_filter'): {self.masked_answer(str(content or ''))[:200]!r}")  # fmt: skip
+        if self.refuse_cut_off and finish == "length":  # also with no text: a reasoning model's budget spent
+            text = content if isinstance(content, str) else ""
+            raise cut_off(self.masked_answer(text), self.max_tokens, "finish_reason 'length'")
         if not isinstance(content, str):
             raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
-        if self.refuse_cut_off and body["choices"][0].get("finish_reason") == "length":
-            raise cut_off(self.masked_answer(content), self.max_tokens, "finish_reason 'length'")
         return self.masked_answer(content)
 
     def _read_before(self, response: httpx.Response, deadline: float) -> bytes:
