@@ -447,3 +447,29 @@ def test_refusals_content_filter_and_a_cut_off_with_no_text_fail_their_image_at_
     assert [json.loads(line)["answer"] for line in (tmp_path / "cache.jsonl").read_text().splitlines()] == [
         "boosted caption 3 a"
     ]
+
+
+def test_content_parts_are_read_as_text_and_an_undecodable_body_is_asked_again(tmp_path):
+    """Some OpenAI-compatible servers send the content as a list of parts (``[{"type": "text", "text": ...}]``, a
+    reasoning model's ``thinking`` part beside it): its text parts are the answer, where the reply was malformed and
+    the image failed after its retries. A body whose ``Content-Encoding: gzip`` does not decode was httpx's
+    ``DecodingError``, which failed the image at once; it is a malformed reply, asked again."""
+    records = _records(tmp_path, 2)
+
+    def answer(payload, n):
+        status, body = echo_first_caption(payload, n)
+        text = body["choices"][0]["message"]["content"]
+        if "caption 0 a" in payload["messages"][-1]["content"] and n == 0:
+            return 200, "not a gzip stream", {"Content-Encoding": "gzip"}
+        parts = [{"type": "thinking", "thinking": "a caption, then"}, {"type": "text", "text": text}]
+        body["choices"][0]["message"]["content"] = parts
+        return status, body
+
+    with ChatServer(answer) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.01)
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        result = boost_records(records, "blend", backend, None, cache, Prompts.load(), few_shot=False, retries=2,
+                               progress=False)  # fmt: skip
+        cache.close()
+    assert [f["blend"] for f in result.fields] == [["boosted caption 0 a"], ["boosted caption 1 a"]]
+    assert result.failures == [] and len(server.requests) == 3

@@ -37,7 +37,9 @@ What happens to each request:
   with or without content) and an answer stopped by the server's content filter (``finish_reason:
   "content_filter"``): the same request would get the same, and what came is no caption;
 - **asked again by the engine**: a reply that is not chat-completions JSON
-  (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content").
+  (:class:`~finecap.boost.engine.MalformedReply`, reported as "not JSON" or "no choices[0].message.content"), and
+  a body that does not decode (a broken ``Content-Encoding: gzip``). A content given as a list of parts is read as
+  its ``text`` parts joined (others, a reasoning model's ``thinking``, are not the answer).
   A ``finish_reason`` of ``"length"`` is a cut-off answer (above) whatever its content, none included (a reasoning
   model that spent ``max_tokens`` thinking answers ``content: null``).
 
@@ -234,6 +236,16 @@ def api_key_from_env(variable: str, key: str, explicit: bool) -> str:
     return value
 
 
+def _text_of(content: Any) -> Any:
+    """A message's content as text: a string as it is; a list of content parts (``[{"type": "text", "text": ...},
+    ...]``, which some OpenAI-compatible servers send) as its text parts joined, when it has one (a part of another
+    type, a reasoning model's ``thinking``, is not the answer); anything else as it is (a malformed reply)."""
+    if isinstance(content, list) and content and all(isinstance(p, dict) for p in content):
+        texts = [p["text"] for p in content if p.get("type") == "text" and isinstance(p.get("text"), str)]
+        return "".join(texts) if texts else content
+    return content
+
+
 class OpenAIBackend:
     """Chat completions on an OpenAI-compatible server (module docstring).
 
@@ -336,6 +348,8 @@ class OpenAIBackend:
                 raw = self._read_before(response, deadline)
         except httpx.TransportError as e:  # no connection, time-outs, a connection cut mid-reply
             raise _Retry(f"{type(e).__name__}: {self.redact(str(e))}", unavailable=True) from None
+        except httpx.DecodingError as e:  # a compressed reply that does not decode (a broken gzip body)
+            raise MalformedReply(f"the reply's body does not decode ({self.redact(str(e))[:200]})") from None
         status = response.status_code
         # for messages: masked before it is cut, so that a key (or URL) the cut falls inside leaks no prefix of itself;
         # the first 300 characters lie within the first 1200 bytes, a key starting among them within its length more
@@ -366,7 +380,7 @@ class OpenAIBackend:
             message = choice["message"]
         except (KeyError, IndexError, TypeError):
             choice = message = None
-        content = message.get("content") if isinstance(message, dict) else None
+        content = _text_of(message.get("content")) if isinstance(message, dict) else None
         refusal = message.get("refusal") if isinstance(message, dict) else None
         finish = choice.get("finish_reason") if isinstance(choice, dict) else None
         if isinstance(refusal, str) and refusal.strip():  # asked again, the same request would be refused again
