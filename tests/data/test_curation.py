@@ -62,6 +62,18 @@ def test_bad_keys_decisions_and_output(bags_file, tmp_path):
         BagCuration(bags_file, bags_file)
 
 
+@pytest.mark.parametrize("key", ["3/00", "3/\u0661", "3/\u00b2", "03/1", "3/1/", " 3/1"])
+def test_a_key_names_a_bag_only_as_keys_spells_it(bags_file, tmp_path, key):
+    # an index that str.isdigit took was int()-ed: '3/00' and '3/<Arabic-Indic one>' were other names of bags 3/0
+    # and 3/1 (a page of their own, and a decision there a KeyError of the bare key), '3/<superscript two>' a
+    # ValueError from int() (the review page's 500)
+    review = BagCuration(bags_file, tmp_path / "c.json")
+    for call in (review.bag, review.similarity, lambda k: review.decide(k, "accept")):
+        with pytest.raises(KeyError, match=r"no bag .* \(keys look like '3/0'\)"):
+            call(key)
+    assert review.decisions == {} and review.bag("3/1") == [4, 5, 6]
+
+
 def test_decisions_follow_bag_content_not_position(bags_file, tmp_path):
     out = tmp_path / "curated.json"
     BagCuration(bags_file, out).decide("3/0", "accept")  # images [1, 2, 3]

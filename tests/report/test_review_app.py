@@ -76,6 +76,20 @@ def test_pages_show_images_and_captions_and_save_decisions(app_and_paths):
     assert "5/0" not in again.application.config["curation"].decisions
 
 
+def test_a_bag_is_named_only_by_its_own_key(app_and_paths):
+    # '/bag/3/<superscript two>' was a 500 (int() of a str.isdigit() index), '/bag/3/00' and '/bag/3/<Arabic-Indic
+    # zero>' a second page of bag 3/0 whose buttons answered a bare 404 '3/00'
+    app, _, _ = app_and_paths
+    client = app.test_client()
+    token = form_token(client, "/bag/3/0")
+    for key in ("3/\u00b2", "3/00", "3/\u0660", "03/0"):
+        url = "/bag/" + urllib.parse.quote(key)
+        for response in (client.get(url), client.post(url, data={"decision": "accept", "csrf_token": token})):
+            text = response.get_data(as_text=True)
+            assert response.status_code == 404 and "no bag" in text and "keys look like '3/0'" in text, key
+    assert app.config["curation"].decisions == {}
+
+
 def test_an_empty_bags_file_says_so(tiny_world, tmp_path):
     bags = tmp_path / "empty.json"
     bags.write_text('{"bags": {"3": []}}')

@@ -122,6 +122,7 @@ class BagCuration:
         if self.decisions_file.resolve() == self.bags_path.resolve():
             raise ValueError(f"{self.out}: its decisions file would be the candidate bags file {self.bags_path}")
         self._keys = [f"{size}/{i}" for size in sorted(self.bags, key=int) for i in range(len(self.bags[size]))]
+        self._places = {f"{size}/{i}": (size, i) for size in self.bags for i in range(len(self.bags[size]))}
         self._content = {key: content_key(self.bag(key)) for key in self._keys}
         self._thread_lock = threading.Lock()
         self._file_lock = FileLock(str(lock_path(self.out)), timeout=LOCK_TIMEOUT, poll_interval=0.005)
@@ -157,14 +158,16 @@ class BagCuration:
         return entry.get("similarity") if isinstance(entry, dict) else None
 
     def _check(self, key: str, decision: str | None = None) -> tuple[str, int]:
-        size, _, index = str(key).partition("/")
-        if size not in self.bags or not index.isdigit() or int(index) >= len(self.bags[size]):
-            raise KeyError(f"no bag {key!r} in {self.bags_path} (keys look like '3/0')")
+        """``(size, index)`` of bag ``key`` spelled exactly as :meth:`keys` spells it, else :class:`KeyError`:
+        ``"3/00"`` and an index in other digits (Arabic-Indic, superscript: ``str.isdigit`` took them) name no bag."""
+        place = self._places.get(key) if isinstance(key, str) else None
+        if place is None:
+            raise KeyError(f"no bag {short_repr(key)} in {self.bags_path} (keys look like '3/0')")
         if decision is not None and decision not in DECISIONS:
             raise ValueError(
                 f"bag {short_repr(key)}: decision must be one of {', '.join(DECISIONS)}, got {short_repr(decision)}"
             )
-        return size, int(index)
+        return place
 
     # --- deciding ---------------------------------------------------------------------------------------------------
 
