@@ -115,6 +115,29 @@ def test_an_output_that_is_not_a_curation_is_never_replaced(bags_file, tmp_path)
     assert mine.read_text() == '{"my": "data"}' and not decisions_path(mine).exists()
 
 
+def test_a_curated_file_whose_decisions_file_is_missing_is_not_emptied(bags_file, tmp_path):
+    # the curated file is rebuilt from the decisions file at start: with that file gone (only the curated file copied
+    # or kept), a curated file of one accepted and one rejected bag was silently rewritten with none accepted
+    out = tmp_path / "curated.json"
+    review = BagCuration(bags_file, out)
+    review.decide("3/0", "accept")
+    review.decide("2/0", "reject")
+    decisions_path(out).unlink()
+    before = out.read_text()
+    for rebuild in (True, False):
+        with pytest.raises(DataError, match=r"curated.json: records 2 decision\(s\) but its decisions file .*"
+                                            r"curated.decisions.json is missing"):  # fmt: skip
+            BagCuration(bags_file, out, rebuild=rebuild)
+    assert out.read_text() == before and not decisions_path(out).exists()
+    with pytest.raises(DataError, match="is missing"):  # and a click of a server that started before it went
+        review.decide("3/1", "accept")
+    assert out.read_text() == before
+    # a curated file of no decision yet (a review opened, nothing clicked) starts afresh as before
+    BagCuration(bags_file, tmp_path / "fresh.json")
+    decisions_path(tmp_path / "fresh.json").unlink()
+    assert BagCuration(bags_file, tmp_path / "fresh.json").decisions == {}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

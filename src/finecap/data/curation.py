@@ -14,6 +14,8 @@ or a closed browser tab loses nothing and reopening the same output resumes wher
   position, so a rebuilt or reordered bags file cannot hand a decision to another bag. A decisions file holding a
   decision for a bag that is no longer in the bags file (the bags file changed) is refused with an error naming
   both files; so is a decisions file of the older, position-keyed layout (no ``"version"``), which cannot be checked.
+  A curated file that records decisions whose decisions file is missing is refused too (rebuilt from no decisions,
+  its accepted bags would be lost).
 
 Concurrency: :meth:`BagCuration.decide` takes a lock (a thread lock, then an operating-system file lock on
 ``.<out name>.lock`` through ``filelock``, so two review servers on the same output also take turns), **reads the
@@ -239,11 +241,31 @@ class BagCuration:
             raise DataError(f"{self.out}: exists and is not a curated bags file of `finecap bags review`; "
                             "choose another --out")  # fmt: skip
 
+    def _check_nothing_decided(self) -> None:
+        """Refuse to start afresh (the decisions file is missing) over a curated file that records decisions: the
+        curated file is rebuilt from the decisions file, so its accepted bags would be replaced by none."""
+        try:
+            existing = read_json(self.out, DATA_FILE)
+        except (ValueError, OSError, RecursionError):  # none yet (or not ours: _check_out_is_ours named it)
+            return
+        summary = existing.get("curation") if isinstance(existing, dict) else None
+        if not isinstance(summary, dict):
+            return
+        decided = sum(n for n in (summary.get("accepted"), summary.get("rejected")) if isinstance(n, int))
+        bags = existing.get("bags")
+        accepted = isinstance(bags, dict) and any(isinstance(b, list) and b for b in bags.values())
+        if decided > 0 or accepted:
+            raise DataError(f"{self.out}: records {decided} decision(s) but its decisions file {self.decisions_file} "
+                            "is missing, and the curated file is rebuilt from it (its accepted bags would be lost); "
+                            "put the decisions file back, or choose another --out")  # fmt: skip
+
     def _read_decisions(self) -> dict[str, str]:
-        """``{content key: decision}`` from the decisions file (empty when there is none), checked against the bags
+        """``{content key: decision}`` from the decisions file (empty when there is none, refused when there is none
+        but the curated file records decisions: :meth:`_check_nothing_decided`), checked against the bags
         file: refused when it is not ours, position-keyed, or decides a bag the bags file no longer holds."""
         path = self.decisions_file
         if not path.exists():
+            self._check_nothing_decided()
             return {}
         try:
             saved = read_json(path, DATA_FILE)
