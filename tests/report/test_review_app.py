@@ -489,6 +489,32 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
         assert response.status_code == 200 and response.mimetype == "image/png", src
 
 
+def test_an_image_whose_name_holds_a_colon_is_served(tiny_world, tmp_path):
+    # a ':' in the first part of an image's path (a Windows drive's mark, an ordinary character of a POSIX name) was
+    # refused: images kept at the image root as 'shot 12:30.png' stopped the start with "none of the 3 bag images is
+    # there as an image file (expected e.g. .../shot 12:30.png)", naming a file that is there
+    world = tmp_path / "world"
+    shutil.copytree(tiny_world, world)
+    dataset = json.loads((world / "dataset.json").read_text())
+    test = [im for im in dataset["images"] if im["split"] == "test"][:3]
+    for k, im in enumerate(test):
+        name = f"shot 12:3{k}.png"
+        (world / "images" / im["filepath"] / im["filename"]).rename(world / "images" / name)
+        im["filepath"], im["filename"] = "", name
+    (world / "dataset.json").write_text(json.dumps(dataset))
+    bags = tmp_path / "bags.json"
+    bags.write_text(json.dumps({"bags": {"3": [{"images": [im["imgid"] for im in test]}]}}))
+    client = create_app(bags, world / "images", data=world / "dataset.json").test_client()
+    sources = [
+        html.unescape(s) for s in re.findall(r'<img src="([^"]+)"', client.get("/bag/3/0").get_data(as_text=True))
+    ]
+    assert len(sources) == 3
+    for src in sources:
+        response = client.get(src)
+        assert response.status_code == 200 and response.mimetype == "image/png", src
+    assert resolve_under(world / "images", "shot 12:30.png") == (world / "images" / "shot 12:30.png").resolve()
+
+
 def test_the_images_are_read_within_the_configurations_budget(fabricated_run, tiny_world, tmp_path):
     # the app checked and decoded the bag images within the default budget (data.max_image_pixels,
     # data.max_aspect_ratio), not the configuration's: a run that allowed larger images had them refused, one that
