@@ -138,6 +138,25 @@ def test_a_curated_file_whose_decisions_file_is_missing_is_not_emptied(bags_file
     assert BagCuration(bags_file, tmp_path / "fresh.json").decisions == {}
 
 
+def test_a_link_at_the_output_is_refused_before_anything_is_written(bags_file, tmp_path):
+    # a link at the curated file was refused only when it was written, after its decisions file: a refused start
+    # (nothing read, nothing decided) left link.decisions.json behind
+    from finecap.outputs import OutputRefused
+
+    BagCuration(bags_file, tmp_path / "real.json")
+    decisions_path(tmp_path / "real.json").unlink()
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    for rebuild in (True, False):
+        with pytest.raises(OutputRefused, match="link.json: is a symbolic link"):
+            BagCuration(bags_file, tmp_path / "link.json", rebuild=rebuild)
+    assert not decisions_path(tmp_path / "link.json").exists()
+    (tmp_path / "theirs.json").write_text("{}")
+    decisions_path(tmp_path / "new.json").symlink_to(tmp_path / "theirs.json")
+    with pytest.raises(OutputRefused, match="new.decisions.json: is a symbolic link"):
+        BagCuration(bags_file, tmp_path / "new.json")
+    assert not (tmp_path / "new.json").exists() and (tmp_path / "theirs.json").read_text() == "{}"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -52,7 +52,7 @@ from filelock import FileLock, Timeout
 
 from finecap.data.bags_file import read_bags
 from finecap.data.records import DataError
-from finecap.utils.files import write_json
+from finecap.utils.files import refuse_link, write_json
 from finecap.utils.reading import DATA_FILE, read_json
 from finecap.utils.text import short_repr
 
@@ -230,7 +230,11 @@ class BagCuration:
                 self._file_lock.release()
 
     def _check_out_is_ours(self) -> None:
-        """Refuse to replace an ``out`` that is not a curated bags file (users' data is never overwritten)."""
+        """Refuse to replace an ``out`` that is not a curated bags file (users' data is never overwritten), and a link
+        at either file (never written through: refused here, before the decisions file is written and ``out``
+        refused)."""
+        refuse_link(self.out)
+        refuse_link(self.decisions_file)
         if not self.out.exists():
             return
         try:
