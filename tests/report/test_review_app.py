@@ -198,6 +198,10 @@ def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_pat
     cookie = entry.headers["Set-Cookie"]
     assert "finecap_review_8765=s3cret-token" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
     assert client.get("/bag/3/0", headers=lan).status_code == 200  # the cookie from now on
+    # the path is redirected to as it was sent: a CR/LF in it (decoded by werkzeug) was a 500, never a header
+    odd = client.get("/bag/3%0D%0ASet-Cookie:%20x=1/0?token=s3cret-token", headers=lan)
+    assert odd.status_code == 302 and odd.headers["Location"] == "/bag/3%0D%0ASet-Cookie%3A%20x%3D1/0"
+    assert client.get(odd.headers["Location"], headers=lan).status_code == 404
     page = client.get("/bag/3/0", headers=lan).get_data(as_text=True)
     token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
     saved = client.post("/bag/3/0", data={"decision": "reject", "csrf_token": token}, headers=lan)

@@ -53,7 +53,7 @@ import socket
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
@@ -274,7 +274,8 @@ def create_app(
             given = request.args.get("token")
             if given is not None and secrets.compare_digest(given.encode(), token.encode()):
                 query = urlencode([(k, v) for k, v in request.args.items(multi=True) if k != "token"])
-                response = redirect(request.path + (f"?{query}" if query else ""))
+                # the path as the request spelled it (percent-encoded): a decoded CR/LF in it was a 500 (no header)
+                response = redirect(quote(request.path) + (f"?{query}" if query else ""))
                 response.set_cookie(cookie_name(), token, httponly=True, samesite="Strict")
                 return response
             cookie = request.cookies.get(cookie_name(), "")
