@@ -62,6 +62,18 @@ def test_bad_keys_decisions_and_output(bags_file, tmp_path):
         BagCuration(bags_file, bags_file)
 
 
+@pytest.mark.parametrize("key", ["3/00", "3/\u0661", "3/\u00b2", "03/1", "3/1/", " 3/1"])
+def test_a_key_names_a_bag_only_as_keys_spells_it(bags_file, tmp_path, key):
+    # an index that str.isdigit took was int()-ed: '3/00' and '3/<Arabic-Indic one>' were other names of bags 3/0
+    # and 3/1 (a page of their own, and a decision there a KeyError of the bare key), '3/<superscript two>' a
+    # ValueError from int() (the review page's 500)
+    review = BagCuration(bags_file, tmp_path / "c.json")
+    for call in (review.bag, review.similarity, lambda k: review.decide(k, "accept")):
+        with pytest.raises(KeyError, match=r"no bag .* \(keys look like '3/0'\)"):
+            call(key)
+    assert review.decisions == {} and review.bag("3/1") == [4, 5, 6]
+
+
 def test_decisions_follow_bag_content_not_position(bags_file, tmp_path):
     out = tmp_path / "curated.json"
     BagCuration(bags_file, out).decide("3/0", "accept")  # images [1, 2, 3]
@@ -101,6 +113,48 @@ def test_an_output_that_is_not_a_curation_is_never_replaced(bags_file, tmp_path)
     with pytest.raises(DataError, match="notes.json: exists and is not a curated bags file"):
         BagCuration(bags_file, mine)
     assert mine.read_text() == '{"my": "data"}' and not decisions_path(mine).exists()
+
+
+def test_a_curated_file_whose_decisions_file_is_missing_is_not_emptied(bags_file, tmp_path):
+    # the curated file is rebuilt from the decisions file at start: with that file gone (only the curated file copied
+    # or kept), a curated file of one accepted and one rejected bag was silently rewritten with none accepted
+    out = tmp_path / "curated.json"
+    review = BagCuration(bags_file, out)
+    review.decide("3/0", "accept")
+    review.decide("2/0", "reject")
+    decisions_path(out).unlink()
+    before = out.read_text()
+    for rebuild in (True, False):
+        with pytest.raises(DataError, match=r"curated.json: records 2 decision\(s\) but its decisions file .*"
+                                            r"curated.decisions.json is missing"):  # fmt: skip
+            BagCuration(bags_file, out, rebuild=rebuild)
+    assert out.read_text() == before and not decisions_path(out).exists()
+    with pytest.raises(DataError, match="is missing"):  # and a click of a server that started before it went
+        review.decide("3/1", "accept")
+    assert out.read_text() == before
+    # a curated file of no decision yet (a review opened, nothing clicked) starts afresh as before
+    BagCuration(bags_file, tmp_path / "fresh.json")
+    decisions_path(tmp_path / "fresh.json").unlink()
+    assert BagCuration(bags_file, tmp_path / "fresh.json").decisions == {}
+
+
+def test_a_link_at_the_output_is_refused_before_anything_is_written(bags_file, tmp_path):
+    # a link at the curated file was refused only when it was written, after its decisions file: a refused start
+    # (nothing read, nothing decided) left link.decisions.json behind
+    from finecap.outputs import OutputRefused
+
+    BagCuration(bags_file, tmp_path / "real.json")
+    decisions_path(tmp_path / "real.json").unlink()
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    for rebuild in (True, False):
+        with pytest.raises(OutputRefused, match="link.json: is a symbolic link"):
+            BagCuration(bags_file, tmp_path / "link.json", rebuild=rebuild)
+    assert not decisions_path(tmp_path / "link.json").exists()
+    (tmp_path / "theirs.json").write_text("{}")
+    decisions_path(tmp_path / "new.json").symlink_to(tmp_path / "theirs.json")
+    with pytest.raises(OutputRefused, match="new.decisions.json: is a symbolic link"):
+        BagCuration(bags_file, tmp_path / "new.json")
+    assert not (tmp_path / "new.json").exists() and (tmp_path / "theirs.json").read_text() == "{}"
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,20 @@ def test_pages_show_images_and_captions_and_save_decisions(app_and_paths):
     assert "5/0" not in again.application.config["curation"].decisions
 
 
+def test_a_bag_is_named_only_by_its_own_key(app_and_paths):
+    # '/bag/3/<superscript two>' was a 500 (int() of a str.isdigit() index), '/bag/3/00' and '/bag/3/<Arabic-Indic
+    # zero>' a second page of bag 3/0 whose buttons answered a bare 404 '3/00'
+    app, _, _ = app_and_paths
+    client = app.test_client()
+    token = form_token(client, "/bag/3/0")
+    for key in ("3/\u00b2", "3/00", "3/\u0660", "03/0"):
+        url = "/bag/" + urllib.parse.quote(key)
+        for response in (client.get(url), client.post(url, data={"decision": "accept", "csrf_token": token})):
+            text = response.get_data(as_text=True)
+            assert response.status_code == 404 and "no bag" in text and "keys look like '3/0'" in text, key
+    assert app.config["curation"].decisions == {}
+
+
 def test_an_empty_bags_file_says_so(tiny_world, tmp_path):
     bags = tmp_path / "empty.json"
     bags.write_text('{"bags": {"3": []}}')
@@ -184,6 +198,10 @@ def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_pat
     cookie = entry.headers["Set-Cookie"]
     assert "finecap_review_8765=s3cret-token" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
     assert client.get("/bag/3/0", headers=lan).status_code == 200  # the cookie from now on
+    # the path is redirected to as it was sent: a CR/LF in it (decoded by werkzeug) was a 500, never a header
+    odd = client.get("/bag/3%0D%0ASet-Cookie:%20x=1/0?token=s3cret-token", headers=lan)
+    assert odd.status_code == 302 and odd.headers["Location"] == "/bag/3%0D%0ASet-Cookie%3A%20x%3D1/0"
+    assert client.get(odd.headers["Location"], headers=lan).status_code == 404
     page = client.get("/bag/3/0", headers=lan).get_data(as_text=True)
     token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
     saved = client.post("/bag/3/0", data={"decision": "reject", "csrf_token": token}, headers=lan)
@@ -473,6 +491,32 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
     for src in sources:
         response = client.get(src)
         assert response.status_code == 200 and response.mimetype == "image/png", src
+
+
+def test_an_image_whose_name_holds_a_colon_is_served(tiny_world, tmp_path):
+    # a ':' in the first part of an image's path (a Windows drive's mark, an ordinary character of a POSIX name) was
+    # refused: images kept at the image root as 'shot 12:30.png' stopped the start with "none of the 3 bag images is
+    # there as an image file (expected e.g. .../shot 12:30.png)", naming a file that is there
+    world = tmp_path / "world"
+    shutil.copytree(tiny_world, world)
+    dataset = json.loads((world / "dataset.json").read_text())
+    test = [im for im in dataset["images"] if im["split"] == "test"][:3]
+    for k, im in enumerate(test):
+        name = f"shot 12:3{k}.png"
+        (world / "images" / im["filepath"] / im["filename"]).rename(world / "images" / name)
+        im["filepath"], im["filename"] = "", name
+    (world / "dataset.json").write_text(json.dumps(dataset))
+    bags = tmp_path / "bags.json"
+    bags.write_text(json.dumps({"bags": {"3": [{"images": [im["imgid"] for im in test]}]}}))
+    client = create_app(bags, world / "images", data=world / "dataset.json").test_client()
+    sources = [
+        html.unescape(s) for s in re.findall(r'<img src="([^"]+)"', client.get("/bag/3/0").get_data(as_text=True))
+    ]
+    assert len(sources) == 3
+    for src in sources:
+        response = client.get(src)
+        assert response.status_code == 200 and response.mimetype == "image/png", src
+    assert resolve_under(world / "images", "shot 12:30.png") == (world / "images" / "shot 12:30.png").resolve()
 
 
 def test_the_images_are_read_within_the_configurations_budget(fabricated_run, tiny_world, tmp_path):

@@ -51,9 +51,9 @@ import os
 import secrets
 import socket
 from collections.abc import Hashable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
@@ -98,12 +98,13 @@ def default_out(bags: str | Path) -> Path:
 def resolve_under(root: Path, rel: str) -> Path | None:
     """The file ``root/rel`` when it lies under ``root`` (after resolving symlinks), else None.
 
-    Refused: empty, absolute (``/etc/passwd``, ``C:\\x``) and backslash paths, control characters (NUL), any ``..``
-    component, and paths that resolve outside ``root`` or to something other than a file.
+    Refused: empty, absolute (``/etc/passwd``) and backslash paths, control characters (NUL), any ``..`` component,
+    on Windows any ``:`` (a drive, ``C:x``, or an alternate data stream), and paths that resolve outside ``root`` or
+    to something other than a file. A ``:`` is an ordinary character of a POSIX file name (``shot 12:30.png``).
     """
     if not rel or rel.startswith("/") or "\\" in rel or any(ord(c) < 32 for c in rel):
         return None
-    if ":" in PurePosixPath(rel).parts[0] or any(part in ("..", "") for part in rel.split("/")):
+    if (os.name == "nt" and ":" in rel) or any(part in ("..", "") for part in rel.split("/")):
         return None
     try:
         base = root.resolve()
@@ -273,7 +274,8 @@ def create_app(
             given = request.args.get("token")
             if given is not None and secrets.compare_digest(given.encode(), token.encode()):
                 query = urlencode([(k, v) for k, v in request.args.items(multi=True) if k != "token"])
-                response = redirect(request.path + (f"?{query}" if query else ""))
+                # the path as the request spelled it (percent-encoded): a decoded CR/LF in it was a 500 (no header)
+                response = redirect(quote(request.path) + (f"?{query}" if query else ""))
                 response.set_cookie(cookie_name(), token, httponly=True, samesite="Strict")
                 return response
             cookie = request.cookies.get(cookie_name(), "")

@@ -14,6 +14,8 @@ or a closed browser tab loses nothing and reopening the same output resumes wher
   position, so a rebuilt or reordered bags file cannot hand a decision to another bag. A decisions file holding a
   decision for a bag that is no longer in the bags file (the bags file changed) is refused with an error naming
   both files; so is a decisions file of the older, position-keyed layout (no ``"version"``), which cannot be checked.
+  A curated file that records decisions whose decisions file is missing is refused too (rebuilt from no decisions,
+  its accepted bags would be lost).
 
 Concurrency: :meth:`BagCuration.decide` takes a lock (a thread lock, then an operating-system file lock on
 ``.<out name>.lock`` through ``filelock``, so two review servers on the same output also take turns), **reads the
@@ -50,7 +52,7 @@ from filelock import FileLock, Timeout
 
 from finecap.data.bags_file import read_bags
 from finecap.data.records import DataError
-from finecap.utils.files import write_json
+from finecap.utils.files import refuse_link, write_json
 from finecap.utils.reading import DATA_FILE, read_json
 from finecap.utils.text import short_repr
 
@@ -122,6 +124,7 @@ class BagCuration:
         if self.decisions_file.resolve() == self.bags_path.resolve():
             raise ValueError(f"{self.out}: its decisions file would be the candidate bags file {self.bags_path}")
         self._keys = [f"{size}/{i}" for size in sorted(self.bags, key=int) for i in range(len(self.bags[size]))]
+        self._places = {f"{size}/{i}": (size, i) for size in self.bags for i in range(len(self.bags[size]))}
         self._content = {key: content_key(self.bag(key)) for key in self._keys}
         self._thread_lock = threading.Lock()
         self._file_lock = FileLock(str(lock_path(self.out)), timeout=LOCK_TIMEOUT, poll_interval=0.005)
@@ -157,14 +160,16 @@ class BagCuration:
         return entry.get("similarity") if isinstance(entry, dict) else None
 
     def _check(self, key: str, decision: str | None = None) -> tuple[str, int]:
-        size, _, index = str(key).partition("/")
-        if size not in self.bags or not index.isdigit() or int(index) >= len(self.bags[size]):
-            raise KeyError(f"no bag {key!r} in {self.bags_path} (keys look like '3/0')")
+        """``(size, index)`` of bag ``key`` spelled exactly as :meth:`keys` spells it, else :class:`KeyError`:
+        ``"3/00"`` and an index in other digits (Arabic-Indic, superscript: ``str.isdigit`` took them) name no bag."""
+        place = self._places.get(key) if isinstance(key, str) else None
+        if place is None:
+            raise KeyError(f"no bag {short_repr(key)} in {self.bags_path} (keys look like '3/0')")
         if decision is not None and decision not in DECISIONS:
             raise ValueError(
                 f"bag {short_repr(key)}: decision must be one of {', '.join(DECISIONS)}, got {short_repr(decision)}"
             )
-        return size, int(index)
+        return place
 
     # --- deciding ---------------------------------------------------------------------------------------------------
 
@@ -225,7 +230,11 @@ class BagCuration:
                 self._file_lock.release()
 
     def _check_out_is_ours(self) -> None:
-        """Refuse to replace an ``out`` that is not a curated bags file (users' data is never overwritten)."""
+        """Refuse to replace an ``out`` that is not a curated bags file (users' data is never overwritten), and a link
+        at either file (never written through: refused here, before the decisions file is written and ``out``
+        refused)."""
+        refuse_link(self.out)
+        refuse_link(self.decisions_file)
         if not self.out.exists():
             return
         try:
@@ -236,11 +245,31 @@ class BagCuration:
             raise DataError(f"{self.out}: exists and is not a curated bags file of `finecap bags review`; "
                             "choose another --out")  # fmt: skip
 
+    def _check_nothing_decided(self) -> None:
+        """Refuse to start afresh (the decisions file is missing) over a curated file that records decisions: the
+        curated file is rebuilt from the decisions file, so its accepted bags would be replaced by none."""
+        try:
+            existing = read_json(self.out, DATA_FILE)
+        except (ValueError, OSError, RecursionError):  # none yet (or not ours: _check_out_is_ours named it)
+            return
+        summary = existing.get("curation") if isinstance(existing, dict) else None
+        if not isinstance(summary, dict):
+            return
+        decided = sum(n for n in (summary.get("accepted"), summary.get("rejected")) if isinstance(n, int))
+        bags = existing.get("bags")
+        accepted = isinstance(bags, dict) and any(isinstance(b, list) and b for b in bags.values())
+        if decided > 0 or accepted:
+            raise DataError(f"{self.out}: records {decided} decision(s) but its decisions file {self.decisions_file} "
+                            "is missing, and the curated file is rebuilt from it (its accepted bags would be lost); "
+                            "put the decisions file back, or choose another --out")  # fmt: skip
+
     def _read_decisions(self) -> dict[str, str]:
-        """``{content key: decision}`` from the decisions file (empty when there is none), checked against the bags
+        """``{content key: decision}`` from the decisions file (empty when there is none, refused when there is none
+        but the curated file records decisions: :meth:`_check_nothing_decided`), checked against the bags
         file: refused when it is not ours, position-keyed, or decides a bag the bags file no longer holds."""
         path = self.decisions_file
         if not path.exists():
+            self._check_nothing_decided()
             return {}
         try:
             saved = read_json(path, DATA_FILE)
