@@ -715,9 +715,10 @@ def save_whole_adapter(
     ``root`` of the captioner (``model``: a BLIP's ``BlipForConditionalGeneration``, a VLM's
     ``...ForConditionalGeneration``) into ``<out>/adapter``, so that other tools load it on the base model:
     ``PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), "<out>/adapter")``,
-    ``model.load_adapter(...)``, and vLLM's LoRA loading when ``modules_to_save`` is empty (vLLM 0.32 refuses a trained
-    projector there: docs/caption.md). Returns the folder's name, or ``None`` when there is nothing to
-    write (no adapters) or a part with adapters lies outside ``root`` (the world models' dual encoder).
+    ``model.load_adapter(...)``, and vLLM's LoRA loading when ``modules_to_save`` is empty and no vision tower is
+    adapted (vLLM 0.32 refuses a trained projector there, and adapts a VLM's language model only: docs/caption.md).
+    Returns the folder's name, or ``None`` when there is nothing to write (no adapters) or a part with adapters lies
+    outside ``root`` (the world models' dual encoder).
 
     ``states``: per part, its state dict (adapter weights are taken from it, e.g. gathered from a sharded model).
     ``modules_to_save``: modules (paths under ``root``) trained fully beside the adapters (a VLM's projector), saved
