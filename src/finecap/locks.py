@@ -56,8 +56,22 @@ class OutputLocked(ValueError):
 
 def command_argv() -> list[str]:
     """This process's arguments with secrets masked, one by one (:func:`finecap.config.masked_override`: a secret
-    override by the key it sets, however spelled; URL credentials in any argument)."""
-    return [masked_override(a) for a in sys.argv]
+    override by the key it sets, however spelled; URL credentials in any argument). Started as ``python -m finecap``,
+    ``sys.argv[0]`` is finecap's ``__main__.py``, which run alone is no command: it is given as this interpreter's
+    ``-m finecap``, so that the command runs again when pasted."""
+    argv = list(sys.argv)
+    if argv and _is_finecap_main(argv[0]):
+        argv[:1] = [sys.executable or "python", "-m", "finecap"]
+    return [masked_override(a) for a in argv]
+
+
+def _is_finecap_main(program: str) -> bool:
+    """Whether ``program`` (``sys.argv[0]``) is this finecap's ``__main__.py`` (``python -m finecap``)."""
+    main = Path(__file__).with_name("__main__.py")
+    try:
+        return bool(program) and Path(program).resolve() == main.resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def command_line() -> str:

@@ -219,3 +219,22 @@ def test_a_checkpoint_without_values_says_what_is_true_of_its_folder(tmp_path, w
     text = (folder / "model" / "README.md").read_text()
     section = text.split("## Validation at this checkpoint\n\n")[1].split("\n")[0]
     assert section.startswith("None recorded for this checkpoint") and says in section and never not in section
+
+
+def test_a_command_started_as_python_dash_m_finecap_is_recorded_as_one_that_runs(tmp_path, monkeypatch):
+    """``python -m finecap train ...`` has finecap's ``__main__.py`` as ``sys.argv[0]``: recorded as is, the card's
+    "Made by" and the run's lock record named a file that is no command when pasted. They name this interpreter's
+    ``-m finecap``; and the printed command runs those arguments in bash (the interpreter a stand-in here)."""
+    import finecap
+    import finecap.locks as locks
+
+    main = str(Path(finecap.__file__).with_name("__main__.py"))  # sys.argv[0] under -m (importing it runs finecap)
+    monkeypatch.setattr(sys, "argv", [main, "train", "demo/mle", "run.name=a b"])
+    assert command_argv() == [sys.executable, "-m", "finecap", "train", "demo/mle", "run.name=a b"]
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!{sys.executable}\n{ECHO}")
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(locks.sys, "executable", str(stand_in))
+    assert run_in_bash(command_line(), tmp_path) == ["-m", "finecap", "train", "demo/mle", "run.name=a b"]
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/finecap", "train"])  # the console script: as it is
+    assert command_argv() == ["/usr/bin/finecap", "train"]
