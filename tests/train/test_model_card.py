@@ -90,6 +90,28 @@ def test_the_card_asks_the_backbone(meta, bases, hub, extra):
     assert loading(lines) == extra
 
 
+BF16 = {"lm": {"trainable": "float32", "frozen": "bfloat16"}, "encoder": {"frozen": "bfloat16"},
+        "rest": {"frozen": "bfloat16"}}  # captioner.json's dtypes of a model.dtype=bfloat16 LoRA run  # fmt: skip
+
+
+def test_a_16_bit_runs_card_loads_the_base_in_that_dtype_under_its_adapter():
+    """A run with ``model.dtype=bfloat16`` computed in bf16: the adapter over a base loaded in its saved float32
+    captioned 2 of 4 tiny Qwen2.5-VL images as the run did, over a bf16 base 4 of 4. The card's peft line loads the
+    base in the run's dtype; a float32 run's loads it as saved."""
+    vlm = {"kind": "vlm", "source": HUB_VLM, "adapter": "adapter", "lora": {"lm": {}}}
+    assert ("`adapter/` is one peft LoRA adapter for the whole model: `PeftModel.from_pretrained("
+            'AutoModelForImageTextToText.from_pretrained(base, dtype=torch.bfloat16), "adapter")`.'
+            in loading(card(vlm | {"dtypes": BF16})))  # fmt: skip
+    fp32 = {part: {"frozen": "float32"} for part in BF16}
+    assert ('`PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), "adapter")`.'
+            in loading(card(vlm | {"dtypes": fp32}))[-1])  # fmt: skip
+    clipcap = {"kind": "clipcap", "lm_source": "gpt2", "encoder_source": CLIP, "lora": {"lm": {"dir": "lm_lora"}},
+               "dtypes": {"lm": {"trainable": "float32", "frozen": "float16"}}}  # fmt: skip
+    assert loading(card(clipcap))[-1].endswith(
+        '`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("lm", dtype=torch.float16), "lm_lora")`.'
+    )
+
+
 def test_an_unknown_kind_names_the_file():
     with pytest.raises(
         ValueError, match=r"^captioner.json: unknown captioner kind 'nope'; valid names: blip, clipcap"

@@ -170,6 +170,23 @@ def same_source(recorded: str, configured: str) -> bool:
     return a.exists() and b.exists() and a.resolve() == b.resolve()
 
 
+def dtype_argument(meta: dict[str, Any]) -> str:
+    """``", dtype=torch.bfloat16"`` (or ``float16``) for a model card's ``from_pretrained(base...)`` when the run
+    computed in that dtype (``captioner.json``'s ``dtypes``: every part's frozen weights in it, ``model.dtype``), else
+    ``""``: a base loaded in its saved dtype (float32, say) under a bf16 run's adapter does not caption as the run did.
+
+    >>> dtype_argument({"dtypes": {"lm": {"trainable": "float32", "frozen": "bfloat16"}, "rest": {}}})
+    ', dtype=torch.bfloat16'
+    >>> dtype_argument({"dtypes": {"lm": {"frozen": "float32"}}})
+    ''
+    """
+    parts = meta.get("dtypes")
+    frozen = {p.get("frozen") for p in parts.values() if isinstance(p, dict)} if isinstance(parts, dict) else set()
+    frozen.discard(None)
+    (dtype,) = frozen if len(frozen) == 1 else (None,)
+    return f", dtype=torch.{dtype}" if dtype in ("bfloat16", "float16") else ""
+
+
 class CaptionerBase(nn.Module, abc.ABC):
     """The captioner contract up to the backbone's hooks (module docstring); besides its members a captioner is an
     ``nn.Module`` (``parameters``, ``state_dict``, ``to``, ``train``/``eval``). Subclasses set ``tokenizer``,
@@ -726,7 +743,8 @@ class CaptionerBase(nn.Module, abc.ABC):
         if meta.get("adapter"):
             adapter = meta["adapter"]
             lines += [f"`{adapter}/` is one peft LoRA adapter for the whole model: "
-                      f"`PeftModel.from_pretrained({auto}.from_pretrained(base), \"{adapter}\")`."]  # fmt: skip
+                      f"`PeftModel.from_pretrained({auto}.from_pretrained(base{dtype_argument(meta)}), "
+                      f"\"{adapter}\")`."]  # fmt: skip
         return lines
 
     @classmethod

@@ -46,7 +46,7 @@ from transformers.cache_utils import Cache
 
 from finecap.config import ClipCapBackboneConfig
 from finecap.models import lora, memory, strict
-from finecap.models.base import CaptionerBase, same_source, set_dropout
+from finecap.models.base import CaptionerBase, dtype_argument, same_source, set_dropout
 from finecap.models.captioner import encode_images, last_positions, shifted_mask, strip_prefix
 from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
@@ -433,9 +433,9 @@ class ClipCap(CaptionerBase):
                  "prefix (finecap's `ClipCap` reads both)."]  # fmt: skip
         adapter = ((meta.get("lora") or {}).get("lm") or {}).get("dir")
         if adapter:  # lm/ alone is the language model without what the adapter learnt
+            load = f'AutoModelForCausalLM.from_pretrained("lm"{dtype_argument(meta)})'
             lines += [f"`lm/` holds the base weights of the language model and `{adapter}/` its LoRA adapter: "
-                      "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"lm\"), "
-                      f'"{adapter}")`.']  # fmt: skip
+                      f'`PeftModel.from_pretrained({load}, "{adapter}")`.']  # fmt: skip
         return lines
 
     @staticmethod
