@@ -115,6 +115,19 @@ def test_an_output_that_is_not_a_curation_is_never_replaced(bags_file, tmp_path)
     assert mine.read_text() == '{"my": "data"}' and not decisions_path(mine).exists()
 
 
+def test_an_output_replaced_by_the_users_file_while_reviewing_is_not_overwritten(bags_file, tmp_path):
+    """The output was checked to be a curation only when the review opened: a file of the user's put there while the
+    server ran was overwritten by the next click. Each save checks again, and writes nothing when it is not ours."""
+    out = tmp_path / "curated.json"
+    review = BagCuration(bags_file, out)
+    review.decide("3/1", "accept")
+    decided = decisions_path(out).read_text()
+    out.write_text('{"my": "data"}')
+    with pytest.raises(DataError, match="curated.json: exists and is not a curated bags file"):
+        review.decide("2/0", "reject")
+    assert out.read_text() == '{"my": "data"}' and decisions_path(out).read_text() == decided
+
+
 def test_a_curated_file_whose_decisions_file_is_missing_is_not_emptied(bags_file, tmp_path):
     # the curated file is rebuilt from the decisions file at start: with that file gone (only the curated file copied
     # or kept), a curated file of one accepted and one rejected bag was silently rewritten with none accepted

@@ -305,7 +305,10 @@ class BagCuration:
         return {key: by_content[c] for key, c in self._content.items() if c in by_content}
 
     def _save(self, by_content: dict[str, str]) -> None:
-        """Write the decisions file, then the curated file (derived from it); caller holds the lock."""
+        """Write the decisions file, then the curated file (derived from it); caller holds the lock. The output is
+        checked to be finecap's again first: replaced by a file of the user's while the server ran, it is refused, and
+        nothing is written."""
+        self._check_out_is_ours()
         decisions = self._by_key(by_content)
         entries, seen = [], set()
         for key, c in self._content.items():  # in bag order, each content once
