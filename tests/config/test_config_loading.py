@@ -316,3 +316,16 @@ def test_errors_never_repeat_a_secret(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(recipe)
     assert str(e.value) == f"{recipe}: boost.vlm_api_key: expected str (the value is not shown)"
+
+
+@pytest.mark.parametrize("key", ["run.root", "data.path", "vlm.name", "train.init_from"])
+def test_a_path_option_holding_a_nul_character_is_refused_naming_it(key, tmp_path):
+    # `finecap train demo/mle 'run.root="a\x00b"'` failed at the first mkdir with a bare "embedded null byte"
+    with pytest.raises(ConfigError, match=rf"override '{key}=.*': {key}: 'a\\x00b' holds a NUL character"):
+        load(None, [f'{key}="a\\x00b"'])
+    section, option = key.split(".")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f'{section}:\n  {option}: "a\\0b"\n')
+    with pytest.raises(ConfigError, match=rf"recipe\.yaml: {key}: 'a\\x00b' holds a NUL character"):
+        load(recipe)
+    assert getattr(getattr(load(None, [f'{key}="a\\tb"']), section), option) == "a\tb"  # other characters are kept

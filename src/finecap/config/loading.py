@@ -171,6 +171,23 @@ def empty_path(value: Any, key: str) -> Any:
     return value
 
 
+def refuse_nul_path(value: Any, key: str) -> None:
+    r"""A :class:`ConfigError` naming ``key`` when a path option (:data:`~finecap.config.paths.PATH_KEYS`) holds a NUL
+    character, which no file path (nor Hub name) can hold: the first file operation on it failed far from the
+    configuration with a bare ``embedded null byte``, naming neither the option nor its value.
+
+    >>> refuse_nul_path("runs/a", "run.root")
+    >>> try:
+    ...     refuse_nul_path("a\x00b", "run.root")
+    ... except ConfigError as e:
+    ...     print(e)
+    run.root: 'a\x00b' holds a NUL character ('\x00'), which no file path can hold
+    """
+    if key in PATH_KEYS and isinstance(value, str) and "\x00" in value:
+        raise ConfigError(f"{key}: {short_repr(value)} holds a NUL character ('\\x00'), which no file path can hold",
+                          key=key)  # fmt: skip
+
+
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
@@ -369,6 +386,7 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
             v = ""
         try:
             kwargs[k] = _coerce(empty_path(v, key), hints[k], key)
+            refuse_nul_path(kwargs[k], key)
         except ConfigError as e:
             message = f"{key}: expected {_type_name(hints[k])} (the value is not shown)" if looks_secret(key) else e
             raise ConfigError(f"{where}{message}", key=key) from None
