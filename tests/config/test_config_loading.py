@@ -329,3 +329,15 @@ def test_a_path_option_holding_a_nul_character_is_refused_naming_it(key, tmp_pat
     with pytest.raises(ConfigError, match=rf"recipe\.yaml: {key}: 'a\\x00b' holds a NUL character"):
         load(recipe)
     assert getattr(getattr(load(None, [f'{key}="a\\tb"']), section), option) == "a\tb"  # other characters are kept
+
+
+@pytest.mark.parametrize(
+    ("override", "suggested"),
+    [("train.LR=1e-4", "train.lr"), ("TRAIN.lr=1e-4", "train"), ("world.N_TRAIN=20", "world.n_train"),
+     ("data.hf.IMAGE_COLUMN=img", "data.hf.image_column"), ("train.MAX_STEPS=5", "train.max_steps")],
+)  # fmt: skip
+def test_a_key_typed_in_capitals_gets_its_did_you_mean(override, suggested):
+    # `train.LR=1e-4` said "unknown key 'train.LR'" with no suggestion: difflib compares case, and 'LR' shares no
+    # character with 'lr'
+    with pytest.raises(ConfigError, match=re.escape(f"(did you mean {suggested!r}?)")):
+        load(None, [override])
