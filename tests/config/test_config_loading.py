@@ -341,3 +341,19 @@ def test_a_key_typed_in_capitals_gets_its_did_you_mean(override, suggested):
     # character with 'lr'
     with pytest.raises(ConfigError, match=re.escape(f"(did you mean {suggested!r}?)")):
         load(None, [override])
+
+
+def test_an_integer_option_reads_a_whole_number_in_exponent_notation(tmp_path):
+    # `world.n_train=1e3` was refused ("expected an integer, got '1e3'") while `1.0e+3` was 1000 and a float option
+    # read `1e3` as 1000.0: PyYAML reads an exponent without a dot as a string, which only float options converted
+    cfg = load(None, ["world.n_train=1e3", "world.n_val=2.5E2", "eval.bag_sizes=1e1,5"])
+    assert (cfg.world.n_train, cfg.world.n_val, cfg.eval.bag_sizes) == (1000, 250, [10, 5])
+    assert load(None, ["run.seed=12345678901234567891e0"]).run.seed == 12345678901234567891  # exact, not a float's
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("train:\n  max_steps: 1e3\n")
+    assert load(recipe).train.max_steps == 1000
+    for value in ("1.5e0", "1e-3", "1e400", "1e999999999"):  # not whole, or no option's number: refused, as written
+        with pytest.raises(ConfigError, match=re.escape(f"world.n_train: expected an integer, got '{value}'")):
+            load(None, [f"world.n_train={value}"])
+    with pytest.raises(ConfigError, match=r"world.n_train: must be <= 1000000, got 1000000000000\.\.\.0+ "):
+        load(None, ["world.n_train=1e30"])  # whole, and out of bounds
