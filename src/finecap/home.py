@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import platformdirs
 
+from finecap.utils.text import short_repr
+
 if TYPE_CHECKING:
     from finecap.config import RunConfig, WorldConfig
 
@@ -79,7 +81,10 @@ def runs_root(run: RunConfig) -> Path:
 
 
 def run_path(run: RunConfig) -> Path:
-    """The run directory of ``run``: ``run.dir`` when set, else ``<run root>/<run.name>`` (:func:`runs_root`).
+    """The run directory of ``run``: ``run.dir`` when set, else ``<run root>/<run.name>`` (:func:`runs_root`). A
+    ``run.name`` naming no folder below the root (``""``, ``.``, ``a/..``) is a ``ConfigError`` naming it: the run
+    would be the root itself, the folder holding every run (checked here, where a run's folder is chosen, not when a
+    configuration is read: a configuration stored by a run trained so still loads to caption and evaluate).
 
     Example::
 
@@ -87,7 +92,15 @@ def run_path(run: RunConfig) -> Path:
         >>> run_path(RunConfig(dir="out/x")), run_path(RunConfig(root="runs", name="mle"))
         (PosixPath('out/x'), PosixPath('runs/mle'))
     """
-    return Path(run.dir) if run.dir else runs_root(run) / run.name
+    if run.dir:
+        return Path(run.dir)
+    if os.path.normpath(run.name) == ".":
+        from finecap.config import ConfigError
+
+        raise ConfigError(f"run.name: {short_repr(run.name)} names no folder below the runs root ({runs_root(run)}): "
+                          "the run would write into the folder holding every run; give the run a name (or set "
+                          "run.dir)", key="run.name")  # fmt: skip
+    return runs_root(run) / run.name
 
 
 def start_path(value: str, run: RunConfig) -> Path:

@@ -316,3 +316,44 @@ def test_errors_never_repeat_a_secret(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(recipe)
     assert str(e.value) == f"{recipe}: boost.vlm_api_key: expected str (the value is not shown)"
+
+
+@pytest.mark.parametrize("key", ["run.root", "data.path", "vlm.name", "train.init_from"])
+def test_a_path_option_holding_a_nul_character_is_refused_naming_it(key, tmp_path):
+    # `finecap train demo/mle 'run.root="a\x00b"'` failed at the first mkdir with a bare "embedded null byte"
+    with pytest.raises(ConfigError, match=rf"override '{key}=.*': {key}: 'a\\x00b' holds a NUL character"):
+        load(None, [f'{key}="a\\x00b"'])
+    section, option = key.split(".")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f'{section}:\n  {option}: "a\\0b"\n')
+    with pytest.raises(ConfigError, match=rf"recipe\.yaml: {key}: 'a\\x00b' holds a NUL character"):
+        load(recipe)
+    assert getattr(getattr(load(None, [f'{key}="a\\tb"']), section), option) == "a\tb"  # other characters are kept
+
+
+@pytest.mark.parametrize(
+    ("override", "suggested"),
+    [("train.LR=1e-4", "train.lr"), ("TRAIN.lr=1e-4", "train"), ("world.N_TRAIN=20", "world.n_train"),
+     ("data.hf.IMAGE_COLUMN=img", "data.hf.image_column"), ("train.MAX_STEPS=5", "train.max_steps")],
+)  # fmt: skip
+def test_a_key_typed_in_capitals_gets_its_did_you_mean(override, suggested):
+    # `train.LR=1e-4` said "unknown key 'train.LR'" with no suggestion: difflib compares case, and 'LR' shares no
+    # character with 'lr'
+    with pytest.raises(ConfigError, match=re.escape(f"(did you mean {suggested!r}?)")):
+        load(None, [override])
+
+
+def test_an_integer_option_reads_a_whole_number_in_exponent_notation(tmp_path):
+    # `world.n_train=1e3` was refused ("expected an integer, got '1e3'") while `1.0e+3` was 1000 and a float option
+    # read `1e3` as 1000.0: PyYAML reads an exponent without a dot as a string, which only float options converted
+    cfg = load(None, ["world.n_train=1e3", "world.n_val=2.5E2", "eval.bag_sizes=1e1,5"])
+    assert (cfg.world.n_train, cfg.world.n_val, cfg.eval.bag_sizes) == (1000, 250, [10, 5])
+    assert load(None, ["run.seed=12345678901234567891e0"]).run.seed == 12345678901234567891  # exact, not a float's
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("train:\n  max_steps: 1e3\n")
+    assert load(recipe).train.max_steps == 1000
+    for value in ("1.5e0", "1e-3", "1e400", "1e999999999"):  # not whole, or no option's number: refused, as written
+        with pytest.raises(ConfigError, match=re.escape(f"world.n_train: expected an integer, got '{value}'")):
+            load(None, [f"world.n_train={value}"])
+    with pytest.raises(ConfigError, match=r"world.n_train: must be <= 1000000, got 1000000000000\.\.\.0+ "):
+        load(None, ["world.n_train=1e30"])  # whole, and out of bounds

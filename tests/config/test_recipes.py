@@ -1,5 +1,7 @@
 """Every recipe loads, validates, and opens with the command that runs it (DESIGN.md style point 3)."""
 
+import os
+
 import pytest
 
 from finecap.app.cli import main
@@ -173,3 +175,16 @@ def test_the_small_world_recipe_shares_the_quick_demos_world_and_encoder_and_els
     assert (small.retriever.epochs, small.retriever.batch_size) == (quick.retriever.epochs, quick.retriever.batch_size)
     assert small.clipcap == full.clipcap and small.model == full.model and small.train.objective == "mle"
     assert small.run.name == "demo/mle_small" and small.train.max_steps < 100
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_recipe_path_that_is_a_fifo_is_named_as_such_not_as_missing(tmp_path, monkeypatch):
+    # `finecap config fifo.yaml` said "fifo.yaml: recipe file not found": the path is there, it is no regular file
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"fifo\.yaml: is no regular file \(a FIFO, a socket or a device\)") as e:
+        load(fifo)
+    assert "not found" not in str(e.value)
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("smile")
+    assert resolve_recipe("smile").parts[-2:] == ("demo", "smile.yaml")  # a packaged name still wins

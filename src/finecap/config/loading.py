@@ -8,6 +8,7 @@ the sections' cross-field checks run when each section is built (:mod:`finecap.c
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import logging
 import math
 import re
@@ -171,6 +172,23 @@ def empty_path(value: Any, key: str) -> Any:
     return value
 
 
+def refuse_nul_path(value: Any, key: str) -> None:
+    r"""A :class:`ConfigError` naming ``key`` when a path option (:data:`~finecap.config.paths.PATH_KEYS`) holds a NUL
+    character, which no file path (nor Hub name) can hold: the first file operation on it failed far from the
+    configuration with a bare ``embedded null byte``, naming neither the option nor its value.
+
+    >>> refuse_nul_path("runs/a", "run.root")
+    >>> try:
+    ...     refuse_nul_path("a\x00b", "run.root")
+    ... except ConfigError as e:
+    ...     print(e)
+    run.root: 'a\x00b' holds a NUL character ('\x00'), which no file path can hold
+    """
+    if key in PATH_KEYS and isinstance(value, str) and "\x00" in value:
+        raise ConfigError(f"{key}: {short_repr(value)} holds a NUL character ('\\x00'), which no file path can hold",
+                          key=key)  # fmt: skip
+
+
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
@@ -228,6 +246,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return int(value)
+        if isinstance(value, str) and (whole := _whole_exponent_number(value)) is not None:
+            return whole
         if isinstance(value, float) and value.is_integer():
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {short_repr(value)}")
@@ -257,6 +277,30 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 hint = f" (YAML reads {k}: {v} as a mapping: quote the text, e.g. {key}='\"{k}: {v}\"')"
         raise ConfigError(f"{key}: expected a string, got {short_repr(value)}{hint}")
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+EXPONENT_NUMBER = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
+"""A number in exponent notation as YAML 1.2 reads it (``1e5``, ``2.5E3``). PyYAML's YAML 1.1 reads it as a number
+only with a dot and a signed exponent (``1.0e+5``), else as the string: a float option converts the string, and an
+integer option takes it when its value is whole (``train.max_steps=1e5`` is 100000, as ``1.0e+5`` was)."""
+
+
+def _whole_exponent_number(text: str) -> int | None:
+    """The whole number ``text`` writes in exponent notation (:data:`EXPONENT_NUMBER`), read exactly (``run.seed=
+    12345678901234567891e0`` is that seed, where a float would round it), else ``None``: not such a number, not whole
+    (``1.5e0``), or of more than 100 digits (``1e999999999``: no option's bound comes near, and the integer alone
+    would take gigabytes).
+
+    >>> _whole_exponent_number("1e5"), _whole_exponent_number("2.5E3"), _whole_exponent_number("1.5e0")
+    (100000, 2500, None)
+    """
+    text = text.strip()
+    if not EXPONENT_NUMBER.fullmatch(text):
+        return None
+    number = decimal.Decimal(text)
+    if number.adjusted() >= 100 or number != number.to_integral_value():
+        return None
+    return int(number)
 
 
 def _refuse_yaml11_number(value: Any, key: str) -> None:
@@ -369,6 +413,7 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
             v = ""
         try:
             kwargs[k] = _coerce(empty_path(v, key), hints[k], key)
+            refuse_nul_path(kwargs[k], key)
         except ConfigError as e:
             message = f"{key}: expected {_type_name(hints[k])} (the value is not shown)" if looks_secret(key) else e
             raise ConfigError(f"{where}{message}", key=key) from None

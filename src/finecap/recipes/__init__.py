@@ -46,7 +46,8 @@ def resolve_recipe(name_or_path: str | Path) -> Path:
 
     A packaged recipe's name cannot be shadowed by a folder of the same name in the working directory (the run
     folder of ``finecap demo --out demo`` holds ``demo/mle/``): a folder is never a recipe, and an existing file
-    without a ``.yaml`` / ``.yml`` suffix is taken only when no packaged recipe has that name."""
+    without a ``.yaml`` / ``.yml`` suffix is taken only when no packaged recipe has that name. A path that exists but
+    is no regular file (a FIFO, a device) is refused as such, never said to be missing."""
     path = Path(name_or_path)
     name = str(name_or_path).removesuffix(".yaml").removesuffix(".yml")
     names = list_recipes()
@@ -55,6 +56,9 @@ def resolve_recipe(name_or_path: str | Path) -> Path:
         return path
     if path.is_dir() and not matches:
         raise ValueError(f"{path}: is a directory, but a recipe (a YAML file or a packaged recipe's name) is expected")
+    if path.exists() and not path.is_file() and not matches:  # a FIFO, a socket, a device: there, so never "not found"
+        raise ValueError(f"{path}: is no regular file (a FIFO, a socket or a device), but a recipe (a YAML file or a "
+                         "packaged recipe's name) is expected")  # fmt: skip
     if len(matches) == 1:
         return _root() / f"{matches[0]}.yaml"
     if len(matches) > 1:

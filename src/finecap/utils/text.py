@@ -92,12 +92,19 @@ def closest(name: object, valid: Iterable[object]) -> str | None:
     """The one of ``valid`` (as text) :func:`did_you_mean` would suggest for ``name``, else ``None``: for a caller that
     suggests something the match stands for (a moved option's new name).
 
-    >>> closest("kl_cof", ["kl_coef", "alpha"]), closest("x", ["kl_coef"])
-    ('kl_coef', None)
+    When nothing is close as written, case is ignored (``train.LR`` -> ``lr``, ``MAX_STEPS`` -> ``max_steps``: a name
+    in capitals shares no letter with its lower-case spelling, so difflib alone suggested nothing).
+
+    >>> closest("kl_cof", ["kl_coef", "alpha"]), closest("x", ["kl_coef"]), closest("LR", ["lr", "epochs"])
+    ('kl_coef', None, 'lr')
     """
     if not isinstance(name, str | int | float) or len(str(name)) > SHORT_REPR_LIMIT:
         return None
-    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
+    texts = [str(v) for v in valid]
+    match = difflib.get_close_matches(str(name), texts, n=1, cutoff=0.6)
+    if not match:  # the same, case ignored; of names equal but for case, the first
+        folded = {t.casefold(): t for t in reversed(texts)}
+        match = [folded[m] for m in difflib.get_close_matches(str(name).casefold(), list(folded), n=1, cutoff=0.6)]
     return match[0] if match else None
 
 
