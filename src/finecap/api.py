@@ -386,7 +386,8 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             (the same steps, logs and weights). It is ``train``'s ``resume`` flag rather than a function of its own
             because it is the command's: ``finecap train --resume``. ``run__dir`` is a ``TypeError`` there: the run
             resumes in its own folder.
-        overwrite: replace a finished run in the run directory (otherwise an existing run is an error).
+        overwrite: replace a finished run in the run directory (otherwise an existing run is an error). ``resume``
+            and ``overwrite`` are ``True`` or ``False``; anything else (``overwrite="no"``) is a ``TypeError``.
         overrides: settings above the recipe, one keyword per option, the section and the key joined by a double
             underscore and the value a Python value: ``train__max_steps=2``, ``run__dir="runs/x"``,
             ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line); a path
@@ -408,6 +409,10 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     """
     from finecap.config import Config, ConfigError, load
     from finecap.recipes import resolve_recipe
+
+    for flag, value in (("resume", resume), ("overwrite", overwrite)):
+        if not isinstance(value, bool):  # overwrite="no" is truthy: it replaced the run it was meant to keep
+            raise TypeError(f"finecap.train: {flag} must be True or False, got {value!r}")
 
     with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)
         from finecap.train.run import train as train_run

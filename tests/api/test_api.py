@@ -514,3 +514,17 @@ def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
     with pytest.raises(ConfigError, match=r"^finecap.train keywords: train.max_steps: expected an integer, got 'two'"):
         finecap.train("demo/mle", train__max_steps="two", run__dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags", [{"overwrite": "no"}, {"resume": "yes"}, {"overwrite": 0}, {"resume": None}])
+def test_finecap_train_takes_its_flags_as_booleans_only(tmp_path, monkeypatch, flags):
+    """``resume`` and ``overwrite`` are ``True`` or ``False``: ``overwrite="no"`` (truthy) replaced the finished run it
+    was meant to keep, ``resume="yes"`` resumed; now a TypeError naming the flag, before anything is read or made."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(kwargs))
+    ((name, value),) = flags.items()
+    with pytest.raises(TypeError, match=rf"^finecap.train: {name} must be True or False, got {value!r}$"):
+        finecap.train("demo/mle", run__dir=str(tmp_path / "run"), **flags)
+    assert not seen and not (tmp_path / "run").exists()
+    finecap.train("demo/mle", run__dir=str(tmp_path / "run"), overwrite=True, resume=False)  # booleans: as before
+    assert seen == [{"resume": False, "overwrite": True, "recipe": seen[0]["recipe"]}]
