@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -528,3 +529,18 @@ def test_finecap_train_takes_its_flags_as_booleans_only(tmp_path, monkeypatch, f
     assert not seen and not (tmp_path / "run").exists()
     finecap.train("demo/mle", run__dir=str(tmp_path / "run"), overwrite=True, resume=False)  # booleans: as before
     assert seen == [{"resume": False, "overwrite": True, "recipe": seen[0]["recipe"]}]
+
+
+@pytest.mark.parametrize("where", ["notes.txt", "notes.txt/run"])
+def test_a_run_dir_naming_a_file_is_the_options_error(tmp_path, where):
+    """``run__dir`` naming a file the user has (or a path through one) is an ``OutputRefused`` naming ``run.dir``
+    and the file, before anything is read; it was mkdir's bare ``[Errno 17] File exists: ...`` (or ``[Errno 20] Not
+    a directory``) from deep inside training. The file is left as it was."""
+    from finecap.utils.files import OutputRefused
+
+    (tmp_path / "notes.txt").write_text("mine")
+    refused = rf"^run.dir: .*: {re.escape(str(tmp_path / 'notes.txt'))} is not a folder; choose another run.dir$"
+    with pytest.raises(OutputRefused, match=refused):
+        finecap.train("demo/mle", run__dir=tmp_path / where, model__encoder=str(tmp_path / "no-clip"))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]  # nothing made beside it
