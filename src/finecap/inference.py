@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from finecap.config import RunConfig
 from finecap.data.containment import ImageFolder
 from finecap.data.formats.folder import folder_images, utf8_name
-from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image
+from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image, url_note
 from finecap.data.records import MAX_LISTED, DataError, file_number
 from finecap.home import runs_root, start_path
 
@@ -119,7 +119,7 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
         elif path.exists():
             found.append((utf8_name(path.name, path.parent), path))
         else:
-            raise DataError(f"{path}: no such image file or folder")
+            raise DataError(f"{source}: no such image file or folder{url_note(source)}")
     return [ImageFile(i, p) for i, (_, p) in zip(image_ids(found), found, strict=True)]
 
 

@@ -544,3 +544,21 @@ def test_a_run_dir_naming_a_file_is_the_options_error(tmp_path, where):
         finecap.train("demo/mle", run__dir=tmp_path / where, model__encoder=str(tmp_path / "no-clip"))
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]  # nothing made beside it
+
+
+@pytest.mark.parametrize("url", ["https://example.com/cat.jpg", Path("http://example.com/cat.jpg"), "s3://b/cat.png"])
+def test_a_url_is_refused_as_one(cap, url, tmp_path, monkeypatch):
+    """finecap downloads no image: a URL given to ``caption`` (as a string, or as a ``Path``, which keeps one slash)
+    is a DataError that says it is a URL and to download the image first; it said only ``cannot read image: no such
+    file``, as for a typo in a file name; ``finecap caption --images URL`` says it too. A missing file's error says
+    nothing of URLs, nor does a drive letter's."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"cannot read image: no such file; it is a URL: .* downloads none: download"):
+        cap.caption(url)
+    for missing in ("nope.png", "C:/nope.png"):
+        with pytest.raises(DataError, match=r"cannot read image: no such file$"):
+            cap.caption(missing)
+    from finecap.inference import image_files  # finecap caption --images URL: the same note
+
+    with pytest.raises(DataError, match=r"^https://example.com/cat.jpg: no such image file or folder; it is a URL"):
+        image_files(["https://example.com/cat.jpg"])
