@@ -247,7 +247,8 @@ def evaluate(
     - ``predictions``: a list of captions (one per image, ``str``), or a mapping ``{image_id: caption}``;
     - ``references``: with a list of predictions, a list of the same length whose items are each image's reference
       captions (a list of ``str``, or one ``str``); with a mapping, a mapping ``{image_id: [reference, ...]}`` holding
-      every predicted id (extra ids are ignored; an int id and its string name one image).
+      every predicted id (extra ids are ignored; an int id and its string name one image, so predictions for both
+      are a ``ValueError``).
       ``None`` for the metrics that need none (``length``, ``vocab``).
     - ``metrics``: metric group names (``"bleu,cider"`` or a list; :data:`finecap.metrics.suite.METRICS`, or a dotted
       path to your own :class:`~finecap.metrics.group.MetricGroup`). Default,
@@ -328,8 +329,13 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
     from finecap.data.records import id_key
 
     aligned: dict[Hashable, str] = {}
+    named: dict[Hashable, Hashable] = {}  # the reference id each prediction names: the prediction's id
     for i, caption in preds.items():  # an id given as an int on one side, as its string on the other: one image
         key = id_key(i, refs)
+        if key is not None and key in named:  # {1: ..., "1": ...}: read as "no references for '1'"
+            raise ValueError(f"predictions: ids {named[key]!r} and {i!r} name one image (an int id and its string "
+                             "are one image): give it one caption")  # fmt: skip
+        named[key] = i
         aligned[key if key is not None and key not in preds else i] = caption
     return aligned, refs
 

@@ -389,6 +389,18 @@ def test_evaluate_refuses_what_it_does_not_accept():
             evaluate(PREDS, refs, metrics="bleu")
 
 
+def test_evaluate_refuses_two_predictions_for_one_image():
+    """An int id and its string name one image: predictions for both (``{1: ..., "1": ...}``, in either order) are a
+    ValueError naming the two ids; it was "metric 'bleu': no references for 1 image(s), e.g. ['1']" while the
+    references held image 1. One spelling on each side still names one image."""
+    for preds in ({1: "a red circle", "1": "a blue square"}, {"1": "a blue square", 1: "a red circle"}):
+        with pytest.raises(ValueError, match=r"^predictions: ids (1 and '1'|'1' and 1) name one image"):
+            evaluate(preds, {1: ["a red circle"], 2: ["a blue square"]}, metrics="bleu")
+    one = evaluate({"1": "a red circle", 2: "a blue square"}, {1: ["a red circle"], "2": ["a blue square"]},
+                   metrics="bleu")  # fmt: skip
+    assert one == evaluate(["a red circle", "a blue square"], [["a red circle"], ["a blue square"]], metrics="bleu")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Import cost
 # --------------------------------------------------------------------------------------------------------------------
