@@ -574,3 +574,26 @@ def test_a_url_is_refused_as_one(cap, url, tmp_path, monkeypatch):
 
     with pytest.raises(DataError, match=r"^https://example.com/cat.jpg: no such image file or folder; it is a URL"):
         image_files(["https://example.com/cat.jpg"])
+
+
+def test_a_pil_image_that_cannot_be_read_is_named(cap, files, tmp_path):
+    """A PIL image whose pixels cannot be read is a DataError naming its place in the list and why: one closed before
+    its pixels were read (the ``with Image.open(path) as image:`` block left: PIL's bare, empty ``AssertionError``
+    from inside the data loader; ``image.close()``: PIL's ``ValueError``), a lazily opened file that does not decode
+    (PIL's ``OSError``). A floating-point image is named by its place too (it was "the image"). One read inside its
+    block, then closed, is captioned as its file."""
+    with Image.open(files[0]) as unread:
+        pass
+    closed = Image.open(files[0])
+    closed.close()
+    data = files[0].read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
+    cut = Image.open(tmp_path / "cut.png")  # the header reads; the pixels do not
+    flat = Image.fromarray(np.full((32, 32), 0.5, dtype=np.float32))
+    shut, broken = "the image is closed", "the image does not decode"
+    for bad, why in ((unread, shut), (closed, shut), (cut, broken), (flat, "floating-point image")):
+        with pytest.raises(DataError, match=rf"^image 1 of the list \(a PIL image\): {why}"):
+            cap.caption([files[1], bad], max_length=3)
+    with Image.open(files[0]) as read:
+        read.load()
+    assert cap.caption(read, max_length=3) == cap.caption(files[0], max_length=3)
