@@ -107,7 +107,9 @@ class Captioner(Closeable):
         seed: int | None = None,
         **decode: Any,
     ) -> list[str]:
-        """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order.
+        """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order; a
+        numpy array or a torch tensor is a ``TypeError`` (``PIL.Image.fromarray`` of an H x W x 3 uint8 array makes
+        its image).
 
         ``decode``: keys of the ``decode`` section replacing the checkpoint's (``strategy="beam"``, ``beam_size=3``,
         ``max_length=20``, ``batch_size=64``, ``engine="vllm"`` for a VLM served by vLLM, ...;
@@ -218,17 +220,31 @@ def _is_image_or_path(item: Any) -> bool:
     return isinstance(item, str | os.PathLike) or hasattr(item, "getpixel")  # a path, or a PIL image
 
 
+_ARRAY_HINT = ("; an array's scale (0..1 or 0..255) and channel order are not known here: pass "
+              "PIL.Image.fromarray(a) of an H x W x 3 uint8 array")  # fmt: skip
+"""What a ``TypeError`` of :func:`_as_list` adds for a numpy array or a torch tensor."""
+
+
+def _what(item: Any) -> str:
+    """The type of ``item`` as the errors of :func:`_as_list` name it (with :data:`_ARRAY_HINT` for an array)."""
+    return type(item).__name__ + (_ARRAY_HINT if hasattr(item, "__array__") else "")
+
+
 def _as_list(images: Any) -> list[Any]:
     """One image (a PIL image, a path) as a list of one; a list or tuple of them as a list; anything else (bytes, a
-    number, a nested list) a ``TypeError`` naming the item."""
-    if _is_image_or_path(images):
-        return [images]
-    if isinstance(images, Sequence) and not isinstance(images, bytes | bytearray):
-        for i, item in enumerate(images):
-            if not _is_image_or_path(item):
-                raise TypeError(f"images[{i}]: expected a PIL image or a path, got {type(item).__name__}")
-        return list(images)
-    raise TypeError(f"images: expected a PIL image, a path, or a list of them, got {type(images).__name__}")
+    number, a nested list, a numpy array or torch tensor) a ``TypeError`` naming the item, an empty path (``""``,
+    which reads as the working directory) a ``ValueError``."""
+    items = [images] if _is_image_or_path(images) else None
+    if items is None and isinstance(images, Sequence) and not isinstance(images, bytes | bytearray):
+        items = list(images)
+    if items is None:
+        raise TypeError(f"images: expected a PIL image, a path, or a list of them, got {_what(images)}")
+    for i, item in enumerate(items):
+        if not _is_image_or_path(item):
+            raise TypeError(f"images[{i}]: expected a PIL image or a path, got {_what(item)}")
+        if isinstance(item, str) and not item:
+            raise ValueError(f'images[{i}]: an empty path (""); name an image file')
+    return items
 
 
 def evaluate(

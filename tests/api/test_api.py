@@ -249,6 +249,23 @@ def test_a_bad_file_is_named(cap, files, tmp_path):
         cap.caption(Image.new("RGB", (0, 5)))
 
 
+def test_an_array_and_an_empty_path_are_refused_with_what_to_pass(cap, files, tmp_path, monkeypatch):
+    """A numpy array or a torch tensor (what a notebook holds) is a TypeError that says how to make the PIL image it
+    stands for (its scale and channel order are the caller's to say); an empty path ``""``, which reads as the working
+    directory (": cannot read image: a folder"), is a ValueError naming its place. Nothing is decoded."""
+    monkeypatch.chdir(tmp_path)
+    pixels = np.asarray(Image.open(files[0]))
+    for bad in (pixels, pixels / 255.0, torch.tensor(pixels).permute(2, 0, 1), [files[0], pixels]):
+        with pytest.raises(
+            TypeError, match=r"got (ndarray|Tensor); .*: pass PIL.Image.fromarray\(a\) of an H x W x 3"
+        ):
+            cap.caption(bad)
+    for bad, where in (("", "images[0]"), ([files[0], ""], "images[1]")):
+        with pytest.raises(ValueError, match=rf"^{re.escape(where)}: an empty path"):
+            cap.caption(bad)
+    assert cap.caption(Image.fromarray(pixels)) == cap.caption(files[0])  # the hint's image: the file's caption
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # evaluate
 # --------------------------------------------------------------------------------------------------------------------
