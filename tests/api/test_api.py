@@ -614,3 +614,16 @@ def test_a_pil_image_that_cannot_be_read_is_named(cap, files, tmp_path):
     with Image.open(files[0]) as read:
         read.load()
     assert cap.caption(read, max_length=3) == cap.caption(files[0], max_length=3)
+
+
+def test_a_missing_encoder_folder_is_refused_before_the_world_is_made(tmp_path, monkeypatch):
+    """``model__encoder`` naming a folder that is not there (an absolute path, or ``./...``) is a ConfigError naming
+    ``model.encoder`` before anything is made; it was transformers' "Repo id must be in the form 'repo_name' or
+    'namespace/repo_name'" once the demo's world (11,500 images by default: minutes) and its features were made."""
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for missing in (tmp_path / "no-clip", "./no-clip"):
+        with pytest.raises(ConfigError, match=rf"^model.encoder: {re.escape(str(missing))}: no such folder"):
+            finecap.train("demo/mle", model__encoder=missing, world__n_train=8, world__n_val=4, world__n_test=4,
+                          world__image_size=32, train__max_steps=1, run__dir=tmp_path / "run")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no world, no home, no run folder
