@@ -107,7 +107,9 @@ class Captioner(Closeable):
         seed: int | None = None,
         **decode: Any,
     ) -> list[str]:
-        """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order.
+        """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order; a
+        numpy array or a torch tensor is a ``TypeError`` (``PIL.Image.fromarray`` of an H x W x 3 uint8 array makes
+        its image).
 
         ``decode``: keys of the ``decode`` section replacing the checkpoint's (``strategy="beam"``, ``beam_size=3``,
         ``max_length=20``, ``batch_size=64``, ``engine="vllm"`` for a VLM served by vLLM, ...;
@@ -218,17 +220,31 @@ def _is_image_or_path(item: Any) -> bool:
     return isinstance(item, str | os.PathLike) or hasattr(item, "getpixel")  # a path, or a PIL image
 
 
+_ARRAY_HINT = ("; an array's scale (0..1 or 0..255) and channel order are not known here: pass "
+              "PIL.Image.fromarray(a) of an H x W x 3 uint8 array")  # fmt: skip
+"""What a ``TypeError`` of :func:`_as_list` adds for a numpy array or a torch tensor."""
+
+
+def _what(item: Any) -> str:
+    """The type of ``item`` as the errors of :func:`_as_list` name it (with :data:`_ARRAY_HINT` for an array)."""
+    return type(item).__name__ + (_ARRAY_HINT if hasattr(item, "__array__") else "")
+
+
 def _as_list(images: Any) -> list[Any]:
     """One image (a PIL image, a path) as a list of one; a list or tuple of them as a list; anything else (bytes, a
-    number, a nested list) a ``TypeError`` naming the item."""
-    if _is_image_or_path(images):
-        return [images]
-    if isinstance(images, Sequence) and not isinstance(images, bytes | bytearray):
-        for i, item in enumerate(images):
-            if not _is_image_or_path(item):
-                raise TypeError(f"images[{i}]: expected a PIL image or a path, got {type(item).__name__}")
-        return list(images)
-    raise TypeError(f"images: expected a PIL image, a path, or a list of them, got {type(images).__name__}")
+    number, a nested list, a numpy array or torch tensor) a ``TypeError`` naming the item, an empty path (``""``,
+    which reads as the working directory) a ``ValueError``."""
+    items = [images] if _is_image_or_path(images) else None
+    if items is None and isinstance(images, Sequence) and not isinstance(images, bytes | bytearray):
+        items = list(images)
+    if items is None:
+        raise TypeError(f"images: expected a PIL image, a path, or a list of them, got {_what(images)}")
+    for i, item in enumerate(items):
+        if not _is_image_or_path(item):
+            raise TypeError(f"images[{i}]: expected a PIL image or a path, got {_what(item)}")
+        if isinstance(item, str) and not item:
+            raise ValueError(f'images[{i}]: an empty path (""); name an image file')
+    return items
 
 
 def evaluate(
@@ -247,7 +263,8 @@ def evaluate(
     - ``predictions``: a list of captions (one per image, ``str``), or a mapping ``{image_id: caption}``;
     - ``references``: with a list of predictions, a list of the same length whose items are each image's reference
       captions (a list of ``str``, or one ``str``); with a mapping, a mapping ``{image_id: [reference, ...]}`` holding
-      every predicted id (extra ids are ignored; an int id and its string name one image).
+      every predicted id (extra ids are ignored; an int id and its string name one image, so predictions for both
+      are a ``ValueError``).
       ``None`` for the metrics that need none (``length``, ``vocab``).
     - ``metrics``: metric group names (``"bleu,cider"`` or a list; :data:`finecap.metrics.suite.METRICS`, or a dotted
       path to your own :class:`~finecap.metrics.group.MetricGroup`). Default,
@@ -328,8 +345,13 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
     from finecap.data.records import id_key
 
     aligned: dict[Hashable, str] = {}
+    named: dict[Hashable, Hashable] = {}  # the reference id each prediction names: the prediction's id
     for i, caption in preds.items():  # an id given as an int on one side, as its string on the other: one image
         key = id_key(i, refs)
+        if key is not None and key in named:  # {1: ..., "1": ...}: read as "no references for '1'"
+            raise ValueError(f"predictions: ids {named[key]!r} and {i!r} name one image (an int id and its string "
+                             "are one image): give it one caption")  # fmt: skip
+        named[key] = i
         aligned[key if key is not None and key not in preds else i] = caption
     return aligned, refs
 
@@ -386,7 +408,8 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             (the same steps, logs and weights). It is ``train``'s ``resume`` flag rather than a function of its own
             because it is the command's: ``finecap train --resume``. ``run__dir`` is a ``TypeError`` there: the run
             resumes in its own folder.
-        overwrite: replace a finished run in the run directory (otherwise an existing run is an error).
+        overwrite: replace a finished run in the run directory (otherwise an existing run is an error). ``resume``
+            and ``overwrite`` are ``True`` or ``False``; anything else (``overwrite="no"``) is a ``TypeError``.
         overrides: settings above the recipe, one keyword per option, the section and the key joined by a double
             underscore and the value a Python value: ``train__max_steps=2``, ``run__dir="runs/x"``,
             ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line); a path
@@ -408,6 +431,10 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     """
     from finecap.config import Config, ConfigError, load
     from finecap.recipes import resolve_recipe
+
+    for flag, value in (("resume", resume), ("overwrite", overwrite)):
+        if not isinstance(value, bool):  # overwrite="no" is truthy: it replaced the run it was meant to keep
+            raise TypeError(f"finecap.train: {flag} must be True or False, got {value!r}")
 
     with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)
         from finecap.train.run import train as train_run

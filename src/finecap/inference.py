@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 from finecap.config import RunConfig
 from finecap.data.containment import ImageFolder
 from finecap.data.formats.folder import folder_images, utf8_name
-from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image
+from finecap.data.images import DEFAULT_LIMITS, IMAGE_SUFFIXES, ImageLimits, load_image, url_note
 from finecap.data.records import MAX_LISTED, DataError, file_number
 from finecap.home import runs_root, start_path
+from finecap.utils.text import one_line
 
 if TYPE_CHECKING:
     import torch
@@ -119,7 +120,7 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
         elif path.exists():
             found.append((utf8_name(path.name, path.parent), path))
         else:
-            raise DataError(f"{path}: no such image file or folder")
+            raise DataError(f"{source}: no such image file or folder{url_note(source)}")
     return [ImageFile(i, p) for i, (_, p) in zip(image_ids(found), found, strict=True)]
 
 
@@ -202,14 +203,27 @@ class ImageCaptions:
     skipped: list[tuple[int, str]] = field(default_factory=list)
 
 
-def upright_rgb(image: Image.Image) -> Image.Image:
+def upright_rgb(image: Image.Image, name: str = "the image") -> Image.Image:
     """A PIL image as :func:`~finecap.data.images.load_image` would give its file: turned upright by its EXIF
-    orientation (none: as it is; an image already turned has none left), as 8-bit RGB."""
+    orientation (none: as it is; an image already turned has none left), as 8-bit RGB. An image whose pixels cannot
+    be read is a :class:`DataError` beginning with ``name``: one closed before its pixels were read (``with
+    Image.open(path) as image:`` left before ``image.load()``, or ``image.close()``: PIL's bare ``AssertionError`` or
+    ``ValueError``), or a file opened lazily that does not decode (truncated, damaged: PIL's ``OSError``)."""
     from PIL import ImageOps
 
     from finecap.data.images import to_rgb  # the one conversion of 16-bit, palette, alpha and CMYK images
 
-    return to_rgb(ImageOps.exif_transpose(image))
+    try:
+        image.load()  # the pixels read now (already read: nothing to do), so that what fails is said as what it is
+    except (AssertionError, AttributeError, ValueError):
+        if getattr(image, "fp", None) is not None:  # its file is open: another problem, PIL's own
+            raise
+        raise DataError(f"{name}: the image is closed: its file was closed before its pixels were read (a `with "
+                        "Image.open(...)` block left, or .close()); pass its path, or call .load() on it before "
+                        "closing it") from None  # fmt: skip
+    except OSError as e:
+        raise DataError(f"{name}: the image does not decode: {one_line(e)}") from None
+    return to_rgb(ImageOps.exif_transpose(image), name)
 
 
 class _Images:
@@ -232,8 +246,9 @@ class _Images:
         source = self.images[index]
         try:
             if isinstance(source, Image.Image):
-                self.limits.check(*source.size, f"image {index} of the list (a PIL image)")
-                image = upright_rgb(source)
+                name = f"image {index} of the list (a PIL image)"
+                self.limits.check(*source.size, name)
+                image = upright_rgb(source, name)
             else:
                 image = load_image(source, draft=self.draft, limits=self.limits)
         except DataError as e:

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -248,6 +249,23 @@ def test_a_bad_file_is_named(cap, files, tmp_path):
         cap.caption(Image.new("RGB", (0, 5)))
 
 
+def test_an_array_and_an_empty_path_are_refused_with_what_to_pass(cap, files, tmp_path, monkeypatch):
+    """A numpy array or a torch tensor (what a notebook holds) is a TypeError that says how to make the PIL image it
+    stands for (its scale and channel order are the caller's to say); an empty path ``""``, which reads as the working
+    directory (": cannot read image: a folder"), is a ValueError naming its place. Nothing is decoded."""
+    monkeypatch.chdir(tmp_path)
+    pixels = np.asarray(Image.open(files[0]))
+    for bad in (pixels, pixels / 255.0, torch.tensor(pixels).permute(2, 0, 1), [files[0], pixels]):
+        with pytest.raises(
+            TypeError, match=r"got (ndarray|Tensor); .*: pass PIL.Image.fromarray\(a\) of an H x W x 3"
+        ):
+            cap.caption(bad)
+    for bad, where in (("", "images[0]"), ([files[0], ""], "images[1]")):
+        with pytest.raises(ValueError, match=rf"^{re.escape(where)}: an empty path"):
+            cap.caption(bad)
+    assert cap.caption(Image.fromarray(pixels)) == cap.caption(files[0])  # the hint's image: the file's caption
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # evaluate
 # --------------------------------------------------------------------------------------------------------------------
@@ -388,6 +406,18 @@ def test_evaluate_refuses_what_it_does_not_accept():
             evaluate(PREDS, refs, metrics="bleu")
 
 
+def test_evaluate_refuses_two_predictions_for_one_image():
+    """An int id and its string name one image: predictions for both (``{1: ..., "1": ...}``, in either order) are a
+    ValueError naming the two ids; it was "metric 'bleu': no references for 1 image(s), e.g. ['1']" while the
+    references held image 1. One spelling on each side still names one image."""
+    for preds in ({1: "a red circle", "1": "a blue square"}, {"1": "a blue square", 1: "a red circle"}):
+        with pytest.raises(ValueError, match=r"^predictions: ids (1 and '1'|'1' and 1) name one image"):
+            evaluate(preds, {1: ["a red circle"], 2: ["a blue square"]}, metrics="bleu")
+    one = evaluate({"1": "a red circle", 2: "a blue square"}, {1: ["a red circle"], "2": ["a blue square"]},
+                   metrics="bleu")  # fmt: skip
+    assert one == evaluate(["a red circle", "a blue square"], [["a red circle"], ["a blue square"]], metrics="bleu")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Import cost
 # --------------------------------------------------------------------------------------------------------------------
@@ -514,3 +544,86 @@ def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
     with pytest.raises(ConfigError, match=r"^finecap.train keywords: train.max_steps: expected an integer, got 'two'"):
         finecap.train("demo/mle", train__max_steps="two", run__dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags", [{"overwrite": "no"}, {"resume": "yes"}, {"overwrite": 0}, {"resume": None}])
+def test_finecap_train_takes_its_flags_as_booleans_only(tmp_path, monkeypatch, flags):
+    """``resume`` and ``overwrite`` are ``True`` or ``False``: ``overwrite="no"`` (truthy) replaced the finished run it
+    was meant to keep, ``resume="yes"`` resumed; now a TypeError naming the flag, before anything is read or made."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(kwargs))
+    ((name, value),) = flags.items()
+    with pytest.raises(TypeError, match=rf"^finecap.train: {name} must be True or False, got {value!r}$"):
+        finecap.train("demo/mle", run__dir=str(tmp_path / "run"), **flags)
+    assert not seen and not (tmp_path / "run").exists()
+    finecap.train("demo/mle", run__dir=str(tmp_path / "run"), overwrite=True, resume=False)  # booleans: as before
+    assert seen == [{"resume": False, "overwrite": True, "recipe": seen[0]["recipe"]}]
+
+
+@pytest.mark.parametrize("where", ["notes.txt", "notes.txt/run"])
+def test_a_run_dir_naming_a_file_is_the_options_error(tmp_path, where):
+    """``run__dir`` naming a file the user has (or a path through one) is an ``OutputRefused`` naming ``run.dir``
+    and the file, before anything is read; it was mkdir's bare ``[Errno 17] File exists: ...`` (or ``[Errno 20] Not
+    a directory``) from deep inside training. The file is left as it was."""
+    from finecap.utils.files import OutputRefused
+
+    (tmp_path / "notes.txt").write_text("mine")
+    refused = rf"^run.dir: .*: {re.escape(str(tmp_path / 'notes.txt'))} is not a folder; choose another run.dir$"
+    with pytest.raises(OutputRefused, match=refused):
+        finecap.train("demo/mle", run__dir=tmp_path / where, model__encoder=str(tmp_path / "no-clip"))
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]  # nothing made beside it
+
+
+@pytest.mark.parametrize("url", ["https://example.com/cat.jpg", Path("http://example.com/cat.jpg"), "s3://b/cat.png"])
+def test_a_url_is_refused_as_one(cap, url, tmp_path, monkeypatch):
+    """finecap downloads no image: a URL given to ``caption`` (as a string, or as a ``Path``, which keeps one slash)
+    is a DataError that says it is a URL and to download the image first; it said only ``cannot read image: no such
+    file``, as for a typo in a file name; ``finecap caption --images URL`` says it too. A missing file's error says
+    nothing of URLs, nor does a drive letter's."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"cannot read image: no such file; it is a URL: .* downloads none: download"):
+        cap.caption(url)
+    for missing in ("nope.png", "C:/nope.png"):
+        with pytest.raises(DataError, match=r"cannot read image: no such file$"):
+            cap.caption(missing)
+    from finecap.inference import image_files  # finecap caption --images URL: the same note
+
+    with pytest.raises(DataError, match=r"^https://example.com/cat.jpg: no such image file or folder; it is a URL"):
+        image_files(["https://example.com/cat.jpg"])
+
+
+def test_a_pil_image_that_cannot_be_read_is_named(cap, files, tmp_path):
+    """A PIL image whose pixels cannot be read is a DataError naming its place in the list and why: one closed before
+    its pixels were read (the ``with Image.open(path) as image:`` block left: PIL's bare, empty ``AssertionError``
+    from inside the data loader; ``image.close()``: PIL's ``ValueError``), a lazily opened file that does not decode
+    (PIL's ``OSError``). A floating-point image is named by its place too (it was "the image"). One read inside its
+    block, then closed, is captioned as its file."""
+    with Image.open(files[0]) as unread:
+        pass
+    closed = Image.open(files[0])
+    closed.close()
+    data = files[0].read_bytes()
+    (tmp_path / "cut.png").write_bytes(data[: len(data) // 2])
+    cut = Image.open(tmp_path / "cut.png")  # the header reads; the pixels do not
+    flat = Image.fromarray(np.full((32, 32), 0.5, dtype=np.float32))
+    shut, broken = "the image is closed", "the image does not decode"
+    for bad, why in ((unread, shut), (closed, shut), (cut, broken), (flat, "floating-point image")):
+        with pytest.raises(DataError, match=rf"^image 1 of the list \(a PIL image\): {why}"):
+            cap.caption([files[1], bad], max_length=3)
+    with Image.open(files[0]) as read:
+        read.load()
+    assert cap.caption(read, max_length=3) == cap.caption(files[0], max_length=3)
+
+
+def test_a_missing_encoder_folder_is_refused_before_the_world_is_made(tmp_path, monkeypatch):
+    """``model__encoder`` naming a folder that is not there (an absolute path, or ``./...``) is a ConfigError naming
+    ``model.encoder`` before anything is made; it was transformers' "Repo id must be in the form 'repo_name' or
+    'namespace/repo_name'" once the demo's world (11,500 images by default: minutes) and its features were made."""
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for missing in (tmp_path / "no-clip", "./no-clip"):
+        with pytest.raises(ConfigError, match=rf"^model.encoder: {re.escape(str(missing))}: no such folder"):
+            finecap.train("demo/mle", model__encoder=missing, world__n_train=8, world__n_val=4, world__n_test=4,
+                          world__image_size=32, train__max_steps=1, run__dir=tmp_path / "run")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no world, no home, no run folder

@@ -168,13 +168,26 @@ def to_rgb(image: Image.Image, name: str = "the image") -> Image.Image:
     return image.convert("RGB")
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]+:/")
+"""The start of a URL (a scheme of two characters or more, then ``:/``; ``C:/`` is a drive)."""
+
+
+def url_note(source: str | os.PathLike[str]) -> str:
+    """What an error about a missing image file adds when ``source`` is a URL (``https://...``, ``s3://...``): finecap
+    downloads no image, so it was looked for as a file of that name; ``""`` for any other text."""
+    if not _URL.match(os.fspath(source)):
+        return ""
+    return "; it is a URL: finecap reads image files on this machine and downloads none: download the image first"
+
+
 def _file_size(path: str | Path, name: str) -> int:
     """The size of the regular file ``path`` (followed through links: what would be read); a one-line
     :class:`DataError` beginning with ``name`` when it is missing, unreadable, not a regular file or empty."""
     try:
         st = os.stat(path)
     except OSError as e:
-        reason = "no such file" if isinstance(e, FileNotFoundError) else (e.strerror or one_line(e)).lower()
+        missing = isinstance(e, FileNotFoundError)
+        reason = "no such file" + url_note(name) if missing else (e.strerror or one_line(e)).lower()
         raise DataError(f"{name}: cannot read image: {reason}") from None
     if not stat.S_ISREG(st.st_mode):
         kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, pipe or socket)"

@@ -131,12 +131,20 @@ def reads_world_encoder(cfg: Config) -> bool:
 def check_before_building(cfg: Config) -> None:
     """The checks of a fresh captioner of ``cfg`` that need no model, no world and no encoder, run before a command
     prepares any (a configuration that can never run is refused in a second, not after the world and its encoder
-    are made): ``model.quantization`` on a part built here with random weights (:meth:`built_here`)."""
+    are made): ``model.quantization`` on a part built here with random weights (:meth:`built_here`); a
+    ``model.encoder`` the captioner loads (:func:`encoder_source`) written as a path (absolute, or beginning ``./``
+    or ``../``: no Hub name does) where nothing is."""
+    from finecap.config import ConfigError
     from finecap.models.memory import LoadOptions
 
     built = backbone(cfg.model.kind).built_here(cfg)
     if built is not None:
         LoadOptions.of(cfg.model).check_fresh(built)
+    source = encoder_source(cfg)
+    if source and (Path(source).is_absolute() or source.startswith(("./", "../"))) and not Path(source).exists():
+        # it failed once the world and its features were made, as a Hub error: "Repo id must be in the form ..."
+        raise ConfigError(f"model.encoder: {source}: no such folder (a path, not a Hub name): the vision encoder's "
+                          "folder, or a Hub name such as openai/clip-vit-base-patch32")  # fmt: skip
 
 
 def encoder_source(cfg: Config) -> str | None:

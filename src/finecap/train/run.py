@@ -50,7 +50,7 @@ from finecap.models.retriever import Retriever, SharedRetrievers, retriever_path
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.objectives.smile import training_shift, validation_shift_token
-from finecap.outputs import check_not_input, check_replaceable, write_output
+from finecap.outputs import check_not_input, check_replaceable, check_writable, write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
 from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
 from finecap.train.checkpoint import save_checkpoint
@@ -175,6 +175,9 @@ def train(
         "image folder (data.images)": cfg.data.images or None,
     }
     check_not_input(run_dir, inputs, option=run_dir_option)
+    # a run.dir naming a file (or a path through one), or a folder where nothing can be written, said as the option's
+    # error before anything is read or made (it was mkdir's bare FileExistsError / NotADirectoryError)
+    check_writable(run_dir / CONFIG_FILE, option=run_dir_option)
     # train.init_from found (working directory, else the runs root) before anything is made; a run resuming from a
     # checkpoint of its own reads its weights from there, so its start may have moved since
     cfg = resolve_start(cfg, must_exist=not (resume and find_resumable(run_dir) is not None))
