@@ -160,7 +160,7 @@ def test_two_mle_steps_lower_the_loss_and_move_only_what_trains(tiny):
             loss = mle_loss(model(batch), batch["labels"])
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
         assert losses[-1] < losses[0], losses
         assert moved and moved <= trained
