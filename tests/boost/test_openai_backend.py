@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,6 +45,18 @@ def _tasks(records: list[Record], step: str = "blend") -> list[Task]:
         Task(i, r, step, prompts.messages(step, few_shot=False, captions=r.captions), {"captions": r.captions})
         for i, r in enumerate(records)
     ]
+
+
+def blended(answer, records: list[Record], tmp_path: Path, **options) -> tuple[Any, ChatServer]:
+    """The blend step of ``records`` (2 retries) against a :class:`ChatServer` answering ``answer``, through an
+    :class:`OpenAIBackend` of ``options``, with its answer cache in ``tmp_path``: the result and the server."""
+    with ChatServer(answer) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.01, **options)
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        result = boost_records(records, "blend", backend, None, cache, Prompts.load(), few_shot=False, retries=2,
+                               progress=False)  # fmt: skip
+        cache.close()
+    return result, server
 
 
 def test_request_format_and_image_data_url(tmp_path):
@@ -196,12 +209,7 @@ def test_malformed_answers_retried_then_logged_with_human_captions_kept(tmp_path
             return 200, {"choices": []}  # always malformed
         return echo_first_caption(payload, n)
 
-    with ChatServer(answer) as server:
-        backend = OpenAIBackend("m", server.url, backoff=0.01)
-        cache = AnswerCache(tmp_path / "cache.jsonl")
-        result = boost_records(records, "blend", backend, None, cache, Prompts.load(), few_shot=False, retries=2,
-                               progress=False)  # fmt: skip
-        cache.close()
+    result, server = blended(answer, records, tmp_path)
     assert [f["blend"] for f in result.fields] == [
         ["boosted caption 0 a"],
         ["boosted caption 1 a"],
@@ -427,12 +435,7 @@ def test_refusals_content_filter_and_a_cut_off_with_no_text_fail_their_image_at_
             return echo_first_caption(payload, n)
         return 200, body
 
-    with ChatServer(answer) as server:
-        backend = OpenAIBackend("m", server.url, backoff=0.01, max_tokens=9)
-        cache = AnswerCache(tmp_path / "cache.jsonl")
-        result = boost_records(records, "blend", backend, None, cache, Prompts.load(), few_shot=False, retries=2,
-                               progress=False)  # fmt: skip
-        cache.close()
+    result, server = blended(answer, records, tmp_path, max_tokens=9)
     assert [f["blend"] for f in result.fields] == [r.captions for r in records[:3]] + [["boosted caption 3 a"]]
     errors = {f.image_id: (f.error, f.attempts) for f in result.failures}
     assert errors == {
@@ -465,11 +468,6 @@ def test_content_parts_are_read_as_text_and_an_undecodable_body_is_asked_again(t
         body["choices"][0]["message"]["content"] = parts
         return status, body
 
-    with ChatServer(answer) as server:
-        backend = OpenAIBackend("m", server.url, backoff=0.01)
-        cache = AnswerCache(tmp_path / "cache.jsonl")
-        result = boost_records(records, "blend", backend, None, cache, Prompts.load(), few_shot=False, retries=2,
-                               progress=False)  # fmt: skip
-        cache.close()
+    result, server = blended(answer, records, tmp_path)
     assert [f["blend"] for f in result.fields] == [["boosted caption 0 a"], ["boosted caption 1 a"]]
     assert result.failures == [] and len(server.requests) == 3

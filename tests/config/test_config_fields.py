@@ -12,6 +12,7 @@ import pytest
 
 from finecap.config import SECTIONS, ConfigError, RLConfig, SmileConfig, describe, load
 from finecap.config.fields import choices_of, field_problem
+from helpers.recipe_values import refused_both_ways
 
 
 def _outside(kind: str, bound: float, integer: bool) -> float:
@@ -179,13 +180,8 @@ def test_numeric_options_read_the_yaml_numbers_as_plain_numbers():
 )
 def test_a_numeric_option_refuses_a_number_yaml_1_1_reads_otherwise(key, written, read, tmp_path):
     # YAML 1.1 reads a leading 0 as octal and a colon as base 60: run.seed: 010 trained with seed 8, silently
-    with pytest.raises(ConfigError, match=rf"{re.escape(key)}.*reads as {read}\b.*YAML 1.1"):
-        load(None, [f"{key}={written}"])
-    section, name = key.split(".")
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"{section}:\n  {name}: {written}\n")
-    with pytest.raises(ConfigError, match=rf"recipe.yaml: {re.escape(key)}.*reads as {read}\b"):
-        load(recipe)
+    refused_both_ways(key, written, tmp_path, rf"{re.escape(key)}.*reads as {read}\b.*YAML 1.1",
+                      rf"recipe.yaml: {re.escape(key)}.*reads as {read}\b")  # fmt: skip
 
 
 def test_a_numeric_option_reads_what_yaml_1_1_reads_as_written():

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from finecap.config import SECTIONS, Config, ConfigError, absolute_paths, describe, from_dict, load
+from helpers.recipe_values import refused_both_ways
 
 
 def test_defaults_and_overrides():
@@ -321,13 +322,9 @@ def test_errors_never_repeat_a_secret(tmp_path):
 @pytest.mark.parametrize("key", ["run.root", "data.path", "vlm.name", "train.init_from"])
 def test_a_path_option_holding_a_nul_character_is_refused_naming_it(key, tmp_path):
     # `finecap train demo/mle 'run.root="a\x00b"'` failed at the first mkdir with a bare "embedded null byte"
-    with pytest.raises(ConfigError, match=rf"override '{key}=.*': {key}: 'a\\x00b' holds a NUL character"):
-        load(None, [f'{key}="a\\x00b"'])
+    refused_both_ways(key, '"a\\x00b"', tmp_path, rf"override '{key}=.*': {key}: 'a\\x00b' holds a NUL character",
+                      rf"recipe\.yaml: {key}: 'a\\x00b' holds a NUL character")  # fmt: skip
     section, option = key.split(".")
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f'{section}:\n  {option}: "a\\0b"\n')
-    with pytest.raises(ConfigError, match=rf"recipe\.yaml: {key}: 'a\\x00b' holds a NUL character"):
-        load(recipe)
     assert getattr(getattr(load(None, [f'{key}="a\\tb"']), section), option) == "a\tb"  # other characters are kept
 
 
