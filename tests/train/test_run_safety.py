@@ -259,14 +259,23 @@ def test_overwrite_refuses_a_file_finecap_did_not_make_and_deletes_nothing(make_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("start", ["checkpoints/last", "checkpoints/last/model", "."])
-def test_overwrite_refuses_a_start_inside_the_run_it_would_delete(make_cfg, start):
+@pytest.mark.parametrize(
+    ("start", "read"),
+    [
+        ("checkpoints/last", "checkpoints/last"),
+        ("checkpoints/last/model", "checkpoints/last"),
+        (".", "checkpoints/best"),
+    ],
+)
+def test_overwrite_refuses_a_start_inside_the_run_it_would_delete(make_cfg, start, read):
     """A new run overwriting a folder whose own checkpoint (or the folder itself) is its train.init_from: refused
-    before anything is deleted (the checkpoint was removed, then not found, and nothing trained)."""
+    before anything is deleted (the checkpoint was removed, then not found, and nothing trained). The message names
+    the checkpoint the start stands for (a run directory its best, a model folder its checkpoint)."""
     run = train(make_cfg("train.max_steps=1"))
     before = snapshot(run)
     init = os.path.normpath(run / start)
-    with pytest.raises(ValueError, match=rf"train.init_from={re.escape(init)}: .*would delete first; nothing was"):
+    checkpoint = re.escape(os.path.normpath(run / read))
+    with pytest.raises(ValueError, match=rf"train.init_from={checkpoint}: .*would delete first; nothing was"):
         train(make_cfg("train.max_steps=1", f"train.init_from={init}"), overwrite=True)
     assert snapshot(run) == before
 
