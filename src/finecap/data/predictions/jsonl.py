@@ -40,6 +40,20 @@ def first_record(path: Path, suffixes: tuple[str, ...] = (".jsonl", ".json")) ->
     return rec if isinstance(rec, dict) else None
 
 
+HEAD_BYTES = 1 << 20
+"""How much of a file :func:`head_text` reads to tell its format (the file is parsed once, by its reader)."""
+
+
+def head_text(path: Path) -> str:
+    """The start of ``path`` as text (its first :data:`HEAD_BYTES`, a byte-order mark and leading white space left
+    out, undecodable bytes replaced), for a format's detection to peek at; ``""`` when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(HEAD_BYTES).decode("utf-8-sig", errors="replace").lstrip()
+    except OSError:
+        return ""
+
+
 def read_caption_lines(
     path: Path, caption: str, labels: str, reference: Callable[[dict[str, Any], str], object] | None = None
 ) -> Predictions:

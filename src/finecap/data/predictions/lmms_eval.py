@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.data.predictions import PredictionFormat, Predictions
-from finecap.data.predictions.jsonl import first_record, records
+from finecap.data.predictions.jsonl import first_record, head_text, records
 from finecap.data.predictions.reference_lists import ReferenceLists, first_of
 from finecap.data.records import DataError, check_id
 from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
@@ -46,11 +46,10 @@ def _read(path: Path) -> Predictions:
         elif "filtered_resps" in rec and "target" in rec:
             named = _entry(rec, "image_id")  # a test split's entry without references (nocaps_passthrough)
             if named is not None:  # its image's id, not the document's row number
-                image_id = check_id(named["image_id"], where)
-                pred, refs = first_of(named["pred"]), targets.parse(rec["target"], n)
+                image_id, pred = check_id(named["image_id"], where), first_of(named["pred"])
             else:
-                image_id = check_id(rec.get("doc_id"), where, "'doc_id'")
-                pred, refs = first_of(rec["filtered_resps"]), targets.parse(rec["target"], n)
+                image_id, pred = check_id(rec.get("doc_id"), where, "'doc_id'"), first_of(rec["filtered_resps"])
+            refs = targets.parse(rec["target"], n)
         else:
             raise DataError(f"{where}: no caption entry (a metric entry with 'pred' and 'answer', or 'filtered_resps' "
                             "and 'target'): not an lmms-eval sample log of a caption task")  # fmt: skip
@@ -86,11 +85,7 @@ def _old_log(path: Path) -> bool:
     ``model_configs`` before ``logs``, within its first MiB: the file is parsed once, by the reader)."""
     if path.suffix.lower() != ".json":
         return False
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 20).decode("utf-8-sig", errors="replace").lstrip()
-    except OSError:
-        return False
+    head = head_text(path)
     return head.startswith("{") and '"model_configs"' in head and '"logs": [' in head
 
 

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from finecap.data.predictions import PredictionFormat, Predictions
+from finecap.data.predictions.jsonl import head_text
 from finecap.data.predictions.reference_lists import ReferenceLists
 from finecap.data.records import DataError, check_id
 from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
@@ -85,14 +86,13 @@ def _detect(path: Path) -> bool:
 
 def _first_row_is_a_result(path: Path) -> bool:
     """Whether the ``.json`` file is a JSON list whose first element is an object with ``index`` and ``prediction``
-    (read from the first MiB: the file is parsed once, by the reader)."""
+    (read from the start of the file, :func:`~finecap.data.predictions.jsonl.head_text`)."""
+    head = head_text(path)
+    if not head.startswith("["):
+        return False
     try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 20).decode("utf-8-sig", errors="replace").lstrip()
-        if not head.startswith("["):
-            return False
         first, _ = json.JSONDecoder().raw_decode(head, len(head) - len(head[1:].lstrip()))
-    except (OSError, ValueError):
+    except ValueError:
         return False
     return isinstance(first, dict) and "index" in first and "prediction" in first
 
