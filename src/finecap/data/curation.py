@@ -123,8 +123,11 @@ class BagCuration:
         self.decisions_file = decisions_path(self.out)
         if self.decisions_file.resolve() == self.bags_path.resolve():
             raise ValueError(f"{self.out}: its decisions file would be the candidate bags file {self.bags_path}")
-        self._keys = [f"{size}/{i}" for size in sorted(self.bags, key=int) for i in range(len(self.bags[size]))]
-        self._places = {f"{size}/{i}": (size, i) for size in self.bags for i in range(len(self.bags[size]))}
+        # each bag's key and place (size, index), sizes in increasing order: the keys as keys() spells them
+        self._places = {
+            f"{size}/{i}": (size, i) for size in sorted(self.bags, key=int) for i in range(len(self.bags[size]))
+        }
+        self._keys = list(self._places)
         self._content = {key: content_key(self.bag(key)) for key in self._keys}
         self._thread_lock = threading.Lock()
         self._file_lock = FileLock(str(lock_path(self.out)), timeout=LOCK_TIMEOUT, poll_interval=0.005)
