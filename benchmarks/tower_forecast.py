@@ -272,7 +272,7 @@ def frozen_row(family: str) -> dict[str, Any]:
     return {"tower": many["tower"], "kind": many["kind"], "patches": (few["patches"], many["patches"]),
             "measured": (many["peak"] - few["peak"]) / extra, "call": (many["call"] - few["call"]) / extra,
             "entry": (many["entry"] - few["entry"]) / extra, "copies": copies, "embeds": embeds,
-            "pixel_copy": vision.pixel_copy, "shapes": vision,
+            "shapes": vision,
             "forecast": per_patch(lambda n: frozen_tower_bytes(vision, 2, n)),
             "whole": many["peak"] / many["patches"],  # the larger count's peak, not differenced
             "whole_forecast": frozen_tower_bytes(vision, 2, many["patches"]) / many["patches"],
@@ -295,8 +295,9 @@ def frozen_table(families: tuple[str, ...] = tuple(sorted(FAMILIES))) -> list[st
                     f"{r['measured']:.0f} | {r['forecast']:.0f} | {r['forecast'] / r['measured']:.2f} | "
                     f"{r['whole']:.0f} | {r['whole_forecast'] / r['whole']:.2f} | "
                     f"{r['before']:.0f} | {r['before'] / r['measured']:.2f} | {r['deeper']:+d} B | {r['call']:.0f} | "
-                    f"{r['pixel_copy']} | {r['entry']:.0f} | {r['forecast'] / r['entry']:.2f} | {r['copies']:.0f} | "
-                    f"{r['embeds']:.0f} | {(r['forecast'] + r['copies'] + r['embeds']) / r['entry']:.2f} "
+                    f"{r['shapes'].pixel_copy} | {r['entry']:.0f} | {r['forecast'] / r['entry']:.2f} | "
+                    f"{r['copies']:.0f} | {r['embeds']:.0f} | "
+                    f"{(r['forecast'] + r['copies'] + r['embeds']) / r['entry']:.2f} "
                     "|")  # fmt: skip
     return rows
 
