@@ -145,6 +145,7 @@ class Captioner(Closeable):
         from finecap.data.loading import encoder_draft
         from finecap.inference import caption_images
 
+        _check_flag("progress", progress)
         images = _as_list(images)
         if not images:
             return []
@@ -214,6 +215,13 @@ def usable_device(device: str | torch.device) -> torch.device:
     if found.index is not None and found.index >= count:
         raise ValueError(f"device={device!r}: not usable on this machine (it has {count} {found.type} device(s))")
     return found
+
+
+def _check_flag(name: str, value: Any) -> None:
+    """A ``TypeError`` naming ``name`` unless ``value`` is ``True`` or ``False``: any non-empty string is truthy, so
+    ``overwrite="no"`` replaced the run it was meant to keep and ``progress="no"`` drew a bar."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def _is_image_or_path(item: Any) -> bool:
@@ -433,8 +441,7 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     from finecap.recipes import resolve_recipe
 
     for flag, value in (("resume", resume), ("overwrite", overwrite)):
-        if not isinstance(value, bool):  # overwrite="no" is truthy: it replaced the run it was meant to keep
-            raise TypeError(f"finecap.train: {flag} must be True or False, got {value!r}")
+        _check_flag(f"finecap.train: {flag}", value)
 
     with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)
         from finecap.train.run import train as train_run

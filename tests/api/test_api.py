@@ -86,6 +86,15 @@ def test_sampled_captions_with_the_runs_seed_are_the_commands(cap, run, files, t
             cap.caption(files, seed=bad, **sample)
 
 
+def test_progress_is_a_boolean(cap, files, capsys):
+    """``progress="no"`` (truthy) drew a progress bar; now a TypeError naming ``progress``, before any decoding."""
+    for bad in ("no", 0, None):
+        for method in (cap.caption, cap.caption_all):
+            with pytest.raises(TypeError, match=rf"^progress must be True or False, got {bad!r}$"):
+                method(files, progress=bad)
+    assert cap.caption(files[:1], progress=False) == EXPECTED[:1]
+
+
 def test_a_with_block_closes_the_captioners_engine(run, files, monkeypatch):
     closed = []
     with Captioner.from_pretrained(run, device="cpu") as captioner:
