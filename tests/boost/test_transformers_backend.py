@@ -143,6 +143,25 @@ def test_samples_follow_run_seed_whatever_ran_before(chat_model):
     assert make_backend(cfg, "llm").identity() == identity  # finecap boost's backend: run.seed is its seed
 
 
+def test_sampled_answers_depend_on_the_batch_size_and_so_does_the_cache_key(chat_model):
+    # a batch's tasks sample from one generator seeded for the batch, so boost.batch_size decides a task's samples;
+    # the cache key left it out: a run resumed with another batch size into the same --out mixed the first size's
+    # cached samples with the new size's
+    tasks = _tasks(4)
+
+    def sampled(batch_size: int) -> tuple[dict, dict]:
+        backend = TransformersBackend(str(chat_model), batch_size=batch_size, max_new_tokens=8, temperature=1.0,
+                                      seed=7, refuse_cut_off=False)  # fmt: skip
+        return dict(backend.run(tasks)), backend.identity()
+
+    (by_two, two), (by_four, four) = sampled(2), sampled(4)
+    assert by_two != by_four  # the effect the key must hold: other batches, other samples
+    assert two != four and (two["drawn"], four["drawn"]) == ("per batch of 2", "per batch of 4")
+    assert sampled(2) == (by_two, two)  # the same batch size: the same samples and key
+    greedy = [TransformersBackend(str(chat_model), batch_size=n, max_new_tokens=8).identity() for n in (2, 4)]
+    assert greedy[0] == greedy[1] and "drawn" not in greedy[0]  # greedy answers: one key whatever the batch size
+
+
 def test_a_model_folder_saved_again_in_place_is_another_identity(chat_model, tmp_path):
     # the identity (the cache key) held the folder's name alone: a model trained again into the same folder was
     # answered from the cache of its earlier weights

@@ -138,6 +138,28 @@ def test_a_prompt_vllm_refuses_fails_alone(folders, backends):
     assert all(isinstance(answers[i], str) for i in (0, 2))
 
 
+def test_a_tasks_samples_depend_on_neither_its_batch_nor_what_ran_before(folders, backends, monkeypatch):
+    """Sampling (boost.temperature > 0) drew from the engine's one generator, seeded once by run.seed: a task's
+    samples depended on the tasks asked with it and before it, so a resumed run drew other samples than an
+    uninterrupted one, under one cache key. Each task now has its seed (request_seed, the openai backend's)."""
+    llm = backends["llm"]
+    monkeypatch.setattr(llm, "temperature", 1.0)
+    records = read_dataset("world", folders["world"])[:4]
+    prompts = Prompts.load()
+    tasks = [Task(i, r, "blend", prompts.messages("blend", few_shot=False, captions=r.captions),
+                  {"captions": r.captions}) for i, r in enumerate(records)]  # fmt: skip
+
+    def answers(batches: list[list[Task]]) -> list[str]:  # a failed answer (cut off) as its message
+        return [a if isinstance(a, str) else repr(a) for batch in batches for a in llm.generate(batch)]
+
+    together = answers([tasks])
+    alone = answers([[t] for t in reversed(tasks)])[::-1]  # one at a time, last first, after the batch
+    assert together == alone and any(not a.startswith("CutOff(") for a in together)
+    assert llm.identity()["drawn"] == "per task" and "batch_size" not in json.dumps(llm.identity())
+    monkeypatch.setattr(llm, "seed", llm.seed + 1)  # not vacuous: the seed decides the samples
+    assert answers([tasks]) != together
+
+
 KILLED = textwrap.dedent(
     """
     import os, signal, sys
@@ -146,12 +168,12 @@ KILLED = textwrap.dedent(
 
     calls, answers = 0, VllmBackend._answers
 
-    def killed_after(self, prompts):  # SIGKILL when the third batch is asked for: two batches are done
+    def killed_after(self, prompts, tasks):  # SIGKILL when the third batch is asked for: two batches are done
         global calls
         calls += 1
         if calls == 3:
             os.kill(os.getpid(), signal.SIGKILL)
-        return answers(self, prompts)
+        return answers(self, prompts, tasks)
 
     VllmBackend._answers = killed_after
     sys.exit(main(sys.argv[1:]))

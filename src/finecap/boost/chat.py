@@ -60,15 +60,38 @@ def prompt_text(owner: Any, task: Task, image: Any = None) -> str:
 
 
 class InProcessBackend(ABC):
-    """A chat model in this process answering boost's tasks in batches (module docstring). Subclasses set
-    ``vision`` and ``batch_size`` and implement :meth:`identity` and :meth:`generate`."""
+    """A chat model in this process answering boost's tasks in batches (module docstring). Subclasses name their
+    :attr:`backend` and how their samples are drawn (:attr:`drawn`), keep their settings through :meth:`_settings`,
+    set ``stamp`` (:func:`~finecap.boost.engine.model_stamp`) once the model is loaded, and implement
+    :meth:`generate`."""
 
-    vision: bool
-    batch_size: int
+    backend: str
+    """The backend's name: ``boost.llm_backend`` / ``boost.vlm_backend``'s value, and the cache key's."""
+    drawn: str
+    """How a sample is drawn (``boost.temperature > 0``): ``"per batch"`` when the tasks of one batch are sampled
+    from one generator seeded for the batch (:func:`~finecap.boost.engine.batch_seed`), so a task's samples depend on
+    ``boost.batch_size``; ``"per task"`` when each task has a seed of its own
+    (:func:`~finecap.boost.engine.request_seed`)."""
 
-    @abstractmethod
+    def _settings(self, model: str, *, vision: bool, key: str, batch_size: int, max_new_tokens: int,
+                  temperature: float, seed: int, refuse_cut_off: bool) -> None:  # fmt: skip
+        """Keep the settings every in-process backend decodes with, and load ``model``'s tokenizer or processor
+        (:func:`load_chat_tokenizer`)."""
+        self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend=self.backend)
+        self.name, self.vision = model, vision
+        self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
+        self.refuse_cut_off, self.seed = refuse_cut_off, seed
+
     def identity(self) -> dict[str, Any]:
-        """What determines the answers (:class:`~finecap.boost.engine.Backend`)."""
+        """What determines the answers (:class:`~finecap.boost.engine.Backend`): model, files and decoding settings;
+        when it samples (``boost.temperature > 0``) also ``run.seed`` and how the samples are drawn (:attr:`drawn`,
+        with ``boost.batch_size`` when per batch), so that another seed or batch size into the same ``--out`` asks
+        again rather than mix samples drawn otherwise."""
+        drawn = f"per batch of {self.batch_size}" if self.drawn == "per batch" else self.drawn
+        return {"backend": self.backend, "model": self.name, "vision": self.vision,
+                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+                **({"seed": self.seed, "drawn": drawn} if self.temperature > 0 else {}),
+                **self.stamp}  # fmt: skip
 
     @abstractmethod
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:

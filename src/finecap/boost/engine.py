@@ -167,7 +167,7 @@ def batch_seed(seed: int, tasks: Sequence[Task]) -> int:
     """The seed of the samples of ``tasks`` (``boost.temperature > 0``), below ``2**63``: a hash of ``seed``
     (``run.seed``) and each task's step, position and messages, so that the same batch draws the same samples in any
     run or process, and two batches of one run draw different ones: torch's generator while the ``transformers``
-    backend samples a batch, and the ``seed`` of each ``openai`` request (of one task, cut to 31 bits).
+    backend samples a batch, and the seed of each ``openai`` and ``vllm`` request (of one task: :func:`request_seed`).
 
     Example::
 
@@ -185,6 +185,14 @@ def batch_seed(seed: int, tasks: Sequence[Task]) -> int:
     return (
         int.from_bytes(hashlib.sha256(content.encode()).digest()[:8], "big") >> 1
     )  # within torch.manual_seed's range
+
+
+def request_seed(seed: int, task: Task) -> int:
+    """The seed of ``task``'s own samples (``boost.temperature > 0``): :func:`batch_seed` of the task alone, cut to
+    31 bits (``[0, 2**31)``), a seed every server takes (llama.cpp's is 32-bit). The ``openai`` backend sends it as the
+    request's ``seed``, the ``vllm`` backend as its ``SamplingParams.seed``: a task's samples depend on neither the
+    batch it is asked in nor what the engine generated before it."""
+    return batch_seed(seed, [task]) >> 32
 
 
 class Backend(Protocol):

@@ -13,8 +13,8 @@ Greedy decoding at ``boost.temperature=0``, sampling otherwise; at most ``boost.
 rest of the decoding settings are the folder's ``generation_config.json`` (``transformers.generate``'s own reading).
 Samples follow ``run.seed``: each batch draws from torch's generator seeded by ``run.seed`` and the batch's tasks
 (:func:`~finecap.boost.engine.batch_seed`; the process's generators are left as they were), so a run repeats its
-samples whatever ran before it in the process, and the cache key holds the seed when sampling (another ``run.seed``
-into the same ``--out`` asks again), as with the ``vllm`` and ``openai`` backends.
+samples whatever ran before it in the process, and the cache key holds the seed and ``boost.batch_size`` when sampling
+(another ``run.seed`` or batch size into the same ``--out`` asks again: a batch's tasks draw from one generator).
 An answer with no end-of-sequence token (the generation config's ``eos_token_id``, else the tokenizer's) in its
 ``boost.max_new_tokens`` tokens was cut off: a :class:`~finecap.boost.engine.CutOff`, unless the backend is made with
 ``refuse_cut_off=False``.
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from finecap.boost.chat import InProcessBackend, conversation, load_chat_tokenizer, prompt_text
+from finecap.boost.chat import InProcessBackend, conversation, prompt_text
 from finecap.boost.engine import Task, batch_seed, cut_off, model_stamp
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.vlm import model_stop_tokens
@@ -38,6 +38,9 @@ from finecap.utils.rng import rng_preserved
 
 class TransformersBackend(InProcessBackend):
     """A chat model run in this process (module docstring)."""
+
+    backend = "transformers"
+    drawn = "per batch"  # one torch generator per batch: transformers' generate takes no seed per sequence
 
     def __init__(
         self,
@@ -56,10 +59,8 @@ class TransformersBackend(InProcessBackend):
 
         from finecap.models.memory import loading_onto, placement
 
-        self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="transformers")
-        self.name, self.vision = model, vision
-        self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
-        self.refuse_cut_off, self.seed = refuse_cut_off, seed
+        self._settings(model, vision=vision, key=key, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                       temperature=temperature, seed=seed, refuse_cut_off=refuse_cut_off)  # fmt: skip
         auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
         with loading_onto(device):  # a CUDA device's weights read straight onto it, not into host memory
             self.model = auto.from_pretrained(model, trust_remote_code=False, **placement())
@@ -70,13 +71,6 @@ class TransformersBackend(InProcessBackend):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model.eval()
-
-    def identity(self) -> dict[str, Any]:
-        """Model, files and decoding settings; when it samples (``boost.temperature > 0``) also ``run.seed``."""
-        return {"backend": "transformers", "model": self.name, "vision": self.vision,
-                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-                **({"seed": self.seed} if self.temperature > 0 else {}),
-                **self.stamp}  # fmt: skip
 
     def _inputs(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> dict[str, torch.Tensor]:
         if not self.vision:

@@ -101,8 +101,8 @@ from finecap.boost.engine import (
     MalformedReply,
     ServerUnavailable,
     Task,
-    batch_seed,
     cut_off,
+    request_seed,
 )
 from finecap.config.secrets import masked_url_secrets
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits, decode_image, encode_image
@@ -126,12 +126,6 @@ MAX_REPLY_BYTES = 8 * 2**20
 asked again, never held whole in memory."""
 MASKED_KEY_LENGTH = 8
 """An API key this long or longer is masked in answers as in messages (module docstring)."""
-
-
-def request_seed(seed: int, task: Task) -> int:
-    """The ``seed`` sent with ``task``'s request when sampling: :func:`~finecap.boost.engine.batch_seed` of the task
-    alone, cut to 31 bits (``[0, 2**31)``), a seed every server takes (llama.cpp's is 32-bit)."""
-    return batch_seed(seed, [task]) >> 32
 
 
 def image_data_url(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> str:

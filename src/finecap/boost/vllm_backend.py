@@ -14,7 +14,10 @@ so a killed run loses at most one batch).
 - **Decoding**: greedy at ``boost.temperature=0``, else sampling at that temperature; at most
   ``boost.max_new_tokens`` tokens; every other setting (stop tokens, ``top_k``, ``top_p``, ``repetition_penalty``)
   is the folder's ``generation_config.json``, as ``transformers.generate`` and a vLLM server read it
-  (``generation_config="auto"``). Unseeded samples follow vLLM's seed, ``run.seed``. Answers are the generated
+  (``generation_config="auto"``). Each task samples from a seed of its own
+  (:func:`~finecap.boost.engine.request_seed` of ``run.seed`` and the task, the ``seed`` the ``openai`` backend
+  sends), so its samples depend on neither ``boost.batch_size`` nor what the engine generated before it: a
+  resumed run draws what an uninterrupted one would. Answers are the generated
   tokens decoded as the ``transformers`` backend decodes them (special tokens skipped); one that vLLM stopped at
   ``boost.max_new_tokens`` (``finish_reason`` ``"length"``) was cut off: a :class:`~finecap.boost.engine.CutOff`,
   unless the backend is made with ``refuse_cut_off=False``.
@@ -37,8 +40,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from finecap.boost.chat import InProcessBackend, load_chat_tokenizer, prompt_text
-from finecap.boost.engine import BackendError, Task, cut_off, model_stamp
+from finecap.boost.chat import InProcessBackend, prompt_text
+from finecap.boost.engine import BackendError, Task, cut_off, model_stamp, request_seed
 
 if TYPE_CHECKING:
     from finecap.config import VllmConfig
@@ -54,6 +57,9 @@ def saved_dtype(model: str) -> str:
 
 class VllmBackend(InProcessBackend):
     """A chat model served by an in-process ``vllm.LLM`` (module docstring)."""
+
+    backend = "vllm"
+    drawn = "per task"  # each request's SamplingParams.seed
 
     def __init__(
         self,
@@ -73,29 +79,22 @@ class VllmBackend(InProcessBackend):
 
         option = f"{key}_backend=vllm"
         import_vllm(option)  # a missing vLLM is named before anything loads
-        self.processor, self.tokenizer = load_chat_tokenizer(model, vision=vision, key=key, backend="vllm")
-        self.name, self.vision = model, vision
-        self.batch_size, self.max_new_tokens, self.temperature = batch_size, max_new_tokens, temperature
-        self.refuse_cut_off, self.seed = refuse_cut_off, seed
+        self._settings(model, vision=vision, key=key, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                       temperature=temperature, seed=seed, refuse_cut_off=refuse_cut_off)  # fmt: skip
         images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
         self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
                              generation_config="auto", option=option, **images)  # fmt: skip
         self.stamp = model_stamp(model)  # read once, after loading: the identity of every request
 
-    def identity(self) -> dict[str, Any]:
-        """Model, files and decoding settings; when it samples (``boost.temperature > 0``) also the engine's seed
-        (``run.seed``), which decides its samples: another seed into the same ``--out`` asks again."""
-        return {"backend": "vllm", "model": self.name, "vision": self.vision,
-                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-                **({"seed": self.seed} if self.temperature > 0 else {}),
-                **self.stamp}  # fmt: skip
-
-    def sampling_params(self) -> Any:
-        """The folder's generation settings (module docstring) with ``boost.temperature`` and ``max_new_tokens``."""
+    def sampling_params(self, task: Task | None = None) -> Any:
+        """The folder's generation settings (module docstring) with ``boost.temperature`` and ``max_new_tokens``;
+        when sampling, ``task``'s own seed (:func:`~finecap.boost.engine.request_seed`)."""
         from vllm import SamplingParams
 
         defaults = self.llm.model_config.get_diff_sampling_param()
         settings = {**defaults, "temperature": self.temperature, "max_tokens": self.max_new_tokens}
+        if self.temperature > 0 and task is not None:
+            settings["seed"] = request_seed(self.seed, task)
         return SamplingParams.from_optional(**settings, detokenize=False)
 
     def prompt(self, task: Task, image: Any = None) -> dict[str, Any]:
@@ -105,18 +104,20 @@ class VllmBackend(InProcessBackend):
             return {"prompt_token_ids": self.tokenizer(text, add_special_tokens=False)["input_ids"]}
         return {"prompt": prompt_text(self.processor, task, image), "multi_modal_data": {"image": image}}
 
-    def _answers(self, prompts: list[dict[str, Any]]) -> list[str | BaseException]:
-        """Answers of ``prompts`` in one call; after a refusal, of each prompt alone (module docstring)."""
+    def _answers(self, prompts: list[dict[str, Any]], tasks: Sequence[Task]) -> list[str | BaseException]:
+        """Answers of ``prompts`` (those of ``tasks``) in one call; after a refusal, of each prompt alone (module
+        docstring)."""
         from vllm.exceptions import VLLMClientError
 
         from finecap.engines.vllm import autocast_off
 
+        params = [self.sampling_params(t) for t in tasks]
         try:
             with autocast_off():  # a judged reward asks during a training step, under its bf16 autocast
-                outputs = self.llm.generate(prompts, self.sampling_params(), use_tqdm=False)
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
         except (VLLMClientError, ValueError) as e:  # the request's fault (vLLM's 4xx), found before generating
             if len(prompts) > 1:
-                return [answer for p in prompts for answer in self._answers([p])]
+                return [answer for p, t in zip(prompts, tasks, strict=True) for answer in self._answers([p], [t])]
             return [BackendError(f"vLLM refused the request: {' '.join(str(e).split())[:300]}")]
         texts = self.tokenizer.batch_decode([list(o.outputs[0].token_ids) for o in outputs], skip_special_tokens=True)
         return [
@@ -129,7 +130,8 @@ class VllmBackend(InProcessBackend):
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
         """Answers of ``tasks`` (a :class:`BackendError` for a prompt vLLM refuses); ``images``: their decoded
         images (the VLM)."""
-        return self._answers([self.prompt(t, im) for t, im in zip(tasks, images or [None] * len(tasks), strict=True)])
+        prompts = [self.prompt(t, im) for t, im in zip(tasks, images or [None] * len(tasks), strict=True)]
+        return self._answers(prompts, tasks)
 
     def close(self) -> None:
         """Free the engine."""
