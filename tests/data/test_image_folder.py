@@ -211,6 +211,11 @@ def test_linked_folders_are_read_once_and_loops_end(tmp_path):
             r"captions.csv, line 3: 4 cells for the header's 3 \(image, caption, split\); quote a caption holding a "
             r'comma: "a dog, running on a beach"',
         ),
+        (  # a column named twice: the cells of one of them were dropped ("a cat" read, "a red cat" lost), silently
+            lambda f: (f / "captions.csv").write_text("image,caption,caption\na.png,a red cat,a cat\n"),
+            r"captions.csv: column 'caption' is named 2 times in the header \(columns: 'image', 'caption', "
+            r"'caption'\); a row's cells under it would be read from one of them",
+        ),
         (
             lambda f: (image(f / "a.jpg"), (f / "a.txt").write_text("x")),
             r"a.txt: the captions of several images \(a.jpg, a.png\)",

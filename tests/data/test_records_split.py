@@ -1,12 +1,15 @@
-"""The split a data file's name says (COCO annotation files, lone Hugging Face files): its words, not its letters."""
+"""The split a data file's name says (COCO annotation files, lone Hugging Face files): its words, not its letters; and
+one image file in one split, however the data set names it (its real path)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from finecap.data.records import split_from_name
+from finecap.data.formats import read_dataset
+from finecap.data.records import DataError, split_from_name
 
 
 @pytest.mark.parametrize(
@@ -26,3 +29,47 @@ from finecap.data.records import split_from_name
 )
 def test_the_split_is_a_word_of_the_file_name(name, split):
     assert split_from_name(Path(name)) == split
+
+
+def _karpathy(tmp_path, entries):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.jpg")
+    data = tmp_path / "dataset.json"
+    data.write_text(json.dumps({"images": entries}))
+    return data
+
+
+def _entry(cocoid, split, filepath=""):
+    return {"filename": "a.jpg", "filepath": filepath, "cocoid": cocoid, "split": split, "sentences": [{"raw": "x"}]}
+
+
+@pytest.mark.parametrize("filepath", ["", "."])
+def test_one_image_file_in_two_karpathy_splits_is_refused(tmp_path, filepath):
+    # two ids, one file: the test image was trained on (read before as two records, train and test)
+    data = _karpathy(tmp_path, [_entry(1, "train"), _entry(2, "test", filepath)])
+    with pytest.raises(DataError, match=r"one image file .*a\.jpg is named by two records in two splits: id 1 "
+                                        r"\('train', .*\), id 2 \('test', .*\); an image in two splits"):  # fmt: skip
+        read_dataset("karpathy", data)
+
+
+def test_one_image_file_in_one_split_under_two_ids_and_restval_as_train_are_read(tmp_path):
+    data = _karpathy(tmp_path, [_entry(1, "train"), _entry(2, "restval"), _entry(3, "train")])
+    assert [r.image_id for r in read_dataset("karpathy", data)] == [1, 2, 3]
+
+
+def test_a_link_to_an_image_in_another_split_is_refused(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.jpg")
+    (tmp_path / "copy.jpg").symlink_to("a.jpg")  # the same pixels under a second name
+    lines = [{"image": "a.jpg", "captions": ["x"], "split": "train"}, {"image": "copy.jpg", "captions": ["x"]}]
+    data = tmp_path / "captions.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(DataError, match=r"named by two records in two splits: id 'a.jpg' \('train', .*\), id "
+                                        r"'copy.jpg' \(no split, "):  # fmt: skip
+        read_dataset("jsonl", data)
+    lines[0].pop("split")  # neither names a split: the id hash may part them
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(DataError, match=r"in no split: the id hash may put them in two splits"):
+        read_dataset("jsonl", data)

@@ -135,6 +135,13 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
                     f"{path}: no column {' or '.join(map(repr, missing))} in the header (columns: "
                     f"{', '.join(map(repr, columns)) or 'none'}); expected image,caption[,split]: one row per caption"
                 )
+            twice = [c for c in ("image", "caption", "split") if columns.count(c) > 1]
+            if twice:  # csv.DictReader keeps the last column's cell and drops the others
+                raise DataError(
+                    f"{path}: column {twice[0]!r} is named {columns.count(twice[0])} times in the header (columns: "
+                    f"{', '.join(map(repr, columns))}); a row's cells under it would be read from one of them: name "
+                    "each column once (one row per caption)"
+                )
             for row in reader:
                 where = f"{path}, line {reader.line_num}"
                 if None in row:  # more cells than the header names: an unquoted comma cut a caption
