@@ -202,6 +202,16 @@ def test_an_override_that_only_looks_like_an_alias_stays_text():
         load(None, ["boost.llm_api_key=&k sk-secret"])  # a secret is never repeated
 
 
+def test_an_override_starting_with_a_hash_is_its_text():
+    # YAML reads "# hi" as a comment alone, so vlm.prompt=# hi was None ("expected a string, got None"), while
+    # "a #1 photo" was its text: a value is the text it shows, whatever its first character
+    assert load(None, ["vlm.prompt=# Describe the image"]).vlm.prompt == "# Describe the image"
+    assert load(None, ["run.name=#2"]).run.name == "#2"
+    assert load(None, ["vlm.prompt=a #1 photo"]).vlm.prompt == "a #1 photo"
+    with pytest.raises(ConfigError, match=r"train.lr: expected a number, got '#1'"):
+        load(None, ["train.lr=#1"])
+
+
 def test_a_duplicate_key_in_an_override_value():
     line = one_line_error(["config", "train.loss_weights={mle: 1, mle: 2}"])
     assert "override 'train.loss_weights={mle: 1, mle: 2}': duplicate key 'mle' twice on line 1" in line

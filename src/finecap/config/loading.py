@@ -530,7 +530,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if len(parts) < 2 or not all(parts):
         raise ConfigError(f"override {_shown_override(item)}: the key must look like section.key (e.g. train.lr=1e-4)")
     try:
-        value = load_yaml(raw) if raw.strip() else ""
+        # a value starting with '#' is all comment to YAML (None): the text itself, as "a #1 photo" already is
+        value = load_yaml(raw) if raw.strip() and not raw.strip().startswith("#") else raw.strip()
     except YAMLRefused as e:
         if e.kind != "alias":  # an anchor (a value to repeat: a bomb's start) or a duplicate key
             raise ConfigError(f"override {_shown_override(item)}: {e.reason}", key=key) from None
