@@ -197,6 +197,13 @@ def usable_device(device: str | torch.device) -> torch.device:
     said it as an ``AssertionError`` or a ``RuntimeError`` once the weights were read)."""
     import torch
 
+    index = isinstance(device, int) and not isinstance(device, bool)  # an accelerator's index, as torch reads it
+    if index and not torch.accelerator.is_available():  # torch: "Cannot access accelerator device when none is ..."
+        raise ValueError(f"device={device!r}: not usable on this machine (an integer names an accelerator, and it has "
+                         "no accelerator torch can use); pass 'cpu'")  # fmt: skip
+    if not (index or isinstance(device, (str, torch.device))):  # torch's TypeError lists its overloads
+        raise ValueError(f"device={device!r}: not a device torch knows (expected 'cpu', 'cuda:0', ..., a torch.device "
+                         f"or an accelerator's index, got {type(device).__name__})")  # fmt: skip
     try:
         found = torch.device(device)
     except (RuntimeError, TypeError) as e:

@@ -21,6 +21,7 @@ from PIL import Image
 
 import finecap
 from finecap import Captioner, evaluate
+from finecap.api import usable_device
 from finecap.config import ConfigError
 from finecap.data.images import load_image
 from finecap.data.records import DataError
@@ -187,6 +188,19 @@ def test_a_device_that_cannot_hold_the_weights_is_named(run):
     with pytest.raises(ValueError, match=rf"^device='{missing}': not usable on this machine"):
         Captioner.from_pretrained(run, device=missing)
     assert Captioner.from_pretrained(run, device=torch.device("cpu")).device == torch.device("cpu")
+
+
+def test_an_accelerator_index_or_a_value_of_another_type_is_named(run, monkeypatch):
+    """``device=0`` (an accelerator's index) on a machine without one was "not a device torch knows", with torch's
+    "Cannot access accelerator device when none is available"; ``device=1.5`` quoted torch's list of overloads."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^device=0: not usable on this machine \(an integer names an accelerator, "
+                                         r"and it has no accelerator torch can use\); pass 'cpu'$"):  # fmt: skip
+        Captioner.from_pretrained(run, device=0)
+    for bad, kind in ((1.5, "float"), (True, "bool"), (None, "NoneType")):
+        with pytest.raises(ValueError, match=rf"^device={bad!r}: not a device torch knows \(expected 'cpu', .*got "
+                                             rf"{kind}\)$"):  # fmt: skip
+            usable_device(bad)
 
 
 def test_every_checkpoint_folder_loads(run, files, tmp_path, monkeypatch):
