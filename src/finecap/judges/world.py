@@ -71,7 +71,7 @@ class WorldJudge(Judge):
         if len(stated) != 1:  # none, or a caption contradicting itself (module docstring): it settles nothing
             return CANNOT_ANSWER
         (value,) = stated
-        return value if value in ask.options and value != CANNOT_ANSWER else CANNOT_ANSWER
+        return value if value in ask.options else CANNOT_ANSWER
 
     def _noisy(self, ask: Ask, exact: str) -> str:
         if self.noise == 0.0:
