@@ -44,14 +44,15 @@ from machine import machine_line  # noqa: E402  (benchmarks/machine.py)
 def fake_judge(payload, n):
     text, system = payload["messages"][-1]["content"], payload["messages"][0]["content"]
     if "atomic claims" in system:
-        return 200, completion(json.dumps(re.search(r"Description: (.*)", text).group(1).split()))
-    if "check claims" in system:
-        evidence, claims = text.split("Claims:")[0], re.findall(r"^\d+\. (.*)$", text, re.MULTILINE)
+        return 200, completion(json.dumps(json.loads(re.search(r"Description: (.*)", text).group(1)).split()))
+    if "check claims" in system:  # the evidence and the claims are JSON strings, one a line (judge-2 prompts)
+        evidence = " ".join(json.loads(e) for e in re.findall(r"^- (.*)$", text.split("Claims:")[0], re.MULTILINE))
+        claims = [json.loads(c) for c in re.findall(r"^\d+\. (.*)$", text, re.MULTILINE)]
         return 200, completion(json.dumps(["yes" if c in evidence else "no" for c in claims]))
     caption = re.search(r"Caption: (.*)", text)
     options = re.findall(r"^([A-Z])\. (.*)$", text, re.MULTILINE)
     for letter, option in options:
-        if caption and option in caption.group(1):
+        if caption and option in json.loads(caption.group(1)):
             return 200, completion(letter)
     return 200, completion(next(letter for letter, option in options if option == CANNOT_ANSWER))
 

@@ -34,10 +34,31 @@ def test_answers_a_stated_a_contradicted_and_an_absent_fact():
     assert answers == ["red", "blue", CANNOT_ANSWER, CANNOT_ANSWER, CANNOT_ANSWER]
 
 
-def test_two_stated_values_give_the_first_presented_option():
+def test_a_caption_stating_two_values_of_a_fact_settles_nothing_in_any_order():
     judge = WorldJudge()
-    assert judge.answer([ask("a red blue circle", options=("blue", "red", "green", CANNOT_ANSWER))]) == ["blue"]
-    assert judge.answer([ask("a red blue circle", options=("red", "blue", "green", CANNOT_ANSWER))]) == ["red"]
+    for options in (("blue", "red", "green", CANNOT_ANSWER), ("red", "blue", "green", CANNOT_ANSWER)):
+        assert judge.answer([ask("a red blue circle", options=options)]) == [CANNOT_ANSWER]
+    # the second value need not be an option: the caption still contradicts itself
+    assert judge.answer([ask("a red circle. a purple circle")]) == [CANNOT_ANSWER]
+
+
+def test_a_caption_listing_every_value_is_paid_nothing_by_qa_utility():
+    """A hedge (every colour, size, cell, background and count of the circle, no information) answered by the first
+    stated option in the presented order was paid about 1 / options a question: 0.3 on this scene, where "a circle"
+    gets 0; the reward of a caption contradicting itself on every fact is 0, and stating the truth stays paid."""
+    from finecap.judges.questions import QUESTION_VALUES
+    from finecap.rewards.qa_utility import QAUtilityReward
+    from finecap.world.captions import BACKGROUND_PHRASES, NUMBER_WORDS
+
+    scene = Scene(0, "grass", [Obj("circle", "red", "large", 1, 1)])
+    reward = QAUtilityReward(WorldJudge(), scenes={0: scene}, shuffles=4)
+    hedge = ". ".join([*(f"a {v} circle" for k in ("color", "size") for v in QUESTION_VALUES[k]),
+                       *(f"a circle at the {v}" for v in QUESTION_VALUES["position"]),
+                       *(BACKGROUND_PHRASES[b][0] for b in QUESTION_VALUES["background"]),
+                       "one shape", *(f"{w} shapes" for w in NUMBER_WORDS.values())])  # fmt: skip
+    out = reward([hedge, "a circle", "one large red circle in the middle on grass"], {"image_ids": [0, 0, 0]})
+    assert out.total.tolist() == [0.0, 0.0, 1.0]
+    assert out.parts["cannot_answer"].tolist() == [1.0, 1.0, 0.0]
 
 
 def test_background_and_count_questions_and_a_question_without_a_fact():

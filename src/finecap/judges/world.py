@@ -3,13 +3,15 @@
 
 What it answers, exactly:
 
-- **a question** (:meth:`WorldJudge.answer`) asking the ``(kind, shape)`` fact of its ``fact`` field: the first
-  presented option whose value the caption states for that kind and shape (``color(circle)=red`` answers "red";
-  a caption stating two colours of the circle gets the first of them in the presented order); :data:`CANNOT_ANSWER`
-  when the caption states none, and always for a blind ask (no caption). A question without a ``fact`` field is a
-  failure (the world judge reads no free text). With ``noise`` = p each answer is replaced, with probability p, by
-  another presented option drawn uniformly; the draw is seeded by ``seed``, the caption, the question and the
-  options, so a re-run flips the same answers;
+- **a question** (:meth:`WorldJudge.answer`) asking the ``(kind, shape)`` fact of its ``fact`` field: the presented
+  option whose value the caption states for that kind and shape (``color(circle)=red`` answers "red");
+  :data:`CANNOT_ANSWER` when the caption states none of the options' values, when it states two or more values of
+  that fact (``a red circle. a blue circle``: shapes are unique in a scene, so it contradicts itself and settles
+  nothing; answered by the first stated option in the presented order, a caption listing every value would be paid
+  1 / options a question for saying nothing), and always for a blind ask (no caption). A question without a
+  ``fact`` field is a failure (the world judge reads no free text). With ``noise`` = p each answer is replaced, with
+  probability p, by another presented option drawn uniformly; the draw is seeded by ``seed``, the caption, the
+  question and the options, so a re-run flips the same answers;
 - **claims**: the caption's facts (``str(Fact)``, e.g. ``color(circle)=red``); **reference claims**: the scene's
   recall facts (:func:`finecap.world.facts.scene_facts`), or without a scene the facts the references state;
 - **supports**: a claim is supported by a subject with a scene when it is true in the scene
@@ -66,7 +68,10 @@ class WorldJudge(Judge):
             return CANNOT_ANSWER
         kind, shape = ask.question.fact
         stated = {f.value for f in facts(ask.caption) if f.kind == kind and f.shape == shape}
-        return next((o for o in ask.options if o != CANNOT_ANSWER and o in stated), CANNOT_ANSWER)
+        if len(stated) != 1:  # none, or a caption contradicting itself (module docstring): it settles nothing
+            return CANNOT_ANSWER
+        (value,) = stated
+        return value if value in ask.options else CANNOT_ANSWER
 
     def _noisy(self, ask: Ask, exact: str) -> str:
         if self.noise == 0.0:
