@@ -12,9 +12,11 @@ similarities or logits, only the order matters) and the column ``targets[q]`` of
 Each reports ``R@k`` (fraction of captions whose image ranks in the top k, in [0, 1]), ``mean_rank`` and
 ``median_rank`` (1 = best). Ties are counted against the caption (pessimistic): rank = 1 + number of other
 candidates scoring >= the target, so a collapsed model that scores every image the same gets the worst rank, not the
-best. :class:`SelfRetrieval` embeds captions and images with a :class:`~finecap.models.retriever.Retriever` and runs
-the protocols on a ``{image_id: caption}`` mapping, adding ``retrieval/truncated`` (``retrieval/chunked``), the
-number of captions longer than the retriever's text window, when there is one (:mod:`finecap.models.text_window`).
+best; this is DiscriTune's definition (Sec. 3, "Retriever": the image is retrieved iff its score is strictly above
+every distractor's), which the other papers leave open. :class:`SelfRetrieval` embeds captions and images with a
+:class:`~finecap.models.retriever.Retriever` and runs the protocols on a ``{image_id: caption}`` mapping, adding
+``retrieval/truncated`` (``retrieval/chunked``), the number of captions longer than the retriever's text window, when
+there is one (:mod:`finecap.models.text_window`).
 
 Example::
 
