@@ -684,6 +684,55 @@ def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsy
     assert 0.0 <= out["CLIPScore"] <= 2.5 and math.isfinite(out["RefCLIPScore"])
 
 
+def test_eval_prints_the_librarys_numbers_for_the_image_and_world_metrics(world, clip_dir, tmp_path, capsys):
+    # What `finecap eval` prints (JSON and table) is what the library computes on the same captions, pool, bags and
+    # retriever: SelfRetrieval (RD-N, pool, TrueMatch bags of two sizes, which share images), CLIPScore, the listener
+    # (on the retriever's draws, with exploit), faithfulness and the vocabulary counts.
+    from finecap.data.bags_file import read_bags
+    from finecap.metrics.clipscore import CLIPScore
+    from finecap.metrics.diversity import vocabulary_metrics
+    from finecap.metrics.faithfulness import faithfulness
+    from finecap.metrics.listener import listener_retrieval
+    from finecap.metrics.retrieval import SelfRetrieval
+    from finecap.models.retriever import load_retriever
+
+    overrides = [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", "eval.n_distractors=5",
+                 "eval.draws=2"]  # fmt: skip
+    bags_file = tmp_path / "bags.json"
+    assert cli(["bags", "build", "--data", str(world), "--split", "test", "--sizes", "3,2", "--out", str(bags_file),
+                *overrides]) == 0  # fmt: skip
+    refs = load_references(load(), world, split="test")
+    preds = {r.image_id: r.captions[1] for r in refs.records}
+    preds[refs.records[0].image_id] = "a thing"  # states no fact: the listener guesses
+    write_results(tmp_path / "results.json", preds)
+    metrics = "retrieval,bags,clipscore,listener,faithfulness,vocab"
+    command = ["eval", "--predictions", str(tmp_path / "results.json"), "--references", str(world), "--bags",
+               str(bags_file), "--metrics", metrics, *overrides]  # fmt: skip
+    capsys.readouterr()
+    assert cli([*command, "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert cli(command) == 0
+    table = capsys.readouterr().out
+
+    cfg = load(None, overrides)
+    retriever, bags = load_retriever(cfg), read_bags(bags_file)
+    sr = SelfRetrieval(retriever, refs.records, n_distractors=5, draws=2, seed=cfg.eval.seed,
+                       bags=[b for size in bags.values() for b in size])  # fmt: skip
+    want = sr(preds)
+    want |= CLIPScore(retriever, refs.records)(preds, {r.image_id: r.captions for r in refs.records})
+    want |= listener_retrieval(preds, refs.scenes, [r.image_id for r in refs.records], 5, 2, cfg.eval.seed, bags,
+                               sr.scores(preds)[1])  # fmt: skip
+    want |= faithfulness(preds, refs.scenes)
+    want |= {k: v for k, v in vocabulary_metrics(preds).items() if k != "Length"}
+    assert set(printed) == set(want)
+    for key, value in want.items():
+        assert printed[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    # the table shows the same values, 3 decimals (whole counts without)
+    assert f"| RD5/R@1 | {want['RD5/R@1']:.3f} |" in table and f"| bag2/n | {int(want['bag2/n'])} |" in table
+    assert f"| listener/bag3/R@1_expected | {want['listener/bag3/R@1_expected']:.3f} |" in table
+    assert f"| ClipSc | {want['ClipSc']:.3f} |" in table and f"| Vocab usage | {int(want['Vocab usage'])} |" in table
+
+
 def test_a_value_that_is_no_number_is_written_null_in_strict_json(tmp_path, monkeypatch, capsys):
     """SPICE's jar writes ``"NaN"`` for an image it cannot score (pycocoevalcap reads it as NaN, and so does finecap):
     ``--out``, ``--per-image`` and ``--format json`` write it as ``null``; the ``NaN`` token was not JSON that ``jq``

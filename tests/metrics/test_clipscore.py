@@ -141,3 +141,14 @@ def test_clipscore_class_names_the_image_whose_embedding_is_not_finite():
         cs({0: "x", 2: "y"})
     with pytest.raises(ValueError, match="reference embeddings: 1 embedding.* the first of image 2"):
         cs({0: "x", 2: "x"}, {0: ["r"], 2: ["x", "y"]})
+
+
+def test_clipscore_of_no_caption_is_refused_not_nan():
+    # The mean of no per-caption score was NaN (numpy's "Mean of empty slice" warning), and ClipSc's clip at 0 kept it
+    # (max(nan, 0.0) is nan): {'CLIPScore': nan, 'ClipSc': nan} for {}; self-retrieval, faithfulness and perplexity
+    # refuse no captions, and so does CLIPScore now.
+    cs = CLIPScore(StubRetriever(), [Rec(0, Path("0.png"))])
+    with pytest.raises(ValueError, match="CLIPScore: no captions to score"):
+        cs({})
+    with pytest.raises(ValueError, match="CLIPScore: no captions to score"):
+        cs.per_item({}, {})

@@ -99,3 +99,10 @@ def test_bags_are_read_as_the_retriever_reads_them() -> None:
         listener_retrieval(preds, SCENES, POOL, n_distractors=1, draws=1, bags={2: [[0, 1], [2, 2]]})
     with pytest.raises(ValueError, match=r"bags\[3\]\[0\] holds 2 images but is listed under bag size 3"):
         listener_retrieval(preds, SCENES, POOL, n_distractors=1, draws=1, bags={3: [[0, 1]]})
+
+
+def test_no_caption_is_refused_not_nan() -> None:
+    # listener_retrieval({}) returned every listener/RD{N}/* as NaN (numpy's "Mean of empty slice" warning), where the
+    # retriever's metrics refuse no captions ("no captions to rank").
+    with pytest.raises(ValueError, match="listener: no captions to rank"):
+        listener_retrieval({}, SCENES, POOL, n_distractors=1, draws=1)

@@ -12,6 +12,7 @@ import torch
 from finecap.metrics.retrieval import (
     SelfRetrieval,
     bag_retrieval,
+    bag_retrieval_items,
     pool_retrieval,
     random_distractors,
     rd_ranks,
@@ -230,8 +231,33 @@ def test_bag_retrieval_refuses_an_image_in_two_bags_of_one_size():
     with pytest.raises(ValueError, match=r"^bag 1 holds image 3, already in bag 0; the bags of one size are disjoint"):
         bag_retrieval(np.eye(5), [[1, 2, 3], [3, 4, 5]], [1, 2, 3, 4, 5])
     # disjoint bags of one size, and one image in bags of two sizes, are scored
-    out = bag_retrieval(np.eye(5), [[1, 2, 3], [4, 5]], [1, 2, 3, 4, 5])
+    out = bag_retrieval(np.eye(5), [[1, 2, 3], [3, 4]], [1, 2, 3, 4, 5])  # image 3 in a bag of 3 and one of 2
     assert (out["bag3/n"], out["bag2/n"]) == (3.0, 2.0)
+
+
+def test_an_image_in_bags_of_two_sizes_is_ranked_in_each():
+    # TrueMatch builds the bags of each size on its own (NDLB Algorithm 2 curates one size's bags), so bags of 3 and
+    # of 2 share images; bag_retrieval reports per size, so each caption is ranked in its bag of every size. Rows are
+    # the captions of images 0..3 (targets = diagonal); bags of 2: {0, 2}, {1, 3}; bag of 3: {0, 1, 3}.
+    scores = np.array(
+        [
+            [0.5, 0.7, 0.1, 0.6],  # 0: bag {0,2}: 0.5 > 0.1 -> rank 1; bag {0,1,3}: 0.7, 0.6 beat 0.5 -> rank 3
+            [0.2, 0.4, 0.9, 0.4],  # 1: bag {1,3}: tie 0.4 = 0.4 -> rank 2 (pessimistic); bag {0,1,3}: 0.4 >= 0.4 -> 2
+            [0.0, 0.0, 0.3, 0.0],  # 2: bag {0,2}: rank 1; in no bag of 3
+            [0.1, 0.2, 0.0, 0.8],  # 3: bag {1,3}: rank 1; bag {0,1,3}: rank 1
+        ]
+    )
+    bags = [[0, 2], [1, 3], [0, 1, 3]]
+    out, items = bag_retrieval_items(scores, bags, [0, 1, 2, 3], ks=(1,))
+    # bag2: ranks 1, 2, 1, 1 -> R@1 3/4, mean 5/4; bag3: ranks 3, 2, 1 -> R@1 1/3, mean 2, median 2
+    assert out == {"bag2/R@1": 0.75, "bag2/mean_rank": 1.25, "bag2/median_rank": 1.0, "bag2/n": 4.0,
+                   "bag3/R@1": pytest.approx(1 / 3), "bag3/mean_rank": 2.0, "bag3/median_rank": 2.0,
+                   "bag3/n": 3.0}  # fmt: skip
+    assert items[0] == {"bag2/R@1": 1.0, "bag2/mean_rank": 1.0, "bag3/R@1": 0.0, "bag3/mean_rank": 3.0}
+    assert items[2] == {"bag2/R@1": 1.0, "bag2/mean_rank": 1.0}
+    # the bags of one size stay disjoint, and a bag is named by its place among all the bags given
+    with pytest.raises(ValueError, match=r"^bag 3 holds image 2, already in bag 0; the bags of one size"):
+        bag_retrieval(scores, [[0, 2], [0, 1, 3], [1, 3], [2, 1]], [0, 1, 2, 3])
 
 
 @dataclass

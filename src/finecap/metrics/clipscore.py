@@ -167,8 +167,11 @@ class CLIPScore:
     def _scored(
         self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]] | None
     ) -> tuple[dict[Hashable, dict[str, float]], TextEncoding]:
-        """:meth:`per_item` and the captions' encoding (their lengths; the note of long ones is logged)."""
+        """:meth:`per_item` and the captions' encoding (their lengths; the note of long ones is logged). No caption
+        is a ``ValueError`` (a mean of none would be NaN)."""
         ids = list(predictions)
+        if not ids:
+            raise ValueError("CLIPScore: no captions to score")
         missing = [i for i in ids if i not in self.row]
         if missing:
             raise KeyError(f"predictions for images not among the CLIPScore images: {missing[:5]}")

@@ -140,8 +140,9 @@ def hard_rd_ranks(
     seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Ranks ``(draws, Q')`` of the captions whose image is in a complete family of ``size`` among the scored images,
-    each against its ``size - 1`` family members and ``n_distractors - size + 1`` random images of other families,
-    and the indices ``(Q',)`` of those captions among the ``Q`` rows of ``scores``.
+    each against its ``size - 1`` family members and ``n_distractors - size + 1`` random images outside its family
+    (of other families, or of none: an incomplete family's, an image without one), and the indices ``(Q',)`` of those
+    captions among the ``Q`` rows of ``scores``.
 
     A caption draws from the row :func:`finecap.metrics.retrieval.stream_rows` gives its image's place among the
     columns of complete families (and its place among that image's captions); draw ``d`` of the block of rows

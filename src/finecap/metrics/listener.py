@@ -78,7 +78,11 @@ def listener_retrieval(
             (:func:`finecap.metrics.retrieval.bag_columns`), so the two score the same captions; so is a bag whose
             number of images is not its size.
         retriever_scores: the retriever's ``(Q, N)`` scores of the same queries and columns, for ``exploit``.
+
+    No caption is a ``ValueError``, as in the retriever's metrics (a mean of none would be NaN).
     """
+    if not predictions:
+        raise ValueError("listener: no captions to rank")
     column = {i: c for c, i in enumerate(image_ids)}
     missing = [i for i in predictions if i not in column]
     if missing:

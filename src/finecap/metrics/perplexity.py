@@ -5,7 +5,10 @@ Definition (corpus level)::
     perplexity = exp( total NLL / total predicted tokens )
 
 summed over every caption, i.e. the token-weighted mean negative log-likelihood, exponentiated (not the mean of
-per-caption perplexities). Each caption is scored as one sequence, GPT-2 style:
+per-caption perplexities). SMILE (Sec. 3.1, Table 1) reports "the language modeling perplexity of the captions with
+GPT-2" and points at Hugging Face's perplexity guide, which scores one long text through a sliding window; how captions
+are joined, and whether each sees the others as context, it leaves open. finecap's choice: each caption is scored as
+one sequence on its own (no caption is context for another), GPT-2 style:
 
 - The caption is tokenised with the model's own tokenizer and ``add_special_tokens=False`` (so tokenizers whose
   post-processor already adds BOS/EOS, like the world tokenizer or BERT-style ones, are not doubled up).

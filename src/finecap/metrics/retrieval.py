@@ -12,9 +12,11 @@ similarities or logits, only the order matters) and the column ``targets[q]`` of
 Each reports ``R@k`` (fraction of captions whose image ranks in the top k, in [0, 1]), ``mean_rank`` and
 ``median_rank`` (1 = best). Ties are counted against the caption (pessimistic): rank = 1 + number of other
 candidates scoring >= the target, so a collapsed model that scores every image the same gets the worst rank, not the
-best. :class:`SelfRetrieval` embeds captions and images with a :class:`~finecap.models.retriever.Retriever` and runs
-the protocols on a ``{image_id: caption}`` mapping, adding ``retrieval/truncated`` (``retrieval/chunked``), the
-number of captions longer than the retriever's text window, when there is one (:mod:`finecap.models.text_window`).
+best; this is DiscriTune's definition (Sec. 3, "Retriever": the image is retrieved iff its score is strictly above
+every distractor's), which the other papers leave open. :class:`SelfRetrieval` embeds captions and images with a
+:class:`~finecap.models.retriever.Retriever` and runs the protocols on a ``{image_id: caption}`` mapping, adding
+``retrieval/truncated`` (``retrieval/chunked``), the number of captions longer than the retriever's text window, when
+there is one (:mod:`finecap.models.text_window`).
 
 Example::
 
@@ -244,7 +246,10 @@ def pool_retrieval(scores: Any, targets: Any = None, ks: Sequence[int] = KS) -> 
 
 
 def bag_columns(
-    bags: Sequence[Sequence[Hashable]], column: Mapping[Hashable, int], where: str = "bag {}"
+    bags: Sequence[Sequence[Hashable]],
+    column: Mapping[Hashable, int],
+    where: str = "bag {}",
+    numbers: Sequence[int] | None = None,
 ) -> dict[int, np.ndarray]:
     """``{column: the columns of the bag holding its image}`` of ``bags`` (lists of image ids) under ``column``
     (``{image id: score column}``), the one reading of bags that the retriever's bag metric (:func:`bag_ranks`) and
@@ -252,6 +257,8 @@ def bag_columns(
     the bag (``where`` with its index) for a bag with an image not in ``column`` (scoring the rest as a smaller bag
     would count other captions than the bags say), with one image twice, or with an image of an earlier bag (its
     caption would be ranked in one of the two only; TrueMatch's bags of one size are disjoint, NDLB Algorithm 2).
+    ``bags`` are bags of one size; ``numbers`` gives the index ``where`` names each by (default its place in
+    ``bags``; :func:`bag_ranks` reads each size's bags apart and names them by their place among all it was given).
 
     Example::
 
@@ -260,22 +267,22 @@ def bag_columns(
         ...
         ValueError: bags[2][1] names images not among the scored images: ['z']
     """
+    number = list(numbers) if numbers is not None else list(range(len(bags)))
     bag_of: dict[int, np.ndarray] = {}
     for b, bag in enumerate(bags):
+        name = where.format(number[b])
         missing = [i for i in bag if i not in column]
         if missing:
-            raise ValueError(f"{where.format(b)} names images not among the scored images: {missing[:5]}")
+            raise ValueError(f"{name} names images not among the scored images: {missing[:5]}")
         cols = np.array([column[i] for i in bag], dtype=np.int64)
         if len(np.unique(cols)) < len(cols):  # [a, b, b] holds 2 images: b would count twice against a, as a bag of 3
             twice = sorted({i for i in bag if list(bag).count(i) > 1}, key=str)
-            raise ValueError(
-                f"{where.format(b)} names image(s) {twice[:5]} more than once; a bag's images are distinct"
-            )
+            raise ValueError(f"{name} names image(s) {twice[:5]} more than once; a bag's images are distinct")
         again = [i for i, c in zip(bag, cols, strict=True) if int(c) in bag_of]
         if again:
             first = next(j for j in range(b) if again[0] in bags[j])
             raise ValueError(
-                f"{where.format(b)} holds image {again[0]!r}, already in {where.format(first)}; the bags of one size "
+                f"{name} holds image {again[0]!r}, already in {where.format(number[first])}; the bags of one size "
                 "are disjoint (its caption is ranked in one bag)"
             )
         bag_of.update(dict.fromkeys(cols.tolist(), cols))
@@ -286,7 +293,9 @@ def bag_ranks(
     scores: Any, bags: Sequence[Sequence[Hashable]], image_ids: Sequence[Hashable], targets: Any = None
 ) -> list[tuple[int, int, int]]:
     """``(caption row, bag size, rank)`` of each caption whose image lies in a bag, ranked among the images of that
-    bag (arguments as :func:`bag_retrieval`, which summarises these ranks per bag size)."""
+    bag, by bag size and then caption row (arguments as :func:`bag_retrieval`, which summarises these ranks per bag
+    size). The bags of each size are read apart (:func:`bag_columns`): a caption whose image lies in bags of several
+    sizes is ranked in each."""
     scores = as_score_matrix(scores)
     targets = target_columns(scores, targets)
     column = {i: c for c, i in enumerate(image_ids)}
@@ -294,12 +303,16 @@ def bag_ranks(
         raise ValueError("image_ids must be unique")
     if len(image_ids) != scores.shape[1]:
         raise ValueError(f"image_ids has {len(image_ids)} ids but scores have {scores.shape[1]} columns")
-    bag_of = bag_columns(bags, column)
+    of_size: dict[int, list[int]] = {}  # size -> the places of its bags in `bags`
+    for b, bag in enumerate(bags):
+        of_size.setdefault(len(bag), []).append(b)
     out = []
-    for q, t in enumerate(targets):
-        cols = bag_of.get(int(t))
-        if cols is not None:
-            out.append((q, len(cols), int(target_ranks(scores[q : q + 1], [t], cols[None, :])[0])))
+    for size in sorted(of_size):
+        bag_of = bag_columns([bags[b] for b in of_size[size]], column, numbers=of_size[size])
+        for q, t in enumerate(targets):
+            cols = bag_of.get(int(t))
+            if cols is not None:
+                out.append((q, size, int(target_ranks(scores[q : q + 1], [t], cols[None, :])[0])))
     return out
 
 
@@ -334,8 +347,9 @@ def bag_retrieval() -> dict[str, float]:
 
     Args:
         scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
-        bags: disjoint lists of distinct image ids (a bag naming one twice, or an image of an earlier bag, is
-            refused: :func:`bag_columns`).
+        bags: lists of distinct image ids, the bags of one size disjoint (a bag naming one twice, or an image of an
+            earlier bag of its size, is refused: :func:`bag_columns`); an image may lie in bags of several sizes
+            (TrueMatch builds each size's bags on its own), its caption is then ranked in each.
         image_ids: the id of every column.
         targets: target column per caption (default ``arange(Q)``).
         ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).
@@ -357,7 +371,8 @@ class SelfRetrieval:
         cache_dir: image-feature cache folder (None = no cache).
         extra_records: extra pool images (distractors only, never targets).
         n_distractors, draws, seed: RD-N settings (``eval.n_distractors``, ``eval.draws``, ``eval.seed``).
-        bags: TrueMatch bags (lists of image ids) or None.
+        bags: TrueMatch bags (lists of image ids; those of several sizes together, as :func:`bag_retrieval` reads
+            them) or None.
         protocols: any of ``"rd"``, ``"pool"``, ``"bags"``.
 
     Calling it with ``{image_id: caption or [captions]}`` returns ``RD{N}/R@1``, ..., ``pool/R@1``, ...,
