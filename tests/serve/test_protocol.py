@@ -114,6 +114,15 @@ def test_bodies_are_plain_json_only():
         assert caught.value.field == "body" and words in caught.value.message
 
 
+def test_a_body_that_is_no_utf8_is_refused_as_such():
+    # a Latin-1 caption was answered "not valid JSON: invalid start byte", which named neither UTF-8 nor the fix
+    with pytest.raises(RequestError) as caught:
+        decode_json('{"captions": ["café"], "image_ids": [1]}'.encode("latin-1"))
+    assert (caught.value.field, caught.value.status) == ("body", 400)
+    assert caught.value.message == "not UTF-8 text (invalid continuation byte): send the JSON encoded as UTF-8"
+    assert decode_json('{"captions": ["café"]}'.encode()) == {"captions": ["café"]}
+
+
 def test_the_caption_of_an_openrlhf_query_follows_its_prompt_without_end_tokens():
     prompt = "<|im_start|>user\n<image>Describe the image.<|im_end|>\n<|im_start|>assistant\n"
     assert caption_of_query(prompt + "A red circle on sand.<|im_end|><|endoftext|>", prompt) == "A red circle on sand."

@@ -775,3 +775,26 @@ def test_connections_cut_off_for_their_headers_are_one_log_line_every_ten_second
     said = [r.getMessage() for r in caplog.records if "no complete request headers" in r.getMessage()]
     assert [m.split(" connection(s)")[0] for m in said] == ["reward server: 1", "reward server: 11"], said
     assert said[0].startswith("reward server: 1 connection(s) sent no complete request headers")
+
+
+def test_requests_that_are_no_http_or_ask_for_an_upgrade_are_one_log_line_every_ten_seconds(caplog):
+    """uvicorn logged a warning for each request that was no HTTP/1.1 (a TLS client, a port scanner) and two for each
+    asking for an ``Upgrade`` (the second advising to install a WebSocket library, which a reward server never
+    serves): 300 lines for 100 of each, for days. Now one line each at most every 10 s with the count, the rest said
+    as the server stops; every such request is still answered."""
+    with caplog.at_level(logging.INFO, logger="finecap"), serving(service()) as url:
+        port = int(url.rsplit(":", 1)[1])
+        for _ in range(20):
+            with socket.create_connection(("127.0.0.1", port)) as garbage:
+                garbage.sendall(b"\x16\x03\x01 not http\r\n\r\n")
+                assert recv_all(garbage, 5).startswith(b"HTTP/1.1 400")
+        with httpx.Client() as client:
+            for _ in range(20):
+                reply = client.post(f"{url}/reward", json=OK, headers={"Upgrade": "h2c", "Connection": "Upgrade"})
+                assert reply.json()["total"] == [3.0, 2.0]
+    said = [r.getMessage() for r in caplog.records if r.name.startswith(("finecap", "uvicorn"))]
+    invalid = [m for m in said if "Invalid HTTP request received." in m]
+    upgrades = [m for m in said if "upgrade" in m.lower() or "WebSocket" in m]
+    assert [m.split(" request(s)")[0] for m in invalid] == ["reward server: 1", "reward server: 19"], said
+    assert [m.split(" request(s)")[0] for m in upgrades] == ["reward server: 1", "reward server: 19"], said
+    assert "answered 400" in invalid[0] and "answered over HTTP/1.1" in upgrades[0]

@@ -42,7 +42,8 @@ Policy (docs/integrations.md, "The reward server's safety"):
   read more. At most ``max_connections`` are open at once, and :data:`HEALTH_CONNECTIONS` more answer ``GET
   /health`` alone (any other request on them: 503, closed), so that a supervisor's probe gets through while a
   trainer holds every connection; beyond both, a new one is closed at once (the cap is kept under the process's
-  file-descriptor limit). A failing ``accept`` is logged at most once every 10 s with its count. What a request's
+  file-descriptor limit). A failing ``accept`` is logged at most once every 10 s with its count, as are requests
+  that are no HTTP/1.1 (400) or ask for an ``Upgrade`` (:class:`ProtocolLog`). What a request's
   bytes decide (decoding, checks, image paths) runs on the service's check threads, never on the event loop; a
   request whose client disconnects is cancelled and, if it has not started, never scored. At most
   :data:`BODIES_AT_ONCE` large bodies (over :data:`SMALL_BODY`, 1 MiB, or chunked) are read and checked at once, so
@@ -437,10 +438,42 @@ class SaidEvery:
             self.count, self._said = 0, time.monotonic()
 
 
+INVALID_REQUEST = "Invalid HTTP request received."
+"""uvicorn's warning for bytes that are no HTTP/1.1 request (a TLS handshake, a port scanner), answered 400."""
+UPGRADE_REQUEST = "Unsupported upgrade request."
+"""uvicorn's warning for a request with an ``Upgrade`` header (``h2c``, ``websocket``), answered over HTTP/1.1."""
+NO_WEBSOCKETS = "No supported WebSocket library detected."
+"""The start of uvicorn's advice after :data:`UPGRADE_REQUEST` to install a WebSocket library: a reward server serves
+none (``ws="none"``)."""
+
+
+class ProtocolLog:
+    """The logger of one server's connections, in place of uvicorn's (``uvicorn.error``): the warnings a client's bytes
+    cause, one a request in uvicorn (:data:`INVALID_REQUEST`, :data:`UPGRADE_REQUEST` and its :data:`NO_WEBSOCKETS`
+    advice), are counted in ``invalid`` and ``upgrades`` and said one line at most every 10 s with their count
+    (:class:`SaidEvery`): a client sending such requests for days costs a line per window, not two lines a request.
+    Everything else goes to uvicorn's logger as ever (:class:`ToFinecapLog`)."""
+
+    def __init__(self, logger: logging.Logger, invalid: SaidEvery, upgrades: SaidEvery) -> None:
+        self.logger, self.invalid, self.upgrades = logger, invalid, upgrades
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if msg == INVALID_REQUEST:
+            self.invalid.add()
+        elif msg == UPGRADE_REQUEST:
+            self.upgrades.add()
+        elif not str(msg).startswith(NO_WEBSOCKETS):
+            self.logger.warning(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.logger, name)
+
+
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a deadline for request headers, one for a reply its client does not read, and
-    a cap on open connections beyond which :data:`HEALTH_CONNECTIONS` answer ``GET /health`` alone (module docstring,
-    "Connections"); :func:`make_server` makes a subclass holding the limits."""
+    """uvicorn's HTTP/1.1 protocol with a deadline for request headers, one for a reply its client does not read, a
+    cap on open connections beyond which :data:`HEALTH_CONNECTIONS` answer ``GET /health`` alone (module docstring,
+    "Connections"), and its clients' faults logged in bounded lines (:class:`ProtocolLog`); :func:`make_server` makes
+    a subclass holding the limits."""
 
     header_timeout = 10.0
     write_timeout = 60.0
@@ -448,6 +481,12 @@ class GuardedH11Protocol(H11Protocol):
     refused: SaidEvery  # each server's own (make_server's subclass)
     late: SaidEvery
     unread: SaidEvery
+    invalid: SaidEvery
+    upgrades: SaidEvery
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = ProtocolLog(self.logger, self.invalid, self.upgrades)  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -595,14 +634,18 @@ def make_server(service: RewardService, host: str = "127.0.0.1", port: int = 0, 
         "late": SaidEvery(logging.INFO, "reward server: %d connection(s) sent no complete request headers within "
                           "%g s (--header-timeout): closed"),
         "unread": SaidEvery(logging.WARNING, "reward server: %d connection(s) read no more of their reply for %g s "
-                            "(--write-timeout): aborted, the reply dropped")})  # fmt: skip
+                            "(--write-timeout): aborted, the reply dropped"),
+        "invalid": SaidEvery(logging.WARNING, f"reward server: %d request(s) were no valid HTTP/1.1 (uvicorn: "
+                             f"{INVALID_REQUEST}): answered 400, their connection closed"),
+        "upgrades": SaidEvery(logging.INFO, "reward server: %d request(s) asked to upgrade their connection (an "
+                              "Upgrade header), which this server does not: answered over HTTP/1.1")})  # fmt: skip
     app = create_app(service, host=host, token=token, connections=connections, allowed_hosts=allowed_hosts)
     config = uvicorn.Config(app, host=host, port=port, log_config=UVICORN_LOGGING, log_level="warning",
                             access_log=False, lifespan="on", timeout_graceful_shutdown=SHUTDOWN_GRACE,
                             backlog=BACKLOG, http=protocol, ws="none")  # fmt: skip
     server = Server(config)
     server.service = service
-    server.said = (protocol.refused, protocol.late, protocol.unread)
+    server.said = (protocol.refused, protocol.late, protocol.unread, protocol.invalid, protocol.upgrades)
 
     def stop() -> None:
         server.should_exit = True

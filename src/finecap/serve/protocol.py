@@ -112,10 +112,13 @@ class RewardRequest:
 def decode_json(raw: bytes, field: str = "body") -> Any:
     """The JSON value of a request body (or of a label's text, ``field``), read strictly
     (:func:`finecap.utils.reading.parse_json`): ``NaN`` and ``Infinity`` refused, as is an object holding a key twice
-    (which of its two values a reader keeps depends on the reader) and nesting deeper than Python's parser goes."""
+    (which of its two values a reader keeps depends on the reader) and nesting deeper than Python's parser goes; bytes
+    that are no UTF-8 (nor UTF-16 or UTF-32, which JSON's readers detect) are refused as such."""
     try:
         return parse_json(raw, field, constants=False)
     except JSONRefused as e:
+        if e.kind == "encoding":  # the decoder's reason alone ("invalid start byte") says nothing of UTF-8
+            raise RequestError(field, f"not UTF-8 text ({e.detail}): send the JSON encoded as UTF-8") from None
         detail = e.detail.removeprefix("invalid JSON")
         raise RequestError(field, f"not valid JSON{detail if detail[:1] in (':', ' ') else ': ' + detail}") from None
 
