@@ -48,6 +48,17 @@ def run_seed_values(results: Results, seed: int, run: str, key: str) -> dict[int
     return {m: float(runs[name][key]) for m, name in names.items() if name in runs and key in runs[name]}
 
 
+JUDGE_CHANGE = (
+    "**The world judge changed on 2026-11-28** (commit `8ce752e`): a caption stating two or more values of one fact "
+    "(two colours of the circle) is now answered 'cannot answer'; before, it got whichever stated value came first "
+    "among the shuffled options, so a caption listing several values of a fact was paid for the one that was true. "
+    "Each run's commit is in the last table: a QA-utility run of an earlier commit was rewarded by the old judge, "
+    "and its high hallucination share (false patterns above all) may come from listing values, not only from "
+    "guessing one (a wrong answer costs no more than 'cannot answer', CapRL's reward)."
+)
+"""What the page says of the world judge's change (docs/methods/judges.md), whatever the results' commits."""
+
+
 def noise_curve_note(results: Results) -> str:
     """The judge-noise curve as measured (no declared sign), per world seed: each run's mean ± standard deviation
     over its run seeds, and its difference to the error-free judge's run (noise 0) paired by run seed, with the
@@ -124,6 +135,8 @@ JUDGES = Paper(
     "CIDEr-D rewards (↑) without losing fact precision (declared = : the verdict rule has no one-sided sign, so "
     "*changed* on precision means beyond noise either way, and the cell's Δ says which); no sign for the judge-noise "
     "curve, reported as measured. The 'paper' half of each cell is empty: there are no paper numbers. "
+    + JUDGE_CHANGE
+    + " "
     + SETTINGS
     + " "
     + BUDGET,
