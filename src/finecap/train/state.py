@@ -451,20 +451,40 @@ CHECKPOINT_FOLDERS = frozenset(
 CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, INFO_FILE, STATE_DIR, FOLDER_MARK})
 """What a checkpoint folder holds (a partial one: some of it), its :data:`~finecap.utils.folders.FOLDER_MARK`
 included."""
+
+
+def is_checkpoint_entry(name: str) -> bool:
+    """Whether ``name`` is something a checkpoint folder finecap writes may hold: one of :data:`CHECKPOINT_ENTRIES`,
+    or the temporary file of one that a kill left while it was being written (``.<entry>.<random>.tmp``:
+    :func:`finecap.utils.files.atomic_write_bytes`; the folder's mark is the first file a save writes, so a save
+    killed then leaves only that).
+
+    >>> is_checkpoint_entry("trainer_state.json"), is_checkpoint_entry("..finecap-folder.ht1v2ify.tmp")
+    (True, True)
+    >>> is_checkpoint_entry("notes.txt"), is_checkpoint_entry(".notes.txt.x1.tmp")
+    (False, False)
+    """
+    if name in CHECKPOINT_ENTRIES:
+        return True
+    return name.endswith(".tmp") and any(name.startswith(f".{entry}.") for entry in CHECKPOINT_ENTRIES)
+
+
 CHECKPOINT_KIND = "checkpoint"
 """The folder kind of a checkpoint (:func:`finecap.utils.folders.folder_mark_text`): what its mark says it is."""
 
 
 def is_checkpoint_folder(folder: Path) -> bool:
     """Whether ``folder`` reads as a checkpoint folder finecap wrote before it marked the folders it makes
-    (:data:`~finecap.utils.folders.FOLDER_MARK`): a real folder holding only :data:`CHECKPOINT_ENTRIES`, none a link
-    (an empty one too: a save killed as it began). The content test beside the mark when a checkpoint is swapped in or
-    an unfinished one removed (:func:`replace_checkpoint`, :func:`remove_unfinished_checkpoint`), so that runs from
-    before the mark resume as they did."""
+    (:data:`~finecap.utils.folders.FOLDER_MARK`), or one a save was killed in before its mark was written: a real
+    folder holding only :data:`CHECKPOINT_ENTRIES` and the temporary files a kill left of them
+    (:func:`is_checkpoint_entry`), none a link (an empty one too: a save killed as it began; one holding only its
+    mark's temporary file: a save killed while marking it). The content test beside the mark when a checkpoint is
+    swapped in or an unfinished one removed (:func:`replace_checkpoint`, :func:`remove_unfinished_checkpoint`), so
+    that runs from before the mark resume as they did, and a run killed at any point of a save saves again."""
     try:
         if folder.is_symlink() or not folder.is_dir():
             return False
-        return all(p.name in CHECKPOINT_ENTRIES and not p.is_symlink() for p in folder.iterdir())
+        return all(is_checkpoint_entry(p.name) and not p.is_symlink() for p in folder.iterdir())
     except OSError:
         return False
 
@@ -542,9 +562,9 @@ def check_config_target(path: Path, *, inputs: dict[str, Path | None], force: bo
 
 def foreign_run_files(run_dir: Path) -> list[Path]:
     """What an overwrite would remove but finecap cannot tell for its own: in ``checkpoints/``, an entry that is not
-    one of :data:`CHECKPOINT_FOLDERS` or, inside one, not one of :data:`CHECKPOINT_ENTRIES`; a ``metrics.jsonl`` that
-    is not an event log; a ``trackers/`` folder in a run directory without finecap's ``config.yaml`` (the trackers'
-    files are the trackers' own format)."""
+    one of :data:`CHECKPOINT_FOLDERS` or, inside one, not one of :data:`CHECKPOINT_ENTRIES` (nor a temporary file a
+    kill left of one: :func:`is_checkpoint_entry`); a ``metrics.jsonl`` that is not an event log; a ``trackers/``
+    folder in a run directory without finecap's ``config.yaml`` (the trackers' files are the trackers' own format)."""
     foreign = [
         p for p in (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR) if p.is_symlink()
     ]
@@ -556,7 +576,7 @@ def foreign_run_files(run_dir: Path) -> list[Path]:
             if not (folder.is_dir() and not folder.is_symlink() and folder.name in CHECKPOINT_FOLDERS):
                 foreign.append(folder)
             else:
-                foreign += [p for p in sorted(folder.iterdir()) if p.name not in CHECKPOINT_ENTRIES]
+                foreign += [p for p in sorted(folder.iterdir()) if not is_checkpoint_entry(p.name)]
     elif checkpoints.exists():
         foreign.append(checkpoints)
     metrics = run_dir / METRICS_FILE
