@@ -174,6 +174,27 @@ def test_a_resume_in_other_dtypes_is_refused_naming_the_change(make_cfg):
     assert train(cfg, resume=True).is_dir()  # the run's own settings resume
 
 
+def test_a_resume_from_an_edited_run_config_in_other_dtypes_is_refused_and_changes_nothing(make_cfg):
+    # `finecap train --resume --out RUN` reads RUN/config.yaml; the dtype check compared the resuming configuration
+    # with that same file, so after `model.trainable_dtype: bfloat16` was written into it the float32 run resumed
+    # unrefused, its weights and optimizer moments rounded to bfloat16. It is compared with the checkpoint's own.
+    from finecap.runs import CONFIG_FILE, CheckpointError
+
+    cfg = make_cfg("train.max_steps=2", "train.save_every=2")
+    run = train(cfg)
+    last = checkpoint_dir(run, "last")
+    before = {p: p.read_bytes() for p in sorted(last.rglob("*")) if p.is_file()}
+    config = run / CONFIG_FILE
+    text = config.read_text()
+    assert text.count("trainable_dtype: float32") == 1
+    config.write_text(text.replace("trainable_dtype: float32", "trainable_dtype: bfloat16"))
+    refusal = r"resuming with model.trainable_dtype: 'float32' -> 'bfloat16': the checkpoint's weights and optimizer"
+    with pytest.raises(CheckpointError, match=refusal) as e:
+        train(make_cfg("train.max_steps=4", "train.save_every=2", "model.trainable_dtype=bfloat16"), resume=True)
+    assert str(last / CONFIG_FILE) in str(e.value)  # the file the checkpoint was saved with is named
+    assert {p: p.read_bytes() for p in sorted(last.rglob("*")) if p.is_file()} == before
+
+
 @pytest.mark.parametrize("form", ["new", "old"])
 def test_resume_truncates_a_log_of_either_form_alike_and_keeps_it_strict(tmp_path, form):
     # A run logged before metrics.jsonl was strict JSON (bare NaN / Infinity tokens) is resumed as one logged after:

@@ -737,8 +737,9 @@ would cast the saved optimizer moments to other ones silently (:func:`check_unch
 
 
 def check_unchanged_on_resume(saved: Path, changes: Sequence[str]) -> None:
-    """A :class:`CheckpointError` when ``changes`` (:func:`config_changes` of the run's stored configuration ``saved``
-    and the resuming run's) hold an option of :data:`RESUME_FIXED`, naming each change and the way out."""
+    """A :class:`CheckpointError` when ``changes`` (:func:`config_changes` of the checkpoint's stored configuration
+    ``saved``, :func:`trained_config`, and the resuming run's) hold an option of :data:`RESUME_FIXED`, naming each
+    change and the way out."""
     fixed = [change for change in changes if change.split(":", 1)[0] in RESUME_FIXED]
     if fixed:
         raise CheckpointError(
@@ -746,6 +747,17 @@ def check_unchanged_on_resume(saved: Path, changes: Sequence[str]) -> None:
             "run's dtypes (the saved optimizer moments would be cast silently); resume with the run's settings, or "
             "start a new run from its checkpoint (train.init_from=<run>/checkpoints/last)"
         )
+
+
+def trained_config(checkpoint: Path, run_dir: Path) -> Path:
+    """The configuration a resumable ``checkpoint`` was trained and saved with, which a resume is compared with
+    (:func:`config_changes`, :func:`check_unchanged_on_resume`): the checkpoint's own ``config.yaml``, else (a
+    checkpoint without one) the run's. Not the run's first: that file is the resume's input (``finecap train --resume
+    --out RUN`` reads it, and each resume rewrites it before its first checkpoint), so an edited one compared with
+    itself let a resume change ``model.trainable_dtype`` unrefused, rounding the float32 weights and optimizer
+    moments to bfloat16."""
+    own = checkpoint / CONFIG_FILE
+    return own if own.is_file() else run_dir / CONFIG_FILE
 
 
 def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]:
