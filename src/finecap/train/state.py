@@ -731,22 +731,32 @@ def truncate_metrics(path: Path, step: int) -> None:
         atomic_write_text(path, "".join(kept))
 
 
-RESUME_FIXED = ("model.dtype", "model.trainable_dtype", "model.quantization")
-"""Options a resume may not change: the checkpoint's weights and optimizer state are in the run's dtypes, and torch
-would cast the saved optimizer moments to other ones silently (:func:`check_unchanged_on_resume`)."""
+DTYPES_KEPT = ("the checkpoint's weights and optimizer state are in the run's dtypes (the saved optimizer moments "
+               "would be cast silently); resume with the run's settings, or start a new run from its checkpoint "
+               "(train.init_from=<run>/checkpoints/last)")  # fmt: skip
+ENCODER_KEPT = ("the checkpoint's captioner keeps the image encoder it was trained with (its captioner.json names "
+                "it, and the resumed run encodes with that one), so the run's configuration would name an encoder it "
+                "never used; resume with the run's model.encoder")  # fmt: skip
+RESUME_FIXED: dict[str, str] = {
+    "model.dtype": DTYPES_KEPT,
+    "model.trainable_dtype": DTYPES_KEPT,
+    "model.quantization": DTYPES_KEPT,
+    "model.encoder": ENCODER_KEPT,
+}
+"""Options a resume may not change, with why: the checkpoint's weights and optimizer state are in the run's dtypes,
+and torch would cast the saved optimizer moments to other ones silently; the captioner loaded from the checkpoint
+keeps the frozen encoder its ``captioner.json`` records, so a changed ``model.encoder`` was logged as a change and
+written into ``config.yaml`` while the run went on encoding with the old one (:func:`check_unchanged_on_resume`)."""
 
 
 def check_unchanged_on_resume(saved: Path, changes: Sequence[str]) -> None:
     """A :class:`CheckpointError` when ``changes`` (:func:`config_changes` of the checkpoint's stored configuration
     ``saved``, :func:`trained_config`, and the resuming run's) hold an option of :data:`RESUME_FIXED`, naming each
-    change and the way out."""
+    change, why it cannot apply and the way out."""
     fixed = [change for change in changes if change.split(":", 1)[0] in RESUME_FIXED]
     if fixed:
-        raise CheckpointError(
-            f"{saved}: resuming with {'; '.join(fixed)}: the checkpoint's weights and optimizer state are in the "
-            "run's dtypes (the saved optimizer moments would be cast silently); resume with the run's settings, or "
-            "start a new run from its checkpoint (train.init_from=<run>/checkpoints/last)"
-        )
+        reasons = dict.fromkeys(RESUME_FIXED[change.split(":", 1)[0]] for change in fixed)  # each once, in order
+        raise CheckpointError(f"{saved}: resuming with {'; '.join(fixed)}: {'; and '.join(reasons)}")
 
 
 def trained_config(checkpoint: Path, run_dir: Path) -> Path:
