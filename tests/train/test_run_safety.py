@@ -90,6 +90,18 @@ def test_state_trees_that_share_memory_are_saved_and_load_as_tensors_of_their_ow
     assert total.tolist() == [0.5, -1.25, 3.0] and tree["parts"]["retrieval"] is total  # the tree is not changed
 
 
+def test_a_state_tree_nested_too_deeply_to_rebuild_names_its_json_file(tmp_path):
+    # json reads a nesting of 900 levels, rebuilding it ran out of stack: the RecursionError escaped load_tree and the
+    # command line named the tree's .safetensors file, not the .json one at fault (json itself may refuse the depth
+    # on another interpreter: either way the .json file is named)
+    save_tree(tmp_path, "process_0", {"logger": [1], "t": torch.ones(2)})
+    encoded = json.loads((tmp_path / "process_0.json").read_text())
+    encoded["logger"] = json.loads("[" * 900 + "]" * 900)
+    (tmp_path / "process_0.json").write_text(json.dumps(encoded))
+    with pytest.raises(CheckpointError, match=r"process_0\.json: corrupt state file"):
+        load_tree(tmp_path, "process_0")
+
+
 def test_resume_never_unpickles_a_planted_file(make_cfg, tmp_path):
     cfg = make_cfg(*COMMON)
     train(cfg)

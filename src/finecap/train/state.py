@@ -224,7 +224,10 @@ def load_tree(folder: Path, name: str) -> Any:
         encoded = json.loads(read_bounded(meta, METADATA))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{meta}: corrupt state file ({e}); {RECOVER}") from None
-    return _decode(encoded, tensors, meta)
+    try:
+        return _decode(encoded, tensors, meta)
+    except RecursionError:  # read by json, but too deep to rebuild (a few hundred levels): never a state finecap wrote
+        raise CheckpointError(f"{meta}: corrupt state file (nested too deeply); {RECOVER}") from None
 
 
 # ------------------------------------------------------------------------------------------------------------------
