@@ -1,5 +1,8 @@
+import errno
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,6 +44,33 @@ def test_save_layout_and_atomic_replace(tmp_path):
         save_checkpoint(last, model=TinyModel(3, fail=True), cfg=cfg, info={"step": 3})
     assert (last / "model" / "weights.txt").read_text() == "2" and load_info(last) == {"step": 2}
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last"]
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS])
+def test_a_swap_whose_last_rename_fails_puts_the_previous_checkpoint_back(tmp_path, monkeypatch, error):
+    """The swap renames ``last`` to ``last.old``, then ``.last.tmp`` to ``last``; when that second rename failed, the
+    previous checkpoint stayed behind as ``last.old`` (readers warned of a killed run, ``finecap caption`` of the run
+    read it under that name) and the complete new one was removed. Now the previous one is put back as ``last``."""
+    import finecap.utils.folders
+
+    cfg = load()
+    last = checkpoint_dir(tmp_path, "last")
+    save_checkpoint(last, model=TinyModel(1), cfg=cfg, info={"step": 1})
+    before = {p.relative_to(last): p.read_bytes() for p in sorted(last.rglob("*")) if p.is_file()}
+
+    def replace(src, dst):
+        if Path(src) == temporary_dir(last):
+            raise OSError(error, os.strerror(error), str(src))
+        os.replace(src, dst)
+
+    proxy = type(
+        "os_proxy", (), {"__getattr__": lambda self, name: getattr(os, name), "replace": staticmethod(replace)}
+    )
+    monkeypatch.setattr(finecap.utils.folders, "os", proxy())
+    with pytest.raises(OSError, match=os.strerror(error)):
+        save_checkpoint(last, model=TinyModel(2), cfg=cfg, info={"step": 2})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last"]
+    assert {p.relative_to(last): p.read_bytes() for p in sorted(last.rglob("*")) if p.is_file()} == before
 
 
 def test_model_dir_resolution(tmp_path):

@@ -1,6 +1,7 @@
 """A run killed mid-way and resumed ends with exactly the weights of an uninterrupted run (CPU)."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -172,6 +173,46 @@ def test_a_resume_in_other_dtypes_is_refused_naming_the_change(make_cfg):
     with pytest.raises(CheckpointError, match=refusal):
         train(changed, resume=True)
     assert train(cfg, resume=True).is_dir()  # the run's own settings resume
+
+
+def test_a_resume_from_an_edited_run_config_in_other_dtypes_is_refused_and_changes_nothing(make_cfg):
+    # `finecap train --resume --out RUN` reads RUN/config.yaml; the dtype check compared the resuming configuration
+    # with that same file, so after `model.trainable_dtype: bfloat16` was written into it the float32 run resumed
+    # unrefused, its weights and optimizer moments rounded to bfloat16. It is compared with the checkpoint's own.
+    from finecap.runs import CONFIG_FILE, CheckpointError
+
+    cfg = make_cfg("train.max_steps=2", "train.save_every=2")
+    run = train(cfg)
+    last = checkpoint_dir(run, "last")
+    before = {p: p.read_bytes() for p in sorted(last.rglob("*")) if p.is_file()}
+    config = run / CONFIG_FILE
+    text = config.read_text()
+    assert text.count("trainable_dtype: float32") == 1
+    config.write_text(text.replace("trainable_dtype: float32", "trainable_dtype: bfloat16"))
+    refusal = r"resuming with model.trainable_dtype: 'float32' -> 'bfloat16': the checkpoint's weights and optimizer"
+    with pytest.raises(CheckpointError, match=refusal) as e:
+        train(make_cfg("train.max_steps=4", "train.save_every=2", "model.trainable_dtype=bfloat16"), resume=True)
+    assert str(last / CONFIG_FILE) in str(e.value)  # the file the checkpoint was saved with is named
+    assert {p: p.read_bytes() for p in sorted(last.rglob("*")) if p.is_file()} == before
+
+
+def test_a_resume_naming_another_frozen_encoder_is_refused_and_changes_nothing(make_cfg, tiny_encoder, tmp_path):
+    # the resumed ClipCap keeps the encoder its captioner.json records (and encodes the features with it), while the
+    # changed model.encoder was only logged as "configuration changed" and written into config.yaml: the run's
+    # configuration named an encoder it never used (and `finecap caption` reads that one once the recorded one moves)
+    from finecap.runs import CONFIG_FILE, CheckpointError
+
+    cfg = make_cfg("train.max_steps=2", "train.save_every=2")
+    run = train(cfg)
+    other = shutil.copytree(tiny_encoder, tmp_path / "another-encoder")
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and ".train.lock" not in p.name}
+    refusal = rf"resuming with model\.encoder: '{tiny_encoder}' -> '{other}': the checkpoint's captioner keeps"
+    with pytest.raises(CheckpointError, match=refusal) as e:
+        train(make_cfg("train.max_steps=4", "train.save_every=2", f"model.encoder={other}"), resume=True)
+    assert str(checkpoint_dir(run, "last") / CONFIG_FILE) in str(e.value)
+    after = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and ".train.lock" not in p.name}
+    assert after == before  # config.yaml still names the run's encoder
+    assert train(make_cfg("train.max_steps=4", "train.save_every=2"), resume=True) == run  # its own one resumes
 
 
 @pytest.mark.parametrize("form", ["new", "old"])

@@ -6,6 +6,7 @@ import os
 import pickle
 import re
 import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -18,7 +19,15 @@ from finecap.models.clipcap import ClipCap
 from finecap.runs import checkpoint_dir, model_dir, temporary_dir
 from finecap.train.engine import TrainingDiverged
 from finecap.train.run import train
-from finecap.train.state import CheckpointError, find_resumable, load_tree, prepare_run_dir, save_tree
+from finecap.train.state import (
+    CheckpointError,
+    find_resumable,
+    foreign_run_files,
+    load_tree,
+    prepare_run_dir,
+    save_tree,
+)
+from finecap.utils.folders import FOLDER_MARK
 
 COMMON = ("train.max_steps=4", "train.save_every=2", "train.eval_every=2")
 
@@ -79,6 +88,18 @@ def test_state_trees_that_share_memory_are_saved_and_load_as_tensors_of_their_ow
     back["parts"]["retrieval"][0] = 9.0  # loaded back, no two share memory
     assert back["rewards"][0] == 0.5 and back["parts"]["retrieval/log_prob"][0] == 0.5
     assert total.tolist() == [0.5, -1.25, 3.0] and tree["parts"]["retrieval"] is total  # the tree is not changed
+
+
+def test_a_state_tree_nested_too_deeply_to_rebuild_names_its_json_file(tmp_path):
+    # json reads a nesting of 900 levels, rebuilding it ran out of stack: the RecursionError escaped load_tree and the
+    # command line named the tree's .safetensors file, not the .json one at fault (json itself may refuse the depth
+    # on another interpreter: either way the .json file is named)
+    save_tree(tmp_path, "process_0", {"logger": [1], "t": torch.ones(2)})
+    encoded = json.loads((tmp_path / "process_0.json").read_text())
+    encoded["logger"] = json.loads("[" * 900 + "]" * 900)
+    (tmp_path / "process_0.json").write_text(json.dumps(encoded))
+    with pytest.raises(CheckpointError, match=r"process_0\.json: corrupt state file"):
+        load_tree(tmp_path, "process_0")
 
 
 def test_resume_never_unpickles_a_planted_file(make_cfg, tmp_path):
@@ -198,6 +219,30 @@ def test_a_second_fault_sets_the_newer_incomplete_last_aside_and_never_a_users_f
     with pytest.raises(ValueError, match=r"\.last\.incomplete: a folder finecap did not make"):
         promote(ckpts / "last.old", tmp_path)
     assert (ckpts / ".last.incomplete" / "mine.txt").read_text() == "mine" and step_of(ckpts / "last.old") == 6
+
+
+def test_a_save_killed_while_marking_its_folder_neither_stops_the_resumed_runs_saves_nor_an_overwrite(make_cfg):
+    """A save's first file is its folder's mark, written atomically (a temporary file, then a rename): killed in
+    between, ``.last.tmp`` holds only the mark's temporary file. The resumed run's next save removes that unfinished
+    folder of its own; it refused it as "a folder finecap did not make", so the run could never save again (found by
+    SIGKILL-ing a run at each point of a save). A file of the user's beside it is still refused, and kept."""
+    cfg = make_cfg("train.max_steps=2", "train.save_every=2", "train.eval_every=2")
+    run = train(cfg)
+    tmp = temporary_dir(checkpoint_dir(run, "last"))
+    tmp.mkdir()
+    fd, left = tempfile.mkstemp(dir=tmp, prefix=f".{FOLDER_MARK}.", suffix=".tmp")  # as atomic_write_bytes names it
+    os.write(fd, b"finec")  # the kill came mid-write
+    os.close(fd)
+    assert foreign_run_files(run) == []  # an overwrite would remove it as finecap's
+    train(make_cfg(*COMMON), resume=True)
+    assert step_of(checkpoint_dir(run, "last")) == 4 and not tmp.exists()
+
+    tmp.mkdir()
+    (tmp / ".notes.txt.x1y2.tmp").write_text("mine")  # the same shape of name, of no file a checkpoint holds
+    assert foreign_run_files(run) == [tmp / ".notes.txt.x1y2.tmp"]
+    with pytest.raises(ValueError, match=r"\.last\.tmp: a folder finecap did not make"):
+        train(make_cfg("train.max_steps=6", "train.save_every=2", "train.eval_every=2"), resume=True)
+    assert (tmp / ".notes.txt.x1y2.tmp").read_text() == "mine"
 
 
 def test_resume_with_nothing_resumable_refuses_and_deletes_nothing(make_cfg):

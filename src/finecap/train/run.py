@@ -86,6 +86,7 @@ from finecap.train.state import (
     holds_run,
     prepare_run_dir,
     read_info,
+    trained_config,
     truncate_metrics,
 )
 from finecap.train.validators import caption_samples, validation_loss
@@ -428,8 +429,9 @@ def _train(
     changes: list[str] = []
     if resume_from is not None:  # a resumed run reads the data and retriever it started with, in its dtypes
         check_fingerprints_of_run(run_dir, cfg, parts=("data", "retriever"))
-        changes = config_changes(run_dir / CONFIG_FILE, saved)
-        check_unchanged_on_resume(run_dir / CONFIG_FILE, changes)
+        trained = trained_config(resume_from, run_dir)
+        changes = config_changes(trained, saved)
+        check_unchanged_on_resume(trained, changes)
 
     run = _build_run(cfg, run_dir, resume_from, validators=validators, callbacks=callbacks, processes=processes)
     accelerator, engine, data = run.accelerator, run.engine, run.data

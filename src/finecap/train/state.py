@@ -224,7 +224,10 @@ def load_tree(folder: Path, name: str) -> Any:
         encoded = json.loads(read_bounded(meta, METADATA))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{meta}: corrupt state file ({e}); {RECOVER}") from None
-    return _decode(encoded, tensors, meta)
+    try:
+        return _decode(encoded, tensors, meta)
+    except RecursionError:  # read by json, but too deep to rebuild (a few hundred levels): never a state finecap wrote
+        raise CheckpointError(f"{meta}: corrupt state file (nested too deeply); {RECOVER}") from None
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -451,20 +454,40 @@ CHECKPOINT_FOLDERS = frozenset(
 CHECKPOINT_ENTRIES = frozenset({MODEL_SUBDIR, CONFIG_FILE, FINGERPRINTS_FILE, INFO_FILE, STATE_DIR, FOLDER_MARK})
 """What a checkpoint folder holds (a partial one: some of it), its :data:`~finecap.utils.folders.FOLDER_MARK`
 included."""
+
+
+def is_checkpoint_entry(name: str) -> bool:
+    """Whether ``name`` is something a checkpoint folder finecap writes may hold: one of :data:`CHECKPOINT_ENTRIES`,
+    or the temporary file of one that a kill left while it was being written (``.<entry>.<random>.tmp``:
+    :func:`finecap.utils.files.atomic_write_bytes`; the folder's mark is the first file a save writes, so a save
+    killed then leaves only that).
+
+    >>> is_checkpoint_entry("trainer_state.json"), is_checkpoint_entry("..finecap-folder.ht1v2ify.tmp")
+    (True, True)
+    >>> is_checkpoint_entry("notes.txt"), is_checkpoint_entry(".notes.txt.x1.tmp")
+    (False, False)
+    """
+    if name in CHECKPOINT_ENTRIES:
+        return True
+    return name.endswith(".tmp") and any(name.startswith(f".{entry}.") for entry in CHECKPOINT_ENTRIES)
+
+
 CHECKPOINT_KIND = "checkpoint"
 """The folder kind of a checkpoint (:func:`finecap.utils.folders.folder_mark_text`): what its mark says it is."""
 
 
 def is_checkpoint_folder(folder: Path) -> bool:
     """Whether ``folder`` reads as a checkpoint folder finecap wrote before it marked the folders it makes
-    (:data:`~finecap.utils.folders.FOLDER_MARK`): a real folder holding only :data:`CHECKPOINT_ENTRIES`, none a link
-    (an empty one too: a save killed as it began). The content test beside the mark when a checkpoint is swapped in or
-    an unfinished one removed (:func:`replace_checkpoint`, :func:`remove_unfinished_checkpoint`), so that runs from
-    before the mark resume as they did."""
+    (:data:`~finecap.utils.folders.FOLDER_MARK`), or one a save was killed in before its mark was written: a real
+    folder holding only :data:`CHECKPOINT_ENTRIES` and the temporary files a kill left of them
+    (:func:`is_checkpoint_entry`), none a link (an empty one too: a save killed as it began; one holding only its
+    mark's temporary file: a save killed while marking it). The content test beside the mark when a checkpoint is
+    swapped in or an unfinished one removed (:func:`replace_checkpoint`, :func:`remove_unfinished_checkpoint`), so
+    that runs from before the mark resume as they did, and a run killed at any point of a save saves again."""
     try:
         if folder.is_symlink() or not folder.is_dir():
             return False
-        return all(p.name in CHECKPOINT_ENTRIES and not p.is_symlink() for p in folder.iterdir())
+        return all(is_checkpoint_entry(p.name) and not p.is_symlink() for p in folder.iterdir())
     except OSError:
         return False
 
@@ -542,9 +565,9 @@ def check_config_target(path: Path, *, inputs: dict[str, Path | None], force: bo
 
 def foreign_run_files(run_dir: Path) -> list[Path]:
     """What an overwrite would remove but finecap cannot tell for its own: in ``checkpoints/``, an entry that is not
-    one of :data:`CHECKPOINT_FOLDERS` or, inside one, not one of :data:`CHECKPOINT_ENTRIES`; a ``metrics.jsonl`` that
-    is not an event log; a ``trackers/`` folder in a run directory without finecap's ``config.yaml`` (the trackers'
-    files are the trackers' own format)."""
+    one of :data:`CHECKPOINT_FOLDERS` or, inside one, not one of :data:`CHECKPOINT_ENTRIES` (nor a temporary file a
+    kill left of one: :func:`is_checkpoint_entry`); a ``metrics.jsonl`` that is not an event log; a ``trackers/``
+    folder in a run directory without finecap's ``config.yaml`` (the trackers' files are the trackers' own format)."""
     foreign = [
         p for p in (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR) if p.is_symlink()
     ]
@@ -556,7 +579,7 @@ def foreign_run_files(run_dir: Path) -> list[Path]:
             if not (folder.is_dir() and not folder.is_symlink() and folder.name in CHECKPOINT_FOLDERS):
                 foreign.append(folder)
             else:
-                foreign += [p for p in sorted(folder.iterdir()) if p.name not in CHECKPOINT_ENTRIES]
+                foreign += [p for p in sorted(folder.iterdir()) if not is_checkpoint_entry(p.name)]
     elif checkpoints.exists():
         foreign.append(checkpoints)
     metrics = run_dir / METRICS_FILE
@@ -711,21 +734,43 @@ def truncate_metrics(path: Path, step: int) -> None:
         atomic_write_text(path, "".join(kept))
 
 
-RESUME_FIXED = ("model.dtype", "model.trainable_dtype", "model.quantization")
-"""Options a resume may not change: the checkpoint's weights and optimizer state are in the run's dtypes, and torch
-would cast the saved optimizer moments to other ones silently (:func:`check_unchanged_on_resume`)."""
+DTYPES_KEPT = ("the checkpoint's weights and optimizer state are in the run's dtypes (the saved optimizer moments "
+               "would be cast silently); resume with the run's settings, or start a new run from its checkpoint "
+               "(train.init_from=<run>/checkpoints/last)")  # fmt: skip
+ENCODER_KEPT = ("the checkpoint's captioner keeps the image encoder it was trained with (its captioner.json names "
+                "it, and the resumed run encodes with that one), so the run's configuration would name an encoder it "
+                "never used; resume with the run's model.encoder")  # fmt: skip
+RESUME_FIXED: dict[str, str] = {
+    "model.dtype": DTYPES_KEPT,
+    "model.trainable_dtype": DTYPES_KEPT,
+    "model.quantization": DTYPES_KEPT,
+    "model.encoder": ENCODER_KEPT,
+}
+"""Options a resume may not change, with why: the checkpoint's weights and optimizer state are in the run's dtypes,
+and torch would cast the saved optimizer moments to other ones silently; the captioner loaded from the checkpoint
+keeps the frozen encoder its ``captioner.json`` records, so a changed ``model.encoder`` was logged as a change and
+written into ``config.yaml`` while the run went on encoding with the old one (:func:`check_unchanged_on_resume`)."""
 
 
 def check_unchanged_on_resume(saved: Path, changes: Sequence[str]) -> None:
-    """A :class:`CheckpointError` when ``changes`` (:func:`config_changes` of the run's stored configuration ``saved``
-    and the resuming run's) hold an option of :data:`RESUME_FIXED`, naming each change and the way out."""
+    """A :class:`CheckpointError` when ``changes`` (:func:`config_changes` of the checkpoint's stored configuration
+    ``saved``, :func:`trained_config`, and the resuming run's) hold an option of :data:`RESUME_FIXED`, naming each
+    change, why it cannot apply and the way out."""
     fixed = [change for change in changes if change.split(":", 1)[0] in RESUME_FIXED]
     if fixed:
-        raise CheckpointError(
-            f"{saved}: resuming with {'; '.join(fixed)}: the checkpoint's weights and optimizer state are in the "
-            "run's dtypes (the saved optimizer moments would be cast silently); resume with the run's settings, or "
-            "start a new run from its checkpoint (train.init_from=<run>/checkpoints/last)"
-        )
+        reasons = dict.fromkeys(RESUME_FIXED[change.split(":", 1)[0]] for change in fixed)  # each once, in order
+        raise CheckpointError(f"{saved}: resuming with {'; '.join(fixed)}: {'; and '.join(reasons)}")
+
+
+def trained_config(checkpoint: Path, run_dir: Path) -> Path:
+    """The configuration a resumable ``checkpoint`` was trained and saved with, which a resume is compared with
+    (:func:`config_changes`, :func:`check_unchanged_on_resume`): the checkpoint's own ``config.yaml``, else (a
+    checkpoint without one) the run's. Not the run's first: that file is the resume's input (``finecap train --resume
+    --out RUN`` reads it, and each resume rewrites it before its first checkpoint), so an edited one compared with
+    itself let a resume change ``model.trainable_dtype`` unrefused, rounding the float32 weights and optimizer
+    moments to bfloat16."""
+    own = checkpoint / CONFIG_FILE
+    return own if own.is_file() else run_dir / CONFIG_FILE
 
 
 def config_changes(saved: Path, current: dict[str, dict[str, Any]]) -> list[str]:

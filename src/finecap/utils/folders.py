@@ -103,7 +103,9 @@ def atomic_replace_dir(
     tmp_dir: str | Path, final_dir: str | Path, *, kind: str = DEFAULT_KIND, ours: Callable[[Path], bool] | None = None
 ) -> None:
     """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version, which is first renamed
-    ``<name>.old`` (:func:`previous_dir`) and removed once the new folder is in place.
+    ``<name>.old`` (:func:`previous_dir`) and removed once the new folder is in place. When the rename of
+    ``tmp_dir`` fails (a disk full or turned read-only), the previous version is renamed back to ``final_dir`` before
+    the error is raised: a failed swap leaves the previous folder where it was.
 
     Only finecap's own folders are replaced or removed: ``final_dir`` and ``<name>.old`` must each be missing or a
     folder finecap made as a ``kind`` (:func:`check_swap`: its :data:`FOLDER_MARK`, or ``ours``), else
@@ -120,7 +122,12 @@ def atomic_replace_dir(
         shutil.rmtree(old)
     if final_dir.exists():
         os.replace(final_dir, old)
-    os.replace(tmp_dir, final_dir)
+    try:
+        os.replace(tmp_dir, final_dir)
+    except BaseException:  # e.g. ENOSPC or EROFS on the rename: the previous folder goes back in its place
+        if old.exists() and not os.path.lexists(final_dir):
+            os.replace(old, final_dir)
+        raise
     if old.exists():
         shutil.rmtree(old)
 
