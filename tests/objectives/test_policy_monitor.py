@@ -89,6 +89,7 @@ def test_fact_alarms_are_silent_off_the_world():
     m = Monitor(RLConfig(samples=1, alarms={"fact_recall": 1.0}, alarm_action="stop"))
     values = step(m, ["a red circle"], 1)
     assert "monitor/fact_recall" not in values  # no scene graphs: nothing measured, nothing sounds
+    # (the configuration refuses this alarm off the world: test_an_alarm_that_could_never_sound_is_refused...)
 
 
 def test_the_kl_alarm_reads_the_steps_token_mean_kl_and_names_its_option():
@@ -119,3 +120,22 @@ def test_the_kl_alarm_needs_the_kl_penalty_and_a_positive_threshold():
         RLConfig(alarms={"kl": 0.0})
     kl = GRPOConfig(kl_coef=0.04, policy_loss="clipped")
     assert Config(rl=RLConfig(alarms={"kl": 2.5}), grpo=kl).rl.alarms == {"kl": 2.5}  # any size
+
+
+@pytest.mark.parametrize(
+    ("alarms", "overrides", "key", "message"),
+    [({"distinct": 0.5}, ["rl.samples=1"], "rl.alarms.distinct", "needs rl.samples >= 2"),  # distinct: always 1
+     ({"fact_precision": 0.8}, ["data.format=coco"], "rl.alarms.fact_precision", "needs data.format=world"),
+     ({"fact_recall": 0.5}, ["data.format=jsonl"], "rl.alarms.fact_recall", "needs data.format=world"),  # no scenes
+     # a threshold no value can cross: a share is never below 0, repetition (one distinct trigram) and failed never
+     # above 1
+     ({"distinct": 0}, [], "rl.alarms.distinct", "must be in (0, 1]"),
+     ({"repetition": 1}, [], "rl.alarms.repetition", "must be in [0, 1)"),
+     ({"failed": 1.0}, [], "rl.alarms.failed", "must be in [0, 1)")],
+)  # fmt: skip
+def test_an_alarm_that_could_never_sound_is_refused_naming_its_key(alarms, overrides, key, message):
+    # each was accepted until 2026-12 and never sounded: the run looked watched and was not
+    inline = "{" + ", ".join(f"{k}: {v}" for k, v in alarms.items()) + "}"
+    with pytest.raises(ConfigError) as e:
+        load(None, ["train.objective=reinforce", f"rl.alarms={inline}", *overrides])
+    assert e.value.key == key and message in str(e.value), str(e.value)

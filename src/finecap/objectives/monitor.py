@@ -29,7 +29,9 @@ samples (no extra decoding) and logs them with the step's other values; none of 
 
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
 drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl`` and ``failed`` when the
-value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it. Each is checked
+value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it (the
+configuration refuses one that could never sound: ``distinct`` with one sample per image, the fact measures off the
+world, a share's threshold no share crosses: :class:`~finecap.config.RLConfig`). Each is checked
 once per optimizer step on the step's whole global batch (every process's captions, so every process decides alike),
 after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds; ``stop`` ends training
 with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2).
