@@ -139,3 +139,19 @@ def test_an_alarm_that_could_never_sound_is_refused_naming_its_key(alarms, overr
     with pytest.raises(ConfigError) as e:
         load(None, ["train.objective=reinforce", f"rl.alarms={inline}", *overrides])
     assert e.value.key == key and message in str(e.value), str(e.value)
+
+
+def test_each_alarm_message_says_what_crossed_and_why_it_matters():
+    # a shorter drift crosses by its size: the message said "-0.6, above its threshold 0.5" until 2026-12
+    m = Monitor(RLConfig(samples=2, alarms={"length_drift": 0.5}, alarm_action="stop"))
+    step(m, ["a red circle", "a circle"], 1)  # 2.5 words
+    with pytest.raises(RewardHackingAlarm, match=r"length_drift is -0.6, its size above its threshold 0.5: the policy "
+                       "may be exploiting the reward"):  # fmt: skip
+        step(m, ["a", "b"], 2)  # 1 word: 1 / 2.5 - 1
+    # captions a reward could not score are the reward's failures, not the policy exploiting it
+    f = Monitor(RLConfig(samples=2, alarms={"failed": 0.1}, alarm_action="stop"))
+    f.observe_failed(1, 2)
+    with pytest.raises(RewardHackingAlarm, match=r"\(rl.alarms.failed\) is 0.5, above its threshold 0.1: the reward "
+                       r"could not score them \(a judge that failed\?\); training stopped") as e:  # fmt: skip
+        step(f, ["a red circle", "a circle"], 1)
+    assert "exploiting" not in str(e.value)

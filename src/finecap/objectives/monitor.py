@@ -206,8 +206,10 @@ class Monitor:
                 "kl": "the KL to the starting policy (rl.alarms.kl)",
                 "failed": "the share of captions a reward could not score (rl.alarms.failed)",
             }.get(measure, f"the sampled captions' {measure}")
-            message = (f"rl.alarms: at {where} {what} is {value:.4g}, {side} its threshold {threshold:g}: the policy "
-                       "may be exploiting the reward")  # fmt: skip
+            size = "its size " if measure == "length_drift" else ""  # either way: -0.6 crosses 0.5 by its size
+            why = ("the reward could not score them (a judge that failed?)" if measure == "failed"
+                   else "the policy may be exploiting the reward")  # fmt: skip
+            message = f"rl.alarms: at {where} {what} is {value:.4g}, {size}{side} its threshold {threshold:g}: {why}"
             if self.action == "stop":
                 raise RewardHackingAlarm(f"{message}; training stopped (rl.alarm_action=stop)")
             if measure not in self.warned:
