@@ -112,7 +112,7 @@ def test_a_stored_configuration_setting_a_former_key_and_its_new_one_apart_names
         (["grpo.advantage=group", "rl.samples=4", "rl.mean_momentum=0.9"], "rl.mean_momentum", "is not used with"),
         (["grpo.advantage=group", "rl.samples=1"], "rl.samples", "must be >= 2 with grpo.advantage=group"),
         (["rl.alarms={kl: 0.5}"], "rl.alarms.kl", "needs grpo.kl_coef > 0"),
-        (["rl.alarms={failed: 2}"], "rl.alarms.failed", "must be in [0, 1]"),
+        (["rl.alarms={failed: 2}"], "rl.alarms.failed", "must be in [0, 1)"),
         (["rl.strategy=greedy", "rl.baseline=mean"], "rl.samples", "must be 1 with rl.strategy=greedy"),
         (["sle.alpha=2"], "sle.alpha", "must be"),
         (["sle.distance=bleu"], "sle.distance", "invalid value"),

@@ -89,6 +89,7 @@ def test_fact_alarms_are_silent_off_the_world():
     m = Monitor(RLConfig(samples=1, alarms={"fact_recall": 1.0}, alarm_action="stop"))
     values = step(m, ["a red circle"], 1)
     assert "monitor/fact_recall" not in values  # no scene graphs: nothing measured, nothing sounds
+    # (the configuration refuses this alarm off the world: test_an_alarm_that_could_never_sound_is_refused...)
 
 
 def test_the_kl_alarm_reads_the_steps_token_mean_kl_and_names_its_option():
@@ -119,3 +120,38 @@ def test_the_kl_alarm_needs_the_kl_penalty_and_a_positive_threshold():
         RLConfig(alarms={"kl": 0.0})
     kl = GRPOConfig(kl_coef=0.04, policy_loss="clipped")
     assert Config(rl=RLConfig(alarms={"kl": 2.5}), grpo=kl).rl.alarms == {"kl": 2.5}  # any size
+
+
+@pytest.mark.parametrize(
+    ("alarms", "overrides", "key", "message"),
+    [({"distinct": 0.5}, ["rl.samples=1"], "rl.alarms.distinct", "needs rl.samples >= 2"),  # distinct: always 1
+     ({"fact_precision": 0.8}, ["data.format=coco"], "rl.alarms.fact_precision", "needs data.format=world"),
+     ({"fact_recall": 0.5}, ["data.format=jsonl"], "rl.alarms.fact_recall", "needs data.format=world"),  # no scenes
+     # a threshold no value can cross: a share is never below 0, repetition (one distinct trigram) and failed never
+     # above 1
+     ({"distinct": 0}, [], "rl.alarms.distinct", "must be in (0, 1]"),
+     ({"repetition": 1}, [], "rl.alarms.repetition", "must be in [0, 1)"),
+     ({"failed": 1.0}, [], "rl.alarms.failed", "must be in [0, 1)")],
+)  # fmt: skip
+def test_an_alarm_that_could_never_sound_is_refused_naming_its_key(alarms, overrides, key, message):
+    # each was accepted until 2026-12 and never sounded: the run looked watched and was not
+    inline = "{" + ", ".join(f"{k}: {v}" for k, v in alarms.items()) + "}"
+    with pytest.raises(ConfigError) as e:
+        load(None, ["train.objective=reinforce", f"rl.alarms={inline}", *overrides])
+    assert e.value.key == key and message in str(e.value), str(e.value)
+
+
+def test_each_alarm_message_says_what_crossed_and_why_it_matters():
+    # a shorter drift crosses by its size: the message said "-0.6, above its threshold 0.5" until 2026-12
+    m = Monitor(RLConfig(samples=2, alarms={"length_drift": 0.5}, alarm_action="stop"))
+    step(m, ["a red circle", "a circle"], 1)  # 2.5 words
+    with pytest.raises(RewardHackingAlarm, match=r"length_drift is -0.6, its size above its threshold 0.5: the policy "
+                       "may be exploiting the reward"):  # fmt: skip
+        step(m, ["a", "b"], 2)  # 1 word: 1 / 2.5 - 1
+    # captions a reward could not score are the reward's failures, not the policy exploiting it
+    f = Monitor(RLConfig(samples=2, alarms={"failed": 0.1}, alarm_action="stop"))
+    f.observe_failed(1, 2)
+    with pytest.raises(RewardHackingAlarm, match=r"\(rl.alarms.failed\) is 0.5, above its threshold 0.1: the reward "
+                       r"could not score them \(a judge that failed\?\); training stopped") as e:  # fmt: skip
+        step(f, ["a red circle", "a circle"], 1)
+    assert "exploiting" not in str(e.value)

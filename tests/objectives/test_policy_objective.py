@@ -420,6 +420,32 @@ def test_a_failed_caption_takes_no_gradient_is_logged_and_sounds_its_alarm():
         obj.end_step()  # 1/6 > 0.1
 
 
+class FailingOnlyWhenFailed(Table):
+    """:class:`FailingTable` whose ``failed`` is ``None`` where no caption failed, as the reward server's client
+    (:func:`finecap.serve.client`) and any reward may give it (``RewardOutput.failed``: ``None`` or a mask)."""
+
+    def __call__(self, captions, batch):
+        out = super().__call__(captions, batch)
+        failed = torch.tensor([c == "c0_1" for c in captions])
+        return Scored(out.total, out.parts, failed=failed if bool(failed.any()) else None)
+
+
+def test_the_failed_alarm_reads_the_share_of_every_caption_of_the_step():
+    # two micro-batches of 6 captions, one failed in the first, none in the second (failed None): 1/12. The alarm
+    # read the share over the micro-batches whose reward gave a mask (1/6) until 2026-12, and stopped at 0.1.
+    for threshold, sounds in ((0.1, False), (0.05, True)):
+        sections = rl_sections(samples=S, advantage="group", alarms={"failed": threshold}, alarm_action="stop")
+        obj = PolicyOptimization(FailingOnlyWhenFailed(), NoBaseline(), **sections, decode=DecodeConfig(max_length=L))
+        model = StandIn()
+        obj.begin_step(model, [batch(0, 1), batch(2, 3)])
+        obj(model, batch(0, 1)), obj(model, batch(2, 3))
+        if not sounds:
+            obj.end_step()  # 1/12 <= 0.1: nothing sounds
+            continue
+        with pytest.raises(RewardHackingAlarm, match=r"rl.alarms.failed\) is 0.08333, above its threshold 0.05"):
+            obj.end_step()
+
+
 class FailingFirst(Table):
     """:class:`Table` that cannot score caption 0 of image 2 (``c2_0``, reward 0): the others of image 2 are (3, 3).
     Its total keeps the number there, as a reward of its own may (only :class:`WeightedSum` writes NaN)."""

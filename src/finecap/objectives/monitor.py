@@ -24,11 +24,14 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   (:meth:`Monitor.observe_kl`) when ``grpo.kl_coef > 0``.
 - ``failed`` (an alarm's measure only; the objective logs ``reward/failed``): the step's share of sampled captions a
   reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the objective
-  (:meth:`Monitor.observe_failed`) when the reward says which failed.
+  (:meth:`Monitor.observe_failed`) for every micro-batch, one whose reward gave ``failed=None`` as none failed (until
+  2026-12 such a micro-batch was left out of the share, which a step's other failures then overstated).
 
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
 drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl`` and ``failed`` when the
-value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it. Each is checked
+value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it (the
+configuration refuses one that could never sound: ``distinct`` with one sample per image, the fact measures off the
+world, a share's threshold no share crosses: :class:`~finecap.config.RLConfig`). Each is checked
 once per optimizer step on the step's whole global batch (every process's captions, so every process decides alike),
 after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds; ``stop`` ends training
 with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2).
@@ -203,8 +206,10 @@ class Monitor:
                 "kl": "the KL to the starting policy (rl.alarms.kl)",
                 "failed": "the share of captions a reward could not score (rl.alarms.failed)",
             }.get(measure, f"the sampled captions' {measure}")
-            message = (f"rl.alarms: at {where} {what} is {value:.4g}, {side} its threshold {threshold:g}: the policy "
-                       "may be exploiting the reward")  # fmt: skip
+            size = "its size " if measure == "length_drift" else ""  # either way: -0.6 crosses 0.5 by its size
+            why = ("the reward could not score them (a judge that failed?)" if measure == "failed"
+                   else "the policy may be exploiting the reward")  # fmt: skip
+            message = f"rl.alarms: at {where} {what} is {value:.4g}, {size}{side} its threshold {threshold:g}: {why}"
             if self.action == "stop":
                 raise RewardHackingAlarm(f"{message}; training stopped (rl.alarm_action=stop)")
             if measure not in self.warned:

@@ -366,9 +366,10 @@ class Reinforce(ObjectiveBase):
         ids = batch.get("image_ids")
         info = batch.get("step_info")
         image_ids = [ids[r] for r in rows] if ids is not None else rows
+        # the rl.alarms.failed alarm's measure, over every caption of the step: a reward says failed=None where none
+        # failed (the reward server's client), and such a micro-batch's captions count in the share too
         failed = rollout.rewards.failed
-        if failed is not None:  # the rl.alarms.failed alarm's measure
-            self.monitor.observe_failed(int(failed.sum()), failed.numel())
+        self.monitor.observe_failed(0 if failed is None else int(failed.sum()), len(rollout.samples))
         return self.monitor.measure(rollout.samples.texts, image_ids, None if info is None else int(info.step) + 1)
 
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:

@@ -86,9 +86,9 @@ class RLConfig(Section, name="rl"):
     )
     alarms: dict[str, float] = doc(
         {},
-        "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct, fact_precision/recall; kl: "
-        "the step's KL to the starting policy, with grpo.kl_coef > 0; failed: the step's share of captions a reward "
-        "could not score).",
+        "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct with rl.samples >= 2, "
+        "fact_precision/recall on data.format=world; kl: the step's KL to the starting policy, with grpo.kl_coef > 0; "
+        "failed: the step's share of captions a reward could not score).",
     )
     alarm_action: AlarmAction = doc(
         "warn", "What a crossed rl.alarms threshold does: log a warning, or stop training."
@@ -129,12 +129,20 @@ class RLConfig(Section, name="rl"):
                 f"{', '.join(measures)}",
             )
             number = isinstance(threshold, int | float) and not isinstance(threshold, bool)
-            drift = measure in ("length_drift", "kl")  # a relative change or a KL, any size; the others are shares
+            # a relative change or a KL, any size; the others are shares, and a threshold no share can cross is
+            # refused: distinct and the fact shares sound below it (none is below 0), repetition and failed above it
+            # (repetition is below 1: a caption's first trigram is never a repeat)
+            drift, below = measure in ("length_drift", "kl"), measure in ("distinct", "fact_precision", "fact_recall")
             check(
-                number and (threshold > 0 if drift else 0 <= threshold <= 1),
+                number and (threshold > 0 if drift else 0 < threshold <= 1 if below else 0 <= threshold < 1),
                 f"rl.alarms.{measure}",
-                f"must be {'> 0' if drift else 'in [0, 1]'}, got {short_repr(threshold)}",
+                f"must be {'> 0' if drift else 'in (0, 1]' if below else 'in [0, 1)'}, got {short_repr(threshold)}",
             )
+        check(
+            "distinct" not in self.alarms or self.samples >= 2,
+            "rl.alarms.distinct",
+            "needs rl.samples >= 2 (the share of distinct captions among an image's samples is 1 with one sample)",
+        )
         check(
             self.strategy == "sample" or self.samples == 1,
             "rl.samples",
@@ -157,6 +165,13 @@ class RLConfig(Section, name="rl"):
             "rl.alarms.kl",
             "needs grpo.kl_coef > 0 (the KL to the starting policy is computed only with its penalty)",
         )
+        for measure in ("fact_precision", "fact_recall"):
+            check(
+                measure not in self.alarms or cfg.data.format == "world",
+                f"rl.alarms.{measure}",
+                f"needs data.format=world (the facts are checked against the world's scene graphs; data.format="
+                f"{cfg.data.format} has none, so the alarm could never sound)",
+            )
 
     def unread_options(self, cfg: Config) -> dict[str, tuple[str, str]]:
         """Every option but ``rl.rewards`` (which ``finecap serve-reward`` serves whatever the objective) under an
