@@ -25,7 +25,7 @@ samples (no extra decoding) and logs them with the step's other values; none of 
 - ``failed`` (an alarm's measure only; the objective logs ``reward/failed``): the step's share of sampled captions a
   reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the objective
   (:meth:`Monitor.observe_failed`) for every micro-batch, one whose reward gave ``failed=None`` as none failed (until
-  2026-12 such a micro-batch was left out of the share, which a step's other failures then overstated).
+  2026-11-28 such a micro-batch was left out of the share, which a step's other failures then overstated).
 
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
 drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl`` and ``failed`` when the
