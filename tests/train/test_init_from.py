@@ -47,3 +47,27 @@ def test_model_encoder_world_is_the_world_encoder_of_the_configured_world(make_c
     assert encoder_difference(ClipCap, {"encoder_source": str(mine)}, make_cfg()) == [
         ("model.encoder", str(mine), str(tiny_encoder))
     ]
+
+
+WORLD_VLM = ["model.kind=vlm", "vlm.name=world-tiny", "vlm.tiny_layers=1", "vlm.tiny_hidden=32", "vlm.tiny_heads=2"]
+
+
+def test_init_from_a_vlm_trains_the_configured_prompt_and_projector(make_cfg, clip_dir):
+    # the VLM loaded from a checkpoint was rebuilt with the vlm section its captioner.json records: the new run's
+    # vlm.prompt and vlm.train_projector went into its config.yaml while it trained the checkpoint's prompt and
+    # projector setting (and saved those, so `finecap caption` of the new run read them)
+    from finecap.train.setup import build_model
+
+    common = [f"model.encoder={clip_dir}", *WORLD_VLM, "train.max_steps=1", "train.eval_every=0"]
+    start = checkpoint_dir(train(make_cfg(*common, run="first")), "last")
+    changed = ["vlm.prompt=Say what you see.", "vlm.train_projector=false"]
+    cfg = make_cfg(*common, f"train.init_from={start}", *changed, run="second")
+    model = build_model(cfg)
+    assert "Say what you see." in model.prompt_text
+    projector = [p for path in model.family.projectors for p in model.model.get_submodule(path).parameters()]
+    assert projector and not any(p.requires_grad for p in projector)
+    meta = json.loads((model_dir(checkpoint_dir(train(cfg), "last")) / "captioner.json").read_text())
+    assert (meta["prompt"], meta["train_projector"]) == ("Say what you see.", False)
+    # how many image tokens a prompt holds was set on the checkpoint's processor: it cannot change here
+    with pytest.raises(CheckpointError, match="vlm.image_max_pixels=None in the checkpoint, 50176 configured"):
+        build_model(make_cfg(*common, f"train.init_from={start}", "vlm.image_max_pixels=50176", run="third"))
