@@ -71,3 +71,25 @@ def test_init_from_a_vlm_trains_the_configured_prompt_and_projector(make_cfg, cl
     # how many image tokens a prompt holds was set on the checkpoint's processor: it cannot change here
     with pytest.raises(CheckpointError, match="vlm.image_max_pixels=None in the checkpoint, 50176 configured"):
         build_model(make_cfg(*common, f"train.init_from={start}", "vlm.image_max_pixels=50176", run="third"))
+
+
+NAMES = {  # the world model, and a pretrained one (only named: nothing is loaded)
+    "blip": ("world-tiny", "Salesforce/blip-image-captioning-base"),
+    "vlm": ("world-tiny", "HuggingFaceTB/SmolVLM-256M-Instruct"),
+}
+
+
+@pytest.mark.parametrize("kind", list(NAMES))
+def test_the_world_blip_and_vlm_compare_their_encoder_and_a_pretrained_one_reads_none(make_cfg, tiny_encoder, tmp_path,
+                                                                                     kind):  # fmt: skip
+    # the world BLIP and VLM read model.encoder (their checkpoint's world_source); a pretrained one brings its own
+    # vision tower, so model.encoder names nothing there
+    from finecap.models.backbones import backbone, encoder_difference
+
+    other = shutil.copytree(tiny_encoder, tmp_path / "another-encoder")
+    world, pretrained = NAMES[kind]
+    cls, meta = backbone(kind), {"world_source": str(other)}
+    cfg = make_cfg(f"model.kind={kind}", f"{kind}.name={world}")
+    assert encoder_difference(cls, meta, cfg) == [("model.encoder", str(other), str(tiny_encoder))]
+    assert encoder_difference(cls, {"world_source": str(tiny_encoder)}, cfg) == []
+    assert encoder_difference(cls, meta, make_cfg(f"model.kind={kind}", f"{kind}.name={pretrained}")) == []
