@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.models.base import CONFIG_NAME, CaptionerBase, read_meta
+from finecap.models.base import CONFIG_NAME, CaptionerBase, read_meta, same_source
 from finecap.registry import BACKBONES, TRUST_ENV, lookup, untrusted_code
 from finecap.runs import CheckpointError, swap_guard
 
@@ -82,7 +82,8 @@ def check_backbone(path: str | Path, cfg: Config, option: str) -> None:
     ``--resume``) a captioner that is not the one ``cfg`` configures: another backbone (the class of
     ``captioner.json``'s ``kind`` against that of ``model.kind``) or other settings that shape its weights (the
     backbone's ``setting_differences``). The run would otherwise train the checkpoint's model while its stored
-    configuration names another. The :class:`~finecap.runs.CheckpointError` names both values and the option to
+    configuration names another; so is a checkpoint whose image encoder is not the configured ``model.encoder``
+    (:func:`encoder_difference`). The :class:`~finecap.runs.CheckpointError` names both values and the option to
     change."""
     where = Path(path) / CONFIG_NAME
     kind = checkpoint_kind(path, trusted=(cfg.model.kind,))
@@ -93,9 +94,32 @@ def check_backbone(path: str | Path, cfg: Config, option: str) -> None:
             f"{where}: {option} is a {kind} captioner, but model.kind={cfg.model.kind}; set model.kind={kind}"
             f"{settings}, or start from a {cfg.model.kind} checkpoint"
         )
-    differences = cls.setting_differences(read_meta(path), cfg)
+    meta = read_meta(path)
+    differences = encoder_difference(cls, meta, cfg) + cls.setting_differences(meta, cfg)
     if differences:
         raise settings_error(where, option, differences)
+
+
+def encoder_difference(cls: type[CaptionerBase], meta: dict[str, Any], cfg: Config) -> list[tuple[str, Any, Any]]:
+    """``[("model.encoder", the checkpoint's, the configured)]`` when the image encoder a checkpoint was built on
+    (``captioner.json``'s dual-encoder source: the frozen encoder it loads, or the one its saved encoder was trained
+    from) is not the one ``model.encoder`` names for this backbone (:func:`encoder_source`; ``world``: the world
+    encoder of ``cfg``'s world, :func:`finecap.models.world_encoder.encoder_dir`), else ``[]``. The loaded captioner
+    keeps its own encoder whatever ``model.encoder`` says, so a run would encode with it while its ``config.yaml``
+    names the other. No difference when the backbone reads no ``model.encoder`` (a pretrained BLIP or VLM), when the
+    checkpoint records none, or when the local folder it records is gone (the loader names that)."""
+    configured = cls.encoder_source(cfg)
+    recorded = meta.get(cls.DUAL_SOURCE_KEY)
+    if not configured or not isinstance(recorded, str) or not recorded:
+        return []
+    if Path(recorded).is_absolute() and not Path(recorded).exists():
+        return []
+    if configured == "world":
+        from finecap.models.world_encoder import encoder_dir
+
+        where = encoder_dir(cfg)
+        return [] if Path(recorded).resolve() == where.resolve() else [("model.encoder", recorded, configured)]
+    return [] if same_source(recorded, configured) else [("model.encoder", recorded, configured)]
 
 
 def check_loaded(model: CaptionerBase, path: str | Path, cfg: Config, option: str) -> None:

@@ -117,6 +117,9 @@ KIND = "vlm"
 SECTION_KEYS = ("prompt", "train_projector", "processor_kwargs", "image_max_pixels")
 """The ``vlm`` options a checkpoint records (``captioner.json``) and is rebuilt with (absent in an old one: the
 section's defaults)."""
+PROCESSOR_KEYS = ("processor_kwargs", "image_max_pixels")
+"""The :data:`SECTION_KEYS` set on the processor when a VLM is built, which a run from its checkpoint cannot change
+(:meth:`Vlm.loaded_setting_differences`)."""
 WORLD_VLM = "world-tiny"
 TINY = "tiny:"
 """``vlm.name=tiny:<family>``: a tiny random VLM of a supported family built here (:func:`finecap.models.tiny.
@@ -757,6 +760,19 @@ class Vlm(CaptionerBase):
         self.processor = processor
         self.tokenizer = ensure_pad_token(processor.tokenizer)
         self.tokenizer.padding_side = "left"  # prompts are left-padded, as generate pads them
+        self.image_token_id = int(model.config.image_token_id)
+        self.source = source
+        self._render_prompt()
+        self.train_encoder = bool(train_encoder)
+        self.train_lm = bool(train_lm)
+        self._images = VlmImages(self)
+        self.apply_trainable()
+        self.train(self.training)
+
+    def _render_prompt(self) -> None:
+        """The chat prompt of ``section.prompt`` and what follows from it: the rendered text, whether the processor
+        adds special tokens to it, the caption's prefix and end token (and the stop tokens of ``generate``)."""
+        processor, model, source = self.processor, self.model, self.source
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.section.prompt}]}]
         if getattr(processor, "chat_template", None) is None:
             raise ValueError(f"vlm.name={source}: the processor has no chat template to build the prompt with")
@@ -767,7 +783,6 @@ class Vlm(CaptionerBase):
         # decides, so that the prompt holds one BOS
         bos = self.tokenizer.bos_token
         self.prompt_special_tokens = not (bos is not None and self.prompt_text.startswith(bos))
-        self.image_token_id = int(model.config.image_token_id)
         stops = model_stop_tokens(model)
         before, after = answer_context(processor, messages, self.prompt_text)
         self.caption_prefix = answer_prefix(self.tokenizer, self.prompt_text, before)
@@ -775,13 +790,7 @@ class Vlm(CaptionerBase):
         self._ends = (self._eos, *(t for t in stops if t != self._eos))
         if stops and self._eos not in stops:  # the template's turn end, added: generate and a saved folder stop there
             model.generation_config.eos_token_id = list(self._ends)
-        self.train_encoder = bool(train_encoder)
-        self.train_lm = bool(train_lm)
-        self.source = source
-        self._images = VlmImages(self)
-        self._fixed_prompt: dict[str, torch.Tensor] | None = None
-        self.apply_trainable()
-        self.train(self.training)
+        self._fixed_prompt: dict[str, torch.Tensor] | None = None  # the blank image's prompt, made again when read
 
     # ------------------------------------------------------------------------------------------------------------
     # What it is
@@ -1241,15 +1250,33 @@ class Vlm(CaptionerBase):
     def loaded_setting_differences(self, cfg: Config) -> list[tuple[str, Any, Any]]:
         """Per key of the ``vlm`` section, on a checkpoint: ``name`` and, for the world VLM, ``tiny_layers``,
         ``tiny_hidden``, ``tiny_heads`` built the weights and cannot apply (the world VLM has no dropout option);
-        ``prompt`` and ``train_projector`` are read from the configuration as for a fresh model."""
+        nor can ``processor_kwargs`` and ``image_max_pixels``, set on the checkpoint's processor when it was loaded
+        (how many image tokens a prompt holds); ``prompt`` and ``train_projector`` apply (:meth:`apply_settings`)."""
         v = cfg.vlm
         if not same_source(self.source, v.name):
             return [("vlm.name", self.source, v.name)]
+        fixed = [(f"vlm.{key}", getattr(self.section, key), getattr(v, key)) for key in PROCESSOR_KEYS
+                 if getattr(self.section, key) != getattr(v, key)]  # fmt: skip
         if v.name != WORLD_VLM:
-            return []
+            return fixed
         config = getattr(self.model.config, "text_config", self.model.config)
-        return [(f"vlm.{key}", getattr(config, attr), getattr(v, key)) for key, attr in self.TINY_SIZES.items()
-                if getattr(config, attr, None) not in (None, getattr(v, key))]  # fmt: skip
+        return fixed + [(f"vlm.{key}", getattr(config, attr), getattr(v, key)) for key, attr in self.TINY_SIZES.items()
+                        if getattr(config, attr, None) not in (None, getattr(v, key))]  # fmt: skip
+
+    def apply_settings(self, cfg: Config) -> list[str]:
+        """``vlm.prompt`` (the chat prompt rendered again) and ``vlm.train_projector`` (the projectors' flags) of
+        ``cfg`` on a VLM loaded from a checkpoint, which was rebuilt with the ones its ``captioner.json`` records:
+        they change no weight, and the checkpoints the run saves record the configured ones."""
+        v, applied = cfg.vlm, []
+        if v.prompt != self.section.prompt:
+            self.section = replace(self.section, prompt=v.prompt)
+            self._render_prompt()
+            applied.append(f"vlm.prompt={v.prompt!r}")
+        if v.train_projector != self.section.train_projector:
+            self.section = replace(self.section, train_projector=v.train_projector)
+            self.apply_trainable()
+            applied.append(f"vlm.train_projector={str(v.train_projector).lower()}")
+        return applied
 
     @staticmethod
     def reads_world_encoder(cfg: Config) -> bool:
