@@ -2,6 +2,8 @@
 
 - DiscriTune and NDLB divide a caption's summed token log-probs by its length and scale the retriever's cosines by
   CLIP's own ``exp(logit_scale)``; every recipe of theirs says so and cites the file and commit it comes from.
+- NDLB's ClipCap captions end at their first full stop (its released code forces EOS after a period), so its coco
+  recipes set ``decode.stop_at_period`` and their log p's length is the released code's.
 - Every effect of benchmarks/effects.py that quotes the paper's numbers ("a -> b") expects the sign of ``b - a``.
 - The demo's ``sr_bagcurri`` header describes the bag schedule it runs.
 """
@@ -58,6 +60,24 @@ def test_self_retrieval_recipes_follow_the_released_code(name):
     for key in ("logprob", "logit_scale"):
         source = comment_above(text, key)
         assert commit in source and ".py:" in source, f"{name}: {key} must cite the file and line of commit {commit}"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, c in SELF_RETRIEVAL_RECIPES.items() if c == NDLB_COMMIT and n.startswith("coco/"))
+)
+def test_ndlb_clipcap_recipes_stop_at_the_full_stop_as_the_released_code(name):
+    # NDLB's released code decodes ClipCap's GPT-2 with a StopTokenLogitsProcessor that forces EOS after any token
+    # holding a '.', and its log p (clipcap.py:358) masks EOS and what follows: "a dog ." EOS scores log p =
+    # (l_a + l_dog + l_.) / 3.
+    # finecap's rl.logprob=mean divides by Generation.lengths, the tokens up to and including the stop token: with
+    # decode.stop_at_period the period is that token ((l_a + l_dog + l_.) / 3, the released code's), without it the
+    # caption runs on to EOS and scores (l_a + l_dog + l_. + l_EOS) / 4, or a second sentence. (The demo's NDLB
+    # recipes decode the world's captions, which have no period: its tokenizer has no punctuation.)
+    cfg = load(resolve_recipe(name))
+    assert (cfg.model.kind, cfg.clipcap.lm) == ("clipcap", "gpt2"), name
+    assert cfg.decode.stop_at_period, f"{name}: the released code stops a caption at its first full stop"
+    source = comment_above(resolve_recipe(name).read_text(), "stop_at_period")
+    assert NDLB_COMMIT in source and "StopTokenLogitsProcessor" in source, source
 
 
 def test_sr_bagcurri_header_describes_its_schedule():
