@@ -64,11 +64,12 @@ def main(
 ) -> dict[str, Any]:  # fmt: skip
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
     JSON written and logs one line per size (with family purity on a world with families). ``out`` may not be the
-    data set or one of its images (nor ``recipe``, the file the configuration came from), nor an existing file finecap
-    did not make unless ``force``."""
+    data set or one of its images (nor ``recipe``, the file the configuration came from, nor a file of the retriever
+    checkpoint), nor an existing file finecap did not make unless ``force``."""
     size_list = parse_sizes(sizes)
     data_set = data or cfg.data.path or world_path(cfg.world)
-    inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe}
+    inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe,
+              "retriever.checkpoint": cfg.retriever.checkpoint or None}  # fmt: skip
     check_output_file(out, inputs, force=force, kind="bags")
     if data is None:
         prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data
