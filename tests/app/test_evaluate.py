@@ -643,6 +643,27 @@ def test_bags_larger_than_the_split_are_refused_before_embedding_it(world, clip_
     assert not (tmp_path / "bags.json").exists()
 
 
+def test_bags_build_names_images_without_a_caption_before_embedding(world, clip_dir, tmp_path, monkeypatch):
+    # A folder data set's images may have no caption. Half of an image's multimodal embedding is the mean of its
+    # captions' text embeddings: the command embedded the whole split, then failed with "every image needs at least
+    # one reference caption", naming neither the image nor the data set.
+    def embedded(*args, **kwargs):
+        raise AssertionError("the split was embedded before its captions were checked")
+
+    monkeypatch.setattr("finecap.app.bags.record_embeddings", embedded)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    lines = []
+    for k, image in enumerate(sorted((world / "images" / "test").glob("*.png"))[:4]):
+        shutil.copyfile(image, photos / image.name)
+        lines.append({"image": image.name, "captions": [] if k == 2 else ["a shape"], "split": "test"})
+    (photos / "captions.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    refused(["bags", "build", "--data", str(photos), "--split", "test", "--sizes", "2", "--out",
+             str(tmp_path / "bags.json"), f"retriever.checkpoint={clip_dir}"],
+            f"1 of 4 images of split 'test' have no caption ({lines[2]['image']})")  # fmt: skip
+    assert not (tmp_path / "bags.json").exists()
+
+
 def test_bags_build_and_eval_never_write_into_the_retriever_checkpoint(world, clip_dir, tmp_path):
     # The retriever checkpoint is an input of both commands: `--out CLIP/config.json --force` replaced the
     # checkpoint's config.json with the bags (or the scores), and the retriever no longer loaded.
