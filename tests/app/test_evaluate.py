@@ -643,6 +643,45 @@ def test_bags_larger_than_the_split_are_refused_before_embedding_it(world, clip_
     assert not (tmp_path / "bags.json").exists()
 
 
+def test_bags_build_names_images_without_a_caption_before_embedding(world, clip_dir, tmp_path, monkeypatch):
+    # A folder data set's images may have no caption. Half of an image's multimodal embedding is the mean of its
+    # captions' text embeddings: the command embedded the whole split, then failed with "every image needs at least
+    # one reference caption", naming neither the image nor the data set.
+    def embedded(*args, **kwargs):
+        raise AssertionError("the split was embedded before its captions were checked")
+
+    monkeypatch.setattr("finecap.app.bags.record_embeddings", embedded)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    lines = []
+    for k, image in enumerate(sorted((world / "images" / "test").glob("*.png"))[:4]):
+        shutil.copyfile(image, photos / image.name)
+        lines.append({"image": image.name, "captions": [] if k == 2 else ["a shape"], "split": "test"})
+    (photos / "captions.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    refused(["bags", "build", "--data", str(photos), "--split", "test", "--sizes", "2", "--out",
+             str(tmp_path / "bags.json"), f"retriever.checkpoint={clip_dir}"],
+            f"1 of 4 images of split 'test' have no caption ({lines[2]['image']})")  # fmt: skip
+    assert not (tmp_path / "bags.json").exists()
+
+
+def test_bags_build_and_eval_never_write_into_the_retriever_checkpoint(world, clip_dir, tmp_path):
+    # The retriever checkpoint is an input of both commands: `--out CLIP/config.json --force` replaced the
+    # checkpoint's config.json with the bags (or the scores), and the retriever no longer loaded.
+    clip = tmp_path / "clip"
+    shutil.copytree(clip_dir, clip)
+    config = (clip / "config.json").read_bytes()
+    for out in (clip / "config.json", clip / "bags.json"):
+        refused(["bags", "build", "--data", str(world), "--split", "test", "--sizes", "2", "--out", str(out),
+                 "--force", f"retriever.checkpoint={clip}"], "--out", "retriever.checkpoint")  # fmt: skip
+    refs = load_references(load(), world, split="test")
+    write_results(tmp_path / "results.json", {r.image_id: r.captions[0] for r in refs.records})
+    refused(["eval", "--predictions", str(tmp_path / "results.json"), "--references", str(world), "--metrics",
+             "retrieval", "--out", str(clip / "config.json"), "--force", f"retriever.checkpoint={clip}",
+             "eval.n_distractors=5", f"run.cache_dir={tmp_path / 'cache'}"],
+            "--out", "retriever.checkpoint")  # fmt: skip
+    assert (clip / "config.json").read_bytes() == config and not (clip / "bags.json").exists()
+
+
 def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsys):
     overrides = [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", "eval.n_distractors=5",
                  "eval.draws=2"]  # fmt: skip

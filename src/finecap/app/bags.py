@@ -22,7 +22,7 @@ from typing import Any
 from finecap.config import Config
 from finecap.data.caption_fields import select_captions
 from finecap.data.formats import format_options
-from finecap.data.references import load_references
+from finecap.data.references import load_references, require_captions
 from finecap.data.truematch import Bag, build_bags, family_purity, keep_hardest, random_bag_purity, record_embeddings
 from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
@@ -64,11 +64,13 @@ def main(
 ) -> dict[str, Any]:  # fmt: skip
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
     JSON written and logs one line per size (with family purity on a world with families). ``out`` may not be the
-    data set or one of its images (nor ``recipe``, the file the configuration came from), nor an existing file finecap
-    did not make unless ``force``."""
+    data set or one of its images (nor ``recipe``, the file the configuration came from, nor a file of the retriever
+    checkpoint), nor an existing file finecap did not make unless ``force``. Every image of the split needs a reference
+    caption (of ``bags.text_from``): its text embedding is half of the image's multimodal embedding."""
     size_list = parse_sizes(sizes)
     data_set = data or cfg.data.path or world_path(cfg.world)
-    inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe}
+    inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe,
+              "retriever.checkpoint": cfg.retriever.checkpoint or None}  # fmt: skip
     check_output_file(out, inputs, force=force, kind="bags")
     if data is None:
         prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data
@@ -76,6 +78,7 @@ def main(
     check_not_among(out, [r.path for r in refs.records if not r.embedded], what=f"an image of {refs.path}",
                     option="--out")  # fmt: skip
     records = select_captions(refs.records, cfg.bags.text_from, refs.path, key="bags.text_from")
+    require_captions(records, refs.path, refs.format, f"split {split!r}")  # a folder's images may have none
     if size_list[-1] > len(records):  # said before the split is embedded, naming the option and the split
         raise ValueError(f"--sizes: a bag of {size_list[-1]} needs {size_list[-1]} images; split {split!r} of "
                          f"{refs.path} holds {len(records)}")  # fmt: skip

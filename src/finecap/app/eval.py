@@ -110,10 +110,10 @@ def main(
     ``references`` may be ``None`` when the predictions file carries them.
 
     ``out`` and ``per_image`` may not name an input (the predictions, the references, the bags, the instances and
-    questions files, given as options or in the configuration, the ``recipe`` the configuration was read from), nor
-    be or lie inside the image folder (``images``, else ``data.images``), nor be an image file the references name:
-    refused even with ``force``; nor replace an existing file finecap did not make unless ``force``
-    (:mod:`finecap.outputs`).
+    questions files, given as options or in the configuration, the ``recipe`` the configuration was read from, the
+    retriever checkpoint ``retriever.checkpoint``), nor be or lie inside the image folder (``images``, else
+    ``data.images``), nor be an image file the references name: refused even with ``force``; nor replace an existing
+    file finecap did not make unless ``force`` (:mod:`finecap.outputs`).
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -128,6 +128,7 @@ def main(
             "data.images": None if images is not None else (cfg.data.images or None),  # the image folder read
             "eval.instances": cfg.eval.instances or None,  # the inputs the configuration names too
             "judge.questions": cfg.judge.questions or None,
+            "retriever.checkpoint": cfg.retriever.checkpoint or None,  # read by the retrieval metrics
             "recipe": recipe,
         },
         force=force,
