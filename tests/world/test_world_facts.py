@@ -2,9 +2,17 @@ import random
 
 import pytest
 
-from finecap.world.captions import applicable_templates, dense_caption, reference_captions, template_caption
+from finecap.world.captions import (
+    TEMPLATES,
+    _Writer,
+    applicable_templates,
+    dense_caption,
+    reference_captions,
+    relations,
+    template_caption,
+)
 from finecap.world.facts import Fact, facts, faithfulness, is_true, scene_facts
-from finecap.world.scene import Obj, Scene, sample_scene
+from finecap.world.scene import CELLS, Obj, Scene, sample_scene
 
 # circle: top left, red, large, striped; square: middle, blue, small, plain; star: bottom right, yellow, large, dotted
 SCENE = Scene(
@@ -171,3 +179,50 @@ def test_corrupting_a_dense_caption_lowers_precision_by_the_hand_count():
     # truncation keeps precision, drops recall: "three shapes on grass a large red striped circle" = 6 facts
     f = faithfulness(" ".join(dense.split()[:9]), SCENE)
     assert (f.precision, f.n_recalled) == (1.0, 6)
+
+
+def _stated(facets: set, scene: Scene) -> tuple[set[Fact], tuple | None]:
+    """The facts a template's facets say its caption states (a vague noun's attributes and position: shape None), and
+    the relation facet ``("relation", a, b)`` if any (its word is the template's draw)."""
+    by = {o.shape: o for o in scene.objects}
+    vague = {f[1] for f in facets if f[0] == "vague"}
+    out: set[Fact] = set()
+    for f in facets:
+        if f[0] == "object":
+            out.add(Fact("object", f[1]))
+        elif f[0] in ("color", "size", "pattern"):
+            out.add(Fact(f[0], f[1], getattr(by[f[1]], f[0])))
+        elif f[0] == "vague":
+            out.add(Fact(f[2], None, getattr(by[f[1]], f[2])))
+        elif f[0] == "position":
+            out.add(Fact("position", None if f[1] in vague else f[1], CELLS[by[f[1]].cell]))
+        elif f[0] == "background":
+            out.add(Fact("background", None, scene.background))
+        elif f[0] == "count":
+            out.add(Fact("count", None, str(len(scene.objects))))
+    relation = next((f for f in facets if f[0] == "relation"), None)
+    if relation is not None:
+        relation = (None if relation[1] in vague else relation[1], None if relation[2] in vague else relation[2])
+    return out, relation
+
+
+@pytest.mark.parametrize("style", ["none", "domain"])
+def test_the_parser_reads_back_exactly_what_every_template_states(style):
+    # Round trip: the fact parser must read each caption the world writes into the facts its template put in, no more
+    # and no fewer (plural counts, "a single", vague nouns, positions, relations, synonyms of either annotator style).
+    rng = random.Random(3)
+    for i in range(300):
+        scene = sample_scene(rng, i, 1, 4, pattern_prob=0.5)
+        writer = _Writer(scene, rng, style)
+        for name in applicable_templates(scene) * 2:
+            text, facets = TEMPLATES[name](writer)
+            writer.mentioned |= facets
+            want, relation = _stated(facets, scene)
+            got = facts(text)
+            assert {f for f in got if f.kind != "relation"} == want, (text, sorted(map(str, want)))
+            said = [(f.shape, f.other) for f in got if f.kind == "relation"]
+            assert said == ([relation] if relation else []), (text, said)
+            a = {o.shape: o for o in scene.objects}
+            for f in got:  # the relation word is one that holds between the two cells
+                if f.kind == "relation" and f.shape and f.other:
+                    assert f.value in relations(a[f.shape], a[f.other]), text

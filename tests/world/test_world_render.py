@@ -1,6 +1,11 @@
+import re
+
 import numpy as np
 import pytest
+from PIL import Image
 
+from finecap.config import WorldConfig
+from finecap.world.make import generate_scenes
 from finecap.world.render import BACKGROUND_RGB, COLOR_RGB, object_box, render
 from finecap.world.scene import BACKGROUNDS, COLORS, SHAPES, Obj, Scene
 
@@ -65,3 +70,52 @@ def test_patterns_change_the_object_pixels():
         img = np.asarray(render(_scene(objects=[Obj("square", "yellow", "large", 1, 1, pattern)]), 64)).astype(int)
         box = (slice(26, 38), slice(26, 38))  # inside the square
         assert np.abs(img[box] - plain[box]).sum(-1).mean() > 20
+
+
+@pytest.mark.parametrize("size", [64, 96])
+def test_the_docstring_states_the_pattern_masks_shares(size):
+    # The docstring said stripes cover ~35% of an object, while the masks every world is drawn with cover ~54%.
+    import finecap.world.render as render_module
+
+    stated = re.search(r"stripes ~(\d+)% of the area, dots ~(\d+)%", render_module.__doc__)
+    assert stated is not None
+    masks = render_module._pattern_masks(render_module._canvas_size(size))
+    for name, percent in zip(("striped", "dotted"), stated.groups(), strict=True):
+        share = np.asarray(masks[name]).mean() / 255
+        assert share == pytest.approx(int(percent) / 100, abs=0.02), (name, share)
+
+
+def _hue(rgb) -> np.ndarray:
+    return np.asarray(Image.fromarray(np.asarray(rgb, np.uint8).reshape(-1, 1, 3)).convert("HSV")).astype(int)
+
+
+def test_generated_scenes_show_what_their_scene_graphs_state():
+    # Every metric of the world trusts the scene graph; check it against the pixels of generated 64 px scenes. An
+    # object's pixels are those that removing it from the scene changes (same id and background: same texture crop).
+    scenes = [r["scene"] for r in generate_scenes(WorldConfig(seed=5, n_train=40, n_val=0, n_test=0))]
+    # What each colour word names, in hue degrees, independent of the renderer's COLOR_RGB (on Pillow's 0-255 scale).
+    degrees = {"red": 0, "orange": 30, "yellow": 55, "green": 125, "cyan": 185, "blue": 228, "purple": 275,
+               "pink": 325}  # fmt: skip
+    hues = {c: round(d * 256 / 360) % 256 for c, d in degrees.items()}
+    assert set(hues) == set(COLORS)
+    extents: dict[str, list[int]] = {"small": [], "large": []}
+    for scene in scenes:
+        full = np.asarray(render(scene, 64)).astype(int)
+        bare = np.asarray(render(Scene(scene.id, scene.background, []), 64)).astype(int)
+        for o in scene.objects:
+            without = Scene(scene.id, scene.background, [x for x in scene.objects if x is not o])
+            mine = np.abs(full - np.asarray(render(without, 64))).sum(-1) > 0
+            alone = np.abs(np.asarray(render(Scene(scene.id, scene.background, [o]), 64)) - bare).sum(-1) > 0
+            assert np.array_equal(mine, alone), (scene.id, o)  # nothing hides it, it hides nothing of the others
+            ys, xs = np.nonzero(mine)
+            assert min(xs.min(), ys.min()) > 0 and max(xs.max(), ys.max()) < 63, (scene.id, o)  # in frame
+            assert (int(ys.mean() * 3 // 64), int(xs.mean() * 3 // 64)) == (o.row, o.col), (scene.id, o)
+            hsv = _hue(full[mine])[:, 0]
+            saturated = hsv[(hsv[:, 1] > 100) & (hsv[:, 2] > 60), 0]
+            dist = {c: np.minimum(np.abs(saturated - h), 256 - np.abs(saturated - h)) for c, h in hues.items()}
+            nearest = np.array(list(dist))[np.argmin(np.stack(list(dist.values())), 0)]
+            colours, counts = np.unique(nearest, return_counts=True)
+            assert colours[counts.argmax()] == o.color, (scene.id, o, dict(zip(colours, counts, strict=True)))
+            extents[o.size].append(max(xs.max() - xs.min(), ys.max() - ys.min()) + 1)
+    assert extents["small"] and extents["large"]
+    assert max(extents["small"]) < min(extents["large"]), extents  # small and large never overlap in pixels
