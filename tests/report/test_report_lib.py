@@ -453,3 +453,35 @@ def test_the_report_reads_a_log_of_either_form_alike(tmp_path):
     assert same(new.results["new"], {"cider_d": float("nan"), "loss": float("-inf")}), new.results
     assert same(curve_panels(new.events["new"]), curve_panels(old.events["old"]))
     assert same(curve_panels(new.events["new"])["train loss"]["loss"], [[1, float("inf")], [3, 2.5]])
+
+
+@pytest.mark.slow
+def test_a_metric_a_results_file_holds_as_null_is_no_point_of_a_plot(fabricated_run, tmp_path):
+    # finecap writes a NaN metric into results.json as null (strict JSON); a stage whose bag3/R@1 was NaN stopped the
+    # whole report with a TypeError traceback (float(None)) in the TrueMatch plot. The cell prints "-", the plot draws
+    # the stage's other bag sizes, and no other plot is lost.
+    from finecap.utils.files import write_json
+
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    results = json.loads((run / "results.json").read_text())
+    results["smile"]["bag3/R@1"] = results["mle"]["faith/recall"] = float("nan")
+    write_json(run / "results.json", results)
+    assert json.loads((run / "results.json").read_text())["smile"]["bag3/R@1"] is None
+    page = write_report(run, tmp_path / "r.html", retrieval=False, n_sample=2, n_disagree=2).read_text()
+    for title in ("TrueMatch R@1 against bag size", "faithfulness: precision against recall", "training curves: mle"):
+        assert f'alt="{title}"' in page, title
+    table = results_tables(read_run(run).results)
+    bag3 = next(t for t in table if t.name == "bag3")
+    assert dict((stage, cells[0].text) for stage, cells in bag3.rows)["smile"] == "-"
+
+
+def test_a_validation_length_logged_as_null_is_no_point(tmp_path):
+    # SMILE Fig. 4a reads each run's validation lengths; a null one (a log another tool wrote strict, without naming
+    # its kind) or an event without values was a TypeError that stopped the report.
+    from finecap.report.plots import validation_series
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"step": 2, "split": "val", "values": {"length": None}}, {"step": 3, "split": "val", "values": None},
+        {"step": 4, "split": "val", "values": {"length": 7.5}}]))  # fmt: skip
+    assert validation_series(tmp_path, "length") == [(4, 7.5)]

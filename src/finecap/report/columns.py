@@ -127,6 +127,17 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def finite_number(value: object) -> bool:
+    """Whether ``value`` is a finite number (not a bool): what a table ranks, a headline compares and a plot draws.
+    A results file finecap wrote holds a NaN or infinite metric as ``null`` (:func:`finecap.utils.files.strict_json`):
+    never a number.
+
+    >>> finite_number(0.5), finite_number(None), finite_number(float("nan")), finite_number(True)
+    (True, False, False, False)
+    """
+    return _number(value) and math.isfinite(value)  # type: ignore[arg-type]
+
+
 def format_value(value: object, column: str | None = None, rules: ColumnRules | None = None) -> str:
     """A table cell: integers (and whole values of count columns) without decimals, other numbers with
     :data:`DECIMALS`, None as ``-``."""

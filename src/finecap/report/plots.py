@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from finecap.metrics.diversity import caption_length
 from finecap.outputs import check_replaceable, made_by_finecap, write_output
+from finecap.report.columns import finite_number
 from finecap.runs import METRICS_FILE, decode_event
 from finecap.utils.reading import DATA_FILE, read_lines
 
@@ -72,11 +73,13 @@ def legend_label(name: str) -> str:
 
 
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl``."""
+    """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl`` that logged it as a number
+    (a ``null`` is none)."""
     points = []
     for event in read_events(Path(run_dir) / METRICS_FILE):
-        if event.get("split") == "val" and key in event.get("values", {}):
-            points.append((int(event["step"]), float(event["values"][key])))
+        value = (event.get("values") or {}).get(key)
+        if event.get("split") == "val" and event.get("step") is not None and isinstance(value, int | float):
+            points.append((int(event["step"]), float(value)))
     return points
 
 
@@ -326,10 +329,12 @@ def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path
 
 @_plain_text
 def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) -> Path | None:
-    """TrueMatch R@1 against bag size (keys matching :data:`BAG_RECALL`), one line per stage that has them."""
+    """TrueMatch R@1 against bag size (keys matching :data:`BAG_RECALL`), one line per stage that has them; a value
+    that is no finite number (``null``: how a results file holds a NaN) is no point."""
     series = {}
     for stage, values in rows.items():
-        points = sorted((int(m.group(1)), float(v)) for k, v in values.items() if (m := BAG_RECALL.match(k)))
+        points = sorted((int(m.group(1)), float(v)) for k, v in values.items()
+                        if (m := BAG_RECALL.match(k)) and finite_number(v))  # fmt: skip
         if points:
             series[stage] = points
     if not series:
@@ -349,7 +354,9 @@ def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) ->
 def precision_recall(rows: Mapping[str, Mapping[str, Any]], out: str | Path, *, x: str = "faith/recall",
                      y: str = "faith/precision") -> Path | None:  # fmt: skip
     """Faithfulness precision against recall of true facts, one labelled point per stage that has both."""
-    points = {s: (float(v[x]), float(v[y])) for s, v in rows.items() if v.get(x) is not None and v.get(y) is not None}
+    points = {
+        s: (float(v[x]), float(v[y])) for s, v in rows.items() if finite_number(v.get(x)) and finite_number(v.get(y))
+    }
     if not points:
         return None
     plt = _pyplot()
