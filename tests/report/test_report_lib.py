@@ -485,3 +485,19 @@ def test_a_validation_length_logged_as_null_is_no_point(tmp_path):
         {"step": 2, "split": "val", "values": {"length": None}}, {"step": 3, "split": "val", "values": None},
         {"step": 4, "split": "val", "values": {"length": 7.5}}]))  # fmt: skip
     assert validation_series(tmp_path, "length") == [(4, 7.5)]
+
+
+def test_a_headline_difference_is_that_of_the_values_printed_beside_it():
+    # The quick demo's report printed "CIDEr-D 0.190 → 0.361: +0.170" (the raw values' difference rounded), and for
+    # sample/Div-2 "0.879 → 0.880: ±0.000" coloured better: a reader subtracting the printed numbers got another
+    # difference, and "no difference" was called better. The difference is now of the printed values.
+    items = headline_comparisons(
+        {"mle": {"CIDEr-D": 0.1904, "Length": 3.0}, "smile": {"CIDEr-D": 0.3606, "Length": 3.0}}
+    )
+    item = next(i for i in items[0]["items"] if i["column"] == "CIDEr-D")
+    assert (item["baseline"], item["value"], item["diff"], item["better"]) == ("0.190", "0.361", "+0.171", True)
+    assert format_difference(0.8804, 0.8795, "sample/Div-2") == "+0.001"  # printed 0.880 and 0.879
+    for new, old in [(0.1234, 0.9876), (0.5555, 0.4444), (1.0005, 0.0004), (0.3004, 0.2996)]:
+        shown = float(format_value(new, "CIDEr-D")) - float(format_value(old, "CIDEr-D"))
+        assert float(format_difference(new, old, "CIDEr-D").replace("±", "")) == pytest.approx(shown, abs=1e-9)
+        assert (format_difference(new, old, "CIDEr-D").startswith("±")) == (better(new, old, "CIDEr-D") is None)
