@@ -64,6 +64,7 @@ from finecap.outputs import (
     OutputRefused,
     check_not_input,
     check_output_file,
+    check_writable,
     made_by_finecap,
     refuse_link,
     write_output,
@@ -465,7 +466,8 @@ def main(
 ) -> Path:  # fmt: skip
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path. ``out`` may
     not be a file the report reads (refused even with ``force``), nor an existing file that is not a finecap report
-    unless ``force``.
+    unless ``force``. Every file it writes is checked writable before any work (:func:`finecap.outputs.check_writable`:
+    an ``out`` through a file, a read-only run folder), so a failure leaves no plot file nor bag outcomes behind.
 
     The plots are inlined in the page, and written as PNG files into :func:`plots_folder` (``<run_dir>/plots/`` for
     the default page, ``plots`` when given, none for an ``out`` alone). Every plot file is checked before any is
@@ -476,10 +478,13 @@ def main(
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
     check_output_file(out, inputs, force=force, kind="report", ours=is_report)
+    check_writable(out)  # the page is written last: a typo through a file is said now, before any plot file is
     if retrieval:
-        check_bag_outcomes_file(run.run_dir, force=force)
+        check_writable(check_bag_outcomes_file(run.run_dir, force=force), option="the run folder")
     if plots is not None:
         check_not_input(folder, inputs, option="--plots")
+    if folder is not None:
+        check_writable(folder / "plot.png", option="--plots" if plots is not None else "the run folder")
     check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     records, scenes = _records(cfg)
     run.captions = _match_ids(run.captions, records)
