@@ -501,3 +501,19 @@ def test_a_headline_difference_is_that_of_the_values_printed_beside_it():
         shown = float(format_value(new, "CIDEr-D")) - float(format_value(old, "CIDEr-D"))
         assert float(format_difference(new, old, "CIDEr-D").replace("±", "")) == pytest.approx(shown, abs=1e-9)
         assert (format_difference(new, old, "CIDEr-D").startswith("±")) == (better(new, old, "CIDEr-D") is None)
+
+
+@pytest.mark.slow
+def test_a_stage_without_training_curves_is_named_under_the_plots(fabricated_run, tmp_path):
+    # A stage of the results whose log is missing (not run, not copied) or holds nothing to plot (killed before its
+    # first log) had no training curves and nothing said so: the plots looked complete.
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    (run / "mle" / "metrics.jsonl").write_text("")
+    page = write_report(run, tmp_path / "r.html", retrieval=False, n_sample=2, n_disagree=2).read_text()
+    note = re.search(r'<p class="note" id="plots-note">(.*?)</p>', page).group(1)
+    expected = "No training curves for mle (nothing to plot in mle/metrics.jsonl), blip_x (no blip_x/metrics.jsonl)."
+    assert note == expected
+    assert 'alt="training curves: smile"' in page and "smile (" not in note and "human" not in note
+    whole = write_report(fabricated_run, tmp_path / "whole.html", retrieval=False, n_sample=2, n_disagree=2)
+    assert "(no blip_x/metrics.jsonl)." in whole.read_text() and "mle (" not in whole.read_text()

@@ -94,6 +94,7 @@ from finecap.report.plots import (
     training_curves,
 )
 from finecap.report.run import RunData, read_run
+from finecap.runs import METRICS_FILE
 from finecap.train.fingerprint import check_run_dir
 from finecap.utils.reading import DATA_FILE, read_json
 from finecap.utils.system import progress_enabled
@@ -174,17 +175,22 @@ def _write_plots(drawn: Path, folder: Path) -> None:
         write_output(folder / path.name, path.read_bytes(), "plot")
 
 
-def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
+def _plots(run: RunData, folder: Path) -> tuple[list[dict[str, str]], str | None]:
+    """The plots drawn into ``folder`` (``{"title", "note", "uri"}`` each), and the note naming the stages without
+    training curves (:func:`no_curves_note`)."""
     plots: list[dict[str, str]] = []
 
     def add(path: Path | None, title: str, note: str = "") -> None:
         if path is not None:
             plots.append({"title": title, "note": note, "uri": png_uri(path)})
 
+    curves = []
     for stage, events in tqdm(
         run.events.items(), desc="report: training curves", unit="stage", disable=not progress_enabled()
     ):
-        add(training_curves(events, folder / f"curves_{stage}.png", title=stage), f"training curves: {stage}")
+        path = training_curves(events, folder / f"curves_{stage}.png", title=stage)
+        add(path, f"training curves: {stage}")
+        curves += [stage] if path is not None else []
     add(length_histograms(run.captions, folder / "length_hist.png"), "caption length per stage")
     smile = {label: run.run_dir / s for label, s in SMILE_RUNS if s in run.events}
     if "sequence (SMILE)" in smile and len(smile) >= 2:
@@ -194,7 +200,33 @@ def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
             "step 0 is the MLE checkpoint the runs start from")  # fmt: skip
     add(bag_recall_curves(run.results, folder / "bag_recall.png"), "TrueMatch R@1 against bag size")
     add(precision_recall(run.results, folder / "faithfulness.png"), "faithfulness: precision against recall")
-    return plots
+    return plots, no_curves_note(run, curves)
+
+
+def no_curves_note(run: RunData, drawn: Sequence[str]) -> str | None:
+    """The note under the plots naming each stage of the results or captions (not a reference row) that has no
+    training curves (``drawn``: the stages that have them), and why: no ``<stage>/metrics.jsonl`` (a stage that did not
+    run, or whose folder was not copied), or one holding nothing to plot (killed before its first log); None when
+    every stage has its curves. A single run's one stage is its folder's log.
+
+    Example::
+
+        >>> run = RunData(Path("runs/demo"), results={"human": {}, "mle": {}, "smile": {}})
+        >>> run.events = {"mle": [], "smile": []}
+        >>> no_curves_note(run, ["mle"])
+        'No training curves for smile (nothing to plot in smile/metrics.jsonl).'
+        >>> run.events = {"mle": []}; no_curves_note(run, ["mle"])
+        'No training curves for smile (no smile/metrics.jsonl).'
+    """
+    missing = []
+    for stage in run.stages:
+        if stage in drawn or stage in REFERENCE_ROWS:
+            continue
+        name = bidi_isolated(stage)
+        log_file = METRICS_FILE if run.single else f"{name}/{METRICS_FILE}"
+        why = "nothing to plot in" if stage in run.events else "no"
+        missing.append(f"{name} ({why} {log_file})")
+    return f"No training curves for {', '.join(missing)}." if missing else None
 
 
 MAX_CAPTION_STEPS = 6
@@ -492,7 +524,7 @@ def main(
     extra = _extra_sections(run.run_dir, rules)  # read before anything is written: a malformed file stops here
     with tempfile.TemporaryDirectory(prefix="finecap-plots-") as scratch:
         drawn = Path(scratch)  # drawn here first: every target is checked before any plot file is written
-        figures = _plots(run, drawn)
+        figures, plots_note = _plots(run, drawn)
         rl = _rl_sections(run, drawn)
         if folder is not None:
             check_plot_files(folder, sorted(p.name for p in drawn.iterdir()), given=plots is not None, force=force)
@@ -513,6 +545,7 @@ def main(
         "rl": rl,
         "extra": extra,
         "plots": figures,
+        "plots_note": plots_note,
         "gallery": gallery,
         "facts_checked": bool(scenes),
         "bag_gallery": bags,
