@@ -517,3 +517,30 @@ def test_a_stage_without_training_curves_is_named_under_the_plots(fabricated_run
     assert 'alt="training curves: smile"' in page and "smile (" not in note and "human" not in note
     whole = write_report(fabricated_run, tmp_path / "whole.html", retrieval=False, n_sample=2, n_disagree=2)
     assert "(no blip_x/metrics.jsonl)." in whole.read_text() and "mle (" not in whole.read_text()
+
+
+def test_every_plot_says_what_its_axes_are(tmp_path, monkeypatch):
+    # The caption-length histograms had no y label (what was counted: captions? images? a share?). Every axis of
+    # every plot is named: by a label of its own or the figure's, or (a panel of curves) by the panel's title.
+    import finecap.report.plots as plots
+
+    unnamed = []
+    save = plots._save
+
+    def saving(fig, out):
+        sup = [getattr(fig, f"_sup{axis}label", None) for axis in "xy"]
+        for ax in (ax for ax in fig.axes if ax.get_visible()):
+            x = ax.get_xlabel() or (sup[0] and sup[0].get_text())
+            y = ax.get_ylabel() or (sup[1] and sup[1].get_text()) or (ax.get_title() if "curves" in out.name else "")
+            if not (x and y):
+                unnamed.append((out.name, x, y))
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", saving)
+    events = [{"step": k, "split": split, "values": {"loss": 1.0 / k, "reward": 0.1 * k, "length": 3.0}}
+              for k in (1, 2) for split in ("train", "val")]  # fmt: skip
+    length_histograms({"mle": {1: "a red circle", 2: "a"}, "smile": {1: "a big red circle"}}, tmp_path / "hist.png")
+    bag_recall_curves(ROWS, tmp_path / "bags.png")
+    precision_recall({"mle": {"faith/recall": 0.3, "faith/precision": 0.6}}, tmp_path / "faith.png")
+    training_curves(events, tmp_path / "curves_mle.png")
+    assert unnamed == []

@@ -308,7 +308,7 @@ def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, prefix: s
 @_plain_text
 def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path) -> Path | None:
     """Histogram of caption length (words, :func:`~finecap.metrics.diversity.caption_length`) per stage, on shared
-    bins of one word."""
+    bins of one word: the number of captions of each length."""
     lengths = {stage: [caption_length(c) for c in caps.values()] for stage, caps in captions.items() if caps}
     if not lengths:
         return None
@@ -324,6 +324,7 @@ def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path
     for ax in list(axes.flat)[len(lengths) :]:
         ax.set_visible(False)
     fig.supxlabel("caption length (words)", fontsize=9)
+    fig.supylabel("captions", fontsize=9)
     return _save(fig, out)
 
 
