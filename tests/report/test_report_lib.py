@@ -544,3 +544,14 @@ def test_every_plot_says_what_its_axes_are(tmp_path, monkeypatch):
     precision_recall({"mle": {"faith/recall": 0.3, "faith/precision": 0.6}}, tmp_path / "faith.png")
     training_curves(events, tmp_path / "curves_mle.png")
     assert unnamed == []
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", "null", '"loss"', '{"step": 1, "split": "train", "values": [1.5]}'])
+def test_a_log_line_that_is_json_but_no_event_is_an_error_naming_it(tmp_path, line):
+    # A metrics.jsonl line of valid JSON that is no event (another tool's log, a corrupted copy) stopped the report
+    # with an AttributeError traceback ('list' object has no attribute 'get'), exit 1, naming neither file nor line.
+    (tmp_path / "mle").mkdir()
+    first = '{"step": 1, "split": "train", "values": {"loss": 1.0}}'
+    (tmp_path / "mle" / "metrics.jsonl").write_text(f"{first}\n{line}\n")
+    with pytest.raises(ValueError, match=r"mle/metrics.jsonl, line 2: expected an event .*, got "):
+        read_run(tmp_path)

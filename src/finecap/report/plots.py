@@ -21,6 +21,7 @@ from finecap.outputs import check_replaceable, made_by_finecap, write_output
 from finecap.report.columns import finite_number
 from finecap.runs import METRICS_FILE, decode_event
 from finecap.utils.reading import DATA_FILE, read_lines
+from finecap.utils.text import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
     line by line within :data:`~finecap.utils.reading.DATA_FILE` (:func:`~finecap.utils.reading.read_lines`).
 
     A last line without its line end that is not JSON (a run still writing it, or killed while it did) is not read,
-    as resuming drops it; any other line that is not JSON is a ``ValueError`` naming the file and the line. Values
+    as resuming drops it; any other line that is not JSON, or not an event (a JSON object whose ``values``, when
+    given, is an object), is a ``ValueError`` naming the file and the line. Values
     come back as logged, whether the run wrote them as strict JSON or, before it did, with Python's ``NaN`` /
     ``Infinity`` tokens (:func:`finecap.runs.decode_event`)."""
     path = Path(path)
@@ -163,12 +165,16 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            events.append(decode_event(json.loads(line)))
+            event = decode_event(json.loads(line))
         except json.JSONDecodeError as e:
             if not line.endswith("\n"):  # only the last line can lack its line end: cut short
                 log.info("%s, line %d: cut short (a run still writing it, or killed): not read", path, lineno)
                 break
             raise ValueError(f"{path}, line {lineno}: invalid JSON: {e.msg}") from None
+        if not isinstance(event, dict) or not isinstance(event.get("values") or {}, dict):
+            raise ValueError(f"{path}, line {lineno}: expected an event {{\"step\", \"split\", \"values\": {{...}}}}, "
+                             f"got {short_repr(event)}")  # fmt: skip
+        events.append(event)
     return events
 
 
