@@ -453,3 +453,105 @@ def test_the_report_reads_a_log_of_either_form_alike(tmp_path):
     assert same(new.results["new"], {"cider_d": float("nan"), "loss": float("-inf")}), new.results
     assert same(curve_panels(new.events["new"]), curve_panels(old.events["old"]))
     assert same(curve_panels(new.events["new"])["train loss"]["loss"], [[1, float("inf")], [3, 2.5]])
+
+
+@pytest.mark.slow
+def test_a_metric_a_results_file_holds_as_null_is_no_point_of_a_plot(fabricated_run, tmp_path):
+    # finecap writes a NaN metric into results.json as null (strict JSON); a stage whose bag3/R@1 was NaN stopped the
+    # whole report with a TypeError traceback (float(None)) in the TrueMatch plot. The cell prints "-", the plot draws
+    # the stage's other bag sizes, and no other plot is lost.
+    from finecap.utils.files import write_json
+
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    results = json.loads((run / "results.json").read_text())
+    results["smile"]["bag3/R@1"] = results["mle"]["faith/recall"] = float("nan")
+    write_json(run / "results.json", results)
+    assert json.loads((run / "results.json").read_text())["smile"]["bag3/R@1"] is None
+    page = write_report(run, tmp_path / "r.html", retrieval=False, n_sample=2, n_disagree=2).read_text()
+    for title in ("TrueMatch R@1 against bag size", "faithfulness: precision against recall", "training curves: mle"):
+        assert f'alt="{title}"' in page, title
+    table = results_tables(read_run(run).results)
+    bag3 = next(t for t in table if t.name == "bag3")
+    assert dict((stage, cells[0].text) for stage, cells in bag3.rows)["smile"] == "-"
+
+
+def test_a_validation_length_logged_as_null_is_no_point(tmp_path):
+    # SMILE Fig. 4a reads each run's validation lengths; a null one (a log another tool wrote strict, without naming
+    # its kind) or an event without values was a TypeError that stopped the report.
+    from finecap.report.plots import validation_series
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        {"step": 2, "split": "val", "values": {"length": None}}, {"step": 3, "split": "val", "values": None},
+        {"step": 4, "split": "val", "values": {"length": 7.5}}]))  # fmt: skip
+    assert validation_series(tmp_path, "length") == [(4, 7.5)]
+
+
+def test_a_headline_difference_is_that_of_the_values_printed_beside_it():
+    # The quick demo's report printed "CIDEr-D 0.190 → 0.361: +0.170" (the raw values' difference rounded), and for
+    # sample/Div-2 "0.879 → 0.880: ±0.000" coloured better: a reader subtracting the printed numbers got another
+    # difference, and "no difference" was called better. The difference is now of the printed values.
+    items = headline_comparisons(
+        {"mle": {"CIDEr-D": 0.1904, "Length": 3.0}, "smile": {"CIDEr-D": 0.3606, "Length": 3.0}}
+    )
+    item = next(i for i in items[0]["items"] if i["column"] == "CIDEr-D")
+    assert (item["baseline"], item["value"], item["diff"], item["better"]) == ("0.190", "0.361", "+0.171", True)
+    assert format_difference(0.8804, 0.8795, "sample/Div-2") == "+0.001"  # printed 0.880 and 0.879
+    for new, old in [(0.1234, 0.9876), (0.5555, 0.4444), (1.0005, 0.0004), (0.3004, 0.2996)]:
+        shown = float(format_value(new, "CIDEr-D")) - float(format_value(old, "CIDEr-D"))
+        assert float(format_difference(new, old, "CIDEr-D").replace("±", "")) == pytest.approx(shown, abs=1e-9)
+        assert (format_difference(new, old, "CIDEr-D").startswith("±")) == (better(new, old, "CIDEr-D") is None)
+
+
+@pytest.mark.slow
+def test_a_stage_without_training_curves_is_named_under_the_plots(fabricated_run, tmp_path):
+    # A stage of the results whose log is missing (not run, not copied) or holds nothing to plot (killed before its
+    # first log) had no training curves and nothing said so: the plots looked complete.
+    run = tmp_path / fabricated_run.name
+    shutil.copytree(fabricated_run, run)
+    (run / "mle" / "metrics.jsonl").write_text("")
+    page = write_report(run, tmp_path / "r.html", retrieval=False, n_sample=2, n_disagree=2).read_text()
+    note = re.search(r'<p class="note" id="plots-note">(.*?)</p>', page).group(1)
+    expected = "No training curves for mle (nothing to plot in mle/metrics.jsonl), blip_x (no blip_x/metrics.jsonl)."
+    assert note == expected
+    assert 'alt="training curves: smile"' in page and "smile (" not in note and "human" not in note
+    whole = write_report(fabricated_run, tmp_path / "whole.html", retrieval=False, n_sample=2, n_disagree=2)
+    assert "(no blip_x/metrics.jsonl)." in whole.read_text() and "mle (" not in whole.read_text()
+
+
+def test_every_plot_says_what_its_axes_are(tmp_path, monkeypatch):
+    # The caption-length histograms had no y label (what was counted: captions? images? a share?). Every axis of
+    # every plot is named: by a label of its own or the figure's, or (a panel of curves) by the panel's title.
+    import finecap.report.plots as plots
+
+    unnamed = []
+    save = plots._save
+
+    def saving(fig, out):
+        sup = [getattr(fig, f"_sup{axis}label", None) for axis in "xy"]
+        for ax in (ax for ax in fig.axes if ax.get_visible()):
+            x = ax.get_xlabel() or (sup[0] and sup[0].get_text())
+            y = ax.get_ylabel() or (sup[1] and sup[1].get_text()) or (ax.get_title() if "curves" in out.name else "")
+            if not (x and y):
+                unnamed.append((out.name, x, y))
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", saving)
+    events = [{"step": k, "split": split, "values": {"loss": 1.0 / k, "reward": 0.1 * k, "length": 3.0}}
+              for k in (1, 2) for split in ("train", "val")]  # fmt: skip
+    length_histograms({"mle": {1: "a red circle", 2: "a"}, "smile": {1: "a big red circle"}}, tmp_path / "hist.png")
+    bag_recall_curves(ROWS, tmp_path / "bags.png")
+    precision_recall({"mle": {"faith/recall": 0.3, "faith/precision": 0.6}}, tmp_path / "faith.png")
+    training_curves(events, tmp_path / "curves_mle.png")
+    assert unnamed == []
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", "null", '"loss"', '{"step": 1, "split": "train", "values": [1.5]}'])
+def test_a_log_line_that_is_json_but_no_event_is_an_error_naming_it(tmp_path, line):
+    # A metrics.jsonl line of valid JSON that is no event (another tool's log, a corrupted copy) stopped the report
+    # with an AttributeError traceback ('list' object has no attribute 'get'), exit 1, naming neither file nor line.
+    (tmp_path / "mle").mkdir()
+    first = '{"step": 1, "split": "train", "values": {"loss": 1.0}}'
+    (tmp_path / "mle" / "metrics.jsonl").write_text(f"{first}\n{line}\n")
+    with pytest.raises(ValueError, match=r"mle/metrics.jsonl, line 2: expected an event .*, got "):
+        read_run(tmp_path)

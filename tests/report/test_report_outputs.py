@@ -156,3 +156,17 @@ def test_report_never_writes_bag_outcomes_over_a_users_file(run, tmp_path):
     mine.mkdir()
     with pytest.raises(OutputRefused, match="not a regular file"):
         check_bag_outcomes_file(run, force=True)
+
+
+@pytest.mark.slow
+def test_an_out_no_file_can_be_written_at_is_refused_before_any_plot_is(run, tmp_path):
+    # --out through a file (a typo: results.json/report.html) was found only when the page was written, last: after
+    # every plot file had been written into --plots and bag_outcomes.json into the run folder, then the error.
+    (tmp_path / "afile").write_bytes(PRECIOUS)
+    figures = tmp_path / "figures"
+    with pytest.raises(OutputRefused, match="afile is not a folder"):
+        write_report(run, tmp_path / "afile" / "r.html", plots=figures, retrieval=False)
+    with pytest.raises(OutputRefused, match="--plots: .*afile is not a folder"):
+        write_report(run, tmp_path / "r.html", plots=tmp_path / "afile" / "figures", retrieval=False)
+    assert not figures.exists() and not (tmp_path / "r.html").exists() and not (run / "plots").exists()
+    assert (tmp_path / "afile").read_bytes() == PRECIOUS

@@ -64,6 +64,7 @@ from finecap.outputs import (
     OutputRefused,
     check_not_input,
     check_output_file,
+    check_writable,
     made_by_finecap,
     refuse_link,
     write_output,
@@ -93,6 +94,7 @@ from finecap.report.plots import (
     training_curves,
 )
 from finecap.report.run import RunData, read_run
+from finecap.runs import METRICS_FILE
 from finecap.train.fingerprint import check_run_dir
 from finecap.utils.reading import DATA_FILE, read_json
 from finecap.utils.system import progress_enabled
@@ -173,17 +175,22 @@ def _write_plots(drawn: Path, folder: Path) -> None:
         write_output(folder / path.name, path.read_bytes(), "plot")
 
 
-def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
+def _plots(run: RunData, folder: Path) -> tuple[list[dict[str, str]], str | None]:
+    """The plots drawn into ``folder`` (``{"title", "note", "uri"}`` each), and the note naming the stages without
+    training curves (:func:`no_curves_note`)."""
     plots: list[dict[str, str]] = []
 
     def add(path: Path | None, title: str, note: str = "") -> None:
         if path is not None:
             plots.append({"title": title, "note": note, "uri": png_uri(path)})
 
+    curves = []
     for stage, events in tqdm(
         run.events.items(), desc="report: training curves", unit="stage", disable=not progress_enabled()
     ):
-        add(training_curves(events, folder / f"curves_{stage}.png", title=stage), f"training curves: {stage}")
+        path = training_curves(events, folder / f"curves_{stage}.png", title=stage)
+        add(path, f"training curves: {stage}")
+        curves += [stage] if path is not None else []
     add(length_histograms(run.captions, folder / "length_hist.png"), "caption length per stage")
     smile = {label: run.run_dir / s for label, s in SMILE_RUNS if s in run.events}
     if "sequence (SMILE)" in smile and len(smile) >= 2:
@@ -193,7 +200,33 @@ def _plots(run: RunData, folder: Path) -> list[dict[str, str]]:
             "step 0 is the MLE checkpoint the runs start from")  # fmt: skip
     add(bag_recall_curves(run.results, folder / "bag_recall.png"), "TrueMatch R@1 against bag size")
     add(precision_recall(run.results, folder / "faithfulness.png"), "faithfulness: precision against recall")
-    return plots
+    return plots, no_curves_note(run, curves)
+
+
+def no_curves_note(run: RunData, drawn: Sequence[str]) -> str | None:
+    """The note under the plots naming each stage of the results or captions (not a reference row) that has no
+    training curves (``drawn``: the stages that have them), and why: no ``<stage>/metrics.jsonl`` (a stage that did not
+    run, or whose folder was not copied), or one holding nothing to plot (killed before its first log); None when
+    every stage has its curves. A single run's one stage is its folder's log.
+
+    Example::
+
+        >>> run = RunData(Path("runs/demo"), results={"human": {}, "mle": {}, "smile": {}})
+        >>> run.events = {"mle": [], "smile": []}
+        >>> no_curves_note(run, ["mle"])
+        'No training curves for smile (nothing to plot in smile/metrics.jsonl).'
+        >>> run.events = {"mle": []}; no_curves_note(run, ["mle"])
+        'No training curves for smile (no smile/metrics.jsonl).'
+    """
+    missing = []
+    for stage in run.stages:
+        if stage in drawn or stage in REFERENCE_ROWS:
+            continue
+        name = bidi_isolated(stage)
+        log_file = METRICS_FILE if run.single else f"{name}/{METRICS_FILE}"
+        why = "nothing to plot in" if stage in run.events else "no"
+        missing.append(f"{name} ({why} {log_file})")
+    return f"No training curves for {', '.join(missing)}." if missing else None
 
 
 MAX_CAPTION_STEPS = 6
@@ -465,7 +498,8 @@ def main(
 ) -> Path:  # fmt: skip
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path. ``out`` may
     not be a file the report reads (refused even with ``force``), nor an existing file that is not a finecap report
-    unless ``force``.
+    unless ``force``. Every file it writes is checked writable before any work (:func:`finecap.outputs.check_writable`:
+    an ``out`` through a file, a read-only run folder), so a failure leaves no plot file nor bag outcomes behind.
 
     The plots are inlined in the page, and written as PNG files into :func:`plots_folder` (``<run_dir>/plots/`` for
     the default page, ``plots`` when given, none for an ``out`` alone). Every plot file is checked before any is
@@ -476,10 +510,13 @@ def main(
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
     check_output_file(out, inputs, force=force, kind="report", ours=is_report)
+    check_writable(out)  # the page is written last: a typo through a file is said now, before any plot file is
     if retrieval:
-        check_bag_outcomes_file(run.run_dir, force=force)
+        check_writable(check_bag_outcomes_file(run.run_dir, force=force), option="the run folder")
     if plots is not None:
         check_not_input(folder, inputs, option="--plots")
+    if folder is not None:
+        check_writable(folder / "plot.png", option="--plots" if plots is not None else "the run folder")
     check_run_dir(run.run_dir, cfg)  # the data and retriever read now must be the run's (exit 2 naming both)
     records, scenes = _records(cfg)
     run.captions = _match_ids(run.captions, records)
@@ -487,7 +524,7 @@ def main(
     extra = _extra_sections(run.run_dir, rules)  # read before anything is written: a malformed file stops here
     with tempfile.TemporaryDirectory(prefix="finecap-plots-") as scratch:
         drawn = Path(scratch)  # drawn here first: every target is checked before any plot file is written
-        figures = _plots(run, drawn)
+        figures, plots_note = _plots(run, drawn)
         rl = _rl_sections(run, drawn)
         if folder is not None:
             check_plot_files(folder, sorted(p.name for p in drawn.iterdir()), given=plots is not None, force=force)
@@ -508,6 +545,7 @@ def main(
         "rl": rl,
         "extra": extra,
         "plots": figures,
+        "plots_note": plots_note,
         "gallery": gallery,
         "facts_checked": bool(scenes),
         "bag_gallery": bags,

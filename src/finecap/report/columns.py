@@ -127,6 +127,17 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def finite_number(value: object) -> bool:
+    """Whether ``value`` is a finite number (not a bool): what a table ranks, a headline compares and a plot draws.
+    A results file finecap wrote holds a NaN or infinite metric as ``null`` (:func:`finecap.utils.files.strict_json`):
+    never a number.
+
+    >>> finite_number(0.5), finite_number(None), finite_number(float("nan")), finite_number(True)
+    (True, False, False, False)
+    """
+    return _number(value) and math.isfinite(value)  # type: ignore[arg-type]
+
+
 def format_value(value: object, column: str | None = None, rules: ColumnRules | None = None) -> str:
     """A table cell: integers (and whole values of count columns) without decimals, other numbers with
     :data:`DECIMALS`, None as ``-``."""
@@ -143,11 +154,17 @@ def format_value(value: object, column: str | None = None, rules: ColumnRules | 
 
 def format_difference(new: float, old: float, column: str, rules: ColumnRules | None = None) -> str:
     """``new - old`` with a sign, as the cells print (``+12`` for counts, ``-0.158``; ``±0`` / ``±0.000`` when equal
-    at that precision)."""
-    diff = float(new) - float(old)
+    at that precision), of the two values as they are printed beside it: a reader who subtracts the printed numbers
+    gets the printed difference, and it is ``±0.000`` exactly when :func:`better` calls them equal.
+
+    >>> format_difference(0.3606, 0.1904, "CIDEr-D"), format_difference(0.8804, 0.8795, "sample/Div-2")
+    ('+0.171', '+0.001')
+    """
     if is_count(column, rules) and float(new).is_integer() and float(old).is_integer():
+        diff = float(new) - float(old)
         return f"{int(diff):+d}" if diff else "±0"
-    text = f"{diff:+.{DECIMALS}f}"
+    shown = [float(f"{float(v):.{DECIMALS}f}") for v in (new, old)]  # the values as the cells print them
+    text = f"{shown[0] - shown[1]:+.{DECIMALS}f}"
     return "±" + text[1:] if float(text) == 0 else text
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import fnmatch
 import io
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ import jinja2
 import markupsafe
 
 from finecap.outputs import write_output
-from finecap.report.columns import ColumnRules, better, direction, format_difference, format_value
+from finecap.report.columns import ColumnRules, better, direction, finite_number, format_difference, format_value
 from finecap.utils.text import bidi_isolated
 
 if TYPE_CHECKING:
@@ -137,11 +136,6 @@ def headline_comparisons(
     return out
 
 
-def _finite(value: object) -> bool:
-    """Whether ``value`` is a finite number (not a bool): what a column ranks and a headline compares."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _rank(table: Table, reference_rows: Sequence[str]) -> None:
     """Mark the best and worst cell of each column with a direction, among the rows that are not references and
     whose value is a finite number (ties at the precision shown share the mark; nothing is marked when all are
@@ -200,7 +194,7 @@ def _table(
         cells = []
         for c in columns:
             v = values.get(c)
-            number = float(v) if _finite(v) else None  # NaN / inf: shown, never ranked nor sorted as a number
+            number = float(v) if finite_number(v) else None  # NaN / inf: shown, never ranked nor sorted as a number
             cells.append(Cell(format_value(v, c, rules), number, roles.get((stage, c), "")))
         table.rows.append((stage, cells))
     _rank(table, reference_rows)

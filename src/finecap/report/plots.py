@@ -18,8 +18,10 @@ from typing import Any, TypeVar
 
 from finecap.metrics.diversity import caption_length
 from finecap.outputs import check_replaceable, made_by_finecap, write_output
+from finecap.report.columns import finite_number
 from finecap.runs import METRICS_FILE, decode_event
 from finecap.utils.reading import DATA_FILE, read_lines
+from finecap.utils.text import short_repr
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +74,13 @@ def legend_label(name: str) -> str:
 
 
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
-    """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl``."""
+    """``(step, value)`` of ``key`` at every validation event of ``<run_dir>/metrics.jsonl`` that logged it as a number
+    (a ``null`` is none)."""
     points = []
     for event in read_events(Path(run_dir) / METRICS_FILE):
-        if event.get("split") == "val" and key in event.get("values", {}):
-            points.append((int(event["step"]), float(event["values"][key])))
+        value = (event.get("values") or {}).get(key)
+        if event.get("split") == "val" and event.get("step") is not None and isinstance(value, int | float):
+            points.append((int(event["step"]), float(value)))
     return points
 
 
@@ -151,7 +155,8 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
     line by line within :data:`~finecap.utils.reading.DATA_FILE` (:func:`~finecap.utils.reading.read_lines`).
 
     A last line without its line end that is not JSON (a run still writing it, or killed while it did) is not read,
-    as resuming drops it; any other line that is not JSON is a ``ValueError`` naming the file and the line. Values
+    as resuming drops it; any other line that is not JSON, or not an event (a JSON object whose ``values``, when
+    given, is an object), is a ``ValueError`` naming the file and the line. Values
     come back as logged, whether the run wrote them as strict JSON or, before it did, with Python's ``NaN`` /
     ``Infinity`` tokens (:func:`finecap.runs.decode_event`)."""
     path = Path(path)
@@ -160,12 +165,16 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            events.append(decode_event(json.loads(line)))
+            event = decode_event(json.loads(line))
         except json.JSONDecodeError as e:
             if not line.endswith("\n"):  # only the last line can lack its line end: cut short
                 log.info("%s, line %d: cut short (a run still writing it, or killed): not read", path, lineno)
                 break
             raise ValueError(f"{path}, line {lineno}: invalid JSON: {e.msg}") from None
+        if not isinstance(event, dict) or not isinstance(event.get("values") or {}, dict):
+            raise ValueError(f"{path}, line {lineno}: expected an event {{\"step\", \"split\", \"values\": {{...}}}}, "
+                             f"got {short_repr(event)}")  # fmt: skip
+        events.append(event)
     return events
 
 
@@ -305,7 +314,7 @@ def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, prefix: s
 @_plain_text
 def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path) -> Path | None:
     """Histogram of caption length (words, :func:`~finecap.metrics.diversity.caption_length`) per stage, on shared
-    bins of one word."""
+    bins of one word: the number of captions of each length."""
     lengths = {stage: [caption_length(c) for c in caps.values()] for stage, caps in captions.items() if caps}
     if not lengths:
         return None
@@ -321,15 +330,18 @@ def length_histograms(captions: Mapping[str, Mapping[Any, str]], out: str | Path
     for ax in list(axes.flat)[len(lengths) :]:
         ax.set_visible(False)
     fig.supxlabel("caption length (words)", fontsize=9)
+    fig.supylabel("captions", fontsize=9)
     return _save(fig, out)
 
 
 @_plain_text
 def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) -> Path | None:
-    """TrueMatch R@1 against bag size (keys matching :data:`BAG_RECALL`), one line per stage that has them."""
+    """TrueMatch R@1 against bag size (keys matching :data:`BAG_RECALL`), one line per stage that has them; a value
+    that is no finite number (``null``: how a results file holds a NaN) is no point."""
     series = {}
     for stage, values in rows.items():
-        points = sorted((int(m.group(1)), float(v)) for k, v in values.items() if (m := BAG_RECALL.match(k)))
+        points = sorted((int(m.group(1)), float(v)) for k, v in values.items()
+                        if (m := BAG_RECALL.match(k)) and finite_number(v))  # fmt: skip
         if points:
             series[stage] = points
     if not series:
@@ -349,7 +361,9 @@ def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) ->
 def precision_recall(rows: Mapping[str, Mapping[str, Any]], out: str | Path, *, x: str = "faith/recall",
                      y: str = "faith/precision") -> Path | None:  # fmt: skip
     """Faithfulness precision against recall of true facts, one labelled point per stage that has both."""
-    points = {s: (float(v[x]), float(v[y])) for s, v in rows.items() if v.get(x) is not None and v.get(y) is not None}
+    points = {
+        s: (float(v[x]), float(v[y])) for s, v in rows.items() if finite_number(v.get(x)) and finite_number(v.get(y))
+    }
     if not points:
         return None
     plt = _pyplot()
