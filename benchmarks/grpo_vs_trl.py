@@ -62,7 +62,10 @@ def write_data(root: Path, n: int) -> tuple[Path, dict[int, list[str]]]:
         references[i] = refs
         entries.append({"filename": f"{i:05d}.jpg", "split": "train", "cocoid": i,
                         "sentences": [{"raw": r} for r in refs]})  # fmt: skip
-    entries.append({**entries[0], "split": "val", "cocoid": n})  # a validation split must exist
+    # a validation split must exist: one more image of its own (one image file in two splits is refused)
+    pixels = np.random.default_rng(n).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(images / f"{n:05d}.jpg", quality=90)
+    entries.append({**entries[0], "filename": f"{n:05d}.jpg", "split": "val", "cocoid": n})
     (root / "dataset.json").write_text(json.dumps({"images": entries}))
     return root / "dataset.json", references
 

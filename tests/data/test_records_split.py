@@ -58,7 +58,9 @@ def test_one_image_file_in_one_split_under_two_ids_and_restval_as_train_are_read
     assert [r.image_id for r in read_dataset("karpathy", data)] == [1, 2, 3]
 
 
-def test_a_link_to_an_image_in_another_split_is_refused(tmp_path):
+def test_two_names_linking_one_stored_file_are_two_images(tmp_path):
+    # links are not followed: a Hugging Face snapshot links a data set's identical images to one stored blob, and
+    # such a data set reads as it is (tests/boost/test_boost_command.py); one name in two splits is refused
     from PIL import Image
 
     Image.new("RGB", (8, 8)).save(tmp_path / "a.jpg")
@@ -66,10 +68,7 @@ def test_a_link_to_an_image_in_another_split_is_refused(tmp_path):
     lines = [{"image": "a.jpg", "captions": ["x"], "split": "train"}, {"image": "copy.jpg", "captions": ["x"]}]
     data = tmp_path / "captions.jsonl"
     data.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    with pytest.raises(DataError, match=r"named by two records in two splits: id 'a.jpg' \('train', .*\), id "
-                                        r"'copy.jpg' \(no split, "):  # fmt: skip
-        read_dataset("jsonl", data)
-    lines[0].pop("split")  # neither names a split: the id hash may part them
+    assert [r.image_id for r in read_dataset("jsonl", data)] == ["a.jpg", "copy.jpg"]
+    lines[0].pop("split")  # neither names a split
     data.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    with pytest.raises(DataError, match=r"in no split: the id hash may put them in two splits"):
-        read_dataset("jsonl", data)
+    assert [r.image_id for r in read_dataset("jsonl", data)] == ["a.jpg", "copy.jpg"]

@@ -273,9 +273,9 @@ def test_no_autocast_reaches_the_vllm_judge_when_it_answers(monkeypatch):
     backend.llm = SimpleNamespace(generate=generate)
     backend.refuse_cut_off, backend.max_new_tokens = True, 8
     backend.tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: ["B" for _ in ids])
-    monkeypatch.setattr(VllmBackend, "sampling_params", lambda self: None)
+    monkeypatch.setattr(VllmBackend, "sampling_params", lambda self, task=None: None)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert backend._answers([{"prompt": "x"}]) == ["B"]
+        assert backend._answers([{"prompt": "x"}], [None]) == ["B"]
     assert seen == [False]
 
 

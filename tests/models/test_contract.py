@@ -234,14 +234,17 @@ def test_a_backbone_of_ones_own_is_named_by_its_dotted_path():
 
 
 def test_a_checkpoint_of_ones_own_backbone_starts_only_a_run_naming_it(dirs, tmp_path):
-    """``train.init_from`` a toy checkpoint: refused under another ``model.kind`` (naming the dotted path to set),
-    accepted under the toy's dotted path."""
+    """``train.init_from`` a toy checkpoint: refused under another ``model.kind`` (naming the dotted path to set) or
+    another ``model.encoder`` (the checkpoint keeps the one it was built on), accepted under the toy's dotted path and
+    its encoder."""
     out = build_toy(dirs).save(tmp_path / "ckpt")
     assert checkpoint_kind(out) == TOY_KIND
     with pytest.raises(CheckpointError, match=f"is a {TOY_KIND} captioner, but model.kind=clipcap; set "
                        f"model.kind={TOY_KIND}, or start from a clipcap checkpoint"):  # fmt: skip
         check_backbone(out, load(None, []), "train.init_from")
-    check_backbone(out, load(None, [f"model.kind={TOY_KIND}"]), "train.init_from")
+    with pytest.raises(CheckpointError, match=r"model.encoder=.* in the checkpoint, 'world' configured"):
+        check_backbone(out, load(None, [f"model.kind={TOY_KIND}"]), "train.init_from")
+    check_backbone(out, load(None, [f"model.kind={TOY_KIND}", f"model.encoder={dirs['clip']}"]), "train.init_from")
 
 
 def test_a_backbone_missing_a_hook_is_named_when_built():

@@ -6,8 +6,8 @@ and symbolic links resolved), and one naming a file outside is refused, naming t
 and ``data.allow_outside_paths``, the option that allows it (:class:`ImageFolder`). A ``folder`` data set's caption
 files are checked the same way before they are opened (docs/reliability.md, "Reading only what you named").
 
-**An image file lies in one split** (:func:`check_split_files`, on the same real paths): two records naming one file
-in two splits would train on an image and test on it.
+**An image file lies in one split** (:func:`check_split_files`): two records naming one file in two splits would
+train on an image and test on it.
 """
 
 from __future__ import annotations
@@ -78,18 +78,20 @@ class ImageFolder:
 
 def check_split_files(records: list[Record], path: Path) -> None:
     """Raise :class:`DataError` naming the data file ``path``, the image file and both records' ids and splits when
-    two ``records`` name one image file (its real path: however it is written, ``..`` and links resolved) in two
-    splits (``restval`` counts as ``train``), or both without a split (:data:`~finecap.data.records.NO_SPLIT`:
+    two ``records`` name one image file (its path made absolute, ``.`` and ``..`` read: however it is written) in
+    two splits (``restval`` counts as ``train``), or both without a split (:data:`~finecap.data.records.NO_SPLIT`:
     their ids' hash may part them): an image in two splits is trained on and tested on. Records of one file in one
-    named split are one format's choice (a JSONL line per id); embedded images (no file) are not checked. A data set
-    of one split costs no file-system call."""
+    named split are one format's choice (a JSONL line per id); embedded images (no file) are not checked. Links are
+    not followed: two names of one stored file are two images, as a Hugging Face snapshot links identical images of
+    a data set to one stored blob (the data set's duplicates, which finecap reads as the data set has them;
+    tests/boost/test_boost_command.py). No file-system call."""
     files = [r for r in records if not r.embedded]
     if len({r.split for r in files} - {NO_SPLIT}) < 2 and not any(r.split == NO_SPLIT for r in files):
         return
-    real = ImageFolder(()).real_path  # each folder resolved once, each file's link checked
     first: dict[str, Record] = {}
     for r in files:
-        other = first.setdefault(real(r.path), r)
+        where = os.path.abspath(r.path)
+        other = first.setdefault(where, r)
         if other is r:
             continue
         a, b = ({"restval": "train"}.get(s, s) for s in (other.split, r.split))
@@ -97,6 +99,6 @@ def check_split_files(records: list[Record], path: Path) -> None:
             said = ", ".join(f"id {short_repr(x.image_id)} ({repr(x.split) if x.split else 'no split'}, {x.path})"
                              for x in (other, r))  # fmt: skip
             why = "two splits" if a != b else "no split: the id hash may put them in two splits"
-            raise DataError(f"{path}: one image file {real(r.path)} is named by two records in {why}: {said}; "
+            raise DataError(f"{path}: one image file {where} is named by two records in {why}: {said}; "
                             "an image in two splits is trained on and tested on: give it one record, or one "
                             "split")  # fmt: skip
