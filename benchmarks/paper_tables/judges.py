@@ -52,9 +52,13 @@ JUDGE_CHANGE = (
     "**The world judge changed on 2026-11-28** (commit `8ce752e`): a caption stating two or more values of one fact "
     "(two colours of the circle) is now answered 'cannot answer'; before, it got whichever stated value came first "
     "among the shuffled options, so a caption listing several values of a fact was paid for the one that was true. "
-    "Each run's commit is in the last table: a QA-utility run of an earlier commit was rewarded by the old judge, "
-    "and its high hallucination share (false patterns above all) may come from listing values, not only from "
-    "guessing one (a wrong answer costs no more than 'cannot answer', CapRL's reward)."
+    "Every result on this page was trained under the new judge, on world seed 0 (the runs of 2026-11-26 under the old "
+    "judge, world seeds 0 and 1, are in the git history before that date; world seed 1 is to be run again). Under "
+    "both judges the QA-utility runs state many false facts, patterns above all: the old judge's three world seed 0 "
+    "runs had hallucination shares 0.687, 0.799 and 0.871, the new judge's 0.721, 0.809 and 0.772, so the hedge was "
+    "not what drove them; a wrong answer costs no more than 'cannot answer' (CapRL's reward), so guessing a fact pays "
+    "on average. The old judge's run seed 102 had the longest captions (19.4 words, fact precision 0.719; 13.7 and "
+    "0.867 under the new judge)."
 )
 """What the page says of the world judge's change (docs/methods/judges.md), whatever the results' commits."""
 
