@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from finecap.config import RLConfig
+from finecap.config.sections.rl import SOUNDS_BELOW
 from finecap.data.references import world_scenes
 from finecap.utils.text import short_repr
 
@@ -196,7 +197,7 @@ class Monitor:
             if measure not in values:
                 continue  # fact_* off the world
             value = values[measure]
-            high = measure in ("length_drift", "repetition", "kl", "failed")
+            high = measure not in SOUNDS_BELOW
             crossed = (abs(value) if measure == "length_drift" else value) > threshold if high else value < threshold
             if not crossed:
                 continue

@@ -26,6 +26,9 @@ VLLM_CORRECTION = ("vllm_is_correction", "vllm_is_cap")
 """The ``rl`` options only rollouts another engine decoded read (``decode.engine=vllm``:
 :mod:`finecap.objectives.engine_mismatch`)."""
 AlarmMeasure = Literal["length_drift", "repetition", "distinct", "fact_precision", "fact_recall", "kl", "failed"]
+SOUNDS_BELOW = ("distinct", "fact_precision", "fact_recall")
+"""The alarm measures that sound when the value falls below the threshold; the others sound above it
+(:class:`finecap.objectives.monitor.Monitor`; ``length_drift`` by its size)."""
 
 
 @dataclass
@@ -132,7 +135,7 @@ class RLConfig(Section, name="rl"):
             # a relative change or a KL, any size; the others are shares, and a threshold no share can cross is
             # refused: distinct and the fact shares sound below it (none is below 0), repetition and failed above it
             # (repetition is below 1: a caption's first trigram is never a repeat)
-            drift, below = measure in ("length_drift", "kl"), measure in ("distinct", "fact_precision", "fact_recall")
+            drift, below = measure in ("length_drift", "kl"), measure in SOUNDS_BELOW
             check(
                 number and (threshold > 0 if drift else 0 < threshold <= 1 if below else 0 <= threshold < 1),
                 f"rl.alarms.{measure}",
