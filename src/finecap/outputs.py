@@ -41,7 +41,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from finecap.utils.files import OutputRefused, atomic_write_bytes, refuse_link, strict_json
+from finecap.utils.files import (
+    TEMPORARY_SUFFIX,
+    OutputRefused,
+    atomic_write_bytes,
+    refuse_link,
+    strict_json,
+    temporary_prefix,
+)
 
 __all__ = [
     "OutputRefused",
@@ -234,7 +241,7 @@ def check_writable(out: str | Path, *, option: str = "--out") -> None:
     if not where.is_dir():
         raise OutputRefused(f"{option}: {out}: {where} is not a folder; choose another {option}")
     try:
-        fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{out.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=where, prefix=temporary_prefix(out.name), suffix=TEMPORARY_SUFFIX)
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:

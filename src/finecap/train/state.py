@@ -69,7 +69,7 @@ from finecap.runs import (
     swap_guard,
     temporary_dir,
 )
-from finecap.utils.files import atomic_write_text, refuse_link
+from finecap.utils.files import TEMPORARY_SUFFIX, atomic_write_text, is_temporary_of, refuse_link, temporary_prefix
 from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, mark_folder, previous_dir, remove_own_folder
 from finecap.utils.reading import (
     DATA_FILE,
@@ -199,7 +199,8 @@ def save_tree(folder: Path, name: str, tree: Any) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{name}.safetensors"
     refuse_link(final)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.safetensors.", suffix=".tmp")  # ours: no planted link
+    # a new file of ours beside it: no planted link
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=temporary_prefix(final.name), suffix=TEMPORARY_SUFFIX)
     os.close(fd)
     try:
         save_file(tensors, tmp)
@@ -469,7 +470,7 @@ def is_checkpoint_entry(name: str) -> bool:
     """
     if name in CHECKPOINT_ENTRIES:
         return True
-    return name.endswith(".tmp") and any(name.startswith(f".{entry}.") for entry in CHECKPOINT_ENTRIES)
+    return any(is_temporary_of(name, entry) for entry in CHECKPOINT_ENTRIES)
 
 
 CHECKPOINT_KIND = "checkpoint"

@@ -85,7 +85,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name), suffix=TEMPORARY_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             os.chmod(tmp, file_mode())
@@ -158,12 +158,35 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
         f.write(strict_json(record, indent=None) + "\n")
 
 
+TEMPORARY_SUFFIX = ".tmp"
+"""The suffix of the temporary file or folder a write builds beside its target (:func:`temporary_prefix`)."""
+
+
+def temporary_prefix(name: str) -> str:
+    """The prefix of the temporary file or folder an atomic write of ``name`` builds beside it before the rename
+    (:func:`atomic_write_bytes`, :func:`make_temporary_dir`): ``.<name>.``, a random part and :data:`TEMPORARY_SUFFIX`
+    follow."""
+    return f".{name}."
+
+
+def is_temporary_of(entry: str, name: str) -> bool:
+    """Whether the folder entry ``entry`` is a temporary file or folder that an atomic write of ``name`` left (a kill
+    before its rename).
+
+    >>> is_temporary_of(".trainer_state.json.k2x9a1.tmp", "trainer_state.json"), is_temporary_of("a.tmp", "a")
+    (True, False)
+    """
+    return entry.startswith(temporary_prefix(name)) and entry.endswith(TEMPORARY_SUFFIX)
+
+
 def make_temporary_dir(final_dir: str | Path) -> Path:
     """A new, uniquely named, empty folder next to ``final_dir`` (``.<name>.<random>.tmp``) to build it in before
     :func:`atomic_replace_dir`; its mode is :func:`dir_mode` (``tempfile.mkdtemp`` alone gives 0700)."""
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final_dir.parent, prefix=f".{final_dir.name}.", suffix=".tmp"))
+    tmp = Path(
+        tempfile.mkdtemp(dir=final_dir.parent, prefix=temporary_prefix(final_dir.name), suffix=TEMPORARY_SUFFIX)
+    )
     os.chmod(tmp, dir_mode())
     return tmp
 

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from finecap.config import Config, WorldConfig
 from finecap.home import world_path
 from finecap.locks import waiting_lock
-from finecap.utils.files import atomic_write_bytes, atomic_write_text, png_bytes, write_json
+from finecap.utils.files import atomic_write_bytes, atomic_write_text, is_temporary_of, png_bytes, write_json
 from finecap.utils.reading import read_json, read_lines
 from finecap.utils.system import progress_enabled
 from finecap.utils.text import karpathy_tokens, shell_command
@@ -207,7 +207,7 @@ LOCK = ".finecap-world.lock"
 def _being_made(name: str) -> bool:
     """Whether ``name`` is a file finecap makes in a world's folder before its marker stands there: the lock, and the
     marker's temporary file (:func:`finecap.utils.files.atomic_write_bytes`) while it is written."""
-    return name == LOCK or (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))
+    return name == LOCK or is_temporary_of(name, MARKER)
 
 
 @contextlib.contextmanager
