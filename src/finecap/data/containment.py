@@ -5,9 +5,6 @@
 and symbolic links resolved), and one naming a file outside is refused, naming the data file, the record, the path
 and ``data.allow_outside_paths``, the option that allows it (:class:`ImageFolder`). A ``folder`` data set's caption
 files are checked the same way before they are opened (docs/reliability.md, "Reading only what you named").
-
-**An image file lies in one split** (:func:`check_split_files`): two records naming one file in two splits would
-train on an image and test on it.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from finecap.data.records import NO_SPLIT, DataError, Record
-from finecap.utils.text import short_repr
+from finecap.data.records import DataError
 
 ALLOW_OUTSIDE = "data.allow_outside_paths"
 """The option that lets a data set name image files outside its image folder (:class:`ImageFolder`)."""
@@ -74,31 +70,3 @@ class ImageFolder:
             f"image folder {' or '.join(self.reals)}; refused (a data set names only files inside its folder): set "
             f"data.images to the folder holding the images, or {ALLOW_OUTSIDE}=true to allow it"
         )
-
-
-def check_split_files(records: list[Record], path: Path) -> None:
-    """Raise :class:`DataError` naming the data file ``path``, the image file and both records' ids and splits when
-    two ``records`` name one image file (its path made absolute, ``.`` and ``..`` read: however it is written) in
-    two splits (``restval`` counts as ``train``), or both without a split (:data:`~finecap.data.records.NO_SPLIT`:
-    their ids' hash may part them): an image in two splits is trained on and tested on. Records of one file in one
-    named split are one format's choice (a JSONL line per id); embedded images (no file) are not checked. Links are
-    not followed: two names of one stored file are two images, as a Hugging Face snapshot links identical images of
-    a data set to one stored blob (the data set's duplicates, which finecap reads as the data set has them;
-    tests/boost/test_boost_command.py). No file-system call."""
-    files = [r for r in records if not r.embedded]
-    if len({r.split for r in files} - {NO_SPLIT}) < 2 and not any(r.split == NO_SPLIT for r in files):
-        return
-    first: dict[str, Record] = {}
-    for r in files:
-        where = os.path.abspath(r.path)
-        other = first.setdefault(where, r)
-        if other is r:
-            continue
-        a, b = ({"restval": "train"}.get(s, s) for s in (other.split, r.split))
-        if a != b or a == NO_SPLIT:
-            said = ", ".join(f"id {short_repr(x.image_id)} ({repr(x.split) if x.split else 'no split'}, {x.path})"
-                             for x in (other, r))  # fmt: skip
-            why = "two splits" if a != b else "no split: the id hash may put them in two splits"
-            raise DataError(f"{path}: one image file {where} is named by two records in {why}: {said}; "
-                            "an image in two splits is trained on and tested on: give it one record, or one "
-                            "split")  # fmt: skip

@@ -5,8 +5,8 @@ naming the file and the record at fault (missing keys, wrong types, empty captio
 exist, reported with a count and the first few paths). The helpers below are those checks, written once: a field of
 the right type (:func:`require`), an image id finecap reads and writes alike (:func:`check_id`), a caption list
 (:func:`clean_captions`), the captions ``finecap boost`` adds (:func:`read_boosted`), an image's questions
-(:func:`read_questions_field`), one record per image (:func:`check_unique_ids`), the image files present
-(:func:`check_image_files`) and a split read from a file name
+(:func:`read_questions_field`), one record per image (:func:`check_unique_ids`), each image file in one split
+(:func:`check_split_files`), the image files present (:func:`check_image_files`) and a split read from a file name
 (:func:`split_from_name`).
 
 Nothing here imports torch or PIL.
@@ -15,6 +15,7 @@ Nothing here imports torch or PIL.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Collection, Hashable
@@ -339,6 +340,34 @@ def check_unique_ids(records: list[Record], path: Path, what: str = "records") -
         f"{' ...' if len(dups) > MAX_LISTED else ''}; give each image one entry (with all its captions)"
         f"{alike if mixed else ''}"
     )
+
+
+def check_split_files(records: list[Record], path: Path) -> None:
+    """Raise :class:`DataError` naming the data file ``path``, the image file and both records' ids and splits when
+    two ``records`` name one image file (its path made absolute, ``.`` and ``..`` read: however it is written) in
+    two splits (``restval`` counts as ``train``), or both without a split (:data:`NO_SPLIT`:
+    their ids' hash may part them): an image in two splits is trained on and tested on. Records of one file in one
+    named split are one format's choice (a JSONL line per id); embedded images (no file) are not checked. Links are
+    not followed: two names of one stored file are two images, as a Hugging Face snapshot links identical images of
+    a data set to one stored blob (the data set's duplicates, which finecap reads as the data set has them;
+    tests/boost/test_boost_command.py). No file-system call."""
+    files = [r for r in records if not r.embedded]
+    if len({r.split for r in files} - {NO_SPLIT}) < 2 and not any(r.split == NO_SPLIT for r in files):
+        return
+    first: dict[str, Record] = {}
+    for r in files:
+        where = os.path.abspath(r.path)
+        other = first.setdefault(where, r)
+        if other is r:
+            continue
+        a, b = ({"restval": "train"}.get(s, s) for s in (other.split, r.split))
+        if a != b or a == NO_SPLIT:
+            said = ", ".join(f"id {short_repr(x.image_id)} ({repr(x.split) if x.split else 'no split'}, {x.path})"
+                             for x in (other, r))  # fmt: skip
+            why = "two splits" if a != b else "no split: the id hash may put them in two splits"
+            raise DataError(f"{path}: one image file {where} is named by two records in {why}: {said}; "
+                            "an image in two splits is trained on and tested on: give it one record, or one "
+                            "split")  # fmt: skip
 
 
 SPLIT_NAMES = ("train", "val", "test", "restval")

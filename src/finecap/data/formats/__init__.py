@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.containment import check_split_files
 from finecap.data.hashing import sha256_file
 from finecap.data.images import IMAGE_SUFFIXES
 from finecap.data.json_files import forget_json
-from finecap.data.records import DataError, Record, check_unique_ids
+from finecap.data.records import DataError, Record, check_split_files, check_unique_ids
 from finecap.registry import DATA_FORMATS, import_object, is_dotted_path
 
 if TYPE_CHECKING:
@@ -171,7 +170,7 @@ def read_dataset(
 ) -> list[Record]:
     """Records of the data set ``path`` of format ``fmt`` (a name or ``pkg.module:FORMAT``): the one reader of every
     format, each image id in one record (:func:`~finecap.data.records.check_unique_ids`, ``1`` and ``"1"`` one id)
-    and each image file in one split (:func:`~finecap.data.containment.check_split_files`).
+    and each image file in one split (:func:`~finecap.data.records.check_split_files`).
     ``images`` (``data.images``) is the image root (default: the format's); ``allow_outside``
     (``data.allow_outside_paths``) lets records name image files outside it (:mod:`finecap.data.containment`);
     ``cache_dir`` (``run.cache_dir`` resolved) is where a format keeps what it converts; ``options`` are the
