@@ -32,6 +32,8 @@ from finecap.app.serve_reward import read_token
         ("--max-connections", "0", "argument --max-connections"),
         ("--write-timeout", "0", "argument --write-timeout"),
         ("--log-every", "-inf", "argument --log-every"),
+        ("--score-timeout", "0", "argument --score-timeout: must be from 0.001 to 86400, got 0"),
+        ("--score-timeout", "inf", "argument --score-timeout"),
     ],
 )
 def test_numeric_options_out_of_range_are_one_usage_line(option, value, words, capsys, tmp_path, monkeypatch):
@@ -118,6 +120,26 @@ def test_allow_host_is_repeatable_and_reaches_the_server(monkeypatch):
     assert seen["allowed_hosts"] == ["reward", "reward.local"]
     main(["serve-reward", "demo/sr_bagcurri"])
     assert seen["allowed_hosts"] == []
+
+
+def test_score_timeout_reaches_the_server_and_must_exceed_the_batch_wait_before_the_reward_loads(
+    tmp_path, capsys, monkeypatch
+):
+    # a --score-timeout within --batch-wait-ms would answer every request 504: refused before the reward loads
+    import finecap.app.serve_reward as serve_reward
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(serve_reward, "load_reward", lambda cfg: pytest.fail("the reward was loaded"))
+    argv = ["serve-reward", "demo/sr_bagcurri", "--port", "0", "--batch-wait-ms", "5000", "--score-timeout", "5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "finecap: error: --score-timeout: must exceed --batch-wait-ms (5000 ms), got 5 s\n"
+    seen = {}
+    monkeypatch.setattr(serve_reward, "main", lambda cfg, **options: seen.update(options))
+    assert main(["serve-reward", "demo/sr_bagcurri", "--score-timeout", "30.5"]) == 0
+    assert seen["score_timeout"] == 30.5
+    main(["serve-reward", "demo/sr_bagcurri"])
+    assert seen["score_timeout"] == 120.0
 
 
 def test_the_servers_log_lines_say_when_in_utc(monkeypatch, capsys):

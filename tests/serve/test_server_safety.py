@@ -551,6 +551,84 @@ def test_departed_clients_leave_the_queue_while_the_reward_is_still_busy():
     assert reward.calls == [OK["captions"], OK["captions"], ["next"]]
 
 
+def server_threads() -> int:
+    """Threads of this process but the test's own clients (named ``client ...``)."""
+    return sum(not t.name.startswith("client ") for t in threading.enumerate())
+
+
+def test_a_hung_reward_call_is_a_504_naming_score_timeout_for_it_and_every_request_behind_it(caplog):
+    """A reward call that does not return (a judge that never answers): its request and the ten queued behind it
+    each get a 504 naming --score-timeout once their deadline passes (they waited for ever: as long as the call),
+    the ten leave the queue unscored, no thread is started for any of them, each 504 is counted in /health's
+    failures and logged in bounded lines; once the call returns the server scores the next request."""
+    reward = Held()
+    svc = service(reward, score_timeout=0.5)
+    replies: dict[str, httpx.Response] = {}
+
+    def ask(name: str, captions: list[str]) -> threading.Thread:
+        def post() -> None:
+            replies[name] = httpx.post(f"{url}/reward", json={"captions": captions, "image_ids": [1]}, timeout=30)
+
+        thread = threading.Thread(target=post, name=f"client {name}", daemon=True)
+        thread.start()
+        return thread
+
+    caplog.set_level(logging.WARNING, logger="finecap.serve")
+    with serving(svc) as url:
+        try:
+            hung = ask("hung", ["first"])
+            until(reward.started.is_set, "the first request was not scored")
+            threads = server_threads()
+            behind = [ask(f"behind {k}", [f"behind {k}"]) for k in range(10)]
+            for thread in (hung, *behind):
+                thread.join(20)
+            answered = len(replies)
+            queued_after, threads_after = svc.queued, server_threads()
+        finally:
+            reward.release.set()
+        until(lambda: svc.busy_for == 0, "the released call did not return")
+        after = httpx.post(f"{url}/reward", json={"captions": ["next one"], "image_ids": [2]}, timeout=30)
+        health = httpx.get(f"{url}/health", timeout=5).json()
+    assert answered == 11, f"{11 - answered} request(s) still wait behind the hung call"
+    for name, reply in replies.items():
+        assert reply.status_code == 504, (name, reply.status_code, reply.text)
+        error = strict_json(reply.text)["error"]
+        assert error["field"] is None and "not scored within 0.5 s (--score-timeout)" in error["message"], error
+    assert "was in a reward call" in replies["hung"].json()["error"]["message"]
+    assert "waited behind a reward call" in replies["behind 3"].json()["error"]["message"]
+    assert queued_after == 0 and threads_after == threads  # the ten left the queue; no thread was started for them
+    assert after.status_code == 200 and after.json()["total"] == [2.0]
+    assert reward.calls == [["first"], ["next one"]]  # the ten timed out in the queue: never scored
+    assert health["status"] == "ok" and health["failures"] == 11 and svc.meter.timed_out == 11
+    assert health["requests"] == 2  # the hung one, counted once its call returned, and the next; not the ten
+    said = [r.getMessage() for r in caplog.records if "--score-timeout" in r.getMessage()]
+    assert 1 <= len(said) <= 3, said  # a full report per kind (in a call, behind one), its repeats counted
+
+
+def test_health_is_a_503_saying_stuck_while_a_call_runs_past_the_score_timeout():
+    """/health said "ok" with a hung call (only its growing "busy" told): a supervisor's probe, which reads the
+    status code, could not see it. Past --score-timeout it is a 503 "stuck", and "ok" again once the call returns."""
+    reward = Held()
+    svc = service(reward, score_timeout=0.3)
+    with serving(svc) as url:
+        try:
+            client = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
+            client.start()
+            until(reward.started.is_set, "the request was not scored")
+            early = httpx.get(f"{url}/health", timeout=5)
+            until(lambda: svc.busy_for > 0.3, "the call never ran past the deadline")
+            stuck = httpx.get(f"{url}/health", timeout=5)
+        finally:
+            reward.release.set()
+        until(lambda: svc.busy_for == 0, "the released call did not return")
+        healthy = httpx.get(f"{url}/health", timeout=5)
+        client.join(10)
+    assert early.status_code == 200 or early.json()["busy"] > 0.3  # a loaded machine may be slow to ask
+    assert stuck.status_code == 503, stuck.text
+    assert stuck.json()["status"] == "stuck" and stuck.json()["busy"] > 0.3 and stuck.json()["score_timeout"] == 0.3
+    assert healthy.status_code == 200 and healthy.json()["status"] == "ok" and healthy.json()["busy"] == 0
+
+
 def test_connections_beyond_the_cap_are_closed_at_once_and_the_server_recovers(caplog):
     limits = ConnectionLimits(max_connections=4, header_timeout=30)
     caplog.set_level(logging.WARNING, logger="finecap.serve.app")
@@ -675,6 +753,10 @@ def test_connection_limits_are_checked(kwargs, words):
         ({"batch_wait": -0.001}, "--batch-wait-ms"),
         ({"batch_size": 10**7}, "--batch-size: must be from 1 to 1,000,000"),
         ({"log_every": float("inf")}, "--log-every: must be a finite number"),
+        ({"score_timeout": 0.0}, "--score-timeout: must be a number of seconds above 0 and at most 86400, got 0"),
+        ({"score_timeout": float("nan")}, "--score-timeout"),
+        ({"score_timeout": 1e6}, "--score-timeout"),
+        ({"batch_wait": 2.0, "score_timeout": 2.0}, r"--score-timeout: must exceed --batch-wait-ms \(2000 ms\)"),
     ],
 )
 def test_service_options_are_checked(kwargs, words):

@@ -359,8 +359,8 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
                                    write_timeout=args.write_timeout)  # fmt: skip
     token = read_token(args.token_file) if args.token_file else None
     main(_config(args), host=args.host, port=args.port, limits=limits, batch_size=args.batch_size,
-         batch_wait_ms=args.batch_wait_ms, log_every=args.log_every, token=token,
-         connections=connections, allowed_hosts=args.allowed_hosts)  # fmt: skip
+         batch_wait_ms=args.batch_wait_ms, log_every=args.log_every, token=token, connections=connections,
+         allowed_hosts=args.allowed_hosts, score_timeout=args.score_timeout)  # fmt: skip
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> None:
@@ -672,6 +672,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-wait-ms", dest="batch_wait_ms", type=number(0, 60_000), default=0.0, help="milliseconds "
                    "a reward call waits for more requests once one is queued (default 0: those queued meanwhile; at "
                    "most 60000)")  # fmt: skip
+    p.add_argument("--score-timeout", dest="score_timeout", type=number(0.001, 86_400), default=120.0,
+                   help="seconds a request waits for its values, queued and scored, before a 504 naming this option "
+                   "(default 120: under the 180 s of finecap's clients; a hung reward call is never stopped, GET "
+                   "/health then says 'stuck': restart the server)")  # fmt: skip
     p.add_argument("--max-request-bytes", dest="max_request_bytes", type=number(1, 2**31, int), default=16 * 2**20,
                    help="largest request body (413 beyond; default 16 MiB)")  # fmt: skip
     p.add_argument("--max-captions", dest="max_captions", type=number(1, 10_000_000, int), default=8192,

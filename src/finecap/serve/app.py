@@ -9,10 +9,12 @@ Endpoints:
 - ``POST /get_reward``: OpenRLHF's and CapRL's (:func:`finecap.serve.protocol.parse_get_reward`) ->
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
 - ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "requests": ..., "captions": ..., "queued": ...,
-  "busy": ..., "failures": ...}``: the requests answered and their captions, the requests waiting for the reward, the
-  seconds its current call has run (0 when idle): a call that hangs shows there (:attr:`RewardService.busy_for`), and
-  the requests answered 500 or 502 for a fault of the reward or the server (each logged, a kind's repeats bounded:
-  :class:`~finecap.serve.service.RepeatedFailures`).
+  "busy": ..., "failures": ..., "score_timeout": ...}``: the requests answered and their captions, the requests
+  waiting for the reward, the seconds its current call has run (0 when idle): a call that hangs shows there
+  (:attr:`RewardService.busy_for`), the requests answered 500, 502 or 504 for a fault of the reward or the server
+  (each logged, a kind's repeats bounded: :class:`~finecap.serve.service.RepeatedFailures`), and ``--score-timeout``.
+  Once the current call has run past ``--score-timeout`` the answer is 503 with ``"status": "stuck"``
+  (:meth:`RewardService.stuck`), until the call returns: a supervisor's probe can restart the server.
 
 A caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that failed) is never a
 number a trainer would pay: ``/reward`` answers it ``null`` in ``total`` and in every part, and the reply then says
@@ -22,7 +24,9 @@ failed captions, since OpenRLHF reads every reward as a number (:func:`~finecap.
 A refused request gets ``{"error": {"field": "captions[3]", "message": "..."}}`` with 400 (malformed: bad JSON,
 wrong types, unknown images), 413 (beyond the limits: the body, captions per request, characters per caption), 404
 / 405 (no such endpoint or method; a 405 names the methods allowed in ``Allow``), or the policy's answers below; a
-fault of the reward gets 500 with a generic message (the detail in the server's log, :mod:`finecap.serve.service`);
+fault of the reward gets 500 with a generic message (the detail in the server's log, :mod:`finecap.serve.service`),
+and a request not answered ``--score-timeout`` seconds after it queued (a reward call that hangs, its own or one it
+waits behind) gets 504 naming the option (:class:`~finecap.serve.service.ScoreTimeout`);
 the server goes on serving in every case but one: a reward that raises ``SystemExit`` stops it (exit code 1).
 Replies are strict JSON: no ``NaN`` or ``Infinity`` token, ever (a reward's non-finite value is a 500 naming the
 reward).
@@ -292,8 +296,8 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                 return Response(status_code=499)
             except RequestError as e:
                 return refusal(e)
-            except RewardFailed as e:  # the reward's fault, in finecap's own words (the detail is in the log)
-                return _json({"error": {"field": None, "message": str(e)}}, 500)
+            except RewardFailed as e:  # the reward's fault, in finecap's own words (the detail is in the log): a 500,
+                return _json({"error": {"field": None, "message": str(e)}}, e.status)  # or --score-timeout's 504
             except FailedCaptions as e:  # /get_reward: a judge failed on some of its captions (openrlhf_reply)
                 message = f"the reward {service.name} {e}; ask again, or ask /reward, which answers them null"
                 service.failures.log(e, f"reward server: {request.method} {request.url.path}: {message}",
@@ -310,10 +314,11 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
             guard.check(request)
         except RequestError as e:
             return refusal(e)
-        meter = service.meter
-        return _json({"status": "ok", "reward": service.name, "images": len(service.images),
+        meter, stuck = service.meter, service.stuck()
+        return _json({"status": "stuck" if stuck else "ok", "reward": service.name, "images": len(service.images),
                       "requests": meter.total_requests, "captions": meter.total_captions, "queued": service.queued,
-                      "busy": round(service.busy_for, 3), "failures": service.failures.total})  # fmt: skip
+                      "busy": round(service.busy_for, 3), "failures": service.failures.total,
+                      "score_timeout": service.score_timeout}, 503 if stuck else 200)  # fmt: skip
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         """404 / 405 as a JSON error, with Starlette's headers (a 405's ``Allow``: the methods the path takes)."""

@@ -22,6 +22,13 @@ requests.
   path or a token), a non-finite value included (its message is finecap's own: the reward, the part and the
   caption). A reward that raises ``SystemExit`` or another non-``Exception`` stops the server, which exits
   non-zero (:attr:`RewardService.fatal`); it never leaves a server that accepts but no longer answers.
+- **Deadline.** A request not answered ``score_timeout`` seconds after it queued (``--score-timeout``, default
+  :data:`SCORE_TIMEOUT`: its wait in the queue and its reward call together) is answered 504 naming the option
+  (:class:`ScoreTimeout`), whether its own call hangs or it waits behind one; it leaves the queue then, never
+  scored, and the requests behind a hung call meet their own deadline, or are scored once the call returns. A
+  Python thread cannot be stopped: the hung call keeps the one reward thread (no thread is started for a request,
+  none for a call that overran), and ``/health`` says the server is stuck while that call has run past the deadline
+  (:meth:`RewardService.stuck`) until the call returns; only a restart frees a call that never does.
 - **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
@@ -37,7 +44,7 @@ requests.
   :data:`FULL_TRACEBACK_EVERY` seconds (:class:`RepeatedFailures`); a non-finite value, the ``/get_reward`` 502s
   and the server's own errors alike; the server's stop says the repeats counted since each kind's last line
   (:meth:`RepeatedFailures.flush`), as does the forgetting of the oldest kind beyond the kinds it remembers.
-  Every failed request is still answered 500 (or 502) and counted in ``/health``'s ``failures``.
+  Every failed request is still answered 500 (or 502, or 504) and counted in ``/health``'s ``failures``.
 - **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
   round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
   line (and one at the end).
@@ -87,6 +94,12 @@ MAX_BATCH_WAIT = 60.0
 """``--batch-wait-ms`` at most, in seconds: a round waits at most a minute for more requests."""
 CHECK_THREADS = 2
 """Threads that decode and check requests off the event loop (:meth:`RewardService.off_loop`)."""
+SCORE_TIMEOUT = 120.0
+"""``--score-timeout``'s default, in seconds: under the 180 s per request of finecap's client and adapters
+(:class:`finecap.serve.client.RewardClient`), so that they read the server's 504 naming the option rather than time
+out on their own."""
+MAX_SCORE_TIMEOUT = 86_400.0
+"""``--score-timeout`` at most, in seconds (a day)."""
 STOP_WAIT = 2.0
 """Seconds a stopping service waits for a reward call (or a request's check) still running before abandoning it
 (:attr:`RewardService.stop_wait`): the HTTP server has already given the requests in flight its grace."""
@@ -343,8 +356,18 @@ class RepeatedFailures:
 
 
 class RewardFailed(RuntimeError):
-    """The reward failed on a request after the request was checked: the server's fault, answered 500 with this
-    message (generic, or finecap's own words for a non-finite value; never the reward's exception text)."""
+    """The reward failed on a request after the request was checked: the server's fault, answered :attr:`status`
+    (500) with this message (generic, or finecap's own words for a non-finite value; never the reward's exception
+    text)."""
+
+    status = 500
+
+
+class ScoreTimeout(RewardFailed):
+    """The request was not answered within ``--score-timeout`` seconds of its queueing (a reward call that hangs, its
+    own or one it waited behind): answered 504 (module docstring, "Deadline")."""
+
+    status = 504
 
 
 @dataclass
@@ -375,20 +398,17 @@ class RewardService:
         batch_wait: seconds a round waits for more requests once one is queued (0: only those already queued).
         log_every: seconds between throughput lines (0: none).
         name: what the logs and ``/health`` call the reward.
+        score_timeout: seconds a request waits for its values, queued and scored, before a 504 (above
+            ``batch_wait``, at most :data:`MAX_SCORE_TIMEOUT`; module docstring, "Deadline").
     """
 
     def __init__(self, reward: Reward, images: ImageTable, *, limits: Limits | None = None, batch_size: int = 1024,
-                 batch_wait: float = 0.0, log_every: float = 60.0, name: str = "reward") -> None:  # fmt: skip
-        if not 1 <= batch_size <= MAX_BATCH_SIZE:
-            raise ValueError(f"--batch-size: must be from 1 to {MAX_BATCH_SIZE:,}, got {batch_size}")
-        if not (math.isfinite(batch_wait) and 0 <= batch_wait <= MAX_BATCH_WAIT):
-            raise ValueError(f"--batch-wait-ms: must be a number from 0 to {MAX_BATCH_WAIT * 1000:g}, got "
-                             f"{batch_wait * 1000:g}")  # fmt: skip
-        if not (math.isfinite(log_every) and log_every >= 0):
-            raise ValueError(f"--log-every: must be a finite number of seconds, at least 0, got {log_every:g}")
+                 batch_wait: float = 0.0, log_every: float = 60.0, name: str = "reward",
+                 score_timeout: float = SCORE_TIMEOUT) -> None:  # fmt: skip
+        self.check_options(batch_size, batch_wait, log_every, score_timeout)
         self.reward, self.images, self.name = as_reward(reward, "reward"), images, name
         self.limits = limits or Limits()
-        self.batch_size, self.batch_wait = batch_size, batch_wait
+        self.batch_size, self.batch_wait, self.score_timeout = batch_size, batch_wait, score_timeout
         self.merges = self.reward.per_caption
         self.compares = self.reward.compares_images
         self.check = CallCheck(images, self.compares, name)
@@ -413,6 +433,24 @@ class RewardService:
         must not be closed under it (``finecap serve-reward`` leaves it to the process's end)."""
         self._abandon_now = False
 
+    @staticmethod
+    def check_options(batch_size: int, batch_wait: float, log_every: float, score_timeout: float) -> None:
+        """Nothing, or the ``ValueError`` naming the command's option of a value out of its range (``finecap
+        serve-reward`` checks them before it loads the reward, which may take minutes)."""
+        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"--batch-size: must be from 1 to {MAX_BATCH_SIZE:,}, got {batch_size}")
+        if not (math.isfinite(batch_wait) and 0 <= batch_wait <= MAX_BATCH_WAIT):
+            raise ValueError(f"--batch-wait-ms: must be a number from 0 to {MAX_BATCH_WAIT * 1000:g}, got "
+                             f"{batch_wait * 1000:g}")  # fmt: skip
+        if not (math.isfinite(log_every) and log_every >= 0):
+            raise ValueError(f"--log-every: must be a finite number of seconds, at least 0, got {log_every:g}")
+        if not (math.isfinite(score_timeout) and 0 < score_timeout <= MAX_SCORE_TIMEOUT):
+            raise ValueError(f"--score-timeout: must be a number of seconds above 0 and at most "
+                             f"{MAX_SCORE_TIMEOUT:g}, got {score_timeout:g}")  # fmt: skip
+        if score_timeout <= batch_wait:  # every request would wait out its deadline in the round's wait
+            raise ValueError(f"--score-timeout: must exceed --batch-wait-ms ({batch_wait * 1000:g} ms), got "
+                             f"{score_timeout:g} s")  # fmt: skip
+
     # ---------------------------------------------------------------------------------------------------------------
     @property
     def queued(self) -> int:
@@ -425,6 +463,11 @@ class RewardService:
         shows here, in ``/health``, while the requests behind it wait (:attr:`queued`)."""
         started = self._call_started
         return 0.0 if started is None else time.monotonic() - started
+
+    def stuck(self) -> bool:
+        """Whether the reward's current call has run past :attr:`score_timeout` (``/health``: "stuck"): every request
+        it holds has been answered 504, and those behind it wait for it to return."""
+        return self.busy_for > self.score_timeout
 
     def job(self, request: RewardRequest) -> Job:
         """Check ``request`` against the images and the reward (:class:`CallCheck`)."""
@@ -513,7 +556,9 @@ class RewardService:
         return await asyncio.get_running_loop().run_in_executor(self._checks, fn, *args)
 
     async def score(self, job: Job) -> RewardOutput:
-        """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active)."""
+        """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active);
+        :class:`ScoreTimeout` when they are not there :attr:`score_timeout` seconds from now (module docstring,
+        "Deadline")."""
         if self._wakeup is None:
             raise RuntimeError("RewardService.score: the service is not running (use `async with service.running()`)")
         if self.fatal is not None:
@@ -523,23 +568,42 @@ class RewardService:
         item = (job, future, start)
         self._pending.append(item)
         self._wakeup.set()
-        try:
-            result = await future  # cancelled (the client left): the future is cancelled too, and never scored
+        try:  # the deadline and a departed client both cancel the future: its answer, if it comes, is dropped
+            result = await asyncio.wait_for(future, self.score_timeout)
         except asyncio.CancelledError:
-            self._forget(item)
+            if self._forget(item):
+                self.meter.abandoned += 1
             raise
+        except TimeoutError:
+            queued = self._forget(item)
+            self.meter.timed_out += 1
+            raise self._timed_out(len(job.captions), queued) from None
         self.meter.latency(time.perf_counter() - start)
         return result
 
-    def _forget(self, item: tuple[Job, asyncio.Future, float]) -> None:
-        """Take a departed client's request out of the queue now, so that its captions are not held until the
-        reward's current call returns (a slow or hung call, clients that time out and ask again: the queue grew by
-        one request a retry); one already taken into a round is left to it (its answer is dropped: :func:`settle`)."""
+    def _timed_out(self, captions: int, queued: bool) -> ScoreTimeout:
+        """The :class:`ScoreTimeout` of a request of ``captions`` captions (``queued``: it never reached a round),
+        logged (:class:`RepeatedFailures`: a reward hung for days costs a line every 10 s)."""
+        where = "waited behind a reward call that has run" if queued else "was in a reward call that has run"
+        message = (f"not scored within {self.score_timeout:g} s (--score-timeout): the request {where} "
+                   f"{self.busy_for:.0f} s so far; GET /health says whether the reward is stuck. Ask again later, "
+                   "or restart the server with a larger --score-timeout if the reward is slow rather than "
+                   "hung")  # fmt: skip
+        error = ScoreTimeout(message)
+        self.failures.log(error, f"reward server: {self.name}: a request of {captions} captions {message}",
+                          level=logging.WARNING, trace=False)  # fmt: skip
+        return error
+
+    def _forget(self, item: tuple[Job, asyncio.Future, float]) -> bool:
+        """Take a request whose client left, or whose deadline passed, out of the queue now (whether it was there), so
+        that its captions are not held until the reward's current call returns (a slow or hung call, clients that
+        time out and ask again: the queue grew by one request a retry); one already taken into a round is left to it
+        (its answer is dropped: :func:`settle`)."""
         for i, queued in enumerate(self._pending):
             if queued is item:
                 del self._pending[i]
-                self.meter.abandoned += 1
-                return
+                return True
+        return False
 
     async def _serve_queue(self) -> None:
         try:
@@ -625,6 +689,7 @@ class Meter:
         self.latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
         self.total_requests = self.total_captions = 0
         self.abandoned = 0  # requests whose client left before their round: never scored
+        self.timed_out = 0  # requests answered 504 (--score-timeout)
 
     def round(self, requests: int, captions: int, seconds: float) -> None:
         self.requests += requests
