@@ -6,8 +6,11 @@ or, on the world, statements that are not true of the scene. The monitor measure
 samples (no extra decoding) and logs them with the step's other values; none of it enters the loss.
 
 - ``monitor/length_drift``: the mean length (words) of the step's sampled captions relative to that of the run's
-  first step, ``mean_t / mean_1 - 1`` (0 at the first step; +0.5 = half as long again). The first step's length is
-  part of the objective's state, so a resumed run drifts from the same start.
+  first step whose captions have a word, ``mean_t / mean_1 - 1`` (0 until that step and at it; +0.5 = half as long
+  again). A step whose captions are all empty (a fresh policy that stops at once) gives no length to drift from, so
+  the start is the next step's (until 2026-11-28 the first step's length was taken even when 0, and the drift, and
+  its alarm, stayed 0 for the rest of the run). The start is part of the objective's state, so a resumed run drifts
+  from the same start.
 - ``monitor/repetition``: the mean over captions of the share of a caption's word 3-grams (:data:`REPETITION_N`) that
   repeat an earlier 3-gram of the same caption (``a red circle a red circle``: 4 trigrams, 1 repeated, 0.25); a
   caption shorter than 3 words has none. Trigrams, because a plain caption may repeat a word or a pair (``a red
@@ -33,7 +36,9 @@ value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the 
 configuration refuses one that could never sound: ``distinct`` with one sample per image, the fact measures off the
 world, a share's threshold no share crosses: :class:`~finecap.config.RLConfig`). Each is checked
 once per optimizer step on the step's whole global batch (every process's captions, so every process decides alike),
-after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds; ``stop`` ends training
+after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds in the run (the
+measures warned about are part of the objective's state, so a resumed run does not warn again; until 2026-11-28 it
+did); ``stop`` ends training
 with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2).
 
 Example::
@@ -46,12 +51,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
 from finecap.config import RLConfig
-from finecap.config.sections.rl import SOUNDS_BELOW
+from finecap.config.sections.rl import SOUNDS_BELOW, AlarmMeasure
 from finecap.data.references import world_scenes
 from finecap.utils.text import short_repr
 
@@ -111,7 +116,7 @@ class Monitor:
     def __init__(self, rl: RLConfig | None = None):
         rl = rl or RLConfig()
         self.samples, self.alarms, self.action = rl.samples, dict(rl.alarms), rl.alarm_action
-        self.first_length: float | None = None  # mean words of the first step's captions (global batch)
+        self.first_length: float | None = None  # mean words of the first step's captions with a word (global batch)
         self.scenes: Mapping[Hashable, Scene] | None = None
         self.accelerator: Any = None
         self.warned: set[str] = set()
@@ -176,8 +181,8 @@ class Monitor:
         if sums["captions"] == 0:
             return {}
         length = sums["words"] / sums["captions"]
-        if self.first_length is None:
-            self.first_length = length
+        if not self.first_length:  # the first step with a word (an all-empty step has no length to drift from)
+            self.first_length = length or None
         out = {"length_drift": self._drift(length), "repetition": sums["repetition"] / sums["captions"],
                "distinct": sums["distinct"] / max(1.0, sums["groups"])}  # fmt: skip
         if sums["kl_tokens"] > 0:
@@ -219,11 +224,20 @@ class Monitor:
                     log.warning("%s (warned once per measure; rl.alarm_action=stop ends the run)", message)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first_length": self.first_length}
+        """The length drift's start and the measures warned about (``rl.alarm_action=warn`` warns once per run, a
+        resumed one included)."""
+        return {"first_length": self.first_length, "warned": sorted(self.warned)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`; ``ValueError`` unless the first length is ``None`` or a number >= 0."""
+        """Restore :meth:`state_dict`; ``ValueError`` unless the first length is ``None`` or a number >= 0 (0, saved
+        before 2026-11-28 after an all-empty first step, is read as no start yet) and ``warned`` a list of alarm
+        measures (absent before 2026-11-28: none warned)."""
         first = state.get("first_length")
         if first is not None and (isinstance(first, bool) or not isinstance(first, int | float) or not first >= 0):
             raise ValueError(f"monitor 'first_length' must be a number >= 0 or null, got {short_repr(first)}")
-        self.first_length = None if first is None else float(first)
+        warned = state.get("warned", [])
+        measures = get_args(AlarmMeasure)
+        if not isinstance(warned, list) or not all(isinstance(m, str) and m in measures for m in warned):
+            raise ValueError(f"monitor 'warned' must be a list of alarm measures, got {short_repr(warned)}")
+        self.first_length = float(first) if first else None
+        self.warned = set(warned)
