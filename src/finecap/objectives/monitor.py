@@ -39,7 +39,9 @@ once per optimizer step on the step's whole global batch (every process's captio
 after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds in the run (the
 measures warned about are part of the objective's state, so a resumed run does not warn again; until 2026-11-28 it
 did); ``stop`` ends training
-with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2).
+with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2),
+after the alarmed step, the steps since the last log event and the line itself (a ``stop`` event) are logged (until
+2026-11-28 the run ended before any of them was: up to ``train.log_every`` steps missing from the log).
 
 Example::
 
@@ -58,6 +60,7 @@ import torch
 from finecap.config import RLConfig
 from finecap.config.sections.rl import SOUNDS_BELOW, AlarmMeasure
 from finecap.data.references import world_scenes
+from finecap.objectives.base import StopTraining
 from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
@@ -86,9 +89,10 @@ SUMS = (
 )
 
 
-class RewardHackingAlarm(ValueError):
+class RewardHackingAlarm(StopTraining):
     """A measure of :mod:`finecap.objectives.monitor` crossed its ``rl.alarms`` threshold with
-    ``rl.alarm_action=stop``; the message names the step and the measure."""
+    ``rl.alarm_action=stop``; the message names the step and the measure. A :class:`StopTraining`: the engine logs the
+    step and the values since the last log event, then the message (a ``stop`` event), before the run ends."""
 
 
 def repetition(text: str, n: int = REPETITION_N) -> float:
