@@ -99,7 +99,7 @@ def test_a_resumed_run_does_not_warn_again_for_an_alarm_it_warned_about(caplog):
         step(m, ["x y z x y z", "x y z x y z"], 2)
     assert len(caplog.records) == 1
     state = m.state_dict()
-    assert state == {"first_length": 2.0, "warned": ["repetition"]}
+    assert state == {"first_length": 2.0, "warned": ["repetition"], "failed_seen": False}
     caplog.clear()
     resumed = Monitor(RLConfig(samples=2, alarms=alarms))
     resumed.load_state_dict(state)

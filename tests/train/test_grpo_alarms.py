@@ -68,6 +68,40 @@ def test_a_stopping_alarm_logs_the_steps_since_the_last_event_and_why_it_stopped
     assert events[2]["values"] == {} and events[2]["text"] == {"reason": str(alarm.value)}
 
 
+class FailsOneAtStep2:
+    """Scores every caption 1, except at step 2 (1-based) the first caption of the global batch's first image, which
+    it cannot score; ``failed`` is ``None`` where none failed, as the reward server's client gives it."""
+
+    def __call__(self, captions, batch):
+        first = batch["step_info"].image_ids[0]
+        ids = [batch["image_ids"][int(i)] for i in batch["image_index"]]
+        failed = torch.tensor([i == first for i in ids]) & (torch.arange(len(ids)) == ids.index(first) if first in ids
+                                                            else torch.zeros(len(ids), dtype=torch.bool))  # fmt: skip
+        if int(batch["step_info"].step) != 1 or not bool(failed.any()):
+            failed = None
+        total = torch.ones(len(captions))
+        return RewardOutput(total if failed is None else total.masked_fill(failed, float("nan")), {"one": total},
+                            failed)  # fmt: skip
+
+
+def fails_one_at_step_2(cfg):
+    return FailsOneAtStep2()
+
+
+def test_the_logged_failed_share_is_the_alarms_over_every_caption_of_the_step(make_cfg):
+    # 20 images x 2 samples a step (40 training images: no short last batch) in two micro-batches of 20 captions; at
+    # step 2 one caption of the first failed and the second's reward said failed=None: the step's share is 1/40, the
+    # rl.alarms.failed alarm's measure. The log showed 1/20 until 2026-11-28 (the mean over the micro-batches that
+    # gave a mask). A step before the run's first failure logs no share, one after it 0.
+    cfg = make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:fails_one_at_step_2': 1.0}}",
+                   "rl.samples=2", "rl.baseline=mean", "train.batch_size=10", "train.grad_accum_steps=2",
+                   "train.max_steps=3", "train.eval_every=3")  # fmt: skip
+    run = train(cfg)
+    logged = [json.loads(s) for s in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    failed = {e["step"]: e["values"].get("reward/failed") for e in logged if e["split"] == "train"}
+    assert failed == {1: None, 2: 1 / 40, 3: 0.0}
+
+
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
     """A tiny CLIP of its own seed (the shared ``tiny_encoder`` is drawn from whatever RNG state the session left),

@@ -22,6 +22,9 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
   scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
   baseline); it may end training by raising :class:`StopTraining`, which the engine logs first.
+- ``step_values() -> dict`` after ``end_step``: values of the whole optimizer step (every micro-batch and process),
+  logged with the step's in place of the micro-batches' mean of the same key (the share of the step's captions a
+  reward could not score, ``reward/failed``, the ``rl.alarms.failed`` alarm's own measure).
 - ``close()`` once when training ends (also after an error): free what the objective holds besides its state (the
   vLLM engine of REINFORCE's rollouts with ``decode.engine=vllm``).
 - ``state_dict() -> dict`` / ``load_state_dict(state)``: state that must survive ``--resume`` (a running-mean
@@ -84,6 +87,10 @@ class ObjectiveBase:
 
     def end_step(self) -> None:
         """Called after every optimizer step."""
+
+    def step_values(self) -> dict[str, float]:
+        """After :meth:`end_step`: values of the whole step to log, replacing the micro-batches' mean of a key."""
+        return {}
 
     def close(self) -> None:
         """Called once when training ends (also after an error)."""

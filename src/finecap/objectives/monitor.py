@@ -25,10 +25,13 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   mean over every token of the step's global batch, so it does not depend on how the step is cut into micro-batches;
   until 2026-11-27 the mean of each micro-batch's token mean), handed over by the GRPO objective
   (:meth:`Monitor.observe_kl`) when ``grpo.kl_coef > 0``.
-- ``failed`` (an alarm's measure only; the objective logs ``reward/failed``): the step's share of sampled captions a
-  reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the objective
-  (:meth:`Monitor.observe_failed`) for every micro-batch, one whose reward gave ``failed=None`` as none failed (until
-  2026-11-28 such a micro-batch was left out of the share, which a step's other failures then overstated).
+- ``failed`` (logged as ``reward/failed`` by the objective, :attr:`Monitor.failed_share`): the step's share of
+  sampled captions a reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the
+  objective (:meth:`Monitor.observe_failed`) for every micro-batch, one whose reward gave ``failed=None`` as none
+  failed (until 2026-11-28 such a micro-batch was left out of the share, which a step's other failures then
+  overstated: in the alarm until that day's first fix, in the logged value until its second). It is logged from the
+  run's first step with a failed caption on (0 at a step without), so a reward that never fails logs none; the
+  measure is the same whether logged or alarmed.
 
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
 drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl`` and ``failed`` when the
@@ -124,6 +127,8 @@ class Monitor:
         self.scenes: Mapping[Hashable, Scene] | None = None
         self.accelerator: Any = None
         self.warned: set[str] = set()
+        self.failed_seen = False  # whether a step of the run had a caption a reward could not score
+        self.failed_share: float | None = None  # the last step's share of them, from the first such step on
         self.step: int | None = None  # the step being measured (1-based, as logged), when the engine says it
         self._sums = dict.fromkeys(SUMS, 0.0)
 
@@ -202,6 +207,8 @@ class Monitor:
         """After an optimizer step: the step's global measures, the first step's length kept, the alarms checked."""
         values = self.step_values()
         self._sums = dict.fromkeys(SUMS, 0.0)
+        self.failed_seen = self.failed_seen or values.get("failed", 0.0) > 0
+        self.failed_share = values.get("failed") if self.failed_seen else None
         for measure, threshold in self.alarms.items():
             if measure not in values:
                 continue  # fact_* off the world
@@ -228,14 +235,14 @@ class Monitor:
                     log.warning("%s (warned once per measure; rl.alarm_action=stop ends the run)", message)
 
     def state_dict(self) -> dict[str, Any]:
-        """The length drift's start and the measures warned about (``rl.alarm_action=warn`` warns once per run, a
-        resumed one included)."""
-        return {"first_length": self.first_length, "warned": sorted(self.warned)}
+        """The length drift's start, the measures warned about (``rl.alarm_action=warn`` warns once per run, a
+        resumed one included) and whether a caption failed yet (``reward/failed`` is logged from then on)."""
+        return {"first_length": self.first_length, "warned": sorted(self.warned), "failed_seen": self.failed_seen}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`; ``ValueError`` unless the first length is ``None`` or a number >= 0 (0, saved
         before 2026-11-28 after an all-empty first step, is read as no start yet) and ``warned`` a list of alarm
-        measures (absent before 2026-11-28: none warned)."""
+        measures (absent before 2026-11-28: none warned), ``failed_seen`` a bool (absent before then: ``False``)."""
         first = state.get("first_length")
         if first is not None and (isinstance(first, bool) or not isinstance(first, int | float) or not first >= 0):
             raise ValueError(f"monitor 'first_length' must be a number >= 0 or null, got {short_repr(first)}")
@@ -243,5 +250,8 @@ class Monitor:
         measures = get_args(AlarmMeasure)
         if not isinstance(warned, list) or not all(isinstance(m, str) and m in measures for m in warned):
             raise ValueError(f"monitor 'warned' must be a list of alarm measures, got {short_repr(warned)}")
+        seen = state.get("failed_seen", False)
+        if not isinstance(seen, bool):
+            raise ValueError(f"monitor 'failed_seen' must be true or false, got {short_repr(seen)}")
         self.first_length = float(first) if first else None
-        self.warned = set(warned)
+        self.warned, self.failed_seen = set(warned), seen

@@ -764,8 +764,9 @@ class Engine:
         try:
             self.objective.end_step()
         except StopTraining as stop:  # the step ran: its values go with the stop, for the log (_fit)
-            stop.values = values
+            stop.values = {**values, **self.objective.step_values()}
             raise
+        values.update(self.objective.step_values())  # the whole step's, in place of a mean over the micro-batches
         return values
 
     def _scaler_step(self, grad_norm: float | None) -> dict[str, float]:
