@@ -49,6 +49,22 @@ def test_length_drift_is_relative_to_the_first_step_and_survives_a_resume():
         resumed.load_state_dict({"first_length": -1.0})
 
 
+def test_an_all_empty_first_step_leaves_the_length_alarm_on():
+    # a fresh policy that stops at once: step 1's captions have no word, so the drift starts at step 2 (2 words);
+    # the start was step 1's 0 words until 2026-11-28, and the drift and its alarm stayed 0 for the rest of the run
+    m = Monitor(RLConfig(samples=2, alarms={"length_drift": 0.5}, alarm_action="stop"))
+    assert step(m, ["", ""], 1)["monitor/length_drift"] == 0.0
+    assert m.first_length is None and m.state_dict()["first_length"] is None
+    assert step(m, ["a circle", "a square"], 2)["monitor/length_drift"] == 0.0 and m.first_length == 2.0
+    with pytest.raises(RewardHackingAlarm, match=r"^rl.alarms: at step 3 the sampled captions' length_drift is 1,"):
+        step(m, ["a big red circle", "a big blue square"], 3)  # 4 words: 4 / 2 - 1 = 1 > 0.5
+    resumed = Monitor(RLConfig(samples=2, alarms={"length_drift": 0.5}, alarm_action="stop"))
+    resumed.load_state_dict({"first_length": 0.0})  # saved after an all-empty first step before 2026-11-28
+    assert resumed.first_length is None
+    step(resumed, ["a circle", "a square"], 2)
+    assert resumed.first_length == 2.0
+
+
 @pytest.mark.parametrize(
     ("measure", "threshold", "texts"),
     [("length_drift", 0.5, ["a big red circle on grass", "one big red circle on green grass"]),  # longer: 6.5 / 2.5
@@ -71,6 +87,31 @@ def test_a_warning_alarm_warns_once_per_measure_and_training_goes_on(caplog):
             step(m, ["x y z x y z", "x y z x y z"], n)
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "at step 2" in warnings[0] and "repetition" in warnings[0]
+
+
+def test_a_resumed_run_does_not_warn_again_for_an_alarm_it_warned_about(caplog):
+    # the measures warned about are the monitor's state (in the checkpoint), so a run killed after a warning and
+    # resumed does not warn again; until 2026-11-28 only the first length was kept and the resumed run warned again
+    alarms = {"repetition": 0.1, "length_drift": 10.0}
+    m = Monitor(RLConfig(samples=2, alarms=alarms))
+    step(m, ["a b", "c d"], 1)
+    with caplog.at_level(logging.WARNING, logger="finecap.objectives.monitor"):
+        step(m, ["x y z x y z", "x y z x y z"], 2)
+    assert len(caplog.records) == 1
+    state = m.state_dict()
+    assert state == {"first_length": 2.0, "warned": ["repetition"], "failed_seen": False}
+    caplog.clear()
+    resumed = Monitor(RLConfig(samples=2, alarms=alarms))
+    resumed.load_state_dict(state)
+    with caplog.at_level(logging.WARNING, logger="finecap.objectives.monitor"):
+        step(resumed, ["x y z x y z", "x y z x y z"], 3)
+    assert caplog.records == []
+    older = Monitor(RLConfig(samples=2, alarms=alarms))
+    older.load_state_dict({"first_length": 2.0})  # a checkpoint from before 2026-11-28: nothing warned yet
+    assert older.warned == set()
+    for bad in (["nonsense"], "repetition", [1]):
+        with pytest.raises(ValueError, match="monitor 'warned' must be a list of alarm measures"):
+            Monitor(RLConfig(samples=2)).load_state_dict({"first_length": 2.0, "warned": bad})
 
 
 def test_fact_precision_and_recall_on_the_world():

@@ -11,11 +11,13 @@ of at most 30 tokens; run seeds 0-3, the test runs seed 0): under the length rew
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from finecap.app.cli import main
+from finecap.objectives.monitor import RewardHackingAlarm
 from finecap.rewards import RewardOutput
 from finecap.train.run import train
 
@@ -32,6 +34,72 @@ class Words:
 
 def words(cfg):
     return Words()
+
+
+class FailsFromStep7:
+    """Scores every caption 1, and from step 7 on (1-based, as logged) none: every caption failed, as a judge that
+    went down would leave them."""
+
+    def __call__(self, captions, batch):
+        total = torch.ones(len(captions))
+        failed = torch.full((len(captions),), int(batch["step_info"].step) + 1 >= 7)
+        return RewardOutput(total.masked_fill(failed, float("nan")), {"one": total}, failed)
+
+
+def fails_from_step_7(cfg):
+    return FailsFromStep7()
+
+
+def test_a_stopping_alarm_logs_the_steps_since_the_last_event_and_why_it_stopped(make_cfg):
+    # train.log_every=4: the run logs at step 4, then its failed alarm stops it at step 7. Steps 5 to 7 are logged
+    # (one event at step 7, as a log event at that step would have been), then the stop, with the alarm's line.
+    # Until 2026-11-28 the run ended at the alarm and the log stopped at step 4: steps 5 to 7 were never written.
+    cfg = make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:fails_from_step_7': 1.0}}",
+                   "rl.samples=2", "rl.baseline=mean", "rl.alarms={failed: 0.5}", "rl.alarm_action=stop",
+                   "train.log_every=4", "train.max_steps=12", "train.eval_every=12")  # fmt: skip
+    with pytest.raises(RewardHackingAlarm, match=r"^rl.alarms: at step 7 the share of captions") as alarm:
+        train(cfg)
+    events = [json.loads(s) for s in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["split"]) for e in events] == [(4, "train"), (7, "train"), (7, "stop")]
+    assert events[0]["values"]["reward"] == 1.0 and "reward/failed" not in events[0]["values"]
+    assert events[1]["values"]["reward/failed"] == 1.0  # step 7's, the only step of the window with a failure
+    assert events[1]["values"]["reward"] == 1.0  # steps 5 and 6 (step 7 scored nothing: NaN, left out)
+    assert events[1]["epoch"] == events[2]["epoch"] > events[0]["epoch"]
+    assert events[2]["values"] == {} and events[2]["text"] == {"reason": str(alarm.value)}
+
+
+class FailsOneAtStep2:
+    """Scores every caption 1, except at step 2 (1-based) the first caption of the global batch's first image, which
+    it cannot score; ``failed`` is ``None`` where none failed, as the reward server's client gives it."""
+
+    def __call__(self, captions, batch):
+        first = batch["step_info"].image_ids[0]
+        ids = [batch["image_ids"][int(i)] for i in batch["image_index"]]
+        failed = torch.tensor([i == first for i in ids]) & (torch.arange(len(ids)) == ids.index(first) if first in ids
+                                                            else torch.zeros(len(ids), dtype=torch.bool))  # fmt: skip
+        if int(batch["step_info"].step) != 1 or not bool(failed.any()):
+            failed = None
+        total = torch.ones(len(captions))
+        return RewardOutput(total if failed is None else total.masked_fill(failed, float("nan")), {"one": total},
+                            failed)  # fmt: skip
+
+
+def fails_one_at_step_2(cfg):
+    return FailsOneAtStep2()
+
+
+def test_the_logged_failed_share_is_the_alarms_over_every_caption_of_the_step(make_cfg):
+    # 20 images x 2 samples a step (40 training images: no short last batch) in two micro-batches of 20 captions; at
+    # step 2 one caption of the first failed and the second's reward said failed=None: the step's share is 1/40, the
+    # rl.alarms.failed alarm's measure. The log showed 1/20 until 2026-11-28 (the mean over the micro-batches that
+    # gave a mask). A step before the run's first failure logs no share, one after it 0.
+    cfg = make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:fails_one_at_step_2': 1.0}}",
+                   "rl.samples=2", "rl.baseline=mean", "train.batch_size=10", "train.grad_accum_steps=2",
+                   "train.max_steps=3", "train.eval_every=3")  # fmt: skip
+    run = train(cfg)
+    logged = [json.loads(s) for s in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    failed = {e["step"]: e["values"].get("reward/failed") for e in logged if e["split"] == "train"}
+    assert failed == {1: None, 2: 1 / 40, 3: 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +147,11 @@ def test_a_reward_paying_for_length_sets_off_the_length_alarm(mle_captioner, wor
     assert 1 < step <= 50
     logged = [json.loads(s) for s in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     drift = [e["values"]["monitor/length_drift"] for e in logged if e["split"] == "train"]
-    # the alarm ends the step it sounds at, before that step is logged; every logged step was below the threshold
-    assert len(drift) == step - 1 and max(abs(d) for d in drift) <= 1.0
+    # the alarm ends the run after the step it sounds at, which is logged last (one micro-batch a step: the logged
+    # drift is the alarm's), then the stop with its line; until 2026-11-28 the alarmed step was not logged
+    assert len(drift) == step and max(abs(d) for d in drift[:-1]) <= 1.0 < abs(drift[-1])
+    assert logged[-1]["split"] == "stop" and logged[-1]["step"] == step
+    assert logged[-1]["text"]["reason"] == line.removeprefix("finecap: error: ")
 
 
 @pytest.mark.slow

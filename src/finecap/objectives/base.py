@@ -21,7 +21,10 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
   of the step, under the run's autocast: an objective that needs the whole step first (the GRPO family rolls out and
   scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
-  baseline).
+  baseline); it may end training by raising :class:`StopTraining`, which the engine logs first.
+- ``step_values() -> dict`` after ``end_step``: values of the whole optimizer step (every micro-batch and process),
+  logged with the step's in place of the micro-batches' mean of the same key (the share of the step's captions a
+  reward could not score, ``reward/failed``, the ``rl.alarms.failed`` alarm's own measure).
 - ``close()`` once when training ends (also after an error): free what the objective holds besides its state (the
   vLLM engine of REINFORCE's rollouts with ``decode.engine=vllm``).
 - ``state_dict() -> dict`` / ``load_state_dict(state)``: state that must survive ``--resume`` (a running-mean
@@ -85,6 +88,10 @@ class ObjectiveBase:
     def end_step(self) -> None:
         """Called after every optimizer step."""
 
+    def step_values(self) -> dict[str, float]:
+        """After :meth:`end_step`: values of the whole step to log, replacing the micro-batches' mean of a key."""
+        return {}
+
     def close(self) -> None:
         """Called once when training ends (also after an error)."""
 
@@ -94,6 +101,17 @@ class ObjectiveBase:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
+
+
+class StopTraining(ValueError):
+    """Raised by an objective's ``end_step`` to end training after the step that just ran (a reward-hacking alarm
+    with ``rl.alarm_action=stop``); the message says why. The engine logs the values the step logged, flushes every
+    value since the last log event and logs the message as a ``stop`` event (``text.reason``) before the error goes on
+    (:meth:`finecap.train.engine.Engine.train_step`). Every process must raise it at the same step (the engine's
+    flush gathers every process's values): decide on values reduced over the processes. ``values`` is set by the
+    engine: the step's logged values."""
+
+    values: dict[str, float] | None = None
 
 
 class FunctionObjective(ObjectiveBase):

@@ -6,8 +6,11 @@ or, on the world, statements that are not true of the scene. The monitor measure
 samples (no extra decoding) and logs them with the step's other values; none of it enters the loss.
 
 - ``monitor/length_drift``: the mean length (words) of the step's sampled captions relative to that of the run's
-  first step, ``mean_t / mean_1 - 1`` (0 at the first step; +0.5 = half as long again). The first step's length is
-  part of the objective's state, so a resumed run drifts from the same start.
+  first step whose captions have a word, ``mean_t / mean_1 - 1`` (0 until that step and at it; +0.5 = half as long
+  again). A step whose captions are all empty (a fresh policy that stops at once) gives no length to drift from, so
+  the start is the next step's (until 2026-11-28 the first step's length was taken even when 0, and the drift, and
+  its alarm, stayed 0 for the rest of the run). The start is part of the objective's state, so a resumed run drifts
+  from the same start.
 - ``monitor/repetition``: the mean over captions of the share of a caption's word 3-grams (:data:`REPETITION_N`) that
   repeat an earlier 3-gram of the same caption (``a red circle a red circle``: 4 trigrams, 1 repeated, 0.25); a
   caption shorter than 3 words has none. Trigrams, because a plain caption may repeat a word or a pair (``a red
@@ -22,10 +25,13 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   mean over every token of the step's global batch, so it does not depend on how the step is cut into micro-batches;
   until 2026-11-27 the mean of each micro-batch's token mean), handed over by the GRPO objective
   (:meth:`Monitor.observe_kl`) when ``grpo.kl_coef > 0``.
-- ``failed`` (an alarm's measure only; the objective logs ``reward/failed``): the step's share of sampled captions a
-  reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the objective
-  (:meth:`Monitor.observe_failed`) for every micro-batch, one whose reward gave ``failed=None`` as none failed (until
-  2026-11-28 such a micro-batch was left out of the share, which a step's other failures then overstated).
+- ``failed`` (logged as ``reward/failed`` by the objective, :attr:`Monitor.failed_share`): the step's share of
+  sampled captions a reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the
+  objective (:meth:`Monitor.observe_failed`) for every micro-batch, one whose reward gave ``failed=None`` as none
+  failed (until 2026-11-28 such a micro-batch was left out of the share, which a step's other failures then
+  overstated: in the alarm until that day's first fix, in the logged value until its second). It is logged from the
+  run's first step with a failed caption on (0 at a step without), so a reward that never fails logs none; the
+  measure is the same whether logged or alarmed.
 
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
 drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl`` and ``failed`` when the
@@ -33,8 +39,12 @@ value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the 
 configuration refuses one that could never sound: ``distinct`` with one sample per image, the fact measures off the
 world, a share's threshold no share crosses: :class:`~finecap.config.RLConfig`). Each is checked
 once per optimizer step on the step's whole global batch (every process's captions, so every process decides alike),
-after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds; ``stop`` ends training
-with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2).
+after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds in the run (the
+measures warned about are part of the objective's state, so a resumed run does not warn again; until 2026-11-28 it
+did); ``stop`` ends training
+with :class:`RewardHackingAlarm`, one line naming the step and the measure (``finecap train`` exits with code 2),
+after the alarmed step, the steps since the last log event and the line itself (a ``stop`` event) are logged (until
+2026-11-28 the run ended before any of them was: up to ``train.log_every`` steps missing from the log).
 
 Example::
 
@@ -46,13 +56,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import torch
 
 from finecap.config import RLConfig
-from finecap.config.sections.rl import SOUNDS_BELOW
+from finecap.config.sections.rl import SOUNDS_BELOW, AlarmMeasure
 from finecap.data.references import world_scenes
+from finecap.objectives.base import StopTraining
 from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
@@ -81,9 +92,10 @@ SUMS = (
 )
 
 
-class RewardHackingAlarm(ValueError):
+class RewardHackingAlarm(StopTraining):
     """A measure of :mod:`finecap.objectives.monitor` crossed its ``rl.alarms`` threshold with
-    ``rl.alarm_action=stop``; the message names the step and the measure."""
+    ``rl.alarm_action=stop``; the message names the step and the measure. A :class:`StopTraining`: the engine logs the
+    step and the values since the last log event, then the message (a ``stop`` event), before the run ends."""
 
 
 def repetition(text: str, n: int = REPETITION_N) -> float:
@@ -111,10 +123,12 @@ class Monitor:
     def __init__(self, rl: RLConfig | None = None):
         rl = rl or RLConfig()
         self.samples, self.alarms, self.action = rl.samples, dict(rl.alarms), rl.alarm_action
-        self.first_length: float | None = None  # mean words of the first step's captions (global batch)
+        self.first_length: float | None = None  # mean words of the first step's captions with a word (global batch)
         self.scenes: Mapping[Hashable, Scene] | None = None
         self.accelerator: Any = None
         self.warned: set[str] = set()
+        self.failed_seen = False  # whether a step of the run had a caption a reward could not score
+        self.failed_share: float | None = None  # the last step's share of them, from the first such step on
         self.step: int | None = None  # the step being measured (1-based, as logged), when the engine says it
         self._sums = dict.fromkeys(SUMS, 0.0)
 
@@ -176,8 +190,8 @@ class Monitor:
         if sums["captions"] == 0:
             return {}
         length = sums["words"] / sums["captions"]
-        if self.first_length is None:
-            self.first_length = length
+        if not self.first_length:  # the first step with a word (an all-empty step has no length to drift from)
+            self.first_length = length or None
         out = {"length_drift": self._drift(length), "repetition": sums["repetition"] / sums["captions"],
                "distinct": sums["distinct"] / max(1.0, sums["groups"])}  # fmt: skip
         if sums["kl_tokens"] > 0:
@@ -193,6 +207,8 @@ class Monitor:
         """After an optimizer step: the step's global measures, the first step's length kept, the alarms checked."""
         values = self.step_values()
         self._sums = dict.fromkeys(SUMS, 0.0)
+        self.failed_seen = self.failed_seen or values.get("failed", 0.0) > 0
+        self.failed_share = values.get("failed") if self.failed_seen else None
         for measure, threshold in self.alarms.items():
             if measure not in values:
                 continue  # fact_* off the world
@@ -219,11 +235,23 @@ class Monitor:
                     log.warning("%s (warned once per measure; rl.alarm_action=stop ends the run)", message)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first_length": self.first_length}
+        """The length drift's start, the measures warned about (``rl.alarm_action=warn`` warns once per run, a
+        resumed one included) and whether a caption failed yet (``reward/failed`` is logged from then on)."""
+        return {"first_length": self.first_length, "warned": sorted(self.warned), "failed_seen": self.failed_seen}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`; ``ValueError`` unless the first length is ``None`` or a number >= 0."""
+        """Restore :meth:`state_dict`; ``ValueError`` unless the first length is ``None`` or a number >= 0 (0, saved
+        before 2026-11-28 after an all-empty first step, is read as no start yet) and ``warned`` a list of alarm
+        measures (absent before 2026-11-28: none warned), ``failed_seen`` a bool (absent before then: ``False``)."""
         first = state.get("first_length")
         if first is not None and (isinstance(first, bool) or not isinstance(first, int | float) or not first >= 0):
             raise ValueError(f"monitor 'first_length' must be a number >= 0 or null, got {short_repr(first)}")
-        self.first_length = None if first is None else float(first)
+        warned = state.get("warned", [])
+        measures = get_args(AlarmMeasure)
+        if not isinstance(warned, list) or not all(isinstance(m, str) and m in measures for m in warned):
+            raise ValueError(f"monitor 'warned' must be a list of alarm measures, got {short_repr(warned)}")
+        seen = state.get("failed_seen", False)
+        if not isinstance(seen, bool):
+            raise ValueError(f"monitor 'failed_seen' must be true or false, got {short_repr(seen)}")
+        self.first_length = float(first) if first else None
+        self.warned, self.failed_seen = set(warned), seen

@@ -353,6 +353,14 @@ class Reinforce(ObjectiveBase):
         self.monitor.end_step()
         self.rollouts.policy_changed()
 
+    def step_values(self) -> dict[str, float]:
+        """``reward/failed``: the share of the step's captions (every micro-batch and process) a reward could not
+        score, the ``rl.alarms.failed`` alarm's measure, from the run's first step with one on
+        (:attr:`Monitor.failed_share`). The micro-batches' mean of their own shares, which it replaces, left out
+        those whose reward gave ``failed=None`` (none failed) until 2026-11-28, and overstated the share."""
+        share = self.monitor.failed_share
+        return {} if share is None else {"reward/failed": share}
+
     def close(self) -> None:
         """Free the rollouts' vLLM engine, if one was built, and what the reward opened (a judge it built)."""
         try:
@@ -377,7 +385,7 @@ class Reinforce(ObjectiveBase):
         # means over the captions the rewards scored: a failed caption's values are NaN (RewardOutput.failed)
         out = {"reward": _scored_mean(r.total)}
         out.update({f"reward/{k}": _scored_mean(v) for k, v in r.parts.items()})
-        if r.failed is not None:
+        if r.failed is not None:  # this micro-batch's share; in training the step's replaces it (step_values)
             out["reward/failed"] = float(r.failed.float().mean())
         if rollout.greedy_rewards is not None:
             out["reward_greedy"] = _scored_mean(rollout.greedy_rewards.total)

@@ -78,7 +78,7 @@ from finecap.data.datasets import to_device
 from finecap.data.loading import LoaderSettings
 from finecap.data.samplers import GlobalBatchSampler, StepBatches, repeated_micro_batches
 from finecap.models import sharding
-from finecap.objectives.base import ObjectiveBase, unwrap
+from finecap.objectives.base import ObjectiveBase, StopTraining, unwrap
 from finecap.runs import BEST, INFO_FILE, LAST, METRICS_FILE, STATE_DIR, TRACKERS_DIR, checkpoint_dir, temporary_dir
 from finecap.train.logging import JsonlTracker, Logger, Means, MlflowTracker
 from finecap.train.resume_checks import apply_schedule, check_main_state
@@ -757,11 +757,17 @@ class Engine:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
-        self.objective.end_step()
         values = means.means()
         values.update(step_losses)  # the metrics stay means over the micro-batches
         grad = {} if scaler_values.get("skipped") else {"grad_norm": grad_norm if grad_norm is not None else math.nan}
-        return {**values, "lr": lr, **grad, **scaler_values}
+        values = {**values, "lr": lr, **grad, **scaler_values}
+        try:
+            self.objective.end_step()
+        except StopTraining as stop:  # the step ran: its values go with the stop, for the log (_fit)
+            stop.values = {**values, **self.objective.step_values()}
+            raise
+        values.update(self.objective.step_values())  # the whole step's, in place of a mean over the micro-batches
+        return values
 
     def _scaler_step(self, grad_norm: float | None) -> dict[str, float]:
         """After an optimizer step with an fp16 gradient scaler: count it as skipped or taken (:class:`SkippedSteps`),
@@ -832,6 +838,19 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------------------------------
 
+    def _log_stop(self, stop: StopTraining, batches_in_epoch: int, described: dict[str, Any]) -> None:
+        """The objective ended training after the step that just ran (:class:`StopTraining`): log that step's values
+        with those since the last log event (up to ``train.log_every - 1`` steps, which the run would otherwise never
+        write), then the reason as a ``stop`` event at that step (``text.reason``). The state is not advanced: the
+        run ends here, and a resume starts from the last checkpoint, whose later events it drops."""
+        state = self.state
+        step, epoch = state.step + 1, state.epoch + (state.position + 1) / batches_in_epoch
+        if stop.values is not None:
+            self.logger.add({**stop.values, **described})
+        if self.logger.sums:
+            self.logger.flush_train(step, epoch)
+        self.logger.write(step, epoch, "stop", {"reason": str(stop)})
+
     def fit(self) -> TrainState:
         """Train to ``total`` steps (from the restored state, if any); returns the final state."""
         acc, settings, state = self.accelerator, self.settings, self.state
@@ -869,7 +888,11 @@ class Engine:
                 pending = []
                 copies = repeated_micro_batches(len(batches[state.position]), acc.process_index, acc.num_processes,
                                                 accum)  # fmt: skip
-                values = self.last_values = self.train_step(micro_batches, copies)
+                try:
+                    values = self.last_values = self.train_step(micro_batches, copies)
+                except StopTraining as stop:
+                    self._log_stop(stop, len(batches), described)
+                    raise
                 self.logger.add({**values, **described})
                 end_of_epoch = state.advance(len(batches))
                 epoch = state.epoch + state.position / len(batches)
