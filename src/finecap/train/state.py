@@ -69,7 +69,14 @@ from finecap.runs import (
     swap_guard,
     temporary_dir,
 )
-from finecap.utils.files import TEMPORARY_SUFFIX, atomic_write_text, is_temporary_of, refuse_link, temporary_prefix
+from finecap.utils.files import (
+    TEMPORARY_SUFFIX,
+    atomic_write_text,
+    is_temporary_of,
+    refuse_link,
+    replace_durably,
+    temporary_prefix,
+)
 from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, mark_folder, previous_dir, remove_own_folder
 from finecap.utils.reading import (
     DATA_FILE,
@@ -204,7 +211,7 @@ def save_tree(folder: Path, name: str, tree: Any) -> None:
     os.close(fd)
     try:
         save_file(tensors, tmp)
-        os.replace(tmp, final)
+        replace_durably(tmp, final)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -419,11 +426,10 @@ def promote(found: Path, run_dir: Path) -> Path:
     if found == temporary_dir(last):
         replace_checkpoint(found, last)  # the interrupted save's own completion
     else:  # last.old, with no newer complete checkpoint: last is missing or incomplete
+        aside = last.with_name(INCOMPLETE)
         if last.exists():
-            aside = last.with_name(INCOMPLETE)
             remove_own_folder(aside, CHECKPOINT_KIND, ours=is_checkpoint_folder)
-            os.replace(last, aside)
-        os.replace(found, last)
+        replace_durably(found, last, previous=aside)
     return last
 
 
