@@ -118,6 +118,7 @@ def atomic_replace_dir(
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     old = previous_dir(final_dir)
     check_swap(final_dir, kind, ours)
+    finish_swap(final_dir, kind, ours)  # a kill's .old back first: a failed rename below then puts it back
     mark_folder(tmp_dir, kind)
     apply_umask(tmp_dir)
     if old.exists():
@@ -125,6 +126,19 @@ def atomic_replace_dir(
     replace_durably(tmp_dir, final_dir, previous=old)
     if old.exists():
         shutil.rmtree(old)
+
+
+def finish_swap(final_dir: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> bool:
+    """Undo what a kill between the two renames of :func:`atomic_replace_dir` left: nothing at ``final_dir`` and the
+    previous version at ``<name>.old`` (:func:`previous_dir`), a folder finecap made as a ``kind``
+    (:func:`is_finecap_folder`), which is renamed back to ``final_dir`` (:func:`finecap.utils.files.replace_durably`)
+    and stands again where readers look for it. Returns whether it was; anything else is left as it is."""
+    final_dir = Path(final_dir)
+    old = previous_dir(final_dir)
+    if os.path.lexists(final_dir) or not is_finecap_folder(old, kind, ours):
+        return False
+    replace_durably(old, final_dir)
+    return True
 
 
 @contextlib.contextmanager
