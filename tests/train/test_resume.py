@@ -58,6 +58,49 @@ def test_a_resume_selecting_by_another_metric_or_mode_starts_the_best_anew(make_
     assert (best["step"], best["best_step"], best["best_mode"]) == (6, 6, "max")  # the first validation after
 
 
+def test_a_best_saved_at_a_step_the_resumed_run_redoes_is_saved_anew_so_best_agrees_with_the_run(
+    make_cfg, caplog, monkeypatch
+):
+    # killed after best was saved at step 4 and before last was (best is saved first): the resume redoes steps 3-4
+    # from last at step 2. A redo that is not bit-exact (here: its validation reads worse) left the killed run's best
+    # of step 4 in place, its values not in metrics.jsonl, while the run said its best was step 2's
+    from finecap.train.engine import Engine
+
+    common = ["train.max_steps=6", "train.eval_every=2"]  # last saved at each validation, after best
+    cfg = make_cfg(*common, run="redo")
+    run_dir = run_path(cfg.run)
+    save_last = Engine.save_last
+
+    def killed_before_last_at_4(engine):
+        if engine.state.step == 4:
+            raise Killed
+        save_last(engine)
+
+    with monkeypatch.context() as m:
+        m.setattr(Engine, "save_last", killed_before_last_at_4)
+        with pytest.raises(Killed):
+            train(cfg)
+    best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
+    assert best["step"] == 4 and json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())[
+        "step"] == 2  # fmt: skip
+
+    evaluate = Engine.evaluate
+
+    def worse(engine):  # the redo validates otherwise than the killed run did
+        return {k: v + 10.0 if k == "loss" else v for k, v in evaluate(engine).items()}
+
+    monkeypatch.setattr(Engine, "evaluate", worse)
+    with caplog.at_level("WARNING", logger="finecap"):
+        train(make_cfg(*common, run="redo"), resume=True)
+    assert "was saved at step 4, after this checkpoint's step 2" in caplog.text
+    best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
+    last = json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())
+    assert (best["best_step"], best["best_value"]) == (last["best_step"], last["best_value"])  # the run's best
+    logged = {e["step"]: e["values"] for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if e["split"] == "val"}  # fmt: skip
+    assert best["values"]["loss"] == pytest.approx(logged[best["step"]]["loss"])  # a validation the log holds
+
+
 def test_a_resume_inside_an_epoch_with_another_global_batch_is_refused(make_cfg):
     # the position counts global batches of the checkpoint's size: resumed with 8 examples a step after 2 steps of
     # 16, the run went on at example 16 of the epoch, training 16 of them again

@@ -221,6 +221,27 @@ def test_a_second_fault_sets_the_newer_incomplete_last_aside_and_never_a_users_f
     assert (ckpts / ".last.incomplete" / "mine.txt").read_text() == "mine" and step_of(ckpts / "last.old") == 6
 
 
+def test_resume_renames_back_a_best_a_kill_left_as_best_old_and_nothing_of_the_users(tmp_path):
+    """A kill between the two renames of best's swap leaves only ``best.old``: it was read with a warning, and kept so,
+    until a better validation replaced it. A resume finishes the swap: ``best.old`` is ``best`` again. A folder of the
+    user's named ``best.old`` is left where it is."""
+    from finecap.train.state import prepare_run_dir
+
+    ckpts = tmp_path / "checkpoints"
+    _fake_checkpoint(ckpts / "last", 4)
+    _fake_checkpoint(ckpts / "best.old", 2)
+    assert prepare_run_dir(tmp_path, resume=True, overwrite=False) == ckpts / "last"
+    assert step_of(ckpts / "best") == 2 and not (ckpts / "best.old").exists()
+
+    mine = tmp_path / "mine"
+    (mine / "checkpoints" / "best.old").mkdir(parents=True)
+    (mine / "checkpoints" / "best.old" / "notes.txt").write_text("mine")
+    _fake_checkpoint(mine / "checkpoints" / "last", 4)
+    prepare_run_dir(mine, resume=True, overwrite=False)
+    assert (mine / "checkpoints" / "best.old" / "notes.txt").read_text() == "mine"
+    assert not (mine / "checkpoints" / "best").exists()
+
+
 def test_a_save_killed_while_marking_its_folder_neither_stops_the_resumed_runs_saves_nor_an_overwrite(make_cfg):
     """A save's first file is its folder's mark, written atomically (a temporary file, then a rename): killed in
     between, ``.last.tmp`` holds only the mark's temporary file. The resumed run's next save removes that unfinished

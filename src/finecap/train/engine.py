@@ -521,6 +521,7 @@ class Engine:
         for key, value in asdict(TrainState()).items():
             setattr(self.state, key, info.get(key, value))
         self._keep_best_of_this_metric(info, folder)
+        self._forget_a_best_of_redone_steps(folder)
         main = load_tree(folder / STATE_DIR, "main")
         main_file = folder / STATE_DIR / "main.json"
         with state_errors(main_file, "the optimizer and scheduler state"):
@@ -633,6 +634,27 @@ class Engine:
                         "(%s): the next validation starts the best anew", self.state.best_value,
                         self.state.best_step, metric or self.settings.best_metric, mode or "its mode",
                         self.settings.best_metric, self.mode)  # fmt: skip
+        self.state.best_value = self.state.best_step = None
+
+    def _forget_a_best_of_redone_steps(self, folder: Path) -> None:
+        """Forget the restored best value when the run's ``best`` was saved at a later step than ``folder``, the
+        checkpoint resumed from: the run was killed after saving ``best`` and before the next ``last`` (at the same
+        step: ``best`` is saved first; or later, under ``train.save_every``). The resumed run redoes that step, and
+        unless it does so bit for bit (another process count, kernels that are not deterministic) ``best`` holds a
+        model of steps the run no longer took, with values its ``metrics.jsonl`` (truncated to ``folder``'s step)
+        does not hold, while the restored best value is another step's, whose model that save replaced. The next
+        validation saves ``best`` anew, so ``best``, the run's best value and step, and its log agree again; a
+        bit-exact redo saves the same ``best`` again at that step."""
+        saved = None
+        with contextlib.suppress(OSError, ValueError):  # no best, or unreadable: nothing to reconcile
+            saved = read_json(folder.parent / BEST / INFO_FILE)
+        step = saved.get("step") if isinstance(saved, dict) else None
+        if type(step) is not int or step <= self.state.step:
+            return
+        if self.accelerator.is_main_process:
+            log.warning("resume: %s was saved at step %d, after this checkpoint's step %d (a run killed before it "
+                        "saved last there): the steps are redone, and the next validation saves best anew",
+                        folder.parent / BEST, step, self.state.step)  # fmt: skip
         self.state.best_value = self.state.best_step = None
 
     def save_last(self) -> None:

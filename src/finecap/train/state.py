@@ -25,7 +25,15 @@ every process takes part in gathering the full state, keyed by parameter names
 (``last`` -> ``last.old``, ``.last.tmp`` -> ``last``), so a kill can leave any of ``last``, ``last.old`` and a finished
 or unfinished ``.last.tmp``. :func:`find_resumable` picks the newest *complete* one (``trainer_state.json`` present);
 :func:`prepare_run_dir` never removes anything on ``--resume``: with nothing resumable in a folder that holds a run,
-it stops with an error listing what it found. ``best`` is never touched by resume.
+it stops with an error listing what it found. ``best`` is touched by resume only to finish its own swap (a kill
+between its renames left ``best.old`` alone: renamed back, :func:`finecap.utils.folders.finish_swap`). Every rename is
+durable (:func:`finecap.utils.files.replace_durably`: the data on disk before it, the folder after).
+
+**best and last.** At a validation that improves, ``best`` is saved before ``last``; a kill between them (or before
+the next ``last`` under ``train.save_every``) leaves a ``best`` newer than the checkpoint a resume continues from.
+The resumed run redoes those steps and forgets the restored best value
+(:meth:`finecap.train.engine.Engine.restore`): its next validation saves ``best`` anew, so ``best``, the run's best
+value and step, and ``metrics.jsonl`` agree (a bit-exact redo saves the same ``best`` again).
 """
 
 from __future__ import annotations
@@ -69,8 +77,22 @@ from finecap.runs import (
     swap_guard,
     temporary_dir,
 )
-from finecap.utils.files import TEMPORARY_SUFFIX, atomic_write_text, is_temporary_of, refuse_link, temporary_prefix
-from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, mark_folder, previous_dir, remove_own_folder
+from finecap.utils.files import (
+    TEMPORARY_SUFFIX,
+    atomic_write_text,
+    is_temporary_of,
+    refuse_link,
+    replace_durably,
+    temporary_prefix,
+)
+from finecap.utils.folders import (
+    FOLDER_MARK,
+    atomic_replace_dir,
+    finish_swap,
+    mark_folder,
+    previous_dir,
+    remove_own_folder,
+)
 from finecap.utils.reading import (
     DATA_FILE,
     METADATA,
@@ -204,7 +226,7 @@ def save_tree(folder: Path, name: str, tree: Any) -> None:
     os.close(fd)
     try:
         save_file(tensors, tmp)
-        os.replace(tmp, final)
+        replace_durably(tmp, final)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -419,11 +441,10 @@ def promote(found: Path, run_dir: Path) -> Path:
     if found == temporary_dir(last):
         replace_checkpoint(found, last)  # the interrupted save's own completion
     else:  # last.old, with no newer complete checkpoint: last is missing or incomplete
+        aside = last.with_name(INCOMPLETE)
         if last.exists():
-            aside = last.with_name(INCOMPLETE)
             remove_own_folder(aside, CHECKPOINT_KIND, ours=is_checkpoint_folder)
-            os.replace(last, aside)
-        os.replace(found, last)
+        replace_durably(found, last, previous=aside)
     return last
 
 
@@ -632,6 +653,9 @@ def prepare_run_dir(
     for path in run_paths(run_dir):
         refuse_link(path)
     if resume:
+        if finish_swap(checkpoint_dir(run_dir, BEST), CHECKPOINT_KIND, is_checkpoint_folder):
+            log.info("resume: %s was left as %s by a run killed while saving it: renamed back",
+                     checkpoint_dir(run_dir, BEST), previous_dir(checkpoint_dir(run_dir, BEST)).name)  # fmt: skip
         found = find_resumable(run_dir)
         if found is not None:
             return promote(found, run_dir)

@@ -80,7 +80,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     rename wins. ``mkstemp`` creates its file with mode 0600; it is given :func:`file_mode` before the rename, so the
     file ends up with the mode a plain ``open(path, "w")`` would give (0644 under umask 022, 0600 under 077). A
     symbolic link at ``path`` is refused (:func:`refuse_link`): ``rename`` would not write through it, but a link
-    where finecap writes was planted by someone else and is named, never silently replaced.
+    where finecap writes was planted by someone else and is named, never silently replaced. The rename survives a
+    power loss (:func:`replace_durably`): after one, ``path`` holds the old file or the complete new one, never an
+    empty one.
     """
     path = Path(path)
     refuse_link(path)
@@ -90,10 +92,82 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             os.chmod(tmp, file_mode())
             f.write(data)
-        os.replace(tmp, path)
+        replace_durably(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def sync_to_disk(path: str | Path) -> None:
+    """Flush what ``path`` holds to the disk (``fsync``): a file's data; a folder's entries, and, all the way down,
+    every file and folder in it (symbolic links are not followed). A file system that cannot sync a folder (``EINVAL``:
+    some network and FUSE file systems) leaves that folder unsynced; on Windows, where a folder cannot be opened,
+    folders are skipped. An error syncing a file's data (``EIO``: the disk lost it) is raised."""
+    path = Path(path)
+    if path.is_symlink():
+        return
+    if not path.is_dir():
+        _fsync(path, folder=False)
+        return
+    for folder, _, files in os.walk(path):
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                _fsync(Path(folder) / name, folder=False)
+        _fsync(Path(folder), folder=True)
+
+
+def sync_folder(folder: str | Path) -> None:
+    """Flush ``folder``'s own entries to the disk (``fsync`` of the folder): a rename in it is then kept across a
+    power loss. Skipped where folders cannot be synced (:func:`sync_to_disk`)."""
+    _fsync(Path(folder), folder=True)
+
+
+def _fsync(path: Path, *, folder: bool) -> None:
+    """``fsync`` of ``path`` (a file, or a ``folder``), opened read-only (Linux and macOS sync through any
+    descriptor); Windows syncs a file through a writable one only, and cannot open a folder."""
+    if folder and os.name == "nt":
+        return
+    data = os.O_RDWR if os.name == "nt" else os.O_RDONLY
+    flags = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if folder else data
+    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if not (folder and e.errno in FOLDER_SYNC_UNSUPPORTED):
+            raise
+    finally:
+        os.close(fd)
+
+
+FOLDER_SYNC_UNSUPPORTED = frozenset(
+    {errno.EINVAL, errno.EBADF, errno.ENOTSUP, getattr(errno, "EOPNOTSUPP", errno.ENOTSUP)}
+)
+"""What ``fsync`` of a folder fails with on a file system that does not sync folders: the folder is left unsynced."""
+
+
+def replace_durably(src: str | Path, dst: str | Path, *, previous: str | Path | None = None) -> None:
+    """``os.replace(src, dst)`` that a power loss cannot undo half-way: ``src`` (a file, or a folder and everything in
+    it) is synced to the disk first (:func:`sync_to_disk`), so ``dst`` never names an empty or partly written file,
+    and the folder holding ``dst`` after (:func:`sync_folder`), so the rename is not lost. With ``previous`` (a name
+    in the same folder), what stands at ``dst`` is renamed there first, the way a folder swap keeps the replaced
+    folder until the new one is in place; when the rename of ``src`` then fails (a disk full or turned read-only), it
+    is renamed back before the error is raised.
+
+    The one durable rename of the package: every atomic write (:func:`atomic_write_bytes`, the checkpoints' state
+    files) and every folder swap (:func:`finecap.utils.folders.atomic_replace_dir`, a resume's promotion of a
+    checkpoint) goes through it."""
+    src, dst = Path(src), Path(dst)
+    sync_to_disk(src)  # before the old one is moved aside: a reader finds dst missing for two renames only
+    moved = previous is not None and os.path.lexists(dst)
+    if moved:
+        os.replace(dst, previous)
+    try:
+        os.replace(src, dst)
+    except BaseException:  # e.g. ENOSPC or EROFS on the rename: the previous one goes back in its place
+        if moved and not os.path.lexists(dst):
+            os.replace(previous, dst)
+        raise
+    sync_folder(dst.parent)  # both renames, in one folder
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from finecap.utils.files import OutputRefused, apply_umask, atomic_write_text, refuse_link
+from finecap.utils.files import OutputRefused, apply_umask, atomic_write_text, refuse_link, replace_durably
 
 FOLDER_MARK = ".finecap-folder"
 
@@ -105,7 +105,9 @@ def atomic_replace_dir(
     """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version, which is first renamed
     ``<name>.old`` (:func:`previous_dir`) and removed once the new folder is in place. When the rename of
     ``tmp_dir`` fails (a disk full or turned read-only), the previous version is renamed back to ``final_dir`` before
-    the error is raised: a failed swap leaves the previous folder where it was.
+    the error is raised: a failed swap leaves the previous folder where it was. The new folder's files are on the disk
+    before the renames, and the renames after (:func:`finecap.utils.files.replace_durably`): a power loss leaves the
+    previous folder or the complete new one, never one of empty files.
 
     Only finecap's own folders are replaced or removed: ``final_dir`` and ``<name>.old`` must each be missing or a
     folder finecap made as a ``kind`` (:func:`check_swap`: its :data:`FOLDER_MARK`, or ``ours``), else
@@ -116,20 +118,27 @@ def atomic_replace_dir(
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     old = previous_dir(final_dir)
     check_swap(final_dir, kind, ours)
+    finish_swap(final_dir, kind, ours)  # a kill's .old back first: a failed rename below then puts it back
     mark_folder(tmp_dir, kind)
     apply_umask(tmp_dir)
     if old.exists():
         shutil.rmtree(old)
-    if final_dir.exists():
-        os.replace(final_dir, old)
-    try:
-        os.replace(tmp_dir, final_dir)
-    except BaseException:  # e.g. ENOSPC or EROFS on the rename: the previous folder goes back in its place
-        if old.exists() and not os.path.lexists(final_dir):
-            os.replace(old, final_dir)
-        raise
+    replace_durably(tmp_dir, final_dir, previous=old)
     if old.exists():
         shutil.rmtree(old)
+
+
+def finish_swap(final_dir: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> bool:
+    """Undo what a kill between the two renames of :func:`atomic_replace_dir` left: nothing at ``final_dir`` and the
+    previous version at ``<name>.old`` (:func:`previous_dir`), a folder finecap made as a ``kind``
+    (:func:`is_finecap_folder`), which is renamed back to ``final_dir`` (:func:`finecap.utils.files.replace_durably`)
+    and stands again where readers look for it. Returns whether it was; anything else is left as it is."""
+    final_dir = Path(final_dir)
+    old = previous_dir(final_dir)
+    if os.path.lexists(final_dir) or not is_finecap_folder(old, kind, ours):
+        return False
+    replace_durably(old, final_dir)
+    return True
 
 
 @contextlib.contextmanager

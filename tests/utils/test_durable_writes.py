@@ -1,0 +1,153 @@
+"""Atomic writes and folder swaps survive a power loss: the new data is on the disk (``fsync``) before the rename, and
+the rename after it (``fsync`` of the folder holding it), in one helper (:func:`finecap.utils.files.replace_durably`).
+
+Without the first, a file renamed into place can read back empty after a power loss (the rename reached the disk, its
+data did not); without the second, the rename itself can be lost. ``os.fsync`` and ``os.replace`` are recorded here
+(each ``fsync`` by the inode it synced), and the order is checked: every file of what is renamed in, then the rename,
+then the folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+from finecap.train.state import promote, save_tree
+from finecap.utils.files import atomic_write_bytes, make_temporary_dir
+from finecap.utils.folders import atomic_replace_dir, mark_folder, previous_dir
+
+
+class Recorder:
+    """``os.fsync`` and ``os.replace`` calls in order: ``("fsync", inode, is_folder)``, ``("replace", src, dst)``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[tuple] = []
+        real_fsync, real_replace = os.fsync, os.replace
+
+        def fsync(fd: int) -> None:
+            st = os.fstat(fd)
+            self.events.append(("fsync", (st.st_dev, st.st_ino), stat.S_ISDIR(st.st_mode)))
+            real_fsync(fd)
+
+        def replace(src, dst) -> None:
+            self.events.append(("replace", Path(src), Path(dst)))
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+
+    def synced_at(self, path: Path) -> list[int]:
+        """The indices of the events that synced ``path`` (by its inode: the same before and after a rename)."""
+        st = os.stat(path)
+        return [i for i, e in enumerate(self.events) if e[0] == "fsync" and e[1] == (st.st_dev, st.st_ino)]
+
+    def replaced_at(self, dst: Path) -> int:
+        (found,) = [i for i, e in enumerate(self.events) if e[0] == "replace" and e[2] == dst]
+        return found
+
+
+def test_an_atomic_write_syncs_the_files_data_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    target = tmp_path / "results.json"
+    target.write_text("old")
+    rec = Recorder(monkeypatch)
+    atomic_write_bytes(target, b"new")
+    renamed = rec.replaced_at(target)
+    assert rec.events[renamed][1].parent == tmp_path and rec.events[renamed][1] != target  # the temporary file
+    assert any(i < renamed for i in rec.synced_at(target)), rec.events  # its data before its name
+    assert any(i > renamed for i in rec.synced_at(tmp_path)), rec.events  # the new name after
+    assert target.read_text() == "new"
+
+
+def test_the_checkpoints_state_files_are_synced_before_their_renames_and_the_folder_after(tmp_path, monkeypatch):
+    rec = Recorder(monkeypatch)
+    save_tree(tmp_path / "state", "main", {"optimizer": {"m": torch.ones(3)}, "step": 4})
+    for name in ("main.safetensors", "main.json"):
+        renamed = rec.replaced_at(tmp_path / "state" / name)
+        assert any(i < renamed for i in rec.synced_at(tmp_path / "state" / name)), (name, rec.events)
+        assert any(i > renamed for i in rec.synced_at(tmp_path / "state")), (name, rec.events)
+
+
+def _swap_in(tmp_path: Path) -> tuple[Path, Path]:
+    final = tmp_path / "best"
+    final.mkdir()
+    (final / "weights.bin").write_text("old")
+    mark_folder(final, "checkpoint")
+    tmp = make_temporary_dir(final)
+    (tmp / "model").mkdir()
+    (tmp / "model" / "weights.bin").write_bytes(b"new" * 1000)
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": 4}))
+    return tmp, final
+
+
+def test_a_folder_swap_syncs_every_file_and_folder_before_its_renames_and_the_parent_after(tmp_path, monkeypatch):
+    tmp, final = _swap_in(tmp_path)
+    rec = Recorder(monkeypatch)
+    atomic_replace_dir(tmp, final, kind="checkpoint")
+    first = min(i for i, e in enumerate(rec.events) if e[0] == "replace" and e[2] in (final, previous_dir(final)))
+    last = rec.replaced_at(final)
+    for path in (final / "model" / "weights.bin", final / "trainer_state.json", final / "model", final):
+        assert any(i < first for i in rec.synced_at(path)), (path, rec.events)  # before the old one is moved aside
+    assert any(i > last for i in rec.synced_at(tmp_path)), rec.events
+    assert (final / "model" / "weights.bin").read_bytes() == b"new" * 1000 and not previous_dir(final).exists()
+
+
+def test_a_resumes_promotion_of_a_checkpoint_is_synced_before_and_after_its_renames(tmp_path, monkeypatch):
+    ckpts = tmp_path / "checkpoints"
+    old = ckpts / "last.old"
+    (old / "state").mkdir(parents=True)
+    (old / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    rec = Recorder(monkeypatch)
+    assert promote(old, tmp_path) == ckpts / "last"
+    renamed = rec.replaced_at(ckpts / "last")
+    assert any(i < renamed for i in rec.synced_at(ckpts / "last" / "trainer_state.json")), rec.events
+    assert any(i > renamed for i in rec.synced_at(ckpts)), rec.events
+
+
+def test_a_file_system_that_cannot_sync_folders_still_renames(tmp_path, monkeypatch):
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "Invalid argument")  # some network and FUSE file systems
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    atomic_write_bytes(tmp_path / "a.txt", b"x")
+    assert (tmp_path / "a.txt").read_bytes() == b"x"
+
+
+def test_a_lost_write_is_raised_and_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch):
+    target = tmp_path / "a.txt"
+    target.write_text("old")
+
+    def fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")  # the disk could not keep the data
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output"):
+        atomic_write_bytes(target, b"new")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_a_failed_rename_puts_back_only_what_it_moved_aside(tmp_path, monkeypatch):
+    from finecap.utils.files import replace_durably
+
+    (tmp_path / "new").mkdir()
+    (tmp_path / "aside").mkdir()  # an earlier one, not moved by this call: never renamed into dst
+    real = os.replace
+
+    def replace(src, dst) -> None:
+        if Path(src).name == "new":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="No space"):
+        replace_durably(tmp_path / "new", tmp_path / "dst", previous=tmp_path / "aside")
+    assert not (tmp_path / "dst").exists() and (tmp_path / "aside").is_dir()
