@@ -57,8 +57,9 @@ answer cannot put the key into a caption, a judge's cached answer or a log.
 The base URL is checked when the backend is made, before any request: an ``http(s)`` URL with a host. The API key is
 read from the environment variable ``boost.<role>_api_key_env`` (``OPENAI_API_KEY`` by default; a variable named
 explicitly must be set); it is sent as ``Authorization: Bearer`` and replaced by ``***`` in every error message.
-Credentials in the base URL (``https://user:password@host/v1``, sent by httpx as basic authentication) are masked in
-every message too (:func:`finecap.config.secrets.masked_url_secrets`).
+Credentials in the base URL (``https://user:password@host/v1``) are taken out of it and sent as HTTP basic
+authentication (:func:`finecap.config.secrets.split_credentials`), so that the URL httpx logs at INFO for every
+request carries none, and are masked in every message too (:func:`finecap.config.secrets.masked_url_secrets`).
 
 Why ``httpx`` + ``tenacity`` rather than the ``openai`` package: the request is one POST that httpx makes with a
 time-out and a connection pool; ``tenacity`` gives the retry policy (stop, jittered exponential wait, the retry
@@ -104,7 +105,7 @@ from finecap.boost.engine import (
     cut_off,
     request_seed,
 )
-from finecap.config.secrets import masked_url_secrets
+from finecap.config.secrets import masked_url_secrets, split_credentials
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits, decode_image, encode_image
 from finecap.data.records import DataError
 
@@ -278,9 +279,11 @@ class OpenAIBackend:
         url_key = f"{key}_base_url" if base_url else "OPENAI_BASE_URL (environment, boost.*_base_url empty)"
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         check_base_url(base_url, url_key)
+        # in messages: the URL as given, its credentials masked (http://***@host/v1/chat/completions)
+        self.shown_url = masked_url_secrets(f"{base_url.rstrip('/')}/chat/completions")
+        base_url, credentials = split_credentials(base_url)  # sent as basic auth: httpx logs the URL it requests
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
-        self.shown_url = masked_url_secrets(self.url)  # in messages: a password in the URL is a secret
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "")
         check_api_key(self._api_key, f"{key}_api_key_env" if "." in key else f"{key}.api_key_env")
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
@@ -291,7 +294,8 @@ class OpenAIBackend:
         self.seed = seed
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits, transport=transport)
+        self.client = httpx.Client(headers=headers, auth=credentials, timeout=timeout, limits=limits,
+                                   transport=transport)  # fmt: skip
         self._stop = threading.Event()
         self._sleep = sleep or (lambda seconds: self._stop.wait(seconds))
         self._clock = clock
