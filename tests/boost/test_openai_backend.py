@@ -270,6 +270,40 @@ def test_exponential_backoff_with_jitter_without_retry_after(tmp_path):
         assert low <= wait <= low + 1.0
 
 
+ERROR_BODY = {"error": {"message": "engine overloaded", "type": "InternalServerError", "code": 500}}
+"""What vLLM (and some proxies) answer, with HTTP 200, for a request that failed."""
+
+
+def test_an_error_body_with_http_200_waits_the_backoff_as_a_500(tmp_path):
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (200, ERROR_BODY) if n < 2 else echo_first_caption(p, n)) as server:
+        backend = OpenAIBackend("m", server.url, retries=3, backoff=1.0, max_wait=60, sleep=waits.append)
+        answers = dict(backend.run(_tasks(_records(tmp_path, 1))))
+    assert answers == {0: "boosted caption 0 a"} and len(server.requests) == 3
+    # the waits of a 500 (test_exponential_backoff_with_jitter_without_retry_after): [1, 2], then [2, 3]
+    assert len(waits) == 2 and 1.0 <= waits[0] <= 2.0 and 2.0 <= waits[1] <= 3.0, waits
+
+
+def test_an_error_body_with_http_200_honours_retry_after_and_gives_up_as_a_500(tmp_path):
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (200, ERROR_BODY, {"Retry-After": "7"})) as server:
+        backend = OpenAIBackend("m", server.url, retries=2, backoff=0.5, sleep=waits.append)
+        ((_, error),) = list(backend.run(_tasks(_records(tmp_path, 1))))
+    assert len(server.requests) == 3 and len(waits) == 2 and all(7.0 <= w <= 7.5 for w in waits), waits
+    assert type(error).__name__ == "BackendError", repr(error)  # not a malformed reply: the engine asks no more
+    assert "gave up after 3 attempt(s)" in str(error) and "engine overloaded" in str(error), str(error)
+
+
+def test_an_error_body_through_the_engine_is_sent_retries_plus_one_times(tmp_path):
+    """The engine does not ask again what the backend gave up on: 3 requests (2 retries), waits between them, the
+    image failed with the server's words."""
+    waits: list[float] = []
+    result, server = blended(lambda p, n: (200, ERROR_BODY), _records(tmp_path, 1), tmp_path, retries=2,
+                             sleep=waits.append)  # fmt: skip
+    (failure,) = result.failures
+    assert len(server.requests) == 3 and len(waits) == 2 and "engine overloaded" in failure.error, failure
+
+
 def test_retry_after_longer_than_max_wait_fails_without_retrying(tmp_path):
     waits: list[float] = []
     with ChatServer(lambda p, n: (429, {"error": "quota"}, {"Retry-After": "3600"})) as server:

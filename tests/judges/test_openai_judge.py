@@ -185,6 +185,25 @@ def test_server_errors_are_retried_and_a_dead_server_fails_the_call():
     assert isinstance(JudgeUnavailable("x"), ValueError)  # the command line's one-line error, not a traceback
 
 
+def test_an_error_body_with_http_200_is_retried_after_a_wait_as_a_500():
+    """vLLM and some proxies answer a failure with HTTP 200 and {"error": ...}: retried by the client after the
+    backoff, as a 500 is, never asked again at once; the call fails with the server's words when it keeps at it."""
+    waits: list[float] = []
+
+    def failing_first(payload, n):
+        return (200, {"error": {"message": "engine overloaded"}}) if n == 0 else (200, completion("B"))
+
+    with ChatServer(failing_first) as server:
+        judge = judge_of(server, retries=2, sleep=waits.append, backoff=1.0)
+        assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+    assert len(server.requests) == 2 and len(waits) == 1 and 1.0 <= waits[0] <= 2.0, waits
+    with ChatServer(lambda payload, n: (200, {"error": {"message": "engine overloaded"}})) as server:
+        judge = judge_of(server, retries=1, sleep=waits.append, backoff=1.0)
+        (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
+    assert isinstance(out, JudgeFailed) and "gave up after 2 attempt(s)" in str(out), out
+    assert "engine overloaded" in str(out) and len(waits) == 2
+
+
 def test_a_slow_answer_times_out_and_is_retried():
     def slow_first(payload, n):
         if n == 0:

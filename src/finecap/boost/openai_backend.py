@@ -18,13 +18,15 @@ that does not decode is a :class:`~finecap.boost.engine.BadImage`: that image fa
 
 What happens to each request:
 
-- **retried** up to ``boost.retries`` times: no connection, a time-out or HTTP 408, 409, 429,
-  500, 502, 503, 504. The wait before a retry is the server's ``Retry-After`` (seconds or an HTTP date) when it sends
-  one, plus a random jitter of up to ``backoff`` seconds; otherwise exponential with jitter (``backoff * 2**(n-1)``
-  plus up to ``backoff``), at most ``boost.retry_max_wait``. A ``Retry-After`` longer than ``boost.retry_max_wait``
-  fails the request instead of retrying early. When the retries are spent, an unreachable server (no connection,
-  time-outs, 502/503/504) is :class:`~finecap.boost.engine.ServerUnavailable` (the engine stops after
-  ``boost.max_consecutive_failures`` of them in a row), anything else a :class:`~finecap.boost.engine.BackendError`;
+- **retried** up to ``boost.retries`` times: no connection, a time-out or HTTP 408, 409, 429, 500, 502, 503, 504,
+  and an HTTP 200 whose JSON body is an error (``{"error": ...}`` without ``choices``, as vLLM and some proxies
+  report a failure: retried as a 500 is). The wait before a retry is the server's ``Retry-After`` (seconds or an HTTP
+  date) when it sends one, plus a random jitter of up to ``backoff`` seconds; otherwise exponential with jitter
+  (``backoff * 2**(n-1)`` plus up to ``backoff``), at most ``boost.retry_max_wait``. A ``Retry-After`` longer than
+  ``boost.retry_max_wait`` fails the request instead of retrying early. When the retries are spent, an unreachable
+  server (no connection, time-outs, 502/503/504) is :class:`~finecap.boost.engine.ServerUnavailable` (the engine
+  stops after ``boost.max_consecutive_failures`` of them in a row), anything else a
+  :class:`~finecap.boost.engine.BackendError`;
 - **stops the run at once**: HTTP 401 or 403 (the key is refused) and 404 (wrong URL or model name): every further
   request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); no new request starts after it,
   and a request not sent or not retried because of it is :class:`~finecap.boost.engine.Cancelled` (its image not
@@ -57,8 +59,9 @@ answer cannot put the key into a caption, a judge's cached answer or a log.
 The base URL is checked when the backend is made, before any request: an ``http(s)`` URL with a host. The API key is
 read from the environment variable ``boost.<role>_api_key_env`` (``OPENAI_API_KEY`` by default; a variable named
 explicitly must be set); it is sent as ``Authorization: Bearer`` and replaced by ``***`` in every error message.
-Credentials in the base URL (``https://user:password@host/v1``, sent by httpx as basic authentication) are masked in
-every message too (:func:`finecap.config.secrets.masked_url_secrets`).
+Credentials in the base URL (``https://user:password@host/v1``) are taken out of it and sent as HTTP basic
+authentication (:func:`finecap.config.secrets.split_credentials`), so that the URL httpx logs at INFO for every
+request carries none, and are masked in every message too (:func:`finecap.config.secrets.masked_url_secrets`).
 
 Why ``httpx`` + ``tenacity`` rather than the ``openai`` package: the request is one POST that httpx makes with a
 time-out and a connection pool; ``tenacity`` gives the retry policy (stop, jittered exponential wait, the retry
@@ -104,7 +107,7 @@ from finecap.boost.engine import (
     cut_off,
     request_seed,
 )
-from finecap.config.secrets import masked_url_secrets
+from finecap.config.secrets import masked_url_secrets, split_credentials
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits, decode_image, encode_image
 from finecap.data.records import DataError
 
@@ -278,9 +281,11 @@ class OpenAIBackend:
         url_key = f"{key}_base_url" if base_url else "OPENAI_BASE_URL (environment, boost.*_base_url empty)"
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         check_base_url(base_url, url_key)
+        # in messages: the URL as given, its credentials masked (http://***@host/v1/chat/completions)
+        self.shown_url = masked_url_secrets(f"{base_url.rstrip('/')}/chat/completions")
+        base_url, credentials = split_credentials(base_url)  # sent as basic auth: httpx logs the URL it requests
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
-        self.shown_url = masked_url_secrets(self.url)  # in messages: a password in the URL is a secret
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "")
         check_api_key(self._api_key, f"{key}_api_key_env" if "." in key else f"{key}.api_key_env")
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
@@ -291,7 +296,8 @@ class OpenAIBackend:
         self.seed = seed
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        self.client = httpx.Client(headers=headers, timeout=timeout, limits=limits, transport=transport)
+        self.client = httpx.Client(headers=headers, auth=credentials, timeout=timeout, limits=limits,
+                                   transport=transport)  # fmt: skip
         self._stop = threading.Event()
         self._sleep = sleep or (lambda seconds: self._stop.wait(seconds))
         self._clock = clock
@@ -355,20 +361,16 @@ class OpenAIBackend:
                 f"{self.shown_url}: HTTP {status}: {FATAL_STATUS[status]} ({self.key}_*); the server said: {shown}"
             )
         if status in RETRY_STATUS:
-            retry_after = parse_retry_after(response.headers.get("Retry-After"), self._clock())
-            message = f"HTTP {status}: {shown[:200]}"
-            if retry_after is not None and retry_after > self.max_wait:
-                raise BackendError(
-                    f"{self.shown_url}: {message}; the server asks to retry after {retry_after:g} s, more than "
-                    f"{self.section}.retry_max_wait={self.max_wait:g}"
-                )
-            raise _Retry(message, unavailable=status in UNAVAILABLE_STATUS, retry_after=retry_after)
+            raise self._retry(response, f"HTTP {status}: {shown[:200]}", unavailable=status in UNAVAILABLE_STATUS)
         if status >= 400:
             raise BackendError(f"{self.shown_url}: HTTP {status}: {shown}")
         try:
             body = json.loads(raw)  # JSON's own encoding detection, as httpx's Response.json; not the charset header
         except ValueError:  # UnicodeDecodeError too
             raise MalformedReply(f"HTTP {status} but the reply is not JSON: {shown[:200]!r}") from None
+        if isinstance(body, dict) and body.get("error") is not None and not body.get("choices"):
+            # a failure reported with HTTP 200 (vLLM, some proxies): retried as a 500 is, after the same waits
+            raise self._retry(response, f"HTTP {status} with an error body: {shown[:200]}", unavailable=False)
         try:
             choice = body["choices"][0]
             message = choice["message"]
@@ -388,6 +390,18 @@ class OpenAIBackend:
         if not isinstance(content, str):
             raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
         return self.masked_answer(content)
+
+    def _retry(self, response: httpx.Response, message: str, *, unavailable: bool) -> _Retry:
+        """The retry of an attempt the server answered with a failure (``message``), waiting its ``Retry-After``
+        when it sends one (:meth:`wait`); a :class:`~finecap.boost.engine.BackendError`, raised, when that is longer
+        than ``retry_max_wait`` (module docstring)."""
+        retry_after = parse_retry_after(response.headers.get("Retry-After"), self._clock())
+        if retry_after is not None and retry_after > self.max_wait:
+            raise BackendError(
+                f"{self.shown_url}: {message}; the server asks to retry after {retry_after:g} s, more than "
+                f"{self.section}.retry_max_wait={self.max_wait:g}"
+            )
+        return _Retry(message, unavailable=unavailable, retry_after=retry_after)
 
     def _read_before(self, response: httpx.Response, deadline: float) -> bytes:
         """The reply's bytes, an ``httpx.ReadTimeout`` when they are still arriving at ``deadline`` (module

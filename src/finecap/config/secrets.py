@@ -13,6 +13,12 @@ Two kinds of secret are masked:
 
 A masked URL is no longer usable: a stored ``config.yaml`` reused (``finecap caption RUN``, a resume) needs the
 credentials given again (an override, or better the environment of the tool that reads the URL).
+
+Nor does a URL finecap requests carry its user information: httpx logs every request's URL (``HTTP Request: POST
+http://user:password@host/...`` at INFO, which a training script's ``logging.basicConfig(level=logging.INFO)``
+writes to its log file). Every HTTP client of finecap (the ``openai`` backend of boost and of the judge, the reward
+server's client) takes it out of the URL first (:func:`split_credentials`) and sends it as HTTP basic authentication
+(httpx's ``auth=``), as httpx would have sent it from the URL.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import difflib
 import re
 from typing import Any
+from urllib.parse import unquote
 
 SECRET_KEYS: tuple[str, ...] = ("boost.llm_api_key", "boost.vlm_api_key")
 """Keys holding secrets: masked wherever a configuration is saved, printed or logged; finecap boost never writes them
@@ -45,13 +52,21 @@ def _secret_name(name: str) -> bool:
     return any(word in name.lower() for word in SECRET_WORDS)
 
 
+def _authority(rest: str) -> tuple[str | None, str, str]:
+    """The user information (``None`` without an ``@``), the host with its port, and what follows them (path, query,
+    fragment) of a URL's ``rest``, after its scheme and slashes. The user information ends at the authority's last
+    ``@``, as urllib and httpx read it."""
+    end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0], default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    userinfo, at, host = authority.rpartition("@")
+    return userinfo if at else None, host, tail
+
+
 def _masked_url(scheme: str, rest: str) -> str:
     """One URL (``scheme`` with its slashes, then the ``rest``) with its user information and its secret-named
     parameters masked (module docstring)."""
-    end = min([i for i in (rest.find(c) for c in "/?#") if i >= 0], default=len(rest))
-    authority, tail = rest[:end], rest[end:]
-    if "@" in authority:  # user information ends at the last '@' of the authority, as urllib and httpx read it
-        authority = f"{MASK}@{authority.rsplit('@', 1)[1]}"
+    userinfo, host, tail = _authority(rest)
+    authority = host if userinfo is None else f"{MASK}@{host}"
     cut = min([i for i in (tail.find(c) for c in "?#") if i >= 0], default=len(tail))
     path, params = tail[:cut], tail[cut:]
     params = _PARAM.sub(
@@ -74,6 +89,32 @@ def masked_url_secrets(text: str) -> str:
         'http://localhost:8000/v1'
     """
     return _URL.sub(lambda m: _masked_url(m["scheme"], m["rest"]), text) if ":/" in text else text
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its user information, and the ``(user, password)`` it held, percent-decoded as httpx reads
+    them (``None`` when it held none, or an empty one): what finecap's HTTP clients request and send as basic
+    authentication (module docstring), so that the URL httpx logs carries no secret. A lone ``token@`` is a user
+    with an empty password (as httpx sends it); a text that is no ``scheme://`` URL comes back as it is.
+
+    Example::
+
+        >>> split_credentials("http://alice:pa%40ss@host:8000/v1?x=1")
+        ('http://host:8000/v1?x=1', ('alice', 'pa@ss'))
+        >>> split_credentials("https://tok3n@host/v1"), split_credentials("http://localhost:8000/v1")
+        (('https://host/v1', ('tok3n', '')), ('http://localhost:8000/v1', None))
+    """
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return url, None
+    userinfo, host, tail = _authority(url[scheme.end() :])
+    if userinfo is None:
+        return url, None
+    user, _, password = userinfo.partition(":")
+    return f"{scheme[0]}{host}{tail}", (unquote(user), unquote(password)) if user or password else None
 
 
 def _masked_value(value: Any) -> Any:

@@ -16,14 +16,15 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   ``The answer is B.``, nothing else);
   claims a JSON list of strings; supports a JSON list of ``"yes"``/``"no"``, one per claim; a rating a JSON object
   ``{"score": 0-100, "reason": "..."}``. A JSON reply may be wrapped in one Markdown code fence.
-- **Failures**: connection errors, time-outs and HTTP 408/409/429/5xx are retried by the client (``judge.retries``
-  times, with backoff); a server that still fails passes the call to the next server it has not failed on; an
-  unparsable or malformed answer is asked again, up to ``judge.retries`` more times, each time of the next server; a
-  call still without an answer is a :class:`~finecap.judges.base.JudgeFailed` in its place, counted
-  (``counts["failed"]``). A judge that cannot answer at all raises :class:`~finecap.judges.base.JudgeUnavailable`
-  (the run stops with its message): at once on HTTP 401/403/404 (a refused key, a wrong model or URL), and when
-  ``judge.max_consecutive_failures`` calls in a row reached no server (a judge server down would otherwise leave
-  every caption unscored, step after step); every call after that raises too, without a request.
+- **Failures**: connection errors, time-outs, HTTP 408/409/429/5xx and an HTTP 200 whose body is an error
+  (``{"error": ...}``) are retried by the client (``judge.retries`` times, with backoff); a server that still fails
+  passes the call to the next server it has not failed on; an unparsable or malformed answer is asked again, up to
+  ``judge.retries`` more times, each time of the next server; a call still without an answer is a
+  :class:`~finecap.judges.base.JudgeFailed` in its place, counted (``counts["failed"]``). A judge that cannot
+  answer at all raises :class:`~finecap.judges.base.JudgeUnavailable` (the run stops with its message): at once on
+  HTTP 401/403/404 (a refused key, a wrong model or URL), and when ``judge.max_consecutive_failures`` calls in a row
+  reached no server (a judge server down would otherwise leave every caption unscored, step after step); every call
+  after that raises too, without a request.
 - **Cache**: every parsed answer is kept (:class:`~finecap.judges.cache.AnswerCache`), keyed by the judge's model,
   ``judge.max_tokens``, prompt version, the kind of call, its inputs (caption, question, options as presented, ...)
   and the messages asked (the prompt's words). A call asked again while the same call is in flight (the samples of

@@ -8,7 +8,9 @@ a reply of another length never reaches a policy's advantages. A ``null`` is rea
 not score, when the reply counts it (``"failed": k``): a :class:`finecap.rewards.RewardOutput` with that caption in
 ``failed`` (its values NaN), which each adapter answers in its trainer's way. A server's bearer token (``finecap
 serve-reward --token-file``) is read from ``$FINECAP_REWARD_TOKEN`` (or given as ``token=``); every message masks the
-credentials of the URL (``user:password@``, ``?token=``), so that no log line or traceback shows them.
+credentials of the URL (``user:password@``, ``?token=``), so that no log line or traceback shows them, and a
+``user:password@`` is never requested: it is sent as basic authentication
+(:func:`finecap.config.secrets.split_credentials`), as httpx logs the URL of every request.
 
 Example (a server from ``finecap serve-reward demo/sr_bagcurri --port 8000``)::
 
@@ -29,7 +31,7 @@ from typing import Any
 import httpx
 import torch
 
-from finecap.config.secrets import masked_url_secrets
+from finecap.config.secrets import masked_url_secrets, split_credentials
 from finecap.rewards import RewardOutput
 from finecap.serve.protocol import RequestError, reward_body
 
@@ -88,6 +90,8 @@ class RewardClient:
                              f"{masked_url_secrets(str(url))!r}")  # fmt: skip
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"RewardClient: timeout must be a positive number of seconds, got {timeout!r}")
+        self.shown_url = masked_url_secrets(reward_url(url))  # in messages: as given, its credentials masked
+        url, self._auth = split_credentials(url)  # basic auth, never in the URL httpx logs
         self.url = reward_url(url)
         self.timeout = timeout
         token = token if token is not None else os.environ.get(TOKEN_ENV) or None
@@ -102,7 +106,7 @@ class RewardClient:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"RewardClient({masked_url_secrets(self.url)!r})"
+        return f"RewardClient({self.shown_url!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         """What a copy in another process needs (verl's ``remote`` reward manager ships its ``compute_score`` to Ray
@@ -147,7 +151,7 @@ class RewardClient:
         with self._lock:
             if self._http is None or self._http.is_closed:
                 limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight)
-                self._http = httpx.Client(timeout=self.timeout, headers=self._headers, limits=limits)
+                self._http = httpx.Client(timeout=self.timeout, headers=self._headers, auth=self._auth, limits=limits)
             return self._http
 
     def _gate(self) -> asyncio.Semaphore:
@@ -173,7 +177,7 @@ class RewardClient:
         try:
             response = self._client().post(self.url, json=body)
         except httpx.HTTPError as e:
-            raise _unreachable(self.url, e) from None
+            raise _unreachable(self.shown_url, e) from None
         return self.reply(response, len(body["captions"]))
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
@@ -182,10 +186,13 @@ class RewardClient:
         :attr:`max_in_flight` of one event loop at once."""
         body = self.payload(captions, image_ids, **kwargs)
         try:
-            async with self._gate(), httpx.AsyncClient(timeout=self.timeout, headers=self._headers) as client:
+            async with (
+                self._gate(),
+                httpx.AsyncClient(timeout=self.timeout, headers=self._headers, auth=self._auth) as client,
+            ):
                 response = await client.post(self.url, json=body)
         except httpx.HTTPError as e:
-            raise _unreachable(self.url, e) from None
+            raise _unreachable(self.shown_url, e) from None
         return self.reply(response, len(body["captions"]))
 
 

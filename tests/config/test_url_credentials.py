@@ -1,0 +1,128 @@
+"""Credentials in a server's URL (``http://user:password@host/v1``) are sent as HTTP basic authentication and never
+requested in the URL, which httpx logs at INFO for every request (``HTTP Request: POST <url>``): each HTTP client of
+finecap (boost's openai backend, the openai judge, the reward server's client and the adapters over it) against a
+real server on 127.0.0.1, with httpx's and httpcore's loggers at DEBUG, and every file a boost run writes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from pathlib import Path
+
+import pytest
+
+from finecap.app.boost import main as boost
+from finecap.boost.engine import Task
+from finecap.boost.openai_backend import OpenAIBackend
+from finecap.config import load
+from finecap.config.secrets import split_credentials
+from finecap.integrations.swift import async_orm
+from finecap.integrations.verl import compute_score_batch
+from finecap.judges.base import Ask, Question
+from finecap.judges.openai import OpenAIJudge
+from finecap.serve.client import RewardClient
+from helpers.chat_server import ChatServer, completion, echo_first_caption
+from helpers.tiny_world import make_tiny_world, world_items
+
+USER, PASSWORD = "alice", "pa55-w0rd@x"  # an '@' in the password, written %40 in the URL
+SECRETS = (PASSWORD, "pa55-w0rd%40x", base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode())
+BASIC = f"Basic {base64.b64encode(f'{USER}:{PASSWORD}'.encode()).decode()}"
+
+
+def with_credentials(url: str) -> str:
+    return url.replace("http://", f"http://{USER}:pa55-w0rd%40x@")
+
+
+@pytest.fixture
+def http_logs(caplog):
+    """Every record of httpx, httpcore and finecap, at DEBUG (a user's ``basicConfig(level=DEBUG)``)."""
+    for name in ("httpx", "httpcore", "finecap"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    return caplog
+
+
+def assert_no_secret_in(caplog, server: ChatServer) -> None:
+    """No secret in any record (its message and its arguments), and httpx did log the request it made: the check
+    reads the records that would hold the URL."""
+    texts = [f"{r.getMessage()} {r.args!r} {r.msg!r}" for r in caplog.records]
+    requested = [t for t in texts if "HTTP Request: POST" in t and server.url.split("//")[1].split("/")[0] in t]
+    assert requested, texts
+    for secret in SECRETS:
+        assert not [t for t in texts if secret in t], secret
+
+
+def test_split_credentials():
+    assert split_credentials("http://alice:pa55-w0rd%40x@127.0.0.1:8000/v1?x=1#f") == (
+        "http://127.0.0.1:8000/v1?x=1#f", ("alice", "pa55-w0rd@x"))  # fmt: skip
+    assert split_credentials("https://a@b:c@host/v1") == ("https://host/v1", ("a@b", "c"))  # the last '@' ends it
+    assert split_credentials("http://sk-token@host") == ("http://host", ("sk-token", ""))
+    assert split_credentials("http://@host/v1") == ("http://host/v1", None)
+    assert split_credentials("http://host/a@b?c=d@e") == ("http://host/a@b?c=d@e", None)  # an '@' past the host
+    assert split_credentials("http://127.0.0.1:8000") == ("http://127.0.0.1:8000", None)
+    assert split_credentials("not a url@all") == ("not a url@all", None)
+
+
+def test_the_boost_backend_sends_basic_auth_and_logs_no_password(http_logs):
+    with ChatServer() as server:
+        backend = OpenAIBackend("m", with_credentials(server.url), "", sleep=lambda s: None)
+        try:
+            task = Task(0, None, "blend", [{"role": "user", "content": "- a cat"}], {})
+            assert backend.complete(task) == "boosted a cat"
+        finally:
+            backend.close()
+    assert [r["headers"]["Authorization"] for r in server.requests] == [BASIC]
+    assert PASSWORD not in backend.url and "pa55" not in backend.url
+    assert_no_secret_in(http_logs, server)
+
+
+def test_the_judge_sends_basic_auth_and_no_message_or_log_shows_the_password(http_logs):
+    def answer(payload, n):  # the green circle's call fails, the blue one's is answered
+        return (500, {"error": "busy"}) if "green" in payload["messages"][-1]["content"] else (200, completion("B"))
+
+    question = Question("0/c", "What colour?", ("red", "blue"), "blue")
+    with ChatServer(answer) as server:
+        judge = OpenAIJudge([with_credentials(server.url)], "judge-model", sleep=lambda s: None, retries=0)
+        try:
+            first, second = judge.answer([Ask(question, ("red", "blue"), f"a {c} circle") for c in ("green", "blue")])
+        finally:
+            judge.close()
+    assert {r["headers"]["Authorization"] for r in server.requests} == {BASIC}
+    assert second == "blue" and "HTTP 500" in str(first)  # a failure's message names the URL
+    assert not [s for s in SECRETS if s in str(first)] and "http://***@127.0.0.1" in str(first)  # as given, masked
+    assert_no_secret_in(http_logs, server)
+
+
+def test_the_reward_client_and_its_adapters_send_basic_auth_and_log_no_password(http_logs):
+    with ChatServer(lambda payload, n: (200, {"total": [1.0] * len(payload["captions"])})) as server:
+        url = with_credentials(server.url.removesuffix("/v1"))
+        client = RewardClient(url)
+        try:
+            assert client.score(["a"], [1]).total.tolist() == [1.0]
+        finally:
+            client.close()
+        assert asyncio.run(RewardClient(url).ascore(["a"], [1])).total.tolist() == [1.0]
+        assert [r["score"] for r in compute_score_batch(["d"], ["a"], [""], [{"image_id": 1}], url=url)] == [1.0]
+        assert asyncio.run(async_orm(url=url)()(["a"], image_id=[1])) == [1.0]
+    assert [r["headers"]["Authorization"] for r in server.requests] == [BASIC] * 4
+    assert_no_secret_in(http_logs, server)
+
+
+def test_a_boost_run_writes_and_logs_no_password(tmp_path, http_logs, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    small = ("world.n_train=4", "world.n_val=1", "world.n_test=1")
+    world = make_tiny_world(tmp_path / "world", small)
+    items = [*world_items(world, small), "boost.mode=blend", "boost.llm_backend=openai", "boost.llm_model=m",
+             "boost.few_shot=false"]  # fmt: skip
+    with ChatServer(echo_first_caption) as server:
+        summary = boost(load(None, [*items, f"boost.llm_base_url={with_credentials(server.url)}"]), tmp_path / "out",
+                        progress=False)  # fmt: skip
+    assert summary["failed"] == 0 and server.requests
+    assert {r["headers"]["Authorization"] for r in server.requests} == {BASIC}
+    printed = capsys.readouterr()
+    files = {p: p.read_bytes() for p in Path(tmp_path / "out").rglob("*") if p.is_file()}
+    assert Path(tmp_path / "out" / "boost.json") in files
+    for secret in SECRETS:
+        assert secret not in printed.out + printed.err
+        assert not [p for p, data in files.items() if secret.encode() in data], secret
+    assert_no_secret_in(http_logs, server)
