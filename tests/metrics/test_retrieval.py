@@ -233,6 +233,18 @@ def test_bag_retrieval_unknown_image_raises():
         bag_retrieval(np.eye(2), [["a", "zzz"]], ["a", "b"])
 
 
+def test_bag_retrieval_refuses_a_bag_of_one_image():
+    # A bag of 1 was scored: its caption's image is the only candidate, so bag1/R@1 was 1.0 whatever the caption
+    # (here one whose own image scores lowest). The bags file refuses it; the library took it. So did the listener.
+    scores = np.array([[0.1, 0.9], [0.9, 0.1]])
+    with pytest.raises(ValueError, match=r"^bag 0 is a bag of size 1: a bag holds at least 2 images"):
+        bag_retrieval(scores, [[0]], [0, 1])
+    with pytest.raises(ValueError, match=r"^bag 1 is a bag of size 1"):  # named by its place among all bags
+        bag_retrieval(scores, [[0, 1], [1]], [0, 1])
+    with pytest.raises(ValueError, match=r"^bag 0 is a bag of size 0"):
+        bag_retrieval(scores, [[]], [0, 1])
+
+
 def test_bag_retrieval_refuses_a_bag_naming_an_image_twice():
     # Bag [0, 1, 1] holds 2 images: caption 0 (scores 0.5, 0.9 for images 0, 1) ranks 2nd of 2, but image 1 counted
     # twice made it rank 3 in a "bag3" (the bags file refuses such a bag; the function took it).

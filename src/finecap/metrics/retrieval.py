@@ -284,11 +284,13 @@ def bag_columns(
     """``{column: the columns of the bag holding its image}`` of ``bags`` (lists of image ids) under ``column``
     (``{image id: score column}``), the one reading of bags that the retriever's bag metric (:func:`bag_ranks`) and
     the listener's (:mod:`finecap.metrics.listener`) share, so both score the same captions. ``ValueError`` naming
-    the bag (``where`` with its index) for a bag with an image not in ``column`` (scoring the rest as a smaller bag
-    would count other captions than the bags say), with one image twice, or with an image of an earlier bag (its
-    caption would be ranked in one of the two only; TrueMatch's bags of one size are disjoint, NDLB Algorithm 2).
-    ``bags`` are bags of one size; ``numbers`` gives the index ``where`` names each by (default its place in
-    ``bags``; :func:`bag_ranks` reads each size's bags apart and names them by their place among all it was given).
+    the bag (``where`` with its index) for a bag of fewer than 2 images (a bag of 1 is always retrieved: its R@1 is
+    1 whatever the caption, and the metric would report it as ``bag1/R@1``), for a bag with an image not in
+    ``column`` (scoring the rest as a smaller bag would count other captions than the bags say), with one image
+    twice, or with an image of an earlier bag (its caption would be ranked in one of the two only; TrueMatch's bags
+    of one size are disjoint, NDLB Algorithm 2). ``bags`` are bags of one size; ``numbers`` gives the index
+    ``where`` names each by (default its place in ``bags``; :func:`bag_ranks` reads each size's bags apart and names
+    them by their place among all it was given).
 
     Example::
 
@@ -301,6 +303,9 @@ def bag_columns(
     bag_of: dict[int, np.ndarray] = {}
     for b, bag in enumerate(bags):
         name = where.format(number[b])
+        if len(bag) < 2:
+            raise ValueError(f"{name} is a bag of size {len(bag)}: a bag holds at least 2 images (alone in its bag, "
+                             "an image is retrieved whatever its caption says)")  # fmt: skip
         missing = [i for i in bag if i not in column]
         if missing:
             raise ValueError(f"{name} names images not among the scored images: {missing[:5]}")
@@ -377,9 +382,9 @@ def bag_retrieval() -> dict[str, float]:
 
     Args:
         scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
-        bags: lists of distinct image ids, the bags of one size disjoint (a bag naming one twice, or an image of an
-            earlier bag of its size, is refused: :func:`bag_columns`); an image may lie in bags of several sizes
-            (TrueMatch builds each size's bags on its own), its caption is then ranked in each.
+        bags: lists of at least 2 distinct image ids, the bags of one size disjoint (a bag of 1, a bag naming one
+            twice, or an image of an earlier bag of its size, is refused: :func:`bag_columns`); an image may lie in
+            bags of several sizes (TrueMatch builds each size's bags on its own), its caption is then ranked in each.
         image_ids: the id of every column.
         targets: target column per caption (default ``arange(Q)``).
         ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).
