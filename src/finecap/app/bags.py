@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 
 
 def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
-    """``"3,5,7"`` or ``[3, 5, 7]`` -> ``[3, 5, 7]`` (each >= 2, sorted, without repeats).
+    """``"3,5,7"`` or ``[3, 5, 7]`` -> ``[3, 5, 7]`` (each >= 2, sorted, without repeats). An empty item
+    (``"3,,2"``, ``"3,5,"``) is a ``ValueError`` naming ``--sizes``: a size typed and lost would otherwise be
+    dropped without a word.
 
     Example::
 
@@ -42,8 +44,12 @@ def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
         [3, 5, 7]
     """
     if isinstance(sizes, str):
+        items = sizes.split(",")
+        if any(not s.strip() for s in items):
+            raise ValueError(f"--sizes: {sizes!r} has an empty item (two commas in a row, or one at an end); give "
+                             "comma-separated bag sizes, e.g. 3,5,7")  # fmt: skip
         try:
-            values = [int(s) for s in sizes.split(",") if s.strip()]
+            values = [int(s) for s in items]
         except ValueError:
             raise ValueError(f"--sizes: expected comma-separated integers, got {sizes!r}") from None
     else:
