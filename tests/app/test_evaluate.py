@@ -644,6 +644,27 @@ def test_bags_larger_than_the_split_are_refused_before_embedding_it(world, clip_
     assert not (tmp_path / "bags.json").exists()
 
 
+def test_bags_build_refuses_repeated_image_ids_before_embedding(world, clip_dir, tmp_path, capsys, monkeypatch):
+    # A guard, not a fix: build_bags checks its ids after the split is embedded, but the command never gets there
+    # with a repeated id: the data set's reader refuses it (read_dataset; 1 and "1" are one id) before embedding.
+    def embedded(*args, **kwargs):
+        raise AssertionError("the split was embedded before its ids were checked")
+
+    monkeypatch.setattr("finecap.app.bags.record_embeddings", embedded)
+    images = []
+    for k, image in enumerate(sorted((world / "images" / "test").glob("*.png"))[:3]):
+        images.append(f"{k}.png")
+        shutil.copyfile(image, tmp_path / images[-1])
+    for ids in ([1, 1, 2], [1, "1", 2]):
+        data = tmp_path / "data.jsonl"
+        data.write_text("".join(json.dumps({"id": i, "image": str(image), "captions": ["x"], "split": "test"}) + "\n"
+                                for i, image in zip(ids, images, strict=True)))  # fmt: skip
+        assert cli(["bags", "build", "--data", str(data), "--split", "test", "--sizes", "2",
+                    "--out", str(tmp_path / "bags.json"), f"retriever.checkpoint={clip_dir}"]) == 2  # fmt: skip
+        assert "line 2: duplicate image id" in capsys.readouterr().err
+    assert not (tmp_path / "bags.json").exists()
+
+
 def test_bags_build_names_images_without_a_caption_before_embedding(world, clip_dir, tmp_path, monkeypatch):
     # A folder data set's images may have no caption. Half of an image's multimodal embedding is the mean of its
     # captions' text embeddings: the command embedded the whole split, then failed with "every image needs at least
