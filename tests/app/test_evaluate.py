@@ -704,6 +704,24 @@ def test_bags_build_and_eval_never_write_into_the_retriever_checkpoint(world, cl
     assert (clip / "config.json").read_bytes() == config and not (clip / "bags.json").exists()
 
 
+def test_bags_build_never_writes_into_the_world_encoder_it_reads(world, clip_dir, tmp_path):
+    # With retriever.checkpoint empty the retriever is the world encoder (<cache>/world_encoder/<key>), but only
+    # retriever.checkpoint was among the inputs: `--out <encoder>/encoder.json --force` was not refused.
+    from finecap.models.world_encoder import encoder_dir
+
+    cache = f"run.cache_dir={tmp_path / 'cache'}"
+    encoder = encoder_dir(load(None, [cache]))
+    shutil.copytree(clip_dir, encoder)  # a trained world encoder: CLIP weights and its encoder.json
+    (encoder / "encoder.json").write_text("{}")
+    for out in (encoder / "encoder.json", encoder / "bags.json"):
+        refused(["bags", "build", "--data", str(world), "--split", "test", "--sizes", "2", "--out", str(out),
+                 "--force", cache], "--out", "world encoder (retriever.checkpoint is empty)")  # fmt: skip
+    assert (encoder / "encoder.json").read_text() == "{}" and not (encoder / "bags.json").exists()
+    # a retriever.checkpoint set: the world encoder is not read, so not an input
+    assert cli(["bags", "build", "--data", str(world), "--split", "test", "--sizes", "2", "--out",
+                str(encoder / "bags.json"), cache, f"retriever.checkpoint={clip_dir}"]) == 0  # fmt: skip
+
+
 def test_bags_build_and_clip_metrics_end_to_end(world, clip_dir, tmp_path, capsys):
     overrides = [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", "eval.n_distractors=5",
                  "eval.draws=2"]  # fmt: skip
