@@ -218,3 +218,10 @@ def test_parse_sizes():
         parse_sizes("3,x")
     with pytest.raises(ValueError, match=">= 2"):
         parse_sizes([1])
+
+
+@pytest.mark.parametrize("sizes", ["3,,2", "3,5,", ",3", "3, ,5", ""])
+def test_parse_sizes_refuses_an_empty_item_naming_the_option(sizes):
+    # "3,,2" read as [2, 3]: a size the user meant (a typo, or a lost digit) was dropped without a word.
+    with pytest.raises(ValueError, match=r"^--sizes: .* has an empty item"):
+        parse_sizes(sizes)

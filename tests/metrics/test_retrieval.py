@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,6 +191,22 @@ def test_rd_retrieval_averages_draws():
     assert out["mean_rank"] == pytest.approx(float(ranks.mean()))
 
 
+def test_a_recall_that_cannot_fail_is_left_out_with_a_note(caplog):
+    # RD-3 ranks a caption among 4 images, so R@5 and R@10 were reported as 1.0 even here, where every caption ranks
+    # last in every draw (its own image scores lowest). NDLB and DiscriTune report R@1 alone: such a recall is left
+    # out, and the log says so; R@k with k <= N can fail and is kept. The whole pool of 6 images likewise.
+    scores = -np.eye(6)
+    caplog.set_level(logging.INFO, logger="finecap.metrics.retrieval")
+    out = rd_retrieval(scores, n_distractors=3, draws=2)
+    assert out == {"R@1": 0.0, "mean_rank": 4.0, "median_rank": 4.0}
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 1 and notes[0].startswith("RD3: R@5, R@10 left out: a caption is ranked among 4 images")
+    out = rd_retrieval(scores, n_distractors=5, draws=2)
+    assert out["R@5"] == 0.0 and "R@10" not in out  # rank 6 of 6: R@5 fails
+    assert pool_retrieval(scores) == {"R@1": 0.0, "R@5": 0.0, "mean_rank": 6.0, "median_rank": 6.0}
+    assert "pool: R@10 left out" in caplog.text
+
+
 def test_bag_retrieval_per_bag_size():
     ids = ["a", "b", "c", "d", "e"]
     # Rows are captions of a..e (targets = diagonal).
@@ -214,6 +231,18 @@ def test_bag_retrieval_per_bag_size():
 def test_bag_retrieval_unknown_image_raises():
     with pytest.raises(ValueError, match="bag 0 names images not among the scored images"):
         bag_retrieval(np.eye(2), [["a", "zzz"]], ["a", "b"])
+
+
+def test_bag_retrieval_refuses_a_bag_of_one_image():
+    # A bag of 1 was scored: its caption's image is the only candidate, so bag1/R@1 was 1.0 whatever the caption
+    # (here one whose own image scores lowest). The bags file refuses it; the library took it. So did the listener.
+    scores = np.array([[0.1, 0.9], [0.9, 0.1]])
+    with pytest.raises(ValueError, match=r"^bag 0 is a bag of size 1: a bag holds at least 2 images"):
+        bag_retrieval(scores, [[0]], [0, 1])
+    with pytest.raises(ValueError, match=r"^bag 1 is a bag of size 1"):  # named by its place among all bags
+        bag_retrieval(scores, [[0, 1], [1]], [0, 1])
+    with pytest.raises(ValueError, match=r"^bag 0 is a bag of size 0"):
+        bag_retrieval(scores, [[]], [0, 1])
 
 
 def test_bag_retrieval_refuses_a_bag_naming_an_image_twice():

@@ -519,6 +519,30 @@ def test_a_stage_without_training_curves_is_named_under_the_plots(fabricated_run
     assert "(no blip_x/metrics.jsonl)." in whole.read_text() and "mle (" not in whole.read_text()
 
 
+def test_a_stage_left_off_the_faithfulness_plot_is_named_under_the_plots(tmp_path):
+    # A stage whose precision is NaN (its captions state no fact: 0/0; null in results.json) or whose recall is was
+    # left off the precision-recall plot, and nothing said so, while missing training curves are named.
+    from finecap.app.report import _plots
+    from finecap.report.plots import precision_recall_note
+    from finecap.report.run import RunData
+
+    rows = {"human": {"Length": 9.0}, "mle": {"faith/recall": 0.4, "faith/precision": 0.9},
+            "rl": {"faith/recall": 0.1, "faith/precision": None}, "odd": {"faith/recall": float("nan")}}  # fmt: skip
+    expected = "No faithfulness point for rl (faith/precision is NaN), odd (no faith/precision, faith/recall is NaN)."
+    assert precision_recall_note(rows) == expected
+    assert precision_recall_note({"mle": rows["mle"], "human": rows["human"]}) is None  # all drawn, or not scored
+    run = RunData(tmp_path, results=rows)
+    run.events = {"mle": [{"step": 1, "split": "train", "values": {"loss": 1.0}}]}
+    plots, note = _plots(run, tmp_path / "plots")
+    assert "faithfulness: precision against recall" in [p["title"] for p in plots]  # mle's point is drawn
+    assert note == f"No training curves for rl (no rl/metrics.jsonl), odd (no odd/metrics.jsonl). {expected}"
+    # nothing to draw: the plot is left out, the note still says why
+    run.results = {"rl": rows["rl"]}
+    plots, note = _plots(run, tmp_path / "plots2")
+    assert "faithfulness: precision against recall" not in [p["title"] for p in plots]
+    assert note.endswith("No faithfulness point for rl (faith/precision is NaN).")
+
+
 def test_every_plot_says_what_its_axes_are(tmp_path, monkeypatch):
     # The caption-length histograms had no y label (what was counted: captions? images? a share?). Every axis of
     # every plot is named: by a label of its own or the figure's, or (a panel of curves) by the panel's title.

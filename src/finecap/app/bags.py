@@ -26,6 +26,7 @@ from finecap.data.references import load_references, require_captions
 from finecap.data.truematch import Bag, build_bags, family_purity, keep_hardest, random_bag_purity, record_embeddings
 from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
+from finecap.models.world_encoder import encoder_dir
 from finecap.outputs import check_not_among, check_output_file, write_output_json
 from finecap.train.fingerprint import bags_data_fingerprint
 from finecap.train.prepare import prepare
@@ -34,7 +35,9 @@ log = logging.getLogger(__name__)
 
 
 def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
-    """``"3,5,7"`` or ``[3, 5, 7]`` -> ``[3, 5, 7]`` (each >= 2, sorted, without repeats).
+    """``"3,5,7"`` or ``[3, 5, 7]`` -> ``[3, 5, 7]`` (each >= 2, sorted, without repeats). An empty item
+    (``"3,,2"``, ``"3,5,"``) is a ``ValueError`` naming ``--sizes``: a size typed and lost would otherwise be
+    dropped without a word.
 
     Example::
 
@@ -42,8 +45,12 @@ def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
         [3, 5, 7]
     """
     if isinstance(sizes, str):
+        items = sizes.split(",")
+        if any(not s.strip() for s in items):
+            raise ValueError(f"--sizes: {sizes!r} has an empty item (two commas in a row, or one at an end); give "
+                             "comma-separated bag sizes, e.g. 3,5,7")  # fmt: skip
         try:
-            values = [int(s) for s in sizes.split(",") if s.strip()]
+            values = [int(s) for s in items]
         except ValueError:
             raise ValueError(f"--sizes: expected comma-separated integers, got {sizes!r}") from None
     else:
@@ -65,12 +72,15 @@ def main(
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
     JSON written and logs one line per size (with family purity on a world with families). ``out`` may not be the
     data set or one of its images (nor ``recipe``, the file the configuration came from, nor a file of the retriever
-    checkpoint), nor an existing file finecap did not make unless ``force``. Every image of the split needs a reference
-    caption (of ``bags.text_from``): its text embedding is half of the image's multimodal embedding."""
+    checkpoint, or of the world encoder's folder when ``retriever.checkpoint`` is empty and that is the retriever),
+    nor an existing file finecap did not make unless ``force``. Every image of the split needs a reference caption
+    (of ``bags.text_from``): its text embedding is half of the image's multimodal embedding."""
     size_list = parse_sizes(sizes)
     data_set = data or cfg.data.path or world_path(cfg.world)
     inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe,
-              "retriever.checkpoint": cfg.retriever.checkpoint or None}  # fmt: skip
+              "retriever.checkpoint": cfg.retriever.checkpoint or None,  # the retriever read: this, or else ...
+              "world encoder (retriever.checkpoint is empty)": None if cfg.retriever.checkpoint else encoder_dir(cfg),
+              }  # fmt: skip
     check_output_file(out, inputs, force=force, kind="bags")
     if data is None:
         prepare(cfg, {"data"}, make=False)  # the world checked (never made here) when it is the data

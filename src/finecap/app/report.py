@@ -18,7 +18,8 @@ DIR`` when given, and nowhere with ``--out`` alone: :func:`plots_folder`), and r
   logged (``train.log_captions`` validation images), one column per evaluation;
 - training curves per stage (loss, total reward, validation metrics of ``<stage>/metrics.jsonl``), caption-length
   histograms per stage, mean validation length over SMILE training (SMILE Fig. 4a; when ``smile`` and at least one
-  of its subsetting ablations ran), TrueMatch R@1 against bag size, faithfulness precision against recall;
+  of its subsetting ablations ran), TrueMatch R@1 against bag size, faithfulness precision against recall (a note
+  names the stages without training curves, and those left off the faithfulness plot: a NaN or missing value);
 - a caption gallery: a random sample of images and those where the stages disagree most
   (:mod:`finecap.report.gallery`), with the image, its human captions and every stage's caption, each stated fact
   coloured true / false on the world;
@@ -88,6 +89,7 @@ from finecap.report.plots import (
     length_histograms,
     plot_replaceable,
     precision_recall,
+    precision_recall_note,
     rl_curves,
     rl_panels,
     rl_title,
@@ -177,7 +179,8 @@ def _write_plots(drawn: Path, folder: Path) -> None:
 
 def _plots(run: RunData, folder: Path) -> tuple[list[dict[str, str]], str | None]:
     """The plots drawn into ``folder`` (``{"title", "note", "uri"}`` each), and the note naming the stages without
-    training curves (:func:`no_curves_note`)."""
+    training curves (:func:`no_curves_note`) and those left off the faithfulness plot
+    (:func:`~finecap.report.plots.precision_recall_note`)."""
     plots: list[dict[str, str]] = []
 
     def add(path: Path | None, title: str, note: str = "") -> None:
@@ -200,7 +203,8 @@ def _plots(run: RunData, folder: Path) -> tuple[list[dict[str, str]], str | None
             "step 0 is the MLE checkpoint the runs start from")  # fmt: skip
     add(bag_recall_curves(run.results, folder / "bag_recall.png"), "TrueMatch R@1 against bag size")
     add(precision_recall(run.results, folder / "faithfulness.png"), "faithfulness: precision against recall")
-    return plots, no_curves_note(run, curves)
+    notes = [no_curves_note(run, curves), precision_recall_note(run.results)]
+    return plots, " ".join(n for n in notes if n) or None
 
 
 def no_curves_note(run: RunData, drawn: Sequence[str]) -> str | None:

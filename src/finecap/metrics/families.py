@@ -40,6 +40,7 @@ from finecap.metrics.retrieval import (
     as_score_matrix,
     bag_retrieval_items,
     rank_items,
+    recall_ks,
     stream_keys,
     stream_rows,
     summarize_ranks,
@@ -209,6 +210,7 @@ def hard_rd_items(
     """:func:`hard_rd_retrieval` and the per-caption values of its means (``R@k`` as the share of draws,
     ``mean_rank``; :func:`finecap.metrics.retrieval.rank_items`) by caption row."""
     ranks, keep = hard_rd_ranks(scores, image_ids, families, size, targets, n_distractors, draws, seed)
+    ks = recall_ks(ks, n_distractors + 1, f"hardRD{n_distractors}")  # the others are 1 whatever the captions
     per_draw = [summarize_ranks(r, ks) for r in ranks]
     prefix = f"hardRD{n_distractors}/"
     out = {prefix + k: float(np.mean([p[k] for p in per_draw])) for k in per_draw[0]}

@@ -231,19 +231,24 @@ values is not the corpus value."""
 
 
 def _retrieval(ctx: EvalContext) -> dict[str, float]:
-    from finecap.metrics.retrieval import pool_retrieval, rank_items, rd_ranks, rd_retrieval, target_ranks
+    from finecap.metrics import retrieval as r
 
     sr, ids, scores = ctx.retrieval_scores("retrieval")
     targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
     e = ctx.cfg.eval
-    out = {f"RD{e.n_distractors}/{k}": v for k, v in rd_retrieval(scores, targets, e.n_distractors, e.draws,
-                                                                   e.seed).items()}  # fmt: skip
-    out.update({f"pool/{k}": v for k, v in pool_retrieval(scores, targets).items()})
+    out = {f"RD{e.n_distractors}/{k}": v for k, v in r.rd_retrieval(scores, targets, e.n_distractors, e.draws,
+                                                                     e.seed).items()}  # fmt: skip
+    out.update({f"pool/{k}": v for k, v in r.pool_retrieval(scores, targets).items()})
     out.update(ctx.long_captions())  # captions longer than the retriever's text window, when any
     if ctx.items is not None:  # the per-image values of the means (R@k, mean rank; RD-N's averaged over draws)
-        for name, ranks in ((f"RD{e.n_distractors}", rd_ranks(scores, targets, e.n_distractors, e.draws, e.seed)),
-                            ("pool", target_ranks(scores, targets))):  # fmt: skip  # (draws, Q), (Q,)
-            per_image = rank_items(ranks)
+        rd = r.rd_ranks(scores, targets, e.n_distractors, e.draws, e.seed)  # (draws, Q)
+        pool = r.target_ranks(scores, targets)  # (Q,)
+        # the corpus values' recalls (rd_retrieval and pool_retrieval noted those they left out)
+        for name, ranks, candidates in (
+            (f"RD{e.n_distractors}", rd, e.n_distractors + 1),
+            ("pool", pool, scores.shape[1]),
+        ):
+            per_image = r.rank_items(ranks, r.recall_ks(r.KS, candidates))
             ctx.add_items({i: {f"{name}/{k}": v[q] for k, v in per_image.items()} for q, i in enumerate(ids)},
                           [f"{name}/{k}" for k in per_image])  # fmt: skip
     return out

@@ -6,7 +6,8 @@ distractor draws (draw ``d`` from ``numpy.random.default_rng((seed, d))`` over t
 differs: each candidate's scene graph is scored by the caption's stated facts (true +1, false -1), ties broken at
 random. Keys (``<p>`` is ``RD{N}`` or ``bag{s}``):
 
-- ``listener/<p>/R@1`` (and ``R@5`` for RD-N): with the drawn tie-break (``default_rng((seed, d, 1))`` for draw
+- ``listener/<p>/R@1`` (and ``R@5`` for RD-N with ``N >= 5``, where it can fail:
+  :func:`~finecap.metrics.retrieval.recall_ks`): with the drawn tie-break (``default_rng((seed, d, 1))`` for draw
   ``d``, ``default_rng((seed, s, 2))`` for bags of size ``s``).
 - ``listener/<p>/R@1_expected``: the same in expectation over tie-breaks (``1 / (1 + tied)`` when nothing beats the
   target), free of tie-break noise.
@@ -36,7 +37,7 @@ import numpy as np
 
 from finecap.data.bags_file import check_bag_size
 from finecap.metrics.faithfulness import scene_of
-from finecap.metrics.retrieval import bag_columns, random_distractors, target_ranks
+from finecap.metrics.retrieval import bag_columns, random_distractors, recall_ks, target_ranks
 from finecap.world.listener import RankResult, rank_with_ties, support_matrix
 
 if TYPE_CHECKING:
@@ -104,7 +105,8 @@ def listener_retrieval(
         results.append(rank_with_ties(support, targets, cands, np.random.default_rng((seed, d, 1))))
         if first is not None:
             first.append(target_ranks(retriever_scores, targets, cands) == 1)
-    out = _summary(f"listener/RD{n_distractors}", results, (1, 5), first)
+    prefix = f"listener/RD{n_distractors}"
+    out = _summary(prefix, results, recall_ks((1, 5), n_distractors + 1, prefix), first)
     for size, size_bags in sorted((bags or {}).items()):
         for b, bag in enumerate(size_bags):  # the retriever's metric would score it under its own length
             check_bag_size(size, list(bag), f"listener: bags[{size}][{b}]")

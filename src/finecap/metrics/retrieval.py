@@ -10,10 +10,12 @@ similarities or logits, only the order matters) and the column ``targets[q]`` of
 - :func:`bag_retrieval` (TrueMatch): the target against the other images of its bag only; reported per bag size.
 
 Each reports ``R@k`` (fraction of captions whose image ranks in the top k, in [0, 1]), ``mean_rank`` and
-``median_rank`` (1 = best). Ties are counted against the caption (pessimistic): rank = 1 + number of other
-candidates scoring >= the target, so a collapsed model that scores every image the same gets the worst rank, not the
-best; this is DiscriTune's definition (Sec. 3, "Retriever": the image is retrieved iff its score is strictly above
-every distractor's), which the other papers leave open. :class:`SelfRetrieval` embeds captions and images with a
+``median_rank`` (1 = best); ``R@k`` only for the k below the number of images a caption is ranked among (RD-N's
+``N + 1``, the pool's size, a bag's size: :func:`recall_ks`), as the papers report only recalls that can fail. Ties
+are counted against the caption (pessimistic): rank = 1 + number of other candidates scoring >= the target, so a
+collapsed model that scores every image the same gets the worst rank, not the best; this is DiscriTune's definition
+(Sec. 3, "Retriever": the image is retrieved iff its score is strictly above every distractor's), which the other
+papers leave open. :class:`SelfRetrieval` embeds captions and images with a
 :class:`~finecap.models.retriever.Retriever` and runs the protocols on a ``{image_id: caption}`` mapping, adding
 ``retrieval/truncated`` (``retrieval/chunked``), the number of captions longer than the retriever's text window, when
 there is one (:mod:`finecap.models.text_window`).
@@ -28,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,29 @@ from finecap.models.text_window import TextEncoding, encode_texts, log_note
 
 KS: tuple[int, ...] = (1, 5, 10)
 _CHUNK = 1024  # captions per block when drawing distractors (bounds memory at CHUNK x N floats)
+
+log = logging.getLogger(__name__)
+
+
+def recall_ks(ks: Sequence[int], candidates: int, what: str | None = None) -> tuple[int, ...]:
+    """The cut-offs of ``ks`` below ``candidates``, the images a caption is ranked among (its own and its
+    competitors: ``N + 1`` for RD-N, ``s`` in a bag of ``s``): a caption ranks at most ``candidates``-th, so
+    ``R@k`` for ``k >= candidates`` is 1 whatever the captions. Such a recall is left out, as the papers leave it
+    (NDLB reports R@1 alone on RD100 and on TrueMatch's bags of 3, 5 and 7; DiscriTune R@1 against 99 distractors).
+    ``what`` (the protocol, ``"RD3"``): the note saying which were left out is logged (INFO) under that name.
+
+    Example::
+
+        >>> recall_ks((1, 5, 10), 4)  # RD3: every caption ranks in the top 4
+        (1,)
+    """
+    kept = tuple(k for k in ks if k < candidates)
+    dropped = [k for k in ks if k >= candidates]
+    if dropped and what is not None:
+        log.info("%s: %s left out: a caption is ranked among %d images, so every caption ranks in the top %d and "
+                 "these are 1 whatever it says", what, ", ".join(f"R@{k}" for k in dropped), candidates,
+                 candidates)  # fmt: skip
+    return kept
 
 
 def as_score_matrix(scores: Any) -> np.ndarray:
@@ -234,15 +260,19 @@ def rd_ranks(scores: Any, targets: Any = None, n_distractors: int = 99, draws: i
 def rd_retrieval(
     scores: Any, targets: Any = None, n_distractors: int = 99, draws: int = 3, seed: int = 0, ks: Sequence[int] = KS
 ) -> dict[str, float]:
-    """RD-N self-retrieval: metrics of :func:`summarize_ranks` per draw, averaged over ``draws`` draws."""
+    """RD-N self-retrieval: metrics of :func:`summarize_ranks` per draw, averaged over ``draws`` draws; ``R@k`` only
+    for ``k <= n_distractors`` (the others are 1 whatever the captions: left out with a note, :func:`recall_ks`)."""
     ranks = rd_ranks(scores, targets, n_distractors, draws, seed)
+    ks = recall_ks(ks, n_distractors + 1, f"RD{n_distractors}")
     per_draw = [summarize_ranks(r, ks) for r in ranks]
     return {k: float(np.mean([p[k] for p in per_draw])) for k in per_draw[0]}
 
 
 def pool_retrieval(scores: Any, targets: Any = None, ks: Sequence[int] = KS) -> dict[str, float]:
-    """Self-retrieval against every image column of ``scores`` (the whole pool)."""
-    return summarize_ranks(target_ranks(scores, targets), ks)
+    """Self-retrieval against every image column of ``scores`` (the whole pool); ``R@k`` only for ``k`` below the
+    number of columns (the others are 1 whatever the captions: left out with a note, :func:`recall_ks`)."""
+    scores = as_score_matrix(scores)
+    return summarize_ranks(target_ranks(scores, targets), recall_ks(ks, scores.shape[1], "pool"))
 
 
 def bag_columns(
@@ -254,11 +284,13 @@ def bag_columns(
     """``{column: the columns of the bag holding its image}`` of ``bags`` (lists of image ids) under ``column``
     (``{image id: score column}``), the one reading of bags that the retriever's bag metric (:func:`bag_ranks`) and
     the listener's (:mod:`finecap.metrics.listener`) share, so both score the same captions. ``ValueError`` naming
-    the bag (``where`` with its index) for a bag with an image not in ``column`` (scoring the rest as a smaller bag
-    would count other captions than the bags say), with one image twice, or with an image of an earlier bag (its
-    caption would be ranked in one of the two only; TrueMatch's bags of one size are disjoint, NDLB Algorithm 2).
-    ``bags`` are bags of one size; ``numbers`` gives the index ``where`` names each by (default its place in
-    ``bags``; :func:`bag_ranks` reads each size's bags apart and names them by their place among all it was given).
+    the bag (``where`` with its index) for a bag of fewer than 2 images (a bag of 1 is always retrieved: its R@1 is
+    1 whatever the caption, and the metric would report it as ``bag1/R@1``), for a bag with an image not in
+    ``column`` (scoring the rest as a smaller bag would count other captions than the bags say), with one image
+    twice, or with an image of an earlier bag (its caption would be ranked in one of the two only; TrueMatch's bags
+    of one size are disjoint, NDLB Algorithm 2). ``bags`` are bags of one size; ``numbers`` gives the index
+    ``where`` names each by (default its place in ``bags``; :func:`bag_ranks` reads each size's bags apart and names
+    them by their place among all it was given).
 
     Example::
 
@@ -271,6 +303,9 @@ def bag_columns(
     bag_of: dict[int, np.ndarray] = {}
     for b, bag in enumerate(bags):
         name = where.format(number[b])
+        if len(bag) < 2:
+            raise ValueError(f"{name} is a bag of size {len(bag)}: a bag holds at least 2 images (alone in its bag, "
+                             "an image is retrieved whatever its caption says)")  # fmt: skip
         missing = [i for i in bag if i not in column]
         if missing:
             raise ValueError(f"{name} names images not among the scored images: {missing[:5]}")
@@ -332,7 +367,7 @@ def bag_retrieval_items(
     items: dict[int, dict[str, float]] = {}
     for size in sorted(by_size):
         rows, ranks = [q for q, _ in by_size[size]], [r for _, r in by_size[size]]
-        cut = [k for k in ks if k < size]
+        cut = recall_ks(ks, size)  # documented, so no note: TrueMatch's bags of 3 and 5 report no R@5, R@10
         out.update({f"bag{size}/{k}": v for k, v in summarize_ranks(ranks, cut).items()})
         out[f"bag{size}/n"] = float(len(ranks))
         for k, values in rank_items(ranks, cut).items():  # (captions of this size,)
@@ -347,9 +382,9 @@ def bag_retrieval() -> dict[str, float]:
 
     Args:
         scores: ``(Q, N)`` caption-image scores; column ``n`` is image ``image_ids[n]``.
-        bags: lists of distinct image ids, the bags of one size disjoint (a bag naming one twice, or an image of an
-            earlier bag of its size, is refused: :func:`bag_columns`); an image may lie in bags of several sizes
-            (TrueMatch builds each size's bags on its own), its caption is then ranked in each.
+        bags: lists of at least 2 distinct image ids, the bags of one size disjoint (a bag of 1, a bag naming one
+            twice, or an image of an earlier bag of its size, is refused: :func:`bag_columns`); an image may lie in
+            bags of several sizes (TrueMatch builds each size's bags on its own), its caption is then ranked in each.
         image_ids: the id of every column.
         targets: target column per caption (default ``arange(Q)``).
         ks: recall cut-offs; only those smaller than a bag's size are reported for it (others are trivially 1).

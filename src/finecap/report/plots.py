@@ -21,7 +21,7 @@ from finecap.outputs import check_replaceable, made_by_finecap, write_output
 from finecap.report.columns import finite_number
 from finecap.runs import METRICS_FILE, decode_event
 from finecap.utils.reading import DATA_FILE, read_lines
-from finecap.utils.text import short_repr
+from finecap.utils.text import bidi_isolated, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -360,10 +360,9 @@ def bag_recall_curves(rows: Mapping[str, Mapping[str, Any]], out: str | Path) ->
 @_plain_text
 def precision_recall(rows: Mapping[str, Mapping[str, Any]], out: str | Path, *, x: str = "faith/recall",
                      y: str = "faith/precision") -> Path | None:  # fmt: skip
-    """Faithfulness precision against recall of true facts, one labelled point per stage that has both."""
-    points = {
-        s: (float(v[x]), float(v[y])) for s, v in rows.items() if finite_number(v.get(x)) and finite_number(v.get(y))
-    }
+    """Faithfulness precision against recall of true facts, one labelled point per stage that has both as finite
+    numbers; :func:`precision_recall_note` names the stages left off."""
+    points = {s: (float(v[x]), float(v[y])) for s, v in rows.items() if _has_point(v, x, y)}
     if not points:
         return None
     plt = _pyplot()
@@ -374,3 +373,30 @@ def precision_recall(rows: Mapping[str, Mapping[str, Any]], out: str | Path, *, 
     ax.set_xlabel("recall of true facts")
     ax.set_ylabel("precision of stated facts")
     return _save(fig, out)
+
+
+def _has_point(values: Mapping[str, Any], x: str, y: str) -> bool:
+    """Whether a stage's ``values`` give a point of :func:`precision_recall`: both ``x`` and ``y`` finite numbers."""
+    return finite_number(values.get(x)) and finite_number(values.get(y))
+
+
+def precision_recall_note(rows: Mapping[str, Mapping[str, Any]], *, x: str = "faith/recall",
+                          y: str = "faith/precision") -> str | None:  # fmt: skip
+    """The note naming each stage that has faithfulness values (``x`` or ``y``) but no point in
+    :func:`precision_recall`, and why: a value that is NaN (``null`` in a results file: a precision of captions
+    stating no fact is 0/0) or missing; None when every such stage is drawn. A stage with neither key was not scored
+    for faithfulness: nothing is missing.
+
+    Example::
+
+        >>> precision_recall_note({"mle": {"faith/recall": 0.4, "faith/precision": 0.9},
+        ...                        "rl": {"faith/recall": 0.1, "faith/precision": None}, "coco": {"BLEU-4": 0.3}})
+        'No faithfulness point for rl (faith/precision is NaN).'
+    """
+    missing = []
+    for stage, values in rows.items():
+        if (x not in values and y not in values) or _has_point(values, x, y):
+            continue
+        why = [f"{k} is NaN" if k in values else f"no {k}" for k in (y, x) if not finite_number(values.get(k))]
+        missing.append(f"{bidi_isolated(stage)} ({', '.join(why)})")
+    return f"No faithfulness point for {', '.join(missing)}." if missing else None
