@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported, here and in the processes tests start
+os.environ.setdefault("FINECAP_FSYNC", "0")  # atomic writes unsynced (tests/utils/test_durable_writes.py syncs)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -19,8 +19,14 @@ import pytest
 import torch
 
 from finecap.train.state import promote, save_tree
-from finecap.utils.files import atomic_write_bytes, make_temporary_dir
+from finecap.utils.files import FSYNC_ENV, atomic_write_bytes, make_temporary_dir
 from finecap.utils.folders import atomic_replace_dir, mark_folder, previous_dir
+
+
+@pytest.fixture(autouse=True)
+def durable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite runs without ``fsync`` (``FINECAP_FSYNC=0``, conftest.py); these tests check the durable path."""
+    monkeypatch.setenv(FSYNC_ENV, "1")
 
 
 class Recorder:
@@ -151,3 +157,20 @@ def test_a_failed_rename_puts_back_only_what_it_moved_aside(tmp_path, monkeypatc
     with pytest.raises(OSError, match="No space"):
         replace_durably(tmp_path / "new", tmp_path / "dst", previous=tmp_path / "aside")
     assert not (tmp_path / "dst").exists() and (tmp_path / "aside").is_dir()
+
+
+def test_fsync_off_keeps_the_atomic_rename_and_skips_every_sync(tmp_path, monkeypatch):
+    monkeypatch.setenv(FSYNC_ENV, "0")
+    target = tmp_path / "results.json"
+    target.write_text("old")
+    rec = Recorder(monkeypatch)
+    atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert [e[0] for e in rec.events] == ["replace"]
+
+
+@pytest.mark.parametrize("value", ["no", "2", "false"])
+def test_a_fsync_setting_other_than_0_or_1_is_refused_naming_the_variable(tmp_path, monkeypatch, value):
+    monkeypatch.setenv(FSYNC_ENV, value)
+    with pytest.raises(ValueError, match=rf"\$FINECAP_FSYNC must be 0 \(no fsync\) or 1.*{value!r}"):
+        atomic_write_bytes(tmp_path / "a.json", b"{}")

@@ -98,13 +98,29 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise
 
 
+FSYNC_ENV = "FINECAP_FSYNC"
+"""``FINECAP_FSYNC=0`` skips every ``fsync`` of :func:`replace_durably` (the renames stay atomic, but a power loss may
+undo them or leave a renamed file empty): for throwaway runs on a slow disk, as a database's ``fsync = off``;
+finecap's test suite sets it (``conftest.py``), and the tests of the durable path set it back. Unset or ``1``:
+synced."""
+
+
+def syncing() -> bool:
+    """Whether :func:`replace_durably` syncs (:data:`FSYNC_ENV`); ``ValueError`` naming the variable for a value
+    other than ``0`` or ``1``."""
+    value = os.environ.get(FSYNC_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${FSYNC_ENV} must be 0 (no fsync) or 1 (the default), got {value!r}")
+    return value != "0"
+
+
 def sync_to_disk(path: str | Path) -> None:
     """Flush what ``path`` holds to the disk (``fsync``): a file's data; a folder's entries, and, all the way down,
     every file and folder in it (symbolic links are not followed). A file system that cannot sync a folder (``EINVAL``:
     some network and FUSE file systems) leaves that folder unsynced; on Windows, where a folder cannot be opened,
     folders are skipped. An error syncing a file's data (``EIO``: the disk lost it) is raised."""
     path = Path(path)
-    if path.is_symlink():
+    if path.is_symlink() or not syncing():
         return
     if not path.is_dir():
         _fsync(path, folder=False)
@@ -118,8 +134,9 @@ def sync_to_disk(path: str | Path) -> None:
 
 def sync_folder(folder: str | Path) -> None:
     """Flush ``folder``'s own entries to the disk (``fsync`` of the folder): a rename in it is then kept across a
-    power loss. Skipped where folders cannot be synced (:func:`sync_to_disk`)."""
-    _fsync(Path(folder), folder=True)
+    power loss. Skipped where folders cannot be synced (:func:`sync_to_disk`), and under ``FINECAP_FSYNC=0``."""
+    if syncing():
+        _fsync(Path(folder), folder=True)
 
 
 def _fsync(path: Path, *, folder: bool) -> None:
