@@ -51,7 +51,7 @@ def test_a_swap_whose_last_rename_fails_puts_the_previous_checkpoint_back(tmp_pa
     """The swap renames ``last`` to ``last.old``, then ``.last.tmp`` to ``last``; when that second rename failed, the
     previous checkpoint stayed behind as ``last.old`` (readers warned of a killed run, ``finecap caption`` of the run
     read it under that name) and the complete new one was removed. Now the previous one is put back as ``last``."""
-    import finecap.utils.folders
+    import finecap.utils.files
 
     cfg = load()
     last = checkpoint_dir(tmp_path, "last")
@@ -66,7 +66,7 @@ def test_a_swap_whose_last_rename_fails_puts_the_previous_checkpoint_back(tmp_pa
     proxy = type(
         "os_proxy", (), {"__getattr__": lambda self, name: getattr(os, name), "replace": staticmethod(replace)}
     )
-    monkeypatch.setattr(finecap.utils.folders, "os", proxy())
+    monkeypatch.setattr(finecap.utils.files, "os", proxy())  # the swap's renames: replace_durably
     with pytest.raises(OSError, match=os.strerror(error)):
         save_checkpoint(last, model=TinyModel(2), cfg=cfg, info={"step": 2})
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last"]
