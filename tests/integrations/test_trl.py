@@ -112,6 +112,22 @@ def test_a_caption_the_reward_could_not_score_is_none_for_trl():
 
     fn = reward_function(Judge(), name="judge")
     assert fn(prompts=["", ""], completions=["a", "b"], image_id=[1, 2]) == [1.0, None]  # TRL reads None as NaN
+    # beside other reward functions TRL 1.16 nansums a None as 0 (a row is left out only when every function is None):
+    # failed="raise" refuses the call, naming the completion, as ms-swift's adapter does
+    from finecap.serve.protocol import FailedCaptions
+
+    strict = reward_function(Judge(), name="judge", failed="raise")
+    message = (
+        r"^reward_function\('judge'\): the reward could not score 1 of 2 captions \(completions\[1\]\): its "
+        r"judge failed on them, and TRL would pay a None as 0 beside other reward functions \(nansum\)$"
+    )
+    with pytest.raises(FailedCaptions, match=message):
+        strict(prompts=["", ""], completions=["a", "b"], image_id=[1, 2], trainer_state=None)
+    with pytest.raises(ValueError, match=r"^reward_function\('cider'\): failed='nan'; valid: none, raise$"):
+        reward_function("cider", references=REFS, failed="nan")
+    call = {"prompts": ["", ""], "completions": ["a red circle", "two squares"], "image_id": [1, 2]}
+    scored = reward_function("cider", references=REFS, failed="raise")(**call)  # nothing failed: the same values
+    assert scored == reward_function("cider", references=REFS)(**call) and min(scored) > 0
 
 
 def test_cider_with_the_evaluated_set_as_references_is_pycocoevalcaps_per_image_cider_d():

@@ -7,7 +7,11 @@ completion (plain or conversational), the image of each read from the data-set c
 passes through ``kwargs``; its ``__name__`` is the reward's name (TRL logs ``rewards/<name>/mean``; the reward's
 parts, such as a sum's terms or retrieval's accuracy, go to TRL's ``log_metric`` as ``rewards/<name>/<part>/mean``). A
 completion the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) is ``None``, which TRL (1.16) reads
-as NaN and leaves out of the reward, never 0. docs/integrations.md lists each reward's options.
+as NaN: a completion that every reward function answers ``None`` is left out of its group's mean and standard deviation
+(advantage 0), but one that another reward function scored is paid 0 for finecap's reward, inside those statistics
+(TRL sums its reward functions with ``nansum``); beside other reward functions pass ``failed="raise"``, which raises
+:class:`~finecap.serve.protocol.FailedCaptions` naming the completions instead, as ms-swift's adapter does.
+docs/integrations.md lists each reward's options.
 
 Example (plain-text completions)::
 
@@ -26,8 +30,19 @@ from typing import Any
 
 from finecap.integrations.scoring import Scorer, column, completion_text, completion_texts
 from finecap.registry import REWARDS, is_dotted_path
+from finecap.serve.protocol import FailedCaptions, refuse_failed
 
 __all__ = ["REWARDS", "TrlReward", "completion_text", "reward_function"]
+
+FAILED = ("none", "raise")
+"""What :class:`TrlReward` does with a completion the reward could not score: answer ``None``, or raise."""
+
+
+def checked_failed(name: str, failed: str) -> str:
+    """``failed``, one of :data:`FAILED`, or a ``ValueError`` naming the valid ones."""
+    if failed not in FAILED:
+        raise ValueError(f"reward_function({name!r}): failed={failed!r}; valid: {', '.join(FAILED)}")
+    return failed
 
 
 class TrlReward:
@@ -37,10 +52,14 @@ class TrlReward:
         name: the reward's name; TRL logs it as ``rewards/<name>/mean``.
         reward: the finecap reward, set up, or a :class:`~finecap.integrations.scoring.Scorer`.
         image_id_column: the data-set column of each completion's image id.
+        failed: ``"none"``: a completion the reward could not score is ``None`` (right when finecap's is TRL's only
+            reward function); ``"raise"``: the call raises :class:`~finecap.serve.protocol.FailedCaptions` naming it
+            (beside other reward functions, whose values would make TRL pay it 0: module docstring).
     """
 
-    def __init__(self, name: str, reward: Any, image_id_column: str = "image_id") -> None:
+    def __init__(self, name: str, reward: Any, image_id_column: str = "image_id", failed: str = "none") -> None:
         self.__name__ = name
+        self.failed = checked_failed(name, failed)
         self.scorer = reward if isinstance(reward, Scorer) else Scorer(reward, name=name)
         self.reward = self.scorer.reward
         self.image_id_column = image_id_column
@@ -53,7 +72,13 @@ class TrlReward:
         is refused alike (a ``ValueError`` with the server's message: :class:`finecap.integrations.scoring.Scorer`),
         a conversational completion without an assistant message too."""
         texts = completion_texts(completions)  # stripped as every adapter's (finecap.serve.protocol.parse_reward)
-        total, parts = self.scorer.score(texts, self.image_ids(len(texts), kwargs)).values(failed=None)
+        out = self.scorer.score(texts, self.image_ids(len(texts), kwargs))
+        if self.failed == "raise":
+            try:
+                refuse_failed(out, "completions", "TRL would pay a None as 0 beside other reward functions (nansum)")
+            except FailedCaptions as e:
+                raise FailedCaptions(f"reward_function({self.__name__!r}): the reward {e}") from None
+        total, parts = out.values(failed=None)
         log_metric = kwargs.get("log_metric")  # TRL >= 1.16: averaged over the logging step beside its own metrics
         if callable(log_metric):
             for part, values in parts.items():
@@ -69,16 +94,17 @@ class TrlReward:
 
 
 def reward_function(name_or_reward: Any = None, *, url: str | None = None, image_id_column: str = "image_id",
-                    name: str | None = None, **options: Any) -> TrlReward:  # fmt: skip
+                    name: str | None = None, failed: str = "none", **options: Any) -> TrlReward:  # fmt: skip
     """A TRL reward function over the finecap reward ``name_or_reward`` (a :data:`REWARDS` name or
     ``"pkg.module:factory"`` with its ``options``, or a built reward) or over the reward server at ``url``
     (:meth:`finecap.integrations.scoring.Scorer.of`). ``name``: TRL's name for it (default: the given name, else
-    ``"finecap"``). A call of TRL holds its generation batch only: the retrieval reward's distractors can be no other
-    images (``sr.distractors=batch``)."""
+    ``"finecap"``); ``failed``: :class:`TrlReward`'s (``"raise"`` beside other reward functions). A call of TRL holds
+    its generation batch only: the retrieval reward's distractors can be no other images (``sr.distractors=batch``)."""
     if isinstance(name_or_reward, str) and name_or_reward not in REWARDS and not is_dotted_path(name_or_reward):
         raise ValueError(f"reward_function: unknown reward {name_or_reward!r}; valid: {', '.join(REWARDS)} (or a "
                          "dotted path 'pkg.module:factory')")  # fmt: skip
     shown = name or (name_or_reward if isinstance(name_or_reward, str) else "finecap")
+    checked_failed(shown, failed)  # before a reward is built
     sr = options.get("sr")
     if sr is not None and sr.distractors != "batch":
         raise ValueError(f"reward_function({shown!r}): sr.distractors={sr.distractors}; TRL gives batch only")
@@ -86,4 +112,4 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, image
         scorer = Scorer.of(name_or_reward, url=url, name=shown, **options)
     except TypeError as e:
         raise TypeError(f"reward_function({shown!r}): {e}") from None
-    return TrlReward(shown, scorer, image_id_column)
+    return TrlReward(shown, scorer, image_id_column, failed)
