@@ -123,6 +123,20 @@ def test_export_never_writes_over_what_it_did_not_make(run, tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_an_out_that_names_no_folder_of_its_own_is_refused_before_anything_is_written(run, tmp_path, capsys,
+                                                                                    monkeypatch):  # fmt: skip
+    """OUT ``.`` failed with Python's "PosixPath('.') has an empty name"; ``sub/..`` made ``sub`` (where the export
+    was first written, ``sub/...tmp``) and left it behind when the swap into ``..`` was refused."""
+    run_dir, _ = run
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    for out in (".", "sub/..", ".."):
+        assert main(["export", str(run_dir), "--merged", out]) == 2
+        assert "names none" in capsys.readouterr().err, out
+    assert not any(empty.iterdir())
+
+
 def test_an_earlier_export_is_replaced_only_with_force(run, tmp_path, capsys):
     run_dir, _ = run
     out = tmp_path / "exported"

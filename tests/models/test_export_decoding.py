@@ -222,3 +222,41 @@ def test_an_export_of_an_autocast_run_says_its_captions_can_differ(tmp_path):
     assert len(set(ours)) > 1 and sum(a != b for a, b in zip(ours, theirs, strict=True)) == 2  # what it warns of
     assert "train.mixed_precision=bf16 (an autocast to bfloat16)" in err.getvalue(), err.getvalue()
     assert "rounded" not in err.getvalue()  # float32 weights: the merge rounds nothing
+
+
+def test_the_card_of_a_shifted_export_says_generate_writes_the_shift_token(tmp_path):
+    """Weights that start every caption with SMILE's shift token (``first_token_shift`` in ``captioner.json``):
+    finecap writes their captions without it, transformers' ``generate`` on the export with it. The export's card
+    (and the checkpoint's) said only "a plain transformers checkpoint", so a Hub user got captions that all began
+    with a token the run's never had. Here the shift token is the first token the run's weights emit for the first
+    image, so the difference is the model's own."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from finecap.models.first_token import unshift_as
+
+    def generated(folder: Path, prompt: str) -> torch.Tensor:
+        """The caption tokens transformers' ``generate`` writes for the image, with the folder alone."""
+        model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+        processor = AutoProcessor.from_pretrained(folder)
+        inputs = processor(text=[prompt], images=[picture], return_tensors="pt")
+        with torch.no_grad():
+            return model.generate(**inputs)[0, inputs["input_ids"].shape[1] :]
+
+    tiny = save_tiny_vlm(tmp_path / "vlm", "idefics3", std=0.3)
+    cfg = load(None, ["model.kind=vlm", f"vlm.name={tiny}", "decode.max_length=6", "run.name=shifted"])
+    model = build_model(cfg).eval()
+    picture = images(1)
+    first = generated(tiny, model.prompt_text)[0].item()
+    best = tmp_path / "run" / "checkpoints" / "best"
+    save_checkpoint(best, model=unshift_as(model, {"form": "token", "token_id": first}), cfg=cfg, info={"step": 1})
+    export = tmp_path / "export"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["export", str(tmp_path / "run"), "--merged", str(export)]) == 0
+    ours = Captioner.from_pretrained(export, device="cpu").caption(picture)[0]
+    theirs = generated(export, model.prompt_text)
+    assert theirs[0].item() == first  # generate writes the shift token first ...
+    assert ours == AutoProcessor.from_pretrained(export).decode(theirs[1:], skip_special_tokens=True).strip()
+    # ... which finecap leaves out
+    line = f"Its weights start every caption with SMILE's shift token (token id {first};"
+    for card in (export / "README.md", best / "model" / "README.md"):
+        assert line in card.read_text(), card

@@ -80,7 +80,12 @@ def checkpoint_info(checkpoint: Path) -> dict:
 def check_export_dir(out: Path, source: Path, force: bool) -> None:
     """:class:`OutputRefused` when ``out`` may not receive the export of ``source``: a link, inside or around the
     source, inside a run's checkpoint folders, a file, a non-empty folder that is not an earlier export (finecap's
-    mark), an earlier export without ``--force``, or anything but an earlier export at ``OUT.old``."""
+    mark), an earlier export without ``--force``, anything but an earlier export at ``OUT.old``, or a path that names
+    no folder of its own (``.``, ``..``, ``sub/..``: the export is written beside OUT and renamed to it, which such a
+    name cannot be)."""
+    if out.name in ("", ".", ".."):
+        raise OutputRefused(f"{out}: name the export's own folder (OUT ending in . or .. names none); export into a "
+                            "new folder")  # fmt: skip
     refuse_link(out)
     real_out, real_source = out.resolve(), source.resolve()
     if real_out == real_source or real_source in real_out.parents or real_out in real_source.parents:

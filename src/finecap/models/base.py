@@ -123,6 +123,27 @@ def recorded_shift(meta: dict[str, Any], path: str | Path) -> dict[str, Any] | N
     return dict(shift)
 
 
+def shift_lines(meta: dict[str, Any]) -> list[str]:
+    """A model card's line for weights that start every caption with SMILE's shift token (``captioner.json``'s
+    :data:`SHIFT_KEY`), ``[]`` for others: finecap's loaders write the captions without it, transformers' ``generate``
+    cannot know it is there (docs/caption.md, merged exports), so a card that only said "a plain transformers
+    checkpoint" promised captions it does not give.
+
+    >>> "(token id 7;" in shift_lines({SHIFT_KEY: {"form": "token", "token_id": 7}})[0]
+    True
+    >>> shift_lines({})
+    []
+    """
+    shift = meta.get(SHIFT_KEY)
+    if not isinstance(shift, dict):
+        return []
+    first = (f"token id {int(shift['token_id'])}" if shift.get("form") == "token"
+             else "the `##` sub-word form of the caption's first word, `##a dog`")  # fmt: skip
+    return [f"Its weights start every caption with SMILE's shift token ({first}; `{SHIFT_KEY}` in `captioner.json`): "
+            "finecap's loaders write the captions without it, transformers' `generate` writes it first, so take it "
+            "off that text."]  # fmt: skip
+
+
 def read_meta(path: str | Path) -> dict[str, Any]:
     """The ``captioner.json`` of a checkpoint folder; a folder without one, or one that is not a JSON object, is
     named."""
@@ -745,7 +766,7 @@ class CaptionerBase(nn.Module, abc.ABC):
             lines += [f"`{adapter}/` is one peft LoRA adapter for the whole model: "
                       f"`PeftModel.from_pretrained({auto}.from_pretrained(base{dtype_argument(meta)}), "
                       f"\"{adapter}\")`."]  # fmt: skip
-        return lines
+        return lines + shift_lines(meta)
 
     @classmethod
     def load_dual_encoder(cls, path: Path, meta: dict[str, Any], load_encoder: bool, dtype: Any,
