@@ -31,6 +31,7 @@ from finecap.utils.files import OutputRefused, make_temporary_dir
 from finecap.utils.folders import (
     FOLDER_MARK,
     atomic_replace_dir,
+    check_own_folder,
     folder_mark_text,
     is_finecap_folder,
     mark_folder,
@@ -384,3 +385,10 @@ def test_made_folder_never_removes_a_parent_another_process_made_meanwhile(tmp_p
         assert out.is_dir()
         raise RuntimeError("failed before writing")
     assert shared.is_dir() and not (shared / "run").exists()  # ours removed, theirs kept
+
+
+@pytest.mark.parametrize(("kind", "said"), [("export", "an export"), ("checkpoint", "a checkpoint")])
+def test_the_refusal_names_the_kind_with_its_article(tmp_path, kind, said):
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(OutputRefused, match=rf"no \.finecap-folder of {said}\) is where finecap swaps {said} folder"):
+        check_own_folder(tmp_path / "mine", kind)

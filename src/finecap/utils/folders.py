@@ -64,8 +64,9 @@ def check_own_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] |
     if not os.path.lexists(path) or is_finecap_folder(path, kind, ours):
         return
     what = "a folder" if os.path.isdir(path) else "a file"
+    a = "an" if kind[:1] in "aeiou" else "a"  # an export, a checkpoint
     raise OutputRefused(
-        f"{path}: {what} finecap did not make (no {FOLDER_MARK} of a {kind}) is where finecap swaps a {kind} "
+        f"{path}: {what} finecap did not make (no {FOLDER_MARK} of {a} {kind}) is where finecap swaps {a} {kind} "
         "folder into place; finecap never removes what it did not make: move it away, or choose another output"
     )
 
@@ -94,8 +95,6 @@ def check_swap(final_dir: str | Path, kind: str, ours: Callable[[Path], bool] | 
 
 
 DEFAULT_KIND = "folder"
-
-
 """The folder kind of :func:`atomic_replace_dir` when its caller names none."""
 
 
