@@ -1,5 +1,5 @@
 """What the training engine hands to the components it runs: :class:`TrainContext` (once, to ``setup``) and
-:class:`StepInfo` (every micro-batch, as ``batch["step_info"]``).
+:class:`StepInfo` (every micro-batch, as ``batch["step_info"]``; :func:`is_copy`).
 
 Why a module of its own, below :mod:`finecap.objectives` and :mod:`finecap.rewards`: objectives, rewards and
 baselines all receive these, and the engine (:mod:`finecap.train.engine`) and the ``train`` command build them. Kept
@@ -10,7 +10,7 @@ nothing of finecap at run time.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,18 +26,32 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepInfo:
-    """What every micro-batch of one optimizer step knows about the whole step (``batch["step_info"]``).
+    """What every micro-batch of one optimizer step knows about the whole step (``batch["step_info"]``), and whether
+    it is a copy.
 
     Attributes:
         step: optimizer steps completed before this one (0 for the first).
         image_ids: image ids of the step's global batch (every process, every micro-batch), in order.
         fields: the sampler's per-example fields of the global batch, each ``(G,)`` in the order of ``image_ids``
             (:meth:`finecap.data.samplers.GlobalBatchSampler.example_fields`, e.g. ``"bag"``).
+        copy: the micro-batch repeats examples of another of the step (a global batch smaller than processes x
+            accumulation steps, :func:`finecap.data.samplers.repeated_micro_batches`). It runs, as every process
+            steps in step, but counts nowhere: the engine weights its loss 0 and leaves its logged values out, and
+            an objective leaves it out of what it sums over the step (the reward-hacking monitor's measures);
+            :func:`is_copy`.
     """
 
     step: int
     image_ids: Sequence[Hashable]
     fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    copy: bool = False
+
+
+def is_copy(batch: Mapping[str, Any]) -> bool:
+    """Whether the micro-batch ``batch`` is a copy (:attr:`StepInfo.copy`); one without ``step_info`` (called outside
+    the training engine) is not."""
+    info = batch.get("step_info")
+    return info is not None and info.copy
 
 
 @dataclass

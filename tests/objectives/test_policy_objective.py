@@ -8,6 +8,7 @@ model's."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from finecap.config import ClipCapBackboneConfig, ConfigError, DecodeConfig, load
+from finecap.contract import StepInfo
 from finecap.decode import Generation
 from finecap.models import lora
 from finecap.models.captioner import TokenScores
@@ -473,3 +475,68 @@ def test_the_failed_alarm_is_a_share_and_a_reward_without_failures_logs_none():
     assert e.value.key == "rl.alarms.failed"
     out = objective()(StandIn(), batch(0, 1))
     assert "reward/failed" not in out.metrics
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Copies: an epoch's last global batch repeated to fill the step's micro-batches
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class Wordy(StandIn):
+    """:class:`StandIn` whose image 0's captions are long and loop (``c0_j a red circle a red circle``), so that a
+    caption counted twice moves the length, the repetition and the distinct share."""
+
+    def generate(self, batch, cfg, seeds=None):
+        gen = super().generate(batch, cfg, seeds)
+        loop = " a red circle a red circle"
+        texts = [t + loop if t.startswith("c0_") else t for t in gen.texts]
+        return dataclasses.replace(gen, texts=texts)
+
+
+class FailingWordyTable(FailingTable):
+    """:class:`FailingTable` of :class:`Wordy`'s captions (by their first word)."""
+
+    def __call__(self, captions, batch):
+        return super().__call__([c.split()[0] for c in captions], batch)
+
+
+def step_batch(*index, copy=False, step=0):
+    """:func:`batch` with the engine's ``step_info`` (a global batch of images 0 and 1); ``copy``: the micro-batch
+    repeats another's examples (``finecap.data.samplers.repeated_micro_batches``)."""
+    return {**batch(*index), "step_info": StepInfo(step, [0, 1], copy=copy)}
+
+
+def test_a_copy_micro_batch_counts_in_no_monitor_measure():
+    # A last global batch of images 0 and 1 cut into 3 micro-batches: [0], [1] and a copy of [0], which the engine
+    # weights 0. The monitor counted the copy's captions: image 0's failed caption twice (a failed share of 2/9 for
+    # 1/6, above the alarm's 0.2), its long looping captions twice (length, repetition, distinct) and its KL twice.
+    # Every measure must be that of the two real micro-batches.
+    def monitored(micro_batches):
+        sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5,
+                               alarms={"failed": 0.2}, alarm_action="stop")  # fmt: skip
+        obj = PolicyOptimization(FailingWordyTable(), NoBaseline(), **sections, decode=DecodeConfig(max_length=L))
+        model = Wordy()
+        obj.reference.capture(model)  # the start; then a policy that moved away from it, by image
+        with torch.no_grad():
+            model.lp.add_(torch.arange(N_IMAGES * S).unsqueeze(1) * 0.1)
+        obj.begin_step(model, micro_batches)
+        outs = [obj(model, b) for b in micro_batches]
+        values = obj.monitor.step_values()
+        obj.end_step()  # 1/6 < 0.2: nothing sounds
+        return values, outs, obj
+
+    real, _, _ = monitored([step_batch(0), step_batch(1)])
+    with_copy, outs, obj = monitored([step_batch(0), step_batch(1), step_batch(0, copy=True)])
+    assert set(real) == {"length_drift", "repetition", "distinct", "kl", "failed"}
+    assert with_copy == pytest.approx(real) and real["failed"] == pytest.approx(1 / 6)
+    assert real["repetition"] > 0 and real["distinct"] == 1.0 and real["kl"] > 0
+    assert obj.step_values() == {"reward/failed": pytest.approx(1 / 6)}  # the logged share, the alarm's measure
+    assert "reward/failed" in outs[2].metrics  # the copy's own values, which the engine leaves out of the log
+    # a process whose every micro-batch is a copy measures nothing, and an alarm the others' captions sound there
+    # still names the step
+    obj = PolicyOptimization(FailingWordyTable(), NoBaseline(), **rl_sections(samples=S, advantage="group"),
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    only = step_batch(0, copy=True, step=4)
+    obj.begin_step(model := Wordy(), [only])
+    obj(model, only)
+    assert obj.monitor.step_values() == {} and obj.monitor.step == 5

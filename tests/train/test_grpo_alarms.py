@@ -69,15 +69,17 @@ def test_a_stopping_alarm_logs_the_steps_since_the_last_event_and_why_it_stopped
 
 
 class FailsOneAtStep2:
-    """Scores every caption 1, except at step 2 (1-based) the first caption of the global batch's first image, which
-    it cannot score; ``failed`` is ``None`` where none failed, as the reward server's client gives it."""
+    """Scores every caption 1, except at step ``at`` (1-based; 2) the first caption of the global batch's first
+    image, which it cannot score; ``failed`` is ``None`` where none failed, as the reward server's client gives it."""
+
+    at = 2
 
     def __call__(self, captions, batch):
         first = batch["step_info"].image_ids[0]
         ids = [batch["image_ids"][int(i)] for i in batch["image_index"]]
         failed = torch.tensor([i == first for i in ids]) & (torch.arange(len(ids)) == ids.index(first) if first in ids
                                                             else torch.zeros(len(ids), dtype=torch.bool))  # fmt: skip
-        if int(batch["step_info"].step) != 1 or not bool(failed.any()):
+        if int(batch["step_info"].step) + 1 != self.at or not bool(failed.any()):
             failed = None
         total = torch.ones(len(captions))
         return RewardOutput(total if failed is None else total.masked_fill(failed, float("nan")), {"one": total},
@@ -100,6 +102,27 @@ def test_the_logged_failed_share_is_the_alarms_over_every_caption_of_the_step(ma
     logged = [json.loads(s) for s in (Path(run) / "metrics.jsonl").read_text().splitlines()]
     failed = {e["step"]: e["values"].get("reward/failed") for e in logged if e["split"] == "train"}
     assert failed == {1: None, 2: 1 / 40, 3: 0.0}
+
+
+class FailsOneAtStep7(FailsOneAtStep2):
+    at = 7
+
+
+def fails_one_at_step_7(cfg):
+    return FailsOneAtStep7()
+
+
+def test_a_short_last_batchs_copies_count_in_no_logged_value(make_cfg):
+    # 40 images, global batch 6 in 6 micro-batches of 1: step 7 takes the epoch's last 4 images [a], [b], [c], [d]
+    # and repeats [a], [b] to fill the step (copies, weight 0). At step 7 one caption of a failed: the step's share
+    # is 1 of its 8 captions. Until 2026-11-28 the copies' captions counted too: a's failed caption twice, 2/12.
+    cfg = make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:fails_one_at_step_7': 1.0}}",
+                   "rl.samples=2", "rl.baseline=mean", "train.batch_size=1", "train.grad_accum_steps=6",
+                   "train.max_steps=7", "train.eval_every=7", "train.log_every=1")  # fmt: skip
+    run = train(cfg)
+    logged = [json.loads(s) for s in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    failed = {e["step"]: e["values"].get("reward/failed") for e in logged if e["split"] == "train"}
+    assert failed == {**dict.fromkeys(range(1, 7)), 7: pytest.approx(1 / 8)}
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import torch
 from accelerate import Accelerator
 
 from finecap.config import ConfigError
+from finecap.contract import StepInfo
 from finecap.data.samplers import RandomBatches
 from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
@@ -359,6 +360,38 @@ def test_a_value_no_caption_defined_is_left_out_of_the_logged_means(make_cfg, mo
                                                                           {"reward": nan, "m": 3.0}])  # fmt: skip
     two = type("TwoProcesses", (), {"num_processes": 2})()
     assert mean_over_processes({}, two) == {"reward": 0.3, "m": 2.0}
+
+
+class CopiesSeen:
+    """Objective logging the micro-batch's ``reward`` and ``advantage/max`` and recording whether each micro-batch it
+    ran was marked a copy (``batch["step_info"].copy``)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, model, batch):
+        self.seen.append(batch["step_info"].copy)
+        metrics = {"reward": batch["reward"], "advantage/max": batch["reward"]}
+        return ObjectiveOutput(losses={"a": model.p.sum()}, metrics=metrics, num_items=1)
+
+
+def test_a_copy_micro_batch_is_marked_for_the_objective_and_left_out_of_the_logged_values(make_cfg):
+    # A last global batch of 2 examples cut into 3 micro-batches: [a], [b] and a copy of [a], weighted 0. The
+    # objective is told which one is the copy (StepInfo.copy: what it sums over the step, such as the reward-hacking
+    # monitor's measures, leaves it out), and its logged values count only the real micro-batches: (0.2 + 0.6) / 2,
+    # not (0.2 + 0.6 + 0.2) / 3 as until 2026-11-28 (a copy's captions counted twice in the logged reward)
+    objective = CopiesSeen()
+    _, engine = _engine(make_cfg, objective, "train.grad_accum_steps=3")
+    info = StepInfo(0, ["a", "b"])
+    micro = [{"reward": r, "step_info": info} for r in (0.2, 0.6, 0.2)]
+    values = engine.train_step(micro, [False, False, True])
+    assert objective.seen == [False, False, True] and [m["step_info"].copy for m in micro] == [False] * 3
+    assert values["reward"] == pytest.approx(0.4) and values["advantage/max"] == 0.6
+    # a process whose every micro-batch is a copy logs none of the objective's values (the others' speak for it)
+    values = engine.train_step([{"reward": 0.9, "step_info": info}] * 3, [True, True, True])
+    assert "reward" not in values and "advantage/max" not in values and math.isnan(values["loss"])
+    with pytest.raises(ValueError, match=r"a copy micro-batch needs batch\['step_info'\]"):
+        engine.train_step([{"reward": 0.2}, {"reward": 0.6}, {"reward": 0.2}], [False, False, True])
 
 
 class ExtremesOfTheBatch:

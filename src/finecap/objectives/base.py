@@ -35,7 +35,10 @@ Every micro-batch carries ``batch["step_info"]``, one :class:`~finecap.contract.
 step number, the image ids of the whole global batch and the sampler's per-example fields of the global batch
 (BagCurri's bag numbers), so that rewards scoring against the global batch (self-retrieval distractors) and seeded
 sampling do not depend on the number of processes or accumulation steps. The micro-batch's own rows of those fields
-are in the batch under the same names (``batch["bag"]``).
+are in the batch under the same names (``batch["bag"]``). A micro-batch that repeats another's examples (an epoch's
+last global batch, too small for every micro-batch) carries it with ``copy=True``
+(:func:`~finecap.contract.is_copy`): the engine weights it 0 and logs none of its values, and an objective leaves it
+out of what it sums over the step (REINFORCE's reward-hacking monitor).
 """
 
 from __future__ import annotations

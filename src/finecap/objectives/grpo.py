@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from finecap.config import DecodeConfig, GRPOConfig, RLConfig
+from finecap.contract import is_copy
 from finecap.decode import Generation
 from finecap.objectives.base import ObjectiveOutput
 from finecap.objectives.baselines import NoBaseline
@@ -572,6 +573,8 @@ class PolicyOptimization(Reinforce):
             loss, items, extra = self.clipped_loss(logp, item, adv, mask, weights)
             losses = {"policy": loss}
             metrics.update(extra)
+            if "kl" in extra and not is_copy(batch):  # the rl.alarms.kl alarm's measure (a copy's counts nowhere)
+                self.monitor.observe_kl(extra["kl"], float(mask.sum()))
         if scores.entropy is not None:
             tokens = self.grpo.policy_loss != "reinforce" and self.grpo.loss_aggregation == "token"
             per = "token" if tokens else "caption"  # a mean over what `items` counts
@@ -607,7 +610,6 @@ class PolicyOptimization(Reinforce):
                 kl = kl * ratio
             per_token = per_token + grpo.kl_coef * kl
             metrics["kl"] = masked_mean(kl.detach(), mask)
-            self.monitor.observe_kl(metrics["kl"], float(mask.sum()))  # the rl.alarms.kl alarm's measure
         loss, items = aggregate(per_token, mask, grpo.loss_aggregation, self.max_length)
         w = ratio.detach()
         a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)

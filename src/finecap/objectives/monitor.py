@@ -33,6 +33,12 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   run's first step with a failed caption on (0 at a step without), so a reward that never fails logs none; the
   measure is the same whether logged or alarmed.
 
+Every measure counts each caption of the step once: a micro-batch that repeats another's examples (an epoch's last
+global batch smaller than processes x accumulation steps; :attr:`~finecap.contract.StepInfo.copy`, which the engine
+weights 0) hands the monitor nothing (:meth:`Reinforce.watch <finecap.objectives.reinforce.Reinforce.watch>`, and the
+GRPO objective's KL). Until 2026-11-28 its captions were counted again: 2 images cut into 3 micro-batches counted the
+first image's twice, a failed share of 2/9 for 1/6 (``tests/objectives/test_policy_objective.py``).
+
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
 drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl`` and ``failed`` when the
 value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it (the

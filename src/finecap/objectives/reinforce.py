@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import torch
 
 from finecap.config import Config, ConfigError, DecodeConfig, LogProb, RLConfig, RunConfig, VllmConfig
+from finecap.contract import is_copy
 from finecap.decode import Generation, step_seeds
 from finecap.engines import engine_class
 from finecap.engines.rollouts import RolloutEngine
@@ -369,16 +370,22 @@ class Reinforce(ObjectiveBase):
             self.reward.close()
 
     def watch(self, rollout: Rollout, batch: dict[str, Any]) -> dict[str, float]:
-        """The reward-hacking monitor's measures of the sampled captions (:mod:`finecap.objectives.monitor`)."""
+        """The reward-hacking monitor's measures of the sampled captions (:mod:`finecap.objectives.monitor`); none
+        of a copy (:func:`~finecap.contract.is_copy`: its captions are those of the micro-batch it repeats, counted
+        there; until 2026-11-28 they were counted again, in the step's measures, alarms and ``reward/failed``)."""
+        info = batch.get("step_info")
+        step = None if info is None else int(info.step) + 1
+        if is_copy(batch):  # the step is still the one an alarm names (a process whose every micro-batch is a copy)
+            self.monitor.step = step
+            return {}
         rows = rollout.samples.image_index.tolist()
         ids = batch.get("image_ids")
-        info = batch.get("step_info")
         image_ids = [ids[r] for r in rows] if ids is not None else rows
         # the rl.alarms.failed alarm's measure, over every caption of the step: a reward says failed=None where none
         # failed (the reward server's client), and such a micro-batch's captions count in the share too
         failed = rollout.rewards.failed
         self.monitor.observe_failed(0 if failed is None else int(failed.sum()), len(rollout.samples))
-        return self.monitor.measure(rollout.samples.texts, image_ids, None if info is None else int(info.step) + 1)
+        return self.monitor.measure(rollout.samples.texts, image_ids, step)
 
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
         r = rollout.rewards

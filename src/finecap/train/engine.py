@@ -19,7 +19,8 @@ sync multiplies by ``R`` again, so the back-propagated loss stays of the order o
 itself it was hundreds of times that (tokens), and fp16's scaled gradients overflowed: the scaler skipped steps,
 halving its scale, until they fitted (``tests/train/test_mixed_precision.py``). A global batch smaller than the
 micro-batches (an epoch's last) is repeated to fill them; the copies run with weight 0
-(:func:`~finecap.data.samplers.repeated_micro_batches`).
+(:func:`~finecap.data.samplers.repeated_micro_batches`), their logged values are left out, and the objective sees
+them marked (:attr:`~finecap.contract.StepInfo.copy`).
 Objectives with per-step state update it once per optimizer step (``end_step``); an objective that needs the whole
 step first gets this process's micro-batches before any of them runs (``begin_step``: the GRPO family rolls them all
 out there, for batch statistics of the global batch).
@@ -62,7 +63,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -351,6 +352,15 @@ def num_items(out: Any, batch: dict[str, Any]) -> float:
     if out.num_items is not None:
         return float(out.num_items)
     return float(len(batch["index"]))
+
+
+def marked_copy(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` (a micro-batch that repeats another's examples) with ``step_info.copy`` set
+    (:attr:`~finecap.contract.StepInfo.copy`); ``ValueError`` without a ``step_info`` to mark."""
+    info = batch.get("step_info")
+    if info is None:
+        raise ValueError("train_step: a copy micro-batch needs batch['step_info'] to be marked as one")
+    return {**batch, "step_info": replace(info, copy=True)}
 
 
 def reference_items(accelerator: Accelerator, items: float) -> float:
@@ -700,7 +710,11 @@ class Engine:
         do not change with the process count or accumulation. ``copies``: which micro-batches repeat another's
         examples (:func:`~finecap.data.samplers.repeated_micro_batches`, a global batch smaller than processes x
         accumulation steps); they run (every process steps in step) with weight 0, so they add nothing to the
-        step's loss and gradient.
+        step's loss and gradient, their values are left out of the logged means (a process whose every micro-batch
+        is a copy logs none of the objective's values: the other processes' are the step's), and the objective
+        sees each marked (``batch["step_info"].copy``, :func:`marked_copy`), to leave it out of what it sums over
+        the step (the reward-hacking monitor's measures). Until 2026-11-28 the copies' values were logged as
+        another micro-batch's, and the monitor counted their captions again.
 
         Gradient: without accumulation on one process, that of the micro-batch's loss itself; otherwise each
         micro-batch back-propagates ``loss x items / R`` (``R``: :func:`reference_items`, taken at the first
@@ -723,9 +737,10 @@ class Engine:
         grad_norm = None
         reference: float | None = None  # R: every micro-batch back-propagates its loss x items / R (not single)
         lr = optimizer.param_groups[0]["lr"]
+        copies = list(copies) or [False] * len(micro_batches)
+        micro_batches = [marked_copy(b) if copy else b for b, copy in zip(micro_batches, copies, strict=True)]
         with acc.autocast():
             self.objective.begin_step(model, micro_batches)  # e.g. the GRPO family's rollouts of the whole step
-        copies = list(copies) or [False] * len(micro_batches)
         for batch, copy in zip(micro_batches, copies, strict=True):
             with acc.accumulate(model):
                 with acc.autocast():
@@ -770,7 +785,8 @@ class Engine:
                 # accelerate skips it until the synchronising micro-batch; an fp16 gradient scaler skips a step whose
                 # gradients overflowed (and lowers its scale)
                 optimizer.step()
-            means.add({"loss": loss_value, **parts, **out.metrics})
+            if not copy:  # a copy's values are counted where it was cut from
+                means.add({"loss": loss_value, **parts, **out.metrics})
         if not acc.sync_gradients:
             raise RuntimeError("train.grad_accum_steps: the step ended without a synchronising micro-batch")
         scaler_values = self._scaler_step(grad_norm) if acc.scaler is not None else {}
