@@ -160,6 +160,19 @@ def test_a_string_option_keeps_a_number_as_written(written, tmp_path):
     assert (cfg.run.name, cfg.data.path.rsplit("/", 1)[-1]) == (written, written)
 
 
+@pytest.mark.parametrize("written", ["2024-01-01", "2024-01-01T10:00:00", "2001-12-14 21:59:43.10 -5"])
+def test_a_string_option_keeps_a_date_as_written(written, tmp_path):
+    # YAML 1.1 read 2024-01-01 as a date, which no option takes: a run or a data folder named by its date was refused
+    # ("run.name: expected a string, got datetime.date(2024, 1, 1)"), from the command line and from a recipe alike
+    assert load(None, [f"run.name={written}"]).run.name == written
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"run:\n  name: {written}\ndata:\n  path: {written}\n")
+    cfg = load(recipe)
+    assert (cfg.run.name, cfg.data.path.rsplit("/", 1)[-1]) == (written, written)
+    with pytest.raises(ConfigError, match=r"train.lr: expected a number, got '2024-01-01'"):
+        load(None, ["train.lr=2024-01-01"])
+
+
 def test_numeric_options_read_the_yaml_numbers_as_plain_numbers():
     cfg = load(None, ["train.max_steps=1_000", "train.lr=2.50e-4", "rl.rewards={cider: 0.50}"])
     assert (cfg.train.max_steps, cfg.train.lr, cfg.rl.rewards) == (1000, 2.5e-4, {"cider": 0.5})

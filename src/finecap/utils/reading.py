@@ -346,6 +346,11 @@ class YAMLRefused(yaml.YAMLError):
         self.reason, self.line, self.kind = reason, line, kind
 
 
+_YAML_1_1_ONLY = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")
+"""The implicit types of PyYAML's YAML 1.1 that :class:`StrictYAMLLoader` does not read as such (booleans then come
+back with YAML 1.2's words alone; a date stays the string it is written as)."""
+
+
 class StrictYAMLLoader(yaml.SafeLoader):
     """The one YAML loader of finecap's readers of user files (recipes, stored ``config.yaml``, command-line override
     values, prompt files): ``yaml.SafeLoader`` that also refuses
@@ -362,10 +367,14 @@ class StrictYAMLLoader(yaml.SafeLoader):
     ``on`` and ``off`` as booleans, so that ``train.mixed_precision=no`` (a string option whose choices are ``no``,
     ``fp16``, ``bf16``) arrived as ``False`` and was refused; they are now strings, which a string option keeps and
     a boolean option reads as the boolean they name (:func:`finecap.config.loading` ``_coerce``).
+
+    Dates are YAML 1.2's too: none. YAML 1.1 reads ``2024-01-01`` (and ``2024-01-01T10:00:00``) as a date, which no
+    option takes, so a run, a data folder or a prompt named by its date was refused (``run.name: expected a string,
+    got datetime.date(2024, 1, 1)``); such a value is now the string it is written as.
     """
 
     yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML_1_1_ONLY]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
