@@ -137,6 +137,26 @@ def test_boolean_options_read_the_yaml_1_1_words(word, value):
         load(None, ["data.pin_memory=maybe"])
 
 
+SET_ASIDE = ["decode.strategy=beam", "decode.finished_beams=set_aside"]
+
+
+@pytest.mark.parametrize(("word", "value"), [*BOOL_CASES, ('"true"', True), ("never", "never")])
+def test_an_option_whose_choices_hold_booleans_reads_them_as_a_boolean_option_does(word, value):
+    # decode.early_stopping (false, true or never) refused yes/on/no/off, which a boolean option reads
+    assert load(None, [*SET_ASIDE, f"decode.early_stopping={word}"]).decode.early_stopping == value
+
+
+@pytest.mark.parametrize("number", ["1", "0", "1.0", "0.0"])
+def test_an_option_whose_choices_hold_booleans_refuses_a_number(number):
+    # Python has 1 == True: decode.early_stopping=1 was read as true, where a boolean option refuses 1
+    with pytest.raises(ConfigError, match=r"early_stopping: invalid value .*; valid choices: false, true, never"):
+        load(None, [*SET_ASIDE, f"decode.early_stopping={number}"])
+    from finecap.config import DecodeConfig
+
+    with pytest.raises(ConfigError, match=r"decode.early_stopping: invalid value"):  # a section built by hand too
+        DecodeConfig(strategy="beam", finished_beams="set_aside", early_stopping=float(number))
+
+
 @pytest.mark.parametrize("spelled", ["null", "Null", "~", "none", "None", "NONE", '""', "''"])
 def test_an_empty_path_option_takes_null_and_none(spelled):
     assert load(None, [f"train.init_from={spelled}"]).train.init_from == ""

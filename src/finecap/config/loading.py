@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from finecap.config.fields import ConfigError, constraint_text, option_fields, subsections
+from finecap.config.fields import ConfigError, choices_text, constraint_text, is_choice, option_fields, subsections
 from finecap.config.paths import PATH_KEYS
 from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
 from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key, renamed_key
@@ -153,7 +153,7 @@ BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False
 """What a boolean option reads as a boolean. Values are read as YAML 1.2
 (:class:`finecap.utils.reading.StrictYAMLLoader`: only ``true`` / ``false`` are booleans), so ``yes``, ``no``, ``on``
 and ``off`` reach the options as strings: a string option keeps them (``train.mixed_precision=no``), a boolean one
-reads them here."""
+reads them here, and so does an option whose choices hold booleans (``decode.early_stopping=yes``)."""
 
 
 def empty_path(value: Any, key: str) -> Any:
@@ -200,12 +200,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is Literal:
-        if value not in args:
-            choices = ", ".join(map(str, args))
+        word = value.strip().lower() if isinstance(value, str) else None
+        booleans = any(isinstance(a, bool) for a in args)
+        if booleans and word in BOOL_WORDS and not any(is_choice(value, a) for a in args):
+            value = BOOL_WORDS[word]  # a choice that is a boolean (decode.early_stopping) reads the words as one does
+        found = [a for a in args if is_choice(value, a)]
+        if not found:
+            choices = choices_text(args)
             raise ConfigError(
-                f"{key}: invalid value {short_repr(value)}{did_you_mean(value, args)}; valid choices: {choices}"
+                f"{key}: invalid value {short_repr(value)}{did_you_mean(value, choices.split(', '))}; valid choices: "
+                f"{choices}"
             )
-        return args[args.index(value)]  # the choice itself (a plain value, whatever YAML built)
+        return found[0]  # the choice itself (a plain value, whatever YAML built)
     if origin in (types.UnionType, typing.Union):
         if value is None and type(None) in args:
             return None
