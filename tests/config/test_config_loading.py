@@ -340,6 +340,24 @@ def test_a_key_typed_in_capitals_gets_its_did_you_mean(override, suggested):
         load(None, [override])
 
 
+@pytest.mark.parametrize(
+    ("override", "suggested"),
+    [("train.beam_size=3", "'decode.beam_size'"), ("decode.lr=1e-4", "'retriever.lr' or 'train.lr'"),
+     ("clipcap.prompt=Say it.", "'vlm.prompt'"), ("data.hf.path=d", "'data.path'"),
+     ("data.questions_column=q", "'data.hf.questions_column'")],
+)  # fmt: skip
+def test_a_key_of_another_section_gets_that_section_in_its_did_you_mean(override, suggested, tmp_path):
+    # `train.beam_size=3` suggested 'train.batch_size' (the closest name in [train]) and `decode.lr=1e-4` nothing:
+    # the key was right, its section wrong. From a recipe alike.
+    with pytest.raises(ConfigError, match=re.escape(f"(did you mean {suggested}?)")):
+        load(None, [override])
+    section, key = override.split("=")[0].split(".", 1)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"{section}:\n  {key}: 3\n" if "." not in key else "data:\n  hf:\n    path: d\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{recipe}: unknown key") + r".*" + re.escape(suggested)):
+        load(recipe)
+
+
 def test_an_integer_option_reads_a_whole_number_in_exponent_notation(tmp_path):
     # `world.n_train=1e3` was refused ("expected an integer, got '1e3'") while `1.0e+3` was 1000 and a float option
     # read `1e3` as 1000.0: PyYAML reads an exponent without a dot as a string, which only float options converted

@@ -368,17 +368,32 @@ def _where(key: str | None, origins: Origins, source: str) -> str:
 
 
 def _unknown_key(name: str, k: str, known: list[str], nested: dict[str, type], kind: str) -> str:
-    """The message of an unknown key ``name.k``: the closest key of the section, else a nested section's key of that
-    name (``data.questions_column`` -> ``data.hf.questions_column``), else the new name of the closest key the section
-    had before it moved (:data:`MOVED_KEYS`: ``rl.kl_cof`` -> ``grpo.kl_coef``; a former ``model`` key's for
-    ``model.kind=kind``), and the section's valid keys."""
-    inside = [f"{name}.{s}.{k}" for s, c in nested.items() if k in {f.name for f in dataclasses.fields(c)}]
-    hint = did_you_mean(k, known, f"{name}.") or (f" (did you mean {inside[0]!r}?)" if inside else "")
+    """The message of an unknown key ``name.k``: the options of that very name elsewhere, a nested section's
+    (``data.questions_column`` -> ``data.hf.questions_column``) or another section's (``train.beam_size`` ->
+    ``decode.beam_size``, where the closest key of ``train`` is ``batch_size``), else the closest key of the section,
+    else the new name of the closest key the section had before it moved (:data:`MOVED_KEYS`: ``rl.kl_cof`` ->
+    ``grpo.kl_coef``; a former ``model`` key's for ``model.kind=kind``), and the section's valid keys."""
+    same = _options_named(k, exclude=f"{name}.{k}")
+    hint = f" (did you mean {_either(same)}?)" if same else did_you_mean(k, known, f"{name}.")
     former = [key.split(".", 1)[1] for key in MOVED_KEYS if key.split(".")[0] == name]
     if not hint and (match := closest(k, former)) is not None:
         target = renamed_key(f"{name}.{match}") or moved_key(f"{name}.{match}", kind)
         hint = f" (did you mean {target!r}? {name}.{match} moved there)" if target else ""
     return f"unknown key {short_repr(f'{name}.{k}')}{hint}; valid keys of [{name}]: {', '.join(sorted(known))}"
+
+
+def _options_named(k: str, exclude: str) -> list[str]:
+    """Every option (``section.key``, a nested section's ``section.sub.key``) whose own name is ``k``, but
+    ``exclude``, in the order of :data:`SECTIONS`."""
+    return [key for s, cls in SECTIONS.items() for key, _, _ in option_fields(cls, f"{s}.")
+            if key.rsplit(".", 1)[-1] == k and key != exclude]  # fmt: skip
+
+
+def _either(names: list[str], most: int = 4) -> str:
+    """``'a'``, ``'a' or 'b'``, ``'a', 'b' or 'c'`` (at most ``most`` names, then ``...``): the suggestions of a
+    message."""
+    shown = [repr(n) for n in names[:most]] + (["..."] if len(names) > most else [])
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
 
 
 def replaced_section(section: Any, name: str, **changes: Any) -> Any:
