@@ -367,7 +367,7 @@ def _where(key: str | None, origins: Origins, source: str) -> str:
     return near[0] if near else source
 
 
-def _unknown_key(name: str, k: str, known: list[str], nested: dict[str, type], kind: str) -> str:
+def _unknown_key(name: str, k: str, known: list[str], kind: str) -> str:
     """The message of an unknown key ``name.k``: the options of that very name elsewhere, a nested section's
     (``data.questions_column`` -> ``data.hf.questions_column``) or another section's (``train.beam_size`` ->
     ``decode.beam_size``, where the closest key of ``train`` is ``batch_size``), else the closest key of the section,
@@ -422,7 +422,7 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
             raise ConfigError(f"{where}{_moved_message(key, str(values.get('kind', ModelConfig.kind)))}", key=key)
         if k not in known:
             kind = str(values.get("kind", ModelConfig.kind))
-            raise ConfigError(f"{where}{_unknown_key(name, k, known, nested, kind)}", key=key)
+            raise ConfigError(f"{where}{_unknown_key(name, k, known, kind)}", key=key)
         if k in nested:
             if v is not None and not isinstance(v, dict):
                 inner = ", ".join(f.name for f in dataclasses.fields(nested[k]))
