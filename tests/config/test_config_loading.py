@@ -372,3 +372,13 @@ def test_an_integer_option_reads_a_whole_number_in_exponent_notation(tmp_path):
             load(None, [f"world.n_train={value}"])
     with pytest.raises(ConfigError, match=r"world.n_train: must be <= 1000000, got 1000000000000\.\.\.0+ "):
         load(None, ["world.n_train=1e30"])  # whole, and out of bounds
+
+
+def test_replaced_section_takes_an_option_called_name():
+    # replaced_section(cfg.judge, "judge", name="x") was a TypeError (multiple values for argument 'name')
+    from finecap.config import VlmBackboneConfig, replaced_section
+    from finecap.config.sections.judge import JudgeConfig
+
+    assert replaced_section(VlmBackboneConfig(), "vlm", name="world-tiny").name == "world-tiny"
+    with pytest.raises(ConfigError, match=r"^judge.name: expected a string, got \[5\]"):
+        replaced_section(JudgeConfig(), "judge", name=[5])

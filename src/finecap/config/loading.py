@@ -396,9 +396,11 @@ def _either(names: list[str], most: int = 4) -> str:
     return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
 
 
-def replaced_section(section: Any, name: str, **changes: Any) -> Any:
+def replaced_section(section: Any, name: str, /, **changes: Any) -> Any:
     """The section ``section`` (named ``name``: ``decode``) with ``changes``, each converted and checked as a recipe's
     value is (a ``ConfigError`` naming ``name.key``): for callers that take options as keywords (the Python API).
+    ``section`` and ``name`` are positional only, so that an option called ``name`` or ``section`` (``judge.name``,
+    ``vlm.name``) is a change like any other.
 
     Example::
 
