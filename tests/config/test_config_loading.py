@@ -382,3 +382,14 @@ def test_replaced_section_takes_an_option_called_name():
     assert replaced_section(VlmBackboneConfig(), "vlm", name="world-tiny").name == "world-tiny"
     with pytest.raises(ConfigError, match=r"^judge.name: expected a string, got \[5\]"):
         replaced_section(JudgeConfig(), "judge", name=[5])
+
+
+@pytest.mark.parametrize(("override", "how"), [("rl.rewards.cider=1.0", "rl.rewards='{cider: 1.0}'"),
+                                               ("rl.alarms.kl=0.5", "rl.alarms='{kl: 0.5}'")])  # fmt: skip
+def test_a_key_of_a_mapping_option_is_told_how_to_set_the_option(override, how):
+    # `rl.rewards.cider=1.0` said "rl.rewards is no nested section; a key looks like section.key", which a user who
+    # wrote a section.key.key override could not act on
+    with pytest.raises(ConfigError, match=re.escape(f"is a mapping option, set whole (the keys it leaves out are "
+                                                    f"dropped): {how}")):  # fmt: skip
+        load(None, [override])
+    assert load(None, ["rl.rewards={cider: 1.0}"]).rl.rewards == {"cider": 1.0}  # the way out works

@@ -626,7 +626,8 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
 
 def _check_nested(parts: list[str], item: str) -> None:
     """An override's key of more than two parts must name a nested section's key (``data.hf.image_column``): a
-    :class:`ConfigError` naming the part that is no nested section otherwise (an unknown section is named later)."""
+    :class:`ConfigError` naming the part that is no nested section otherwise (an unknown section is named later), and
+    for a key of a mapping option (``rl.rewards.cider=1``) how to set the option (``rl.rewards='{cider: 1}'``)."""
     cls = SECTIONS.get(parts[0])
     for i, part in enumerate(parts[1:-1], start=1):
         if cls is None:
@@ -634,6 +635,12 @@ def _check_nested(parts: list[str], item: str) -> None:
         nested = subsections(cls)
         if part not in nested:
             at, prefix = ".".join(parts[: i + 1]), ".".join(parts[:i]) + "."
+            if typing.get_origin(typing.get_type_hints(cls).get(part)) is dict and i == len(parts) - 2:
+                value = item.split("=", 1)[1].strip()
+                value = value if len(value) <= 40 else "..."  # the example's value: a word, not a pasted file
+                example = masked_override(f"{at}='{{{parts[-1]}: {value}}}'")
+                raise ConfigError(f"override {_shown_override(item)}: {at} is a mapping option, set whole (the keys "
+                                  f"it leaves out are dropped): {example}", key=at)  # fmt: skip
             inner = f"; nested sections of [{'.'.join(parts[:i])}]: {', '.join(nested)}" if nested else ""
             hint = did_you_mean(part, nested, prefix)
             raise ConfigError(
