@@ -64,7 +64,7 @@ def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> 
         *path, new = target.split(".")
         value = out[name].pop(k)
         try:
-            node = _mapping_at(out, path)
+            node = mapping_at(out, path)
         except ConfigError as e:  # data: {image_column: x, hf: [a]}: name the file
             raise ConfigError(f"{source}{e}", key=e.key) from None
         if new in node and node[new] != value:
@@ -79,7 +79,7 @@ def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> 
     return out
 
 
-def _mapping_at(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
+def mapping_at(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
     """The mapping at ``path`` (``["data", "hf"]``) inside the nested mappings ``data``, made (or copied, so a caller's
     mapping is never changed) on the way: the place to set a key of a nested section."""
     node = data
@@ -616,7 +616,7 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
             key, parts = target, target.split(".")
         _check_nested(parts, item)
         try:
-            _mapping_at(data, parts[:-1])[parts[-1]] = value
+            mapping_at(data, parts[:-1])[parts[-1]] = value
         except ConfigError as e:  # a recipe's subsection that is no mapping: name the recipe
             raise ConfigError(f"{_where(e.key, origins or {}, '')}{e}", key=e.key) from None
         if origins is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.config.fields import ConfigError
-from finecap.config.loading import _mapping_at, from_dict, load, parse_override, renamed_keys
+from finecap.config.loading import from_dict, load, mapping_at, parse_override, renamed_keys
 from finecap.config.paths import absolute_path_values
 from finecap.config.sections import ADDED_KEYS, MOVED_KEYS, Config, ModelConfig, moved_key
 from finecap.config.sections.grpo import never_read
@@ -52,7 +52,7 @@ def migrate_moved_keys(data: dict[str, Any], source: str = "") -> dict[str, Any]
         if target is not None:
             section, name = target.split(".")
             try:
-                node = _mapping_at(out, [section])  # `clipcap: 5` beside a former model key: refused, never dropped
+                node = mapping_at(out, [section])  # `clipcap: 5` beside a former model key: refused, never dropped
             except ConfigError as e:
                 raise ConfigError(f"{source}{e}", key=e.key) from None
             node.setdefault(name, value)
