@@ -15,6 +15,7 @@ tiny world, CLIP and 2-step run), as tests/app/test_bad_inputs.py does.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -98,6 +99,23 @@ def test_duplicate_keys_at_any_depth_name_the_key_and_both_lines(text, key, wher
     with pytest.raises(YAMLRefused) as e:
         load_yaml(text)
     assert f"duplicate key {key} {where}" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["train:\n  lr: 1\n  <<: {lr: 2, epochs: 3}\n", "train:\n  <<: [{lr: 2}, {epochs: 3}]\n", "<<: {train: {}}\n"],
+)
+def test_merge_keys_are_refused_naming_the_line(text, tmp_path):
+    # a merge key needs no alias (`<<: {lr: 2}`), and the key written beside it won silently (lr 1 over the merged 2):
+    # a duplicate the duplicate-key check skipped
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if "<<" in row)
+    with pytest.raises(YAMLRefused, match=rf"^line {line}: YAML merge keys are not allowed \(found '<<' in "):
+        load_yaml(text)
+    recipe = tmp_path / "merge.yaml"
+    recipe.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(recipe))}: line {line}: YAML merge keys are not allowed"):
+        load(recipe)
+    assert load_yaml('a:\n  "<<": 1\n') == {"a": {"<<": 1}}  # a quoted '<<' is a key like any other
 
 
 def test_plain_yaml_still_loads():

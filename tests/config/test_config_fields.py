@@ -137,6 +137,26 @@ def test_boolean_options_read_the_yaml_1_1_words(word, value):
         load(None, ["data.pin_memory=maybe"])
 
 
+SET_ASIDE = ["decode.strategy=beam", "decode.finished_beams=set_aside"]
+
+
+@pytest.mark.parametrize(("word", "value"), [*BOOL_CASES, ('"true"', True), ("never", "never")])
+def test_an_option_whose_choices_hold_booleans_reads_them_as_a_boolean_option_does(word, value):
+    # decode.early_stopping (false, true or never) refused yes/on/no/off, which a boolean option reads
+    assert load(None, [*SET_ASIDE, f"decode.early_stopping={word}"]).decode.early_stopping == value
+
+
+@pytest.mark.parametrize("number", ["1", "0", "1.0", "0.0"])
+def test_an_option_whose_choices_hold_booleans_refuses_a_number(number):
+    # Python has 1 == True: decode.early_stopping=1 was read as true, where a boolean option refuses 1
+    with pytest.raises(ConfigError, match=r"early_stopping: invalid value .*; valid choices: false, true, never"):
+        load(None, [*SET_ASIDE, f"decode.early_stopping={number}"])
+    from finecap.config import DecodeConfig
+
+    with pytest.raises(ConfigError, match=r"decode.early_stopping: invalid value"):  # a section built by hand too
+        DecodeConfig(strategy="beam", finished_beams="set_aside", early_stopping=float(number))
+
+
 @pytest.mark.parametrize("spelled", ["null", "Null", "~", "none", "None", "NONE", '""', "''"])
 def test_an_empty_path_option_takes_null_and_none(spelled):
     assert load(None, [f"train.init_from={spelled}"]).train.init_from == ""
@@ -158,6 +178,19 @@ def test_a_string_option_keeps_a_number_as_written(written, tmp_path):
     recipe.write_text(f"run:\n  name: {written}\ndata:\n  path: {written}\n")
     cfg = load(recipe)
     assert (cfg.run.name, cfg.data.path.rsplit("/", 1)[-1]) == (written, written)
+
+
+@pytest.mark.parametrize("written", ["2024-01-01", "2024-01-01T10:00:00", "2001-12-14 21:59:43.10 -5"])
+def test_a_string_option_keeps_a_date_as_written(written, tmp_path):
+    # YAML 1.1 read 2024-01-01 as a date, which no option takes: a run or a data folder named by its date was refused
+    # ("run.name: expected a string, got datetime.date(2024, 1, 1)"), from the command line and from a recipe alike
+    assert load(None, [f"run.name={written}"]).run.name == written
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"run:\n  name: {written}\ndata:\n  path: {written}\n")
+    cfg = load(recipe)
+    assert (cfg.run.name, cfg.data.path.rsplit("/", 1)[-1]) == (written, written)
+    with pytest.raises(ConfigError, match=r"train.lr: expected a number, got '2024-01-01'"):
+        load(None, ["train.lr=2024-01-01"])
 
 
 def test_numeric_options_read_the_yaml_numbers_as_plain_numbers():

@@ -340,6 +340,24 @@ def test_a_key_typed_in_capitals_gets_its_did_you_mean(override, suggested):
         load(None, [override])
 
 
+@pytest.mark.parametrize(
+    ("override", "suggested"),
+    [("train.beam_size=3", "'decode.beam_size'"), ("decode.lr=1e-4", "'retriever.lr' or 'train.lr'"),
+     ("clipcap.prompt=Say it.", "'vlm.prompt'"), ("data.hf.path=d", "'data.path'"),
+     ("data.questions_column=q", "'data.hf.questions_column'")],
+)  # fmt: skip
+def test_a_key_of_another_section_gets_that_section_in_its_did_you_mean(override, suggested, tmp_path):
+    # `train.beam_size=3` suggested 'train.batch_size' (the closest name in [train]) and `decode.lr=1e-4` nothing:
+    # the key was right, its section wrong. From a recipe alike.
+    with pytest.raises(ConfigError, match=re.escape(f"(did you mean {suggested}?)")):
+        load(None, [override])
+    section, key = override.split("=")[0].split(".", 1)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"{section}:\n  {key}: 3\n" if "." not in key else "data:\n  hf:\n    path: d\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{recipe}: unknown key") + r".*" + re.escape(suggested)):
+        load(recipe)
+
+
 def test_an_integer_option_reads_a_whole_number_in_exponent_notation(tmp_path):
     # `world.n_train=1e3` was refused ("expected an integer, got '1e3'") while `1.0e+3` was 1000 and a float option
     # read `1e3` as 1000.0: PyYAML reads an exponent without a dot as a string, which only float options converted
@@ -354,3 +372,24 @@ def test_an_integer_option_reads_a_whole_number_in_exponent_notation(tmp_path):
             load(None, [f"world.n_train={value}"])
     with pytest.raises(ConfigError, match=r"world.n_train: must be <= 1000000, got 1000000000000\.\.\.0+ "):
         load(None, ["world.n_train=1e30"])  # whole, and out of bounds
+
+
+def test_replaced_section_takes_an_option_called_name():
+    # replaced_section(cfg.judge, "judge", name="x") was a TypeError (multiple values for argument 'name')
+    from finecap.config import VlmBackboneConfig, replaced_section
+    from finecap.config.sections.judge import JudgeConfig
+
+    assert replaced_section(VlmBackboneConfig(), "vlm", name="world-tiny").name == "world-tiny"
+    with pytest.raises(ConfigError, match=r"^judge.name: expected a string, got \[5\]"):
+        replaced_section(JudgeConfig(), "judge", name=[5])
+
+
+@pytest.mark.parametrize(("override", "how"), [("rl.rewards.cider=1.0", "rl.rewards='{cider: 1.0}'"),
+                                               ("rl.alarms.kl=0.5", "rl.alarms='{kl: 0.5}'")])  # fmt: skip
+def test_a_key_of_a_mapping_option_is_told_how_to_set_the_option(override, how):
+    # `rl.rewards.cider=1.0` said "rl.rewards is no nested section; a key looks like section.key", which a user who
+    # wrote a section.key.key override could not act on
+    with pytest.raises(ConfigError, match=re.escape(f"is a mapping option, set whole (the keys it leaves out are "
+                                                    f"dropped): {how}")):  # fmt: skip
+        load(None, [override])
+    assert load(None, ["rl.rewards={cider: 1.0}"]).rl.rewards == {"cider": 1.0}  # the way out works

@@ -190,6 +190,18 @@ def test_migration_keeps_new_style_configurations_and_new_keys():
     assert mixed == {"model": {"kind": "blip", "blip": "a"}, "blip": {"name": "b"}}  # the input is not changed
 
 
+@pytest.mark.parametrize("written", ["5", "[a]", "text", "false"])
+def test_a_stored_section_a_former_key_moves_to_that_is_no_mapping_is_refused_naming_the_file(tmp_path, written):
+    # `clipcap: 5` beside model.prefix_length was replaced by {} when the key moved there, so the file loaded as if
+    # the section were empty (the rest of a section read from the file is never dropped so: it is refused)
+    stored = tmp_path / "config.yaml"
+    stored.write_text(f"model:\n  kind: clipcap\n  prefix_length: 7\nclipcap: {written}\n")
+    with pytest.raises(ConfigError, match=rf"^{stored}: clipcap must be a mapping of keys, got "):
+        load_stored(stored)
+    stored.write_text("model:\n  kind: clipcap\n  prefix_length: 7\nclipcap:\n")  # an empty section: the key moves in
+    assert load_stored(stored).clipcap.prefix_length == 7
+
+
 def test_each_builder_reads_its_own_section(tmp_path):
     from finecap.models.backbones import build_model
     from finecap.models.presets import save_tiny_clip

@@ -160,6 +160,25 @@ def choices_of(tp: Any) -> tuple[Any, ...] | None:
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
 
 
+def is_choice(value: Any, choice: Any) -> bool:
+    """Whether ``value`` is the ``Literal`` value ``choice``: equal, and a boolean exactly when ``choice`` is one
+    (Python has ``1 == True``, so ``decode.early_stopping=1`` was read as ``true`` while a boolean option refuses 1).
+
+    >>> is_choice(True, True), is_choice(1, True), is_choice(0.0, False), is_choice("never", "never")
+    (True, False, False, True)
+    """
+    return value == choice and isinstance(value, bool) == isinstance(choice, bool)
+
+
+def choices_text(choices: tuple[Any, ...]) -> str:
+    """The values of a ``Literal`` as messages list them, a boolean as YAML writes it.
+
+    >>> choices_text((False, True, "never"))
+    'false, true, never'
+    """
+    return ", ".join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)
+
+
 def non_finite(value: Any, key: str) -> tuple[str, float] | None:
     """``(key, number)`` of the first NaN or infinite float in ``value`` (a number, or the items of a list or
     mapping: ``key[i]``, ``key.name``), or ``None``.
@@ -191,10 +210,9 @@ def check_fields(section: Any) -> None:
         if bad:
             raise ConfigError(f"{bad[0]}: must be a finite number, got {bad[1]}", key=bad[0])
         choices = choices_of(types[f.name])
-        if choices is not None and value not in choices:
-            raise ConfigError(
-                f"{key}: invalid value {short_repr(value)}; valid choices: {', '.join(map(str, choices))}", key=key
-            )
+        if choices is not None and not any(is_choice(value, c) for c in choices):
+            raise ConfigError(f"{key}: invalid value {short_repr(value)}; valid choices: {choices_text(choices)}",
+                              key=key)  # fmt: skip
         problem = field_problem(f, value)
         if problem:
             raise ConfigError(f"{key}: {problem}", key=key)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from finecap.config.fields import ConfigError, constraint_text, option_fields, subsections
+from finecap.config.fields import ConfigError, choices_text, constraint_text, is_choice, option_fields, subsections
 from finecap.config.paths import PATH_KEYS
 from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
 from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key, renamed_key
@@ -64,7 +64,7 @@ def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> 
         *path, new = target.split(".")
         value = out[name].pop(k)
         try:
-            node = _mapping_at(out, path)
+            node = mapping_at(out, path)
         except ConfigError as e:  # data: {image_column: x, hf: [a]}: name the file
             raise ConfigError(f"{source}{e}", key=e.key) from None
         if new in node and node[new] != value:
@@ -79,7 +79,7 @@ def renamed_keys(data: dict[str, Any], source: str = "", warn: bool = False) -> 
     return out
 
 
-def _mapping_at(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
+def mapping_at(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
     """The mapping at ``path`` (``["data", "hf"]``) inside the nested mappings ``data``, made (or copied, so a caller's
     mapping is never changed) on the way: the place to set a key of a nested section."""
     node = data
@@ -153,7 +153,7 @@ BOOL_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False
 """What a boolean option reads as a boolean. Values are read as YAML 1.2
 (:class:`finecap.utils.reading.StrictYAMLLoader`: only ``true`` / ``false`` are booleans), so ``yes``, ``no``, ``on``
 and ``off`` reach the options as strings: a string option keeps them (``train.mixed_precision=no``), a boolean one
-reads them here."""
+reads them here, and so does an option whose choices hold booleans (``decode.early_stopping=yes``)."""
 
 
 def empty_path(value: Any, key: str) -> Any:
@@ -200,12 +200,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is Literal:
-        if value not in args:
-            choices = ", ".join(map(str, args))
+        word = value.strip().lower() if isinstance(value, str) else None
+        booleans = any(isinstance(a, bool) for a in args)
+        if booleans and word in BOOL_WORDS and not any(is_choice(value, a) for a in args):
+            value = BOOL_WORDS[word]  # a choice that is a boolean (decode.early_stopping) reads the words as one does
+        found = [a for a in args if is_choice(value, a)]
+        if not found:
+            choices = choices_text(args)
             raise ConfigError(
-                f"{key}: invalid value {short_repr(value)}{did_you_mean(value, args)}; valid choices: {choices}"
+                f"{key}: invalid value {short_repr(value)}{did_you_mean(value, choices.split(', '))}; valid choices: "
+                f"{choices}"
             )
-        return args[args.index(value)]  # the choice itself (a plain value, whatever YAML built)
+        return found[0]  # the choice itself (a plain value, whatever YAML built)
     if origin in (types.UnionType, typing.Union):
         if value is None and type(None) in args:
             return None
@@ -361,13 +367,14 @@ def _where(key: str | None, origins: Origins, source: str) -> str:
     return near[0] if near else source
 
 
-def _unknown_key(name: str, k: str, known: list[str], nested: dict[str, type], kind: str) -> str:
-    """The message of an unknown key ``name.k``: the closest key of the section, else a nested section's key of that
-    name (``data.questions_column`` -> ``data.hf.questions_column``), else the new name of the closest key the section
-    had before it moved (:data:`MOVED_KEYS`: ``rl.kl_cof`` -> ``grpo.kl_coef``; a former ``model`` key's for
-    ``model.kind=kind``), and the section's valid keys."""
-    inside = [f"{name}.{s}.{k}" for s, c in nested.items() if k in {f.name for f in dataclasses.fields(c)}]
-    hint = did_you_mean(k, known, f"{name}.") or (f" (did you mean {inside[0]!r}?)" if inside else "")
+def _unknown_key(name: str, k: str, known: list[str], kind: str) -> str:
+    """The message of an unknown key ``name.k``: the options of that very name elsewhere, a nested section's
+    (``data.questions_column`` -> ``data.hf.questions_column``) or another section's (``train.beam_size`` ->
+    ``decode.beam_size``, where the closest key of ``train`` is ``batch_size``), else the closest key of the section,
+    else the new name of the closest key the section had before it moved (:data:`MOVED_KEYS`: ``rl.kl_cof`` ->
+    ``grpo.kl_coef``; a former ``model`` key's for ``model.kind=kind``), and the section's valid keys."""
+    same = _options_named(k, exclude=f"{name}.{k}")
+    hint = f" (did you mean {_either(same)}?)" if same else did_you_mean(k, known, f"{name}.")
     former = [key.split(".", 1)[1] for key in MOVED_KEYS if key.split(".")[0] == name]
     if not hint and (match := closest(k, former)) is not None:
         target = renamed_key(f"{name}.{match}") or moved_key(f"{name}.{match}", kind)
@@ -375,9 +382,25 @@ def _unknown_key(name: str, k: str, known: list[str], nested: dict[str, type], k
     return f"unknown key {short_repr(f'{name}.{k}')}{hint}; valid keys of [{name}]: {', '.join(sorted(known))}"
 
 
-def replaced_section(section: Any, name: str, **changes: Any) -> Any:
+def _options_named(k: str, exclude: str) -> list[str]:
+    """Every option (``section.key``, a nested section's ``section.sub.key``) whose own name is ``k``, but
+    ``exclude``, in the order of :data:`SECTIONS`."""
+    return [key for s, cls in SECTIONS.items() for key, _, _ in option_fields(cls, f"{s}.")
+            if key.rsplit(".", 1)[-1] == k and key != exclude]  # fmt: skip
+
+
+def _either(names: list[str], most: int = 4) -> str:
+    """``'a'``, ``'a' or 'b'``, ``'a', 'b' or 'c'`` (at most ``most`` names, then ``...``): the suggestions of a
+    message."""
+    shown = [repr(n) for n in names[:most]] + (["..."] if len(names) > most else [])
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
+def replaced_section(section: Any, name: str, /, **changes: Any) -> Any:
     """The section ``section`` (named ``name``: ``decode``) with ``changes``, each converted and checked as a recipe's
     value is (a ``ConfigError`` naming ``name.key``): for callers that take options as keywords (the Python API).
+    ``section`` and ``name`` are positional only, so that an option called ``name`` or ``section`` (``judge.name``,
+    ``vlm.name``) is a change like any other.
 
     Example::
 
@@ -401,7 +424,7 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
             raise ConfigError(f"{where}{_moved_message(key, str(values.get('kind', ModelConfig.kind)))}", key=key)
         if k not in known:
             kind = str(values.get("kind", ModelConfig.kind))
-            raise ConfigError(f"{where}{_unknown_key(name, k, known, nested, kind)}", key=key)
+            raise ConfigError(f"{where}{_unknown_key(name, k, known, kind)}", key=key)
         if k in nested:
             if v is not None and not isinstance(v, dict):
                 inner = ", ".join(f.name for f in dataclasses.fields(nested[k]))
@@ -593,7 +616,7 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
             key, parts = target, target.split(".")
         _check_nested(parts, item)
         try:
-            _mapping_at(data, parts[:-1])[parts[-1]] = value
+            mapping_at(data, parts[:-1])[parts[-1]] = value
         except ConfigError as e:  # a recipe's subsection that is no mapping: name the recipe
             raise ConfigError(f"{_where(e.key, origins or {}, '')}{e}", key=e.key) from None
         if origins is not None:
@@ -603,7 +626,8 @@ def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins
 
 def _check_nested(parts: list[str], item: str) -> None:
     """An override's key of more than two parts must name a nested section's key (``data.hf.image_column``): a
-    :class:`ConfigError` naming the part that is no nested section otherwise (an unknown section is named later)."""
+    :class:`ConfigError` naming the part that is no nested section otherwise (an unknown section is named later), and
+    for a key of a mapping option (``rl.rewards.cider=1``) how to set the option (``rl.rewards='{cider: 1}'``)."""
     cls = SECTIONS.get(parts[0])
     for i, part in enumerate(parts[1:-1], start=1):
         if cls is None:
@@ -611,6 +635,12 @@ def _check_nested(parts: list[str], item: str) -> None:
         nested = subsections(cls)
         if part not in nested:
             at, prefix = ".".join(parts[: i + 1]), ".".join(parts[:i]) + "."
+            if typing.get_origin(typing.get_type_hints(cls).get(part)) is dict and i == len(parts) - 2:
+                value = item.split("=", 1)[1].strip()
+                value = value if len(value) <= 40 else "..."  # the example's value: a word, not a pasted file
+                example = masked_override(f"{at}='{{{parts[-1]}: {value}}}'")
+                raise ConfigError(f"override {_shown_override(item)}: {at} is a mapping option, set whole (the keys "
+                                  f"it leaves out are dropped): {example}", key=at)  # fmt: skip
             inner = f"; nested sections of [{'.'.join(parts[:i])}]: {', '.join(nested)}" if nested else ""
             hint = did_you_mean(part, nested, prefix)
             raise ConfigError(

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.config.fields import ConfigError
-from finecap.config.loading import from_dict, load, parse_override, renamed_keys
+from finecap.config.loading import from_dict, load, mapping_at, parse_override, renamed_keys
 from finecap.config.paths import absolute_path_values
 from finecap.config.sections import ADDED_KEYS, MOVED_KEYS, Config, ModelConfig, moved_key
 from finecap.config.sections.grpo import never_read
@@ -35,8 +35,9 @@ def migrate_moved_keys(data: dict[str, Any], source: str = "") -> dict[str, Any]
     """Sections ``{section: {key: value}}`` of a configuration stored before the backbone sections or the split of
     ``rl`` into ``rl``, ``grpo`` and ``sle`` (:data:`MOVED_KEYS`) with the former keys moved to their sections (for a
     ``model`` key a value already set there wins; an option the backbone no longer has is dropped). Configurations
-    without such keys come back unchanged. A former ``rl`` or ``data`` key set beside its new one to another value is
-    a :class:`ConfigError` beginning with ``source`` (``"runs/x/config.yaml: "``: the file at fault)."""
+    without such keys come back unchanged. A former ``rl`` or ``data`` key set beside its new one to another value, or
+    a section a former key moves to that is no mapping (``clipcap: 5``), is a :class:`ConfigError` beginning with
+    ``source`` (``"runs/x/config.yaml: "``: the file at fault)."""
     data = renamed_keys(data, source)
     model = data.get("model")
     if not isinstance(model, dict) or not any(f"model.{k}" in MOVED_KEYS for k in model):
@@ -50,9 +51,11 @@ def migrate_moved_keys(data: dict[str, Any], source: str = "") -> dict[str, Any]
         target = moved_key(f"model.{key}", kind)
         if target is not None:
             section, name = target.split(".")
-            if not isinstance(out.get(section), dict):
-                out[section] = {}
-            out[section].setdefault(name, value)
+            try:
+                node = mapping_at(out, [section])  # `clipcap: 5` beside a former model key: refused, never dropped
+            except ConfigError as e:
+                raise ConfigError(f"{source}{e}", key=e.key) from None
+            node.setdefault(name, value)
     return out
 
 

@@ -338,12 +338,17 @@ def read_json(path: str | Path, limit: SizeLimit = METADATA) -> Any:
 
 class YAMLRefused(yaml.YAMLError):
     """Something finecap refuses in a YAML file it reads (:class:`StrictYAMLLoader`): ``reason`` says what, ``line``
-    (1-based) where, ``kind`` which refusal (``"anchor"``, ``"alias"`` or ``"duplicate"``); ``str()`` is
+    (1-based) where, ``kind`` which refusal (``"anchor"``, ``"alias"``, ``"merge"`` or ``"duplicate"``); ``str()`` is
     ``"line N: reason"``."""
 
     def __init__(self, reason: str, line: int, kind: str):
         super().__init__(f"line {line}: {reason}")
         self.reason, self.line, self.kind = reason, line, kind
+
+
+_YAML_1_1_ONLY = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")
+"""The implicit types of PyYAML's YAML 1.1 that :class:`StrictYAMLLoader` does not read as such (booleans then come
+back with YAML 1.2's words alone; a date stays the string it is written as)."""
 
 
 class StrictYAMLLoader(yaml.SafeLoader):
@@ -354,7 +359,9 @@ class StrictYAMLLoader(yaml.SafeLoader):
       of nested aliases ("billion laughs") stand for billions of values, which any code printing or walking the
       value (an error message) expands; a recipe has no need for them;
     - **duplicate keys** at any depth: YAML keeps the last of two equal keys silently, so a recipe holding a
-      section twice would lose the first; the error names the key and both lines.
+      section twice would lose the first; the error names the key and both lines;
+    - **merge keys** (``<<``): without an alias (``<<: {lr: 2}``) they still merged, and a key written beside one
+      silently won over the merged one (``lr: 1`` and ``<<: {lr: 2}``: 1), a duplicate the check above never saw.
 
     Both raise :class:`YAMLRefused` (a ``yaml.YAMLError``) before any value is built. Read with :func:`load_yaml`.
 
@@ -362,10 +369,14 @@ class StrictYAMLLoader(yaml.SafeLoader):
     ``on`` and ``off`` as booleans, so that ``train.mixed_precision=no`` (a string option whose choices are ``no``,
     ``fp16``, ``bf16``) arrived as ``False`` and was refused; they are now strings, which a string option keeps and
     a boolean option reads as the boolean they name (:func:`finecap.config.loading` ``_coerce``).
+
+    Dates are YAML 1.2's too: none. YAML 1.1 reads ``2024-01-01`` (and ``2024-01-01T10:00:00``) as a date, which no
+    option takes, so a run, a data folder or a prompt named by its date was refused (``run.name: expected a string,
+    got datetime.date(2024, 1, 1)``); such a value is now the string it is written as.
     """
 
     yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML_1_1_ONLY]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
 
@@ -400,7 +411,14 @@ class StrictYAMLLoader(yaml.SafeLoader):
                 name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
                 dotted = f"{where}.{name}" if where else str(name)
                 stack.append((value_node, dotted))
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag == "tag:yaml.org,2002:merge":
+                    raise YAMLRefused(
+                        f"YAML merge keys are not allowed (found '<<' in {short_repr(where or 'the top level')}): "
+                        "write the keys out in the mapping itself",
+                        key_node.start_mark.line + 1,
+                        "merge",
+                    )
+                if not isinstance(key_node, yaml.ScalarNode):
                     continue
                 key = self.construct_object(key_node)  # as YAML compares keys: `1` and `0x1`, `yes` and `true`
                 line = key_node.start_mark.line + 1
