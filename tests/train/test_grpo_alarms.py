@@ -50,13 +50,18 @@ def fails_from_step_7(cfg):
     return FailsFromStep7()
 
 
+def reinforce_cfg(make_cfg, reward: str, *overrides: str):
+    """REINFORCE with 2 samples and a mean baseline on ``reward`` (a function of this module), then ``overrides``."""
+    return make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:{reward}': 1.0}}", "rl.samples=2",
+                    "rl.baseline=mean", *overrides)  # fmt: skip
+
+
 def test_a_stopping_alarm_logs_the_steps_since_the_last_event_and_why_it_stopped(make_cfg):
     # train.log_every=4: the run logs at step 4, then its failed alarm stops it at step 7. Steps 5 to 7 are logged
     # (one event at step 7, as a log event at that step would have been), then the stop, with the alarm's line.
     # Until 2026-11-28 the run ended at the alarm and the log stopped at step 4: steps 5 to 7 were never written.
-    cfg = make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:fails_from_step_7': 1.0}}",
-                   "rl.samples=2", "rl.baseline=mean", "rl.alarms={failed: 0.5}", "rl.alarm_action=stop",
-                   "train.log_every=4", "train.max_steps=12", "train.eval_every=12")  # fmt: skip
+    cfg = reinforce_cfg(make_cfg, "fails_from_step_7", "rl.alarms={failed: 0.5}", "rl.alarm_action=stop",
+                        "train.log_every=4", "train.max_steps=12", "train.eval_every=12")  # fmt: skip
     with pytest.raises(RewardHackingAlarm, match=r"^rl.alarms: at step 7 the share of captions") as alarm:
         train(cfg)
     events = [json.loads(s) for s in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
@@ -90,17 +95,20 @@ def fails_one_at_step_2(cfg):
     return FailsOneAtStep2()
 
 
+def logged_failed_shares(run) -> dict:
+    """``{step: reward/failed}`` of the training events of ``run``'s log (``None`` where not logged)."""
+    logged = [json.loads(s) for s in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    return {e["step"]: e["values"].get("reward/failed") for e in logged if e["split"] == "train"}
+
+
 def test_the_logged_failed_share_is_the_alarms_over_every_caption_of_the_step(make_cfg):
     # 20 images x 2 samples a step (40 training images: no short last batch) in two micro-batches of 20 captions; at
     # step 2 one caption of the first failed and the second's reward said failed=None: the step's share is 1/40, the
     # rl.alarms.failed alarm's measure. The log showed 1/20 until 2026-11-28 (the mean over the micro-batches that
     # gave a mask). A step before the run's first failure logs no share, one after it 0.
-    cfg = make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:fails_one_at_step_2': 1.0}}",
-                   "rl.samples=2", "rl.baseline=mean", "train.batch_size=10", "train.grad_accum_steps=2",
-                   "train.max_steps=3", "train.eval_every=3")  # fmt: skip
-    run = train(cfg)
-    logged = [json.loads(s) for s in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-    failed = {e["step"]: e["values"].get("reward/failed") for e in logged if e["split"] == "train"}
+    cfg = reinforce_cfg(make_cfg, "fails_one_at_step_2", "train.batch_size=10", "train.grad_accum_steps=2",
+                        "train.max_steps=3", "train.eval_every=3")  # fmt: skip
+    failed = logged_failed_shares(train(cfg))
     assert failed == {1: None, 2: 1 / 40, 3: 0.0}
 
 
@@ -116,12 +124,9 @@ def test_a_short_last_batchs_copies_count_in_no_logged_value(make_cfg):
     # 40 images, global batch 6 in 6 micro-batches of 1: step 7 takes the epoch's last 4 images [a], [b], [c], [d]
     # and repeats [a], [b] to fill the step (copies, weight 0). At step 7 one caption of a failed: the step's share
     # is 1 of its 8 captions. Until 2026-11-28 the copies' captions counted too: a's failed caption twice, 2/12.
-    cfg = make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:fails_one_at_step_7': 1.0}}",
-                   "rl.samples=2", "rl.baseline=mean", "train.batch_size=1", "train.grad_accum_steps=6",
-                   "train.max_steps=7", "train.eval_every=7", "train.log_every=1")  # fmt: skip
-    run = train(cfg)
-    logged = [json.loads(s) for s in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-    failed = {e["step"]: e["values"].get("reward/failed") for e in logged if e["split"] == "train"}
+    cfg = reinforce_cfg(make_cfg, "fails_one_at_step_7", "train.batch_size=1", "train.grad_accum_steps=6",
+                        "train.max_steps=7", "train.eval_every=7", "train.log_every=1")  # fmt: skip
+    failed = logged_failed_shares(train(cfg))
     assert failed == {**dict.fromkeys(range(1, 7)), 7: pytest.approx(1 / 8)}
 
 
