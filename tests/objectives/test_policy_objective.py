@@ -23,7 +23,7 @@ from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
-from finecap.objectives.baselines import NoBaseline
+from finecap.objectives.baselines import MeanBaseline, NoBaseline
 from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.monitor import RewardHackingAlarm
 from finecap.objectives.reinforce import Reinforce
@@ -597,3 +597,29 @@ def test_a_process_whose_other_micro_batch_is_a_copy_adds_only_its_real_one_to_t
     process_0 = cycle([step_batch(0), step_batch(0, copy=True)], with_process_1)
     assert torch.allclose(process_0[0], whole[0], atol=1e-6) and torch.allclose(process_0[1], whole[0], atol=1e-6)
     assert whole[0].abs().max() > 0.5
+
+
+@pytest.mark.parametrize("policy", [False, True])
+def test_a_copy_micro_batch_counts_in_no_running_mean(policy):
+    # The running-mean baseline (rl.baseline=mean, DiscriTune's) of a step of images 0 and 1 cut into [0], [1] and a
+    # copy of [0]: it summed the copy's rewards too, a mean of (9 + 12 + 9) / 9 captions for the step's 21 / 6 = 3.5,
+    # and the next steps' advantages moved with it. REINFORCE calls it per micro-batch; the GRPO family's
+    # grpo.advantage=baseline in begin_step's rollout of the whole step.
+    def next_advantages(micro_batches):
+        sections = rl_sections(samples=S, policy_loss="clipped")
+        if not policy:
+            del sections["grpo"]
+        kind = PolicyOptimization if policy else Reinforce
+        obj = kind(WeightedSum({"table": (1.0, Table())}), MeanBaseline(sections["rl"]), **sections,
+                   decode=DecodeConfig(max_length=L))  # fmt: skip
+        model = StandIn()
+        obj.begin_step(model, micro_batches)
+        for b in micro_batches:
+            obj(model, b)
+        obj.end_step()
+        return obj.baseline.mean, obj.rollout(model, step_batch(2, step=1))[0].advantage
+
+    real = next_advantages([step_batch(0), step_batch(1)])
+    with_copy = next_advantages([step_batch(0), step_batch(1), step_batch(0, copy=True)])
+    assert real[0] == with_copy[0] == pytest.approx(3.5)  # (1 + 2 + 6 + 4 + 4 + 4) / 6
+    assert torch.equal(with_copy[1], real[1]) and real[1].tolist() == [-3.5, -0.5, -0.5]  # image 2: (0, 3, 3)
