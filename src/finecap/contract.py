@@ -37,8 +37,8 @@ class StepInfo:
         copy: the micro-batch repeats examples of another of the step (a global batch smaller than processes x
             accumulation steps, :func:`finecap.data.samplers.repeated_micro_batches`). It runs, as every process
             steps in step, but counts nowhere: the engine weights its loss 0 and leaves its logged values out, and
-            an objective leaves it out of what it sums over the step (the reward-hacking monitor's measures);
-            :func:`is_copy`.
+            an objective leaves it out of what it sums over the step (the reward-hacking monitor's measures, the
+            GRPO family's batch statistics, the running-mean baseline); :func:`is_copy`.
     """
 
     step: int

@@ -23,7 +23,7 @@ from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
-from finecap.objectives.baselines import NoBaseline
+from finecap.objectives.baselines import MeanBaseline, NoBaseline
 from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.monitor import RewardHackingAlarm
 from finecap.objectives.reinforce import Reinforce
@@ -540,3 +540,86 @@ def test_a_copy_micro_batch_counts_in_no_monitor_measure():
     obj.begin_step(model := Wordy(), [only])
     obj(model, only)
     assert obj.monitor.step_values() == {} and obj.monitor.step == 5
+
+
+@pytest.mark.parametrize("options", [{"scale_rewards": "batch"}, {"reward_aggregation": "normalize_then_sum"}])
+@pytest.mark.parametrize("reward", [Table, FailingTable])
+def test_a_copy_micro_batch_counts_in_no_batch_statistic(options, reward):
+    # A last global batch of images 0 and 1 cut into 3 micro-batches: [0], [1] and a copy of [0]. The batch std of
+    # scale_rewards=batch and GDPO's batch mean and std counted the copy's captions (image 0's three rewards twice),
+    # so the real captions' advantages, and the step's gradient, were not those of the batch itself. With a caption
+    # a reward could not score (FailingTable: c0_1) the statistics run over the scored captions only.
+    def advantages(micro_batches):
+        sections = rl_sections(samples=S, advantage="group", **options)
+        obj = PolicyOptimization(WeightedSum({"table": (1.0, reward())}), NoBaseline(), **sections,
+                                 decode=DecodeConfig(max_length=L))  # fmt: skip
+        obj.begin_step(StandIn(), micro_batches)
+        return [p.advantages for p in obj.cycle]
+
+    real = advantages([step_batch(0), step_batch(1)])
+    with_copy = advantages([step_batch(0), step_batch(1), step_batch(0, copy=True)])
+    assert torch.equal(torch.cat(with_copy[:2]), torch.cat(real)) and real[0].abs().max() > 0.5
+    assert torch.equal(with_copy[2], real[0])  # the copy's: those of the captions it repeats (weighted 0 anyway)
+    alone = advantages([step_batch(0)])  # the statistics do depend on the batch: image 1's rewards count
+    assert not torch.allclose(alone[0], real[0], atol=1e-3)
+
+
+# what process 1's captions (image 1: rewards 4, 4, 4) add to the batch statistics: their rewards
+# (scale_rewards=batch), or their group-normalised sum (GDPO: a constant group, all 0)
+@pytest.mark.parametrize(
+    ("options", "others"),
+    [({"scale_rewards": "batch"}, [4.0, 4.0, 4.0]), ({"reward_aggregation": "normalize_then_sum"}, [0.0, 0.0, 0.0])],
+)
+def test_a_process_whose_other_micro_batch_is_a_copy_adds_only_its_real_one_to_the_batch_statistics(options, others):
+    # 2 processes x 2 accumulation steps, a last global batch of images 0 and 1: process 0 runs [0] and a copy of
+    # [0], process 1 [1] and a copy of [1]. Process 0's reductions are emulated: each adds process 1's sum of the
+    # same statistic over its real captions (the count, the sum, then the squares about the global mean).
+    sections = rl_sections(samples=S, advantage="group", **options)
+    other = torch.tensor(others)
+    global_mean = {}
+
+    def with_process_1(t):
+        if t.numel() == 2:  # (sum, count)
+            total = t + torch.stack([other.sum(), torch.tensor(float(other.numel()))])
+            global_mean["value"] = total[0] / total[1]
+            return total
+        return t + ((other - global_mean["value"]) ** 2).sum()
+
+    def cycle(micro_batches, reduce=None):
+        obj = PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), **sections,
+                                 decode=DecodeConfig(max_length=L))  # fmt: skip
+        if reduce is not None:
+            obj.reduce = reduce
+        obj.begin_step(StandIn(), micro_batches)
+        return [p.advantages for p in obj.cycle]
+
+    whole = cycle([step_batch(0), step_batch(1)])  # the global batch on one process
+    process_0 = cycle([step_batch(0), step_batch(0, copy=True)], with_process_1)
+    assert torch.allclose(process_0[0], whole[0], atol=1e-6) and torch.allclose(process_0[1], whole[0], atol=1e-6)
+    assert whole[0].abs().max() > 0.5
+
+
+@pytest.mark.parametrize("policy", [False, True])
+def test_a_copy_micro_batch_counts_in_no_running_mean(policy):
+    # The running-mean baseline (rl.baseline=mean, DiscriTune's) of a step of images 0 and 1 cut into [0], [1] and a
+    # copy of [0]: it summed the copy's rewards too, a mean of (9 + 12 + 9) / 9 captions for the step's 21 / 6 = 3.5,
+    # and the next steps' advantages moved with it. REINFORCE calls it per micro-batch; the GRPO family's
+    # grpo.advantage=baseline in begin_step's rollout of the whole step.
+    def next_advantages(micro_batches):
+        sections = rl_sections(samples=S, policy_loss="clipped")
+        if not policy:
+            del sections["grpo"]
+        kind = PolicyOptimization if policy else Reinforce
+        obj = kind(WeightedSum({"table": (1.0, Table())}), MeanBaseline(sections["rl"]), **sections,
+                   decode=DecodeConfig(max_length=L))  # fmt: skip
+        model = StandIn()
+        obj.begin_step(model, micro_batches)
+        for b in micro_batches:
+            obj(model, b)
+        obj.end_step()
+        return obj.baseline.mean, obj.rollout(model, step_batch(2, step=1))[0].advantage
+
+    real = next_advantages([step_batch(0), step_batch(1)])
+    with_copy = next_advantages([step_batch(0), step_batch(1), step_batch(0, copy=True)])
+    assert real[0] == with_copy[0] == pytest.approx(3.5)  # (1 + 2 + 6 + 4 + 4 + 4) / 6
+    assert torch.equal(with_copy[1], real[1]) and real[1].tolist() == [-3.5, -0.5, -0.5]  # image 2: (0, 3, 3)

@@ -38,7 +38,8 @@ sampling do not depend on the number of processes or accumulation steps. The mic
 are in the batch under the same names (``batch["bag"]``). A micro-batch that repeats another's examples (an epoch's
 last global batch, too small for every micro-batch) carries it with ``copy=True``
 (:func:`~finecap.contract.is_copy`): the engine weights it 0 and logs none of its values, and an objective leaves it
-out of what it sums over the step (REINFORCE's reward-hacking monitor).
+out of what it sums over the step (REINFORCE's reward-hacking monitor and running-mean baseline, the GRPO family's
+batch statistics).
 """
 
 from __future__ import annotations

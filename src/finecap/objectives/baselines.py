@@ -3,7 +3,9 @@
 A baseline is called as ``baseline(rewards, image_index, greedy) -> b`` with the (N,) rewards of the decoded
 captions, their batch rows ``image_index`` (N,) (rows of one image contiguous) and, when ``needs_greedy`` is True,
 the (B,) rewards of the greedily decoded caption of each image; it returns the (N,) values subtracted from the
-rewards. The advantage is ``rewards - b``.
+rewards. The advantage is ``rewards - b``. A baseline that learns from the rewards it is called with (``mean``) also
+has ``predict``, the same call recording nothing: what the objective calls for a copy micro-batch
+(:func:`baseline_of`, :func:`~finecap.contract.is_copy`), whose rewards are those of the micro-batch it repeats.
 
 - ``greedy`` (SCST, Rennie et al. 2017; the sequence-level exploration paper Sec. 4.3): the reward of the image's
   greedy caption under the current model, ``b_j = R(greedy caption of image(j))``.
@@ -15,8 +17,10 @@ rewards. The advantage is ``rewards - b``.
   is 0, as in EGG (the first step trains without a baseline). A "batch" is one optimizer step's *global* batch:
   the rewards of all its micro-batches and processes are summed, and the mean is updated once, after the step
   (``end_step``, called by the training loop), so the baseline does not depend on the number of processes or
-  accumulation steps and every process holds the same running mean. Used outside the loop, call ``end_step()``
-  after each batch. The state (mean, number of batches) is saved in checkpoints and restored on ``--resume``.
+  accumulation steps and every process holds the same running mean. A copy micro-batch's rewards (an epoch's last
+  global batch repeated to fill the step) are not summed (until 2026-11-28 they were, and the mean of a short last
+  batch weighed the repeated examples twice). Used outside the loop, call ``end_step()`` after each batch. The
+  state (mean, number of batches) is saved in checkpoints and restored on ``--resume``.
 - ``leave_one_out``: the mean reward of the other ``s - 1`` captions of the same image,
   ``b_j = (sum_k r_k - r_j) / (s - 1)`` (needs ``s >= 2``; unbiased since ``b_j`` does not depend on ``y_j``).
 - ``none``: ``b = 0``.
@@ -50,6 +54,17 @@ def call_hook(obj: Any, hook: str, *args: Any) -> Any:
     hooks)."""
     fn = getattr(obj, hook, None)
     return fn(*args) if callable(fn) else None
+
+
+def baseline_of(baseline: Any, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None,
+                counted: bool = True) -> torch.Tensor:  # fmt: skip
+    """``baseline(rewards, image_index, greedy)``, the (N,) baseline values; with ``counted=False`` (a copy
+    micro-batch's rewards, which count nowhere) a baseline's ``predict`` when it has one: the same values, with
+    nothing recorded (the running mean's sums). A baseline without ``predict`` keeps no such state."""
+    predict = getattr(baseline, "predict", None)
+    if not counted and callable(predict):
+        return predict(rewards, image_index, greedy)
+    return baseline(rewards, image_index, greedy)
 
 
 class NoBaseline:
@@ -121,11 +136,17 @@ class MeanBaseline:
             self.mean += (batch_mean - self.mean) / self.count  # cumulative mean (first batch: its own mean)
 
     def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`predict`, after adding ``rewards`` to the step's sums (folded into the mean at :meth:`end_step`)."""
         detached = rewards.detach().double()
         detached = detached[torch.isfinite(detached)]  # failed captions (NaN, RewardOutput.failed) are not rewards
         self._sum += float(detached.sum())
         self._n += detached.numel()
-        return torch.full_like(rewards, self.mean)  # the mean of *past* steps (0 before the first one, as EGG)
+        return self.predict(rewards, image_index, greedy)
+
+    def predict(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
+        """The baseline of ``rewards`` (N,), recording nothing (a copy micro-batch's: :func:`baseline_of`): the mean
+        of *past* steps (0 before the first one, as EGG)."""
+        return torch.full_like(rewards, self.mean)
 
     def end_step(self) -> None:
         """Fold this optimizer step's rewards (all micro-batches, all processes) into the running mean."""

@@ -27,8 +27,9 @@ share a rollout:
    leaves up to 6e-4 there). *Batch* statistics are over the step's whole global batch: every
    micro-batch of the step is rolled out first, and the sums are reduced over processes with the accelerator that
    ``setup`` received (``accelerator.reduce``), so they do not depend on how the global batch is split over
-   processes and accumulation steps. Groups never straddle processes or micro-batches: an image's samples are
-   decoded together.
+   processes and accumulation steps. A copy micro-batch's captions (:func:`~finecap.contract.is_copy`: an epoch's
+   last global batch repeated to fill the step) are left out of them, and get the advantages of the captions they
+   repeat. Groups never straddle processes or micro-batches: an image's samples are decoded together.
 3. **Loss**, with ``logp`` the policy's per-token log-probs (with gradient) and ``old`` those of the rollout:
 
    - ``grpo.policy_loss=reinforce``: ``-mean_n A_n log p(y_n)`` (``rl.logprob``: sum or mean of the caption's tokens);
@@ -131,6 +132,7 @@ def group_advantages(
     scale: str = "group",
     reduce: Reduce = local,
     failed: torch.Tensor | None = None,
+    counted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO's advantages of ``rewards`` (N,), groups of ``samples`` contiguous captions: ``R - group mean``, divided
     by the group's std + eps (``scale="group"``), the global batch's std + eps (``"batch"``) or nothing (``"none"``).
@@ -141,6 +143,11 @@ def group_advantages(
     caption (every other caption of the global batch failed) is undefined (NaN, as TRL's ``nanstd``): that caption's
     advantage is 0 too, as TRL's ``nan_to_num`` of the advantages makes it, never NaN. Without failures the result is
     the unmasked computation's, bit for bit.
+
+    ``counted`` (N,) bool marks the captions the batch std is over (``None``: every one): not those of a copy
+    micro-batch (:func:`~finecap.contract.is_copy`, an epoch's last global batch repeated to fill the step), whose
+    advantages are computed with the real captions' statistics, as those of the captions it repeats. A process whose
+    every caption is a copy adds nothing to the sums, but still takes part in their reductions.
 
     Raises ``ValueError`` naming ``samples`` when it is below 2 (a group of one caption has no mean to compare with:
     its std is NaN, ``grpo.advantage=group`` needs ``rl.samples >= 2``) or does not divide the number of rewards.
@@ -153,7 +160,8 @@ def group_advantages(
         raise ValueError(f"grpo.scale_rewards: invalid value {scale!r}; valid choices: group, batch, none")
     _check_group_size(rewards, samples)
     if failed is not None and bool(failed.any()):
-        return _scored_group_advantages(rewards, samples, scale, reduce, ~failed.to(rewards.device, torch.bool))
+        scored = ~failed.to(rewards.device, torch.bool)
+        return _scored_group_advantages(rewards, samples, scale, reduce, scored, counted)
     grouped = rewards.view(-1, samples)  # (G, s)
     centred = centre(grouped).flatten()  # (N,)
     if scale == "none":
@@ -161,8 +169,20 @@ def group_advantages(
     if scale == "group":
         std = grouped.std(dim=1, keepdim=True).expand_as(grouped).flatten()  # (N,), Bessel-corrected
     else:
-        std = batch_mean_std(rewards, reduce)[1].expand_as(rewards)
+        std = batch_mean_std(counted_only(rewards, counted), reduce)[1].expand_as(rewards)
     return centred / (std + EPS)
+
+
+def counted_only(
+    values: torch.Tensor, counted: torch.Tensor | None, scored: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The entries of ``values`` (N,) a batch statistic is over: those ``counted`` (N,) bool (not a copy
+    micro-batch's; every one for ``None``) and ``scored`` (N,) bool (every one for ``None``)."""
+    mask = scored
+    if counted is not None:
+        counted = counted.to(values.device, torch.bool)
+        mask = counted if mask is None else mask & counted
+    return values if mask is None else values[mask]
 
 
 def _check_group_size(rewards: torch.Tensor, samples: int) -> None:
@@ -174,16 +194,17 @@ def _check_group_size(rewards: torch.Tensor, samples: int) -> None:
 
 
 def _scored_group_advantages(
-    rewards: torch.Tensor, samples: int, scale: str, reduce: Reduce, scored: torch.Tensor
+    rewards: torch.Tensor, samples: int, scale: str, reduce: Reduce, scored: torch.Tensor, counted: torch.Tensor | None
 ) -> torch.Tensor:
-    """:func:`group_advantages` over the ``scored`` (N,) captions only; 0 for the others."""
+    """:func:`group_advantages` over the ``scored`` (N,) captions only (the batch std over those ``counted`` too); 0
+    for the others."""
     count, centred = _scored_centred(rewards.view(-1, samples), scored.view(-1, samples))
     if scale == "none":
         out = centred
     elif scale == "group":  # one scored caption or none: centred is 0 there
         out = centred / (_scored_std(centred, count) + EPS)
     else:
-        out = centred / (batch_mean_std(rewards[scored], reduce)[1] + EPS)
+        out = centred / (batch_mean_std(counted_only(rewards, counted, scored), reduce)[1] + EPS)
     return scored_only(out.flatten(), scored)
 
 
@@ -228,19 +249,21 @@ def scored_only(advantages: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
 
 
 def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], samples: int,
-                       reduce: Reduce = local, failed: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                       reduce: Reduce = local, failed: torch.Tensor | None = None,
+                       counted: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """GDPO's advantages: each reward (N,) normalised within its group, the weighted sum of those, normalised over
     the global batch (module docstring). ``failed`` as :func:`group_advantages`: skipped by every statistic, 0 (and
-    0 for a lone scored caption, whose batch std is undefined)."""
+    0 for a lone scored caption, whose batch std is undefined); ``counted`` as there: the batch mean and std are
+    over those captions only (not a copy micro-batch's), whose advantages they give too."""
     if failed is None or not bool(failed.any()):
         summed = sum(w * group_advantages(r, samples, "group") for r, w in zip(parts, weights, strict=True))
         assert isinstance(summed, torch.Tensor)
-        mean, std = batch_mean_std(summed, reduce)
+        mean, std = batch_mean_std(counted_only(summed, counted), reduce)
         return (summed - mean) / (std + EPS)
     scored = ~failed.to(parts[0].device, torch.bool)
     summed = sum(w * group_advantages(r, samples, "group", failed=failed) for r, w in zip(parts, weights, strict=True))
     assert isinstance(summed, torch.Tensor)
-    mean, std = batch_mean_std(summed[scored], reduce)
+    mean, std = batch_mean_std(counted_only(summed, counted, scored), reduce)
     return scored_only((summed - mean) / (std + EPS), scored)
 
 
@@ -417,6 +440,15 @@ def failed_mask(rollouts: Sequence[Rollout]) -> torch.Tensor | None:
                       for r, m in zip(rollouts, masks, strict=True)])  # fmt: skip
 
 
+def counted_mask(rollouts: Sequence[Rollout], copies: Sequence[bool]) -> torch.Tensor | None:
+    """The (N_all,) mask of the captions of the micro-batches ``rollouts`` that count in the step's batch statistics:
+    those of the micro-batches that are no ``copies`` (one flag each, or none: every one counts, ``None``)."""
+    if not any(copies):
+        return None
+    return torch.cat([torch.full((len(r.samples),), not copy, dtype=torch.bool)
+                      for r, copy in zip(rollouts, copies, strict=True)])  # fmt: skip
+
+
 class PolicyOptimization(Reinforce):
     """``objective(model, batch)``: the GRPO family (module docstring); :class:`Reinforce`'s arguments.
 
@@ -501,9 +533,10 @@ class PolicyOptimization(Reinforce):
         rollouts = [r for r, _ in rolled]
         for r in rollouts:
             self._check_groups(r.samples)
-        advantages = (
-            self.group_advantages(rollouts) if self.grpo.advantage == "group" else [r.advantage for r in rollouts]
-        )
+        if self.grpo.advantage == "group":  # a copy counts in no batch statistic
+            advantages = self.group_advantages(rollouts, [is_copy(b) for b in micro_batches])
+        else:
+            advantages = [r.advantage for r in rollouts]
         prepared = []
         for batch, index, (rollout, seconds), adv in zip(micro_batches, indices, rolled, advantages, strict=True):
             ref = None
@@ -518,18 +551,22 @@ class PolicyOptimization(Reinforce):
         if len(gen) % s or not torch.equal(gen.image_index, want):
             raise RuntimeError(f"rl.samples={s}: the decoded captions are not {s} contiguous ones per image")
 
-    def group_advantages(self, rollouts: list[Rollout]) -> list[torch.Tensor]:
-        """The advantages of ``grpo.advantage=group`` of every micro-batch, with the global batch's statistics."""
+    def group_advantages(self, rollouts: list[Rollout], copies: Sequence[bool] = ()) -> list[torch.Tensor]:
+        """The advantages of ``grpo.advantage=group`` of every micro-batch, with the global batch's statistics: over
+        the micro-batches that are no ``copies`` (:func:`~finecap.contract.is_copy`; none when not given), whose
+        statistics give the copies' advantages too. Until 2026-11-28 a copy's captions counted in the batch std
+        (``grpo.scale_rewards=batch``) and GDPO's batch mean and std, and changed the real captions' advantages."""
         s, grpo = self.rl.samples, self.grpo
         sizes = [len(r.samples) for r in rollouts]
         failed = failed_mask(rollouts)
+        counted = counted_mask(rollouts, copies)
         if grpo.reward_aggregation == "normalize_then_sum":
             weights = self.reward_weights()
             parts = [torch.cat([r.rewards.parts[name] for r in rollouts]) for name in weights]  # each (N_all,)
-            flat = normalize_then_sum(parts, list(weights.values()), s, self.reduce, failed)
+            flat = normalize_then_sum(parts, list(weights.values()), s, self.reduce, failed, counted)
         else:
             total = torch.cat([r.rewards.total for r in rollouts])
-            flat = group_advantages(total, s, grpo.scale_rewards, self.reduce, failed)
+            flat = group_advantages(total, s, grpo.scale_rewards, self.reduce, failed, counted)
         return list(flat.split(sizes))
 
     def reward_weights(self) -> dict[str, float]:

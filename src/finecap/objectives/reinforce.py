@@ -73,7 +73,7 @@ from finecap.engines.rollouts import RolloutEngine
 from finecap.models import sharding
 from finecap.models.base import set_dropout
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
-from finecap.objectives.baselines import build_baseline, call_hook
+from finecap.objectives.baselines import baseline_of, build_baseline, call_hook
 from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics
 from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
@@ -276,9 +276,9 @@ class Reinforce(ObjectiveBase):
         total = rewards.total.to(device)
         # replace, not a new RewardOutput: what else the reward said of its captions (RewardOutput.failed) is kept
         rewards = dataclasses.replace(rewards, total=total, parts={k: v.to(device) for k, v in rewards.parts.items()})
-        baseline = self.baseline(
-            total, samples.image_index.to(device), greedy_rewards.total.to(device) if greedy_rewards else None
-        )  # (N,)
+        greedy_total = greedy_rewards.total.to(device) if greedy_rewards else None
+        # a copy's rewards count in no running mean (baseline_of): they are those of the micro-batch it repeats
+        baseline = baseline_of(self.baseline, total, samples.image_index.to(device), greedy_total, not is_copy(batch))
         rollout = Rollout(samples, rewards, baseline.detach(), greedy, greedy_rewards)
         timings["time/reward"] = t2 - t1
         if self.rollouts.external:

@@ -713,8 +713,9 @@ class Engine:
         step's loss and gradient, their values are left out of the logged means (a process whose every micro-batch
         is a copy logs none of the objective's values: the other processes' are the step's), and the objective
         sees each marked (``batch["step_info"].copy``, :func:`marked_copy`), to leave it out of what it sums over
-        the step (the reward-hacking monitor's measures). Until 2026-11-28 the copies' values were logged as
-        another micro-batch's, and the monitor counted their captions again.
+        the step (the reward-hacking monitor's measures, the batch statistics of advantages, a running-mean
+        baseline). Until 2026-11-28 the copies' values were logged as another micro-batch's, and the monitor counted
+        their captions again.
 
         Gradient: without accumulation on one process, that of the micro-batch's loss itself; otherwise each
         micro-batch back-propagates ``loss x items / R`` (``R``: :func:`reference_items`, taken at the first
