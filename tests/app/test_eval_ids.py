@@ -146,3 +146,21 @@ def test_empty_predicted_captions_are_said_and_scored_as_they_are(chat, tmp_path
     assert json.loads(out)["Length"] == pytest.approx(6 / 3)
     assert ("2 of the predicted captions (of 3) are empty, e.g. image ids ['photos/img000.jpg', 'more/img000.png'], "
             "scored as they are") in err  # fmt: skip
+
+
+@pytest.mark.parametrize(("theirs", "ours"), [("391895", 391895), (391895, "391895")])
+def test_an_int_id_and_its_string_name_one_image_and_per_image_rows_keep_the_references_ids(tmp_path, theirs, ours):
+    # a COCO results file's 391895 against a JSONL data set's "391895" (or the other way): one image, scored as the
+    # same-typed ids are, and the per-image file writes the references' ids as they write them
+    data = numbered(tmp_path, {"a.jpg": theirs, "b.jpg": 7})
+    argv = ["eval", "--references", str(data), "--metrics", "bleu,rouge,cider,length", "--format", "json"]
+    same = predictions(tmp_path / "same.json", {theirs: "image a.jpg", 7: "image b a"})
+    mixed = predictions(tmp_path / "mixed.json", {ours: "image a.jpg", "7": "image b a"})
+    code, want, err = run_cli([*argv, "--predictions", str(same), "--per-image", str(tmp_path / "want.json")])
+    assert code == 0, err
+    code, got, err = run_cli([*argv, "--predictions", str(mixed), "--per-image", str(tmp_path / "got.json")])
+    assert code == 0, err
+    assert json.loads(got) == json.loads(want) and json.loads(got)["ROUGE-L"] < 1  # b's caption is not its reference
+    rows = json.loads((tmp_path / "got.json").read_text())
+    assert [r["image_id"] for r in rows] == [theirs, 7]
+    assert rows == json.loads((tmp_path / "want.json").read_text())

@@ -851,3 +851,27 @@ def test_refclipscore_refuses_a_predicted_image_without_references():
         evaluate(PREDS, refs, metrics="clipscore", retriever=FakeRetriever(), images=[Rec(i) for i in range(4)])
     out = evaluate(PREDS, None, metrics="clipscore", retriever=FakeRetriever(), images=[Rec(i) for i in range(4)])
     assert set(out) == {"CLIPScore", "ClipSc"}  # no references given: CLIPScore alone, as before
+
+
+def test_ids_written_as_strings_against_a_worlds_int_ids_score_as_the_ints_do(world, clip_dir, tmp_path, capsys):
+    # a results file and a bags file giving the world's int ids as strings ("3" for 3): the same images in every
+    # group (retrieval, bags, CLIPScore, the listener, faithfulness; the bags' ids were "not among the scored
+    # images"), and the per-image rows carry the world's ids as it writes them
+    overrides = [f"retriever.checkpoint={clip_dir}", f"run.cache_dir={tmp_path / 'cache'}", "eval.n_distractors=5",
+                 "eval.draws=2"]  # fmt: skip
+    ids = [r.image_id for r in load_references(load(), world, split="test").records]
+    refs = load_references(load(), world, split="test").captions()
+    for name, key in (("ints", lambda i: i), ("texts", str)):
+        write_results(tmp_path / f"{name}.json", {key(i): refs[i][0] for i in ids})
+        bags = {"2": [{"images": [key(i) for i in ids[k : k + 2]]} for k in range(0, 6, 2)]}
+        (tmp_path / f"{name}_bags.json").write_text(json.dumps({"bags": bags}))
+        assert cli(["eval", "--predictions", str(tmp_path / f"{name}.json"), "--references", str(world), "--split",
+                    "test", "--bags", str(tmp_path / f"{name}_bags.json"), "--metrics",
+                    "retrieval,bags,clipscore,listener,faithfulness", "--out", str(tmp_path / f"{name}_out.json"),
+                    "--per-image", str(tmp_path / f"{name}_items.json"), "--format", "json",
+                    *overrides]) == 0  # fmt: skip
+    capsys.readouterr()
+    got, want = (json.loads((tmp_path / f"{n}_out.json").read_text()) for n in ("texts", "ints"))
+    assert got == want and got["bag2/n"] == 6.0
+    rows, want_rows = (json.loads((tmp_path / f"{n}_items.json").read_text()) for n in ("texts", "ints"))
+    assert rows == want_rows and [r["image_id"] for r in rows] == ids  # the world's int ids

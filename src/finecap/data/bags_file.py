@@ -23,8 +23,10 @@ def _finite(value: float) -> bool:
 
 
 def _repeated(images: list) -> list:
-    """The ids ``images`` holds more than once, in order."""
-    return [i for i in dict.fromkeys(images) if images.count(i) > 1]
+    """The ids ``images`` holds more than once, in order, an int and its string being one id (``1`` and ``"1"``, as
+    :func:`~finecap.data.records.check_unique_ids` reads a data set's ids): each as first written."""
+    texts = [str(i) for i in images]
+    return [images[texts.index(t)] for t in dict.fromkeys(texts) if texts.count(t) > 1]
 
 
 def check_bag_size(size: int, images: list, where: str) -> None:
@@ -53,7 +55,9 @@ def read_bags(path: str | Path, *, disjoint: bool = True) -> dict[int, list[list
     size are disjoint, as Algorithm 2 of NDLB makes them), a bag whose number of images is not the size it is listed
     under (:func:`check_bag_size`), or two keys naming one size (``"3"`` and ``"03"``) is an error naming the bags.
     ``disjoint=False`` lets bags of one size share images: the review page (:mod:`finecap.data.curation`) reads any
-    bags so; the metrics never take them (:func:`finecap.metrics.retrieval.bag_columns`).
+    bags so; the metrics never take them (:func:`finecap.metrics.retrieval.bag_columns`). Ids are kept as written; an
+    int and its string are one image (``1`` and ``"1"``, as a data set's ids are read), here and where the metrics
+    match the bags' ids with the images' (:func:`finecap.data.records.id_keys`).
     """
     path = Path(path)
     if not path.exists():
@@ -76,27 +80,27 @@ def read_bags(path: str | Path, *, disjoint: bool = True) -> dict[int, list[list
         if not isinstance(items, list):
             raise DataError(f"{path}: bags[{key!r}] must be a list")
         bags = []
-        bag_of: dict[int | str, int] = {}  # image id: the first bag of this size holding it
+        bag_of: dict[str, int] = {}  # image id as text (1 and "1": one image): the first bag of this size holding it
         for j, b in enumerate(items):
             images = b.get("images") if isinstance(b, dict) else b
             if not isinstance(images, list) or len(images) < 2:
                 raise DataError(f"{path}: bags[{key!r}][{j}] must hold a list of at least two image ids")
             for item in images:
                 check_id(item, f"{path}: bags[{key!r}][{j}]")
-            if len(set(images)) < len(images):  # a bag of 3 naming an image twice holds 2: not a bag of 3
+            if _repeated(images):  # a bag of 3 naming an image twice (1 and "1" too) holds 2: not a bag of 3
                 twice = short_repr(_repeated(images))
                 raise DataError(
                     f"{path}: bags[{key!r}][{j}] names image(s) {twice} more than once; a bag's images are distinct"
                 )
             check_bag_size(size, images, f"{path}: bags[{key!r}][{j}]")
-            again = [i for i in images if i in bag_of] if disjoint else []
+            again = [i for i in images if str(i) in bag_of] if disjoint else []
             if again:  # the metric would rank that image's caption in one of the two bags only
                 raise DataError(
                     f"{path}: bags[{key!r}][{j}] holds image {short_repr(again[0])}, already in "
-                    f"bags[{key!r}][{bag_of[again[0]]}]; the bags of one size are disjoint (NDLB Algorithm 2: an "
+                    f"bags[{key!r}][{bag_of[str(again[0])]}]; the bags of one size are disjoint (NDLB Algorithm 2: an "
                     "image is in one bag of each size, where its caption is ranked)"
                 )
-            bag_of.update(dict.fromkeys(images, j))
+            bag_of.update(dict.fromkeys(map(str, images), j))
             similarity = b.get("similarity") if isinstance(b, dict) else None
             if similarity is not None and (isinstance(similarity, bool) or not isinstance(similarity, int | float)
                                            or not _finite(similarity)):  # fmt: skip

@@ -18,8 +18,9 @@ import logging
 import os
 import re
 from collections import Counter
-from collections.abc import Collection, Hashable
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path, PurePath
 from typing import Any, Protocol
 
@@ -170,6 +171,35 @@ def id_key(image_id: Hashable, keys: Collection[Hashable]) -> Hashable | None:
     if isinstance(image_id, int) and not isinstance(image_id, bool) and str(image_id) in keys:
         return str(image_id)
     return None
+
+
+def id_keys(ids: Iterable[Hashable], keys: Collection[Hashable]) -> tuple[dict[Hashable, Hashable], list[Hashable]]:
+    """``({id: the key of keys naming it}, [the ids naming none])`` of ``ids``, each looked up by :func:`id_key` (an
+    int and its string are one id): how the metrics match the ids of one input (predictions, bags) with another's
+    (references, the images), each caller raising its own error on what is left, with :func:`some_ids` of both sides.
+
+    Example::
+
+        >>> id_keys([391895, "7", 8], ["391895", 7])
+        ({391895: '391895', '7': 7}, [8])
+    """
+    keys = keys if isinstance(keys, set | frozenset | dict) else set(keys)
+    found: dict[Hashable, Hashable] = {}
+    missing: list[Hashable] = []
+    for i in ids:
+        key = id_key(i, keys)
+        if key is None:
+            missing.append(i)
+        else:
+            found[i] = key
+    return found, missing
+
+
+def some_ids(ids: Iterable[Hashable]) -> str:
+    """The first :data:`MAX_LISTED` of ``ids`` as an error shows them, as written (``[1, '2', ...]``)."""
+    first = list(islice(ids, MAX_LISTED + 1))
+    shown = ", ".join(map(repr, first[:MAX_LISTED]))
+    return f"[{shown}{', ...' if len(first) > MAX_LISTED else ''}]"
 
 
 def check_id(value: Any, where: str, key: str = "image id") -> int | str:

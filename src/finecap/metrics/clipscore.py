@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from finecap.data.records import id_keys, some_ids
 from finecap.models.text_window import TextEncoding, encode_texts, log_note
 
 W = 2.5
@@ -172,25 +173,28 @@ class CLIPScore:
         ids = list(predictions)
         if not ids:
             raise ValueError("CLIPScore: no captions to score")
-        missing = [i for i in ids if i not in self.row]
+        rows, missing = id_keys(ids, self.row)  # an id written as an int or as its string: one image
         if missing:
-            raise KeyError(f"predictions for images not among the CLIPScore images: {missing[:5]}")
+            raise KeyError(f"predictions for images not among the CLIPScore images: {missing[:5]}; their ids are e.g. "
+                           f"{some_ids(self.row)}")  # fmt: skip
         encoding = encode_texts(self.retriever, with_prefix([predictions[i] for i in ids], self.prefix), ids)
         log_note(encoding, "clipscore")
         text_emb = _unit(encoding.embeddings, "caption embeddings", ids)
-        image_emb = _unit(self.image_emb[[self.row[i] for i in ids]], "image embeddings", ids)
+        image_emb = _unit(self.image_emb[[self.row[rows[i]] for i in ids]], "image embeddings", ids)
         cs = clip_score(image_emb, text_emb, self.w)
         cos = (image_emb * text_emb).sum(axis=-1)  # (N,) unclipped cosines for NDLB's ClipSc
         out = {i: {"CLIPScore": float(s), "ClipSc": NDLB_SCALE * float(c)} for i, s, c in zip(ids, cs, cos)}
         if references is not None:
-            no_refs = [i for i in ids if not references.get(i)]
+            of, _ = id_keys(ids, references)
+            refs_of = {i: references[of[i]] if i in of else None for i in ids}
+            no_refs = [i for i in ids if not refs_of[i]]
             if no_refs:
                 raise KeyError(f"no references for images {no_refs[:5]}")
-            flat = [r for i in ids for r in references[i]]
+            flat = [r for i in ids for r in refs_of[i]]
             # the references are the same for every system scored on a data set: cached with the image features
             flat_emb = _unit(self.retriever.text_embeddings(with_prefix(flat, self.prefix), self.cache_dir),
-                             "reference embeddings", [i for i in ids for _ in references[i]])  # fmt: skip
-            bounds = np.cumsum([0] + [len(references[i]) for i in ids])
+                             "reference embeddings", [i for i in ids for _ in refs_of[i]])  # fmt: skip
+            bounds = np.cumsum([0] + [len(refs_of[i]) for i in ids])
             refs = [flat_emb[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
             for i, r in zip(ids, ref_clip_score(cs, text_emb, refs)):
                 out[i]["RefCLIPScore"] = float(r)

@@ -10,6 +10,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from finecap.data.records import id_key
 from finecap.home import cache_dir
 from finecap.metrics.ptb_tokenize import ptb_tokenize, tokenize_all
 from finecap.utils.closing import close_all
@@ -60,10 +61,13 @@ class EvalContext:
         close_all(opened)
 
     def add_items(self, per_item: Mapping[Hashable, Mapping[str, float]], keys: Sequence[str]) -> None:
-        """Record the per-image scores ``keys`` of ``per_item`` (when per-image scores are asked for)."""
+        """Record the per-image scores ``keys`` of ``per_item`` (when per-image scores are asked for) in the row of
+        each image, whichever way a group writes its id (``1`` or ``"1"``: :func:`~finecap.data.records.id_key`), so
+        the rows keep the ids the evaluation was given."""
         if self.items is not None:
             for i, scores in per_item.items():
-                row = self.items.setdefault(i, {})
+                key = i if i in self.items else id_key(i, self.items)
+                row = self.items.setdefault(i if key is None else key, {})
                 row.update({k: float(scores[k]) for k in keys if k in scores})
 
     def need(self, what: str, group: str, hint: str) -> Any:

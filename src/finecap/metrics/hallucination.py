@@ -48,7 +48,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.records import MAX_LISTED, DataError
+from finecap.data.records import MAX_LISTED, DataError, id_key, some_ids
 
 if TYPE_CHECKING:
     from finecap.world.scene import Scene
@@ -216,20 +216,18 @@ def read_instances(
 
 def lookup_objects(image_ids: Iterable[Hashable], objects: Mapping[Hashable, frozenset[str]], source: str) -> list:
     """The object sets of ``image_ids`` in ``objects``, an id given as an int or as its string either way (results
-    files give ids as strings, COCO as ints); a ``DataError`` naming ``source`` lists the ids it lacks."""
+    files give ids as strings, COCO as ints: :func:`~finecap.data.records.id_key`); a ``DataError`` naming ``source``
+    lists the ids it lacks and some it has."""
     out, missing = [], []
     for i in image_ids:
-        found = objects.get(i)
-        if found is None and isinstance(i, str) and i.strip().lstrip("-").isdigit():
-            found = objects.get(int(i))
-        if found is None and isinstance(i, int):
-            found = objects.get(str(i))
-        if found is None:
+        key = id_key(i, objects)
+        if key is None:
             missing.append(i)
-        out.append(found)
+        out.append(objects[key] if key is not None else None)
     if missing:
-        raise DataError(f"{source}: no objects for {len(missing)} predicted image(s), e.g. {missing[:MAX_LISTED]} "
-                        "(instances of another split? Karpathy's val and test images are COCO val2014's)")  # fmt: skip
+        raise DataError(f"{source}: no objects for {len(missing)} predicted image(s), e.g. {missing[:MAX_LISTED]}; "
+                        f"its ids are e.g. {some_ids(objects)} (instances of another split? Karpathy's val and test "
+                        "images are COCO val2014's)")  # fmt: skip
     return out
 
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from finecap.data.bags_file import check_bag_size
+from finecap.data.records import id_keys, some_ids
 from finecap.metrics.faithfulness import scene_of
 from finecap.metrics.retrieval import bag_columns, random_distractors, recall_ks, target_ranks
 from finecap.world.listener import RankResult, rank_with_ties, support_matrix
@@ -69,7 +70,8 @@ def listener_retrieval(
     """Listener R@k against random distractors and in bags (module docstring for the keys).
 
     Args:
-        predictions: ``{image_id: caption}``, one query per image in this order (as :class:`SelfRetrieval`).
+        predictions: ``{image_id: caption}``, one query per image in this order (as :class:`SelfRetrieval`); an id
+            and the pool's may be an int and its string (:func:`~finecap.data.records.id_keys`).
         scenes: ``{image_id: Scene}`` of every pool image.
         image_ids: the pool, in the retriever's column order (the retrieval records' ids), so the distractor draws
             are the retriever's.
@@ -85,9 +87,10 @@ def listener_retrieval(
     if not predictions:
         raise ValueError("listener: no captions to rank")
     column = {i: c for c, i in enumerate(image_ids)}
-    missing = [i for i in predictions if i not in column]
+    found, missing = id_keys(predictions, column)  # 1 and "1": one image
     if missing:
-        raise KeyError(f"listener: predictions for images not in the retrieval pool, e.g. {missing[:5]}")
+        raise KeyError(f"listener: predictions for images not in the retrieval pool, e.g. {missing[:5]}; its ids are "
+                       f"e.g. {some_ids(column)}")  # fmt: skip
     pool = []
     for i in image_ids:
         scene = scene_of(i, scenes)
@@ -96,7 +99,7 @@ def listener_retrieval(
         pool.append(scene)
     ids = list(predictions)
     support = support_matrix([predictions[i] for i in ids], pool)  # (Q, N)
-    targets = np.array([column[i] for i in ids], dtype=np.int64)  # (Q,)
+    targets = np.array([column[found[i]] for i in ids], dtype=np.int64)  # (Q,)
     q, n = support.shape
     first: list[np.ndarray] | None = [] if retriever_scores is not None else None
     results = []

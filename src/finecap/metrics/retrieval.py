@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from finecap.data.records import id_keys, some_ids
 from finecap.metrics.items import corpus_only
 from finecap.models.text_window import TextEncoding, encode_texts, log_note
 
@@ -297,30 +298,32 @@ def bag_columns(
         >>> bag_columns([["a", "b"], ["c", "z"]], {"a": 0, "b": 1, "c": 2}, where="bags[2][{}]")
         Traceback (most recent call last):
         ...
-        ValueError: bags[2][1] names images not among the scored images: ['z']
+        ValueError: bags[2][1] names images not among the scored images: ['z']; their ids are e.g. ['a', 'b', 'c']
     """
     number = list(numbers) if numbers is not None else list(range(len(bags)))
     bag_of: dict[int, np.ndarray] = {}
+    in_bag: dict[int, int] = {}  # column: the place in bags of the bag holding it
     for b, bag in enumerate(bags):
         name = where.format(number[b])
         if len(bag) < 2:
             raise ValueError(f"{name} is a bag of size {len(bag)}: a bag holds at least 2 images (alone in its bag, "
                              "an image is retrieved whatever its caption says)")  # fmt: skip
-        missing = [i for i in bag if i not in column]
+        found, missing = id_keys(bag, column)  # an id written as an int or as its string: one image
         if missing:
-            raise ValueError(f"{name} names images not among the scored images: {missing[:5]}")
-        cols = np.array([column[i] for i in bag], dtype=np.int64)
+            raise ValueError(f"{name} names images not among the scored images: {missing[:5]}; their ids are e.g. "
+                             f"{some_ids(column)}")  # fmt: skip
+        cols = np.array([column[found[i]] for i in bag], dtype=np.int64)
         if len(np.unique(cols)) < len(cols):  # [a, b, b] holds 2 images: b would count twice against a, as a bag of 3
-            twice = sorted({i for i in bag if list(bag).count(i) > 1}, key=str)
+            twice = list(dict.fromkeys(i for i, c in zip(bag, cols, strict=True) if (cols == c).sum() > 1))
             raise ValueError(f"{name} names image(s) {twice[:5]} more than once; a bag's images are distinct")
-        again = [i for i, c in zip(bag, cols, strict=True) if int(c) in bag_of]
+        again = [(i, int(c)) for i, c in zip(bag, cols, strict=True) if int(c) in bag_of]
         if again:
-            first = next(j for j in range(b) if again[0] in bags[j])
             raise ValueError(
-                f"{name} holds image {again[0]!r}, already in {where.format(number[first])}; the bags of one size "
-                "are disjoint (its caption is ranked in one bag)"
+                f"{name} holds image {again[0][0]!r}, already in {where.format(number[in_bag[again[0][1]]])}; the "
+                "bags of one size are disjoint (its caption is ranked in one bag)"
             )
         bag_of.update(dict.fromkeys(cols.tolist(), cols))
+        in_bag.update(dict.fromkeys(cols.tolist(), b))
     return bag_of
 
 
@@ -452,12 +455,17 @@ class SelfRetrieval:
         self.ks = tuple(ks)
 
     def _queries(self, predictions: Mapping[Hashable, str | Sequence[str]]) -> tuple[list[Hashable], list[str]]:
+        """The query ids (each caption's image, as the records write its id: ``1`` and ``"1"`` are one image,
+        :func:`~finecap.data.records.id_keys`) and the captions; a ``KeyError`` naming the predicted ids that name
+        no retrieval image, and some of theirs."""
+        found, missing = id_keys(predictions, self.column)
+        if missing:
+            raise KeyError(f"predictions for {len(missing)} image(s) not among the retrieval images: "
+                           f"{some_ids(missing)}; their ids are e.g. {some_ids(self.column)}")  # fmt: skip
         ids, texts = [], []
         for image_id, caps in predictions.items():
-            if image_id not in self.column:
-                raise KeyError(f"prediction for image {image_id!r}, which is not among the retrieval images")
             for cap in [caps] if isinstance(caps, str) else caps:
-                ids.append(image_id)
+                ids.append(found[image_id])
                 texts.append(cap)
         return ids, texts
 

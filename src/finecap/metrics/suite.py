@@ -195,6 +195,7 @@ def evaluate_items(
     for size, size_bags in (bags or {}).items():  # a bag of 3 under 5 would be scored, and overwrite, as bag3
         for j, bag in enumerate(size_bags):
             check_bag_size(int(size), list(bag), f"bags[{size!r}][{j}]")
+    predictions, samples = _as_given_ids(predictions, samples, references, images)
     groups = [metric_group(name) for name in names]
     reads_instances = any("instances" in g.reads for g in groups)  # a file of ~160 MB: read only when asked for
     if reads_instances and (isinstance(instances, (str, Path)) or (instances is None and cfg.eval.instances)):
@@ -225,6 +226,37 @@ def evaluate_items(
     if about is not None:
         about.update(ctx.about)
     return out, ctx.items if ctx.items is not None else {}
+
+
+def _as_given_ids(
+    predictions: Predictions,
+    samples: Mapping[Hashable, Sequence[str]] | None,
+    references: References | None,
+    images: Sequence[Record] | None,
+) -> tuple[Predictions, Mapping[Hashable, Sequence[str]] | None]:
+    """``predictions`` and ``samples`` keyed by the ids of the references (else of the images) as those write them,
+    an int and its string being one id (:func:`finecap.data.records.id_keys`): every group then reads one id per
+    image, and the per-image scores carry the references' ids. An id naming none is kept as written (the groups that
+    need it say so); two naming one image (``1`` and ``"1"``) are a ``ValueError``."""
+    from finecap.data.records import id_keys
+
+    keys = references if references is not None else [r.image_id for r in images] if images is not None else None
+    if keys is None:
+        return predictions, samples
+    found, _ = id_keys(predictions, keys)
+    if all(i == k and type(i) is type(k) for i, k in found.items()):
+        return predictions, samples
+    named: dict[Hashable, Hashable] = {}
+    for i, key in found.items():
+        if key in named:
+            raise ValueError(f"predictions: ids {named[key]!r} and {i!r} name one image {key!r} (an int id and its "
+                             "string are one id): give it one caption")  # fmt: skip
+        named[key] = i
+    rekeyed = {found.get(i, i): caption for i, caption in predictions.items()}
+    if samples is not None:
+        of_samples, _ = id_keys(samples, keys)
+        samples = {of_samples.get(i, i): caps for i, caps in samples.items()}
+    return rekeyed, samples
 
 
 def caption_lists(given: Mapping[Hashable, Sequence[str]], what: str) -> dict[Hashable, list[str]]:

@@ -1,0 +1,164 @@
+"""An image id written as an int on one side and as its string on the other (a COCO results file's ``391895``
+against a JSONL data set's ``"391895"``, a bags file's ``"3"`` against a world's ``3``) names one image in every
+metric, as the data readers read ``1`` and ``"1"`` as one id (:func:`finecap.data.records.id_key`); the per-image
+scores keep the references' ids as written; ids that differ are named with some of the other side's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from finecap.config import load
+from finecap.data.bags_file import read_bags
+from finecap.data.records import DataError
+from finecap.metrics.hallucination import lookup_objects
+from finecap.metrics.listener import listener_retrieval
+from finecap.metrics.retrieval import bag_columns
+from finecap.metrics.suite import evaluate_items
+from finecap.world.scene import Obj, Scene
+
+PREDS = {0: "zero", 1: "one", 2: "two", 3: "three"}
+TEXT = {"zero": [1, 0, 0, 0], "one": [0.8, 0.6, 0, 0], "two": [0, 0, 1, 0], "three": [0, 0, 0.6, 0.8]}
+
+
+@dataclass
+class Rec:
+    image_id: int | str
+    path: Path = Path("unused.png")
+
+
+class FakeTokenizer:
+    unk_token_id = None  # CLIPScore then uses Hessel's prefix "A photo depicts"
+
+
+class FakeRetriever:
+    """Image ``i`` (its id an int or its string) embeds to the basis vector e_i; captions by :data:`TEXT`."""
+
+    tokenizer = FakeTokenizer()
+    name = "fake"
+
+    def image_embeddings(self, records, cache_dir=None):
+        return torch.eye(4)[[int(r.image_id) for r in records]]
+
+    def text_embeddings(self, texts, cache_dir=None):
+        return self.embed_texts(texts)
+
+    def embed_texts(self, texts):
+        texts = [t.removeprefix("A photo depicts ") for t in texts]
+        return F.normalize(torch.tensor([TEXT[t] for t in texts], dtype=torch.float32), dim=-1)
+
+
+def test_the_ngram_groups_match_an_int_id_with_its_string_and_keep_the_references_ids():
+    refs = {"391895": ["a red circle on grass"], 7: ["two dogs on a deck", "dogs on a deck"]}
+    same = {"391895": "a red circle", 7: "two dogs on the deck"}
+    mixed = {391895: same["391895"], "7": same[7]}
+    want, want_items = evaluate_items(same, refs, metrics="bleu,rouge,cider,length")
+    got, items = evaluate_items(mixed, refs, metrics="bleu,rouge,cider,length")
+    assert got == want and items == want_items
+    assert list(items) == ["391895", 7]  # the references' ids, as written
+
+
+def test_two_predicted_ids_naming_one_image_are_refused():
+    with pytest.raises(ValueError, match=r"predictions: ids 1 and '1' name one image 1"):
+        evaluate_items({1: "a", "1": "b"}, {1: ["a"]}, metrics="length")
+
+
+def test_retrieval_bags_and_clipscore_match_ids_across_predictions_references_images_and_bags():
+    images = [Rec(i) for i in range(4)]  # the images' ids are ints
+    refs = {str(i): [c] for i, c in PREDS.items()}  # the references' ids are strings
+    mixed = {"0": "zero", 1: "one", "2": "two", 3: "three"}
+    metrics = "retrieval,bags,clipscore"
+    kw = dict(metrics=metrics, retriever=FakeRetriever(), images=images)
+    cfg = load(None, ["eval.n_distractors=2", "eval.draws=2"])
+    want, want_items = evaluate_items(PREDS, {i: [c] for i, c in PREDS.items()}, bags={2: [[0, 1], [2, 3]]}, cfg=cfg,
+                                      **kw)  # fmt: skip
+    got, items = evaluate_items(mixed, refs, bags={2: [["0", 1], [2, "3"]]}, cfg=cfg, **kw)
+    assert got == want
+    assert list(items) == ["0", "1", "2", "3"]  # one row per image, keyed by the references' ids
+    assert items == {str(i): row for i, row in want_items.items()}
+    assert got["bag2/n"] == 4.0 and got["pool/R@1"] == 0.75
+
+
+def test_ids_naming_no_retrieval_image_are_named_with_some_of_the_images_ids():
+    with pytest.raises(KeyError, match=r"retrieval images: \['x'\]; their ids are e\.g\. \[0, 1, 2, 3\]"):
+        evaluate_items({"x": "zero"}, None, metrics="retrieval", retriever=FakeRetriever(),
+                       images=[Rec(i) for i in range(4)])  # fmt: skip
+
+
+def test_bag_columns_match_ids_written_either_way_and_refuse_one_image_twice():
+    column = {0: 0, 1: 1, 2: 2, 3: 3}
+    assert {c: v.tolist() for c, v in bag_columns([["0", 1], [2, "3"]], column).items()} == {
+        0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}  # fmt: skip
+    with pytest.raises(ValueError, match=r"^bag 0 names image\(s\) \[1, '1'\] more than once"):
+        bag_columns([[1, "1"]], column)
+    with pytest.raises(ValueError, match=r"^bag 1 holds image '1', already in bag 0"):
+        bag_columns([[0, 1], ["1", 2]], column)
+    with pytest.raises(ValueError, match=r"^bag 0 names images not among the scored images: \['9'\]; their ids"):
+        bag_columns([["9", 1]], column)
+
+
+def test_a_bags_file_reads_an_int_and_its_string_as_one_image(tmp_path):
+    path = tmp_path / "bags.json"
+    path.write_text('{"bags": {"2": [{"images": [1, "1"]}]}}')
+    with pytest.raises(DataError, match=r"bags\['2'\]\[0\] names image\(s\) \[1\] more than once"):
+        read_bags(path)
+    path.write_text('{"bags": {"2": [{"images": [1, 2]}, {"images": ["2", 3]}]}}')
+    with pytest.raises(DataError, match=r"bags\['2'\]\[1\] holds image '2', already in bags\['2'\]\[0\]"):
+        read_bags(path)
+    path.write_text('{"bags": {"2": [{"images": ["1", "2"]}, {"images": [3, 4]}]}}')
+    assert read_bags(path) == {2: [["1", "2"], [3, 4]]}  # kept as written
+
+
+SCENES = {
+    0: Scene(0, "grass", [Obj("circle", "red", "large", 1, 1)]),
+    1: Scene(1, "sand", [Obj("circle", "red", "large", 1, 1)]),
+    2: Scene(2, "sand", [Obj("square", "blue", "large", 1, 1)]),
+    3: Scene(3, "water", [Obj("star", "green", "large", 0, 0)]),
+}
+
+
+def test_the_listener_matches_predicted_ids_with_the_pools_either_way():
+    captions = ["a red circle on grass", "a blue square", "a green star on water"]
+    kw = dict(n_distractors=2, draws=2)
+    want = listener_retrieval(dict(zip([0, 2, 3], captions, strict=True)), SCENES, [0, 1, 2, 3],
+                              bags={2: [[0, 1], [2, 3]]}, **kw)  # fmt: skip
+    got = listener_retrieval(dict(zip(["0", 2, "3"], captions, strict=True)), SCENES, [0, 1, 2, 3],
+                             bags={2: [["0", "1"], [2, "3"]]}, **kw)  # fmt: skip
+    assert got == want
+    with pytest.raises(KeyError, match=r"not in the retrieval pool, e.g. \['9'\]; its ids are e.g. \[0, 1, 2, 3\]"):
+        listener_retrieval({"9": "a red circle"}, SCENES, [0, 1, 2, 3], n_distractors=2)
+
+
+def test_instances_are_looked_up_as_the_data_readers_read_ids():
+    objects = {7: frozenset({"dog"}), "8": frozenset({"cat"})}
+    assert lookup_objects(["7", 8], objects, "instances") == [frozenset({"dog"}), frozenset({"cat"})]
+    for odd in ("--7", "²"):  # no integer: named as an id it lacks (it was int()'s ValueError)
+        with pytest.raises(DataError, match=rf"^instances: no objects for 1 predicted image\(s\), e.g. \['{odd}'\]; "
+                                            r"its ids are e.g. \[7, '8'\]"):  # fmt: skip
+            lookup_objects([odd], objects, "instances")
+
+
+def test_per_image_rows_stay_one_per_image_when_a_group_writes_the_other_spelling():
+    # references "0".."3", images 0..3: retrieval scores by the images' ids, the rows keep the references'
+    _, items = evaluate_items({str(i): c for i, c in PREDS.items()}, {str(i): [c] for i, c in PREDS.items()},
+                              metrics="retrieval,rouge", retriever=FakeRetriever(), images=[Rec(i) for i in range(4)],
+                              cfg=load(None, ["eval.n_distractors=2"]))  # fmt: skip
+    assert list(items) == ["0", "1", "2", "3"]
+    assert set(items["1"]) >= {"ROUGE-L", "pool/R@1"} and items["1"]["pool/R@1"] == 0.0
+    assert np.isclose(items["0"]["ROUGE-L"], 1.0)
+
+
+def test_clipscore_matches_the_images_and_the_references_ids_either_way():
+    images = [Rec(i) for i in range(4)]
+    want, want_items = evaluate_items(PREDS, {i: [c] for i, c in PREDS.items()}, metrics="clipscore",
+                                      retriever=FakeRetriever(), images=images)  # fmt: skip
+    got, items = evaluate_items({str(i): c for i, c in PREDS.items()}, {str(i): [c] for i, c in PREDS.items()},
+                                metrics="clipscore", retriever=FakeRetriever(), images=images)  # fmt: skip
+    assert got == want and items == {str(i): row for i, row in want_items.items()}
+    with pytest.raises(KeyError, match=r"CLIPScore images: \['x'\]; their ids are e\.g\. \[0, 1, 2, 3\]"):
+        evaluate_items({"x": "zero"}, None, metrics="clipscore", retriever=FakeRetriever(), images=images)
