@@ -12,12 +12,10 @@ import math
 import random
 import shutil
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import CLIPImageProcessor, CLIPModel
 
 from finecap import registry
@@ -38,6 +36,7 @@ from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
 from helpers.cli import refused
 from helpers.coco_reference import NoSpice
+from helpers.fake_retriever import PREDS, FakeRetriever, Rec
 from helpers.scripts import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,40 +134,6 @@ def test_perplexity_needs_eval_lm():
 # --------------------------------------------------------------------------------------------------------------------
 # CLIP-based groups with a fake retriever whose embeddings are chosen by hand
 # --------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Rec:
-    image_id: int
-    path: Path = Path("unused.png")
-
-
-# Image i embeds to the basis vector e_i (4-D). Caption vectors, and so their cosines to the images:
-#   "zero"  -> (1, 0, 0, 0):     image 0 scores 1 -> rank 1
-#   "one"   -> (0.8, 0.6, 0, 0): image 1 scores 0.6 but image 0 scores 0.8 -> rank 2
-#   "two"   -> (0, 0, 1, 0):     rank 1
-#   "three" -> (0, 0, 0.6, 0.8): image 3 scores 0.8 > 0.6 -> rank 1
-TEXT = {"zero": [1, 0, 0, 0], "one": [0.8, 0.6, 0, 0], "two": [0, 0, 1, 0], "three": [0, 0, 0.6, 0.8]}
-PREDS = {0: "zero", 1: "one", 2: "two", 3: "three"}
-
-
-class FakeTokenizer:
-    unk_token_id = None  # CLIPScore then uses Hessel's prefix "A photo depicts"
-
-
-class FakeRetriever:
-    tokenizer = FakeTokenizer()
-    name = "fake"
-
-    def image_embeddings(self, records, cache_dir=None):
-        return torch.eye(4)[[r.image_id for r in records]]  # (N, 4)
-
-    def text_embeddings(self, texts, cache_dir=None):
-        return self.embed_texts(texts)
-
-    def embed_texts(self, texts):
-        texts = [t.removeprefix("A photo depicts ") for t in texts]
-        return F.normalize(torch.tensor([TEXT[t] for t in texts], dtype=torch.float32), dim=-1)  # (B, 4)
 
 
 def test_retrieval_and_bags_by_hand():

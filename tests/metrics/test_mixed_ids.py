@@ -5,13 +5,8 @@ scores keep the references' ids as written; ids that differ are named with some 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
 
 from finecap.config import load
 from finecap.data.bags_file import read_bags
@@ -21,36 +16,7 @@ from finecap.metrics.listener import listener_retrieval
 from finecap.metrics.retrieval import bag_columns
 from finecap.metrics.suite import evaluate_items
 from finecap.world.scene import Obj, Scene
-
-PREDS = {0: "zero", 1: "one", 2: "two", 3: "three"}
-TEXT = {"zero": [1, 0, 0, 0], "one": [0.8, 0.6, 0, 0], "two": [0, 0, 1, 0], "three": [0, 0, 0.6, 0.8]}
-
-
-@dataclass
-class Rec:
-    image_id: int | str
-    path: Path = Path("unused.png")
-
-
-class FakeTokenizer:
-    unk_token_id = None  # CLIPScore then uses Hessel's prefix "A photo depicts"
-
-
-class FakeRetriever:
-    """Image ``i`` (its id an int or its string) embeds to the basis vector e_i; captions by :data:`TEXT`."""
-
-    tokenizer = FakeTokenizer()
-    name = "fake"
-
-    def image_embeddings(self, records, cache_dir=None):
-        return torch.eye(4)[[int(r.image_id) for r in records]]
-
-    def text_embeddings(self, texts, cache_dir=None):
-        return self.embed_texts(texts)
-
-    def embed_texts(self, texts):
-        texts = [t.removeprefix("A photo depicts ") for t in texts]
-        return F.normalize(torch.tensor([TEXT[t] for t in texts], dtype=torch.float32), dim=-1)
+from helpers.fake_retriever import PREDS, FakeRetriever, Rec
 
 
 def test_the_ngram_groups_match_an_int_id_with_its_string_and_keep_the_references_ids():
@@ -102,16 +68,22 @@ def test_bag_columns_match_ids_written_either_way_and_refuse_one_image_twice():
         bag_columns([["9", 1]], column)
 
 
-def test_a_bags_file_reads_an_int_and_its_string_as_one_image(tmp_path):
+@pytest.mark.parametrize(
+    ("bags", "error"),
+    [('[{"images": [1, "1"]}]', r"bags\['2'\]\[0\] names image\(s\) \[1\] more than once"),
+     ('[{"images": [1, 2]}, {"images": ["2", 3]}]', r"bags\['2'\]\[1\] holds image '2', already in bags\['2'\]\[0\]")],
+)  # fmt: skip
+def test_a_bags_file_reads_an_int_and_its_string_as_one_image(tmp_path, bags, error):
     path = tmp_path / "bags.json"
-    path.write_text('{"bags": {"2": [{"images": [1, "1"]}]}}')
-    with pytest.raises(DataError, match=r"bags\['2'\]\[0\] names image\(s\) \[1\] more than once"):
+    path.write_text(f'{{"bags": {{"2": {bags}}}}}')
+    with pytest.raises(DataError, match=error):
         read_bags(path)
-    path.write_text('{"bags": {"2": [{"images": [1, 2]}, {"images": ["2", 3]}]}}')
-    with pytest.raises(DataError, match=r"bags\['2'\]\[1\] holds image '2', already in bags\['2'\]\[0\]"):
-        read_bags(path)
+
+
+def test_a_bags_file_keeps_its_ids_as_written(tmp_path):
+    path = tmp_path / "bags.json"
     path.write_text('{"bags": {"2": [{"images": ["1", "2"]}, {"images": [3, 4]}]}}')
-    assert read_bags(path) == {2: [["1", "2"], [3, 4]]}  # kept as written
+    assert read_bags(path) == {2: [["1", "2"], [3, 4]]}
 
 
 SCENES = {
