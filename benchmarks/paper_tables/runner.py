@@ -65,8 +65,12 @@ def replicate_runner() -> type[StageRunner]:
     """:class:`finecap.stages.StageRunner` with its training runs in ``<seed folder>/run<M>/<run>/``
     (:attr:`run_seed`) and everything else of the world seed's folder shared (made on first use; finecap is
     imported here, not at module import)."""
+    import dataclasses
     from dataclasses import dataclass
 
+    from finecap.config import Config
+    from finecap.models.backbones import recorded_encoder
+    from finecap.runs import model_dir
     from finecap.stages import StageRunner
 
     @dataclass
@@ -82,6 +86,20 @@ def replicate_runner() -> type[StageRunner]:
             if stage in self.shared:
                 return self.run_dir / stage
             return self.run_dir / replicate_dir(self.run_seed) / stage
+
+        def stage_config(self, stage: str) -> Config:
+            """A run starting from a shared start (the world seed's MLE start) encodes with the image encoder that
+            start was built on, named as ``model.encoder``: ``world`` would name run seed M's world encoder
+            (:func:`finecap.models.world_encoder.encoder_key` holds ``run.seed``), which ``train.init_from``
+            refuses, since the start's captioner keeps its own."""
+            cfg = super().stage_config(stage)
+            start = self.stages[stage].init
+            if start is None or start not in self.shared:
+                return cfg
+            encoder = recorded_encoder(model_dir(cfg.train.init_from))
+            if encoder is None:
+                return cfg
+            return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, encoder=encoder))
 
     return ReplicateRunner
 

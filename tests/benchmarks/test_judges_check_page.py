@@ -192,6 +192,27 @@ def test_run_seeds_train_every_rl_run_again_from_the_world_seeds_own_start(tmp_p
     assert "Noise curve on world seed 0 (2 run seeds per run;" in page and "| 0 | 5 | `grpo_qa` |" in page
 
 
+def test_a_run_seeds_rl_run_encodes_with_the_shared_starts_world_encoder_by_name(tmp_path):
+    # model.encoder=world names the world encoder of the run's own run.seed (its cache key holds the seed), but an RL
+    # run of run seed 5 starts from the world seed's MLE start, whose captioner keeps the world encoder it was built
+    # on, so train.init_from refused it ("trained with other settings (model.encoder=...)"; world seed 1's replicates
+    # stopped so on 2026-11-28). The run now names the start's encoder, which check_backbone finds no difference with.
+    from finecap.models.backbones import check_backbone
+    from finecap.runs import model_dir
+
+    encoder = tmp_path / "world_encoder" / "0123abcd"  # the start's, as its captioner.json records it
+    encoder.mkdir(parents=True)
+    start = tmp_path / "runs" / "seed0" / "mle" / "checkpoints" / "best" / "model"
+    start.mkdir(parents=True)
+    (start / "captioner.json").write_text(json.dumps({"kind": "clipcap", "encoder_source": str(encoder)}))
+    grid = pt.runner.make_replicate(0, 5, tmp_path / "runs", [f"run.cache_dir={tmp_path / 'cache'}"], True,
+                                    frozenset({"mle"}))  # fmt: skip
+    cfg = grid.stage_config("grpo_qa")
+    assert run_config("grpo_qa").model.encoder == "world" and cfg.model.encoder == str(encoder)
+    assert Path(cfg.train.init_from) == tmp_path / "runs" / "seed0" / "mle" / "checkpoints" / "best"
+    check_backbone(model_dir(cfg.train.init_from), cfg, "train.init_from")  # no difference: no error
+
+
 JUDGES_DATA = ROOT / "docs" / "reproductions" / "data" / "judges"
 
 

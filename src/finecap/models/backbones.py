@@ -122,6 +122,15 @@ def encoder_difference(cls: type[CaptionerBase], meta: dict[str, Any], cfg: Conf
     return [] if same_source(recorded, configured) else [("model.encoder", recorded, configured)]
 
 
+def recorded_encoder(path: str | Path) -> str | None:
+    """The image encoder the captioner checkpoint folder ``path`` was built on, as its ``captioner.json`` records it
+    (the backbone's dual-encoder source: a world encoder's folder, a CLIP name), or ``None`` when it records none (a
+    pretrained BLIP or VLM): the ``model.encoder`` that :func:`encoder_difference` finds no difference with."""
+    meta = read_meta(path)
+    recorded = meta.get(backbone(checkpoint_kind(path)).DUAL_SOURCE_KEY)
+    return recorded if isinstance(recorded, str) and recorded else None
+
+
 def check_loaded(model: CaptionerBase, path: str | Path, cfg: Config, option: str) -> None:
     """A captioner loaded from the checkpoint folder ``path`` (``option``: ``train.init_from`` or ``--resume``) made
     to train what ``cfg`` says, decided per key by its backbone: a setting that built the weights and is configured
