@@ -13,8 +13,8 @@ Three checks, used by every writer and every command that takes an output path:
 - :func:`check_replaceable`: an output file that already exists is replaced only when finecap made it: its content
   was recorded by :func:`remember` when finecap wrote it as an output of the same kind (:data:`KINDS`; a SHA-256 of
   the bytes, kept in ``<finecap home>/made/``: recognised by content, never by name), or the command's own test of
-  the content says so (a report page; a run's
-  ``config.yaml``). Any other file needs ``--force``.
+  the content says so (a run's ``config.yaml``). Any other file needs ``--force``: a file finecap wrote and the user
+  then edited (a report page touched up by hand) is the user's.
 
 A long command also calls :func:`check_writable` first, so that an output no file can be written at is refused
 before its work, not after.

@@ -5,6 +5,7 @@ page alone (its plots inlined), unless `--plots DIR` asks for the plot files."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -118,8 +119,15 @@ def test_report_out_never_over_what_it_reads_nor_a_users_file(run, tmp_path):
     assert mine.read_bytes() == PRECIOUS
     # its own page is replaced when the report is drawn again; a user's file only when asked
     out = write_report(run, retrieval=False)
-    out.write_text(out.read_text() + "<!-- edited -->")  # still a finecap report page by its content
     assert write_report(run, retrieval=False) == out
+    # a page of finecap's edited by hand since is the user's (it was replaced: still a report page by its content)
+    edited = out.read_text() + "<!-- my notes -->"
+    out.write_text(edited)
+    refusal = f"{out} exists and finecap did not make it as a report file (or it was changed since); pass --force"
+    with pytest.raises(OutputRefused, match=re.escape(refusal)):
+        write_report(run, retrieval=False)
+    assert out.read_text() == edited
+    assert write_report(run, retrieval=False, force=True) == out and "my notes" not in out.read_text()
     assert write_report(run, mine, retrieval=False, force=True) == mine and b"finecap report" in mine.read_bytes()
     # every file the report reads is refused, with --force too (vcb_results.json was replaced by the page)
     vcb = run / "vcb_results.json"

@@ -77,7 +77,6 @@ from finecap.report.html import (
     REFERENCE_ROWS,
     headline_comparisons,
     image_uri,
-    is_report,
     png_uri,
     render_report,
     results_tables,
@@ -501,9 +500,11 @@ def main(
     plots: str | Path | None = None,
 ) -> Path:  # fmt: skip
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path. ``out`` may
-    not be a file the report reads (refused even with ``force``), nor an existing file that is not a finecap report
-    unless ``force``. Every file it writes is checked writable before any work (:func:`finecap.outputs.check_writable`:
-    an ``out`` through a file, a read-only run folder), so a failure leaves no plot file nor bag outcomes behind.
+    not be a file the report reads (refused even with ``force``), nor, unless ``force``, an existing file other than a
+    page finecap wrote as a report and nobody changed since (:func:`finecap.outputs.made_by_finecap`: a page edited
+    by hand is the user's). Every file it writes is checked writable before any work
+    (:func:`finecap.outputs.check_writable`: an ``out`` through a file, a read-only run folder), so a failure leaves
+    no plot file nor bag outcomes behind.
 
     The plots are inlined in the page, and written as PNG files into :func:`plots_folder` (``<run_dir>/plots/`` for
     the default page, ``plots`` when given, none for an ``out`` alone). Every plot file is checked before any is
@@ -513,7 +514,7 @@ def main(
     out = Path(out) if out is not None else run.run_dir / "report.html"
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
-    check_output_file(out, inputs, force=force, kind="report", ours=is_report)
+    check_output_file(out, inputs, force=force, kind="report")
     check_writable(out)  # the page is written last: a typo through a file is said now, before any plot file is
     if retrieval:
         check_writable(check_bag_outcomes_file(run.run_dir, force=force), option="the run folder")
