@@ -128,12 +128,14 @@ KINDS = (
     "probe",
     "questions",
     "plot",
+    "plot-list",
     "bag-outcomes",
     "skipped",
 )
 """What an output file is, as :func:`remember` records it: COCO results (``caption``, the demo's captions), scores
 and per-image scores (``eval``), a bags file, a report page, a run's stored configuration, a retriever probe, a
-questions file (``finecap questions make``), a report's plot (``<run>/plots/*.png``), bag outcomes
+questions file (``finecap questions make``), a report's plot (``<run>/plots/*.png``) and the list of the plots it wrote
+there (:mod:`finecap.report.plot_files`), bag outcomes
 (``<run>/bag_outcomes.json``) or the list of images ``caption --skip-bad-images`` left out (``<out>.skipped.json``). A
 command replaces without ``--force`` only a file of its own kind: ``caption --out RUN/config.yaml`` is refused."""
 
@@ -142,7 +144,7 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_digest(path: Path) -> str | None:
+def file_digest(path: Path) -> str | None:
     """The SHA-256 of a regular file, read in chunks (``None`` for anything else: a FIFO or a device is never read)."""
     try:
         if not path.is_file():
@@ -175,7 +177,7 @@ def remember(data: bytes, kind: str) -> None:
 def made_by_finecap(path: str | Path, kinds: Iterable[str] = KINDS) -> bool:
     """Whether ``path`` is a regular file holding exactly what finecap once wrote as one of ``kinds``
     (:func:`remember`)."""
-    found = _file_digest(Path(path))
+    found = file_digest(Path(path))
     if found is None:
         return False
     try:
