@@ -13,8 +13,8 @@ Three checks, used by every writer and every command that takes an output path:
 - :func:`check_replaceable`: an output file that already exists is replaced only when finecap made it: its content
   was recorded by :func:`remember` when finecap wrote it as an output of the same kind (:data:`KINDS`; a SHA-256 of
   the bytes, kept in ``<finecap home>/made/``: recognised by content, never by name), or the command's own test of
-  the content says so (a report page; a run's
-  ``config.yaml``). Any other file needs ``--force``.
+  the content says so (a run's ``config.yaml``). Any other file needs ``--force``: a file finecap wrote and the user
+  then edited (a report page touched up by hand) is the user's.
 
 A long command also calls :func:`check_writable` first, so that an output no file can be written at is refused
 before its work, not after.
@@ -128,12 +128,14 @@ KINDS = (
     "probe",
     "questions",
     "plot",
+    "plot-list",
     "bag-outcomes",
     "skipped",
 )
 """What an output file is, as :func:`remember` records it: COCO results (``caption``, the demo's captions), scores
 and per-image scores (``eval``), a bags file, a report page, a run's stored configuration, a retriever probe, a
-questions file (``finecap questions make``), a report's plot (``<run>/plots/*.png``), bag outcomes
+questions file (``finecap questions make``), a report's plot (``<run>/plots/*.png``) and the list of the plots it wrote
+there (:mod:`finecap.report.plot_files`), bag outcomes
 (``<run>/bag_outcomes.json``) or the list of images ``caption --skip-bad-images`` left out (``<out>.skipped.json``). A
 command replaces without ``--force`` only a file of its own kind: ``caption --out RUN/config.yaml`` is refused."""
 
@@ -142,7 +144,7 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_digest(path: Path) -> str | None:
+def file_digest(path: Path) -> str | None:
     """The SHA-256 of a regular file, read in chunks (``None`` for anything else: a FIFO or a device is never read)."""
     try:
         if not path.is_file():
@@ -175,7 +177,7 @@ def remember(data: bytes, kind: str) -> None:
 def made_by_finecap(path: str | Path, kinds: Iterable[str] = KINDS) -> bool:
     """Whether ``path`` is a regular file holding exactly what finecap once wrote as one of ``kinds``
     (:func:`remember`)."""
-    found = _file_digest(Path(path))
+    found = file_digest(Path(path))
     if found is None:
         return False
     try:

@@ -150,9 +150,9 @@ def test_report_of_fabricated_run_is_self_contained(fabricated_run, tmp_path):
     html = out.read_text()
     assert "http://" not in html and "https://" not in html and "<script src" not in html  # nothing fetched
     assert html.count('src="data:image/png;base64,') >= 7 + 12  # 7 plots, gallery images
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "bag_recall.png", "curves_mle.png", "curves_smile.png", "curves_smile_random.png", "faithfulness.png",
-        "length_hist.png", "smile_length.png"]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [  # the plots, and the list of them
+        ".finecap-plots.json", "bag_recall.png", "curves_mle.png", "curves_smile.png", "curves_smile_random.png",
+        "faithfulness.png", "length_hist.png", "smile_length.png"]  # fmt: skip
 
 
 def test_report_gallery_reads_images_within_the_runs_budget(tmp_path):

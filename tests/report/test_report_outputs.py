@@ -5,6 +5,7 @@ page alone (its plots inlined), unless `--plots DIR` asks for the plot files."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from finecap.app.report import main as write_report
 from finecap.outputs import OutputRefused
+from finecap.report.plot_files import PLOT_LIST
 from helpers.cli import refused, run_cli
 
 PRECIOUS = b"the user's own file\n"
@@ -74,7 +76,8 @@ def test_report_checks_every_plot_file_before_writing_any(run, tmp_path):
     assert mine.read_bytes() == PRECIOUS and not (run / "report.html").exists()
     # --force replaces it; --plots DIR refuses a file of the user's there naming --plots
     assert run_cli(["report", str(run), "--no-bag-outcomes", "--force"])[0] == 0
-    assert sorted(p.name for p in (run / "plots").iterdir()) == names and mine.read_bytes() != PRECIOUS
+    assert sorted(p.name for p in (run / "plots").iterdir()) == sorted([PLOT_LIST, *names])  # the plots and their list
+    assert mine.read_bytes() != PRECIOUS
     figures = tmp_path / "figures"
     figures.mkdir()
     (figures / names[-1]).write_bytes(PRECIOUS)
@@ -118,8 +121,15 @@ def test_report_out_never_over_what_it_reads_nor_a_users_file(run, tmp_path):
     assert mine.read_bytes() == PRECIOUS
     # its own page is replaced when the report is drawn again; a user's file only when asked
     out = write_report(run, retrieval=False)
-    out.write_text(out.read_text() + "<!-- edited -->")  # still a finecap report page by its content
     assert write_report(run, retrieval=False) == out
+    # a page of finecap's edited by hand since is the user's (it was replaced: still a report page by its content)
+    edited = out.read_text() + "<!-- my notes -->"
+    out.write_text(edited)
+    refusal = f"{out} exists and finecap did not make it as a report file (or it was changed since); pass --force"
+    with pytest.raises(OutputRefused, match=re.escape(refusal)):
+        write_report(run, retrieval=False)
+    assert out.read_text() == edited
+    assert write_report(run, retrieval=False, force=True) == out and "my notes" not in out.read_text()
     assert write_report(run, mine, retrieval=False, force=True) == mine and b"finecap report" in mine.read_bytes()
     # every file the report reads is refused, with --force too (vcb_results.json was replaced by the page)
     vcb = run / "vcb_results.json"
@@ -170,3 +180,26 @@ def test_an_out_no_file_can_be_written_at_is_refused_before_any_plot_is(run, tmp
         write_report(run, tmp_path / "r.html", plots=tmp_path / "afile" / "figures", retrieval=False)
     assert not figures.exists() and not (tmp_path / "r.html").exists() and not (run / "plots").exists()
     assert (tmp_path / "afile").read_bytes() == PRECIOUS
+
+
+@pytest.mark.slow
+def test_a_new_report_removes_the_plots_of_an_earlier_one_it_no_longer_draws(run, tmp_path):
+    # the stage smile_random gone from the run: its curves and the SMILE length plot (which needs an ablation) stayed
+    # in plots/ beside the new report's, the folder mixing two reports
+    write_report(run, retrieval=False)
+    before = sorted(p.name for p in (run / "plots").glob("*.png"))
+    assert {"curves_smile_random.png", "smile_length.png", "curves_mle.png"} <= set(before)
+    (run / "plots" / "mine.png").write_bytes(PRECIOUS)  # a figure of the user's, kept
+    shutil.copy(run / "plots" / "smile_length.png", run / "plots" / "fig1.png")  # the user's copy of one, kept
+    shutil.rmtree(run / "smile_random")
+    write_report(run, retrieval=False)
+    after = sorted(p.name for p in (run / "plots").glob("*.png"))
+    assert sorted(set(before) - set(after)) == ["curves_smile_random.png", "smile_length.png"]
+    assert set(after) - set(before) == {"mine.png", "fig1.png"}
+    assert (run / "plots" / "mine.png").read_bytes() == PRECIOUS
+    # --plots DIR likewise
+    figures = tmp_path / "figures"
+    write_report(shutil.copytree(run, tmp_path / "other"), tmp_path / "page.html", retrieval=False, plots=figures)
+    shutil.rmtree(tmp_path / "other" / "smile")
+    write_report(tmp_path / "other", tmp_path / "page.html", retrieval=False, plots=figures)
+    assert not (figures / "curves_smile.png").exists() and (figures / "curves_mle.png").exists()

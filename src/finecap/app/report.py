@@ -5,7 +5,9 @@ after its folder; its results row is its last evaluation unless it holds a ``res
 
 It reads whatever the run holds (:mod:`finecap.report.run`), draws the plots (inlined in the page; also written as
 reusable PNG files into ``<run_dir>/plots/`` when the page is the default ``<run_dir>/report.html``, into ``--plots
-DIR`` when given, and nowhere with ``--out`` alone: :func:`plots_folder`), and renders (:mod:`finecap.report.html`):
+DIR`` when given, and nowhere with ``--out`` alone: :func:`plots_folder`; the plot files an earlier report wrote
+there and this one does not draw are removed, :mod:`finecap.report.plot_files`), and renders
+(:mod:`finecap.report.html`):
 
 - the results tables, sortable, with each paper's headline comparison highlighted; then, when the run holds them,
   the ``vcb`` group's tables (``vcb_results.json``, NDLB Tables 2-3) and the ``transfer`` stage's
@@ -68,7 +70,6 @@ from finecap.outputs import (
     check_writable,
     made_by_finecap,
     refuse_link,
-    write_output,
     write_output_json,
 )
 from finecap.report.columns import ColumnRules, rules_for
@@ -77,12 +78,12 @@ from finecap.report.html import (
     REFERENCE_ROWS,
     headline_comparisons,
     image_uri,
-    is_report,
     png_uri,
     render_report,
     results_tables,
     single_table,
 )
+from finecap.report.plot_files import PLOT_LIST, is_plot_list, write_plots
 from finecap.report.plots import (
     bag_recall_curves,
     length_curves,
@@ -131,8 +132,10 @@ def plots_folder(run_dir: Path, out: str | Path | None, plots: str | Path | None
 def check_plot_files(folder: Path, names: Sequence[str], *, given: bool, force: bool) -> None:
     """Refuse, before any plot is written, a plot file ``folder/<name>`` that may not be replaced: a symbolic link
     (always), anything but a regular file, or a file finecap did not draw (:func:`finecap.report.plots.
-    plot_replaceable`) unless ``force``. ``given``: the folder is ``--plots DIR`` (it may itself be a link the user
-    made), else the run folder's ``plots/`` (a link there was planted: refused)."""
+    plot_replaceable`) unless ``force``; and the same of the folder's list of its plots
+    (:data:`finecap.report.plot_files.PLOT_LIST`, replaced when it reads as one:
+    :func:`~finecap.report.plot_files.is_plot_list`). ``given``: the folder is ``--plots DIR`` (it may itself be a
+    link the user made), else the run folder's ``plots/`` (a link there was planted: refused)."""
     if not given:
         refuse_link(folder)
     option = "--plots: " if given else ""
@@ -155,6 +158,14 @@ def check_plot_files(folder: Path, names: Sequence[str], *, given: bool, force: 
             f"{option}{target}: a file {where} that finecap did not draw (or that changed since); move it away, pass "
             f"--force to replace it, or {ways_out}"
         )
+    listing = folder / PLOT_LIST
+    refuse_link(listing)
+    if listing.exists() and not listing.is_file():
+        raise OutputRefused(f"{option}{listing}: not a regular file, where the report lists the plots it writes; "
+                            f"move it away, or {ways_out}")  # fmt: skip
+    if listing.exists() and not (force or is_plot_list(listing)):
+        raise OutputRefused(f"{option}{listing}: a file finecap did not write, where the report lists the plots it "
+                            f"writes; move it away, pass --force to replace it, or {ways_out}")  # fmt: skip
 
 
 def check_bag_outcomes_file(run_dir: Path, *, force: bool) -> Path:
@@ -169,12 +180,6 @@ def check_bag_outcomes_file(run_dir: Path, *, force: bool) -> Path:
         raise OutputRefused(f"{target}: a file finecap did not write (or that changed since), {where}; move it "
                             "away, pass --force to replace it, or --no-bag-outcomes")  # fmt: skip
     return target
-
-
-def _write_plots(drawn: Path, folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for path in sorted(drawn.iterdir()):
-        write_output(folder / path.name, path.read_bytes(), "plot")
 
 
 def _plots(run: RunData, folder: Path) -> tuple[list[dict[str, str]], str | None]:
@@ -501,19 +506,23 @@ def main(
     plots: str | Path | None = None,
 ) -> Path:  # fmt: skip
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path. ``out`` may
-    not be a file the report reads (refused even with ``force``), nor an existing file that is not a finecap report
-    unless ``force``. Every file it writes is checked writable before any work (:func:`finecap.outputs.check_writable`:
-    an ``out`` through a file, a read-only run folder), so a failure leaves no plot file nor bag outcomes behind.
+    not be a file the report reads (refused even with ``force``), nor, unless ``force``, an existing file other than a
+    page finecap wrote as a report and nobody changed since (:func:`finecap.outputs.made_by_finecap`: a page edited
+    by hand is the user's). Every file it writes is checked writable before any work
+    (:func:`finecap.outputs.check_writable`: an ``out`` through a file, a read-only run folder), so a failure leaves
+    no plot file nor bag outcomes behind.
 
     The plots are inlined in the page, and written as PNG files into :func:`plots_folder` (``<run_dir>/plots/`` for
     the default page, ``plots`` when given, none for an ``out`` alone). Every plot file is checked before any is
-    written (:func:`check_plot_files`): one finecap did not draw is replaced only with ``force``."""
+    written (:func:`check_plot_files`): one finecap did not draw is replaced only with ``force``. The plot files an
+    earlier report wrote into that folder and this one does not draw are removed, and nothing else there
+    (:func:`finecap.report.plot_files.write_plots`)."""
     run = read_run(run_dir)
     folder = plots_folder(run.run_dir, out, plots)
     out = Path(out) if out is not None else run.run_dir / "report.html"
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
-    check_output_file(out, inputs, force=force, kind="report", ours=is_report)
+    check_output_file(out, inputs, force=force, kind="report")
     check_writable(out)  # the page is written last: a typo through a file is said now, before any plot file is
     if retrieval:
         check_writable(check_bag_outcomes_file(run.run_dir, force=force), option="the run folder")
@@ -532,7 +541,8 @@ def main(
         rl = _rl_sections(run, drawn)
         if folder is not None:
             check_plot_files(folder, sorted(p.name for p in drawn.iterdir()), given=plots is not None, force=force)
-            _write_plots(drawn, folder)
+            for name in write_plots(drawn, folder):
+                log.info("report: removed %s, a plot of an earlier report this one does not draw", folder / name)
     gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed, ImageLimits.of(cfg.data))
     bags, bag_note = _bag_gallery(run, cfg, records, n_bags) if retrieval else ([], "Bag outcomes not computed.")
     context = {

@@ -247,21 +247,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-REPORT_TITLE = "<title>finecap report:"
-"""How a report page opens its title (``templates/report.html``): what :func:`is_report` recognises."""
-
-
-def is_report(path: str | Path) -> bool:
-    """Whether ``path`` is a report finecap wrote (recognised by content: its title within the first 2 KB), which
-    ``finecap report --out`` may replace without ``--force``."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2048).decode("utf-8", "replace")
-    except OSError:
-        return False
-    return head.lower().startswith("<!doctype html>") and REPORT_TITLE in head
-
-
 def render_report(context: Mapping[str, Any], out: str | Path) -> Path:
     """Render ``templates/report.html`` with ``context`` to ``out`` (atomically, never through a link)."""
     html = environment().get_template("report.html").render(**context)
