@@ -130,6 +130,18 @@ def test_report_out_never_over_what_it_reads_nor_a_users_file(run, tmp_path):
         write_report(run, retrieval=False)
     assert out.read_text() == edited
     assert write_report(run, retrieval=False, force=True) == out and "my notes" not in out.read_text()
+    # its own unedited page is known by the page itself, whatever finecap home wrote it (a run copied from another
+    # machine, a home emptied since): the page's last line holds the SHA-256 of the rest
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FINECAP_HOME", str(tmp_path / "another-home"))
+        assert write_report(run, retrieval=False) == out
+        out.write_text(edited)
+        with pytest.raises(OutputRefused, match=re.escape(refusal)):
+            write_report(run, retrieval=False)
+        assert out.read_text() == edited
+        out.write_text(out.read_text().replace("<!-- my notes -->", "").replace("</body>", "<p>mine</p></body>", 1))
+        with pytest.raises(OutputRefused, match=re.escape(refusal)):
+            write_report(run, retrieval=False)
     assert write_report(run, mine, retrieval=False, force=True) == mine and b"finecap report" in mine.read_bytes()
     # every file the report reads is refused, with --force too (vcb_results.json was replaced by the page)
     vcb = run / "vcb_results.json"

@@ -82,6 +82,7 @@ from finecap.report.html import (
     render_report,
     results_tables,
     single_table,
+    unedited_report,
 )
 from finecap.report.plot_files import PLOT_LIST, is_plot_list, write_plots
 from finecap.report.plots import (
@@ -522,7 +523,7 @@ def main(
     out = Path(out) if out is not None else run.run_dir / "report.html"
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
-    check_output_file(out, inputs, force=force, kind="report")
+    check_output_file(out, inputs, force=force, kind="report", ours=unedited_report)  # or finecap's record
     check_writable(out)  # the page is written last: a typo through a file is said now, before any plot file is
     if retrieval:
         check_writable(check_bag_outcomes_file(run.run_dir, force=force), option="the run folder")

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import hashlib
 import io
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,7 +250,36 @@ def environment() -> jinja2.Environment:
 
 
 def render_report(context: Mapping[str, Any], out: str | Path) -> Path:
-    """Render ``templates/report.html`` with ``context`` to ``out`` (atomically, never through a link)."""
+    """Render ``templates/report.html`` with ``context`` to ``out`` (atomically, never through a link), stamped
+    (:func:`stamped`)."""
     html = environment().get_template("report.html").render(**context)
-    write_output(out, html, "report")
+    write_output(out, stamped(html), "report")
     return Path(out)
+
+
+_STAMP = "<!-- finecap report; SHA-256 of the page above this line: {} -->\n"
+_STAMP_AT_END = re.compile(rb"<!-- finecap report; SHA-256 of the page above this line: ([0-9a-f]{64}) -->\n\Z")
+MAX_STAMPED = 1 << 30
+"""The largest page :func:`unedited_report` reads (bytes): a report inlines its plots and images, tens of MB."""
+
+
+def stamped(html: str) -> str:
+    """``html`` with a last line holding the SHA-256 of what comes before it: the page says itself whether it was
+    edited since finecap wrote it (:func:`unedited_report`), whatever finecap home wrote it (the record of what
+    finecap wrote, :func:`finecap.outputs.made_by_finecap`, lives in one home: a run copied from another machine, or
+    a home emptied since, would otherwise need ``--force`` for its own report)."""
+    text = html if html.endswith("\n") else html + "\n"
+    return text + _STAMP.format(hashlib.sha256(text.encode("utf-8")).hexdigest())
+
+
+def unedited_report(path: Path) -> bool:
+    """Whether ``path`` is a page :func:`stamped` wrote and nobody changed since: its last line's SHA-256 is that of
+    the rest (a page edited by hand, or no finecap report, is not)."""
+    try:
+        if path.stat().st_size > MAX_STAMPED:
+            return False
+        data = path.read_bytes()
+    except OSError:
+        return False
+    stamp = _STAMP_AT_END.search(data)
+    return stamp is not None and hashlib.sha256(data[: stamp.start()]).hexdigest().encode() == stamp[1]
