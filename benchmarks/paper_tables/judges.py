@@ -52,8 +52,8 @@ JUDGE_CHANGE = (
     "**The world judge changed on 2026-11-28** (commit `8ce752e`): a caption stating two or more values of one fact "
     "(two colours of the circle) is now answered 'cannot answer'; before, it got whichever stated value came first "
     "among the shuffled options, so a caption listing several values of a fact was paid for the one that was true. "
-    "Every result on this page was trained under the new judge, on world seed 0 (the runs of 2026-11-26 under the old "
-    "judge, world seeds 0 and 1, are in the git history before that date; world seed 1 is to be run again). Under "
+    "Every result on this page was trained under the new judge, on world seeds 0 and 1 (2026-11-28; the runs of "
+    "2026-11-26 under the old judge, world seeds 0 and 1, are in the git history before that date). Under "
     "both judges the QA-utility runs state many false facts, patterns above all: the old judge's three world seed 0 "
     "runs had hallucination shares 0.687, 0.799 and 0.871, the new judge's 0.721, 0.809 and 0.772, so the hedge was "
     "not what drove them; a wrong answer costs no more than 'cannot answer' (CapRL's reward), so guessing a fact pays "
@@ -105,8 +105,10 @@ def noise_curve_note(results: Results) -> str:
 
 
 SETTINGS = (
-    "Every RL run starts from world seed 0's MLE start (`mle`, the grid's shared start; the same checkpoint and "
-    "world encoder for every run seed) and trains the packaged recipe as it is: 100 steps at lr 1e-4 (constant, Adam, "
+    "Every RL run starts from its world seed's MLE start (`mle`, the grid's shared start; the same checkpoint and "
+    "world encoder for every run seed: world seed 1's run-seed runs name that encoder as `model.encoder`, world seed "
+    "0's said `world` and were given it by the checkpoint, before `train.init_from` refused the difference) "
+    "and trains the packaged recipe as it is: 100 steps at lr 1e-4 (constant, Adam, "
     "no weight decay, gradient clip 1), each step on 32 images with 8 captions sampled per image at T = 1 (256 "
     "sampled captions; CapRL's 8 rollouts), GRPO's group advantage (r − group mean) / (group std + 1e-4), the "
     "clipped ratio surrogate averaged per caption then over captions, one optimizer step per rollout; the test "
