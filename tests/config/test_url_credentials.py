@@ -126,3 +126,15 @@ def test_a_boost_run_writes_and_logs_no_password(tmp_path, http_logs, capsys, mo
         assert secret not in printed.out + printed.err
         assert not [p for p, data in files.items() if secret.encode() in data], secret
     assert_no_secret_in(http_logs, server)
+
+
+@pytest.mark.parametrize("tail", ["?api_key=s3cr3t-q", "?x=1&token=s3cr3t-q", "#frag"])
+def test_a_server_url_with_a_query_or_fragment_is_refused_before_any_request(tail, http_logs):
+    # the clients append /chat/completions or /reward to the URL, which landed inside its query (a request to
+    # '/v1?api_key=...' + '/chat/completions' that httpx logged at INFO, secret and all); now refused first
+    with pytest.raises(ValueError, match=r"boost.llm_base_url=.*a base URL takes no \?query or #fragment") as e:
+        OpenAIBackend("m", f"http://127.0.0.1:9/v1{tail}", "", key="boost.llm", sleep=lambda s: None)
+    with pytest.raises(ValueError, match=r"RewardClient: the server's URL takes no \?query or #fragment") as r:
+        RewardClient(f"http://127.0.0.1:9{tail}")
+    assert "s3cr3t" not in str(e.value) + str(r.value)
+    assert not http_logs.records

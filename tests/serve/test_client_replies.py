@@ -108,18 +108,22 @@ def test_a_good_reply_passes_and_the_token_comes_from_the_environment(monkeypatc
     ],
 )
 def test_no_message_shows_the_credentials_of_the_url(url):
+    # a URL with a ?query is refused when the client is made (/reward would be appended inside the query), the
+    # others fail at the request (nothing listens): either way the message masks the credentials
+    failure = ValueError if "?" in url else RewardServerError
     for who, call in {
         "client": lambda: RewardClient(url, timeout=2).score(["a"], [1]),
         "verl": lambda: compute_score_batch(["d"], ["a"], [""], [{"image_id": 1}], url=url),
         "ms-swift": lambda: orm(url=url)()(["a"], image_id=[1]),
         "OpenRLHF": lambda: openrlhf_function(url=url)(["a"], [""], [1]),
     }.items():
-        with pytest.raises(RewardServerError) as refused:
+        with pytest.raises(failure) as refused:
             call()
         text = f"{refused.value} {refused.value!r} {refused.value.__cause__!r} {refused.value.__context__!r}"
         assert "pa55word" not in text and "sk-live-token" not in text, (who, text)
         assert "127.0.0.1:9" in str(refused.value)
-    assert "pa55word" not in repr(RewardClient(url)) and "sk-live-token" not in repr(RewardClient(url))
+    if failure is RewardServerError:
+        assert "pa55word" not in repr(RewardClient(url)) and "sk-live-token" not in repr(RewardClient(url))
 
 
 def test_an_error_reply_naming_a_url_is_masked_too():

@@ -189,7 +189,9 @@ class _Retry(Exception):
 
 
 def check_base_url(url: str, key: str) -> None:
-    """``ValueError`` naming ``key`` unless ``url`` is an http(s) URL with a host."""
+    """``ValueError`` naming ``key`` unless ``url`` is an http(s) URL with a host, and no ``?query`` or
+    ``#fragment``: ``/chat/completions`` is appended to it, which would land inside them (and a key given as
+    ``?api_key=`` would reach the URL httpx logs at INFO; keys go in ``*_api_key_env``)."""
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError) as e:
@@ -197,6 +199,11 @@ def check_base_url(url: str, key: str) -> None:
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ValueError(
             f"{key}={masked_url_secrets(url)!r}: not an http(s) URL with a host; e.g. http://localhost:8000/v1"
+        )
+    if parsed.query or parsed.fragment or "?" in url or "#" in url:
+        raise ValueError(
+            f"{key}={masked_url_secrets(url)!r}: a base URL takes no ?query or #fragment (finecap appends "
+            "/chat/completions to it); give the API key by its *_api_key_env variable, e.g. http://localhost:8000/v1"
         )
 
 

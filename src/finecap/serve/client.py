@@ -88,6 +88,9 @@ class RewardClient:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"RewardClient: the server's URL must start with http:// or https://, got "
                              f"{masked_url_secrets(str(url))!r}")  # fmt: skip
+        if "?" in url or "#" in url:  # /reward is appended to the base URL: it would land inside them
+            raise ValueError(f"RewardClient: the server's URL takes no ?query or #fragment (the bearer token goes in "
+                             f"${TOKEN_ENV} or token=), got {masked_url_secrets(url)!r}")  # fmt: skip
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"RewardClient: timeout must be a positive number of seconds, got {timeout!r}")
         self.shown_url = masked_url_secrets(reward_url(url))  # in messages: as given, its credentials masked
