@@ -178,10 +178,14 @@ def made_by_finecap(path: str | Path, kinds: Iterable[str] = KINDS) -> bool:
     """Whether ``path`` is a regular file holding exactly what finecap once wrote as one of ``kinds``
     (:func:`remember`)."""
     found = file_digest(Path(path))
-    if found is None:
-        return False
+    return found is not None and recorded_as(found, kinds)
+
+
+def recorded_as(sha256: str, kinds: Iterable[str] = KINDS) -> bool:
+    """Whether finecap recorded writing bytes of SHA-256 ``sha256`` as one of ``kinds`` (:func:`remember`): for a
+    caller that has the file's digest already (:func:`made_by_finecap` reads the file for it)."""
     try:
-        return (_made_dir() / found).read_text().strip() in set(kinds)
+        return (_made_dir() / sha256).read_text().strip() in set(kinds)
     except OSError:
         return False
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from finecap.integrations.scoring import Scorer, column, completion_texts
 from finecap.rewards import RewardOutput
-from finecap.serve.protocol import FailedCaptions, refuse_failed
+from finecap.serve.protocol import refuse_failed
 
 __all__ = ["async_orm", "orm"]
 
@@ -77,12 +77,8 @@ class _Inputs:
 
     def _paid(self, out: RewardOutput) -> list[float]:
         """The totals, or :class:`FailedCaptions` naming the completions the reward could not score."""
-        try:
-            refuse_failed(
-                out, "completions", "ms-swift would pay a NaN as 0 (it sums its reward functions with nansum)"
-            )
-        except FailedCaptions as e:
-            raise FailedCaptions(f"finecap ms-swift reward {type(self).__name__}: the reward {e}") from None
+        refuse_failed(out, "completions", "ms-swift would pay a NaN as 0 (it sums its reward functions with nansum)",
+                      f"finecap ms-swift reward {type(self).__name__}")  # fmt: skip
         return out.values()[0]
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from finecap.integrations.scoring import Scorer, column, completion_text, completion_texts
 from finecap.registry import REWARDS, is_dotted_path
-from finecap.serve.protocol import FailedCaptions, refuse_failed
+from finecap.serve.protocol import refuse_failed
 
 __all__ = ["REWARDS", "TrlReward", "completion_text", "reward_function"]
 
@@ -74,10 +74,8 @@ class TrlReward:
         texts = completion_texts(completions)  # stripped as every adapter's (finecap.serve.protocol.parse_reward)
         out = self.scorer.score(texts, self.image_ids(len(texts), kwargs))
         if self.failed == "raise":
-            try:
-                refuse_failed(out, "completions", "TRL would pay a None as 0 beside other reward functions (nansum)")
-            except FailedCaptions as e:
-                raise FailedCaptions(f"reward_function({self.__name__!r}): the reward {e}") from None
+            refuse_failed(out, "completions", "TRL would pay a None as 0 beside other reward functions (nansum)",
+                          f"reward_function({self.__name__!r})")  # fmt: skip
         total, parts = out.values(failed=None)
         log_metric = kwargs.get("log_metric")  # TRL >= 1.16: averaged over the logging step beside its own metrics
         if callable(log_metric):

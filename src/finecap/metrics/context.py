@@ -66,7 +66,7 @@ class EvalContext:
         the rows keep the ids the evaluation was given."""
         if self.items is not None:
             for i, scores in per_item.items():
-                key = i if i in self.items else id_key(i, self.items)
+                key = id_key(i, self.items)  # i itself when its row is there
                 row = self.items.setdefault(i if key is None else key, {})
                 row.update({k: float(scores[k]) for k in keys if k in scores})
 

@@ -88,6 +88,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.config import did_you_mean, load
 from finecap.data.bags_file import check_bag_size
+from finecap.data.records import id_keys
 from finecap.metrics.context import EvalContext
 from finecap.metrics.group import MetricGroup, metric_group
 from finecap.metrics.items import corpus_only
@@ -238,8 +239,6 @@ def _as_given_ids(
     an int and its string being one id (:func:`finecap.data.records.id_keys`): every group then reads one id per
     image, and the per-image scores carry the references' ids. An id naming none is kept as written (the groups that
     need it say so); two naming one image (``1`` and ``"1"``) are a ``ValueError``."""
-    from finecap.data.records import id_keys
-
     keys = references if references is not None else [r.image_id for r in images] if images is not None else None
     if keys is None:
         return predictions, samples

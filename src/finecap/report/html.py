@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import fnmatch
-import hashlib
 import io
 import re
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import markupsafe
 
-from finecap.outputs import write_output
+from finecap.outputs import digest, write_output
 from finecap.report.columns import ColumnRules, better, direction, finite_number, format_difference, format_value
 from finecap.utils.text import bidi_isolated
 
@@ -269,7 +268,7 @@ def stamped(html: str) -> str:
     finecap wrote, :func:`finecap.outputs.made_by_finecap`, lives in one home: a run copied from another machine, or
     a home emptied since, would otherwise need ``--force`` for its own report)."""
     text = html if html.endswith("\n") else html + "\n"
-    return text + _STAMP.format(hashlib.sha256(text.encode("utf-8")).hexdigest())
+    return text + _STAMP.format(digest(text.encode("utf-8")))
 
 
 def unedited_report(path: Path) -> bool:
@@ -282,4 +281,4 @@ def unedited_report(path: Path) -> bool:
     except OSError:
         return False
     stamp = _STAMP_AT_END.search(data)
-    return stamp is not None and hashlib.sha256(data[: stamp.start()]).hexdigest().encode() == stamp[1]
+    return stamp is not None and digest(data[: stamp.start()]).encode() == stamp[1]

@@ -31,7 +31,7 @@ import re
 import stat
 from pathlib import Path
 
-from finecap.outputs import digest, file_digest, made_by_finecap, write_output, write_output_json
+from finecap.outputs import digest, file_digest, recorded_as, write_output, write_output_json
 from finecap.utils.reading import read_json
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def _remove_if_ours(path: Path, listed: str) -> bool:
             return False
     except OSError:
         return False
-    if file_digest(path) != listed or not made_by_finecap(path, ("plot",)):
+    if file_digest(path) != listed or not recorded_as(listed, ("plot",)):  # the file read once
         log.info("report: kept %s, a plot an earlier report wrote, as it changed since", path)
         return False
     path.unlink()

@@ -449,13 +449,14 @@ def openrlhf_reply(request: RewardRequest, out: RewardOutput) -> dict[str, Any]:
     return {"rewards": total, "extra_logs": parts}
 
 
-def refuse_failed(out: RewardOutput, field: str, why: str) -> None:
+def refuse_failed(out: RewardOutput, field: str, why: str, caller: str = "") -> None:
     """Raise :class:`FailedCaptions` when ``out`` holds captions the reward could not score
     (:attr:`finecap.rewards.RewardOutput.failed`), naming them as ``field[i]`` (at most :data:`SHOWN_FAILED`) and
-    saying ``why`` the trainer cannot be given their NaN."""
+    saying ``why`` the trainer cannot be given their NaN; ``caller`` (an adapter) opens the message
+    (``"<caller>: the reward could not score ..."``)."""
     mask = out.failed_mask()
     if mask is not None:
         bad = mask.nonzero().flatten().tolist()
         named = ", ".join(f"{field}[{i}]" for i in bad[:SHOWN_FAILED]) + (", ..." if len(bad) > SHOWN_FAILED else "")
-        raise FailedCaptions(f"could not score {len(bad)} of {mask.numel()} captions ({named}): its judge failed on "
-                             f"them, and {why}")  # fmt: skip
+        said = f"could not score {len(bad)} of {mask.numel()} captions ({named}): its judge failed on them, and {why}"
+        raise FailedCaptions(f"{caller}: the reward {said}" if caller else said)
