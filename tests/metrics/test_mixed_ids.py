@@ -134,3 +134,34 @@ def test_clipscore_matches_the_images_and_the_references_ids_either_way():
     assert got == want and items == {str(i): row for i, row in want_items.items()}
     with pytest.raises(KeyError, match=r"CLIPScore images: \['x'\]; their ids are e\.g\. \[0, 1, 2, 3\]"):
         evaluate_items({"x": "zero"}, None, metrics="clipscore", retriever=FakeRetriever(), images=images)
+
+
+ONE_OR_TWO = [(42, "42", True), (-3, "-3", True), ("42", "42", True), (391895, "000000391895", False),
+              (42, " 42", False), (42, "42 ", False), (42, "+42", False), (0, "-0", False), ("042", "42", False),
+              (2**60, str(2**60), True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("a", "b", "one"), ONE_OR_TWO)
+def test_the_lookup_and_the_readers_duplicate_check_read_one_id_alike(tmp_path, a, b, one):
+    """id_key read "000000391895" as 391895 and " 42" as 42, where check_unique_ids kept them apart: a data set may
+    hold both as two images, which the metrics then scored as one. One rule now: one id when they read the same as
+    text."""
+    from pathlib import Path
+
+    from finecap.data.records import Record, check_unique_ids, id_key
+
+    assert (id_key(a, {b}), id_key(b, {a})) == ((b, a) if one else (None, None))
+    records = [Record(a, Path("a.jpg"), "test"), Record(b, Path("b.jpg"), "test")]
+    if one:
+        with pytest.raises(DataError, match="appear in several records"):
+            check_unique_ids(records, tmp_path / "data.jsonl")
+    else:
+        check_unique_ids(records, tmp_path / "data.jsonl")  # two images
+
+
+def test_a_zero_padded_predicted_id_is_not_scored_as_the_integer_images():
+    refs = {391895: ["a red circle on grass"], "0042": ["two dogs"]}
+    with pytest.raises(ValueError, match=r"no references for 1 image\(s\), e\.g\. \['000000391895'\]"):
+        evaluate_items({"000000391895": "a red circle"}, refs, metrics="bleu")
+    with pytest.raises(ValueError, match=r"no references for 1 image\(s\), e\.g\. \[42\]"):
+        evaluate_items({42: "two dogs"}, refs, metrics="bleu")

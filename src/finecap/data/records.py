@@ -150,24 +150,39 @@ def file_number(name: str) -> int | None:
     return number if int_id_fits(number) else None
 
 
-_INT_TEXT = re.compile(rf"\s*-?[0-9]{{1,{MAX_ID_DIGITS}}}\s*")
-"""An integer id written as text, as :func:`id_key` reads one."""
+_INT_TEXT = re.compile(rf"-?[0-9]{{1,{MAX_ID_DIGITS}}}")
+"""Text that may be an integer id as Python writes it: :func:`id_key` reads it as that integer only when ``str``
+of the integer gives the text back (not ``"042"``, ``"-0"``, ``" 42"``)."""
 
 
 def id_key(image_id: Hashable, keys: Collection[Hashable]) -> Hashable | None:
     """The key among ``keys`` that names ``image_id``: itself, else the same id written the other way, an int as its
-    string or a string of digits as that int (data files give ids as strings, the world and COCO as ints), ``None``
-    when none does.
+    string or the string of an int as that int; ``None`` when none does.
+
+    The rule, the one every part of finecap reads ids by: two ids are one image when they read the same as text
+    (``str``), so an int and its decimal string (``391895`` and ``"391895"``) are one id, and a string that is not
+    exactly how Python writes an integer is its own id: ``"000000391895"``, ``"+42"``, ``" 42"`` and ``"-0"`` are
+    not ``391895``, ``42`` and ``0``. COCO's annotation and results files give ids as ints and pycocoevalcap matches
+    them as written (``"391895"`` is no image there); data files give them as strings (``"391895"``), so finecap
+    also reads an int and its string as one. A zero-padded string is no spelling of a COCO id: it is the id a data
+    set chose (``"0042"`` and ``"42"`` may be two images), and the data readers' duplicate check
+    (:func:`check_unique_ids`), results files, per-image outputs and the reward server key images by the id's text,
+    so reading ``"0042"`` as ``42`` here would join two images that every other part keeps apart. A file name's
+    number (``000000391895.jpg`` -> ``391895``, :func:`file_number`) is another rule, ``finecap eval``'s alone, for
+    matching predictions keyed by file names (:func:`finecap.app.eval.match_ids`).
 
     Example::
 
-        >>> id_key(42, {"42", "7"}), id_key("42", {42}), id_key(" 42", {42}), id_key("x", {"y"}), id_key("--1", {1})
-        ('42', 42, 42, None, None)
+        >>> id_key(42, {"42", "7"}), id_key("42", {42}), id_key("-3", {-3}), id_key("x", {"y"}), id_key("--1", {1})
+        ('42', 42, -3, None, None)
+        >>> id_key("000000391895", {391895}), id_key(" 42", {42}), id_key("-0", {0}), id_key(42, {"042"})
+        (None, None, None, None)
     """
     if image_id in keys:
         return image_id
     if isinstance(image_id, str) and _INT_TEXT.fullmatch(image_id):  # ASCII digits, one sign ("--5", "²": none)
-        return int(image_id) if int(image_id) in keys else None
+        number = int(image_id)
+        return number if str(number) == image_id and number in keys else None  # "042", "-0": their own ids
     if isinstance(image_id, int) and not isinstance(image_id, bool) and str(image_id) in keys:
         return str(image_id)
     return None
