@@ -165,3 +165,47 @@ def test_a_zero_padded_predicted_id_is_not_scored_as_the_integer_images():
         evaluate_items({"000000391895": "a red circle"}, refs, metrics="bleu")
     with pytest.raises(ValueError, match=r"no references for 1 image\(s\), e\.g\. \[42\]"):
         evaluate_items({42: "two dogs"}, refs, metrics="bleu")
+
+
+def _asked(image_id, answer="red"):
+    from finecap.judges.questions import question_of
+
+    raw = {"question": "What colour is the circle?", "options": ["red", "blue", "green"], "answer": answer,
+           "fact": ["color", "circle"]}  # fmt: skip
+    return [question_of(raw, image_id, 0, "test")]
+
+
+def test_the_qa_and_judge_groups_match_questions_scenes_and_references_either_way():
+    """qa looks an image's questions up by its id, claims and clair its references and scene: written as an int on
+    one side and as its string on another, the scores and rows are those of one spelling throughout."""
+    cfg = load(None, ["judge.name=world"])
+    refs = {"0": ["a red circle on grass"], 2: ["a blue square on sand"]}
+    captions = ["a red circle", "a red circle on sand"]
+    same = dict(questions={"0": _asked("0"), 2: _asked(2, "blue")}, scenes={"0": SCENES[0], 2: SCENES[2]})
+    mixed = dict(questions={0: _asked(0), "2": _asked(2, "blue")}, scenes=SCENES)
+    kw = dict(metrics="qa,claims,clair", cfg=cfg)
+    want, want_items = evaluate_items(dict(zip(["0", 2], captions, strict=True)), refs, **kw, **same)
+    got, items = evaluate_items(dict(zip([0, "2"], captions, strict=True)), refs, **kw, **mixed)
+    assert got == want and items == want_items
+    assert list(items) == ["0", 2]  # the references' ids, as written
+    assert (items["0"]["qa/accuracy"], items[2]["qa/accuracy"]) == (1.0, 0.0)  # image 2: answered red, not blue
+    assert items[2]["claims/precision"] < 1.0  # its scene (keyed 2, predicted as "2") is the evidence
+
+
+def test_a_questions_file_reads_an_int_and_its_string_as_one_image(tmp_path):
+    """Lines of image 7 written as 7 and as "7" were two images' questions, both numbered from 0 ("7/0" twice): the
+    qa metric asked image 7 those of one line alone. Now they are one image's, numbered on; an id that is no int or
+    string (a bool, a float) is refused naming the line."""
+    import json
+
+    from finecap.judges.questions import read_questions
+
+    line = {"question": "What colour is the circle?", "options": ["red", "blue"], "answer": "red"}
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"image_id": i, "questions": [line]}) + "\n" for i in (7, "7", 8)))
+    read = read_questions(path)
+    assert list(read) == [7, 8] and [q.id for q in read[7]] == ["7/0", "7/1"]
+    for odd in (True, 7.0):
+        path.write_text(json.dumps({"image_id": odd, "questions": [line]}) + "\n")
+        with pytest.raises(DataError, match=rf"q\.jsonl:1: 'image_id' {odd!r} must be an int or a string"):
+            read_questions(path)

@@ -25,6 +25,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from finecap.data.records import check_id
 from finecap.judges.base import CANNOT_ANSWER, Question
 from finecap.utils.reading import text_lines
 from finecap.world.scene import BACKGROUNDS, CELLS, COLORS, MAX_OBJECTS, PATTERNS, SHAPES, SIZES, Scene
@@ -159,8 +160,11 @@ def is_question_fact(fact: object) -> bool:
 
 
 def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
-    """``{image_id: [Question]}`` of a questions file (module docstring); errors name the file and line."""
+    """``{image_id: [Question]}`` of a questions file (module docstring); errors name the file and line. Lines of
+    one image go on numbering its questions, an int id and its string being one image (``7`` and ``"7"``, as the
+    data readers read ids: :func:`finecap.data.records.id_key`), keyed by its id as first written."""
     out: dict[Hashable, list[Question]] = {}
+    written: dict[str, Hashable] = {}  # an id as text -> as first written
     path = Path(path)
     try:
         lines = text_lines(path.read_text(encoding="utf-8"))
@@ -176,7 +180,8 @@ def read_questions(path: str | Path) -> dict[Hashable, list[Question]]:
             raise ValueError(f"{where}: not JSON ({e.msg})") from None
         if not isinstance(row, dict) or "image_id" not in row or not isinstance(row.get("questions"), list):
             raise ValueError(f"{where}: a line needs 'image_id' and 'questions' (a list)")
-        image_id = row["image_id"]
+        given = check_id(row["image_id"], where, "'image_id'")  # an int or a string: 7.0 or true is no image's id
+        image_id = written.setdefault(str(given), given)
         questions = out.setdefault(image_id, [])
         start = len(questions)  # an image's later lines go on numbering its questions
         questions.extend([question_of(q, image_id, start + n, where) for n, q in enumerate(row["questions"])])
