@@ -278,8 +278,9 @@ def evaluate(
     - ``predictions``: a list of captions (one per image, ``str``), or a mapping ``{image_id: caption}``;
     - ``references``: with a list of predictions, a list of the same length whose items are each image's reference
       captions (a list of ``str``, or one ``str``); with a mapping, a mapping ``{image_id: [reference, ...]}`` holding
-      every predicted id (extra ids are ignored; an int id and its string name one image, so predictions for both
-      are a ``ValueError``).
+      every predicted id (extra ids are ignored; an int id and its string name one image, so predictions, or
+      references, for both are a ``ValueError``; ``"007"`` is no spelling of ``7``:
+      :func:`finecap.data.records.id_key`).
       ``None`` for the metrics that need none (``length``, ``vocab``).
     - ``metrics``: metric group names (``"bleu,cider"`` or a list; :data:`finecap.metrics.suite.METRICS`, or a dotted
       path to your own :class:`~finecap.metrics.group.MetricGroup`). Default,

@@ -441,6 +441,22 @@ def test_evaluate_refuses_two_predictions_for_one_image():
     assert one == evaluate(["a red circle", "a blue square"], [["a red circle"], ["a blue square"]], metrics="bleu")
 
 
+def test_evaluate_aligns_ids_mixed_on_each_side_and_refuses_references_keyed_twice():
+    """finecap.evaluate's alignment was checked with one type of id on each side. Ids mixed within each mapping score
+    as ids of one type; a zero-padded id is not the integer's image (it was: "007" took image 7's references); and
+    references keyed by 1 and "1" were scored as two images, their rows two that a JSON file writes under one key
+    "1": now refused, as the data readers refuse such a data set."""
+    names = "bleu,rouge,cider,length"
+    want = evaluate(PREDS, REFS, metrics=names)
+    preds, refs = {0: PREDS[0], "1": PREDS[1], 2: PREDS[2]}, {"0": REFS[0], 1: REFS[1], "2": REFS[2]}
+    assert evaluate(preds, refs, metrics=names) == want
+    with pytest.raises(ValueError, match=r"no references for 1 image\(s\), e\.g\. \['007'\]"):
+        evaluate({"007": PREDS[0]}, {7: REFS[0]}, metrics="bleu")
+    for preds in ({1: "a red circle", "1": "two dogs"}, {1: "a red circle"}, {"1": "two dogs"}):
+        with pytest.raises(ValueError, match=r"^references: 1 image\(s\) keyed twice, e\.g\. 1 and '1' \(an int id"):
+            evaluate(preds, {1: ["a red circle"], "1": ["two dogs"], 2: ["a cat"]}, metrics="bleu")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Import cost
 # --------------------------------------------------------------------------------------------------------------------

@@ -209,3 +209,11 @@ def test_a_questions_file_reads_an_int_and_its_string_as_one_image(tmp_path):
         path.write_text(json.dumps({"image_id": odd, "questions": [line]}) + "\n")
         with pytest.raises(DataError, match=rf"q\.jsonl:1: 'image_id' {odd!r} must be an int or a string"):
             read_questions(path)
+
+
+def test_questions_keyed_by_an_int_and_its_string_are_refused():
+    """``questions={7: ..., "7": ...}`` gave image 7 the questions keyed as its predicted id is written, the others
+    left unasked: which of two an image is scored by is no silent choice."""
+    with pytest.raises(ValueError, match=r"^questions: 1 image\(s\) keyed twice, e\.g\. 7 and '7' \(an int id"):
+        evaluate_items({7: "a red circle"}, None, metrics="qa", questions={7: _asked(7), "7": _asked("7", "blue")},
+                       cfg=load(None, ["judge.name=world"]))  # fmt: skip

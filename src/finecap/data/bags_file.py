@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from finecap.data.json_files import load_json
-from finecap.data.records import DataError, check_id, type_name
+from finecap.data.records import DataError, check_id, repeated_ids, type_name
 from finecap.utils.text import short_repr
 
 
@@ -20,13 +20,6 @@ def _finite(value: float) -> bool:
         return math.isfinite(float(value))
     except OverflowError:
         return False
-
-
-def _repeated(images: list) -> list:
-    """The ids ``images`` holds more than once, in order, an int and its string being one id (``1`` and ``"1"``, as
-    :func:`~finecap.data.records.check_unique_ids` reads a data set's ids): each as first written."""
-    texts = [str(i) for i in images]
-    return [images[texts.index(t)] for t in dict.fromkeys(texts) if texts.count(t) > 1]
 
 
 def check_bag_size(size: int, images: list, where: str) -> None:
@@ -87,8 +80,9 @@ def read_bags(path: str | Path, *, disjoint: bool = True) -> dict[int, list[list
                 raise DataError(f"{path}: bags[{key!r}][{j}] must hold a list of at least two image ids")
             for item in images:
                 check_id(item, f"{path}: bags[{key!r}][{j}]")
-            if _repeated(images):  # a bag of 3 naming an image twice (1 and "1" too) holds 2: not a bag of 3
-                twice = short_repr(_repeated(images))
+            repeated = repeated_ids(images)  # 1 and "1" too: one image (check_unique_ids reads a data set so)
+            if repeated:  # a bag of 3 naming an image twice holds 2: not a bag of 3
+                twice = short_repr([group[0] for group in repeated])  # each as first written
                 raise DataError(
                     f"{path}: bags[{key!r}][{j}] names image(s) {twice} more than once; a bag's images are distinct"
                 )

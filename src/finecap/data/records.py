@@ -210,6 +210,21 @@ def id_keys(ids: Iterable[Hashable], keys: Collection[Hashable]) -> tuple[dict[H
     return found, missing
 
 
+def repeated_ids(ids: Iterable[Hashable]) -> list[tuple[Hashable, ...]]:
+    """The ids of ``ids`` that name one image more than once, a group for each image, each id as written and in
+    order: ids read as :func:`id_key` and :func:`check_unique_ids` read them, one when they read the same as text.
+
+    Example::
+
+        >>> repeated_ids([1, 2, "1", "02", 3, 3])
+        [(1, '1'), (3, 3)]
+    """
+    by_text: dict[str, list[Hashable]] = {}
+    for i in ids:
+        by_text.setdefault(str(i), []).append(i)
+    return [tuple(group) for group in by_text.values() if len(group) > 1]
+
+
 def some_ids(ids: Iterable[Hashable]) -> str:
     """The first :data:`MAX_LISTED` of ``ids`` as an error shows them, as written (``[1, '2', ...]``)."""
     first = list(islice(ids, MAX_LISTED + 1))

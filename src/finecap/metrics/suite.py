@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.config import did_you_mean, load
 from finecap.data.bags_file import check_bag_size
-from finecap.data.records import id_keys
+from finecap.data.records import id_keys, repeated_ids
 from finecap.metrics.context import EvalContext
 from finecap.metrics.group import MetricGroup, metric_group
 from finecap.metrics.items import corpus_only
@@ -196,6 +196,12 @@ def evaluate_items(
     for size, size_bags in (bags or {}).items():  # a bag of 3 under 5 would be scored, and overwrite, as bag3
         for j, bag in enumerate(size_bags):
             check_bag_size(int(size), list(bag), f"bags[{size!r}][{j}]")
+    for given, what in ((references, "references"), (questions, "questions")):  # which one scores: no silent choice
+        twice = repeated_ids(given) if given is not None else []
+        if twice:
+            raise ValueError(f"{what}: {len(twice)} image(s) keyed twice, e.g. {' and '.join(map(repr, twice[0]))} "
+                             "(an int id and its string are one id, as the data readers read them): give each "
+                             "image one entry")  # fmt: skip
     predictions, samples = _as_given_ids(predictions, samples, references, images)
     groups = [metric_group(name) for name in names]
     reads_instances = any("instances" in g.reads for g in groups)  # a file of ~160 MB: read only when asked for
@@ -275,7 +281,8 @@ def evaluate() -> dict[str, float]:
 
     Args:
         predictions: ``{image_id: caption}``.
-        references: ``{image_id: [reference captions]}`` (for n-gram metrics, METEOR, SPICE, RefCLIPScore).
+        references: ``{image_id: [reference captions]}`` (for n-gram metrics, METEOR, SPICE, RefCLIPScore); one key
+            per image (``1`` and ``"1"`` both, here or in ``questions``, are a ``ValueError``).
         metrics: group names (or dotted paths of :class:`~finecap.metrics.group.MetricGroup` records), as a list or
             ``"a,b,c"``.
         retriever: a :class:`~finecap.models.retriever.Retriever`; default: the configured one (``retriever.*``),
