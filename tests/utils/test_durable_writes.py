@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import finecap.train.run
+from finecap.app.cli import main
+from finecap.config import load
 from finecap.train.state import promote, save_tree
 from finecap.utils.files import FSYNC_ENV, atomic_write_bytes, make_temporary_dir
 from finecap.utils.folders import atomic_replace_dir, mark_folder, previous_dir
@@ -174,3 +177,22 @@ def test_a_fsync_setting_other_than_0_or_1_is_refused_naming_the_variable(tmp_pa
     monkeypatch.setenv(FSYNC_ENV, value)
     with pytest.raises(ValueError, match=rf"\$FINECAP_FSYNC must be 0 \(no fsync\) or 1.*{value!r}"):
         atomic_write_bytes(tmp_path / "a.json", b"{}")
+
+
+def test_a_fsync_setting_other_than_0_or_1_stops_a_command_when_it_starts(tmp_path, monkeypatch, capsys):
+    # it was named at the first save only: a training's first checkpoint, maybe hours in
+    started = []
+    monkeypatch.setattr(finecap.train.run, "train", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setenv(FSYNC_ENV, "yes")
+    assert main(["train", f"run.dir={tmp_path / 'run'}"]) == 2
+    assert not started
+    assert "$FINECAP_FSYNC must be 0 (no fsync) or 1 (the default), got 'yes'" in capsys.readouterr().err
+
+
+def test_a_fsync_setting_other_than_0_or_1_stops_a_training_run_before_it_is_set_up(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(finecap.train.run, "_train", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setenv(FSYNC_ENV, "true")
+    with pytest.raises(ValueError, match=r"^\$FINECAP_FSYNC must be 0 \(no fsync\) or 1 \(the default\), got 'true'"):
+        finecap.train.run.train(load(None, [f"run.dir={tmp_path / 'run'}"]))
+    assert not started and not (tmp_path / "run").exists()

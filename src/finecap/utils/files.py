@@ -114,6 +114,13 @@ def syncing() -> bool:
     return value != "0"
 
 
+def check_fsync_setting() -> None:
+    """``ValueError`` naming :data:`FSYNC_ENV` and the values it takes when it holds another: checked when a command
+    starts (:func:`finecap.app.cli.main`) and when a training run is set up (:func:`finecap.train.run.train`), so that
+    a mistyped value stops the run before its work, not at its first save, maybe hours into training."""
+    syncing()
+
+
 def sync_to_disk(path: str | Path) -> None:
     """Flush what ``path`` holds to the disk (``fsync``): a file's data; a folder's entries, and, all the way down,
     every file and folder in it (symbolic links are not followed). A file system that cannot sync a folder (``EINVAL``:
