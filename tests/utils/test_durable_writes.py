@@ -20,6 +20,8 @@ import torch
 
 import finecap.train.run
 from finecap.app.cli import main
+from finecap.app.models import tiny_main
+from finecap.boost.output import link_images
 from finecap.config import load
 from finecap.train.state import promote, save_tree
 from finecap.utils.files import FSYNC_ENV, atomic_write_bytes, make_temporary_dir
@@ -160,6 +162,42 @@ def test_a_failed_rename_puts_back_only_what_it_moved_aside(tmp_path, monkeypatc
     with pytest.raises(OSError, match="No space"):
         replace_durably(tmp_path / "new", tmp_path / "dst", previous=tmp_path / "aside")
     assert not (tmp_path / "dst").exists() and (tmp_path / "aside").is_dir()
+
+
+def test_a_new_tiny_model_folder_is_synced_before_its_rename_and_the_parent_after(tmp_path, monkeypatch):
+    # `finecap models tiny` renamed its folder into place with a bare os.replace: no fsync at all
+    rec = Recorder(monkeypatch)
+    out = tiny_main("clip", tmp_path / "clip")
+    renamed = rec.replaced_at(out)
+    for path in (out / "model.safetensors", out / "config.json", out):
+        assert any(i < renamed for i in rec.synced_at(path)), (path, rec.events)
+    assert any(i > renamed for i in rec.synced_at(tmp_path)), rec.events
+
+
+def test_a_tiny_model_moved_into_an_empty_folder_syncs_each_file_before_its_rename(tmp_path, monkeypatch):
+    out = tmp_path / "clip"
+    out.mkdir()  # the user's empty folder: kept, the files moved into it one rename each
+    rec = Recorder(monkeypatch)
+    tiny_main("clip", out)
+    names = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" in names
+    for name in names:
+        renamed = rec.replaced_at(out / name)
+        assert any(i < renamed for i in rec.synced_at(out / name)), (name, rec.events)
+        assert any(i > renamed for i in rec.synced_at(out)), (name, rec.events)
+
+
+def test_boosts_link_to_the_source_images_is_renamed_in_place_and_its_folder_synced(tmp_path, monkeypatch):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "images").mkdir()
+    out = tmp_path / "boosted"
+    out.mkdir()
+    (out / "images").symlink_to(tmp_path / "old", target_is_directory=True)  # an earlier run's, elsewhere
+    rec = Recorder(monkeypatch)
+    link_images(out / "images", tmp_path / "images")
+    renamed = rec.replaced_at(out / "images")
+    assert any(i > renamed for i in rec.synced_at(out)), rec.events  # the new link is kept across a power loss
+    assert os.readlink(out / "images") == str(tmp_path / "images")
 
 
 def test_fsync_off_keeps_the_atomic_rename_and_skips_every_sync(tmp_path, monkeypatch):

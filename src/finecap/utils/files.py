@@ -178,8 +178,9 @@ def replace_durably(src: str | Path, dst: str | Path, *, previous: str | Path | 
     is renamed back before the error is raised.
 
     The one durable rename of the package: every atomic write (:func:`atomic_write_bytes`, the checkpoints' state
-    files) and every folder swap (:func:`finecap.utils.folders.atomic_replace_dir`, a resume's promotion of a
-    checkpoint) goes through it."""
+    files), every folder swap (:func:`finecap.utils.folders.atomic_replace_dir`, a resume's promotion of a
+    checkpoint) and every other rename into place (``finecap models tiny``'s folder or files, boost's link to the
+    source images) goes through it."""
     src, dst = Path(src), Path(dst)
     sync_to_disk(src)  # before the old one is moved aside: a reader finds dst missing for two renames only
     moved = previous is not None and os.path.lexists(dst)
