@@ -9,8 +9,11 @@ import re
 import sqlite3
 import time
 
+import httpx
 import pytest
 
+from finecap.boost.engine import FatalBackendError
+from finecap.boost.openai_backend import OpenAIBackend
 from finecap.config import load
 from finecap.judges import get_judge
 from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, JudgeUnavailable, Question, Subject
@@ -285,6 +288,34 @@ def test_a_retry_after_beyond_judge_retry_max_wait_fails_the_call_naming_it(monk
     assert isinstance(outs[0], JudgeFailed)
     assert "retry after 90 s, more than judge.retry_max_wait=60" in str(outs[0])
     assert outs[1] == "red" and waits == [90.0]  # the 120 s limit waited as the server asked, then was answered
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [("http://", "not an http(s) URL with a host"), ("http://127.0.0.1:9/v1?x=1", "takes no ?query"),
+     ("http://127.0.0.1:9/v1#top", "takes no ?query")],
+)  # fmt: skip
+def test_a_refused_url_names_the_option_the_user_set_judge_urls_and_boost_keeps_its_own(url, error, monkeypatch):
+    # the judge shares boost's client, whose messages named 'judge_base_url', an option nobody can set
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    cfg = load(None, ["judge.name=openai", f'judge.urls=["{url}"]', "judge.model=m", "judge.cache=false"])
+    with pytest.raises(ValueError, match=f"^judge.urls='{re.escape(url)}': .*{re.escape(error)}") as e:
+        get_judge("openai", cfg)
+    assert "base_url" not in str(e.value)
+    with pytest.raises(ValueError, match=f"^boost.vlm_base_url='{re.escape(url)}': .*{re.escape(error)}"):
+        OpenAIBackend("m", url, key="boost.vlm")
+
+
+def test_a_404_stops_the_judge_naming_its_options_not_boosts():
+    def not_found(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"error": "no such model"})
+
+    judge = OpenAIJudge(["http://127.0.0.1:9/v1"], "m", transport=httpx.MockTransport(not_found))
+    with pytest.raises(JudgeUnavailable, match=r"HTTP 404: .*check the base URL.*\(judge\.\*\)"):
+        judge.answer([Ask(Q, OPTIONS, "a red circle")])
+    boost = OpenAIBackend("m", "http://127.0.0.1:9/v1", key="boost.llm", transport=httpx.MockTransport(not_found))
+    with pytest.raises(FatalBackendError, match=r"HTTP 404: .*\(boost\.llm_\*\)"):
+        boost.attempt({"model": "m", "messages": []})
 
 
 def test_an_image_with_a_scene_graph_and_no_references_is_refused_by_a_text_judge():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from finecap.metrics import retrieval
 from finecap.metrics.retrieval import (
     SelfRetrieval,
     bag_retrieval,
@@ -191,10 +192,11 @@ def test_rd_retrieval_averages_draws():
     assert out["mean_rank"] == pytest.approx(float(ranks.mean()))
 
 
-def test_a_recall_that_cannot_fail_is_left_out_with_a_note(caplog):
+def test_a_recall_that_cannot_fail_is_left_out_with_a_note(caplog, monkeypatch):
     # RD-3 ranks a caption among 4 images, so R@5 and R@10 were reported as 1.0 even here, where every caption ranks
     # last in every draw (its own image scores lowest). NDLB and DiscriTune report R@1 alone: such a recall is left
     # out, and the log says so; R@k with k <= N can fail and is kept. The whole pool of 6 images likewise.
+    monkeypatch.setattr(retrieval, "LEFT_OUT_SAID", set())  # no note said yet in this process (said once)
     scores = -np.eye(6)
     caplog.set_level(logging.INFO, logger="finecap.metrics.retrieval")
     out = rd_retrieval(scores, n_distractors=3, draws=2)
@@ -205,6 +207,22 @@ def test_a_recall_that_cannot_fail_is_left_out_with_a_note(caplog):
     assert out["R@5"] == 0.0 and "R@10" not in out  # rank 6 of 6: R@5 fails
     assert pool_retrieval(scores) == {"R@1": 0.0, "R@5": 0.0, "mean_rank": 6.0, "median_rank": 6.0}
     assert "pool: R@10 left out" in caplog.text
+
+
+def test_the_note_of_a_recall_left_out_is_a_warning_said_once_in_a_process(caplog, monkeypatch):
+    # it was INFO: below a script's default level and `finecap eval -q`'s, so R@10 vanished from a table unexplained;
+    # a WARNING at every validation of a training run would repeat it, hence once for each protocol and cut-offs
+    monkeypatch.setattr(retrieval, "LEFT_OUT_SAID", set())
+    caplog.set_level(logging.DEBUG, logger="finecap.metrics.retrieval")
+    scores = -np.eye(6)
+    for _ in range(3):  # three validations
+        rd_retrieval(scores, n_distractors=3, draws=2)
+        pool_retrieval(scores)
+    rd_retrieval(scores, n_distractors=5, draws=2)  # other cut-offs left out: a note of their own
+    said = [(r.levelname, r.getMessage().split(" left out")[0]) for r in caplog.records]
+    assert [s for s in said if s[0] == "WARNING"] == [("WARNING", "RD3: R@5, R@10"), ("WARNING", "pool: R@10"),
+                                                      ("WARNING", "RD5: R@10")]  # fmt: skip
+    assert said.count(("DEBUG", "RD3: R@5, R@10")) == 2 and said.count(("DEBUG", "pool: R@10")) == 2
 
 
 def test_bag_retrieval_per_bag_size():

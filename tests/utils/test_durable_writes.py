@@ -18,6 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import finecap.train.run
+from finecap.app.cli import main
+from finecap.app.models import tiny_main
+from finecap.boost.output import link_images
+from finecap.config import load
 from finecap.train.state import promote, save_tree
 from finecap.utils.files import FSYNC_ENV, atomic_write_bytes, make_temporary_dir
 from finecap.utils.folders import atomic_replace_dir, mark_folder, previous_dir
@@ -159,6 +164,42 @@ def test_a_failed_rename_puts_back_only_what_it_moved_aside(tmp_path, monkeypatc
     assert not (tmp_path / "dst").exists() and (tmp_path / "aside").is_dir()
 
 
+def test_a_new_tiny_model_folder_is_synced_before_its_rename_and_the_parent_after(tmp_path, monkeypatch):
+    # `finecap models tiny` renamed its folder into place with a bare os.replace: no fsync at all
+    rec = Recorder(monkeypatch)
+    out = tiny_main("clip", tmp_path / "clip")
+    renamed = rec.replaced_at(out)
+    for path in (out / "model.safetensors", out / "config.json", out):
+        assert any(i < renamed for i in rec.synced_at(path)), (path, rec.events)
+    assert any(i > renamed for i in rec.synced_at(tmp_path)), rec.events
+
+
+def test_a_tiny_model_moved_into_an_empty_folder_syncs_each_file_before_its_rename(tmp_path, monkeypatch):
+    out = tmp_path / "clip"
+    out.mkdir()  # the user's empty folder: kept, the files moved into it one rename each
+    rec = Recorder(monkeypatch)
+    tiny_main("clip", out)
+    names = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" in names
+    for name in names:
+        renamed = rec.replaced_at(out / name)
+        assert any(i < renamed for i in rec.synced_at(out / name)), (name, rec.events)
+        assert any(i > renamed for i in rec.synced_at(out)), (name, rec.events)
+
+
+def test_boosts_link_to_the_source_images_is_renamed_in_place_and_its_folder_synced(tmp_path, monkeypatch):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "images").mkdir()
+    out = tmp_path / "boosted"
+    out.mkdir()
+    (out / "images").symlink_to(tmp_path / "old", target_is_directory=True)  # an earlier run's, elsewhere
+    rec = Recorder(monkeypatch)
+    link_images(out / "images", tmp_path / "images")
+    renamed = rec.replaced_at(out / "images")
+    assert any(i > renamed for i in rec.synced_at(out)), rec.events  # the new link is kept across a power loss
+    assert os.readlink(out / "images") == str(tmp_path / "images")
+
+
 def test_fsync_off_keeps_the_atomic_rename_and_skips_every_sync(tmp_path, monkeypatch):
     monkeypatch.setenv(FSYNC_ENV, "0")
     target = tmp_path / "results.json"
@@ -174,3 +215,22 @@ def test_a_fsync_setting_other_than_0_or_1_is_refused_naming_the_variable(tmp_pa
     monkeypatch.setenv(FSYNC_ENV, value)
     with pytest.raises(ValueError, match=rf"\$FINECAP_FSYNC must be 0 \(no fsync\) or 1.*{value!r}"):
         atomic_write_bytes(tmp_path / "a.json", b"{}")
+
+
+def test_a_fsync_setting_other_than_0_or_1_stops_a_command_when_it_starts(tmp_path, monkeypatch, capsys):
+    # it was named at the first save only: a training's first checkpoint, maybe hours in
+    started = []
+    monkeypatch.setattr(finecap.train.run, "train", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setenv(FSYNC_ENV, "yes")
+    assert main(["train", f"run.dir={tmp_path / 'run'}"]) == 2
+    assert not started
+    assert "$FINECAP_FSYNC must be 0 (no fsync) or 1 (the default), got 'yes'" in capsys.readouterr().err
+
+
+def test_a_fsync_setting_other_than_0_or_1_stops_a_training_run_before_it_is_set_up(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(finecap.train.run, "_train", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setenv(FSYNC_ENV, "true")
+    with pytest.raises(ValueError, match=r"^\$FINECAP_FSYNC must be 0 \(no fsync\) or 1 \(the default\), got 'true'"):
+        finecap.train.run.train(load(None, [f"run.dir={tmp_path / 'run'}"]))
+    assert not started and not (tmp_path / "run").exists()

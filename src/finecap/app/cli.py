@@ -47,6 +47,7 @@ from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import ENGINES, PREDICTION_FORMATS
+from finecap.utils.files import check_fsync_setting
 from finecap.utils.system import launched_processes, launched_rank, leave_process_group
 from finecap.utils.text import shell_command
 
@@ -951,6 +952,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         with configured_logging(args.verbose, args.quiet, getattr(args, "log_timestamps", False)):
             check_one_process(args.command)
+            check_fsync_setting()  # not at the first save, hours into a run
             args.func(args)
     except UsageError as e:
         if _launch_grace():  # the same on every process: said once, by rank 0

@@ -6,8 +6,10 @@ safetensors weights and processor / tokenizer (:func:`finecap.models.tiny.save_t
 width (64, 2 heads of 32) is one vLLM's CPU attention takes. DIR must be new or an empty folder: nothing is
 replaced. The model is written into a new hidden folder (``.<DIR name>.<random>.tmp``) and put in place when
 complete: a new DIR is that folder renamed; an existing empty DIR (the user's: its permissions, group, ACLs, or a
-mount point) is kept, the folder made inside it and its files moved up, one rename each. A failure leaves DIR as it
-was; a kill leaves the hidden folder (which can be deleted), or, during the final renames, some of the files.
+mount point) is kept, the folder made inside it and its files moved up, one rename each. Every rename is durable
+(:func:`~finecap.utils.files.replace_durably`): what it puts in place is on the disk first, and the rename after it,
+so a power loss leaves no empty weights file under its final name. A failure leaves DIR as it was; a kill leaves the
+hidden folder (which can be deleted), or, during the final renames, some of the files.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from finecap.utils.files import OutputRefused, apply_umask, make_temporary_dir, refuse_link
+from finecap.utils.files import OutputRefused, apply_umask, make_temporary_dir, refuse_link, replace_durably
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +60,12 @@ def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, s
             for entry in sorted(tmp.iterdir()):
                 if os.path.lexists(out / entry.name):  # appeared meanwhile: the user's, never replaced
                     raise OutputRefused(f"--out {out}: {entry.name} appeared while the model was written")
-                os.replace(entry, out / entry.name)
+                replace_durably(entry, out / entry.name)
                 moved.append(out / entry.name)
             tmp.rmdir()
         else:
             check_out(out)  # still new: refused rather than replacing what appeared meanwhile
-            os.replace(tmp, out)
+            replace_durably(tmp, out)
     except BaseException:
         for path in [tmp, *moved]:  # finecap's own files only: what it made in this call
             if path.is_dir():

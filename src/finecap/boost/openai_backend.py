@@ -250,6 +250,18 @@ def _text_of(content: Any) -> Any:
     return content
 
 
+def option_name(key: str, name: str) -> str:
+    """The option ``name`` of ``key``, as the user writes it: of boost's role ``boost.llm``, ``boost.llm_<name>``; of a
+    section (``judge``), ``judge.<name>``.
+
+    Example::
+
+        >>> option_name("boost.vlm", "model"), option_name("judge", "api_key_env")
+        ('boost.vlm_model', 'judge.api_key_env')
+    """
+    return f"{key}_{name}" if "." in key else f"{key}.{name}"
+
+
 class OpenAIBackend:
     """Chat completions on an OpenAI-compatible server (module docstring).
 
@@ -260,6 +272,10 @@ class OpenAIBackend:
     ``httpx.ReadTimeout`` when the request's ``timeout`` extension is shorter than the server's delay).
     ``refuse_cut_off``: an answer cut off at ``max_tokens`` is a :class:`~finecap.boost.engine.CutOff` (module
     docstring); ``False`` returns it as it came.
+
+    Messages name the options the user set: ``key`` is boost's role (``boost.llm``: ``boost.llm_model``,
+    ``boost.llm_api_key_env``, ...) or a section (``judge``: ``judge.model``, ``judge.api_key_env``, ...), and
+    ``url_option`` the option ``base_url`` came from (``<key>_base_url`` by default; the judge's is ``judge.urls``).
     """
 
     def __init__(
@@ -277,15 +293,17 @@ class OpenAIBackend:
         backoff: float = 1.0,
         max_wait: float = 60.0,
         key: str = "boost.llm",
+        url_option: str = "",
         sleep: Callable[[float], Any] | None = None,
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
         refuse_cut_off: bool = True,
     ) -> None:
         if not model:
-            raise ValueError(f"{key}_model: the openai backend needs the served model name")
+            raise ValueError(f"{option_name(key, 'model')}: the openai backend needs the served model name")
         self.model = model
-        url_key = f"{key}_base_url" if base_url else "OPENAI_BASE_URL (environment, boost.*_base_url empty)"
+        url_option = url_option or option_name(key, "base_url")
+        url_key = url_option if base_url else f"OPENAI_BASE_URL (environment, {url_option} empty)"
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         check_base_url(base_url, url_key)
         # in messages: the URL as given, its credentials masked (http://***@host/v1/chat/completions)
@@ -294,7 +312,7 @@ class OpenAIBackend:
         self.base_url = base_url.rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         self._api_key = api_key or os.environ.get("OPENAI_API_KEY", "")
-        check_api_key(self._api_key, f"{key}_api_key_env" if "." in key else f"{key}.api_key_env")
+        check_api_key(self._api_key, option_name(key, "api_key_env"))
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self.concurrency, self.retries, self.backoff, self.max_wait = concurrency, retries, backoff, max_wait
         self.timeout = timeout
@@ -365,7 +383,8 @@ class OpenAIBackend:
         if status in FATAL_STATUS:
             self._stop.set()  # no new request starts
             raise FatalBackendError(
-                f"{self.shown_url}: HTTP {status}: {FATAL_STATUS[status]} ({self.key}_*); the server said: {shown}"
+                f"{self.shown_url}: HTTP {status}: {FATAL_STATUS[status]} ({option_name(self.key, '*')}); the server "
+                f"said: {shown}"
             )
         if status in RETRY_STATUS:
             raise self._retry(response, f"HTTP {status}: {shown[:200]}", unavailable=status in UNAVAILABLE_STATUS)

@@ -37,7 +37,14 @@ from typing import Any
 
 from finecap.data.json_files import json_lines
 from finecap.data.records import Record
-from finecap.utils.files import atomic_write_bytes, atomic_write_text, refuse_link, strict_json, write_json
+from finecap.utils.files import (
+    atomic_write_bytes,
+    atomic_write_text,
+    refuse_link,
+    replace_durably,
+    strict_json,
+    write_json,
+)
 from finecap.utils.reading import DATA_FILE, jsonl_rows_are, read_bounded, read_json, unfinished_line
 from finecap.utils.text import karpathy_tokens
 from finecap.world.make import content_hashes
@@ -154,7 +161,8 @@ def check_outputs(fmt: str, source: str | Path, out_dir: str | Path, images: str
 def link_images(link: Path, images: Path) -> None:
     """``link`` -> ``images``: the boosted world's images are the source world's. A link left by an earlier run into
     the same folder that points elsewhere (another world boosted there; a world since deleted) is replaced, at once
-    (a new link renamed over it): its images would be another world's under the same file names."""
+    (a new link renamed over it, durably: :func:`~finecap.utils.files.replace_durably`): its images would be another
+    world's under the same file names."""
     if link.is_symlink() and Path(os.readlink(link)) == images:
         return
     for attempt in itertools.count():  # a name nothing holds: whatever is there (a user's file) is never touched
@@ -165,7 +173,7 @@ def link_images(link: Path, images: Path) -> None:
         except FileExistsError:
             continue
     try:
-        os.replace(fresh, link)  # replaces a link, never a folder (check_outputs refuses a real folder there)
+        replace_durably(fresh, link)  # replaces a link, never a folder (check_outputs refuses a real folder there)
     except BaseException:
         fresh.unlink(missing_ok=True)  # the link made just above
         raise

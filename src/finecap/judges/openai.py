@@ -263,7 +263,7 @@ class OpenAIJudge(Judge):
         backends = [
             OpenAIBackend(model, url, api_key, concurrency=concurrency, timeout=timeout, retries=retries,
                           max_tokens=max_tokens, temperature=0.0, backoff=backoff, max_wait=retry_max_wait,
-                          key="judge", sleep=sleep, transport=transport, refuse_cut_off=False)
+                          key="judge", url_option="judge.urls", sleep=sleep, transport=transport, refuse_cut_off=False)
             for url in urls
         ]  # fmt: skip
         self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency,

@@ -90,6 +90,7 @@ from finecap.train.state import (
     truncate_metrics,
 )
 from finecap.train.validators import caption_samples, validation_loss
+from finecap.utils.files import check_fsync_setting
 from finecap.utils.folders import made_folder
 from finecap.utils.rng import seed_everything
 
@@ -169,6 +170,7 @@ def train(
     ``run_dir_option``: what the errors about the run directory name (``--out`` when the command line's gave it).
     """
     check_attention(cfg.model.attn_implementation)  # before anything is made: a kernel this machine lacks stops it
+    check_fsync_setting()  # a mistyped $FINECAP_FSYNC, not at the first checkpoint's save
     run_dir = run_path(cfg.run)
     # a run folder inside the data it reads (a data set folder, the world, data.images), as caption and eval refuse
     inputs = {

@@ -114,6 +114,13 @@ def syncing() -> bool:
     return value != "0"
 
 
+def check_fsync_setting() -> None:
+    """``ValueError`` naming :data:`FSYNC_ENV` and the values it takes when it holds another: checked when a command
+    starts (:func:`finecap.app.cli.main`) and when a training run is set up (:func:`finecap.train.run.train`), so that
+    a mistyped value stops the run before its work, not at its first save, maybe hours into training."""
+    syncing()
+
+
 def sync_to_disk(path: str | Path) -> None:
     """Flush what ``path`` holds to the disk (``fsync``): a file's data; a folder's entries, and, all the way down,
     every file and folder in it (symbolic links are not followed). A file system that cannot sync a folder (``EINVAL``:
@@ -171,8 +178,9 @@ def replace_durably(src: str | Path, dst: str | Path, *, previous: str | Path | 
     is renamed back before the error is raised.
 
     The one durable rename of the package: every atomic write (:func:`atomic_write_bytes`, the checkpoints' state
-    files) and every folder swap (:func:`finecap.utils.folders.atomic_replace_dir`, a resume's promotion of a
-    checkpoint) goes through it."""
+    files), every folder swap (:func:`finecap.utils.folders.atomic_replace_dir`, a resume's promotion of a
+    checkpoint) and every other rename into place (``finecap models tiny``'s folder or files, boost's link to the
+    source images) goes through it."""
     src, dst = Path(src), Path(dst)
     sync_to_disk(src)  # before the old one is moved aside: a reader finds dst missing for two renames only
     moved = previous is not None and os.path.lexists(dst)
