@@ -374,6 +374,26 @@ def test_an_integer_option_reads_a_whole_number_in_exponent_notation(tmp_path):
         load(None, ["world.n_train=1e30"])  # whole, and out of bounds
 
 
+def test_an_integer_option_reads_a_whole_number_however_written(tmp_path):
+    # `world.n_train='"5"'` (and `n_train: "5"` in a recipe) was refused ("expected an integer, got '5'") while
+    # `"5e0"` and `"5.0"`... were read as 5: one rule now, a whole number whatever its spelling, as a float option
+    # reads a number from any of them; the refusal states it
+    from finecap.config import replaced_section
+    from finecap.config.sections.decode import DecodeConfig
+
+    for written in ('"5"', "'5'", '"5e0"', "5e0", "5.0", '"5.0"', "5", " 5 "):
+        assert load(None, [f"world.n_train={written}"]).world.n_train == 5, written
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text('world:\n  n_train: "5"\n  n_val: "2.5e1"\neval:\n  bag_sizes: ["3", 2e0]\n')
+    cfg = load(recipe)
+    assert (cfg.world.n_train, cfg.world.n_val, cfg.eval.bag_sizes) == (5, 25, [3, 2])
+    assert replaced_section(DecodeConfig(), "decode", max_length="12").max_length == 12
+    for written in ('"5.5"', "5.5", '"5e-1"', '"five"', '"0x5"'):
+        with pytest.raises(ConfigError, match=re.escape("(an integer option takes a whole number, however written: "
+                                                        '5, 5.0, 5e0, "5" are 5)')):  # fmt: skip
+            load(None, [f"world.n_train={written}"])
+
+
 def test_replaced_section_takes_an_option_called_name():
     # replaced_section(cfg.judge, "judge", name="x") was a TypeError (multiple values for argument 'name')
     from finecap.config import VlmBackboneConfig, replaced_section

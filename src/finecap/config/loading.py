@@ -252,11 +252,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return int(value)
-        if isinstance(value, str) and (whole := _whole_exponent_number(value)) is not None:
+        if isinstance(value, str) and (whole := _whole_number(value)) is not None:
             return whole
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)}")
+        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)} ({INTEGER_RULE})")
     if tp is float:
         number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -285,23 +285,28 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
-EXPONENT_NUMBER = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
-"""A number in exponent notation as YAML 1.2 reads it (``1e5``, ``2.5E3``). PyYAML's YAML 1.1 reads it as a number
-only with a dot and a signed exponent (``1.0e+5``), else as the string: a float option converts the string, and an
-integer option takes it when its value is whole (``train.max_steps=1e5`` is 100000, as ``1.0e+5`` was)."""
+WRITTEN_NUMBER = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+"""A number as text: decimal (``5``, ``5.0``) or in exponent notation (``1e5``, ``2.5E3``). PyYAML's YAML 1.1 reads
+an exponent as a number only with a dot and a signed exponent (``1.0e+5``), else as the string; a quoted number
+(``"5"``) is a string on every route. A float option converts the string, and an integer option takes it when its
+value is whole (:data:`INTEGER_RULE`)."""
+
+INTEGER_RULE = 'an integer option takes a whole number, however written: 5, 5.0, 5e0, "5" are 5'
+"""The one rule of an integer option, which its refusal states: a whole number, whatever the spelling (an integer,
+a float that is whole, exponent notation, quoted or not: ``train.max_steps=1e5`` is 100000, as ``1.0e+5`` was), as
+a float option reads a number from any of them; ``5.5``, ``1e-3`` and ``"five"`` are refused."""
 
 
-def _whole_exponent_number(text: str) -> int | None:
-    """The whole number ``text`` writes in exponent notation (:data:`EXPONENT_NUMBER`), read exactly (``run.seed=
-    12345678901234567891e0`` is that seed, where a float would round it), else ``None``: not such a number, not whole
-    (``1.5e0``), or of more than 100 digits (``1e999999999``: no option's bound comes near, and the integer alone
-    would take gigabytes).
+def _whole_number(text: str) -> int | None:
+    """The whole number ``text`` writes (:data:`WRITTEN_NUMBER`), read exactly (``run.seed=12345678901234567891e0``
+    is that seed, where a float would round it), else ``None``: not such a number, not whole (``1.5e0``), or of more
+    than 100 digits (``1e999999999``: no option's bound comes near, and the integer alone would take gigabytes).
 
-    >>> _whole_exponent_number("1e5"), _whole_exponent_number("2.5E3"), _whole_exponent_number("1.5e0")
-    (100000, 2500, None)
+    >>> _whole_number("1e5"), _whole_number("2.5E3"), _whole_number("5"), _whole_number("5.0"), _whole_number("1.5e0")
+    (100000, 2500, 5, 5, None)
     """
     text = text.strip()
-    if not EXPONENT_NUMBER.fullmatch(text):
+    if not WRITTEN_NUMBER.fullmatch(text):
         return None
     number = decimal.Decimal(text)
     if number.adjusted() >= 100 or number != number.to_integral_value():
