@@ -394,6 +394,32 @@ def test_an_integer_option_reads_a_whole_number_however_written(tmp_path):
             load(None, [f"world.n_train={written}"])
 
 
+def test_a_string_option_given_a_yaml_word_says_to_quote_it_naming_the_file_and_line(tmp_path):
+    # `name: null` (or `true`) in a string option was refused as "expected a string, got None", naming neither the
+    # line nor the fix; numbers and yes/no are text already (`version: 1.10` keeps "1.10", `tag: yes` "yes")
+    recipe = tmp_path / "recipe.yaml"
+    for written, word, meaning in (
+        ("null", "null", "no value"),
+        ("~", "null", "no value"),
+        ("True", "true", "a boolean"),
+    ):
+        recipe.write_text(f"train:\n  lr: 1.0e-4\nrun:\n  root: runs\n  name: {written}\n")
+        with pytest.raises(ConfigError) as e:
+            load(recipe)
+        got = "None" if word == "null" else "True"
+        assert str(e.value) == (f'{recipe}: line 5: run.name: expected a string, got {got}: YAML reads {word} as '
+                                f'{meaning}; quote it for the text: name: "{word}" in a file, run.name=\'"{word}"\' '
+                                "on the command line")  # fmt: skip
+        recipe.write_text(f'run:\n  name: "{written}"\n')
+        assert load(recipe).run.name == written  # quoted: the text
+    message = "override 'run.name=false': run.name: expected a string, got False: YAML reads false as a boolean; quote"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load(None, ["run.name=false"])
+    assert load(None, ['run.name="false"']).run.name == "false"  # the shell's run.name='"false"'
+    recipe.write_text("run:\n  name: 1.10\n")
+    assert load(recipe).run.name == "1.10"
+
+
 def test_replaced_section_takes_an_option_called_name():
     # replaced_section(cfg.judge, "judge", name="x") was a TypeError (multiple values for argument 'name')
     from finecap.config import VlmBackboneConfig, replaced_section

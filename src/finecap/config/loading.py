@@ -35,7 +35,7 @@ from finecap.registry import (
     VALIDATOR_KEYS,
     is_dotted_path,
 )
-from finecap.utils.reading import YAMLRefused, load_yaml
+from finecap.utils.reading import METADATA, StrictYAMLLoader, YAMLRefused, load_yaml, read_text_bounded
 from finecap.utils.text import SHORT_REPR_LIMIT, closest, did_you_mean, short_repr
 
 log = logging.getLogger(__name__)
@@ -276,6 +276,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
             return getattr(value, "written", None) or str(value)  # as written: `0123`, not YAML 1.1's octal 83
+        if value is None or isinstance(value, bool):  # `name: null`, `tag: true`: YAML's words, not the text
+            word, meaning = ("null", "no value") if value is None else (str(value).lower(), "a boolean")
+            raise ConfigError(f"{key}: expected a string, got {value}: YAML reads {word} as {meaning}; quote it "
+                              f"for the text: {key.rsplit('.', 1)[-1]}: \"{word}\" in a file, {key}='\"{word}\"' on "
+                              "the command line")  # fmt: skip
         hint = ""
         if isinstance(value, dict) and len(value) == 1:  # `vlm.prompt=Describe: the image` reads as a mapping
             ((k, v),) = value.items()
@@ -349,6 +354,35 @@ def _list_item(text: str, tp: Any) -> Any:
         return load_yaml(text)
     except (yaml.YAMLError, ValueError):  # the text itself, for the field to judge
         return text
+
+
+class FileSource(str):
+    """The prefix of the errors about the values a YAML file set (``"recipe.yaml: "``), knowing the file (``path``),
+    so that an error can name the line too (:meth:`at`): a string option given a YAML word (``name: null``, ``tag:
+    true``) is refused naming the file and the line to quote."""
+
+    path: Path
+
+    def __new__(cls, path: str | Path) -> FileSource:
+        source = super().__new__(cls, f"{path}: ")
+        source.path = Path(path)
+        return source
+
+    def at(self, key: str) -> str:
+        """``"recipe.yaml: line 3: "``: the prefix with the line of the file setting ``key`` (``section.key``, a
+        nested section's ``section.sub.key``), or the prefix alone when the file cannot say (it changed, or
+        sets the key under a former name)."""
+        try:
+            node = StrictYAMLLoader(read_text_bounded(self.path, METADATA)).get_single_node()
+        except (OSError, ValueError, yaml.YAMLError):
+            return str(self)
+        for part in key.split("."):
+            found = [v for k, v in getattr(node, "value", ()) if isinstance(node, yaml.MappingNode)
+                     and isinstance(k, yaml.ScalarNode) and k.value == part]  # fmt: skip
+            if not found:
+                return str(self)
+            node = found[0]
+        return f"{self}line {node.start_mark.line + 1}: "
 
 
 Origins = dict[str, str]
@@ -443,6 +477,8 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
             kwargs[k] = _coerce(empty_path(v, key), hints[k], key)
             refuse_nul_path(kwargs[k], key)
         except ConfigError as e:
+            if isinstance(where, FileSource) and (v is None or isinstance(v, bool)):  # a YAML word to quote: where
+                where = where.at(key)
             message = f"{key}: expected {_type_name(hints[k])} (the value is not shown)" if looks_secret(key) else e
             raise ConfigError(f"{where}{message}", key=key) from None
     try:
@@ -681,7 +717,7 @@ def load(
             loaded = read_yaml_mapping(path, "a recipe must be a mapping of sections")
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        source = f"{path}: "
+        source = FileSource(path)
         loaded = renamed_keys(loaded, source, warn=True)
         for name, values in loaded.items():
             if isinstance(values, dict) and isinstance(data.get(name), dict):
