@@ -646,14 +646,19 @@ def _section_copy(values: Any) -> Any:
     return dict(values) if isinstance(values, dict) else values
 
 
-def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins | None = None) -> dict[str, Any]:
-    """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key."""
+def merge_overrides(
+    data: dict[str, Any], overrides: list[str], origins: Origins | None = None, warn: bool = True
+) -> dict[str, Any]:
+    """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key.
+    ``warn``: log an override of a former key (read under its new name); ``False`` for a second merge of the same
+    overrides (:func:`finecap.config.stored.load_stored` checks the stored file with them)."""
     data = {k: _section_copy(v) for k, v in (data or {}).items()}
     for item in overrides:
         parts, value = parse_override(item)
         key = ".".join(parts)
         if target := renamed_key(key):
-            log.warning("override %s: %s is now %s (read as it)", _shown_override(item), key, target)
+            if warn:
+                log.warning("override %s: %s is now %s (read as it)", _shown_override(item), key, target)
             key, parts = target, target.split(".")
         _check_nested(parts, item)
         try:
@@ -726,14 +731,22 @@ def load(
                 data[name] = values
             keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
             origins.update({k: source for k in keys or [name]})
-    for name, values in renamed_keys(over or {}).items():
-        data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
-        keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
-        origins.update({k: over_source for k in keys or [name]})  # not the recipe's: it did not set them
+    data = with_over(data, over, over_source, origins)
     data = merge_overrides(data, overrides or [], origins)
     cfg = from_dict(data, source, origins)
     warn_unread(cfg, origins)
     return cfg
+
+
+def with_over(data: dict[str, Any], over: dict[str, Any] | None, over_source: str, origins: Origins) -> dict[str, Any]:
+    """Sections ``data`` with the settings ``over`` (``{section: {key: value}}``: keywords of the Python API, the
+    demo's ``--quick``) on top, key by key (:func:`merged`); ``origins`` records ``over_source`` for each key set."""
+    data = dict(data)
+    for name, values in renamed_keys(over or {}).items():
+        data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
+        keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
+        origins.update({k: over_source for k in keys or [name]})  # not the recipe's: it did not set them
+    return data
 
 
 def warn_unread(cfg: Config, origins: Origins) -> None:
