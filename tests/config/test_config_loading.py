@@ -374,6 +374,52 @@ def test_an_integer_option_reads_a_whole_number_in_exponent_notation(tmp_path):
         load(None, ["world.n_train=1e30"])  # whole, and out of bounds
 
 
+def test_an_integer_option_reads_a_whole_number_however_written(tmp_path):
+    # `world.n_train='"5"'` (and `n_train: "5"` in a recipe) was refused ("expected an integer, got '5'") while
+    # `"5e0"` and `"5.0"`... were read as 5: one rule now, a whole number whatever its spelling, as a float option
+    # reads a number from any of them; the refusal states it
+    from finecap.config import replaced_section
+    from finecap.config.sections.decode import DecodeConfig
+
+    for written in ('"5"', "'5'", '"5e0"', "5e0", "5.0", '"5.0"', "5", " 5 "):
+        assert load(None, [f"world.n_train={written}"]).world.n_train == 5, written
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text('world:\n  n_train: "5"\n  n_val: "2.5e1"\neval:\n  bag_sizes: ["3", 2e0]\n')
+    cfg = load(recipe)
+    assert (cfg.world.n_train, cfg.world.n_val, cfg.eval.bag_sizes) == (5, 25, [3, 2])
+    assert replaced_section(DecodeConfig(), "decode", max_length="12").max_length == 12
+    for written in ('"5.5"', "5.5", '"5e-1"', '"five"', '"0x5"'):
+        with pytest.raises(ConfigError, match=re.escape("(an integer option takes a whole number, however written: "
+                                                        '5, 5.0, 5e0, "5" are 5)')):  # fmt: skip
+            load(None, [f"world.n_train={written}"])
+
+
+def test_a_string_option_given_a_yaml_word_says_to_quote_it_naming_the_file_and_line(tmp_path):
+    # `name: null` (or `true`) in a string option was refused as "expected a string, got None", naming neither the
+    # line nor the fix; numbers and yes/no are text already (`version: 1.10` keeps "1.10", `tag: yes` "yes")
+    recipe = tmp_path / "recipe.yaml"
+    for written, word, meaning in (
+        ("null", "null", "no value"),
+        ("~", "null", "no value"),
+        ("True", "true", "a boolean"),
+    ):
+        recipe.write_text(f"train:\n  lr: 1.0e-4\nrun:\n  root: runs\n  name: {written}\n")
+        with pytest.raises(ConfigError) as e:
+            load(recipe)
+        got = "None" if word == "null" else "True"
+        assert str(e.value) == (f'{recipe}: line 5: run.name: expected a string, got {got}: YAML reads {word} as '
+                                f'{meaning}; quote it for the text: name: "{word}" in a file, run.name=\'"{word}"\' '
+                                "on the command line")  # fmt: skip
+        recipe.write_text(f'run:\n  name: "{written}"\n')
+        assert load(recipe).run.name == written  # quoted: the text
+    message = "override 'run.name=false': run.name: expected a string, got False: YAML reads false as a boolean; quote"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load(None, ["run.name=false"])
+    assert load(None, ['run.name="false"']).run.name == "false"  # the shell's run.name='"false"'
+    recipe.write_text("run:\n  name: 1.10\n")
+    assert load(recipe).run.name == "1.10"
+
+
 def test_replaced_section_takes_an_option_called_name():
     # replaced_section(cfg.judge, "judge", name="x") was a TypeError (multiple values for argument 'name')
     from finecap.config import VlmBackboneConfig, replaced_section

@@ -35,7 +35,7 @@ from finecap.registry import (
     VALIDATOR_KEYS,
     is_dotted_path,
 )
-from finecap.utils.reading import YAMLRefused, load_yaml
+from finecap.utils.reading import METADATA, StrictYAMLLoader, YAMLRefused, load_yaml, read_text_bounded
 from finecap.utils.text import SHORT_REPR_LIMIT, closest, did_you_mean, short_repr
 
 log = logging.getLogger(__name__)
@@ -252,11 +252,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return int(value)
-        if isinstance(value, str) and (whole := _whole_exponent_number(value)) is not None:
+        if isinstance(value, str) and (whole := _whole_number(value)) is not None:
             return whole
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)}")
+        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)} ({INTEGER_RULE})")
     if tp is float:
         number = None
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -276,6 +276,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
             return getattr(value, "written", None) or str(value)  # as written: `0123`, not YAML 1.1's octal 83
+        if value is None or isinstance(value, bool):  # `name: null`, `tag: true`: YAML's words, not the text
+            word, meaning = ("null", "no value") if value is None else (str(value).lower(), "a boolean")
+            raise ConfigError(f"{key}: expected a string, got {value}: YAML reads {word} as {meaning}; quote it "
+                              f"for the text: {key.rsplit('.', 1)[-1]}: \"{word}\" in a file, {key}='\"{word}\"' on "
+                              "the command line")  # fmt: skip
         hint = ""
         if isinstance(value, dict) and len(value) == 1:  # `vlm.prompt=Describe: the image` reads as a mapping
             ((k, v),) = value.items()
@@ -285,23 +290,28 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {tp!r}")
 
 
-EXPONENT_NUMBER = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
-"""A number in exponent notation as YAML 1.2 reads it (``1e5``, ``2.5E3``). PyYAML's YAML 1.1 reads it as a number
-only with a dot and a signed exponent (``1.0e+5``), else as the string: a float option converts the string, and an
-integer option takes it when its value is whole (``train.max_steps=1e5`` is 100000, as ``1.0e+5`` was)."""
+WRITTEN_NUMBER = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+"""A number as text: decimal (``5``, ``5.0``) or in exponent notation (``1e5``, ``2.5E3``). PyYAML's YAML 1.1 reads
+an exponent as a number only with a dot and a signed exponent (``1.0e+5``), else as the string; a quoted number
+(``"5"``) is a string on every route. A float option converts the string, and an integer option takes it when its
+value is whole (:data:`INTEGER_RULE`)."""
+
+INTEGER_RULE = 'an integer option takes a whole number, however written: 5, 5.0, 5e0, "5" are 5'
+"""The one rule of an integer option, which its refusal states: a whole number, whatever the spelling (an integer,
+a float that is whole, exponent notation, quoted or not: ``train.max_steps=1e5`` is 100000, as ``1.0e+5`` was), as
+a float option reads a number from any of them; ``5.5``, ``1e-3`` and ``"five"`` are refused."""
 
 
-def _whole_exponent_number(text: str) -> int | None:
-    """The whole number ``text`` writes in exponent notation (:data:`EXPONENT_NUMBER`), read exactly (``run.seed=
-    12345678901234567891e0`` is that seed, where a float would round it), else ``None``: not such a number, not whole
-    (``1.5e0``), or of more than 100 digits (``1e999999999``: no option's bound comes near, and the integer alone
-    would take gigabytes).
+def _whole_number(text: str) -> int | None:
+    """The whole number ``text`` writes (:data:`WRITTEN_NUMBER`), read exactly (``run.seed=12345678901234567891e0``
+    is that seed, where a float would round it), else ``None``: not such a number, not whole (``1.5e0``), or of more
+    than 100 digits (``1e999999999``: no option's bound comes near, and the integer alone would take gigabytes).
 
-    >>> _whole_exponent_number("1e5"), _whole_exponent_number("2.5E3"), _whole_exponent_number("1.5e0")
-    (100000, 2500, None)
+    >>> _whole_number("1e5"), _whole_number("2.5E3"), _whole_number("5"), _whole_number("5.0"), _whole_number("1.5e0")
+    (100000, 2500, 5, 5, None)
     """
     text = text.strip()
-    if not EXPONENT_NUMBER.fullmatch(text):
+    if not WRITTEN_NUMBER.fullmatch(text):
         return None
     number = decimal.Decimal(text)
     if number.adjusted() >= 100 or number != number.to_integral_value():
@@ -344,6 +354,35 @@ def _list_item(text: str, tp: Any) -> Any:
         return load_yaml(text)
     except (yaml.YAMLError, ValueError):  # the text itself, for the field to judge
         return text
+
+
+class FileSource(str):
+    """The prefix of the errors about the values a YAML file set (``"recipe.yaml: "``), knowing the file (``path``),
+    so that an error can name the line too (:meth:`at`): a string option given a YAML word (``name: null``, ``tag:
+    true``) is refused naming the file and the line to quote."""
+
+    path: Path
+
+    def __new__(cls, path: str | Path) -> FileSource:
+        source = super().__new__(cls, f"{path}: ")
+        source.path = Path(path)
+        return source
+
+    def at(self, key: str) -> str:
+        """``"recipe.yaml: line 3: "``: the prefix with the line of the file setting ``key`` (``section.key``, a
+        nested section's ``section.sub.key``), or the prefix alone when the file cannot say (it changed, or
+        sets the key under a former name)."""
+        try:
+            node = StrictYAMLLoader(read_text_bounded(self.path, METADATA)).get_single_node()
+        except (OSError, ValueError, yaml.YAMLError):
+            return str(self)
+        for part in key.split("."):
+            found = [v for k, v in getattr(node, "value", ()) if isinstance(node, yaml.MappingNode)
+                     and isinstance(k, yaml.ScalarNode) and k.value == part]  # fmt: skip
+            if not found:
+                return str(self)
+            node = found[0]
+        return f"{self}line {node.start_mark.line + 1}: "
 
 
 Origins = dict[str, str]
@@ -438,6 +477,8 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
             kwargs[k] = _coerce(empty_path(v, key), hints[k], key)
             refuse_nul_path(kwargs[k], key)
         except ConfigError as e:
+            if isinstance(where, FileSource) and (v is None or isinstance(v, bool)):  # a YAML word to quote: where
+                where = where.at(key)
             message = f"{key}: expected {_type_name(hints[k])} (the value is not shown)" if looks_secret(key) else e
             raise ConfigError(f"{where}{message}", key=key) from None
     try:
@@ -605,14 +646,19 @@ def _section_copy(values: Any) -> Any:
     return dict(values) if isinstance(values, dict) else values
 
 
-def merge_overrides(data: dict[str, Any], overrides: list[str], origins: Origins | None = None) -> dict[str, Any]:
-    """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key."""
+def merge_overrides(
+    data: dict[str, Any], overrides: list[str], origins: Origins | None = None, warn: bool = True
+) -> dict[str, Any]:
+    """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key.
+    ``warn``: log an override of a former key (read under its new name); ``False`` for a second merge of the same
+    overrides (:func:`finecap.config.stored.load_stored` checks the stored file with them)."""
     data = {k: _section_copy(v) for k, v in (data or {}).items()}
     for item in overrides:
         parts, value = parse_override(item)
         key = ".".join(parts)
         if target := renamed_key(key):
-            log.warning("override %s: %s is now %s (read as it)", _shown_override(item), key, target)
+            if warn:
+                log.warning("override %s: %s is now %s (read as it)", _shown_override(item), key, target)
             key, parts = target, target.split(".")
         _check_nested(parts, item)
         try:
@@ -676,7 +722,7 @@ def load(
             loaded = read_yaml_mapping(path, "a recipe must be a mapping of sections")
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        source = f"{path}: "
+        source = FileSource(path)
         loaded = renamed_keys(loaded, source, warn=True)
         for name, values in loaded.items():
             if isinstance(values, dict) and isinstance(data.get(name), dict):
@@ -685,14 +731,22 @@ def load(
                 data[name] = values
             keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
             origins.update({k: source for k in keys or [name]})
-    for name, values in renamed_keys(over or {}).items():
-        data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
-        keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
-        origins.update({k: over_source for k in keys or [name]})  # not the recipe's: it did not set them
+    data = with_over(data, over, over_source, origins)
     data = merge_overrides(data, overrides or [], origins)
     cfg = from_dict(data, source, origins)
     warn_unread(cfg, origins)
     return cfg
+
+
+def with_over(data: dict[str, Any], over: dict[str, Any] | None, over_source: str, origins: Origins) -> dict[str, Any]:
+    """Sections ``data`` with the settings ``over`` (``{section: {key: value}}``: keywords of the Python API, the
+    demo's ``--quick``) on top, key by key (:func:`merged`); ``origins`` records ``over_source`` for each key set."""
+    data = dict(data)
+    for name, values in renamed_keys(over or {}).items():
+        data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
+        keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
+        origins.update({k: over_source for k in keys or [name]})  # not the recipe's: it did not set them
+    return data
 
 
 def warn_unread(cfg: Config, origins: Origins) -> None:

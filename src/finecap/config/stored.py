@@ -9,7 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from finecap.config.fields import ConfigError
-from finecap.config.loading import from_dict, load, mapping_at, parse_override, renamed_keys
+from finecap.config.loading import (
+    FileSource,
+    Origins,
+    from_dict,
+    load,
+    mapping_at,
+    merge_overrides,
+    parse_override,
+    renamed_key,
+    renamed_keys,
+    with_over,
+)
 from finecap.config.paths import absolute_path_values
 from finecap.config.sections import ADDED_KEYS, MOVED_KEYS, Config, ModelConfig, moved_key
 from finecap.config.sections.grpo import never_read
@@ -59,6 +70,36 @@ def migrate_moved_keys(data: dict[str, Any], source: str = "") -> dict[str, Any]
     return out
 
 
+def former_names(data: dict[str, Any]) -> dict[str, str]:
+    """``{new key: former key}`` of the keys of sections ``data`` (as stored) that :func:`migrate_moved_keys` reads
+    under a new name (``grpo.kl_coef: rl.kl_coef``), a former ``model`` key only where its value is the one read (its
+    new key not set beside it): what a warning and the errors about the value name, as the user's file says it."""
+    out: dict[str, str] = {}
+    model = data.get("model")
+    kind = str(model.get("kind", ModelConfig.kind)) if isinstance(model, dict) else ModelConfig.kind
+    for name, values in data.items():
+        for k in values if isinstance(values, dict) else ():
+            target = renamed_key(f"{name}.{k}") or (moved_key(f"{name}.{k}", kind) if name == "model" else None)
+            section, _, new = (target or "").partition(".")
+            beside = data.get(section) if isinstance(data.get(section), dict) else {}
+            if target and not (name == "model" and new in beside):
+                out[target] = f"{name}.{k}"
+    return out
+
+
+_warned_former: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+
+
+def warn_former_names(path: Path, former: dict[str, str]) -> None:
+    """One warning naming ``path`` and each former key it stores with the key it is read as (:func:`former_names`),
+    once per file and keys in a process (a command reading one run's configuration twice warns once)."""
+    seen = (str(path), tuple(sorted(former.items())))
+    if former and seen not in _warned_former:
+        _warned_former.add(seen)
+        log.warning("%s: written before these keys moved, read under their new names: %s", path,
+                    ", ".join(f"{old} -> {new}" for new, old in former.items()))  # fmt: skip
+
+
 def with_added_keys(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """Sections with each key of :data:`~finecap.config.sections.ADDED_KEYS` that a stored section lacks set to the
     value of the behaviour before the key existed (logged): finecap stores every key of a section, so the file was
@@ -100,19 +141,32 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
 
     finecap writes absolute paths (:meth:`Config.save`); a relative path found in the file (edited by hand) is read
     relative to the file's folder. Paths in the recipe and the overrides are the user's, relative to the working
-    directory. A file stored before the backbone sections (``model.prefix_length``, ...) is migrated
-    (:func:`migrate_moved_keys`); one stored before a key of :data:`~finecap.config.sections.ADDED_KEYS` existed reads
-    it as the behaviour before it (:func:`with_added_keys`). ``for_training``: the configuration is trained with, so a
-    dotted path in an option only training imports is refused as well unless named (:func:`check_stored_code`).
+    directory. The stored file's values are checked before the recipe's are applied, each error naming the file,
+    but a value the dotlist ``overrides`` or ``over`` replaces is never read, nor checked: an override rescues a
+    stored value a newer finecap's bound refuses. A file stored before the backbone sections (``model.prefix_length``,
+    ...) or another move of keys is migrated (:func:`migrate_moved_keys`), with one warning naming the file, each
+    former key and its new one, and errors about such a value name the former key too; one stored before a key of
+    :data:`~finecap.config.sections.ADDED_KEYS` existed reads it as the behaviour before it (:func:`with_added_keys`).
+    ``for_training``: the configuration is trained with, so a dotted path in an option only training imports is
+    refused as well unless named (:func:`check_stored_code`).
     """
     path = Path(path)
     try:
         data = read_yaml_mapping(path, "a stored configuration must be a mapping of sections")
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    former = former_names(data)
     data = with_added_keys(migrate_moved_keys(data, f"{path}: "), path)
+    warn_former_names(path, former)
     data = absolute_path_values(without_unread(data, path), path.parent)
-    stored = from_dict(data, f"{path}: ")  # the stored file alone is valid; errors name it
+    origins: Origins = {}
+    on_top = merge_overrides(with_over(data, over, over_source, origins), overrides or [], origins, warn=False)
+    try:  # the stored file is valid but for the keys set on top of it, whose stored values are never read
+        stored = from_dict(on_top, FileSource(path), origins)
+    except ConfigError as e:
+        if e.key not in former or e.key in origins:
+            raise
+        raise ConfigError(f"{e} ({path} sets it as {former[e.key]}, its former name)", key=e.key) from None
     cfg = load(recipe, overrides, base=data, over=over, over_source=over_source)
     check_stored_code(path, stored, cfg, recipe, overrides or [], for_training, over)
     return cfg
