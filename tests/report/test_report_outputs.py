@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, PngImagePlugin
 
+from finecap.app.demo import write_demo_report
 from finecap.app.report import main as write_report
 from finecap.outputs import OutputRefused
 from finecap.report.plot_files import PLOT_LIST
@@ -128,6 +129,32 @@ def _matplotlib_info() -> PngImagePlugin.PngInfo:
     info = PngImagePlugin.PngInfo()
     info.add_text("Software", "Matplotlib version3.9.0, https://matplotlib.org/")
     return info
+
+
+@pytest.mark.slow
+def test_the_demos_report_stage_says_what_helps_with_a_users_file_not_its_own_force(run, tmp_path):
+    # `finecap demo` stopped at its report stage with the report's "pass --force": the demo's --force trains every
+    # stage again. write_demo_report is what the stage calls, after results.json
+    page = write_report(run, retrieval=False)
+    edited = page.read_text() + "<!-- my notes -->"
+    page.write_text(edited)
+    with pytest.raises(OutputRefused) as refusal:
+        write_demo_report(run)
+    said = str(refusal.value)
+    assert said.startswith(f"{page} exists and finecap did not make it as a report file (or it was changed since); ")
+    assert f"move it away and run `finecap report {run}`, or replace it with `finecap report {run} --force`" in said
+    assert "would train every stage again" in said and "pass --force" not in said and "--out" not in said
+    assert page.read_text() == edited
+    # a figure of the user's by a plot's name: the same advice, naming that file
+    shutil.move(page, tmp_path / "my-notes.html")
+    mine = run / "plots" / "length_hist.png"
+    figure = matplotlib_figure(mine, "my own figure")
+    with pytest.raises(OutputRefused) as refusal:
+        write_demo_report(run)
+    said = str(refusal.value)
+    assert said.startswith(f"{mine}: a file in the run folder's plots/") and f"finecap report {run} --force" in said
+    assert "pass --force" not in said and "--plots DIR" not in said
+    assert mine.read_bytes() == figure and not page.exists()
 
 
 @pytest.mark.slow
