@@ -10,10 +10,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from PIL import Image, PngImagePlugin
 
+from finecap.app.demo import write_demo_report
 from finecap.app.report import main as write_report
 from finecap.outputs import OutputRefused
 from finecap.report.plot_files import PLOT_LIST
+from finecap.report.plots import length_curves
 from helpers.cli import refused, run_cli
 
 PRECIOUS = b"the user's own file\n"
@@ -57,6 +60,101 @@ def test_report_never_draws_a_plot_over_a_users_file(run, tmp_path):
     mine.unlink()
     write_report(run, retrieval=False)
     write_report(run, retrieval=False, force=True)  # its own plots are drawn again
+
+
+def matplotlib_figure(path: Path, text: str) -> bytes:
+    """A figure of the user's drawn with matplotlib and saved at ``path`` (a PNG holding matplotlib's ``Software``
+    text, as finecap's plots do); its bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1, 2], [2, 0, 1])
+    ax.set_title(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path.read_bytes()
+
+
+@pytest.mark.slow
+def test_report_keeps_a_users_matplotlib_figure_by_a_plots_name(run):
+    # any PNG matplotlib wrote was taken for a plot of an earlier report and drawn over: the user's figure was lost
+    write_report(run, retrieval=False)  # finecap's own page and plots, then the user's figure by a plot's name
+    mine = run / "plots" / "length_hist.png"
+    figure = matplotlib_figure(mine, "my own figure")
+    assert b"Matplotlib" in figure[:256]
+    refusal = (f"{mine}: a file in the run folder's plots/, where the report writes its plots, that finecap did not "
+               "draw (or that changed since); move it away, pass --force to replace it")  # fmt: skip
+    with pytest.raises(OutputRefused, match=re.escape(refusal)):
+        write_report(run, retrieval=False)
+    assert mine.read_bytes() == figure
+    # nor beside the page, where the demo draws its smile_length.png
+    beside = run / "smile_length.png"
+    beside_figure = matplotlib_figure(beside, "mine too")
+    with pytest.raises(OutputRefused, match=re.escape(f"{beside} exists and finecap did not make it as a plot file")):
+        length_curves({"smile": run / "smile", "random": run / "smile_random"}, beside)
+    assert beside.read_bytes() == beside_figure
+
+
+@pytest.mark.slow
+def test_report_draws_again_the_plots_of_a_report_written_before_finecap_remembered_them(run, tmp_path):
+    # a report folder of a finecap that recorded no plot and kept no list of them, or one copied from another machine
+    # (its plots recorded in another finecap home): its own page shows them, and they are drawn again
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FINECAP_HOME", str(tmp_path / "another-home"))
+        page = write_report(run, retrieval=False)
+    (run / "plots" / PLOT_LIST).unlink()
+    before = {p.name: p.read_bytes() for p in (run / "plots").glob("*.png")}
+    assert len(before) >= 5 and all(b"Matplotlib" in data[:256] for data in before.values())
+    assert write_report(run, retrieval=False) == page  # not refused: each plot is one the page shows
+    assert (run / "plots" / PLOT_LIST).is_file() and {p.name for p in (run / "plots").glob("*.png")} == set(before)
+    # the page shows a plot by its pixels: one saved again with other bytes (not remembered) but the same image
+    plot = run / "plots" / "length_hist.png"
+    with Image.open(plot) as image:
+        image.load()
+        image.save(plot, pnginfo=_matplotlib_info())
+    assert plot.read_bytes() != before["length_hist.png"]
+    assert write_report(run, retrieval=False) == page
+    # ... and a figure the page does not show is the user's, however it was drawn
+    figure = matplotlib_figure(plot, "mine")
+    with pytest.raises(OutputRefused, match=re.escape(f"{plot}: a file in the run folder's plots/")):
+        write_report(run, retrieval=False)
+    assert plot.read_bytes() == figure
+
+
+def _matplotlib_info() -> PngImagePlugin.PngInfo:
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Software", "Matplotlib version3.9.0, https://matplotlib.org/")
+    return info
+
+
+@pytest.mark.slow
+def test_the_demos_report_stage_says_what_helps_with_a_users_file_not_its_own_force(run, tmp_path):
+    # `finecap demo` stopped at its report stage with the report's "pass --force": the demo's --force trains every
+    # stage again. write_demo_report is what the stage calls, after results.json
+    page = write_report(run, retrieval=False)
+    edited = page.read_text() + "<!-- my notes -->"
+    page.write_text(edited)
+    with pytest.raises(OutputRefused) as refusal:
+        write_demo_report(run)
+    said = str(refusal.value)
+    assert said.startswith(f"{page} exists and finecap did not make it as a report file (or it was changed since); ")
+    assert f"move it away and run `finecap report {run}`, or replace it with `finecap report {run} --force`" in said
+    assert "would train every stage again" in said and "pass --force" not in said and "--out" not in said
+    assert page.read_text() == edited
+    # a figure of the user's by a plot's name: the same advice, naming that file
+    shutil.move(page, tmp_path / "my-notes.html")
+    mine = run / "plots" / "length_hist.png"
+    figure = matplotlib_figure(mine, "my own figure")
+    with pytest.raises(OutputRefused) as refusal:
+        write_demo_report(run)
+    said = str(refusal.value)
+    assert said.startswith(f"{mine}: a file in the run folder's plots/") and f"finecap report {run} --force" in said
+    assert "pass --force" not in said and "--plots DIR" not in said
+    assert mine.read_bytes() == figure and not page.exists()
 
 
 @pytest.mark.slow

@@ -295,8 +295,18 @@ def stage_report(demo: StageRunner) -> dict[str, dict[str, float]]:
     table = quick_labelled(table, demo.quick)  # wherever its numbers appear: here, results.md, the report's banner
     atomic_write_text(demo.run_dir / "results.md", table + "\n")
     print(table)
-    write_report(demo.run_dir)
+    write_demo_report(demo.run_dir)
     return rows
+
+
+def write_demo_report(run_dir: Path) -> Path:
+    """The report stage's ``<run_dir>/report.html`` (:func:`finecap.app.report.main`, after ``results.json``). A file
+    of the user's where it writes (a page edited by hand, a figure by a plot's name) is refused naming it and what
+    helps here: moving it away, or ``finecap report <run_dir> --force``; never ``--force`` alone, which for
+    ``finecap demo`` trains every stage again."""
+    return write_report(run_dir, advice=f"move it away and run `finecap report {run_dir}`, or replace it with "
+                                        f"`finecap report {run_dir} --force` (the results are written; `finecap demo "
+                                        "--force` would train every stage again)")  # fmt: skip
 
 
 def numbered(column: str, cfg: Config) -> str:

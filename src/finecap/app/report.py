@@ -67,6 +67,7 @@ from finecap.outputs import (
     OutputRefused,
     check_not_input,
     check_output_file,
+    check_replaceable,
     check_writable,
     made_by_finecap,
     refuse_link,
@@ -130,18 +131,23 @@ def plots_folder(run_dir: Path, out: str | Path | None, plots: str | Path | None
     return run_dir / PLOTS_DIR if out is None else None
 
 
-def check_plot_files(folder: Path, names: Sequence[str], *, given: bool, force: bool) -> None:
+def check_plot_files(
+    folder: Path, names: Sequence[str], *, given: bool, force: bool, advice: str | None = None
+) -> None:
     """Refuse, before any plot is written, a plot file ``folder/<name>`` that may not be replaced: a symbolic link
     (always), anything but a regular file, or a file finecap did not draw (:func:`finecap.report.plots.
     plot_replaceable`) unless ``force``; and the same of the folder's list of its plots
     (:data:`finecap.report.plot_files.PLOT_LIST`, replaced when it reads as one:
     :func:`~finecap.report.plot_files.is_plot_list`). ``given``: the folder is ``--plots DIR`` (it may itself be a
-    link the user made), else the run folder's ``plots/`` (a link there was planted: refused)."""
+    link the user made), else the run folder's ``plots/`` (a link there was planted: refused). ``advice``: what a
+    refusal of a file finecap did not write says to do, in place of ``--force`` and the report's options
+    (:func:`main`)."""
     if not given:
         refuse_link(folder)
     option = "--plots: " if given else ""
     ways_out = ("choose another --plots" if given else "give --out (one HTML file, no plot files) or --plots DIR (the "
                 "plot files elsewhere)")  # fmt: skip
+    replace = advice or f"move it away, pass --force to replace it, or {ways_out}"
     if folder.exists() and not folder.is_dir():
         raise OutputRefused(f"{option}{folder}: not a folder, but the report writes its plots there; {ways_out}")
     for name in names:
@@ -155,10 +161,8 @@ def check_plot_files(folder: Path, names: Sequence[str], *, given: bool, force: 
         if force or plot_replaceable(target):
             continue
         where = "in --plots" if given else f"in the run folder's {PLOTS_DIR}/, where the report writes its plots,"
-        raise OutputRefused(
-            f"{option}{target}: a file {where} that finecap did not draw (or that changed since); move it away, pass "
-            f"--force to replace it, or {ways_out}"
-        )
+        raise OutputRefused(f"{option}{target}: a file {where} that finecap did not draw (or that changed since); "
+                            f"{replace}")  # fmt: skip
     listing = folder / PLOT_LIST
     refuse_link(listing)
     if listing.exists() and not listing.is_file():
@@ -166,20 +170,38 @@ def check_plot_files(folder: Path, names: Sequence[str], *, given: bool, force: 
                             f"move it away, or {ways_out}")  # fmt: skip
     if listing.exists() and not (force or is_plot_list(listing)):
         raise OutputRefused(f"{option}{listing}: a file finecap did not write, where the report lists the plots it "
-                            f"writes; move it away, pass --force to replace it, or {ways_out}")  # fmt: skip
+                            f"writes; {replace}")  # fmt: skip
 
 
-def check_bag_outcomes_file(run_dir: Path, *, force: bool) -> Path:
+def check_page(out: Path, inputs: dict[str, Any], *, force: bool, advice: str | None = None) -> None:
+    """Refuse the report's page ``out`` when it is one of the files the report reads (even with ``force``), a link,
+    not a regular file, or, unless ``force``, a file that is not finecap's own unedited page
+    (:func:`~finecap.report.html.unedited_report`, or finecap's record); that last refusal says ``advice`` when
+    given (:func:`main`), else ``--force`` and ``--out``."""
+    if advice is None:
+        check_output_file(out, inputs, force=force, kind="report", ours=unedited_report)
+        return
+    check_not_input(out, inputs, option="--out")
+    refuse_link(out)
+    if out.is_file() and not (force or made_by_finecap(out, ("report",)) or unedited_report(out)):
+        raise OutputRefused(f"{out} exists and finecap did not make it as a report file (or it was changed since); "
+                            f"{advice}")  # fmt: skip
+    check_replaceable(out, force=force, option="--out", kind="report", ours=unedited_report)
+
+
+def check_bag_outcomes_file(run_dir: Path, *, force: bool, advice: str | None = None) -> Path:
     """``<run_dir>/bag_outcomes.json``, refused before any work when it may not be replaced: a link (always),
-    anything but a regular file, or a file finecap did not write there (or changed since) unless ``force``."""
+    anything but a regular file, or a file finecap did not write there (or changed since) unless ``force`` (the
+    refusal says ``advice`` when given, as :func:`main`)."""
     target = run_dir / BAG_OUTCOMES
     refuse_link(target)
     where = "where the report saves its bag gallery's outcomes"
+    replace = advice or "move it away, pass --force to replace it, or --no-bag-outcomes"
     if target.exists() and not target.is_file():
         raise OutputRefused(f"{target}: not a regular file, {where}; move it away, or pass --no-bag-outcomes")
     if target.exists() and not force and not made_by_finecap(target, ("bag-outcomes",)):
-        raise OutputRefused(f"{target}: a file finecap did not write (or that changed since), {where}; move it "
-                            "away, pass --force to replace it, or --no-bag-outcomes")  # fmt: skip
+        raise OutputRefused(f"{target}: a file finecap did not write (or that changed since), {where}; "
+                            f"{replace}")  # fmt: skip
     return target
 
 
@@ -504,7 +526,7 @@ def _records(cfg: Config) -> tuple[dict[Hashable, Record], dict | None]:
 def main(
     run_dir: str | Path, out: str | Path | None = None, *, items: Sequence[str] = (), n_sample: int = 8,
     n_disagree: int = 8, n_bags: int = 3, retrieval: bool = True, seed: int = 0, force: bool = False,
-    plots: str | Path | None = None,
+    plots: str | Path | None = None, advice: str | None = None,
 ) -> Path:  # fmt: skip
     """Write the report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and return its path. ``out`` may
     not be a file the report reads (refused even with ``force``), nor, unless ``force``, an existing file other than a
@@ -517,16 +539,21 @@ def main(
     the default page, ``plots`` when given, none for an ``out`` alone). Every plot file is checked before any is
     written (:func:`check_plot_files`): one finecap did not draw is replaced only with ``force``. The plot files an
     earlier report wrote into that folder and this one does not draw are removed, and nothing else there
-    (:func:`finecap.report.plot_files.write_plots`)."""
+    (:func:`finecap.report.plot_files.write_plots`).
+
+    ``advice``: what a refusal of a file finecap did not write (or that changed since: the page, a plot file, the bag
+    outcomes) says to do, for a caller whose options are not the report's: the demo's report stage
+    (:func:`finecap.app.demo.write_demo_report`), whose ``--force`` trains every stage again. Without it, the refusal
+    names ``--force`` and the report's ``--out`` / ``--plots`` / ``--no-bag-outcomes``."""
     run = read_run(run_dir)
     folder = plots_folder(run.run_dir, out, plots)
     out = Path(out) if out is not None else run.run_dir / "report.html"
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
-    check_output_file(out, inputs, force=force, kind="report", ours=unedited_report)  # or finecap's record
+    check_page(out, inputs, force=force, advice=advice)
     check_writable(out)  # the page is written last: a typo through a file is said now, before any plot file is
     if retrieval:
-        check_writable(check_bag_outcomes_file(run.run_dir, force=force), option="the run folder")
+        check_writable(check_bag_outcomes_file(run.run_dir, force=force, advice=advice), option="the run folder")
     if plots is not None:
         check_not_input(folder, inputs, option="--plots")
     if folder is not None:
@@ -541,7 +568,8 @@ def main(
         figures, plots_note = _plots(run, drawn)
         rl = _rl_sections(run, drawn)
         if folder is not None:
-            check_plot_files(folder, sorted(p.name for p in drawn.iterdir()), given=plots is not None, force=force)
+            names = sorted(p.name for p in drawn.iterdir())
+            check_plot_files(folder, names, given=plots is not None, force=force, advice=advice)
             for name in write_plots(drawn, folder):
                 log.info("report: removed %s, a plot of an earlier report this one does not draw", folder / name)
     gallery = _gallery(run, records, scenes, n_sample, n_disagree, seed, ImageLimits.of(cfg.data))

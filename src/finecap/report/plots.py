@@ -6,6 +6,7 @@ Every function draws from plain data (``metrics.jsonl`` events, ``{stage: {metri
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import json
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 from finecap.metrics.diversity import caption_length
 from finecap.outputs import check_replaceable, made_by_finecap, write_output
 from finecap.report.columns import finite_number
+from finecap.report.html import unedited_report
 from finecap.runs import METRICS_FILE, decode_event
 from finecap.utils.reading import DATA_FILE, read_lines
 from finecap.utils.text import bidi_isolated, short_repr
@@ -124,18 +126,63 @@ def _save(fig: Any, out: str | Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=100, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
-    # never through a link, nor over a file of the user's: one finecap wrote (remembered, or a figure of
-    # matplotlib's, as report plots of finecap before it remembered them) is replaced
-    check_replaceable(out, force=False, option="out", kind="plot", ours=_is_matplotlib_png, force_flag=None)
+    # never through a link, nor over a file of the user's: one finecap wrote (remembered, or an earlier report's
+    # plot its page shows: plot_replaceable) is replaced
+    check_replaceable(out, force=False, option="out", kind="plot", ours=_earlier_report_plot, force_flag=None)
     write_output(out, buffer.getvalue(), "plot")
     return out
 
 
 def plot_replaceable(path: str | Path) -> bool:
     """Whether the existing regular file ``path`` is a plot finecap may draw again: one it wrote as a plot
-    (:func:`finecap.outputs.made_by_finecap`), or a PNG of matplotlib's (as report plots of finecap were before it
-    remembered them)."""
-    return made_by_finecap(path, ("plot",)) or _is_matplotlib_png(Path(path))
+    (:func:`finecap.outputs.made_by_finecap`), or a plot of a report finecap wrote before it remembered its plots (or
+    in another finecap home: a run folder copied from another machine), known by :func:`_earlier_report_plot`. A
+    figure of the user's by a plot's name, even one matplotlib drew, is neither: it is never replaced without
+    ``--force``."""
+    return made_by_finecap(path, ("plot",)) or _earlier_report_plot(Path(path))
+
+
+REPORT_PAGE = "report.html"
+"""The report page of a run folder, which shows the plots of ``<run folder>/plots/``."""
+_PNG_URI = re.compile(rb"data:image/png;base64,([A-Za-z0-9+/]+=*)")
+
+
+def _earlier_report_plot(path: Path) -> bool:
+    """Whether ``path`` is a PNG that matplotlib wrote (:func:`_is_matplotlib_png`) which finecap's own report page
+    shows: the ``report.html`` of its folder, or of the folder above it (a run folder's page shows the plots of its
+    ``plots/``), a page finecap wrote and nobody edited since (:func:`finecap.report.html.unedited_report`, or
+    remembered as a report: :func:`~finecap.outputs.made_by_finecap`), with an image of the same pixels inlined."""
+    if not _is_matplotlib_png(path):
+        return False
+    pages = [folder / REPORT_PAGE for folder in (path.parent, path.parent.parent)]
+    return any(page.is_file() and (unedited_report(page) or made_by_finecap(page, ("report",))) and _shows(page, path)
+               for page in pages)  # fmt: skip
+
+
+def _shows(page: Path, path: Path) -> bool:
+    """Whether the page ``page`` inlines the image file ``path``: a PNG ``data:`` URI holding its bytes (as reports
+    did first) or its pixels (:func:`finecap.report.html.png_uri`, re-encoded); only an image of the file's size is
+    decoded."""
+    from PIL import Image
+
+    from finecap.data.images import load_image
+
+    try:
+        data, raw = page.read_bytes(), path.read_bytes()
+        pixels = load_image(path)
+    except (OSError, ValueError):
+        return False
+    for found in _PNG_URI.finditer(data):
+        inlined = base64.b64decode(found[1])
+        if inlined == raw:
+            return True
+        try:
+            with Image.open(io.BytesIO(inlined)) as image:
+                if image.size == pixels.size and image.convert("RGB").tobytes() == pixels.tobytes():
+                    return True
+        except (OSError, ValueError, Image.DecompressionBombError):
+            continue
+    return False
 
 
 def _is_matplotlib_png(path: Path) -> bool:
