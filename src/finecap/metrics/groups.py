@@ -236,14 +236,13 @@ def _retrieval(ctx: EvalContext) -> dict[str, float]:
     sr, ids, scores = ctx.retrieval_scores("retrieval")
     targets = np.array([sr.column[i] for i in ids], dtype=np.int64)
     e = ctx.cfg.eval
-    out = {f"RD{e.n_distractors}/{k}": v for k, v in r.rd_retrieval(scores, targets, e.n_distractors, e.draws,
-                                                                     e.seed).items()}  # fmt: skip
+    rd = r.rd_ranks(scores, targets, e.n_distractors, e.draws, e.seed)  # (draws, Q): drawn once, for both uses
+    out = {f"RD{e.n_distractors}/{k}": v for k, v in r.rd_summary(rd, e.n_distractors).items()}
     out.update({f"pool/{k}": v for k, v in r.pool_retrieval(scores, targets).items()})
     out.update(ctx.long_captions())  # captions longer than the retriever's text window, when any
     if ctx.items is not None:  # the per-image values of the means (R@k, mean rank; RD-N's averaged over draws)
-        rd = r.rd_ranks(scores, targets, e.n_distractors, e.draws, e.seed)  # (draws, Q)
         pool = r.target_ranks(scores, targets)  # (Q,)
-        # the corpus values' recalls (rd_retrieval and pool_retrieval noted those they left out)
+        # the corpus values' recalls (rd_summary and pool_retrieval noted those they left out)
         for name, ranks, candidates in (
             (f"RD{e.n_distractors}", rd, e.n_distractors + 1),
             ("pool", pool, scores.shape[1]),

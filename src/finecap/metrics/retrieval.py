@@ -277,7 +277,13 @@ def rd_retrieval(
 ) -> dict[str, float]:
     """RD-N self-retrieval: metrics of :func:`summarize_ranks` per draw, averaged over ``draws`` draws; ``R@k`` only
     for ``k <= n_distractors`` (the others are 1 whatever the captions: left out with a note, :func:`recall_ks`)."""
-    ranks = rd_ranks(scores, targets, n_distractors, draws, seed)
+    return rd_summary(rd_ranks(scores, targets, n_distractors, draws, seed), n_distractors, ks)
+
+
+def rd_summary(ranks: Any, n_distractors: int, ks: Sequence[int] = KS) -> dict[str, float]:
+    """:func:`rd_retrieval`'s values from the ranks ``(draws, Q)`` of :func:`rd_ranks` against ``n_distractors``:
+    each draw's :func:`summarize_ranks`, averaged over the draws (for a caller that keeps the ranks, as the
+    ``retrieval`` metric group does for its per-image values)."""
     ks = recall_ks(ks, n_distractors + 1, f"RD{n_distractors}")
     per_draw = [summarize_ranks(r, ks) for r in ranks]
     return {k: float(np.mean([p[k] for p in per_draw])) for k in per_draw[0]}
