@@ -569,6 +569,27 @@ def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("train", [{"best_metric": "cider_d"}, {"validators": ["captoins"]}, {"objective": "mel"}])
+def test_a_config_is_checked_as_a_recipe_is_with_or_without_keywords(monkeypatch, tmp_path, train):
+    """A ``Config`` built in Python (``dataclasses.replace`` of a loaded one) is checked as a recipe is, keywords or
+    not: a ``train.best_metric`` no validator gives, an unknown validator or objective is the ConfigError a keyword
+    gets, before training starts. Without keywords it went to training unchecked: a wrong best_metric failed there
+    after the world was made and the run's config.yaml written (a second try needed overwrite=True)."""
+    from finecap.config import load
+
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    cfg = load("demo/mle", overrides=[f"run.dir={tmp_path / 'run'}"])
+    bad = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
+    ((key, _),) = train.items()
+    for keywords in ({}, {"train__max_steps": 2}):
+        with pytest.raises(ConfigError, match=rf"^train.{key}: "):
+            finecap.train(bad, **keywords)
+    assert not seen
+    finecap.train(cfg)  # a good one trains as it is
+    assert seen == [cfg]
+
+
 @pytest.mark.parametrize("flags", [{"overwrite": "no"}, {"resume": "yes"}, {"overwrite": 0}, {"resume": None}])
 def test_finecap_train_takes_its_flags_as_booleans_only(tmp_path, monkeypatch, flags):
     """``resume`` and ``overwrite`` are ``True`` or ``False``: ``overwrite="no"`` (truthy) replaced the finished run it
