@@ -300,8 +300,13 @@ def evaluate(
         ...          metrics=["bleu", "length"])["Length"]
         3.0
     """
+    from finecap.config import Config
     from finecap.metrics import suite
 
+    # a recipe's name or a dict of sections: it was AttributeError "'str' object has no attribute 'eval'"
+    if cfg is not None and not isinstance(cfg, Config):
+        raise TypeError(f"cfg: expected a finecap.config.Config (finecap.config.load(RECIPE) reads a recipe), got "
+                        f"{type(cfg).__name__}")  # fmt: skip
     preds, refs = _aligned(predictions, references)
     if metrics is None and not (cfg is not None and cfg.eval.metrics):
         return suite.evaluate(preds, refs, metrics=default_metrics(refs is not None, cfg), cfg=cfg)

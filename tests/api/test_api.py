@@ -429,6 +429,14 @@ def test_evaluate_refuses_what_it_does_not_accept():
             evaluate(PREDS, refs, metrics="bleu")
 
 
+def test_evaluate_refuses_a_cfg_that_is_no_config():
+    """``cfg`` is a :class:`finecap.config.Config`: a recipe's name or a dict of sections (what a notebook passes
+    first) is a TypeError naming ``cfg`` and how to read a recipe; it was "'str' object has no attribute 'eval'"."""
+    for cfg in ("demo/mle", {"eval": {"metrics": ["bleu"]}}):
+        with pytest.raises(TypeError, match=rf"^cfg: expected a finecap.config.Config .*, got {type(cfg).__name__}$"):
+            evaluate(PREDS, REFS, metrics="bleu", cfg=cfg)
+
+
 def test_evaluate_refuses_two_predictions_for_one_image():
     """An int id and its string name one image: predictions for both (``{1: ..., "1": ...}``, in either order) are a
     ValueError naming the two ids; it was "metric 'bleu': no references for 1 image(s), e.g. ['1']" while the
