@@ -301,8 +301,13 @@ def evaluate(
         ...          metrics=["bleu", "length"])["Length"]
         3.0
     """
+    from finecap.config import Config
     from finecap.metrics import suite
 
+    # a recipe's name or a dict of sections: it was AttributeError "'str' object has no attribute 'eval'"
+    if cfg is not None and not isinstance(cfg, Config):
+        raise TypeError(f"cfg: expected a finecap.config.Config (finecap.config.load(RECIPE) reads a recipe), got "
+                        f"{type(cfg).__name__}")  # fmt: skip
     preds, refs = _aligned(predictions, references)
     if metrics is None and not (cfg is not None and cfg.eval.metrics):
         return suite.evaluate(preds, refs, metrics=default_metrics(refs is not None, cfg), cfg=cfg)
@@ -414,8 +419,10 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
 
     Args:
         recipe_or_config: a recipe (a YAML file, or a packaged recipe by name: ``"demo/mle"``) or a
-            :class:`finecap.config.Config`; with ``resume=True``, a run directory too (a folder, which no packaged
-            recipe's name takes: ``"./demo/mle"`` is the folder, ``"demo/mle"`` the recipe).
+            :class:`finecap.config.Config` (checked as a loaded recipe is, keywords or not: a registry name or a
+            ``train.best_metric`` no validator gives is a :class:`finecap.config.ConfigError` before anything is
+            made); with ``resume=True``, a run directory too (a folder, which no packaged recipe's name takes:
+            ``"./demo/mle"`` is the folder, ``"demo/mle"`` the recipe).
         resume: continue from the run directory's newest complete checkpoint (``finecap train --resume``). Given a
             run directory, ``finecap.train(run_dir, resume=True, **overrides)`` is ``finecap train --resume --out
             RUN [key=value ...]``: the settings the run was trained with (its ``config.yaml``), the keywords on top,
@@ -471,7 +478,10 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
         node[key] = _path_as_text(value)
     if isinstance(recipe_or_config, Config):
         recipe = None
-        cfg = load(base=recipe_or_config.to_dict(), over=over, over_source=KEYWORDS) if over else recipe_or_config
+        # loaded again with or without keywords: a Config built in Python (dataclasses.replace) has only its
+        # sections' own checks, not the load's (registry names, train.best_metric), which training met only after the
+        # world and the run's config.yaml were made
+        cfg = load(base=recipe_or_config.to_dict(), over=over, over_source=KEYWORDS)
     elif isinstance(recipe_or_config, str | os.PathLike):
         try:
             recipe = resolve_recipe(recipe_or_config)

@@ -429,6 +429,14 @@ def test_evaluate_refuses_what_it_does_not_accept():
             evaluate(PREDS, refs, metrics="bleu")
 
 
+def test_evaluate_refuses_a_cfg_that_is_no_config():
+    """``cfg`` is a :class:`finecap.config.Config`: a recipe's name or a dict of sections (what a notebook passes
+    first) is a TypeError naming ``cfg`` and how to read a recipe; it was "'str' object has no attribute 'eval'"."""
+    for cfg in ("demo/mle", {"eval": {"metrics": ["bleu"]}}):
+        with pytest.raises(TypeError, match=rf"^cfg: expected a finecap.config.Config .*, got {type(cfg).__name__}$"):
+            evaluate(PREDS, REFS, metrics="bleu", cfg=cfg)
+
+
 def test_evaluate_refuses_two_predictions_for_one_image():
     """An int id and its string name one image: predictions for both (``{1: ..., "1": ...}``, in either order) are a
     ValueError naming the two ids; it was "metric 'bleu': no references for 1 image(s), e.g. ['1']" while the
@@ -583,6 +591,27 @@ def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
     with pytest.raises(ConfigError, match=r"^finecap.train keywords: train.max_steps: expected an integer, got 'two'"):
         finecap.train("demo/mle", train__max_steps="two", run__dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("train", [{"best_metric": "cider_d"}, {"validators": ["captoins"]}, {"objective": "mel"}])
+def test_a_config_is_checked_as_a_recipe_is_with_or_without_keywords(monkeypatch, tmp_path, train):
+    """A ``Config`` built in Python (``dataclasses.replace`` of a loaded one) is checked as a recipe is, keywords or
+    not: a ``train.best_metric`` no validator gives, an unknown validator or objective is the ConfigError a keyword
+    gets, before training starts. Without keywords it went to training unchecked: a wrong best_metric failed there
+    after the world was made and the run's config.yaml written (a second try needed overwrite=True)."""
+    from finecap.config import load
+
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    cfg = load("demo/mle", overrides=[f"run.dir={tmp_path / 'run'}"])
+    bad = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
+    ((key, _),) = train.items()
+    for keywords in ({}, {"train__max_steps": 2}):
+        with pytest.raises(ConfigError, match=rf"^train.{key}: "):
+            finecap.train(bad, **keywords)
+    assert not seen
+    finecap.train(cfg)  # a good one trains as it is
+    assert seen == [cfg]
 
 
 @pytest.mark.parametrize("flags", [{"overwrite": "no"}, {"resume": "yes"}, {"overwrite": 0}, {"resume": None}])
