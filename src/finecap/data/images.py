@@ -39,9 +39,17 @@ IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "TGA", "JPE
 variant; :func:`load_image`). Others PIL knows are refused: some run external programs (EPS runs Ghostscript) or
 are not photographs (icons, fonts, scientific formats)."""
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff",
+                  ".jfif", ".jpe", ".avif", ".jp2", ".j2k", ".tga", ".ppm", ".pgm", ".pbm", ".pnm")  # fmt: skip
 """File name endings (any case) of image files: the images of a ``folder`` data set
-(:func:`finecap.data.formats.folder.folder_images`) and of a folder given to ``finecap caption --images``."""
+(:func:`finecap.data.formats.folder.folder_images`) and of a folder given to ``finecap caption --images``. Those
+of every one of :data:`IMAGE_FORMATS`: a ``.jfif`` (a JPEG, as browsers save one) or ``.avif`` in a folder was left
+out, silently, though the same file named alone decodes."""
+
+UNREAD_IMAGE_SUFFIXES = (".heic", ".heif", ".jxl", ".svg", ".psd", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".raw")
+"""File name endings (any case) of images in formats finecap does not decode (a phone's HEIC, a camera's raw files,
+vector drawings): a folder's such files are left out with a warning naming them
+(:func:`finecap.data.formats.folder.folder_images`), not silently."""
 
 
 def _bomb(name: str, detail: str) -> DataError:
