@@ -109,7 +109,7 @@ def image_files(sources: Sequence[str | os.PathLike[str]], *, allow_outside: boo
         path = Path(source)
         if path.is_dir():
             folder = ImageFolder(path, allow_outside)
-            names = folder_images(path)
+            names = folder_images(path, say_unread=True)
             if not names:
                 suffixes = ", ".join(IMAGE_SUFFIXES)
                 raise DataError(f"{path}: no image files in this folder or below it (names ending in {suffixes}, any "

@@ -56,6 +56,22 @@ def test_a_mistyped_required_option_gets_a_did_you_mean_and_optional_positionals
     assert code == 2 and err.strip().endswith("error: the following arguments are required: RUN_DIR")
 
 
+def test_a_file_whose_name_begins_with_a_dash_is_named_in_the_error(tmp_path, monkeypatch):
+    # argparse reads --images -1.jpg as an option: "expected at least one argument" said nothing of the file
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-1.jpg").write_bytes(b"")
+    (tmp_path / "--2.jpg").write_bytes(b"")
+    code, _, err = run_cli(["caption", "--checkpoint", "runs/a", "--out", "x.json", "--images", "-1.jpg"])
+    assert code == 2 and err.strip().endswith("error: argument --images: expected at least one argument; '-1.jpg' is "
+                                              "read as an option, though a file of that name is here: name it "
+                                              "./-1.jpg")  # fmt: skip
+    code, _, err = run_cli(["caption", "--checkpoint", "runs/a", "--out", "x.json", "--images", "a.jpg", "--2.jpg"])
+    assert code == 2 and "unrecognized arguments: --2.jpg" in err and err.strip().endswith("name it ./--2.jpg")
+    (tmp_path / "-1.jpg").unlink()  # no such file: argparse's message alone
+    code, _, err = run_cli(["caption", "--checkpoint", "runs/a", "--out", "x.json", "--images", "-1.jpg"])
+    assert code == 2 and err.strip().endswith("error: argument --images: expected at least one argument")
+
+
 def test_an_unrelated_option_gets_no_guess():
     code, _, err = run_cli(["train", "demo/mle", "--zzzzzz"])
     assert code == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err

@@ -125,6 +125,27 @@ def test_every_common_extension_in_any_case(tmp_path):
     assert all(load_record_image(r).mode == "RGB" for r in read_folder(folder))
 
 
+def test_every_format_finecap_decodes_is_an_image_of_a_folder(tmp_path):
+    # a .jfif (a JPEG, as browsers save one), .avif, .jp2... decoded when named alone, but a folder left them out
+    names = ["a.jfif", "b.jpe", "c.AVIF", "d.jp2", "e.j2k", "f.tga", "g.ppm", "h.pgm", "i.pbm", "j.pnm"]
+    folder = images(tmp_path / "f", names)
+    assert [r.image_id for r in read_folder(folder)] == names
+    assert all(load_record_image(r).size == (32, 32) for r in read_folder(folder))
+
+
+def test_images_in_formats_finecap_does_not_decode_are_named_in_a_warning(tmp_path, caplog):
+    # an iPhone's HEIC photos beside JPEGs were left out of the folder silently
+    folder = images(tmp_path / "f", ["a.jpg"])
+    for name in ["IMG_1.HEIC", "raw/IMG_2.dng", ".hidden.heic", "notes.txt"]:
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_bytes(b"not decoded")
+    caplog.set_level(logging.WARNING, logger="finecap")
+    assert [r.image_id for r in read_folder(folder)] == ["a.jpg"]
+    said = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert said == [f"{folder}: 2 image file(s) left out, in a format finecap does not decode (.dng .heic): "
+                    "IMG_1.HEIC, raw/IMG_2.dng; convert them to JPEG or PNG to use them"]  # fmt: skip
+
+
 def test_folders_that_are_not_image_folders(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "readme.txt").write_text("x")

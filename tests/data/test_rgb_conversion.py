@@ -26,11 +26,14 @@ def transparent_images() -> dict[str, Image.Image]:
     palette.putpixel((0, 0), 0)
     grey = Image.new("L", (5, 6), 90)
     grey.putpixel((1, 1), 0)
+    colour = Image.new("RGB", (5, 6), (30, 200, 30))
+    colour.putpixel((2, 3), (200, 0, 0))
     return {
         "RGBA": Image.fromarray(rgba, "RGBA"),
         "LA": Image.fromarray(rgba[..., [0, 3]], "LA"),
         "P with a transparent colour": (palette, 0),
         "L with a transparent colour": (grey, 0),
+        "RGB with a transparent colour": (colour, (200, 0, 0)),  # came out red: RGB was returned as it was
         "PA": Image.fromarray(rgba, "RGBA").convert("PA"),
     }
 
@@ -50,6 +53,16 @@ def test_transparency_is_composited_onto_white_as_transformers_does(name, tmp_pa
         image.save(tmp_path / "file.png", **({"transparency": image.info["transparency"]} if "transparency" in
                                              image.info else {}))  # fmt: skip
         assert np.array_equal(np.asarray(load_image(tmp_path / "file.png")), ours)
+
+
+def test_a_16_bit_grey_images_transparent_level_is_composited_onto_white(tmp_path):
+    """A 16-bit grey PNG's transparent level (tRNS) is a 16-bit value: it was dropped when the image was scaled to 8
+    bits, so its transparent pixels kept their grey; it is matched before scaling, its neighbour level is not."""
+    levels = np.array([[40000, 40001, 1000]], dtype=np.uint16)
+    Image.fromarray(levels).save(tmp_path / "grey16.png", transparency=40000)
+    assert Image.open(tmp_path / "grey16.png").mode == "I;16"
+    got = np.asarray(load_image(tmp_path / "grey16.png"))
+    assert got[0].tolist() == [[255] * 3, [40001 // 257] * 3, [1000 // 257] * 3]
 
 
 def test_a_premultiplied_grey_and_alpha_image_converts_as_its_plain_alpha_one():

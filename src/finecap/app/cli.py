@@ -446,7 +446,9 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> typing.NoReturn:
         """argparse's, but a missing required option that an unrecognised one misspells says so
-        (``caption --checkpiont runs/a``: "required: --checkpoint" alone hid the typo)."""
+        (``caption --checkpiont runs/a``: "required: --checkpoint" alone hid the typo), and a word read as an option
+        that names a file or folder here says how to name it (``caption --images -1.jpg``: argparse's "expected at
+        least one argument" alone said nothing of the file)."""
         if message.startswith("the following arguments are required"):
             # argparse's intermixed parsing lists the optional positionals (nargs "*": the overrides) as required
             optional = {a.metavar or a.dest for a in self._actions if not a.option_strings and a.nargs == "*"}
@@ -459,7 +461,23 @@ class Parser(argparse.ArgumentParser):
                     if hint:
                         message += f"; unrecognized argument {name!r}{hint}"
                         break
+        message += dash_file_hint(getattr(self, "_given", ()), self._option_string_actions)
         super().error(message)
+
+
+def dash_file_hint(words: Sequence[str], options: typing.Container[str]) -> str:
+    """What a command line error adds when one of ``words`` begins with ``-``, is none of ``options`` and names a file
+    or folder that exists: argparse reads it as an option, so it never reached the command as a path; ``""`` else.
+
+    Example (``-`` alone is no option: argparse passes it as a value)::
+
+        >>> dash_file_hint(["--images", "-"], ["--images"])
+        ''
+    """
+    for word in words:
+        if len(word) > 1 and word.startswith("-") and word not in options and os.path.lexists(word):
+            return f"; {word!r} is read as an option, though a file of that name is here: name it ./{word}"
+    return ""
 
 
 def _command_parser(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:

@@ -39,9 +39,17 @@ IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "TGA", "JPE
 variant; :func:`load_image`). Others PIL knows are refused: some run external programs (EPS runs Ghostscript) or
 are not photographs (icons, fonts, scientific formats)."""
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff",
+                  ".jfif", ".jpe", ".avif", ".jp2", ".j2k", ".tga", ".ppm", ".pgm", ".pbm", ".pnm")  # fmt: skip
 """File name endings (any case) of image files: the images of a ``folder`` data set
-(:func:`finecap.data.formats.folder.folder_images`) and of a folder given to ``finecap caption --images``."""
+(:func:`finecap.data.formats.folder.folder_images`) and of a folder given to ``finecap caption --images``. Those
+of every one of :data:`IMAGE_FORMATS`: a ``.jfif`` (a JPEG, as browsers save one) or ``.avif`` in a folder was left
+out, silently, though the same file named alone decodes."""
+
+UNREAD_IMAGE_SUFFIXES = (".heic", ".heif", ".jxl", ".svg", ".psd", ".dng", ".cr2", ".cr3", ".nef", ".arw", ".raw")
+"""File name endings (any case) of images in formats finecap does not decode (a phone's HEIC, a camera's raw files,
+vector drawings): a folder's such files are left out with a warning naming them
+(:func:`finecap.data.formats.folder.folder_images`), not silently."""
 
 
 def _bomb(name: str, detail: str) -> DataError:
@@ -129,9 +137,10 @@ def _formats() -> tuple[str, ...]:
     return tuple(f for f in IMAGE_FORMATS if f in Image.OPEN)
 
 
-RGB_CONVERSION = "alpha-on-white"
+RGB_CONVERSION = "alpha-on-white, every tRNS"
 """How :func:`to_rgb` treats transparency, part of every image-feature cache key (features computed before
-2026-11-27 kept the colours under the alpha channel: a cache of them is not reused)."""
+2026-11-27 kept the colours under the alpha channel, before 2026-11-28 the transparent colour of an RGB or 16-bit grey
+PNG: a cache of them is not reused)."""
 
 
 FLOAT_MODES = ("F",)
@@ -140,7 +149,8 @@ FLOAT_MODES = ("F",)
 
 def to_rgb(image: Image.Image, name: str = "the image") -> Image.Image:
     """``image`` as 8-bit RGB: 16-bit grey scaled to 8 bits (not clipped); an image with transparency (an alpha
-    band, a palette's or grey image's transparent colour) composited onto white, as transformers' image processors do
+    band, a transparent palette index, grey level or RGB colour: PNG's ``tRNS``, a 16-bit level matched before
+    scaling) composited onto white, as transformers' image processors do
     (``transformers.image_transforms.convert_to_rgb``, their ``do_convert_rgb``), so a transparent PNG reaches the
     model as it reaches an exported checkpoint under plain transformers (the colours under a transparent pixel,
     often black, are not what a viewer shows); the rest converted.
@@ -150,7 +160,8 @@ def to_rgb(image: Image.Image, name: str = "the image") -> Image.Image:
     them to 0..255, so a 0..1 image became black, silently."""
     from PIL import Image
 
-    if image.mode == "RGB":
+    transparent = image.info.get("transparency")  # a palette index, a grey level or an RGB colour (PNG's tRNS)
+    if image.mode == "RGB" and transparent is None:
         return image
     if image.mode in FLOAT_MODES:
         low, high = image.getextrema()
@@ -161,8 +172,15 @@ def to_rgb(image: Image.Image, name: str = "the image") -> Image.Image:
     if image.mode == "La":  # premultiplied grey + alpha (made in memory, e.g. by a caller): PIL converts it only to LA
         image = image.convert("LA")
     if image.mode.startswith("I;16") or (image.mode == "I" and image.getextrema()[1] > 255):
-        image = image.convert("I").point(lambda v: v * (1 / 257)).convert("L")  # 0..65535 -> 0..255
-    if "A" in image.getbands() or "a" in image.getbands() or image.info.get("transparency") is not None:
+        wide = image.convert("I")
+        image = wide.point(lambda v: v * (1 / 257)).convert("L")  # 0..65535 -> 0..255
+        image.info.pop("transparency", None)  # a 16-bit level: PIL would match it against the 8-bit ones
+        if isinstance(transparent, int):  # its transparent level, matched before scaling (257 levels become one)
+            import numpy as np
+
+            image.putalpha(Image.fromarray(np.where(np.asarray(wide) == transparent, 0, 255).astype(np.uint8), "L"))
+        transparent = None
+    if "A" in image.getbands() or "a" in image.getbands() or transparent is not None:
         rgba = image.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
     return image.convert("RGB")

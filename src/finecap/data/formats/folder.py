@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any
 from finecap.data.containment import ImageFolder
 from finecap.data.formats import DataSource, Format
 from finecap.data.hashing import sha256_files
-from finecap.data.images import IMAGE_SUFFIXES
+from finecap.data.images import IMAGE_SUFFIXES, UNREAD_IMAGE_SUFFIXES
 from finecap.data.json_files import json_lines
 from finecap.data.records import (
     MAX_LISTED,
@@ -44,6 +45,8 @@ from finecap.data.records import (
 from finecap.utils.reading import CAPTION_TEXT, read_bounded, read_lines
 from finecap.utils.text import one_line, short_repr
 
+log = logging.getLogger(__name__)
+
 CAPTION_FILES = ("captions.jsonl", "captions.csv")
 """The sidecar caption files a ``folder`` data set may hold at its top (:func:`read_folder`; at most one)."""
 
@@ -52,12 +55,14 @@ def _walk_error(error: OSError) -> None:
     raise DataError(f"{error.filename}: cannot list the folder ({(error.strerror or one_line(error)).lower()})")
 
 
-def folder_images(root: str | Path) -> list[str]:
+def folder_images(root: str | Path, say_unread: bool = False) -> list[str]:
     """The image files under ``root`` (:data:`~finecap.data.images.IMAGE_SUFFIXES`, any case), as sorted paths
     relative to ``root`` with ``/``: every subfolder, linked ones too (each real folder once), but hidden files and
     folders (``.name``: ``.git``, macOS ``._photo.jpg`` files) skipped. A folder that cannot be listed, and an image
-    whose path is not UTF-8 (:func:`utf8_name`), are a :class:`DataError` naming it."""
-    found = []
+    whose path is not UTF-8 (:func:`utf8_name`), are a :class:`DataError` naming it. ``say_unread``: a warning
+    names the images in a format finecap does not decode (:data:`~finecap.data.images.UNREAD_IMAGE_SUFFIXES`: HEIC,
+    raw...), left out."""
+    found, unread = [], []
     seen: set[str] = set()
     for dirpath, dirs, files in os.walk(root, onerror=_walk_error, followlinks=True):
         real = os.path.realpath(dirpath)
@@ -70,6 +75,14 @@ def folder_images(root: str | Path) -> list[str]:
         for name in files:
             if not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES):
                 found.append(utf8_name(name if rel == "." else f"{rel}/{name}", root))
+            elif say_unread and not name.startswith(".") and name.lower().endswith(UNREAD_IMAGE_SUFFIXES):
+                unread.append(name if rel == "." else f"{rel}/{name}")
+    if unread:
+        kinds = sorted({Path(name).suffix.lower() for name in unread})
+        more = len(unread) - MAX_LISTED
+        shown = ", ".join(sorted(unread)[:MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+        log.warning("%s: %d image file(s) left out, in a format finecap does not decode (%s): %s; convert them to "
+                    "JPEG or PNG to use them", root, len(unread), " ".join(kinds), shown)  # fmt: skip
     return sorted(found)
 
 
@@ -209,7 +222,7 @@ def read_folder(
         raise DataError(f"{path}: data.format=folder: the folder is the image root; data.images (or --images) must be "
                         f"empty or the folder itself, got {images}")  # fmt: skip
     folder = ImageFolder(path, allow_outside)
-    scanned = folder_images(path)
+    scanned = folder_images(path, say_unread=True)
     sidecars = [path / name for name in CAPTION_FILES if (path / name).is_file()]
     if len(sidecars) > 1:
         raise DataError(f"{path}: holds both {' and '.join(p.name for p in sidecars)}; keep one (an image's captions "
