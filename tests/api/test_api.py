@@ -149,10 +149,11 @@ def test_decode_options(cap, files):
         cap.caption(files, beam=3)
     with pytest.raises(ConfigError, match="decode.beam_size"):
         cap.caption(files, strategy="beam", beam_size=0)
-    for bad in ("5", 5.7, None):  # checked as a recipe's value (a TypeError deep in decoding, or a torch sampler's)
+    for bad in ("five", 5.7, None):  # checked as a recipe's value (a TypeError deep in decoding, or a torch sampler's)
         with pytest.raises(ConfigError, match=r"decode.max_length: expected an integer"):
             cap.caption(files, max_length=bad)
-    assert cap.caption(files[:2], max_length=2.0) == ["a red", "a blue"]  # a whole float is the integer
+    for whole in (2.0, "2"):  # a whole number, however written, is the integer (config.loading.INTEGER_RULE)
+        assert cap.caption(files[:2], max_length=whole) == ["a red", "a blue"]
     with pytest.raises(ValueError, match="use caption_all"):
         cap.caption(files, strategy="beam", num_return_sequences=2)
     every = cap.caption_all(files, strategy="beam", beam_size=3, num_return_sequences=3)
