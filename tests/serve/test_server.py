@@ -48,7 +48,7 @@ def test_both_endpoints_answer_the_in_process_values_and_echo_the_request(served
         got = httpx.post(f"{url}/get_reward", json=body).json()
         assert got == {"rewards": total, "extra_logs": parts}
         health = httpx.get(f"{url}/health").json()
-        assert health["status"] == "ok" and health["images"] == len(served["records"]) and health["requests"] >= 4
+        assert health["status"] == "ok" and health["images"] == len(served["records"]) and health["scored"] >= 4
         assert health["reward"] == "1*retrieval + 0.5*cider"
 
 
@@ -182,7 +182,7 @@ def test_32_concurrent_clients_lose_and_mix_up_nothing(served, which):
     bad: list[str] = []
     counts = [0] * 32
     with serving(service) as url:
-        before = httpx.get(f"{url}/health").json()["requests"]  # the session's services served other tests before
+        before = httpx.get(f"{url}/health").json()["scored"]  # the session's services served other tests before
 
         def client(k: int) -> None:
             rng = random.Random(k)
@@ -209,7 +209,7 @@ def test_32_concurrent_clients_lose_and_mix_up_nothing(served, which):
             t.start()
         for t in threads:
             t.join(120)
-        served_requests = httpx.get(f"{url}/health").json()["requests"] - before
+        served_requests = httpx.get(f"{url}/health").json()["scored"] - before
     assert not bad, bad[:5]
     assert sum(counts) == served_requests == len(answers) and min(counts) >= 1  # all answered, every client served
     for span, total in answers:  # the values of each request's own captions, bit for bit
@@ -229,7 +229,10 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm(served, tmp_path):
         time.sleep(0.6)  # a throughput line is due at the next request
         httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
     assert command.code == 0, command.err
-    assert "stopped after 4 requests (400 captions)" in command.out
+    assert (
+        "stopped after 4 requests scored (400 captions), 0 failed, 0 timed out, 0 left by their client, 0 "
+        "refused while stuck"
+    ) in command.out
     assert "reward server (1*cider): " in command.err and "captions/s" in command.err and "latency p50" in command.err
     assert not list(tmp_path.iterdir())  # nothing written to the working directory
 
@@ -244,7 +247,9 @@ def test_ctrl_c_is_a_clean_stop_too(served, tmp_path):
     with serve_command([*served["base"], "rl.rewards={cider: 1.0}"], tmp_path, stop=signal.SIGINT) as command:
         httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
     assert command.code == 0, command.err
-    assert "stopped after 1 requests (100 captions)" in command.out and "interrupted" not in command.err
+    assert (
+        "stopped after 1 requests scored (100 captions), 0 failed," in command.out and "interrupted" not in command.err
+    )
 
 
 class Hangs(RewardBase):

@@ -173,8 +173,10 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     finally:
         if not service.abandoned:  # else a call still runs in it (logged): the process's end releases the reward
             service.reward.close()  # a judge the reward built: its connections, its in-process engine
-    print(f"finecap serve-reward: stopped after {service.meter.total_requests} requests "
-          f"({service.meter.total_captions} captions)", flush=True)  # fmt: skip
+    meter = service.meter
+    print(f"finecap serve-reward: stopped after {meter.total_scored} requests scored ({meter.total_captions} "
+          f"captions), {meter.failed} failed, {meter.timed_out} timed out, {meter.left} left by their client, "
+          f"{meter.refused} refused while stuck", flush=True)  # fmt: skip
     if service.fatal is not None:
         raise SystemExit(
             f"finecap serve-reward: error: the reward {service.name} raised "
