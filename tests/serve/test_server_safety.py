@@ -652,6 +652,45 @@ def test_requests_arriving_while_the_server_is_stuck_are_a_503_at_once_naming_th
     assert len(said) == 2 and "unsaid until the server stopped" in said[1], said  # the second: counted, said at stop
 
 
+def test_finecap_client_asks_again_after_a_503_and_gets_the_values_once_the_call_returns(caplog):
+    """RewardClient failed a trainer's batch at the first 503 (a stuck server, or all its connections open): it asks
+    again with backoff (the server's Retry-After at least), sync and async, and gets the values once the stuck call
+    has returned; with retries=0 the 503 is its error at once."""
+    import asyncio
+
+    from finecap.serve.client import RewardClient, RewardServerError
+
+    reward = Held()
+    svc = service(reward, score_timeout=0.3)
+    svc.retry_after = 1
+    got: dict[str, object] = {}
+    caplog.set_level(logging.WARNING, logger="finecap.serve.client")
+    with serving(svc) as url:
+        client = RewardClient(url, timeout=30)
+        try:
+            hung = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
+            hung.start()
+            until(reward.started.is_set, "the request was not scored")
+            until(svc.stuck, "the call never ran past the deadline")
+            with pytest.raises(RewardServerError, match=r"the reward server is stuck.*\[HTTP 503\]"):
+                RewardClient(url, retries=0).score(["not retried"], image_ids=[1])
+            askers = [threading.Thread(target=lambda: got.update(sync=client.score(["late one"], image_ids=[2]))),
+                      threading.Thread(target=lambda: got.update(
+                          asynchronous=asyncio.run(client.ascore(["late two words"], image_ids=[3])))),
+                      ]  # fmt: skip
+            for t in askers:
+                t.start()
+            until(lambda: svc.meter.refused >= 3, "the clients' requests were never refused")
+        finally:
+            reward.release.set()
+        for t in askers:
+            t.join(60)
+        client.close()
+    assert got["sync"].total.tolist() == [2.0] and got["asynchronous"].total.tolist() == [3.0]
+    retried = [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
+    assert len(retried) >= 2 and all("asking again in" in m and "the reward server is stuck" in m for m in retried)
+
+
 def test_image_paths_on_a_file_system_that_never_answers_are_a_504_naming_score_timeout(monkeypatch):
     """A request naming image paths on a hung network file system blocked a check thread for ever, its client
     waiting as long (the check had no deadline): it is answered 504 naming --score-timeout once the deadline passes;

@@ -31,8 +31,8 @@ requests.
   (:meth:`RewardService.stuck`) until the call returns; only a restart frees a call that never does. A request
   that arrives while the server is stuck is not queued: it is answered at once 503 with ``Retry-After``
   (:attr:`RewardService.retry_after` seconds) and an error naming the stuck call and ``--score-timeout``
-  (:class:`ServerStuck`), so that a trainer or a load balancer moves on instead of waiting out a deadline of its
-  own. A request's check (its
+  (:class:`ServerStuck`), so that a trainer or a load balancer moves on (finecap's client retries it with backoff:
+  :class:`finecap.serve.client.RewardClient`) instead of waiting out a deadline of its own. A request's check (its
   decoding, the resolution of its image paths, which asks the file system: a hung network file system never answers)
   is bounded by the same option, on its own clock: past it the request is answered 504 naming the option
   (:class:`CheckTimeout`); the check thread it held stays blocked until the file system answers (a thread cannot be
