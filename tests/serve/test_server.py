@@ -358,6 +358,54 @@ def test_a_second_ctrl_c_ends_the_stop_at_once_when_a_reward_call_hangs(caplog):
         reward.release.set()
 
 
+def test_the_command_exits_non_zero_naming_the_reward_when_its_close_hangs(monkeypatch, caplog):
+    """``finecap serve-reward`` stopped (SIGTERM, Ctrl-C) closes its reward: a ``close()`` that never returns (a
+    judge's endpoint that never answers its goodbye) kept the command from exiting for ever. It waits CLOSE_WAIT
+    seconds (shortened here), abandons the close, logs it naming the reward, and exits non-zero."""
+    import logging
+
+    from finecap.app import serve_reward
+    from finecap.config import load
+
+    class HangsInClose(RewardBase):
+        per_caption = True
+
+        def __init__(self) -> None:
+            self.closing, self.release = threading.Event(), threading.Event()
+
+        def __call__(self, captions, batch):
+            total = torch.ones(len(captions))
+            return RewardOutput(total, {"one": total})
+
+        def close(self) -> None:
+            self.closing.set()
+            self.release.wait(30)  # an old command returned (exit 0) then
+
+    monkeypatch.setattr(serve_reward, "CLOSE_WAIT", 0.5)
+    reward = HangsInClose()
+    svc = RewardService(reward, ImageTable(range(3)), log_every=0, name="closes-never")
+    monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: svc)
+    found = spied_server(monkeypatch)
+
+    def stop() -> None:
+        until(lambda: "url" in found and found["server"].started, "the command's server never started")
+        found["server"].should_exit = True  # the stop SIGTERM and Ctrl-C make
+
+    thread = threading.Thread(target=stop, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="finecap.serve"), pytest.raises(SystemExit) as stopped:
+            serve_reward.main(load(None, []), port=0)
+        assert reward.closing.is_set() and not reward.release.is_set()  # abandoned, not waited for
+        assert str(stopped.value.code) == ("finecap serve-reward: error: the reward closes-never did not close within "
+                                           "0.5 s: abandoned (the process's end releases what it holds)")  # fmt: skip
+        said = [r.getMessage() for r in caplog.records if "did not close" in r.getMessage()]
+        assert len(said) == 1 and "the reward closes-never did not close within 0.5 s: abandoned" in said[0]
+    finally:
+        reward.release.set()
+    thread.join(10)
+
+
 def test_the_command_ends_and_leaves_the_reward_unclosed_when_a_call_of_it_hangs(monkeypatch, capsys):
     """``finecap serve-reward`` stopped while a reward call hangs: ``main`` returns (it waited without limit), and
     does not close the reward under the running call (its judge's connections or engine): the process's end does."""

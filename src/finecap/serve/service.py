@@ -88,6 +88,7 @@ import traceback
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,9 @@ MAX_SCORE_TIMEOUT = 86_400.0
 STUCK_RETRY_AFTER = 5
 """Seconds a request refused while the server is stuck is told to wait before it asks again (``Retry-After``,
 :attr:`RewardService.retry_after`)."""
+CLOSE_WAIT = 10.0
+"""Seconds ``finecap serve-reward`` waits for its reward's ``close()`` as it stops before abandoning it
+(:func:`close_within`)."""
 STOP_WAIT = 2.0
 """Seconds a stopping service waits for a reward call (or a request's check) still running before abandoning it
 (:attr:`RewardService.stop_wait`): the HTTP server has already given the requests in flight its grace."""
@@ -171,6 +175,24 @@ class DaemonThreads(Executor):
     def busy(self) -> bool:
         """Whether a thread is still running (a call it had begun, after :meth:`shutdown`)."""
         return any(thread.is_alive() for thread in self._threads)
+
+
+def close_within(reward: Reward, name: str, wait: float = CLOSE_WAIT) -> bool:
+    """Close ``reward`` (its judge's connections, its in-process engine), waiting ``wait`` seconds at most: ``True``
+    once closed (an exception of its ``close`` is raised here), ``False`` when ``close`` had not returned by then; it
+    is then abandoned to a daemon thread (:class:`DaemonThreads`: the process can end under it) and logged, naming
+    ``name``. One thread, at the server's end: a close that hangs (a judge's endpoint that never answers its goodbye)
+    never keeps ``finecap serve-reward`` from exiting."""
+    pool = DaemonThreads(1, "finecap-close")
+    future = pool.submit(reward.close)
+    pool.shutdown(wait=False)
+    try:
+        future.result(timeout=wait)
+    except FutureTimeout:
+        log.error("reward server: the reward %s did not close within %g s: abandoned (the process ends without its "
+                  "close; what it holds is released by the process's end)", name, wait)  # fmt: skip
+        return False
+    return True
 
 
 class ImageTable:
