@@ -48,7 +48,7 @@ def test_both_endpoints_answer_the_in_process_values_and_echo_the_request(served
         got = httpx.post(f"{url}/get_reward", json=body).json()
         assert got == {"rewards": total, "extra_logs": parts}
         health = httpx.get(f"{url}/health").json()
-        assert health["status"] == "ok" and health["images"] == len(served["records"]) and health["requests"] >= 4
+        assert health["status"] == "ok" and health["images"] == len(served["records"]) and health["scored"] >= 4
         assert health["reward"] == "1*retrieval + 0.5*cider"
 
 
@@ -182,7 +182,7 @@ def test_32_concurrent_clients_lose_and_mix_up_nothing(served, which):
     bad: list[str] = []
     counts = [0] * 32
     with serving(service) as url:
-        before = httpx.get(f"{url}/health").json()["requests"]  # the session's services served other tests before
+        before = httpx.get(f"{url}/health").json()["scored"]  # the session's services served other tests before
 
         def client(k: int) -> None:
             rng = random.Random(k)
@@ -209,7 +209,7 @@ def test_32_concurrent_clients_lose_and_mix_up_nothing(served, which):
             t.start()
         for t in threads:
             t.join(120)
-        served_requests = httpx.get(f"{url}/health").json()["requests"] - before
+        served_requests = httpx.get(f"{url}/health").json()["scored"] - before
     assert not bad, bad[:5]
     assert sum(counts) == served_requests == len(answers) and min(counts) >= 1  # all answered, every client served
     for span, total in answers:  # the values of each request's own captions, bit for bit
@@ -229,7 +229,10 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm(served, tmp_path):
         time.sleep(0.6)  # a throughput line is due at the next request
         httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
     assert command.code == 0, command.err
-    assert "stopped after 4 requests (400 captions)" in command.out
+    assert (
+        "stopped after 4 requests scored (400 captions), 0 failed, 0 timed out, 0 left by their client, 0 "
+        "refused while stuck"
+    ) in command.out
     assert "reward server (1*cider): " in command.err and "captions/s" in command.err and "latency p50" in command.err
     assert not list(tmp_path.iterdir())  # nothing written to the working directory
 
@@ -244,7 +247,9 @@ def test_ctrl_c_is_a_clean_stop_too(served, tmp_path):
     with serve_command([*served["base"], "rl.rewards={cider: 1.0}"], tmp_path, stop=signal.SIGINT) as command:
         httpx.post(f"{command.url}/reward", json={"captions": captions, "image_ids": ids}, timeout=60)
     assert command.code == 0, command.err
-    assert "stopped after 1 requests (100 captions)" in command.out and "interrupted" not in command.err
+    assert (
+        "stopped after 1 requests scored (100 captions), 0 failed," in command.out and "interrupted" not in command.err
+    )
 
 
 class Hangs(RewardBase):
@@ -351,6 +356,54 @@ def test_a_second_ctrl_c_ends_the_stop_at_once_when_a_reward_call_hangs(caplog):
                                                      "failure 2 more time(s) since its last line")  # fmt: skip
     finally:
         reward.release.set()
+
+
+def test_the_command_exits_non_zero_naming_the_reward_when_its_close_hangs(monkeypatch, caplog):
+    """``finecap serve-reward`` stopped (SIGTERM, Ctrl-C) closes its reward: a ``close()`` that never returns (a
+    judge's endpoint that never answers its goodbye) kept the command from exiting for ever. It waits CLOSE_WAIT
+    seconds (shortened here), abandons the close, logs it naming the reward, and exits non-zero."""
+    import logging
+
+    from finecap.app import serve_reward
+    from finecap.config import load
+
+    class HangsInClose(RewardBase):
+        per_caption = True
+
+        def __init__(self) -> None:
+            self.closing, self.release = threading.Event(), threading.Event()
+
+        def __call__(self, captions, batch):
+            total = torch.ones(len(captions))
+            return RewardOutput(total, {"one": total})
+
+        def close(self) -> None:
+            self.closing.set()
+            self.release.wait(30)  # an old command returned (exit 0) then
+
+    monkeypatch.setattr(serve_reward, "CLOSE_WAIT", 0.5)
+    reward = HangsInClose()
+    svc = RewardService(reward, ImageTable(range(3)), log_every=0, name="closes-never")
+    monkeypatch.setattr(serve_reward, "build_service", lambda cfg, **kw: svc)
+    found = spied_server(monkeypatch)
+
+    def stop() -> None:
+        until(lambda: "url" in found and found["server"].started, "the command's server never started")
+        found["server"].should_exit = True  # the stop SIGTERM and Ctrl-C make
+
+    thread = threading.Thread(target=stop, daemon=True)
+    thread.start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="finecap.serve"), pytest.raises(SystemExit) as stopped:
+            serve_reward.main(load(None, []), port=0)
+        assert reward.closing.is_set() and not reward.release.is_set()  # abandoned, not waited for
+        assert str(stopped.value.code) == ("finecap serve-reward: error: the reward closes-never did not close within "
+                                           "0.5 s: abandoned (the process's end releases what it holds)")  # fmt: skip
+        said = [r.getMessage() for r in caplog.records if "did not close" in r.getMessage()]
+        assert len(said) == 1 and "the reward closes-never did not close within 0.5 s: abandoned" in said[0]
+    finally:
+        reward.release.set()
+    thread.join(10)
 
 
 def test_the_command_ends_and_leaves_the_reward_unclosed_when_a_call_of_it_hangs(monkeypatch, capsys):

@@ -188,7 +188,7 @@ def test_a_reward_failing_on_every_request_logs_its_traceback_once_per_period(ca
     assert said[4][0] == "reward server: words failed on request #5 (1 captions)"
     assert said[5][0] == ("reward server: words failed on request #6 (1 captions) (the same failure 3 more time(s) "
                           "since its last traceback)")  # fmt: skip
-    assert health["requests"] == health["failures"] == 6  # every failed request counted
+    assert health["failed"] == health["failures"] == 6 and health["scored"] == 0  # every failed request counted
 
 
 def test_repeated_non_finite_values_502s_and_server_errors_are_bounded_lines(caplog, monkeypatch):
@@ -230,7 +230,9 @@ def test_repeated_non_finite_values_502s_and_server_errors_are_bounded_lines(cap
     assert bug_line == (logging.ERROR, "reward server: POST /reward failed: RuntimeError: a bug of the server's (the "
                         "same failure 3 time(s) since its traceback 11 s ago; the next traceback in 589 s at most)",
                         False)  # fmt: skip
-    assert health["failures"] == 12 and health["requests"] == 12  # every failure counted, said or not
+    assert health["failures"] == 12  # every failure counted, said or not
+    # the reward failed on the non-finite values' 4; it scored the others, which the HTTP layer then refused (502, 500)
+    assert (health["failed"], health["scored"], health["timed_out"], health["left"]) == (4, 8, 0, 0)
 
 
 def test_the_repeats_unsaid_when_the_server_stops_are_said_before_its_last_line(caplog):
@@ -265,7 +267,8 @@ def test_the_repeats_unsaid_when_the_server_stops_are_said_before_its_last_line(
     assert said[5][1].startswith("reward server: request #9: reward 'words': part 'length' is nan at caption 1")
     assert said[5][1].endswith("(the same failure 2 more time(s) since its last line 4 s ago, unsaid until the "
                                "server stopped)")  # fmt: skip
-    assert said[6][1].startswith("reward server (words): 10 requests")  # the server's last line
+    assert said[6][1].startswith("reward server (words): in ")  # the server's last line, each outcome apart
+    assert " s 1 requests scored, 9 failed (500), 0 timed out (504, --score-timeout), 0 left" in said[6][1]
     assert svc.failures.total == 9
 
 
@@ -532,7 +535,7 @@ def test_departed_clients_leave_the_queue_while_the_reward_is_still_busy():
                 with pytest.raises(httpx.TimeoutException):
                     httpx.post(f"{url}/reward", json={"captions": [f"retry {k}"] * 50, "image_ids": [1] * 50},
                                timeout=0.05)  # fmt: skip
-            until(lambda: svc.meter.abandoned == 20, "the departed requests were not dropped", timeout=5)
+            until(lambda: svc.meter.left == 20, "the departed requests were not dropped", timeout=5)
             assert svc.queued == 0  # the call still runs: nothing of the twenty is held
             waiting = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
             waiting.start()
@@ -545,8 +548,8 @@ def test_departed_clients_leave_the_queue_while_the_reward_is_still_busy():
         waiting.join(10)
         idle = httpx.get(f"{url}/health", timeout=5).json()
     # /health shows the hung call (it said "ok" and nothing more): its seconds so far, and the request behind it
-    assert stuck["queued"] == 1 and stuck["busy"] > 0 and stuck["requests"] == 0
-    assert idle["queued"] == 0 and idle["busy"] == 0 and idle["requests"] == 3
+    assert stuck["queued"] == 1 and stuck["busy"] > 0 and stuck["scored"] == 0 and stuck["left"] == 20
+    assert idle["queued"] == 0 and idle["busy"] == 0 and idle["scored"] == 3 and idle["left"] == 20
     assert got["total"] == [1.0]
     assert reward.calls == [OK["captions"], OK["captions"], ["next"]]
 
@@ -562,7 +565,7 @@ def test_a_hung_reward_call_is_a_504_naming_score_timeout_for_it_and_every_reque
     the ten leave the queue unscored, no thread is started for any of them, each 504 is counted in /health's
     failures and logged in bounded lines; once the call returns the server scores the next request."""
     reward = Held()
-    svc = service(reward, score_timeout=0.5)
+    svc = service(reward, score_timeout=2.0)  # the ten queue before the call is stuck (after it: 503s, next test)
     replies: dict[str, httpx.Response] = {}
 
     def ask(name: str, captions: list[str]) -> threading.Thread:
@@ -574,12 +577,15 @@ def test_a_hung_reward_call_is_a_504_naming_score_timeout_for_it_and_every_reque
         return thread
 
     caplog.set_level(logging.WARNING, logger="finecap.serve")
+    caplog.set_level(logging.INFO, logger="finecap.serve.app")  # the throughput line as the server stops
     with serving(svc) as url:
         try:
             hung = ask("hung", ["first"])
             until(reward.started.is_set, "the first request was not scored")
             threads = server_threads()
             behind = [ask(f"behind {k}", [f"behind {k}"]) for k in range(10)]
+            until(lambda: svc.queued == 10 or svc.stuck(), "the ten never queued")
+            assert not svc.stuck(), "the call was stuck before the ten queued behind it (a machine that slow?)"
             for thread in (hung, *behind):
                 thread.join(20)
             answered = len(replies)
@@ -593,16 +599,136 @@ def test_a_hung_reward_call_is_a_504_naming_score_timeout_for_it_and_every_reque
     for name, reply in replies.items():
         assert reply.status_code == 504, (name, reply.status_code, reply.text)
         error = strict_json(reply.text)["error"]
-        assert error["field"] is None and "not scored within 0.5 s (--score-timeout)" in error["message"], error
+        assert error["field"] is None and "not scored within 2 s (--score-timeout)" in error["message"], error
     assert "was in a reward call" in replies["hung"].json()["error"]["message"]
     assert "waited behind a reward call" in replies["behind 3"].json()["error"]["message"]
     assert queued_after == 0 and threads_after == threads  # the ten left the queue; no thread was started for them
     assert after.status_code == 200 and after.json()["total"] == [2.0]
     assert reward.calls == [["first"], ["next one"]]  # the ten timed out in the queue: never scored
     assert health["status"] == "ok" and health["failures"] == 11 and svc.meter.timed_out == 11
-    assert health["requests"] == 2  # the hung one, counted once its call returned, and the next; not the ten
-    said = [r.getMessage() for r in caplog.records if "--score-timeout" in r.getMessage()]
+    # the next one alone was scored: the hung one (its 504 sent, its values dropped once its call returned) and the
+    # ten timed out (/health's "requests" once counted the hung one as answered, once its call returned)
+    assert (health["scored"], health["timed_out"], health["left"], health["failed"]) == (1, 11, 0, 0)
+    said = [r.getMessage() for r in caplog.records if "--score-timeout" in r.getMessage() and r.levelno >= 30]
     assert 1 <= len(said) <= 3, said  # a full report per kind (in a call, behind one), its repeats counted
+    # the throughput line counts the 504s apart (they were in no latency percentile and in no count of it)
+    last = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reward server (words): in ")]
+    assert len(last) == 1 and ("1 requests scored, 0 failed (500), 11 timed out (504, --score-timeout), 0 left by "
+                               "their client, 0 refused while stuck (503)") in last[0], last  # fmt: skip
+
+
+def test_requests_arriving_while_the_server_is_stuck_are_a_503_at_once_naming_the_call_and_the_option(caplog):
+    """A request arriving while the current call has run past --score-timeout was queued behind it and waited out a
+    full deadline of its own for a 504 (a trainer lost that long a batch, a load balancer never moved on): it is now
+    answered 503 at once, with Retry-After and an error naming the stuck call and the option, never queued nor
+    scored, through both endpoints; each is counted in /health's "refused" and logged in bounded lines."""
+    reward = Held()
+    svc = service(reward, score_timeout=0.3)
+    svc.retry_after = 7
+    caplog.set_level(logging.WARNING, logger="finecap.serve")
+    with serving(svc) as url:
+        try:
+            hung = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
+            hung.start()
+            until(reward.started.is_set, "the request was not scored")
+            until(svc.stuck, "the call never ran past the deadline")
+            refused = httpx.post(f"{url}/reward", json={"captions": ["late"], "image_ids": [2]}, timeout=30)
+            openrlhf = httpx.post(f"{url}/get_reward", json={"query": ["late too"], "labels": [3]}, timeout=30)
+            queued, health = svc.queued, httpx.get(f"{url}/health", timeout=5).json()
+        finally:
+            reward.release.set()
+        hung.join(10)
+        until(lambda: svc.busy_for == 0, "the released call did not return")
+        after = httpx.post(f"{url}/reward", json={"captions": ["next one"], "image_ids": [2]}, timeout=30)
+    for reply in (refused, openrlhf):
+        assert reply.status_code == 503, (reply.status_code, reply.text)  # it was a 504 once its own 0.3 s passed
+        assert reply.headers["retry-after"] == "7"
+        error = strict_json(reply.text)["error"]
+        assert error["field"] is None and "the reward server is stuck: a call of the reward words has run" in \
+            error["message"] and "past --score-timeout (0.3 s)" in error["message"], error  # fmt: skip
+    assert queued == 0 and health["status"] == "stuck" and health["refused"] == 2 and health["timed_out"] == 1
+    assert after.status_code == 200 and reward.calls == [OK["captions"], ["next one"]]  # the two never scored
+    said = [r.getMessage() for r in caplog.records if "refused (503)" in r.getMessage()]
+    assert len(said) == 2 and "unsaid until the server stopped" in said[1], said  # the second: counted, said at stop
+
+
+def test_finecap_client_asks_again_after_a_503_and_gets_the_values_once_the_call_returns(caplog):
+    """RewardClient failed a trainer's batch at the first 503 (a stuck server, or all its connections open): it asks
+    again with backoff (the server's Retry-After at least), sync and async, and gets the values once the stuck call
+    has returned; with retries=0 the 503 is its error at once."""
+    import asyncio
+
+    from finecap.serve.client import RewardClient, RewardServerError
+
+    reward = Held()
+    svc = service(reward, score_timeout=0.3)
+    svc.retry_after = 1
+    got: dict[str, object] = {}
+    caplog.set_level(logging.WARNING, logger="finecap.serve.client")
+    with serving(svc) as url:
+        client = RewardClient(url, timeout=30)
+        try:
+            hung = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
+            hung.start()
+            until(reward.started.is_set, "the request was not scored")
+            until(svc.stuck, "the call never ran past the deadline")
+            with pytest.raises(RewardServerError, match=r"the reward server is stuck.*\[HTTP 503\]"):
+                RewardClient(url, retries=0).score(["not retried"], image_ids=[1])
+            askers = [threading.Thread(target=lambda: got.update(sync=client.score(["late one"], image_ids=[2]))),
+                      threading.Thread(target=lambda: got.update(
+                          asynchronous=asyncio.run(client.ascore(["late two words"], image_ids=[3])))),
+                      ]  # fmt: skip
+            for t in askers:
+                t.start()
+            until(lambda: svc.meter.refused >= 3, "the clients' requests were never refused")
+        finally:
+            reward.release.set()
+        for t in askers:
+            t.join(60)
+        client.close()
+    assert got["sync"].total.tolist() == [2.0] and got["asynchronous"].total.tolist() == [3.0]
+    retried = [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
+    assert len(retried) >= 2 and all("asking again in" in m and "the reward server is stuck" in m for m in retried)
+
+
+def test_image_paths_on_a_file_system_that_never_answers_are_a_504_naming_score_timeout(monkeypatch):
+    """A request naming image paths on a hung network file system blocked a check thread for ever, its client
+    waiting as long (the check had no deadline): it is answered 504 naming --score-timeout once the deadline passes;
+    while both check threads are held, a request waiting for one is answered 504 alike (and never checked); once the
+    file system answers, requests are served again. The hang is a stand-in for the mount: a path under
+    /mnt/hung-nfs/ whose resolution waits on an event."""
+    import finecap.serve.service as service_module
+
+    release, blocked = threading.Event(), []
+
+    class HungMount(type(service_module.Path())):  # resolving a path under the mount asks a server that never answers
+        def resolve(self, strict: bool = False):
+            if str(self).startswith("/mnt/hung-nfs/"):
+                blocked.append(str(self))
+                release.wait(60)
+            return super().resolve(strict)
+
+    monkeypatch.setattr(service_module, "Path", HungMount)
+    svc = RewardService(Words(), ImageTable(range(10), {"/data/1.png": 1}), log_every=0, name="words",
+                        score_timeout=0.5)  # fmt: skip
+    hung = [{"captions": ["a b"], "images": [f"/mnt/hung-nfs/{k}.png"]} for k in range(2)]
+    with serving(svc) as url:
+        try:
+            first = httpx.post(f"{url}/reward", json=hung[0], timeout=20)  # it waited for ever (the old check)
+            second = httpx.post(f"{url}/reward", json=hung[1], timeout=20)
+            until(lambda: len(blocked) == 2, "the second path's resolution never began")
+            waiting = httpx.post(f"{url}/reward", json=OK, timeout=20)  # both check threads are held
+        finally:
+            release.set()
+        after = httpx.post(f"{url}/reward", json={"captions": ["a b c"], "images": ["/data/1.png"]}, timeout=20)
+        health = httpx.get(f"{url}/health", timeout=5).json()
+    for reply in (first, second, waiting):
+        assert reply.status_code == 504, (reply.status_code, reply.text)
+        error = strict_json(reply.text)["error"]
+        assert error["field"] is None and "not checked within 0.5 s (--score-timeout)" in error["message"], error
+    assert blocked == ["/mnt/hung-nfs/0.png", "/mnt/hung-nfs/1.png"]  # the waiting request was never checked
+    assert after.status_code == 200 and after.json()["total"] == [3.0]
+    assert health["timed_out"] == 3 and health["failures"] == 3 and health["scored"] == 1
 
 
 def test_health_is_a_503_saying_stuck_while_a_call_runs_past_the_score_timeout():
@@ -694,7 +820,7 @@ def test_a_reply_its_client_does_not_read_is_dropped_after_the_write_timeout(cap
         reader.connect(("127.0.0.1", port))
         reader.sendall(b"POST /reward HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        b"Content-Length: " + str(len(request)).encode() + b"\r\n\r\n" + request)  # fmt: skip
-        until(lambda: svc.meter.total_requests == 1, "the request was never scored")
+        until(lambda: svc.meter.total_scored == 1, "the request was never scored")
         until(lambda: open_connections(server) == 0, "the unread reply's connection was never closed", timeout=8)
         assert httpx.post(f"{url}/reward", json=OK, timeout=5).json()["total"] == [1.0, 1.0]  # the others served
         reader.close()

@@ -66,7 +66,7 @@ def test_concurrent_requests_of_a_per_caption_reward_are_merged_up_to_the_batch_
     assert [s.total.tolist() for s in got] == [[2.0, 1.0], [3.0], [1.0, 1.0, 2.0], [1.0]]
     assert {k: v.tolist() for k, v in got[0].parts.items()} == {"length": [2.0, 1.0]}
     assert reward.calls == [3, 4]  # all queued before the worker's first round: 2 + 1 captions, then 3 + 1
-    assert (service.meter.total_requests, service.meter.total_captions) == (4, 7)
+    assert (service.meter.total_scored, service.meter.total_captions) == (4, 7)
 
 
 def test_requests_of_other_rewards_are_called_one_by_one():
@@ -187,8 +187,8 @@ def test_the_meter_keeps_a_bounded_number_of_latencies():
 
     meter = Meter(0)
     for n in range(LATENCIES_KEPT + 10):
-        meter.latency(n / 1000)
+        meter.scored(1, n / 1000)
     assert len(meter.latencies) == LATENCIES_KEPT and meter.latencies[0] == 10 / 1000  # the last ones
     assert "latency p50" in meter.line("r") and len(meter.latencies) == 0
-    # a window without any answered request (a server stopped before its first, or every client left): no "nan ms"
-    assert meter.line("r").endswith("of the time; no request answered")
+    # a window without any scored request (a server stopped before its first, or every client left): no "nan ms"
+    assert meter.line("r").endswith("of the time; no request scored")

@@ -9,7 +9,9 @@ trained into the finecap home when missing, and found there afterwards), the tra
 (:meth:`finecap.rewards.RewardInputs.of_run`: no accelerator, no training context; on the device training would
 use): CIDEr-D's document frequencies from the training references, the retriever (``retriever.*``, the world encoder
 by default) and the training images' embeddings, the world's scenes for the listener. It is set up once; the server
-then answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`).
+then answers requests until SIGINT or SIGTERM (exit code 0) (:mod:`finecap.serve`); the reward is closed as it
+stops, within :data:`~finecap.serve.service.CLOSE_WAIT` seconds: a close that hangs is abandoned, logged, and the
+command exits 1 naming the reward.
 
 Beyond loopback, ``--token-file`` makes every request carry a bearer token (:func:`read_token`); without one the
 server warns that anyone who reaches the port can query it. A reward that raises ``SystemExit`` (or the worker's
@@ -33,7 +35,7 @@ from finecap.config import Config, ConfigError
 from finecap.data.datasets import load_records
 from finecap.rewards import RewardInputs, WeightedSum, build_reward
 from finecap.serve.protocol import Limits
-from finecap.serve.service import SCORE_TIMEOUT, ImageTable, RewardService
+from finecap.serve.service import CLOSE_WAIT, SCORE_TIMEOUT, ImageTable, RewardService, close_within
 from finecap.train.engine import process_state
 from finecap.train.prepare import prepare_needs
 from finecap.utils.system import PROGRESS_ENV, is_loopback
@@ -167,16 +169,23 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     print(f"finecap serve-reward: {service.name} over {len(service.images)} training images on "
           f"http://{shown}:{bound} (POST /reward, POST /get_reward, GET /health); Ctrl-C or SIGTERM stops it",
           flush=True)  # fmt: skip
+    closed = True
     try:
         with quiet_progress():  # setting the reward up showed its bars; serving shows none
             server.run(sockets=[sock])
     finally:
         if not service.abandoned:  # else a call still runs in it (logged): the process's end releases the reward
-            service.reward.close()  # a judge the reward built: its connections, its in-process engine
-    print(f"finecap serve-reward: stopped after {service.meter.total_requests} requests "
-          f"({service.meter.total_captions} captions)", flush=True)  # fmt: skip
+            # a judge the reward built: its connections, its in-process engine; a close that hangs is abandoned
+            closed = close_within(service.reward, service.name, CLOSE_WAIT)
+    meter = service.meter
+    print(f"finecap serve-reward: stopped after {meter.total_scored} requests scored ({meter.total_captions} "
+          f"captions), {meter.failed} failed, {meter.timed_out} timed out, {meter.left} left by their client, "
+          f"{meter.refused} refused while stuck", flush=True)  # fmt: skip
     if service.fatal is not None:
         raise SystemExit(
             f"finecap serve-reward: error: the reward {service.name} raised "
             f"{type(service.fatal).__name__}, which stops the server (its log has the details)"
         )
+    if not closed:
+        raise SystemExit(f"finecap serve-reward: error: the reward {service.name} did not close within "
+                         f"{CLOSE_WAIT:g} s: abandoned (the process's end releases what it holds)")  # fmt: skip

@@ -8,13 +8,21 @@ Endpoints:
   image ids (or ``images``) echoed, one total and one value per part for each caption, in order.
 - ``POST /get_reward``: OpenRLHF's and CapRL's (:func:`finecap.serve.protocol.parse_get_reward`) ->
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
-- ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "requests": ..., "captions": ..., "queued": ...,
-  "busy": ..., "failures": ..., "score_timeout": ...}``: the requests answered and their captions, the requests
-  waiting for the reward, the seconds its current call has run (0 when idle): a call that hangs shows there
-  (:attr:`RewardService.busy_for`), the requests answered 500, 502 or 504 for a fault of the reward or the server
-  (each logged, a kind's repeats bounded: :class:`~finecap.serve.service.RepeatedFailures`), and ``--score-timeout``.
-  Once the current call has run past ``--score-timeout`` the answer is 503 with ``"status": "stuck"``
-  (:meth:`RewardService.stuck`), until the call returns: a supervisor's probe can restart the server.
+- ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "scored": ..., "captions": ..., "failed": ...,
+  "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "busy": ..., "failures": ..., "score_timeout": ...}``.
+  Since the start, each request that passed its checks, or whose check ran out of time, counted once by how it ended
+  (:class:`~finecap.serve.service.Meter`): ``scored``, the requests whose values the reward handed back (answered
+  200, but for ``/get_reward``'s 502 naming captions the reward could not score and the server's own errors, which
+  ``failures`` counts), and ``captions``, theirs; ``failed``, those
+  answered 500 (the reward failed on them); ``timed_out``, those answered 504 (``--score-timeout``: their check, or
+  their wait and reward call); ``left``, those whose client went away before their answer (queued, never scored, or
+  while their call ran); ``refused``, those answered 503 at once because the server was stuck. Now: ``queued``, the
+  requests waiting for the reward; ``busy``, the seconds its current call has run (0 when idle: a call that hangs
+  shows there, :attr:`RewardService.busy_for`). ``failures``: every failure logged
+  (:class:`~finecap.serve.service.RepeatedFailures`, a kind's repeats bounded): the 500s, 502s, 503s and 504s above
+  and the server's own errors. Once the current call has run past ``--score-timeout`` the answer is 503 with
+  ``"status": "stuck"`` (:meth:`RewardService.stuck`), until the call returns: a supervisor's probe can restart the
+  server. A request refused 4xx (malformed, unknown images, the policy) is in none of these counts.
 
 A caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that failed) is never a
 number a trainer would pay: ``/reward`` answers it ``null`` in ``total`` and in every part, and the reply then says
@@ -26,7 +34,10 @@ wrong types, unknown images), 413 (beyond the limits: the body, captions per req
 / 405 (no such endpoint or method; a 405 names the methods allowed in ``Allow``), or the policy's answers below; a
 fault of the reward gets 500 with a generic message (the detail in the server's log, :mod:`finecap.serve.service`),
 and a request not answered ``--score-timeout`` seconds after it queued (a reward call that hangs, its own or one it
-waits behind) gets 504 naming the option (:class:`~finecap.serve.service.ScoreTimeout`);
+waits behind), or whose check has not ended ``--score-timeout`` seconds after it began (image paths on a file system
+that does not answer), gets 504 naming the option (:class:`~finecap.serve.service.ScoreTimeout`); one arriving while
+the server is stuck (a call past ``--score-timeout``) gets 503 at once, with ``Retry-After`` and a message naming the
+stuck call and the option (:class:`~finecap.serve.service.ServerStuck`);
 the server goes on serving in every case but one: a reward that raises ``SystemExit`` stops it (exit code 1).
 Replies are strict JSON: no ``NaN`` or ``Infinity`` token, ever (a reward's non-finite value is a 500 naming the
 reward).
@@ -100,7 +111,7 @@ from finecap.serve.protocol import (
     parse_get_reward,
     parse_reward,
 )
-from finecap.serve.service import CHECK_THREADS, RewardFailed, RewardService
+from finecap.serve.service import CHECK_THREADS, RewardFailed, RewardService, ServerStuck
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +307,10 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                 return Response(status_code=499)
             except RequestError as e:
                 return refusal(e)
+            except ServerStuck as e:  # stuck: answered at once, the client told when to ask again
+                return _json(
+                    {"error": {"field": None, "message": str(e)}}, e.status, {"Retry-After": str(e.retry_after)}
+                )
             except RewardFailed as e:  # the reward's fault, in finecap's own words (the detail is in the log): a 500,
                 return _json({"error": {"field": None, "message": str(e)}}, e.status)  # or --score-timeout's 504
             except FailedCaptions as e:  # /get_reward: a judge failed on some of its captions (openrlhf_reply)
@@ -316,8 +331,9 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
             return refusal(e)
         meter, stuck = service.meter, service.stuck()
         return _json({"status": "stuck" if stuck else "ok", "reward": service.name, "images": len(service.images),
-                      "requests": meter.total_requests, "captions": meter.total_captions, "queued": service.queued,
-                      "busy": round(service.busy_for, 3), "failures": service.failures.total,
+                      "scored": meter.total_scored, "captions": meter.total_captions, "failed": meter.failed,
+                      "timed_out": meter.timed_out, "left": meter.left, "refused": meter.refused,
+                      "queued": service.queued, "busy": round(service.busy_for, 3), "failures": service.failures.total,
                       "score_timeout": service.score_timeout}, 503 if stuck else 200)  # fmt: skip
 
     async def http_error(request: Request, exc: HTTPException) -> Response:

@@ -4,9 +4,12 @@ server's URL instead of a reward.
 
 Every reply is checked before a trainer sees it (:func:`checked_values`): one finite number per caption in
 ``total`` and in each part, or a :class:`RewardServerError` naming what is wrong: a NaN, a string, a missing value or
-a reply of another length never reaches a policy's advantages. A ``null`` is read only as a caption the reward could
-not score, when the reply counts it (``"failed": k``): a :class:`finecap.rewards.RewardOutput` with that caption in
-``failed`` (its values NaN), which each adapter answers in its trainer's way. A server's bearer token (``finecap
+a reply of another length never reaches a policy's advantages. A 503 (a server stuck behind a reward call past its
+``--score-timeout``, or all of its connections open) is asked again with backoff (:meth:`RewardClient.retry_wait`:
+the server's ``Retry-After`` at least), :data:`RETRIES` times at most, before it is a :class:`RewardServerError`. A
+``null`` is read only as a caption the reward could not score, when the reply counts it (``"failed": k``): a
+:class:`finecap.rewards.RewardOutput` with that caption in ``failed`` (its values NaN), which each adapter answers in
+its trainer's way. A server's bearer token (``finecap
 serve-reward --token-file``) is read from ``$FINECAP_REWARD_TOKEN`` (or given as ``token=``); every message masks the
 credentials of the URL (``user:password@``, ``?token=``), so that no log line or traceback shows them, and a
 ``user:password@`` is never requested: it is sent as basic authentication
@@ -21,9 +24,12 @@ Example (a server from ``finecap serve-reward demo/sr_bagcurri --port 8000``)::
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import math
 import os
 import threading
+import time
 import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -34,6 +40,8 @@ import torch
 from finecap.config.secrets import masked_url_secrets, split_credentials
 from finecap.rewards import RewardOutput
 from finecap.serve.protocol import RequestError, reward_body
+
+log = logging.getLogger(__name__)
 
 TOKEN_ENV = "FINECAP_REWARD_TOKEN"
 """The environment variable holding the reward server's bearer token (``finecap serve-reward --token-file``)."""
@@ -65,6 +73,12 @@ each event loop (:meth:`RewardClient.ascore`); more wait their turn. A server cl
 them fail."""
 
 
+RETRIES = 5
+"""Times a request answered 503 is asked again at most (:meth:`RewardClient.retry_wait`)."""
+MAX_RETRY_WAIT = 30.0
+"""Seconds a client waits at most before asking again after a 503 (a larger ``Retry-After`` is cut to it)."""
+
+
 def _unreachable(url: str, e: httpx.HTTPError) -> RewardServerError:
     """The error of a request that got no reply (``e``: httpx's), saying what happened even when ``e`` says nothing."""
     text = str(e) or type(e).__name__
@@ -81,10 +95,11 @@ class RewardClient:
         timeout: seconds per request (:meth:`score`'s wait for a free connection too).
         token: the server's bearer token (default: ``$FINECAP_REWARD_TOKEN``, if set).
         max_in_flight: requests in flight at most (:data:`MAX_IN_FLIGHT`).
+        retries: times a request answered 503 is asked again (:meth:`retry_wait`; 0: never).
     """
 
     def __init__(self, url: str, timeout: float = 180.0, token: str | None = None,
-                 max_in_flight: int = MAX_IN_FLIGHT) -> None:  # fmt: skip
+                 max_in_flight: int = MAX_IN_FLIGHT, retries: int = RETRIES) -> None:  # fmt: skip
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"RewardClient: the server's URL must start with http:// or https://, got "
                              f"{masked_url_secrets(str(url))!r}")  # fmt: skip
@@ -102,6 +117,9 @@ class RewardClient:
         if not (isinstance(max_in_flight, int) and max_in_flight >= 1):
             raise ValueError(f"RewardClient: max_in_flight must be a positive integer, got {max_in_flight!r}")
         self.max_in_flight = max_in_flight
+        if not (isinstance(retries, int) and retries >= 0):
+            raise ValueError(f"RewardClient: retries must be an integer, at least 0, got {retries!r}")
+        self.retries = retries
         self._http: httpx.Client | None = None  # one pool for every thread (httpx's Client can be shared)
         self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
@@ -173,30 +191,62 @@ class RewardClient:
         if http is not None:
             http.close()
 
+    def retry_wait(self, response: httpx.Response, attempt: int) -> float | None:
+        """Seconds to wait before asking again after ``response`` to the ``attempt``-th try (0: the first), or
+        ``None``: it is the answer. A 503 (a stuck server, or one whose connections are all open) is asked again
+        :attr:`retries` times at most, after ``2 ** attempt`` seconds, or the server's ``Retry-After`` when longer,
+        :data:`MAX_RETRY_WAIT` at most; every retry is logged with the server's message."""
+        if response.status_code != 503 or attempt >= self.retries:
+            return None
+        try:
+            asked = float(response.headers.get("retry-after", "0"))
+        except ValueError:  # an HTTP date: the backoff alone
+            asked = 0.0
+        wait = min(max(asked if math.isfinite(asked) else 0.0, 2.0**attempt), MAX_RETRY_WAIT)
+        try:
+            said = str(response.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            said = response.text[:300]
+        log.warning("%s", masked_url_secrets(f"reward server {self.shown_url} answered 503 ({said}); asking again in "
+                                             f"{wait:g} s (retry {attempt + 1} of {self.retries})"))  # fmt: skip
+        return wait
+
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
               **kwargs: Any) -> RewardOutput:  # fmt: skip
-        """The values of ``captions`` (keyword arguments: :meth:`payload`'s)."""
+        """The values of ``captions`` (keyword arguments: :meth:`payload`'s); a 503 is asked again
+        (:meth:`retry_wait`)."""
         body = self.payload(captions, image_ids, **kwargs)
-        try:
-            response = self._client().post(self.url, json=body)
-        except httpx.HTTPError as e:
-            raise _unreachable(self.shown_url, e) from None
-        return self.reply(response, len(body["captions"]))
+        for attempt in itertools.count():
+            try:
+                response = self._client().post(self.url, json=body)
+            except httpx.HTTPError as e:
+                raise _unreachable(self.shown_url, e) from None
+            wait = self.retry_wait(response, attempt)
+            if wait is None:
+                return self.reply(response, len(body["captions"]))
+            time.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
                      **kwargs: Any) -> RewardOutput:  # fmt: skip
         """:meth:`score`, awaited (a connection of its own: trainers run each step in a new event loop), at most
-        :attr:`max_in_flight` of one event loop at once."""
+        :attr:`max_in_flight` of one event loop at once; a 503 is asked again (:meth:`retry_wait`), its turn given
+        up while it waits."""
         body = self.payload(captions, image_ids, **kwargs)
-        try:
-            async with (
-                self._gate(),
-                httpx.AsyncClient(timeout=self.timeout, headers=self._headers, auth=self._auth) as client,
-            ):
-                response = await client.post(self.url, json=body)
-        except httpx.HTTPError as e:
-            raise _unreachable(self.shown_url, e) from None
-        return self.reply(response, len(body["captions"]))
+        for attempt in itertools.count():
+            try:
+                async with (
+                    self._gate(),
+                    httpx.AsyncClient(timeout=self.timeout, headers=self._headers, auth=self._auth) as client,
+                ):
+                    response = await client.post(self.url, json=body)
+            except httpx.HTTPError as e:
+                raise _unreachable(self.shown_url, e) from None
+            wait = self.retry_wait(response, attempt)
+            if wait is None:
+                return self.reply(response, len(body["captions"]))
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _number_list(value: Any, n: int | None, where: str, url: str, failed: set[int]) -> list[float]:

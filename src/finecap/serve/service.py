@@ -28,7 +28,15 @@ requests.
   scored, and the requests behind a hung call meet their own deadline, or are scored once the call returns. A
   Python thread cannot be stopped: the hung call keeps the one reward thread (no thread is started for a request,
   none for a call that overran), and ``/health`` says the server is stuck while that call has run past the deadline
-  (:meth:`RewardService.stuck`) until the call returns; only a restart frees a call that never does.
+  (:meth:`RewardService.stuck`) until the call returns; only a restart frees a call that never does. A request
+  that arrives while the server is stuck is not queued: it is answered at once 503 with ``Retry-After``
+  (:attr:`RewardService.retry_after` seconds) and an error naming the stuck call and ``--score-timeout``
+  (:class:`ServerStuck`), so that a trainer or a load balancer moves on (finecap's client retries it with backoff:
+  :class:`finecap.serve.client.RewardClient`) instead of waiting out a deadline of its own. A request's check (its
+  decoding, the resolution of its image paths, which asks the file system: a hung network file system never answers)
+  is bounded by the same option, on its own clock: past it the request is answered 504 naming the option
+  (:class:`CheckTimeout`); the check thread it held stays blocked until the file system answers (a thread cannot be
+  stopped), and the check of a request still waiting for a check thread is never run.
 - **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
@@ -45,9 +53,14 @@ requests.
   and the server's own errors alike; the server's stop says the repeats counted since each kind's last line
   (:meth:`RepeatedFailures.flush`), as does the forgetting of the oldest kind beyond the kinds it remembers.
   Every failed request is still answered 500 (or 502, or 504) and counted in ``/health``'s ``failures``.
-- **Throughput logs.** Every ``log_every`` seconds one line: requests, captions, captions per second, the mean
-  round, the share of the time the reward was busy, and the p50 / p99 latency of the requests since the previous
-  line (and one at the end).
+- **Counts.** Each request handed to :meth:`RewardService.score` ends in one of five ways, counted apart
+  (:class:`Meter`, ``/health``): *scored* (its values handed back), *failed* (the reward's fault: a 500), *timed out*
+  (a 504: ``--score-timeout``, its check's included), *left* (its client went away before its answer, queued or
+  in a call) and *refused* (a 503: the server was stuck).
+- **Throughput logs.** Every ``log_every`` seconds one line: the requests of each outcome since the previous line
+  (and one at the end), the captions the reward scored, captions per second, the mean round, the share of the time
+  the reward was busy, and the p50 / p99 latency of the scored requests (a timed-out request's latency is the
+  deadline: it is counted, not in the percentiles).
 
 Example::
 
@@ -75,6 +88,7 @@ import traceback
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +114,12 @@ SCORE_TIMEOUT = 120.0
 out on their own."""
 MAX_SCORE_TIMEOUT = 86_400.0
 """``--score-timeout`` at most, in seconds (a day)."""
+STUCK_RETRY_AFTER = 5
+"""Seconds a request refused while the server is stuck is told to wait before it asks again (``Retry-After``,
+:attr:`RewardService.retry_after`)."""
+CLOSE_WAIT = 10.0
+"""Seconds ``finecap serve-reward`` waits for its reward's ``close()`` as it stops before abandoning it
+(:func:`close_within`)."""
 STOP_WAIT = 2.0
 """Seconds a stopping service waits for a reward call (or a request's check) still running before abandoning it
 (:attr:`RewardService.stop_wait`): the HTTP server has already given the requests in flight its grace."""
@@ -155,6 +175,24 @@ class DaemonThreads(Executor):
     def busy(self) -> bool:
         """Whether a thread is still running (a call it had begun, after :meth:`shutdown`)."""
         return any(thread.is_alive() for thread in self._threads)
+
+
+def close_within(reward: Reward, name: str, wait: float = CLOSE_WAIT) -> bool:
+    """Close ``reward`` (its judge's connections, its in-process engine), waiting ``wait`` seconds at most: ``True``
+    once closed (an exception of its ``close`` is raised here), ``False`` when ``close`` had not returned by then; it
+    is then abandoned to a daemon thread (:class:`DaemonThreads`: the process can end under it) and logged, naming
+    ``name``. One thread, at the server's end: a close that hangs (a judge's endpoint that never answers its goodbye)
+    never keeps ``finecap serve-reward`` from exiting."""
+    pool = DaemonThreads(1, "finecap-close")
+    future = pool.submit(reward.close)
+    pool.shutdown(wait=False)
+    try:
+        future.result(timeout=wait)
+    except FutureTimeout:
+        log.error("reward server: the reward %s did not close within %g s: abandoned (the process ends without its "
+                  "close; what it holds is released by the process's end)", name, wait)  # fmt: skip
+        return False
+    return True
 
 
 class ImageTable:
@@ -370,6 +408,23 @@ class ScoreTimeout(RewardFailed):
     status = 504
 
 
+class CheckTimeout(ScoreTimeout):
+    """The request's check (decoding it, resolving its image paths) did not end within ``--score-timeout`` seconds
+    (a network file system that does not answer): answered 504 (module docstring, "Deadline")."""
+
+
+class ServerStuck(RewardFailed):
+    """The request arrived while the reward's current call had run past ``--score-timeout``
+    (:meth:`RewardService.stuck`): answered 503 at once, not queued, with ``Retry-After`` :attr:`retry_after`
+    seconds (module docstring, "Deadline")."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @dataclass
 class Job:
     """A checked request: its captions, the reward's ids of their images, its references (or ``None``)."""
@@ -428,6 +483,8 @@ class RewardService:
         self._checks: DaemonThreads | None = None
         self.stop_wait = STOP_WAIT
         """Seconds :meth:`running`'s end waits for a reward call or a check still running before abandoning it."""
+        self.retry_after = STUCK_RETRY_AFTER
+        """Seconds a request refused while the server is stuck is told to wait (``Retry-After``: ServerStuck)."""
         self.abandoned = False
         """A reward call was still running when the service stopped, and was left to its daemon thread: the reward
         must not be closed under it (``finecap serve-reward`` leaves it to the process's end)."""
@@ -550,10 +607,24 @@ class RewardService:
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on one of the service's :data:`CHECK_THREADS` threads (:meth:`running` must be active): the
         work a request's bytes decide (decoding, checking, resolving its image paths) never runs on the event loop,
-        which keeps answering ``/health`` and the other clients meanwhile."""
+        which keeps answering ``/health`` and the other clients meanwhile. Not done within :attr:`score_timeout`
+        seconds (its wait for a thread included): :class:`CheckTimeout` (module docstring, "Deadline"); a call not
+        yet begun is then never run, one running keeps its thread until it returns."""
         if self._checks is None:
             raise RuntimeError("RewardService.off_loop: the service is not running")
-        return await asyncio.get_running_loop().run_in_executor(self._checks, fn, *args)
+        work = asyncio.get_running_loop().run_in_executor(self._checks, fn, *args)
+        try:
+            return await asyncio.wait_for(work, self.score_timeout)
+        except TimeoutError:
+            self.meter.timed_out += 1
+            message = (f"not checked within {self.score_timeout:g} s (--score-timeout): reading the request (its "
+                       "JSON, its image paths, which are resolved on the server's file system: a network file system "
+                       "that does not answer?) has not ended. Ask again later, name the images by id, or fix the file "
+                       "system the paths are on")  # fmt: skip
+            error = CheckTimeout(message)
+            self.failures.log(error, f"reward server: {self.name}: a request {message}", level=logging.WARNING,
+                              trace=False)  # fmt: skip
+            raise error from None
 
     async def score(self, job: Job) -> RewardOutput:
         """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active);
@@ -563,6 +634,9 @@ class RewardService:
             raise RuntimeError("RewardService.score: the service is not running (use `async with service.running()`)")
         if self.fatal is not None:
             raise RewardFailed("the reward server is stopping: its reward failed")
+        if self.stuck():  # not queued: it would wait out its whole deadline behind the call (module docstring)
+            self.meter.refused += 1
+            raise self._stuck(len(job.captions))
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         start = time.perf_counter()
         item = (job, future, start)
@@ -570,16 +644,31 @@ class RewardService:
         self._wakeup.set()
         try:  # the deadline and a departed client both cancel the future: its answer, if it comes, is dropped
             result = await asyncio.wait_for(future, self.score_timeout)
-        except asyncio.CancelledError:
-            if self._forget(item):
-                self.meter.abandoned += 1
+        except asyncio.CancelledError:  # its client left, queued or while its call ran
+            self._forget(item)
+            self.meter.left += 1
             raise
         except TimeoutError:
             queued = self._forget(item)
             self.meter.timed_out += 1
             raise self._timed_out(len(job.captions), queued) from None
-        self.meter.latency(time.perf_counter() - start)
+        except Exception:
+            self.meter.failed += 1
+            raise
+        self.meter.scored(len(job.captions), time.perf_counter() - start)
         return result
+
+    def _stuck(self, captions: int) -> ServerStuck:
+        """The :class:`ServerStuck` of a request of ``captions`` captions that arrived while the server is stuck,
+        logged (:class:`RepeatedFailures`: a trainer retrying while the call hangs costs a line every 10 s)."""
+        message = (f"the reward server is stuck: a call of the reward {self.name} has run {self.busy_for:.1f} s, past "
+                   f"--score-timeout ({self.score_timeout:g} s), and has not returned; this request was not queued. "
+                   f"Retry after {self.retry_after} s or ask another server; GET /health answers 503 \"stuck\" until "
+                   "the call returns (restart the server if it never does)")  # fmt: skip
+        error = ServerStuck(message, self.retry_after)
+        self.failures.log(error, f"reward server: a request of {captions} captions refused (503): {message}",
+                          level=logging.WARNING, trace=False)  # fmt: skip
+        return error
 
     def _timed_out(self, captions: int, queued: bool) -> ScoreTimeout:
         """The :class:`ScoreTimeout` of a request of ``captions`` captions (``queued``: it never reached a round),
@@ -629,8 +718,7 @@ class RewardService:
         while self._pending and (not round_ or (self.merges and size + len(self._pending[0][0].captions)
                                                 <= self.batch_size)):  # fmt: skip
             item = self._pending.popleft()
-            if item[1].done():  # its client went away while it queued
-                self.meter.abandoned += 1
+            if item[1].done():  # its client went away while it queued (counted as left by its score())
                 continue
             round_.append(item)
             size += len(item[0].captions)
@@ -678,41 +766,59 @@ whose lines are never logged (``--log-every 0``) does not grow by one float a re
 
 
 class Meter:
-    """Throughput and latency since the last logged line (``log_every`` seconds apart; 0: only when the server
-    stops); latency over the window's last :data:`LATENCIES_KEPT` requests."""
+    """The server's counts (module docstring, "Counts") and its throughput since the last logged line (``log_every``
+    seconds apart; 0: only when the server stops); latency of the scored requests over the window's last
+    :data:`LATENCIES_KEPT`.
+
+    Each request handed to :meth:`RewardService.score` is counted once, by how it ended (totals since the start):
+    :attr:`total_scored` (its values handed back; their captions in :attr:`total_captions`), :attr:`failed`,
+    :attr:`timed_out` (its check's 504 included: :class:`CheckTimeout`), :attr:`left`, :attr:`refused`. The
+    reward's own work is counted apart, per window: its rounds, the captions it scored (a request whose client left
+    during its call among them) and the seconds it was busy."""
+
+    OUTCOMES = ("failed", "timed_out", "left", "refused")
 
     def __init__(self, log_every: float) -> None:
         self.log_every = log_every
         self.started = self.since = time.perf_counter()
-        self.requests = self.captions = self.rounds = 0
+        self.captions = self.rounds = 0  # the reward's work in the window
         self.busy = 0.0
         self.latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
-        self.total_requests = self.total_captions = 0
-        self.abandoned = 0  # requests whose client left before their round: never scored
+        self.total_scored = self.total_captions = 0
+        self.failed = 0  # requests answered 500: the reward failed on them
         self.timed_out = 0  # requests answered 504 (--score-timeout)
+        self.left = 0  # requests whose client went away before their answer: queued (never scored) or in a call
+        self.refused = 0  # requests answered 503 at once: the server was stuck
+        self._said = dict.fromkeys(("total_scored", *self.OUTCOMES), 0)  # the totals at the window's start
 
     def round(self, requests: int, captions: int, seconds: float) -> None:
-        self.requests += requests
+        """A round of the reward: ``requests`` requests, ``captions`` captions scored in ``seconds``."""
         self.captions += captions
         self.rounds += 1
         self.busy += seconds
-        self.total_requests += requests
-        self.total_captions += captions
 
-    def latency(self, seconds: float) -> None:
+    def scored(self, captions: int, seconds: float) -> None:
+        """A request of ``captions`` captions whose values were handed back ``seconds`` after it queued."""
+        self.total_scored += 1
+        self.total_captions += captions
         self.latencies.append(seconds)
 
     def line(self, name: str) -> str:
         """The throughput line of the window (and starts a new one)."""
         now = time.perf_counter()
         span = max(now - self.since, 1e-9)
+        since = {k: getattr(self, k) - self._said[k] for k in self._said}
         lat = np.array(self.latencies) * 1000
-        latency = (f"latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms" if len(lat)
-                   else "no request answered")  # fmt: skip
-        text = (f"reward server ({name}): {self.requests} requests, {self.captions} captions in {span:.1f} s: "
-                f"{self.captions / span:,.0f} captions/s, {self.captions / max(self.rounds, 1):.0f} captions a "
-                f"round, the reward busy {100 * self.busy / span:.0f}% of the time; {latency}")  # fmt: skip
-        self.since, self.requests, self.captions, self.rounds, self.busy = now, 0, 0, 0, 0.0
+        latency = (f"latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms of the scored "
+                   "requests" if len(lat) else "no request scored")  # fmt: skip
+        text = (f"reward server ({name}): in {span:.1f} s {since['total_scored']} requests scored, "
+                f"{since['failed']} failed (500), {since['timed_out']} timed out (504, --score-timeout), "
+                f"{since['left']} left by their client, {since['refused']} refused while stuck (503); the reward "
+                f"scored {self.captions} captions: {self.captions / span:,.0f} captions/s, "
+                f"{self.captions / max(self.rounds, 1):.0f} captions a round, busy {100 * self.busy / span:.0f}% of "
+                f"the time; {latency}")  # fmt: skip
+        self.since, self.captions, self.rounds, self.busy = now, 0, 0, 0.0
+        self._said = {k: getattr(self, k) for k in self._said}
         self.latencies.clear()
         return text
 
