@@ -182,14 +182,21 @@ class Captioner(Closeable):
     def decode_settings(self, **decode: Any) -> Any:
         """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some, each converted and
         checked as a recipe's value (``max_length="5"`` or ``5.7`` is a ``ConfigError`` naming ``decode.max_length``);
-        an unknown key is a ``ValueError`` listing the valid ones."""
+        an unknown key is a ``ValueError`` listing the valid ones, and saying so when it is an argument of
+        :meth:`from_pretrained` instead (``device``: where the model is loaded, not a decoding setting)."""
+        import inspect
+
         from finecap.config import did_you_mean, replaced_section
 
         fields = [f.name for f in dataclasses.fields(self.cfg.decode)]
+        loading = set(inspect.signature(Captioner.from_pretrained).parameters)
         for key in decode:
             if key not in fields:
-                raise ValueError(f"unknown decoding option {key!r}{did_you_mean(key, fields)}; valid: "
-                                 f"{', '.join(fields)}")  # fmt: skip
+                hint = did_you_mean(key, fields)
+                if key in loading:
+                    hint = (f" ({key} is an argument of Captioner.from_pretrained, which loads the model: "
+                            f"Captioner.from_pretrained(path, {key}=...))")  # fmt: skip
+                raise ValueError(f"unknown decoding option {key!r}{hint}; valid: {', '.join(fields)}")
         return replaced_section(self.cfg.decode, "decode", **decode)
 
 

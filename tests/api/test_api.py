@@ -161,6 +161,18 @@ def test_decode_options(cap, files):
     assert [c[0] for c in every] == cap.caption(files, strategy="beam", beam_size=3)  # best first
 
 
+def test_a_loading_argument_given_to_caption_says_where_it_belongs(cap, files):
+    """``caption(img, device="cpu")`` said only "unknown decoding option 'device'"; ``device`` is where
+    ``Captioner.from_pretrained`` loads the model, and the error now says so, still listing the decoding options."""
+    belongs = (r"^unknown decoding option 'device' \(device is an argument of Captioner.from_pretrained, which loads "
+               r"the model: Captioner.from_pretrained\(path, device=\.\.\.\)\); valid: engine, ")  # fmt: skip
+    for call in (cap.caption, cap.caption_all):
+        with pytest.raises(ValueError, match=belongs):
+            call(files[:1], device="cpu")
+    with pytest.raises(ValueError, match=r"^unknown decoding option 'devise'; valid: engine, "):  # no such argument
+        cap.caption(files[:1], devise="cpu")
+
+
 def test_the_runs_autocast_is_used(cap, files):
     # A linear layer of the decoder computes in bfloat16 under the run's train.mixed_precision=bf16 (CPU autocast).
     dtypes = []
