@@ -226,7 +226,7 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
 
     bound = []
     monkeypatch.setattr(
-        werkzeug.serving, "make_server", lambda host, port, app, threaded: bound.append(app) or Server()
+        werkzeug.serving, "make_server", lambda host, port, app, threaded, **kw: bound.append(app) or Server()
     )
     monkeypatch.delenv(review.TOKEN_ENV, raising=False)
     bags = tmp_path / "bags.json"
@@ -247,6 +247,48 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
     captured = capsys.readouterr()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert captured.err == "" and "token" not in captured.out and "open http://127.0.0.1:8765/" in captured.out
+
+
+def test_the_printed_url_carries_the_token_and_the_request_log_never_does(fabricated_run, tiny_world, tmp_path,
+                                                                          monkeypatch, capsys, caplog):  # fmt: skip
+    # werkzeug logged every request line in full, '?token=...' included: a `nohup` or job scheduler's log of the
+    # server held the access token. And the URL printed the token as it was: one holding '&', '#' or a space came
+    # back cut at the browser and every request was a 401.
+    import werkzeug.serving
+
+    from finecap.app import review
+
+    real, servers = werkzeug.serving.make_server, []
+
+    def on_a_free_port(host, port, app, **kw):
+        servers.append(real(host, 0, app, **kw))
+        return servers[-1]
+
+    monkeypatch.setattr(werkzeug.serving, "make_server", on_a_free_port)
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    token = "s3cret-token & #more words+"
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    thread = threading.Thread(target=review.main, args=(bags, tiny_world / "images"), kwargs={"token": token})
+    thread.start()
+    try:
+        while not servers and thread.is_alive():
+            thread.join(0.05)
+        url = None
+        while url is None and thread.is_alive():  # printed once the curated file is rebuilt
+            url = re.search(r"open (\S+)", capsys.readouterr().out)
+            thread.join(0.05) if url is None else None
+        url = url.group(1)
+        assert urllib.parse.parse_qs(urllib.parse.urlsplit(url).query) == {"token": [token]}
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with browser.open(url, timeout=30) as response:  # the cookie's redirect, then the first bag
+            assert response.status == 200 and response.url.endswith("/bag/3/0")
+    finally:
+        servers[0].shutdown()
+        thread.join(30)
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "werkzeug")
+    assert "GET /?(query not logged) HTTP/1.1" in logged  # the request was logged, its query was not
+    assert "s3cret" not in logged and "token=" not in logged
 
 
 def test_a_chunked_body_is_refused_not_cut_at_the_form_limit(app_and_paths):
