@@ -209,8 +209,9 @@ def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_pat
     assert "s3cret-token" not in default_out(bags).read_text() + decisions_path(default_out(bags)).read_text()
 
 
-def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run, tiny_world, tmp_path, monkeypatch,
-                                                                 capsys, caplog):  # fmt: skip
+def test_main_warns_beyond_loopback_and_requires_a_generated_token_everywhere(
+    fabricated_run, tiny_world, tmp_path, monkeypatch, capsys, caplog
+):
     import werkzeug.serving
 
     from finecap.app import review
@@ -243,10 +244,16 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
     for path in tmp_path.rglob("*"):
         assert not path.is_file() or token not in path.read_text(errors="replace"), path
     caplog.clear()
-    review.main(bags, tiny_world / "images", port=0)  # loopback: no warning, no token
+    review.main(bags, tiny_world / "images", port=0)  # loopback: no warning, but a token all the same
     captured = capsys.readouterr()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert captured.err == "" and "token" not in captured.out and "open http://127.0.0.1:8765/" in captured.out
+    assert captured.err == "" and "open http://127.0.0.1:8765/?token=" in captured.out
+    # another user of the machine reaches 127.0.0.1 too: without the printed token, nothing is served
+    local = re.search(r"\?token=(\S+)", captured.out).group(1)
+    assert len(local) >= 24 and local != token
+    client = bound[1].test_client()
+    assert client.get("/", headers={"Host": "127.0.0.1"}).status_code == 401
+    assert client.get(f"/?token={local}", headers={"Host": "127.0.0.1"}).status_code == 302
 
 
 def test_the_printed_url_carries_the_token_and_the_request_log_never_does(fabricated_run, tiny_world, tmp_path,

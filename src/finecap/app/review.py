@@ -18,11 +18,11 @@ the bags' images, and an ``--images`` folder under which none of them is found a
 Security model (docs/report-and-review.md). The server answers this machine only unless told otherwise, and serves
 nothing but the review:
 
-- **Binding.** ``127.0.0.1`` by default. A ``--host`` beyond loopback (``0.0.0.0``, a LAN address) prints a warning
-  and requires an access token (``--token``, ``FINECAP_REVIEW_TOKEN``, or one generated and printed): the printed
-  URL carries it as ``?token=``; the page exchanges it for an ``HttpOnly``, ``SameSite=Strict`` cookie. A token given
-  on loopback is required there too. The token is never written to a file, nor to the log of requests on stderr
-  (:class:`RequestHandler`).
+- **Binding and access token.** ``127.0.0.1`` by default; a ``--host`` beyond loopback (``0.0.0.0``, a LAN address)
+  prints a warning. Every server requires an access token (``--token``, ``FINECAP_REVIEW_TOKEN``, or one generated
+  and printed, as Jupyter does), on loopback too: other users of a shared machine reach ``127.0.0.1`` as well. The
+  printed URL carries it as ``?token=``; the page exchanges it for an ``HttpOnly``, ``SameSite=Strict`` cookie. The
+  token is never written to a file, nor to the log of requests on stderr (:class:`RequestHandler`).
 - **Host check (DNS rebinding).** A request whose ``Host`` is not the bound address or a loopback name
   (``localhost``, ``127.0.0.1``, ``::1``) is refused with 400; bound to a wildcard address, the machine's own names
   and IP literals are accepted too.
@@ -395,14 +395,13 @@ def main(
 ) -> None:  # fmt: skip
     """Serve the review app until interrupted (port 0 picks a free port); prints the URL.
 
-    ``token`` (default ``$FINECAP_REVIEW_TOKEN``): the access token; generated when ``host`` is beyond loopback and
-    none is given. It is printed in the URL, never written to a file."""
+    ``token`` (default ``$FINECAP_REVIEW_TOKEN``): the access token; generated when none is given, on loopback too
+    (another user of the machine reaches ``127.0.0.1`` as well). It is printed in the URL, never written to a file."""
     from werkzeug.serving import make_server
 
-    token = token or os.environ.get(TOKEN_ENV) or None
-    local = is_loopback(host)
-    if not local:
-        token = token or secrets.token_urlsafe(24)
+    # generated when none is given, loopback or not (module docstring): a shared machine's other users reach it too
+    token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    if not is_loopback(host):
         log.warning("--host %s serves the review page beyond this machine, over plain HTTP: anyone who can reach it "
                     "and has the token can see the bag images and change decisions; the default is %s", host,
                     DEFAULT_HOST)  # fmt: skip
@@ -424,7 +423,7 @@ def main(
     shown = socket.gethostname() if hostname(host) in WILDCARD_HOSTS else host
     shown = f"[{shown}]" if ":" in shown else shown
     # the token percent-encoded: one holding '&', '#', '+' or a space came back cut or changed, and was refused
-    url = f"http://{shown}:{server.server_port}/" + (f"?{urlencode({'token': token})}" if token else "")
+    url = f"http://{shown}:{server.server_port}/?{urlencode({'token': token})}"
     print(f"Reviewing {len(curation.keys())} bags of {bags} ({counts['accepted']} accepted, {counts['rejected']} "
           f"rejected so far): open {url}")  # fmt: skip
     log.info("Curated bags are written to %s now and after every click (Ctrl+C to stop).", curation.out)
