@@ -496,19 +496,19 @@ def test_the_python_api_gives_the_callers_tf32_flags_back(make_cfg, monkeypatch)
 
     def on_cuda(enabled, device):
         seen.append(apply(enabled, torch.device("cuda")))
-        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        seen.append(engine.tf32_settings())
 
     monkeypatch.setattr(engine, "apply_tf32", on_cuda)
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    saved = engine.tf32_settings()
     try:
-        for tf32, theirs, during in ((True, (False, False), (True, True)), (False, (True, True), (False, False))):
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = theirs
+        for tf32, theirs, during in ((True, ("ieee",) * 2, ("tf32",) * 2), (False, ("tf32",) * 2, ("ieee",) * 2)):
+            torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = theirs
             seen.clear()
             finecap.train(make_cfg("train.max_steps=1", f"train.tf32={str(tf32).lower()}", run=f"tf32_{tf32}"))
             assert seen == [True, during]  # the run itself had the flags it asked for
-            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == theirs
+            assert engine.tf32_settings() == theirs
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
 
 
 def test_the_python_api_gives_the_callers_generators_and_accelerate_state_back(make_cfg):

@@ -39,6 +39,8 @@ from finecap.train.engine import (
     TrainingDiverged,
     apply_tf32,
     make_accelerator,
+    tf32_kept,
+    tf32_settings,
 )
 from finecap.train.run import train
 from finecap.train.schedule import build_scheduler
@@ -446,23 +448,38 @@ def test_finecap_caption_decodes_under_the_runs_autocast_in_batches_of_sequences
 
 @pytest.fixture
 def tf32_flags():
-    """Restore torch's TF32 flags after the test."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    """Restore torch's TF32 settings after the test (through the new API: readable whichever API set them)."""
+    b = torch.backends
+    saved = b.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.fp32_precision, b.cudnn.conv.fp32_precision
     yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    b.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.fp32_precision, b.cudnn.conv.fp32_precision = saved
 
 
 def test_tf32_is_set_on_cuda_only(tf32_flags):
-    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    before = tf32_settings()
     # On the CPU (this machine), nothing is touched: train.tf32=true is a no-op there
     make_accelerator(TrainConfig(cpu=True, tf32=True))
     assert not apply_tf32(True, torch.device("cpu"))
-    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    assert tf32_settings() == before
     # For a CUDA device the flags are set (the flags exist without a GPU; whether TF32 then runs needs Ampere or later)
     assert apply_tf32(True, torch.device("cuda"))
-    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    assert tf32_settings() == ("tf32", "tf32")
     assert apply_tf32(False, torch.device("cuda"))
-    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert tf32_settings() == ("ieee", "ieee")
+
+
+def test_tf32_kept_and_apply_tf32_work_after_the_caller_used_torchs_new_precision_api(tf32_flags):
+    """torch 2.9+ controls TF32 with ``fp32_precision`` (what PyTorch's notes recommend, and what transformers'
+    ``TrainingArguments(tf32=...)`` sets: ``torch.backends.fp32_precision``); once it is set, reading the legacy
+    ``allow_tf32`` flags raises ("you have used mix of the legacy and new APIs"), which made ``finecap.train`` of a
+    caller who had set it fail on entry (``tf32_kept`` read them). The flags are read and set through the new API,
+    and the caller's settings come back as they were."""
+    torch.backends.fp32_precision = "tf32"
+    theirs = tf32_settings()
+    with tf32_kept():
+        assert apply_tf32(False, torch.device("cuda"))
+        assert tf32_settings() == ("ieee", "ieee")
+    assert tf32_settings() == theirs
 
 
 def test_make_accelerator_passes_train_tf32_to_its_device(monkeypatch):

@@ -188,24 +188,36 @@ def apply_tf32(enabled: bool, device: torch.device) -> bool:
     """``train.tf32`` on a CUDA ``device``: whether float32 matmuls and cuDNN convolutions may use TF32 tensor cores
     (10-bit mantissa inputs, float32 accumulation; ~2-8x faster matmuls on Ampere and later). ``False`` also turns
     it off for cuDNN convolutions (torch's own default allows it there), so that float32 means float32. Returns
-    whether anything was set: nothing on other devices (the CPU has no TF32)."""
+    whether anything was set: nothing on other devices (the CPU has no TF32). Set through torch's ``fp32_precision``
+    (``"tf32"`` or ``"ieee"`` for cuBLAS matmuls and cuDNN convolutions), not the legacy ``allow_tf32`` flags: once a
+    caller or a library (transformers' ``TrainingArguments(tf32=...)``) has set the new API, torch refuses to read the
+    legacy flags ("mix of the legacy and new APIs") and ignores what the legacy cuDNN one sets."""
     if torch.device(device).type != "cuda":
         return False
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
+    precision = "tf32" if enabled else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = precision
+    torch.backends.cudnn.conv.fp32_precision = precision
     return True
+
+
+def tf32_settings() -> tuple[str, str]:
+    """torch's TF32 settings that :func:`apply_tf32` sets: cuBLAS matmuls' and cuDNN convolutions' ``fp32_precision``
+    (readable whichever API set them, where the legacy ``allow_tf32`` raises after the new one was used)."""
+    return torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
 
 
 @contextlib.contextmanager
 def tf32_kept() -> Iterator[None]:
     """Within the block, training may set torch's TF32 flags (:func:`apply_tf32`, on a CUDA device: ``false`` turns
     cuDNN's off too); after it they are as before, so that the float32 matmuls a caller runs after
-    :func:`finecap.train` keep the caller's precision. The flags are process-wide and exist without a GPU."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    :func:`finecap.train` keep the caller's precision. The flags are process-wide and exist without a GPU; they are
+    read and put back through :func:`tf32_settings` (set by the caller through either API, the legacy one's flags
+    read back as they were)."""
+    saved = tf32_settings()
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
 
 
 def process_state(settings: TrainConfig) -> PartialState:
