@@ -47,7 +47,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore :func:`rng_state`."""
+    """Restore :func:`rng_state`. Of its CUDA generators (one per GPU the saving process saw), those of the GPUs this
+    process sees (``torch.cuda.device_count``): a state saved where more were visible (a run resumed on a machine
+    with fewer) keeps the others out, whose generators do not exist here."""
     import torch
 
     py = state["python"]
@@ -55,7 +57,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 @contextlib.contextmanager
