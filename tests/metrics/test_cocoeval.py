@@ -8,6 +8,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pycocotools.coco import COCO
 
@@ -125,3 +126,36 @@ def test_unavailable_java_metric_is_skipped_with_the_reason(files, monkeypatch):
         ev.evaluate()
     assert list(ev.eval) == ["CIDEr"]
     assert any("skipping SPICE" in str(w.message) and "/nonexistent" in str(w.message) for w in caught)
+
+
+def test_scores_have_pycocoevalcaps_types(files, monkeypatch):
+    # pycocoevalcap's Rouge and Cider return a numpy float64 mean and a numpy array (COCOEvalCap stores both as they
+    # come: np.float64 in eval and imgToEval), its Bleu and Meteor Python floats, its Spice an np.mean; finecap stored
+    # Python floats for all, so `eval["CIDEr"].item()` (and isinstance(..., np.floating)) failed on the drop-in only
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    from finecap.compat.pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    ev = _example_flow(COCOEvalCap, *files, metrics=("bleu", "rouge", "cider"))
+    tok = PTBTokenizer()
+    gts = tok.tokenize({i: ev.coco.imgToAnns[i] for i in ev.params["image_id"]})
+    res = tok.tokenize({i: ev.cocoRes.imgToAnns[i] for i in ev.params["image_id"]})
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap's Bleu prints its counts
+        bleu, bleu_per = Bleu(4).compute_score(gts, res)
+    want = {"Bleu_1": (bleu[0], bleu_per[0]), "ROUGE_L": Rouge().compute_score(gts, res),
+            "CIDEr": Cider().compute_score(gts, res)}  # fmt: skip
+    for m, (corpus, per) in want.items():
+        assert ev.eval[m] == corpus and type(ev.eval[m]) is type(corpus), m
+        for j, i in enumerate(gts):
+            assert ev.imgToEval[i][m] == per[j] and type(ev.imgToEval[i][m]) is type(per[j]), (m, i)
+    assert type(ev.eval["ROUGE_L"]) is np.float64 and type(ev.eval["Bleu_4"]) is float  # the comparison has teeth
+
+    def fake_spice(res, gts):  # SPICE's jar needs Stanford CoreNLP's models: its corpus type alone, checked here
+        return {"SPICE": 0.25}, {i: {"SPICE": 0.25} for i in res}
+
+    monkeypatch.setattr("finecap.metrics.spice.spice_per_item", fake_spice)
+    spice = COCOEvalCap(str(files[0]), str(files[1]), metrics=("spice",))
+    spice.evaluate()
+    assert spice.eval == {"SPICE": 0.25} and type(spice.eval["SPICE"]) is np.float64  # pycocoevalcap: np.mean(...)
