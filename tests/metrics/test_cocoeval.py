@@ -159,3 +159,45 @@ def test_scores_have_pycocoevalcaps_types(files, monkeypatch):
     spice = COCOEvalCap(str(files[0]), str(files[1]), metrics=("spice",))
     spice.evaluate()
     assert spice.eval == {"SPICE": 0.25} and type(spice.eval["SPICE"]) is np.float64  # pycocoevalcap: np.mean(...)
+
+
+def _subclass_evaluating_with_pycocoevalcaps_setters(base):
+    """A common pattern of papers' repos, verbatim in its use of the base class: subclass pycocoevalcap's
+    ``COCOEvalCap`` and override ``evaluate`` with one that fills the results through ``setEval``,
+    ``setImgToEvalImgs`` and ``setEvalImgs`` (scorers: the drop-in's, so that no Java runs)."""
+    from finecap.compat.pycocoevalcap.bleu.bleu import Bleu
+    from finecap.compat.pycocoevalcap.cider.cider import Cider
+    from finecap.compat.pycocoevalcap.rouge.rouge import Rouge
+    from finecap.compat.pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    class Subclass(base):
+        def evaluate(self):
+            gts = {i: self.coco.imgToAnns[i] for i in self.params["image_id"]}
+            res = {i: self.cocoRes.imgToAnns[i] for i in self.params["image_id"]}
+            gts, res = PTBTokenizer().tokenize(gts), PTBTokenizer().tokenize(res)
+            for scorer, method in [(Bleu(4), ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"]), (Rouge(), "ROUGE_L"),
+                                   (Cider(), "CIDEr")]:  # fmt: skip
+                score, scores = scorer.compute_score(gts, res)
+                if isinstance(method, list):
+                    for sc, scs, m in zip(score, scores, method, strict=True):
+                        self.setEval(sc, m)
+                        self.setImgToEvalImgs(scs, gts.keys(), m)
+                else:
+                    self.setEval(score, method)
+                    self.setImgToEvalImgs(scores, gts.keys(), method)
+            self.setEvalImgs()
+
+    return Subclass
+
+
+def test_subclass_overriding_evaluate_with_pycocoevalcaps_setters(files):
+    # pycocoevalcap's COCOEvalCap has public setEval / setImgToEvalImgs / setEvalImgs, which subclasses call; under
+    # finecap.compat.install() such a subclass derives from finecap's class, which had none (AttributeError)
+    import pycocoevalcap.eval as reference
+
+    want = _example_flow(_subclass_evaluating_with_pycocoevalcaps_setters(reference.COCOEvalCap), *files)
+    got = _example_flow(_subclass_evaluating_with_pycocoevalcaps_setters(COCOEvalCap), *files)
+    assert list(got.eval) == list(want.eval) == ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
+    assert got.eval == want.eval and got.imgToEval == want.imgToEval and got.evalImgs == want.evalImgs
+    assert [list(e) for e in got.evalImgs] == [list(e) for e in want.evalImgs]
+    assert len(got.evalImgs) == 60 and got.evalImgs[0] is got.imgToEval[got.evalImgs[0]["image_id"]]

@@ -181,12 +181,26 @@ class COCOEvalCap:
                     per.setdefault(i, {}).update(p[i])
         order = [n for m in self.metrics for n in _KEYS[m] if n in corpus]
         for name in order:
-            self.eval[name] = np.float64(corpus[name]) if name in _NUMPY_CORPUS else corpus[name]
-            for i in img_ids:
-                score = np.float64(per[i][name]) if name in _NUMPY_PER_IMAGE else per[i][name]
-                self.imgToEval.setdefault(i, {"image_id": i})[name] = score
+            self.setEval(np.float64(corpus[name]) if name in _NUMPY_CORPUS else corpus[name], name)
+            scores = [per[i][name] for i in img_ids]
+            self.setImgToEvalImgs(np.array(scores) if name in _NUMPY_PER_IMAGE else scores, img_ids, name)
             if self.verbose:
                 print(f"{name}: {corpus[name]:0.3f}")
+        self.setEvalImgs()
+
+    # pycocoevalcap's three public setters, which its evaluate() calls and subclasses overriding evaluate() call too
+    def setEval(self, score: Any, method: str) -> None:  # noqa: N802 (pycocoevalcap name)
+        """``eval[method] = score``."""
+        self.eval[method] = score
+
+    def setImgToEvalImgs(self, scores: Iterable, imgIds: Iterable[Hashable], method: str) -> None:  # noqa: N802, N803
+        """``imgToEval[imgId][method] = score`` for ``imgIds`` and ``scores`` zipped (up to the shorter), creating
+        ``{"image_id": imgId}`` for an image seen first."""
+        for img_id, score in zip(imgIds, scores):
+            self.imgToEval.setdefault(img_id, {"image_id": img_id})[method] = score
+
+    def setEvalImgs(self) -> None:  # noqa: N802 (pycocoevalcap name)
+        """``evalImgs``: the dicts of ``imgToEval``, in its order (the same objects)."""
         self.evalImgs = list(self.imgToEval.values())
 
 
