@@ -9,6 +9,7 @@ import io
 import random
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +81,22 @@ def test_ngram_scorers_equal_pycocoevalcap_bit_for_bit(data, coco_tokenized):
         else:  # Rouge, Cider: numpy float64 mean and per-item array
             assert got[0] == want[0] and np.array_equal(got[1], want[1]), ours.method()
     assert 0.05 < float(Cider().compute_score(gts, res)[0]) < 10  # a non-trivial comparison
+
+
+def test_empty_input_gives_pycocoevalcaps_scores():
+    # no images: pycocoevalcap's Bleu gives 0.0 per order and empty per-item lists (finecap raised numpy's "zero-size
+    # array" ValueError); its Rouge gives nan and an empty array
+    from pycocoevalcap.bleu.bleu import Bleu as RefBleu
+    from pycocoevalcap.rouge.rouge import Rouge as RefRouge
+
+    for n in (1, 4):
+        got, want = Bleu(n).compute_score({}, {}), _reference(RefBleu(n), {}, {})
+        assert got == want == ([0.0] * n, [[] for _ in range(n)]), n
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's mean of an empty array, on both sides
+        got, want = Rouge().compute_score({}, {}), RefRouge().compute_score({}, {})
+    assert type(got[0]) is type(want[0]) and np.isnan(got[0]) and np.isnan(want[0])
+    assert type(got[1]) is type(want[1]) and got[1].shape == want[1].shape == (0,)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pycocotools.coco import COCO
 
@@ -125,3 +126,78 @@ def test_unavailable_java_metric_is_skipped_with_the_reason(files, monkeypatch):
         ev.evaluate()
     assert list(ev.eval) == ["CIDEr"]
     assert any("skipping SPICE" in str(w.message) and "/nonexistent" in str(w.message) for w in caught)
+
+
+def test_scores_have_pycocoevalcaps_types(files, monkeypatch):
+    # pycocoevalcap's Rouge and Cider return a numpy float64 mean and a numpy array (COCOEvalCap stores both as they
+    # come: np.float64 in eval and imgToEval), its Bleu and Meteor Python floats, its Spice an np.mean; finecap stored
+    # Python floats for all, so `eval["CIDEr"].item()` (and isinstance(..., np.floating)) failed on the drop-in only
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
+
+    from finecap.compat.pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    ev = _example_flow(COCOEvalCap, *files, metrics=("bleu", "rouge", "cider"))
+    tok = PTBTokenizer()
+    gts = tok.tokenize({i: ev.coco.imgToAnns[i] for i in ev.params["image_id"]})
+    res = tok.tokenize({i: ev.cocoRes.imgToAnns[i] for i in ev.params["image_id"]})
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocoevalcap's Bleu prints its counts
+        bleu, bleu_per = Bleu(4).compute_score(gts, res)
+    want = {"Bleu_1": (bleu[0], bleu_per[0]), "ROUGE_L": Rouge().compute_score(gts, res),
+            "CIDEr": Cider().compute_score(gts, res)}  # fmt: skip
+    for m, (corpus, per) in want.items():
+        assert ev.eval[m] == corpus and type(ev.eval[m]) is type(corpus), m
+        for j, i in enumerate(gts):
+            assert ev.imgToEval[i][m] == per[j] and type(ev.imgToEval[i][m]) is type(per[j]), (m, i)
+    assert type(ev.eval["ROUGE_L"]) is np.float64 and type(ev.eval["Bleu_4"]) is float  # the comparison has teeth
+
+    def fake_spice(res, gts):  # SPICE's jar needs Stanford CoreNLP's models: its corpus type alone, checked here
+        return {"SPICE": 0.25}, {i: {"SPICE": 0.25} for i in res}
+
+    monkeypatch.setattr("finecap.metrics.spice.spice_per_item", fake_spice)
+    spice = COCOEvalCap(str(files[0]), str(files[1]), metrics=("spice",))
+    spice.evaluate()
+    assert spice.eval == {"SPICE": 0.25} and type(spice.eval["SPICE"]) is np.float64  # pycocoevalcap: np.mean(...)
+
+
+def _subclass_evaluating_with_pycocoevalcaps_setters(base):
+    """A common pattern of papers' repos, verbatim in its use of the base class: subclass pycocoevalcap's
+    ``COCOEvalCap`` and override ``evaluate`` with one that fills the results through ``setEval``,
+    ``setImgToEvalImgs`` and ``setEvalImgs`` (scorers: the drop-in's, so that no Java runs)."""
+    from finecap.compat.pycocoevalcap.bleu.bleu import Bleu
+    from finecap.compat.pycocoevalcap.cider.cider import Cider
+    from finecap.compat.pycocoevalcap.rouge.rouge import Rouge
+    from finecap.compat.pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    class Subclass(base):
+        def evaluate(self):
+            gts = {i: self.coco.imgToAnns[i] for i in self.params["image_id"]}
+            res = {i: self.cocoRes.imgToAnns[i] for i in self.params["image_id"]}
+            gts, res = PTBTokenizer().tokenize(gts), PTBTokenizer().tokenize(res)
+            for scorer, method in [(Bleu(4), ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"]), (Rouge(), "ROUGE_L"),
+                                   (Cider(), "CIDEr")]:  # fmt: skip
+                score, scores = scorer.compute_score(gts, res)
+                if isinstance(method, list):
+                    for sc, scs, m in zip(score, scores, method, strict=True):
+                        self.setEval(sc, m)
+                        self.setImgToEvalImgs(scs, gts.keys(), m)
+                else:
+                    self.setEval(score, method)
+                    self.setImgToEvalImgs(scores, gts.keys(), method)
+            self.setEvalImgs()
+
+    return Subclass
+
+
+def test_subclass_overriding_evaluate_with_pycocoevalcaps_setters(files):
+    # pycocoevalcap's COCOEvalCap has public setEval / setImgToEvalImgs / setEvalImgs, which subclasses call; under
+    # finecap.compat.install() such a subclass derives from finecap's class, which had none (AttributeError)
+    import pycocoevalcap.eval as reference
+
+    want = _example_flow(_subclass_evaluating_with_pycocoevalcaps_setters(reference.COCOEvalCap), *files)
+    got = _example_flow(_subclass_evaluating_with_pycocoevalcaps_setters(COCOEvalCap), *files)
+    assert list(got.eval) == list(want.eval) == ["Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L", "CIDEr"]
+    assert got.eval == want.eval and got.imgToEval == want.imgToEval and got.evalImgs == want.evalImgs
+    assert [list(e) for e in got.evalImgs] == [list(e) for e in want.evalImgs]
+    assert len(got.evalImgs) == 60 and got.evalImgs[0] is got.imgToEval[got.evalImgs[0]["image_id"]]

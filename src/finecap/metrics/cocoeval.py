@@ -17,7 +17,9 @@ Switching is a one-line import change::
 of a COCO caption annotation file and a COCO results file (then pycocotools is not needed: :class:`CaptionFile`
 reads them). After :meth:`COCOEvalCap.evaluate`, ``eval`` maps pycocoevalcap's metric names (``Bleu_1`` ..
 ``Bleu_4``, ``METEOR``, ``ROUGE_L``, ``CIDEr``, ``SPICE``) to corpus scores, ``imgToEval[image_id]`` holds
-``image_id`` and the per-image scores, and ``evalImgs`` lists those dicts, as pycocoevalcap fills them.
+``image_id`` and the per-image scores, and ``evalImgs`` lists those dicts, as pycocoevalcap fills them, with its
+types: Python floats for BLEU and METEOR, numpy ``float64`` for ROUGE-L and CIDEr (corpus and per image) and
+SPICE's corpus score.
 
 How it computes them: captions go through :func:`finecap.metrics.ptb_tokenize.tokenize_all` (the Python equivalent
 of pycocoevalcap's Java PTB tokenizer), BLEU / ROUGE-L / CIDEr-D through :func:`finecap.metrics.ngram.ngram_metrics`
@@ -46,6 +48,8 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from finecap.metrics.meteor import BACKENDS, MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
@@ -177,11 +181,26 @@ class COCOEvalCap:
                     per.setdefault(i, {}).update(p[i])
         order = [n for m in self.metrics for n in _KEYS[m] if n in corpus]
         for name in order:
-            self.eval[name] = corpus[name]
-            for i in img_ids:
-                self.imgToEval.setdefault(i, {"image_id": i})[name] = per[i][name]
+            self.setEval(np.float64(corpus[name]) if name in _NUMPY_CORPUS else corpus[name], name)
+            scores = [per[i][name] for i in img_ids]
+            self.setImgToEvalImgs(np.array(scores) if name in _NUMPY_PER_IMAGE else scores, img_ids, name)
             if self.verbose:
                 print(f"{name}: {corpus[name]:0.3f}")
+        self.setEvalImgs()
+
+    # pycocoevalcap's three public setters, which its evaluate() calls and subclasses overriding evaluate() call too
+    def setEval(self, score: Any, method: str) -> None:  # noqa: N802 (pycocoevalcap name)
+        """``eval[method] = score``."""
+        self.eval[method] = score
+
+    def setImgToEvalImgs(self, scores: Iterable, imgIds: Iterable[Hashable], method: str) -> None:  # noqa: N802, N803
+        """``imgToEval[imgId][method] = score`` for ``imgIds`` and ``scores`` zipped (up to the shorter), creating
+        ``{"image_id": imgId}`` for an image seen first."""
+        for img_id, score in zip(imgIds, scores):
+            self.imgToEval.setdefault(img_id, {"image_id": img_id})[method] = score
+
+    def setEvalImgs(self) -> None:  # noqa: N802 (pycocoevalcap name)
+        """``evalImgs``: the dicts of ``imgToEval``, in its order (the same objects)."""
         self.evalImgs = list(self.imgToEval.values())
 
 
@@ -193,6 +212,11 @@ def _caption(ann: Any, image_id: Hashable, what: str) -> str:
         raise ValueError(f"image {image_id!r}: a {what} caption must be a string, got {caption!r} in {ann!r}"[:300])
     return caption
 
+
+# pycocoevalcap's types, as its COCOEvalCap stores what its scorers return: Bleu and Meteor give Python floats,
+# Rouge and Cider a numpy mean and a numpy array (np.float64 items), Spice a numpy mean (and per image a dict)
+_NUMPY_CORPUS = frozenset({"ROUGE_L", "CIDEr", "SPICE"})
+_NUMPY_PER_IMAGE = frozenset({"ROUGE_L", "CIDEr"})
 
 _KEYS = {
     "bleu": ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4"),

@@ -26,7 +26,8 @@ _BLEU_KEY_LIMIT = 1 << 62  # BLEU's (group, slot) keys stay below it (else the r
 
 
 def bleu_arrays(preds: Sequence[str], refs: Sequence[Sequence[str]], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """pycocoevalcap BLEU of ``preds[i]`` against ``refs[i]``: (corpus BLEU-1..n (n,), per-candidate (C, n)).
+    """pycocoevalcap BLEU of ``preds[i]`` against ``refs[i]``: (corpus BLEU-1..n (n,), per-candidate (C, n)); no
+    candidates: zeros and a (0, n) array, as pycocoevalcap.
 
     BLEU only needs, for every distinct n-gram of a candidate, its count in the candidate and its maximum count in
     any one reference of the same image: reference n-grams absent from their image's candidate never matter. So,
@@ -41,6 +42,8 @@ def bleu_arrays(preds: Sequence[str], refs: Sequence[Sequence[str]], n: int) -> 
     where the index is shared with CIDEr-D.)
     """
     C = len(preds)  # noqa: N806
+    if C == 0:  # no candidates: pycocoevalcap's corpus BLEU is 0.0 (brevity penalty exp(1 - 1/ratio), ratio 1e-6)
+        return np.zeros(n), np.zeros((0, n))
     n_refs = np.fromiter(map(len, refs), dtype=np.int64, count=C)
     R = int(n_refs.max())  # noqa: N806  slots: 0 = candidate, 1..R = references, in the low `sb` bits of a key
     sb = int(R).bit_length()
