@@ -32,7 +32,7 @@ def test_serve_reward_demo_sr_bagcurri_from_an_empty_directory(tmp_path):
         body = {"query": captions, "labels": [json.dumps({"image_id": i}) for i in ids]}
         assert httpx.post(f"{command.url}/get_reward", json=body, timeout=120).json()["rewards"] == got["total"]
     assert command.code == 0, command.err
-    assert "stopped after 2 requests (16 captions)" in command.out
+    assert "stopped after 2 requests scored (16 captions), 0 failed, 0 timed out, 0 left" in command.out
     assert not list(tmp_path.iterdir())  # the world and its encoder went to the finecap home, not here
     # the values are those of the training loop's reward on the same world and encoder (found in the home now)
     reward, _ = load_reward(load("demo/sr_bagcurri", quick))
