@@ -73,9 +73,10 @@ class Captioner(Closeable):
         vision encoder is checked (:func:`finecap.train.fingerprint.check_run`), and weights holding NaN are refused.
         ``device``: default the machine's accelerator (a GPU) unless the run set ``train.cpu``, else the CPU
         (:func:`finecap.models.memory.eval_device`); one torch does not know or this machine lacks is a
-        ``ValueError`` naming it (:func:`usable_device`), before the model loads. Loading leaves the process's random
-        generators (python, numpy, torch) as they were: a notebook's draws after it are those it would have had
-        without it."""
+        ``ValueError`` naming it (:func:`usable_device`), before the model loads. An empty ``path`` (``""``, which
+        ``pathlib`` reads as the working directory) is a ``ValueError``: ``"."`` names that folder. Loading leaves the
+        process's random generators (python, numpy, torch) as they were: a notebook's draws after it are those it
+        would have had without it."""
         with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
             from finecap.config import load_stored
             from finecap.inference import checkpoint_where, load_for_captioning
@@ -85,6 +86,8 @@ class Captioner(Closeable):
             from finecap.train.fingerprint import check_run
             from finecap.utils.rng import rng_preserved
 
+            _refuse_empty_path(path, "Captioner.from_pretrained", 'a run directory, a checkpoint folder or a model '
+                               'folder ("." is the working directory)')  # fmt: skip
             where = usable_device(device) if device is not None else None  # a wrong device said before any reading
             checkpoint = find_checkpoint(checkpoint_where(path, option="path"))  # a run name as --checkpoint takes it
             stored = stored_config(checkpoint)
@@ -179,14 +182,21 @@ class Captioner(Closeable):
     def decode_settings(self, **decode: Any) -> Any:
         """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some, each converted and
         checked as a recipe's value (``max_length="5"`` or ``5.7`` is a ``ConfigError`` naming ``decode.max_length``);
-        an unknown key is a ``ValueError`` listing the valid ones."""
+        an unknown key is a ``ValueError`` listing the valid ones, and saying so when it is an argument of
+        :meth:`from_pretrained` instead (``device``: where the model is loaded, not a decoding setting)."""
+        import inspect
+
         from finecap.config import did_you_mean, replaced_section
 
         fields = [f.name for f in dataclasses.fields(self.cfg.decode)]
+        loading = set(inspect.signature(Captioner.from_pretrained).parameters)
         for key in decode:
             if key not in fields:
-                raise ValueError(f"unknown decoding option {key!r}{did_you_mean(key, fields)}; valid: "
-                                 f"{', '.join(fields)}")  # fmt: skip
+                hint = did_you_mean(key, fields)
+                if key in loading:
+                    hint = (f" ({key} is an argument of Captioner.from_pretrained, which loads the model: "
+                            f"Captioner.from_pretrained(path, {key}=...))")  # fmt: skip
+                raise ValueError(f"unknown decoding option {key!r}{hint}; valid: {', '.join(fields)}")
         return replaced_section(self.cfg.decode, "decode", **decode)
 
 
@@ -245,6 +255,14 @@ def _what(item: Any) -> str:
     return type(item).__name__ + (_ARRAY_HINT if hasattr(item, "__array__") else "")
 
 
+def _refuse_empty_path(value: Any, where: str, expected: str) -> None:
+    """A ``ValueError`` ``<where>: an empty path (""); name <expected>`` when ``value`` is the empty string, which
+    ``pathlib`` reads as the working directory (``Path("") == Path(".")``): an image there is "a folder", a recipe
+    there "is a directory", and a run or checkpoint there would be used, though ``""`` names nothing."""
+    if isinstance(value, str) and not value:
+        raise ValueError(f'{where}: an empty path (""); name {expected}')
+
+
 def _as_list(images: Any) -> list[Any]:
     """One image (a PIL image, a path) as a list of one; a list or tuple of them as a list; anything else (bytes, a
     number, a nested list, a numpy array or torch tensor) a ``TypeError`` naming the item, an empty path (``""``,
@@ -257,8 +275,7 @@ def _as_list(images: Any) -> list[Any]:
     for i, item in enumerate(items):
         if not _is_image_or_path(item):
             raise TypeError(f"images[{i}]: expected a PIL image or a path, got {_what(item)}")
-        if isinstance(item, str) and not item:
-            raise ValueError(f'images[{i}]: an empty path (""); name an image file')
+        _refuse_empty_path(item, f"images[{i}]", "an image file")
     return items
 
 
@@ -422,7 +439,8 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             :class:`finecap.config.Config` (checked as a loaded recipe is, keywords or not: a registry name or a
             ``train.best_metric`` no validator gives is a :class:`finecap.config.ConfigError` before anything is
             made); with ``resume=True``, a run directory too (a folder, which no packaged recipe's name takes:
-            ``"./demo/mle"`` is the folder, ``"demo/mle"`` the recipe).
+            ``"./demo/mle"`` is the folder, ``"demo/mle"`` the recipe). An empty one (``""``, which ``pathlib``
+            reads as the working directory) is a ``ValueError`` before anything is read: ``"."`` names that folder.
         resume: continue from the run directory's newest complete checkpoint (``finecap train --resume``). Given a
             run directory, ``finecap.train(run_dir, resume=True, **overrides)`` is ``finecap train --resume --out
             RUN [key=value ...]``: the settings the run was trained with (its ``config.yaml``), the keywords on top,
@@ -457,6 +475,8 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
 
     for flag, value in (("resume", resume), ("overwrite", overwrite)):
         _check_flag(f"finecap.train: {flag}", value)
+    _refuse_empty_path(recipe_or_config, "finecap.train", "a recipe (a YAML file or a packaged recipe's name, "
+                       '"demo/mle") or, with resume=True, a run directory ("." is the working directory)')  # fmt: skip
 
     with silenced():  # the libraries' warnings the CLI and Captioner leave out (finecap.library_warnings)
         from finecap.train.run import train as train_run

@@ -67,7 +67,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MADE_DIR = "made"
-"""Folder of the finecap home holding one file per SHA-256 of an output finecap wrote, holding its kind."""
+"""Folder of the finecap home holding one file per output finecap wrote and its kind, ``<SHA-256>.<kind>``
+(:func:`remember`); an earlier finecap's record, a file ``<SHA-256>`` holding one kind, is still read."""
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -164,12 +165,11 @@ def _made_dir() -> Path:
 def remember(data: bytes, kind: str) -> None:
     """Record that finecap wrote a file of ``kind`` (:data:`KINDS`) holding ``data``, so that an ``--out`` of that
     kind naming it later may replace it. Best effort: an unwritable finecap home costs only that (a warning), as
-    the output itself is already written."""
+    the output itself is already written. Each (content, kind) has a file of its own, written atomically: two
+    processes recording the same bytes as two kinds keep both, and a kill or a full disk leaves no half record."""
     try:
-        folder = _made_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / digest(data)).write_text(kind)
-    except OSError as e:
+        atomic_write_bytes(_record(digest(data), kind), kind.encode())
+    except (OSError, OutputRefused) as e:  # OutputRefused: a link planted at the record, never written through
         log.warning("finecap could not record that it wrote this output (%s); naming it as --out again will need "
                     "--force", e)  # fmt: skip
 
@@ -184,10 +184,18 @@ def made_by_finecap(path: str | Path, kinds: Iterable[str] = KINDS) -> bool:
 def recorded_as(sha256: str, kinds: Iterable[str] = KINDS) -> bool:
     """Whether finecap recorded writing bytes of SHA-256 ``sha256`` as one of ``kinds`` (:func:`remember`): for a
     caller that has the file's digest already (:func:`made_by_finecap` reads the file for it)."""
-    try:
-        return (_made_dir() / sha256).read_text().strip() in set(kinds)
+    kinds = set(kinds)
+    if any(_record(sha256, kind).is_file() for kind in kinds):
+        return True
+    try:  # an earlier finecap's record: one file per SHA-256, holding one kind
+        return (_made_dir() / sha256).read_text().strip() in kinds
     except OSError:
         return False
+
+
+def _record(sha256: str, kind: str) -> Path:
+    """The file recording that finecap wrote bytes of SHA-256 ``sha256`` as ``kind`` (:func:`remember`)."""
+    return _made_dir() / f"{sha256}.{kind}"
 
 
 def write_output(path: str | Path, data: bytes | str, kind: str) -> None:

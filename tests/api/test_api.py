@@ -161,6 +161,18 @@ def test_decode_options(cap, files):
     assert [c[0] for c in every] == cap.caption(files, strategy="beam", beam_size=3)  # best first
 
 
+def test_a_loading_argument_given_to_caption_says_where_it_belongs(cap, files):
+    """``caption(img, device="cpu")`` said only "unknown decoding option 'device'"; ``device`` is where
+    ``Captioner.from_pretrained`` loads the model, and the error now says so, still listing the decoding options."""
+    belongs = (r"^unknown decoding option 'device' \(device is an argument of Captioner.from_pretrained, which loads "
+               r"the model: Captioner.from_pretrained\(path, device=\.\.\.\)\); valid: engine, ")  # fmt: skip
+    for call in (cap.caption, cap.caption_all):
+        with pytest.raises(ValueError, match=belongs):
+            call(files[:1], device="cpu")
+    with pytest.raises(ValueError, match=r"^unknown decoding option 'devise'; valid: engine, "):  # no such argument
+        cap.caption(files[:1], devise="cpu")
+
+
 def test_the_runs_autocast_is_used(cap, files):
     # A linear layer of the decoder computes in bfloat16 under the run's train.mixed_precision=bf16 (CPU autocast).
     dtypes = []
@@ -613,6 +625,30 @@ def test_a_config_is_checked_as_a_recipe_is_with_or_without_keywords(monkeypatch
     assert not seen
     finecap.train(cfg)  # a good one trains as it is
     assert seen == [cfg]
+
+
+def test_an_empty_recipe_or_checkpoint_is_refused_not_read_as_the_working_directory(run, monkeypatch, tmp_path):
+    """``""`` is ``Path(".")`` to pathlib: ``finecap.train("")`` said ".: is a directory", with ``resume=True`` it
+    resumed the run in the working directory, and ``Captioner.from_pretrained("")`` loaded the checkpoint there. Each
+    is now a ValueError saying the path is empty and what to name, before anything is read; ``"."`` still names the
+    working directory."""
+    import shutil
+
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(kwargs))
+    monkeypatch.chdir(shutil.copytree(run, tmp_path / "run"))  # a finished run: its config.yaml and checkpoints
+    for resume in (False, True):
+        with pytest.raises(ValueError, match=r'^finecap.train: an empty path \(""\); name a recipe \(a YAML file or a '
+                                             r"packaged recipe's name, \"demo/mle\"\) or, with resume=True, a run "
+                                             r'directory \("\." is the working directory\)$'):  # fmt: skip
+            finecap.train("", resume=resume)
+    loading = r'^Captioner.from_pretrained: an empty path \(""\); name a run directory, a checkpoint folder or a '
+    with pytest.raises(ValueError, match=loading + r'model folder \("\." is the working directory\)$'):
+        Captioner.from_pretrained("", device="cpu")
+    assert not seen
+    finecap.train(".", resume=True)  # the folder, named
+    assert seen == [{"resume": True, "overwrite": False, "recipe": None}]
+    assert Captioner.from_pretrained(".", device="cpu").checkpoint.resolve().is_relative_to(tmp_path / "run")
 
 
 @pytest.mark.parametrize("flags", [{"overwrite": "no"}, {"resume": "yes"}, {"overwrite": 0}, {"resume": None}])

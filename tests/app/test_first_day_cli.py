@@ -6,8 +6,6 @@ many-line message to its first line."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import re
@@ -15,18 +13,9 @@ import sys
 
 import pytest
 
-from finecap.app.cli import _shortened_records, main
+from finecap.app.cli import _shortened_records
 from finecap.recipes import list_recipes
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:  # argparse's own errors
-            code = e.code
-    return code, out.getvalue(), err.getvalue()
+from helpers.cli import run_cli
 
 
 @pytest.mark.parametrize(

@@ -510,6 +510,47 @@ def test_a_file_made_by_finecap_is_recognised_by_content_and_kind(tmp_path, monk
         check_output_file(tmp_path / "z.json", {}, force=False, kind="scores")
 
 
+def _record_outputs(kind, start, n):
+    from finecap.outputs import remember
+
+    start.wait()
+    for i in range(n):
+        remember(f"[{i}]\n".encode(), kind)
+
+
+def test_two_processes_recording_the_same_bytes_as_two_kinds_lose_neither(tmp_path):
+    # the record was one file per SHA-256 holding one kind, rewritten in place: the last writer's kind replaced the
+    # first's (a lost update, then a refusal without --force), and a reader between its truncation and its write, or
+    # a kill or full disk there, found an empty record
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    workers = [context.Process(target=_record_outputs, args=(kind, start, 50)) for kind in ("scores", "results")]
+    for w in workers:
+        w.start()
+    start.set()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    for i in range(50):
+        out = tmp_path / f"{i}.json"
+        out.write_bytes(f"[{i}]\n".encode())
+        assert made_by_finecap(out, ("scores",)) and made_by_finecap(out, ("results",)), i
+    assert not made_by_finecap(out, ("bags",))
+
+
+def test_a_record_of_an_earlier_finecap_is_still_read(tmp_path):
+    from finecap.home import home
+    from finecap.outputs import MADE_DIR, digest
+
+    out = tmp_path / "scores.json"
+    out.write_text('{"old": 1}\n')
+    (home() / MADE_DIR).mkdir(parents=True, exist_ok=True)
+    (home() / MADE_DIR / digest(out.read_bytes())).write_text("scores")  # one file per SHA-256, holding its kind
+    assert made_by_finecap(out, ("scores",)) and not made_by_finecap(out, ("results",))
+
+
 def test_a_command_never_replaces_another_kind_of_finecap_output(trained, tmp_path):
     run = shutil.copytree(trained, tmp_path / "run")
     before = (run / "config.yaml").read_bytes()

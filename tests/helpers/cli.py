@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 
 from finecap.app.cli import main
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``finecap ARGV`` in this process: (exit code, stdout, stderr). An exception the command line does not turn
-    into a message propagates (and fails the test, as a traceback would)."""
+    """``finecap ARGV`` in this process: (exit code, stdout, stderr). argparse's ``SystemExit`` (a usage error: 2,
+    ``--help``: 0) is the exit code the process would have, as are other ``SystemExit`` codes (``None``: 0, a message:
+    1, written to stderr as Python writes it). Any other exception the command line does not turn into a message
+    propagates (and fails the test, as a traceback would)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv)
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int | None):
+                print(e.code, file=sys.stderr)
     return code, out.getvalue(), err.getvalue()
 
 

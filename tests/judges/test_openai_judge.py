@@ -4,6 +4,7 @@ concurrency, and the answer cache across a re-run."""
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sqlite3
@@ -15,6 +16,7 @@ import pytest
 from finecap.boost.engine import FatalBackendError
 from finecap.boost.openai_backend import OpenAIBackend
 from finecap.config import load
+from finecap.errors import explain
 from finecap.judges import get_judge
 from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache
@@ -505,6 +507,57 @@ def test_a_damaged_answer_cache_is_a_one_line_error_naming_the_file(tmp_path, da
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy cut short
     with pytest.raises(ValueError, match=f"judge answer cache {re.escape(str(path))} is damaged .*delete it"):
         AnswerCache(path)
+
+
+def test_a_full_disk_under_the_answer_cache_is_a_one_line_error_naming_the_file(tmp_path):
+    # SQLite's bare OperationalError ("database or disk is full") reached the command line as a traceback
+    path = tmp_path / "answers.sqlite"
+    cache = AnswerCache(path)
+    cache.put("k0", "kept")
+    cache._db.execute("PRAGMA max_page_count = 4")  # SQLite's own SQLITE_FULL, as a full disk gives it
+    with pytest.raises(OSError) as caught:
+        for n in range(1, 2000):
+            cache.put(f"k{n}", ["a red circle"] * 50)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(path)
+    assert (
+        explain(caught.value)
+        == f"{path}: no space left on device (the disk is full); free space or write elsewhere (--out)"
+    )
+    assert cache.get("k0") == "kept"  # what was written stays whole
+    cache.close()
+    assert AnswerCache(path).get("k0") == "kept"
+
+
+def test_an_answer_cache_that_cannot_be_opened_is_a_one_line_error_naming_it(tmp_path):
+    path = tmp_path / "answers.sqlite"
+    path.mkdir()  # "unable to open database file"
+    with pytest.raises(IsADirectoryError) as caught:
+        AnswerCache(path)
+    assert explain(caught.value) == f"{path}: is a directory, but a file is expected here"
+
+
+def test_an_answer_cache_held_past_the_busy_time_out_is_a_one_line_error_naming_it(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    path = tmp_path / "answers.sqlite"
+    AnswerCache(path).close()
+    hold = ("import sqlite3, sys; db = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "db.execute('BEGIN IMMEDIATE'); print('held', flush=True); sys.stdin.read()")  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"  # another process holds the write lock
+        monkeypatch.setattr("finecap.judges.cache.BUSY_SECONDS", 0.2)
+        cache = AnswerCache(path)
+        assert cache.get("k") is None  # reading goes on (write-ahead log)
+        with pytest.raises(TimeoutError) as caught:
+            cache.put("k", "v")
+        assert explain(caught.value).startswith(f"{path}: another process held the judge answer cache for more than")
+        cache.close()
+    finally:
+        holder.communicate("")
+    assert holder.returncode == 0
 
 
 @pytest.mark.parametrize(("template", "named"), [("Caption: {captoin}\n{question}\n{options}", "KeyError: 'captoin'"),

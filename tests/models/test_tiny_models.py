@@ -6,11 +6,14 @@ refused."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from finecap.models import tiny
+from finecap.models import presets, tiny
 from finecap.models.vlm import FAMILIES
 from helpers.cli import refused, run_cli
 
@@ -117,6 +120,44 @@ def test_vlm_name_tiny_builds_the_familys_tiny_vlm_and_leaves_the_random_generat
     assert Vlm.built_here(load(None, ["model.kind=vlm", "vlm.name=tiny:idefics3"])) == "vlm.name=tiny:idefics3"
     with pytest.raises(ValueError, match=r"vlm.name=tiny:gpt5: no tiny 'gpt5' VLM; valid: tiny:llava"):
         Vlm.build(load(None, ["model.kind=vlm", "vlm.name=tiny:gpt5"]))
+
+
+BUILDS = {
+    "save_tiny_clip": lambda out, seed: presets.save_tiny_clip(out, seed=seed),
+    "save_tiny_blip": lambda out, seed: presets.save_tiny_blip(out, seed=seed),
+    "save_tiny_vlm": lambda out, seed: presets.save_tiny_vlm(out, "llava", seed=seed),
+    "save_tiny_vlm std": lambda out, seed: presets.save_tiny_vlm(out, "qwen2_vl", seed=seed, std=0.2),
+    "tiny_family": lambda out, seed: tiny.tiny_family("idefics3", seed=seed)[0].save_pretrained(out),
+    "save_tiny": lambda out, seed: tiny.save_tiny("gemma3", out, seed=seed),
+}
+
+
+def global_draws() -> tuple:
+    """A draw from each of the process's global generators (torch, numpy, python), from wherever they stand."""
+    return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+
+
+def saved_weights(folder) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_a_tiny_model_is_drawn_from_its_seed_and_leaves_the_global_generators_where_they_were(build, tmp_path):
+    """A notebook that builds a tiny model (docs/training.md) keeps its later draws: torch's, numpy's and python's
+    generators are where they were before the call; the weights depend on ``seed`` alone, not on those states."""
+    states = []
+    for run, (global_seed, seed) in enumerate([(11, 0), (12, 0), (11, 1)]):
+        torch.manual_seed(global_seed), np.random.seed(global_seed), random.seed(global_seed)
+        BUILDS[build](tmp_path / str(run), seed)
+        after = global_draws()
+        torch.manual_seed(global_seed), np.random.seed(global_seed), random.seed(global_seed)
+        assert after == global_draws(), f"{build} moved the global random generators"
+        states.append(saved_weights(tmp_path / str(run)))
+    same, other_seed = states[0], states[2]
+    assert same.keys() == states[1].keys() and all(torch.equal(same[k], states[1][k]) for k in same)
+    assert any(not torch.equal(same[k], other_seed[k]) for k in same if same[k].is_floating_point())
 
 
 def test_a_failed_write_into_an_empty_folder_leaves_it_empty_and_a_complete_one_fills_it(tmp_path, monkeypatch):

@@ -36,6 +36,7 @@ from finecap.config import DecodeConfig
 from finecap.models.base import module_path
 from finecap.models.vlm import FAMILIES, Vlm
 from finecap.objectives.mle import mle_loss
+from finecap.utils.rng import torch_seeded
 from helpers.adapters import adapted
 from helpers.vlm import batch_of
 from helpers.vlm_families import family_id, tiny_family
@@ -320,7 +321,8 @@ def levers_model(family: str, checkpointing: bool) -> Vlm:
             f"train.gradient_checkpointing={str(checkpointing).lower()}",
         ],
     )
-    vlm = memory.prepare_training(lora.configure_training(Vlm(model, processor, source=family), cfg), cfg)
+    with torch_seeded(0):  # the adapters' A matrices alike in both models (tiny_family leaves torch's seed alone)
+        vlm = memory.prepare_training(lora.configure_training(Vlm(model, processor, source=family), cfg), cfg)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in vlm.named_parameters():

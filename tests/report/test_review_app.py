@@ -209,8 +209,9 @@ def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_pat
     assert "s3cret-token" not in default_out(bags).read_text() + decisions_path(default_out(bags)).read_text()
 
 
-def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run, tiny_world, tmp_path, monkeypatch,
-                                                                 capsys, caplog):  # fmt: skip
+def test_main_warns_beyond_loopback_and_requires_a_generated_token_everywhere(
+    fabricated_run, tiny_world, tmp_path, monkeypatch, capsys, caplog
+):
     import werkzeug.serving
 
     from finecap.app import review
@@ -226,7 +227,7 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
 
     bound = []
     monkeypatch.setattr(
-        werkzeug.serving, "make_server", lambda host, port, app, threaded: bound.append(app) or Server()
+        werkzeug.serving, "make_server", lambda host, port, app, threaded, **kw: bound.append(app) or Server()
     )
     monkeypatch.delenv(review.TOKEN_ENV, raising=False)
     bags = tmp_path / "bags.json"
@@ -243,10 +244,58 @@ def test_main_warns_beyond_loopback_and_prints_a_generated_token(fabricated_run,
     for path in tmp_path.rglob("*"):
         assert not path.is_file() or token not in path.read_text(errors="replace"), path
     caplog.clear()
-    review.main(bags, tiny_world / "images", port=0)  # loopback: no warning, no token
+    review.main(bags, tiny_world / "images", port=0)  # loopback: no warning, but a token all the same
     captured = capsys.readouterr()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert captured.err == "" and "token" not in captured.out and "open http://127.0.0.1:8765/" in captured.out
+    assert captured.err == "" and "open http://127.0.0.1:8765/?token=" in captured.out
+    # another user of the machine reaches 127.0.0.1 too: without the printed token, nothing is served
+    local = re.search(r"\?token=(\S+)", captured.out).group(1)
+    assert len(local) >= 24 and local != token
+    client = bound[1].test_client()
+    assert client.get("/", headers={"Host": "127.0.0.1"}).status_code == 401
+    assert client.get(f"/?token={local}", headers={"Host": "127.0.0.1"}).status_code == 302
+
+
+def test_the_printed_url_carries_the_token_and_the_request_log_never_does(fabricated_run, tiny_world, tmp_path,
+                                                                          monkeypatch, capsys, caplog):  # fmt: skip
+    # werkzeug logged every request line in full, '?token=...' included: a `nohup` or job scheduler's log of the
+    # server held the access token. And the URL printed the token as it was: one holding '&', '#' or a space came
+    # back cut at the browser and every request was a 401.
+    import werkzeug.serving
+
+    from finecap.app import review
+
+    real, servers = werkzeug.serving.make_server, []
+
+    def on_a_free_port(host, port, app, **kw):
+        servers.append(real(host, 0, app, **kw))
+        return servers[-1]
+
+    monkeypatch.setattr(werkzeug.serving, "make_server", on_a_free_port)
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    token = "s3cret-token & #more words+"
+    caplog.set_level(logging.INFO, logger="werkzeug")
+    thread = threading.Thread(target=review.main, args=(bags, tiny_world / "images"), kwargs={"token": token})
+    thread.start()
+    try:
+        while not servers and thread.is_alive():
+            thread.join(0.05)
+        url = None
+        while url is None and thread.is_alive():  # printed once the curated file is rebuilt
+            url = re.search(r"open (\S+)", capsys.readouterr().out)
+            thread.join(0.05) if url is None else None
+        url = url.group(1)
+        assert urllib.parse.parse_qs(urllib.parse.urlsplit(url).query) == {"token": [token]}
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with browser.open(url, timeout=30) as response:  # the cookie's redirect, then the first bag
+            assert response.status == 200 and response.url.endswith("/bag/3/0")
+    finally:
+        servers[0].shutdown()
+        thread.join(30)
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "werkzeug")
+    assert "GET /?(query not logged) HTTP/1.1" in logged  # the request was logged, its query was not
+    assert "s3cret" not in logged and "token=" not in logged
 
 
 def test_a_chunked_body_is_refused_not_cut_at_the_form_limit(app_and_paths):

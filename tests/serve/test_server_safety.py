@@ -731,6 +731,49 @@ def test_image_paths_on_a_file_system_that_never_answers_are_a_504_naming_score_
     assert health["timed_out"] == 3 and health["failures"] == 3 and health["scored"] == 1
 
 
+def test_health_is_a_503_saying_checks_stuck_while_both_check_threads_are_blocked(monkeypatch):
+    """While both check threads were blocked on a file system that never answers (no request could be checked:
+    each waited out its deadline for a thread), /health said "ok": a supervisor's probe could not see it. With one
+    blocked it is still 200 "ok" (the other thread checks), with both a 503 "checks_stuck" counting them in
+    "blocked_checks", and 200 "ok" again once the file system answers. The hang is the stand-in mount of the test
+    above: a path under /mnt/hung-nfs/ whose resolution waits on an event."""
+    import finecap.serve.service as service_module
+
+    release, blocked = threading.Event(), []
+
+    class HungMount(type(service_module.Path())):
+        def resolve(self, strict: bool = False):
+            if str(self).startswith("/mnt/hung-nfs/"):
+                blocked.append(str(self))
+                release.wait(60)
+            return super().resolve(strict)
+
+    monkeypatch.setattr(service_module, "Path", HungMount)
+    svc = RewardService(Words(), ImageTable(range(10)), log_every=0, name="words", score_timeout=0.5)
+    hung = [{"captions": ["a b"], "images": [f"/mnt/hung-nfs/{k}.png"]} for k in range(2)]
+    with serving(svc) as url:
+        try:
+            first = httpx.post(f"{url}/reward", json=hung[0], timeout=20)
+            until(lambda: svc.blocked_checks == 1, "the first check never ran past the deadline")
+            one = httpx.get(f"{url}/health", timeout=5)
+            second = httpx.post(f"{url}/reward", json=hung[1], timeout=20)
+            until(svc.checks_stuck, "the second check never ran past the deadline")
+            both = httpx.get(f"{url}/health", timeout=5)
+        finally:
+            release.set()
+        until(lambda: svc.blocked_checks == 0, "the released checks did not return")
+        healthy = httpx.get(f"{url}/health", timeout=5)
+        after = httpx.post(f"{url}/reward", json=OK, timeout=20)
+    assert blocked == ["/mnt/hung-nfs/0.png", "/mnt/hung-nfs/1.png"]
+    assert first.status_code == second.status_code == 504, (first.text, second.text)
+    assert one.status_code == 200 and one.json()["status"] == "ok" and one.json()["blocked_checks"] == 1, one.text
+    assert both.status_code == 503, both.text
+    assert both.json()["status"] == "checks_stuck" and both.json()["blocked_checks"] == 2, both.text
+    assert both.json()["busy"] == 0 and both.json()["timed_out"] == 2  # the reward itself is idle, not stuck
+    assert healthy.status_code == 200 and healthy.json()["status"] == "ok" and healthy.json()["blocked_checks"] == 0
+    assert after.status_code == 200 and after.json()["total"] == [3.0, 2.0]
+
+
 def test_health_is_a_503_saying_stuck_while_a_call_runs_past_the_score_timeout():
     """/health said "ok" with a hung call (only its growing "busy" told): a supervisor's probe, which reads the
     status code, could not see it. Past --score-timeout it is a 503 "stuck", and "ok" again once the call returns."""

@@ -254,6 +254,48 @@ def test_interrupted_world_is_finecap_s_and_completed(tmp_path, monkeypatch):
     assert is_complete(out, world_key(cfg)) and len(read_dataset("world", out)) == 5
 
 
+def _make_world_killed_at_third_image(cfg, out):
+    import os
+    import signal
+
+    import finecap.utils.files as files
+
+    renames = []
+
+    def rename_or_die(src, dst, **kwargs):
+        renames.append(dst)
+        if len(renames) == 4:  # the marker, two images, then the third image's temporary file: SIGKILL, as a job's end
+            os.kill(os.getpid(), signal.SIGKILL)
+        return replace_durably(src, dst, **kwargs)
+
+    replace_durably = files.replace_durably
+    files.replace_durably = rename_or_die
+    make_world(cfg, out, progress=False)
+
+
+def test_a_world_whose_writer_was_killed_is_completed_without_its_temporary_files(tmp_path):
+    # a writer SIGKILLed mid-write left ".000002.png.<random>.tmp" in images/train for good: the process completing
+    # the world (holding its lock) never removed it
+    import multiprocessing
+
+    cfg = _cfg(n_train=4, n_val=1, n_test=1)
+    out = tmp_path / "w"
+    killed = multiprocessing.get_context("fork").Process(target=_make_world_killed_at_third_image, args=(cfg, out))
+    killed.start()
+    killed.join(60)
+    assert killed.exitcode == -9
+    left = [p.name for p in (out / "images" / "train").iterdir() if p.name.endswith(".tmp")]
+    assert len(left) == 1 and left[0].startswith(".000002.png.")  # the kill's leftover, as a real kill leaves it
+    mine = [out / "images" / "train" / ".notes.png.abc.tmp", out / "images" / ".000001.png.abc.tmp",
+            out / ".mine.json.abc.tmp"]  # fmt: skip
+    for path in mine:  # the user's files, though named like temporaries: not of a world's file, or not in its folder
+        path.write_text("keep")
+    make_world(cfg, out, progress=False)
+    assert is_complete(out, world_key(cfg)) and len(read_dataset("world", out)) == 6
+    assert not [p for p in out.rglob("*.tmp") if p not in mine]
+    assert all(path.read_text() == "keep" for path in mine)
+
+
 def test_world_made_before_markers_is_recognised(tmp_path):
     cfg = _cfg(n_train=2, n_val=1, n_test=1)
     out = make_world(cfg, tmp_path / "w", progress=False)

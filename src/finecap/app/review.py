@@ -18,10 +18,11 @@ the bags' images, and an ``--images`` folder under which none of them is found a
 Security model (docs/report-and-review.md). The server answers this machine only unless told otherwise, and serves
 nothing but the review:
 
-- **Binding.** ``127.0.0.1`` by default. A ``--host`` beyond loopback (``0.0.0.0``, a LAN address) prints a warning
-  and requires an access token (``--token``, ``FINECAP_REVIEW_TOKEN``, or one generated and printed): the printed
-  URL carries it as ``?token=``; the page exchanges it for an ``HttpOnly``, ``SameSite=Strict`` cookie. A token given
-  on loopback is required there too. The token is never written to a file.
+- **Binding and access token.** ``127.0.0.1`` by default; a ``--host`` beyond loopback (``0.0.0.0``, a LAN address)
+  prints a warning. Every server requires an access token (``--token``, ``FINECAP_REVIEW_TOKEN``, or one generated
+  and printed, as Jupyter does), on loopback too: other users of a shared machine reach ``127.0.0.1`` as well. The
+  printed URL carries it as ``?token=``; the page exchanges it for an ``HttpOnly``, ``SameSite=Strict`` cookie. The
+  token is never written to a file, nor to the log of requests on stderr (:class:`RequestHandler`).
 - **Host check (DNS rebinding).** A request whose ``Host`` is not the bound address or a loopback name
   (``localhost``, ``127.0.0.1``, ``::1``) is refused with 400; bound to a wildcard address, the machine's own names
   and IP literals are accepted too.
@@ -72,6 +73,7 @@ REVIEW_EXTRA = "finecap bags review needs Flask: pip install 'finecap[review]'"
 try:
     from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
     from werkzeug.exceptions import HTTPException
+    from werkzeug.serving import WSGIRequestHandler
 except ImportError:  # pragma: no cover - the review extra is in the test extra
     raise MissingExtra(REVIEW_EXTRA) from None
 
@@ -87,6 +89,22 @@ a ``Content-Length`` (chunked) is a 411: werkzeug cut such a body at this limit 
 IMAGE_TYPES: dict[str, str] = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
                                ".webp": "image/webp", ".bmp": "image/bmp"}  # fmt: skip
 """Image file extensions served, with their MIME types."""
+
+
+class RequestHandler(WSGIRequestHandler):
+    """werkzeug's request handler, its line per request (on stderr) without the query string: the only query the
+    page takes is the access token (``?token=``), which werkzeug logged in full, so that a ``nohup`` or job
+    scheduler's log of the server held it for anyone who can read that file."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        path = getattr(self, "path", None)  # unset for a request line that did not parse
+        if path is None or "?" not in path:
+            return super().log_request(code, size)
+        self.path = path.split("?", 1)[0] + "?(query not logged)"  # the request was answered: only the log reads it
+        try:
+            super().log_request(code, size)
+        finally:
+            self.path = path
 
 
 def default_out(bags: str | Path) -> Path:
@@ -377,21 +395,20 @@ def main(
 ) -> None:  # fmt: skip
     """Serve the review app until interrupted (port 0 picks a free port); prints the URL.
 
-    ``token`` (default ``$FINECAP_REVIEW_TOKEN``): the access token; generated when ``host`` is beyond loopback and
-    none is given. It is printed in the URL, never written to a file."""
+    ``token`` (default ``$FINECAP_REVIEW_TOKEN``): the access token; generated when none is given, on loopback too
+    (another user of the machine reaches ``127.0.0.1`` as well). It is printed in the URL, never written to a file."""
     from werkzeug.serving import make_server
 
-    token = token or os.environ.get(TOKEN_ENV) or None
-    local = is_loopback(host)
-    if not local:
-        token = token or secrets.token_urlsafe(24)
+    # generated when none is given, loopback or not (module docstring): a shared machine's other users reach it too
+    token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    if not is_loopback(host):
         log.warning("--host %s serves the review page beyond this machine, over plain HTTP: anyone who can reach it "
                     "and has the token can see the bag images and change decisions; the default is %s", host,
                     DEFAULT_HOST)  # fmt: skip
     app = create_app(bags, images, data=data, out=out, cfg=cfg, host=host, token=token, rebuild=False)
     curation: BagCuration = app.config["curation"]
     try:  # a port in use stops here, before anything is written
-        server = make_server(host, port, app, threaded=True)
+        server = make_server(host, port, app, threaded=True, request_handler=RequestHandler)
     except SystemExit:  # werkzeug prints why ("Address already in use") and exits 1: a named error instead
         raise OSError(
             f"--host {host} --port {port}: the review server could not listen there (said above; a port in "
@@ -405,7 +422,8 @@ def main(
     counts = curation.counts()
     shown = socket.gethostname() if hostname(host) in WILDCARD_HOSTS else host
     shown = f"[{shown}]" if ":" in shown else shown
-    url = f"http://{shown}:{server.server_port}/" + (f"?token={token}" if token else "")
+    # the token percent-encoded: one holding '&', '#', '+' or a space came back cut or changed, and was refused
+    url = f"http://{shown}:{server.server_port}/?{urlencode({'token': token})}"
     print(f"Reviewing {len(curation.keys())} bags of {bags} ({counts['accepted']} accepted, {counts['rejected']} "
           f"rejected so far): open {url}")  # fmt: skip
     log.info("Curated bags are written to %s now and after every click (Ctrl+C to stop).", curation.out)

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - older transformers
 from finecap.models.processors import image_only_processor
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
+from finecap.utils.rng import torch_seeded
 from finecap.world.captions import vocabulary
 
 WORLD_LM_POSITIONS = 64
@@ -132,8 +133,8 @@ def save_tiny_clip(
 ) -> Path:
     """Save a random tiny ``CLIPModel`` over the world tokenizer with a matching ``CLIPImageProcessor`` into ``out``,
     laid out like a Hub checkpoint (``Retriever.from_pretrained`` and ``model.encoder=<out>`` load it). For tests and
-    experiments that need a dual encoder without training one."""
-    torch.manual_seed(seed)
+    experiments that need a dual encoder without training one. The weights are drawn after ``torch.manual_seed(seed)``
+    and the process's random states are as before afterwards (:func:`finecap.utils.rng.torch_seeded`)."""
     tok = world_tokenizer()
     config = tiny_clip_config(
         len(tok), tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
@@ -142,7 +143,9 @@ def save_tiny_clip(
     )  # fmt: skip
     size = {"shortest_edge": image_size}
     processor = CLIPImageProcessor(size=size, crop_size={"height": image_size, "width": image_size})
-    Retriever(CLIPModel(config), tok, processor).save(out)
+    with torch_seeded(seed):
+        model = CLIPModel(config)
+    Retriever(model, tok, processor).save(out)
     return Path(out)
 
 
@@ -193,10 +196,10 @@ def save_tiny_blip(out: str | Path, *, image_size: int = 32, seed: int = 0, **si
     """Save a random tiny ``BlipForConditionalGeneration`` over the world tokenizer, with a ``BlipImageProcessor``
     sized for ``image_size`` px (its default is 384) and the tokenizer, laid out like a Hub checkpoint
     (``blip.name=<out>`` and ``BlipForConditionalGeneration.from_pretrained(out)`` load it). For tests and
-    benchmarks."""
-    torch.manual_seed(seed)
+    benchmarks. Seeded like :func:`save_tiny_clip`, leaving the process's random states as they were."""
     tok = world_tokenizer()
-    model = BlipForConditionalGeneration(tiny_blip_config(tok, image_size=image_size, **sizes))
+    with torch_seeded(seed):
+        model = BlipForConditionalGeneration(tiny_blip_config(tok, image_size=image_size, **sizes))
     out = Path(out)
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -348,14 +351,15 @@ def save_tiny_vlm(out: str | Path, family: str, *, seed: int = 0, std: float = 0
     """Save a random tiny VLM of ``family`` with its processor into ``out``, laid out like a Hub checkpoint
     (``vlm.name=<out>``, ``AutoModelForImageTextToText.from_pretrained(out)`` and ``AutoProcessor`` load it).
     ``std > 0`` redraws every weight matrix from ``N(0, std)`` (at the default 0.02 a random tiny model's next-token
-    distribution barely depends on the image)."""
-    torch.manual_seed(seed)
-    model, processor = tiny_vlm(family, **sizes)
-    if std > 0:
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.ndim == 2:
-                    p.normal_(0.0, std)
+    distribution barely depends on the image). Seeded like :func:`save_tiny_clip`, leaving the process's random
+    states as they were."""
+    with torch_seeded(seed):
+        model, processor = tiny_vlm(family, **sizes)
+        if std > 0:
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.ndim == 2:
+                        p.normal_(0.0, std)
     out = Path(out)
     model.save_pretrained(out)
     processor.save_pretrained(out)

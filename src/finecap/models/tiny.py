@@ -34,6 +34,7 @@ from tokenizers import processors
 from finecap.models.presets import PROMPT_WORDS, save_tiny_blip, save_tiny_clip, tiny_vlm
 from finecap.models.processors import image_only_processor
 from finecap.models.tokenizer import world_tokenizer
+from finecap.utils.rng import torch_seeded
 from finecap.world.captions import vocabulary
 
 S = 16  # image side (px) the image processors resize to
@@ -341,15 +342,16 @@ KINDS = (*ENCODERS, *BUILDERS)
 
 def tiny_family(family: str, *, seed: int = 0, std: float = 0.2, sizes: Sizes | None = None) -> tuple[Any, Any]:
     """A random tiny model of ``family`` (module docstring; weights redrawn from N(0, ``std``) after seeding torch's
-    global RNG with ``seed``) and its processor."""
+    global RNG with ``seed``) and its processor. The process's random states are as before afterwards
+    (:func:`finecap.utils.rng.torch_seeded`)."""
     if family not in BUILDERS:
         raise ValueError(f"tiny VLM family {family!r}; valid: {', '.join(BUILDERS)}")
-    torch.manual_seed(seed)
-    model, processor = BUILDERS[family](family, sizes or Sizes())
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, std)
+    with torch_seeded(seed):
+        model, processor = BUILDERS[family](family, sizes or Sizes())
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.ndim == 2:
+                    p.normal_(0.0, std)
     tok = processor.tokenizer
     stops = [tok.eos_token_id, *tok.convert_tokens_to_ids(list(MORE_STOPS.get(family, ())))]
     model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops

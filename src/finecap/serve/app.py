@@ -9,7 +9,8 @@ Endpoints:
 - ``POST /get_reward``: OpenRLHF's and CapRL's (:func:`finecap.serve.protocol.parse_get_reward`) ->
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
 - ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "scored": ..., "captions": ..., "failed": ...,
-  "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "busy": ..., "failures": ..., "score_timeout": ...}``.
+  "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "busy": ..., "blocked_checks": ..., "failures": ...,
+  "score_timeout": ...}``.
   Since the start, each request that passed its checks, or whose check ran out of time, counted once by how it ended
   (:class:`~finecap.serve.service.Meter`): ``scored``, the requests whose values the reward handed back (answered
   200, but for ``/get_reward``'s 502 naming captions the reward could not score and the server's own errors, which
@@ -18,11 +19,15 @@ Endpoints:
   their wait and reward call); ``left``, those whose client went away before their answer (queued, never scored, or
   while their call ran); ``refused``, those answered 503 at once because the server was stuck. Now: ``queued``, the
   requests waiting for the reward; ``busy``, the seconds its current call has run (0 when idle: a call that hangs
-  shows there, :attr:`RewardService.busy_for`). ``failures``: every failure logged
+  shows there, :attr:`RewardService.busy_for`); ``blocked_checks``, the check threads held by a request's check past
+  ``--score-timeout`` (image paths on a file system that does not answer: :attr:`RewardService.blocked_checks`).
+  ``failures``: every failure logged
   (:class:`~finecap.serve.service.RepeatedFailures`, a kind's repeats bounded): the 500s, 502s, 503s and 504s above
   and the server's own errors. Once the current call has run past ``--score-timeout`` the answer is 503 with
   ``"status": "stuck"`` (:meth:`RewardService.stuck`), until the call returns: a supervisor's probe can restart the
-  server. A request refused 4xx (malformed, unknown images, the policy) is in none of these counts.
+  server. While every check thread is blocked (:meth:`RewardService.checks_stuck`: no request can be checked) the
+  answer is 503 with ``"status": "checks_stuck"``, until one returns. A request refused 4xx (malformed, unknown
+  images, the policy) is in none of these counts.
 
 A caption the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`: a judge that failed) is never a
 number a trainer would pay: ``/reward`` answers it ``null`` in ``total`` and in every part, and the reply then says
@@ -329,12 +334,14 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
             guard.check(request)
         except RequestError as e:
             return refusal(e)
-        meter, stuck = service.meter, service.stuck()
-        return _json({"status": "stuck" if stuck else "ok", "reward": service.name, "images": len(service.images),
+        meter = service.meter
+        status = "stuck" if service.stuck() else "checks_stuck" if service.checks_stuck() else "ok"
+        return _json({"status": status, "reward": service.name, "images": len(service.images),
                       "scored": meter.total_scored, "captions": meter.total_captions, "failed": meter.failed,
                       "timed_out": meter.timed_out, "left": meter.left, "refused": meter.refused,
-                      "queued": service.queued, "busy": round(service.busy_for, 3), "failures": service.failures.total,
-                      "score_timeout": service.score_timeout}, 503 if stuck else 200)  # fmt: skip
+                      "queued": service.queued, "busy": round(service.busy_for, 3),
+                      "blocked_checks": service.blocked_checks, "failures": service.failures.total,
+                      "score_timeout": service.score_timeout}, 200 if status == "ok" else 503)  # fmt: skip
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         """404 / 405 as a JSON error, with Starlette's headers (a 405's ``Allow``: the methods the path takes)."""

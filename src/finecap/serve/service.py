@@ -36,7 +36,9 @@ requests.
   decoding, the resolution of its image paths, which asks the file system: a hung network file system never answers)
   is bounded by the same option, on its own clock: past it the request is answered 504 naming the option
   (:class:`CheckTimeout`); the check thread it held stays blocked until the file system answers (a thread cannot be
-  stopped), and the check of a request still waiting for a check thread is never run.
+  stopped), and the check of a request still waiting for a check thread is never run. While every check thread is
+  so blocked (:meth:`RewardService.checks_stuck`: each has run one check past ``--score-timeout``) no request can
+  be checked, and ``/health`` answers 503 ``"checks_stuck"`` until one returns.
 - **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
@@ -481,6 +483,8 @@ class RewardService:
         self._wakeup: asyncio.Event | None = None
         self._executor: DaemonThreads | None = None
         self._checks: DaemonThreads | None = None
+        self._check_starts: dict[object, float] = {}  # time.monotonic() of each check running (blocked_checks)
+        self._check_starts_lock = threading.Lock()
         self.stop_wait = STOP_WAIT
         """Seconds :meth:`running`'s end waits for a reward call or a check still running before abandoning it."""
         self.retry_after = STUCK_RETRY_AFTER
@@ -525,6 +529,20 @@ class RewardService:
         """Whether the reward's current call has run past :attr:`score_timeout` (``/health``: "stuck"): every request
         it holds has been answered 504, and those behind it wait for it to return."""
         return self.busy_for > self.score_timeout
+
+    @property
+    def blocked_checks(self) -> int:
+        """Check threads (:data:`CHECK_THREADS`) running a request's check that has run past :attr:`score_timeout`:
+        its request was answered 504 (:class:`CheckTimeout`), and the thread stays held until the check returns
+        (image paths on a network file system that does not answer)."""
+        now = time.monotonic()
+        with self._check_starts_lock:
+            return sum(now - started > self.score_timeout for started in self._check_starts.values())
+
+    def checks_stuck(self) -> bool:
+        """Whether every check thread is blocked (:attr:`blocked_checks`; ``/health``: "checks_stuck"): no request
+        can be checked until one returns, and each waits out its deadline for a thread (a 504)."""
+        return self.blocked_checks >= CHECK_THREADS
 
     def job(self, request: RewardRequest) -> Job:
         """Check ``request`` against the images and the reward (:class:`CallCheck`)."""
@@ -573,6 +591,7 @@ class RewardService:
         self._wakeup = asyncio.Event()
         self._executor = DaemonThreads(1, "finecap-reward")
         self._checks = DaemonThreads(CHECK_THREADS, "finecap-checks")
+        self._check_starts = {}  # a check abandoned by a previous run holds none of this run's threads
         self.abandoned = self._abandon_now = False
         worker = asyncio.create_task(self._serve_queue())
         try:
@@ -612,7 +631,19 @@ class RewardService:
         yet begun is then never run, one running keeps its thread until it returns."""
         if self._checks is None:
             raise RuntimeError("RewardService.off_loop: the service is not running")
-        work = asyncio.get_running_loop().run_in_executor(self._checks, fn, *args)
+        starts, lock = self._check_starts, self._check_starts_lock
+
+        def timed() -> Any:  # on the check thread: its start kept while it runs (blocked_checks)
+            key = object()
+            with lock:
+                starts[key] = time.monotonic()
+            try:
+                return fn(*args)
+            finally:
+                with lock:
+                    del starts[key]
+
+        work = asyncio.get_running_loop().run_in_executor(self._checks, timed)
         try:
             return await asyncio.wait_for(work, self.score_timeout)
         except TimeoutError:

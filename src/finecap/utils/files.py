@@ -75,7 +75,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder, then rename.
 
     The one atomic file write of the package (text, JSON and safetensors go through it): readers see the old file or
-    the complete new one, never a half-written file, and an interrupted write leaves no temporary file behind. The
+    the complete new one, never a half-written file, and a write interrupted by an exception or a signal Python
+    handles leaves no temporary file behind (a ``SIGKILL`` or a power loss can: ``.<name>.<random>.tmp``). The
     temporary name is unique per call (``mkstemp``), so concurrent writers of the same file never share one; the last
     rename wins. ``mkstemp`` creates its file with mode 0600; it is given :func:`file_mode` before the rename, so the
     file ends up with the mode a plain ``open(path, "w")`` would give (0644 under umask 022, 0600 under 077). A

@@ -67,3 +67,16 @@ def rng_preserved() -> Iterator[None]:
         yield
     finally:
         set_rng_state(state)
+
+
+@contextlib.contextmanager
+def torch_seeded(seed: int) -> Iterator[None]:
+    """Within the block, torch's global generator starts from ``torch.manual_seed(seed)`` (modules built there draw
+    the same initial weights for the same ``seed``); after it every random state is as before (:func:`rng_preserved`),
+    so building a seeded model (the tiny models of :mod:`finecap.models.tiny`) leaves the caller's later draws as they
+    were (a notebook's, a test's)."""
+    import torch  # deferred, as in seed_everything
+
+    with rng_preserved():
+        torch.manual_seed(seed)
+        yield

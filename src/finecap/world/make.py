@@ -29,7 +29,9 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,14 @@ from tqdm import tqdm
 from finecap.config import Config, WorldConfig
 from finecap.home import world_path
 from finecap.locks import waiting_lock
-from finecap.utils.files import atomic_write_bytes, atomic_write_text, is_temporary_of, png_bytes, write_json
+from finecap.utils.files import (
+    TEMPORARY_SUFFIX,
+    atomic_write_bytes,
+    atomic_write_text,
+    is_temporary_of,
+    png_bytes,
+    write_json,
+)
 from finecap.utils.reading import read_json, read_lines
 from finecap.utils.system import progress_enabled
 from finecap.utils.text import karpathy_tokens, shell_command
@@ -244,6 +253,27 @@ def remove_world_files(out: Path, record: dict[str, Any]) -> None:
     (out / MARKER).unlink(missing_ok=True)
 
 
+IMAGE_NAME = re.compile(r"\d{6}\.png")
+"""The name of a world's image in ``images/<split>/`` (``<imgid>.png``, six digits)."""
+
+
+def remove_temporaries(out: Path) -> None:
+    """Remove what a process killed while writing the world in ``out`` (``SIGKILL``, a job's time limit, a power
+    cut) left behind: the temporary files of the world's own files (:func:`finecap.utils.files.atomic_write_bytes`'s
+    ``.<name>.<random>.tmp`` of the marker, :data:`FILES` and the ``images/<split>/<imgid>.png``), which no rename
+    will ever claim. Only with ``out``'s :func:`making_lock` held (no other process is writing them); any other file,
+    and a link, stays."""
+    for folder, names in [(out, (MARKER, *FILES)), *((f, None) for f in image_folders(out)[1:])]:
+        if folder.is_symlink() or not folder.is_dir():
+            continue
+        for entry in os.listdir(folder):
+            target = entry[1 : -len(TEMPORARY_SUFFIX)].rpartition(".")[0]
+            ours = target in names if names is not None else IMAGE_NAME.fullmatch(target) is not None
+            path = folder / entry
+            if ours and is_temporary_of(entry, target) and path.is_file() and not path.is_symlink():
+                path.unlink(missing_ok=True)
+
+
 def _remove_if_empty(folder: Path) -> None:
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
@@ -286,6 +316,7 @@ def _write_world(cfg: WorldConfig, out: Path, progress: bool) -> Path:
     record = world_record(out) if out.exists() else None
     if record is not None and record["key"] != key:
         remove_world_files(out, record)
+    remove_temporaries(out)  # of a process killed while writing here: this one holds the folder's lock
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / MARKER, {"key": key, "version": WORLD_VERSION, "config": _content_config(cfg)})  # first
     (out / "world.json").unlink(missing_ok=True)  # an unfinished world of this key: complete again only at the end
