@@ -23,6 +23,7 @@ from finecap.data.features import (
 from finecap.data.loading import LoaderSettings
 from finecap.data.records import Record
 from finecap.data.samplers import process_slice
+from helpers.waiting import until
 
 
 @pytest.fixture
@@ -80,6 +81,25 @@ def test_fingerprint_data_tracks_images_not_captions(tmp_path, records):
     assert key != fingerprint_data(records)
     with pytest.raises(FileNotFoundError, match="record 'gone'"):
         fingerprint_data([Record("gone", tmp_path / "missing.png", "train")])
+
+
+def test_fingerprint_data_tracks_an_image_edited_in_place_with_its_size_and_times_restored(records):
+    # an image rewritten in place (same name, same size) with its times set back (os.utime, as `cp -p`, rsync and
+    # editors that keep times do) kept its key, so the feature cache served the old image's features
+    path = Path(records[0].path)
+    before, key = os.stat(path), fingerprint_data(records)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+
+    def rewritten() -> bool:  # the change time ticks coarsely: written again until it moved
+        path.write_bytes(bytes(data))
+        return os.stat(path).st_ctime_ns != before.st_ctime_ns
+
+    until(rewritten, "the image's change time never moved")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns) and path.read_bytes() == data
+    assert fingerprint_data(records) != key
 
 
 def test_cache_file_is_keyed_by_model_data_and_split(tmp_path):

@@ -14,6 +14,8 @@ import yaml
 
 from finecap.config import Config, ConfigError, load
 from finecap.stages import DONE, TASK, TRAIN, MissingInput, Stage, StageRunner, stage_table
+from finecap.stages.runner import START_FILE
+from finecap.train.fingerprint import FingerprintMismatch
 
 
 def fake_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
@@ -25,6 +27,16 @@ def fake_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
     record = {"resume": resume, "overwrite": overwrite, "pid": os.getpid(), "threads": torch.get_num_threads(),
               "lr": cfg.train.lr, "init_from": cfg.train.init_from, "max_steps": cfg.train.max_steps}  # fmt: skip
     (out / "trained.json").write_text(json.dumps(record))
+
+
+def saving_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
+    """:func:`fake_train` that also saves what training saves and a finished stage is compared with: its
+    configuration (``config.yaml``) and, in its best checkpoint, "weights" made from its learning rate."""
+    fake_train(cfg, resume=resume, overwrite=overwrite)
+    best = Path(cfg.run.dir) / "checkpoints" / "best" / "model"
+    best.mkdir(parents=True, exist_ok=True)
+    (best / "model.safetensors").write_text(f"weights of lr {cfg.train.lr}")
+    (Path(cfg.run.dir) / "config.yaml").write_text(cfg.to_yaml())
 
 
 def note_then(runner: StageRunner, stage: str) -> str:
@@ -45,7 +57,7 @@ def _recipe(tmp_path: Path) -> str:
     return str(path)
 
 
-def _runner(tmp_path: Path, **kwargs) -> StageRunner:
+def _runner(tmp_path: Path, train=fake_train, **kwargs) -> StageRunner:
     recipe = _recipe(tmp_path)
     table = stage_table([
         Stage("world", run=make_world),
@@ -53,7 +65,7 @@ def _runner(tmp_path: Path, **kwargs) -> StageRunner:
         Stage("a", TRAIN, recipe=recipe, overrides=("train.lr=0.02",), init="start", then=note_then),
         Stage("b", TRAIN, recipe=recipe, init="start", then=note_then),
     ])  # fmt: skip
-    return StageRunner(table, load(None, []), tmp_path / "run", train=fake_train, **kwargs)
+    return StageRunner(table, load(None, []), tmp_path / "run", train=train, **kwargs)
 
 
 def _trained(runner: StageRunner, stage: str) -> dict:
@@ -261,3 +273,52 @@ def test_a_file_made_from_a_stages_model_is_made_again_once_the_stage_is_trained
     made.write_text("{}")  # made again after it
     assert runner.made_since_training("start", made)
     assert not runner.made_since_training("start", runner.stage_dir("start") / "missing.json")
+
+
+def test_a_finished_stage_whose_configuration_changed_is_refused_not_reused(tmp_path):
+    # a finished stage was reused whatever its configuration now (an override, an edited recipe): only its data and
+    # encoders were compared, so a stage trained with lr 0.01 was reported as the lr 0.5 one
+    runner = _runner(tmp_path, saving_train)
+    runner.run(["world", "start", "a"])
+    with pytest.raises(FingerprintMismatch, match=r"'start' was trained with another configuration than it has now "
+                       r".*train\.lr: 0\.01 -> 0\.5 \| re-run it with force"):  # fmt: skip
+        _runner(tmp_path, saving_train, items=["train.lr=0.5"]).train_stage("start")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"train": {"lr": 0.01, "max_steps": 8}}))  # the recipe edited
+    table = dict(runner.stages)
+    with pytest.raises(FingerprintMismatch, match=r"'a' was trained with another configuration .*max_steps: 7 -> 8"):
+        StageRunner(table, load(None, []), tmp_path / "run", train=saving_train).train_stage("a")
+    recipe.write_text(yaml.safe_dump({"train": {"lr": 0.01, "max_steps": 7}}))
+    # what changes no stage's result: the demo's own settings, the run folder moved (its start's path with it)
+    (tmp_path / "run").rename(tmp_path / "moved")
+    moved = StageRunner(table, load(None, []), tmp_path / "moved", train=saving_train, items=["demo.jobs=3"])
+    assert moved.train_stage("start") is False and moved.train_stage("a") is False
+    assert _trained(moved, "a")["init_from"] == str(tmp_path / "run" / "start" / "checkpoints" / "best")
+
+
+def test_a_stage_whose_start_was_trained_again_is_refused_not_reused(tmp_path):
+    # `a` starts from `start`'s best checkpoint: `start` trained again (alone, --force) on other settings left `a`
+    # finished, and it was reused though trained from the old checkpoint
+    runner = _runner(tmp_path, saving_train)
+    runner.run(["world", "start", "a"])
+    started = json.loads((runner.stage_dir("a") / START_FILE).read_text())
+    assert started["stage"] == "start" and not (runner.stage_dir("start") / START_FILE).exists()
+    _runner(tmp_path, saving_train, force=True).train_stage("start")  # the same weights again: still `a`'s start
+    assert runner.train_stage("a") is False
+    _runner(tmp_path, saving_train, force=True, items=["train.lr=0.3"]).train_stage("start")
+    with pytest.raises(FingerprintMismatch, match=rf"'a' started from another checkpoint than stage 'start''s best "
+                       rf"now .*{started['sha256']} recorded"):  # fmt: skip
+        runner.train_stage("a")
+    assert _trained(runner, "a")["lr"] == 0.02  # not trained again
+    assert _runner(tmp_path, saving_train, force=True).train_stage("a") is True and runner.train_stage("a") is False
+
+
+def test_a_stage_keeps_a_users_file_where_its_start_record_goes(tmp_path):
+    runner = _runner(tmp_path, saving_train)
+    runner.run(["world", "start"])
+    mine = runner.stage_dir("a") / START_FILE
+    mine.parent.mkdir(parents=True)
+    mine.write_text("my start notes\n")
+    with pytest.raises(ValueError, match=f"{mine}: not the stage's {START_FILE}.*nothing was deleted"):
+        runner.train_stage("a")
+    assert mine.read_text() == "my start notes\n" and not (runner.stage_dir("a") / "trained.json").exists()

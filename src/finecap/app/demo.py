@@ -16,8 +16,10 @@ starts the longest side stages first.
   A killed stage resumes from its last checkpoint when re-run, or, killed before it saved one, trains again from the
   start (:func:`finecap.train.state.continue_unfinished`). A finished stage is reused only when the inputs its
   run recorded (``<stage>/fingerprints.json``: the data, the captioner's encoder, the retriever) are those of its
-  configuration now; after a change of ``world.*`` or of the world encoder it is refused with an error naming both
-  fingerprints (:meth:`finecap.stages.StageRunner.check_reuse`), and ``--force`` (``demo.force``) trains it again.
+  configuration now, its configuration is the one it saved (``<stage>/config.yaml``: an override or an edited recipe
+  changes it; ``demo.*`` and where folders are do not) and the stage it starts from was not trained again since
+  (``<stage>/start.json``); else it is refused with an error naming what differs
+  (:meth:`finecap.stages.StageRunner.check_reuse`), and ``--force`` (``demo.force``) trains it again.
 - ``grpo_sr_cider`` (in the default list): GRPO (GDPO) on self-retrieval + CIDEr-D with a KL to the MLE start, the
   recipe ``demo/grpo_sr_cider``; the report draws its RL panels (each reward part, KL, clip fraction, ratio range,
   advantage spread, the monitors) and the captions its evaluations logged.

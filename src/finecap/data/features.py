@@ -9,11 +9,12 @@ retrieval reward). A file is keyed by three things, so a different encoder or a 
   shape and bytes) plus its preprocessing settings. Hashing the weights themselves, rather than a checkpoint name,
   covers every way an encoder can be obtained (a Hub name, a local folder, the cached world encoder, a captioner
   checkpoint) and an encoder fine-tuned in place. It costs about a second per 500 MB of weights per call;
-- the **data fingerprint** (:func:`fingerprint_data`): the ordered images (image id, resolved path, file size and
-  modification time; an image embedded in a memory-mapped Hugging Face data set: the Arrow files' paths, sizes and
-  modification times and its row, so that its bytes are not read for the key; other embedded bytes: their SHA-256).
-  The data set file itself is not hashed: captions do not change image features, and any change of which images
-  there are, their order or their files changes the fingerprint;
+- the **data fingerprint** (:func:`fingerprint_data`): the ordered images (image id, resolved path, file size,
+  modification time and change time: an image rewritten in place whose times were set back, ``os.utime``, still
+  changes its change time, which no call sets; an image embedded in a memory-mapped Hugging Face data set: the
+  Arrow files' paths, sizes and modification times and its row, so that its bytes are not read for the key; other
+  embedded bytes: their SHA-256). The data set file itself is not hashed: captions do not change image features,
+  and any change of which images there are, their order or their files changes the fingerprint;
 - the **split**: a readable label (``train``, ``test``, ...; the retriever uses the records' common split, or
   ``mixed``) that starts the file name.
 
@@ -113,7 +114,9 @@ def image_encoder_key(module: torch.nn.Module, processor: Any, draft: int | None
 
 def fingerprint_data(records: Sequence[Any]) -> str:
     """SHA-256 of the ordered images of ``records`` (objects with ``image_id`` and ``path``): id, resolved path, file
-    size and modification time. A missing image raises ``FileNotFoundError`` naming its record."""
+    size, modification time and change time (``st_ctime_ns``: an in-place edit moves it whatever ``os.utime`` sets
+    back; a ``chmod`` moves it too, and costs a recompute, never a stale feature). A missing image raises
+    ``FileNotFoundError`` naming its record."""
     h = hashlib.sha256()
     for r in records:
         path = Path(r.path)
@@ -131,7 +134,8 @@ def fingerprint_data(records: Sequence[Any]) -> str:
             st = path.stat()
         except OSError:
             raise FileNotFoundError(f"image of record {r.image_id!r} not found: {path}") from None
-        h.update(json.dumps([str(r.image_id), str(path.resolve()), st.st_size, st.st_mtime_ns]).encode() + b"\n")
+        row = [str(r.image_id), str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        h.update(json.dumps(row).encode() + b"\n")
     return h.hexdigest()
 
 

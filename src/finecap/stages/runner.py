@@ -6,9 +6,11 @@ A stage is a training run or a task. A **training stage** trains a captioner wit
 settings, the stage's recipe, the runner's ``over`` settings (the demo's ``--quick``), the stage's own overrides and
 those computed for it when configured (``computed``: e.g. the path of a data set made by an earlier stage), then the
 user's overrides (``items``), above all; its run directory, and its starting checkpoint (the best of stage
-``init``). It is trained once: its ``DONE`` marker says it finished. A finished stage is reused only when the inputs
-its run recorded (``fingerprints.json``) are those of its configuration now (:meth:`StageRunner.check_reuse`); an
-unfinished one resumes from its last checkpoint, or starts again when it saved none
+``init``). It is trained once: its ``DONE`` marker says it finished. A finished stage is reused only when nothing
+that makes its result changed (:meth:`StageRunner.check_reuse`): the inputs its run recorded (``fingerprints.json``)
+are those of its configuration now, its configuration is the one it saved (``config.yaml``; but for
+:data:`NOT_RESULT`), and the best checkpoint of the stage it starts from is the one it started from
+(:data:`START_FILE`); an unfinished one resumes from its last checkpoint, or starts again when it saved none
 (:func:`finecap.train.state.continue_unfinished`); ``force`` trains it again. A stage whose inputs (``init`` and
 ``inputs``) have not finished is refused, naming them (:class:`MissingInput`). A **task** is a function of the runner.
 
@@ -33,10 +35,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from finecap.config import Config, load, load_stored
+from finecap.data.hashing import sha256_files
 from finecap.recipes import resolve_recipe
 from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
-from finecap.train.fingerprint import HINTS, FingerprintMismatch, check_run
-from finecap.train.state import continue_unfinished
+from finecap.train.fingerprint import HINTS, FingerprintMismatch, check_run, checkpoint_files
+from finecap.train.state import config_changes, continue_unfinished
 from finecap.utils.files import atomic_write_text, refuse_link, write_json
 from finecap.utils.reading import read_json
 
@@ -53,6 +56,33 @@ DONE = "DONE"
 """The marker a training stage writes into its folder when it has finished training."""
 MARKER_TEXT = "ok\n"
 """What a stage's :data:`DONE` marker holds: a file of that name holding anything else is not finecap's."""
+START_FILE = "start.json"
+"""Written beside :data:`DONE` by a training stage that starts from another: ``{"stage", "sha256"}``, the digest of
+the weights and ``config.json`` files of the best checkpoint it started from (:meth:`StageRunner.start_record`)."""
+NOT_RESULT = ("run.root", "run.dir", "run.name", "run.cache_dir", "world.out", "data.path", "retriever.checkpoint",
+              "model.encoder", "train.init_from", "demo.*")  # fmt: skip
+"""Options (``demo.*``: the section) whose change alone a finished stage is reused across: where the run and its
+caches are; the paths of inputs the stage's fingerprints compare by content instead (the data, the encoders; a run
+folder or a data set copied elsewhere is the same run) or :data:`START_FILE` does (``train.init_from``); the demo's
+own settings (which stages run, how many at a time, ``--force``). ``data.images`` is not one: no fingerprint reads
+the images of a data-set file."""
+
+
+def makes_result(change: str) -> bool:
+    """Whether ``change`` (``section.key: old -> new``, :func:`finecap.train.state.config_changes`) is of an option
+    that may change a stage's result: not one of :data:`NOT_RESULT`."""
+    key = change.split(":", 1)[0]
+    return key not in NOT_RESULT and f"{key.split('.', 1)[0]}.*" not in NOT_RESULT
+
+
+def is_start_record(path: Path) -> bool:
+    """Whether ``path`` is a :data:`START_FILE` as finecap writes it (a regular file holding ``{"stage", "sha256"}``),
+    which a stage trained again may replace."""
+    try:
+        raw = read_json(path)
+    except (ValueError, OSError, RecursionError):
+        return False
+    return not path.is_symlink() and isinstance(raw, dict) and set(raw) == {"stage", "sha256"}
 
 
 def is_marker(path: Path) -> bool:
@@ -210,11 +240,29 @@ class StageRunner:
                 how = "starts from" if need == row.init else "needs"
                 raise MissingInput(f"{self.what} {stage!r} {how} stage {need!r}, which has not run yet")
 
+    def start_record(self, stage: str) -> dict[str, str] | None:
+        """What training stage ``stage`` starts from (:data:`START_FILE`): its ``init`` stage and the digest of that
+        stage's best checkpoint (weights and ``config.json`` files, paths relative to it: a run folder copied
+        elsewhere keeps it); None for a stage starting from a fresh model, or whose start has no best checkpoint."""
+        init = self.stages[stage].init
+        best = self.best_checkpoint(init) if init is not None else None
+        if best is None or not best.is_dir():
+            return None
+        return {"stage": str(init), "sha256": sha256_files(best, checkpoint_files(best))}
+
     def check_reuse(self, stage: str, cfg: Config) -> None:
-        """Refuse to reuse finished stage ``stage`` when the inputs its run recorded (``fingerprints.json``: data,
-        captioner's encoder, retriever) differ from those of its configuration ``cfg`` now, e.g. after a change of
-        ``world.*`` or of the world encoder (:func:`finecap.train.fingerprint.check_run`); the error names both
-        fingerprints and :attr:`ways_out`."""
+        """Refuse to reuse finished stage ``stage`` (:class:`FingerprintMismatch` naming what differs and
+        :attr:`ways_out`) when something that makes its result changed since it trained:
+
+        - the inputs its run recorded (``fingerprints.json``: data, captioner's encoder, retriever) differ from those
+          of its configuration ``cfg`` now, e.g. after a change of ``world.*`` or of the world encoder
+          (:func:`finecap.train.fingerprint.check_run`);
+        - an option of ``cfg`` differs from the ``config.yaml`` its run saved (a recipe edited, an override given or
+          dropped; :data:`NOT_RESULT` aside), read as training compares a resume
+          (:func:`finecap.train.state.config_changes`);
+        - the best checkpoint of the stage it starts from is not the one it started from (:data:`START_FILE`: that
+          stage was trained again since). A stage that recorded none (finished before finecap recorded it), or whose
+          start has no best checkpoint now, is not compared."""
         try:
             check_run(self.stage_dir(stage), cfg, hints=STAGE_HINTS)
         except FingerprintMismatch as e:
@@ -222,6 +270,23 @@ class StageRunner:
                 f"{self.what} {stage!r} was trained on other inputs than its configuration names now, so it is not "
                 f"reused: {e} | {self.ways_out_of(stage)}"
             ) from e
+        saved = self.stage_dir(stage) / CONFIG_FILE
+        changes = [c for c in config_changes(saved, cfg.saved_dict()) if makes_result(c)]
+        if changes:
+            raise FingerprintMismatch(
+                f"{self.what} {stage!r} was trained with another configuration than it has now ({saved}), so it is "
+                f"not reused: {'; '.join(changes)} | {self.ways_out_of(stage)}"
+            )
+        record = self.stage_dir(stage) / START_FILE
+        now = self.start_record(stage)
+        if record.is_file() and now is not None:
+            started = read_json(record)
+            if started != now:
+                raise FingerprintMismatch(
+                    f"{self.what} {stage!r} started from another checkpoint than stage {now['stage']!r}'s best now "
+                    f"({self.best_checkpoint(now['stage'])}: sha256 {started.get('sha256')} recorded in {record}, "
+                    f"{now['sha256']} now; trained again since), so it is not reused | {self.ways_out_of(stage)}"
+                )
 
     def train_stage(self, stage: str) -> bool:
         """Train ``stage`` unless it finished (then check that it may be reused); returns whether it trained now."""
@@ -244,6 +309,10 @@ class StageRunner:
             resume, overwrite = continue_unfinished(
                 out, what=f"{self.what} {stage!r}", ways_out=self.ways_out_of(stage)
             )
+        record = out / START_FILE
+        if (record.exists() or record.is_symlink()) and not is_start_record(record):  # said before any work
+            raise ValueError(f"{record}: not the stage's {START_FILE} (finecap writes the stage and digest of its "
+                             f"start there); nothing was deleted: move it out of {out}")  # fmt: skip
         if resume:  # an unfinished run there (killed, or written by `finecap train`): on this stage's inputs?
             try:
                 check_run(out, cfg, hints=STAGE_HINTS)
@@ -252,7 +321,10 @@ class StageRunner:
                     f"{self.what} {stage!r}: the unfinished run in {out} was trained on other inputs than its "
                     f"configuration names now, so it is not continued: {e} | {self.ways_out_of(stage)}"
                 ) from e
+        start = self.start_record(stage)  # what it starts from, before training reads it
         self.train(cfg, resume=resume, overwrite=overwrite)
+        if start is not None:
+            write_json(out / START_FILE, start)
         atomic_write_text(out / DONE, MARKER_TEXT)
         return True
 
