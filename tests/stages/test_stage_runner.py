@@ -289,9 +289,11 @@ def test_a_finished_stage_whose_configuration_changed_is_refused_not_reused(tmp_
     with pytest.raises(FingerprintMismatch, match=r"'a' was trained with another configuration .*max_steps: 7 -> 8"):
         StageRunner(table, load(None, []), tmp_path / "run", train=saving_train).train_stage("a")
     recipe.write_text(yaml.safe_dump({"train": {"lr": 0.01, "max_steps": 7}}))
-    # what changes no stage's result: the demo's own settings, the run folder moved (its start's path with it)
+    # what changes no stage's result: the demo's own settings, what a run logs, the run folder moved (its start's
+    # path with it)
     (tmp_path / "run").rename(tmp_path / "moved")
-    moved = StageRunner(table, load(None, []), tmp_path / "moved", train=saving_train, items=["demo.jobs=3"])
+    quiet = ["demo.jobs=3", "train.log_every=7", "train.log_captions=0", "train.save_every=3"]
+    moved = StageRunner(table, load(None, []), tmp_path / "moved", train=saving_train, items=quiet)
     assert moved.train_stage("start") is False and moved.train_stage("a") is False
     assert _trained(moved, "a")["init_from"] == str(tmp_path / "run" / "start" / "checkpoints" / "best")
 

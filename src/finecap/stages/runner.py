@@ -60,12 +60,14 @@ START_FILE = "start.json"
 """Written beside :data:`DONE` by a training stage that starts from another: ``{"stage", "sha256"}``, the digest of
 the weights and ``config.json`` files of the best checkpoint it started from (:meth:`StageRunner.start_record`)."""
 NOT_RESULT = ("run.root", "run.dir", "run.name", "run.cache_dir", "world.out", "data.path", "retriever.checkpoint",
-              "model.encoder", "train.init_from", "demo.*")  # fmt: skip
+              "model.encoder", "train.init_from", "train.log_every", "train.log_with", "train.log_captions",
+              "train.save_every", "demo.*")  # fmt: skip
 """Options (``demo.*``: the section) whose change alone a finished stage is reused across: where the run and its
 caches are; the paths of inputs the stage's fingerprints compare by content instead (the data, the encoders; a run
-folder or a data set copied elsewhere is the same run) or :data:`START_FILE` does (``train.init_from``); the demo's
-own settings (which stages run, how many at a time, ``--force``). ``data.images`` is not one: no fingerprint reads
-the images of a data-set file."""
+folder or a data set copied elsewhere is the same run) or :data:`START_FILE` does (``train.init_from``); what a run
+logs and how often it saves a resumable checkpoint (the weights it trains and the best it keeps are the same); the
+demo's own settings (which stages run, how many at a time, ``--force``). ``data.images`` is not one: no fingerprint
+reads the images of a data-set file."""
 
 
 def makes_result(change: str) -> bool:
