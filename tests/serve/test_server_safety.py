@@ -691,17 +691,15 @@ def test_finecap_client_asks_again_after_a_503_and_gets_the_values_once_the_call
     assert len(retried) >= 2 and all("asking again in" in m and "the reward server is stuck" in m for m in retried)
 
 
-def test_image_paths_on_a_file_system_that_never_answers_are_a_504_naming_score_timeout(monkeypatch):
-    """A request naming image paths on a hung network file system blocked a check thread for ever, its client
-    waiting as long (the check had no deadline): it is answered 504 naming --score-timeout once the deadline passes;
-    while both check threads are held, a request waiting for one is answered 504 alike (and never checked); once the
-    file system answers, requests are served again. The hang is a stand-in for the mount: a path under
-    /mnt/hung-nfs/ whose resolution waits on an event."""
+def hung_mount(monkeypatch) -> tuple[threading.Event, list[str]]:
+    """A stand-in for a hung network file system, for the reward service's checks: resolving a path under
+    /mnt/hung-nfs/ waits until the returned event is set (a server that never answers), each such path listed as
+    it blocks."""
     import finecap.serve.service as service_module
 
     release, blocked = threading.Event(), []
 
-    class HungMount(type(service_module.Path())):  # resolving a path under the mount asks a server that never answers
+    class HungMount(type(service_module.Path())):
         def resolve(self, strict: bool = False):
             if str(self).startswith("/mnt/hung-nfs/"):
                 blocked.append(str(self))
@@ -709,6 +707,16 @@ def test_image_paths_on_a_file_system_that_never_answers_are_a_504_naming_score_
             return super().resolve(strict)
 
     monkeypatch.setattr(service_module, "Path", HungMount)
+    return release, blocked
+
+
+def test_image_paths_on_a_file_system_that_never_answers_are_a_504_naming_score_timeout(monkeypatch):
+    """A request naming image paths on a hung network file system blocked a check thread for ever, its client
+    waiting as long (the check had no deadline): it is answered 504 naming --score-timeout once the deadline passes;
+    while both check threads are held, a request waiting for one is answered 504 alike (and never checked); once the
+    file system answers, requests are served again. The hang is a stand-in for the mount: a path under
+    /mnt/hung-nfs/ whose resolution waits on an event."""
+    release, blocked = hung_mount(monkeypatch)
     svc = RewardService(Words(), ImageTable(range(10), {"/data/1.png": 1}), log_every=0, name="words",
                         score_timeout=0.5)  # fmt: skip
     hung = [{"captions": ["a b"], "images": [f"/mnt/hung-nfs/{k}.png"]} for k in range(2)]
@@ -737,18 +745,7 @@ def test_health_is_a_503_saying_checks_stuck_while_both_check_threads_are_blocke
     blocked it is still 200 "ok" (the other thread checks), with both a 503 "checks_stuck" counting them in
     "blocked_checks", and 200 "ok" again once the file system answers. The hang is the stand-in mount of the test
     above: a path under /mnt/hung-nfs/ whose resolution waits on an event."""
-    import finecap.serve.service as service_module
-
-    release, blocked = threading.Event(), []
-
-    class HungMount(type(service_module.Path())):
-        def resolve(self, strict: bool = False):
-            if str(self).startswith("/mnt/hung-nfs/"):
-                blocked.append(str(self))
-                release.wait(60)
-            return super().resolve(strict)
-
-    monkeypatch.setattr(service_module, "Path", HungMount)
+    release, blocked = hung_mount(monkeypatch)
     svc = RewardService(Words(), ImageTable(range(10)), log_every=0, name="words", score_timeout=0.5)
     hung = [{"captions": ["a b"], "images": [f"/mnt/hung-nfs/{k}.png"]} for k in range(2)]
     with serving(svc) as url:
