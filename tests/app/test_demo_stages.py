@@ -230,7 +230,7 @@ def test_vcb_tables_show_clipsc_both_references_and_both_bags(tmp_path, monkeypa
 def test_holistic_bags_are_built_from_the_holisticcap_captions_of_the_boosted_data(tmp_path, monkeypatch):
     demo = _fake_demo(tmp_path, quick=True)
     built = []
-    monkeypatch.setattr(demo_vcb, "build_bags", lambda cfg, **kw: built.append((cfg.bags.text_from, kw)))
+    monkeypatch.setattr(demo_vcb, "reuse_bags", lambda cfg, **kw: built.append((cfg.bags.text_from, kw)) or kw["out"])
     path = demo_vcb.holistic_bags(demo)
     assert path == demo.run_dir / "bags_test_holistic.json"
     ((text_from, kw),) = built

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finecap.app.bags import main as build_bags
+from finecap.app.bags import reuse_bags
 from finecap.app.boost import main as boost
 from finecap.boost import training
 from finecap.data.bags_file import read_bags
@@ -179,13 +179,11 @@ class Context:
 
 def holistic_bags(demo: Any) -> Path:
     """TrueMatch bags of the test split built from the HolisticCap captions of the boosted data set
-    (``bags.text_from=holistic``, as NDLB builds TrueMatch), once: ``<run_dir>/bags_test_holistic.json``."""
-    path = demo.run_dir / "bags_test_holistic.json"
-    if not path.exists() or demo.cfg.demo.force:
-        cfg = dataclasses.replace(demo.cfg, bags=dataclasses.replace(demo.cfg.bags, text_from="holistic"))
-        build_bags(cfg, data=boosted_dir(demo) / "dataset.json", split="test", sizes=cfg.eval.bag_sizes, out=path,
-                   force=demo.cfg.demo.force)  # fmt: skip
-    return path
+    (``bags.text_from=holistic``, as NDLB builds TrueMatch), once, and again when the boosted data, the retriever or
+    the bags' settings change (:func:`finecap.app.bags.reuse_bags`): ``<run_dir>/bags_test_holistic.json``."""
+    cfg = dataclasses.replace(demo.cfg, bags=dataclasses.replace(demo.cfg.bags, text_from="holistic"))
+    return reuse_bags(cfg, data=boosted_dir(demo) / "dataset.json", split="test",
+                      out=demo.run_dir / "bags_test_holistic.json", force=demo.cfg.demo.force)  # fmt: skip
 
 
 def _context(demo: Any) -> Context:
@@ -193,9 +191,7 @@ def _context(demo: Any) -> Context:
     records = load_records(cfg, "test")
     scenes_by_imgid = load_scenes(world_path(cfg.world))
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
-    human_path = demo.run_dir / "bags_test.json"
-    if not human_path.exists() or cfg.demo.force:
-        build_bags(cfg, split="test", sizes=cfg.eval.bag_sizes, out=human_path, force=demo.cfg.demo.force)
+    human_path = reuse_bags(cfg, out=demo.run_dir / "bags_test.json", force=cfg.demo.force)
     boosted = {r.image_id: r.boosted for r in read_dataset("world", boosted_dir(demo), check_images=False)}
     fields = {r.image_id: boosted[r.image_id] for r in records}
     return Context(records, scenes, load_retriever(cfg), read_bags(holistic_bags(demo)), read_bags(human_path), fields)
