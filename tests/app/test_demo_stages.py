@@ -230,13 +230,50 @@ def test_vcb_tables_show_clipsc_both_references_and_both_bags(tmp_path, monkeypa
 def test_holistic_bags_are_built_from_the_holisticcap_captions_of_the_boosted_data(tmp_path, monkeypatch):
     demo = _fake_demo(tmp_path, quick=True)
     built = []
-    monkeypatch.setattr(demo_vcb, "build_bags", lambda cfg, **kw: built.append((cfg.bags.text_from, kw)))
+    monkeypatch.setattr(demo_vcb, "reuse_bags", lambda cfg, **kw: built.append((cfg.bags.text_from, kw)) or kw["out"])
     path = demo_vcb.holistic_bags(demo)
     assert path == demo.run_dir / "bags_test_holistic.json"
     ((text_from, kw),) = built
     assert text_from == "holistic" and kw["data"] == demo.run_dir / "world_holistic" / "dataset.json"
     assert kw["split"] == "test" and kw["out"] == path
     assert demo.cfg.bags.text_from == "original"  # the demo's own (human-caption) bags are left alone
+
+
+def test_the_boosted_data_is_made_again_when_the_boost_settings_change(tmp_path, monkeypatch, caplog):
+    """boost_holistic reads its data set back only when made since the visual expert trained with the boost.* settings
+    of now (its boost.json); the fake boost records them as `finecap boost` does (tests/boost/test_boost_command.py
+    checks that record against the real command)."""
+    from finecap.app.boost import boost_settings
+
+    boosted: list[dict] = []
+
+    def fake_boost(cfg, out):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "dataset.json").write_text("{}")
+        (out / "boost.json").write_text(json.dumps({"status": "ok", "config": boost_settings(cfg)}))
+        boosted.append(cfg.boost)
+
+    monkeypatch.setattr(demo_vcb, "boost", fake_boost)
+    demo = _demo(tmp_path, [])
+    (demo.stage_dir("visual_expert")).mkdir(parents=True)
+    (demo.stage_dir("visual_expert") / "DONE").write_text("ok\n")
+    demo_vcb.stage_boost(demo)
+    assert len(boosted) == 1 and boosted[0].vlm_model == str(demo.best_checkpoint("visual_expert"))
+    demo_vcb.stage_boost(_demo(tmp_path, []))  # the same settings: read back
+    assert len(boosted) == 1
+
+    caplog.set_level(logging.INFO, logger="finecap")
+    demo_vcb.stage_boost(_demo(tmp_path, ["boost.few_shot=false"]))  # another prompt: other captions
+    assert len(boosted) == 2 and boosted[1].few_shot is False
+    assert any("was boosted otherwise (boost.few_shot: True -> False)" in m for m in caplog.messages)
+    demo_vcb.stage_boost(_demo(tmp_path, ["boost.few_shot=false"]))
+    assert len(boosted) == 2
+
+    out = demo_vcb.boosted_dir(demo)
+    record = json.loads((out / "boost.json").read_text())
+    (out / "boost.json").write_text(json.dumps({**record, "status": "failed"}))  # a later run that stopped
+    demo_vcb.stage_boost(_demo(tmp_path, ["boost.few_shot=false"]))
+    assert len(boosted) == 3
 
 
 def test_sr_l_stages_are_ndlb_sr_l_and_differ_from_discritune_only_where_ndlb_does(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from finecap.app import boost as boost_command
+from finecap.app.boost import boost_settings, settings_changes
 from finecap.app.boost import main as boost
 from finecap.boost.engine import BoostFailed
 from finecap.config import load
@@ -58,6 +59,11 @@ def test_world_blend_through_the_world_backend(world, tmp_path):
         select_captions(records, "holistic", tmp_path / "out" / "dataset.json")
     dense = select_captions(source, "dense", world / "dataset.json")
     assert dense[0].captions == [json.loads((world / "dense.json").read_text())[str(source[0].image_id)]]
+    # boost.json records the settings it was made with: a pipeline that reads it back compares them (the demo's VCB)
+    assert json.loads((tmp_path / "out" / "boost.json").read_text())["config"] == boost_settings(cfg)
+    assert settings_changes(tmp_path / "out", cfg) == []
+    fewer = load(None, [*world_items(world), "boost.mode=blend", "boost.limit=3"])
+    assert settings_changes(tmp_path / "out", fewer) == ["boost.limit: 0 -> 3"]
 
 
 @pytest.mark.slow

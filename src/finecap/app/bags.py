@@ -9,6 +9,12 @@ the data from any directory and refuse other data (:func:`finecap.train.fingerpr
 With ``bags.keep_hardest`` below 1 it keeps only that share of each size's curated bags, the most similar first
 (NDLB's filter, automated: :func:`finecap.data.truematch.keep_hardest`). On a world
 with scene families it also reports how often a bag lies within one family, next to random bags of the same size.
+
+The file records what built it (:func:`built_from`): the data's fingerprint, the retriever's
+(``"retriever_fingerprint"``: its weights, :func:`finecap.train.fingerprint.bags_retriever_fingerprint`), the sizes,
+``eval.bag_similarity`` and ``bags.keep_hardest``. A pipeline that builds its bags once and reads them back (the
+demo's report, scene-family, transfer and VCB stages) goes through :func:`reuse_bags`: a file whose record differs
+from what would build it now is built again, or, when the user made it, refused and never replaced.
 """
 
 from __future__ import annotations
@@ -22,14 +28,16 @@ from typing import Any
 from finecap.config import Config
 from finecap.data.caption_fields import select_captions
 from finecap.data.formats import format_options
-from finecap.data.references import load_references, require_captions
+from finecap.data.references import data_source, load_references, require_captions
 from finecap.data.truematch import Bag, build_bags, family_purity, keep_hardest, random_bag_purity, record_embeddings
 from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
 from finecap.models.world_encoder import encoder_dir
-from finecap.outputs import check_not_among, check_output_file, write_output_json
-from finecap.train.fingerprint import bags_data_fingerprint
+from finecap.outputs import OutputRefused, check_not_among, check_output_file, made_by_finecap, write_output_json
+from finecap.train.fingerprint import bags_data_fingerprint, bags_retriever_fingerprint, differences
 from finecap.train.prepare import prepare
+from finecap.utils.files import refuse_link
+from finecap.utils.reading import DATA_FILE, read_json
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,76 @@ def parse_sizes(sizes: str | Sequence[int]) -> list[int]:
     if not values or min(values) < 2:
         raise ValueError(f"--sizes: need bag sizes >= 2, got {sizes!r}")
     return sorted(set(values))
+
+
+FINGERPRINTS = ("fingerprint", "retriever_fingerprint")
+"""The keys of :func:`built_from` that are fingerprints, compared as such (a recorded ``None`` is unknown, the path
+where the input was is not compared: :func:`finecap.train.fingerprint.differences`)."""
+
+
+def built_from(cfg: Config, *, data: str | Path | None, split: str, sizes: str | Sequence[int]) -> dict[str, Any]:
+    """What a bags file of ``split`` of ``data`` (default: the configured data set) in ``sizes`` built with ``cfg``
+    records about what built it (:func:`main` writes these keys): the data's fingerprint (with the caption field
+    ``bags.text_from`` and the split), the retriever's (its weights), the sizes, ``eval.bag_similarity`` and
+    ``bags.keep_hardest``. A world encoder not trained yet has no weights to fingerprint (``None``: not compared)."""
+    fmt, path = data_source(cfg, data)
+    fingerprint = bags_data_fingerprint(fmt, path, captions=cfg.bags.text_from, split=split,
+                                        options=format_options(fmt, cfg))  # fmt: skip
+    return {"fingerprint": fingerprint, "retriever_fingerprint": bags_retriever_fingerprint(cfg),
+            "sizes": parse_sizes(sizes), "similarity": cfg.eval.bag_similarity,
+            "keep_hardest": cfg.bags.keep_hardest}  # fmt: skip
+
+
+def built_differently(path: str | Path, now: dict[str, Any]) -> list[str]:
+    """How the bags file ``path`` was built otherwise than ``now`` (:func:`built_from`), one ``"key: recorded -> now"``
+    per difference; a key the file does not record (a bags file built before finecap recorded it, or not one of
+    ``finecap bags build``) is one, as is a file that is no JSON object. Empty: built from the same inputs."""
+    try:
+        raw = read_json(path, DATA_FILE)
+    except (ValueError, OSError, RecursionError) as e:
+        return [f"not readable as a bags file ({e})"]
+    if not isinstance(raw, dict):
+        return ["not a bags file of `finecap bags build` (no JSON object)"]
+    out = []
+    for key, value in now.items():
+        if key not in raw:
+            out.append(f"{key}: not recorded")
+        elif key in FINGERPRINTS and isinstance(raw[key], dict):
+            out += [f"{key} {d}" for d in differences(raw[key], value)]
+        elif raw[key] != value:
+            out.append(f"{key}: {raw[key]!r} -> {value!r}")
+    return out
+
+
+def reuse_bags(cfg: Config, *, out: str | Path, data: str | Path | None = None, split: str = "test",
+               force: bool = False) -> Path:  # fmt: skip
+    """The bags file ``out`` of ``split`` of ``data`` (default: the configured data set) in sizes ``eval.bag_sizes``,
+    built once and read back by a pipeline (the demo): built by :func:`main` when missing, when ``force``, or when what
+    built it differs from what would build it now (:func:`built_differently`: another data set or world, another
+    retriever, other sizes, ``eval.bag_similarity`` or ``bags.keep_hardest``; a file recording none of it). Only a
+    bags file finecap made (:func:`finecap.outputs.made_by_finecap`) is built again over: a file of the user's there
+    that would be is refused (:class:`~finecap.outputs.OutputRefused` naming it, what differs and the way out) and
+    never replaced, ``force`` or not. Returns ``out``."""
+    out = Path(out)
+    refuse_link(out)  # never read through, never written through
+    sizes = cfg.eval.bag_sizes
+    if out.exists():
+        if force:
+            why = ["made again on request (--force)"]
+        else:
+            why = built_differently(out, built_from(cfg, data=data, split=split, sizes=sizes))
+            if not why:
+                log.info("%s: bags built from the same inputs; reused", out)
+                return out
+        if not made_by_finecap(out, ("bags",)):
+            raise OutputRefused(
+                f"{out}: bags finecap did not make (or changed since) would be built again here ({'; '.join(why)}); "
+                "finecap never replaces them: move the file away for finecap to build its own, or use another run "
+                "directory"
+            )
+        log.info("%s: building the bags again (%s)", out, "; ".join(why))
+    main(cfg, data=data, split=split, sizes=sizes, out=out)
+    return out
 
 
 def mean_similarity(bags: Sequence[Bag]) -> float:
@@ -97,19 +175,18 @@ def main(
     ids = [r.image_id for r in records]
     curated = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
     bags = {s: keep_hardest(curated[s], cfg.bags.keep_hardest) for s in size_list}
-    options = format_options(refs.format, cfg)
-    fingerprint = bags_data_fingerprint(refs.format, refs.path, captions=cfg.bags.text_from, split=split,
-                                        options=options)  # fmt: skip
+    made = built_from(cfg, data=data, split=split, sizes=size_list)  # the data as load_references read it
     result: dict[str, Any] = {
         "split": split,
-        "data": fingerprint["path"],  # absolute (a Hub name as given)
-        "fingerprint": fingerprint,
+        "data": made["fingerprint"]["path"],  # absolute (a Hub name as given)
+        "fingerprint": made["fingerprint"],
         "n_images": len(records),
-        "similarity": cfg.eval.bag_similarity,
+        "similarity": made["similarity"],
         "retriever": retriever.name,
-        "sizes": size_list,
+        "retriever_fingerprint": made["retriever_fingerprint"],
+        "sizes": made["sizes"],
         "bags": {str(s): [b.to_dict() for b in bags[s]] for s in size_list},
-        "keep_hardest": cfg.bags.keep_hardest,
+        "keep_hardest": made["keep_hardest"],
         "curated": {str(s): len(curated[s]) for s in size_list},
         "alpha_curated": {str(s): mean_similarity(curated[s]) for s in size_list if curated[s]},
     }

@@ -40,6 +40,7 @@ from finecap.locks import LOCK_NAME, output_lock
 from finecap.train.prepare import prepare
 from finecap.utils.files import atomic_write_text, write_json
 from finecap.utils.folders import made_folder
+from finecap.utils.reading import read_json
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             "cached": result.cached,
             "seconds": round(time.perf_counter() - start, 1),
             "prompts": prompts.source,
-            "config": cfg.to_dict(redact=True)["boost"],  # secrets masked (finecap.config.secrets)
+            "config": boost_settings(cfg),  # secrets masked (finecap.config.secrets)
         }
         write_json(out / "boost.json", summary)
     counts = f"{summary['boosted']} of {summary['to_boost']} images boosted ({b.mode}), {summary['failed']} failed"
@@ -130,6 +131,33 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
         log.warning("boost: %d failures logged in %s (human captions kept; within boost.max_failure_rate=%g)",
                     len(result.failures), out / "failures.jsonl", b.max_failure_rate)  # fmt: skip
     return summary
+
+
+def boost_settings(cfg: Config) -> dict[str, Any]:
+    """The ``boost.*`` settings of ``cfg`` as ``boost.json`` records them (``"config"``): secrets masked
+    (:mod:`finecap.config.secrets`), as JSON reads them back."""
+    return json.loads(json.dumps(cfg.to_dict(redact=True)["boost"]))
+
+
+def settings_changes(out: str | Path, cfg: Config, ignore: tuple[str, ...] = ()) -> list[str]:
+    """How the boosted data set in ``out`` was made otherwise than ``cfg`` makes it now, read from its ``boost.json``:
+    ``boost.key: recorded -> now`` for each setting that differs (:func:`boost_settings`; but those named in
+    ``ignore``), or why the record cannot say (none, not readable, a run that did not end ``ok``, no settings
+    recorded). Empty: made with these settings. For a pipeline that boosts once and reads the data set back (the
+    demo's ``boost_holistic``)."""
+    path = Path(out) / "boost.json"
+    try:
+        record = read_json(path)
+    except FileNotFoundError:
+        return [f"{path}: no record of the run that made it"]
+    except (ValueError, OSError, RecursionError) as e:
+        return [f"{path}: not readable ({e})"]
+    if not isinstance(record, dict) or record.get("status") != "ok" or not isinstance(record.get("config"), dict):
+        status = record.get("status") if isinstance(record, dict) else None
+        return [f"{path}: not the record of a finished run with its settings (status {status!r})"]
+    recorded, now = record["config"], boost_settings(cfg)
+    keys = [k for k in dict.fromkeys([*recorded, *now]) if k not in ignore]
+    return [f"boost.{k}: {recorded.get(k)!r} -> {now.get(k)!r}" for k in keys if recorded.get(k) != now.get(k)]
 
 
 def interrupted(out: Path, source: Path, mode: str, kept: int, seconds: float) -> None:

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.app import demo_vcb
-from finecap.app.bags import main as build_bags
+from finecap.app.bags import reuse_bags
 from finecap.app.demo_families import (
     caption_families,
     family_captions,
@@ -224,10 +224,9 @@ def training_stage(name: str) -> Stage:
 
 
 def test_bags(demo: StageRunner) -> dict[int, list[list[Any]]]:
-    """TrueMatch-style bags (NDLB Algorithms 1-2) of sizes ``eval.bag_sizes`` on the test split, built once."""
-    path = demo.run_dir / "bags_test.json"
-    if not path.exists() or demo.cfg.demo.force:
-        build_bags(demo.cfg, split="test", sizes=demo.cfg.eval.bag_sizes, out=path, force=demo.cfg.demo.force)
+    """TrueMatch-style bags (NDLB Algorithms 1-2) of sizes ``eval.bag_sizes`` on the test split, built once and
+    again when their world, retriever or settings change (:func:`finecap.app.bags.reuse_bags`)."""
+    path = reuse_bags(demo.cfg, out=demo.run_dir / "bags_test.json", force=demo.cfg.demo.force)
     return read_bags(path)
 
 

@@ -19,7 +19,8 @@ its test captions (beam 5), and the training world's retriever scores them (:fun
   :mod:`finecap.metrics.listener`).
 
 The bags are built once per run directory (``<run_dir>/families10/bags_test.json``: a folder of its own, since
-``finecap report`` checks the run directory's own ``bags*.json`` against the training world), the captions once per
+``finecap report`` checks the run directory's own ``bags*.json`` against the training world), and again when
+what built them changes (:func:`finecap.app.bags.reuse_bags`); the captions once per
 stage (``<stage>/captions_families10_test.json``, :func:`finecap.stages.outputs.caption_world`): in the demo by the
 training stage itself after its test captions (:func:`caption_families`), so in parallel with the other side
 stages; the report captions what is missing (stages trained before this existed). Cost measured on the default demo
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finecap.app.bags import main as build_bags
+from finecap.app.bags import reuse_bags
 from finecap.config import Config, WorldConfig
 from finecap.data.bags_file import read_bags
 from finecap.data.references import load_references
@@ -97,9 +98,7 @@ def family_world(runner: StageRunner) -> FamilyWorld:
     cfg = runner.cfg
     world, path = make_family_world(cfg)
     references = load_references(cfg, path, split="test", check_images=True)
-    bags_path = runner.run_dir / tag() / "bags_test.json"
-    if not bags_path.exists() or runner.force:
-        build_bags(cfg, data=path, split="test", sizes=cfg.eval.bag_sizes, out=bags_path, force=runner.force)
+    bags_path = reuse_bags(cfg, data=path, out=runner.run_dir / tag() / "bags_test.json", force=runner.force)
     return FamilyWorld(world, path, references, read_bags(bags_path), bag_statistics(read_json(bags_path, DATA_FILE)))
 
 

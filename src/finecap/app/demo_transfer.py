@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from finecap.app.bags import main as build_bags
+from finecap.app.bags import reuse_bags
 from finecap.data.bags_file import read_bags
 from finecap.data.references import load_references
 from finecap.data.results import write_results
@@ -52,11 +52,7 @@ def stage_transfer(demo: Any, stages: Sequence[str]) -> dict[str, Any]:
     captions = refs.captions()
     human = {r.image_id: captions[r.image_id][0] for r in records}
     references = {r.image_id: captions[r.image_id][1:] for r in records}  # as the report: the other four
-    bags_path = out_dir / "bags_test.json"
-    if not bags_path.exists() or cfg.demo.force:
-        build_bags(cfg, data=world_dir, split="test", sizes=cfg.eval.bag_sizes, out=bags_path,
-                   force=demo.cfg.demo.force)  # fmt: skip
-    bags = read_bags(bags_path)
+    bags = read_bags(reuse_bags(cfg, data=world_dir, out=out_dir / "bags_test.json", force=cfg.demo.force))
     retriever = load_retriever(cfg)  # the training world's retriever: the shifted world is only a test domain
 
     def score(predictions: dict[Any, str]) -> dict[str, float]:

@@ -4,7 +4,8 @@ default ``demo.stages``: ``finecap demo --stages vcb`` runs them all (after ``wo
 
 - ``visual_expert``: the VLM stand-in, a ClipCap trained on dense captions (recipe ``demo/visual_expert``);
 - ``boost_holistic``: ``finecap boost`` with the world backends, mode ``holistic`` (BlendCap and VisualCap too), into
-  ``<run_dir>/world_holistic`` (a world folder whose records carry every caption field);
+  ``<run_dir>/world_holistic`` (a world folder whose records carry every caption field), made again when the visual
+  expert trained since or the ``boost.*`` settings changed (:func:`stage_boost`);
 - ``captions_holistic``: the caption fields themselves on the test split (NDLB Table 2): for the first human
   caption, BlendCap, VisualCap and HolisticCap, words, faithfulness precision / recall, true and false facts per
   caption, RD99 R@1, NDLB's ClipSc and bag R@1 with the world CLIP and with the fact-based listener (which, unlike
@@ -38,8 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from finecap.app.bags import main as build_bags
+from finecap.app.bags import reuse_bags
 from finecap.app.boost import main as boost
+from finecap.app.boost import settings_changes
 from finecap.boost import training
 from finecap.data.bags_file import read_bags
 from finecap.data.datasets import load_records
@@ -153,12 +155,19 @@ def overrides(demo: Any, stage: str) -> list[str]:
 
 
 def stage_boost(demo: Any) -> None:
+    """``finecap boost`` of the world into :func:`boosted_dir` with the visual expert's best checkpoint, unless the
+    data set there was made since the expert last trained (:meth:`~finecap.stages.StageRunner.made_since_training`)
+    with the ``boost.*`` settings of now (its ``boost.json``: :func:`finecap.app.boost.settings_changes`; the
+    expert's path ``boost.vlm_model`` aside, a run directory moved elsewhere holds the same expert)."""
     out = boosted_dir(demo)
+    cfg = training.world_boost_config(demo.cfg, demo.items, demo.best_checkpoint("visual_expert"))
     if not demo.cfg.demo.force and demo.made_since_training("visual_expert", out / "dataset.json"):  # its expert
-        log.info("boost_holistic: %s exists; skipping", out)
-        return
-    expert = demo.best_checkpoint("visual_expert")
-    boost(training.world_boost_config(demo.cfg, demo.items, expert), out)
+        changes = settings_changes(out, cfg, ignore=("vlm_model",))
+        if not changes:
+            log.info("boost_holistic: %s exists; skipping", out)
+            return
+        log.info("boost_holistic: %s was boosted otherwise (%s); boosting again", out, "; ".join(changes))
+    boost(cfg, out)
 
 
 @dataclass
@@ -179,13 +188,11 @@ class Context:
 
 def holistic_bags(demo: Any) -> Path:
     """TrueMatch bags of the test split built from the HolisticCap captions of the boosted data set
-    (``bags.text_from=holistic``, as NDLB builds TrueMatch), once: ``<run_dir>/bags_test_holistic.json``."""
-    path = demo.run_dir / "bags_test_holistic.json"
-    if not path.exists() or demo.cfg.demo.force:
-        cfg = dataclasses.replace(demo.cfg, bags=dataclasses.replace(demo.cfg.bags, text_from="holistic"))
-        build_bags(cfg, data=boosted_dir(demo) / "dataset.json", split="test", sizes=cfg.eval.bag_sizes, out=path,
-                   force=demo.cfg.demo.force)  # fmt: skip
-    return path
+    (``bags.text_from=holistic``, as NDLB builds TrueMatch), once, and again when the boosted data, the retriever or
+    the bags' settings change (:func:`finecap.app.bags.reuse_bags`): ``<run_dir>/bags_test_holistic.json``."""
+    cfg = dataclasses.replace(demo.cfg, bags=dataclasses.replace(demo.cfg.bags, text_from="holistic"))
+    return reuse_bags(cfg, data=boosted_dir(demo) / "dataset.json", split="test",
+                      out=demo.run_dir / "bags_test_holistic.json", force=demo.cfg.demo.force)  # fmt: skip
 
 
 def _context(demo: Any) -> Context:
@@ -193,9 +200,7 @@ def _context(demo: Any) -> Context:
     records = load_records(cfg, "test")
     scenes_by_imgid = load_scenes(world_path(cfg.world))
     scenes = {r.image_id: scenes_by_imgid[int(r.image_id)] for r in records}
-    human_path = demo.run_dir / "bags_test.json"
-    if not human_path.exists() or cfg.demo.force:
-        build_bags(cfg, split="test", sizes=cfg.eval.bag_sizes, out=human_path, force=demo.cfg.demo.force)
+    human_path = reuse_bags(cfg, out=demo.run_dir / "bags_test.json", force=cfg.demo.force)
     boosted = {r.image_id: r.boosted for r in read_dataset("world", boosted_dir(demo), check_images=False)}
     fields = {r.image_id: boosted[r.image_id] for r in records}
     return Context(records, scenes, load_retriever(cfg), read_bags(holistic_bags(demo)), read_bags(human_path), fields)

@@ -135,6 +135,23 @@ def missing_images(
     return reason
 
 
+def data_source(cfg: Config, data: str | Path | None = None) -> tuple[str, Path]:
+    """The format and the file :func:`load_references` reads for ``cfg`` and ``data``: ``data`` (format detected;
+    ``data.format`` when that is one's own format, ``pkg.module:FORMAT``, or when ``data`` is no local path and
+    ``data.format`` reads Hub names: ``hf``), or the configured data set (:func:`data_file`), whose missing world is a
+    ``FileNotFoundError`` naming the command that makes it."""
+    if data is None:
+        fmt, path = cfg.data.format, data_file(cfg)
+        if fmt == "world" and not path.exists():
+            raise FileNotFoundError(f"{path}: no world here; run `finecap world make` (or pass the data set file)")
+        return fmt, path
+    if is_dotted_path(cfg.data.format):  # one's own format, which detection does not try: it reads ``data``
+        return cfg.data.format, data_format(cfg.data.format).locate(Path(data))
+    if not Path(data).exists() and data_format(cfg.data.format).hub_names:  # a Hub name (data.format=hf)
+        return cfg.data.format, Path(data)
+    return detect_format(data)
+
+
 def load_references(
     cfg: Config,
     data: str | Path | None = None,
@@ -150,16 +167,7 @@ def load_references(
     ``data.images``) is the image root; ``check_images`` verifies that the image files exist. Records naming files
     outside the image root are refused unless ``data.allow_outside_paths``. Records naming no split are split by
     ``data.val_fraction`` / ``data.test_fraction`` (:func:`finecap.data.splits.split_unsplit`)."""
-    if data is None:
-        fmt, path = cfg.data.format, data_file(cfg)
-        if fmt == "world" and not path.exists():
-            raise FileNotFoundError(f"{path}: no world here; run `finecap world make` (or pass the data set file)")
-    elif is_dotted_path(cfg.data.format):  # one's own format, which detection does not try: it reads ``data``
-        fmt, path = cfg.data.format, data_format(cfg.data.format).locate(Path(data))
-    elif not Path(data).exists() and data_format(cfg.data.format).hub_names:  # a Hub name (data.format=hf)
-        fmt, path = cfg.data.format, Path(data)
-    else:
-        fmt, path = detect_format(data)
+    fmt, path = data_source(cfg, data)
     root = images if images is not None else (cfg.data.images or None)
     records = read_dataset(fmt, path, images=root, check_images=check_images,
                            allow_outside=cfg.data.allow_outside_paths, cache_dir=resolve_cache_dir(cfg.run),

@@ -75,7 +75,7 @@ from finecap.utils.reading import DATA_FILE, read_json
 if TYPE_CHECKING:
     from finecap.config import Config
 
-__all__ = ["FingerprintMismatch", "bags_data_fingerprint", "bags_file_data",
+__all__ = ["FingerprintMismatch", "bags_data_fingerprint", "bags_file_data", "bags_retriever_fingerprint",
            "check_bags_data", "check_fingerprints", "check_run", "check_run_dir", "data_fingerprint",
            "dataset_fingerprint", "run_fingerprints", "stored_path",
            "write_fingerprints"]  # fmt: skip
@@ -238,6 +238,13 @@ def retriever_fingerprint(cfg: Config) -> dict[str, Any] | None:
     if cfg.retriever.checkpoint:
         return source_fingerprint(cfg.retriever.checkpoint)
     return world_encoder_fingerprint(cfg) if cfg.data.format == "world" else None
+
+
+def bags_retriever_fingerprint(cfg: Config) -> dict[str, Any]:
+    """The retriever whose embeddings make a bags file's bags (``finecap bags build`` loads
+    :func:`finecap.models.retriever.retriever_path`): ``retriever.checkpoint``, else the world encoder, whatever the
+    data."""
+    return source_fingerprint(cfg.retriever.checkpoint) if cfg.retriever.checkpoint else world_encoder_fingerprint(cfg)
 
 
 # --------------------------------------------------------------------------------------------------------------------
