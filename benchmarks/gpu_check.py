@@ -53,12 +53,14 @@ Checks (docs/scaling.md, "The GPU check", says what each line of the table means
 
 Each check runs in a forked process of its own (its own CUDA context and peak counter; a crash, a hang or a device
 assert ends only that check) under its own time cap and the run's ``--budget``; a failure is recorded with its
-one-line error and the tail of its traceback, and the next check runs. The JSON is rewritten after every check, so a
-run killed from outside still leaves what it measured. ``--cpu-smoke`` runs everything at the tiniest sizes on the
-CPU: bfloat16 on the CPU, FSDP2 over gloo, 4-bit layers on the CPU where bitsandbytes imports; what needs CUDA and
-has no stand-in says ``skipped: no CUDA``. Exit status 1 when a check failed, erred or timed out (``oom`` of a
-``memory:*`` line is a finding about a recipe, not a failure of the check; anywhere else an out-of-memory error is an
-``error``); checks the budget left undone are named in a last line.
+one-line error and the tail of its traceback, and the next check runs. The JSON is first written before anything
+slow (``status`` ``started``, with the ``machine`` facts that need no CUDA work: :func:`machine`), then rewritten
+once finecap is imported (``running``) and after every check, and last with ``status`` ``done``, so a run killed from
+outside still leaves what it measured (and, killed in its first minute, where it ran). ``--cpu-smoke`` runs
+everything at the tiniest sizes on the CPU: bfloat16 on the CPU, FSDP2 over gloo, 4-bit layers on the CPU where
+bitsandbytes imports; what needs CUDA and has no stand-in says ``skipped: no CUDA``. Exit status 1 when a check
+failed, erred or timed out (``oom`` of a ``memory:*`` line is a finding about a recipe, not a failure of the check;
+anywhere else an out-of-memory error is an ``error``); checks the budget left undone are named in a last line.
 """
 
 from __future__ import annotations
@@ -1203,13 +1205,31 @@ def table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def cuda_visible() -> bool:
-    """Whether a CUDA device is there, asked of NVML (``nvidia-smi -L``) so that this process never touches CUDA."""
+def gpu_lines() -> list[str]:
+    """The GPUs NVML lists (``nvidia-smi -L``: ``GPU 0: NVIDIA H200 (UUID: ...)``), asked so that this process never
+    touches CUDA; ``[]`` where there is none or no ``nvidia-smi``."""
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.startswith("GPU")] if out.returncode == 0 else []
+
+
+def cuda_visible() -> bool:
+    """Whether a CUDA device is there (:func:`gpu_lines`), without touching CUDA."""
+    return bool(gpu_lines())
+
+
+def machine() -> dict:
+    """What this machine is, known without importing torch or touching CUDA (the JSON's first write, before any
+    check): host, platform, Python, CPU cores, memory, the GPUs NVML lists and ``CUDA_VISIBLE_DEVICES``."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = None
+    return {"host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "memory_bytes": memory, "gpus": gpu_lines(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}  # fmt: skip
 
 
 def preload() -> str | None:
@@ -1267,6 +1287,11 @@ def main(argv: list[str] | None = None) -> int:
         check = ENV if args.child == ENV.name else next(c for c in checks() if c.name == args.child)
         args.result.write_text(json.dumps(run_body(check, ctx), default=str, indent=1))
         return 0
+    report: dict[str, Any] = {"status": "started", "mode": "cpu-smoke" if args.cpu_smoke else "gpu",
+                              "started": time.strftime("%FT%T%z"), "argv": sys.argv[1:], "budget_s": args.budget,
+                              "work_dir": str(work), "machine": machine(), "preload_error": None, "checks": [],
+                              "seconds": 0.0}  # fmt: skip
+    write_report(out_path, report)  # before anything slow: a run cut off in its first minute still says where it ran
     spawn = args.spawn or (not args.cpu_smoke and cuda_visible())
     if spawn:
         ctx.argv = ["--work-dir", str(work), *(["--cpu-smoke"] if args.cpu_smoke else [])]
@@ -1282,9 +1307,8 @@ def main(argv: list[str] | None = None) -> int:
     selected = [c for c in all_checks if not wanted or c.name == "setup" or any(c.name.startswith(w) for w in wanted)]
     if preload_error is not None:  # finecap does not import: the env record says why, whatever --only asked
         selected = all_checks
-    report: dict[str, Any] = {"mode": "cpu-smoke" if args.cpu_smoke else "gpu", "started": time.strftime("%FT%T%z"),
-                              "argv": sys.argv[1:], "budget_s": args.budget, "work_dir": str(work),
-                              "preload_error": preload_error, "checks": [], "seconds": 0.0}  # fmt: skip
+    report.update(status="running", preload_error=preload_error)
+    write_report(out_path, report)
     print(f"gpu_check: {len(selected)} checks, budget {args.budget:.0f} s, JSON {out_path}", flush=True)
     begin = time.perf_counter()
     for check in selected:
@@ -1304,6 +1328,8 @@ def main(argv: list[str] | None = None) -> int:
         write_report(out_path, report)
         print(f"  {record['name']:<28} {record['status']:<8} {record.get('wall_seconds', 0):>6.1f} s  "
               f"{record.get('summary', '')}", flush=True)  # fmt: skip
+    report["status"] = "done"
+    write_report(out_path, report)
     print(table(report["checks"]))
     print(f"gpu_check: {report['seconds']:.0f} s; JSON {out_path}; logs {logs}")
     left = [r["name"] for r in report["checks"] if r.get("reason") == BUDGET]

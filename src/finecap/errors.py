@@ -38,18 +38,19 @@ RECOVER_CHECKPOINT = (
 )
 
 OS_REASONS = {
-    errno.ENOSPC: "no space left on device (the disk is full); free space or write elsewhere (--out)",
-    errno.EDQUOT: "disk quota exceeded; free space or write elsewhere (--out)",
-    errno.EROFS: "read-only file system; write elsewhere (--out)",
-    errno.EACCES: "permission denied (read-only file or folder); write elsewhere (--out) or change its permissions",
-    errno.EPERM: "operation not permitted (read-only file or folder); write elsewhere (--out)",
+    errno.ENOSPC: "no space left on device (the disk is full); free space or {elsewhere}",
+    errno.EDQUOT: "disk quota exceeded; free space or {elsewhere}",
+    errno.EROFS: "read-only file system; {elsewhere}",
+    errno.EACCES: "permission denied (read-only file or folder); {elsewhere} or change its permissions",
+    errno.EPERM: "operation not permitted (read-only file or folder); {elsewhere}",
     errno.EISDIR: "is a directory, but a file is expected here",
     errno.ENOTDIR: "not a directory (a file is in the way), but a folder is expected here",
     errno.ENOENT: "no such file or directory",
     errno.ENAMETOOLONG: "file name too long",
     errno.ELOOP: "too many levels of symbolic links",
 }
-"""What an errno means for the user (the others keep the system's wording)."""
+"""What an errno means for the user (the others keep the system's wording); ``{elsewhere}`` is the way to write
+elsewhere (:func:`elsewhere`)."""
 
 HUB_ID_ERRORS = ("Repo id must be", "is not a local folder and is not a valid model identifier",
                  "Incorrect path_or_model_id", "not a valid model identifier")  # fmt: skip
@@ -93,16 +94,34 @@ def _prefix(path: str | None) -> str:
     return f"{shown_path(path)}: " if path else ""
 
 
+def elsewhere(path: str | None) -> str:
+    """How to write ``path``'s file elsewhere: ``write elsewhere (--out)``, but inside the finecap home, which
+    ``--out`` does not move, the settings that do (:func:`finecap.home.settings_moving`): ``set FINECAP_HOME (or
+    run.cache_dir) to a folder of yours``. ``path`` may be a temporary name (:func:`shown_path`).
+
+    Example::
+
+        >>> elsewhere("runs/x/config.yaml")
+        'write elsewhere (--out)'
+    """
+    from finecap.home import settings_moving
+
+    settings = settings_moving(shown_path(path)) if path else []
+    if not settings:
+        return "write elsewhere (--out)"
+    more = f" (or {' or '.join(settings[1:])})" if settings[1:] else ""
+    return f"set {settings[0]}{more} to a folder of yours"
+
+
 def denied_reason(path: str | None) -> str | None:
     """What a permission error on ``path`` means, from what this user may do there: a file it cannot reach (a
     folder above it is closed to this user), read (a recipe, a data file: read, not written), or write, or a folder
     it cannot create or replace a file in (finecap writes a file anew beside its name, then renames it); inside the
-    finecap home, the way out is ``FINECAP_HOME`` (``--out`` does not move the home). ``None`` without a path. A
+    finecap home, the way out is ``FINECAP_HOME`` (:func:`elsewhere`: ``--out`` does not move the home). ``None``
+    without a path. A
     guess from ``os.access``, which allows everything to root: then the folder is named."""
     if path is None:
         return None
-    from finecap.home import ENV, home
-
     target = Path(shown_path(path))  # a temporary name's: the file it was being written as
     try:
         os.stat(target)
@@ -111,17 +130,13 @@ def denied_reason(path: str | None) -> str | None:
         return "permission denied: this user cannot reach it (a folder above it is closed to this user)"
     except OSError:
         exists = False
-    try:
-        in_home = Path(os.path.realpath(target)).is_relative_to(os.path.realpath(home()))
-    except OSError:
-        in_home = False
-    elsewhere = f"set {ENV} to a folder of yours" if in_home else "write elsewhere (--out)"
+    way_out = elsewhere(path)
     if exists and not os.access(target, os.R_OK):
         return "permission denied: this user cannot read it; change its permissions (or run as its owner)"
     if exists and not os.access(target, os.W_OK):
-        return f"permission denied: this user cannot write it; {elsewhere} or change its permissions"
+        return f"permission denied: this user cannot write it; {way_out} or change its permissions"
     verb = "replace" if exists else "create"
-    return f"permission denied: this user cannot {verb} it in its folder; {elsewhere} or change the folder's rights"
+    return f"permission denied: this user cannot {verb} it in its folder; {way_out} or change the folder's rights"
 
 
 def os_message(exc: OSError) -> str:
@@ -133,7 +148,8 @@ def os_message(exc: OSError) -> str:
     reason = denied_reason(shown) if exc.errno in (errno.EACCES, errno.EPERM) else None
     if exc.errno == errno.EEXIST and shown is not None and Path(shown).is_file():
         reason = "a file, but a folder is expected here"
-    reason = reason or (OS_REASONS.get(exc.errno) if exc.errno is not None else None)
+    if reason is None and exc.errno in OS_REASONS:
+        reason = OS_REASONS[exc.errno].format(elsewhere=elsewhere(shown))
     return _prefix(shown) + (reason or (exc.strerror or str(exc)).rstrip("."))
 
 

@@ -35,6 +35,9 @@ ENV = "FINECAP_HOME"
 WORLDS = "worlds"
 CACHE = "cache"
 RUNS = "runs"
+HOME_CACHES = ("judges", "meteor")
+"""The folders of ``<home>/cache`` that stay in the home whatever ``run.cache_dir`` says (the judges' answers,
+METEOR's data)."""
 
 
 def home() -> Path:
@@ -124,3 +127,28 @@ def cache_dir(run: RunConfig) -> Path:
     """The folder of the reusable caches (world encoders, features, bag tables): ``run.cache_dir`` when set, else
     ``<home>/cache``."""
     return Path(run.cache_dir) if run.cache_dir else home() / CACHE
+
+
+def settings_moving(path: str | Path) -> list[str]:
+    """What moves ``path`` out of the finecap home: ``[]`` outside it (links resolved); inside, :data:`ENV` and the
+    setting that moves that part of it (``world.out`` for a world, ``run.cache_dir`` for the caches it holds:
+    docs/runs-and-home.md's table). For errors about a file in the home, where ``--out`` cannot help.
+
+    Example::
+
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {ENV: "/srv/home"}):
+        ...     [settings_moving(f"/srv/home/{p}") for p in ("cache/features/a", "cache/judges/b", "worlds/k", "x")]
+        [['FINECAP_HOME', 'run.cache_dir'], ['FINECAP_HOME'], ['FINECAP_HOME', 'world.out'], ['FINECAP_HOME']]
+        >>> settings_moving("/elsewhere/out.json")
+        []
+    """
+    try:
+        parts = Path(os.path.realpath(path)).relative_to(os.path.realpath(home())).parts
+    except (OSError, ValueError):
+        return []
+    if parts[:1] == (WORLDS,):
+        return [ENV, "world.out"]
+    if parts[:1] == (CACHE,) and parts[1:2] != () and parts[1] not in HOME_CACHES:
+        return [ENV, "run.cache_dir"]
+    return [ENV]

@@ -453,6 +453,34 @@ def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret
                     "silence here (the rest was checked)")  # fmt: skip
 
 
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES])
+def test_an_error_writing_into_the_finecap_home_names_the_settings_that_move_it(tmp_path, monkeypatch, code):
+    """Errors about files in the finecap home (the feature cache, the judges' answers, a world) ended with "write
+    elsewhere (--out)", which does not move the home: they name FINECAP_HOME, and the setting that moves that part of
+    it (run.cache_dir, world.out) where there is one. A file outside the home keeps --out."""
+    from finecap.errors import os_message
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FINECAP_HOME", str(home))
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # the tests run as root, who may write anything
+
+    def said(path) -> str:
+        return os_message(OSError(code, os.strerror(code), str(path)))
+
+    features = home / "cache" / "features" / ".train-0123456789abcdef.safetensors.k2x9a1zq.tmp"  # being written
+    shown = home / "cache" / "features" / "train-0123456789abcdef.safetensors"
+    assert said(features).startswith(f"{shown}: ")
+    assert "--out" not in said(features)
+    assert said(features).endswith(("set FINECAP_HOME (or run.cache_dir) to a folder of yours",
+                                    "set FINECAP_HOME (or run.cache_dir) to a folder of yours or change the folder's "
+                                    "rights"))  # fmt: skip
+    judges = said(home / "cache" / "judges" / "answers.sqlite")
+    assert "set FINECAP_HOME to a folder of yours" in judges and "--out" not in judges
+    world = said(home / "worlds" / "0123" / "dataset.json")
+    assert "set FINECAP_HOME (or world.out) to a folder of yours" in world and "--out" not in world
+    assert "write elsewhere (--out)" in said(tmp_path / "out" / "results.json")
+
+
 def test_a_permission_error_says_whether_the_file_was_read_written_or_created(tmp_path, monkeypatch):
     """One text served every permission error ("read-only file or folder; write elsewhere (--out)"), also for a
     recipe this user cannot read and for a finecap home it cannot write, where --out cannot help. (os.access is
@@ -479,7 +507,8 @@ def test_a_permission_error_says_whether_the_file_was_read_written_or_created(tm
     )
     created = "cannot create it in its folder; {} or change the folder's rights"
     assert said(tmp_path / "new.json").endswith(created.format("write elsewhere (--out)"))
-    assert said(home / "cache" / "x.sqlite").endswith(created.format("set FINECAP_HOME to a folder of yours"))
+    assert said(home / "cache" / "judges" / "answers.sqlite").endswith(
+        created.format("set FINECAP_HOME to a folder of yours"))  # fmt: skip
     assert os_message(FileExistsError(errno.EEXIST, "File exists", str(mine))) == (
         f"{mine}: a file, but a folder is expected here")  # fmt: skip
     # a folder above closed to this user: stat raises (Path.exists raised too on Python 3.11, out of the message)

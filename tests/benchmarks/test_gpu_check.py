@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,6 +175,60 @@ def test_a_gpu_check_cut_off_from_outside_leaves_its_json_in_out(tmp_path):
         time.sleep(0.2)
     report = json.loads((out / "gpu_check.json").read_text())
     assert [r["name"] for r in report["checks"]] == ["env"] and report["checks"][0]["status"] == "pass"
+
+
+def test_the_json_says_where_it_runs_before_anything_slow_and_done_at_the_end(tmp_path, monkeypatch):
+    """gpu_check.json was first written after the env check (up to 60 s: torch imported, CUDA asked), so a run cut off
+    in its first minute brought back no JSON. It is written first, status "started" with the machine's facts that
+    need no CUDA work, before finecap is imported (preload) and before any check; "done" at the end."""
+    from helpers.scripts import benchmark
+
+    gc = benchmark("gpu_check")
+    out = tmp_path / "out"
+    path = out / "gpu_check.json"
+    seen: dict[str, Any] = {}
+
+    def preload():
+        seen["preload"] = json.loads(path.read_text()) if path.exists() else None
+        return None
+
+    def first(ctx):  # runs in a forked process: what it saw comes back in its record
+        return {"status": "pass", "saw": json.loads(path.read_text()) if path.exists() else None, "summary": ""}
+
+    monkeypatch.setattr(gc, "preload", preload)
+    monkeypatch.setattr(gc, "checks", lambda: [gc.Check("first", first, 60)])
+    monkeypatch.setattr(gc, "cuda_visible", lambda: False)  # forked checks, as on the CPU
+    assert gc.main(["--out-dir", str(out), "--work-dir", str(tmp_path / "work"), "--budget", "120"]) == 0
+    started = seen["preload"]
+    assert started is not None, "no gpu_check.json before finecap was imported"
+    assert started["status"] == "started" and started["checks"] == [] and started["mode"] == "gpu"
+    facts = started["machine"]
+    assert facts["cpu_count"] == os.cpu_count() and facts["python"] == sys.version.split()[0]
+    assert isinstance(facts["gpus"], list) and facts["memory_bytes"] > 0 and facts["host"]
+    report = json.loads(path.read_text())
+    (record,) = report["checks"]
+    assert record["status"] == "pass" and record["saw"]["status"] == "running" and record["saw"]["checks"] == []
+    assert report["status"] == "done" and report["machine"] == facts
+
+
+@pytest.mark.slow
+def test_a_wheel_install_that_fails_comes_back_in_out_with_its_reason(tmp_path):
+    """make gpu-check installs the carried wheels first; when that failed (exit 3) OUT was not made yet, so nothing
+    came back but stderr. OUT, gpu_check.log (with pip's words and the script's) and nvidia-smi.txt are made first."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip file")
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "WHEELS": str(wheels), "PYTHON": sys.executable,
+           "TMPDIR": str(tmp_path)}  # fmt: skip
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--cpu-smoke"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=120)  # fmt: skip
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "nvidia-smi.txt"]
+    log = (out / "gpu_check.log").read_text()
+    assert f"the wheels in {wheels} could not be installed" in log and "broken-1.0-py3-none-any.whl" in log, log
+    assert "could not be installed" in proc.stderr
+    assert not list(tmp_path.glob("finecap-gpu-site.*"))  # the unpacked wheels' folder removed
 
 
 def command_lines() -> list[str]:

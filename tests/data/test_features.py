@@ -1,5 +1,7 @@
 import functools
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from finecap.data.features import (
     compute_features,
     fingerprint_data,
     fingerprint_module,
+    lock_file,
     model_features,
 )
 from finecap.data.loading import LoaderSettings
@@ -123,13 +126,15 @@ def test_cached_features_computed_once(tmp_path, records):
     assert calls == [2, 2, 1] and first.shape == (5, 2)  # batches of 2, 2, 1
     again = cached_features(records, encode, **kwargs)
     assert calls == [2, 2, 1] and torch.equal(first, again)  # loaded, not recomputed
-    files = list((tmp_path / "cache" / "features").iterdir())
+    entries = sorted((tmp_path / "cache" / "features").iterdir())
+    files = [p for p in entries if not p.name.startswith(".")]
     assert len(files) == 1 and files[0].name.startswith("train-") and files[0].suffix == ".safetensors"
+    assert entries == [lock_file(files[0]), files[0]]  # and the lock it was made under
     with safe_open(str(files[0]), "pt") as f:
         assert f.metadata() == {"encoder": "enc", "data": "data", "split": "train", "n": "5"}
     cached_features(records, encode, **{**kwargs, "encoder_key": "other"})
     assert len(calls) == 6  # another encoder: recomputed, into its own file
-    assert len(list((tmp_path / "cache" / "features").iterdir())) == 2
+    assert len(list((tmp_path / "cache" / "features").glob("*.safetensors"))) == 2
     # The default data key is the fingerprint of the records' images.
     cached_features(records, encode, **{**kwargs, "data_key": None})
     assert len(calls) == 9
@@ -280,3 +285,80 @@ def test_compute_features_in_workers_equals_main_process(records):
                                loader=LoaderSettings(num_workers=2))  # fmt: skip
     assert torch.equal(main, workers) and main.shape == (5, 2)
     assert compute_features([], red_encoder([]), progress=False).shape == (0, 0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Two processes needing one feature file (one cache, two terminals or a job array)
+# --------------------------------------------------------------------------------------------------------------------
+
+PAUSED_BUILDER = """
+import logging, sys
+from pathlib import Path
+import torch
+from finecap.data.features import cached_features
+from finecap.data.records import Record
+
+class Said(logging.Handler):
+    def emit(self, record):
+        if "waiting for it" in record.getMessage():
+            print("waiting", flush=True)
+
+logging.getLogger("finecap").addHandler(Said())
+logging.getLogger("finecap").setLevel(logging.INFO)
+cache, computed, *images = sys.argv[1:]
+
+def encode(images):
+    with open(computed, "a") as f:
+        f.write("computed\\n")
+    print("computing", flush=True)
+    sys.stdin.readline()  # the test says when to go on
+    return torch.ones(len(images), 2)
+
+records = [Record(i, path, "train") for i, path in enumerate(images)]
+features = cached_features(records, encode, cache_dir=cache, encoder_key="enc", split="train", progress=False)
+print("done", tuple(features.shape), flush=True)
+"""
+
+
+def _paused_builder(cache: Path, computed: Path, records) -> subprocess.Popen:
+    """A process asking for the features of ``records``: prints ``computing`` (then waits for a line on its stdin)
+    when it computes them, ``waiting`` when it waits for another's lock, ``done SHAPE`` at the end."""
+    return subprocess.Popen([sys.executable, "-c", PAUSED_BUILDER, str(cache), str(computed),
+                             *(str(r.path) for r in records)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_processes_needing_one_feature_file_compute_it_once(tmp_path, records):
+    """Two processes needing the same missing feature file both computed it (the last rename won), and the temporary
+    file a writer killed before its rename left (``.<name>.<random>.tmp``, maybe hundreds of MB) stayed for ever. Now
+    the second waits for the first's lock and reads its file, and the first removes that file's leftovers, nothing
+    else."""
+    cache, computed = tmp_path / "cache", tmp_path / "computed.txt"
+    path = cache_file(cache, "enc", fingerprint_data(records), "train")
+    path.parent.mkdir(parents=True)
+    leftover = path.with_name(f".{path.name}.k2x9a1zq.tmp")  # a killed writer's, of this very file
+    other = path.with_name(f".{path.name[:-12]}0.safetensors.k2x9a1zq.tmp")  # of another file: not this lock's
+    mine = path.parent / "notes.txt"  # the user's own
+    for planted in (leftover, other, mine):
+        planted.write_bytes(b"x" * 100)
+    first = _paused_builder(cache, computed, records)
+    second = None
+    try:
+        assert first.stdout.readline() == "computing\n"
+        assert not leftover.exists(), "the killed writer's temporary file of this feature file stayed"
+        second = _paused_builder(cache, computed, records)
+        assert second.stdout.readline() == "waiting\n", "the second process computed the features again"
+        first.stdin.write("\n")
+        first.stdin.flush()
+        assert first.stdout.readline() == "done (5, 2)\n"
+        assert second.stdout.readline() == "done (5, 2)\n"  # read from the first's file
+        assert first.wait(timeout=60) == 0 and second.wait(timeout=60) == 0
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+    assert computed.read_text() == "computed\n"
+    assert other.read_bytes() == b"x" * 100 and mine.read_bytes() == b"x" * 100
+    assert load_file(str(path))["features"].shape == (5, 2)

@@ -14,7 +14,7 @@ from tokenizers import processors
 from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
 from finecap.config import load
-from finecap.data.features import CACHE_SUBDIR, model_features
+from finecap.data.features import CACHE_SUBDIR, lock_file, model_features
 from finecap.data.records import Record
 from finecap.models.retriever import Retriever, load_retriever
 from finecap.models.tokenizer import world_tokenizer
@@ -261,7 +261,8 @@ def test_retriever_and_captioner_features_share_one_cache(ckpt, images, tmp_path
     # The same weights, class and preprocessing on the same images and split: the same file, from either side.
     got = model_features(VisionStandIn(r), recs, cfg, "test", progress=False)
     assert torch.equal(got, want)
-    assert [p.name[:5] for p in (tmp_path / CACHE_SUBDIR).iterdir()] == ["test-"]
+    (made,) = (tmp_path / CACHE_SUBDIR).glob("*.safetensors")
+    assert made.name[:5] == "test-" and sorted((tmp_path / CACHE_SUBDIR).iterdir()) == [lock_file(made), made]
     assert [p.name for p in tmp_path.iterdir()] == [CACHE_SUBDIR]
 
 

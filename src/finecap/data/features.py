@@ -25,7 +25,10 @@ data fingerprint, the SHA-256 of the ordered texts (:func:`text_cache_file`).
 File: ``<cache_dir>/features/<split>-<hash16>.safetensors`` with one tensor ``features (N, D)`` (float32, row ``i``
 belongs to record ``i``) and the metadata ``encoder``, ``data``, ``split``, ``n``, checked on load: a file whose
 metadata disagree, or that cannot be read (truncated, foreign), is recomputed, never trusted. Files are written
-atomically (:func:`finecap.utils.files.atomic_write_bytes`).
+atomically (:func:`finecap.utils.files.atomic_write_bytes`), and a missing file is computed under a lock of its own
+(:func:`making`, ``<cache_dir>/features/.<file name>.lock``): two commands sharing a cache that need the same file
+compute it once, the second waiting and then reading the first's file; the one holding the lock first removes the
+temporary files of that file that a writer killed before its rename left (``.<file name>.<random>.tmp``).
 
 Building a file: images are decoded and preprocessed in DataLoader workers (``data.num_workers``,
 :mod:`finecap.data.loading`), the encoder runs in the calling process. Under several processes (``accelerate
@@ -42,9 +45,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,11 +64,14 @@ from finecap.data.images import DEFAULT_LIMITS, RGB_CONVERSION, ImageLimits
 from finecap.data.loading import LoaderSettings, Preprocess, RecordImages, chunks, encoder_draft
 from finecap.data.samplers import process_slice
 from finecap.home import cache_dir as resolve_cache_dir
-from finecap.utils.files import atomic_write_bytes
+from finecap.locks import waiting_lock
+from finecap.utils.files import atomic_write_bytes, remove_temporaries_of
 from finecap.utils.system import progress_enabled
 
 CACHE_SUBDIR = "features"
 """Folder under the cache directory (``run.cache_dir``) holding the feature files."""
+
+log = logging.getLogger(__name__)
 
 
 def state_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -210,16 +218,44 @@ def _load(path: Path, wanted: dict[str, str]) -> torch.Tensor | None:
         return None
 
 
+def lock_file(path: Path) -> Path:
+    """The lock under which the cache file ``path`` is made (:func:`making`): ``.<name>.lock`` beside it."""
+    return path.with_name(f".{path.name}.lock")
+
+
+@contextlib.contextmanager
+def making(path: Path) -> Iterator[None]:
+    """Hold the cache file ``path``'s own lock (:func:`lock_file`, :func:`finecap.locks.waiting_lock`: released when
+    its holder dies, however it dies) for the block that computes and writes it, waiting while another process holds
+    it; the caller then reads ``path`` again, which the other may have written meanwhile. With the lock held, the
+    temporary files of ``path`` left by a writer killed before its rename are removed
+    (:func:`finecap.utils.files.remove_temporaries_of`); every other file in the folder stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    waiting = f"features: another process is computing {path}; waiting for it"
+    with waiting_lock(lock_file(path), waiting=waiting, log=log.info):
+        remove_temporaries_of(path.parent, lambda name: name == path.name)
+        yield
+
+
 def cached_tensor(path: Path, meta: dict[str, str], compute: Callable[[], torch.Tensor],
                   valid: Callable[[torch.Tensor], bool] | None = None) -> torch.Tensor:  # fmt: skip
     """The tensor stored in the safetensors file ``path`` when its metadata equal ``meta`` (and ``valid`` accepts
-    it, when given); otherwise ``compute()``, written there atomically (with ``meta``) and returned. Unreadable,
+    it, when given); otherwise ``compute()``, written there atomically (with ``meta``) and returned, under the file's
+    lock (:func:`making`: a process that needs the same file meanwhile waits, then reads it). Unreadable,
     mismatching or invalid files are recomputed."""
+
+    def usable(stored: torch.Tensor | None) -> bool:
+        return stored is not None and (valid is None or valid(stored))
+
     stored = _load(path, meta)
-    if stored is not None and (valid is None or valid(stored)):
+    if usable(stored):
         return stored
-    tensor = compute()
-    atomic_write_bytes(path, save_safetensors({"features": tensor.contiguous()}, metadata=meta))
+    with making(path):
+        stored = _load(path, meta)  # written by another process while this one waited
+        if usable(stored):
+            return stored
+        tensor = compute()
+        atomic_write_bytes(path, save_safetensors({"features": tensor.contiguous()}, metadata=meta))
     return tensor
 
 
@@ -248,30 +284,37 @@ def cached_features(
     one of them can read the file; if any cannot, each computes its contiguous part of the records
     (:func:`finecap.data.samplers.process_slice`), the parts are gathered on every process in rank order, the
     processes that lack the file and ``writes`` write it (atomically: a process killed meanwhile leaves no file, and
-    the next run computes it again), and all return the whole tensor. Batches are those of one process over each
-    part, so a value may differ from a one-process build in the last bits of float32 (batched matrix products);
-    ``tests/data/test_features.py`` checks the sharded build against the single one."""
+    the next run computes it again), and all return the whole tensor. A missing file is computed under its lock
+    (:func:`making`), taken by the first process (``rank`` 0) alone, so that another command needing the same file
+    waits for this one's and reads it (the other processes of this one wait in the collective meanwhile). Batches
+    are those of one process over each part, so a value may differ from a one-process build in the last bits of
+    float32 (batched matrix products); ``tests/data/test_features.py`` checks the sharded build against the single
+    one."""
     ranks = ranks or Ranks()
     data_key = fingerprint_data(records) if data_key is None else data_key
     path = cache_file(cache_dir, encoder_key, data_key, split)
     meta = {"encoder": encoder_key, "data": data_key, "split": split, "n": str(len(records))}
     stored = _load(path, meta)
     several = ranks.world > 1 and ranks.all_gather is not None
-    if all(ranks.all_gather(stored is not None)) if several else stored is not None:
-        return stored
-    mine = process_slice(len(records), ranks.rank, ranks.world) if several else range(len(records))
-    if stored is not None:  # another process lacks the file: this one's part is in it
-        part = stored[mine.start : mine.stop]
-    else:
-        part = compute_features([records[i] for i in mine], encode, batch_size=batch_size, desc=f"features [{split}]",
-                                progress=progress, preprocess=preprocess, loader=loader, draft=draft,
-                                limits=limits)  # fmt: skip
-    parts = [p for p in ranks.all_gather(part) if len(p)] if several else [part]
-    tensor = torch.cat(parts) if parts else torch.zeros(0, 0)  # (N, D)
-    if stored is None and ranks.writes:
-        atomic_write_bytes(path, save_safetensors({"features": tensor.contiguous()}, metadata=meta))
-    if several:
-        ranks.all_gather(None)  # a barrier: the file is in place before any process goes on
+    locks = stored is None and ranks.rank == 0  # one process of a job takes the lock: no two of them wait on it
+    with making(path) if locks else contextlib.nullcontext():
+        if locks:
+            stored = _load(path, meta)  # written by another command while this one waited
+        if all(ranks.all_gather(stored is not None)) if several else stored is not None:
+            return stored
+        mine = process_slice(len(records), ranks.rank, ranks.world) if several else range(len(records))
+        if stored is not None:  # another process lacks the file: this one's part is in it
+            part = stored[mine.start : mine.stop]
+        else:
+            part = compute_features([records[i] for i in mine], encode, batch_size=batch_size,
+                                    desc=f"features [{split}]", progress=progress, preprocess=preprocess,
+                                    loader=loader, draft=draft, limits=limits)  # fmt: skip
+        parts = [p for p in ranks.all_gather(part) if len(p)] if several else [part]
+        tensor = torch.cat(parts) if parts else torch.zeros(0, 0)  # (N, D)
+        if stored is None and ranks.writes:
+            atomic_write_bytes(path, save_safetensors({"features": tensor.contiguous()}, metadata=meta))
+        if several:
+            ranks.all_gather(None)  # a barrier: the file is in place before any process goes on
     return tensor
 
 

@@ -10,7 +10,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -277,6 +277,31 @@ def is_temporary_of(entry: str, name: str) -> bool:
     (True, False)
     """
     return entry.startswith(temporary_prefix(name)) and entry.endswith(TEMPORARY_SUFFIX)
+
+
+def remove_temporaries_of(folder: str | Path, ours: Callable[[str], bool]) -> None:
+    """Remove from ``folder`` the temporary files that an atomic write (:func:`atomic_write_bytes`) of a name
+    ``ours`` accepts left when its process was killed before the rename (``SIGKILL``, a job's time limit, a power
+    cut): ``.<name>.<random>.tmp``, which no rename will ever claim. Only with the lock held under which every writer
+    of those names writes (no other process is writing them then); any other file, a folder and a link stay, and a
+    ``folder`` that is a link or no folder is left alone.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     for name in (".a.json.k2x9a1zq.tmp", ".b.json.k2x9a1zq.tmp", "a.json.tmp", "notes.txt"):
+    ...         _ = (Path(d) / name).write_text("x")
+    ...     remove_temporaries_of(d, lambda name: name == "a.json")
+    ...     sorted(os.listdir(d))
+    ['.b.json.k2x9a1zq.tmp', 'a.json.tmp', 'notes.txt']
+    """
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for entry in os.listdir(folder):
+        target = entry[1 : -len(TEMPORARY_SUFFIX)].rpartition(".")[0]
+        path = folder / entry
+        if ours(target) and is_temporary_of(entry, target) and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
 
 
 def make_temporary_dir(final_dir: str | Path) -> Path:

@@ -29,7 +29,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import random
 import re
 from collections.abc import Iterator
@@ -42,11 +41,11 @@ from finecap.config import Config, WorldConfig
 from finecap.home import world_path
 from finecap.locks import waiting_lock
 from finecap.utils.files import (
-    TEMPORARY_SUFFIX,
     atomic_write_bytes,
     atomic_write_text,
     is_temporary_of,
     png_bytes,
+    remove_temporaries_of,
     write_json,
 )
 from finecap.utils.reading import read_json, read_lines
@@ -261,17 +260,11 @@ def remove_temporaries(out: Path) -> None:
     """Remove what a process killed while writing the world in ``out`` (``SIGKILL``, a job's time limit, a power
     cut) left behind: the temporary files of the world's own files (:func:`finecap.utils.files.atomic_write_bytes`'s
     ``.<name>.<random>.tmp`` of the marker, :data:`FILES` and the ``images/<split>/<imgid>.png``), which no rename
-    will ever claim. Only with ``out``'s :func:`making_lock` held (no other process is writing them); any other file,
-    and a link, stays."""
-    for folder, names in [(out, (MARKER, *FILES)), *((f, None) for f in image_folders(out)[1:])]:
-        if folder.is_symlink() or not folder.is_dir():
-            continue
-        for entry in os.listdir(folder):
-            target = entry[1 : -len(TEMPORARY_SUFFIX)].rpartition(".")[0]
-            ours = target in names if names is not None else IMAGE_NAME.fullmatch(target) is not None
-            path = folder / entry
-            if ours and is_temporary_of(entry, target) and path.is_file() and not path.is_symlink():
-                path.unlink(missing_ok=True)
+    will ever claim (:func:`finecap.utils.files.remove_temporaries_of`). Only with ``out``'s :func:`making_lock` held
+    (no other process is writing them); any other file, and a link, stays."""
+    remove_temporaries_of(out, lambda name: name in (MARKER, *FILES))
+    for folder in image_folders(out)[1:]:
+        remove_temporaries_of(folder, lambda name: IMAGE_NAME.fullmatch(name) is not None)
 
 
 def _remove_if_empty(folder: Path) -> None:
