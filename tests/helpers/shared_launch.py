@@ -1,9 +1,11 @@
 """The one launch of 2 CPU processes that several modules of tests/train share (the ``shared_launch`` fixture of
 tests/train/conftest.py): each launch costs the launcher's and both workers' imports of torch, transformers,
-accelerate and finecap (~10 CPU-s) before any work, so the runs these modules launched one launch each train one
+accelerate and finecap (~11 CPU-s) before any work, so the runs these modules launched one launch each train one
 after another in one launch of tests/train/fsdp_worker.py, made once for every xdist worker. Each module's runs, its
-feature cache and anything else it made keep a folder of their own, ``<root>/<module>``, and the overrides each
-module's in-process runs share with its launched ones are built here."""
+feature cache and anything else it made keep a folder of their own, ``<root>/<module>``; a module's one-process runs
+that must come before the launch (a run it resumes) are trained while its runs are built, those that must come after
+it (a launched checkpoint resumed in one process) by :func:`after_launch`; and the overrides each module's
+in-process runs share with its launched ones are built here."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 from helpers.equivalence import OBJECTIVES, overrides
 from helpers.launch import launch_bounded, two_processes
 
-TIMEOUT = 1500  # seconds for the whole launch (its runs' launches had 300, 300, 480, 300 and 180 s)
+TIMEOUT = 2100  # seconds for the whole launch (its runs' launches had 300, 300, 480, 300, 180 and 600 s)
 
 
 def launched_runs(root: Path, world: list[str], clip: Path) -> list[tuple[list[str], bool]]:
@@ -22,15 +24,22 @@ def launched_runs(root: Path, world: list[str], clip: Path) -> list[tuple[list[s
     return [
         *equivalence_runs(root / "equivalence", world, clip), *vlm_tower_runs(root / "vlm_tower", world),
         *validation_runs(root / "validation", world, clip), *grpo_runs(root / "grpo", world, clip),
-        *discritune_runs(root / "discritune", world, clip),
+        *discritune_runs(root / "discritune", world, clip), *fsdp_runs(root / "fsdp", world, clip),
     ]  # fmt: skip
 
 
 def make_shared_launch(root: Path, world: list[str], clip: Path) -> None:
-    """Train :func:`launched_runs` in one launch of 2 processes, its output in ``root/launch.log``."""
+    """Train :func:`launched_runs` in one launch of 2 processes, its output in ``root/launch.log``, then
+    :func:`after_launch`."""
     runs = launched_runs(root, world, clip)
     worker = str(Path(__file__).parents[1] / "train" / "fsdp_worker.py")
     launch_bounded([*two_processes(), worker, json.dumps(runs)], root / "launch.log", TIMEOUT)
+    after_launch(root, world, clip)
+
+
+def after_launch(root: Path, world: list[str], clip: Path) -> None:
+    """The one-process runs that continue a launched one: tests/train/test_fsdp.py's :func:`fsdp_after_launch`."""
+    fsdp_after_launch(root / "fsdp", world, clip)
 
 
 # -- tests/train/test_equivalence.py ------------------------------------------------------------------------------
@@ -139,3 +148,49 @@ def discritune_run(run_dir: Path, world: list[str], clip: Path, cache: Path, bat
 def discritune_runs(folder: Path, world: list[str], clip: Path) -> list[tuple[list[str], bool]]:
     """2 processes x batch 8: ``folder/two``, cache ``folder/cache``."""
     return [(discritune_run(folder / "two", world, clip, folder / "cache", 8), False)]
+
+
+# -- tests/train/test_fsdp.py -------------------------------------------------------------------------------------
+
+FSDP = ["train.strategy=fsdp"]
+
+
+def fsdp_resume_run(folder: Path, world: list[str], clip: Path, name: str, steps: int, *extra: str) -> list[str]:
+    """Sharded MLE over 2 micro-batches of 4 per process and clipping (``train.grad_clip=0.05``), ``steps`` steps,
+    saved after each, into ``folder/<name>``, cache ``folder/cache``."""
+    base = overrides("mle", folder / name, world=world, clip=clip, cache=folder / "cache", batch=4, accum=2)
+    return [*base, *FSDP, f"train.max_steps={steps}", "train.grad_clip=0.05", "train.save_every=1", *extra]
+
+
+def in_one_process(run: list[str]) -> list[str]:
+    """A run's overrides for 1 process x batch 8 x 2 accumulation steps: the global batch of 2 processes x 4 x 2."""
+    kept = [o for o in run if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
+    return [*kept, "train.batch_size=8", "train.grad_accum_steps=2"]
+
+
+def fsdp_runs(folder: Path, world: list[str], clip: Path) -> list[tuple[list[str], bool]]:
+    """One sharded step of each objective over 2 processes x 8 (``folder/<objective>-fsdp``) and the resume test's
+    runs: ``whole``; ``cut`` stopped after step 1 and resumed; ``ckpt`` with gradient checkpointing; ``cut1``'s step
+    1 (its step 2 resumed in one process by :func:`fsdp_after_launch`); ``one``'s step 2, resumed sharded from its
+    step 1 in one process, trained here first. Cache ``folder/cache``."""
+    from finecap.config import load
+    from finecap.train.run import train
+
+    def resume_run(name: str, steps: int, *extra: str) -> list[str]:
+        return fsdp_resume_run(folder, world, clip, name, steps, *extra)
+
+    train(load(None, in_one_process(resume_run("one", 1))))
+    args = dict(world=world, clip=clip, cache=folder / "cache")
+    runs = [([*overrides(n, folder / f"{n}-fsdp", batch=8, accum=1, **args), *FSDP], False) for n in OBJECTIVES]
+    return [*runs, (resume_run("whole", 2), False), (resume_run("cut", 1), False), (resume_run("cut", 2), True),
+            (resume_run("ckpt", 2, "train.gradient_checkpointing=true"), False), (resume_run("cut1", 1), False),
+            (resume_run("one", 2), True)]  # fmt: skip
+
+
+def fsdp_after_launch(folder: Path, world: list[str], clip: Path) -> None:
+    """The sharded checkpoint of ``cut1``'s step 1 resumed in one process for its step 2 (1 x 8 x 2: the same global
+    batch)."""
+    from finecap.config import load
+    from finecap.train.run import train
+
+    train(load(None, in_one_process(fsdp_resume_run(folder, world, clip, "cut1", 2))), resume=True)

@@ -8,7 +8,7 @@ bit); the same checkpoint resumes in one process (the optimizer state is stored 
 within the equivalence bounds, and a checkpoint of one process resumes sharded; gradient accumulation and clipping
 act on sharded gradients; gradient checkpointing composes with sharding; the sharded run's checkpoint is a plain
 transformers folder; and no sharded run's forward returns a view (FSDP2's warning). Every sharded run is trained in
-one launch of 2 processes shared by the tests (the ``launched`` fixture).
+the one launch of 2 processes that several modules share (:mod:`helpers.shared_launch`; the ``launched`` fixture).
 """
 
 from __future__ import annotations
@@ -25,61 +25,29 @@ from finecap.config import load
 from finecap.runs import INFO_FILE, checkpoint_dir, model_dir
 from finecap.train.run import train
 from helpers.equivalence import OBJECTIVES, compare, overrides, weights
-from helpers.launch import launch_bounded, two_processes
-from helpers.once import once_per_session
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(torch.accelerator.is_available(), reason="the test launches CPU processes on a CPU machine"),
 ]
-FSDP = ["train.strategy=fsdp"]
-TIMEOUT = 600  # seconds for the one launch of 10 tiny runs
-
-
-def resume_run(root: Path, args: dict, name: str, steps: int, *extra: str) -> list[str]:
-    """MLE over 2 micro-batches of 4 per process and clipping (``train.grad_clip=0.05``), ``steps`` steps, saved after
-    each, into ``root/<name>``."""
-    base = overrides("mle", root / name, batch=4, accum=2, **args)
-    return [*base, *FSDP, f"train.max_steps={steps}", "train.grad_clip=0.05", "train.save_every=1", *extra]
-
-
-def in_one_process(run: list[str]) -> list[str]:
-    """A run's overrides for 1 process x batch 8 x 2 accumulation steps: the global batch of 2 processes x 4 x 2."""
-    kept = [o for o in run if not o.startswith(("train.batch_size", "train.grad_accum_steps"))]
-    return [*kept, "train.batch_size=8", "train.grad_accum_steps=2"]
 
 
 @pytest.fixture(scope="module")
-def launched(world_args, clip_dir, tmp_path_factory) -> Path:
-    """Every sharded run of this module trained in one launch of 2 processes, one after another (a launch costs both
-    processes' imports of torch, transformers and finecap), once for both xdist workers, so that the absence of
-    FSDP2's view warning is checked over all of them (``launch.log``): one step of each objective (``<name>-fsdp``)
-    and the resume test's runs (``whole``, ``cut``, ``ckpt`` with gradient checkpointing, ``cut1``, ``one``); around
-    the launch, the resume test's one-process parts (``one``'s step 1 before it, ``cut1``'s step 2 after it). Every
-    run's feature cache: ``cache``."""
-
-    def make(root: Path) -> None:
-        args = dict(world=world_args, clip=clip_dir, cache=root / "cache")
-        # a run started in one process (its step 1 here; step 2 resumed sharded in the launch)
-        train(load(None, in_one_process(resume_run(root, args, "one", 1))))
-        runs = [([*overrides(n, root / f"{n}-fsdp", batch=8, accum=1, **args), *FSDP], False) for n in OBJECTIVES]
-        runs += [(resume_run(root, args, "whole", 2), False), (resume_run(root, args, "cut", 1), False),
-                 (resume_run(root, args, "cut", 2), True),
-                 (resume_run(root, args, "ckpt", 2, "train.gradient_checkpointing=true"), False),
-                 (resume_run(root, args, "cut1", 1), False), (resume_run(root, args, "one", 2), True)]  # fmt: skip
-        worker = str(Path(__file__).with_name("fsdp_worker.py"))
-        launch_bounded([*two_processes(), worker, json.dumps(runs)], root / "launch.log", TIMEOUT)
-        # the sharded checkpoint of cut1's step 1 resumed in one process (1 x 8 x 2: the same global batch)
-        train(load(None, in_one_process(resume_run(root, args, "cut1", 2))), resume=True)
-
-    return once_per_session(tmp_path_factory, "fsdp_clipcap", make)
+def launched(shared_launch) -> Path:
+    """Every sharded run of this module, trained in the launch of 2 processes that several modules share
+    (:func:`helpers.shared_launch.fsdp_runs`), once for both xdist workers, so that the absence of FSDP2's view
+    warning is checked over all of them (the launch's ``launch.log``): one step of each objective
+    (``<name>-fsdp``) and the resume test's runs (``whole``, ``cut``, ``ckpt`` with gradient checkpointing,
+    ``cut1``, ``one``); around the launch, the resume test's one-process parts (``one``'s step 1 before it,
+    ``cut1``'s step 2 after it). Every run's feature cache: ``cache``."""
+    return shared_launch / "fsdp"
 
 
 def test_no_sharded_run_returns_a_view(launched):
     """FSDP2 warns when a sharded module's forward returns a view: an in-place op on it would skip the pre-backward
-    all-gather. No run of the launch may print it, gradient checkpointing's (ClipCap's scores of given sequences in
-    vocabulary chunks) included."""
-    log = (launched / "launch.log").read_text()
+    all-gather. No run of the launch may print it (the other modules' sharded runs as well), gradient checkpointing's
+    (ClipCap's scores of given sequences in vocabulary chunks) included."""
+    log = (launched.parent / "launch.log").read_text()
     assert "returned a view tensor" not in log, [line for line in log.splitlines() if "view tensor" in line][:3]
 
 
