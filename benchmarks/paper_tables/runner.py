@@ -182,15 +182,15 @@ def corpus_overrides(grid: StageRunner, run: Run) -> list[str]:
 def ensure_boosted(grid: StageRunner) -> Path:
     """The world's Visual Caption Boosting data set of this seed (every caption field), made as the demo's ``vcb``
     stages make it: the visual expert trained (a run of the grid), then ``finecap boost`` with the world backends
-    (:func:`finecap.boost.training.world_boost_config`) into ``<seed folder>/world_holistic``; returns its
-    ``dataset.json``."""
-    from finecap.app.boost import main as boost  # the `finecap boost` command
+    (:func:`finecap.boost.training.world_boost_config`) into ``<seed folder>/world_holistic``, again when the one
+    there was made before the expert last trained or with other ``boost.*`` settings
+    (:func:`finecap.app.demo_vcb.boost_unless_current`, as the demo's); returns its ``dataset.json``."""
+    from finecap.app.demo_vcb import boost_unless_current
     from finecap.boost import training
 
     path = grid.run_dir / training.BOOSTED_DIR / "dataset.json"
-    if not path.exists():
+    if not path.exists():  # a run-seed replicate finds it made by its world seed's grid (make_replicate)
         ensure_trained(grid, "visual_expert")
         print(f"== boost: BlendCap, VisualCap and HolisticCap of every image into {path.parent}", flush=True)
-        expert = grid.best_checkpoint("visual_expert")
-        boost(training.world_boost_config(grid.cfg, grid.items, expert), path.parent)
+    boost_unless_current(grid, path.parent, what="boost")
     return path

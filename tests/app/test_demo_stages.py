@@ -243,17 +243,10 @@ def test_the_boosted_data_is_made_again_when_the_boost_settings_change(tmp_path,
     """boost_holistic reads its data set back only when made since the visual expert trained with the boost.* settings
     of now (its boost.json); the fake boost records them as `finecap boost` does (tests/boost/test_boost_command.py
     checks that record against the real command)."""
-    from finecap.app.boost import boost_settings
+    from helpers.fake_boost import recording_boost
 
-    boosted: list[dict] = []
-
-    def fake_boost(cfg, out):
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "dataset.json").write_text("{}")
-        (out / "boost.json").write_text(json.dumps({"status": "ok", "config": boost_settings(cfg)}))
-        boosted.append(cfg.boost)
-
-    monkeypatch.setattr(demo_vcb, "boost", fake_boost)
+    boosted: list = []
+    monkeypatch.setattr(demo_vcb, "boost", recording_boost(boosted))
     demo = _demo(tmp_path, [])
     (demo.stage_dir("visual_expert")).mkdir(parents=True)
     (demo.stage_dir("visual_expert") / "DONE").write_text("ok\n")

@@ -156,17 +156,23 @@ def overrides(demo: Any, stage: str) -> list[str]:
 
 def stage_boost(demo: Any) -> None:
     """``finecap boost`` of the world into :func:`boosted_dir` with the visual expert's best checkpoint, unless the
-    data set there was made since the expert last trained (:meth:`~finecap.stages.StageRunner.made_since_training`)
-    with the ``boost.*`` settings of now (its ``boost.json``: :func:`finecap.app.boost.settings_changes`; the
-    expert's path ``boost.vlm_model`` aside, a run directory moved elsewhere holds the same expert)."""
-    out = boosted_dir(demo)
-    cfg = training.world_boost_config(demo.cfg, demo.items, demo.best_checkpoint("visual_expert"))
-    if not demo.cfg.demo.force and demo.made_since_training("visual_expert", out / "dataset.json"):  # its expert
+    data set there is current (:func:`boost_unless_current`)."""
+    boost_unless_current(demo, boosted_dir(demo), force=demo.cfg.demo.force)
+
+
+def boost_unless_current(runner: Any, out: Path, *, force: bool = False, what: str = "boost_holistic") -> None:
+    """``finecap boost`` of the world into ``out`` with the best checkpoint of ``runner``'s visual expert (a
+    :class:`~finecap.stages.StageRunner`: the demo, or a paper grid), unless ``force`` is off and the data set there
+    was made since the expert last trained (:meth:`~finecap.stages.StageRunner.made_since_training`) with the
+    ``boost.*`` settings of now (its ``boost.json``: :func:`finecap.app.boost.settings_changes`; the expert's path
+    ``boost.vlm_model`` aside, a run directory moved elsewhere holds the same expert). ``what`` names it in the log."""
+    cfg = training.world_boost_config(runner.cfg, runner.items, runner.best_checkpoint("visual_expert"))
+    if not force and runner.made_since_training("visual_expert", out / "dataset.json"):  # its expert
         changes = settings_changes(out, cfg, ignore=("vlm_model",))
         if not changes:
-            log.info("boost_holistic: %s exists; skipping", out)
+            log.info("%s: %s exists; skipping", what, out)
             return
-        log.info("boost_holistic: %s was boosted otherwise (%s); boosting again", out, "; ".join(changes))
+        log.info("%s: %s was boosted otherwise (%s); boosting again", what, out, "; ".join(changes))
     boost(cfg, out)
 
 
