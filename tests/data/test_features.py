@@ -26,7 +26,7 @@ from finecap.data.features import (
 from finecap.data.loading import LoaderSettings
 from finecap.data.records import Record
 from finecap.data.samplers import process_slice
-from helpers.waiting import until
+from helpers.waiting import SAYS_WAITING, until
 
 
 @pytest.fixture
@@ -291,20 +291,15 @@ def test_compute_features_in_workers_equals_main_process(records):
 # Two processes needing one feature file (one cache, two terminals or a job array)
 # --------------------------------------------------------------------------------------------------------------------
 
-PAUSED_BUILDER = """
+PAUSED_BUILDER = (
+    SAYS_WAITING
+    + """
 import logging, sys
 from pathlib import Path
 import torch
 from finecap.data.features import cached_features
 from finecap.data.records import Record
 
-class Said(logging.Handler):
-    def emit(self, record):
-        if "waiting for it" in record.getMessage():
-            print("waiting", flush=True)
-
-logging.getLogger("finecap").addHandler(Said())
-logging.getLogger("finecap").setLevel(logging.INFO)
 cache, computed, *images = sys.argv[1:]
 
 def encode(images):
@@ -318,6 +313,7 @@ records = [Record(i, path, "train") for i, path in enumerate(images)]
 features = cached_features(records, encode, cache_dir=cache, encoder_key="enc", split="train", progress=False)
 print("done", tuple(features.shape), flush=True)
 """
+)
 
 
 def _paused_builder(cache: Path, computed: Path, records) -> subprocess.Popen:

@@ -13,3 +13,21 @@ def until(condition: Callable[[], bool], what: str, timeout: float = 30.0, every
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(every)
+
+
+SAYS_WAITING = """
+import logging
+
+
+class Said(logging.Handler):
+    def emit(self, record):
+        if "waiting for it" in record.getMessage():
+            print("waiting", flush=True)
+
+
+logging.getLogger("finecap").addHandler(Said())
+logging.getLogger("finecap").setLevel(logging.INFO)
+"""
+"""The start of a script a test runs as a second process that waits on finecap's lock (a home's world encoder, a
+feature file): it prints ``waiting`` once finecap logs that it waits for another process, which the test reads
+from its standard output."""

@@ -24,6 +24,7 @@ from finecap.models.tokenizer import world_tokenizer
 from finecap.train import world_encoder as tw  # training the world encoder is the library's (finecap train, serve)
 from finecap.world.make import make_world
 from finecap.world.scene import Obj, Scene
+from helpers.waiting import SAYS_WAITING
 
 TINY = ["world.n_train=24", "world.n_val=8", "world.n_test=12", "world.image_size=32", "retriever.epochs=2",
         "retriever.batch_size=8", "retriever.batch_size_eval=16"]  # fmt: skip
@@ -258,18 +259,13 @@ def test_eval_of_a_world_uses_that_worlds_encoder_without_its_settings_repeated(
 # Two processes needing one world encoder (one home, two terminals or a job array)
 # --------------------------------------------------------------------------------------------------------------------
 
-PAUSED_TRAINER = """
+PAUSED_TRAINER = (
+    SAYS_WAITING
+    + """
 import logging, sys
 from finecap.config import Config, load
 from finecap.train import world_encoder as tw
 
-class Said(logging.Handler):
-    def emit(self, record):
-        if "waiting for it" in record.getMessage():
-            print("waiting", flush=True)
-
-logging.getLogger("finecap").addHandler(Said())
-logging.getLogger("finecap").setLevel(logging.INFO)
 train = tw.train_dual_encoder
 
 def paused(*args, **kwargs):
@@ -280,6 +276,7 @@ def paused(*args, **kwargs):
 tw.train_dual_encoder = paused
 print("done", tw.ensure_world_encoder(load(None, sys.argv[1:]), progress=False), flush=True)
 """
+)
 
 
 def _paused_trainer(settings: list[str]) -> subprocess.Popen:
