@@ -579,3 +579,13 @@ def test_the_images_are_read_within_the_configurations_budget(fabricated_run, ti
     with pytest.raises(FileNotFoundError, match="none of the .* bag images is there as an image file"):
         create_app(bags, tiny_world / "images", cfg=load(None, ["data.max_image_pixels=1599"]))
     assert create_app(bags, tiny_world / "images", cfg=load(None, ["data.max_image_pixels=1600"])) is not None
+
+
+def test_the_token_option_says_a_token_is_generated_on_loopback_too():
+    """``finecap bags review --help`` says what :func:`finecap.app.review.main` does: a token is required on loopback
+    too, generated when none is given (it said: generated when --host is beyond loopback)."""
+    from helpers.cli import run_cli
+
+    code, out, _ = run_cli(["bags", "review", "--help"])
+    said = " ".join(out.split())
+    assert code == 0 and "on loopback too" in said and "beyond loopback" not in said, said

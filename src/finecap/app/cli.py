@@ -630,8 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="curated bags JSON (default BAGS.curated.json)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=number(0, 65535, int), default=8765, help="port (0 = any free port)")
-    p.add_argument("--token", default=None, help="access token the browser must present (default "
-                   "$FINECAP_REVIEW_TOKEN; generated and printed when --host is beyond loopback)")  # fmt: skip
+    p.add_argument("--token", default=None, help="access token the browser must present, on loopback too (default "
+                   "$FINECAP_REVIEW_TOKEN, else one generated and printed in the URL)")  # fmt: skip
     p.set_defaults(func=cmd_bags_review)
 
     p = sub.add_parser("report", help="Write a self-contained HTML report of a run directory.", parents=[COMMON])
