@@ -184,8 +184,8 @@ def ensure_boosted(grid: StageRunner) -> Path:
     stages make it: the visual expert trained (a run of the grid), then ``finecap boost`` with the world backends
     (:func:`finecap.boost.training.world_boost_config`) into ``<seed folder>/world_holistic``, again when the one
     there was made before the expert last trained or with other ``boost.*`` settings
-    (:func:`finecap.app.demo_vcb.boost_unless_current`, as the demo's); returns its ``dataset.json``."""
-    from finecap.app.demo_vcb import boost_unless_current
+    (:func:`finecap.app.boost.boost_unless_current`, as the demo's); returns its ``dataset.json``."""
+    from finecap.app.boost import boost_unless_current
     from finecap.boost import training
 
     path = grid.run_dir / training.BOOSTED_DIR / "dataset.json"

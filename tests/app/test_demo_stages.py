@@ -243,10 +243,11 @@ def test_the_boosted_data_is_made_again_when_the_boost_settings_change(tmp_path,
     """boost_holistic reads its data set back only when made since the visual expert trained with the boost.* settings
     of now (its boost.json); the fake boost records them as `finecap boost` does (tests/boost/test_boost_command.py
     checks that record against the real command)."""
+    from finecap.app import boost as app_boost
     from helpers.fake_boost import recording_boost
 
     boosted: list = []
-    monkeypatch.setattr(demo_vcb, "boost", recording_boost(boosted))
+    monkeypatch.setattr(app_boost, "main", recording_boost(boosted))
     demo = _demo(tmp_path, [])
     (demo.stage_dir("visual_expert")).mkdir(parents=True)
     (demo.stage_dir("visual_expert") / "DONE").write_text("ok\n")

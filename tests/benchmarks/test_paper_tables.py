@@ -777,17 +777,17 @@ def test_sle_vs_scst_plateau_and_summary_of_hand_computed_runs():
 def test_a_grids_boosted_data_is_made_again_when_the_boost_settings_change(tmp_path, monkeypatch):
     # ensure_boosted read <seed folder>/world_holistic/dataset.json back whenever it existed: a grid rerun with other
     # boost.* settings (or after its visual expert trained again) scored captions the old settings made. It now goes
-    # through the demo's check (demo_vcb.boost_unless_current); the stand-in boost records what `finecap boost` does.
-    from finecap.app import demo_vcb
+    # through the demo's check (app.boost.boost_unless_current); the stand-in boost records what `finecap boost` does.
+    from finecap.app import boost as app_boost
     from helpers.fake_boost import recording_boost
 
     boosted: list = []
-    monkeypatch.setattr(demo_vcb, "boost", recording_boost(boosted))
+    monkeypatch.setattr(app_boost, "main", recording_boost(boosted))
     items = [f"run.cache_dir={tmp_path / 'cache'}"]
     grid = pt.make_grid(0, tmp_path / "runs", items, quick=True)
     grid.stage_dir("visual_expert").mkdir(parents=True)
     (grid.stage_dir("visual_expert") / "DONE").write_text("ok\n")  # the expert trained (its marker)
-    demo_vcb.boost_unless_current(grid, grid.run_dir / "world_holistic")  # made once, as the grid's first run does
+    app_boost.boost_unless_current(grid, grid.run_dir / "world_holistic")  # made once, as the grid's first run does
     assert len(boosted) == 1
     assert pt.runner.ensure_boosted(grid) == grid.run_dir / "world_holistic" / "dataset.json"
     assert len(boosted) == 1  # the same settings: read back

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from finecap.boost import training
 from finecap.boost.backends import make_backend
 from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records
 from finecap.boost.output import check_outputs, dataset_file, write_boosted
@@ -158,6 +159,23 @@ def settings_changes(out: str | Path, cfg: Config, ignore: tuple[str, ...] = ())
     recorded, now = record["config"], boost_settings(cfg)
     keys = [k for k in dict.fromkeys([*recorded, *now]) if k not in ignore]
     return [f"boost.{k}: {recorded.get(k)!r} -> {now.get(k)!r}" for k in keys if recorded.get(k) != now.get(k)]
+
+
+def boost_unless_current(runner: Any, out: Path, *, force: bool = False, what: str = "boost_holistic") -> None:
+    """``finecap boost`` of the world into ``out`` with the best checkpoint of ``runner``'s visual expert (a
+    :class:`~finecap.stages.StageRunner`: the demo's ``boost_holistic`` stage, or a paper grid), unless ``force`` is
+    off and the data set there was made since the expert last trained
+    (:meth:`~finecap.stages.StageRunner.made_since_training`) with the ``boost.*`` settings of now (its
+    ``boost.json``: :func:`settings_changes`; the expert's path ``boost.vlm_model`` aside, a run directory moved
+    elsewhere holds the same expert). ``what`` names it in the log."""
+    cfg = training.world_boost_config(runner.cfg, runner.items, runner.best_checkpoint("visual_expert"))
+    if not force and runner.made_since_training("visual_expert", out / "dataset.json"):  # its expert
+        changes = settings_changes(out, cfg, ignore=("vlm_model",))
+        if not changes:
+            log.info("%s: %s exists; skipping", what, out)
+            return
+        log.info("%s: %s was boosted otherwise (%s); boosting again", what, out, "; ".join(changes))
+    main(cfg, out)
 
 
 def interrupted(out: Path, source: Path, mode: str, kept: int, seconds: float) -> None:

@@ -40,8 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.app.bags import reuse_bags
-from finecap.app.boost import main as boost
-from finecap.app.boost import settings_changes
+from finecap.app.boost import boost_unless_current
 from finecap.boost import training
 from finecap.data.bags_file import read_bags
 from finecap.data.datasets import load_records
@@ -158,22 +157,6 @@ def stage_boost(demo: Any) -> None:
     """``finecap boost`` of the world into :func:`boosted_dir` with the visual expert's best checkpoint, unless the
     data set there is current (:func:`boost_unless_current`)."""
     boost_unless_current(demo, boosted_dir(demo), force=demo.cfg.demo.force)
-
-
-def boost_unless_current(runner: Any, out: Path, *, force: bool = False, what: str = "boost_holistic") -> None:
-    """``finecap boost`` of the world into ``out`` with the best checkpoint of ``runner``'s visual expert (a
-    :class:`~finecap.stages.StageRunner`: the demo, or a paper grid), unless ``force`` is off and the data set there
-    was made since the expert last trained (:meth:`~finecap.stages.StageRunner.made_since_training`) with the
-    ``boost.*`` settings of now (its ``boost.json``: :func:`finecap.app.boost.settings_changes`; the expert's path
-    ``boost.vlm_model`` aside, a run directory moved elsewhere holds the same expert). ``what`` names it in the log."""
-    cfg = training.world_boost_config(runner.cfg, runner.items, runner.best_checkpoint("visual_expert"))
-    if not force and runner.made_since_training("visual_expert", out / "dataset.json"):  # its expert
-        changes = settings_changes(out, cfg, ignore=("vlm_model",))
-        if not changes:
-            log.info("%s: %s exists; skipping", what, out)
-            return
-        log.info("%s: %s was boosted otherwise (%s); boosting again", what, out, "; ".join(changes))
-    boost(cfg, out)
 
 
 @dataclass
