@@ -35,7 +35,11 @@ ENV = "FINECAP_HOME"
 WORLDS = "worlds"
 CACHE = "cache"
 RUNS = "runs"
-HOME_CACHES = ("judges", "meteor")
+JUDGES = "judges"
+"""The folder of ``<home>/cache`` holding the judges' answer cache (:mod:`finecap.judges.cache`)."""
+METEOR = "meteor"
+"""The folder of ``<home>/cache`` holding METEOR's data (:mod:`finecap.metrics.meteor.resources`)."""
+HOME_CACHES = (JUDGES, METEOR)
 """The folders of ``<home>/cache`` that stay in the home whatever ``run.cache_dir`` says (the judges' answers,
 METEOR's data)."""
 
