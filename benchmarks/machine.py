@@ -51,9 +51,9 @@ def machine() -> dict[str, str | int]:
             "commit": commit()}  # fmt: skip
 
 
-def machine_line() -> str:
-    """:func:`machine` in one line, for a benchmark's printout."""
-    m = machine()
+def machine_line(m: dict[str, str | int] | None = None) -> str:
+    """``m`` (default: :func:`machine`) in one line, for a benchmark's printout."""
+    m = machine() if m is None else m
     return (
         f"{m['processor']}, {m['cpus']} CPUs, torch threads {m['threads']}, Python {m['python']}, "
         f"torch {m['torch']}, finecap {m['commit']}"

@@ -11,7 +11,11 @@ moves with whatever runs on the other core, CPU time barely does. The plugin app
 ``SUITE_CPU_OUT``: ``id``, ``worker`` (xdist's id, else ``main``), ``start``, ``wall``, ``self`` and ``child``. These
 cover setup, call and teardown, so a fixture is charged to the first test that builds it. ``self`` is the process's
 user+system seconds. ``child`` is that of the children it reaped meanwhile: commands run as subprocesses, launches
-of several processes, the Java jars.
+of several processes, the Java jars. Each record also says what threads the test ran with: ``threads``, torch's
+intra-op threads in its process (``null`` where torch was not imported), and ``omp``, that process's
+``OMP_NUM_THREADS``, which the processes it starts inherit (``null``: unset). The suite's root conftest.py sets one
+torch thread and ``OMP_NUM_THREADS=1`` unless set; the report's header line says what the records say
+(:func:`machine_as_tested`), not the threads of the process printing it.
 
 Not counted: children still alive when a test ends (a JVM a module fixture keeps open, a server), which are charged
 to the test during which they are reaped, or to none. Also left out: collection (about 20 s a worker here), xdist's
@@ -58,8 +62,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
     yield
     end, (own_end, children_end) = time.time(), _cpu()
     worker = getattr(item.config, "workerinput", {}).get("workerid", "main")  # xdist's worker id, else main
+    torch = sys.modules.get("torch")  # never imported here: the suite's conftest.py imports it after setting threads
     record = {"id": item.nodeid, "worker": worker, "start": start,
-              "wall": end - start, "self": own_end - own, "child": children_end - children}  # fmt: skip
+              "wall": end - start, "self": own_end - own, "child": children_end - children,
+              "threads": torch.get_num_threads() if torch is not None else None,
+              "omp": os.environ.get("OMP_NUM_THREADS")}  # fmt: skip
     with open(os.environ[OUT_VARIABLE], "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -72,6 +79,32 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 def cpu(record: dict[str, Any]) -> float:
     """A record's CPU seconds, its reaped children's included."""
     return record["self"] + record["child"]
+
+
+def machine_as_tested(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`machine.machine` of this process with the threads the tests ran with, as the records say: ``threads``,
+    torch's intra-op threads in the test processes, and ``omp_threads``, their ``OMP_NUM_THREADS`` (one value, or the
+    values seen joined by ``/``; ``unknown`` where no record says: records of an earlier plugin, or torch never
+    imported).
+
+    >>> m = machine_as_tested([{"threads": 1, "omp": "1"}, {"threads": 1, "omp": "1"}])
+    >>> m["threads"], m["omp_threads"]
+    (1, '1')
+    >>> m = machine_as_tested([{"threads": 1, "omp": "1"}, {"threads": 2}])
+    >>> m["threads"], m["omp_threads"]
+    ('1/2', '1')
+    """
+
+    def said(key: str) -> Any:
+        values = sorted({r[key] for r in records if r.get(key) is not None}, key=str)
+        return values[0] if len(values) == 1 else "/".join(map(str, values)) if values else "unknown"
+
+    return {**machine(), "threads": said("threads"), "omp_threads": said("omp")}
+
+
+def header(m: dict[str, Any]) -> str:
+    """The report's first line: the machine, with the tests' threads (:func:`machine_as_tested`)."""
+    return f"{machine_line(m)} (torch threads: the tests'; their OMP_NUM_THREADS {m['omp_threads']})"
 
 
 BUCKETS = (0.2, 1.0, 5.0)
@@ -119,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=40, help="tests and files listed (default 40)")
     parser.add_argument("--json", help="also write the summary and the machine to this file")
     args = parser.parse_args(argv)
-    s = summary(read_records(args.records), args.top)
-    print(machine_line())
+    records = read_records(args.records)
+    s, m = summary(records, args.top), machine_as_tested(records)
+    print(header(m))
     print(f"{s['tests']} tests, {s['cpu']:.1f} CPU-s (their processes and reaped children); by size: "
           + ", ".join(f"{k} s: {v:.1f}" for k, v in s["classes"].items()))  # fmt: skip
     for worker, w in s["workers"].items():
@@ -132,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, c, n in s["top_files"]:
         print(f"  {c:7.1f} {n:5d}  {name}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), **s}, indent=1) + "\n", encoding="utf-8")
+        Path(args.json).write_text(json.dumps({"machine": m, **s}, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

@@ -25,7 +25,7 @@ import errno
 import os
 import re
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 from finecap.utils.system import MissingExtra
 
@@ -57,18 +57,38 @@ HUB_ID_ERRORS = ("Repo id must be", "is not a local folder and is not a valid mo
 """transformers / huggingface_hub messages for a name that is neither a local folder nor a Hub id."""
 
 
-def culprit_path(exc: BaseException) -> str | None:
-    """The path held by the innermost frame of ``exc``'s traceback that has one (see :data:`PATH_NAMES`)."""
+def _frames(exc: BaseException) -> list[FrameType]:
+    """The frames of ``exc``'s traceback, outermost first."""
     frames = []
     tb: TracebackType | None = exc.__traceback__
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
-    for frame in reversed(frames):
+    return frames
+
+
+def culprit_path(exc: BaseException) -> str | None:
+    """The path held by the innermost frame of ``exc``'s traceback that has one (see :data:`PATH_NAMES`)."""
+    for frame in reversed(_frames(exc)):
         for name in PATH_NAMES:
             value = frame.f_locals.get(name)
             if isinstance(value, str | os.PathLike) and str(value):
                 return str(value)
+    return None
+
+
+def configured_cache_dir(exc: BaseException) -> str | None:
+    """The cache folder the failing command configured (``run.cache_dir``), taken as :func:`culprit_path` takes the
+    file: from the innermost frame of ``exc``'s traceback holding a configuration (a :class:`finecap.config.Config`
+    or its ``run`` section) in a local variable. ``None`` when no frame holds one, or it sets none (the caches are
+    then in the finecap home, which :func:`finecap.home.settings_moving` knows without it)."""
+    from finecap.config import Config, RunConfig
+
+    for frame in reversed(_frames(exc)):
+        for value in frame.f_locals.values():
+            run = value.run if isinstance(value, Config) else value if isinstance(value, RunConfig) else None
+            if run is not None:
+                return run.cache_dir or None
     return None
 
 
@@ -94,31 +114,32 @@ def _prefix(path: str | None) -> str:
     return f"{shown_path(path)}: " if path else ""
 
 
-def elsewhere(path: str | None) -> str:
-    """How to write ``path``'s file elsewhere: ``write elsewhere (--out)``, but inside the finecap home, which
-    ``--out`` does not move, the settings that do (:func:`finecap.home.settings_moving`): ``set FINECAP_HOME (or
-    run.cache_dir) to a folder of yours``. ``path`` may be a temporary name (:func:`shown_path`).
+def elsewhere(path: str | None, cache_dir: str | None = None) -> str:
+    """How to write ``path``'s file elsewhere: ``write elsewhere (--out)``, but inside the finecap home or under
+    ``cache_dir`` (the configured ``run.cache_dir``: :func:`configured_cache_dir`), which ``--out`` does not move, the
+    settings that do (:func:`finecap.home.settings_moving`): ``set FINECAP_HOME (or run.cache_dir) to a folder of
+    yours``, ``set run.cache_dir to a folder of yours``. ``path`` may be a temporary name (:func:`shown_path`).
 
     Example::
 
-        >>> elsewhere("runs/x/config.yaml")
-        'write elsewhere (--out)'
+        >>> elsewhere("runs/x/config.yaml"), elsewhere("/scratch/cache/features/a.safetensors", "/scratch/cache")
+        ('write elsewhere (--out)', 'set run.cache_dir to a folder of yours')
     """
     from finecap.home import settings_moving
 
-    settings = settings_moving(shown_path(path)) if path else []
+    settings = settings_moving(shown_path(path), cache_dir) if path else []
     if not settings:
         return "write elsewhere (--out)"
     more = f" (or {' or '.join(settings[1:])})" if settings[1:] else ""
     return f"set {settings[0]}{more} to a folder of yours"
 
 
-def denied_reason(path: str | None) -> str | None:
+def denied_reason(path: str | None, cache_dir: str | None = None) -> str | None:
     """What a permission error on ``path`` means, from what this user may do there: a file it cannot reach (a
     folder above it is closed to this user), read (a recipe, a data file: read, not written), or write, or a folder
     it cannot create or replace a file in (finecap writes a file anew beside its name, then renames it); inside the
-    finecap home, the way out is ``FINECAP_HOME`` (:func:`elsewhere`: ``--out`` does not move the home). ``None``
-    without a path. A
+    finecap home, the way out is ``FINECAP_HOME``, under ``cache_dir`` (the configured ``run.cache_dir``)
+    ``run.cache_dir`` (:func:`elsewhere`: ``--out`` moves neither). ``None`` without a path. A
     guess from ``os.access``, which allows everything to root: then the folder is named."""
     if path is None:
         return None
@@ -130,7 +151,7 @@ def denied_reason(path: str | None) -> str | None:
         return "permission denied: this user cannot reach it (a folder above it is closed to this user)"
     except OSError:
         exists = False
-    way_out = elsewhere(path)
+    way_out = elsewhere(path, cache_dir)
     if exists and not os.access(target, os.R_OK):
         return "permission denied: this user cannot read it; change its permissions (or run as its owner)"
     if exists and not os.access(target, os.W_OK):
@@ -139,17 +160,19 @@ def denied_reason(path: str | None) -> str | None:
     return f"permission denied: this user cannot {verb} it in its folder; {way_out} or change the folder's rights"
 
 
-def os_message(exc: OSError) -> str:
-    """``PATH: what it means``; the path of a failed rename is its target (``filename2``)."""
+def os_message(exc: OSError, cache_dir: str | None = None) -> str:
+    """``PATH: what it means``; the path of a failed rename is its target (``filename2``). ``cache_dir``: the
+    configured ``run.cache_dir`` (:func:`explain` passes the failing command's: :func:`configured_cache_dir`), which
+    an error about a file under it names as the way to write elsewhere (:func:`elsewhere`)."""
     path = exc.filename2 or exc.filename
     if path is None:
         path = culprit_path(exc)
     shown = None if path is None else str(path)
-    reason = denied_reason(shown) if exc.errno in (errno.EACCES, errno.EPERM) else None
+    reason = denied_reason(shown, cache_dir) if exc.errno in (errno.EACCES, errno.EPERM) else None
     if exc.errno == errno.EEXIST and shown is not None and Path(shown).is_file():
         reason = "a file, but a folder is expected here"
     if reason is None and exc.errno in OS_REASONS:
-        reason = OS_REASONS[exc.errno].format(elsewhere=elsewhere(shown))
+        reason = OS_REASONS[exc.errno].format(elsewhere=elsewhere(shown, cache_dir))
     return _prefix(shown) + (reason or (exc.strerror or str(exc)).rstrip("."))
 
 
@@ -242,7 +265,7 @@ def explain(exc: BaseException) -> str | None:
         return _prefix(culprit_path(exc)) + "nested too deeply to read (a file thousands of levels deep?)"
     if isinstance(exc, OSError):
         if exc.errno is not None:
-            return os_message(exc)
+            return os_message(exc, configured_cache_dir(exc))
         return _hub_id_message(exc) or " ".join(str(exc).split()) or type(exc).__name__
     if _is_pickle_error(exc):
         return pickled_message(culprit_path(exc))
@@ -256,7 +279,7 @@ def explain(exc: BaseException) -> str | None:
         path = culprit_path(exc)
         code = _text_errno(str(exc))
         if code is not None:
-            return os_message(OSError(code, os.strerror(code), path))
+            return os_message(OSError(code, os.strerror(code), path), configured_cache_dir(exc))
         return f"{_prefix(path)}cannot read the weights ({text}); {RECOVER_CHECKPOINT}"
     if isinstance(exc, UnicodeError):
         return f"{_prefix(culprit_path(exc))}not UTF-8 text ({exc})"

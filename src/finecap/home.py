@@ -35,7 +35,11 @@ ENV = "FINECAP_HOME"
 WORLDS = "worlds"
 CACHE = "cache"
 RUNS = "runs"
-HOME_CACHES = ("judges", "meteor")
+JUDGES = "judges"
+"""The folder of ``<home>/cache`` holding the judges' answer cache (:mod:`finecap.judges.cache`)."""
+METEOR = "meteor"
+"""The folder of ``<home>/cache`` holding METEOR's data (:mod:`finecap.metrics.meteor.resources`)."""
+HOME_CACHES = (JUDGES, METEOR)
 """The folders of ``<home>/cache`` that stay in the home whatever ``run.cache_dir`` says (the judges' answers,
 METEOR's data)."""
 
@@ -129,10 +133,11 @@ def cache_dir(run: RunConfig) -> Path:
     return Path(run.cache_dir) if run.cache_dir else home() / CACHE
 
 
-def settings_moving(path: str | Path) -> list[str]:
-    """What moves ``path`` out of the finecap home: ``[]`` outside it (links resolved); inside, :data:`ENV` and the
-    setting that moves that part of it (``world.out`` for a world, ``run.cache_dir`` for the caches it holds:
-    docs/runs-and-home.md's table). For errors about a file in the home, where ``--out`` cannot help.
+def settings_moving(path: str | Path, cache_dir: str | Path | None = None) -> list[str]:
+    """What moves ``path`` out of the folder it is in, for errors about a file there where ``--out`` cannot help:
+    inside the finecap home (links resolved), :data:`ENV` and the setting that moves that part of it (``world.out``
+    for a world, ``run.cache_dir`` for the caches it holds: docs/runs-and-home.md's table); under ``cache_dir``, the
+    folder ``run.cache_dir`` configures (empty or ``None``: none is), ``run.cache_dir``; ``[]`` elsewhere.
 
     Example::
 
@@ -140,15 +145,23 @@ def settings_moving(path: str | Path) -> list[str]:
         >>> with mock.patch.dict(os.environ, {ENV: "/srv/home"}):
         ...     [settings_moving(f"/srv/home/{p}") for p in ("cache/features/a", "cache/judges/b", "worlds/k", "x")]
         [['FINECAP_HOME', 'run.cache_dir'], ['FINECAP_HOME'], ['FINECAP_HOME', 'world.out'], ['FINECAP_HOME']]
-        >>> settings_moving("/elsewhere/out.json")
-        []
+        >>> settings_moving("/elsewhere/out.json"), settings_moving("/scratch/cache/features/a", "/scratch/cache")
+        ([], ['run.cache_dir'])
     """
-    try:
-        parts = Path(os.path.realpath(path)).relative_to(os.path.realpath(home())).parts
-    except (OSError, ValueError):
-        return []
+    configured = _parts_within(path, cache_dir) is not None if cache_dir else False
+    parts = _parts_within(path, home())
+    if parts is None:
+        return ["run.cache_dir"] if configured else []
     if parts[:1] == (WORLDS,):
         return [ENV, "world.out"]
-    if parts[:1] == (CACHE,) and parts[1:2] != () and parts[1] not in HOME_CACHES:
-        return [ENV, "run.cache_dir"]
-    return [ENV]
+    if parts[:1] == (CACHE,) and parts[1:2] != ():
+        return [ENV] if parts[1] in HOME_CACHES else [ENV, "run.cache_dir"]
+    return [ENV, "run.cache_dir"] if configured else [ENV]
+
+
+def _parts_within(path: str | Path, folder: str | Path) -> tuple[str, ...] | None:
+    """The parts of ``path`` below ``folder`` (links resolved in both), ``None`` when it is not inside it."""
+    try:
+        return Path(os.path.realpath(path)).relative_to(os.path.realpath(folder)).parts
+    except (OSError, ValueError):
+        return None

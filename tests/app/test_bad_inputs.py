@@ -262,8 +262,9 @@ def _eval_writing(ctx) -> tuple[list[str], Path]:
     return argv, out
 
 
-def case_full_disk_in_a_write(ctx):
-    # a patched writer: the write itself fails as on a full disk (the kernel's ENOSPC carries no file name)
+def _full_disk(ctx) -> None:
+    """A patched writer: finecap's every write (finecap.utils.files) fails as on a full disk (the kernel's ENOSPC
+    carries no file name)."""
     import finecap.utils.files
 
     class FullDisk:
@@ -281,8 +282,25 @@ def case_full_disk_in_a_write(ctx):
 
     proxy = type("os_proxy", (), {"__getattr__": lambda self, name: getattr(os, name), "fdopen": FullDisk})()
     ctx.monkeypatch.setattr(finecap.utils.files, "os", proxy)
+
+
+def case_full_disk_in_a_write(ctx):
+    _full_disk(ctx)
     argv, out = _eval_writing(ctx)
     return argv, [str(out.parent), "no space left on device (the disk is full)"]
+
+
+def case_full_disk_in_a_configured_cache_dir(ctx):
+    # the feature cache, the first file `bags build` writes, in a run.cache_dir outside the finecap home: --out does
+    # not move it (the message said "write elsewhere (--out)"); run.cache_dir does
+    _full_disk(ctx)
+    cache = ctx.tmp / "my-cache"
+    argv = ["bags", "build", "--split", "test", "--sizes", "2", "--out", str(ctx.tmp / "bags.json"), *ctx.base,
+            f"retriever.checkpoint={ctx.clip}", f"run.cache_dir={cache}"]  # fmt: skip
+    return argv, [
+        f"finecap: error: {cache / 'features'}/",
+        "no space left on device (the disk is full); free space or set run.cache_dir to a folder of yours",
+    ]
 
 
 def case_full_disk_in_a_checkpoint(ctx):
@@ -457,7 +475,8 @@ def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret
 def test_an_error_writing_into_the_finecap_home_names_the_settings_that_move_it(tmp_path, monkeypatch, code):
     """Errors about files in the finecap home (the feature cache, the judges' answers, a world) ended with "write
     elsewhere (--out)", which does not move the home: they name FINECAP_HOME, and the setting that moves that part of
-    it (run.cache_dir, world.out) where there is one. A file outside the home keeps --out."""
+    it (run.cache_dir, world.out) where there is one. A file under a run.cache_dir outside the home names
+    run.cache_dir. A file elsewhere keeps --out."""
     from finecap.errors import os_message
 
     home = tmp_path / "home"
@@ -479,6 +498,10 @@ def test_an_error_writing_into_the_finecap_home_names_the_settings_that_move_it(
     world = said(home / "worlds" / "0123" / "dataset.json")
     assert "set FINECAP_HOME (or world.out) to a folder of yours" in world and "--out" not in world
     assert "write elsewhere (--out)" in said(tmp_path / "out" / "results.json")
+    mine = tmp_path / "my-cache"  # a run.cache_dir outside the home: --out does not move it either
+    cached = os_message(OSError(code, os.strerror(code), str(mine / "features" / "a.safetensors")), str(mine))
+    assert "set run.cache_dir to a folder of yours" in cached and "--out" not in cached
+    assert "write elsewhere (--out)" in os_message(OSError(code, os.strerror(code), str(tmp_path / "x")), str(mine))
 
 
 def test_a_permission_error_says_whether_the_file_was_read_written_or_created(tmp_path, monkeypatch):

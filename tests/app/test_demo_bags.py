@@ -72,6 +72,25 @@ def test_the_reports_bags_are_built_again_when_their_world_retriever_or_sizes_ch
     assert now["world_key"] != recorded["fingerprint"]["world_key"]
 
 
+@pytest.mark.parametrize(("setting", "before", "after"), [("retriever.long_text", "truncate", "chunks"),
+                                                           ("data.jpeg_draft", True, False)])  # fmt: skip
+def test_the_bags_are_built_again_when_a_setting_of_their_embeddings_changes(tmp_path, inputs, caplog, setting,
+                                                                               before, after):  # fmt: skip
+    """``retriever.long_text`` (a caption longer than the text window cut or pooled over windows) and
+    ``data.jpeg_draft`` (a JPEG draft-decoded or decoded whole) change the embeddings the bags are built from: the
+    file records them, and bags built under another value are built again (they were read back)."""
+    key = setting.split(".")[1]
+    path = tmp_path / "run" / "bags_test.json"
+    demo_mod.test_bags(_demo(tmp_path, inputs))
+    assert _recorded(path)[key] == before
+    stamp = path.stat().st_mtime_ns
+    changed = _demo(tmp_path, inputs, more=(f"{setting}={str(after).lower()}",))
+    with caplog.at_level("INFO", logger="finecap.app.bags"):
+        assert set(demo_mod.test_bags(changed)) == {2}
+    assert _recorded(path)[key] == after and path.stat().st_mtime_ns != stamp
+    assert f"building the bags again ({key}: {before!r} -> {after!r})" in caplog.text
+
+
 def test_bags_recorded_before_their_retriever_was_are_built_again(tmp_path, inputs):
     """A bags file of an earlier finecap (no ``retriever_fingerprint``): its retriever is unknown, so it is built
     again, being finecap's."""

@@ -12,7 +12,9 @@ with scene families it also reports how often a bag lies within one family, next
 
 The file records what built it (:func:`built_from`): the data's fingerprint, the retriever's
 (``"retriever_fingerprint"``: its weights, :func:`finecap.train.fingerprint.bags_retriever_fingerprint`), the sizes,
-``eval.bag_similarity`` and ``bags.keep_hardest``. A pipeline that builds its bags once and reads them back (the
+``eval.bag_similarity``, ``bags.keep_hardest`` and the two settings that change the embeddings the bags are built
+from: ``retriever.long_text`` (how captions longer than the text window are embedded) and ``data.jpeg_draft`` (how
+JPEGs are decoded). A pipeline that builds its bags once and reads them back (the
 demo's report, scene-family, transfer and VCB stages) goes through :func:`reuse_bags`: a file whose record differs
 from what would build it now is built again, or, when the user made it, refused and never replaced.
 """
@@ -76,14 +78,19 @@ where the input was is not compared: :func:`finecap.train.fingerprint.difference
 def built_from(cfg: Config, *, data: str | Path | None, split: str, sizes: str | Sequence[int]) -> dict[str, Any]:
     """What a bags file of ``split`` of ``data`` (default: the configured data set) in ``sizes`` built with ``cfg``
     records about what built it (:func:`main` writes these keys): the data's fingerprint (with the caption field
-    ``bags.text_from`` and the split), the retriever's (its weights), the sizes, ``eval.bag_similarity`` and
-    ``bags.keep_hardest``. A world encoder not trained yet has no weights to fingerprint (``None``: not compared)."""
+    ``bags.text_from`` and the split), the retriever's (its weights), the sizes, ``eval.bag_similarity``,
+    ``bags.keep_hardest``, ``retriever.long_text`` (a caption longer than the text window cut, refused or pooled over
+    windows: :meth:`finecap.models.retriever.Retriever.text_features`) and ``data.jpeg_draft`` (a JPEG draft-decoded
+    or decoded at full size: :attr:`finecap.models.retriever.Retriever.draft`), the last two as the embeddings
+    :func:`main` builds the bags from depend on them. A world encoder not trained yet has no weights to fingerprint
+    (``None``: not compared)."""
     fmt, path = data_source(cfg, data)
     fingerprint = bags_data_fingerprint(fmt, path, captions=cfg.bags.text_from, split=split,
                                         options=format_options(fmt, cfg))  # fmt: skip
     return {"fingerprint": fingerprint, "retriever_fingerprint": bags_retriever_fingerprint(cfg),
             "sizes": parse_sizes(sizes), "similarity": cfg.eval.bag_similarity,
-            "keep_hardest": cfg.bags.keep_hardest}  # fmt: skip
+            "keep_hardest": cfg.bags.keep_hardest, "long_text": cfg.retriever.long_text,
+            "jpeg_draft": cfg.data.jpeg_draft}  # fmt: skip
 
 
 def built_differently(path: str | Path, now: dict[str, Any]) -> list[str]:
@@ -112,7 +119,8 @@ def reuse_bags(cfg: Config, *, out: str | Path, data: str | Path | None = None, 
     """The bags file ``out`` of ``split`` of ``data`` (default: the configured data set) in sizes ``eval.bag_sizes``,
     built once and read back by a pipeline (the demo): built by :func:`main` when missing, when ``force``, or when what
     built it differs from what would build it now (:func:`built_differently`: another data set or world, another
-    retriever, other sizes, ``eval.bag_similarity`` or ``bags.keep_hardest``; a file recording none of it). Only a
+    retriever, other sizes, ``eval.bag_similarity``, ``bags.keep_hardest``, ``retriever.long_text`` or
+    ``data.jpeg_draft``; a file recording none of it). Only a
     bags file finecap made (:func:`finecap.outputs.made_by_finecap`) is built again over: a file of the user's there
     that would be is refused (:class:`~finecap.outputs.OutputRefused` naming it, what differs and the way out) and
     never replaced, ``force`` or not. Returns ``out``."""
@@ -187,6 +195,8 @@ def main(
         "sizes": made["sizes"],
         "bags": {str(s): [b.to_dict() for b in bags[s]] for s in size_list},
         "keep_hardest": made["keep_hardest"],
+        "long_text": made["long_text"],
+        "jpeg_draft": made["jpeg_draft"],
         "curated": {str(s): len(curated[s]) for s in size_list},
         "alpha_curated": {str(s): mean_similarity(curated[s]) for s in size_list if curated[s]},
     }

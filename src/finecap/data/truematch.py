@@ -60,7 +60,8 @@ larger than the families (``world.families``) can never be pure; the command say
 JSON written by ``finecap bags build`` (read back by :func:`finecap.data.bags_file.read_bags`)::
 
     {"split": "test", "data": "...", "fingerprint": {...}, "n_images": 1000, "similarity": "query",
-     "retriever": "...", "sizes": [3, 5, 7], "keep_hardest": 0.333, "curated": {"3": 333, ...},
+     "retriever": "...", "retriever_fingerprint": {...}, "sizes": [3, 5, 7], "keep_hardest": 0.333,
+     "long_text": "truncate", "jpeg_draft": true, "curated": {"3": 333, ...},
      "alpha_curated": {"3": 0.81, ...},   # the kept bags' mean alpha: bag_statistics, from their "similarity"
      "bags": {"3": [{"images": [id, id, id], "similarity": 0.97}, ...], "5": [...], "7": [...]},
      "family_purity": {"3": 0.81, ...}, "family_purity_random": {"3": 0.01, ...}}   # purity: world with families only

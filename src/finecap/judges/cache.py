@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from finecap.home import CACHE, home
+from finecap.home import CACHE, JUDGES, home
 
 FILE = "answers.sqlite"
 CREATE = "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
@@ -33,7 +33,7 @@ opening it)."""
 
 def default_path() -> Path:
     """``<finecap home>/cache/judges/answers.sqlite``."""
-    return home() / CACHE / "judges" / FILE
+    return home() / CACHE / JUDGES / FILE
 
 
 def cache_key(*parts: Any) -> str:

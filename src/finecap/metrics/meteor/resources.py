@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from finecap.home import CACHE, home
+from finecap.home import CACHE, METEOR, home
 from finecap.metrics.meteor.normalize import parse_prefixes
 from finecap.metrics.meteor.table_scan import (
     ScannedTable,
@@ -442,7 +442,7 @@ def fingerprint(path: Path) -> str:
 
 def index_path(jar: Path, cache_root: Path | None = None) -> Path:
     """Where the paraphrase index of ``jar`` (and the table beside it) is cached."""
-    root = cache_root if cache_root is not None else home() / CACHE / "meteor"
+    root = cache_root if cache_root is not None else home() / CACHE / METEOR
     key = f"{fingerprint(jar)[:16]}-{fingerprint(paraphrase_path(jar))[:16]}"
     return root / key / f"paraphrase-v{INDEX_VERSION}.bin"
 
