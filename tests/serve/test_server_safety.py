@@ -713,8 +713,8 @@ def hung_mount(monkeypatch) -> tuple[threading.Event, list[str]]:
 def test_image_paths_on_a_file_system_that_never_answers_are_a_504_naming_score_timeout(monkeypatch):
     """A request naming image paths on a hung network file system blocked a check thread for ever, its client
     waiting as long (the check had no deadline): it is answered 504 naming --score-timeout once the deadline passes;
-    while both check threads are held, a request waiting for one is answered 504 alike (and never checked); once the
-    file system answers, requests are served again. The hang is a stand-in for the mount: a path under
+    once both check threads are so held, a request is answered 503 at once (never checked, nor queued for a thread);
+    once the file system answers, requests are served again. The hang is a stand-in for the mount: a path under
     /mnt/hung-nfs/ whose resolution waits on an event."""
     release, blocked = hung_mount(monkeypatch)
     svc = RewardService(Words(), ImageTable(range(10), {"/data/1.png": 1}), log_every=0, name="words",
@@ -724,26 +724,28 @@ def test_image_paths_on_a_file_system_that_never_answers_are_a_504_naming_score_
         try:
             first = httpx.post(f"{url}/reward", json=hung[0], timeout=20)  # it waited for ever (the old check)
             second = httpx.post(f"{url}/reward", json=hung[1], timeout=20)
-            until(lambda: len(blocked) == 2, "the second path's resolution never began")
+            until(svc.checks_stuck, "the second check never ran past the deadline")
             waiting = httpx.post(f"{url}/reward", json=OK, timeout=20)  # both check threads are held
         finally:
             release.set()
         after = httpx.post(f"{url}/reward", json={"captions": ["a b c"], "images": ["/data/1.png"]}, timeout=20)
         health = httpx.get(f"{url}/health", timeout=5).json()
-    for reply in (first, second, waiting):
+    for reply in (first, second):
         assert reply.status_code == 504, (reply.status_code, reply.text)
         error = strict_json(reply.text)["error"]
         assert error["field"] is None and "not checked within 0.5 s (--score-timeout)" in error["message"], error
+    assert waiting.status_code == 503 and "cannot check requests" in waiting.text, waiting.text  # at once
     assert blocked == ["/mnt/hung-nfs/0.png", "/mnt/hung-nfs/1.png"]  # the waiting request was never checked
     assert after.status_code == 200 and after.json()["total"] == [3.0]
-    assert health["timed_out"] == 3 and health["failures"] == 3 and health["scored"] == 1
+    assert health["timed_out"] == 2 and health["refused"] == 1 and health["failures"] == 3 and health["scored"] == 1
 
 
 def test_health_is_a_503_saying_checks_stuck_while_both_check_threads_are_blocked(monkeypatch):
     """While both check threads were blocked on a file system that never answers (no request could be checked:
     each waited out its deadline for a thread), /health said "ok": a supervisor's probe could not see it. With one
     blocked it is still 200 "ok" (the other thread checks), with both a 503 "checks_stuck" counting them in
-    "blocked_checks", and 200 "ok" again once the file system answers. The hang is the stand-in mount of the test
+    "blocked_checks" (and a request arriving then a 503 at once, as while a reward call is stuck), and 200 "ok"
+    again once the file system answers. The hang is the stand-in mount of the test
     above: a path under /mnt/hung-nfs/ whose resolution waits on an event."""
     release, blocked = hung_mount(monkeypatch)
     svc = RewardService(Words(), ImageTable(range(10)), log_every=0, name="words", score_timeout=0.5)
@@ -756,12 +758,18 @@ def test_health_is_a_503_saying_checks_stuck_while_both_check_threads_are_blocke
             second = httpx.post(f"{url}/reward", json=hung[1], timeout=20)
             until(svc.checks_stuck, "the second check never ran past the deadline")
             both = httpx.get(f"{url}/health", timeout=5)
+            refused = httpx.post(f"{url}/reward", json={"captions": ["a b"], "images": ["/mnt/hung-nfs/2.png"]},
+                                 timeout=20)  # fmt: skip  # no thread to check it: a 503 at once, never checked
+            counted = httpx.get(f"{url}/health", timeout=5).json()
         finally:
             release.set()
         until(lambda: svc.blocked_checks == 0, "the released checks did not return")
         healthy = httpx.get(f"{url}/health", timeout=5)
         after = httpx.post(f"{url}/reward", json=OK, timeout=20)
     assert blocked == ["/mnt/hung-nfs/0.png", "/mnt/hung-nfs/1.png"]
+    # it waited out its own deadline for a thread and got a 504 (the old off_loop); now a 503 with Retry-After
+    assert refused.status_code == 503 and refused.headers["retry-after"] == str(svc.retry_after), refused.text
+    assert "cannot check requests" in refused.json()["error"]["message"] and counted["refused"] == 1
     assert first.status_code == second.status_code == 504, (first.text, second.text)
     assert one.status_code == 200 and one.json()["status"] == "ok" and one.json()["blocked_checks"] == 1, one.text
     assert both.status_code == 503, both.text

@@ -38,7 +38,8 @@ requests.
   (:class:`CheckTimeout`); the check thread it held stays blocked until the file system answers (a thread cannot be
   stopped), and the check of a request still waiting for a check thread is never run. While every check thread is
   so blocked (:meth:`RewardService.checks_stuck`: each has run one check past ``--score-timeout``) no request can
-  be checked, and ``/health`` answers 503 ``"checks_stuck"`` until one returns.
+  be checked: a request arriving then is answered 503 at once, as while the reward's call is stuck, and ``/health``
+  answers 503 ``"checks_stuck"`` until one returns.
 - **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
@@ -628,9 +629,19 @@ class RewardService:
         work a request's bytes decide (decoding, checking, resolving its image paths) never runs on the event loop,
         which keeps answering ``/health`` and the other clients meanwhile. Not done within :attr:`score_timeout`
         seconds (its wait for a thread included): :class:`CheckTimeout` (module docstring, "Deadline"); a call not
-        yet begun is then never run, one running keeps its thread until it returns."""
+        yet begun is then never run, one running keeps its thread until it returns. While every check thread is so
+        held (:meth:`checks_stuck`), :class:`ServerStuck` at once: a 503, the request not queued."""
         if self._checks is None:
             raise RuntimeError("RewardService.off_loop: the service is not running")
+        if self.checks_stuck():  # no thread is free, nor will be soon: not queued behind them (module docstring)
+            raise self._refused(
+                f"the reward server cannot check requests: each of its {CHECK_THREADS} check threads has run a "
+                f"request's check past --score-timeout ({self.score_timeout:g} s) and has not returned (image paths "
+                f"on a file system that does not answer?); this request was not queued. Retry after "
+                f'{self.retry_after} s or ask another server; GET /health answers 503 "checks_stuck" until one '
+                "returns (restart the server if none does)",
+                "a request",
+            )
         starts, lock = self._check_starts, self._check_starts_lock
 
         def timed() -> Any:  # on the check thread: its start kept while it runs (blocked_checks)
@@ -666,7 +677,6 @@ class RewardService:
         if self.fatal is not None:
             raise RewardFailed("the reward server is stopping: its reward failed")
         if self.stuck():  # not queued: it would wait out its whole deadline behind the call (module docstring)
-            self.meter.refused += 1
             raise self._stuck(len(job.captions))
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         start = time.perf_counter()
@@ -690,15 +700,22 @@ class RewardService:
         return result
 
     def _stuck(self, captions: int) -> ServerStuck:
-        """The :class:`ServerStuck` of a request of ``captions`` captions that arrived while the server is stuck,
-        logged (:class:`RepeatedFailures`: a trainer retrying while the call hangs costs a line every 10 s)."""
+        """The :class:`ServerStuck` of a request of ``captions`` captions that arrived while the server is stuck
+        (:meth:`_refused`)."""
         message = (f"the reward server is stuck: a call of the reward {self.name} has run {self.busy_for:.1f} s, past "
                    f"--score-timeout ({self.score_timeout:g} s), and has not returned; this request was not queued. "
                    f"Retry after {self.retry_after} s or ask another server; GET /health answers 503 \"stuck\" until "
                    "the call returns (restart the server if it never does)")  # fmt: skip
+        return self._refused(message, f"a request of {captions} captions")
+
+    def _refused(self, message: str, what: str) -> ServerStuck:
+        """The :class:`ServerStuck` (503, ``Retry-After``) saying ``message``, counted (``refused``) and logged
+        naming ``what`` (:class:`RepeatedFailures`: a trainer retrying while the server is stuck costs a line every
+        10 s)."""
+        self.meter.refused += 1
         error = ServerStuck(message, self.retry_after)
-        self.failures.log(error, f"reward server: a request of {captions} captions refused (503): {message}",
-                          level=logging.WARNING, trace=False)  # fmt: skip
+        self.failures.log(error, f"reward server: {what} refused (503): {message}", level=logging.WARNING,
+                          trace=False)  # fmt: skip
         return error
 
     def _timed_out(self, captions: int, queued: bool) -> ScoreTimeout:
