@@ -219,10 +219,13 @@ def check_replaceable(
     kind: str,
     ours: Callable[[Path], bool] | None = None,
     force_flag: str | None = "--force",
+    advice: str | None = None,
 ) -> None:
     """:class:`OutputRefused` when ``out`` exists and may not be replaced: a link (always); anything but a regular
     file; a file that is not finecap's output of ``kind`` (:func:`made_by_finecap`, or ``ours(out)``), unless
-    ``force``. ``force_flag``: how the user asks for it (``None``: the command has no such option)."""
+    ``force``. ``force_flag``: how the user asks for it (``None``: the command has no such option). ``advice``: what
+    that last refusal says to do instead, naming the file alone, for a caller whose options are not the command's
+    (the demo's report stage: :func:`finecap.app.demo.write_demo_report`)."""
     out = Path(out)
     refuse_link(out)
     if not out.exists():
@@ -233,6 +236,10 @@ def check_replaceable(
         raise OutputRefused(f"{option}: {out}: is not a regular file (a pipe or a device?); name a file")
     if force or made_by_finecap(out, (kind,)) or (ours is not None and ours(out)):
         return
+    if advice is not None:
+        raise OutputRefused(
+            f"{out} exists and finecap did not make it as a {kind} file (or it was changed since); {advice}"
+        )
     how = (
         f"pass {force_flag} to replace it, or choose another {option}"
         if force_flag
@@ -273,11 +280,12 @@ def check_output_file(
     option: str = "--out",
     ours: Callable[[Path], bool] | None = None,
     force_flag: str | None = "--force",
+    advice: str | None = None,
 ) -> Path:
     """Both checks for one output file of a command (:func:`check_not_input`, then :func:`check_replaceable`);
     returns ``out`` as a path."""
     check_not_input(out, inputs, option=option)
-    check_replaceable(out, force=force, option=option, kind=kind, ours=ours, force_flag=force_flag)
+    check_replaceable(out, force=force, option=option, kind=kind, ours=ours, force_flag=force_flag, advice=advice)
     return Path(out)
 
 

@@ -67,7 +67,6 @@ from finecap.outputs import (
     OutputRefused,
     check_not_input,
     check_output_file,
-    check_replaceable,
     check_writable,
     made_by_finecap,
     refuse_link,
@@ -171,22 +170,6 @@ def check_plot_files(
     if listing.exists() and not (force or is_plot_list(listing)):
         raise OutputRefused(f"{option}{listing}: a file finecap did not write, where the report lists the plots it "
                             f"writes; {replace}")  # fmt: skip
-
-
-def check_page(out: Path, inputs: dict[str, Any], *, force: bool, advice: str | None = None) -> None:
-    """Refuse the report's page ``out`` when it is one of the files the report reads (even with ``force``), a link,
-    not a regular file, or, unless ``force``, a file that is not finecap's own unedited page
-    (:func:`~finecap.report.html.unedited_report`, or finecap's record); that last refusal says ``advice`` when
-    given (:func:`main`), else ``--force`` and ``--out``."""
-    if advice is None:
-        check_output_file(out, inputs, force=force, kind="report", ours=unedited_report)
-        return
-    check_not_input(out, inputs, option="--out")
-    refuse_link(out)
-    if out.is_file() and not (force or made_by_finecap(out, ("report",)) or unedited_report(out)):
-        raise OutputRefused(f"{out} exists and finecap did not make it as a report file (or it was changed since); "
-                            f"{advice}")  # fmt: skip
-    check_replaceable(out, force=force, option="--out", kind="report", ours=unedited_report)
 
 
 def check_bag_outcomes_file(run_dir: Path, *, force: bool, advice: str | None = None) -> Path:
@@ -550,7 +533,8 @@ def main(
     out = Path(out) if out is not None else run.run_dir / "report.html"
     cfg = load_stored(run.config_path, list(items)) if run.config_path else load(None, list(items))
     inputs = {**{str(p): p for p in run.inputs()}, "data set": data_file(cfg), "images": cfg.data.images or None}
-    check_page(out, inputs, force=force, advice=advice)
+    # a page finecap wrote and nobody edited (its stamp), or finecap's record; advice: the demo's words
+    check_output_file(out, inputs, force=force, kind="report", ours=unedited_report, advice=advice)
     check_writable(out)  # the page is written last: a typo through a file is said now, before any plot file is
     if retrieval:
         check_writable(check_bag_outcomes_file(run.run_dir, force=force, advice=advice), option="the run folder")
