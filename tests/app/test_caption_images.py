@@ -330,6 +330,13 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     for b in bad:
         b.unlink()
     assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good and not listed.exists()
+    # ... but a file of that name the user made is never removed, skipped images or none
+    listed.write_text("my notes")
+    line = error_of(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(out),
+                     "--skip-bad-images"])  # fmt: skip
+    assert line.startswith(f"finecap: error: --out: {listed} exists and finecap did not make it")
+    assert listed.read_text() == "my notes"
+    listed.unlink()
     # every image bad: an error, not an empty results file
     only_bad = tmp_path / "only_bad"
     only_bad.mkdir()
