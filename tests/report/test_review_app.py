@@ -76,6 +76,28 @@ def test_pages_show_images_and_captions_and_save_decisions(app_and_paths):
     assert "5/0" not in again.application.config["curation"].decisions
 
 
+def test_a_link_planted_at_the_lock_file_is_a_named_refusal_not_a_500(app_and_paths, tmp_path):
+    # a link at the decisions' lock file (.bags.curated.json.lock) made filelock fail with a bare OSError: a plain 500
+    from finecap.data.curation import lock_path
+
+    app, bags, _ = app_and_paths
+    client = app.test_client()
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("mine")
+    lock = lock_path(default_out(bags))
+    lock.unlink()  # the lock file the start made, replaced by a link
+    lock.symlink_to(theirs)
+    refused = post(client, "/bag/3/0", "accept")
+    text = refused.get_data(as_text=True)
+    assert refused.status_code == 409 and text.startswith(f"409 Conflict: {lock}: is a symbolic link (to {theirs})")
+    assert "remove the link" in text
+    assert theirs.read_text() == "mine" and app.config["curation"].decisions == {}
+    lock.unlink()  # the link removed: the same click is saved
+    assert post(client, "/bag/3/0", "accept").status_code == 303 and app.config["curation"].decisions == {
+        "3/0": "accept"
+    }
+
+
 def test_a_bag_is_named_only_by_its_own_key(app_and_paths):
     # '/bag/3/<superscript two>' was a 500 (int() of a str.isdigit() index), '/bag/3/00' and '/bag/3/<Arabic-Indic
     # zero>' a second page of bag 3/0 whose buttons answered a bare 404 '3/00'

@@ -61,7 +61,7 @@ from finecap.data.curation import BagCuration, CurationBusy
 from finecap.data.images import ImageLimits, check_image_file, decode_image, encode_image
 from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
-from finecap.outputs import check_not_input
+from finecap.outputs import OutputRefused, check_not_input
 from finecap.report.html import TEMPLATES, printed
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
@@ -330,7 +330,8 @@ def create_app(
         return Response(f"503 Service Unavailable: {e}\n", status=503, mimetype="text/plain")
 
     @app.errorhandler(DataError)
-    def changed(e: DataError) -> Any:  # the decisions file was changed under the server by something else
+    @app.errorhandler(OutputRefused)
+    def changed(e: DataError | OutputRefused) -> Any:  # the output files changed under the server (a link planted)
         return Response(f"409 Conflict: {e}\n", status=409, mimetype="text/plain")
 
     def image_url(image_id: Hashable) -> str | None:
@@ -366,7 +367,7 @@ def create_app(
         except KeyError as e:
             refuse(404, str(e.args[0]))
         except ValueError as e:
-            if isinstance(e, DataError):
+            if isinstance(e, DataError | OutputRefused):  # not the request's fault: the files on disk (409)
                 raise
             refuse(400, str(e))
         following = curation.next_pending(after=key) if value != "undo" else key
