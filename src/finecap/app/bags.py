@@ -12,11 +12,15 @@ with scene families it also reports how often a bag lies within one family, next
 
 The file records what built it (:func:`built_from`): the data's fingerprint, the retriever's
 (``"retriever_fingerprint"``: its weights, :func:`finecap.train.fingerprint.bags_retriever_fingerprint`), the sizes,
-``eval.bag_similarity``, ``bags.keep_hardest`` and the two settings that change the embeddings the bags are built
-from: ``retriever.long_text`` (how captions longer than the text window are embedded) and ``data.jpeg_draft`` (how
-JPEGs are decoded). A pipeline that builds its bags once and reads them back (the
-demo's report, scene-family, transfer and VCB stages) goes through :func:`reuse_bags`: a file whose record differs
-from what would build it now is built again, or, when the user made it, refused and never replaced.
+``eval.bag_similarity``, ``bags.keep_hardest`` and the three settings that change the embeddings the bags are built
+from: ``retriever.long_text`` (how captions longer than the text window are embedded), ``data.jpeg_draft`` (how
+JPEGs are decoded) and ``retriever.batch_size_eval`` (the batches they are embedded in: another batch shape is other
+float rounding, so other similarities). The image budget (``data.max_image_pixels``, ``data.max_aspect_ratio``) is
+not recorded: it refuses an image, failing the build, and changes no pixel of an image it admits
+(:class:`finecap.data.images.ImageLimits`), so bags built under another budget are the bags it builds. A pipeline
+that builds its bags once and reads them back (the demo's report, scene-family, transfer and VCB stages) goes through
+:func:`reuse_bags`: a file whose record differs from what would build it now is built again, or, when the user made
+it, refused and never replaced.
 """
 
 from __future__ import annotations
@@ -80,9 +84,11 @@ def built_from(cfg: Config, *, data: str | Path | None, split: str, sizes: str |
     records about what built it (:func:`main` writes these keys): the data's fingerprint (with the caption field
     ``bags.text_from`` and the split), the retriever's (its weights), the sizes, ``eval.bag_similarity``,
     ``bags.keep_hardest``, ``retriever.long_text`` (a caption longer than the text window cut, refused or pooled over
-    windows: :meth:`finecap.models.retriever.Retriever.text_features`) and ``data.jpeg_draft`` (a JPEG draft-decoded
-    or decoded at full size: :attr:`finecap.models.retriever.Retriever.draft`), the last two as the embeddings
-    :func:`main` builds the bags from depend on them. A world encoder not trained yet has no weights to fingerprint
+    windows: :meth:`finecap.models.retriever.Retriever.text_features`), ``data.jpeg_draft`` (a JPEG draft-decoded
+    or decoded at full size: :attr:`finecap.models.retriever.Retriever.draft`) and ``retriever.batch_size_eval`` (the
+    batches images and captions are embedded in: other batch shapes round otherwise, and the embeddings differ in
+    their last bits), the last three as the embeddings :func:`main` builds the bags from depend on them. The image
+    budget is not among them (module docstring). A world encoder not trained yet has no weights to fingerprint
     (``None``: not compared)."""
     fmt, path = data_source(cfg, data)
     fingerprint = bags_data_fingerprint(fmt, path, captions=cfg.bags.text_from, split=split,
@@ -90,7 +96,7 @@ def built_from(cfg: Config, *, data: str | Path | None, split: str, sizes: str |
     return {"fingerprint": fingerprint, "retriever_fingerprint": bags_retriever_fingerprint(cfg),
             "sizes": parse_sizes(sizes), "similarity": cfg.eval.bag_similarity,
             "keep_hardest": cfg.bags.keep_hardest, "long_text": cfg.retriever.long_text,
-            "jpeg_draft": cfg.data.jpeg_draft}  # fmt: skip
+            "jpeg_draft": cfg.data.jpeg_draft, "batch_size_eval": cfg.retriever.batch_size_eval}  # fmt: skip
 
 
 def built_differently(path: str | Path, now: dict[str, Any]) -> list[str]:
@@ -119,8 +125,8 @@ def reuse_bags(cfg: Config, *, out: str | Path, data: str | Path | None = None, 
     """The bags file ``out`` of ``split`` of ``data`` (default: the configured data set) in sizes ``eval.bag_sizes``,
     built once and read back by a pipeline (the demo): built by :func:`main` when missing, when ``force``, or when what
     built it differs from what would build it now (:func:`built_differently`: another data set or world, another
-    retriever, other sizes, ``eval.bag_similarity``, ``bags.keep_hardest``, ``retriever.long_text`` or
-    ``data.jpeg_draft``; a file recording none of it). Only a
+    retriever, other sizes, ``eval.bag_similarity``, ``bags.keep_hardest``, ``retriever.long_text``,
+    ``data.jpeg_draft`` or ``retriever.batch_size_eval``; a file recording none of it). Only a
     bags file finecap made (:func:`finecap.outputs.made_by_finecap`) is built again over: a file of the user's there
     that would be is refused (:class:`~finecap.outputs.OutputRefused` naming it, what differs and the way out) and
     never replaced, ``force`` or not. Returns ``out``."""
@@ -197,6 +203,7 @@ def main(
         "keep_hardest": made["keep_hardest"],
         "long_text": made["long_text"],
         "jpeg_draft": made["jpeg_draft"],
+        "batch_size_eval": made["batch_size_eval"],
         "curated": {str(s): len(curated[s]) for s in size_list},
         "alpha_curated": {str(s): mean_similarity(curated[s]) for s in size_list if curated[s]},
     }
