@@ -158,6 +158,23 @@ def test_the_family_worlds_bags_are_built_again_on_another_world(tmp_path, input
     assert _recorded(path)["fingerprint"]["path"] == str(second.path.resolve() / "dataset.json")
 
 
+def test_bags_built_again_hash_their_retriever_once(tmp_path, inputs, monkeypatch):
+    """Building the bags again, reuse_bags computed what builds them (hashing the retriever's weights) to compare, and
+    main computed it again to record it: once is enough."""
+    import finecap.app.bags
+
+    demo = _demo(tmp_path, inputs)
+    path = demo.run_dir / "bags_test.json"
+    demo_mod.test_bags(demo)
+    changed = _demo(tmp_path, inputs, clip=1)  # another retriever: built again
+    hashed = []
+    real = finecap.app.bags.bags_retriever_fingerprint
+    monkeypatch.setattr(finecap.app.bags, "bags_retriever_fingerprint", lambda cfg: hashed.append(cfg) or real(cfg))
+    reuse_bags(changed.cfg, out=path)
+    assert len(hashed) == 1
+    assert _recorded(path)["retriever_fingerprint"]["sha256"] == source_fingerprint(inputs["clips"][1])["sha256"]
+
+
 def test_reuse_bags_builds_what_is_missing_in_the_configured_sizes(tmp_path, inputs):
     demo = _demo(tmp_path, inputs, sizes="[3,2]")
     out = reuse_bags(demo.cfg, out=tmp_path / "elsewhere" / "bags.json")

@@ -133,11 +133,13 @@ def reuse_bags(cfg: Config, *, out: str | Path, data: str | Path | None = None, 
     out = Path(out)
     refuse_link(out)  # never read through, never written through
     sizes = cfg.eval.bag_sizes
+    now = None  # what would build it, computed once (it hashes the retriever's weights) and handed to main
     if out.exists():
         if force:
             why = ["made again on request (--force)"]
         else:
-            why = built_differently(out, built_from(cfg, data=data, split=split, sizes=sizes))
+            now = built_from(cfg, data=data, split=split, sizes=sizes)
+            why = built_differently(out, now)
             if not why:
                 log.info("%s: bags built from the same inputs; reused", out)
                 return out
@@ -148,7 +150,7 @@ def reuse_bags(cfg: Config, *, out: str | Path, data: str | Path | None = None, 
                 "directory"
             )
         log.info("%s: building the bags again (%s)", out, "; ".join(why))
-    main(cfg, data=data, split=split, sizes=sizes, out=out)
+    main(cfg, data=data, split=split, sizes=sizes, out=out, made=now)
     return out
 
 
@@ -159,14 +161,16 @@ def mean_similarity(bags: Sequence[Bag]) -> float:
 
 def main(
     cfg: Config, *, data: str | Path | None = None, split: str = "test", sizes: str | Sequence[int] = "3,5,7",
-    out: str | Path, force: bool = False, recipe: str | Path | None = None,
+    out: str | Path, force: bool = False, recipe: str | Path | None = None, made: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
     JSON written and logs one line per size (with family purity on a world with families). ``out`` may not be the
     data set or one of its images (nor ``recipe``, the file the configuration came from, nor a file of the retriever
     checkpoint, or of the world encoder's folder when ``retriever.checkpoint`` is empty and that is the retriever),
     nor an existing file finecap did not make unless ``force``. Every image of the split needs a reference caption
-    (of ``bags.text_from``): its text embedding is half of the image's multimodal embedding."""
+    (of ``bags.text_from``): its text embedding is half of the image's multimodal embedding. ``made``: what built the
+    bags (:func:`built_from` of the same arguments), when the caller computed it already (:func:`reuse_bags`); it
+    hashes the retriever's weights, so it is computed once."""
     size_list = parse_sizes(sizes)
     data_set = data or cfg.data.path or world_path(cfg.world)
     inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe,
@@ -189,7 +193,8 @@ def main(
     ids = [r.image_id for r in records]
     curated = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
     bags = {s: keep_hardest(curated[s], cfg.bags.keep_hardest) for s in size_list}
-    made = built_from(cfg, data=data, split=split, sizes=size_list)  # the data as load_references read it
+    if made is None:
+        made = built_from(cfg, data=data, split=split, sizes=size_list)  # the data as load_references read it
     result: dict[str, Any] = {
         "split": split,
         "data": made["fingerprint"]["path"],  # absolute (a Hub name as given)
