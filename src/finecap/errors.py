@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
 
@@ -77,19 +78,26 @@ def culprit_path(exc: BaseException) -> str | None:
     return None
 
 
-def configured_cache_dir(exc: BaseException) -> str | None:
-    """The cache folder the failing command configured (``run.cache_dir``), taken as :func:`culprit_path` takes the
-    file: from the innermost frame of ``exc``'s traceback holding a configuration (a :class:`finecap.config.Config`
-    or its ``run`` section) in a local variable. ``None`` when no frame holds one, or it sets none (the caches are
-    then in the finecap home, which :func:`finecap.home.settings_moving` knows without it)."""
-    from finecap.config import Config, RunConfig
+def configured_folders(exc: BaseException) -> dict[str, str]:
+    """The folders the failing command configured outside ``--out``, by setting: ``run.cache_dir`` (the caches) and
+    ``world.out`` (the world), each taken as :func:`culprit_path` takes the file: from the innermost frame of
+    ``exc``'s traceback holding a configuration (a :class:`finecap.config.Config`, or the section of that setting) in
+    a local variable. A setting no frame holds, or left empty (that folder is then in the finecap home, which
+    :func:`finecap.home.settings_moving` knows without it), is not among them."""
+    from finecap.config import Config, RunConfig, WorldConfig
 
+    sections = {"run.cache_dir": (RunConfig, "run", "cache_dir"), "world.out": (WorldConfig, "world", "out")}
+    found: dict[str, str] = {}
+    decided: set[str] = set()
     for frame in reversed(_frames(exc)):
         for value in frame.f_locals.values():
-            run = value.run if isinstance(value, Config) else value if isinstance(value, RunConfig) else None
-            if run is not None:
-                return run.cache_dir or None
-    return None
+            for setting, (kind, section, key) in sections.items():
+                part = getattr(value, section) if isinstance(value, Config) else value
+                if setting not in decided and isinstance(part, kind):
+                    decided.add(setting)  # the innermost holder decides, set or not
+                    if getattr(part, key):
+                        found[setting] = str(getattr(part, key))
+    return found
 
 
 TEMPORARY = re.compile(r"^\.(?P<name>.+?)(?:\.[A-Za-z0-9_]{8})?\.tmp$")
@@ -114,32 +122,33 @@ def _prefix(path: str | None) -> str:
     return f"{shown_path(path)}: " if path else ""
 
 
-def elsewhere(path: str | None, cache_dir: str | None = None) -> str:
-    """How to write ``path``'s file elsewhere: ``write elsewhere (--out)``, but inside the finecap home or under
-    ``cache_dir`` (the configured ``run.cache_dir``: :func:`configured_cache_dir`), which ``--out`` does not move, the
-    settings that do (:func:`finecap.home.settings_moving`): ``set FINECAP_HOME (or run.cache_dir) to a folder of
-    yours``, ``set run.cache_dir to a folder of yours``. ``path`` may be a temporary name (:func:`shown_path`).
+def elsewhere(path: str | None, folders: Mapping[str, str] | None = None) -> str:
+    """How to write ``path``'s file elsewhere: ``write elsewhere (--out)``, but inside the finecap home or under one
+    of ``folders`` (the configured ``run.cache_dir`` and ``world.out``: :func:`configured_folders`), which ``--out``
+    does not move, the settings that do (:func:`finecap.home.settings_moving`): ``set FINECAP_HOME (or run.cache_dir)
+    to a folder of yours``, ``set world.out to a folder of yours``. ``path`` may be a temporary name
+    (:func:`shown_path`).
 
     Example::
 
-        >>> elsewhere("runs/x/config.yaml"), elsewhere("/scratch/cache/features/a.safetensors", "/scratch/cache")
-        ('write elsewhere (--out)', 'set run.cache_dir to a folder of yours')
+        >>> elsewhere("runs/x/config.yaml"), elsewhere("/scratch/w/images/1.png", {"world.out": "/scratch/w"})
+        ('write elsewhere (--out)', 'set world.out to a folder of yours')
     """
     from finecap.home import settings_moving
 
-    settings = settings_moving(shown_path(path), cache_dir) if path else []
+    settings = settings_moving(shown_path(path), folders) if path else []
     if not settings:
         return "write elsewhere (--out)"
     more = f" (or {' or '.join(settings[1:])})" if settings[1:] else ""
     return f"set {settings[0]}{more} to a folder of yours"
 
 
-def denied_reason(path: str | None, cache_dir: str | None = None) -> str | None:
+def denied_reason(path: str | None, folders: Mapping[str, str] | None = None) -> str | None:
     """What a permission error on ``path`` means, from what this user may do there: a file it cannot reach (a
     folder above it is closed to this user), read (a recipe, a data file: read, not written), or write, or a folder
     it cannot create or replace a file in (finecap writes a file anew beside its name, then renames it); inside the
-    finecap home, the way out is ``FINECAP_HOME``, under ``cache_dir`` (the configured ``run.cache_dir``)
-    ``run.cache_dir`` (:func:`elsewhere`: ``--out`` moves neither). ``None`` without a path. A
+    finecap home, the way out is ``FINECAP_HOME``, under one of ``folders`` (the configured ``run.cache_dir``,
+    ``world.out``) that setting (:func:`elsewhere`: ``--out`` moves none of them). ``None`` without a path. A
     guess from ``os.access``, which allows everything to root: then the folder is named."""
     if path is None:
         return None
@@ -151,7 +160,7 @@ def denied_reason(path: str | None, cache_dir: str | None = None) -> str | None:
         return "permission denied: this user cannot reach it (a folder above it is closed to this user)"
     except OSError:
         exists = False
-    way_out = elsewhere(path, cache_dir)
+    way_out = elsewhere(path, folders)
     if exists and not os.access(target, os.R_OK):
         return "permission denied: this user cannot read it; change its permissions (or run as its owner)"
     if exists and not os.access(target, os.W_OK):
@@ -160,19 +169,20 @@ def denied_reason(path: str | None, cache_dir: str | None = None) -> str | None:
     return f"permission denied: this user cannot {verb} it in its folder; {way_out} or change the folder's rights"
 
 
-def os_message(exc: OSError, cache_dir: str | None = None) -> str:
-    """``PATH: what it means``; the path of a failed rename is its target (``filename2``). ``cache_dir``: the
-    configured ``run.cache_dir`` (:func:`explain` passes the failing command's: :func:`configured_cache_dir`), which
-    an error about a file under it names as the way to write elsewhere (:func:`elsewhere`)."""
+def os_message(exc: OSError, folders: Mapping[str, str] | None = None) -> str:
+    """``PATH: what it means``; the path of a failed rename is its target (``filename2``). ``folders``: the
+    configured ``run.cache_dir`` and ``world.out`` (:func:`explain` passes the failing command's:
+    :func:`configured_folders`), whose setting an error about a file under it names as the way to write elsewhere
+    (:func:`elsewhere`)."""
     path = exc.filename2 or exc.filename
     if path is None:
         path = culprit_path(exc)
     shown = None if path is None else str(path)
-    reason = denied_reason(shown, cache_dir) if exc.errno in (errno.EACCES, errno.EPERM) else None
+    reason = denied_reason(shown, folders) if exc.errno in (errno.EACCES, errno.EPERM) else None
     if exc.errno == errno.EEXIST and shown is not None and Path(shown).is_file():
         reason = "a file, but a folder is expected here"
     if reason is None and exc.errno in OS_REASONS:
-        reason = OS_REASONS[exc.errno].format(elsewhere=elsewhere(shown, cache_dir))
+        reason = OS_REASONS[exc.errno].format(elsewhere=elsewhere(shown, folders))
     return _prefix(shown) + (reason or (exc.strerror or str(exc)).rstrip("."))
 
 
@@ -265,7 +275,7 @@ def explain(exc: BaseException) -> str | None:
         return _prefix(culprit_path(exc)) + "nested too deeply to read (a file thousands of levels deep?)"
     if isinstance(exc, OSError):
         if exc.errno is not None:
-            return os_message(exc, configured_cache_dir(exc))
+            return os_message(exc, configured_folders(exc))
         return _hub_id_message(exc) or " ".join(str(exc).split()) or type(exc).__name__
     if _is_pickle_error(exc):
         return pickled_message(culprit_path(exc))
@@ -279,7 +289,7 @@ def explain(exc: BaseException) -> str | None:
         path = culprit_path(exc)
         code = _text_errno(str(exc))
         if code is not None:
-            return os_message(OSError(code, os.strerror(code), path), configured_cache_dir(exc))
+            return os_message(OSError(code, os.strerror(code), path), configured_folders(exc))
         return f"{_prefix(path)}cannot read the weights ({text}); {RECOVER_CHECKPOINT}"
     if isinstance(exc, UnicodeError):
         return f"{_prefix(culprit_path(exc))}not UTF-8 text ({exc})"

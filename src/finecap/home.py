@@ -20,6 +20,7 @@ Nothing here creates a folder: the code that writes one does (never as a side ef
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -133,11 +134,12 @@ def cache_dir(run: RunConfig) -> Path:
     return Path(run.cache_dir) if run.cache_dir else home() / CACHE
 
 
-def settings_moving(path: str | Path, cache_dir: str | Path | None = None) -> list[str]:
+def settings_moving(path: str | Path, folders: Mapping[str, str | Path] | None = None) -> list[str]:
     """What moves ``path`` out of the folder it is in, for errors about a file there where ``--out`` cannot help:
     inside the finecap home (links resolved), :data:`ENV` and the setting that moves that part of it (``world.out``
-    for a world, ``run.cache_dir`` for the caches it holds: docs/runs-and-home.md's table); under ``cache_dir``, the
-    folder ``run.cache_dir`` configures (empty or ``None``: none is), ``run.cache_dir``; ``[]`` elsewhere.
+    for a world, ``run.cache_dir`` for the caches it holds: docs/runs-and-home.md's table); under one of ``folders``
+    (``{setting: folder}``: what ``run.cache_dir`` and ``world.out`` configure, an empty folder none), that setting;
+    ``[]`` elsewhere.
 
     Example::
 
@@ -145,18 +147,18 @@ def settings_moving(path: str | Path, cache_dir: str | Path | None = None) -> li
         >>> with mock.patch.dict(os.environ, {ENV: "/srv/home"}):
         ...     [settings_moving(f"/srv/home/{p}") for p in ("cache/features/a", "cache/judges/b", "worlds/k", "x")]
         [['FINECAP_HOME', 'run.cache_dir'], ['FINECAP_HOME'], ['FINECAP_HOME', 'world.out'], ['FINECAP_HOME']]
-        >>> settings_moving("/elsewhere/out.json"), settings_moving("/scratch/cache/features/a", "/scratch/cache")
+        >>> settings_moving("/elsewhere/out.json"), settings_moving("/scratch/c/a", {"run.cache_dir": "/scratch/c"})
         ([], ['run.cache_dir'])
     """
-    configured = _parts_within(path, cache_dir) is not None if cache_dir else False
+    configured = [s for s, folder in (folders or {}).items() if folder and _parts_within(path, folder) is not None]
     parts = _parts_within(path, home())
     if parts is None:
-        return ["run.cache_dir"] if configured else []
+        return configured
     if parts[:1] == (WORLDS,):
         return [ENV, "world.out"]
     if parts[:1] == (CACHE,) and parts[1:2] != ():
         return [ENV] if parts[1] in HOME_CACHES else [ENV, "run.cache_dir"]
-    return [ENV, "run.cache_dir"] if configured else [ENV]
+    return [ENV, *configured]
 
 
 def _parts_within(path: str | Path, folder: str | Path) -> tuple[str, ...] | None:

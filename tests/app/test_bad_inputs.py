@@ -303,6 +303,19 @@ def case_full_disk_in_a_configured_cache_dir(ctx):
     ]
 
 
+def case_full_disk_in_a_configured_world_out(ctx):
+    # a world made at a world.out outside the finecap home: the message said "write elsewhere (--out)" though the
+    # command's --out (here none given; `world make --out` is world.out itself) is not what places it; world.out is
+    _full_disk(ctx)
+    world = ctx.tmp / "my-world"
+    argv = ["world", "make", "--n-train", "2", "--n-val", "1", "--n-test", "2", "--image-size", "32",
+            f"world.out={world}"]  # fmt: skip
+    return argv, [
+        f"finecap: error: {world}",
+        "no space left on device (the disk is full); free space or set world.out to a folder of yours",
+    ]
+
+
 def case_full_disk_in_a_checkpoint(ctx):
     # safetensors' own writer on a full disk (its message, measured on a 200 KB tmpfs: the OS error without a path)
     from safetensors import SafetensorError
@@ -499,9 +512,13 @@ def test_an_error_writing_into_the_finecap_home_names_the_settings_that_move_it(
     assert "set FINECAP_HOME (or world.out) to a folder of yours" in world and "--out" not in world
     assert "write elsewhere (--out)" in said(tmp_path / "out" / "results.json")
     mine = tmp_path / "my-cache"  # a run.cache_dir outside the home: --out does not move it either
-    cached = os_message(OSError(code, os.strerror(code), str(mine / "features" / "a.safetensors")), str(mine))
+    configured = {"run.cache_dir": str(mine)}
+    cached = os_message(OSError(code, os.strerror(code), str(mine / "features" / "a.safetensors")), configured)
     assert "set run.cache_dir to a folder of yours" in cached and "--out" not in cached
-    assert "write elsewhere (--out)" in os_message(OSError(code, os.strerror(code), str(tmp_path / "x")), str(mine))
+    assert "write elsewhere (--out)" in os_message(OSError(code, os.strerror(code), str(tmp_path / "x")), configured)
+    world = tmp_path / "my-world"  # a world.out outside the home: --out does not move it either
+    made = os_message(OSError(code, os.strerror(code), str(world / "images" / "0.png")), {"world.out": str(world)})
+    assert "set world.out to a folder of yours" in made and "--out" not in made
 
 
 def test_a_permission_error_says_whether_the_file_was_read_written_or_created(tmp_path, monkeypatch):

@@ -73,11 +73,13 @@ def test_the_reports_bags_are_built_again_when_their_world_retriever_or_sizes_ch
 
 
 @pytest.mark.parametrize(("setting", "before", "after"), [("retriever.long_text", "truncate", "chunks"),
-                                                           ("data.jpeg_draft", True, False)])  # fmt: skip
+                                                           ("data.jpeg_draft", True, False),
+                                                           ("retriever.batch_size_eval", 256, 2)])  # fmt: skip
 def test_the_bags_are_built_again_when_a_setting_of_their_embeddings_changes(tmp_path, inputs, caplog, setting,
                                                                                before, after):  # fmt: skip
-    """``retriever.long_text`` (a caption longer than the text window cut or pooled over windows) and
-    ``data.jpeg_draft`` (a JPEG draft-decoded or decoded whole) change the embeddings the bags are built from: the
+    """``retriever.long_text`` (a caption longer than the text window cut or pooled over windows),
+    ``data.jpeg_draft`` (a JPEG draft-decoded or decoded whole) and ``retriever.batch_size_eval`` (other batch shapes
+    round otherwise: the embeddings differ in their last bits) change the embeddings the bags are built from: the
     file records them, and bags built under another value are built again (they were read back)."""
     key = setting.split(".")[1]
     path = tmp_path / "run" / "bags_test.json"
@@ -89,6 +91,18 @@ def test_the_bags_are_built_again_when_a_setting_of_their_embeddings_changes(tmp
         assert set(demo_mod.test_bags(changed)) == {2}
     assert _recorded(path)[key] == after and path.stat().st_mtime_ns != stamp
     assert f"building the bags again ({key}: {before!r} -> {after!r})" in caplog.text
+
+
+def test_bags_built_under_another_image_budget_are_read_back(tmp_path, inputs):
+    """The image budget (``data.max_image_pixels``, ``data.max_aspect_ratio``) refuses an image (the build fails) and
+    changes no pixel of one it admits: bags built under another budget are the bags it builds, read back as they are.
+    """
+    path = tmp_path / "run" / "bags_test.json"
+    demo_mod.test_bags(_demo(tmp_path, inputs))
+    first, stamp = path.read_bytes(), path.stat().st_mtime_ns
+    other = _demo(tmp_path, inputs, more=("data.max_image_pixels=4096", "data.max_aspect_ratio=1.5"))  # 32 x 32 fit
+    assert set(demo_mod.test_bags(other)) == {2}
+    assert path.read_bytes() == first and path.stat().st_mtime_ns == stamp
 
 
 def test_bags_recorded_before_their_retriever_was_are_built_again(tmp_path, inputs):
@@ -142,6 +156,23 @@ def test_the_family_worlds_bags_are_built_again_on_another_world(tmp_path, input
     second = demo_families.family_world(_demo(tmp_path, inputs, world=1))
     assert second.path != first.path
     assert _recorded(path)["fingerprint"]["path"] == str(second.path.resolve() / "dataset.json")
+
+
+def test_bags_built_again_hash_their_retriever_once(tmp_path, inputs, monkeypatch):
+    """Building the bags again, reuse_bags computed what builds them (hashing the retriever's weights) to compare, and
+    main computed it again to record it: once is enough."""
+    import finecap.app.bags
+
+    demo = _demo(tmp_path, inputs)
+    path = demo.run_dir / "bags_test.json"
+    demo_mod.test_bags(demo)
+    changed = _demo(tmp_path, inputs, clip=1)  # another retriever: built again
+    hashed = []
+    real = finecap.app.bags.bags_retriever_fingerprint
+    monkeypatch.setattr(finecap.app.bags, "bags_retriever_fingerprint", lambda cfg: hashed.append(cfg) or real(cfg))
+    reuse_bags(changed.cfg, out=path)
+    assert len(hashed) == 1
+    assert _recorded(path)["retriever_fingerprint"]["sha256"] == source_fingerprint(inputs["clips"][1])["sha256"]
 
 
 def test_reuse_bags_builds_what_is_missing_in_the_configured_sizes(tmp_path, inputs):

@@ -170,6 +170,24 @@ def test_a_link_at_the_output_is_refused_before_anything_is_written(bags_file, t
     assert not (tmp_path / "new.json").exists() and (tmp_path / "theirs.json").read_text() == "{}"
 
 
+def test_a_link_at_the_lock_file_is_refused_by_name_never_followed(bags_file, tmp_path):
+    # filelock opens the lock without following a link: a link planted at .<out>.lock was a bare OSError ("Too many
+    # levels of symbolic links"), which the review page answered with a 500
+    from finecap.data.curation import lock_path
+    from finecap.outputs import OutputRefused
+
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("mine")
+    review = BagCuration(bags_file, tmp_path / "out.json", rebuild=False)  # started before the link was planted
+    lock_path(tmp_path / "out.json").symlink_to(theirs)
+    with pytest.raises(OutputRefused, match=r"\.out\.json\.lock: is a symbolic link .*never writes through a link"):
+        review.decide(review.keys()[0], "accept")
+    with pytest.raises(OutputRefused, match=r"\.out\.json\.lock: is a symbolic link"):  # at the start too
+        BagCuration(bags_file, tmp_path / "out.json")
+    assert theirs.read_text() == "mine" and not (tmp_path / "out.json").exists()
+    assert not decisions_path(tmp_path / "out.json").exists()
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

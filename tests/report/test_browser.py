@@ -330,11 +330,11 @@ def test_the_ink_check_sees_a_blank_panel(browser, tmp_path):
 
 @pytest.fixture
 def review_server(fabricated_run, tiny_world, tmp_path):
-    from werkzeug.serving import make_server
+    from finecap.app.review import ReviewServer
 
     bags = tmp_path / "bags.json"
     bags.write_text((fabricated_run / "bags_test.json").read_text())
-    server = make_server("127.0.0.1", 0, create_app(bags, tiny_world / "images"), threaded=True)
+    server = ReviewServer("127.0.0.1", 0, create_app(bags, tiny_world / "images"))  # main's server, bounds and all
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}", bags

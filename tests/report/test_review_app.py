@@ -9,7 +9,9 @@ import logging
 import os
 import re
 import shutil
+import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -74,6 +76,28 @@ def test_pages_show_images_and_captions_and_save_decisions(app_and_paths):
     stale = again.post("/bag/5/0", data={"decision": "accept", "csrf_token": form_token(client, "/bag/5/0")})
     assert stale.status_code == 400 and "reload the page" in stale.get_data(as_text=True)
     assert "5/0" not in again.application.config["curation"].decisions
+
+
+def test_a_link_planted_at_the_lock_file_is_a_named_refusal_not_a_500(app_and_paths, tmp_path):
+    # a link at the decisions' lock file (.bags.curated.json.lock) made filelock fail with a bare OSError: a plain 500
+    from finecap.data.curation import lock_path
+
+    app, bags, _ = app_and_paths
+    client = app.test_client()
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("mine")
+    lock = lock_path(default_out(bags))
+    lock.unlink()  # the lock file the start made, replaced by a link
+    lock.symlink_to(theirs)
+    refused = post(client, "/bag/3/0", "accept")
+    text = refused.get_data(as_text=True)
+    assert refused.status_code == 409 and text.startswith(f"409 Conflict: {lock}: is a symbolic link (to {theirs})")
+    assert "remove the link" in text
+    assert theirs.read_text() == "mine" and app.config["curation"].decisions == {}
+    lock.unlink()  # the link removed: the same click is saved
+    assert post(client, "/bag/3/0", "accept").status_code == 303 and app.config["curation"].decisions == {
+        "3/0": "accept"
+    }
 
 
 def test_a_bag_is_named_only_by_its_own_key(app_and_paths):
@@ -212,8 +236,6 @@ def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_pat
 def test_main_warns_beyond_loopback_and_requires_a_generated_token_everywhere(
     fabricated_run, tiny_world, tmp_path, monkeypatch, capsys, caplog
 ):
-    import werkzeug.serving
-
     from finecap.app import review
 
     class Server:
@@ -226,9 +248,7 @@ def test_main_warns_beyond_loopback_and_requires_a_generated_token_everywhere(
             pass
 
     bound = []
-    monkeypatch.setattr(
-        werkzeug.serving, "make_server", lambda host, port, app, threaded, **kw: bound.append(app) or Server()
-    )
+    monkeypatch.setattr(review, "ReviewServer", lambda host, port, app, **kw: bound.append(app) or Server())
     monkeypatch.delenv(review.TOKEN_ENV, raising=False)
     bags = tmp_path / "bags.json"
     bags.write_text((fabricated_run / "bags_test.json").read_text())
@@ -261,17 +281,15 @@ def test_the_printed_url_carries_the_token_and_the_request_log_never_does(fabric
     # werkzeug logged every request line in full, '?token=...' included: a `nohup` or job scheduler's log of the
     # server held the access token. And the URL printed the token as it was: one holding '&', '#' or a space came
     # back cut at the browser and every request was a 401.
-    import werkzeug.serving
-
     from finecap.app import review
 
-    real, servers = werkzeug.serving.make_server, []
+    real, servers = review.ReviewServer, []
 
     def on_a_free_port(host, port, app, **kw):
         servers.append(real(host, 0, app, **kw))
         return servers[-1]
 
-    monkeypatch.setattr(werkzeug.serving, "make_server", on_a_free_port)
+    monkeypatch.setattr(review, "ReviewServer", on_a_free_port)
     bags = tmp_path / "bags.json"
     bags.write_text((fabricated_run / "bags_test.json").read_text())
     token = "s3cret-token & #more words+"
@@ -326,6 +344,91 @@ def test_a_chunked_body_is_refused_not_cut_at_the_form_limit(app_and_paths):
         thread.join()
     assert status == 411 and "Content-Length" in text
     assert app.config["curation"].decisions == {}
+
+
+def _serving(server) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return thread
+
+
+def _until(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+HALF_A_REQUEST = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "  # the headers never end
+
+
+def _answer(port: int, request: bytes, seconds: float = 30.0) -> bytes:
+    """What the server sends back to ``request`` until it closes the connection (or ``seconds`` pass)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds) as sock:
+        sock.sendall(request)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+                if b"\r\n\r\n" in received:  # the answer's head: enough to tell
+                    break
+        except ConnectionResetError:
+            pass
+        return received
+
+
+def test_a_client_sending_half_a_request_is_dropped_after_the_read_timeout(app_and_paths):
+    # werkzeug's server read a request for ever: a local client sending half of one (slowloris) held its thread until
+    # the server stopped. ReviewServer closes a connection silent for read_timeout seconds (READ_TIMEOUT in main).
+    from finecap.app.review import READ_TIMEOUT, ReviewServer
+
+    assert 0 < READ_TIMEOUT <= 60
+    app, _, _ = app_and_paths
+    server = ReviewServer("127.0.0.1", 0, app, read_timeout=0.5)
+    thread = _serving(server)
+    try:
+        with socket.create_connection(("127.0.0.1", server.server_port), timeout=30) as sock:
+            sock.sendall(HALF_A_REQUEST)
+            started = time.monotonic()
+            try:
+                closed = sock.recv(1024) == b""  # the server closes it, answering nothing
+            except ConnectionResetError:
+                closed = True
+            waited = time.monotonic() - started
+        assert closed and waited < 20, waited  # not the client's own 30 s timeout (socket.timeout)
+        assert _until(lambda: server.connections == 0)  # its thread is free again
+        assert _answer(server.server_port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").startswith(b"HTTP/1.1 302")
+    finally:
+        server.shutdown()
+        thread.join(30)
+
+
+def test_connections_beyond_the_cap_are_closed_unanswered_until_a_thread_is_free(app_and_paths, caplog):
+    # werkzeug started a thread for every connection, without a bound: clients holding half requests took threads
+    # without end. ReviewServer serves max_connections at once (MAX_CONNECTIONS in main) and closes one more.
+    from finecap.app.review import MAX_CONNECTIONS, ReviewServer
+
+    assert 6 <= MAX_CONNECTIONS <= 256  # a browser opens about six connections to one server
+    app, _, _ = app_and_paths
+    server = ReviewServer("127.0.0.1", 0, app, read_timeout=60, max_connections=2)
+    thread = _serving(server)
+    full = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    slow = [socket.create_connection(("127.0.0.1", server.server_port), timeout=30) for _ in range(2)]
+    try:
+        for sock in slow:
+            sock.sendall(HALF_A_REQUEST)
+        assert _until(lambda: server.connections == 2)
+        with caplog.at_level(logging.WARNING, logger="finecap.app.review"):
+            assert _answer(server.server_port, full) == b""  # closed unanswered: both threads are held
+        assert "2 connections open, the most it serves at once" in caplog.text
+        slow.pop().close()  # one slow client leaves: its thread ends, and the next connection is served
+        assert _until(lambda: server.connections == 1)
+        assert _answer(server.server_port, full).startswith(b"HTTP/1.1 302")
+    finally:
+        for sock in slow:
+            sock.close()
+        server.shutdown()
+        thread.join(30)
 
 
 def test_simultaneous_clicks_lose_no_acknowledged_decision(tiny_world, tmp_path):

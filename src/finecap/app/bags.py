@@ -12,11 +12,15 @@ with scene families it also reports how often a bag lies within one family, next
 
 The file records what built it (:func:`built_from`): the data's fingerprint, the retriever's
 (``"retriever_fingerprint"``: its weights, :func:`finecap.train.fingerprint.bags_retriever_fingerprint`), the sizes,
-``eval.bag_similarity``, ``bags.keep_hardest`` and the two settings that change the embeddings the bags are built
-from: ``retriever.long_text`` (how captions longer than the text window are embedded) and ``data.jpeg_draft`` (how
-JPEGs are decoded). A pipeline that builds its bags once and reads them back (the
-demo's report, scene-family, transfer and VCB stages) goes through :func:`reuse_bags`: a file whose record differs
-from what would build it now is built again, or, when the user made it, refused and never replaced.
+``eval.bag_similarity``, ``bags.keep_hardest`` and the three settings that change the embeddings the bags are built
+from: ``retriever.long_text`` (how captions longer than the text window are embedded), ``data.jpeg_draft`` (how
+JPEGs are decoded) and ``retriever.batch_size_eval`` (the batches they are embedded in: another batch shape is other
+float rounding, so other similarities). The image budget (``data.max_image_pixels``, ``data.max_aspect_ratio``) is
+not recorded: it refuses an image, failing the build, and changes no pixel of an image it admits
+(:class:`finecap.data.images.ImageLimits`), so bags built under another budget are the bags it builds. A pipeline
+that builds its bags once and reads them back (the demo's report, scene-family, transfer and VCB stages) goes through
+:func:`reuse_bags`: a file whose record differs from what would build it now is built again, or, when the user made
+it, refused and never replaced.
 """
 
 from __future__ import annotations
@@ -80,9 +84,11 @@ def built_from(cfg: Config, *, data: str | Path | None, split: str, sizes: str |
     records about what built it (:func:`main` writes these keys): the data's fingerprint (with the caption field
     ``bags.text_from`` and the split), the retriever's (its weights), the sizes, ``eval.bag_similarity``,
     ``bags.keep_hardest``, ``retriever.long_text`` (a caption longer than the text window cut, refused or pooled over
-    windows: :meth:`finecap.models.retriever.Retriever.text_features`) and ``data.jpeg_draft`` (a JPEG draft-decoded
-    or decoded at full size: :attr:`finecap.models.retriever.Retriever.draft`), the last two as the embeddings
-    :func:`main` builds the bags from depend on them. A world encoder not trained yet has no weights to fingerprint
+    windows: :meth:`finecap.models.retriever.Retriever.text_features`), ``data.jpeg_draft`` (a JPEG draft-decoded
+    or decoded at full size: :attr:`finecap.models.retriever.Retriever.draft`) and ``retriever.batch_size_eval`` (the
+    batches images and captions are embedded in: other batch shapes round otherwise, and the embeddings differ in
+    their last bits), the last three as the embeddings :func:`main` builds the bags from depend on them. The image
+    budget is not among them (module docstring). A world encoder not trained yet has no weights to fingerprint
     (``None``: not compared)."""
     fmt, path = data_source(cfg, data)
     fingerprint = bags_data_fingerprint(fmt, path, captions=cfg.bags.text_from, split=split,
@@ -90,7 +96,7 @@ def built_from(cfg: Config, *, data: str | Path | None, split: str, sizes: str |
     return {"fingerprint": fingerprint, "retriever_fingerprint": bags_retriever_fingerprint(cfg),
             "sizes": parse_sizes(sizes), "similarity": cfg.eval.bag_similarity,
             "keep_hardest": cfg.bags.keep_hardest, "long_text": cfg.retriever.long_text,
-            "jpeg_draft": cfg.data.jpeg_draft}  # fmt: skip
+            "jpeg_draft": cfg.data.jpeg_draft, "batch_size_eval": cfg.retriever.batch_size_eval}  # fmt: skip
 
 
 def built_differently(path: str | Path, now: dict[str, Any]) -> list[str]:
@@ -119,19 +125,21 @@ def reuse_bags(cfg: Config, *, out: str | Path, data: str | Path | None = None, 
     """The bags file ``out`` of ``split`` of ``data`` (default: the configured data set) in sizes ``eval.bag_sizes``,
     built once and read back by a pipeline (the demo): built by :func:`main` when missing, when ``force``, or when what
     built it differs from what would build it now (:func:`built_differently`: another data set or world, another
-    retriever, other sizes, ``eval.bag_similarity``, ``bags.keep_hardest``, ``retriever.long_text`` or
-    ``data.jpeg_draft``; a file recording none of it). Only a
+    retriever, other sizes, ``eval.bag_similarity``, ``bags.keep_hardest``, ``retriever.long_text``,
+    ``data.jpeg_draft`` or ``retriever.batch_size_eval``; a file recording none of it). Only a
     bags file finecap made (:func:`finecap.outputs.made_by_finecap`) is built again over: a file of the user's there
     that would be is refused (:class:`~finecap.outputs.OutputRefused` naming it, what differs and the way out) and
     never replaced, ``force`` or not. Returns ``out``."""
     out = Path(out)
     refuse_link(out)  # never read through, never written through
     sizes = cfg.eval.bag_sizes
+    now = None  # what would build it, computed once (it hashes the retriever's weights) and handed to main
     if out.exists():
         if force:
             why = ["made again on request (--force)"]
         else:
-            why = built_differently(out, built_from(cfg, data=data, split=split, sizes=sizes))
+            now = built_from(cfg, data=data, split=split, sizes=sizes)
+            why = built_differently(out, now)
             if not why:
                 log.info("%s: bags built from the same inputs; reused", out)
                 return out
@@ -142,7 +150,7 @@ def reuse_bags(cfg: Config, *, out: str | Path, data: str | Path | None = None, 
                 "directory"
             )
         log.info("%s: building the bags again (%s)", out, "; ".join(why))
-    main(cfg, data=data, split=split, sizes=sizes, out=out)
+    main(cfg, data=data, split=split, sizes=sizes, out=out, made=now)
     return out
 
 
@@ -153,14 +161,16 @@ def mean_similarity(bags: Sequence[Bag]) -> float:
 
 def main(
     cfg: Config, *, data: str | Path | None = None, split: str = "test", sizes: str | Sequence[int] = "3,5,7",
-    out: str | Path, force: bool = False, recipe: str | Path | None = None,
+    out: str | Path, force: bool = False, recipe: str | Path | None = None, made: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Bags of ``split`` of ``data`` (default: the configured data set / world), written to ``out``; returns the
     JSON written and logs one line per size (with family purity on a world with families). ``out`` may not be the
     data set or one of its images (nor ``recipe``, the file the configuration came from, nor a file of the retriever
     checkpoint, or of the world encoder's folder when ``retriever.checkpoint`` is empty and that is the retriever),
     nor an existing file finecap did not make unless ``force``. Every image of the split needs a reference caption
-    (of ``bags.text_from``): its text embedding is half of the image's multimodal embedding."""
+    (of ``bags.text_from``): its text embedding is half of the image's multimodal embedding. ``made``: what built the
+    bags (:func:`built_from` of the same arguments), when the caller computed it already (:func:`reuse_bags`); it
+    hashes the retriever's weights, so it is computed once."""
     size_list = parse_sizes(sizes)
     data_set = data or cfg.data.path or world_path(cfg.world)
     inputs = {"--data": data_set, "image folder (data.images)": cfg.data.images or None, "recipe": recipe,
@@ -183,7 +193,8 @@ def main(
     ids = [r.image_id for r in records]
     curated = build_bags(emb, size_list, ids, similarity=cfg.eval.bag_similarity, device=retriever.device)
     bags = {s: keep_hardest(curated[s], cfg.bags.keep_hardest) for s in size_list}
-    made = built_from(cfg, data=data, split=split, sizes=size_list)  # the data as load_references read it
+    if made is None:
+        made = built_from(cfg, data=data, split=split, sizes=size_list)  # the data as load_references read it
     result: dict[str, Any] = {
         "split": split,
         "data": made["fingerprint"]["path"],  # absolute (a Hub name as given)
@@ -197,6 +208,7 @@ def main(
         "keep_hardest": made["keep_hardest"],
         "long_text": made["long_text"],
         "jpeg_draft": made["jpeg_draft"],
+        "batch_size_eval": made["batch_size_eval"],
         "curated": {str(s): len(curated[s]) for s in size_list},
         "alpha_curated": {str(s): mean_similarity(curated[s]) for s in size_list if curated[s]},
     }

@@ -42,7 +42,9 @@ nothing but the review:
   per-response nonce, no framing: ``frame-ancestors 'none'``) and ``Cache-Control: no-store``.
 
 Flask's development server (werkzeug) serves the page: this is a single-user tool, which is what that server is for;
-beyond loopback it is plain HTTP (the token and images cross the network unencrypted).
+beyond loopback it is plain HTTP (the token and images cross the network unencrypted). :class:`ReviewServer` bounds it:
+a connection silent for :data:`READ_TIMEOUT` seconds is closed (a client sending half a request held its thread for
+ever), and at most :data:`MAX_CONNECTIONS` are served at once.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -61,7 +64,7 @@ from finecap.data.curation import BagCuration, CurationBusy
 from finecap.data.images import ImageLimits, check_image_file, decode_image, encode_image
 from finecap.data.records import DataError, Record
 from finecap.data.references import load_references
-from finecap.outputs import check_not_input
+from finecap.outputs import OutputRefused, check_not_input
 from finecap.report.html import TEMPLATES, printed
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
@@ -73,7 +76,7 @@ REVIEW_EXTRA = "finecap bags review needs Flask: pip install 'finecap[review]'"
 try:
     from flask import Flask, Response, abort, g, redirect, render_template, request, url_for
     from werkzeug.exceptions import HTTPException
-    from werkzeug.serving import WSGIRequestHandler
+    from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 except ImportError:  # pragma: no cover - the review extra is in the test extra
     raise MissingExtra(REVIEW_EXTRA) from None
 
@@ -89,12 +92,23 @@ a ``Content-Length`` (chunked) is a 411: werkzeug cut such a body at this limit 
 IMAGE_TYPES: dict[str, str] = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
                                ".webp": "image/webp", ".bmp": "image/bmp"}  # fmt: skip
 """Image file extensions served, with their MIME types."""
+READ_TIMEOUT = 20.0
+"""Seconds a connection may stay silent (send no byte of its request, or read no byte of its answer) before the
+server closes it (:class:`ReviewServer`): werkzeug waited for ever, so a client sending half a request (slowloris)
+held its thread for good. An idle keep-alive connection of a browser is closed too; the browser opens another."""
+MAX_CONNECTIONS = 32
+"""Connections served at once, one thread each (:class:`ReviewServer`); one more is closed unanswered. A browser
+opens about six to one server; werkzeug started a thread for every connection, without a bound."""
 
 
 class RequestHandler(WSGIRequestHandler):
     """werkzeug's request handler, its line per request (on stderr) without the query string: the only query the
     page takes is the access token (``?token=``), which werkzeug logged in full, so that a ``nohup`` or job
     scheduler's log of the server held it for anyone who can read that file."""
+
+    def setup(self) -> None:
+        self.timeout = getattr(self.server, "read_timeout", None)  # socketserver sets it on the socket (ReviewServer)
+        super().setup()
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         path = getattr(self, "path", None)  # unset for a request line that did not parse
@@ -105,6 +119,50 @@ class RequestHandler(WSGIRequestHandler):
             super().log_request(code, size)
         finally:
             self.path = path
+
+
+class ReviewServer(ThreadedWSGIServer):
+    """werkzeug's threaded server with two bounds, through socketserver's own hooks (no HTTP of ours): each
+    connection's socket times out after ``read_timeout`` seconds without a byte (:data:`READ_TIMEOUT`; the handler's
+    ``timeout``, which socketserver sets on the socket and werkzeug answers by closing the connection), and at most
+    ``max_connections`` are served at once (:data:`MAX_CONNECTIONS`): one arriving beyond them is closed at once,
+    unanswered, with a warning, and no thread is started for it. A client trickling a byte within every
+    ``read_timeout`` keeps its connection; it holds one of the ``max_connections`` threads, never more.
+
+    ``connections``: the connections being served now. Binding errors are werkzeug's (it prints why and exits 1)."""
+
+    def __init__(self, host: str, port: int, app: Any, *, read_timeout: float = READ_TIMEOUT,
+                 max_connections: int = MAX_CONNECTIONS) -> None:  # fmt: skip
+        self.read_timeout = read_timeout
+        self.max_connections = max_connections
+        self.connections = 0
+        self._count = threading.Lock()
+        super().__init__(host, port, app, handler=RequestHandler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._count:
+            full = self.connections >= self.max_connections
+            self.connections += 0 if full else 1
+        if full:
+            log.warning("review server: %d connections open, the most it serves at once; one from %s closed "
+                        "unanswered", self.max_connections, client_address[0])  # fmt: skip
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # its thread runs process_request_thread
+        except BaseException:
+            self._done()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._count:
+            self.connections -= 1
 
 
 def default_out(bags: str | Path) -> Path:
@@ -330,7 +388,8 @@ def create_app(
         return Response(f"503 Service Unavailable: {e}\n", status=503, mimetype="text/plain")
 
     @app.errorhandler(DataError)
-    def changed(e: DataError) -> Any:  # the decisions file was changed under the server by something else
+    @app.errorhandler(OutputRefused)
+    def changed(e: DataError | OutputRefused) -> Any:  # the output files changed under the server (a link planted)
         return Response(f"409 Conflict: {e}\n", status=409, mimetype="text/plain")
 
     def image_url(image_id: Hashable) -> str | None:
@@ -366,7 +425,7 @@ def create_app(
         except KeyError as e:
             refuse(404, str(e.args[0]))
         except ValueError as e:
-            if isinstance(e, DataError):
+            if isinstance(e, DataError | OutputRefused):  # not the request's fault: the files on disk (409)
                 raise
             refuse(400, str(e))
         following = curation.next_pending(after=key) if value != "undo" else key
@@ -393,12 +452,10 @@ def main(
     bags: str | Path, images: str | Path, *, data: str | Path | None = None, out: str | Path | None = None,
     host: str = DEFAULT_HOST, port: int = 8765, token: str | None = None, cfg: Config | None = None,
 ) -> None:  # fmt: skip
-    """Serve the review app until interrupted (port 0 picks a free port); prints the URL.
+    """Serve the review app until interrupted (port 0 picks a free port) on a :class:`ReviewServer`; prints the URL.
 
     ``token`` (default ``$FINECAP_REVIEW_TOKEN``): the access token; generated when none is given, on loopback too
     (another user of the machine reaches ``127.0.0.1`` as well). It is printed in the URL, never written to a file."""
-    from werkzeug.serving import make_server
-
     # generated when none is given, loopback or not (module docstring): a shared machine's other users reach it too
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
     if not is_loopback(host):
@@ -408,7 +465,7 @@ def main(
     app = create_app(bags, images, data=data, out=out, cfg=cfg, host=host, token=token, rebuild=False)
     curation: BagCuration = app.config["curation"]
     try:  # a port in use stops here, before anything is written
-        server = make_server(host, port, app, threaded=True, request_handler=RequestHandler)
+        server = ReviewServer(host, port, app)
     except SystemExit:  # werkzeug prints why ("Address already in use") and exits 1: a named error instead
         raise OSError(
             f"--host {host} --port {port}: the review server could not listen there (said above; a port in "

@@ -18,7 +18,8 @@ or a closed browser tab loses nothing and reopening the same output resumes wher
   its accepted bags would be lost).
 
 Concurrency: :meth:`BagCuration.decide` takes a lock (a thread lock, then an operating-system file lock on
-``.<out name>.lock`` through ``filelock``, so two review servers on the same output also take turns), **reads the
+``.<out name>.lock`` through ``filelock``, so two review servers on the same output also take turns; a symbolic link
+there is refused, as at either file: :func:`finecap.utils.files.refuse_link`), **reads the
 decisions file after taking it**, applies the one decision, and writes both files atomically
 (:func:`finecap.utils.files.write_json`) before releasing it. A decision that :meth:`~BagCuration.decide` returned from
 is therefore on disk, whatever other writers did at the same time.
@@ -218,8 +219,10 @@ class BagCuration:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        """Hold the thread lock, then the file lock (:data:`LOCK_TIMEOUT`)."""
+        """Hold the thread lock, then the file lock (:data:`LOCK_TIMEOUT`); a link at the lock file (planted after the
+        start) is refused (:func:`~finecap.utils.files.refuse_link`)."""
         with self._thread_lock:
+            refuse_link(lock_path(self.out))  # filelock would not follow it, but fail with a bare OSError (ELOOP)
             try:
                 self._file_lock.acquire()
             except Timeout:
@@ -234,10 +237,11 @@ class BagCuration:
 
     def _check_out_is_ours(self) -> None:
         """Refuse to replace an ``out`` that is not a curated bags file (users' data is never overwritten), and a link
-        at either file (never written through: refused here, before the decisions file is written and ``out``
-        refused)."""
+        at either file or at the lock file (never written through: refused here, before the decisions file is written
+        and ``out`` refused)."""
         refuse_link(self.out)
         refuse_link(self.decisions_file)
+        refuse_link(lock_path(self.out))
         if not self.out.exists():
             return
         try:

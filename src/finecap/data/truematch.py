@@ -61,7 +61,7 @@ JSON written by ``finecap bags build`` (read back by :func:`finecap.data.bags_fi
 
     {"split": "test", "data": "...", "fingerprint": {...}, "n_images": 1000, "similarity": "query",
      "retriever": "...", "retriever_fingerprint": {...}, "sizes": [3, 5, 7], "keep_hardest": 0.333,
-     "long_text": "truncate", "jpeg_draft": true, "curated": {"3": 333, ...},
+     "long_text": "truncate", "jpeg_draft": true, "batch_size_eval": 256, "curated": {"3": 333, ...},
      "alpha_curated": {"3": 0.81, ...},   # the kept bags' mean alpha: bag_statistics, from their "similarity"
      "bags": {"3": [{"images": [id, id, id], "similarity": 0.97}, ...], "5": [...], "7": [...]},
      "family_purity": {"3": 0.81, ...}, "family_purity_random": {"3": 0.01, ...}}   # purity: world with families only
