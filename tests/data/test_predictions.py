@@ -22,7 +22,7 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 
 from finecap.app.cli import main as cli
-from finecap.data.predictions import read_predictions
+from finecap.data.predictions import Predictions, read_predictions
 from finecap.data.records import DataError
 from finecap.metrics.ptb_tokenize import ptb_tokenize
 from helpers.cli import run_cli
@@ -77,6 +77,23 @@ def lmms_eval_log(path: Path, ids, preds, refs) -> Path:
     return write_lines(path, rows)
 
 
+def swift_infer_line(response: str, label: str | None, image: str = "/data/coco/1.jpg") -> dict:
+    """A line of ms-swift's `swift infer --val_dataset ... --result_path` (modelscope/ms-swift 3602360a,
+    swift/pipelines/infer/infer.py, SwiftInfer._batch_infer: `labels` is InferRequest.remove_response(messages), the
+    data set's answer turn taken off `messages` or None; then `messages` gets the response as an assistant turn and
+    the line is {"response", "labels", "logprobs", **data}, written by JsonlWriter with ensure_ascii=False)."""
+    user = {"role": "user", "content": "<image>Describe the image."}
+    return {"response": response, "labels": label, "logprobs": None,
+            "messages": [user, {"role": "assistant", "content": response}], "images": [image]}  # fmt: skip
+
+
+def swift2_infer_line(response: str, label: str | None) -> dict:
+    """A line of ms-swift 2's infer result (modelscope/ms-swift d2b45ec8, 2.7.0.dev0, swift/llm/infer.py:
+    {"system", "query", "response", "label", "history"} and the images)."""
+    return {"system": None, "query": "<image>Describe the image.", "response": response, "label": label,
+            "history": [], "images": ["/data/coco/1.jpg"]}  # fmt: skip
+
+
 def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_path, capsys, captions):
     ids, preds, refs = captions
     five, one = pycocoevalcap_scores(preds, refs), pycocoevalcap_scores(preds, [r[:1] for r in refs])
@@ -121,16 +138,13 @@ def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_p
                       for p, r in zip(preds, refs, strict=True)])  # fmt: skip
     assert score(capsys, "--predictions", str(lf)) == one
 
-    # ms-swift infer --result_path: the data set's messages (the answer as the assistant turn) plus `response`;
-    # newer versions put the answer in `labels`
-    user = {"role": "user", "content": "<image>Describe the image."}
-    sw = write_lines(tmp_path / "infer_result.jsonl",
-                     [{"messages": [user, {"role": "assistant", "content": r[0]}], "images": [f"/data/coco/{i}.jpg"],
-                       "response": p} for i, p, r in zip(ids, preds, refs, strict=True)])  # fmt: skip
+    # ms-swift infer --result_path (3 and 4, swift_infer_line): the answer in `labels`, the response appended to
+    # `messages`; ms-swift 2 wrote `query` / `response` / `label`
+    lines = [swift_infer_line(p, r[0], f"/data/coco/{i}.jpg") for i, p, r in zip(ids, preds, refs, strict=True)]
+    sw = write_lines(tmp_path / "infer_result.jsonl", lines)
     assert score(capsys, "--predictions", str(sw)) == one
     sw2 = write_lines(
-        tmp_path / "infer2.jsonl",
-        [{"messages": [user], "labels": r[0], "response": p} for p, r in zip(preds, refs, strict=True)],
+        tmp_path / "infer2.jsonl", [swift2_infer_line(p, r[0]) for p, r in zip(preds, refs, strict=True)]
     )
     assert score(capsys, "--predictions", str(sw2), "--predictions-format", "swift") == one
 
@@ -321,3 +335,24 @@ def test_an_lmms_eval_test_split_line_is_read_under_its_entrys_image_id_not_its_
                               "--format", "json"])  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["BLEU-1"] == pytest.approx(1.0)
+
+
+def test_a_swift_line_without_labels_is_refused_not_scored_against_its_own_response(tmp_path):
+    # ms-swift appends the response to `messages` (modelscope/ms-swift ccf47658, March 2025, to 3602360a): a data set
+    # without answer turns gave `labels: null`, and the reference was taken from the last assistant turn of
+    # `messages`, the response itself: BLEU-1 1.0 for any caption
+    lines = [swift_infer_line("a dog on grass", "a dog on the grass"), swift_infer_line("a red car", None)]
+    path = write_lines(tmp_path / "infer_result.jsonl", lines)
+    with pytest.raises(DataError, match=r"infer_result.jsonl, line 2: 'labels' is null: no reference caption"):
+        read_predictions(path)
+    interactive = {"response": "a red car", "messages": [{"role": "user", "content": "<image>Describe."},
+                                                         {"role": "assistant", "content": "a red car"}]}  # fmt: skip
+    write_lines(path, [interactive])  # `swift infer` without a data set: no labels at all
+    with pytest.raises(DataError, match=r"line 1: 'labels' is missing: no reference caption"):
+        read_predictions(path)
+    path2 = write_lines(tmp_path / "infer2.jsonl", [swift2_infer_line("a red car", None)])  # ms-swift 2
+    with pytest.raises(DataError, match=r"line 1: 'label' is null"):
+        read_predictions(path2)
+    write_lines(path2, [swift2_infer_line("a red car", "a red car parked"), swift2_infer_line("a dog", "a dog")])
+    assert read_predictions(path2) == ("swift", Predictions({0: ["a red car"], 1: ["a dog"]},
+                                                            {0: ["a red car parked"], 1: ["a dog"]}))  # fmt: skip

@@ -15,7 +15,7 @@ name                      file (what the tool writes)                           
 ``llamafactory``          LLaMA-Factory's ``generated_predictions.jsonl``: ``predict``,        in the file
 (:mod:`.llamafactory`)    ``label``; ids are line numbers (from 0)
 ``swift``                 ms-swift's ``swift infer --result_path`` JSONL: ``response``;        in the file
-(:mod:`.swift`)           references from ``labels``, else the last assistant turn of
+(:mod:`.swift`)           references from ``labels`` (ms-swift 2: ``label``), never from
                           ``messages``; ids are line numbers (from 0)
 ========================  ==================================================================  ==================
 
