@@ -356,3 +356,29 @@ def test_a_swift_line_without_labels_is_refused_not_scored_against_its_own_respo
     write_lines(path2, [swift2_infer_line("a red car", "a red car parked"), swift2_infer_line("a dog", "a dog")])
     assert read_predictions(path2) == ("swift", Predictions({0: ["a red car"], 1: ["a dog"]},
                                                             {0: ["a red car parked"], 1: ["a dog"]}))  # fmt: skip
+
+
+@pytest.mark.parametrize("target", ["", "[]", "None"])
+def test_an_lmms_eval_test_split_log_carries_no_references(tmp_path, target):
+    # lmms-eval's test splits log only {"pred", "image_id"} (EvolvingLMMs-Lab/lmms-eval 75571cfe: coco_cap/utils.py
+    # coco_test_process_result, nocaps/utils.py nocaps_test_process_result, flickr30k/utils.py
+    # flickr_test_process_result, whose `pred` is the list of responses); `target` is str() of the test document's
+    # answer field (loggers/evaluation_tracker.py, save_results_samples). It was read as the references: a log with
+    # target "" or "None" was scored without --references against "" or "None", silently; one with "[]" was refused
+    # even with --references ("must hold reference captions")
+    images = [(391895, "a man rides a bike"), (522418, "a woman cuts a cake")]
+    rows = [{"doc_id": k, "target": target, "filtered_resps": pred, "token_counts": [None], "doc_hash": "ab" * 32,
+             "coco_passthrough": {"pred": [pred], "image_id": i}, "input": "Provide a one-sentence caption."}
+            for k, (i, pred) in enumerate(images)]  # fmt: skip
+    log = write_lines(tmp_path / "20260101_120000_samples_coco2017_cap_test.jsonl", rows)
+    name, read = read_predictions(log)
+    assert name == "lmms-eval" and read == Predictions(
+        {391895: ["a man rides a bike"], 522418: ["a woman cuts a cake"]}
+    )
+    code, _, err = run_cli(["eval", "--predictions", str(log), "--metrics", "bleu", "--format", "json"])
+    assert code != 0 and "--references: required" in err
+    # a val line (a metric entry with references) among them: not one task's log
+    val = {"doc_id": 2, "target": "['a dog']", "coco_Bleu_4": {"pred": "a dog", "answer": ["a dog"], "image_id": 1}}
+    write_lines(log, [*rows, val])
+    with pytest.raises(DataError, match=r"line 3: a line with references among lines without them"):
+        read_predictions(log)

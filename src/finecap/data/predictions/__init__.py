@@ -8,7 +8,8 @@ name                      file (what the tool writes)                           
 ``lmms-eval``             lmms-eval's ``--log_samples`` JSONL (``*_samples_<task>.jsonl``):    in the file
 (:mod:`.lmms_eval`)       per line the metric entries ``{"pred", "answer", "image_id"}`` of
                           its caption tasks, else ``filtered_resps`` / ``target``; or the
-                          ``<task>.json`` of lmms-eval up to 0.2.3 (``logs``: those lines)
+                          ``<task>.json`` of lmms-eval up to 0.2.3 (``logs``: those lines);
+                          a test split's (``{"pred", "image_id"}``) carries none
 ``vlmevalkit``            VLMEvalKit's result file (``<model>_<dataset>.xlsx`` / ``.tsv`` /    in the file
 (:mod:`.vlmevalkit`)      ``.json``): columns ``index``, ``prediction``, ``answer`` (a
                           stringified list); ``.json`` a list of those rows
@@ -42,7 +43,7 @@ __all__ = ["Predictions", "PredictionFormat", "detect_prediction_format", "predi
 @dataclass
 class Predictions:
     """What a prediction file holds: captions per image (several when the file lists an image several times), the
-    references it carries (``None`` for COCO results) and warnings about them."""
+    references it carries (``None`` for COCO results and an lmms-eval test split's log) and warnings about them."""
 
     captions: dict[int | str, list[str]]
     references: dict[int | str, list[str]] | None = None
@@ -61,7 +62,8 @@ class PredictionFormat:
     detect: Callable[[Path], bool]
     """Whether ``path`` is of this format (its suffix, its first record)."""
     references: bool
-    """Whether its files carry the references (then ``--references`` is optional)."""
+    """Whether its files carry the references (then ``--references`` is optional; a file that carries none, an
+    lmms-eval test split's log, reads as :attr:`Predictions.references` ``None``)."""
 
 
 def prediction_format(name: str) -> PredictionFormat:
