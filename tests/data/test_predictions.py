@@ -382,3 +382,16 @@ def test_an_lmms_eval_test_split_log_carries_no_references(tmp_path, target):
     write_lines(log, [*rows, val])
     with pytest.raises(DataError, match=r"line 3: a line with references among lines without them"):
         read_predictions(log)
+
+
+def test_json_lines_of_no_known_tool_are_named_as_such_not_as_invalid_json(tmp_path):
+    # LLaVA's answers file (one {"question_id", "text", ...} a line) is valid JSON Lines of no format finecap reads:
+    # the error said "invalid JSON at line 2, column 1: Extra data", as if the file were broken
+    path = write_lines(tmp_path / "answers.jsonl", [{"question_id": k, "prompt": "Describe.", "text": "a dog",
+                                                     "answer_id": "x", "model_id": "llava", "metadata": {}}
+                                                    for k in range(2)])  # fmt: skip
+    error = str(read_error(path))
+    assert "invalid JSON" not in error
+    assert error == (f"{path}: JSON Lines whose line 1 has the keys 'question_id', 'prompt', 'text', 'answer_id', "
+                     "'model_id', ...: not a predictions file finecap recognises (lmms-eval, llamafactory, swift, "
+                     "vlmevalkit, coco); name its format with --predictions-format")  # fmt: skip

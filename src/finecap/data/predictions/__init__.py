@@ -79,9 +79,14 @@ def detect_prediction_format(path: Path) -> str:
     for name in PREDICTION_FORMATS:
         if prediction_format(name).detect(path):
             return name
-    raise DataError(
-        f"{path}: not a predictions file finecap recognises ({', '.join(PREDICTION_FORMATS)}); name its format with "
-        "--predictions-format"
+    raise not_recognised(path)
+
+
+def not_recognised(path: Path, detail: str = "") -> DataError:
+    """The error for a file of no registered format (``detail``: what it holds, e.g. its first line's keys)."""
+    return DataError(
+        f"{path}: {detail + ': ' if detail else ''}not a predictions file finecap recognises "
+        f"({', '.join(PREDICTION_FORMATS)}); name its format with --predictions-format"
     )
 
 
