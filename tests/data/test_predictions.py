@@ -395,3 +395,20 @@ def test_json_lines_of_no_known_tool_are_named_as_such_not_as_invalid_json(tmp_p
     assert error == (f"{path}: JSON Lines whose line 1 has the keys 'question_id', 'prompt', 'text', 'answer_id', "
                      "'model_id', ...: not a predictions file finecap recognises (lmms-eval, llamafactory, swift, "
                      "vlmevalkit, coco); name its format with --predictions-format")  # fmt: skip
+
+
+def test_a_carried_empty_reference_is_refused_as_in_finecaps_own_references(tmp_path):
+    # LLaMA-Factory's do_predict on a data set without answers decodes all-ignored labels to "" (hiyouga/LLaMA-Factory
+    # ff6d4d12, src/llamafactory/train/sft/trainer.py save_predictions: {"prompt", "predict", "label"},
+    # ensure_ascii=False): each caption was scored against an empty reference, exit 0; finecap's own references
+    # refuse an empty caption (records.clean_captions)
+    rows = [{"prompt": "user\n<image>Describe.\nassistant\n", "predict": "a dog on grass", "label": "a dog on grass"},
+            {"prompt": "user\n<image>Describe.\nassistant\n", "predict": "a red car", "label": ""}]  # fmt: skip
+    path = write_lines(tmp_path / "generated_predictions.jsonl", rows)
+    with pytest.raises(DataError, match=r"generated_predictions.jsonl: row 2: column 'label': caption 0 is empty"):
+        read_predictions(path)
+    code, _, err = run_cli(["eval", "--predictions", str(path), "--metrics", "bleu", "--format", "json"])
+    assert code != 0 and "caption 0 is empty" in err
+    rows[1]["label"] = "a red car\nparked "  # a line break in a reference: a space, as in finecap's references
+    write_lines(path, rows)
+    assert read_predictions(path)[1].references == {0: ["a dog on grass"], 1: ["a red car parked"]}
