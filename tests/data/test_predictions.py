@@ -412,3 +412,20 @@ def test_a_carried_empty_reference_is_refused_as_in_finecaps_own_references(tmp_
     rows[1]["label"] = "a red car\nparked "  # a line break in a reference: a space, as in finecap's references
     write_lines(path, rows)
     assert read_predictions(path)[1].references == {0: ["a dog on grass"], 1: ["a red car parked"]}
+
+
+def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_path):
+    # as lmms-eval's (test above): the first caption of index 1 was scored against the last row's references, silently
+    # (VLMEvalKit's tsv: pandas to_csv(sep='\t', quoting=csv.QUOTE_ALL), open-compass/VLMEvalKit e8e78f05
+    # vlmeval/smp/file.py dump_tsv)
+    path = tmp_path / "m_COCO_VAL.tsv"
+    rows = [["index", "question", "answer", "prediction"], [1, "Describe.", str(["a dog on grass"]), "a dog on grass"],
+            [1, "Describe.", str(["a dog on grass"]), "a dog"]]  # fmt: skip
+    with open(path, "w", newline="") as f:
+        csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
+    assert read_predictions(path)[1].captions == {1: ["a dog on grass", "a dog"]}  # the same references: samples
+    rows[2][2] = str(["a red car"])
+    with open(path, "w", newline="") as f:
+        csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
+    with pytest.raises(DataError, match=r"m_COCO_VAL.tsv: row 3: image id 1 is listed again with other references"):
+        read_predictions(path)

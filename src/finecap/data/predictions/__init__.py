@@ -49,6 +49,20 @@ class Predictions:
     references: dict[int | str, list[str]] | None = None
     warnings: list[str] = field(default_factory=list)
 
+    def add(self, image_id: int | str, caption: str, references: list[str] | None, where: str) -> None:
+        """Add ``caption`` of ``image_id`` with the ``references`` its record carries (``None``: none). An image
+        listed again (its captions are then samples) must carry the same references: other ones are a
+        :class:`~finecap.data.records.DataError` naming ``where``, as its first caption would be scored against the
+        last record's."""
+        if references is not None:
+            if self.references is None:
+                self.references = {}
+            known = self.references.setdefault(image_id, references)
+            if known != references:
+                raise DataError(f"{where}: image id {image_id!r} is listed again with other references than with its "
+                                f"first caption ({known!r} there, {references!r} here)"[:400])  # fmt: skip
+        self.captions.setdefault(image_id, []).append(caption)
+
 
 @dataclass(frozen=True)
 class PredictionFormat:

@@ -39,8 +39,7 @@ def _entry(rec: dict, *keys: str) -> dict | None:
 
 
 def _read(path: Path) -> Predictions:
-    captions: dict[int | str, list[str]] = {}
-    references: dict[int | str, list[str]] = {}
+    read = Predictions({}, {})
     targets = ReferenceLists(path, "target")
     test_split: bool | None = None  # whether the lines are a test split's (no references), as the first line says
     for n, where, rec in _documents(path):
@@ -65,13 +64,8 @@ def _read(path: Path) -> Predictions:
             raise DataError(f"{where}: a line {'with' if test_split else 'without'} references among lines "
                             f"{'without' if test_split else 'with'} them (a test split's entry has 'pred' and "
                             "'image_id' but no 'answer'): not the log of one caption task")  # fmt: skip
-        if image_id in references and references[image_id] != refs:  # the first caption is scored: against which?
-            raise DataError(f"{where}: image id {image_id!r} is listed again with other references than on the line "
-                            f"of its first caption ({references[image_id]!r} there, {refs!r} here)"[:400])  # fmt: skip
-        captions.setdefault(image_id, []).append(pred)
-        if refs is not None:
-            references[image_id] = refs
-    return Predictions(captions, None if test_split else references, targets.warnings())
+        read.add(image_id, pred, refs, where)
+    return Predictions(read.captions, None if test_split else read.references, targets.warnings())
 
 
 def _documents(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
