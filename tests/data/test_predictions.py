@@ -429,3 +429,33 @@ def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_pa
         csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
     with pytest.raises(DataError, match=r"m_COCO_VAL.tsv: row 3: image id 1 is listed again with other references"):
         read_predictions(path)
+
+
+@pytest.mark.parametrize("tool", ["llamafactory", "swift"])
+def test_line_numbered_predictions_pair_with_references_only_in_their_order(tmp_path, tool):
+    # LLaMA-Factory's and ms-swift's ids are line numbers; with --references they were matched to the images whose ids
+    # are those numbers (a data set with ids 0, 1, 2: Flickr30k Karpathy's imgid), whatever order the lines were in
+    # (ms-swift shuffles a --dataset's validation split; LLaMA-Factory's val_size too): silently wrong pairs
+    images = [(0, "a red car parked"), (1, "a dog on the grass"), (2, "a man rides a bike")]
+    refs = write_lines(tmp_path / "refs.jsonl", [{"id": i, "image": f"{i}.jpg", "captions": [c]} for i, c in images])
+    for i, _ in images:
+        (tmp_path / f"{i}.jpg").write_bytes(b"")
+
+    def lines(order):
+        if tool == "llamafactory":  # the label as the tokenizer decodes it: spacing may differ from the data set's
+            return [{"prompt": "", "predict": images[i][1], "label": images[i][1].replace(" ", "  ")} for i in order]
+        return [swift_infer_line(images[i][1], images[i][1].upper()) for i in order]
+
+    def run(order):
+        path = write_lines(tmp_path / f"{tool}.jsonl", lines(order))
+        fmt = ["--predictions-format", tool]
+        return run_cli(["eval", "--predictions", str(path), "--references", str(refs), "--metrics", "bleu", *fmt,
+                        "--format", "json"])  # fmt: skip
+
+    code, out, err = run([0, 1, 2])  # in the references' order: scored against them
+    assert code == 0, err
+    assert json.loads(out)["BLEU-1"] == pytest.approx(1.0)
+    code, out, err = run([1, 0, 2])  # shuffled: line 0 is image 1's caption, not image 0's
+    assert code != 0 and out == ""
+    assert "2 of 3 records' references are not among their image's, e.g. id 0" in err
+    assert "leave out --references to score against the references the file carries" in err

@@ -30,14 +30,22 @@ Nothing here imports torch, nor a format's module until that format is asked for
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from finecap.data.records import DataError
 from finecap.registry import PREDICTION_FORMATS, lookup
+from finecap.utils.text import short_repr
 
-__all__ = ["Predictions", "PredictionFormat", "detect_prediction_format", "prediction_format", "read_predictions"]
+__all__ = [
+    "Predictions",
+    "PredictionFormat",
+    "check_line_order",
+    "detect_prediction_format",
+    "prediction_format",
+    "read_predictions",
+]
 
 
 @dataclass
@@ -78,6 +86,9 @@ class PredictionFormat:
     references: bool
     """Whether its files carry the references (then ``--references`` is optional; a file that carries none, an
     lmms-eval test split's log, reads as :attr:`Predictions.references` ``None``)."""
+    line_ids: bool = False
+    """Whether its ids are the records' numbers from 0 (LLaMA-Factory's, ms-swift's): they name the images of a
+    ``--references`` file only when the records follow its order, which :func:`check_line_order` checks."""
 
 
 def prediction_format(name: str) -> PredictionFormat:
@@ -110,3 +121,25 @@ def read_predictions(path: str | Path, fmt: str = "auto") -> tuple[str, Predicti
     name = detect_prediction_format(path) if fmt == "auto" else fmt
     spec = prediction_format(name)
     return spec.name, spec.read(path)
+
+
+def check_line_order(
+    path: Path, carried: dict[int | str, list[str]], matched: dict[int | str, Hashable], captions: Mapping
+) -> None:
+    """Refuse pairing the records of a :attr:`~PredictionFormat.line_ids` file with the ``--references`` images
+    their numbers match (``matched``: record number -> image id; ``captions``: image id -> its references) unless
+    every record's own reference is among its image's (compared by their letters and digits, case aside, as
+    tokenizers re-space text): a :class:`DataError` naming the first record that is not, and how many."""
+
+    def key(text: str) -> str:
+        return "".join(c for c in text.casefold() if c.isalnum())
+
+    bad = [k for k, image in matched.items() if not {key(r) for r in carried[k]} & {key(c) for c in captions[image]}]
+    if bad:
+        k, image = bad[0], matched[bad[0]]
+        raise DataError(
+            f"{path}: its ids are record numbers (from 0), which name the images of --references only when the "
+            f"records follow their order, and {len(bad)} of {len(matched)} records' references are not among their "
+            f"image's, e.g. id {k} {short_repr(carried[k])} against image {image!r} {short_repr(captions[image])}; "
+            "leave out --references to score against the references the file carries"
+        )

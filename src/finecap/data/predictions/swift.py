@@ -48,4 +48,4 @@ def _detect(path: Path) -> bool:
     return rec is not None and "response" in rec and any(k in rec for k in ("labels", "messages", "label"))
 
 
-FORMAT = PredictionFormat("swift", _read, _detect, references=True)
+FORMAT = PredictionFormat("swift", _read, _detect, references=True, line_ids=True)
