@@ -65,15 +65,17 @@ def write_lines(path: Path, rows: list[dict]) -> Path:
 
 
 def lmms_eval_log(path: Path, ids, preds, refs) -> Path:
-    """lmms-eval --log_samples of coco2017_cap_val: per document the saved fields and one entry per metric
-    (coco_process_result's data_dict), `target` the stringified answer list."""
+    """lmms-eval --log_samples of coco2017_cap_val as EvolvingLMMs-Lab/lmms-eval 75571cfe writes it (evaluator.py's
+    example dict, loggers/evaluation_tracker.py save_results_samples: `filtered_resps` of one request flattened to
+    its caption, `target` str() of the answer list, `doc` and `arguments` dropped, `input` added, json.dumps with
+    ensure_ascii=False): per document the saved fields and one entry per metric (coco_process_result's data_dict)."""
     rows = []
     for k, (i, p, r) in enumerate(zip(ids, preds, refs, strict=True)):
         entry = {"answer": r, "pred": p, "image_id": i, "id": 1000 + k}
-        rows.append({"doc_id": k, "target": str(r), "filtered_resps": [p], "doc_hash": f"{k:064x}",
-                     "prompt_hash": "ab" * 32, "target_hash": "cd" * 32,
-                     "input": "Provide a one-sentence caption for the provided image.",
-                     **{f"coco_{m}": entry for m in ("Bleu_4", "Bleu_3", "METEOR", "ROUGE_L", "CIDEr")}})  # fmt: skip
+        rows.append({"doc_id": k, "target": str(r), "filtered_resps": p, "token_counts": [None],
+                     "doc_hash": f"{k:064x}",
+                     **{f"coco_{m}": entry for m in ("Bleu_4", "Bleu_3", "METEOR", "ROUGE_L", "CIDEr")},
+                     "input": "Provide a one-sentence caption for the provided image."})  # fmt: skip
     return write_lines(path, rows)
 
 
@@ -303,7 +305,8 @@ def test_an_lmms_eval_log_of_0_2_3_scores_as_its_sample_lines(tmp_path, capsys, 
     ids, preds, refs = captions
     lines = lmms_eval_log(tmp_path / "20240101_samples_coco2017_cap_val.jsonl", ids, preds, refs)
     logs = [json.loads(line) | {"doc": {"question_id": f"{i:012d}.jpg"}, "arguments": [["Provide a caption.", {}]],
-                                "resps": [[p]]}  # the old logs kept the document, the arguments and the responses
+                                "resps": [[p]], "filtered_resps": [p]}  # the old logs kept the document, the
+            # arguments and the responses, and did not flatten them
             for line, i, p in zip(lines.read_text().splitlines(), ids, preds, strict=True)]  # fmt: skip
     old = tmp_path / "coco2017_cap_val.json"
     old.write_text(json.dumps({"args": {"model": "llava", "tasks": "coco2017_cap_val"}, "model_configs": {},
@@ -459,3 +462,14 @@ def test_line_numbered_predictions_pair_with_references_only_in_their_order(tmp_
     assert code != 0 and out == ""
     assert "2 of 3 records' references are not among their image's, e.g. id 0" in err
     assert "leave out --references to score against the references the file carries" in err
+
+
+def test_stringified_references_with_unicode_and_both_quotes_parse_as_written(tmp_path):
+    # str() of a list (lmms-eval's `target`, VLMEvalKit's `answer`) quotes each item as Python's repr does: '...' or,
+    # holding a ', "..."; non-printable characters escaped (\u2028), others kept (ensure_ascii=False files)
+    refs = ["un café au lait", "l'été à Paris", 'a "quoted" dog', "a cat\u2028on a mat", "日本の猫"]
+    log = write_lines(tmp_path / "bare.jsonl", [{"doc_id": 0, "target": str(refs), "filtered_resps": "un café"}])
+    assert "\\u2028" in log.read_text(encoding="utf-8") and "日本の猫" in log.read_text(encoding="utf-8")
+    name, read = read_predictions(log)
+    assert name == "lmms-eval" and read.warnings == []
+    assert read.references == {0: ["un café au lait", "l'été à Paris", 'a "quoted" dog', "a cat on a mat", "日本の猫"]}
