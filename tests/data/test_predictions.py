@@ -473,3 +473,14 @@ def test_stringified_references_with_unicode_and_both_quotes_parse_as_written(tm
     name, read = read_predictions(log)
     assert name == "lmms-eval" and read.warnings == []
     assert read.references == {0: ["un café au lait", "l'été à Paris", 'a "quoted" dog', "a cat on a mat", "日本の猫"]}
+
+
+def test_a_file_two_formats_recognise_is_refused_not_read_as_the_first(tmp_path):
+    # a line with LLaMA-Factory's fields and ms-swift's (a file merged by hand): read as LLaMA-Factory's, silently,
+    # its `label` the reference and not `labels`
+    line = {"prompt": "", "predict": "a dog", "label": "a dog on grass", "response": "a cat", "labels": "a cat"}
+    path = write_lines(tmp_path / "merged.jsonl", [line])
+    error = str(read_error(path))
+    assert error == (f"{path}: its first record reads as llamafactory and as swift predictions; name its format with "
+                     "--predictions-format")  # fmt: skip
+    assert read_predictions(path, "swift")[1].captions == {0: ["a cat"]}  # named, it is read

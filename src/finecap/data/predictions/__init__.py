@@ -20,8 +20,9 @@ name                      file (what the tool writes)                           
                           ``messages``; ids are line numbers (from 0)
 ========================  ==================================================================  ==================
 
-:func:`read_predictions` reads a file in the named format, or detects it (:func:`detect_prediction_format`: the
-registry's formats in order, each looking at the file's suffix and its first record). A reference column that holds
+:func:`read_predictions` reads a file in the named format, or detects it (:func:`detect_prediction_format`: each
+registered format looking at the file's suffix and its first record; a file two of them recognise is an error, one
+none does is COCO results, the last row). A reference column that holds
 stringified lists (VLMEvalKit's ``answer``, lmms-eval's ``target``) is parsed (:mod:`.reference_lists`); a value that
 looks like one but does not parse is kept as one caption and said in a warning naming the file, the column and the
 rows (:attr:`Predictions.warnings`), never scored silently (VLMEvalKit #1308's CIDEr of 2e-8).
@@ -97,13 +98,21 @@ def prediction_format(name: str) -> PredictionFormat:
 
 
 def detect_prediction_format(path: Path) -> str:
-    """The name of the first registered format that recognises ``path``; a ``DataError`` naming the file and the
-    formats when none does. What is not a file is ``coco``'s, whose reader says what it is (missing, a folder)."""
+    """The name of the registered format that recognises ``path``: the last row's (COCO results, which reads what
+    no other format recognises) when none of the others does; a ``DataError`` naming the file and the formats when
+    two of them do (a first record with the fields of two tools) or none at all. What is not a file is ``coco``'s,
+    whose reader says what it is (missing, a folder)."""
     if not path.is_file():
         return "coco"
-    for name in PREDICTION_FORMATS:
-        if prediction_format(name).detect(path):
-            return name
+    *specific, fallback = PREDICTION_FORMATS
+    found = [name for name in specific if prediction_format(name).detect(path)]
+    if len(found) > 1:
+        raise DataError(f"{path}: its first record reads as {' and as '.join(found)} predictions; name its format "
+                        "with --predictions-format")  # fmt: skip
+    if found:
+        return found[0]
+    if prediction_format(fallback).detect(path):
+        return fallback
     raise not_recognised(path)
 
 
