@@ -99,7 +99,7 @@ PREDICTION_FORMATS: dict[str, str] = {
     "coco": "finecap.data.predictions.coco:FORMAT",
 }
 """``finecap eval --predictions-format`` names -> :class:`~finecap.data.predictions.PredictionFormat` specs (how
-another toolkit's prediction file is recognised and read), in the order detection tries them."""
+another toolkit's prediction file is recognised and read); the last row reads what no other recognises."""
 
 HUB_DATA_FORMATS: frozenset[str] = frozenset({"hf"})
 """The formats of :data:`DATA_FORMATS` whose ``data.path`` may be a Hub name rather than a local file (their

@@ -22,7 +22,7 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 
 from finecap.app.cli import main as cli
-from finecap.data.predictions import read_predictions
+from finecap.data.predictions import Predictions, read_predictions
 from finecap.data.records import DataError
 from finecap.metrics.ptb_tokenize import ptb_tokenize
 from helpers.cli import run_cli
@@ -65,16 +65,35 @@ def write_lines(path: Path, rows: list[dict]) -> Path:
 
 
 def lmms_eval_log(path: Path, ids, preds, refs) -> Path:
-    """lmms-eval --log_samples of coco2017_cap_val: per document the saved fields and one entry per metric
-    (coco_process_result's data_dict), `target` the stringified answer list."""
+    """lmms-eval --log_samples of coco2017_cap_val as EvolvingLMMs-Lab/lmms-eval 75571cfe writes it (evaluator.py's
+    example dict, loggers/evaluation_tracker.py save_results_samples: `filtered_resps` of one request flattened to
+    its caption, `target` str() of the answer list, `doc` and `arguments` dropped, `input` added, json.dumps with
+    ensure_ascii=False): per document the saved fields and one entry per metric (coco_process_result's data_dict)."""
     rows = []
     for k, (i, p, r) in enumerate(zip(ids, preds, refs, strict=True)):
         entry = {"answer": r, "pred": p, "image_id": i, "id": 1000 + k}
-        rows.append({"doc_id": k, "target": str(r), "filtered_resps": [p], "doc_hash": f"{k:064x}",
-                     "prompt_hash": "ab" * 32, "target_hash": "cd" * 32,
-                     "input": "Provide a one-sentence caption for the provided image.",
-                     **{f"coco_{m}": entry for m in ("Bleu_4", "Bleu_3", "METEOR", "ROUGE_L", "CIDEr")}})  # fmt: skip
+        rows.append({"doc_id": k, "target": str(r), "filtered_resps": p, "token_counts": [None],
+                     "doc_hash": f"{k:064x}",
+                     **{f"coco_{m}": entry for m in ("Bleu_4", "Bleu_3", "METEOR", "ROUGE_L", "CIDEr")},
+                     "input": "Provide a one-sentence caption for the provided image."})  # fmt: skip
     return write_lines(path, rows)
+
+
+def swift_infer_line(response: str, label: str | None, image: str = "/data/coco/1.jpg") -> dict:
+    """A line of ms-swift's `swift infer --val_dataset ... --result_path` (modelscope/ms-swift 3602360a,
+    swift/pipelines/infer/infer.py, SwiftInfer._batch_infer: `labels` is InferRequest.remove_response(messages), the
+    data set's answer turn taken off `messages` or None; then `messages` gets the response as an assistant turn and
+    the line is {"response", "labels", "logprobs", **data}, written by JsonlWriter with ensure_ascii=False)."""
+    user = {"role": "user", "content": "<image>Describe the image."}
+    return {"response": response, "labels": label, "logprobs": None,
+            "messages": [user, {"role": "assistant", "content": response}], "images": [image]}  # fmt: skip
+
+
+def swift2_infer_line(response: str, label: str | None) -> dict:
+    """A line of ms-swift 2's infer result (modelscope/ms-swift d2b45ec8, 2.7.0.dev0, swift/llm/infer.py:
+    {"system", "query", "response", "label", "history"} and the images)."""
+    return {"system": None, "query": "<image>Describe the image.", "response": response, "label": label,
+            "history": [], "images": ["/data/coco/1.jpg"]}  # fmt: skip
 
 
 def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_path, capsys, captions):
@@ -121,16 +140,13 @@ def test_each_toolkits_file_scores_like_pycocoevalcap_and_the_coco_results(tmp_p
                       for p, r in zip(preds, refs, strict=True)])  # fmt: skip
     assert score(capsys, "--predictions", str(lf)) == one
 
-    # ms-swift infer --result_path: the data set's messages (the answer as the assistant turn) plus `response`;
-    # newer versions put the answer in `labels`
-    user = {"role": "user", "content": "<image>Describe the image."}
-    sw = write_lines(tmp_path / "infer_result.jsonl",
-                     [{"messages": [user, {"role": "assistant", "content": r[0]}], "images": [f"/data/coco/{i}.jpg"],
-                       "response": p} for i, p, r in zip(ids, preds, refs, strict=True)])  # fmt: skip
+    # ms-swift infer --result_path (3 and 4, swift_infer_line): the answer in `labels`, the response appended to
+    # `messages`; ms-swift 2 wrote `query` / `response` / `label`
+    lines = [swift_infer_line(p, r[0], f"/data/coco/{i}.jpg") for i, p, r in zip(ids, preds, refs, strict=True)]
+    sw = write_lines(tmp_path / "infer_result.jsonl", lines)
     assert score(capsys, "--predictions", str(sw)) == one
     sw2 = write_lines(
-        tmp_path / "infer2.jsonl",
-        [{"messages": [user], "labels": r[0], "response": p} for p, r in zip(preds, refs, strict=True)],
+        tmp_path / "infer2.jsonl", [swift2_infer_line(p, r[0]) for p, r in zip(preds, refs, strict=True)]
     )
     assert score(capsys, "--predictions", str(sw2), "--predictions-format", "swift") == one
 
@@ -289,7 +305,8 @@ def test_an_lmms_eval_log_of_0_2_3_scores_as_its_sample_lines(tmp_path, capsys, 
     ids, preds, refs = captions
     lines = lmms_eval_log(tmp_path / "20240101_samples_coco2017_cap_val.jsonl", ids, preds, refs)
     logs = [json.loads(line) | {"doc": {"question_id": f"{i:012d}.jpg"}, "arguments": [["Provide a caption.", {}]],
-                                "resps": [[p]]}  # the old logs kept the document, the arguments and the responses
+                                "resps": [[p]], "filtered_resps": [p]}  # the old logs kept the document, the
+            # arguments and the responses, and did not flatten them
             for line, i, p in zip(lines.read_text().splitlines(), ids, preds, strict=True)]  # fmt: skip
     old = tmp_path / "coco2017_cap_val.json"
     old.write_text(json.dumps({"args": {"model": "llava", "tasks": "coco2017_cap_val"}, "model_configs": {},
@@ -321,3 +338,149 @@ def test_an_lmms_eval_test_split_line_is_read_under_its_entrys_image_id_not_its_
                               "--format", "json"])  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["BLEU-1"] == pytest.approx(1.0)
+
+
+def test_a_swift_line_without_labels_is_refused_not_scored_against_its_own_response(tmp_path):
+    # ms-swift appends the response to `messages` (modelscope/ms-swift ccf47658, March 2025, to 3602360a): a data set
+    # without answer turns gave `labels: null`, and the reference was taken from the last assistant turn of
+    # `messages`, the response itself: BLEU-1 1.0 for any caption
+    lines = [swift_infer_line("a dog on grass", "a dog on the grass"), swift_infer_line("a red car", None)]
+    path = write_lines(tmp_path / "infer_result.jsonl", lines)
+    with pytest.raises(DataError, match=r"infer_result.jsonl, line 2: 'labels' is null: no reference caption"):
+        read_predictions(path)
+    interactive = {"response": "a red car", "messages": [{"role": "user", "content": "<image>Describe."},
+                                                         {"role": "assistant", "content": "a red car"}]}  # fmt: skip
+    write_lines(path, [interactive])  # `swift infer` without a data set: no labels at all
+    with pytest.raises(DataError, match=r"line 1: 'labels' is missing: no reference caption"):
+        read_predictions(path)
+    path2 = write_lines(tmp_path / "infer2.jsonl", [swift2_infer_line("a red car", None)])  # ms-swift 2
+    with pytest.raises(DataError, match=r"line 1: 'label' is null"):
+        read_predictions(path2)
+    write_lines(path2, [swift2_infer_line("a red car", "a red car parked"), swift2_infer_line("a dog", "a dog")])
+    assert read_predictions(path2) == ("swift", Predictions({0: ["a red car"], 1: ["a dog"]},
+                                                            {0: ["a red car parked"], 1: ["a dog"]}))  # fmt: skip
+
+
+@pytest.mark.parametrize("target", ["", "[]", "None"])
+def test_an_lmms_eval_test_split_log_carries_no_references(tmp_path, target):
+    # lmms-eval's test splits log only {"pred", "image_id"} (EvolvingLMMs-Lab/lmms-eval 75571cfe: coco_cap/utils.py
+    # coco_test_process_result, nocaps/utils.py nocaps_test_process_result, flickr30k/utils.py
+    # flickr_test_process_result, whose `pred` is the list of responses); `target` is str() of the test document's
+    # answer field (loggers/evaluation_tracker.py, save_results_samples). It was read as the references: a log with
+    # target "" or "None" was scored without --references against "" or "None", silently; one with "[]" was refused
+    # even with --references ("must hold reference captions")
+    images = [(391895, "a man rides a bike"), (522418, "a woman cuts a cake")]
+    rows = [{"doc_id": k, "target": target, "filtered_resps": pred, "token_counts": [None], "doc_hash": "ab" * 32,
+             "coco_passthrough": {"pred": [pred], "image_id": i}, "input": "Provide a one-sentence caption."}
+            for k, (i, pred) in enumerate(images)]  # fmt: skip
+    log = write_lines(tmp_path / "20260101_120000_samples_coco2017_cap_test.jsonl", rows)
+    name, read = read_predictions(log)
+    assert name == "lmms-eval" and read == Predictions(
+        {391895: ["a man rides a bike"], 522418: ["a woman cuts a cake"]}
+    )
+    code, _, err = run_cli(["eval", "--predictions", str(log), "--metrics", "bleu", "--format", "json"])
+    assert code != 0 and "--references: required" in err
+    # a val line (a metric entry with references) among them: not one task's log
+    val = {"doc_id": 2, "target": "['a dog']", "coco_Bleu_4": {"pred": "a dog", "answer": ["a dog"], "image_id": 1}}
+    write_lines(log, [*rows, val])
+    with pytest.raises(DataError, match=r"line 3: a line with references among lines without them"):
+        read_predictions(log)
+
+
+def test_json_lines_of_no_known_tool_are_named_as_such_not_as_invalid_json(tmp_path):
+    # LLaVA's answers file (one {"question_id", "text", ...} a line) is valid JSON Lines of no format finecap reads:
+    # the error said "invalid JSON at line 2, column 1: Extra data", as if the file were broken
+    path = write_lines(tmp_path / "answers.jsonl", [{"question_id": k, "prompt": "Describe.", "text": "a dog",
+                                                     "answer_id": "x", "model_id": "llava", "metadata": {}}
+                                                    for k in range(2)])  # fmt: skip
+    error = str(read_error(path))
+    assert "invalid JSON" not in error
+    assert error == (f"{path}: JSON Lines whose line 1 has the keys 'question_id', 'prompt', 'text', 'answer_id', "
+                     "'model_id', ...: not a predictions file finecap recognises (lmms-eval, llamafactory, swift, "
+                     "vlmevalkit, coco); name its format with --predictions-format")  # fmt: skip
+
+
+def test_a_carried_empty_reference_is_refused_as_in_finecaps_own_references(tmp_path):
+    # LLaMA-Factory's do_predict on a data set without answers decodes all-ignored labels to "" (hiyouga/LLaMA-Factory
+    # ff6d4d12, src/llamafactory/train/sft/trainer.py save_predictions: {"prompt", "predict", "label"},
+    # ensure_ascii=False): each caption was scored against an empty reference, exit 0; finecap's own references
+    # refuse an empty caption (records.clean_captions)
+    rows = [{"prompt": "user\n<image>Describe.\nassistant\n", "predict": "a dog on grass", "label": "a dog on grass"},
+            {"prompt": "user\n<image>Describe.\nassistant\n", "predict": "a red car", "label": ""}]  # fmt: skip
+    path = write_lines(tmp_path / "generated_predictions.jsonl", rows)
+    with pytest.raises(DataError, match=r"generated_predictions.jsonl: row 2: column 'label': caption 0 is empty"):
+        read_predictions(path)
+    code, _, err = run_cli(["eval", "--predictions", str(path), "--metrics", "bleu", "--format", "json"])
+    assert code != 0 and "caption 0 is empty" in err
+    rows[1]["label"] = "a red car\nparked "  # a line break in a reference: a space, as in finecap's references
+    write_lines(path, rows)
+    assert read_predictions(path)[1].references == {0: ["a dog on grass"], 1: ["a red car parked"]}
+
+
+def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_path):
+    # as lmms-eval's (test above): the first caption of index 1 was scored against the last row's references, silently
+    # (VLMEvalKit's tsv: pandas to_csv(sep='\t', quoting=csv.QUOTE_ALL), open-compass/VLMEvalKit e8e78f05
+    # vlmeval/smp/file.py dump_tsv)
+    path = tmp_path / "m_COCO_VAL.tsv"
+    rows = [["index", "question", "answer", "prediction"], [1, "Describe.", str(["a dog on grass"]), "a dog on grass"],
+            [1, "Describe.", str(["a dog on grass"]), "a dog"]]  # fmt: skip
+    with open(path, "w", newline="") as f:
+        csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
+    assert read_predictions(path)[1].captions == {1: ["a dog on grass", "a dog"]}  # the same references: samples
+    rows[2][2] = str(["a red car"])
+    with open(path, "w", newline="") as f:
+        csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
+    with pytest.raises(DataError, match=r"m_COCO_VAL.tsv: row 3: image id 1 is listed again with other references"):
+        read_predictions(path)
+
+
+@pytest.mark.parametrize("tool", ["llamafactory", "swift"])
+def test_line_numbered_predictions_pair_with_references_only_in_their_order(tmp_path, tool):
+    # LLaMA-Factory's and ms-swift's ids are line numbers; with --references they were matched to the images whose ids
+    # are those numbers (a data set with ids 0, 1, 2: Flickr30k Karpathy's imgid), whatever order the lines were in
+    # (ms-swift shuffles a --dataset's validation split; LLaMA-Factory's val_size too): silently wrong pairs
+    images = [(0, "a red car parked"), (1, "a dog on the grass"), (2, "a man rides a bike")]
+    refs = write_lines(tmp_path / "refs.jsonl", [{"id": i, "image": f"{i}.jpg", "captions": [c]} for i, c in images])
+    for i, _ in images:
+        (tmp_path / f"{i}.jpg").write_bytes(b"")
+
+    def lines(order):
+        if tool == "llamafactory":  # the label as the tokenizer decodes it: spacing may differ from the data set's
+            return [{"prompt": "", "predict": images[i][1], "label": images[i][1].replace(" ", "  ")} for i in order]
+        return [swift_infer_line(images[i][1], images[i][1].upper()) for i in order]
+
+    def run(order):
+        path = write_lines(tmp_path / f"{tool}.jsonl", lines(order))
+        fmt = ["--predictions-format", tool]
+        return run_cli(["eval", "--predictions", str(path), "--references", str(refs), "--metrics", "bleu", *fmt,
+                        "--format", "json"])  # fmt: skip
+
+    code, out, err = run([0, 1, 2])  # in the references' order: scored against them
+    assert code == 0, err
+    assert json.loads(out)["BLEU-1"] == pytest.approx(1.0)
+    code, out, err = run([1, 0, 2])  # shuffled: line 0 is image 1's caption, not image 0's
+    assert code != 0 and out == ""
+    assert "2 of 3 records' references are not among their image's, e.g. id 0" in err
+    assert "leave out --references to score against the references the file carries" in err
+
+
+def test_stringified_references_with_unicode_and_both_quotes_parse_as_written(tmp_path):
+    # str() of a list (lmms-eval's `target`, VLMEvalKit's `answer`) quotes each item as Python's repr does: '...' or,
+    # holding a ', "..."; non-printable characters escaped (\u2028), others kept (ensure_ascii=False files)
+    refs = ["un café au lait", "l'été à Paris", 'a "quoted" dog', "a cat\u2028on a mat", "日本の猫"]
+    log = write_lines(tmp_path / "bare.jsonl", [{"doc_id": 0, "target": str(refs), "filtered_resps": "un café"}])
+    assert "\\u2028" in log.read_text(encoding="utf-8") and "日本の猫" in log.read_text(encoding="utf-8")
+    name, read = read_predictions(log)
+    assert name == "lmms-eval" and read.warnings == []
+    assert read.references == {0: ["un café au lait", "l'été à Paris", 'a "quoted" dog', "a cat on a mat", "日本の猫"]}
+
+
+def test_a_file_two_formats_recognise_is_refused_not_read_as_the_first(tmp_path):
+    # a line with LLaMA-Factory's fields and ms-swift's (a file merged by hand): read as LLaMA-Factory's, silently,
+    # its `label` the reference and not `labels`
+    line = {"prompt": "", "predict": "a dog", "label": "a dog on grass", "response": "a cat", "labels": "a cat"}
+    path = write_lines(tmp_path / "merged.jsonl", [line])
+    error = str(read_error(path))
+    assert error == (f"{path}: its first record reads as llamafactory and as swift predictions; name its format with "
+                     "--predictions-format")  # fmt: skip
+    assert read_predictions(path, "swift")[1].captions == {0: ["a cat"]}  # named, it is read

@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 from finecap.config import Config
 from finecap.data.bags_file import read_bags
-from finecap.data.predictions import read_predictions
+from finecap.data.predictions import check_line_order, prediction_format, read_predictions
 from finecap.data.records import MAX_LISTED, DataError, Record, file_number
 from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
 from finecap.data.results import empty_captions_note
@@ -235,6 +235,8 @@ def _main(
                     f"file names, e.g. {i!r}: image {i!r} by id, image {other!r} by its file name; scored by id "
                     "(as `finecap caption --data` writes them). Predictions of `finecap caption --images` name files: "
                     "caption the references' split with --data to score them by id")  # fmt: skip
+    if references is not None and read.references is not None and prediction_format(pred_format).line_ids:
+        check_line_order(Path(predictions), read.references, matched, {r.image_id: r.captions for r in refs.records})
     results = {matched[i]: caps for i, caps in results.items()}
     samples = results if repeated else None
     # pycocoevalcap's order (loadRes keeps the reference file's image order): its tokenizer reads captions as

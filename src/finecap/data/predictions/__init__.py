@@ -8,19 +8,21 @@ name                      file (what the tool writes)                           
 ``lmms-eval``             lmms-eval's ``--log_samples`` JSONL (``*_samples_<task>.jsonl``):    in the file
 (:mod:`.lmms_eval`)       per line the metric entries ``{"pred", "answer", "image_id"}`` of
                           its caption tasks, else ``filtered_resps`` / ``target``; or the
-                          ``<task>.json`` of lmms-eval up to 0.2.3 (``logs``: those lines)
+                          ``<task>.json`` of lmms-eval up to 0.2.3 (``logs``: those lines);
+                          a test split's (``{"pred", "image_id"}``) carries none
 ``vlmevalkit``            VLMEvalKit's result file (``<model>_<dataset>.xlsx`` / ``.tsv`` /    in the file
 (:mod:`.vlmevalkit`)      ``.json``): columns ``index``, ``prediction``, ``answer`` (a
                           stringified list); ``.json`` a list of those rows
 ``llamafactory``          LLaMA-Factory's ``generated_predictions.jsonl``: ``predict``,        in the file
 (:mod:`.llamafactory`)    ``label``; ids are line numbers (from 0)
 ``swift``                 ms-swift's ``swift infer --result_path`` JSONL: ``response``;        in the file
-(:mod:`.swift`)           references from ``labels``, else the last assistant turn of
+(:mod:`.swift`)           references from ``labels`` (ms-swift 2: ``label``), never from
                           ``messages``; ids are line numbers (from 0)
 ========================  ==================================================================  ==================
 
-:func:`read_predictions` reads a file in the named format, or detects it (:func:`detect_prediction_format`: the
-registry's formats in order, each looking at the file's suffix and its first record). A reference column that holds
+:func:`read_predictions` reads a file in the named format, or detects it (:func:`detect_prediction_format`: each
+registered format looking at the file's suffix and its first record; a file two of them recognise is an error, one
+none does is COCO results, the last row). A reference column that holds
 stringified lists (VLMEvalKit's ``answer``, lmms-eval's ``target``) is parsed (:mod:`.reference_lists`); a value that
 looks like one but does not parse is kept as one caption and said in a warning naming the file, the column and the
 rows (:attr:`Predictions.warnings`), never scored silently (VLMEvalKit #1308's CIDEr of 2e-8).
@@ -29,24 +31,46 @@ Nothing here imports torch, nor a format's module until that format is asked for
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from finecap.data.records import DataError
 from finecap.registry import PREDICTION_FORMATS, lookup
+from finecap.utils.text import short_repr
 
-__all__ = ["Predictions", "PredictionFormat", "detect_prediction_format", "prediction_format", "read_predictions"]
+__all__ = [
+    "Predictions",
+    "PredictionFormat",
+    "check_line_order",
+    "detect_prediction_format",
+    "prediction_format",
+    "read_predictions",
+]
 
 
 @dataclass
 class Predictions:
     """What a prediction file holds: captions per image (several when the file lists an image several times), the
-    references it carries (``None`` for COCO results) and warnings about them."""
+    references it carries (``None`` for COCO results and an lmms-eval test split's log) and warnings about them."""
 
     captions: dict[int | str, list[str]]
     references: dict[int | str, list[str]] | None = None
     warnings: list[str] = field(default_factory=list)
+
+    def add(self, image_id: int | str, caption: str, references: list[str] | None, where: str) -> None:
+        """Add ``caption`` of ``image_id`` with the ``references`` its record carries (``None``: none). An image
+        listed again (its captions are then samples) must carry the same references: other ones are a
+        :class:`~finecap.data.records.DataError` naming ``where``, as its first caption would be scored against the
+        last record's."""
+        if references is not None:
+            if self.references is None:
+                self.references = {}
+            known = self.references.setdefault(image_id, references)
+            if known != references:
+                raise DataError(f"{where}: image id {image_id!r} is listed again with other references than with its "
+                                f"first caption ({known!r} there, {references!r} here)"[:400])  # fmt: skip
+        self.captions.setdefault(image_id, []).append(caption)
 
 
 @dataclass(frozen=True)
@@ -61,7 +85,11 @@ class PredictionFormat:
     detect: Callable[[Path], bool]
     """Whether ``path`` is of this format (its suffix, its first record)."""
     references: bool
-    """Whether its files carry the references (then ``--references`` is optional)."""
+    """Whether its files carry the references (then ``--references`` is optional; a file that carries none, an
+    lmms-eval test split's log, reads as :attr:`Predictions.references` ``None``)."""
+    line_ids: bool = False
+    """Whether its ids are the records' numbers from 0 (LLaMA-Factory's, ms-swift's): they name the images of a
+    ``--references`` file only when the records follow its order, which :func:`check_line_order` checks."""
 
 
 def prediction_format(name: str) -> PredictionFormat:
@@ -70,16 +98,29 @@ def prediction_format(name: str) -> PredictionFormat:
 
 
 def detect_prediction_format(path: Path) -> str:
-    """The name of the first registered format that recognises ``path``; a ``DataError`` naming the file and the
-    formats when none does. What is not a file is ``coco``'s, whose reader says what it is (missing, a folder)."""
+    """The name of the registered format that recognises ``path``: the last row's (COCO results, which reads what
+    no other format recognises) when none of the others does; a ``DataError`` naming the file and the formats when
+    two of them do (a first record with the fields of two tools) or none at all. What is not a file is ``coco``'s,
+    whose reader says what it is (missing, a folder)."""
     if not path.is_file():
         return "coco"
-    for name in PREDICTION_FORMATS:
-        if prediction_format(name).detect(path):
-            return name
-    raise DataError(
-        f"{path}: not a predictions file finecap recognises ({', '.join(PREDICTION_FORMATS)}); name its format with "
-        "--predictions-format"
+    *specific, fallback = PREDICTION_FORMATS
+    found = [name for name in specific if prediction_format(name).detect(path)]
+    if len(found) > 1:
+        raise DataError(f"{path}: its first record reads as {' and as '.join(found)} predictions; name its format "
+                        "with --predictions-format")  # fmt: skip
+    if found:
+        return found[0]
+    if prediction_format(fallback).detect(path):
+        return fallback
+    raise not_recognised(path)
+
+
+def not_recognised(path: Path, detail: str = "") -> DataError:
+    """The error for a file of no registered format (``detail``: what it holds, e.g. its first line's keys)."""
+    return DataError(
+        f"{path}: {detail + ': ' if detail else ''}not a predictions file finecap recognises "
+        f"({', '.join(PREDICTION_FORMATS)}); name its format with --predictions-format"
     )
 
 
@@ -89,3 +130,25 @@ def read_predictions(path: str | Path, fmt: str = "auto") -> tuple[str, Predicti
     name = detect_prediction_format(path) if fmt == "auto" else fmt
     spec = prediction_format(name)
     return spec.name, spec.read(path)
+
+
+def check_line_order(
+    path: Path, carried: dict[int | str, list[str]], matched: dict[int | str, Hashable], captions: Mapping
+) -> None:
+    """Refuse pairing the records of a :attr:`~PredictionFormat.line_ids` file with the ``--references`` images
+    their numbers match (``matched``: record number -> image id; ``captions``: image id -> its references) unless
+    every record's own reference is among its image's (compared by their letters and digits, case aside, as
+    tokenizers re-space text): a :class:`DataError` naming the first record that is not, and how many."""
+
+    def key(text: str) -> str:
+        return "".join(c for c in text.casefold() if c.isalnum())
+
+    bad = [k for k, image in matched.items() if not {key(r) for r in carried[k]} & {key(c) for c in captions[image]}]
+    if bad:
+        k, image = bad[0], matched[bad[0]]
+        raise DataError(
+            f"{path}: its ids are record numbers (from 0), which name the images of --references only when the "
+            f"records follow their order, and {len(bad)} of {len(matched)} records' references are not among their "
+            f"image's, e.g. id {k} {short_repr(carried[k])} against image {image!r} {short_repr(captions[image])}; "
+            "leave out --references to score against the references the file carries"
+        )

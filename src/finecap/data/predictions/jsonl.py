@@ -59,7 +59,7 @@ def read_caption_lines(
 ) -> Predictions:
     """The predictions of a JSONL file with one image a line, its id the line's number from 0: the caption is the
     text field ``caption``, the references the field ``labels`` (text, a stringified list or a list:
-    :class:`ReferenceLists`), or what ``reference(record, where)`` finds when the format looks elsewhere too."""
+    :class:`ReferenceLists`), or what ``reference(record, where)`` gives when the format checks that field itself."""
     captions, references = {}, {}
     lists = ReferenceLists(path, labels)
     for k, (n, rec) in enumerate(records(path)):

@@ -21,4 +21,4 @@ def _detect(path: Path) -> bool:
     return rec is not None and "predict" in rec and "label" in rec
 
 
-FORMAT = PredictionFormat("llamafactory", _read, _detect, references=True)
+FORMAT = PredictionFormat("llamafactory", _read, _detect, references=True, line_ids=True)

@@ -5,12 +5,16 @@
 A caption task's line holds its metric entries, each the ``process_results`` dict of the document: for COCO
 (``tasks/coco_cap``) ``"coco_Bleu_4": {"answer": [references], "pred": caption, "image_id": id, "id": ...}``, for
 Flickr30k / NoCaps / DetailCaps alike. The first such entry (a dict with ``pred`` and ``answer``) gives the caption,
-the references and the image id (``image_id``, else the line's ``doc_id``). A line without one falls back to
-``filtered_resps`` (the caption) and ``target`` (the references, a stringified list: parsed) with ``doc_id`` as id,
-but for a line whose entry names its image without references (a test split's, ``nocaps_passthrough``: ``{"pred",
-"image_id"}``): its ``pred`` and ``image_id`` then, since ``doc_id`` is the document's row, no image's id.
-An image id on several lines (its captions are then samples) must carry the same references on each; other
-references are an error naming the line.
+the references and the image id (``image_id``, else the line's ``doc_id``). A line whose entry names its image
+without references is a test split's (``coco_passthrough``, ``nocaps_passthrough``, ``flickr_passthrough``:
+``{"pred", "image_id"}``, ``pred`` a caption or a list of them): its ``pred`` and ``image_id`` (``doc_id`` is the
+document's row, no image's id), and no references: lmms-eval scores none there (it writes a submission file), and
+the line's ``target`` is the test document's answer field, no reference captions; a log of such lines carries no
+references (``references`` is ``None``: ``finecap eval`` then needs ``--references``), and one mixing them with
+lines that carry references is an error naming the line. A line with neither entry falls back to
+``filtered_resps`` (the caption: text, or a list of them) and ``target`` (the references, a stringified list:
+parsed) with ``doc_id`` as id. An image id on several lines (its captions are then samples) must carry the same
+references on each; other references are an error naming the line.
 """
 
 from __future__ import annotations
@@ -35,32 +39,33 @@ def _entry(rec: dict, *keys: str) -> dict | None:
 
 
 def _read(path: Path) -> Predictions:
-    captions: dict[int | str, list[str]] = {}
-    references: dict[int | str, list[str]] = {}
+    read = Predictions({}, {})
     targets = ReferenceLists(path, "target")
+    test_split: bool | None = None  # whether the lines are a test split's (no references), as the first line says
     for n, where, rec in _documents(path):
-        entry = _entry(rec)
+        entry, named = _entry(rec), _entry(rec, "image_id")
+        refs: list[str] | None = None
         if entry is not None:
             image_id = check_id(entry.get("image_id", rec.get("doc_id")), where)
             pred, refs = entry["pred"], targets.parse(entry["answer"], n)
+        elif named is not None:  # a test split's entry (nocaps_passthrough): its image's id, not the document's row
+            image_id, pred = check_id(named["image_id"], where), first_of(named["pred"])
         elif "filtered_resps" in rec and "target" in rec:
-            named = _entry(rec, "image_id")  # a test split's entry without references (nocaps_passthrough)
-            if named is not None:  # its image's id, not the document's row number
-                image_id, pred = check_id(named["image_id"], where), first_of(named["pred"])
-            else:
-                image_id, pred = check_id(rec.get("doc_id"), where, "'doc_id'"), first_of(rec["filtered_resps"])
+            image_id, pred = check_id(rec.get("doc_id"), where, "'doc_id'"), first_of(rec["filtered_resps"])
             refs = targets.parse(rec["target"], n)
         else:
             raise DataError(f"{where}: no caption entry (a metric entry with 'pred' and 'answer', or 'filtered_resps' "
                             "and 'target'): not an lmms-eval sample log of a caption task")  # fmt: skip
         if not isinstance(pred, str):
             raise DataError(f"{where}: the caption must be text, got {type(pred).__name__}")
-        if image_id in references and references[image_id] != refs:  # the first caption is scored: against which?
-            raise DataError(f"{where}: image id {image_id!r} is listed again with other references than on the line "
-                            f"of its first caption ({references[image_id]!r} there, {refs!r} here)"[:400])  # fmt: skip
-        captions.setdefault(image_id, []).append(pred)
-        references[image_id] = refs
-    return Predictions(captions, references, targets.warnings())
+        if test_split is None:
+            test_split = refs is None
+        elif test_split != (refs is None):
+            raise DataError(f"{where}: a line {'with' if test_split else 'without'} references among lines "
+                            f"{'without' if test_split else 'with'} them (a test split's entry has 'pred' and "
+                            "'image_id' but no 'answer'): not the log of one caption task")  # fmt: skip
+        read.add(image_id, pred, refs, where)
+    return Predictions(read.captions, None if test_split else read.references, targets.warnings())
 
 
 def _documents(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:

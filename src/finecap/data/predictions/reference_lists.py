@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from finecap.data.records import MAX_LISTED, DataError
+from finecap.data.records import MAX_LISTED, DataError, clean_captions
 from finecap.utils.text import short_repr
 
 
@@ -30,7 +30,10 @@ class ReferenceLists:
 
     def parse(self, value: object, row: int | str) -> list[str]:
         """The references of one row: a list of strings as it is; a string that is a list literal (JSON or
-        Python) parsed; any other string as one reference. ``DataError`` for other values or an empty list."""
+        Python) parsed; any other string as one reference; each read as finecap's own references are
+        (:func:`~finecap.data.records.clean_captions`: stripped, line breaks made spaces). ``DataError`` for other
+        values, an empty list, an empty reference (a data set without answers: LLaMA-Factory's ``label`` is then
+        ``""``) or one holding a control character."""
         if isinstance(value, list):
             refs = value
         elif isinstance(value, str):
@@ -47,7 +50,7 @@ class ReferenceLists:
         if not refs or not all(isinstance(r, str) for r in refs):
             raise DataError(f"{self.path}: row {row}: column {self.column!r} must hold reference captions, got "
                             f"{short_repr(value)}")  # fmt: skip
-        return list(refs)
+        return clean_captions(refs, f"{self.path}: row {row}: column {self.column!r}")  # as finecap's references
 
     def warnings(self) -> list[str]:
         if not self.bad:

@@ -3,6 +3,8 @@
 and ``answer`` (the references as a stringified list, which VLMEvalKit's own scorer reads with ``eval``: parsed here,
 :mod:`.reference_lists`). The ``.json`` file is the table as a JSON list of row objects (``vlmeval/smp/file.py``'s
 ``dump_json``: ``DataFrame.to_dict('records')``). ``.xlsx`` needs openpyxl (``pip install 'finecap[xlsx]'``).
+An index on several rows (its captions are then samples) must carry the same ``answer`` on each
+(:meth:`Predictions.add <finecap.data.predictions.Predictions.add>`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def _read(path: Path) -> Predictions:
                         f"{', '.join(COLUMNS)}); columns: {header}")  # fmt: skip
     col = {c: header.index(c) for c in COLUMNS}
     answers = ReferenceLists(path, "answer")
-    captions, references = {}, {}
+    read = Predictions({}, {})
     for n, row in enumerate(rows, 2):  # row 1 is the header
         if not any(v not in (None, "") for v in row):
             continue
@@ -74,9 +76,8 @@ def _read(path: Path) -> Predictions:
         if isinstance(image_id, str) and image_id.isdigit():
             image_id = int(image_id)
         pred = row[col["prediction"]]
-        captions.setdefault(image_id, []).append("" if pred is None else str(pred))
-        references[image_id] = answers.parse(row[col["answer"]], n)
-    return Predictions(captions, references, answers.warnings())
+        read.add(image_id, "" if pred is None else str(pred), answers.parse(row[col["answer"]], n), f"{path}: row {n}")
+    return Predictions(read.captions, read.references, answers.warnings())
 
 
 def _detect(path: Path) -> bool:
