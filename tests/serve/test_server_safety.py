@@ -231,8 +231,9 @@ def test_repeated_non_finite_values_502s_and_server_errors_are_bounded_lines(cap
                         "same failure 3 time(s) since its traceback 11 s ago; the next traceback in 589 s at most)",
                         False)  # fmt: skip
     assert health["failures"] == 12  # every failure counted, said or not
-    # the reward failed on the non-finite values' 4; it scored the others, which the HTTP layer then refused (502, 500)
-    assert (health["failed"], health["scored"], health["timed_out"], health["left"]) == (4, 8, 0, 0)
+    # every one failed: the non-finite values' 4 in the reward; the others' values (counted scored, the old count)
+    # never reached their client: a 502 naming the failed caption, a 500 of the server's own error
+    assert (health["failed"], health["scored"], health["timed_out"], health["left"]) == (12, 0, 0, 0)
 
 
 def test_the_repeats_unsaid_when_the_server_stops_are_said_before_its_last_line(caplog):
@@ -268,7 +269,7 @@ def test_the_repeats_unsaid_when_the_server_stops_are_said_before_its_last_line(
     assert said[5][1].endswith("(the same failure 2 more time(s) since its last line 4 s ago, unsaid until the "
                                "server stopped)")  # fmt: skip
     assert said[6][1].startswith("reward server (words): in ")  # the server's last line, each outcome apart
-    assert " s 1 requests scored, 9 failed (500), 0 timed out (504, --score-timeout), 0 left" in said[6][1]
+    assert " s 1 requests scored, 9 failed (500, 502), 0 timed out (504, --score-timeout), 0 left" in said[6][1]
     assert svc.failures.total == 9
 
 
@@ -613,8 +614,8 @@ def test_a_hung_reward_call_is_a_504_naming_score_timeout_for_it_and_every_reque
     assert 1 <= len(said) <= 3, said  # a full report per kind (in a call, behind one), its repeats counted
     # the throughput line counts the 504s apart (they were in no latency percentile and in no count of it)
     last = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reward server (words): in ")]
-    assert len(last) == 1 and ("1 requests scored, 0 failed (500), 11 timed out (504, --score-timeout), 0 left by "
-                               "their client, 0 refused while stuck (503)") in last[0], last  # fmt: skip
+    assert len(last) == 1 and ("1 requests scored, 0 failed (500, 502), 11 timed out (504, --score-timeout), 0 left "
+                               "by their client, 0 refused while stuck (503)") in last[0], last  # fmt: skip
 
 
 def test_requests_arriving_while_the_server_is_stuck_are_a_503_at_once_naming_the_call_and_the_option(caplog):

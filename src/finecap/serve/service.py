@@ -57,9 +57,10 @@ requests.
   (:meth:`RepeatedFailures.flush`), as does the forgetting of the oldest kind beyond the kinds it remembers.
   Every failed request is still answered 500 (or 502, or 504) and counted in ``/health``'s ``failures``.
 - **Counts.** Each request handed to :meth:`RewardService.score` ends in one of five ways, counted apart
-  (:class:`Meter`, ``/health``): *scored* (its values handed back), *failed* (the reward's fault: a 500), *timed out*
-  (a 504: ``--score-timeout``, its check's included), *left* (its client went away before its answer, queued or
-  in a call) and *refused* (a 503: the server was stuck).
+  (:class:`Meter`, ``/health``): *scored* (its values handed back), *failed* (the reward's fault: a 500, or
+  ``/get_reward``'s 502 for captions the reward could not score; a fault of the server's own after the call too),
+  *timed out* (a 504: ``--score-timeout``, its check's included), *left* (its client went away before its answer,
+  queued or in a call) and *refused* (a 503: the server was stuck).
 - **Throughput logs.** Every ``log_every`` seconds one line: the requests of each outcome since the previous line
   (and one at the end), the captions the reward scored, captions per second, the mean round, the share of the time
   the reward was busy, and the p50 / p99 latency of the scored requests (a timed-out request's latency is the
@@ -668,10 +669,12 @@ class RewardService:
                               trace=False)  # fmt: skip
             raise error from None
 
-    async def score(self, job: Job) -> RewardOutput:
-        """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active);
-        :class:`ScoreTimeout` when they are not there :attr:`score_timeout` seconds from now (module docstring,
-        "Deadline")."""
+    async def score(self, job: Job, answer: Callable[[RewardOutput], Any] | None = None) -> Any:
+        """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active), or
+        ``answer(values)``, the reply a front end makes of them (:mod:`finecap.serve.app`); :class:`ScoreTimeout` when
+        they are not there :attr:`score_timeout` seconds from now (module docstring, "Deadline"). The request counts
+        as scored once its reply is made: an ``answer`` that raises (``/get_reward``'s 502 for captions the reward
+        could not score, a fault of the server's) counts it failed, its exception raised here."""
         if self._wakeup is None:
             raise RuntimeError("RewardService.score: the service is not running (use `async with service.running()`)")
         if self.fatal is not None:
@@ -696,8 +699,13 @@ class RewardService:
         except Exception:
             self.meter.failed += 1
             raise
+        try:
+            reply = result if answer is None else answer(result)
+        except Exception:
+            self.meter.failed += 1
+            raise
         self.meter.scored(len(job.captions), time.perf_counter() - start)
-        return result
+        return reply
 
     def _stuck(self, captions: int) -> ServerStuck:
         """The :class:`ServerStuck` of a request of ``captions`` captions that arrived while the server is stuck
@@ -833,7 +841,7 @@ class Meter:
         self.busy = 0.0
         self.latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
         self.total_scored = self.total_captions = 0
-        self.failed = 0  # requests answered 500: the reward failed on them
+        self.failed = 0  # requests answered 500 or /get_reward's 502: the reward failed on them (or on some captions)
         self.timed_out = 0  # requests answered 504 (--score-timeout)
         self.left = 0  # requests whose client went away before their answer: queued (never scored) or in a call
         self.refused = 0  # requests answered 503 at once: the server was stuck
@@ -860,7 +868,7 @@ class Meter:
         latency = (f"latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms of the scored "
                    "requests" if len(lat) else "no request scored")  # fmt: skip
         text = (f"reward server ({name}): in {span:.1f} s {since['total_scored']} requests scored, "
-                f"{since['failed']} failed (500), {since['timed_out']} timed out (504, --score-timeout), "
+                f"{since['failed']} failed (500, 502), {since['timed_out']} timed out (504, --score-timeout), "
                 f"{since['left']} left by their client, {since['refused']} refused while stuck (503); the reward "
                 f"scored {self.captions} captions: {self.captions / span:,.0f} captions/s, "
                 f"{self.captions / max(self.rounds, 1):.0f} captions a round, busy {100 * self.busy / span:.0f}% of "
