@@ -780,6 +780,42 @@ def test_health_is_a_503_saying_checks_stuck_while_both_check_threads_are_blocke
     assert after.status_code == 200 and after.json()["total"] == [3.0, 2.0]
 
 
+def test_a_request_waiting_for_a_check_thread_is_a_503_once_both_are_blocked_not_a_504_at_its_deadline(monkeypatch):
+    """A request arriving while both check threads were held by hung checks not yet past their deadline waited for a
+    thread until its own deadline and got a 504, where one arriving a moment later got the 503 with Retry-After of a
+    server known stuck. The checks it waits behind began before it, so they pass the deadline first: it is answered
+    that 503 then, never checked (its path, under the stand-in hung mount, would be in ``blocked``)."""
+    release, blocked = hung_mount(monkeypatch)
+    svc = RewardService(Words(), ImageTable(range(10)), log_every=0, name="words", score_timeout=3.0)
+    hung = [{"captions": ["a b"], "images": [f"/mnt/hung-nfs/{k}.png"]} for k in range(3)]
+    replies: dict[int, httpx.Response] = {}
+
+    def ask(k: int) -> None:
+        replies[k] = httpx.post(f"{url}/reward", json=hung[k], timeout=20)
+
+    with serving(svc) as url:
+        try:
+            holders = [threading.Thread(target=ask, args=(k,), daemon=True) for k in range(2)]
+            for thread in holders:
+                thread.start()
+            until(lambda: len(blocked) == 2, "the two hung checks never began")
+            assert svc.blocked_checks == 0  # both threads busy, neither past its deadline: the waiting request's case
+            ask(2)
+            health = httpx.get(f"{url}/health", timeout=5).json()
+        finally:
+            release.set()
+        for thread in holders:
+            thread.join(20)
+    waiting = replies[2]
+    assert waiting.status_code == 503, (waiting.status_code, waiting.text)  # a 504 at its own deadline (old)
+    assert waiting.headers["retry-after"] == str(svc.retry_after)
+    message = waiting.json()["error"]["message"]
+    assert "cannot check requests" in message and "waited" in message and "was not checked" in message, message
+    assert sorted(blocked) == ["/mnt/hung-nfs/0.png", "/mnt/hung-nfs/1.png"]  # never checked
+    assert replies[0].status_code == replies[1].status_code == 504
+    assert (health["refused"], health["timed_out"], health["failures"]) == (1, 2, 3), health
+
+
 def test_health_is_a_503_saying_stuck_while_a_call_runs_past_the_score_timeout():
     """/health said "ok" with a hung call (only its growing "busy" told): a supervisor's probe, which reads the
     status code, could not see it. Past --score-timeout it is a 503 "stuck", and "ok" again once the call returns."""

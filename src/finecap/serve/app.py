@@ -16,11 +16,11 @@ Endpoints:
   theirs; ``failed``, those answered 500 (the reward failed on them, or the server's own error once they were scored)
   or ``/get_reward``'s 502 (captions the reward could not score); ``timed_out``, those answered 504
   (``--score-timeout``: their check, or their wait and reward call); ``left``, those whose client went away before
-  their answer (queued, never scored, or while their call ran); ``refused``, those answered 503 at once because the
-  server was stuck. Now: ``queued``, the requests waiting for the reward; ``busy``, the seconds its current call has
-  run (0 when idle: a call that hangs shows there, :attr:`RewardService.busy_for`); ``blocked_checks``, the check
-  threads held by a request's check past ``--score-timeout`` (image paths on a file system that does not answer:
-  :attr:`RewardService.blocked_checks`).
+  their answer (queued, never scored, or while their call ran); ``refused``, those answered 503 because the server was
+  stuck (at once, or waiting for a check thread once every thread was). Now: ``queued``, the requests waiting for the
+  reward; ``busy``, the seconds its current call has run (0 when idle: a call that hangs shows there,
+  :attr:`RewardService.busy_for`); ``blocked_checks``, the check threads held by a request's check past
+  ``--score-timeout`` (image paths on a file system that does not answer: :attr:`RewardService.blocked_checks`).
   ``failures``: every failure logged
   (:class:`~finecap.serve.service.RepeatedFailures`, a kind's repeats bounded): the 500s, 502s, 503s and 504s above
   and the server's own errors. Once the current call has run past ``--score-timeout`` the answer is 503 with

@@ -38,8 +38,10 @@ requests.
   (:class:`CheckTimeout`); the check thread it held stays blocked until the file system answers (a thread cannot be
   stopped), and the check of a request still waiting for a check thread is never run. While every check thread is
   so blocked (:meth:`RewardService.checks_stuck`: each has run one check past ``--score-timeout``) no request can
-  be checked: a request arriving then is answered 503 at once, as while the reward's call is stuck, and ``/health``
-  answers 503 ``"checks_stuck"`` until one returns.
+  be checked: a request arriving then is answered 503 at once, as while the reward's call is stuck, one already
+  waiting for a thread gets that 503 as soon as every thread is so blocked (never checked: the checks it waits
+  behind began before it, so they pass the deadline before its own), and ``/health`` answers 503
+  ``"checks_stuck"`` until one returns.
 - **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
@@ -118,6 +120,9 @@ SCORE_TIMEOUT = 120.0
 out on their own."""
 MAX_SCORE_TIMEOUT = 86_400.0
 """``--score-timeout`` at most, in seconds (a day)."""
+CHECKS_STUCK_MARGIN = 0.01
+"""Seconds past the moment every check thread would be blocked (:meth:`RewardService.checks_stuck`, which counts a
+check that has run *more* than ``--score-timeout``) at which a request waiting for a thread looks again."""
 STUCK_RETRY_AFTER = 5
 """Seconds a request refused while the server is stuck is told to wait before it asks again (``Retry-After``,
 :attr:`RewardService.retry_after`)."""
@@ -631,21 +636,18 @@ class RewardService:
         which keeps answering ``/health`` and the other clients meanwhile. Not done within :attr:`score_timeout`
         seconds (its wait for a thread included): :class:`CheckTimeout` (module docstring, "Deadline"); a call not
         yet begun is then never run, one running keeps its thread until it returns. While every check thread is so
-        held (:meth:`checks_stuck`), :class:`ServerStuck` at once: a 503, the request not queued."""
+        held (:meth:`checks_stuck`), :class:`ServerStuck` at once: a 503, the request not queued; a request that
+        found every thread busy and waits for one gets that 503 as soon as they all are so held (the checks it waits
+        behind began before it, so they pass the deadline before its own), its call then never run."""
         if self._checks is None:
             raise RuntimeError("RewardService.off_loop: the service is not running")
         if self.checks_stuck():  # no thread is free, nor will be soon: not queued behind them (module docstring)
-            raise self._refused(
-                f"the reward server cannot check requests: each of its {CHECK_THREADS} check threads has run a "
-                f"request's check past --score-timeout ({self.score_timeout:g} s) and has not returned (image paths "
-                f"on a file system that does not answer?); this request was not queued. Retry after "
-                f'{self.retry_after} s or ask another server; GET /health answers 503 "checks_stuck" until one '
-                "returns (restart the server if none does)",
-                "a request",
-            )
+            raise self._checks_refused("this request was not queued")
         starts, lock = self._check_starts, self._check_starts_lock
+        began = threading.Event()
 
         def timed() -> Any:  # on the check thread: its start kept while it runs (blocked_checks)
+            began.set()
             key = object()
             with lock:
                 starts[key] = time.monotonic()
@@ -655,9 +657,21 @@ class RewardService:
                 with lock:
                     del starts[key]
 
+        deadline = time.monotonic() + self.score_timeout
         work = asyncio.get_running_loop().run_in_executor(self._checks, timed)
+        stuck_at = self._checks_stuck_at()
         try:
-            return await asyncio.wait_for(work, self.score_timeout)
+            if stuck_at is not None and stuck_at < deadline:  # every thread busy: stuck then, unless one returns
+                await asyncio.wait({work}, timeout=stuck_at - time.monotonic())
+                if not work.done() and not began.is_set() and self.checks_stuck():
+                    work.cancel()  # not begun: never run
+                    waited = self.score_timeout - (deadline - time.monotonic())
+                    raise self._checks_refused(f"this request waited {waited:.1f} s for a check thread and was not "
+                                               "checked")  # fmt: skip
+            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0.0))
+        except asyncio.CancelledError:  # its client left: a call not begun is never run
+            work.cancel()
+            raise
         except TimeoutError:
             self.meter.timed_out += 1
             message = (f"not checked within {self.score_timeout:g} s (--score-timeout): reading the request (its "
@@ -668,6 +682,27 @@ class RewardService:
             self.failures.log(error, f"reward server: {self.name}: a request {message}", level=logging.WARNING,
                               trace=False)  # fmt: skip
             raise error from None
+
+    def _checks_stuck_at(self) -> float | None:
+        """The ``time.monotonic()`` past which every check thread is blocked (:meth:`checks_stuck`) if none of the
+        checks running now returns first, or ``None`` while a thread is free (a check begun later passes its deadline
+        after the deadline of a request waiting now: it cannot make that request's wait hopeless)."""
+        with self._check_starts_lock:
+            if len(self._check_starts) < CHECK_THREADS:
+                return None
+            return max(self._check_starts.values()) + self.score_timeout + CHECKS_STUCK_MARGIN
+
+    def _checks_refused(self, what: str) -> ServerStuck:
+        """The :class:`ServerStuck` of a request that no check thread can check (:meth:`checks_stuck`); ``what``: what
+        became of it."""
+        return self._refused(
+            f"the reward server cannot check requests: each of its {CHECK_THREADS} check threads has run a "
+            f"request's check past --score-timeout ({self.score_timeout:g} s) and has not returned (image paths "
+            f"on a file system that does not answer?); {what}. Retry after "
+            f'{self.retry_after} s or ask another server; GET /health answers 503 "checks_stuck" until one '
+            "returns (restart the server if none does)",
+            "a request",
+        )
 
     async def score(self, job: Job, answer: Callable[[RewardOutput], Any] | None = None) -> Any:
         """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active), or
