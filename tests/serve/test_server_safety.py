@@ -699,15 +699,15 @@ def hung_mount(monkeypatch) -> tuple[threading.Event, list[str]]:
     import finecap.serve.service as service_module
 
     release, blocked = threading.Event(), []
+    real_path = service_module.real_path
 
-    class HungMount(type(service_module.Path())):
-        def resolve(self, strict: bool = False):
-            if str(self).startswith("/mnt/hung-nfs/"):
-                blocked.append(str(self))
-                release.wait(60)
-            return super().resolve(strict)
+    def hung_mount_path(path: str) -> str:
+        if path.startswith("/mnt/hung-nfs/"):
+            blocked.append(path)
+            release.wait(60)
+        return real_path(path)
 
-    monkeypatch.setattr(service_module, "Path", HungMount)
+    monkeypatch.setattr(service_module, "real_path", hung_mount_path)
     return release, blocked
 
 
