@@ -78,6 +78,41 @@ def test_a_token_file_is_read_and_refused_safely(tmp_path):
         read_token(tmp_path / "missing")
 
 
+def test_a_token_file_that_is_no_regular_file_or_another_users_is_refused_at_once(tmp_path):
+    """A FIFO at --token-file (mode 600) blocked the command for ever, waiting for a writer; a file another user made
+    (on a shared machine, in a shared folder, before the server's user: it holds a token that user knows) was
+    accepted when its mode was 600 and the server could read it (root). Both are refused, at once."""
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    said: list[str] = []
+
+    def read() -> None:
+        try:
+            read_token(fifo)
+        except ValueError as e:
+            said.append(str(e))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    assert said == [f"--token-file {fifo}: not a regular file: the token is read from a file of one line"], said
+    big = tmp_path / "big"
+    big.write_text("s3cret-token-0123456789\n" + "x" * 70_000)
+    os.chmod(big, 0o600)
+    with pytest.raises(ValueError, match="70,024 bytes, more than a token file's 65,536"):
+        read_token(big)
+    if os.getuid() != 0:
+        pytest.skip("making a file owned by another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.write_text("s3cret-token-0123456789\n")
+    os.chmod(theirs, 0o600)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(ValueError, match=r"owned by another user \(uid 65534\)"):
+        read_token(theirs)
+
+
 def test_a_refused_token_file_is_one_error_line_before_anything_loads(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     token = tmp_path / "token"

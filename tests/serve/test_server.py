@@ -94,6 +94,20 @@ def test_get_reward_refuses_a_request_holding_a_failed_caption_with_a_502_naming
     assert any("could not score 2 of 4 captions" in r.getMessage() for r in caplog.records)  # the server's log too
 
 
+def test_health_counts_a_502_of_get_reward_as_failed_not_scored():
+    """/health counted a /get_reward request answered 502 (captions the reward could not score) under "scored", with
+    its captions, as if its values had been handed back: it counts under "failed" (and "failures"), as the docs say
+    of failed requests; /reward's answer of the same captions (200, their values null) stays scored."""
+    with serving(RewardService(Judge(), ImageTable(range(5)), log_every=0, name="words")) as url:
+        refused = httpx.post(f"{url}/get_reward", json={"query": ["a b", "why ?"], "labels": [0, 1]})
+        health = httpx.get(f"{url}/health").json()
+        answered = httpx.post(f"{url}/reward", json={"captions": ["a b", "why ?"], "image_ids": [0, 1]})
+        after = httpx.get(f"{url}/health").json()
+    assert refused.status_code == 502 and answered.status_code == 200, (refused.text, answered.text)
+    assert (health["scored"], health["captions"], health["failed"], health["failures"]) == (0, 0, 1, 1), health
+    assert (after["scored"], after["captions"], after["failed"], after["failures"]) == (1, 2, 1, 1), after
+
+
 def test_refused_requests_name_their_field_and_the_server_goes_on(served):
     service = served["cider"]
     captions, ids = served["groups"][1]

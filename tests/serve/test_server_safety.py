@@ -231,8 +231,9 @@ def test_repeated_non_finite_values_502s_and_server_errors_are_bounded_lines(cap
                         "same failure 3 time(s) since its traceback 11 s ago; the next traceback in 589 s at most)",
                         False)  # fmt: skip
     assert health["failures"] == 12  # every failure counted, said or not
-    # the reward failed on the non-finite values' 4; it scored the others, which the HTTP layer then refused (502, 500)
-    assert (health["failed"], health["scored"], health["timed_out"], health["left"]) == (4, 8, 0, 0)
+    # every one failed: the non-finite values' 4 in the reward; the others' values (counted scored, the old count)
+    # never reached their client: a 502 naming the failed caption, a 500 of the server's own error
+    assert (health["failed"], health["scored"], health["timed_out"], health["left"]) == (12, 0, 0, 0)
 
 
 def test_the_repeats_unsaid_when_the_server_stops_are_said_before_its_last_line(caplog):
@@ -268,7 +269,7 @@ def test_the_repeats_unsaid_when_the_server_stops_are_said_before_its_last_line(
     assert said[5][1].endswith("(the same failure 2 more time(s) since its last line 4 s ago, unsaid until the "
                                "server stopped)")  # fmt: skip
     assert said[6][1].startswith("reward server (words): in ")  # the server's last line, each outcome apart
-    assert " s 1 requests scored, 9 failed (500), 0 timed out (504, --score-timeout), 0 left" in said[6][1]
+    assert " s 1 requests scored, 9 failed (500, 502), 0 timed out (504, --score-timeout), 0 left" in said[6][1]
     assert svc.failures.total == 9
 
 
@@ -613,8 +614,8 @@ def test_a_hung_reward_call_is_a_504_naming_score_timeout_for_it_and_every_reque
     assert 1 <= len(said) <= 3, said  # a full report per kind (in a call, behind one), its repeats counted
     # the throughput line counts the 504s apart (they were in no latency percentile and in no count of it)
     last = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reward server (words): in ")]
-    assert len(last) == 1 and ("1 requests scored, 0 failed (500), 11 timed out (504, --score-timeout), 0 left by "
-                               "their client, 0 refused while stuck (503)") in last[0], last  # fmt: skip
+    assert len(last) == 1 and ("1 requests scored, 0 failed (500, 502), 11 timed out (504, --score-timeout), 0 left "
+                               "by their client, 0 refused while stuck (503)") in last[0], last  # fmt: skip
 
 
 def test_requests_arriving_while_the_server_is_stuck_are_a_503_at_once_naming_the_call_and_the_option(caplog):
@@ -698,15 +699,15 @@ def hung_mount(monkeypatch) -> tuple[threading.Event, list[str]]:
     import finecap.serve.service as service_module
 
     release, blocked = threading.Event(), []
+    real_path = service_module.real_path
 
-    class HungMount(type(service_module.Path())):
-        def resolve(self, strict: bool = False):
-            if str(self).startswith("/mnt/hung-nfs/"):
-                blocked.append(str(self))
-                release.wait(60)
-            return super().resolve(strict)
+    def hung_mount_path(path: str) -> str:
+        if path.startswith("/mnt/hung-nfs/"):
+            blocked.append(path)
+            release.wait(60)
+        return real_path(path)
 
-    monkeypatch.setattr(service_module, "Path", HungMount)
+    monkeypatch.setattr(service_module, "real_path", hung_mount_path)
     return release, blocked
 
 
@@ -777,6 +778,42 @@ def test_health_is_a_503_saying_checks_stuck_while_both_check_threads_are_blocke
     assert both.json()["busy"] == 0 and both.json()["timed_out"] == 2  # the reward itself is idle, not stuck
     assert healthy.status_code == 200 and healthy.json()["status"] == "ok" and healthy.json()["blocked_checks"] == 0
     assert after.status_code == 200 and after.json()["total"] == [3.0, 2.0]
+
+
+def test_a_request_waiting_for_a_check_thread_is_a_503_once_both_are_blocked_not_a_504_at_its_deadline(monkeypatch):
+    """A request arriving while both check threads were held by hung checks not yet past their deadline waited for a
+    thread until its own deadline and got a 504, where one arriving a moment later got the 503 with Retry-After of a
+    server known stuck. The checks it waits behind began before it, so they pass the deadline first: it is answered
+    that 503 then, never checked (its path, under the stand-in hung mount, would be in ``blocked``)."""
+    release, blocked = hung_mount(monkeypatch)
+    svc = RewardService(Words(), ImageTable(range(10)), log_every=0, name="words", score_timeout=3.0)
+    hung = [{"captions": ["a b"], "images": [f"/mnt/hung-nfs/{k}.png"]} for k in range(3)]
+    replies: dict[int, httpx.Response] = {}
+
+    def ask(k: int) -> None:
+        replies[k] = httpx.post(f"{url}/reward", json=hung[k], timeout=20)
+
+    with serving(svc) as url:
+        try:
+            holders = [threading.Thread(target=ask, args=(k,), daemon=True) for k in range(2)]
+            for thread in holders:
+                thread.start()
+            until(lambda: len(blocked) == 2, "the two hung checks never began")
+            assert svc.blocked_checks == 0  # both threads busy, neither past its deadline: the waiting request's case
+            ask(2)
+            health = httpx.get(f"{url}/health", timeout=5).json()
+        finally:
+            release.set()
+        for thread in holders:
+            thread.join(20)
+    waiting = replies[2]
+    assert waiting.status_code == 503, (waiting.status_code, waiting.text)  # a 504 at its own deadline (old)
+    assert waiting.headers["retry-after"] == str(svc.retry_after)
+    message = waiting.json()["error"]["message"]
+    assert "cannot check requests" in message and "waited" in message and "was not checked" in message, message
+    assert sorted(blocked) == ["/mnt/hung-nfs/0.png", "/mnt/hung-nfs/1.png"]  # never checked
+    assert replies[0].status_code == replies[1].status_code == 504
+    assert (health["refused"], health["timed_out"], health["failures"]) == (1, 2, 3), health
 
 
 def test_health_is_a_503_saying_stuck_while_a_call_runs_past_the_score_timeout():

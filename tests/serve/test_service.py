@@ -44,9 +44,15 @@ def run_concurrently(service: RewardService, requests: list[RewardRequest]) -> l
 
 
 def test_images_by_id_text_or_path(tmp_path):
-    table = ImageTable([17, "a"], {"/w/0.png": 17}, "the 2 images of a test")
+    (tmp_path / "w").mkdir()
+    image = tmp_path / "w" / "0.png"
+    image.write_bytes(b"")
+    table = ImageTable([17, "a"], {"/w/0.png": 17, str(image.resolve()): 17}, "the 2 images of a test")
     assert table.resolve(["17", 17, "a"], False, "image_ids") == [17, 17, "a"]
-    assert table.resolve(["/w/0.png", "/w/../w/0.png"], True, "images") == [17, 17]  # resolved when not as named
+    other_name = str(tmp_path / "w" / ".." / "w" / "0.png")
+    assert table.resolve(["/w/0.png", other_name], True, "images") == [17, 17]  # resolved when not as named
+    with pytest.raises(RequestError, match=r"^images\[0\]: unknown image file '/w/../w/0.png'"):
+        table.resolve(["/w/../w/0.png"], True, "images")  # names no file: nothing to resolve (real_path)
     with pytest.raises(RequestError, match=r"^image_ids\[1\]: unknown image id 18: the server scores the 2 images"):
         table.resolve([17, 18], False, "image_ids")
     with pytest.raises(RequestError, match=r"^images\[0\]: unknown image file '/w/1.png'"):
@@ -57,6 +63,53 @@ def test_images_by_id_text_or_path(tmp_path):
 
     records = [Record(5, tmp_path / "img" / "5.png", "train", ["a"])]
     assert ImageTable.of_records(records).resolve([str(tmp_path / "img" / "5.png")], True, "images") == [5]
+
+
+def test_an_image_path_costs_one_file_system_lookup_whatever_it_holds(tmp_path, monkeypatch):
+    """A path not known as written was resolved by Python (Path.resolve), which asks the file system about each of
+    its components in turn: a 16 MiB request of 839 paths ``/tmp/..`` x 2850 + a known image's path held a check
+    thread 18 s (a loaded 2-core machine), a few such requests every check thread, each trainer's request waiting
+    behind them. The kernel now resolves each in one call (real_path): here 1,000 components, one lookup."""
+    import os
+
+    image = tmp_path / "0.png"
+    image.write_bytes(b"")
+    table = ImageTable([17], {str(image.resolve()): 17})
+    long_way = "/tmp/.." * 500 + str(image.resolve())  # 1,000 components before the image's own, under 4096 bytes
+    calls: list[str] = []
+    for name in ("lstat", "stat", "open", "readlink"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    assert table.resolve([long_way] * 10, True, "images") == [17] * 10
+    assert len(calls) <= 2 * 10, calls[:10]  # an open and a readlink a path (Path.resolve: 1,000 lstat calls a path)
+
+
+def test_image_paths_are_resolved_never_read(tmp_path):
+    """What an image path may name on a shared machine: a link to a served image is that image (the server reads no
+    file: the link's name is another name of it); a FIFO (no writer: opening it to read blocks for ever), a device
+    (``/dev/zero``: endless), a directory and a path longer than the kernel's 4096 bytes are unknown images,
+    answered at once."""
+    import os
+    import threading
+
+    image = tmp_path / "0.png"
+    image.write_bytes(b"")
+    (tmp_path / "link.png").symlink_to(image)
+    os.mkfifo(tmp_path / "fifo")
+    table = ImageTable([17], {str(image.resolve()): 17})
+    refused: list[str] = []
+
+    def ask() -> None:
+        for path in (str(tmp_path / "fifo"), "/dev/zero", str(tmp_path), "/tmp/" + "x/.." * 1500 + str(image)):
+            with pytest.raises(RequestError, match=r"^images\[0\]: unknown image file"):
+                table.resolve([path], True, "images")
+            refused.append(path)
+
+    asker = threading.Thread(target=ask, daemon=True)  # a FIFO opened for reading would hold it for ever
+    asker.start()
+    asker.join(30)
+    assert len(refused) == 4, refused
+    assert table.resolve([str(tmp_path / "link.png")], True, "images") == [17]
 
 
 def test_concurrent_requests_of_a_per_caption_reward_are_merged_up_to_the_batch_size():

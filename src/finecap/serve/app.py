@@ -12,14 +12,14 @@ Endpoints:
   "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "busy": ..., "blocked_checks": ..., "failures": ...,
   "score_timeout": ...}``.
   Since the start, each request that passed its checks, or whose check ran out of time, counted once by how it ended
-  (:class:`~finecap.serve.service.Meter`): ``scored``, the requests whose values the reward handed back (answered
-  200, but for ``/get_reward``'s 502 naming captions the reward could not score and the server's own errors, which
-  ``failures`` counts), and ``captions``, theirs; ``failed``, those
-  answered 500 (the reward failed on them); ``timed_out``, those answered 504 (``--score-timeout``: their check, or
-  their wait and reward call); ``left``, those whose client went away before their answer (queued, never scored, or
-  while their call ran); ``refused``, those answered 503 at once because the server was stuck. Now: ``queued``, the
-  requests waiting for the reward; ``busy``, the seconds its current call has run (0 when idle: a call that hangs
-  shows there, :attr:`RewardService.busy_for`); ``blocked_checks``, the check threads held by a request's check past
+  (:class:`~finecap.serve.service.Meter`): ``scored``, the requests answered their values (200), and ``captions``,
+  theirs; ``failed``, those answered 500 (the reward failed on them, or the server's own error once they were scored)
+  or ``/get_reward``'s 502 (captions the reward could not score); ``timed_out``, those answered 504
+  (``--score-timeout``: their check, or their wait and reward call); ``left``, those whose client went away before
+  their answer (queued, never scored, or while their call ran); ``refused``, those answered 503 because the server was
+  stuck (at once, or waiting for a check thread once every thread was). Now: ``queued``, the requests waiting for the
+  reward; ``busy``, the seconds its current call has run (0 when idle: a call that hangs shows there,
+  :attr:`RewardService.busy_for`); ``blocked_checks``, the check threads held by a request's check past
   ``--score-timeout`` (image paths on a file system that does not answer: :attr:`RewardService.blocked_checks`).
   ``failures``: every failure logged
   (:class:`~finecap.serve.service.RepeatedFailures`, a kind's repeats bounded): the 500s, 502s, 503s and 504s above
@@ -304,10 +304,14 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                     raw = await read_body(request, service.limits, body_timeout)
                     parsed, job = await service.off_loop(checked, raw)
                     del raw  # the bytes are not kept while the request waits for the reward
-                answered, scored = await until_gone(request, service.score(job))
+
+                def answer(out: RewardOutput) -> Response:  # made in score(), which counts the request by it
+                    return _json(reply(parsed, out))
+
+                answered, response = await until_gone(request, service.score(job, answer))
                 if not answered:
                     return Response(status_code=499)  # nobody reads it: the client is gone
-                return _json(reply(parsed, scored))
+                return response
             except ClientDisconnect:  # the client left while sending its body: nothing to answer, nothing to log
                 return Response(status_code=499)
             except RequestError as e:

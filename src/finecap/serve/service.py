@@ -3,7 +3,8 @@ requests.
 
 - **Images.** A request names images by id or by path; :class:`ImageTable` maps them to the reward's own ids (those
   of the served data set's training split, whose references, embeddings and scenes the reward was set up with):
-  ``17`` and ``"17"`` are the same image, a path is matched as the data set names it or resolved. An image the
+  ``17`` and ``"17"`` are the same image, a path is matched as the data set names it or, naming an existing file,
+  as the kernel resolves it (:func:`real_path`: no file is opened for reading, one call a path). An image the
   reward does not know is refused (400, naming ``image_ids[i]``) before any reward is called.
 - **One call per request.** A request is one reward call, ``reward(captions, call_batch(image_ids))``, exactly as
   the adapters call it in process, so the values are bit-identical through every front end. A reward whose
@@ -38,8 +39,10 @@ requests.
   (:class:`CheckTimeout`); the check thread it held stays blocked until the file system answers (a thread cannot be
   stopped), and the check of a request still waiting for a check thread is never run. While every check thread is
   so blocked (:meth:`RewardService.checks_stuck`: each has run one check past ``--score-timeout``) no request can
-  be checked: a request arriving then is answered 503 at once, as while the reward's call is stuck, and ``/health``
-  answers 503 ``"checks_stuck"`` until one returns.
+  be checked: a request arriving then is answered 503 at once, as while the reward's call is stuck, one already
+  waiting for a thread gets that 503 as soon as every thread is so blocked (never checked: the checks it waits
+  behind began before it, so they pass the deadline before its own), and ``/health`` answers 503
+  ``"checks_stuck"`` until one returns.
 - **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
@@ -57,9 +60,10 @@ requests.
   (:meth:`RepeatedFailures.flush`), as does the forgetting of the oldest kind beyond the kinds it remembers.
   Every failed request is still answered 500 (or 502, or 504) and counted in ``/health``'s ``failures``.
 - **Counts.** Each request handed to :meth:`RewardService.score` ends in one of five ways, counted apart
-  (:class:`Meter`, ``/health``): *scored* (its values handed back), *failed* (the reward's fault: a 500), *timed out*
-  (a 504: ``--score-timeout``, its check's included), *left* (its client went away before its answer, queued or
-  in a call) and *refused* (a 503: the server was stuck).
+  (:class:`Meter`, ``/health``): *scored* (its values handed back), *failed* (the reward's fault: a 500, or
+  ``/get_reward``'s 502 for captions the reward could not score; a fault of the server's own after the call too),
+  *timed out* (a 504: ``--score-timeout``, its check's included), *left* (its client went away before its answer,
+  queued or in a call) and *refused* (a 503: the server was stuck).
 - **Throughput logs.** Every ``log_every`` seconds one line: the requests of each outcome since the previous line
   (and one at the end), the captions the reward scored, captions per second, the mean round, the share of the time
   the reward was busy, and the p50 / p99 latency of the scored requests (a timed-out request's latency is the
@@ -84,6 +88,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -117,6 +122,9 @@ SCORE_TIMEOUT = 120.0
 out on their own."""
 MAX_SCORE_TIMEOUT = 86_400.0
 """``--score-timeout`` at most, in seconds (a day)."""
+CHECKS_STUCK_MARGIN = 0.01
+"""Seconds past the moment every check thread would be blocked (:meth:`RewardService.checks_stuck`, which counts a
+check that has run *more* than ``--score-timeout``) at which a request waiting for a thread looks again."""
 STUCK_RETRY_AFTER = 5
 """Seconds a request refused while the server is stuck is told to wait before it asks again (``Retry-After``,
 :attr:`RewardService.retry_after`)."""
@@ -198,9 +206,34 @@ def close_within(reward: Reward, name: str, wait: float = CLOSE_WAIT) -> bool:
     return True
 
 
+KERNEL_RESOLVES = hasattr(os, "O_PATH") and os.path.isdir("/proc/self/fd")
+"""Whether :func:`real_path` asks the kernel (Linux): one ``open(O_PATH)`` a path, whatever it holds."""
+
+
+def real_path(path: str) -> str:
+    """The canonical path of the existing file ``path`` names (its links followed, ``.`` and ``..`` taken), as
+    :meth:`ImageTable.resolve` matches a request's image path not known as written; an ``OSError`` (or a
+    ``ValueError``: a NUL character) when it names no file.
+
+    On Linux the kernel resolves it in one call, ``open(path, O_PATH)`` then the link ``/proc/self/fd/N``: the file
+    is not opened for reading (a FIFO does not block, a device is not touched), and the cost is bounded whatever the
+    path holds (the kernel takes at most ``PATH_MAX``, 4096 bytes, and 40 links). Python's own resolution
+    (``Path.resolve``, elsewhere) asks the file system about each component in turn, and each link's target's: a
+    16 MiB request of paths like ``/tmp/../tmp/...`` naming a known image held a check thread 18 s (measured on a
+    loaded 2-core machine), a few such requests every check thread."""
+    if not KERNEL_RESOLVES:
+        return str(Path(path).resolve(strict=True))
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
 class ImageTable:
     """The images a served reward knows: request ids (``str(id)``: ``17`` and ``"17"`` are one image) and image
-    paths (as the data set names them, or resolved) -> the reward's image ids.
+    paths (as the data set names them, or an existing file's other name: :func:`real_path`) -> the reward's image
+    ids.
 
     Args:
         image_ids: the reward's image ids (the served data set's training images).
@@ -226,6 +259,8 @@ class ImageTable:
             if not getattr(r, "embedded", False):
                 paths[str(r.path)] = r.image_id
                 paths.setdefault(str(Path(r.path).resolve()), r.image_id)
+                with contextlib.suppress(ValueError, OSError):  # as the kernel names it (real_path), if it exists
+                    paths.setdefault(real_path(str(r.path)), r.image_id)
         return cls([r.image_id for r in records], paths, source)
 
     def __len__(self) -> int:
@@ -238,9 +273,9 @@ class ImageTable:
             if by_path:
                 hit = self.by_path.get(value, _MISSING)
                 if hit is _MISSING:
-                    # a NUL character, a path too long, a link loop (RuntimeError before Python 3.13): no image
+                    # no such file, a NUL character, a path too long, a link loop (RuntimeError before Python 3.13)
                     with contextlib.suppress(ValueError, OSError, RuntimeError):
-                        hit = self.by_path.get(str(Path(value).resolve()), _MISSING)
+                        hit = self.by_path.get(real_path(value), _MISSING)
             else:
                 hit = self.by_text.get(str(value), _MISSING)
             if hit is _MISSING:
@@ -630,21 +665,18 @@ class RewardService:
         which keeps answering ``/health`` and the other clients meanwhile. Not done within :attr:`score_timeout`
         seconds (its wait for a thread included): :class:`CheckTimeout` (module docstring, "Deadline"); a call not
         yet begun is then never run, one running keeps its thread until it returns. While every check thread is so
-        held (:meth:`checks_stuck`), :class:`ServerStuck` at once: a 503, the request not queued."""
+        held (:meth:`checks_stuck`), :class:`ServerStuck` at once: a 503, the request not queued; a request that
+        found every thread busy and waits for one gets that 503 as soon as they all are so held (the checks it waits
+        behind began before it, so they pass the deadline before its own), its call then never run."""
         if self._checks is None:
             raise RuntimeError("RewardService.off_loop: the service is not running")
         if self.checks_stuck():  # no thread is free, nor will be soon: not queued behind them (module docstring)
-            raise self._refused(
-                f"the reward server cannot check requests: each of its {CHECK_THREADS} check threads has run a "
-                f"request's check past --score-timeout ({self.score_timeout:g} s) and has not returned (image paths "
-                f"on a file system that does not answer?); this request was not queued. Retry after "
-                f'{self.retry_after} s or ask another server; GET /health answers 503 "checks_stuck" until one '
-                "returns (restart the server if none does)",
-                "a request",
-            )
+            raise self._checks_refused("this request was not queued")
         starts, lock = self._check_starts, self._check_starts_lock
+        began = threading.Event()
 
         def timed() -> Any:  # on the check thread: its start kept while it runs (blocked_checks)
+            began.set()
             key = object()
             with lock:
                 starts[key] = time.monotonic()
@@ -654,9 +686,21 @@ class RewardService:
                 with lock:
                     del starts[key]
 
+        deadline = time.monotonic() + self.score_timeout
         work = asyncio.get_running_loop().run_in_executor(self._checks, timed)
+        stuck_at = self._checks_stuck_at()
         try:
-            return await asyncio.wait_for(work, self.score_timeout)
+            if stuck_at is not None and stuck_at < deadline:  # every thread busy: stuck then, unless one returns
+                await asyncio.wait({work}, timeout=stuck_at - time.monotonic())
+                if not work.done() and not began.is_set() and self.checks_stuck():
+                    work.cancel()  # not begun: never run
+                    waited = self.score_timeout - (deadline - time.monotonic())
+                    raise self._checks_refused(f"this request waited {waited:.1f} s for a check thread and was not "
+                                               "checked")  # fmt: skip
+            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0.0))
+        except asyncio.CancelledError:  # its client left: a call not begun is never run
+            work.cancel()
+            raise
         except TimeoutError:
             self.meter.timed_out += 1
             message = (f"not checked within {self.score_timeout:g} s (--score-timeout): reading the request (its "
@@ -668,10 +712,33 @@ class RewardService:
                               trace=False)  # fmt: skip
             raise error from None
 
-    async def score(self, job: Job) -> RewardOutput:
-        """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active);
-        :class:`ScoreTimeout` when they are not there :attr:`score_timeout` seconds from now (module docstring,
-        "Deadline")."""
+    def _checks_stuck_at(self) -> float | None:
+        """The ``time.monotonic()`` past which every check thread is blocked (:meth:`checks_stuck`) if none of the
+        checks running now returns first, or ``None`` while a thread is free (a check begun later passes its deadline
+        after the deadline of a request waiting now: it cannot make that request's wait hopeless)."""
+        with self._check_starts_lock:
+            if len(self._check_starts) < CHECK_THREADS:
+                return None
+            return max(self._check_starts.values()) + self.score_timeout + CHECKS_STUCK_MARGIN
+
+    def _checks_refused(self, what: str) -> ServerStuck:
+        """The :class:`ServerStuck` of a request that no check thread can check (:meth:`checks_stuck`); ``what``: what
+        became of it."""
+        return self._refused(
+            f"the reward server cannot check requests: each of its {CHECK_THREADS} check threads has run a "
+            f"request's check past --score-timeout ({self.score_timeout:g} s) and has not returned (image paths "
+            f"on a file system that does not answer?); {what}. Retry after "
+            f'{self.retry_after} s or ask another server; GET /health answers 503 "checks_stuck" until one '
+            "returns (restart the server if none does)",
+            "a request",
+        )
+
+    async def score(self, job: Job, answer: Callable[[RewardOutput], Any] | None = None) -> Any:
+        """``job``'s values (float32 on the CPU), scored in a round of the worker (:meth:`running` must be active), or
+        ``answer(values)``, the reply a front end makes of them (:mod:`finecap.serve.app`); :class:`ScoreTimeout` when
+        they are not there :attr:`score_timeout` seconds from now (module docstring, "Deadline"). The request counts
+        as scored once its reply is made: an ``answer`` that raises (``/get_reward``'s 502 for captions the reward
+        could not score, a fault of the server's) counts it failed, its exception raised here."""
         if self._wakeup is None:
             raise RuntimeError("RewardService.score: the service is not running (use `async with service.running()`)")
         if self.fatal is not None:
@@ -696,8 +763,13 @@ class RewardService:
         except Exception:
             self.meter.failed += 1
             raise
+        try:
+            reply = result if answer is None else answer(result)
+        except Exception:
+            self.meter.failed += 1
+            raise
         self.meter.scored(len(job.captions), time.perf_counter() - start)
-        return result
+        return reply
 
     def _stuck(self, captions: int) -> ServerStuck:
         """The :class:`ServerStuck` of a request of ``captions`` captions that arrived while the server is stuck
@@ -833,7 +905,7 @@ class Meter:
         self.busy = 0.0
         self.latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
         self.total_scored = self.total_captions = 0
-        self.failed = 0  # requests answered 500: the reward failed on them
+        self.failed = 0  # requests answered 500 or /get_reward's 502: the reward failed on them (or on some captions)
         self.timed_out = 0  # requests answered 504 (--score-timeout)
         self.left = 0  # requests whose client went away before their answer: queued (never scored) or in a call
         self.refused = 0  # requests answered 503 at once: the server was stuck
@@ -860,7 +932,7 @@ class Meter:
         latency = (f"latency p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms of the scored "
                    "requests" if len(lat) else "no request scored")  # fmt: skip
         text = (f"reward server ({name}): in {span:.1f} s {since['total_scored']} requests scored, "
-                f"{since['failed']} failed (500), {since['timed_out']} timed out (504, --score-timeout), "
+                f"{since['failed']} failed (500, 502), {since['timed_out']} timed out (504, --score-timeout), "
                 f"{since['left']} left by their client, {since['refused']} refused while stuck (503); the reward "
                 f"scored {self.captions} captions: {self.captions / span:,.0f} captions/s, "
                 f"{self.captions / max(self.rounds, 1):.0f} captions a round, busy {100 * self.busy / span:.0f}% of "
