@@ -5,6 +5,8 @@ installed here) is checked for:
 
 - first-token logits equal to the model's own forward on each image alone (1e-5 relative), for one image and for
   several images of different sizes batched with left padding;
+- prompt ids and image inputs equal to ``apply_chat_template(tokenize=True)``'s, also for non-square images under
+  the family's image-token options (pixel bounds, grids, tiles, splitting);
 - greedy captions equal to ``model.generate``'s tokens on the processor's batch;
 - per-token log-probs of sampled captions (finecap's decoder and finecap's scoring forward) equal to a teacher-forced
   run of the model's own forward on prompt + caption;
@@ -114,6 +116,53 @@ def test_prompt_ids_are_transformers_apply_chat_template_ids(tiny):
     bos = tiny.tokenizer.bos_token_id
     if tiny.model.config.model_type == "gemma3":  # the template's BOS, once
         assert ours_ids[0, :2].tolist() == [bos, tiny.tokenizer.convert_tokens_to_ids("<start_of_turn>")]
+
+
+IMAGE_OPTIONS = {
+    "idefics2": {"processor_kwargs": {"do_image_splitting": True}},
+    "idefics3": {"processor_kwargs": {"do_image_splitting": True, "size": {"longest_edge": 48}}},
+    "smolvlm": {"processor_kwargs": {"do_image_splitting": True, "size": {"longest_edge": 48}}},
+    "internvl": {"image_max_pixels": 1024},
+    **dict.fromkeys(["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next", "llava_onevision", "mistral3"],
+                    {"image_max_pixels": 256}),
+}  # fmt: skip
+"""Per family, an image budget or processor option that changes how many image tokens an image gets (Qwen's and
+GLM-4V's pixel bounds, LLaVA-NeXT / OneVision grids, Pixtral's edge, InternVL's tiles, SmolVLM / Idefics splitting);
+Gemma 3 and LLaVA-1.5 resize every image to one size."""
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
+def test_prompt_ids_of_non_square_images_under_image_options_are_apply_chat_templates(family):
+    """For non-square images of three shapes, under the family's image options (:data:`IMAGE_OPTIONS`, passed by
+    finecap to every processor call), the collator's prompt ids and image inputs are transformers'
+    ``apply_chat_template(tokenize=True)``'s given the same options, and the model's own forward takes them (its
+    image features match the image tokens: a mismatch raises)."""
+    import copy
+
+    from finecap.config import VlmBackboneConfig
+
+    model, processor = tiny_family(family)
+    vlm = Vlm(model, processor, VlmBackboneConfig(**IMAGE_OPTIONS.get(family, {})), source=family).eval()
+    g = torch.Generator().manual_seed(0)
+    shapes = ((16, 40), (50, 20), (33, 47))  # (height, width)
+    ims = [Image.fromarray((torch.rand(h, w, 3, generator=g) * 255).byte().numpy()) for h, w in shapes]
+    counts = []
+    for image in ims:
+        messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                                 {"type": "text", "text": vlm.section.prompt}]}]  # fmt: skip
+        options = copy.deepcopy(vlm.processor_kwargs)  # transformers writes its own keys into the dict it is given
+        theirs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                               return_tensors="pt", processor_kwargs=options)  # fmt: skip
+        ours = vlm.encoder.preprocess([image])
+        assert ours["prompt_ids"].tolist() == theirs["input_ids"].tolist()
+        for key in (*vlm.family.image_inputs, *vlm.family.token_inputs):
+            if key in theirs:
+                assert torch.equal(ours[key], theirs[key]), key
+        counts.append(int((ours["prompt_ids"] == vlm.image_token_id).sum()))
+    with torch.no_grad():
+        vlm.start(vlm.prompt_of(vlm.encoder.preprocess(ims)))  # the three together, left-padded
+    if family in IMAGE_OPTIONS and family != "idefics2":  # the options read each image's shape
+        assert len(set(counts)) > 1, counts
 
 
 def test_greedy_captions_equal_generate(tiny):
