@@ -10,6 +10,8 @@ installed here) is checked for:
 - greedy captions equal to ``model.generate``'s tokens on the processor's batch;
 - per-token log-probs of sampled captions (finecap's decoder and finecap's scoring forward) equal to a teacher-forced
   run of the model's own forward on prompt + caption;
+- MLE equal to the model's own ``labels`` loss with the prompt and padding at -100 (captions of unequal lengths,
+  prompts of two image sizes), the labels being each caption's tokens and its end token;
 - two MLE steps that lower the loss and move only what trains;
 - beam captions equal to ``generate(num_beams=3)``'s;
 - bf16 weights + autocast + LoRA with gradient checkpointing: the loss and adapter gradients of the same model without
@@ -195,6 +197,39 @@ def test_sampled_caption_logprobs_equal_a_teacher_forced_own_forward(tiny):
         torch.testing.assert_close(scored[row, :n], reference, rtol=1e-5, atol=1e-5)
         compared += 1
     assert compared >= len(got) - 1
+
+
+def test_mle_is_the_models_own_loss_over_caption_tokens_only(tiny):
+    """finecap's MLE loss on a batch of four captions of unequal lengths (right-padded) after prompts of images of two
+    sizes (left-padded where the family's image tokens depend on the size) equals the model's own ``labels`` loss on
+    ``[prompt, caption]`` with the prompt's (its image tokens') and the padding's labels at -100; labels over the
+    prompt would change it. Per-token processor inputs (Gemma 3's ``token_type_ids``, Qwen's ``mm_token_type_ids``)
+    are 0 over the caption, as the processor gives them for text."""
+    from finecap.data.targets import IGNORE_INDEX
+
+    captions = ["a red circle", "two blue squares on the left of a big green circle", "a", "one big yellow star"]
+    batch = batch_of(tiny, captions)
+    tok = tiny.tokenizer
+    for row, text in zip(batch["labels"].tolist(), captions, strict=True):  # each caption's tokens and its end token
+        target = [*tok(tiny.caption_prefix + text, add_special_tokens=False)["input_ids"], tiny.eos_token_id]
+        assert row == target + [IGNORE_INDEX] * (len(row) - len(target)), text
+    assert len(set(batch["attention_mask"].sum(1).tolist())) > 2  # captions of unequal lengths, right-padded
+    with torch.no_grad():
+        ours = mle_loss(tiny(batch), batch["labels"])
+    caption = batch["input_ids"]
+    ids = torch.cat([batch["prompt_ids"], caption], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["attention_mask"]], 1)
+    extra = {k: batch[k] for k in tiny.family.image_inputs if k in batch}
+    extra |= {k: torch.cat([batch[k], torch.zeros_like(caption)], 1) for k in tiny.family.token_inputs}
+    if tiny.family.mrope:
+        extra["mm_token_type_ids"] = (ids == tiny.image_token_id).int()
+    prompt_ignored = torch.full_like(batch["prompt_ids"], IGNORE_INDEX)
+    with_prompt = batch["prompt_ids"].masked_fill(batch["prompt_mask"] == 0, IGNORE_INDEX)
+    with torch.no_grad():
+        theirs, other = (tiny.model(input_ids=ids, attention_mask=mask, labels=torch.cat([first, batch["labels"]], 1),
+                                    **extra).loss for first in (prompt_ignored, with_prompt))  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ours, other, atol=1e-3)
 
 
 def test_two_mle_steps_lower_the_loss_and_move_only_what_trains(tiny):
