@@ -8,6 +8,7 @@ installed here) is checked for:
 - prompt ids and image inputs equal to ``apply_chat_template(tokenize=True)``'s, also for non-square images under
   the family's image-token options (pixel bounds, grids, tiles, splitting);
 - greedy captions equal to ``model.generate``'s tokens on the processor's batch;
+- captions ending where ``generate`` stops at the chat template's turn end, their text free of template text;
 - per-token log-probs of sampled captions (finecap's decoder and finecap's scoring forward) equal to a teacher-forced
   run of the model's own forward on prompt + caption;
 - MLE equal to the model's own ``labels`` loss with the prompt and padding at -100 (captions of unequal lengths,
@@ -355,6 +356,35 @@ def test_a_turn_end_the_models_stops_lack_ends_captions_and_joins_the_stops(fami
     assert got.sequences[0, :n].tolist() == theirs[0][:n] and int(got.lengths[0]) == n
     assert got.texts[0] == tok.decode(theirs[0][: n - 1], skip_special_tokens=True).strip()
     assert_greedy_equal(got, theirs, vlm.pad_token_id)
+
+
+def test_captions_stop_at_the_turn_end_and_hold_no_template_text(tiny):
+    """Each family's model made to end its answer with the token that ends an assistant turn in its chat template
+    (:attr:`Vlm.eos_token_id`, its output-embedding row raised at the second step): ``generate`` stops there and
+    finecap's greedy captions hold ``generate``'s tokens up to it, the turn end last; the caption text is the answer's
+    tokens decoded, without the turn end or any other text of the chat template around the answer."""
+    from finecap.models.vlm import answer_context
+
+    eot = tiny.eos_token_id
+    model = tiny.model
+    head = model.get_output_embeddings().weight
+    saved = head[eot].detach().clone()
+    try:
+        enc = processor_batch(tiny, pictures(2, seed=1))
+        theirs = generate_ending_at(model, enc, eot)
+        got = tiny.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
+    finally:
+        with torch.no_grad():
+            head[eot] = saved
+    n = theirs[0].index(eot) + 1  # generate stopped at the turn end, within the 6 tokens
+    assert all(t == tiny.pad_token_id for t in theirs[0][n:])
+    assert got.sequences[0, :n].tolist() == theirs[0][:n] and int(got.lengths[0]) == n
+    text = got.texts[0]
+    assert text == tiny.tokenizer.decode(theirs[0][: n - 1], skip_special_tokens=True).strip()
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": tiny.section.prompt}]}]
+    before, after = answer_context(tiny.processor, messages, tiny.prompt_text)
+    residue = [w for w in (*tiny.prompt_text.split(), *before.split(), *after.split()) if not w.isalpha()]
+    assert residue and not [w for w in residue if w in text], (text, residue)
 
 
 PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 4, "pan_and_scan_max_num_crops": 3,
