@@ -19,6 +19,7 @@ installed here) is checked for:
   it (checkpointing seen to run: the first layer runs again in the backward pass), also for a caption holding the
   image token (scored after the prompt's cache, both passes checkpointed);
 - the family row's LoRA targets resolve in both parts;
+- a fine-tuned captioner's saved folder loaded by ``AutoModelForImageTextToText``: finecap's caption logits;
 - from a saved folder: LoRA on both parts, saved; peft's adapter on the *original* base and the merged export, each
   loaded by ``AutoModelForImageTextToText``, caption like finecap.
 
@@ -512,6 +513,38 @@ def test_default_lora_targets_resolve_in_both_parts_and_leave_the_projector_out(
         assert got, part
         projector = tiny.family.projector.removeprefix(tiny.family.vision + ".")
         assert not [n for n in got if n.startswith(projector) or "lm_head" in n], part
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
+def test_a_saved_folder_loads_with_auto_model_and_gives_finecaps_logits(family, tmp_path):
+    """A fine-tuned captioner (every weight of the language model, projector and tower moved) saved by
+    :meth:`Vlm.save` loads with ``AutoModelForImageTextToText`` as the family's own class, whose forward on
+    ``[prompt, caption]`` gives finecap's teacher-forced caption logits (1e-5 relative) on a padded batch."""
+    from transformers import AutoModelForImageTextToText
+
+    model, processor = tiny_family(family)
+    vlm = Vlm(model, processor, source=family, train_encoder=True).eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in vlm.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    batch = batch_of(vlm)
+    with torch.no_grad():
+        ours = vlm(batch)  # (B, T, V) caption logits
+    loaded = AutoModelForImageTextToText.from_pretrained(vlm.save(tmp_path / "ckpt")).eval()
+    assert type(loaded) is type(model)
+    caption = batch["input_ids"]
+    T = caption.shape[1]
+    extra = {k: batch[k] for k in vlm.family.image_inputs if k in batch}
+    extra |= {k: torch.cat([batch[k], torch.zeros_like(caption)], 1) for k in vlm.family.token_inputs}
+    ids = torch.cat([batch["prompt_ids"], caption], 1)[:, :-1]
+    if vlm.family.mrope:
+        extra["mm_token_type_ids"] = (ids == vlm.image_token_id).int()
+    mask = torch.cat([batch["prompt_mask"], batch["attention_mask"]], 1)[:, :-1]
+    with torch.no_grad():
+        theirs = loaded(input_ids=ids, attention_mask=mask, **extra).logits[:, -T:]
+    real = batch["attention_mask"].bool()  # padding positions of captions are never read
+    assert relative(ours[real], theirs[real]) < 1e-5
 
 
 def test_adapters_on_the_original_base_and_the_merged_export_caption_like_the_run(tiny, tmp_path):
