@@ -5,15 +5,21 @@ installed here) is checked for:
 
 - first-token logits equal to the model's own forward on each image alone (1e-5 relative), for one image and for
   several images of different sizes batched with left padding;
+- prompt ids and image inputs equal to ``apply_chat_template(tokenize=True)``'s, also for non-square images under
+  the family's image-token options (pixel bounds, grids, tiles, splitting);
 - greedy captions equal to ``model.generate``'s tokens on the processor's batch;
+- captions ending where ``generate`` stops at the chat template's turn end, their text free of template text;
 - per-token log-probs of sampled captions (finecap's decoder and finecap's scoring forward) equal to a teacher-forced
   run of the model's own forward on prompt + caption;
+- MLE equal to the model's own ``labels`` loss with the prompt and padding at -100 (captions of unequal lengths,
+  prompts of two image sizes), the labels being each caption's tokens and its end token;
 - two MLE steps that lower the loss and move only what trains;
 - beam captions equal to ``generate(num_beams=3)``'s;
 - bf16 weights + autocast + LoRA with gradient checkpointing: the loss and adapter gradients of the same model without
   it (checkpointing seen to run: the first layer runs again in the backward pass), also for a caption holding the
   image token (scored after the prompt's cache, both passes checkpointed);
 - the family row's LoRA targets resolve in both parts;
+- a fine-tuned captioner's saved folder loaded by ``AutoModelForImageTextToText``: finecap's caption logits;
 - from a saved folder: LoRA on both parts, saved; peft's adapter on the *original* base and the merged export, each
   loaded by ``AutoModelForImageTextToText``, caption like finecap.
 
@@ -116,6 +122,53 @@ def test_prompt_ids_are_transformers_apply_chat_template_ids(tiny):
         assert ours_ids[0, :2].tolist() == [bos, tiny.tokenizer.convert_tokens_to_ids("<start_of_turn>")]
 
 
+IMAGE_OPTIONS = {
+    "idefics2": {"processor_kwargs": {"do_image_splitting": True}},
+    "idefics3": {"processor_kwargs": {"do_image_splitting": True, "size": {"longest_edge": 48}}},
+    "smolvlm": {"processor_kwargs": {"do_image_splitting": True, "size": {"longest_edge": 48}}},
+    "internvl": {"image_max_pixels": 1024},
+    **dict.fromkeys(["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "llava_next", "llava_onevision", "mistral3"],
+                    {"image_max_pixels": 256}),
+}  # fmt: skip
+"""Per family, an image budget or processor option that changes how many image tokens an image gets (Qwen's and
+GLM-4V's pixel bounds, LLaVA-NeXT / OneVision grids, Pixtral's edge, InternVL's tiles, SmolVLM / Idefics splitting);
+Gemma 3 and LLaVA-1.5 resize every image to one size."""
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
+def test_prompt_ids_of_non_square_images_under_image_options_are_apply_chat_templates(family):
+    """For non-square images of three shapes, under the family's image options (:data:`IMAGE_OPTIONS`, passed by
+    finecap to every processor call), the collator's prompt ids and image inputs are transformers'
+    ``apply_chat_template(tokenize=True)``'s given the same options, and the model's own forward takes them (its
+    image features match the image tokens: a mismatch raises)."""
+    import copy
+
+    from finecap.config import VlmBackboneConfig
+
+    model, processor = tiny_family(family)
+    vlm = Vlm(model, processor, VlmBackboneConfig(**IMAGE_OPTIONS.get(family, {})), source=family).eval()
+    g = torch.Generator().manual_seed(0)
+    shapes = ((16, 40), (50, 20), (33, 47))  # (height, width)
+    ims = [Image.fromarray((torch.rand(h, w, 3, generator=g) * 255).byte().numpy()) for h, w in shapes]
+    counts = []
+    for image in ims:
+        messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                                 {"type": "text", "text": vlm.section.prompt}]}]  # fmt: skip
+        options = copy.deepcopy(vlm.processor_kwargs)  # transformers writes its own keys into the dict it is given
+        theirs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                               return_tensors="pt", processor_kwargs=options)  # fmt: skip
+        ours = vlm.encoder.preprocess([image])
+        assert ours["prompt_ids"].tolist() == theirs["input_ids"].tolist()
+        for key in (*vlm.family.image_inputs, *vlm.family.token_inputs):
+            if key in theirs:
+                assert torch.equal(ours[key], theirs[key]), key
+        counts.append(int((ours["prompt_ids"] == vlm.image_token_id).sum()))
+    with torch.no_grad():
+        vlm.start(vlm.prompt_of(vlm.encoder.preprocess(ims)))  # the three together, left-padded
+    if family in IMAGE_OPTIONS and family != "idefics2":  # the options read each image's shape
+        assert len(set(counts)) > 1, counts
+
+
 def test_greedy_captions_equal_generate(tiny):
     enc = processor_batch(tiny, pictures(3, seed=1))
     got = tiny.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
@@ -146,6 +199,39 @@ def test_sampled_caption_logprobs_equal_a_teacher_forced_own_forward(tiny):
         torch.testing.assert_close(scored[row, :n], reference, rtol=1e-5, atol=1e-5)
         compared += 1
     assert compared >= len(got) - 1
+
+
+def test_mle_is_the_models_own_loss_over_caption_tokens_only(tiny):
+    """finecap's MLE loss on a batch of four captions of unequal lengths (right-padded) after prompts of images of two
+    sizes (left-padded where the family's image tokens depend on the size) equals the model's own ``labels`` loss on
+    ``[prompt, caption]`` with the prompt's (its image tokens') and the padding's labels at -100; labels over the
+    prompt would change it. Per-token processor inputs (Gemma 3's ``token_type_ids``, Qwen's ``mm_token_type_ids``)
+    are 0 over the caption, as the processor gives them for text."""
+    from finecap.data.targets import IGNORE_INDEX
+
+    captions = ["a red circle", "two blue squares on the left of a big green circle", "a", "one big yellow star"]
+    batch = batch_of(tiny, captions)
+    tok = tiny.tokenizer
+    for row, text in zip(batch["labels"].tolist(), captions, strict=True):  # each caption's tokens and its end token
+        target = [*tok(tiny.caption_prefix + text, add_special_tokens=False)["input_ids"], tiny.eos_token_id]
+        assert row == target + [IGNORE_INDEX] * (len(row) - len(target)), text
+    assert len(set(batch["attention_mask"].sum(1).tolist())) > 2  # captions of unequal lengths, right-padded
+    with torch.no_grad():
+        ours = mle_loss(tiny(batch), batch["labels"])
+    caption = batch["input_ids"]
+    ids = torch.cat([batch["prompt_ids"], caption], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["attention_mask"]], 1)
+    extra = {k: batch[k] for k in tiny.family.image_inputs if k in batch}
+    extra |= {k: torch.cat([batch[k], torch.zeros_like(caption)], 1) for k in tiny.family.token_inputs}
+    if tiny.family.mrope:
+        extra["mm_token_type_ids"] = (ids == tiny.image_token_id).int()
+    prompt_ignored = torch.full_like(batch["prompt_ids"], IGNORE_INDEX)
+    with_prompt = batch["prompt_ids"].masked_fill(batch["prompt_mask"] == 0, IGNORE_INDEX)
+    with torch.no_grad():
+        theirs, other = (tiny.model(input_ids=ids, attention_mask=mask, labels=torch.cat([first, batch["labels"]], 1),
+                                    **extra).loss for first in (prompt_ignored, with_prompt))  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ours, other, atol=1e-3)
 
 
 def test_two_mle_steps_lower_the_loss_and_move_only_what_trains(tiny):
@@ -273,6 +359,35 @@ def test_a_turn_end_the_models_stops_lack_ends_captions_and_joins_the_stops(fami
     assert_greedy_equal(got, theirs, vlm.pad_token_id)
 
 
+def test_captions_stop_at_the_turn_end_and_hold_no_template_text(tiny):
+    """Each family's model made to end its answer with the token that ends an assistant turn in its chat template
+    (:attr:`Vlm.eos_token_id`, its output-embedding row raised at the second step): ``generate`` stops there and
+    finecap's greedy captions hold ``generate``'s tokens up to it, the turn end last; the caption text is the answer's
+    tokens decoded, without the turn end or any other text of the chat template around the answer."""
+    from finecap.models.vlm import answer_context
+
+    eot = tiny.eos_token_id
+    model = tiny.model
+    head = model.get_output_embeddings().weight
+    saved = head[eot].detach().clone()
+    try:
+        enc = processor_batch(tiny, pictures(2, seed=1))
+        theirs = generate_ending_at(model, enc, eot)
+        got = tiny.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
+    finally:
+        with torch.no_grad():
+            head[eot] = saved
+    n = theirs[0].index(eot) + 1  # generate stopped at the turn end, within the 6 tokens
+    assert all(t == tiny.pad_token_id for t in theirs[0][n:])
+    assert got.sequences[0, :n].tolist() == theirs[0][:n] and int(got.lengths[0]) == n
+    text = got.texts[0]
+    assert text == tiny.tokenizer.decode(theirs[0][: n - 1], skip_special_tokens=True).strip()
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": tiny.section.prompt}]}]
+    before, after = answer_context(tiny.processor, messages, tiny.prompt_text)
+    residue = [w for w in (*tiny.prompt_text.split(), *before.split(), *after.split()) if not w.isalpha()]
+    assert residue and not [w for w in residue if w in text], (text, residue)
+
+
 PAN_AND_SCAN = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 4, "pan_and_scan_max_num_crops": 3,
                 "pan_and_scan_min_ratio_to_activate": 1.2}  # fmt: skip
 """Gemma 3's pan-and-scan at the tiny model's 16 px: a wide image is read as crops besides the whole image."""
@@ -398,6 +513,38 @@ def test_default_lora_targets_resolve_in_both_parts_and_leave_the_projector_out(
         assert got, part
         projector = tiny.family.projector.removeprefix(tiny.family.vision + ".")
         assert not [n for n in got if n.startswith(projector) or "lm_head" in n], part
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
+def test_a_saved_folder_loads_with_auto_model_and_gives_finecaps_logits(family, tmp_path):
+    """A fine-tuned captioner (every weight of the language model, projector and tower moved) saved by
+    :meth:`Vlm.save` loads with ``AutoModelForImageTextToText`` as the family's own class, whose forward on
+    ``[prompt, caption]`` gives finecap's teacher-forced caption logits (1e-5 relative) on a padded batch."""
+    from transformers import AutoModelForImageTextToText
+
+    model, processor = tiny_family(family)
+    vlm = Vlm(model, processor, source=family, train_encoder=True).eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in vlm.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    batch = batch_of(vlm)
+    with torch.no_grad():
+        ours = vlm(batch)  # (B, T, V) caption logits
+    loaded = AutoModelForImageTextToText.from_pretrained(vlm.save(tmp_path / "ckpt")).eval()
+    assert type(loaded) is type(model)
+    caption = batch["input_ids"]
+    T = caption.shape[1]
+    extra = {k: batch[k] for k in vlm.family.image_inputs if k in batch}
+    extra |= {k: torch.cat([batch[k], torch.zeros_like(caption)], 1) for k in vlm.family.token_inputs}
+    ids = torch.cat([batch["prompt_ids"], caption], 1)[:, :-1]
+    if vlm.family.mrope:
+        extra["mm_token_type_ids"] = (ids == vlm.image_token_id).int()
+    mask = torch.cat([batch["prompt_mask"], batch["attention_mask"]], 1)[:, :-1]
+    with torch.no_grad():
+        theirs = loaded(input_ids=ids, attention_mask=mask, **extra).logits[:, -T:]
+    real = batch["attention_mask"].bool()  # padding positions of captions are never read
+    assert relative(ours[real], theirs[real]) < 1e-5
 
 
 def test_adapters_on_the_original_base_and_the_merged_export_caption_like_the_run(tiny, tmp_path):
