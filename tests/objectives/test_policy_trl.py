@@ -2,13 +2,16 @@
 loss (``PolicyOptimization.clipped_loss``, what the objective computes) and its gradient equal TRL 1.16's
 ``GRPOTrainer._compute_loss`` for ``grpo``, ``bnpo``, ``dr_grpo`` and ``dapo``, with β = 0 and β > 0, token and
 sequence importance, with and without TRL's KL bias correction (relative 1e-6 on the loss); and the advantages equal
-TRL's for each ``scale_rewards`` and ``multi_objective_aggregation``.
+TRL's for each ``scale_rewards`` and ``multi_objective_aggregation``; both at the inputs' edges too (empty and
+full-length completions, constant groups, captions no reward scored).
 
 The trainers are real ``GRPOTrainer`` objects built from a ``GRPOConfig`` (one per configuration, over a tiny GPT-2
 saved like a Hub checkpoint, as TRL builds its reference model from the path); ``_compute_loss`` runs on hand-built
 ``inputs`` in eval mode (no dropout, so both sides score the same function; TRL's normalisers are then 1). TRL computes
-its advantages inline in ``_generate_and_score_completions``; :func:`trl_advantages` is that code path, lines
-2761-2810 of ``trl/trainer/grpo_trainer.py`` in TRL 1.16.0, with TRL's own ``nanstd``.
+its advantages inline in ``_generate_and_score_completions``: :func:`trls_own_advantages` calls it (it generates with
+the tiny LM; reward functions pay chosen values), and :func:`trl_advantages`, a fast transcription of that code path
+(lines 2761-2810 of ``trl/trainer/grpo_trainer.py`` in TRL 1.16.0, with TRL's own ``nanstd``), runs in the default
+suite.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ trl = pytest.importorskip("trl")
 
 PROMPT, COMPLETION = 3, 6  # token positions
 LENGTHS = [6, 2, 4, 1, 5, 3]  # completion lengths: every aggregation weighs them differently
+ADVANTAGES = [1.5, -0.7, 0.2, -1.1, 0.9, -0.3]
 FINECAP_NAME = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}
 
 
@@ -40,35 +44,37 @@ def tiny_lm(tmp_path_factory):
     return out, tok
 
 
-def make_trainer(path, tok, tmp_path, **config):
+def make_trainer(path, tok, tmp_path, rows=None, reward_funcs=None, num_generations=3, **config):
+    """A real ``GRPOTrainer`` over ``rows`` (six prompts by default), ``reward_funcs`` (one paying 0 by default)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=6, num_generations=3,
-                      max_completion_length=COMPLETION, report_to="none", use_cpu=True, save_strategy="no",
-                      seed=0, bf16=False, **config)  # fmt: skip
-    dataset = Dataset.from_list([{"prompt": "a red circle"}] * 6)
-    trainer = GRPOTrainer(model=str(path), processing_class=tok, args=args, train_dataset=dataset,
-                          reward_funcs=[lambda prompts, completions, **kw: [0.0] * len(completions)])  # fmt: skip
+    rows = rows or [{"prompt": "a red circle"}] * 6
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=len(rows),
+                      num_generations=num_generations, max_completion_length=COMPLETION, report_to="none",
+                      use_cpu=True, save_strategy="no", seed=0, bf16=False, **config)  # fmt: skip
+    funcs = reward_funcs or [lambda prompts, completions, **kw: [0.0] * len(completions)]
+    trainer = GRPOTrainer(model=str(path), processing_class=tok, args=args, train_dataset=Dataset.from_list(rows),
+                          reward_funcs=funcs)  # fmt: skip
     trainer.model.eval()  # no dropout; _compute_loss's normalisers are then 1 (TRL's eval mode)
     return trainer
 
 
-def inputs_for(model):
-    """Hand-built inputs: completions of different lengths, advantages of both signs, old log-probs a little off the
-    model's (so ratios leave the clip range) and reference log-probs further off."""
+def inputs_for(model, lengths=LENGTHS, advantages=ADVANTAGES):
+    """Hand-built inputs: completions of different ``lengths``, ``advantages`` (of both signs), old log-probs a little
+    off the model's (so ratios leave the clip range) and reference log-probs further off."""
     g = torch.Generator().manual_seed(1)
     vocab = model.config.vocab_size
     prompt_ids = torch.randint(5, vocab, (6, PROMPT), generator=g)
     completion_ids = torch.randint(5, vocab, (6, COMPLETION), generator=g)
-    mask = (torch.arange(COMPLETION)[None, :] < torch.tensor(LENGTHS)[:, None]).long()
+    mask = (torch.arange(COMPLETION)[None, :] < torch.tensor(lengths)[:, None]).long()
     with torch.no_grad():
         logp = policy_logprobs(model, prompt_ids, completion_ids, mask)
     old = logp + 0.3 * torch.randn(logp.shape, generator=g)
     ref = logp + 0.5 * torch.randn(logp.shape, generator=g)
     return {
         "prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion_ids,
-        "completion_mask": mask, "advantages": torch.tensor([1.5, -0.7, 0.2, -1.1, 0.9, -0.3]),
+        "completion_mask": mask, "advantages": torch.tensor(advantages),
         "old_per_token_logps": old * mask, "ref_per_token_logps": ref * mask, "num_items_in_batch": mask.sum(),
     }  # fmt: skip
 
@@ -145,6 +151,38 @@ def test_loss_and_gradient_equal_trls_compute_loss(tiny_lm, tmp_path, loss_type,
         assert metrics["kl"] == pytest.approx(trainer._metrics["eval"]["kl"][-1], rel=1e-5)
     assert metrics["clip_fraction"] == pytest.approx(trainer._metrics["eval"]["clip_ratio/region_mean"][-1], rel=1e-6)
     assert items == (float(sum(LENGTHS)) if FINECAP_NAME[loss_type] == "token" else 6.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("importance", ["token", "sequence"])
+def test_loss_equals_trls_on_empty_and_full_length_completions_and_zero_advantages(tiny_lm, tmp_path, loss_type,
+                                                                                   importance):  # fmt: skip
+    """The edges of the inputs above: a completion of no token (all padding: TRL's and finecap's ``clamp(min=1)``
+    give it a loss of 0 that still counts as a caption in ``grpo``'s mean and ``dr_grpo``'s divisor, and a sequence
+    ratio of exp(0 / 1) = 1), two of the full ``max_completion_length`` (truncated), and the advantages of a group
+    whose rewards were all equal (0, whose captions then carry the KL term only)."""
+    path, tok = tiny_lm
+    trainer = make_trainer(path, tok, tmp_path, loss_type=loss_type, beta=0.04, epsilon=0.2, epsilon_high=0.28,
+                           importance_sampling_level=importance)  # fmt: skip
+    model = trainer.model
+    lengths = [COMPLETION, 0, 3, COMPLETION, 1, 4]
+    inputs = inputs_for(model, lengths, [0.0, 0.0, 0.0, -1.1, 0.9, -0.3])  # image 0: a constant group
+    model.zero_grad()
+    theirs = trainer._compute_loss(model, inputs)
+    theirs.backward()
+    their_grads = grads(model).clone()
+
+    model.zero_grad()
+    rl = rl_sections(advantage="group", samples=3, policy_loss="clipped", loss_aggregation=FINECAP_NAME[loss_type],
+                     clip_low=0.2, clip_high=0.28, importance=importance, kl_coef=0.04)  # fmt: skip
+    ours, items, metrics = finecap_loss(model, inputs, rl)
+    ours.backward()
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+    assert ((grads(model) - their_grads).norm() / their_grads.norm()).item() <= 1e-5
+    assert metrics["kl"] == pytest.approx(trainer._metrics["eval"]["kl"][-1], rel=1e-5)
+    assert metrics["clip_fraction"] == pytest.approx(trainer._metrics["eval"]["clip_ratio/region_mean"][-1], rel=1e-6)
+    assert items == (float(sum(lengths)) if FINECAP_NAME[loss_type] == "token" else 6.0)
 
 
 @pytest.mark.slow
@@ -247,12 +285,80 @@ def test_advantages_equal_trls(scale, aggregation):
     assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), (ours - theirs).abs().max()
 
 
+def trls_own_advantages(tiny_lm, tmp_path, parts, weights, num_generations, **config):
+    """The advantages TRL 1.16 computes itself: ``GRPOTrainer._generate_and_score_completions`` (it generates
+    completions with the tiny LM, scores them and returns ``advantages``) over one prompt per row of ``parts``
+    (N, K), whose K reward functions pay those values column by column, ``None`` where NaN (TRL's unscorable)."""
+    path, tok = tiny_lm
+
+    def column(k):
+        def reward(prompts, completions, paid, **kw):
+            return [None if p[k] != p[k] else p[k] for p in paid]
+
+        reward.__name__ = f"r{k}"
+        return reward
+
+    rows = [{"prompt": "a red circle", "paid": p} for p in parts.tolist()]
+    trainer = make_trainer(path, tok, tmp_path, rows, [column(k) for k in range(parts.shape[1])], num_generations,
+                           reward_weights=weights.tolist(), **config)  # fmt: skip
+    return trainer._generate_and_score_completions(rows)["advantages"]
+
+
+def edge_rewards():
+    """6 images x 3 samples of two rewards: varied groups, a group whose first reward is constant, one whose rewards
+    are both constant (its total too), and groups with one, two and three captions no reward could score (NaN in both
+    rewards: TRL's unscorable, finecap's failed)."""
+    g = torch.Generator().manual_seed(2)
+    parts = torch.rand(18, 2, generator=g) * torch.tensor([3.0, 1.0])
+    parts[3:6, 0] = 0.5
+    parts[6:9] = torch.tensor([0.25, 2.0])
+    nan = float("nan")
+    parts[9] = parts[13] = parts[14] = parts[15] = parts[16] = parts[17] = nan
+    return parts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("scale", "aggregation"),
+    [("group", "sum_then_normalize"), ("batch", "sum_then_normalize"), ("none", "sum_then_normalize"),
+     ("group", "normalize_then_sum")],  # TRL's normalize_then_sum reads no scale_rewards (nor does finecap's)
+)  # fmt: skip
+def test_advantages_equal_trls_own_at_the_edges(tiny_lm, tmp_path, scale, aggregation):
+    """finecap's advantages against those TRL's own code returns (not a transcription of it), on the edges of
+    :func:`edge_rewards`: constant groups get exactly 0 on both sides (rewards exactly representable, so TRL's
+    rounding leaves none: the next test shows where it does), failed captions 0 and out of every statistic, and a
+    lone scored caption 0 (its group has no std)."""
+    parts, weights = edge_rewards(), torch.tensor([1.0, 0.5])
+    theirs = trls_own_advantages(tiny_lm, tmp_path, parts, weights, 3, scale_rewards=scale,
+                                 multi_objective_aggregation=aggregation)  # fmt: skip
+    failed = torch.isnan(parts).any(dim=1)
+    if aggregation == "sum_then_normalize":
+        ours = group_advantages((parts * weights).sum(dim=1), 3, scale, failed=failed)
+    else:
+        ours = normalize_then_sum([parts[:, 0], parts[:, 1]], weights.tolist(), 3, failed=failed)
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), (ours - theirs).abs().max()
+    assert ours[failed].tolist() == theirs[failed].tolist() == [0.0] * 6
+    if aggregation == "sum_then_normalize":  # GDPO's batch normalisation moves a constant group off 0, on both sides
+        assert ours[6:9].tolist() == theirs[6:9].tolist() == [0.0] * 3
+        assert ours[12].item() == theirs[12].item() == 0.0  # the lone scored caption of its group
+
+
 def test_a_constant_group_is_zero_where_trls_rounding_is_not():
     """The one documented difference of the advantages (docs/methods/grpo.md): seven rewards of 0.7 are 6e-8 off
     their float32 mean, which TRL's group scaling divides by ``std + 1e-4`` (6e-4 on each caption); finecap's are
     exactly 0. The varied group beside it is TRL's."""
     rewards = torch.tensor([0.7] * 7 + [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 9.0])
     theirs = trl_advantages(rewards[:, None], torch.tensor([1.0]), 7, "group", "sum_then_normalize")
+    ours = group_advantages(rewards, 7, "group")
+    assert theirs[:7].abs().min() > 1e-4 and ours[:7].tolist() == [0.0] * 7
+    assert torch.allclose(ours[7:], theirs[7:], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_trls_own_code_leaves_its_rounding_on_a_constant_group(tiny_lm, tmp_path):
+    """The difference above, read from TRL's own ``_generate_and_score_completions`` rather than its transcription."""
+    rewards = torch.tensor([0.7] * 7 + [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 9.0])
+    theirs = trls_own_advantages(tiny_lm, tmp_path, rewards[:, None], torch.tensor([1.0]), 7)
     ours = group_advantages(rewards, 7, "group")
     assert theirs[:7].abs().min() > 1e-4 and ours[:7].tolist() == [0.0] * 7
     assert torch.allclose(ours[7:], theirs[7:], rtol=1e-6, atol=1e-6)
