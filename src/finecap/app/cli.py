@@ -608,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="questions file to write (JSON Lines; judge.questions reads it)")
     p.add_argument("--data", default=None, help="world folder or data set (default: the configured world)")
-    p.add_argument("--per-image", type=int, default=8, help="questions an LLM judge writes per image (default: 8)")
+    p.add_argument("--per-image", type=number(1, 100, int), default=8, help="questions an LLM judge writes per image "
+                   "at most (default: 8; 1 to 100)")  # fmt: skip
     p.add_argument("--split", default="train", help="split whose images get questions (default: train)")
     p.add_argument("--judge", default=None, metavar="NAME", help="judge of the blind filter (default: judge.name)")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)
