@@ -61,6 +61,27 @@ def test_a_file_whose_name_begins_with_a_dash_is_named_in_the_error(tmp_path, mo
     assert code == 2 and err.strip().endswith("error: argument --images: expected at least one argument")
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["world", "make", "--n-train", "-3"], "--n-train -3: world.n_train: must be >= 0, got -3"),
+        (["world", "make", "--image-size", "8"], "--image-size 8: world.image_size: must be in [16, 1024], got 8"),
+        (["world", "make", "--families", "1"], "--families 1: world.families: must be 0 (off) or >= 2"),
+        (
+            ["world", "make", "--n-val", "2", "world.n_val=-1"],
+            "override 'world.n_val=-1': world.n_val: must be >= 0, got -1",
+        ),
+    ],
+)
+def test_a_bad_option_value_is_named_as_the_option_typed(argv, named, tmp_path, monkeypatch):
+    # `world make --n-train -3` said "override 'world.n_train=-3': ...", an override nobody typed; an override typed
+    # after the option still names the override, which wins
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli([*argv, "--out", "w"])
+    assert code == 2 and err.strip() == f"finecap: error: {named}", err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_unrelated_option_gets_no_guess():
     code, _, err = run_cli(["train", "demo/mle", "--zzzzzz"])
     assert code == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err

@@ -140,3 +140,26 @@ def test_images_the_judge_wrote_no_questions_for_are_a_warning(tmp_path, monkeyp
     assert sorted(read_questions(tmp_path / "questions.jsonl")) == [0, 2]
     err = capsys.readouterr().err
     assert "warning: questions: the openai judge wrote no usable questions for 1 of 3 images (left out)\n" in err
+
+
+@pytest.mark.parametrize("per_image", ["0", "-5"])
+def test_a_per_image_below_one_is_refused_before_the_judge_is_asked(tmp_path, monkeypatch, capsys, per_image):
+    # `--per-image 0` (or below) was taken: the judge was asked for "up to 0 questions" for every image, each reply
+    # refused as more than 0, re-asked and paid for, before a late "no image got a question"
+    monkeypatch.chdir(tmp_path)
+    Image.new("RGB", (8, 8)).save(tmp_path / "img0.png")
+    row = {"image": "img0.png", "captions": ["a black cat on a sofa"], "id": 0, "split": "train"}
+    (tmp_path / "data.jsonl").write_text(json.dumps(row) + "\n")
+    asked = []
+
+    def counts(payload, n):
+        asked.append(payload)
+        return judge_answers(payload, n)
+
+    with ChatServer(counts) as server, pytest.raises(SystemExit) as stopped:
+        main(["questions", "make", "--out", "questions.jsonl", "--data", "data.jsonl", "--judge", "openai",
+              "--per-image", per_image, f"judge.urls=[{server.url}]", "judge.model=judge-model", "judge.cache=false",
+              "data.format=jsonl"])  # fmt: skip
+    assert stopped.value.code == 2
+    assert f"argument --per-image: must be from 1 to 100, got {per_image}" in capsys.readouterr().err
+    assert asked == [] and not (tmp_path / "questions.jsonl").exists()

@@ -102,6 +102,10 @@ def test_an_occupied_out_or_an_unknown_kind_is_refused_and_nothing_is_written(tm
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
     refused(["models", "tiny", "gpt5", "--out", str(tmp_path / "new")], "KIND 'gpt5'", "smolvlm")
     assert not (tmp_path / "new").exists()
+    # a mistyped KIND gets the closest one, as mistyped choices, keys and stages do (docs/cli.md, "Did you mean")
+    refused(["models", "tiny", "clipp", "--out", str(tmp_path / "new")], "KIND 'clipp' (did you mean 'clip'?)")
+    refused(["models", "tiny", "qwen2vl", "--out", str(tmp_path / "new")], "(did you mean 'qwen2_vl'?)")
+    assert not (tmp_path / "new").exists()
     refused(["models", "tiny", "llava", "--out", str(tmp_path / "odd"), "--hidden", "60"], "--hidden 60", "--heads")
     assert not (tmp_path / "odd").exists()
 

@@ -106,7 +106,9 @@ def shown_word(words: Sequence[str], n: int) -> str:
     return masked_override(word)
 
 
-def _config(args: argparse.Namespace, flag_overrides: list[str] | None = None) -> Config:
+def _config(args: argparse.Namespace, flag_overrides: dict[str, str] | None = None) -> Config:
+    """The command's configuration: its recipe, ``flag_overrides`` (:func:`_flags`: an error about one names the
+    option), then the overrides of the command line and of :data:`OVERRIDES_ENV`."""
     recipe, overrides = _split_recipe([*args.items, *environment_overrides()])
     for n, item in enumerate(overrides):
         if "=" not in item:
@@ -114,7 +116,7 @@ def _config(args: argparse.Namespace, flag_overrides: list[str] | None = None) -
                 f"argument {shown_word(overrides, n)!r}: expected section.key=value (only the first argument may be a "
                 "recipe)"
             )
-    return load(recipe, [*(flag_overrides or []), *overrides])
+    return load(recipe, [*(flag_overrides or {}), *overrides], labels=flag_overrides)
 
 
 def _recipe_file(args: argparse.Namespace) -> Path | None:
@@ -129,20 +131,23 @@ that name); one that names no folder (empty, or ``null``, ``none``, ``~``, which
 :func:`finecap.config.loading.empty_path`) is refused, where it sent the run or world to the default folder."""
 
 
-def _flags(args: argparse.Namespace, mapping: dict[str, str]) -> list[str]:
-    """Turn command-line flags that were given into ``section.key=value`` overrides; a folder flag's value
-    (:data:`FOLDER_FLAGS`) is quoted, so that it stays the text typed, and one naming no folder is refused."""
-    out = []
+def _flags(args: argparse.Namespace, mapping: dict[str, str]) -> dict[str, str]:
+    """Turn command-line flags that were given into ``section.key=value`` overrides, each mapped to the option's words
+    as typed (``{"world.n_train=-3": "--n-train -3"}``: what a configuration error about it names); a folder flag's
+    value (:data:`FOLDER_FLAGS`) is quoted, so that it stays the text typed, and one naming no folder is refused."""
+    out = {}
     for attr, key in mapping.items():
         value = getattr(args, attr, None)
         if value is None:
             continue
+        option = f"--{attr.replace('_', '-')}"
+        label = option if value == "true" and attr == "force" else f"{option} {value}"  # a store_const flag: no value
         if attr in FOLDER_FLAGS:
             if str(value).strip().lower() in ("", "null", "none", "~"):
                 raise UsageError(f"--{attr} {str(value)!r} names no folder: give a folder, or leave --{attr} out for "
                                  f"{key}'s default")  # fmt: skip
             value = json.dumps(str(value))  # a YAML double-quoted scalar: the text itself
-        out.append(f"{key}={value}")
+        out[f"{key}={value}"] = label
     return out
 
 
@@ -329,7 +334,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     from finecap.app.demo import load_demo_config, main
 
     recipe, items = _split_recipe(list(args.items))
-    flags = _flags(args, {"out": "run.dir"})
+    flags = list(_flags(args, {"out": "run.dir"}))
     if args.force:
         flags.append("demo.force=true")
     if args.stages is not None:  # given empty (`--stages "$STAGES"`): refused, never read as the default list
@@ -608,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="questions file to write (JSON Lines; judge.questions reads it)")
     p.add_argument("--data", default=None, help="world folder or data set (default: the configured world)")
-    p.add_argument("--per-image", type=int, default=8, help="questions an LLM judge writes per image (default: 8)")
+    p.add_argument("--per-image", type=number(1, 100, int), default=8, help="questions an LLM judge writes per image "
+                   "at most (default: 8; 1 to 100)")  # fmt: skip
     p.add_argument("--split", default="train", help="split whose images get questions (default: train)")
     p.add_argument("--judge", default=None, metavar="NAME", help="judge of the blind filter (default: judge.name)")
     p.add_argument("--force", action="store_true", help=FORCE_FILE_HELP)

@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from finecap.utils.files import OutputRefused, apply_umask, make_temporary_dir, refuse_link, replace_durably
+from finecap.utils.text import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ def tiny_main(kind: str, out: str | Path, *, hidden: int = 64, heads: int = 2, s
     from finecap.models import tiny
 
     if kind not in tiny.KINDS:
-        raise ValueError(f"finecap models tiny: unknown KIND {kind!r}; valid: {', '.join(tiny.KINDS)}")
+        raise ValueError(f"finecap models tiny: unknown KIND {kind!r}{did_you_mean(kind, tiny.KINDS)}; valid: "
+                         f"{', '.join(tiny.KINDS)}")  # fmt: skip
     sizes = tiny.Sizes(hidden=hidden, heads=heads)
     out = Path(out)
     check_out(out)

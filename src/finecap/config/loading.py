@@ -647,11 +647,14 @@ def _section_copy(values: Any) -> Any:
 
 
 def merge_overrides(
-    data: dict[str, Any], overrides: list[str], origins: Origins | None = None, warn: bool = True
-) -> dict[str, Any]:
-    """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key.
-    ``warn``: log an override of a former key (read under its new name); ``False`` for a second merge of the same
-    overrides (:func:`finecap.config.stored.load_stored` checks the stored file with them)."""
+    data: dict[str, Any], overrides: list[str], origins: Origins | None = None, warn: bool = True,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """``data`` with the dotlist ``overrides`` set; ``origins`` (when given) records which override set each key, as
+    ``labels`` names it when it holds the override (a command-line option's words, ``--n-train -3``, for the override
+    the option stands for), else as the override itself. ``warn``: log an override of a former key (read under its
+    new name); ``False`` for a second merge of the same overrides (:func:`finecap.config.stored.load_stored` checks
+    the stored file with them)."""
     data = {k: _section_copy(v) for k, v in (data or {}).items()}
     for item in overrides:
         parts, value = parse_override(item)
@@ -666,7 +669,7 @@ def merge_overrides(
         except ConfigError as e:  # a recipe's subsection that is no mapping: name the recipe
             raise ConfigError(f"{_where(e.key, origins or {}, '')}{e}", key=e.key) from None
         if origins is not None:
-            origins[key] = f"override {_shown_override(item)}: "
+            origins[key] = f"{labels[item]}: " if labels and item in labels else f"override {_shown_override(item)}: "
     return data
 
 
@@ -703,11 +706,13 @@ def load(
     base: dict[str, Any] | None = None,
     over: dict[str, Any] | None = None,
     over_source: str = "",
+    labels: dict[str, str] | None = None,
 ) -> Config:
     """Load ``path`` (YAML) and validate. Layers, lowest first: the dataclass defaults, ``base`` (settings beneath
     the recipe), the recipe, ``over`` (settings above the recipe, e.g. the demo's ``--quick``), then the dotlist
-    ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``),
-    ``over_source`` for a value of ``over`` (``"finecap.train keywords: "``), or the recipe file."""
+    ``overrides``. An error names where the value at fault was set: the override (``override 'train.lr=x': ...``, or
+    its name in ``labels``: the command-line option it stands for, ``--n-train -3``), ``over_source`` for a value of
+    ``over`` (``"finecap.train keywords: "``), or the recipe file."""
     data: dict[str, Any] = {k: _section_copy(v) for k, v in renamed_keys(base or {}).items()}
     origins: Origins = {}
     source = ""
@@ -732,7 +737,7 @@ def load(
             keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
             origins.update({k: source for k in keys or [name]})
     data = with_over(data, over, over_source, origins)
-    data = merge_overrides(data, overrides or [], origins)
+    data = merge_overrides(data, overrides or [], origins, labels=labels)
     cfg = from_dict(data, source, origins)
     warn_unread(cfg, origins)
     return cfg
