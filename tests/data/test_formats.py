@@ -567,6 +567,50 @@ def test_control_characters_in_captions_of_every_reader(tmp_path, caption, outco
         assert read_folder(folder)[0].captions == ["ok", outcome]
 
 
+@pytest.mark.parametrize("caption", ["\u200b", " \ufeff\u2060 ", "\u200e\u200f\u200b\u3000"])
+def test_captions_that_show_nothing_are_refused_as_empty_by_every_reader(tmp_path, caption):
+    """A caption of zero-width spaces, byte-order marks or direction marks (which ``str.strip`` keeps) is an empty
+    caption that prints as nothing: JSONL, Karpathy, COCO (its fast loop too), a folder's captions.csv and .txt files
+    and an ``hf`` parquet file refuse it, naming the file and the record; a caption with such a character among
+    visible ones is kept as written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _touch(tmp_path, "a.png")
+    readers = {
+        "jsonl": (lambda c: read_jsonl(_lines(tmp_path / "d.jsonl", {"image": "a.png", "captions": ["ok", c]})),
+                  "d.jsonl, line 1: caption 1 "),
+        "karpathy": (lambda c: read_karpathy(_write(tmp_path / "k.json", {"images": [
+            {"filename": "a.png", "cocoid": 1, "split": "test", "sentences": [{"raw": "ok"}, {"raw": c}]}]})),
+            "k.json: images[0] (a.png): caption 1 "),
+        "coco": (lambda c: read_coco_captions(_write(tmp_path / "captions_val.json", {"images": [
+            {"id": 1, "file_name": "a.png"}], "annotations": [{"image_id": 1, "caption": "ok"},
+                                                              {"image_id": 1, "caption": c}]})),
+            "captions_val.json: image id 1 (a.png): caption 1 "),
+        "hf": (lambda c: read_dataset("hf", _parquet(tmp_path / "d.parquet", c), cache_dir=tmp_path / "cache"),
+               "d.parquet: split 'test', row 0: caption 1 "),
+    }  # fmt: skip
+
+    def _parquet(path: Path, c: str) -> Path:
+        pq.write_table(pa.table({"image": ["a.png"], "captions": [["ok", c]]}), path)
+        return path
+
+    for name, (read, where) in readers.items():
+        with pytest.raises(DataError) as e:
+            read(caption)
+        assert where in str(e.value) and "shows no character, only invisible ones" in str(e.value), name
+        assert read(f"a{caption}dog")[0].captions == ["ok", f"a{caption}dog".strip()], name
+    folder = tmp_path / "photos"
+    _touch(folder, "a.png")
+    (folder / "captions.csv").write_text(f"image,caption\na.png,ok\na.png,{caption}\n")
+    with pytest.raises(DataError, match=re.escape("captions.csv, line 3: the caption shows no character")):
+        read_folder(folder)
+    (folder / "captions.csv").unlink()
+    (folder / "a.txt").write_text(f"ok\n{caption}\n")
+    with pytest.raises(DataError, match=re.escape("a.txt, line 2: the caption shows no character")):
+        read_folder(folder)
+
+
 def _opening(text: str, depth: int) -> int:
     """The column (from 1) where ``text`` (no bracket in its strings) opens its ``depth``-th level."""
     levels = itertools.accumulate(1 if c in "[{" else -1 if c in "]}" else 0 for c in text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import pickle
 
 import pytest
@@ -89,6 +90,24 @@ def test_hugging_faces_validation_split_is_read_as_val(tmp_path):
     assert [r.captions for r in load_records(cfg, "val")] == [["validation"]]  # what training reads
     both = _saved_splits(tmp_path, "train", "val", "validation")  # a val split of its own: validation stays itself
     assert [r.split for r in read_hf(both)] == ["train", "val", "validation"]
+
+
+def test_a_split_column_spelled_in_another_case_is_read_as_every_readers_split_key(tmp_path, caplog):
+    """``data.hf.split_column`` values are read as a JSONL line's ``"split"`` (:class:`SplitKeys`): ``"Train"`` and
+    ``" val "`` are train and val, said once; ``"validation"`` stays its own split, warned about. (They were kept as
+    written: the ``"Train"`` rows of a data set that also spells ``"train"`` were left out of training, unsaid.)"""
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        Image.new("RGB", (2, 2)).save(tmp_path / name)
+    ds = datasets.Dataset.from_dict({"file": ["a.png", "b.png", "c.png", "d.png"], "caption": ["A", "B", "C", "D"],
+                                     "part": ["train", "Train", " val ", "validation"]})  # fmt: skip
+    ds.to_parquet(str(tmp_path / "captions.parquet"))
+    with caplog.at_level(logging.INFO, logger="finecap.data.records"):
+        records = read_hf(tmp_path / "captions.parquet", image_column="file", caption_column="caption",
+                          split_column="part", cache_dir=tmp_path / "cache")  # fmt: skip
+    assert [r.split for r in records] == ["train", "train", "val", "validation"]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("2 records spell their split in another case" in m and "'Train' as 'train' (1)" in m for m in said)
+    assert any("1 records name a split that is none of train, val, test: 'validation' (1)" in m for m in said)
 
 
 def test_parquet_with_paths_and_split_column(tmp_path):

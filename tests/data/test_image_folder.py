@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -605,3 +606,22 @@ def test_sidecars_starting_with_a_byte_order_mark_are_read_without_it(tmp_path):
     folder = images(tmp_path / "jsonl", ["1.png", "2.png"])
     (folder / "captions.jsonl").write_text('\ufeff{"image": "1.png", "captions": ["a red cat"]}\n', encoding="utf-8")
     assert {r.image_id: r.captions for r in read_folder(folder)} == {"1.png": ["a red cat"], "2.png": []}
+
+
+@pytest.mark.parametrize(
+    ("rows", "line", "why"),
+    [
+        ('a.png,"a red cat\nb.png,a blue dog\n', 2, "unexpected end of data"),  # never closed: the rest one caption
+        ('a.png,a red cat\nb.png,"a blue" dog\n', 3, "',' expected after '\"'"),  # text after the closing quote
+    ],
+)
+def test_a_captions_csv_quote_left_open_is_refused_naming_the_line_not_read_into_one_caption(
+    tmp_path, rows, line, why
+):
+    """Python's csv module, not strict, reads every line after an unclosed quote into one caption (``b.png`` left
+    uncaptioned, ``a.png`` captioned with ``b.png``'s row) and text after a closing quote into the cell: both are a
+    mistake in the file, refused naming the line its row began on."""
+    folder = images(tmp_path / "f", ["a.png", "b.png"])
+    (folder / "captions.csv").write_text("image,caption\n" + rows)
+    with pytest.raises(DataError, match=re.escape(f"captions.csv, line {line}: not CSV ({why})")):
+        read_folder(folder)

@@ -309,12 +309,30 @@ def has_control(text: str) -> bool:
     return _CONTROL.search(text) is not None
 
 
+def invisible(text: str) -> bool:
+    """Whether the non-empty ``text`` shows nothing: every character of it white space or an invisible format
+    character (Unicode category Cf: the zero-width space U+200B, joiners, the byte-order mark U+FEFF, direction
+    marks), which ``str.strip`` keeps. Such a caption is an empty one that prints as nothing (a copy from a web page
+    or a spreadsheet): :func:`clean_text` refuses it. ASCII text is never invisible (the usual caption: one pass).
+
+    Example::
+
+        >>> invisible("\u200b\u200b"), invisible(" \ufeff\u2060 "), invisible("a\u200bdog"), invisible("a dog")
+        (True, True, False, False)
+    """
+    import unicodedata
+
+    return not text.isascii() and all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+
+
 def clean_text(text: str, where: str, what: str) -> str:
     """``text`` (a caption or a prompt: ``what`` names it) stripped, with every run of white space that holds a line
     break, tab or separator (``\\n``, ``\\r``, ``\\t``, U+2028, ...) made one space: a caption is one line of
     words, however the file wrapped it. Any other control character (NUL, ESC and the other C0 and C1 controls,
     DEL) is a :class:`DataError` naming ``where``, ``what`` and the character: it is no text, and it would reach
-    tokenizers, results files, reports and terminals as it is.
+    tokenizers, results files, reports and terminals as it is. Text that is not empty but shows nothing (only
+    zero-width spaces and other invisible format characters: :func:`invisible`) is a :class:`DataError` too: an
+    empty caption that looks like text to ``str.strip``. ``""`` is returned as it is (a caller names it empty).
 
     Example::
 
@@ -322,20 +340,22 @@ def clean_text(text: str, where: str, what: str) -> str:
         'a dog on  a deck'
     """
     text = text.strip()
-    if _CONTROL.search(text) is None:  # the usual caption: nothing to do
-        return text
-    text = _BREAKS.sub(" ", text)
-    bad = _CONTROL.search(text)
-    if bad is not None:
-        raise DataError(f"{where}: {what} holds control character U+{ord(bad.group()):04X} at character "
-                        f"{bad.start()} ({short_repr(text)}); remove it (a caption is text)")  # fmt: skip
+    if _CONTROL.search(text) is not None:
+        text = _BREAKS.sub(" ", text)
+        bad = _CONTROL.search(text)
+        if bad is not None:
+            raise DataError(f"{where}: {what} holds control character U+{ord(bad.group()):04X} at character "
+                            f"{bad.start()} ({short_repr(text)}); remove it (a caption is text)")  # fmt: skip
+    if text and invisible(text):
+        raise DataError(f"{where}: {what} shows no character, only invisible ones ({ascii(text)[:80]}: zero-width "
+                        "spaces, byte-order marks, direction marks); it is empty: remove it")  # fmt: skip
     return text
 
 
 def clean_captions(items: list[Any], where: str) -> list[str]:
     """The captions ``items`` read by :func:`clean_text` (stripped, line breaks and tabs made spaces); a
-    :class:`DataError` naming ``where`` for an empty list, a caption that is not a string, one that is empty or one
-    holding another control character."""
+    :class:`DataError` naming ``where`` for an empty list, a caption that is not a string, one that is empty (or shows
+    nothing: :func:`invisible`) or one holding another control character."""
     if not items:
         raise DataError(f"{where}: empty caption list")
     out = []

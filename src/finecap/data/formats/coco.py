@@ -24,6 +24,7 @@ from finecap.data.records import (
     clean_captions,
     has_control,
     id_key,
+    invisible,
     is_id,
     read_boosted,
     require,
@@ -119,7 +120,9 @@ def read_coco_captions(
         if not caps:
             continue
         stripped = [c.strip() for c in caps]
-        if not all(stripped) or has_control("".join(stripped)):  # an empty caption is named, a line break a space
+        joined = "".join(stripped)
+        if not all(stripped) or has_control(joined) or (not joined.isascii() and any(map(invisible, stripped))):
+            # an empty or invisible caption is named, a line break made a space
             stripped = clean_captions(caps, f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else ""))
         if file_name is None:
             no_file.append(image_id)

@@ -136,12 +136,17 @@ def _sidecar_jsonl(path: Path) -> dict[str, _Entry]:
 
 
 def _sidecar_csv(path: Path) -> dict[str, _Entry]:
+    """The entries of ``captions.csv``, read strictly (``strict=True``): a quote never closed, or text after a closing
+    quote, is a :class:`DataError` naming the line where the row began (Python's csv module otherwise reads every line
+    after an unclosed quote into one caption, the images of those lines left uncaptioned)."""
     entries: dict[str, _Entry] = {}
+    done = 0  # the lines of the rows read whole
     try:  # line by line, each within LINE; -sig: the byte-order mark spreadsheets write
         with contextlib.closing(read_lines(path, encoding="utf-8-sig", newline="")) as lines:
-            reader = csv.DictReader(lines)
+            reader = csv.DictReader(lines, strict=True)
             splits = SplitKeys(path)
             columns = reader.fieldnames or []
+            done = reader.line_num
             missing = [c for c in ("image", "caption") if c not in columns]
             if missing:
                 raise DataError(
@@ -174,10 +179,14 @@ def _sidecar_csv(path: Path) -> dict[str, _Entry]:
                                     f"{entry.where}; give each image one split")  # fmt: skip
                 if caption:  # an empty cell lists the image (and its split) without a caption
                     entry.captions.append(caption)
+                done = reader.line_num
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not a UTF-8 text file ({e.reason})") from None
     except csv.Error as e:
-        raise DataError(f"{path}: not a CSV file ({e})") from None
+        raise DataError(
+            f"{path}, line {done + 1}: not CSV ({e}): a quoted cell runs from its opening quote to the "
+            'next quote followed by a comma or a line end; write a quote inside one as two ("")'
+        ) from None
     splits.say()
     return entries
 

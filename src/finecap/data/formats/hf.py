@@ -15,11 +15,12 @@ written (not ``~/.cache/huggingface``, not the working directory).
 Columns (the ``data.hf`` section's options, see :func:`read_hf`): ``image_column`` holds the image (an ``Image``
 feature, embedded bytes or a path, or a path string; relative paths are resolved against ``data.images``, by default
 the folder of the file or the saved data set folder), ``caption_column`` the reference captions (a string, or a list of
-strings per row), ``split_column`` (optional) each row's split, else the splits are the data set's named splits (a lone
-unnamed split, as a file gives, takes its split from the file name like COCO files do: ``train``/``val``/``test``,
-default ``test``; Hugging Face's ``validation``, and ``training``/``testing``, are read as ``val``, ``train`` and
-``test`` unless the data set also has a split of that name: :func:`split_read_as`); ``id_column`` (optional) the
-image id, else the image path, else ``<split>/<row>``;
+strings per row), ``split_column`` (optional) each row's split (read as every reader reads a record's split,
+:class:`~finecap.data.records.SplitKeys`: ``"Train"`` as ``train`` and said, ``"validation"`` kept and warned
+about), else the splits are the data set's named splits (a lone unnamed split, as a file gives, takes its split
+from the file name like COCO files do: ``train``/``val``/``test``, default ``test``; Hugging Face's ``validation``,
+and ``training``/``testing``, are read as ``val``, ``train`` and ``test`` unless the data set also has a split of that
+name: :func:`split_read_as`); ``id_column`` (optional) the image id, else the image path, else ``<split>/<row>``;
 ``questions_column`` (optional) each image's multiple-choice questions for the ``qa_utility`` reward, a list per row in
 CapRL's layout as a JSONL line's ``questions`` (:attr:`~finecap.data.records.Record.questions`; a null cell: none for
 that image). Arrow stores a list of question objects as structs sharing every key, a key a question lacks as null:
@@ -67,6 +68,7 @@ from finecap.data.records import (
     SPLIT_WORDS,
     DataError,
     Record,
+    SplitKeys,
     check_id,
     clean_captions,
     read_questions_field,
@@ -289,6 +291,7 @@ def read_hf(
     records: list[Record] = []
     seen: dict[Any, str] = {}
     names = [s.name for s in found] if found else list(parts)
+    column_splits = SplitKeys(source)
     for split_name, ds in parts.items():
         # a split asked for by its own name (--split validation) keeps it
         read_as = split_name if splits is not None and split_name in splits else split_read_as(split_name, names)
@@ -329,6 +332,8 @@ def read_hf(
             split = table[split_column][i] if split_column else read_as
             if not isinstance(split, str):
                 raise DataError(f"{where(i)}: {split_column!r} must be a string, got {type(split).__name__}")
+            if split_column:  # "Train", " val ": read as train and val, and said, as every reader's split key
+                split = column_splits.read({"split": split}, where(i))
             image_id = table[id_column][i] if id_column else (str(path) if not embedded[i] else f"{split_name}/{i}")
             check_id(image_id, where(i), repr(id_column) if id_column else "image id")
             if image_id in seen:
@@ -340,6 +345,7 @@ def read_hf(
             )
             records.append(Record(image_id, path, split, clean_captions(caps, where(i)), image_ref=ref,
                                   questions=questions))  # fmt: skip
+    column_splits.say()
     if not records:
         present = ", ".join(f"{s.shown()}: {s.rows} rows" for s in found) if found else ", ".join(parts) or "none"
         raise DataError(f"{source}: no rows: an empty data set (splits present: {present})")
