@@ -138,3 +138,24 @@ def test_every_extra_named_in_the_docs_and_messages_is_declared():
     assert {"hf", "serve", "review", "xlsx", "quant", "vllm", "test"} <= set(named)  # the pattern finds the lines
     undeclared = {extra: sorted(paths) for extra, paths in named.items() if extra not in declared}
     assert undeclared == {}, f"extras not in pyproject.toml's optional-dependencies: {undeclared}"
+
+
+def test_each_requirement_is_written_once_and_extras_name_each_other():
+    # the test extra repeated the pins of hf, trl, quant, serve and review (and trl hf's datasets): a pin raised in one
+    # place would leave `make install` testing another floor than the extra gives a user
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    places: dict[str, list[str]] = {}
+    for place, lines in [("dependencies", project["dependencies"]), *extras.items()]:
+        for req in map(Requirement, lines):
+            if canonicalize_name(req.name) == "finecap":
+                assert req.extras and req.extras <= set(extras) - {place}, f"{place}: {req} names no other extra"
+            else:
+                places.setdefault(canonicalize_name(req.name), []).append(place)
+    assert {name: where for name, where in places.items() if len(where) > 1} == {}
+    assert "finecap[hf,quant,review,serve,trl]" in {str(r) for r in map(Requirement, extras["test"])}
