@@ -6,6 +6,8 @@ whose contents tests/app/test_demo.py checks; here, that it ran from the wheel.
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,82 @@ def test_declared_floors_are_versions_finecap_ran_on():
             f"pyproject.toml: {name} >= {floors[name]} admits versions finecap was not seen to run on (it needs "
             f"{name}>={version})"
         )
+
+
+def tracked(folder: str) -> list[str]:
+    """The files under ``folder`` that a clone holds (``git ls-files``), relative to the repository root."""
+    out = subprocess.run(["git", "ls-files", "-z", folder], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [p for p in out.stdout.split("\0") if p]
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_every_file_of_the_package_and_nothing_else(installed_finecap):
+    # package-data is a list of globs (pyproject.toml): a recipe, template or prompt file added where no glob reaches
+    # would be missing from the wheel alone, the tests of the source tree reading it from src/
+    (record,) = installed_finecap.glob("lib/python*/site-packages/finecap-*.dist-info/RECORD")
+    shipped = {line.split(",")[0] for line in record.read_text().splitlines()}
+    shipped = {p for p in shipped if p.startswith("finecap/") and "/__pycache__/" not in p}
+    source = {p.removeprefix("src/") for p in tracked("src/finecap")}
+    assert source - shipped == set(), "tracked in src/ but not in the wheel (pyproject.toml's package-data)"
+    assert shipped - source == set(), "in the wheel but not tracked in src/"
+    assert any(p.endswith(".yaml") for p in source) and any(p.endswith(".html") for p in source)  # data files too
+
+
+@pytest.mark.slow
+def test_the_installed_version_is_the_declared_one(installed_finecap, tmp_path):
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    said = run([installed_finecap / "bin" / "finecap", "--version"], cwd=tmp_path)
+    assert said == f"finecap {version}\n"
+
+
+def test_the_version_is_the_same_wherever_it_is_written():
+    # pyproject.toml (the wheel's metadata), finecap.__version__ (`finecap --version`) and CITATION.cff (how to cite)
+    import tomllib
+
+    import finecap
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    cited = re.search(r"^version: (\S+)$", (ROOT / "CITATION.cff").read_text(), re.M)
+    assert cited is not None and (finecap.__version__, cited[1]) == (version, version)
+
+
+# An install line of an extra: pip install 'finecap[hf]', -e ".[test]", "finecap[vllm-cpu]" in an error message.
+EXTRA = re.compile(r"(?:finecap|\.)\[([a-z][a-z0-9_-]*(?:,[a-z][a-z0-9_-]*)*)\]")  # not a regex's .[0-9]
+
+
+def test_every_extra_named_in_the_docs_and_messages_is_declared():
+    import tomllib
+
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    files = [p for p in tracked(".") if p.endswith((".md", ".py")) or p in ("Makefile", "CITATION.cff")]
+    named: dict[str, set[str]] = {}
+    for path in files:
+        for match in EXTRA.finditer((ROOT / path).read_text(encoding="utf-8")):
+            for extra in match[1].split(","):
+                named.setdefault(extra, set()).add(path)
+    assert {"hf", "serve", "review", "xlsx", "quant", "vllm", "test"} <= set(named)  # the pattern finds the lines
+    undeclared = {extra: sorted(paths) for extra, paths in named.items() if extra not in declared}
+    assert undeclared == {}, f"extras not in pyproject.toml's optional-dependencies: {undeclared}"
+
+
+def test_each_requirement_is_written_once_and_extras_name_each_other():
+    # the test extra repeated the pins of hf, trl, quant, serve and review (and trl hf's datasets): a pin raised in one
+    # place would leave `make install` testing another floor than the extra gives a user
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    places: dict[str, list[str]] = {}
+    for place, lines in [("dependencies", project["dependencies"]), *extras.items()]:
+        for req in map(Requirement, lines):
+            if canonicalize_name(req.name) == "finecap":
+                assert req.extras and req.extras <= set(extras) - {place}, f"{place}: {req} names no other extra"
+            else:
+                places.setdefault(canonicalize_name(req.name), []).append(place)
+    assert {name: where for name, where in places.items() if len(where) > 1} == {}
+    assert "finecap[hf,quant,review,serve,trl]" in {str(r) for r in map(Requirement, extras["test"])}
