@@ -9,7 +9,10 @@ and image processing all come from the checkpoint.
 
 **Prompt and caption.** Every image is captioned after the same chat prompt: a user turn holding the image and
 ``vlm.prompt`` (default ``Describe the image.``), rendered with the processor's chat template and its
-generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens.
+generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens;
+where the template writes an empty reasoning block before every answer (Qwen3-VL-Thinking's ``\n</think>\n\n``
+after a generation prompt ending ``<think>\n``: :func:`empty_reasoning`), the prompt ends with it, so that captions
+are the answer, not the reasoning (docs/vlm.md#thinking-variants).
 The caption is the assistant's answer: the caption tokens followed by the token that ends an assistant turn
 (:attr:`Vlm.eos_token_id`: read from the chat template, the first token after an answer that is one of
 ``generation_config.eos_token_id``: ``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL,
