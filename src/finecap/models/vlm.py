@@ -9,7 +9,10 @@ and image processing all come from the checkpoint.
 
 **Prompt and caption.** Every image is captioned after the same chat prompt: a user turn holding the image and
 ``vlm.prompt`` (default ``Describe the image.``), rendered with the processor's chat template and its
-generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens.
+generation prompt (``... Assistant:``), the image placeholder expanded by the processor to the model's image tokens;
+where the template writes an empty reasoning block before every answer (Qwen3-VL-Thinking's ``\n</think>\n\n``
+after a generation prompt ending ``<think>\n``: :func:`empty_reasoning`), the prompt ends with it, so that captions
+are the answer, not the reasoning (docs/vlm.md#thinking-variants).
 The caption is the assistant's answer: the caption tokens followed by the token that ends an assistant turn
 (:attr:`Vlm.eos_token_id`: read from the chat template, the first token after an answer that is one of
 ``generation_config.eos_token_id``: ``<end_of_utterance>`` for SmolVLM, ``<|im_end|>`` for Qwen2-VL,
@@ -442,17 +445,40 @@ def answer_context(processor: Any, messages: list[dict[str, Any]], prompt_text: 
     """What the chat template writes around an assistant answer: ``(before, after)``, the text between the generation
     prompt (``prompt_text``, rendered from ``messages``) and the answer, and the text after the answer (the end of the
     assistant turn: ``"<end_of_turn>\n"`` for Gemma 3), from ``messages`` followed by an assistant turn holding
-    :data:`ANSWER_MARKER`. ``("", "")`` where the template does not render that conversation or the answer."""
-    turn = {"role": "assistant", "content": [{"type": "text", "text": ANSWER_MARKER}]}
-    try:
-        full = apply_chat_template(processor, [*messages, turn], tokenize=False)
-    except ValueError:  # a template that refuses an assistant turn: the tokenizer's EOS ends captions
-        return "", ""
+    :data:`ANSWER_MARKER` as a list of text parts, or as plain text where the template prints that list as it is
+    (GLM-4.1V's writes an assistant's ``content`` unread: the list's Python repr, ``[{'type': 'text', ...}]``, would
+    frame the answer). ``("", "")`` where the template does not render that conversation or the answer."""
+    parts = [{"type": "text", "text": ANSWER_MARKER}]
+    for content in (parts, ANSWER_MARKER):
+        try:
+            full = apply_chat_template(processor, [*messages, {"role": "assistant", "content": content}],
+                                       tokenize=False)  # fmt: skip
+        except ValueError:  # a template that refuses an assistant turn: the tokenizer's EOS ends captions
+            return "", ""
+        if content is not parts or str(parts) not in full:  # the list printed as it is: the template reads text
+            break
     at = full.find(ANSWER_MARKER, len(prompt_text) if full.startswith(prompt_text) else 0)
     if at < 0:
         return "", ""
     before = full[len(prompt_text) : at] if full.startswith(prompt_text) else ""
     return before, full[at + len(ANSWER_MARKER) :]
+
+
+REASONING_TAGS = ("<think>", "</think>")
+"""The tags of a reasoning ("thinking") block that a chat template writes before the answer."""
+
+
+def empty_reasoning(before: str) -> bool:
+    """Whether ``before`` (what the chat template writes between the generation prompt and the answer,
+    :func:`answer_context`) closes an empty reasoning block: ``</think>`` with nothing but white space and
+    ``<think>`` around it. Qwen3-VL-Thinking's generation prompt opens ``<think>\n`` for the model to reason in and its
+    template writes ``\n</think>\n\n`` before every final answer, so :class:`Vlm` ends the prompt with that block
+    (:meth:`Vlm._render_prompt`): captions are then trained and decoded as the answer, where the template puts it,
+    not as the reasoning."""
+    rest = before
+    for tag in REASONING_TAGS:
+        rest = rest.replace(tag, "")
+    return REASONING_TAGS[1] in before and not rest.strip()
 
 
 def answer_prefix(tokenizer: Any, prompt_text: str, before: str, answer: str = ANSWER_MARKER) -> str:
@@ -785,6 +811,8 @@ class Vlm(CaptionerBase):
         self.prompt_special_tokens = not (bos is not None and self.prompt_text.startswith(bos))
         stops = model_stop_tokens(model)
         before, after = answer_context(processor, messages, self.prompt_text)
+        if empty_reasoning(before):  # the template's empty reasoning block before every answer ends the prompt
+            self.prompt_text, before = self.prompt_text + before, ""
         self.caption_prefix = answer_prefix(self.tokenizer, self.prompt_text, before)
         self._eos = caption_end(self.tokenizer, after, stops, source, before)
         self._ends = (self._eos, *(t for t in stops if t != self._eos))
