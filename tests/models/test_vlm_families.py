@@ -654,6 +654,19 @@ def test_a_processor_option_the_family_does_not_take_is_refused_before_weights(t
     assert "\n" not in str(caught.value) and safetensors_reads == []
 
 
+def test_a_lower_bound_over_the_processors_own_upper_one_is_refused_before_weights(tmp_path, safetensors_reads):
+    """Without a budget the upper bound is the checkpoint's processor's own: named as such."""
+    from finecap.config import load
+    from finecap.models.backbones import build_model
+    from finecap.models.presets import save_tiny_vlm
+
+    folder = save_tiny_vlm(tmp_path / "ckpt", "qwen2_vl")  # its processor: min_pixels = max_pixels = 256
+    with pytest.raises(ValueError, match=r"^vlm.processor_kwargs.min_pixels=4096 is over Qwen2VLImageProcessor\w*'s "
+                                         "own size.longest_edge=256"):  # fmt: skip
+        build_model(load(None, ["model.kind=vlm", f"vlm.name={folder}", "vlm.processor_kwargs={min_pixels: 4096}"]))
+    assert safetensors_reads == []
+
+
 def test_docs_family_table_is_generated_from_the_family_rows_family():
     """docs/vlm.md's family table is :func:`finecap.models.vlm.family_table`'s output (regenerate it on a change)."""
     from pathlib import Path

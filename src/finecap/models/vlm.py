@@ -104,7 +104,7 @@ from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, same_source
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
-from finecap.models.image_budget import budget_kwargs, unsaved_options
+from finecap.models.image_budget import PIXEL_BOUNDS, budget_kwargs, check_limits, unsaved_options
 from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, prompt_shareable, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
@@ -390,11 +390,6 @@ def check_processor_kwargs(processor: Any, kwargs: dict[str, Any]) -> None:
         )
 
 
-PIXEL_BOUNDS = {"max_pixels": "longest_edge", "min_pixels": "shortest_edge"}
-"""Qwen2-VL's pixel bounds and the keys of its ``size`` that transformers 5 reads them from: a processor call given
-``max_pixels`` warns that it is deprecated ("pass size={'longest_edge': ...}")."""
-
-
 def processor_call_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``vlm.processor_kwargs`` as transformers 5 wants them in a processor call: ``max_pixels`` / ``min_pixels``
     moved into ``size`` (``longest_edge`` / ``shortest_edge``) when the image processor's size has those keys, so the
@@ -433,10 +428,14 @@ def processor_before_weights(name: str, section: VlmBackboneConfig | None) -> An
 def processor_options(family: Family, processor: Any, section: VlmBackboneConfig) -> dict[str, Any]:
     """The options of every processor call: ``vlm.image_max_pixels`` mapped by the family's rule
     (:attr:`Family.image_budget`, :mod:`finecap.models.image_budget`) under ``vlm.processor_kwargs``, whose keys win;
-    both checked against the image processor."""
+    both checked against the image processor, and their bounds against each other and the processor's own
+    (:func:`finecap.models.image_budget.check_limits`: a lower bound over an upper one is an error naming both)."""
     check_processor_kwargs(processor, section.processor_kwargs)
-    options = budget_kwargs(family.image_budget, processor, section.image_max_pixels, section.processor_kwargs)
+    budget, given = section.image_max_pixels, section.processor_kwargs
+    options = budget_kwargs(family.image_budget, processor, budget, given)
     check_processor_kwargs(processor, options)
+    check_limits(processor, budget, budget_kwargs(family.image_budget, processor, budget, {}), given,
+                 processor_call_kwargs(processor, options))  # fmt: skip
     return options
 
 
