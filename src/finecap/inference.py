@@ -250,12 +250,13 @@ class _Images:
                 self.limits.check(*source.size, name)
                 image = upright_rgb(source, name)
             else:
+                name = str(source)
                 image = load_image(source, draft=self.draft, limits=self.limits)
         except DataError as e:
             if not self.skip:
                 raise
             return {"index": index, "problem": str(e)}
-        return {"index": index, "image_id": index, "caption": "", "references": [], "image": image}
+        return {"index": index, "image_id": index, "caption": "", "references": [], "image": image, "image_name": name}
 
 
 class _Collate:

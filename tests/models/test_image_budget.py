@@ -158,3 +158,39 @@ def test_the_budget_is_recorded_and_bounded(tmp_path):
     assert vlm.own_config()["image_max_pixels"] == 300
     with pytest.raises(ConfigError, match="vlm.image_max_pixels"):
         load(None, ["vlm.image_max_pixels=0"])
+
+
+CONTRADICTIONS = {
+    "qwen2_5_vl": ({"min_pixels": 2048}, "vlm.processor_kwargs.min_pixels=2048 is over vlm.image_max_pixels=256 "
+                   r"\(size.longest_edge=256\)"),
+    "qwen3_vl": ({"size": {"shortest_edge": 2048}}, r"vlm.processor_kwargs.size.shortest_edge=2048 is over "
+                 r"vlm.image_max_pixels=256 \(size.longest_edge=256\)"),
+    "glm4v": ({"size": {"shortest_edge": 1024}}, r"vlm.processor_kwargs.size.shortest_edge=1024 is over "
+              r"vlm.image_max_pixels=256 \(size.longest_edge=512\)"),  # GLM-4V's bound counts 2 frames
+    "idefics2": ({"size": {"shortest_edge": 16}}, r"vlm.processor_kwargs.size.shortest_edge=16 is over "
+                 r"vlm.image_max_pixels=144 \(size.longest_edge=12\)"),
+    "internvl": ({"min_patches": 4}, r"vlm.processor_kwargs.min_patches=4 is over vlm.image_max_pixels=1024 "
+                 r"\(max_patches=3\)"),
+}  # fmt: skip
+"""Per family whose budget rule sets an upper bound with a lower one beside it: a ``vlm.processor_kwargs`` lower
+bound over the bound ``vlm.image_max_pixels`` maps to, and the error naming both."""
+BUDGETS = {"idefics2": 144, "internvl": 1024}
+
+
+@pytest.mark.parametrize("family", sorted(CONTRADICTIONS), ids=[f"bounds-{f}" for f in sorted(CONTRADICTIONS)])
+def test_a_lower_bound_over_the_budgets_upper_one_is_refused_naming_both(family):
+    """Qwen applies its cap and ignores a minimum above it (``size: {longest_edge: 256, shortest_edge: 2048}``),
+    Idefics2 applies the minimum over the cap, InternVL takes one tile: finecap refuses such limits when the processor
+    options are made (before any weight is read on a load), naming both options; a lower bound under the cap passes
+    and is passed on."""
+    model, processor = tiny_family(family)
+    budget = BUDGETS.get(family, 256)
+    given, message = CONTRADICTIONS[family]
+    with pytest.raises(ValueError, match=f"^{message}: a lower bound over the upper one"):
+        Vlm(model, processor, VlmBackboneConfig(image_max_pixels=budget, processor_kwargs=given), source=family)
+    key, value = next(iter(given.items()))
+    low = {k: 1 for k in value} if isinstance(value, dict) else 1
+    vlm = Vlm(model, processor, VlmBackboneConfig(image_max_pixels=budget, processor_kwargs={key: low}), source=family)
+    if family.startswith("qwen") or family == "glm4v":
+        assert vlm.processor_kwargs["size"]["shortest_edge"] == 1  # the budget's cap kept beside the user's minimum
+        assert vlm.processor_kwargs["size"]["longest_edge"] == budget * (2 if family == "glm4v" else 1)

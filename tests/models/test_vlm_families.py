@@ -654,6 +654,19 @@ def test_a_processor_option_the_family_does_not_take_is_refused_before_weights(t
     assert "\n" not in str(caught.value) and safetensors_reads == []
 
 
+def test_a_lower_bound_over_the_processors_own_upper_one_is_refused_before_weights(tmp_path, safetensors_reads):
+    """Without a budget the upper bound is the checkpoint's processor's own: named as such."""
+    from finecap.config import load
+    from finecap.models.backbones import build_model
+    from finecap.models.presets import save_tiny_vlm
+
+    folder = save_tiny_vlm(tmp_path / "ckpt", "qwen2_vl")  # its processor: min_pixels = max_pixels = 256
+    with pytest.raises(ValueError, match=r"^vlm.processor_kwargs.min_pixels=4096 is over Qwen2VLImageProcessor\w*'s "
+                                         "own size.longest_edge=256"):  # fmt: skip
+        build_model(load(None, ["model.kind=vlm", f"vlm.name={folder}", "vlm.processor_kwargs={min_pixels: 4096}"]))
+    assert safetensors_reads == []
+
+
 def test_docs_family_table_is_generated_from_the_family_rows_family():
     """docs/vlm.md's family table is :func:`finecap.models.vlm.family_table`'s output (regenerate it on a change)."""
     from pathlib import Path
@@ -814,3 +827,37 @@ def test_a_tower_that_trains_builds_on_the_meta_device(family):
     model, processor = tiny_family(family)
     vlm = Vlm(model.to("meta"), processor, source=family, train_encoder=True)
     assert all(p.is_meta for p in vlm.parameters()) and any(p.requires_grad for p in vlm.parameters())
+
+
+def test_a_mistral3_image_of_one_image_token_is_refused_naming_it_and_the_smallest_size(tmp_path):
+    """Mistral 3's own forward fails on a batch of one image of one image token (transformers 5.24's
+    ``get_image_features`` squeezes its single feature row away): finecap's collator refuses such an image, naming the
+    image's file, its size and the smallest the family takes (from the config: ``patch_size x spatial_merge_size``
+    px). An image one pixel over that unit gives two tokens and is captioned, alone or batched."""
+    from finecap.data.datasets import CaptionDataset, model_collator
+    from finecap.data.images import ImageRefused
+    from finecap.data.records import DataError, Record
+
+    model, processor = tiny_family("mistral3")
+    vlm = Vlm(model, processor, source="tiny-mistral3").eval()
+    unit = model.config.vision_config.patch_size * model.config.spatial_merge_size
+    assert unit == 8  # the tiny model's: 4 px patches merged 2 x 2
+    small = Image.fromarray((torch.rand(7, 5, 3) * 255).byte().numpy())  # 5 x 7 px
+    with pytest.raises(RuntimeError, match="split_with_sizes"):  # the model's own forward on the processor's output
+        vlm.model(**processor_batch(vlm, [small]))
+    small.save(tmp_path / "small.png")
+    data = CaptionDataset([Record("small", tmp_path / "small.png", "train", ["a red circle"])], per_caption=False)
+    collate = model_collator(vlm, 8)
+    with pytest.raises(DataError, match=r"^image of record 'small' \(.*small\.png\): 5 x 7 pixels \(8 x 8 after the "
+                                        r"processor\) gives .* one image token.* side over 8 pixels .*patch_size=4 x "
+                                        r"spatial_merge_size=2"):  # fmt: skip
+        collate([data[0]])
+    with pytest.raises(ImageRefused, match="8 x 8 pixels"):  # one merge unit exactly: one token
+        vlm.encoder.preprocess([Image.new("RGB", (unit, unit))])
+    over = Image.new("RGB", (unit + 1, 1), (200, 30, 30))  # a side over the unit: 2 tokens
+    for images in ([over], [over, small.resize((16, 16))]):
+        batch = vlm.encoder.preprocess(images)
+        assert int((batch["prompt_ids"][0] == vlm.image_token_id).sum()) == 2
+        with torch.no_grad():
+            first, _ = vlm.start(vlm.prompt_of(batch))
+        assert torch.isfinite(first).all() and first.shape[0] == len(images)

@@ -38,7 +38,14 @@ from torch.utils.data import Dataset
 
 from finecap.data.caption_fields import select_captions
 from finecap.data.formats import data_format, format_options, read_dataset
-from finecap.data.images import DEFAULT_LIMITS, ImageLimits, find_bad_images, load_record_image
+from finecap.data.images import (
+    DEFAULT_LIMITS,
+    ImageLimits,
+    ImageRefused,
+    find_bad_images,
+    load_record_image,
+    record_label,
+)
 from finecap.data.records import MAX_LISTED, DataError, Record
 from finecap.data.references import data_file, require_captions, select_split
 from finecap.data.splits import split_unsplit
@@ -217,6 +224,7 @@ class CaptionDataset(Dataset):
             item["features"] = self.features[i]  # (D,)
         else:
             item["image"] = load_record_image(record, self.draft, self.limits)
+            item["image_name"] = record_label(record)
         return item
 
 
@@ -226,7 +234,9 @@ class CaptionCollator:
 
     A caption longer than ``max_tokens - 1`` tokens keeps its first ``max_tokens - 1`` tokens and still ends with
     EOS (so the model always learns to stop); padding uses the tokenizer's pad id, or EOS when it has none (GPT-2);
-    labels are -100 there either way. ``preprocess(images) -> (B, 3, H, W)`` is needed only without features.
+    labels are -100 there either way. ``preprocess(images) -> (B, 3, H, W)`` is needed only without features; an
+    image it refuses (:class:`finecap.data.images.ImageRefused`) is a :class:`DataError` naming the image (the item's
+    ``image_name``, else its ``image_id``).
     ``keep_images``: the examples' PIL images are also kept, as ``batch["images"]`` (what a vLLM engine decodes RL
     rollouts from: ``decode.engine=vllm``). ``eos_token_id``: the token that ends a caption when it is not the
     tokenizer's EOS (the captioner's :attr:`~finecap.models.base.CaptionerBase.eos_token_id`,
@@ -262,7 +272,11 @@ class CaptionCollator:
         else:
             if self.preprocess is None:
                 raise ValueError("CaptionCollator: examples carry images but no preprocess function was given")
-            pixels = self.preprocess([it["image"] for it in items])  # (B, 3, H, W), or a dict of image inputs
+            try:
+                pixels = self.preprocess([it["image"] for it in items])  # (B, 3, H, W), or a dict of image inputs
+            except ImageRefused as e:  # named here: the items know their images
+                name = items[e.index].get("image_name") or f"image {items[e.index]['image_id']!r}"
+                raise DataError(f"{name}: {e}") from None
             batch.update(pixels if isinstance(pixels, dict) else {"pixel_values": pixels})
             if self.keep_images:
                 batch["images"] = [it["image"] for it in items]

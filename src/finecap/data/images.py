@@ -67,6 +67,16 @@ def _bomb(name: str, detail: str) -> DataError:
 PIXELS_OPTION, ASPECT_OPTION = "data.max_image_pixels", "data.max_aspect_ratio"
 
 
+class ImageRefused(DataError):
+    """An image a model's preprocessing refuses (``preprocess(images)``: the ``index``-th image it was given; the
+    message says why, without the image's name, which only the caller knows): the collator re-raises it as a
+    :class:`DataError` naming the image (:class:`finecap.data.datasets.CaptionCollator`)."""
+
+    def __init__(self, message: str, index: int = 0) -> None:
+        super().__init__(message)
+        self.index = index
+
+
 @dataclass(frozen=True)
 class ImageLimits:
     """The image budget: what an image may measure to be decoded, checked from its header before any pixel is
@@ -314,11 +324,11 @@ def load_record_image(record: Any, draft: int | None = None, limits: ImageLimits
     data = _encoded(record)
     if data is None:
         return load_image(record.path, draft, limits)
-    return _decode(data, _embedded_label(record), draft, limits)[0]
+    return _decode(data, record_label(record), draft, limits)[0]
 
 
-def _embedded_label(record: Any) -> str:
-    """How errors name the embedded image of ``record``: its id and its data set's row (else its path)."""
+def record_label(record: Any) -> str:
+    """How errors name the image of ``record``: its id and its data set's row (else its path)."""
     where = getattr(getattr(record, "image_ref", None), "where", None) or record.path  # the data set's row, if known
     return f"image of record {record.image_id!r} ({where})"
 
@@ -344,7 +354,7 @@ def image_problem(record: Any, limits: ImageLimits = DEFAULT_LIMITS) -> str | No
     the file, or the record and its row for embedded bytes), or ``None`` when it decodes. The image is decoded whole
     (a truncated or damaged file fails; a header check would pass some), once per file version, budget and process."""
     data = _encoded(record)
-    label = _embedded_label(record) if data is not None else str(Path(record.path))
+    label = record_label(record) if data is not None else str(Path(record.path))
     if data is not None:
         key: tuple[Any, ...] | None = ("bytes", hashlib.blake2b(data, digest_size=16).digest(), limits)
     else:

@@ -22,7 +22,9 @@ the budget to the processor options that respect it:
   is a warning naming that size.
 
 A rule never goes below one crop, tile or grid: the smallest input the vision tower takes. User keys in
-``vlm.processor_kwargs`` win over the budget's, key by key (:func:`budget_kwargs`).
+``vlm.processor_kwargs`` win over the budget's, key by key, within a ``size`` too (:func:`budget_kwargs`). A lower
+bound over an upper one (:data:`LIMITS`: ``vlm.processor_kwargs={min_pixels: 2048}`` under
+``vlm.image_max_pixels=256`` on Qwen) is an error naming both options (:func:`check_limits`).
 """
 
 from __future__ import annotations
@@ -153,7 +155,74 @@ RULES: dict[str, Callable[[Any, int], dict[str, Any]]] = {
 
 def budget_kwargs(rule: str, processor: Any, budget: int | None, given: dict[str, Any]) -> dict[str, Any]:
     """The processor options of a family's ``rule`` for ``budget`` pixels (``vlm.image_max_pixels``; ``None``: none)
-    under the user's ``given`` (``vlm.processor_kwargs``), which win key by key: ``{**rule's, **given}``."""
+    under the user's ``given`` (``vlm.processor_kwargs``), which win key by key, and within a dict-valued option
+    (``size``) key by key too: a given ``size: {shortest_edge: ...}`` keeps the budget's ``longest_edge``."""
     if budget is None:
         return dict(given)
-    return {**RULES[rule](processor, int(budget)), **given}
+    ruled = RULES[rule](processor, int(budget))
+    merged = {k: {**ruled[k], **v} for k, v in given.items() if isinstance(v, dict) and isinstance(ruled.get(k), dict)}
+    return {**ruled, **given, **merged}
+
+
+PIXEL_BOUNDS = {"max_pixels": "longest_edge", "min_pixels": "shortest_edge"}
+"""Qwen2-VL's pixel bounds and the keys of its ``size`` that transformers 5 reads them from: a processor call given
+``max_pixels`` warns that it is deprecated ("pass size={'longest_edge': ...}"); finecap passes them in ``size``
+(:func:`finecap.models.vlm.processor_call_kwargs`)."""
+
+LIMITS = (("size.shortest_edge", "size.longest_edge"), ("min_patches", "max_patches"))
+"""Processor options bounding one quantity from below and from above: Qwen's and GLM-4V's pixels (``min_pixels``
+/ ``max_pixels``, kept in ``size``), Idefics2's edges, InternVL's tiles. No processor applies a lower bound over its
+upper one as given: Qwen and GLM-4V apply the cap and ignore the minimum, Idefics2 the minimum over the cap,
+InternVL finds no tile grid between them and takes one tile."""
+
+
+def check_limits(processor: Any, budget: int | None, ruled: dict[str, Any], given: dict[str, Any],
+                 options: dict[str, Any]) -> None:  # fmt: skip
+    """Refuse contradictory bounds (:data:`LIMITS`) among a processor call's ``options`` (as the call gets them:
+    ``max_pixels`` / ``min_pixels`` moved into ``size``) and, where those lack one, the processor's own setting: a
+    lower bound over its upper bound set by ``vlm.image_max_pixels`` (``budget``, whose rule gave ``ruled``) or
+    ``vlm.processor_kwargs`` (``given``) is a ``ValueError`` naming the option that set each (two contradictory
+    settings of the checkpoint's own processor are its own, and left to it)."""
+    name = type(getattr(processor, "image_processor", processor)).__name__
+    for low, high in LIMITS:
+        least, most = limit(processor, options, low), limit(processor, options, high)
+        if least is None or most is None or least <= most:
+            continue
+        origins = [
+            origin(processor, budget, ruled, given, path, value) for path, value in ((low, least), (high, most))
+        ]
+        if all(o is None for o in origins):
+            continue
+        first, second = (o or f"{name}'s own {p}={v}" for o, p, v in zip(origins, (low, high), (least, most)))
+        raise ValueError(
+            f"{first} is over {second}: a lower bound over the upper one, which {name} does not apply as given; "
+            "lower the first or raise the second"
+        )
+
+
+def limit(processor: Any, options: dict[str, Any], path: str) -> Any:
+    """The value of ``path`` (``"max_patches"``, or ``"size.longest_edge"`` in a dict option) in a call given
+    ``options``: theirs, else the processor's own (:func:`setting`, :func:`own_size`); ``None`` when unset."""
+    key, _, sub = path.partition(".")
+    if not sub:
+        return options[key] if key in options else setting(processor, key)
+    values = options[key] if isinstance(options.get(key), dict) else own_size(processor, key)
+    return values.get(sub)
+
+
+def origin(processor: Any, budget: int | None, ruled: dict[str, Any], given: dict[str, Any], path: str,
+           value: Any) -> str | None:  # fmt: skip
+    """The option that sets ``path`` to ``value`` in the call, as an error names it: ``vlm.processor_kwargs.<key>``
+    (Qwen's ``max_pixels`` / ``min_pixels`` for ``size``'s edges), else ``vlm.image_max_pixels`` where its rule's
+    options (``ruled``) changed the processor's own value; ``None``: the processor's own setting."""
+    key, _, sub = path.partition(".")
+    alias = next((k for k, edge in PIXEL_BOUNDS.items() if sub and key == "size" and edge == sub), None)
+    if alias in given:
+        return f"vlm.processor_kwargs.{alias}={given[alias]}"
+    if (sub and isinstance(given.get(key), dict) and sub in given[key]) or (not sub and key in given):
+        return f"vlm.processor_kwargs.{path}={value}"
+    ruled_value = ruled.get(key, {}).get(sub) if sub and isinstance(ruled.get(key), dict) else ruled.get(key)
+    own = limit(processor, {}, path)
+    if budget is not None and ruled_value is not None and ruled_value == value and ruled_value != own:
+        return f"vlm.image_max_pixels={budget} ({path}={value})"
+    return None

@@ -102,11 +102,12 @@ from transformers import AutoModelForImageTextToText
 from transformers.cache_utils import Cache
 
 from finecap.config import VlmBackboneConfig
+from finecap.data.images import ImageRefused
 from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, same_source
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
-from finecap.models.image_budget import budget_kwargs, unsaved_options
+from finecap.models.image_budget import PIXEL_BOUNDS, budget_kwargs, check_limits, unsaved_options
 from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, prompt_shareable, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
@@ -173,6 +174,10 @@ class Family:
         features_in_first_dtype: the model casts its image features to the dtype of its first parameter (the vision
             tower's) before scattering them into the prompt's embeddings (SmolVLM2 in ``transformers`` 5.24; the
             other families cast them to the embeddings' dtype): :func:`check_merge_dtypes`.
+        one_token_fails: the model's forward fails on a batch of one image of one image token (Mistral 3 in
+            ``transformers`` 5.24: ``get_image_features`` squeezes the image's single feature row away,
+            "split_with_sizes expects split_sizes to sum exactly to ..."), and its processor has no minimum size to
+            upscale such an image to: :func:`check_image_tokens` refuses the image.
     """
 
     language_model: str
@@ -191,6 +196,7 @@ class Family:
     more_projectors: tuple[str, ...] = ()
     processor_reads: tuple[str, ...] = ()
     features_in_first_dtype: bool = False
+    one_token_fails: bool = False
 
     @property
     def projectors(self) -> tuple[str, ...]:
@@ -275,7 +281,7 @@ FAMILIES: dict[str, Family] = {
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
         vision_targets=LM_TARGETS, name="Mistral Small 3.1 / 3.2 (Pixtral vision)",
         examples=("mistralai/Mistral-Small-3.1-24B-Instruct-2503",), vllm="Mistral3ForConditionalGeneration",
-        image_budget="edge",
+        image_budget="edge", one_token_fails=True,
     ),
 }  # fmt: skip
 """The supported families by ``config.model_type`` (SmolVLM-256M/500M/2B-Instruct are ``idefics3``, SmolVLM2
@@ -387,11 +393,6 @@ def check_processor_kwargs(processor: Any, kwargs: dict[str, Any]) -> None:
         )
 
 
-PIXEL_BOUNDS = {"max_pixels": "longest_edge", "min_pixels": "shortest_edge"}
-"""Qwen2-VL's pixel bounds and the keys of its ``size`` that transformers 5 reads them from: a processor call given
-``max_pixels`` warns that it is deprecated ("pass size={'longest_edge': ...}")."""
-
-
 def processor_call_kwargs(processor: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``vlm.processor_kwargs`` as transformers 5 wants them in a processor call: ``max_pixels`` / ``min_pixels``
     moved into ``size`` (``longest_edge`` / ``shortest_edge``) when the image processor's size has those keys, so the
@@ -430,10 +431,14 @@ def processor_before_weights(name: str, section: VlmBackboneConfig | None) -> An
 def processor_options(family: Family, processor: Any, section: VlmBackboneConfig) -> dict[str, Any]:
     """The options of every processor call: ``vlm.image_max_pixels`` mapped by the family's rule
     (:attr:`Family.image_budget`, :mod:`finecap.models.image_budget`) under ``vlm.processor_kwargs``, whose keys win;
-    both checked against the image processor."""
+    both checked against the image processor, and their bounds against each other and the processor's own
+    (:func:`finecap.models.image_budget.check_limits`: a lower bound over an upper one is an error naming both)."""
     check_processor_kwargs(processor, section.processor_kwargs)
-    options = budget_kwargs(family.image_budget, processor, section.image_max_pixels, section.processor_kwargs)
+    budget, given = section.image_max_pixels, section.processor_kwargs
+    options = budget_kwargs(family.image_budget, processor, budget, given)
     check_processor_kwargs(processor, options)
+    check_limits(processor, budget, budget_kwargs(family.image_budget, processor, budget, {}), given,
+                 processor_call_kwargs(processor, options))  # fmt: skip
     return options
 
 
@@ -640,12 +645,15 @@ class VlmImages:
         """PIL images -> ``prompt_ids`` / ``prompt_mask`` ``(B, P)`` (the chat prompt with the image tokens expanded,
         left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor: the ids
         of transformers' ``apply_chat_template(tokenize=True)`` (the tokenizer's special tokens added unless the
-        rendered prompt starts with its BOS: :attr:`Vlm.prompt_special_tokens`)."""
+        rendered prompt starts with its BOS: :attr:`Vlm.prompt_special_tokens`). An image the model's forward cannot
+        take is refused (:func:`check_image_tokens`: :class:`~finecap.data.images.ImageRefused`, which the collator
+        names the image in)."""
         images = [im.convert("RGB") for im in images]
         vlm = self.vlm
         special = {} if vlm.prompt_special_tokens else {"add_special_tokens": False}  # a BOS the template wrote
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
                             return_tensors="pt", **special, **vlm.processor_kwargs)  # fmt: skip
+        check_image_tokens(vlm.family, vlm.model.config, images, enc.get("image_sizes"))
         out = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"]}
         out.update({k: enc[k] for k in (*vlm.family.image_inputs, *vlm.family.token_inputs) if k in enc})
         return out
@@ -717,6 +725,32 @@ class VlmImages:
             for p in self.model.parameters():
                 if id(p) not in reached:
                     p.requires_grad_(False)
+
+
+def check_image_tokens(family: Family, config: Any, images: Sequence[Image.Image],
+                       image_sizes: torch.Tensor | None) -> None:  # fmt: skip
+    """Refuse an image of one image token in a family whose forward fails on it (:attr:`Family.one_token_fails`:
+    Mistral 3): an :class:`~finecap.data.images.ImageRefused` naming its size, its size after the processor and the
+    smallest the family takes. The processor resizes an image to whole merge units of ``vision_config.patch_size x
+    spatial_merge_size`` pixels (28 for Mistral Small 3.1, 8 for the tiny model) and the model counts an image's
+    tokens as transformers' own split sizes, ``(height // unit) * (width // unit)`` of ``image_sizes`` (the processed
+    sizes): an image both of whose sides are at most one unit after the processor's resize gives one. It is refused in
+    any batch (the model fails only on a batch of that image alone, but which batch an image lands in, or which rows
+    a step scores, is no reason for a run to pass or fail). ``images``: the processor's input (PIL), in order."""
+    if not family.one_token_fails or image_sizes is None:
+        return
+    patch, merge = int(config.vision_config.patch_size), int(getattr(config, "spatial_merge_size", 1))
+    unit = patch * merge
+    for k, (height, width) in enumerate(torch.as_tensor(image_sizes).tolist()):
+        if (height // unit) * (width // unit) < 2:
+            w, h = images[k].size
+            raise ImageRefused(
+                f"{w} x {h} pixels ({width} x {height} after the processor) gives {family.name} one image token, "
+                f"which transformers' Mistral3Model.get_image_features fails on; it takes images with a side over "
+                f"{unit} pixels after its processor's resize (patch_size={patch} x spatial_merge_size={merge}), and "
+                "its processor has no minimum size to upscale to: enlarge or pad the image, or leave it out",
+                k,
+            )
 
 
 def _owner(name: str) -> str:
