@@ -34,6 +34,8 @@ from finecap.app.serve_reward import read_token
         ("--log-every", "-inf", "argument --log-every"),
         ("--score-timeout", "0", "argument --score-timeout: must be from 0.001 to 86400, got 0"),
         ("--score-timeout", "inf", "argument --score-timeout"),
+        ("--max-queued-bytes", "0", "argument --max-queued-bytes: must be from 1 to 1099511627776, got 0"),
+        ("--max-queued-bytes", "1.5", "argument --max-queued-bytes: expected a whole number"),
     ],
 )
 def test_numeric_options_out_of_range_are_one_usage_line(option, value, words, capsys, tmp_path, monkeypatch):
@@ -175,6 +177,28 @@ def test_score_timeout_reaches_the_server_and_must_exceed_the_batch_wait_before_
     assert seen["score_timeout"] == 30.5
     main(["serve-reward", "demo/sr_bagcurri"])
     assert seen["score_timeout"] == 120.0
+
+
+def test_max_queued_bytes_reaches_the_server_and_must_hold_a_largest_request_before_the_reward_loads(
+    tmp_path, capsys, monkeypatch
+):
+    # a --max-queued-bytes under --max-request-bytes would refuse every request of the largest size allowed
+    import finecap.app.serve_reward as serve_reward
+    from finecap.serve.service import MAX_QUEUED_BYTES
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(serve_reward, "load_reward", lambda cfg: pytest.fail("the reward was loaded"))
+    argv = ["serve-reward", "demo/sr_bagcurri", "--port", "0", "--max-request-bytes", "2000", "--max-queued-bytes",
+            "1000"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "finecap: error: --max-queued-bytes: must be at least --max-request-bytes (2,000), got 1,000\n"
+    seen = {}
+    monkeypatch.setattr(serve_reward, "main", lambda cfg, **options: seen.update(options))
+    assert main(["serve-reward", "demo/sr_bagcurri", "--max-queued-bytes", "33554432"]) == 0
+    assert seen["max_queued_bytes"] == 33_554_432
+    main(["serve-reward", "demo/sr_bagcurri"])
+    assert seen["max_queued_bytes"] == MAX_QUEUED_BYTES == 256 * 2**20
 
 
 def test_the_servers_log_lines_say_when_in_utc(monkeypatch, capsys):

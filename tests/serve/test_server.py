@@ -245,7 +245,7 @@ def test_the_command_serves_and_stops_cleanly_on_sigterm(served, tmp_path):
     assert command.code == 0, command.err
     assert (
         "stopped after 4 requests scored (400 captions), 0 failed, 0 timed out, 0 left by their client, 0 "
-        "refused while stuck"
+        "refused (503: stuck, or the queue full)"
     ) in command.out
     assert "reward server (1*cider): " in command.err and "captions/s" in command.err and "latency p50" in command.err
     assert not list(tmp_path.iterdir())  # nothing written to the working directory

@@ -614,8 +614,9 @@ def test_a_hung_reward_call_is_a_504_naming_score_timeout_for_it_and_every_reque
     assert 1 <= len(said) <= 3, said  # a full report per kind (in a call, behind one), its repeats counted
     # the throughput line counts the 504s apart (they were in no latency percentile and in no count of it)
     last = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reward server (words): in ")]
-    assert len(last) == 1 and ("1 requests scored, 0 failed (500, 502), 11 timed out (504, --score-timeout), 0 left "
-                               "by their client, 0 refused while stuck (503)") in last[0], last  # fmt: skip
+    assert len(last) == 1, last
+    assert ("1 requests scored, 0 failed (500, 502), 11 timed out (504, --score-timeout), 0 left by their client, 0 "
+            "refused (503: stuck, or the queue full)") in last[0], last  # fmt: skip
 
 
 def test_requests_arriving_while_the_server_is_stuck_are_a_503_at_once_naming_the_call_and_the_option(caplog):
@@ -651,6 +652,70 @@ def test_requests_arriving_while_the_server_is_stuck_are_a_503_at_once_naming_th
     assert after.status_code == 200 and reward.calls == [OK["captions"], ["next one"]]  # the two never scored
     said = [r.getMessage() for r in caplog.records if "refused (503)" in r.getMessage()]
     assert len(said) == 2 and "unsaid until the server stopped" in said[1], said  # the second: counted, said at stop
+
+
+def posted(port: int, body: bytes, path: str = "/reward") -> socket.socket:
+    """A connection that has sent one POST of ``body`` (JSON) to ``path``: closing it is a client that leaves."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+              % (path.encode(), len(body), body))  # fmt: skip
+    return s
+
+
+def test_requests_beyond_max_queued_bytes_behind_a_slow_call_are_a_503_at_once_and_never_scored(caplog):
+    """While a reward call is slow or hung (not yet past --score-timeout: not stuck), every checked request queued
+    behind it, up to --max-connections of up to --max-request-bytes each (4 GiB at the defaults): a request that would
+    take the queue's bodies past --max-queued-bytes is now answered 503 at once, with Retry-After and an error naming
+    the option, through both endpoints, never queued nor scored, counted in /health's "refused" and logged; the
+    queue's bytes leave with a departed client (the next request fits again), and the queued ones are scored once the
+    call returns."""
+    reward = Held()
+    bodies = [json.dumps({"captions": [f"behind {k}"], "image_ids": [1]}).encode() for k in range(4)]
+    size = len(bodies[0])
+    assert all(len(b) == size for b in bodies)
+    svc = service(reward, limits=Limits(max_request_bytes=2 * size), max_queued_bytes=2 * size + size // 2)
+    svc.retry_after = 7
+    caplog.set_level(logging.WARNING, logger="finecap.serve")
+    with serving(svc) as url:
+        port = int(url.rsplit(":", 1)[1])
+        try:
+            hung = threading.Thread(target=lambda: httpx.post(f"{url}/reward", json=OK, timeout=30), daemon=True)
+            hung.start()
+            until(reward.started.is_set, "the first request was not scored")
+            kept = posted(port, bodies[0])
+            leaving = posted(port, bodies[1])
+            until(lambda: svc.queued == 2, "the two requests did not queue behind the call")
+            refused = httpx.post(f"{url}/reward", content=bodies[2], headers={"Content-Type": "application/json"},
+                                 timeout=10)  # fmt: skip
+            openrlhf = httpx.post(f"{url}/get_reward", json={"query": ["late"], "labels": [3]}, timeout=10)
+            full = httpx.get(f"{url}/health", timeout=5).json()
+            leaving.close()  # its client leaves: its bytes leave the queue with it
+            until(lambda: svc.meter.left == 1, "the departed request was not dropped")
+            left_bytes = svc.queued_bytes
+            fits = posted(port, bodies[3])
+            until(lambda: svc.queued == 2, "the request after the departure did not queue")
+        finally:
+            reward.release.set()
+        hung.join(10)
+        answers = [recv_all(s, 10) for s in (kept, fits)]
+        for s in (kept, fits):
+            s.close()
+        idle = httpx.get(f"{url}/health", timeout=5).json()
+    for reply in (refused, openrlhf):
+        assert reply.status_code == 503, (reply.status_code, reply.text)
+        assert reply.headers["retry-after"] == "7"
+        error = strict_json(reply.text)["error"]
+        assert error["field"] is None and "the reward server's queue is full: 2 requests of " in error["message"]
+        assert f"past --max-queued-bytes ({2 * size + size // 2:,})" in error["message"], error
+    assert full["status"] == "ok"  # the call is slow, not past --score-timeout (120 s): the queue refused them
+    assert full["queued"] == 2 and full["queued_bytes"] == 2 * size and full["refused"] == 2, full
+    assert left_bytes == size
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 200") and b'"total":[2.0]' in answer, answer[:300]
+    assert reward.calls == [OK["captions"], ["behind 0"], ["behind 3"]]  # the refused ones were never scored
+    assert idle["queued"] == 0 and idle["queued_bytes"] == 0 and idle["refused"] == 2 and idle["scored"] == 3, idle
+    said = [r.getMessage() for r in caplog.records if "refused (503)" in r.getMessage()]
+    assert said and "--max-queued-bytes" in said[0], said
 
 
 def test_finecap_client_asks_again_after_a_503_and_gets_the_values_once_the_call_returns(caplog):
@@ -968,6 +1033,17 @@ def test_connection_limits_are_checked(kwargs, words):
         ({"score_timeout": float("nan")}, "--score-timeout"),
         ({"score_timeout": 1e6}, "--score-timeout"),
         ({"batch_wait": 2.0, "score_timeout": 2.0}, r"--score-timeout: must exceed --batch-wait-ms \(2000 ms\)"),
+        ({"max_queued_bytes": 0}, "--max-queued-bytes: must be from 1 to 1,099,511,627,776, got 0"),
+        ({"max_queued_bytes": 2**41}, "--max-queued-bytes: must be from 1"),
+        # a request of the largest size allowed would be refused even by an empty queue
+        (
+            {"max_queued_bytes": 2**20},
+            r"--max-queued-bytes: must be at least --max-request-bytes \(16,777,216\), got 1,048,576",
+        ),
+        (
+            {"max_queued_bytes": 999, "limits": Limits(max_request_bytes=1000)},
+            r"at least --max-request-bytes \(1,000\)",
+        ),
     ],
 )
 def test_service_options_are_checked(kwargs, words):

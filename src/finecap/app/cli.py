@@ -366,7 +366,8 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
     token = read_token(args.token_file) if args.token_file else None
     main(_config(args), host=args.host, port=args.port, limits=limits, batch_size=args.batch_size,
          batch_wait_ms=args.batch_wait_ms, log_every=args.log_every, token=token, connections=connections,
-         allowed_hosts=args.allowed_hosts, score_timeout=args.score_timeout)  # fmt: skip
+         allowed_hosts=args.allowed_hosts, score_timeout=args.score_timeout,
+         max_queued_bytes=args.max_queued_bytes)  # fmt: skip
 
 
 def cmd_models_tiny(args: argparse.Namespace) -> None:
@@ -703,6 +704,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "/health then says 'stuck': restart the server)")  # fmt: skip
     p.add_argument("--max-request-bytes", dest="max_request_bytes", type=number(1, 2**31, int), default=16 * 2**20,
                    help="largest request body (413 beyond; default 16 MiB)")  # fmt: skip
+    p.add_argument("--max-queued-bytes", dest="max_queued_bytes", type=number(1, 2**40, int), default=256 * 2**20,
+                   help="bytes of the request bodies waiting for the reward at most (503 with Retry-After beyond, "
+                   "which finecap's client retries; default 256 MiB, far above a trainer's queue; at least "
+                   "--max-request-bytes)")  # fmt: skip
     p.add_argument("--max-captions", dest="max_captions", type=number(1, 10_000_000, int), default=8192,
                    help="captions per request at most (413 beyond)")  # fmt: skip
     p.add_argument("--max-caption-chars", dest="max_caption_chars", type=number(1, 10_000_000, int),

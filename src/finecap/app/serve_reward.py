@@ -35,7 +35,14 @@ from finecap.config import Config, ConfigError
 from finecap.data.datasets import load_records
 from finecap.rewards import RewardInputs, WeightedSum, build_reward
 from finecap.serve.protocol import Limits
-from finecap.serve.service import CLOSE_WAIT, SCORE_TIMEOUT, ImageTable, RewardService, close_within
+from finecap.serve.service import (
+    CLOSE_WAIT,
+    MAX_QUEUED_BYTES,
+    SCORE_TIMEOUT,
+    ImageTable,
+    RewardService,
+    close_within,
+)
 from finecap.train.engine import process_state
 from finecap.train.prepare import prepare_needs
 from finecap.utils.system import PROGRESS_ENV, is_loopback
@@ -67,15 +74,16 @@ def load_reward(cfg: Config) -> tuple[WeightedSum, list]:
 
 
 def build_service(cfg: Config, *, limits: Limits | None = None, batch_size: int = 1024, batch_wait: float = 0.0,
-                  log_every: float = 60.0, score_timeout: float = SCORE_TIMEOUT) -> RewardService:  # fmt: skip
-    """The reward service of ``cfg`` (:func:`load_reward`), over the training images (``score_timeout``:
-    :class:`~finecap.serve.service.RewardService`'s, checked before the reward loads)."""
-    RewardService.check_options(batch_size, batch_wait, log_every, score_timeout)
+                  log_every: float = 60.0, score_timeout: float = SCORE_TIMEOUT,
+                  max_queued_bytes: int = MAX_QUEUED_BYTES) -> RewardService:  # fmt: skip
+    """The reward service of ``cfg`` (:func:`load_reward`), over the training images (``score_timeout``,
+    ``max_queued_bytes``: :class:`~finecap.serve.service.RewardService`'s, checked before the reward loads)."""
+    RewardService.check_options(batch_size, batch_wait, log_every, score_timeout, max_queued_bytes, limits)
     reward, records = load_reward(cfg)
     source = f"the {len(records)} training images of {cfg.data.path or 'the world (world.*)'}"
     return RewardService(reward, ImageTable.of_records(records, source), limits=limits, batch_size=batch_size,
                          batch_wait=batch_wait, log_every=log_every, name=describe(cfg),
-                         score_timeout=score_timeout)  # fmt: skip
+                         score_timeout=score_timeout, max_queued_bytes=max_queued_bytes)  # fmt: skip
 
 
 TOKEN_ENV = "FINECAP_REWARD_TOKEN"
@@ -169,7 +177,7 @@ def quiet_progress() -> Iterator[None]:
 def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,
          batch_size: int = 1024, batch_wait_ms: float = 0.0, log_every: float = 60.0, token: str | None = None,
          connections: ConnectionLimits | None = None, allowed_hosts: Sequence[str] = (),
-         score_timeout: float = SCORE_TIMEOUT) -> None:  # fmt: skip
+         score_timeout: float = SCORE_TIMEOUT, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:  # fmt: skip
     """Serve ``cfg``'s rewards on ``host:port`` until SIGINT or SIGTERM (the address is taken first: a port in use
     stops the command before the reward is loaded); ``SystemExit(1)`` when the reward stopped the server. Requests
     whose ``Host`` names this address, a loopback name or one of ``allowed_hosts`` are answered
@@ -180,7 +188,8 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     sock = bind(host, port)
     try:
         service = build_service(cfg, limits=limits, batch_size=batch_size, batch_wait=batch_wait_ms / 1000,
-                                log_every=log_every, score_timeout=score_timeout)  # fmt: skip
+                                log_every=log_every, score_timeout=score_timeout,
+                                max_queued_bytes=max_queued_bytes)  # fmt: skip
         server, sock = make_server(service, host, port, sock=sock, token=token, connections=connections,
                                    allowed_hosts=allowed_hosts)  # fmt: skip
     except BaseException:
@@ -205,7 +214,7 @@ def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limi
     meter = service.meter
     print(f"finecap serve-reward: stopped after {meter.total_scored} requests scored ({meter.total_captions} "
           f"captions), {meter.failed} failed, {meter.timed_out} timed out, {meter.left} left by their client, "
-          f"{meter.refused} refused while stuck", flush=True)  # fmt: skip
+          f"{meter.refused} refused (503: stuck, or the queue full)", flush=True)  # fmt: skip
     if service.fatal is not None:
         raise SystemExit(
             f"finecap serve-reward: error: the reward {service.name} raised "

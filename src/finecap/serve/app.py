@@ -9,17 +9,18 @@ Endpoints:
 - ``POST /get_reward``: OpenRLHF's and CapRL's (:func:`finecap.serve.protocol.parse_get_reward`) ->
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
 - ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "scored": ..., "captions": ..., "failed": ...,
-  "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "busy": ..., "blocked_checks": ..., "failures": ...,
-  "score_timeout": ...}``.
+  "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "queued_bytes": ..., "busy": ...,
+  "blocked_checks": ..., "failures": ..., "score_timeout": ...}``.
   Since the start, each request that passed its checks, or whose check ran out of time, counted once by how it ended
   (:class:`~finecap.serve.service.Meter`): ``scored``, the requests answered their values (200), and ``captions``,
   theirs; ``failed``, those answered 500 (the reward failed on them, or the server's own error once they were scored)
   or ``/get_reward``'s 502 (captions the reward could not score); ``timed_out``, those answered 504
   (``--score-timeout``: their check, or their wait and reward call); ``left``, those whose client went away before
   their answer (queued, never scored, or while their call ran); ``refused``, those answered 503 because the server was
-  stuck (at once, or waiting for a check thread once every thread was). Now: ``queued``, the requests waiting for the
-  reward; ``busy``, the seconds its current call has run (0 when idle: a call that hangs shows there,
-  :attr:`RewardService.busy_for`); ``blocked_checks``, the check threads held by a request's check past
+  stuck (at once, or waiting for a check thread once every thread was) or its queue full (``--max-queued-bytes``).
+  Now: ``queued``, the requests waiting for the reward, and ``queued_bytes``, their bodies' bytes; ``busy``, the
+  seconds its current call has run (0 when idle: a call that hangs shows there, :attr:`RewardService.busy_for`);
+  ``blocked_checks``, the check threads held by a request's check past
   ``--score-timeout`` (image paths on a file system that does not answer: :attr:`RewardService.blocked_checks`).
   ``failures``: every failure logged
   (:class:`~finecap.serve.service.RepeatedFailures`, a kind's repeats bounded): the 500s, 502s, 503s and 504s above
@@ -42,7 +43,8 @@ and a request not answered ``--score-timeout`` seconds after it queued (a reward
 waits behind), or whose check has not ended ``--score-timeout`` seconds after it began (image paths on a file system
 that does not answer), gets 504 naming the option (:class:`~finecap.serve.service.ScoreTimeout`); one arriving while
 the server is stuck (a call past ``--score-timeout``) gets 503 at once, with ``Retry-After`` and a message naming the
-stuck call and the option (:class:`~finecap.serve.service.ServerStuck`);
+stuck call and the option (:class:`~finecap.serve.service.ServerStuck`), as does one that would take the requests
+waiting for the reward past ``--max-queued-bytes`` of bodies (:class:`~finecap.serve.service.QueueFull`);
 the server goes on serving in every case but one: a reward that raises ``SystemExit`` stops it (exit code 1).
 Replies are strict JSON: no ``NaN`` or ``Infinity`` token, ever (a reward's non-finite value is a 500 naming the
 reward).
@@ -116,7 +118,7 @@ from finecap.serve.protocol import (
     parse_get_reward,
     parse_reward,
 )
-from finecap.serve.service import CHECK_THREADS, RewardFailed, RewardService, ServerStuck
+from finecap.serve.service import CHECK_THREADS, Overloaded, RewardFailed, RewardService
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +297,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
     def endpoint(parse: Callable[[Any, Limits], RewardRequest], reply: Callable[[RewardRequest, RewardOutput], dict]):
         def checked(raw: bytes) -> tuple[RewardRequest, Any]:
             parsed = parse(decode_json(raw), service.limits)
-            return parsed, service.job(parsed)
+            return parsed, service.job(parsed, len(raw))  # its size: --max-queued-bytes
 
         async def handle(request: Request) -> Response:
             try:
@@ -316,7 +318,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                 return Response(status_code=499)
             except RequestError as e:
                 return refusal(e)
-            except ServerStuck as e:  # stuck: answered at once, the client told when to ask again
+            except Overloaded as e:  # stuck, or the queue full: answered at once, the client told when to ask again
                 return _json(
                     {"error": {"field": None, "message": str(e)}}, e.status, {"Retry-After": str(e.retry_after)}
                 )
@@ -343,7 +345,8 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
         return _json({"status": status, "reward": service.name, "images": len(service.images),
                       "scored": meter.total_scored, "captions": meter.total_captions, "failed": meter.failed,
                       "timed_out": meter.timed_out, "left": meter.left, "refused": meter.refused,
-                      "queued": service.queued, "busy": round(service.busy_for, 3),
+                      "queued": service.queued, "queued_bytes": service.queued_bytes,
+                      "busy": round(service.busy_for, 3),
                       "blocked_checks": service.blocked_checks, "failures": service.failures.total,
                       "score_timeout": service.score_timeout}, 200 if status == "ok" else 503)  # fmt: skip
 

@@ -5,8 +5,9 @@ server's URL instead of a reward.
 Every reply is checked before a trainer sees it (:func:`checked_values`): one finite number per caption in
 ``total`` and in each part, or a :class:`RewardServerError` naming what is wrong: a NaN, a string, a missing value or
 a reply of another length never reaches a policy's advantages. A 503 (a server stuck behind a reward call past its
-``--score-timeout``, or all of its connections open) is asked again with backoff (:meth:`RewardClient.retry_wait`:
-the server's ``Retry-After`` at least), :data:`RETRIES` times at most, before it is a :class:`RewardServerError`. A
+``--score-timeout``, its queue full, or all of its connections open) is asked again with backoff
+(:meth:`RewardClient.retry_wait`: the server's ``Retry-After`` at least), :data:`RETRIES` times at most, before it is
+a :class:`RewardServerError`. A
 ``null`` is read only as a caption the reward could not score, when the reply counts it (``"failed": k``): a
 :class:`finecap.rewards.RewardOutput` with that caption in ``failed`` (its values NaN), which each adapter answers in
 its trainer's way. A server's bearer token (``finecap
@@ -193,9 +194,10 @@ class RewardClient:
 
     def retry_wait(self, response: httpx.Response, attempt: int) -> float | None:
         """Seconds to wait before asking again after ``response`` to the ``attempt``-th try (0: the first), or
-        ``None``: it is the answer. A 503 (a stuck server, or one whose connections are all open) is asked again
-        :attr:`retries` times at most, after ``2 ** attempt`` seconds, or the server's ``Retry-After`` when longer,
-        :data:`MAX_RETRY_WAIT` at most; every retry is logged with the server's message."""
+        ``None``: it is the answer. A 503 (a stuck server, one whose queue is full, or one whose connections are all
+        open) is asked again :attr:`retries` times at most, after ``2 ** attempt`` seconds, or the server's
+        ``Retry-After`` when longer, :data:`MAX_RETRY_WAIT` at most; every retry is logged with the server's
+        message."""
         if response.status_code != 503 or attempt >= self.retries:
             return None
         try:

@@ -43,6 +43,16 @@ requests.
   waiting for a thread gets that 503 as soon as every thread is so blocked (never checked: the checks it waits
   behind began before it, so they pass the deadline before its own), and ``/health`` answers 503
   ``"checks_stuck"`` until one returns.
+- **Queue bound.** The requests waiting in the queue (checked, not yet taken into a round) hold at most
+  ``max_queued_bytes`` bytes (``--max-queued-bytes``, default :data:`MAX_QUEUED_BYTES`), counted as the bytes of
+  their bodies as the server read them (:attr:`Job.size`: what the code can measure exactly; the parsed request
+  held costs more, from 1.3 to 6.7 times its body in the requests measured on CPython 3.11, 8192 captions of 60
+  words and 8192 of one word: benchmarks/queued_request_memory.py); the requests of the round in a call are no
+  longer queued, and were within the bound as they left it. A request that would take the queue past it is not
+  queued: it is answered at once 503 with ``Retry-After`` (:attr:`RewardService.retry_after`) and an error naming
+  the option (:class:`QueueFull`), counted as ``refused``, so that finecap's client asks again with backoff once the
+  reward has worked the queue down, where a slow or hung reward call let ``--max-connections`` clients each leave a
+  request of up to ``--max-request-bytes`` waiting (4 GiB of bodies at the defaults).
 - **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
@@ -63,7 +73,7 @@ requests.
   (:class:`Meter`, ``/health``): *scored* (its values handed back), *failed* (the reward's fault: a 500, or
   ``/get_reward``'s 502 for captions the reward could not score; a fault of the server's own after the call too),
   *timed out* (a 504: ``--score-timeout``, its check's included), *left* (its client went away before its answer,
-  queued or in a call) and *refused* (a 503: the server was stuck).
+  queued or in a call) and *refused* (a 503: the server was stuck, or its queue full).
 - **Throughput logs.** Every ``log_every`` seconds one line: the requests of each outcome since the previous line
   (and one at the end), the captions the reward scored, captions per second, the mean round, the share of the time
   the reward was busy, and the p50 / p99 latency of the scored requests (a timed-out request's latency is the
@@ -94,7 +104,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -126,8 +136,18 @@ CHECKS_STUCK_MARGIN = 0.01
 """Seconds past the moment every check thread would be blocked (:meth:`RewardService.checks_stuck`, which counts a
 check that has run *more* than ``--score-timeout``) at which a request waiting for a thread looks again."""
 STUCK_RETRY_AFTER = 5
-"""Seconds a request refused while the server is stuck is told to wait before it asks again (``Retry-After``,
-:attr:`RewardService.retry_after`)."""
+"""Seconds a request refused while the server is stuck, or while its queue is full, is told to wait before it asks
+again (``Retry-After``, :attr:`RewardService.retry_after`)."""
+MAX_QUEUED_BYTES = 256 * 2**20
+"""``--max-queued-bytes``' default: the bodies' bytes of the requests waiting for the reward at most (module docstring,
+"Queue bound"). 256 MiB holds all the requests finecap's client keeps in flight
+(:data:`finecap.serve.client.MAX_IN_FLIGHT`, 64) at 4 MiB each, where a trainer's requests are kilobytes to a few
+MiB (8192 captions of 60 words are 2.6 MB of JSON: benchmarks/queued_request_memory.py), so that a trainer does not
+meet it in normal use; 16 requests of the largest body the server takes by default (``--max-request-bytes``,
+16 MiB) fit in it. Without it, requests waiting behind a slow or hung reward call were bounded by
+``--max-connections`` x ``--max-request-bytes`` alone: 4 GiB of bodies at the defaults."""
+MAX_MAX_QUEUED_BYTES = 2**40
+"""``--max-queued-bytes`` at most (1 TiB)."""
 CLOSE_WAIT = 10.0
 """Seconds ``finecap serve-reward`` waits for its reward's ``close()`` as it stops before abandoning it
 (:func:`close_within`)."""
@@ -451,10 +471,9 @@ class CheckTimeout(ScoreTimeout):
     (a network file system that does not answer): answered 504 (module docstring, "Deadline")."""
 
 
-class ServerStuck(RewardFailed):
-    """The request arrived while the reward's current call had run past ``--score-timeout``
-    (:meth:`RewardService.stuck`): answered 503 at once, not queued, with ``Retry-After`` :attr:`retry_after`
-    seconds (module docstring, "Deadline")."""
+class Overloaded(RewardFailed):
+    """The server cannot take the request now: answered 503 at once, not queued, with ``Retry-After``
+    :attr:`retry_after` seconds (finecap's client asks again with backoff), counted as ``refused``."""
 
     status = 503
 
@@ -463,12 +482,25 @@ class ServerStuck(RewardFailed):
         self.retry_after = retry_after
 
 
+class ServerStuck(Overloaded):
+    """The request arrived while the reward's current call had run past ``--score-timeout``
+    (:meth:`RewardService.stuck`), or while every check thread was so held (:meth:`RewardService.checks_stuck`)
+    (module docstring, "Deadline")."""
+
+
+class QueueFull(Overloaded):
+    """The request would have taken the queue past ``--max-queued-bytes`` (module docstring, "Queue bound")."""
+
+
 @dataclass
 class Job:
-    """A checked request: its captions, the reward's ids of their images, its references (or ``None``)."""
+    """A checked request: its captions, the reward's ids of their images, its references (or ``None``), and
+    :attr:`size`, the bytes of its body as the server read it, which ``--max-queued-bytes`` bounds (module
+    docstring, "Queue bound"): 0 for a request made in process, which has no body."""
 
     request: RewardRequest
     image_ids: list[Hashable]
+    size: int = 0
 
     @property
     def captions(self) -> list[str]:
@@ -477,6 +509,49 @@ class Job:
     def batch(self) -> dict[str, Any]:
         """The reward's batch of this request alone (:func:`finecap.rewards.call_batch`)."""
         return call_batch(self.image_ids, self.request.references)
+
+
+Waiting = tuple[Job, asyncio.Future, float]
+"""A request in the queue: its job, the future its values are handed to, the ``time.perf_counter()`` it queued."""
+
+
+class WaitingRequests:
+    """The reward's queue (module docstring, "Batching"): the requests waiting for a round, in order, and
+    :attr:`bytes`, their bodies' bytes together (:attr:`Job.size`), kept as requests come and go so that admitting
+    one (``--max-queued-bytes``, module docstring "Queue bound") costs no walk over the queue."""
+
+    def __init__(self) -> None:
+        self._items: deque[Waiting] = deque()
+        self.bytes = 0
+        """The bytes of the waiting requests' bodies, together."""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Waiting]:
+        return iter(self._items)
+
+    def first(self) -> Waiting:
+        """The request that has waited longest (it stays queued)."""
+        return self._items[0]
+
+    def append(self, item: Waiting) -> None:
+        self._items.append(item)
+        self.bytes += item[0].size
+
+    def popleft(self) -> Waiting:
+        item = self._items.popleft()
+        self.bytes -= item[0].size
+        return item
+
+    def remove(self, item: Waiting) -> bool:
+        """Take ``item`` out of the queue: whether it was there."""
+        for i, queued in enumerate(self._items):
+            if queued is item:
+                del self._items[i]
+                self.bytes -= item[0].size
+                return True
+        return False
 
 
 class RewardService:
@@ -493,15 +568,19 @@ class RewardService:
         name: what the logs and ``/health`` call the reward.
         score_timeout: seconds a request waits for its values, queued and scored, before a 504 (above
             ``batch_wait``, at most :data:`MAX_SCORE_TIMEOUT`; module docstring, "Deadline").
+        max_queued_bytes: bytes of the bodies of the requests waiting in the queue at most; a request beyond is a
+            503 (at least ``limits.max_request_bytes``, at most :data:`MAX_MAX_QUEUED_BYTES`; default
+            :data:`MAX_QUEUED_BYTES`, which says why; module docstring, "Queue bound").
     """
 
     def __init__(self, reward: Reward, images: ImageTable, *, limits: Limits | None = None, batch_size: int = 1024,
                  batch_wait: float = 0.0, log_every: float = 60.0, name: str = "reward",
-                 score_timeout: float = SCORE_TIMEOUT) -> None:  # fmt: skip
-        self.check_options(batch_size, batch_wait, log_every, score_timeout)
-        self.reward, self.images, self.name = as_reward(reward, "reward"), images, name
+                 score_timeout: float = SCORE_TIMEOUT, max_queued_bytes: int = MAX_QUEUED_BYTES) -> None:  # fmt: skip
         self.limits = limits or Limits()
+        self.check_options(batch_size, batch_wait, log_every, score_timeout, max_queued_bytes, self.limits)
+        self.reward, self.images, self.name = as_reward(reward, "reward"), images, name
         self.batch_size, self.batch_wait, self.score_timeout = batch_size, batch_wait, score_timeout
+        self.max_queued_bytes = max_queued_bytes
         self.merges = self.reward.per_caption
         self.compares = self.reward.compares_images
         self.check = CallCheck(images, self.compares, name)
@@ -514,7 +593,7 @@ class RewardService:
         """Called (on the event loop) once :attr:`fatal` is set: the server stops (:mod:`finecap.serve.app`)."""
         self._requests_seen = 0
         self._lock = threading.Lock()  # one reward call at a time, whoever calls
-        self._pending: deque[tuple[Job, asyncio.Future, float]] = deque()
+        self._pending = WaitingRequests()
         self._call_started: float | None = None  # time.monotonic() of the reward call running (busy_for)
         self._wakeup: asyncio.Event | None = None
         self._executor: DaemonThreads | None = None
@@ -524,16 +603,20 @@ class RewardService:
         self.stop_wait = STOP_WAIT
         """Seconds :meth:`running`'s end waits for a reward call or a check still running before abandoning it."""
         self.retry_after = STUCK_RETRY_AFTER
-        """Seconds a request refused while the server is stuck is told to wait (``Retry-After``: ServerStuck)."""
+        """Seconds a request refused while the server is stuck or its queue full is told to wait (``Retry-After``:
+        :class:`Overloaded`)."""
         self.abandoned = False
         """A reward call was still running when the service stopped, and was left to its daemon thread: the reward
         must not be closed under it (``finecap serve-reward`` leaves it to the process's end)."""
         self._abandon_now = False
 
     @staticmethod
-    def check_options(batch_size: int, batch_wait: float, log_every: float, score_timeout: float) -> None:
+    def check_options(batch_size: int, batch_wait: float, log_every: float, score_timeout: float,
+                      max_queued_bytes: int = MAX_QUEUED_BYTES, limits: Limits | None = None) -> None:  # fmt: skip
         """Nothing, or the ``ValueError`` naming the command's option of a value out of its range (``finecap
-        serve-reward`` checks them before it loads the reward, which may take minutes)."""
+        serve-reward`` checks them before it loads the reward, which may take minutes); ``max_queued_bytes`` below
+        ``limits.max_request_bytes`` would refuse every request of the largest size allowed, even into an empty
+        queue."""
         if not 1 <= batch_size <= MAX_BATCH_SIZE:
             raise ValueError(f"--batch-size: must be from 1 to {MAX_BATCH_SIZE:,}, got {batch_size}")
         if not (math.isfinite(batch_wait) and 0 <= batch_wait <= MAX_BATCH_WAIT):
@@ -547,12 +630,25 @@ class RewardService:
         if score_timeout <= batch_wait:  # every request would wait out its deadline in the round's wait
             raise ValueError(f"--score-timeout: must exceed --batch-wait-ms ({batch_wait * 1000:g} ms), got "
                              f"{score_timeout:g} s")  # fmt: skip
+        if not 1 <= max_queued_bytes <= MAX_MAX_QUEUED_BYTES:
+            raise ValueError(f"--max-queued-bytes: must be from 1 to {MAX_MAX_QUEUED_BYTES:,}, got "
+                             f"{max_queued_bytes:,}")  # fmt: skip
+        request_bytes = (limits or Limits()).max_request_bytes
+        if max_queued_bytes < request_bytes:  # a request of the largest size allowed could never queue
+            raise ValueError(f"--max-queued-bytes: must be at least --max-request-bytes ({request_bytes:,}), got "
+                             f"{max_queued_bytes:,}")  # fmt: skip
 
     # ---------------------------------------------------------------------------------------------------------------
     @property
     def queued(self) -> int:
         """Requests waiting for a round (their clients still connected: module docstring, "Abandoned work")."""
         return len(self._pending)
+
+    @property
+    def queued_bytes(self) -> int:
+        """The bytes of the bodies of the requests waiting for a round (:attr:`Job.size`), at most
+        :attr:`max_queued_bytes` (module docstring, "Queue bound")."""
+        return self._pending.bytes
 
     @property
     def busy_for(self) -> float:
@@ -580,9 +676,12 @@ class RewardService:
         can be checked until one returns, and each waits out its deadline for a thread (a 504)."""
         return self.blocked_checks >= CHECK_THREADS
 
-    def job(self, request: RewardRequest) -> Job:
-        """Check ``request`` against the images and the reward (:class:`CallCheck`)."""
-        return self.check.job(request)
+    def job(self, request: RewardRequest, size: int = 0) -> Job:
+        """Check ``request`` against the images and the reward (:class:`CallCheck`); ``size``: the bytes of its body
+        as the server read it (:attr:`Job.size`; 0: made in process)."""
+        job = self.check.job(request)
+        job.size = size
+        return job
 
     def score_now(self, jobs: Sequence[Job]) -> list[RewardOutput | Exception]:
         """Score ``jobs`` here and now (the worker thread's round): one merged call when the reward scores each
@@ -721,7 +820,7 @@ class RewardService:
                 return None
             return max(self._check_starts.values()) + self.score_timeout + CHECKS_STUCK_MARGIN
 
-    def _checks_refused(self, what: str) -> ServerStuck:
+    def _checks_refused(self, what: str) -> Overloaded:
         """The :class:`ServerStuck` of a request that no check thread can check (:meth:`checks_stuck`); ``what``: what
         became of it."""
         return self._refused(
@@ -745,6 +844,8 @@ class RewardService:
             raise RewardFailed("the reward server is stopping: its reward failed")
         if self.stuck():  # not queued: it would wait out its whole deadline behind the call (module docstring)
             raise self._stuck(len(job.captions))
+        if self._pending.bytes + job.size > self.max_queued_bytes:  # module docstring, "Queue bound"
+            raise self._full(job)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         start = time.perf_counter()
         item = (job, future, start)
@@ -771,7 +872,7 @@ class RewardService:
         self.meter.scored(len(job.captions), time.perf_counter() - start)
         return reply
 
-    def _stuck(self, captions: int) -> ServerStuck:
+    def _stuck(self, captions: int) -> Overloaded:
         """The :class:`ServerStuck` of a request of ``captions`` captions that arrived while the server is stuck
         (:meth:`_refused`)."""
         message = (f"the reward server is stuck: a call of the reward {self.name} has run {self.busy_for:.1f} s, past "
@@ -780,12 +881,22 @@ class RewardService:
                    "the call returns (restart the server if it never does)")  # fmt: skip
         return self._refused(message, f"a request of {captions} captions")
 
-    def _refused(self, message: str, what: str) -> ServerStuck:
-        """The :class:`ServerStuck` (503, ``Retry-After``) saying ``message``, counted (``refused``) and logged
-        naming ``what`` (:class:`RepeatedFailures`: a trainer retrying while the server is stuck costs a line every
-        10 s)."""
+    def _full(self, job: Job) -> Overloaded:
+        """The :class:`QueueFull` of ``job``, which would take the queue past :attr:`max_queued_bytes`
+        (:meth:`_refused`)."""
+        message = (f"the reward server's queue is full: {len(self._pending)} requests of {self._pending.bytes:,} "
+                   f"bytes wait for the reward {self.name} (its current call has run {self.busy_for:.1f} s), and "
+                   f"this request's {job.size:,} bytes would take them past --max-queued-bytes "
+                   f"({self.max_queued_bytes:,}); it was not queued. Retry after {self.retry_after} s or ask another "
+                   "server")  # fmt: skip
+        return self._refused(message, f"a request of {len(job.captions)} captions", QueueFull)
+
+    def _refused(self, message: str, what: str, kind: type[Overloaded] = ServerStuck) -> Overloaded:
+        """The ``kind`` of :class:`Overloaded` (503, ``Retry-After``) saying ``message``, counted (``refused``) and
+        logged naming ``what`` (:class:`RepeatedFailures`: a trainer retrying while the server is stuck, or its queue
+        full, costs a line every 10 s)."""
         self.meter.refused += 1
-        error = ServerStuck(message, self.retry_after)
+        error = kind(message, self.retry_after)
         self.failures.log(error, f"reward server: {what} refused (503): {message}", level=logging.WARNING,
                           trace=False)  # fmt: skip
         return error
@@ -803,16 +914,12 @@ class RewardService:
                           level=logging.WARNING, trace=False)  # fmt: skip
         return error
 
-    def _forget(self, item: tuple[Job, asyncio.Future, float]) -> bool:
+    def _forget(self, item: Waiting) -> bool:
         """Take a request whose client left, or whose deadline passed, out of the queue now (whether it was there), so
         that its captions are not held until the reward's current call returns (a slow or hung call, clients that
         time out and ask again: the queue grew by one request a retry); one already taken into a round is left to it
         (its answer is dropped: :func:`settle`)."""
-        for i, queued in enumerate(self._pending):
-            if queued is item:
-                del self._pending[i]
-                return True
-        return False
+        return self._pending.remove(item)
 
     async def _serve_queue(self) -> None:
         try:
@@ -830,12 +937,12 @@ class RewardService:
                     future.set_exception(RewardFailed("internal error: the reward server is stopping"))
             self.on_fatal()
 
-    def _next_round(self) -> list[tuple[Job, asyncio.Future, float]]:
+    def _next_round(self) -> list[Waiting]:
         """The requests of the next round, taken from the queue: up to ``batch_size`` captions when the reward's calls
         are merged, else one request (one call each, so that a request whose client leaves while an earlier one is
         scored is never called); a request whose client already left is dropped (never scored)."""
         round_, size = [], 0
-        while self._pending and (not round_ or (self.merges and size + len(self._pending[0][0].captions)
+        while self._pending and (not round_ or (self.merges and size + len(self._pending.first()[0].captions)
                                                 <= self.batch_size)):  # fmt: skip
             item = self._pending.popleft()
             if item[1].done():  # its client went away while it queued (counted as left by its score())
@@ -869,7 +976,7 @@ class RewardService:
                 return
 
 
-def settle(items: Sequence[tuple[Job, asyncio.Future, float]], results: Sequence[RewardOutput | Exception]) -> None:
+def settle(items: Sequence[Waiting], results: Sequence[RewardOutput | Exception]) -> None:
     """Hand each item's result (or exception) to its future, unless its client went away."""
     for (_, future, _), result in zip(items, results, strict=True):
         if future.done():
@@ -908,7 +1015,7 @@ class Meter:
         self.failed = 0  # requests answered 500 or /get_reward's 502: the reward failed on them (or on some captions)
         self.timed_out = 0  # requests answered 504 (--score-timeout)
         self.left = 0  # requests whose client went away before their answer: queued (never scored) or in a call
-        self.refused = 0  # requests answered 503 at once: the server was stuck
+        self.refused = 0  # requests answered 503 at once: the server was stuck, or its queue full
         self._said = dict.fromkeys(("total_scored", *self.OUTCOMES), 0)  # the totals at the window's start
 
     def round(self, requests: int, captions: int, seconds: float) -> None:
@@ -933,8 +1040,8 @@ class Meter:
                    "requests" if len(lat) else "no request scored")  # fmt: skip
         text = (f"reward server ({name}): in {span:.1f} s {since['total_scored']} requests scored, "
                 f"{since['failed']} failed (500, 502), {since['timed_out']} timed out (504, --score-timeout), "
-                f"{since['left']} left by their client, {since['refused']} refused while stuck (503); the reward "
-                f"scored {self.captions} captions: {self.captions / span:,.0f} captions/s, "
+                f"{since['left']} left by their client, {since['refused']} refused (503: stuck, or the queue "
+                f"full); the reward scored {self.captions} captions: {self.captions / span:,.0f} captions/s, "
                 f"{self.captions / max(self.rounds, 1):.0f} captions a round, busy {100 * self.busy / span:.0f}% of "
                 f"the time; {latency}")  # fmt: skip
         self.since, self.captions, self.rounds, self.busy = now, 0, 0, 0.0
