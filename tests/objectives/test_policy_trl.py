@@ -23,10 +23,11 @@ from finecap.config import DecodeConfig
 from finecap.objectives.grpo import PolicyOptimization, Prepared, group_advantages, normalize_then_sum
 from finecap.rewards.base import WeightedSum
 from helpers.rl_sections import rl_sections
+from helpers.trl_grpo import COMPLETION, make_trainer, save_tiny_lm, trls_own_advantages
 
 trl = pytest.importorskip("trl")
 
-PROMPT, COMPLETION = 3, 6  # token positions
+PROMPT = 3  # token positions (COMPLETION: helpers.trl_grpo's max_completion_length)
 LENGTHS = [6, 2, 4, 1, 5, 3]  # completion lengths: every aggregation weighs them differently
 ADVANTAGES = [1.5, -0.7, 0.2, -1.1, 0.9, -0.3]
 FINECAP_NAME = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}
@@ -34,30 +35,7 @@ FINECAP_NAME = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo":
 
 @pytest.fixture(scope="module")
 def tiny_lm(tmp_path_factory):
-    from finecap.models.presets import build_world_lm
-
-    torch.manual_seed(0)
-    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
-    out = tmp_path_factory.mktemp("tiny_lm")
-    lm.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out, tok
-
-
-def make_trainer(path, tok, tmp_path, rows=None, reward_funcs=None, num_generations=3, **config):
-    """A real ``GRPOTrainer`` over ``rows`` (six prompts by default), ``reward_funcs`` (one paying 0 by default)."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    rows = rows or [{"prompt": "a red circle"}] * 6
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=len(rows),
-                      num_generations=num_generations, max_completion_length=COMPLETION, report_to="none",
-                      use_cpu=True, save_strategy="no", seed=0, bf16=False, **config)  # fmt: skip
-    funcs = reward_funcs or [lambda prompts, completions, **kw: [0.0] * len(completions)]
-    trainer = GRPOTrainer(model=str(path), processing_class=tok, args=args, train_dataset=Dataset.from_list(rows),
-                          reward_funcs=funcs)  # fmt: skip
-    trainer.model.eval()  # no dropout; _compute_loss's normalisers are then 1 (TRL's eval mode)
-    return trainer
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
 
 
 def inputs_for(model, lengths=LENGTHS, advantages=ADVANTAGES):
@@ -283,25 +261,6 @@ def test_advantages_equal_trls(scale, aggregation):
     else:
         ours = normalize_then_sum([parts[:, 0], parts[:, 1]], weights.tolist(), 3)
     assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), (ours - theirs).abs().max()
-
-
-def trls_own_advantages(tiny_lm, tmp_path, parts, weights, num_generations, **config):
-    """The advantages TRL 1.16 computes itself: ``GRPOTrainer._generate_and_score_completions`` (it generates
-    completions with the tiny LM, scores them and returns ``advantages``) over one prompt per row of ``parts``
-    (N, K), whose K reward functions pay those values column by column, ``None`` where NaN (TRL's unscorable)."""
-    path, tok = tiny_lm
-
-    def column(k):
-        def reward(prompts, completions, paid, **kw):
-            return [None if p[k] != p[k] else p[k] for p in paid]
-
-        reward.__name__ = f"r{k}"
-        return reward
-
-    rows = [{"prompt": "a red circle", "paid": p} for p in parts.tolist()]
-    trainer = make_trainer(path, tok, tmp_path, rows, [column(k) for k in range(parts.shape[1])], num_generations,
-                           reward_weights=weights.tolist(), **config)  # fmt: skip
-    return trainer._generate_and_score_completions(rows)["advantages"]
 
 
 def edge_rewards():
