@@ -1,9 +1,11 @@
 """TRL's importance-sampling correction of vLLM rollouts (``decode.engine=vllm``): the truncated per-token weights
-``min(exp(trainer - vllm), rl.vllm_is_cap)`` and the logged mismatch equal hand-computed values and TRL 1.16's code
-(its inline ``token_truncate`` branch and metrics, transcribed as ``tests/objectives/test_policy_trl.py`` transcribes
-its advantages); REINFORCE and the GRPO family weigh each token of their loss by them (gradients checked by hand),
-only for rollouts another engine decoded, and with ``rl.vllm_is_correction=false`` log the mismatch without
-correcting. No vLLM is needed: the rollouts here are hand-made."""
+``min(exp(trainer - vllm), rl.vllm_is_cap)`` and the logged mismatch equal hand-computed values and TRL 1.16's own
+code: a ``GRPOTrainer`` told it decodes with vLLM (``use_vllm``, mode ``token_truncate``) and handed a rollout of
+chosen completions and engine log-probs (:func:`helpers.trl_grpo.trls_own_vllm_correction`), whose
+``_generate_and_score_completions`` returns the weights and logs ``sampling/*`` (slow: it builds the trainer), and a
+fast transcription of that branch; REINFORCE and the GRPO family weigh each token of their loss by them (gradients
+checked by hand), only for rollouts another engine decoded, and with ``rl.vllm_is_correction=false`` log the mismatch
+without correcting. No vLLM is needed: the rollouts here are hand-made."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.reinforce import Reinforce, Rollout
 from finecap.rewards.base import RewardOutput, WeightedSum
 from helpers.rl_sections import rl_sections
+from helpers.trl_grpo import save_tiny_lm, trainer_logprobs, trls_own_vllm_correction, vllm_trainer
 
 # Two captions of 3 and 2 tokens (the second padded), and a third of 1 token.
 TRAINER = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, 0.0], [-4.0, 0.0, 0.0]])
@@ -91,6 +94,59 @@ def test_weights_and_metrics_equal_trls_code(cap):
     assert ours_metrics.keys() == their_metrics.keys()
     for name, value in their_metrics.items():
         assert ours_metrics[name] == pytest.approx(value, rel=1e-6), name
+
+
+TRL_NAME = {"vllm/logp_diff/mean": "sampling/sampling_logp_difference/mean",
+            "vllm/logp_diff/max": "sampling/sampling_logp_difference/max",
+            "vllm/is_ratio/mean": "sampling/importance_sampling_ratio/mean",
+            "vllm/is_ratio/min": "sampling/importance_sampling_ratio/min",
+            "vllm/is_ratio/max": "sampling/importance_sampling_ratio/max"}  # fmt: skip
+# Six completions of the tiny LM's tokens, ending at its stop token (4) but the last, cut at 2 tokens
+COMPLETIONS = [[7, 8, 9, 4], [10, 4], [11, 12, 13, 14, 15, 16], [4], [20, 21, 4], [30, 31]]
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+
+
+def engine_logprobs(sampling):
+    """The engine's lists of token log-probs as finecap's vLLM engine pads them: (N, 6), 0 after each caption, NaN
+    where vLLM gave none."""
+    out = torch.zeros(len(sampling), 6)
+    for i, row in enumerate(sampling):
+        out[i, : len(row)] = torch.tensor([math.nan if v is None else v for v in row])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", [3.0, 1.2])
+def test_weights_and_metrics_equal_trls_own_code(tiny_lm, tmp_path, cap):
+    """TRL 1.16's ``_generate_and_score_completions`` on a vLLM rollout (its ``importance_sampling_ratio`` and its
+    logged ``sampling/sampling_logp_difference/*`` and ``sampling/importance_sampling_ratio/*``) against finecap's
+    weights and metrics of the same trainer log-probs (TRL's ``old_per_token_logps``) and engine log-probs: engine
+    log-probs 0.8 off the trainer's, one a ratio of e^2 (above both caps), one token vLLM could not score."""
+    pytest.importorskip("trl")
+    trainer = vllm_trainer(tiny_lm, tmp_path, cap)
+    old = trainer_logprobs(trainer, COMPLETIONS)
+    g = torch.Generator().manual_seed(0)
+    sampling = [[float(old[i, t]) + 0.8 * float(torch.randn(1, generator=g)) for t in range(len(c))]
+                for i, c in enumerate(COMPLETIONS)]  # fmt: skip
+    sampling[0][0] = float(old[0, 0]) - 2.0
+    sampling[2][1] = None
+    output, theirs = trls_own_vllm_correction(trainer, COMPLETIONS, sampling)
+    mask = output["completion_mask"].bool()
+    trainer_side, engine = output["old_per_token_logps"], engine_logprobs(sampling)
+    lengths = torch.tensor([len(c) for c in COMPLETIONS])
+    assert torch.equal(mask, torch.arange(6)[None, :] < lengths[:, None])  # TRL's mask is Generation.mask's
+    ours = importance_weights(trainer_side, engine, mask, cap)
+    assert torch.equal(ours, output["importance_sampling_ratio"])
+    assert (ours[mask] < 1).any() and (ours[mask] == cap).any() and ours[2, 1] == 1  # cap binds; the NaN is 1
+    ours_metrics = mismatch_metrics(trainer_side, engine, mask, ours)
+    assert {TRL_NAME[name] for name in ours_metrics} == set(theirs)
+    for name, value in ours_metrics.items():
+        assert value == pytest.approx(theirs[TRL_NAME[name]], rel=1e-6), name
+    assert theirs["sampling/importance_sampling_ratio/max"] == pytest.approx(cap)
 
 
 # --------------------------------------------------------------------------------------------------------------------
