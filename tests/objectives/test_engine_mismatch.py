@@ -22,6 +22,7 @@ from finecap.objectives.engine_mismatch import importance_weights, mismatch_metr
 from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.reinforce import Reinforce, Rollout
 from finecap.rewards.base import RewardOutput, WeightedSum
+from finecap.train.logging import Means
 from helpers.rl_sections import rl_sections
 from helpers.trl_grpo import save_tiny_lm, trainer_logprobs, trls_own_vllm_correction, vllm_trainer
 
@@ -149,6 +150,24 @@ def test_weights_and_metrics_equal_trls_own_code(tiny_lm, tmp_path, cap):
     assert theirs["sampling/importance_sampling_ratio/max"] == pytest.approx(cap)
 
 
+@pytest.mark.slow
+def test_a_batch_of_no_token_logs_nan_where_trls_own_code_logs_0(tiny_lm, tmp_path):
+    """The one difference of the metrics (docs/methods/grpo.md): over no token (TRL's rollout mask, ``env_mask``, 0
+    on every token) TRL logs 0 for each ``sampling/*`` metric; finecap logs NaN, which the step's means and extremes
+    leave out (a 0 would pull ``vllm/is_ratio/min`` and the means down). The weights are 1 on both sides."""
+    pytest.importorskip("trl")
+    trainer = vllm_trainer(tiny_lm, tmp_path, 3.0)
+    sampling = [[-1.0] * len(c) for c in COMPLETIONS]
+    output, theirs = trls_own_vllm_correction(trainer, COMPLETIONS, sampling, [[0] * len(c) for c in COMPLETIONS])
+    none = torch.zeros(6, 6, dtype=torch.bool)
+    ours = importance_weights(output["old_per_token_logps"], engine_logprobs(sampling), none, 3.0)
+    assert torch.equal(ours, output["importance_sampling_ratio"]) and (ours == 1).all()
+    assert set(theirs.values()) == {0.0} and len(theirs) == 5
+    ours_metrics = mismatch_metrics(output["old_per_token_logps"], engine_logprobs(sampling), none, ours)
+    assert {TRL_NAME[name] for name in ours_metrics} == set(theirs)
+    assert all(math.isnan(v) for v in ours_metrics.values()), ours_metrics
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The objectives: each token of the loss weighed, for rollouts of another engine only
 # --------------------------------------------------------------------------------------------------------------------
@@ -161,9 +180,9 @@ def constant_reward(values):
     return WeightedSum({"r": (1.0, reward)})
 
 
-def rollout_of(engine_logprobs, rewards, baseline):
+def rollout_of(engine_logprobs, rewards, baseline, lengths=LENGTHS):
     n, length = engine_logprobs.shape
-    gen = Generation(sequences=torch.full((n, length), 7), token_logprobs=engine_logprobs, lengths=LENGTHS[:n],
+    gen = Generation(sequences=torch.full((n, length), 7), token_logprobs=engine_logprobs, lengths=lengths[:n],
                      image_index=torch.arange(n), scores=engine_logprobs.sum(1), texts=["a b"] * n)  # fmt: skip
     return Rollout(gen, RewardOutput(torch.tensor(rewards)), torch.tensor(baseline))
 
@@ -218,3 +237,37 @@ def test_the_grpo_family_weighs_each_tokens_loss_by_its_importance_ratio(policy_
     w = importance_weights(TRAINER, ENGINE, MASK, 2.0)
     torch.testing.assert_close(grad, -advantage[:, None] * w * MASK / (LENGTHS[:, None] * 3), rtol=1e-6, atol=1e-7)
     assert out.metrics["vllm/is_ratio/min"] == pytest.approx(math.exp(-3.5))
+
+
+@pytest.mark.parametrize(
+    ("policy_loss", "aggregation"),
+    [("clipped", "sequence"), ("clipped", "token"), ("clipped", "constant"), ("reinforce", "sequence")],
+)
+def test_a_micro_batch_of_captions_of_no_token_logs_nan_which_the_step_leaves_out(policy_loss, aggregation):
+    """Neither finecap's decoder nor its vLLM engine returns a caption of no token (the stop token counts, and
+    ``decode.max_length >= 1``), but an engine of one's own (``decode.engine=pkg.module:Class``) may: its micro-batch
+    of such captions trains on nothing (loss 0) and logs ``ratio/*`` and ``vllm/*`` as NaN, so the step's logged
+    means and extremes (:class:`finecap.train.logging.Means`) are those of its other micro-batches. Until
+    2026-11-29 ``ratio/min`` raised there (``min()`` of no value) and ``vllm/*`` logged 0, which made the step's
+    ``vllm/is_ratio/min`` 0 and pulled its means toward 0."""
+    rl = rl_sections(advantage="group", samples=3, policy_loss=policy_loss, vllm_is_cap=2.0,
+                     **({"loss_aggregation": aggregation} if policy_loss == "clipped" else {}))  # fmt: skip
+    rewards = [1.0, 0.0, 2.0]
+    outs = []
+    for lengths in (torch.zeros(3, dtype=torch.long), LENGTHS):
+        objective = PolicyOptimization(constant_reward(rewards), None, **rl, decode=DecodeConfig(engine="vllm"))
+        rollout = rollout_of(ENGINE, rewards, [0.0, 0.0, 0.0], lengths)
+        rollout.samples.image_index = torch.zeros(3, dtype=torch.long)
+        outs.append(run(objective, rollout, TRAINER))
+    (empty, grad), (full, _) = outs
+    logged = [k for k in full.metrics if k.startswith(("ratio/", "vllm/"))]
+    assert len(logged) == (8 if policy_loss == "clipped" else 5)
+    assert all(math.isnan(empty.metrics[k]) for k in logged), empty.metrics
+    assert sum(empty.losses.values()).item() == 0.0 and not grad.any()
+    if policy_loss == "clipped":
+        assert empty.metrics["clip_fraction"] == 0.0
+    means = Means()
+    means.add(empty.metrics)
+    means.add(full.metrics)
+    assert {k: means.means()[k] for k in logged} == {k: full.metrics[k] for k in logged}
+    assert full.metrics["vllm/is_ratio/min"] == pytest.approx(math.exp(-3.5))  # the full micro-batch's, not 0
