@@ -1,9 +1,11 @@
 """TRL's importance-sampling correction of vLLM rollouts (``decode.engine=vllm``): the truncated per-token weights
-``min(exp(trainer - vllm), rl.vllm_is_cap)`` and the logged mismatch equal hand-computed values and TRL 1.16's code
-(its inline ``token_truncate`` branch and metrics, transcribed as ``tests/objectives/test_policy_trl.py`` transcribes
-its advantages); REINFORCE and the GRPO family weigh each token of their loss by them (gradients checked by hand),
-only for rollouts another engine decoded, and with ``rl.vllm_is_correction=false`` log the mismatch without
-correcting. No vLLM is needed: the rollouts here are hand-made."""
+``min(exp(trainer - vllm), rl.vllm_is_cap)`` and the logged mismatch equal hand-computed values and TRL 1.16's own
+code: a ``GRPOTrainer`` told it decodes with vLLM (``use_vllm``, mode ``token_truncate``) and handed a rollout of
+chosen completions and engine log-probs (:func:`helpers.trl_grpo.trls_own_vllm_correction`), whose
+``_generate_and_score_completions`` returns the weights and logs ``sampling/*`` (slow: it builds the trainer), and a
+fast transcription of that branch; REINFORCE and the GRPO family weigh each token of their loss by them (gradients
+checked by hand), only for rollouts another engine decoded, and with ``rl.vllm_is_correction=false`` log the mismatch
+without correcting. No vLLM is needed: the rollouts here are hand-made."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from finecap.objectives.engine_mismatch import importance_weights, mismatch_metr
 from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.reinforce import Reinforce, Rollout
 from finecap.rewards.base import RewardOutput, WeightedSum
+from finecap.train.logging import Means
 from helpers.rl_sections import rl_sections
+from helpers.trl_grpo import save_tiny_lm, trainer_logprobs, trls_own_vllm_correction, vllm_trainer
 
 # Two captions of 3 and 2 tokens (the second padded), and a third of 1 token.
 TRAINER = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, 0.0], [-4.0, 0.0, 0.0]])
@@ -93,6 +97,77 @@ def test_weights_and_metrics_equal_trls_code(cap):
         assert ours_metrics[name] == pytest.approx(value, rel=1e-6), name
 
 
+TRL_NAME = {"vllm/logp_diff/mean": "sampling/sampling_logp_difference/mean",
+            "vllm/logp_diff/max": "sampling/sampling_logp_difference/max",
+            "vllm/is_ratio/mean": "sampling/importance_sampling_ratio/mean",
+            "vllm/is_ratio/min": "sampling/importance_sampling_ratio/min",
+            "vllm/is_ratio/max": "sampling/importance_sampling_ratio/max"}  # fmt: skip
+# Six completions of the tiny LM's tokens, ending at its stop token (4) but the last, cut at 2 tokens
+COMPLETIONS = [[7, 8, 9, 4], [10, 4], [11, 12, 13, 14, 15, 16], [4], [20, 21, 4], [30, 31]]
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+
+
+def engine_logprobs(sampling):
+    """The engine's lists of token log-probs as finecap's vLLM engine pads them: (N, 6), 0 after each caption, NaN
+    where vLLM gave none."""
+    out = torch.zeros(len(sampling), 6)
+    for i, row in enumerate(sampling):
+        out[i, : len(row)] = torch.tensor([math.nan if v is None else v for v in row])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", [3.0, 1.2])
+def test_weights_and_metrics_equal_trls_own_code(tiny_lm, tmp_path, cap):
+    """TRL 1.16's ``_generate_and_score_completions`` on a vLLM rollout (its ``importance_sampling_ratio`` and its
+    logged ``sampling/sampling_logp_difference/*`` and ``sampling/importance_sampling_ratio/*``) against finecap's
+    weights and metrics of the same trainer log-probs (TRL's ``old_per_token_logps``) and engine log-probs: engine
+    log-probs 0.8 off the trainer's, one a ratio of e^2 (above both caps), one token vLLM could not score."""
+    pytest.importorskip("trl")
+    trainer = vllm_trainer(tiny_lm, tmp_path, cap)
+    old = trainer_logprobs(trainer, COMPLETIONS)
+    g = torch.Generator().manual_seed(0)
+    sampling = [[float(old[i, t]) + 0.8 * float(torch.randn(1, generator=g)) for t in range(len(c))]
+                for i, c in enumerate(COMPLETIONS)]  # fmt: skip
+    sampling[0][0] = float(old[0, 0]) - 2.0
+    sampling[2][1] = None
+    output, theirs = trls_own_vllm_correction(trainer, COMPLETIONS, sampling)
+    mask = output["completion_mask"].bool()
+    trainer_side, engine = output["old_per_token_logps"], engine_logprobs(sampling)
+    lengths = torch.tensor([len(c) for c in COMPLETIONS])
+    assert torch.equal(mask, torch.arange(6)[None, :] < lengths[:, None])  # TRL's mask is Generation.mask's
+    ours = importance_weights(trainer_side, engine, mask, cap)
+    assert torch.equal(ours, output["importance_sampling_ratio"])
+    assert (ours[mask] < 1).any() and (ours[mask] == cap).any() and ours[2, 1] == 1  # cap binds; the NaN is 1
+    ours_metrics = mismatch_metrics(trainer_side, engine, mask, ours)
+    assert {TRL_NAME[name] for name in ours_metrics} == set(theirs)
+    for name, value in ours_metrics.items():
+        assert value == pytest.approx(theirs[TRL_NAME[name]], rel=1e-6), name
+    assert theirs["sampling/importance_sampling_ratio/max"] == pytest.approx(cap)
+
+
+@pytest.mark.slow
+def test_a_batch_of_no_token_logs_nan_where_trls_own_code_logs_0(tiny_lm, tmp_path):
+    """The one difference of the metrics (docs/methods/grpo.md): over no token (TRL's rollout mask, ``env_mask``, 0
+    on every token) TRL logs 0 for each ``sampling/*`` metric; finecap logs NaN, which the step's means and extremes
+    leave out (a 0 would pull ``vllm/is_ratio/min`` and the means down). The weights are 1 on both sides."""
+    pytest.importorskip("trl")
+    trainer = vllm_trainer(tiny_lm, tmp_path, 3.0)
+    sampling = [[-1.0] * len(c) for c in COMPLETIONS]
+    output, theirs = trls_own_vllm_correction(trainer, COMPLETIONS, sampling, [[0] * len(c) for c in COMPLETIONS])
+    none = torch.zeros(6, 6, dtype=torch.bool)
+    ours = importance_weights(output["old_per_token_logps"], engine_logprobs(sampling), none, 3.0)
+    assert torch.equal(ours, output["importance_sampling_ratio"]) and (ours == 1).all()
+    assert set(theirs.values()) == {0.0} and len(theirs) == 5
+    ours_metrics = mismatch_metrics(output["old_per_token_logps"], engine_logprobs(sampling), none, ours)
+    assert {TRL_NAME[name] for name in ours_metrics} == set(theirs)
+    assert all(math.isnan(v) for v in ours_metrics.values()), ours_metrics
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # The objectives: each token of the loss weighed, for rollouts of another engine only
 # --------------------------------------------------------------------------------------------------------------------
@@ -105,9 +180,9 @@ def constant_reward(values):
     return WeightedSum({"r": (1.0, reward)})
 
 
-def rollout_of(engine_logprobs, rewards, baseline):
+def rollout_of(engine_logprobs, rewards, baseline, lengths=LENGTHS):
     n, length = engine_logprobs.shape
-    gen = Generation(sequences=torch.full((n, length), 7), token_logprobs=engine_logprobs, lengths=LENGTHS[:n],
+    gen = Generation(sequences=torch.full((n, length), 7), token_logprobs=engine_logprobs, lengths=lengths[:n],
                      image_index=torch.arange(n), scores=engine_logprobs.sum(1), texts=["a b"] * n)  # fmt: skip
     return Rollout(gen, RewardOutput(torch.tensor(rewards)), torch.tensor(baseline))
 
@@ -162,3 +237,37 @@ def test_the_grpo_family_weighs_each_tokens_loss_by_its_importance_ratio(policy_
     w = importance_weights(TRAINER, ENGINE, MASK, 2.0)
     torch.testing.assert_close(grad, -advantage[:, None] * w * MASK / (LENGTHS[:, None] * 3), rtol=1e-6, atol=1e-7)
     assert out.metrics["vllm/is_ratio/min"] == pytest.approx(math.exp(-3.5))
+
+
+@pytest.mark.parametrize(
+    ("policy_loss", "aggregation"),
+    [("clipped", "sequence"), ("clipped", "token"), ("clipped", "constant"), ("reinforce", "sequence")],
+)
+def test_a_micro_batch_of_captions_of_no_token_logs_nan_which_the_step_leaves_out(policy_loss, aggregation):
+    """Neither finecap's decoder nor its vLLM engine returns a caption of no token (the stop token counts, and
+    ``decode.max_length >= 1``), but an engine of one's own (``decode.engine=pkg.module:Class``) may: its micro-batch
+    of such captions trains on nothing (loss 0) and logs ``ratio/*`` and ``vllm/*`` as NaN, so the step's logged
+    means and extremes (:class:`finecap.train.logging.Means`) are those of its other micro-batches. Until
+    2026-11-29 ``ratio/min`` raised there (``min()`` of no value) and ``vllm/*`` logged 0, which made the step's
+    ``vllm/is_ratio/min`` 0 and pulled its means toward 0."""
+    rl = rl_sections(advantage="group", samples=3, policy_loss=policy_loss, vllm_is_cap=2.0,
+                     **({"loss_aggregation": aggregation} if policy_loss == "clipped" else {}))  # fmt: skip
+    rewards = [1.0, 0.0, 2.0]
+    outs = []
+    for lengths in (torch.zeros(3, dtype=torch.long), LENGTHS):
+        objective = PolicyOptimization(constant_reward(rewards), None, **rl, decode=DecodeConfig(engine="vllm"))
+        rollout = rollout_of(ENGINE, rewards, [0.0, 0.0, 0.0], lengths)
+        rollout.samples.image_index = torch.zeros(3, dtype=torch.long)
+        outs.append(run(objective, rollout, TRAINER))
+    (empty, grad), (full, _) = outs
+    logged = [k for k in full.metrics if k.startswith(("ratio/", "vllm/"))]
+    assert len(logged) == (8 if policy_loss == "clipped" else 5)
+    assert all(math.isnan(empty.metrics[k]) for k in logged), empty.metrics
+    assert sum(empty.losses.values()).item() == 0.0 and not grad.any()
+    if policy_loss == "clipped":
+        assert empty.metrics["clip_fraction"] == 0.0
+    means = Means()
+    means.add(empty.metrics)
+    means.add(full.metrics)
+    assert {k: means.means()[k] for k in logged} == {k: full.metrics[k] for k in logged}
+    assert full.metrics["vllm/is_ratio/min"] == pytest.approx(math.exp(-3.5))  # the full micro-batch's, not 0

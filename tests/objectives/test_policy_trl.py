@@ -20,13 +20,16 @@ import pytest
 import torch
 
 from finecap.config import DecodeConfig
+from finecap.decode import Generation
 from finecap.objectives.grpo import PolicyOptimization, Prepared, group_advantages, normalize_then_sum
-from finecap.rewards.base import WeightedSum
+from finecap.objectives.reinforce import Rollout
+from finecap.rewards.base import RewardOutput, WeightedSum
 from helpers.rl_sections import rl_sections
+from helpers.trl_grpo import COMPLETION, make_trainer, save_tiny_lm, trls_own_advantages
 
 trl = pytest.importorskip("trl")
 
-PROMPT, COMPLETION = 3, 6  # token positions
+PROMPT = 3  # token positions (COMPLETION: helpers.trl_grpo's max_completion_length)
 LENGTHS = [6, 2, 4, 1, 5, 3]  # completion lengths: every aggregation weighs them differently
 ADVANTAGES = [1.5, -0.7, 0.2, -1.1, 0.9, -0.3]
 FINECAP_NAME = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}
@@ -34,30 +37,7 @@ FINECAP_NAME = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo":
 
 @pytest.fixture(scope="module")
 def tiny_lm(tmp_path_factory):
-    from finecap.models.presets import build_world_lm
-
-    torch.manual_seed(0)
-    lm, tok = build_world_lm(layers=1, hidden=32, heads=2, dropout=0.0)
-    out = tmp_path_factory.mktemp("tiny_lm")
-    lm.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out, tok
-
-
-def make_trainer(path, tok, tmp_path, rows=None, reward_funcs=None, num_generations=3, **config):
-    """A real ``GRPOTrainer`` over ``rows`` (six prompts by default), ``reward_funcs`` (one paying 0 by default)."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    rows = rows or [{"prompt": "a red circle"}] * 6
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=len(rows),
-                      num_generations=num_generations, max_completion_length=COMPLETION, report_to="none",
-                      use_cpu=True, save_strategy="no", seed=0, bf16=False, **config)  # fmt: skip
-    funcs = reward_funcs or [lambda prompts, completions, **kw: [0.0] * len(completions)]
-    trainer = GRPOTrainer(model=str(path), processing_class=tok, args=args, train_dataset=Dataset.from_list(rows),
-                          reward_funcs=funcs)  # fmt: skip
-    trainer.model.eval()  # no dropout; _compute_loss's normalisers are then 1 (TRL's eval mode)
-    return trainer
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
 
 
 def inputs_for(model, lengths=LENGTHS, advantages=ADVANTAGES):
@@ -285,25 +265,6 @@ def test_advantages_equal_trls(scale, aggregation):
     assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), (ours - theirs).abs().max()
 
 
-def trls_own_advantages(tiny_lm, tmp_path, parts, weights, num_generations, **config):
-    """The advantages TRL 1.16 computes itself: ``GRPOTrainer._generate_and_score_completions`` (it generates
-    completions with the tiny LM, scores them and returns ``advantages``) over one prompt per row of ``parts``
-    (N, K), whose K reward functions pay those values column by column, ``None`` where NaN (TRL's unscorable)."""
-    path, tok = tiny_lm
-
-    def column(k):
-        def reward(prompts, completions, paid, **kw):
-            return [None if p[k] != p[k] else p[k] for p in paid]
-
-        reward.__name__ = f"r{k}"
-        return reward
-
-    rows = [{"prompt": "a red circle", "paid": p} for p in parts.tolist()]
-    trainer = make_trainer(path, tok, tmp_path, rows, [column(k) for k in range(parts.shape[1])], num_generations,
-                           reward_weights=weights.tolist(), **config)  # fmt: skip
-    return trainer._generate_and_score_completions(rows)["advantages"]
-
-
 def edge_rewards():
     """6 images x 3 samples of two rewards: varied groups, a group whose first reward is constant, one whose rewards
     are both constant (its total too), and groups with one, two and three captions no reward could score (NaN in both
@@ -362,3 +323,87 @@ def test_trls_own_code_leaves_its_rounding_on_a_constant_group(tiny_lm, tmp_path
     ours = group_advantages(rewards, 7, "group")
     assert theirs[:7].abs().min() > 1e-4 and ours[:7].tolist() == [0.0] * 7
     assert torch.allclose(ours[7:], theirs[7:], rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The documented differences of failed and unpaid rewards (docs/methods/grpo.md), read from TRL's own code
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def objective_advantages(parts, weights, aggregation, scale="group"):
+    """finecap's advantages through the objective: ``rl.rewards`` of K rewards (a :class:`WeightedSum` weighing them
+    by ``weights``) paying ``parts`` (N, K) column by column and failing (``RewardOutput.failed``) where NaN, and
+    ``PolicyOptimization.group_advantages`` of the rollout (groups of 3)."""
+
+    def column(k):
+        return lambda captions, batch: RewardOutput(parts[:, k], failed=torch.isnan(parts[:, k]))
+
+    reward = WeightedSum({f"r{k}": (float(w), column(k)) for k, w in enumerate(weights.tolist())})
+    rl = rl_sections(advantage="group", samples=3, scale_rewards=scale, reward_aggregation=aggregation)
+    objective = PolicyOptimization(reward, None, **rl)
+    n = len(parts)
+    gen = Generation(sequences=torch.full((n, 1), 4), token_logprobs=torch.zeros(n, 1), lengths=torch.ones(n).long(),
+                     image_index=torch.arange(n) // 3, scores=torch.zeros(n), texts=["a"] * n)  # fmt: skip
+    rollout = Rollout(gen, reward(gen.texts, {}), torch.zeros(n))
+    return objective.group_advantages([rollout])[0]
+
+
+def varied_rewards(n=18, k=2):
+    g = torch.Generator().manual_seed(4)
+    return torch.rand(n, k, generator=g) * torch.tensor([3.0, 1.0, 2.0][:k])
+
+
+AGGREGATIONS = [("group", "sum_then_normalize"), ("batch", "sum_then_normalize"), ("none", "sum_then_normalize"),
+                ("group", "normalize_then_sum")]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("scale", "aggregation"), AGGREGATIONS)
+def test_a_caption_one_reward_failed_for_fails_where_trl_keeps_it(tiny_lm, tmp_path, scale, aggregation):
+    """The documented difference (docs/methods/grpo.md, "Where finecap differs"): a caption for which one weighed
+    reward failed and another scored is failed in finecap (advantage 0, out of every statistic), as TRL treats a
+    completion *every* reward failed for; TRL keeps it, counting the failed part as 0 in ``sum_then_normalize``'s sum
+    (``nansum``) or leaving it out of that reward's group statistics only (``normalize_then_sum``). Read from TRL's
+    own ``_generate_and_score_completions`` on captions 1 and 4 (one reward failed each) and 15 (both): TRL's
+    advantages are the documented rule's, computed here from finecap's own functions, and finecap's are TRL's on the
+    batch where captions 1 and 4 failed for both rewards."""
+    weights = torch.tensor([1.0, 0.5])
+    parts = varied_rewards()
+    parts[1, 1] = parts[4, 0] = parts[15, 0] = parts[15, 1] = float("nan")
+    theirs = trls_own_advantages(tiny_lm, tmp_path / "partial", parts, weights, 3, scale_rewards=scale,
+                                 multi_objective_aggregation=aggregation)  # fmt: skip
+    ours = objective_advantages(parts, weights, aggregation, scale)
+
+    partial = torch.tensor([1, 4])
+    assert ours[partial].tolist() == [0.0, 0.0] and ours[15] == theirs[15] == 0.0
+    assert (theirs[partial].abs() > 1e-2).all(), theirs[partial]  # TRL trains on them
+    unscorable = torch.isnan(parts).all(dim=1)
+    if aggregation == "sum_then_normalize":  # TRL: the failed part counts as 0 in the weighted sum
+        rule = group_advantages((parts * weights).nansum(dim=1), 3, scale, failed=unscorable)
+    else:  # TRL: each reward's group statistics over the captions it scored, the sum's batch ones over the rest
+        summed = sum(w * group_advantages(parts[:, k], 3, "group", failed=torch.isnan(parts[:, k]))
+                     for k, w in enumerate(weights.tolist()))  # fmt: skip
+        rule = group_advantages(summed, len(parts), "group", failed=unscorable)  # one group: the batch
+    assert torch.allclose(theirs, rule, rtol=1e-6, atol=1e-6), (theirs - rule).abs().max()
+    both = parts.clone()
+    both[partial] = float("nan")  # TRL's unscorable: what finecap makes of a partial failure
+    theirs_both = trls_own_advantages(tiny_lm, tmp_path / "both", both, weights, 3, scale_rewards=scale,
+                                      multi_objective_aggregation=aggregation)  # fmt: skip
+    assert torch.allclose(ours, theirs_both, rtol=1e-6, atol=1e-6), (ours - theirs_both).abs().max()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("scale", "aggregation"), AGGREGATIONS)
+def test_a_reward_of_weight_0_changes_no_advantage_as_in_trl(tiny_lm, tmp_path, scale, aggregation):
+    """The documented difference (docs/methods/grpo.md): GDPO leaves a reward of weight 0 out (logged only), TRL
+    normalises it and adds it times 0, and ``sum_then_normalize`` sums it times 0 on both sides; so the advantages
+    are TRL's own, here with the weight-0 reward varied within every group (its normalised values are not 0) and
+    failing alone on three captions (it fails no caption in finecap, and its NaN is dropped by TRL's ``nansum``)."""
+    weights = torch.tensor([1.0, 0.5, 0.0])
+    parts = varied_rewards(k=3)
+    parts[[2, 7, 11], 2] = float("nan")
+    theirs = trls_own_advantages(tiny_lm, tmp_path, parts, weights, 3, scale_rewards=scale,
+                                 multi_objective_aggregation=aggregation)  # fmt: skip
+    ours = objective_advantages(parts, weights, aggregation, scale)
+    assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6), (ours - theirs).abs().max()
+    assert (ours[[2, 7, 11]] != 0).all()  # trained on, as in TRL

@@ -44,7 +44,8 @@ batch statistics).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -143,3 +144,18 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     what decoding (``generate``) and attribute access (``tokenizer``) use. Gradients flow only through the wrapped
     model's ``forward``; decode on the bare model under ``no_grad`` (TRL's pattern for generation)."""
     return extract_model_from_parallel(model)
+
+
+def token_stats(name: str, values: torch.Tensor, stats: Sequence[str] = ("mean", "min", "max")) -> dict[str, float]:
+    """The logged ``{name}/{stat}`` of ``values`` (1-D: the tokens' or the captions' values) for each of ``stats``
+    (``mean``, ``min``, ``max``), each NaN over no value (a micro-batch whose captions have no token): undefined,
+    and the logged means and extremes leave a NaN out (:class:`finecap.train.logging.Means`), where a 0 would pull
+    the step's mean and minimum down. Until 2026-11-29 the GRPO family's ``ratio/*`` raised there and ``vllm/*``
+    logged 0, as TRL 1.16 logs its ``sampling/*`` metrics.
+
+    >>> token_stats("ratio", torch.tensor([0.5, 1.5]))
+    {'ratio/mean': 1.0, 'ratio/min': 0.5, 'ratio/max': 1.5}
+    >>> token_stats("vllm/logp_diff", torch.tensor([]), ("mean", "max"))
+    {'vllm/logp_diff/mean': nan, 'vllm/logp_diff/max': nan}
+    """
+    return {f"{name}/{stat}": float(getattr(values, stat)()) if values.numel() else math.nan for stat in stats}

@@ -17,12 +17,15 @@ weights synced) every ``ρ_t`` is 1 and the loss is the uncorrected one.
 
 The mismatch is logged (TRL's ``sampling/sampling_logp_difference`` and ``sampling/importance_sampling_ratio``):
 ``vllm/logp_diff/mean|max`` (``|log π_old - log q|`` over the captions' tokens, NaN left out) and
-``vllm/is_ratio/mean|min|max`` (``ρ`` after truncation, over the same tokens).
+``vllm/is_ratio/mean|min|max`` (``ρ`` after truncation, over the same tokens); each NaN over no token (a
+micro-batch whose captions have none; TRL logs 0 there: :func:`finecap.objectives.base.token_stats`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from finecap.objectives.base import token_stats
 
 
 def importance_weights(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor, cap: float) -> torch.Tensor:
@@ -43,7 +46,8 @@ def importance_weights(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.
 
 def mismatch_metrics(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor,
                      weights: torch.Tensor) -> dict[str, float]:  # fmt: skip
-    """The logged mismatch (module docstring) of ``(N, L)`` log-probs over the ``mask`` of real tokens.
+    """The logged mismatch (module docstring) of ``(N, L)`` log-probs over the ``mask`` of real tokens (NaN over
+    none).
 
     >>> t, e = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.5, -0.5, 0.0]])
     >>> m = torch.tensor([[True, True, False]])
@@ -58,11 +62,4 @@ def mismatch_metrics(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Te
     mask = mask.to(trainer.device).bool()
     delta = (trainer.detach().float() - engine.detach().to(trainer.device).float()).abs()[mask]
     delta = delta[~torch.isnan(delta)]
-    ratios = weights[mask]
-
-    def stat(x: torch.Tensor, how: str) -> float:  # 0 over no token, as TRL's
-        return float(getattr(x, how)()) if x.numel() else 0.0
-
-    return {"vllm/logp_diff/mean": stat(delta, "mean"), "vllm/logp_diff/max": stat(delta, "max"),
-            "vllm/is_ratio/mean": stat(ratios, "mean"), "vllm/is_ratio/min": stat(ratios, "min"),
-            "vllm/is_ratio/max": stat(ratios, "max")}  # fmt: skip
+    return {**token_stats("vllm/logp_diff", delta, ("mean", "max")), **token_stats("vllm/is_ratio", weights[mask])}

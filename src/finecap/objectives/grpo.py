@@ -76,7 +76,7 @@ import torch
 from finecap.config import DecodeConfig, GRPOConfig, RLConfig
 from finecap.contract import is_copy
 from finecap.decode import Generation
-from finecap.objectives.base import ObjectiveOutput
+from finecap.objectives.base import ObjectiveOutput, token_stats
 from finecap.objectives.baselines import NoBaseline
 from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.reference import Reference
@@ -652,8 +652,8 @@ class PolicyOptimization(Reinforce):
         a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)
         clipped = ((w < 1 - grpo.clip_low) & (a < 0)) | ((w > 1 + grpo.clip_high) & (a > 0))
         values = w[mask] if w.shape[-1] != 1 else w.flatten()
-        metrics.update({"clip_fraction": masked_mean(clipped.float(), mask), "ratio/mean": float(values.mean()),
-                        "ratio/min": float(values.min()), "ratio/max": float(values.max())})  # fmt: skip
+        metrics["clip_fraction"] = masked_mean(clipped.float(), mask)
+        metrics.update(token_stats("ratio", values))
         return loss, items, metrics
 
     def advantage_metrics(self, item: Prepared) -> dict[str, float]:
