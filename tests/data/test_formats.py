@@ -692,3 +692,13 @@ def test_a_missing_image_whose_name_exists_in_another_unicode_normalisation_is_s
     with pytest.raises(DataError, match=r"(?s)1 of 1 image files do not exist.*café\.jpg \(it exists with its name in "
                                         r"Unicode NFD, 'cafe\\u0301\.jpg' against 'caf\\xe9\.jpg'"):  # fmt: skip
         read_jsonl(path)
+
+
+@pytest.mark.parametrize("image", ["", " ", ".", "./", "sub/", "sub/.."])
+def test_a_jsonl_image_naming_no_file_is_refused_when_read_naming_the_line_and_field(tmp_path, image):
+    """``"image": ""`` or ``"."`` joined to the image root is the folder itself: it was read as a record of image id
+    ``""`` (or ``"."``), refused only later as a missing image file, or never with ``check_images=False``."""
+    path = _lines(tmp_path / "d.jsonl", {"image": "a.png", "captions": ["ok"]}, {"image": image, "captions": ["x"]})
+    for check_images in (True, False):
+        with pytest.raises(DataError, match=rf"^{re.escape(str(path))}, line 2: 'image' is "):
+            read_jsonl(path, check_images=check_images)

@@ -256,6 +256,31 @@ def id_from_key(key: str) -> int | str:
     return number if number is not None and str(number) == key and int_id_fits(number) else key
 
 
+def require_image(rec: Any, key: str, where: str) -> str:
+    """Field ``key`` of ``rec``, an image file's path as written (:func:`check_image_path`).
+
+    >>> require_image({"image": "cats/001.jpg"}, "image", "x.jsonl, line 1")
+    'cats/001.jpg'
+    >>> require_image({"image": "."}, "image", "x.jsonl, line 2")
+    Traceback (most recent call last):
+    ...
+    finecap.data.records.DataError: x.jsonl, line 2: 'image' is '.', a folder, not an image file; name the image's file
+    """
+    return check_image_path(require(rec, key, str, where), where, repr(key))
+
+
+def check_image_path(image: str, where: str, what: str) -> str:
+    """``image``, an image file's path as a record writes it (``what`` names the field): a :class:`DataError`
+    naming ``where`` and ``what`` when it is empty (or only white space) or names a folder (``"."``, ``".."``,
+    ``"cats/"``, ``"a/.."``): joined to the image root such a path is a folder, whose name would be read as an
+    image id and refused only later as a missing image file, or never when image files are not checked."""
+    if not image.strip():
+        raise DataError(f"{where}: {what} is empty ({short_repr(image)}); name the image's file")
+    if image.endswith(("/", os.sep)) or os.path.basename(os.path.normpath(image)) in ("", ".", ".."):
+        raise DataError(f"{where}: {what} is {short_repr(image)}, a folder, not an image file; name the image's file")
+    return image
+
+
 def require_id(rec: Any, key: str, where: str) -> int | str:
     """Field ``key`` of ``rec``, an image id (:func:`check_id`)."""
     return check_id(require(rec, key, (int, str), where), where, repr(key))

@@ -38,6 +38,7 @@ from finecap.data.records import (
     DataError,
     Record,
     SplitKeys,
+    check_image_path,
     clean_captions,
     clean_text,
     require,
@@ -110,6 +111,7 @@ class _Entry:
 
 
 def _relative_image(image: str, where: str) -> str:
+    check_image_path(image, where, "'image'")  # "" or ".": the folder itself, not one of its images
     if os.path.isabs(image):
         raise DataError(f"{where}: image {short_repr(image)} must be a path relative to the folder")
     return Path(os.path.normpath(image)).as_posix()
