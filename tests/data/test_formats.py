@@ -702,3 +702,21 @@ def test_a_jsonl_image_naming_no_file_is_refused_when_read_naming_the_line_and_f
     for check_images in (True, False):
         with pytest.raises(DataError, match=rf"^{re.escape(str(path))}, line 2: 'image' is "):
             read_jsonl(path, check_images=check_images)
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_jsonl_line_split_by_a_unicode_line_separator_names_the_character_and_where(tmp_path, separator):
+    """JSON Lines ends a line at ``\\n`` only; U+2028, U+2029 and U+0085 (which editors show as line breaks) between
+    two records left one line read as ``Extra data`` and nothing more: the message now names the character and its
+    column."""
+    first = json.dumps({"image": "a.png", "captions": ["ok"]})
+    path = tmp_path / "d.jsonl"
+    path.write_text(first + separator + json.dumps({"image": "b.png", "captions": ["x"]}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        read_jsonl(path, check_images=False)
+    column = len(first) + 1
+    assert str(e.value).startswith(f"{path}, line 1: invalid JSON at column {column}: Extra data")
+    assert f"U+{ord(separator):04X}" in str(e.value) and f"at column {column} is no line break" in str(e.value)
+    # inside a string it is text, as JSON has it (a caption's separator is a space: clean_text)
+    path.write_text(json.dumps({"image": "a.png", "captions": [f"a{separator}dog"]}, ensure_ascii=False) + "\n")
+    assert read_jsonl(path, check_images=False)[0].captions == ["a dog"]
