@@ -720,3 +720,33 @@ def test_a_jsonl_line_split_by_a_unicode_line_separator_names_the_character_and_
     # inside a string it is text, as JSON has it (a caption's separator is a space: clean_text)
     path.write_text(json.dumps({"image": "a.png", "captions": [f"a{separator}dog"]}, ensure_ascii=False) + "\n")
     assert read_jsonl(path, check_images=False)[0].captions == ["a dog"]
+
+
+@pytest.mark.parametrize(
+    ("caption", "outcome"),
+    [("\ufeffa dog", "a dog"), ("\ufeff a dog", "a dog"), ("a\ufeffdog", "a\ufeffdog"), ("a\u200bdog", "a\u200bdog"),
+     ("\u05d0\u200f dog", "\u05d0\u200f dog"), ("a\u202edog", "U+202E"), ("a\u2066dog\u2069", "U+2066"),
+     ("a dog\u202a", "U+202A")],
+)  # fmt: skip
+def test_a_byte_order_mark_starting_a_caption_is_stripped_and_a_bidi_override_refused(tmp_path, caption, outcome):
+    """A BOM at the start of a caption is an encoding artifact: stripped (it was kept, a token no reference shares).
+    The bidirectional embeddings, overrides and isolates reorder the text shown (``a\\u202edog`` prints ``agod``):
+    refused naming the character and its place. Other invisible format characters among visible ones are kept.
+    JSONL and COCO (its fast loop) alike."""
+    _touch(tmp_path, "a.png")
+    readers = {
+        "jsonl": (lambda: read_jsonl(_lines(tmp_path / "d.jsonl", {"image": "a.png", "captions": ["ok", caption]})),
+                  "d.jsonl, line 1: caption 1 "),
+        "coco": (lambda: read_coco_captions(_write(tmp_path / "captions_val.json", {"images": [
+            {"id": 1, "file_name": "a.png"}], "annotations": [{"image_id": 1, "caption": "ok"},
+                                                              {"image_id": 1, "caption": caption}]})),
+            "captions_val.json: image id 1 (a.png): caption 1 "),
+    }  # fmt: skip
+    for name, (read, where) in readers.items():
+        if outcome.startswith("U+"):
+            with pytest.raises(DataError) as e:
+                read()
+            said = f"holds the bidirectional control {outcome} ("
+            assert where in str(e.value) and said in str(e.value) and "at character " in str(e.value), name
+        else:
+            assert read()[0].captions == ["ok", outcome], name
