@@ -692,3 +692,61 @@ def test_a_missing_image_whose_name_exists_in_another_unicode_normalisation_is_s
     with pytest.raises(DataError, match=r"(?s)1 of 1 image files do not exist.*café\.jpg \(it exists with its name in "
                                         r"Unicode NFD, 'cafe\\u0301\.jpg' against 'caf\\xe9\.jpg'"):  # fmt: skip
         read_jsonl(path)
+
+
+@pytest.mark.parametrize("image", ["", " ", ".", "./", "sub/", "sub/.."])
+def test_a_jsonl_image_naming_no_file_is_refused_when_read_naming_the_line_and_field(tmp_path, image):
+    """``"image": ""`` or ``"."`` joined to the image root is the folder itself: it was read as a record of image id
+    ``""`` (or ``"."``), refused only later as a missing image file, or never with ``check_images=False``."""
+    path = _lines(tmp_path / "d.jsonl", {"image": "a.png", "captions": ["ok"]}, {"image": image, "captions": ["x"]})
+    for check_images in (True, False):
+        with pytest.raises(DataError, match=rf"^{re.escape(str(path))}, line 2: 'image' is "):
+            read_jsonl(path, check_images=check_images)
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_jsonl_line_split_by_a_unicode_line_separator_names_the_character_and_where(tmp_path, separator):
+    """JSON Lines ends a line at ``\\n`` only; U+2028, U+2029 and U+0085 (which editors show as line breaks) between
+    two records left one line read as ``Extra data`` and nothing more: the message now names the character and its
+    column."""
+    first = json.dumps({"image": "a.png", "captions": ["ok"]})
+    path = tmp_path / "d.jsonl"
+    path.write_text(first + separator + json.dumps({"image": "b.png", "captions": ["x"]}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        read_jsonl(path, check_images=False)
+    column = len(first) + 1
+    assert str(e.value).startswith(f"{path}, line 1: invalid JSON at column {column}: Extra data")
+    assert f"U+{ord(separator):04X}" in str(e.value) and f"at column {column} is no line break" in str(e.value)
+    # inside a string it is text, as JSON has it (a caption's separator is a space: clean_text)
+    path.write_text(json.dumps({"image": "a.png", "captions": [f"a{separator}dog"]}, ensure_ascii=False) + "\n")
+    assert read_jsonl(path, check_images=False)[0].captions == ["a dog"]
+
+
+@pytest.mark.parametrize(
+    ("caption", "outcome"),
+    [("\ufeffa dog", "a dog"), ("\ufeff a dog", "a dog"), ("a\ufeffdog", "a\ufeffdog"), ("a\u200bdog", "a\u200bdog"),
+     ("\u05d0\u200f dog", "\u05d0\u200f dog"), ("a\u202edog", "U+202E"), ("a\u2066dog\u2069", "U+2066"),
+     ("a dog\u202a", "U+202A")],
+)  # fmt: skip
+def test_a_byte_order_mark_starting_a_caption_is_stripped_and_a_bidi_override_refused(tmp_path, caption, outcome):
+    """A BOM at the start of a caption is an encoding artifact: stripped (it was kept, a token no reference shares).
+    The bidirectional embeddings, overrides and isolates reorder the text shown (``a\\u202edog`` prints ``agod``):
+    refused naming the character and its place. Other invisible format characters among visible ones are kept.
+    JSONL and COCO (its fast loop) alike."""
+    _touch(tmp_path, "a.png")
+    readers = {
+        "jsonl": (lambda: read_jsonl(_lines(tmp_path / "d.jsonl", {"image": "a.png", "captions": ["ok", caption]})),
+                  "d.jsonl, line 1: caption 1 "),
+        "coco": (lambda: read_coco_captions(_write(tmp_path / "captions_val.json", {"images": [
+            {"id": 1, "file_name": "a.png"}], "annotations": [{"image_id": 1, "caption": "ok"},
+                                                              {"image_id": 1, "caption": caption}]})),
+            "captions_val.json: image id 1 (a.png): caption 1 "),
+    }  # fmt: skip
+    for name, (read, where) in readers.items():
+        if outcome.startswith("U+"):
+            with pytest.raises(DataError) as e:
+                read()
+            said = f"holds the bidirectional control {outcome} ("
+            assert where in str(e.value) and said in str(e.value) and "at character " in str(e.value), name
+        else:
+            assert read()[0].captions == ["ok", outcome], name

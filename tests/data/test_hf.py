@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import pickle
+import re
 
 import pytest
 
@@ -251,3 +252,15 @@ def test_a_column_of_raw_image_bytes_is_refused_with_the_cast_that_reads_it(tmp_
     ds.cast_column("image", datasets.Image()).to_parquet(str(tmp_path / "cast" / "train.parquet"))
     records = read_hf(tmp_path / "cast" / "train.parquet", caption_column="caption", cache_dir=tmp_path / "cache3")
     assert load_record_image(records[1]).getpixel((0, 0)) == (0, 0, 255)
+
+
+def test_a_split_asked_for_that_the_data_set_lacks_is_named_with_those_present(tmp_path):
+    """``read_hf(splits=["val"])`` of a data set without one said "no rows: an empty data set" (and with ``train``
+    too read train alone, unsaid); it now says the split is missing and lists the splits there (one asked for as
+    it is read, ``val`` for ``validation``, is there: test_hugging_faces_validation_split_is_read_as_val)."""
+    saved = _saved_splits(tmp_path, "train", "test")
+    for asked in (["val"], ["train", "val"]):  # the second read train alone, unsaid
+        with pytest.raises(DataError, match=rf"^{re.escape(str(saved))}: no split 'val' in the data set \(splits "
+                           r"present: split 'train' \(.*\): 1 rows, split 'test' \(.*\): 1 rows\)$"):  # fmt: skip
+            read_hf(saved, splits=asked)
+    assert [r.split for r in read_hf(saved, splits=["test"])] == ["test"]

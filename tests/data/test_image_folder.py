@@ -625,3 +625,22 @@ def test_a_captions_csv_quote_left_open_is_refused_naming_the_line_not_read_into
     (folder / "captions.csv").write_text("image,caption\n" + rows)
     with pytest.raises(DataError, match=re.escape(f"captions.csv, line {line}: not CSV ({why})")):
         read_folder(folder)
+
+
+def test_a_caption_txt_is_paired_whatever_the_case_of_its_suffix_and_two_of_one_image_are_refused(tmp_path):
+    """``a.JPG`` beside ``a.TXT`` got no caption (only ``.txt`` was looked for, while image suffixes match in any
+    case), unsaid, and a change to ``a.TXT`` left the data set's fingerprint as it was; ``a.txt`` beside ``a.TXT``
+    (two caption files of one image, on a file system telling them apart) is refused naming both."""
+    from finecap.data.formats.folder import FORMAT
+
+    folder = images(tmp_path / "f", ["a.JPG", "cats/b.png", "c.png"])
+    (folder / "a.TXT").write_text("a red cat\n")
+    (folder / "cats" / "b.Txt").write_text("a green cat\n")
+    read = {r.image_id: r.captions for r in read_folder(folder)}
+    assert read == {"a.JPG": ["a red cat"], "cats/b.png": ["a green cat"], "c.png": []}
+    before = FORMAT.fingerprint(folder, str(folder))
+    (folder / "a.TXT").write_text("a blue cat\n")
+    assert FORMAT.fingerprint(folder, str(folder)) != before
+    (folder / "a.txt").write_text("a red cat\n")  # a third file on Linux's case-sensitive file systems
+    with pytest.raises(DataError, match=re.escape(f"{folder}: a.TXT and a.txt are both captions of a.JPG; keep one")):
+        read_folder(folder)

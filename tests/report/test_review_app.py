@@ -629,15 +629,19 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
     for im, name in zip(test, ["a#b?.png", '%41 "q" &amp;.png', "é'<x>.png"], strict=True):
         (world / "images" / im["filepath"] / im["filename"]).rename(world / "images" / im["filepath"] / name)
         im["filename"], im["sentences"][0]["raw"] = name, HOSTILE
-    test[0]["sentences"][1]["raw"] = "a circle\u202e"  # a right-to-left override: printed isolated, closed
+    test[0]["sentences"][1]["raw"] = "a circle\u202e"  # a right-to-left override: refused when the data set is read
     (world / "dataset.json").write_text(json.dumps(dataset))
     bags = tmp_path / "bags.json"
     bags.write_text(json.dumps({"bags": {"3": [{"images": [im["imgid"] for im in test]}]}}))
+    with pytest.raises(DataError, match=re.escape("caption 1 holds the bidirectional control U+202E")):
+        create_app(bags, world / "images", data=world / "dataset.json")
+    test[0]["sentences"][1]["raw"] = "a circle\u200f"  # a right-to-left mark: read, and printed isolated
+    (world / "dataset.json").write_text(json.dumps(dataset))
     client = create_app(bags, world / "images", data=world / "dataset.json").test_client()
     page = client.get("/bag/3/0").get_data(as_text=True)
     assert "<script>alert" not in page and "<img src=x" not in page and "</textarea>" not in page
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;&lt;img src=x") == 3
-    assert page.count("\u202e") == page.count("\u2068a circle\u202e\u202c\u2069") == 1
+    assert page.count("\u200f") == page.count("\u2068a circle\u200f\u2069") == 1
     sources = [html.unescape(s) for s in re.findall(r'<img src="([^"]+)"', page)]
     assert len(sources) == 3
     for src in sources:

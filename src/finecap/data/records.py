@@ -24,7 +24,7 @@ from itertools import islice
 from pathlib import Path, PurePath
 from typing import Any, Protocol
 
-from finecap.utils.text import short_repr
+from finecap.utils.text import BIDI_CONTROLS, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +256,31 @@ def id_from_key(key: str) -> int | str:
     return number if number is not None and str(number) == key and int_id_fits(number) else key
 
 
+def require_image(rec: Any, key: str, where: str) -> str:
+    """Field ``key`` of ``rec``, an image file's path as written (:func:`check_image_path`).
+
+    >>> require_image({"image": "cats/001.jpg"}, "image", "x.jsonl, line 1")
+    'cats/001.jpg'
+    >>> require_image({"image": "."}, "image", "x.jsonl, line 2")
+    Traceback (most recent call last):
+    ...
+    finecap.data.records.DataError: x.jsonl, line 2: 'image' is '.', a folder, not an image file; name the image's file
+    """
+    return check_image_path(require(rec, key, str, where), where, repr(key))
+
+
+def check_image_path(image: str, where: str, what: str) -> str:
+    """``image``, an image file's path as a record writes it (``what`` names the field): a :class:`DataError`
+    naming ``where`` and ``what`` when it is empty (or only white space) or names a folder (``"."``, ``".."``,
+    ``"cats/"``, ``"a/.."``): joined to the image root such a path is a folder, whose name would be read as an
+    image id and refused only later as a missing image file, or never when image files are not checked."""
+    if not image.strip():
+        raise DataError(f"{where}: {what} is empty ({short_repr(image)}); name the image's file")
+    if image.endswith(("/", os.sep)) or os.path.basename(os.path.normpath(image)) in ("", ".", ".."):
+        raise DataError(f"{where}: {what} is {short_repr(image)}, a folder, not an image file; name the image's file")
+    return image
+
+
 def require_id(rec: Any, key: str, where: str) -> int | str:
     """Field ``key`` of ``rec``, an image id (:func:`check_id`)."""
     return check_id(require(rec, key, (int, str), where), where, repr(key))
@@ -300,13 +325,23 @@ def check_image_files(records: list[Record], path: Path, root: Path) -> None:
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 """Control characters (C0, DEL, C1, Unicode's line and paragraph separators): :func:`clean_text` reads them."""
+_BIDI_MARKS = "\u200e\u200f\u061c"
+"""The direction marks (LRM, RLM, ALM): they reorder nothing, and right-to-left text needs them (kept)."""
+_BIDI = re.compile(f"[{''.join(sorted(BIDI_CONTROLS - set(_BIDI_MARKS)))}]")
+"""Unicode's bidirectional embeddings, overrides and isolates (:data:`~finecap.utils.text.BIDI_CONTROLS` but the
+marks: LRE, RLE, PDF, LRO, RLO; LRI, RLI, FSI, PDI): they reorder the text shown after them, so a caption holding one
+prints other than its tokens read; :func:`clean_text` refuses them."""
+_BOM = "\ufeff"
+"""The byte-order mark: at the start of a caption an encoding artifact (a file or cell written with one, joined),
+which :func:`clean_text` strips."""
 _BREAKS = re.compile(r"\s*[\t\n\x0b\x0c\r\x1c-\x1f\x85\u2028\u2029][\s]*")
 """A run of white space holding a control character that is white space (tab, a line break, a separator)."""
 
 
-def has_control(text: str) -> bool:
-    """Whether ``text`` holds a control character (:func:`clean_text` has work to do): the fast readers' test."""
-    return _CONTROL.search(text) is not None
+def needs_cleaning(text: str) -> bool:
+    """Whether :func:`clean_text` has work to do in the stripped ``text`` beyond refusing it as :func:`invisible`:
+    a control character, a bidirectional override or a byte-order mark in it (the fast readers' test)."""
+    return _CONTROL.search(text) is not None or _BIDI.search(text) is not None or _BOM in text
 
 
 def invisible(text: str) -> bool:
@@ -334,10 +369,22 @@ def clean_text(text: str, where: str, what: str) -> str:
     zero-width spaces and other invisible format characters: :func:`invisible`) is a :class:`DataError` too: an
     empty caption that looks like text to ``str.strip``. ``""`` is returned as it is (a caller names it empty).
 
+    Invisible format characters among visible ones, by class:
+
+    - a **byte-order mark** (U+FEFF) at the start is stripped: an encoding artifact (a file or cell written with one,
+      joined to the text), no part of the caption; one further in is kept, as the other invisible format characters;
+    - a **bidirectional override** (the embeddings, overrides and isolates U+202A-U+202E, U+2066-U+2069) is a
+      :class:`DataError` naming it and its place: it reorders the text displayed after it, so the caption a report
+      shows is not the one its tokens read (``"a\\u202edog"`` prints as ``agod``);
+    - the **others** (zero-width spaces and joiners, word joiners, the direction marks U+200E, U+200F and U+061C,
+      which reorder nothing) are kept as written: scripts and emoji need joiners, right-to-left text its marks.
+
     Example::
 
         >>> clean_text(" a dog\\r\\n on  a\\tdeck ", "x.jsonl, line 3", "caption 0")
         'a dog on  a deck'
+        >>> clean_text("\\ufeffa dog", "x.jsonl, line 4", "caption 0")
+        'a dog'
     """
     text = text.strip()
     if _CONTROL.search(text) is not None:
@@ -349,7 +396,15 @@ def clean_text(text: str, where: str, what: str) -> str:
     if text and invisible(text):
         raise DataError(f"{where}: {what} shows no character, only invisible ones ({ascii(text)[:80]}: zero-width "
                         "spaces, byte-order marks, direction marks); it is empty: remove it")  # fmt: skip
-    return text
+    bidi = _BIDI.search(text)
+    if bidi is not None:
+        import unicodedata
+
+        raise DataError(f"{where}: {what} holds the bidirectional control U+{ord(bidi.group()):04X} "
+                        f"({unicodedata.name(bidi.group())}) at character {bidi.start()} ({ascii(text)[:80]}): it "
+                        "reorders the text shown after it, so the caption shown is not the one read; remove it (the "
+                        "direction marks U+200E and U+200F are kept)")  # fmt: skip
+    return text.lstrip(_BOM).lstrip() if text.startswith(_BOM) else text
 
 
 def clean_captions(items: list[Any], where: str) -> list[str]:

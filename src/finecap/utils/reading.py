@@ -301,7 +301,8 @@ def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False, 
         detail = f"invalid JSON: {e.args[0]} is not JSON"
         raise JSONRefused(f"{where}: {detail}", "syntax", detail) from None
     except json.JSONDecodeError as e:
-        detail = f"invalid JSON at {'' if one_line else f'line {e.lineno}, '}column {e.colno}: {e.msg}"
+        at = f"{'' if one_line else f'line {e.lineno}, '}column {e.colno}"
+        detail = f"invalid JSON at {at}: {e.msg}{_separator_hint(e.doc, e.pos, at, one_line)}"
         raise JSONRefused(f"{where}: {detail}", "syntax", detail) from None
     except _DuplicateKey as e:
         offset = _find_duplicate(text)
@@ -318,6 +319,22 @@ def parse_json(data: str | bytes, where: str | Path, *, one_line: bool = False, 
         place = f" (more than {JSON_DEPTH_SHOWN} levels at {_position(text, offset, one_line)})" if offset else ""
         detail = f"JSON nested too deeply to read{place}; data files nest a few levels"
         raise JSONRefused(f"{where}: {detail}", "depth", detail) from None
+
+
+_SEPARATORS = {"\u2028": "LINE SEPARATOR", "\u2029": "PARAGRAPH SEPARATOR", "\x85": "NEXT LINE"}
+"""Characters editors show as line breaks, which JSON does not read as white space (space, tab, ``\\n``, ``\\r``)."""
+
+
+def _separator_hint(text: str, pos: int, at: str, one_line: bool) -> str:
+    """What to add to a syntax error at ``pos`` of ``text`` (``at``: that place, written) when the character there
+    is one of :data:`_SEPARATORS`: it looks like a line break and is none (a JSONL line holding two records split by
+    one is one line, refused as ``Extra data``); else ``""``."""
+    char = text[pos] if 0 <= pos < len(text) else ""
+    if char not in _SEPARATORS:
+        return ""
+    where = "JSON Lines ends a line at \\n only" if one_line else "JSON's white space is space, tab, \\n and \\r"
+    return (f"; the character U+{ord(char):04X} ({_SEPARATORS[char]}) at {at} is no line break in JSON, though "
+            f"editors show it as one ({where}): replace it with \\n, or remove it")  # fmt: skip
 
 
 class _NotJsonConstant(Exception):

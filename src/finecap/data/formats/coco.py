@@ -22,10 +22,10 @@ from finecap.data.records import (
     Record,
     check_image_files,
     clean_captions,
-    has_control,
     id_key,
     invisible,
     is_id,
+    needs_cleaning,
     read_boosted,
     require,
     require_id,
@@ -121,7 +121,7 @@ def read_coco_captions(
             continue
         stripped = [c.strip() for c in caps]
         joined = "".join(stripped)
-        if not all(stripped) or has_control(joined) or (not joined.isascii() and any(map(invisible, stripped))):
+        if not all(stripped) or needs_cleaning(joined) or (not joined.isascii() and any(map(invisible, stripped))):
             # an empty or invisible caption is named, a line break made a space
             stripped = clean_captions(caps, f"{path}: image id {image_id}" + (f" ({file_name})" if file_name else ""))
         if file_name is None:

@@ -4,11 +4,12 @@ The images: every file under the folder whose name ends in one of :data:`~fineca
 case; recursive, linked folders followed once, hidden files and folders skipped: :func:`folder_images`). Their
 captions come from one of: a sidecar ``captions.jsonl`` (``{"image": relative path, "captions": [...], "split"?}``
 per line), a sidecar ``captions.csv`` (``image,caption[,split]`` header, one row per caption, several rows per
-image), or a ``.txt`` file next to each image (``cat.jpg`` + ``cat.txt``, one caption per line); or none. The image
-id is the image's path relative to the folder, with ``/`` (``"cats/001.jpg"``). Images without captions are records
-with an empty caption list (captioning reads them; training and evaluation refuse them,
-:func:`finecap.data.references.require_captions`). The folder is its own image root; every file read, caption files
-too, must lie inside it (:class:`~finecap.data.containment.ImageFolder`). A caption ``.txt`` is read within
+image), or a ``.txt`` file next to each image (``cat.jpg`` + ``cat.txt``, its suffix in any case as an image's:
+``cat.TXT``; one caption per line: :func:`caption_txts`); or none. The image id is the image's path relative to the
+folder, with ``/`` (``"cats/001.jpg"``). Images without captions are records with an empty caption list
+(captioning reads them; training and evaluation refuse them, :func:`finecap.data.references.require_captions`). The
+folder is its own image root; every file read, caption files too, must lie inside it
+(:class:`~finecap.data.containment.ImageFolder`). A caption ``.txt`` is read within
 :data:`~finecap.utils.reading.CAPTION_TEXT` (1 MiB).
 
 Detected: a folder holding an image file, at any depth (not hidden). Not cached by modification time (a folder
@@ -38,6 +39,7 @@ from finecap.data.records import (
     DataError,
     Record,
     SplitKeys,
+    check_image_path,
     clean_captions,
     clean_text,
     require,
@@ -110,6 +112,7 @@ class _Entry:
 
 
 def _relative_image(image: str, where: str) -> str:
+    check_image_path(image, where, "'image'")  # "" or ".": the folder itself, not one of its images
     if os.path.isabs(image):
         raise DataError(f"{where}: image {short_repr(image)} must be a path relative to the folder")
     return Path(os.path.normpath(image)).as_posix()
@@ -200,6 +203,32 @@ def _caption_txt(path: Path) -> list[str]:
     return [clean_text(line, f"{path}, line {k}", "the caption") for k, line in lines if line.strip()]
 
 
+def caption_txts(folder: Path, images: list[str]) -> dict[str, list[str]]:
+    """``{caption .txt: [images]}``: the ``.txt`` file beside each of ``images`` (paths relative to ``folder``) with
+    its name up to the suffix (``cats/001.JPG``: ``cats/001.txt``, ``cats/001.TXT``), the suffix in any case as an
+    image's is; images without one are left out. Two such files of one image (``a.txt`` and ``a.TXT``, on a file
+    system telling them apart) are a :class:`DataError` naming both."""
+    listed: dict[str, dict[str, list[str]]] = {}  # a folder of images -> {name less ".txt": [.txt names]}
+    out: dict[str, list[str]] = {}
+    for image in images:
+        parent, _, name = image.rpartition("/")
+        if parent not in listed:
+            names: dict[str, list[str]] = {}
+            with os.scandir(folder / parent if parent else folder) as entries:
+                for entry in entries:
+                    if entry.name.lower().endswith(".txt") and not entry.name.startswith(".") and entry.is_file():
+                        names.setdefault(entry.name[:-4], []).append(entry.name)
+            listed[parent] = names
+        found = sorted(listed[parent].get(name.rsplit(".", 1)[0], []))
+        if len(found) > 1:
+            shown = " and ".join(f"{parent}/{t}" if parent else t for t in found)
+            raise DataError(f"{folder}: {shown} are both captions of {image}; keep one (an image's captions come from "
+                            "one place)")  # fmt: skip
+        if found:
+            out.setdefault(f"{parent}/{found[0]}" if parent else found[0], []).append(image)
+    return out
+
+
 def _as_file(path: Path) -> str:
     """How to read the file ``path`` instead: ``"; it reads as data.format=jsonl: pass that"``, the format detection
     would pick (:func:`finecap.data.formats.detect_format`), or ``""`` when none recognises it."""
@@ -241,10 +270,7 @@ def read_folder(
         sidecar = sidecars[0]
         folder.check(sidecar, str(path), sidecar.name, what="caption file")  # a link out is refused, as an image's
         entries = _sidecar_jsonl(sidecar) if sidecar.suffix == ".jsonl" else _sidecar_csv(sidecar)
-    by_txt: dict[str, list[str]] = {}
-    for image in scanned:
-        by_txt.setdefault(image.rsplit(".", 1)[0] + ".txt", []).append(image)
-    txts = {t: imgs for t, imgs in by_txt.items() if (path / t).is_file()}
+    txts = caption_txts(path, scanned)
     if txts and sidecars:
         raise DataError(
             f"{path}: captions in both {sidecars[0].name} and per-image .txt files (e.g. {next(iter(txts))}); keep "
@@ -294,15 +320,14 @@ def _fingerprint(folder: Path, source: str) -> dict[str, Any]:
     """Its images (relative path, size) and caption files (module docstring)."""
     h = hashlib.sha256()
     captions = [folder / name for name in CAPTION_FILES if (folder / name).is_file()]
-    for rel in folder_images(folder):
+    scanned = folder_images(folder)
+    for rel in scanned:
         try:
             size = os.stat(folder / rel).st_size
         except OSError:  # a broken link: reading the data set names it
             size = -1
         h.update(f"{rel}\0{size}\n".encode())
-        txt = folder / (rel.rsplit(".", 1)[0] + ".txt")
-        if txt.is_file():
-            captions.append(txt)
+    captions += [folder / txt for txt in caption_txts(folder, scanned)]
     return {"images": h.hexdigest(), "sha256": sha256_files(folder, sorted(set(captions))), "kind": "folder"}
 
 

@@ -259,6 +259,13 @@ def _hub_caches() -> tuple[str, ...]:
     return tuple(folders)
 
 
+def _splits_present(found: list[SplitFiles], parts: dict[str, Any]) -> str:
+    """The splits of a data set, for messages: a local one's with their files and rows, else the names loaded."""
+    if found:
+        return ", ".join(f"{s.shown()}: {s.rows} rows" for s in found)
+    return ", ".join(parts) or "none"
+
+
 def read_hf(
     source: str | Path,
     images: str | Path | None = None,
@@ -274,14 +281,22 @@ def read_hf(
     cache_dir: str | Path | None = None,
 ) -> list[Record]:
     """Records of a Hugging Face data set (module docstring); ``splits`` keeps only those named splits (read
-    faster). A row whose image is embedded (bytes, no file) carries a reference to them (:class:`ArrowImage`, read
-    when the image is decoded: module docstring) in :attr:`Record.image_ref`. Image files
-    outside the data set's folder are refused unless ``allow_outside`` (``data.allow_outside_paths``). ``cache_dir``
-    (``run.cache_dir``; default ``<finecap home>/cache``) holds the Arrow copies of parquet files
-    (:mod:`finecap.data.hf_files`)."""
+    faster; a split is named by its name or as it is read: ``val`` names ``validation``), and a name the data set
+    has no split of is a :class:`DataError` listing those present (``splits`` is not read with ``split_column``). A
+    row whose image is embedded (bytes, no file) carries a reference to them (:class:`ArrowImage`, read when the
+    image is decoded: module docstring) in :attr:`Record.image_ref`. Image files outside the data set's folder are
+    refused unless ``allow_outside`` (``data.allow_outside_paths``). ``cache_dir`` (``run.cache_dir``; default
+    ``<finecap home>/cache``) holds the Arrow copies of parquet files (:mod:`finecap.data.hf_files`)."""
     datasets = _import_datasets()
     cache = Path(cache_dir) if cache_dir is not None else home() / CACHE
     parts, found = _load(source, None if split_column else splits, cache)
+    names = [s.name for s in found] if found else list(parts)
+    if splits is not None and not split_column:  # a split asked for and absent is no empty data set
+        present = set(names) | {split_read_as(name, names) for name in names}
+        missing = [name for name in splits if name not in present]
+        if missing:
+            raise DataError(f"{source}: no split {', '.join(map(repr, missing))} in the data set (splits present: "
+                            f"{_splits_present(found, parts)})")  # fmt: skip
     local = Path(source)
     if images is not None:
         root: Path | None = Path(images)
@@ -290,7 +305,6 @@ def read_hf(
     folder = ImageFolder(root if root is not None else _hub_caches(), allow_outside)
     records: list[Record] = []
     seen: dict[Any, str] = {}
-    names = [s.name for s in found] if found else list(parts)
     column_splits = SplitKeys(source)
     for split_name, ds in parts.items():
         # a split asked for by its own name (--split validation) keeps it
@@ -347,8 +361,7 @@ def read_hf(
                                   questions=questions))  # fmt: skip
     column_splits.say()
     if not records:
-        present = ", ".join(f"{s.shown()}: {s.rows} rows" for s in found) if found else ", ".join(parts) or "none"
-        raise DataError(f"{source}: no rows: an empty data set (splits present: {present})")
+        raise DataError(f"{source}: no rows: an empty data set (splits present: {_splits_present(found, parts)})")
     if check_images:
         missing = [r.path for r in records if not r.embedded and not r.path.is_file()]
         if missing:

@@ -29,6 +29,7 @@ from finecap.data.records import (
     read_questions_field,
     require,
     require_id,
+    require_image,
 )
 from finecap.utils.text import short_repr
 
@@ -55,7 +56,7 @@ def read_jsonl(
     by_file: dict[str, tuple[str, str, bool]] = {}  # normalised image path -> (split, where, its id given)
     splits = SplitKeys(path)
     for where, rec in json_lines(path):
-        image = require(rec, "image", str, where)
+        image = require_image(rec, "image", where)
         caps = require(rec, "captions", list, where)
         image_id = require_id(rec, "id", where) if "id" in rec else image
         rec_split = splits.read(rec, where, split)

@@ -60,6 +60,7 @@ from finecap.data.records import (
     Record,
     SplitKeys,
     check_image_files,
+    check_image_path,
     clean_captions,
     clean_text,
     read_questions_field,
@@ -129,6 +130,7 @@ def _image(rec: dict[str, Any], where: str) -> str:
     if not isinstance(image, str) or not image:
         raise DataError(f"{where}: the image must be a path string, got {type_name(image)} {short_repr(image)} "
                         "(images given as bytes are not read: save them as files)")  # fmt: skip
+    check_image_path(image, where, "the image")  # ".", "cats/": a folder, not an image file
     if "://" in image:
         raise DataError(f"{where}: image {short_repr(image)} is a URL; finecap reads local files only (download the "
                         "images and name their paths)")  # fmt: skip
