@@ -87,6 +87,24 @@ def test_an_unrelated_option_gets_no_guess():
     assert code == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err
 
 
+def test_caption_engine_names_the_option_typed(tmp_path):
+    # `caption --engine nosuch` said "override 'decode.engine=nosuch'", an override nobody typed
+    run = tmp_path / "run"
+    _fake_run(run)
+    bare = tmp_path / "bare"
+    (bare / "model").mkdir(parents=True)  # a model folder without a run's configuration (an export)
+    (bare / "model" / "captioner.json").write_text("{}")
+    for checkpoint in (run, bare / "model"):
+        code, _, err = run_cli(["caption", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "c.json"),
+                                "--engine", "nosuch"])  # fmt: skip
+        assert code == 2 and err.startswith("finecap: error: --engine nosuch: decode.engine: unknown generation "
+                                            "engine 'nosuch'"), err  # fmt: skip
+    code, _, err = run_cli(["caption", "--checkpoint", str(run), "--out", str(tmp_path / "c.json"),
+                            "--engine", "vllm", "decode.engine=typo"])  # fmt: skip
+    assert code == 2 and "finecap: error: override 'decode.engine=typo': decode.engine" in err, err  # it wins
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bare", "run"]
+
+
 def test_help_opens_with_what_finecap_is():
     code, out, _ = run_cli(["--help"])
     assert code == 0

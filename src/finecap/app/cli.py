@@ -270,10 +270,10 @@ def cmd_caption(args: argparse.Namespace) -> None:
 
     images, trailing = _images_and_overrides(args.images)
     recipe, overrides = _split_recipe([*args.items, *environment_overrides()])  # on the checkpoint's config
-    engine = [f"decode.engine={args.engine}"] if args.engine else []
+    flags = _flags(args, {"engine": "decode.engine"})  # an error about it names --engine, as _config's do
     main(checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data, images=images, recipe=recipe,
-         overrides=[*overrides, *trailing, *engine], force=args.force,
-         skip_bad_images=args.skip_bad_images)  # fmt: skip
+         overrides=[*flags, *overrides, *trailing], force=args.force, skip_bad_images=args.skip_bad_images,
+         labels=flags)  # fmt: skip
 
 
 def cmd_export(args: argparse.Namespace) -> None:
