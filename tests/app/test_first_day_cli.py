@@ -105,6 +105,27 @@ def test_caption_engine_names_the_option_typed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare", "run"]
 
 
+@pytest.mark.parametrize("metrics", ["bleu", None])
+def test_eval_refuses_an_images_folder_that_is_not_there_whatever_the_metrics(metrics, tmp_path):
+    # `eval --images nodir` was passed over unsaid when no metric read the images (--metrics bleu), and named only
+    # in a note that skipped the image metrics otherwise: a typo hid
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text(json.dumps({"image": "0.jpg", "id": 0, "captions": ["a red circle"], "split": "test"}) + "\n")
+    preds = tmp_path / "p.json"
+    preds.write_text(json.dumps([{"image_id": 0, "caption": "a red circle"}]))
+    (tmp_path / "afile").write_text("x")
+    chosen = ["--metrics", metrics] if metrics else []
+    for images, what in (("nodir", "no such folder"), ("afile", "not a folder")):
+        code, out, err = run_cli(["eval", "--predictions", str(preds), "--references", str(refs), *chosen,
+                                  "--images", str(tmp_path / images)])  # fmt: skip
+        assert code == 2 and out == "", err
+        assert err.strip() == f"finecap: error: --images {tmp_path / images}: {what} (the image folder of the " \
+            "references' relative paths)", err  # fmt: skip
+    code, _, err = run_cli(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "bleu",
+                            "--images", str(tmp_path)])  # fmt: skip
+    assert code == 0, err
+
+
 def test_help_opens_with_what_finecap_is():
     code, out, _ = run_cli(["--help"])
     assert code == 0
