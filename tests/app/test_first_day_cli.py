@@ -105,6 +105,15 @@ def test_caption_engine_names_the_option_typed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare", "run"]
 
 
+def test_world_make_refuses_a_world_of_no_scenes(tmp_path, monkeypatch):
+    # `world make --n-train 0 --n-val 0 --n-test 0` wrote a world with no scenes and exited 0
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["world", "make", "--n-train", "0", "--n-val", "0", "--n-test", "0", "--out", "w"])
+    assert code == 2 and err.startswith("finecap: error: --n-train, --n-val and --n-test (world.n_train, world.n_val, "
+                                        "world.n_test) are all 0: a world of no scenes"), err  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("metrics", ["bleu", None])
 def test_eval_refuses_an_images_folder_that_is_not_there_whatever_the_metrics(metrics, tmp_path):
     # `eval --images nodir` was passed over unsaid when no metric read the images (--metrics bleu), and named only
