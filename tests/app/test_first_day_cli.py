@@ -114,6 +114,18 @@ def test_world_make_refuses_a_world_of_no_scenes(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_report_on_a_file_says_it_is_a_file(tmp_path):
+    # a file given as RUN_DIR was "run directory not found", though it is there
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep")
+    code, _, err = run_cli(["report", str(notes)])
+    assert code == 2 and err.strip() == f"finecap: error: {notes}: a file, not a run directory (give the folder " \
+        "`finecap train` or `finecap demo` wrote)", err  # fmt: skip
+    code, _, err = run_cli(["report", str(tmp_path / "none")])
+    assert code == 2 and err.strip() == f"finecap: error: {tmp_path / 'none'}: run directory not found", err
+    assert notes.read_text() == "keep"
+
+
 @pytest.mark.parametrize("metrics", ["bleu", None])
 def test_eval_refuses_an_images_folder_that_is_not_there_whatever_the_metrics(metrics, tmp_path):
     # `eval --images nodir` was passed over unsaid when no metric read the images (--metrics bleu), and named only
