@@ -87,6 +87,14 @@ def test_an_unrelated_option_gets_no_guess():
     assert code == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err
 
 
+def test_finecap_alone_prints_the_help_on_stderr_and_exits_2():
+    # argparse said only "the following arguments are required: command"; git alone prints its help
+    code, out, err = run_cli([])
+    _, help_text, _ = run_cli(["--help"])
+    assert code == 2 and out == "" and err == help_text
+    assert "finecap trains and evaluates image captioners" in err and "required" not in err
+
+
 def test_caption_engine_names_the_option_typed(tmp_path):
     # `caption --engine nosuch` said "override 'decode.engine=nosuch'", an override nobody typed
     run = tmp_path / "run"

@@ -949,6 +949,11 @@ def _parsed(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (default ``sys.argv[1:]``); its exit code. No arguments at all: the help on stderr,
+    exit code 2, as ``git`` alone does (argparse said only that a command is required)."""
+    if not (sys.argv[1:] if argv is None else argv):
+        build_parser().print_help(sys.stderr)
+        return 2
     args = _parsed(argv)
     try:
         with sigterm_as_interrupt():
