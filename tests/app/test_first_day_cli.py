@@ -87,6 +87,14 @@ def test_an_unrelated_option_gets_no_guess():
     assert code == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err
 
 
+def test_an_option_close_to_another_by_its_dashes_alone_gets_no_guess():
+    # `export RUN --out X` was told "did you mean '--quiet'?": the "--" every option begins with made them close
+    code, _, err = run_cli(["export", "RUN", "--out", "X"])
+    assert code == 2 and "finecap export: error: unrecognized arguments: --out" in err and "did you mean" not in err
+    code, _, err = run_cli(["export", "RUN", "--merge", "X"])  # a name close to an option's still gets it
+    assert code == 2 and "(did you mean '--merged'?)" in err, err
+
+
 def test_finecap_alone_prints_the_help_on_stderr_and_exits_2():
     # argparse said only "the following arguments are required: command"; git alone prints its help
     code, out, err = run_cli([])
