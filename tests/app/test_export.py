@@ -137,6 +137,28 @@ def test_an_out_that_names_no_folder_of_its_own_is_refused_before_anything_is_wr
     assert not any(empty.iterdir())
 
 
+def test_a_run_named_as_caption_checkpoint_names_it_is_found_under_the_runs_root(run, tmp_path, capsys, monkeypatch):
+    """``finecap export demo/mle`` looked in the working directory alone, where ``caption --checkpoint demo/mle``
+    also looks under the runs root of the finecap home (one function resolves both: checkpoint_where)."""
+    run_dir, _ = run
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    run_dir.rename(home / "runs" / "mine")
+    monkeypatch.setenv("FINECAP_HOME", str(home))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["export", "mine", "--merged", "exported"]) == 0, capsys.readouterr().err
+    assert (work / "exported" / "captioner.json").is_file()
+    assert f"{home / 'runs' / 'mine'}" in capsys.readouterr().err  # the status line names the run it found
+    assert main(["export", "nosuch", "--merged", "other"]) == 2
+    assert (
+        f"RUN nosuch: checkpoint or run directory not found (looked in the working directory and in {home / 'runs'})"
+        in capsys.readouterr().err
+    )
+    assert sorted(p.name for p in work.iterdir()) == ["exported"]
+
+
 def test_an_earlier_export_is_replaced_only_with_force(run, tmp_path, capsys):
     run_dir, _ = run
     out = tmp_path / "exported"

@@ -87,6 +87,82 @@ def test_an_unrelated_option_gets_no_guess():
     assert code == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err
 
 
+def test_an_option_close_to_another_by_its_dashes_alone_gets_no_guess():
+    # `export RUN --out X` was told "did you mean '--quiet'?": the "--" every option begins with made them close
+    code, _, err = run_cli(["export", "RUN", "--out", "X"])
+    assert code == 2 and "finecap export: error: unrecognized arguments: --out" in err and "did you mean" not in err
+    code, _, err = run_cli(["export", "RUN", "--merge", "X"])  # a name close to an option's still gets it
+    assert code == 2 and "(did you mean '--merged'?)" in err, err
+
+
+def test_finecap_alone_prints_the_help_on_stderr_and_exits_2():
+    # argparse said only "the following arguments are required: command"; git alone prints its help
+    code, out, err = run_cli([])
+    _, help_text, _ = run_cli(["--help"])
+    assert code == 2 and out == "" and err == help_text
+    assert "finecap trains and evaluates image captioners" in err and "required" not in err
+
+
+def test_caption_engine_names_the_option_typed(tmp_path):
+    # `caption --engine nosuch` said "override 'decode.engine=nosuch'", an override nobody typed
+    run = tmp_path / "run"
+    _fake_run(run)
+    bare = tmp_path / "bare"
+    (bare / "model").mkdir(parents=True)  # a model folder without a run's configuration (an export)
+    (bare / "model" / "captioner.json").write_text("{}")
+    for checkpoint in (run, bare / "model"):
+        code, _, err = run_cli(["caption", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "c.json"),
+                                "--engine", "nosuch"])  # fmt: skip
+        assert code == 2 and err.startswith("finecap: error: --engine nosuch: decode.engine: unknown generation "
+                                            "engine 'nosuch'"), err  # fmt: skip
+    code, _, err = run_cli(["caption", "--checkpoint", str(run), "--out", str(tmp_path / "c.json"),
+                            "--engine", "vllm", "decode.engine=typo"])  # fmt: skip
+    assert code == 2 and "finecap: error: override 'decode.engine=typo': decode.engine" in err, err  # it wins
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bare", "run"]
+
+
+def test_world_make_refuses_a_world_of_no_scenes(tmp_path, monkeypatch):
+    # `world make --n-train 0 --n-val 0 --n-test 0` wrote a world with no scenes and exited 0
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["world", "make", "--n-train", "0", "--n-val", "0", "--n-test", "0", "--out", "w"])
+    assert code == 2 and err.startswith("finecap: error: --n-train, --n-val and --n-test (world.n_train, world.n_val, "
+                                        "world.n_test) are all 0: a world of no scenes"), err  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_on_a_file_says_it_is_a_file(tmp_path):
+    # a file given as RUN_DIR was "run directory not found", though it is there
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep")
+    code, _, err = run_cli(["report", str(notes)])
+    assert code == 2 and err.strip() == f"finecap: error: {notes}: a file, not a run directory (give the folder " \
+        "`finecap train` or `finecap demo` wrote)", err  # fmt: skip
+    code, _, err = run_cli(["report", str(tmp_path / "none")])
+    assert code == 2 and err.strip() == f"finecap: error: {tmp_path / 'none'}: run directory not found", err
+    assert notes.read_text() == "keep"
+
+
+@pytest.mark.parametrize("metrics", ["bleu", None])
+def test_eval_refuses_an_images_folder_that_is_not_there_whatever_the_metrics(metrics, tmp_path):
+    # `eval --images nodir` was passed over unsaid when no metric read the images (--metrics bleu), and named only
+    # in a note that skipped the image metrics otherwise: a typo hid
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text(json.dumps({"image": "0.jpg", "id": 0, "captions": ["a red circle"], "split": "test"}) + "\n")
+    preds = tmp_path / "p.json"
+    preds.write_text(json.dumps([{"image_id": 0, "caption": "a red circle"}]))
+    (tmp_path / "afile").write_text("x")
+    chosen = ["--metrics", metrics] if metrics else []
+    for images, what in (("nodir", "no such folder"), ("afile", "not a folder")):
+        code, out, err = run_cli(["eval", "--predictions", str(preds), "--references", str(refs), *chosen,
+                                  "--images", str(tmp_path / images)])  # fmt: skip
+        assert code == 2 and out == "", err
+        assert err.strip() == f"finecap: error: --images {tmp_path / images}: {what} (the image folder of the " \
+            "references' relative paths)", err  # fmt: skip
+    code, _, err = run_cli(["eval", "--predictions", str(preds), "--references", str(refs), "--metrics", "bleu",
+                            "--images", str(tmp_path)])  # fmt: skip
+    assert code == 0, err
+
+
 def test_help_opens_with_what_finecap_is():
     code, out, _ = run_cli(["--help"])
     assert code == 0

@@ -106,19 +106,22 @@ def resolve(
     recipe: str | None = None,
     overrides: Sequence[str] = (),
     skip_bad_images: bool = False,
+    labels: dict[str, str] | None = None,
 ) -> CaptionSetup:
     """The checkpoint meant by ``checkpoint`` and the configuration to caption with (module docstring);
-    ``skip_bad_images`` (``--skip-bad-images``) sets ``data.skip_bad_images`` without counting as choosing the data."""
+    ``skip_bad_images`` (``--skip-bad-images``) sets ``data.skip_bad_images`` without counting as choosing the data;
+    ``labels``: the command-line options some ``overrides`` stand for (``{"decode.engine=x": "--engine x"}``), which
+    an error about one names (:func:`finecap.config.load`)."""
     overrides = list(overrides)
     root = next((str(v) for k, v in map(parse_override, overrides) if k == ["run", "root"]), "")
     ckpt = find_checkpoint(checkpoint_where(checkpoint, root))
     stored = stored_config(ckpt)
     if stored is not None:
-        cfg = load_stored(stored, overrides, recipe=recipe)
+        cfg = load_stored(stored, overrides, recipe=recipe, labels=labels)
         if data is None:
             check_same_splits(load_stored(stored), cfg)
     else:  # an export or bare model folder: its generation_config.json gives the decoding
-        cfg = folder_config(model_dir(ckpt), recipe, overrides)
+        cfg = folder_config(model_dir(ckpt), recipe, overrides, labels)
     given = {parse_override(item)[0][0] for item in overrides}
     if data is not None:
         named = any(parse_override(o)[0] == ["data", "format"] for o in overrides)
@@ -370,6 +373,7 @@ def main(
     overrides: Sequence[str] = (),
     force: bool = False,
     skip_bad_images: bool = False,
+    labels: dict[str, str] | None = None,
 ) -> Path:
     """Caption ``split`` (default ``test``), or the image files and folders ``images``, with the captioner of
     ``checkpoint``; write COCO results JSON to ``out`` (the first caption of each image); return ``out``.
@@ -377,9 +381,10 @@ def main(
     Without ``cfg``, the configuration is the checkpoint's with ``recipe``, ``overrides`` and ``data`` on top (module
     docstring). A ``cfg`` given by a caller is used as it is (its ``data.path`` replaced by ``data`` when given).
     ``skip_bad_images``: ``data.skip_bad_images=true`` (images that do not decode left out and counted). Runs on every
-    process of an ``accelerate launch``; only the main process writes. ``out`` may not be one of the inputs (the
-    checkpoint's folder, the data set or an image it names, the images), nor an existing file finecap did not make
-    unless ``force``.
+    process of an ``accelerate launch``; only the main process writes. ``labels``: the command-line options some
+    ``overrides`` stand for, which an error about one names (:func:`resolve`). ``out`` may not be one of the inputs
+    (the checkpoint's folder, the data set or an image it names, the images), nor an existing file finecap did not
+    make unless ``force``.
 
     In one process, captions are kept as they are made in ``<out>.partial.jsonl`` (:class:`PartialResults`): a
     stopped run says how many, and the same call again resumes from them (``force``: starts over), writing ``out``
@@ -390,7 +395,9 @@ def main(
     split_given = split is not None
     split = split or "test"
     if cfg is None:
-        setup = resolve(checkpoint, data=data, recipe=recipe, overrides=overrides, skip_bad_images=skip_bad_images)
+        setup = resolve(
+            checkpoint, data=data, recipe=recipe, overrides=overrides, skip_bad_images=skip_bad_images, labels=labels
+        )
     else:
         if data:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))

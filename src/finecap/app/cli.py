@@ -26,7 +26,7 @@ import threading
 import time
 import typing
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_
 from finecap.registry import ENGINES, PREDICTION_FORMATS
 from finecap.utils.files import check_fsync_setting
 from finecap.utils.system import launched_processes, launched_rank, leave_process_group
-from finecap.utils.text import shell_command
+from finecap.utils.text import closest, shell_command
 
 
 def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
@@ -270,10 +270,10 @@ def cmd_caption(args: argparse.Namespace) -> None:
 
     images, trailing = _images_and_overrides(args.images)
     recipe, overrides = _split_recipe([*args.items, *environment_overrides()])  # on the checkpoint's config
-    engine = [f"decode.engine={args.engine}"] if args.engine else []
+    flags = _flags(args, {"engine": "decode.engine"})  # an error about it names --engine, as _config's do
     main(checkpoint=args.checkpoint, split=args.split, out=args.out, data=args.data, images=images, recipe=recipe,
-         overrides=[*overrides, *trailing, *engine], force=args.force,
-         skip_bad_images=args.skip_bad_images)  # fmt: skip
+         overrides=[*flags, *overrides, *trailing], force=args.force, skip_bad_images=args.skip_bad_images,
+         labels=flags)  # fmt: skip
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -436,7 +436,7 @@ class Parser(argparse.ArgumentParser):
         if extras:
             owner = _command_parser(self, parsed)
             first = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), None)
-            hint = did_you_mean(first, owner._option_string_actions) if first else ""
+            hint = option_hint(first, owner._option_string_actions) if first else ""
             owner.error(f"unrecognized arguments: {' '.join(shown_extras(extras))}{hint}")
         return parsed
 
@@ -463,12 +463,29 @@ class Parser(argparse.ArgumentParser):
             for word in getattr(self, "_given", ()):
                 name = word.split("=", 1)[0]
                 if name.startswith("--") and name not in self._option_string_actions:
-                    hint = did_you_mean(name, self._option_string_actions)
+                    hint = option_hint(name, self._option_string_actions)
                     if hint:
                         message += f"; unrecognized argument {name!r}{hint}"
                         break
         message += dash_file_hint(getattr(self, "_given", ()), self._option_string_actions)
         super().error(message)
+
+
+def option_hint(name: str, options: Iterable[str]) -> str:
+    """:func:`finecap.config.did_you_mean` for a mistyped option ``name`` among ``options``, the names compared
+    without their leading dashes, which every option shares (``export --out`` was "close" to ``--quiet`` by its
+    ``--`` alone); ``""`` when no option's name is close.
+
+    Example::
+
+        >>> option_hint("--reusme", ["--resume", "-q", "--quiet"]), option_hint("--out", ["-q", "--quiet", "--merged"])
+        (" (did you mean '--resume'?)", '')
+    """
+    by_name: dict[str, str] = {}
+    for option in options:
+        by_name.setdefault(option.lstrip("-"), option)
+    match = closest(name.lstrip("-"), by_name)
+    return f" (did you mean {by_name[match]!r}?)" if match is not None else ""
 
 
 def dash_file_hint(words: Sequence[str], options: typing.Container[str]) -> str:
@@ -954,6 +971,11 @@ def _parsed(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (default ``sys.argv[1:]``); its exit code. No arguments at all: the help on stderr,
+    exit code 2, as ``git`` alone does (argparse said only that a command is required)."""
+    if not (sys.argv[1:] if argv is None else argv):
+        build_parser().print_help(sys.stderr)
+        return 2
     args = _parsed(argv)
     try:
         with sigterm_as_interrupt():

@@ -109,6 +109,9 @@ def main(
     ``predictions_format``: a name of :data:`finecap.registry.PREDICTION_FORMATS` or ``"auto"`` (detected).
     ``references`` may be ``None`` when the predictions file carries them.
 
+    ``images``, the image folder of the references' relative paths, must be a folder, whether or not a metric reads
+    the images (a mistyped one is refused, not passed over unsaid).
+
     ``out`` and ``per_image`` may not name an input (the predictions, the references, the bags, the instances and
     questions files, given as options or in the configuration, the ``recipe`` the configuration was read from, the
     retriever checkpoint ``retriever.checkpoint``), nor be or lie inside the image folder (``images``, else
@@ -117,6 +120,9 @@ def main(
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+    if images is not None and not Path(images).is_dir():  # refused even when no metric reads it: a typo would hide
+        what = "not a folder" if Path(images).exists() else "no such folder"
+        raise FileNotFoundError(f"--images {images}: {what} (the image folder of the references' relative paths)")
     check_outputs(
         [("--out", out, "scores"), ("--per-image", per_image, "per-image")],
         {

@@ -1,6 +1,8 @@
 """``finecap export RUN --merged OUT``: a trained captioner as a plain checkpoint other tools load.
 
-RUN is a run directory (its best checkpoint, else its last), a checkpoint folder or its ``model/`` folder. OUT gets
+RUN is a run directory (its best checkpoint, else its last), a checkpoint folder or its ``model/`` folder; a relative
+RUN not in the working directory is looked for under the runs root, as ``finecap caption --checkpoint`` looks
+(:func:`finecap.inference.checkpoint_where`: ``finecap export demo/mle --merged OUT``). OUT gets
 the captioner with its LoRA adapters merged into the base weights (:func:`finecap.models.export.export_merged`): for
 BLIP and VLMs a ``save_pretrained`` folder transformers loads alone, for ClipCap the language model (``lm/``, a plain
 ``AutoModelForCausalLM`` folder) and the mapper, plus the source's model card with a line saying what was merged.
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from finecap.caption import autocast_dtype
 from finecap.config import load_stored
+from finecap.inference import checkpoint_where
 from finecap.locks import command_argv
 from finecap.models.base import read_meta
 from finecap.models.export import export_merged
@@ -140,7 +143,7 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
     """Export the captioner of ``checkpoint`` into ``out`` (module docstring); returns ``out``."""
     if not merged:
         raise ValueError("finecap export: say what to write: --merged OUT (a plain checkpoint, LoRA adapters merged)")
-    found = find_checkpoint(checkpoint)
+    found = find_checkpoint(checkpoint_where(checkpoint, option="RUN"))  # a run name as caption --checkpoint reads it
     source = model_dir(found)
     meta = read_meta(source)
     target = Path(out)

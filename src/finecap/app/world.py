@@ -5,6 +5,7 @@
 ``<finecap home>/worlds/<world key>`` when it is empty) with :func:`finecap.world.make.make_world`, which reuses a
 complete world with the same content key, refuses a folder finecap did not make, and replaces another finecap world
 only with ``--force`` / ``world.overwrite=true`` (removing only the files finecap made there); then logs a summary.
+A world of no scenes (``world.n_train``, ``n_val`` and ``n_test`` all 0) is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import time
 from pathlib import Path
 
-from finecap.config import Config, WorldConfig
+from finecap.config import Config, ConfigError, WorldConfig
 from finecap.home import world_path
 from finecap.world.make import make_world_said, world_key
 
@@ -23,6 +24,9 @@ log = logging.getLogger(__name__)
 def main(cfg: Config | WorldConfig) -> Path:
     """Build (or reuse) the world of ``cfg`` (a full configuration or its ``world`` section); returns its folder."""
     wcfg = cfg.world if isinstance(cfg, Config) else cfg
+    if wcfg.n_train + wcfg.n_val + wcfg.n_test == 0:  # before anything is written: a world of no scenes serves nothing
+        raise ConfigError("--n-train, --n-val and --n-test (world.n_train, world.n_val, world.n_test) are all 0: a "
+                          "world of no scenes; give at least one split some scenes, e.g. --n-test 100")  # fmt: skip
     t0 = time.perf_counter()
     out = world_path(wcfg)
     _, wrote = make_world_said(wcfg, out)  # refuses before anything is written a folder finecap may not write

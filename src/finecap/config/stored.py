@@ -133,11 +133,13 @@ def without_unread(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: str | Path | None = None,
-                for_training: bool = False, over: dict[str, Any] | None = None,
-                over_source: str = "") -> Config:  # fmt: skip
+                for_training: bool = False, over: dict[str, Any] | None = None, over_source: str = "",
+                labels: dict[str, str] | None = None) -> Config:  # fmt: skip
     """A configuration finecap stored (a run's or checkpoint's ``config.yaml``) with a ``recipe``'s keys, the
     settings ``over`` (``{section: {key: value}}``, e.g. :func:`finecap.train`'s keywords, which errors name by
-    ``over_source``) and the dotlist ``overrides`` on top (only the keys they set replace the stored ones).
+    ``over_source``) and the dotlist ``overrides`` on top (only the keys they set replace the stored ones); an error
+    about an override in ``labels`` names it as its label there (the command-line option it stands for,
+    ``--engine nosuch``: :func:`finecap.config.loading.load`).
 
     finecap writes absolute paths (:meth:`Config.save`); a relative path found in the file (edited by hand) is read
     relative to the file's folder. Paths in the recipe and the overrides are the user's, relative to the working
@@ -160,14 +162,15 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
     warn_former_names(path, former)
     data = absolute_path_values(without_unread(data, path), path.parent)
     origins: Origins = {}
-    on_top = merge_overrides(with_over(data, over, over_source, origins), overrides or [], origins, warn=False)
+    on_top = merge_overrides(with_over(data, over, over_source, origins), overrides or [], origins, warn=False,
+                             labels=labels)  # fmt: skip
     try:  # the stored file is valid but for the keys set on top of it, whose stored values are never read
         stored = from_dict(on_top, FileSource(path), origins)
     except ConfigError as e:
         if e.key not in former or e.key in origins:
             raise
         raise ConfigError(f"{e} ({path} sets it as {former[e.key]}, its former name)", key=e.key) from None
-    cfg = load(recipe, overrides, base=data, over=over, over_source=over_source)
+    cfg = load(recipe, overrides, base=data, over=over, over_source=over_source, labels=labels)
     check_stored_code(path, stored, cfg, recipe, overrides or [], for_training, over)
     return cfg
 

@@ -120,6 +120,9 @@ def read_run(run_dir: str | Path) -> RunData:
     """Read a run directory (module docstring): a single run when it holds ``metrics.jsonl``, else a folder of
     stages."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(f"{run_dir}: a file, not a run directory (give the folder `finecap train` or "
+                                 "`finecap demo` wrote)")  # fmt: skip
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: run directory not found")
     run = RunData(run_dir)

@@ -191,18 +191,20 @@ def decode_of_folder(model_folder: str | Path) -> dict[str, Any]:
     return out
 
 
-def folder_config(model_folder: str | Path, recipe: str | None = None, overrides: Sequence[str] = ()) -> Config:
+def folder_config(model_folder: str | Path, recipe: str | None = None, overrides: Sequence[str] = (),
+                  labels: dict[str, str] | None = None) -> Config:  # fmt: skip
     """The configuration to caption with from a model folder that has no run configuration beside it (an export, a
     bare model folder): ``recipe`` and ``overrides`` over the defaults, the decoding of its ``generation_config.json``
     (:func:`decode_of_folder`) for every ``decode`` key neither the recipe nor the overrides set, and ``model.dtype``
     as saved unless they set it (:func:`saved_dtype`): the folder loads in the dtype it was saved in (a bfloat16
-    run's export in bfloat16, computing as the run did), as transformers' ``from_pretrained`` loads it."""
+    run's export in bfloat16, computing as the run did), as transformers' ``from_pretrained`` loads it. ``labels``: the
+    command-line options some overrides stand for, which errors about them name (:func:`finecap.config.load`)."""
     from finecap.config import ConfigError, load, parse_override
     from finecap.config.loading import renamed_keys
     from finecap.recipes import resolve_recipe
     from finecap.utils.reading import read_yaml_mapping
 
-    cfg = load(recipe, list(overrides))  # a recipe that does not load is refused here, naming it
+    cfg = load(recipe, list(overrides), labels=labels)  # a recipe that does not load is refused here, naming it
     given = {tuple(parse_override(o)[0][:2]) for o in overrides}
     if recipe is not None:
         written = renamed_keys(read_yaml_mapping(resolve_recipe(recipe), "a recipe must be a mapping of sections"))
