@@ -15,7 +15,7 @@ import pytest
 from finecap.app.boost import main as boost
 from finecap.boost.engine import Task
 from finecap.boost.openai_backend import OpenAIBackend
-from finecap.config import load
+from finecap.config import ConfigError, load
 from finecap.config.secrets import split_credentials
 from finecap.integrations.swift import async_orm
 from finecap.integrations.verl import compute_score_batch
@@ -138,3 +138,17 @@ def test_a_server_url_with_a_query_or_fragment_is_refused_before_any_request(tai
         RewardClient(f"http://127.0.0.1:9{tail}")
     assert "s3cr3t" not in str(e.value) + str(r.value)
     assert not http_logs.records
+
+
+@pytest.mark.parametrize(
+    "override",
+    [f"judge.urls=[http://{USER}:pa55-w0rd%40x@127.0.0.1:9/v1", "judge.urls=[http://127.0.0.1:9/v1?api_key=pa55-w0rd",
+     "data.hf=https://pa55-w0rd@hub.example/d"],
+)  # fmt: skip
+def test_a_configuration_error_never_repeats_url_credentials_through_the_api(override):
+    # The command line masks URL credentials in the error it prints, but the ConfigError itself (what load(), the
+    # Python API and a traceback show) repeated the value whole where it could not read it (a list with an unclosed
+    # bracket, a section given one value)
+    with pytest.raises(ConfigError) as e:
+        load(None, [override])
+    assert "***" in str(e.value) and "pa55-w0rd" not in str(e.value) and USER not in str(e.value)

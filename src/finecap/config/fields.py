@@ -23,6 +23,7 @@ import typing
 from dataclasses import field
 from typing import Any, ClassVar, Literal
 
+from finecap.config.secrets import masked_url_secrets
 from finecap.utils.text import short_repr
 
 BOUNDS = ("ge", "gt", "le", "lt")
@@ -31,10 +32,12 @@ SYMBOLS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or invalid; the message names the key (``key``, when one
-    is at fault: ``"train.lr"``, or ``"a/b"`` for a check across two keys)."""
+    is at fault: ``"train.lr"``, or ``"a/b"`` for a check across two keys). The credentials of every URL in the
+    message are masked (:func:`~finecap.config.secrets.masked_url_secrets`): a message repeats values, and the error
+    leaves the process through the Python API and tracebacks as well as the command line's ``finecap: error:``."""
 
     def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
+        super().__init__(masked_url_secrets(message))
         self.key = key
 
 
