@@ -152,3 +152,16 @@ def test_a_configuration_error_never_repeats_url_credentials_through_the_api(ove
     with pytest.raises(ConfigError) as e:
         load(None, [override])
     assert "***" in str(e.value) and "pa55-w0rd" not in str(e.value) and USER not in str(e.value)
+
+
+def test_a_configuration_printed_shows_no_secret():
+    # repr(cfg) (a notebook's output, a failed assertion, a traceback with its locals) showed boost.llm_api_key and
+    # every URL's password as given; it masks them as config.yaml does, and shows every other value as before
+    cfg = load(None, ["boost.llm_api_key=sk-pa55-w0rd", f"boost.llm_base_url={with_credentials('http://h:8000/v1')}",
+                      "judge.urls=[http://127.0.0.1:9/v1, http://tok-pa55-w0rd@h/v1]", "train.lr=3e-4"])  # fmt: skip
+    for shown in (repr(cfg), repr(cfg.boost), str(cfg.judge), repr(cfg.data)):
+        assert "pa55-w0rd" not in shown, shown
+    assert "llm_api_key='***'" in repr(cfg.boost) and "vlm_api_key=''" in repr(cfg.boost)
+    assert "llm_base_url='http://***@h:8000/v1'" in repr(cfg)
+    assert "urls=['http://127.0.0.1:9/v1', 'http://***@h/v1']" in repr(cfg.judge)
+    assert "lr=0.0003" in repr(cfg.train) and "hf=HfDataConfig(image_column='image'" in repr(cfg.data)
