@@ -132,3 +132,21 @@ def test_a_run_a_bad_image_stopped_resumes_with_skip_bad_images(run, shapes, tmp
     assert counted.calls == 0  # the bad image's batch held only it: nothing left to decode
     assert run_cli([*command, "--skip-bad-images", "--out", str(whole)])[0] == 0
     assert out.read_bytes() == whole.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_the_partial_file_holds_no_url_credentials_given_again_and_the_run_resumes(run, shapes, tmp_path, monkeypatch):
+    # a stored config.yaml masks a URL's credentials; `finecap caption RUN` is given them again as an override
+    # (finecap.config.secrets): the header of the partial file, kept when the run stops, wrote them as given
+    secret = "pa55-c4pt10n-q9"
+    more = (*GREEDY, f"data.path=https://me:{secret}@data.example/set.json")
+    out = tmp_path / "out.json"
+    err = stopped(run, shapes, out, "images", more, monkeypatch, after=1)
+    partial = tmp_path / "out.json.partial.jsonl"
+    assert secret not in err and "4 image(s) captioned are kept" in err, err
+    header = json.loads(partial.read_text().splitlines()[0])["header"]
+    assert header["data"]["path"] == "https://***@data.example/set.json"
+    assert secret.encode() not in partial.read_bytes()
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli(argv(run, shapes, out, "images", more))  # the same command resumes: its header is the same
+    assert code == 0 and counted.calls == 5 and not partial.exists(), err

@@ -15,7 +15,7 @@ import pytest
 from finecap.app.boost import main as boost
 from finecap.boost.engine import Task
 from finecap.boost.openai_backend import OpenAIBackend
-from finecap.config import load
+from finecap.config import ConfigError, load
 from finecap.config.secrets import split_credentials
 from finecap.integrations.swift import async_orm
 from finecap.integrations.verl import compute_score_batch
@@ -138,3 +138,30 @@ def test_a_server_url_with_a_query_or_fragment_is_refused_before_any_request(tai
         RewardClient(f"http://127.0.0.1:9{tail}")
     assert "s3cr3t" not in str(e.value) + str(r.value)
     assert not http_logs.records
+
+
+@pytest.mark.parametrize(
+    "override",
+    [f"judge.urls=[http://{USER}:pa55-w0rd%40x@127.0.0.1:9/v1", "judge.urls=[http://127.0.0.1:9/v1?api_key=pa55-w0rd",
+     "data.hf=https://pa55-w0rd@hub.example/d"],
+)  # fmt: skip
+def test_a_configuration_error_never_repeats_url_credentials_through_the_api(override):
+    # The command line masks URL credentials in the error it prints, but the ConfigError itself (what load(), the
+    # Python API and a traceback show) repeated the value whole where it could not read it (a list with an unclosed
+    # bracket, a section given one value)
+    with pytest.raises(ConfigError) as e:
+        load(None, [override])
+    assert "***" in str(e.value) and "pa55-w0rd" not in str(e.value) and USER not in str(e.value)
+
+
+def test_a_configuration_printed_shows_no_secret():
+    # repr(cfg) (a notebook's output, a failed assertion, a traceback with its locals) showed boost.llm_api_key and
+    # every URL's password as given; it masks them as config.yaml does, and shows every other value as before
+    cfg = load(None, ["boost.llm_api_key=sk-pa55-w0rd", f"boost.llm_base_url={with_credentials('http://h:8000/v1')}",
+                      "judge.urls=[http://127.0.0.1:9/v1, http://tok-pa55-w0rd@h/v1]", "train.lr=3e-4"])  # fmt: skip
+    for shown in (repr(cfg), repr(cfg.boost), str(cfg.judge), repr(cfg.data)):
+        assert "pa55-w0rd" not in shown, shown
+    assert "llm_api_key='***'" in repr(cfg.boost) and "vlm_api_key=''" in repr(cfg.boost)
+    assert "llm_base_url='http://***@h:8000/v1'" in repr(cfg)
+    assert "urls=['http://127.0.0.1:9/v1', 'http://***@h/v1']" in repr(cfg.judge)
+    assert "lr=0.0003" in repr(cfg.train) and "hf=HfDataConfig(image_column='image'" in repr(cfg.data)

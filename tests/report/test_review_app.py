@@ -276,11 +276,13 @@ def test_main_warns_beyond_loopback_and_requires_a_generated_token_everywhere(
     assert client.get(f"/?token={local}", headers={"Host": "127.0.0.1"}).status_code == 302
 
 
-def test_the_printed_url_carries_the_token_and_the_request_log_never_does(fabricated_run, tiny_world, tmp_path,
-                                                                          monkeypatch, capsys, caplog):  # fmt: skip
+def test_a_token_with_url_characters_is_read_whole_and_the_request_log_never_holds_it(fabricated_run, tiny_world,
+                                                                                      tmp_path, monkeypatch, capsys,
+                                                                                      caplog):  # fmt: skip
     # werkzeug logged every request line in full, '?token=...' included: a `nohup` or job scheduler's log of the
-    # server held the access token. And the URL printed the token as it was: one holding '&', '#' or a space came
-    # back cut at the browser and every request was a 401.
+    # server held the access token. A token holding '&', '#' or a space, percent-encoded in the URL, is read whole
+    # (the browser's cookie redirect, then the first bag). A given token is not printed (the test
+    # test_a_token_the_user_gave_is_never_printed_...): the URL is the printed address with it added.
     from finecap.app import review
 
     real, servers = review.ReviewServer, []
@@ -303,8 +305,7 @@ def test_the_printed_url_carries_the_token_and_the_request_log_never_does(fabric
         while url is None and thread.is_alive():  # printed once the curated file is rebuilt
             url = re.search(r"open (\S+)", capsys.readouterr().out)
             thread.join(0.05) if url is None else None
-        url = url.group(1)
-        assert urllib.parse.parse_qs(urllib.parse.urlsplit(url).query) == {"token": [token]}
+        url = url.group(1).removesuffix("?token=...") + "?" + urllib.parse.urlencode({"token": token})
         browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
         with browser.open(url, timeout=30) as response:  # the cookie's redirect, then the first bag
             assert response.status == 200 and response.url.endswith("/bag/3/0")
@@ -696,3 +697,42 @@ def test_the_token_option_says_a_token_is_generated_on_loopback_too():
     code, out, _ = run_cli(["bags", "review", "--help"])
     said = " ".join(out.split())
     assert code == 0 and "on loopback too" in said and "beyond loopback" not in said, said
+
+
+@pytest.mark.parametrize("how", ["environment", "option"])
+def test_a_token_the_user_gave_is_never_printed_and_a_generated_one_is(fabricated_run, tiny_world, tmp_path,
+                                                                       monkeypatch, capsys, how):  # fmt: skip
+    # the URL printed on stdout carried the token given by FINECAP_REVIEW_TOKEN (or --token): `nohup finecap bags
+    # review ... &` and a job scheduler write stdout to a file, which then held it, though the user had kept it out of
+    # the command line. As Jupyter does, only a token finecap generated is printed; one the user gave they know.
+    from finecap.app import review
+
+    class Server:
+        server_port = 8765
+
+        def serve_forever(self):
+            raise KeyboardInterrupt
+
+        def server_close(self):
+            pass
+
+    bound = []
+    monkeypatch.setattr(review, "ReviewServer", lambda host, port, app, **kw: bound.append(app) or Server())
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    secret = "s3cret-given-t0ken & more"
+    if how == "environment":
+        monkeypatch.setenv(review.TOKEN_ENV, secret)
+        review.main(bags, tiny_world / "images", port=0)
+    else:
+        monkeypatch.delenv(review.TOKEN_ENV, raising=False)
+        review.main(bags, tiny_world / "images", port=0, token=secret)
+    printed = capsys.readouterr()
+    assert "s3cret" not in printed.out + printed.err
+    assert "open http://127.0.0.1:8765/?token=... " in printed.out and review.TOKEN_ENV in printed.out
+    client = bound[0].test_client()
+    assert client.get("/", headers={"Host": "127.0.0.1"}).status_code == 401
+    entry = client.get(f"/?{urllib.parse.urlencode({'token': secret})}", headers={"Host": "127.0.0.1"})
+    assert entry.status_code == 302  # the token given is the one required
+    for path in tmp_path.rglob("*"):
+        assert not path.is_file() or "s3cret" not in path.read_text(errors="replace"), path

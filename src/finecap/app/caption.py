@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from finecap.caption import generate_captions
-from finecap.config import Config, DataConfig, HfDataConfig, load_stored, parse_override
+from finecap.config import Config, DataConfig, HfDataConfig, load_stored, masked_url_values, parse_override
 from finecap.data.datasets import load_records, skipped_images
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
@@ -336,7 +336,10 @@ def caption_header(setup: CaptionSetup, cfg: Config, split: str, files: Sequence
     """What makes a run's captions, the first line of its partial results file: the checkpoint (its folder, the
     sizes and times of its model files, its recorded fingerprints), the model options, the decoding settings, the
     seed, and the images (``--images``: a digest of their ids and files; a split: its name and the data options but
-    ``data.num_workers`` and ``data.skip_bad_images``)."""
+    ``data.num_workers`` and ``data.skip_bad_images``). The credentials of any URL in it are masked
+    (:func:`~finecap.config.masked_url_values`): the file is kept when the run stops, and an option given as a URL
+    with a password (given again: the stored ``config.yaml`` masks it) wrote it there; a resumed run's header is masked
+    the same way, so the two compare."""
     folder = model_dir(setup.checkpoint)
     model_files = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
                          for p in folder.rglob("*") if p.is_file())  # fmt: skip
@@ -348,7 +351,7 @@ def caption_header(setup: CaptionSetup, cfg: Config, split: str, files: Sequence
         images: dict[str, Any] = {"images": len(files), "files": digest(listed.encode("utf-8", "surrogateescape"))}
     else:
         images = {"split": split, "world": dataclasses.asdict(cfg.world)}
-    return {
+    header = {
         "checkpoint": str(Path(setup.checkpoint).resolve()),
         "model files": digest(json.dumps(model_files).encode()),
         "fingerprints": digest(fingerprints.read_bytes()) if fingerprints is not None else None,
@@ -359,6 +362,7 @@ def caption_header(setup: CaptionSetup, cfg: Config, split: str, files: Sequence
         "data": data,
         **images,
     }
+    return masked_url_values(header)
 
 
 def main(

@@ -21,8 +21,9 @@ nothing but the review:
 - **Binding and access token.** ``127.0.0.1`` by default; a ``--host`` beyond loopback (``0.0.0.0``, a LAN address)
   prints a warning. Every server requires an access token (``--token``, ``FINECAP_REVIEW_TOKEN``, or one generated
   and printed, as Jupyter does), on loopback too: other users of a shared machine reach ``127.0.0.1`` as well. The
-  printed URL carries it as ``?token=``; the page exchanges it for an ``HttpOnly``, ``SameSite=Strict`` cookie. The
-  token is never written to a file, nor to the log of requests on stderr (:class:`RequestHandler`).
+  printed URL carries a generated token as ``?token=`` (a given one is the user's to add: it is not printed, as the
+  output of a ``nohup`` server lands in a file); the page exchanges it for an ``HttpOnly``, ``SameSite=Strict``
+  cookie. The token is never written to a file, nor to the log of requests on stderr (:class:`RequestHandler`).
 - **Host check (DNS rebinding).** A request whose ``Host`` is not the bound address or a loopback name
   (``localhost``, ``127.0.0.1``, ``::1``) is refused with 400; bound to a wildcard address, the machine's own names
   and IP literals are accepted too.
@@ -455,9 +456,12 @@ def main(
     """Serve the review app until interrupted (port 0 picks a free port) on a :class:`ReviewServer`; prints the URL.
 
     ``token`` (default ``$FINECAP_REVIEW_TOKEN``): the access token; generated when none is given, on loopback too
-    (another user of the machine reaches ``127.0.0.1`` as well). It is printed in the URL, never written to a file."""
+    (another user of the machine reaches ``127.0.0.1`` as well). A generated token is printed in the URL (the user has
+    no other way to learn it); a given one never is (``?token=...``, as Jupyter prints a token it did not make): the
+    output of a server started with ``nohup`` or by a job scheduler lands in a file. Neither is written to a file."""
     # generated when none is given, loopback or not (module docstring): a shared machine's other users reach it too
-    token = token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+    given = token or os.environ.get(TOKEN_ENV)
+    token = given or secrets.token_urlsafe(24)
     if not is_loopback(host):
         log.warning("--host %s serves the review page beyond this machine, over plain HTTP: anyone who can reach it "
                     "and has the token can see the bag images and change decisions; the default is %s", host,
@@ -479,10 +483,14 @@ def main(
     counts = curation.counts()
     shown = socket.gethostname() if hostname(host) in WILDCARD_HOSTS else host
     shown = f"[{shown}]" if ":" in shown else shown
-    # the token percent-encoded: one holding '&', '#', '+' or a space came back cut or changed, and was refused
-    url = f"http://{shown}:{server.server_port}/?{urlencode({'token': token})}"
+    address = f"http://{shown}:{server.server_port}/"
+    if given:  # the user's own token: they know it, and a log of this output would keep it
+        how = (f"open {address}?token=... with the token of --token or ${TOKEN_ENV} (not printed; percent-encoded "
+               "if it holds '&', '#', '+' or a space)")  # fmt: skip
+    else:  # the token percent-encoded (a generated one needs none: it is URL-safe)
+        how = f"open {address}?{urlencode({'token': token})}"
     print(f"Reviewing {len(curation.keys())} bags of {bags} ({counts['accepted']} accepted, {counts['rejected']} "
-          f"rejected so far): open {url}")  # fmt: skip
+          f"rejected so far): {how}")  # fmt: skip
     log.info("Curated bags are written to %s now and after every click (Ctrl+C to stop).", curation.out)
     try:
         server.serve_forever()

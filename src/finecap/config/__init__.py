@@ -38,7 +38,7 @@ from finecap.config.loading import (
     replaced_section,
 )
 from finecap.config.paths import KEYWORDS, PATH_KEYS, absolute_path_values, absolute_paths
-from finecap.config.secrets import MASK, SECRET_KEYS, masked_url_secrets, redacted
+from finecap.config.secrets import MASK, SECRET_KEYS, masked_url_secrets, masked_url_values, redacted
 from finecap.config.sections import *  # noqa: F403 - the sections, Config and the Literal types of the options
 from finecap.config.sections import __all__ as _sections
 from finecap.config.stored import load_stored, migrate_moved_keys, with_added_keys
@@ -62,6 +62,7 @@ __all__ = [
     "load_stored",
     "masked_override",
     "masked_url_secrets",
+    "masked_url_values",
     "merge_overrides",
     "migrate_moved_keys",
     "override_key",

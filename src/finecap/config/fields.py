@@ -23,6 +23,7 @@ import typing
 from dataclasses import field
 from typing import Any, ClassVar, Literal
 
+from finecap.config.secrets import MASK, SECRET_KEYS, masked_url_secrets, masked_url_values
 from finecap.utils.text import short_repr
 
 BOUNDS = ("ge", "gt", "le", "lt")
@@ -31,10 +32,12 @@ SYMBOLS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 class ConfigError(ValueError):
     """A configuration value is unknown, of the wrong type or invalid; the message names the key (``key``, when one
-    is at fault: ``"train.lr"``, or ``"a/b"`` for a check across two keys)."""
+    is at fault: ``"train.lr"``, or ``"a/b"`` for a check across two keys). The credentials of every URL in the
+    message are masked (:func:`~finecap.config.secrets.masked_url_secrets`): a message repeats values, and the error
+    leaves the process through the Python API and tracebacks as well as the command line's ``finecap: error:``."""
 
     def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
+        super().__init__(masked_url_secrets(message))
         self.key = key
 
 
@@ -218,16 +221,37 @@ def check_fields(section: Any) -> None:
             raise ConfigError(f"{key}: {problem}", key=key)
 
 
+def masked_repr(section: Any) -> str:
+    """``repr`` of a section (a dataclass), as the dataclass writes it but with its secrets masked as ``config.yaml``
+    masks them (:func:`~finecap.config.secrets.redacted`): a :data:`~finecap.config.secrets.SECRET_KEYS` value set
+    as ``'***'``, the credentials of every URL in a value as ``***@``. A configuration is printed where nobody means
+    to publish it: a notebook's output, a failed assertion, a traceback with its locals."""
+    shown = []
+    for f in dataclasses.fields(section):
+        if not f.repr:
+            continue
+        value = getattr(section, f.name)
+        if f"{section.section_name}.{f.name}" in SECRET_KEYS and value:
+            value = MASK
+        elif not isinstance(value, Section):  # a nested section masks its own
+            value = masked_url_values(value)
+        shown.append(f"{f.name}={value!r}")
+    return f"{type(section).__qualname__}({', '.join(shown)})"
+
+
 class Section:
     """Base of the configuration sections: ``class SmileConfig(Section, name="smile")`` names the section its
     errors name (``smile.first_token``); constructing one checks every field (:func:`check_fields`). A section with
-    cross-field rules checks them in its own ``__post_init__`` after calling this one."""
+    cross-field rules checks them in its own ``__post_init__`` after calling this one. Its ``repr`` masks its secrets
+    (:func:`masked_repr`; set here, before ``@dataclass`` runs, which keeps a ``__repr__`` the class has)."""
 
     section_name: ClassVar[str] = ""
 
     def __init_subclass__(cls, name: str = "", **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.section_name = name or cls.section_name
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = masked_repr  # type: ignore[method-assign]
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -117,13 +117,23 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     return f"{scheme[0]}{host}{tail}", (unquote(user), unquote(password)) if user or password else None
 
 
-def _masked_value(value: Any) -> Any:
+def masked_url_values(value: Any) -> Any:
+    """``value`` (a JSON-like value: strings, numbers, lists, tuples, dicts) with the credentials of every URL in each
+    of its strings masked (:func:`masked_url_secrets`), keys kept: what a record of settings other than a whole
+    configuration (:func:`redacted`) becomes before it is written, e.g. the header of ``finecap caption``'s partial
+    results file, which holds the run's ``data`` and ``model`` options as the command line gave them.
+
+    Example::
+
+        >>> masked_url_values({"data": {"path": "https://u:pa55@h/set.json", "n": 2}, "ids": ["http://t@h"]})
+        {'data': {'path': 'https://***@h/set.json', 'n': 2}, 'ids': ['http://***@h']}
+    """
     if isinstance(value, str):
         return masked_url_secrets(value)
     if isinstance(value, list | tuple):
-        return type(value)(_masked_value(v) for v in value)
+        return type(value)(masked_url_values(v) for v in value)
     if isinstance(value, dict):
-        return {k: _masked_value(v) for k, v in value.items()}
+        return {k: masked_url_values(v) for k, v in value.items()}
     return value
 
 
@@ -137,7 +147,7 @@ def redacted(data: dict[str, Any]) -> dict[str, Any]:
         >>> redacted({"boost": {"llm_api_key": "sk-1", "vlm_api_key": "", "llm_base_url": "http://u:p@h/v1"}})["boost"]
         {'llm_api_key': '***', 'vlm_api_key': '', 'llm_base_url': 'http://***@h/v1'}
     """
-    out = {name: _masked_value(values) for name, values in data.items()}
+    out = {name: masked_url_values(values) for name, values in data.items()}
     for dotted in SECRET_KEYS:
         section, key = dotted.split(".")
         values = out.get(section)
