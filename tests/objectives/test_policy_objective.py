@@ -623,3 +623,36 @@ def test_a_copy_micro_batch_counts_in_no_running_mean(policy):
     with_copy = next_advantages([step_batch(0), step_batch(1), step_batch(0, copy=True)])
     assert real[0] == with_copy[0] == pytest.approx(3.5)  # (1 + 2 + 6 + 4 + 4 + 4) / 6
     assert torch.equal(with_copy[1], real[1]) and real[1].tolist() == [-3.5, -0.5, -0.5]  # image 2: (0, 3, 3)
+
+
+def test_the_logged_advantage_values_leave_out_a_failed_captions_placeholder_zero():
+    # image 0's rewards (1, 2, 6) with c0_2 failed: its group is (1, 2), advantages -/+ 1/sqrt(2); image 1's
+    # (4, 4, 4) are all 0. c0_2's placeholder 0 counted in the logged spread until 2026-11-29 (0.447 for 0.5)
+    class FailsC02(Table):
+        def __call__(self, captions, batch):
+            out = super().__call__(captions, batch)
+            failed = torch.tensor([c == "c0_2" for c in captions])
+            total = out.total.masked_fill(failed, float("nan"))
+            return RewardOutput(total, {"table": total}, failed)
+
+    sections = rl_sections(samples=S, advantage="group")
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsC02())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    _, (out,) = grad_of(obj, StandIn(), batch(0, 1))
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)  # +/- 0.5 over the group's std plus GRPO's eps
+    assert out.metrics["advantage/min"] == pytest.approx(-a, rel=1e-6)
+    assert out.metrics["advantage/max"] == pytest.approx(a, rel=1e-6)
+    assert out.metrics["advantage_std"] == pytest.approx(a / math.sqrt(2), rel=1e-6)  # of (-a, a, 0, 0, 0)
+
+
+def test_the_logged_advantage_values_of_a_micro_batch_whose_captions_all_failed_are_undefined():
+    class FailsAll(Table):
+        def __call__(self, captions, batch):
+            nan = torch.full((len(captions),), float("nan"))
+            return RewardOutput(nan, {"table": nan}, torch.ones(len(captions), dtype=torch.bool))
+
+    sections = rl_sections(samples=S, advantage="group")
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsAll())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    _, (out,) = grad_of(obj, StandIn(), batch(0, 1))
+    assert all(math.isnan(out.metrics[k]) for k in ("advantage_std", "advantage/min", "advantage/max"))

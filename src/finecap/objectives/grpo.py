@@ -83,6 +83,7 @@ from finecap.objectives.reference import Reference
 from finecap.objectives.reinforce import (
     Reinforce,
     Rollout,
+    advantage_spread,
     policy_gradient_loss,
     reinforce_kwargs,
     sequence_logprob,
@@ -657,12 +658,11 @@ class PolicyOptimization(Reinforce):
         return loss, items, metrics
 
     def advantage_metrics(self, item: Prepared) -> dict[str, float]:
-        adv = item.advantages
-        out = {"advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
-               "advantage/min": float(adv.min()), "advantage/max": float(adv.max())}  # fmt: skip
+        rewards = item.rollout.rewards
+        failed = rewards.failed_mask()  # a failed caption's advantage 0 is no advantage (advantage_spread)
+        out = advantage_spread(item.advantages, None if failed is None else ~failed)
         if self.grpo.advantage == "group":
-            rewards = item.rollout.rewards
-            out["zero_std_groups"] = zero_std_share(rewards.total, self.rl.samples, rewards.failed_mask())
+            out["zero_std_groups"] = zero_std_share(rewards.total, self.rl.samples, failed)
         return out
 
 
