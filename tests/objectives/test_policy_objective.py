@@ -530,7 +530,8 @@ def test_a_copy_micro_batch_counts_in_no_monitor_measure():
     assert set(real) == {"length_drift", "repetition", "distinct", "kl", "failed"}
     assert with_copy == pytest.approx(real) and real["failed"] == pytest.approx(1 / 6)
     assert real["repetition"] > 0 and real["distinct"] == 1.0 and real["kl"] > 0
-    assert obj.step_values() == {"reward/failed": pytest.approx(1 / 6)}  # the logged share, the alarm's measure
+    # the logged share and KL, the alarms' measures (the copy's captions left out of both)
+    assert obj.step_values() == {"reward/failed": pytest.approx(1 / 6), "kl": pytest.approx(real["kl"])}
     assert "reward/failed" in outs[2].metrics  # the copy's own values, which the engine leaves out of the log
     # a process whose every micro-batch is a copy measures nothing, and an alarm the others' captions sound there
     # still names the step
@@ -656,3 +657,24 @@ def test_the_logged_advantage_values_of_a_micro_batch_whose_captions_all_failed_
                              decode=DecodeConfig(max_length=L))  # fmt: skip
     _, (out,) = grad_of(obj, StandIn(), batch(0, 1))
     assert all(math.isnan(out.metrics[k]) for k in ("advantage_std", "advantage/min", "advantage/max"))
+
+
+def test_the_logged_kl_is_the_steps_token_mean_the_kl_alarm_reads():
+    # images 0 and 1 in two micro-batches of 6 and 9 tokens (LENGTH), the policy moved away from the reference by
+    # image: the step's KL is the mean over its 15 tokens, which the kl alarm reads. The log held the mean of the two
+    # micro-batch means until 2026-11-29: a run could stop for a KL above the threshold its log never showed.
+    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5)
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = StandIn()
+    obj.reference.capture(model)
+    with torch.no_grad():
+        model.lp.add_(torch.arange(N_IMAGES * S).unsqueeze(1) * 0.1)
+    micro_batches = [step_batch(0), step_batch(1)]
+    obj.begin_step(model, micro_batches)
+    kls = [obj(model, b).metrics["kl"] for b in micro_batches]
+    alarmed = obj.monitor.step_values()["kl"]
+    obj.end_step()
+    token_mean = (kls[0] * 6 + kls[1] * 9) / 15
+    assert obj.step_values()["kl"] == pytest.approx(token_mean, rel=1e-6) == alarmed
+    assert abs(token_mean - sum(kls) / 2) > 1e-3  # what the log held: not the step's KL

@@ -499,6 +499,16 @@ class PolicyOptimization(Reinforce):
         super().end_step()
         self._finish_step()
 
+    def step_values(self) -> dict[str, float]:
+        """REINFORCE's (``reward/failed``) and, with ``grpo.kl_coef > 0``, ``kl``: the step's KL to the reference,
+        the mean over every token of the step's global batch (:attr:`Monitor.step_kl
+        <finecap.objectives.monitor.Monitor.step_kl>`, what the ``rl.alarms.kl`` alarm reads), in place of the
+        mean of the micro-batches' token means (logged until 2026-11-29), which moves with how the batch is cut."""
+        values = super().step_values()
+        if self.monitor.step_kl is not None:
+            values["kl"] = self.monitor.step_kl
+        return values
+
     def _finish_step(self) -> None:
         if self.open:
             self.taken += 1
