@@ -530,7 +530,8 @@ def test_a_copy_micro_batch_counts_in_no_monitor_measure():
     assert set(real) == {"length_drift", "repetition", "distinct", "kl", "failed"}
     assert with_copy == pytest.approx(real) and real["failed"] == pytest.approx(1 / 6)
     assert real["repetition"] > 0 and real["distinct"] == 1.0 and real["kl"] > 0
-    assert obj.step_values() == {"reward/failed": pytest.approx(1 / 6)}  # the logged share, the alarm's measure
+    # the logged share and KL, the alarms' measures (the copy's captions left out of both)
+    assert obj.step_values() == {"reward/failed": pytest.approx(1 / 6), "kl": pytest.approx(real["kl"])}
     assert "reward/failed" in outs[2].metrics  # the copy's own values, which the engine leaves out of the log
     # a process whose every micro-batch is a copy measures nothing, and an alarm the others' captions sound there
     # still names the step
@@ -623,3 +624,57 @@ def test_a_copy_micro_batch_counts_in_no_running_mean(policy):
     with_copy = next_advantages([step_batch(0), step_batch(1), step_batch(0, copy=True)])
     assert real[0] == with_copy[0] == pytest.approx(3.5)  # (1 + 2 + 6 + 4 + 4 + 4) / 6
     assert torch.equal(with_copy[1], real[1]) and real[1].tolist() == [-3.5, -0.5, -0.5]  # image 2: (0, 3, 3)
+
+
+def test_the_logged_advantage_values_leave_out_a_failed_captions_placeholder_zero():
+    # image 0's rewards (1, 2, 6) with c0_2 failed: its group is (1, 2), advantages -/+ 1/sqrt(2); image 1's
+    # (4, 4, 4) are all 0. c0_2's placeholder 0 counted in the logged spread until 2026-11-29 (0.447 for 0.5)
+    class FailsC02(Table):
+        def __call__(self, captions, batch):
+            out = super().__call__(captions, batch)
+            failed = torch.tensor([c == "c0_2" for c in captions])
+            total = out.total.masked_fill(failed, float("nan"))
+            return RewardOutput(total, {"table": total}, failed)
+
+    sections = rl_sections(samples=S, advantage="group")
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsC02())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    _, (out,) = grad_of(obj, StandIn(), batch(0, 1))
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)  # +/- 0.5 over the group's std plus GRPO's eps
+    assert out.metrics["advantage/min"] == pytest.approx(-a, rel=1e-6)
+    assert out.metrics["advantage/max"] == pytest.approx(a, rel=1e-6)
+    assert out.metrics["advantage_std"] == pytest.approx(a / math.sqrt(2), rel=1e-6)  # of (-a, a, 0, 0, 0)
+
+
+def test_the_logged_advantage_values_of_a_micro_batch_whose_captions_all_failed_are_undefined():
+    class FailsAll(Table):
+        def __call__(self, captions, batch):
+            nan = torch.full((len(captions),), float("nan"))
+            return RewardOutput(nan, {"table": nan}, torch.ones(len(captions), dtype=torch.bool))
+
+    sections = rl_sections(samples=S, advantage="group")
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsAll())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    _, (out,) = grad_of(obj, StandIn(), batch(0, 1))
+    assert all(math.isnan(out.metrics[k]) for k in ("advantage_std", "advantage/min", "advantage/max"))
+
+
+def test_the_logged_kl_is_the_steps_token_mean_the_kl_alarm_reads():
+    # images 0 and 1 in two micro-batches of 6 and 9 tokens (LENGTH), the policy moved away from the reference by
+    # image: the step's KL is the mean over its 15 tokens, which the kl alarm reads. The log held the mean of the two
+    # micro-batch means until 2026-11-29: a run could stop for a KL above the threshold its log never showed.
+    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5)
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = StandIn()
+    obj.reference.capture(model)
+    with torch.no_grad():
+        model.lp.add_(torch.arange(N_IMAGES * S).unsqueeze(1) * 0.1)
+    micro_batches = [step_batch(0), step_batch(1)]
+    obj.begin_step(model, micro_batches)
+    kls = [obj(model, b).metrics["kl"] for b in micro_batches]
+    alarmed = obj.monitor.step_values()["kl"]
+    obj.end_step()
+    token_mean = (kls[0] * 6 + kls[1] * 9) / 15
+    assert obj.step_values()["kl"] == pytest.approx(token_mean, rel=1e-6) == alarmed
+    assert abs(token_mean - sum(kls) / 2) > 1e-3  # what the log held: not the step's KL

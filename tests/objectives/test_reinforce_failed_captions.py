@@ -64,3 +64,34 @@ def test_a_failed_greedy_caption_leaves_its_image_without_gradient():
 def test_logged_means_skip_failed_captions():
     assert _scored_mean(TOTAL) == pytest.approx(2.5)
     assert math.isnan(_scored_mean(torch.tensor([NAN, NAN])))
+
+
+def test_the_logged_baseline_and_advantage_spread_leave_out_captions_without_an_advantage():
+    # image 1's greedy caption failed: its samples have no baseline (NaN) and advantage 0 (no gradient). The logged
+    # baseline was the mean over every caption, NaN, and the micro-batch's baseline went unlogged; the logged spread
+    # counted the three placeholder zeros as advantages (0.63 for the scored captions' 1.0)
+    from types import SimpleNamespace
+
+    from finecap.objectives.reinforce import Reinforce
+
+    total = torch.tensor([1.0, 2.0, 3.0, 2.0, 4.0, 6.0])
+    greedy = RewardOutput(torch.tensor([2.0, NAN]), {})
+    samples = SimpleNamespace(texts=["a b", "a", "a b c", "b", "c", "d"])
+    r = Rollout(samples, RewardOutput(total, {}), GreedyBaseline()(total, IMAGES, greedy.total), None, greedy)
+    assert r.advantage.tolist() == [-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    values = Reinforce(lambda c, b: None, GreedyBaseline(), rl=RLConfig()).metrics(r, torch.zeros(6))
+    assert values["baseline"] == 2.0  # image 0's captions, the only ones with a baseline
+    assert values["advantage_std"] == pytest.approx(1.0)  # of (-1, 0, 1): image 0's captions
+    assert values["reward"] == pytest.approx(3.0) and values["reward_greedy"] == 2.0
+
+
+def test_the_logged_advantage_spread_of_a_micro_batch_without_an_advantage_is_undefined():
+    from types import SimpleNamespace
+
+    from finecap.objectives.reinforce import Reinforce
+
+    total = torch.tensor([NAN, NAN])
+    r = Rollout(SimpleNamespace(texts=["a", "b"]), RewardOutput(total, {}, failed=torch.tensor([True, True])),
+                torch.zeros(2))  # fmt: skip
+    values = Reinforce(lambda c, b: None, GreedyBaseline(), rl=RLConfig()).metrics(r, torch.zeros(2))
+    assert math.isnan(values["advantage_std"]) and math.isnan(values["reward"])  # left out of the logged means

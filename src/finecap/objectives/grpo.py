@@ -83,6 +83,7 @@ from finecap.objectives.reference import Reference
 from finecap.objectives.reinforce import (
     Reinforce,
     Rollout,
+    advantage_spread,
     policy_gradient_loss,
     reinforce_kwargs,
     sequence_logprob,
@@ -498,6 +499,16 @@ class PolicyOptimization(Reinforce):
         super().end_step()
         self._finish_step()
 
+    def step_values(self) -> dict[str, float]:
+        """REINFORCE's (``reward/failed``) and, with ``grpo.kl_coef > 0``, ``kl``: the step's KL to the reference,
+        the mean over every token of the step's global batch (:attr:`Monitor.step_kl
+        <finecap.objectives.monitor.Monitor.step_kl>`, what the ``rl.alarms.kl`` alarm reads), in place of the
+        mean of the micro-batches' token means (logged until 2026-11-29), which moves with how the batch is cut."""
+        values = super().step_values()
+        if self.monitor.step_kl is not None:
+            values["kl"] = self.monitor.step_kl
+        return values
+
     def _finish_step(self) -> None:
         if self.open:
             self.taken += 1
@@ -657,12 +668,11 @@ class PolicyOptimization(Reinforce):
         return loss, items, metrics
 
     def advantage_metrics(self, item: Prepared) -> dict[str, float]:
-        adv = item.advantages
-        out = {"advantage_std": float(adv.std()) if adv.numel() > 1 else 0.0,
-               "advantage/min": float(adv.min()), "advantage/max": float(adv.max())}  # fmt: skip
+        rewards = item.rollout.rewards
+        failed = rewards.failed_mask()  # a failed caption's advantage 0 is no advantage (advantage_spread)
+        out = advantage_spread(item.advantages, None if failed is None else ~failed)
         if self.grpo.advantage == "group":
-            rewards = item.rollout.rewards
-            out["zero_std_groups"] = zero_std_share(rewards.total, self.rl.samples, rewards.failed_mask())
+            out["zero_std_groups"] = zero_std_share(rewards.total, self.rl.samples, failed)
         return out
 
 

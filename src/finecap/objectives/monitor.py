@@ -21,10 +21,12 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   mean over sampled captions of the world's fact precision and recall (:func:`finecap.world.facts.faithfulness`, the
   parser ``finecap eval``'s faithfulness uses).
 
-- ``kl`` (an alarm's measure only; the objective logs ``kl`` itself): the step's KL to the starting policy (TRL's k3,
-  mean over every token of the step's global batch, so it does not depend on how the step is cut into micro-batches;
-  until 2026-11-27 the mean of each micro-batch's token mean), handed over by the GRPO objective
-  (:meth:`Monitor.observe_kl`) when ``grpo.kl_coef > 0``.
+- ``kl``: the step's KL to the starting policy (TRL's k3, mean over every token of the step's global batch, so it
+  does not depend on how the step is cut into micro-batches; until 2026-11-27 the mean of each micro-batch's token
+  mean), handed over by the GRPO objective
+  (:meth:`Monitor.observe_kl`) when ``grpo.kl_coef > 0``; the objective logs it as the step's ``kl``
+  (:attr:`Monitor.step_kl`), so the log shows the value the alarm read (until 2026-11-29 the log held the mean of the
+  micro-batch means, and a run could stop for a KL above its threshold that its log never showed).
 - ``failed`` (logged as ``reward/failed`` by the objective, :attr:`Monitor.failed_share`): the step's share of
   sampled captions a reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the
   objective (:meth:`Monitor.observe_failed`) for every micro-batch, one whose reward gave ``failed=None`` as none
@@ -135,6 +137,7 @@ class Monitor:
         self.warned: set[str] = set()
         self.failed_seen = False  # whether a step of the run had a caption a reward could not score
         self.failed_share: float | None = None  # the last step's share of them, from the first such step on
+        self.step_kl: float | None = None  # the last step's token mean KL (None without grpo.kl_coef)
         self.step: int | None = None  # the step being measured (1-based, as logged), when the engine says it
         self._sums = dict.fromkeys(SUMS, 0.0)
 
@@ -215,6 +218,7 @@ class Monitor:
         self._sums = dict.fromkeys(SUMS, 0.0)
         self.failed_seen = self.failed_seen or values.get("failed", 0.0) > 0
         self.failed_share = values.get("failed") if self.failed_seen else None
+        self.step_kl = values.get("kl")
         for measure, threshold in self.alarms.items():
             if measure not in values:
                 continue  # fact_* off the world

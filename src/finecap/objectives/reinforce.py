@@ -104,12 +104,20 @@ class Rollout:
         baseline no scored caption gave (a failed greedy caption, an image whose other samples all failed), has
         advantage 0: it takes no gradient and is never paid as a zero reward."""
         advantage = self.rewards.total - self.baseline
-        usable = torch.isfinite(advantage)  # check_finite let only failed captions' NaN through
-        if self.rewards.failed is not None:
-            usable &= ~self.rewards.failed.to(advantage.device)
-        elif bool(usable.all()):
+        usable = self.usable
+        if self.rewards.failed is None and bool(usable.all()):
             return advantage
-        return torch.where(usable, advantage, torch.zeros_like(advantage))
+        return torch.where(usable.to(advantage.device), advantage, torch.zeros_like(advantage))
+
+    @property
+    def usable(self) -> torch.Tensor:
+        """(N,) bool: the captions that have an advantage (a finite ``R - b`` of a caption a reward scored); the
+        others' :attr:`advantage` is a placeholder 0, left out of the logged advantage values
+        (:func:`advantage_spread`)."""
+        usable = torch.isfinite(self.rewards.total - self.baseline)  # only failed captions' NaN passed check_finite
+        if self.rewards.failed is not None:
+            usable &= ~self.rewards.failed.to(usable.device)
+        return usable
 
 
 def rollout_decode(decode: DecodeConfig, rl: RLConfig) -> DecodeConfig:
@@ -148,10 +156,33 @@ def sequence_logprob(token_logprobs: torch.Tensor, lengths: torch.Tensor, reduct
 
 
 def _scored_mean(values: torch.Tensor) -> float:
-    """The mean of ``values`` over its finite entries (NaN only when none is): a logged mean of a step's rewards."""
+    """The mean of ``values`` over its finite entries (NaN only when none is): a logged mean of a step's rewards or
+    baselines."""
     values = values.detach().float()
     finite = values[torch.isfinite(values)]
     return float(finite.mean()) if finite.numel() else float("nan")
+
+
+def advantage_spread(advantage: torch.Tensor, usable: torch.Tensor | None = None) -> dict[str, float]:
+    """``advantage_std``, ``advantage/min`` and ``advantage/max`` of the (N,) ``advantage`` over the captions that have
+    one (``usable``, (N,) bool; ``None``: all): a caption a reward could not score has the placeholder advantage 0
+    (:attr:`Rollout.advantage`), which is no advantage and is left out, as it is of every statistic
+    (docs/methods/grpo.md). The std is 0 for a single caption; all three are NaN (left out of the logged means:
+    :class:`finecap.train.logging.Means`) when no caption has an advantage. Until 2026-11-29 the placeholders counted:
+    a step with failed captions logged a smaller spread, and a 0 as an extreme no caption had.
+
+    Example::
+
+        >>> advantage_spread(torch.tensor([-1.0, 0.0, 1.0, 0.0]), torch.tensor([True, True, True, False]))
+        {'advantage_std': 1.0, 'advantage/min': -1.0, 'advantage/max': 1.0}
+    """
+    values = advantage.detach().float()
+    if usable is not None:
+        values = values[usable.to(values.device)]
+    if not values.numel():
+        return dict.fromkeys(("advantage_std", "advantage/min", "advantage/max"), float("nan"))
+    return {"advantage_std": float(values.std()) if values.numel() > 1 else 0.0,
+            "advantage/min": float(values.min()), "advantage/max": float(values.max())}  # fmt: skip
 
 
 def policy_gradient_loss(advantage: torch.Tensor, logprob: torch.Tensor) -> torch.Tensor:
@@ -396,9 +427,8 @@ class Reinforce(ObjectiveBase):
             out["reward/failed"] = float(r.failed.float().mean())
         if rollout.greedy_rewards is not None:
             out["reward_greedy"] = _scored_mean(rollout.greedy_rewards.total)
-        adv = rollout.advantage
-        out["baseline"] = float(rollout.baseline.mean())
-        out["advantage_std"] = float(adv.std()) if adv.numel() > 1 else 0.0
+        out["baseline"] = _scored_mean(rollout.baseline)  # over the captions that have one (not a failed greedy's)
+        out["advantage_std"] = advantage_spread(rollout.advantage, rollout.usable)["advantage_std"]
         out["logprob"] = float(logp.detach().mean())
         texts = rollout.samples.texts
         out["sample_words"] = sum(len(t.split()) for t in texts) / max(1, len(texts))
