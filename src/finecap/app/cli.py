@@ -41,8 +41,9 @@ from finecap.config import (
     load,
     masked_override,
     masked_url_secrets,
+    override_key,
 )
-from finecap.config.secrets import MASK, looks_secret
+from finecap.config.secrets import DEPRECATED_SECRETS, MASK, SECRET_KEYS, looks_secret, on_command_line_message
 from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
@@ -50,6 +51,8 @@ from finecap.registry import ENGINES, PREDICTION_FORMATS
 from finecap.utils.files import check_fsync_setting
 from finecap.utils.system import launched_processes, launched_rank, leave_process_group
 from finecap.utils.text import closest, shell_command
+
+log = logging.getLogger(__name__)
 
 
 def _split_recipe(items: list[str]) -> tuple[str | None, list[str]]:
@@ -104,6 +107,29 @@ def shown_word(words: Sequence[str], n: int) -> str:
     if "=" not in word and head != word.strip() and looks_secret(head):
         return f"{head} {MASK}"
     return masked_override(word)
+
+
+def command_line_secrets(args: argparse.Namespace) -> list[str]:
+    """The warnings about the secrets the parsed command line ``args`` holds, one line each naming the option and the
+    safer route (:func:`finecap.config.secrets.on_command_line_message`): ``finecap bags review --token`` (the
+    environment's ``$FINECAP_REVIEW_TOKEN``) and an override of a key of
+    :data:`~finecap.config.secrets.SECRET_KEYS` (``boost.llm_api_key=...``: an environment variable named by
+    ``boost.llm_api_key_env``). Every user of the machine reads a process's arguments (``ps``); finecap cannot
+    reliably hide them once it runs, so it says so at start. :data:`OVERRIDES_ENV` is not the command line: the
+    environment of a process is its user's alone."""
+    said = []
+    if getattr(args, "token", None) is not None:
+        from finecap.app.review import TOKEN_ENV
+
+        said.append(on_command_line_message("--token", f"set ${TOKEN_ENV} instead (read from a file of yours: "
+                                            f"{TOKEN_ENV}=$(cat TOKEN_FILE) finecap bags review ...)"))  # fmt: skip
+    for item in getattr(args, "items", None) or ():
+        key = override_key(item) if "=" in item else ""
+        if key in SECRET_KEYS:
+            said.append(on_command_line_message(f"{key}=", f"export the key in an environment variable and name it "
+                                                f"in {DEPRECATED_SECRETS.get(key, key + '_env')} (default "
+                                                "OPENAI_API_KEY) instead"))  # fmt: skip
+    return said
 
 
 def _config(args: argparse.Namespace, flag_overrides: dict[str, str] | None = None) -> Config:
@@ -1003,6 +1029,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         with configured_logging(args.verbose, args.quiet, getattr(args, "log_timestamps", False)):
             check_one_process(args.command)
+            if launched_rank() == 0:  # the same on every process: said once
+                for line in command_line_secrets(args):
+                    log.warning(line)
             check_fsync_setting()  # not at the first save, hours into a run
             args.func(args)
     except UsageError as e:

@@ -14,8 +14,9 @@ stops, within :data:`~finecap.serve.service.CLOSE_WAIT` seconds: a close that ha
 command exits 1 naming the reward.
 
 Beyond loopback, ``--token-file`` makes every request carry a bearer token (:func:`read_token`); without one the
-server warns that anyone who reaches the port can query it. A reward that raises ``SystemExit`` (or the worker's
-crash) stops the server: the command exits with code 1, naming it.
+server warns that anyone who reaches the port can query it. On loopback every user of the machine reaches it too (no
+warning): on a shared machine give ``--token-file`` there as well (docs/integrations.md). A reward that raises
+``SystemExit`` (or the worker's crash) stops the server: the command exits with code 1, naming it.
 
 What cannot be served says so at start: ``sr.distractors=bag`` reads the bag numbers of training batches, which a
 request does not have (serve ``batch``, the request's other images, or ``hard``, mined neighbours).

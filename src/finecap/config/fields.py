@@ -50,13 +50,15 @@ def doc(
     le: float | None = None,
     lt: float | None = None,
     why: str = "",
+    url: bool = False,
 ) -> Any:
     """A dataclass field with a default (copied for mutable values), a one-line documentation string and optional
     bounds: ``ge`` (>=), ``gt`` (>), ``le`` (<=), ``lt`` (<); ``why`` says why an upper bound is where it is (the
     bounds of options that size memory or work), shown when it is crossed. ``None`` (an optional field unset) is
-    never out of bounds."""
+    never out of bounds. ``url``: the field holds a URL (a string, or a list of them), refused when it holds white
+    space (:func:`url_problem`)."""
     bounds = {name: value for name, value in zip(BOUNDS, (ge, gt, le, lt), strict=True) if value is not None}
-    metadata = {"doc": text, "bounds": bounds, "why": why}
+    metadata = {"doc": text, "bounds": bounds, "why": why, "url": url}
     if isinstance(default, list | dict):
         return field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -153,6 +155,32 @@ def field_problem(f: dataclasses.Field, value: Any) -> str | None:
     return f"must be {SYMBOLS[name]} {bounds[name]}{got}{reason}"
 
 
+def url_problem(url: str) -> str | None:
+    """Why ``url``, the value of a URL option (:func:`doc` ``url=True``), is refused, or ``None``: a URL holds no
+    white space (a space, a tab, a line break), so one that does is two URLs pasted together or a URL and a word,
+    which were read as one URL with a space in its path. Its credentials are masked where a message shows it
+    (:class:`ConfigError`).
+
+    Example::
+
+        >>> url_problem("http://localhost:8000/v1"), url_problem("")
+        (None, None)
+        >>> url_problem("http://h/v1 http://x")
+        "holds white space ('http://h/v1 http://x'): a URL has none; two URLs pasted together? Give one"
+    """
+    if not any(c.isspace() for c in url):
+        return None
+    return f"holds white space ({short_repr(url)}): a URL has none; two URLs pasted together? Give one"
+
+
+def url_values(value: Any, key: str) -> list[tuple[str, str]]:
+    """``(key, url)`` of the URLs of a URL option's ``value``: the string itself, or each string of a list
+    (``judge.urls[1]``)."""
+    if isinstance(value, str):
+        return [(key, value)]
+    return [(f"{key}[{i}]", v) for i, v in enumerate(value or ()) if isinstance(v, str)]
+
+
 @functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
@@ -201,7 +229,8 @@ def non_finite(value: Any, key: str) -> tuple[str, float] | None:
 
 def check_fields(section: Any) -> None:
     """The one loop over a section's fields: every number finite (no NaN or infinity, in lists and mappings too),
-    each value within its bounds (:func:`doc`) and, for a ``Literal`` type, one of its values; a
+    each value within its bounds (:func:`doc`), for a ``Literal`` type one of its values, and a URL option's URLs
+    without white space (:func:`url_problem`); a
     :class:`ConfigError` naming ``<section>.<field>`` otherwise. A nested section checked itself when built."""
     types = _field_types(type(section))
     for f in dataclasses.fields(section):
@@ -219,6 +248,10 @@ def check_fields(section: Any) -> None:
         problem = field_problem(f, value)
         if problem:
             raise ConfigError(f"{key}: {problem}", key=key)
+        for at, url in url_values(value, key) if f.metadata.get("url") else ():
+            problem = url_problem(url)
+            if problem:
+                raise ConfigError(f"{at}: {problem}", key=key)
 
 
 def masked_repr(section: Any) -> str:

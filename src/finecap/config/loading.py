@@ -21,7 +21,14 @@ import yaml
 
 from finecap.config.fields import ConfigError, choices_text, constraint_text, is_choice, option_fields, subsections
 from finecap.config.paths import PATH_KEYS
-from finecap.config.secrets import MASK, SECRET_KEYS, looks_secret, masked_url_secrets
+from finecap.config.secrets import (
+    DEPRECATED_SECRETS,
+    MASK,
+    SECRET_KEYS,
+    deprecated_secret_message,
+    looks_secret,
+    masked_url_secrets,
+)
 from finecap.config.sections import MOVED_KEYS, SECTIONS, Config, ModelConfig, moved_key, renamed_key
 from finecap.recipes import resolve_recipe
 from finecap.registry import (
@@ -740,6 +747,7 @@ def load(
     data = merge_overrides(data, overrides or [], origins, labels=labels)
     cfg = from_dict(data, source, origins)
     warn_unread(cfg, origins)
+    warn_deprecated_secrets(cfg)
     return cfg
 
 
@@ -763,6 +771,20 @@ def warn_unread(cfg: Config, origins: Origins) -> None:
             if key in origins:
                 log.warning("%s%s changes nothing: it is read with %s (this configuration has %s)", origins[key], key,
                             needs, have)  # fmt: skip
+
+
+_warned_deprecated: set[str] = set()
+
+
+def warn_deprecated_secrets(cfg: Config) -> None:
+    """A warning for each deprecated secret key ``cfg`` sets (:data:`~finecap.config.secrets.DEPRECATED_SECRETS`:
+    ``boost.llm_api_key``), naming its replacement; once per key in a process (a command loading its configuration
+    twice warns once). A stored configuration holds the key masked, read back unset: it is not warned about."""
+    for key in DEPRECATED_SECRETS:
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) and key not in _warned_deprecated:
+            _warned_deprecated.add(key)
+            log.warning(deprecated_secret_message(key))
 
 
 def describe(cls: type) -> list[tuple[str, str, Any, str]]:

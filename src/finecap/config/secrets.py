@@ -32,6 +32,42 @@ SECRET_KEYS: tuple[str, ...] = ("boost.llm_api_key", "boost.vlm_api_key")
 """Keys holding secrets: masked wherever a configuration is saved, printed or logged; finecap boost never writes them
 (prefer the environment: ``boost.llm_api_key_env`` / ``boost.vlm_api_key_env``)."""
 
+DEPRECATED_SECRETS: dict[str, str] = {"boost.llm_api_key": "boost.llm_api_key_env",
+                                      "boost.vlm_api_key": "boost.vlm_api_key_env"}  # fmt: skip
+"""The deprecated keys holding a secret, each with the option that replaces it: the name of an environment variable
+holding the secret (docs/boost.md, "API keys come from the environment"). Setting one is warned about once
+(:func:`deprecated_secret_message`)."""
+
+
+def deprecated_secret_message(key: str) -> str:
+    """The warning about setting the deprecated ``key`` (:data:`DEPRECATED_SECRETS`), which names its replacement.
+
+    Example::
+
+        >>> deprecated_secret_message("boost.llm_api_key")
+        'boost.llm_api_key is deprecated: put the key in an environment variable and name it in boost.llm_api_key_env \
+(default OPENAI_API_KEY) instead'
+    """
+    return (f"{key} is deprecated: put the key in an environment variable and name it in {DEPRECATED_SECRETS[key]} "
+            "(default OPENAI_API_KEY) instead")  # fmt: skip
+
+
+def on_command_line_message(option: str, safer: str) -> str:
+    """The warning about a secret given on the command line by ``option`` (``--token``, ``boost.llm_api_key=``):
+    every user of the machine can read a process's arguments (``ps``, ``/proc/<pid>/cmdline``) while it runs, and
+    finecap cannot reliably hide them once the process has started; ``safer`` says the route that keeps the secret
+    off the command line (an environment variable, a token file).
+
+    Example::
+
+        >>> on_command_line_message("--token", "set $FINECAP_REVIEW_TOKEN instead")
+        '--token: a secret on the command line is visible to every user of this machine (ps, /proc/<pid>/cmdline) \
+while the command runs; set $FINECAP_REVIEW_TOKEN instead'
+    """
+    return (f"{option}: a secret on the command line is visible to every user of this machine (ps, "
+            f"/proc/<pid>/cmdline) while the command runs; {safer}")  # fmt: skip
+
+
 MASK = "***"
 """What a secret (:data:`SECRET_KEYS`) is written as. Read back (a stored ``config.yaml``), it means "not set": the key
 then comes from the environment (``boost.llm_api_key_env``), never the mask itself."""

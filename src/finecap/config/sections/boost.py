@@ -55,7 +55,9 @@ class BoostConfig(Section, name="boost"):
         "world", "LLM backend (blend, holistic): openai-compatible server, transformers, vllm (in-process), world."
     )
     llm_model: str = doc("", "LLM model name (openai: served name; transformers, vllm: HF name or path).")
-    llm_base_url: str = doc("", "openai: server URL, e.g. http://localhost:8000/v1; empty = env OPENAI_BASE_URL.")
+    llm_base_url: str = doc(
+        "", "openai: server URL, e.g. http://localhost:8000/v1; empty = env OPENAI_BASE_URL.", url=True
+    )
     llm_api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the LLM server's API key.")
     llm_api_key: str = doc("", "Deprecated (use llm_api_key_env): API key given in the config; never written out.")
     vlm_backend: BoostBackend = doc(
@@ -64,7 +66,7 @@ class BoostConfig(Section, name="boost"):
     vlm_model: str = doc(
         "runs/visual_expert/checkpoints/best", "VLM name or path (world: the visual-expert ClipCap checkpoint)."
     )
-    vlm_base_url: str = doc("", "openai: VLM server URL; empty = env OPENAI_BASE_URL.")
+    vlm_base_url: str = doc("", "openai: VLM server URL; empty = env OPENAI_BASE_URL.", url=True)
     vlm_api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the VLM server's API key.")
     vlm_api_key: str = doc("", "Deprecated (use vlm_api_key_env): API key given in the config; never written out.")
     concurrency: int = doc(

@@ -27,7 +27,7 @@ class JudgeConfig(Section, name="judge"):
         "world",
         "Judge (finecap.registry.JUDGES: world, openai, vllm; or 'pkg.module:factory'), docs/methods/judges.md.",
     )
-    urls: list[str] = doc([], "openai: server URLs (e.g. http://localhost:8000/v1), asked round-robin.")
+    urls: list[str] = doc([], "openai: server URLs (e.g. http://localhost:8000/v1), asked round-robin.", url=True)
     model: str = doc("", "openai: the served model name; vllm: a chat LLM's folder or Hub name.")
     api_key_env: str = doc("OPENAI_API_KEY", "openai: environment variable holding the judge server's API key.")
     noise: float = doc(0.0, "world: share of answers flipped to another option at random (seeded).", ge=0, le=1)
