@@ -7,7 +7,7 @@ from PIL import Image
 from finecap.config import WorldConfig
 from finecap.world.make import generate_scenes
 from finecap.world.render import BACKGROUND_RGB, COLOR_RGB, object_box, render
-from finecap.world.scene import BACKGROUNDS, COLORS, SHAPES, Obj, Scene
+from finecap.world.scene import BACKGROUNDS, COLORS, SHAPES, Obj, Scene, scene_diff
 
 
 def _scene(**kw) -> Scene:
@@ -119,3 +119,83 @@ def test_generated_scenes_show_what_their_scene_graphs_state():
             extents[o.size].append(max(xs.max() - xs.min(), ys.max() - ys.min()) + 1)
     assert extents["small"] and extents["large"]
     assert max(extents["small"]) < min(extents["large"]), extents  # small and large never overlap in pixels
+
+
+def _coverage(o: Obj, size: int) -> np.ndarray:
+    """Share (0..1) of each pixel of a ``size`` px image, and of a one-pixel ring around it, that ``o``'s ideal shape
+    covers, drawn 16 times larger and box-averaged (no outline, no pattern): ``(size + 2, size + 2)``, the image at
+    ``[1:-1, 1:-1]``. Centred in its grid cell and spanning 0.9 (large) or 0.6 (small) of it, as render's docstring
+    says, independently of :func:`object_box`; only the shape's outline polygon is the renderer's."""
+    from PIL import ImageDraw
+
+    from finecap.world.render import _draw_shape
+
+    big = Image.new("L", (16 * (size + 2), 16 * (size + 2)), 0)
+    cell = 16 * size / 3
+    cx, cy, r = (o.col + 0.5) * cell, (o.row + 0.5) * cell, {"large": 0.45, "small": 0.3}[o.size] * cell
+    _draw_shape(ImageDraw.Draw(big), o.shape, cx + 16, cy + 16, r, fill=255)
+    return np.asarray(big.reduce(16)).astype(float) / 255
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_tiny_images_draw_each_object_where_and_as_its_scene_graph_says(size):
+    # The pixel check above runs at 64 px; tests and recipes render smaller worlds (world.image_size >= 16, a recipe
+    # at 32), where an object is a few pixels wide. Each object's pixels (those that removing it changes) must cover
+    # its ideal shape at its cell and stop within one pixel of it (so no other object and no image border touches
+    # it), its shape must lie inside the frame, and the pixels it mostly covers must show its colour's hue.
+    scenes = [
+        r["scene"] for r in generate_scenes(WorldConfig(seed=3, n_train=25, n_val=0, n_test=0, pattern_prob=0.5))
+    ]
+    degrees = {"red": 0, "orange": 30, "yellow": 55, "green": 125, "cyan": 185, "blue": 228, "purple": 275,
+               "pink": 325}  # fmt: skip
+    hues = {c: round(d * 256 / 360) % 256 for c, d in degrees.items()}
+    for scene in scenes:
+        full = np.asarray(render(scene, size)).astype(int)
+        for o in scene.objects:
+            without = Scene(scene.id, scene.background, [x for x in scene.objects if x is not o])
+            mine = np.abs(full - np.asarray(render(without, size))).sum(-1) > 30
+            padded = _coverage(o, size)
+            assert not padded[[0, -1]].any() and not padded[:, [0, -1]].any(), (size, scene.id, o)  # not cut
+            cover = padded[1:-1, 1:-1]
+            near = cover > 0
+            near[1:] |= near[:-1].copy()
+            near[:-1] |= near[1:].copy()
+            near[:, 1:] |= near[:, :-1].copy()
+            near[:, :-1] |= near[:, 1:].copy()
+            assert mine[cover > 0.999].all(), (size, scene.id, o)  # drawn where its shape is
+            assert not mine[~near].any(), (size, scene.id, o)  # and nowhere else
+            hsv = _hue(full[cover >= 0.75])[:, 0]
+            saturated = hsv[(hsv[:, 1] > 80) & (hsv[:, 2] > 60), 0]
+            assert len(saturated), (size, scene.id, o)
+            dist = {c: np.minimum(np.abs(saturated - h), 256 - np.abs(saturated - h)) for c, h in hues.items()}
+            nearest = np.array(list(dist))[np.argmin(np.stack(list(dist.values())), 0)]
+            colours, counts = np.unique(nearest, return_counts=True)
+            assert colours[counts.argmax()] == o.color, (size, scene.id, o, dict(zip(colours, counts, strict=True)))
+
+
+def test_family_members_images_differ_in_their_detail_and_the_texture_crop_only():
+    # A family member differs from its base scene in one detail (scene graph) and, its id being another, in the crop
+    # of the background texture (render's docstring). Drawn with the base's id, the images differ only in the cells
+    # of the objects the detail touches (everywhere for a background change); with its own id, the crop moves.
+    records = generate_scenes(WorldConfig(seed=0, n_train=20, n_val=0, n_test=0, families=10))
+    kinds = set()
+    for base_record in (records[0], records[10]):
+        base = base_record["scene"]
+        a = np.asarray(render(base, 48)).astype(int)
+        for r in records[base_record["imgid"] + 1 : base_record["imgid"] + 10]:
+            s, kinds = r["scene"], kinds | {r["variant"]}
+            b = np.asarray(render(Scene(base.id, s.background, s.objects), 48)).astype(int)
+            changed = np.abs(a - b).sum(-1) > 0
+            if r["variant"] == "background":
+                assert changed.mean() > 0.5
+                continue
+            shapes = {d.split(":")[1] for d in scene_diff(base, s)}
+            cells = {o.cell for o in base.objects + s.objects if o.shape in shapes}
+            allowed = np.zeros_like(changed)
+            for cell in cells:
+                row, col = divmod(cell, 3)
+                allowed[row * 16 : row * 16 + 16, col * 16 : col * 16 + 16] = True
+            assert changed.any() and not changed[~allowed].any(), (r["variant"], scene_diff(base, s))
+            own = np.asarray(render(s, 48)).astype(int)
+            assert (np.abs(a - own).sum(-1) > 0)[~allowed].mean() > 0.3  # the texture crop moved (documented)
+    assert len(kinds) >= 5, kinds

@@ -4,11 +4,12 @@ Geometry is defined in unit coordinates (the image is the unit square, a grid ce
 requested size, so nothing depends on the default 64 px. Images are drawn ``SUPERSAMPLE``-times larger (at least
 256 px) and box-downscaled by that integer factor (``Image.reduce``) for clean, antialiased edges.
 
-Sizes (chosen so that a small encoder can tell every shape apart at 64 px, where a cell is ~21 px): a large
-object spans ~0.9 of a cell, a small one ~0.6. Every object gets a thin dark outline, so saturated object colours
-stay visible on every (muted) background, including green on grass and blue on water. Patterns are drawn in a
-darker shade of the object colour (stripes ~54% of the area, dots ~23%: shares of the full-canvas masks), so the
-colour stays recognisable.
+Sizes (chosen so that a small encoder can tell every shape apart at 64 px, where a cell is ~21 px): a large object
+spans ~0.9 of a cell, a small one ~0.6. Each object lies inside its own cell, outline included, so no object hides or
+is hidden by another and none is cut by the image border (tests check both from the pixels). Every object gets a thin
+dark outline, so saturated object colours stay visible on every (muted) background, including green on grass and blue
+on water. Patterns are drawn in a darker shade of the object colour (stripes ~54% of the area, dots ~23%: shares of the
+full-canvas masks), so the colour stays recognisable.
 
 Background texture varies with the scene id (a random crop of a per-kind texture tile), never with anything else;
 the same scene and size always give the same pixels.
