@@ -8,7 +8,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import csv
-import importlib.util
 import io
 import json
 import shlex
@@ -171,7 +170,7 @@ def test_stringified_lists_are_parsed_and_look_alikes_named(tmp_path, capsys, ca
     assert read.references[2] == [str(refs[2])[:40]]  # kept as one caption, and warned about
 
 
-def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, capsys, captions):
+def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, capsys, captions, monkeypatch):
     ids, preds, refs = captions
     long = [" ".join([p] * 3) for p in preds]  # three times the prediction: well over twice the references' length
     lf = write_lines(
@@ -189,10 +188,12 @@ def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, caps
     (tmp_path / "results.json").write_text(json.dumps([{"image_id": 1, "caption": "a dog"}]))
     assert cli(["eval", "--predictions", str(tmp_path / "results.json"), *METRICS]) != 0
     assert "--references: required" in capsys.readouterr().err
-    if importlib.util.find_spec("openpyxl") is None:
-        (tmp_path / "m_COCO_VAL.xlsx").write_bytes(b"PK\x03\x04")
-        assert cli(["eval", "--predictions", str(tmp_path / "m_COCO_VAL.xlsx"), *METRICS]) != 0
-        assert "pip install 'finecap[xlsx]'" in capsys.readouterr().err
+    (tmp_path / "m_COCO_VAL.xlsx").write_bytes(b"PK\x03\x04")  # a cut-off workbook: said, no traceback
+    assert cli(["eval", "--predictions", str(tmp_path / "m_COCO_VAL.xlsx"), *METRICS]) == 2
+    assert "m_COCO_VAL.xlsx: not a readable .xlsx workbook (BadZipFile" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "openpyxl", None)  # openpyxl (the test extra installs it) missing: said so
+    assert cli(["eval", "--predictions", str(tmp_path / "m_COCO_VAL.xlsx"), *METRICS]) == 2
+    assert "reading .xlsx needs openpyxl: pip install 'finecap[xlsx]'" in capsys.readouterr().err
 
 
 def test_a_jsonl_line_whose_caption_holds_a_unicode_line_separator_is_one_line(tmp_path):
@@ -432,6 +433,38 @@ def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_pa
         csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
     with pytest.raises(DataError, match=r"m_COCO_VAL.tsv: row 3: image id 1 is listed again with other references"):
         read_predictions(path)
+
+
+def test_a_vlmevalkit_xlsx_as_pandas_writes_it_scores_as_its_tsv(tmp_path, capsys, captions):
+    # VLMEvalKit's default result file, <model>_<dataset>.xlsx (open-compass/VLMEvalKit 00fff545 vlmeval/smp/file.py
+    # dump_xlsx: DataFrame.to_excel(index=False) of the result table through pd.ExcelWriter, engine xlsxwriter; here
+    # pandas' default engine, openpyxl, as xlsxwriter is not installed: the same sheet of cells, the header row first).
+    # The columns as its tsv (dump_tsv, tests above): index, question, answer (str() of the list), prediction
+    import pandas as pd
+
+    ids, preds, refs = captions
+    table = pd.DataFrame({"index": range(len(preds)), "question": "Please describe this image in general.",
+                          "answer": [str(r) for r in refs], "prediction": preds})  # fmt: skip
+    xlsx = tmp_path / "Qwen2-VL-2B_COCO_VAL.xlsx"
+    table.to_excel(xlsx, index=False)
+    tsv = tmp_path / "Qwen2-VL-2B_COCO_VAL.tsv"
+    table.to_csv(tsv, sep="\t", index=False, quoting=csv.QUOTE_ALL)
+    name, read = read_predictions(xlsx)
+    assert name == "vlmevalkit" and read == read_predictions(tsv)[1]
+    assert read.captions == {k: [p] for k, p in enumerate(preds)} and read.references == dict(enumerate(refs))
+    assert score(capsys, "--predictions", str(xlsx)) == pycocoevalcap_scores(preds, refs)
+    # cells as a sheet holds them: unicode kept, a number-like caption read as its text, an index read as an int;
+    # rows named by the sheet's row numbers (the header is row 1): a cut-off answer on row 3, an index again on row 4
+    few = pd.DataFrame({"index": [7, 8, 7], "answer": [str(["un café au lait"]), "['a dog", str(["a red car"])],
+                        "prediction": ["un café", "42", "a car"]})  # fmt: skip
+    few.to_excel(xlsx, index=False)
+    with pytest.raises(DataError, match=r"COCO_VAL.xlsx: row 4: image id 7 is listed again with other references"):
+        read_predictions(xlsx)
+    few.iloc[:2].to_excel(xlsx, index=False)
+    _, read = read_predictions(xlsx)
+    assert read.captions == {7: ["un café"], 8: ["42"]} and read.references == {7: ["un café au lait"], 8: ["['a dog"]}
+    assert len(read.warnings) == 1 and "column 'answer': 1 value(s) look like a stringified list" in read.warnings[0]
+    assert "(rows 3: e.g." in read.warnings[0]
 
 
 @pytest.mark.parametrize("tool", ["llamafactory", "swift"])

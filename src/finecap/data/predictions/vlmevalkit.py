@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import zipfile
 from pathlib import Path
 
 from finecap.data.predictions import PredictionFormat, Predictions
@@ -27,12 +28,18 @@ def _rows(path: Path) -> tuple[list[str], list[list[object]]]:
     if path.suffix.lower() == ".xlsx":
         try:
             import openpyxl
+            from openpyxl.utils.exceptions import InvalidFileException
         except ImportError:
             raise DataError(f"{path}: reading .xlsx needs openpyxl: pip install 'finecap[xlsx]' (or save the "
                             "sheet as .tsv)") from None  # fmt: skip
-        book = openpyxl.load_workbook(path, read_only=True, data_only=True)
-        rows = [list(r) for r in book.worksheets[0].iter_rows(values_only=True)]
-        book.close()
+        try:
+            book = openpyxl.load_workbook(path, read_only=True, data_only=True)
+        except (zipfile.BadZipFile, KeyError, ValueError, OSError, InvalidFileException) as e:
+            raise DataError(f"{path}: not a readable .xlsx workbook ({type(e).__name__}: {e})") from None
+        try:
+            rows = [list(r) for r in book.worksheets[0].iter_rows(values_only=True)]
+        finally:
+            book.close()
     elif path.suffix.lower() == ".json":
         return _json_rows(path)
     else:
