@@ -409,13 +409,53 @@ def test_a_carried_empty_reference_is_refused_as_in_finecaps_own_references(tmp_
     rows = [{"prompt": "user\n<image>Describe.\nassistant\n", "predict": "a dog on grass", "label": "a dog on grass"},
             {"prompt": "user\n<image>Describe.\nassistant\n", "predict": "a red car", "label": ""}]  # fmt: skip
     path = write_lines(tmp_path / "generated_predictions.jsonl", rows)
-    with pytest.raises(DataError, match=r"generated_predictions.jsonl: row 2: column 'label': caption 0 is empty"):
+    with pytest.raises(DataError, match=r"generated_predictions.jsonl, line 2: 'label': caption 0 is empty"):
         read_predictions(path)
     code, _, err = run_cli(["eval", "--predictions", str(path), "--metrics", "bleu", "--format", "json"])
     assert code != 0 and "caption 0 is empty" in err
     rows[1]["label"] = "a red car\nparked "  # a line break in a reference: a space, as in finecap's references
     write_lines(path, rows)
     assert read_predictions(path)[1].references == {0: ["a dog on grass"], 1: ["a red car parked"]}
+
+
+def test_reference_errors_name_a_json_lines_files_lines_and_a_tables_rows(tmp_path):
+    # a JSON Lines file's references were named by "row N" (LLaMA-Factory's, ms-swift's, lmms-eval's; N the line
+    # number), as a table's are, and an old lmms-eval <task>.json's and a VLMEvalKit .json's by a "row" number that is
+    # no place in the file (its logs[k] / [k], k from 0; the .json's "row 2" was its first element, [0])
+    lines = [{"prompt": "", "predict": "a dog", "label": "a dog"}, {"prompt": "", "predict": "a cat", "label": ""}]
+    lf = write_lines(tmp_path / "generated_predictions.jsonl", lines)
+    with pytest.raises(DataError) as caught:
+        read_predictions(lf)
+    assert str(caught.value) == f"{lf}, line 2: 'label': caption 0 is empty"
+    bare = [{"doc_id": 0, "target": str(["a dog"]), "filtered_resps": "a dog"},
+            {"doc_id": 1, "target": "['a cat", "filtered_resps": "a cat"},
+            {"doc_id": 2, "target": 5, "filtered_resps": "a car"}]  # fmt: skip
+    log = write_lines(tmp_path / "bare.jsonl", bare[:2])
+    warning = read_predictions(log)[1].warnings[0]
+    assert warning.startswith(f"{log}: 'target': 1 value(s) look like a stringified list") and "(lines 2: " in warning
+    write_lines(log, bare)
+    with pytest.raises(DataError) as caught:
+        read_predictions(log)
+    assert str(caught.value) == f"{log}, line 3: 'target' must be text, got 5"
+    old = tmp_path / "coco2017_cap_val.json"
+    old.write_text(json.dumps({"args": {}, "model_configs": {}, "logs": bare[:2]}, indent=4))
+    assert "(logs[1]: e.g." in read_predictions(old)[1].warnings[0]
+    old.write_text(json.dumps({"args": {}, "model_configs": {}, "logs": bare}, indent=4))
+    with pytest.raises(DataError) as caught:
+        read_predictions(old)
+    assert str(caught.value) == f"{old}: logs[2]: 'target' must be text, got 5"
+    rows = [{"index": 0, "answer": "a dog", "prediction": "a dog"}, {"index": 1, "answer": "", "prediction": "x"}]
+    vlm = tmp_path / "m_COCO_VAL.json"
+    vlm.write_text(json.dumps(rows, indent=4))
+    with pytest.raises(DataError) as caught:
+        read_predictions(vlm)
+    assert str(caught.value) == f"{vlm}: [1]: 'answer': caption 0 is empty"
+    tsv = tmp_path / "m_COCO_VAL.tsv"  # a table's rows keep their numbers, the header row 1
+    with open(tsv, "w", newline="") as f:
+        csv.writer(f, delimiter="\t").writerows([list(rows[0]), *[list(r.values()) for r in rows]])
+    with pytest.raises(DataError) as caught:
+        read_predictions(tsv)
+    assert str(caught.value) == f"{tsv}: row 3: column 'answer': caption 0 is empty"
 
 
 def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_path):

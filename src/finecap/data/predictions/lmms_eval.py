@@ -40,7 +40,7 @@ def _entry(rec: dict, *keys: str) -> dict | None:
 
 def _read(path: Path) -> Predictions:
     read = Predictions({}, {})
-    targets = ReferenceLists(path, "target")
+    targets = ReferenceLists(path, "target", lines=True)
     test_split: bool | None = None  # whether the lines are a test split's (no references), as the first line says
     for n, where, rec in _documents(path):
         entry, named = _entry(rec), _entry(rec, "image_id")
@@ -68,9 +68,9 @@ def _read(path: Path) -> Predictions:
     return Predictions(read.captions, None if test_split else read.references, targets.warnings())
 
 
-def _documents(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
-    """``(row, where, document)`` of each logged document: the lines of a ``.jsonl`` log (row: the line number), the
-    ``logs`` of an old ``<task>.json`` (row: the place in ``logs``, from 0)."""
+def _documents(path: Path) -> Iterator[tuple[int | str, str, dict[str, Any]]]:
+    """``(at, where, document)`` of each logged document: the lines of a ``.jsonl`` log (at: the line number), the
+    ``logs`` of an old ``<task>.json`` (at: ``"logs[k]"``, its place in ``logs``, from 0)."""
     if not _old_log(path):
         for n, rec in records(path):
             yield n, f"{path}, line {n}", rec
@@ -82,7 +82,7 @@ def _documents(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
     for k, rec in enumerate(logs):
         if not isinstance(rec, dict):
             raise DataError(f"{path}: logs[{k}]: expected a JSON object")
-        yield k, f"{path}: logs[{k}]", rec
+        yield f"logs[{k}]", f"{path}: logs[{k}]", rec
 
 
 def _old_log(path: Path) -> bool:
