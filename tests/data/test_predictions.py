@@ -341,6 +341,37 @@ def test_an_lmms_eval_test_split_line_is_read_under_its_entrys_image_id_not_its_
     assert json.loads(out)["BLEU-1"] == pytest.approx(1.0)
 
 
+def test_an_lmms_eval_chair_log_is_named_with_what_finecap_scores_instead(tmp_path):
+    # lmms-eval's coco_cap_chair (EvolvingLMMs-Lab/lmms-eval 0124da0c, lmms_eval/tasks/coco_cap_chair/utils.py,
+    # coco_cap_chair_process_result): per document {"answer": doc["gt_object"], "pred": node_words, "image_id"} under
+    # coco_cap_chair_s, coco_cap_chair_i and coco_cap_recall, `pred` the COCO categories the caption names; the log
+    # was refused as "the caption must be text, got list", saying neither what the file is nor what to do (and one
+    # whose image has no annotated object as "'target' must hold reference captions", its empty `answer`)
+    caption = "A man walks his dog past a bench."
+    entry = {"answer": ["person", "dog", "car"], "pred": ["person", "dog", "bench"], "image_id": 139}
+    line = {"doc_id": 0, "target": str(entry["answer"]), "filtered_resps": caption, "token_counts": [None],
+            **{f"coco_cap_{m}": entry for m in ("chair_s", "chair_i", "recall")},
+            "input": "Please describe this image in detail."}  # fmt: skip
+    log = write_lines(tmp_path / "20250101_samples_coco_cap_chair.jsonl", [line])
+    for answer in (["person", "dog", "car"], []):
+        entry["answer"] = answer
+        write_lines(log, [line])
+        with pytest.raises(DataError) as caught:
+            read_predictions(log)
+        error = str(caught.value)
+        assert error.startswith(f"{log}, line 1: the entry 'coco_cap_chair_s' is a CHAIR task's (lmms-eval's "
+                                "coco_cap_chair): its 'pred' is the list of COCO object categories the caption names "
+                                "(['person', 'dog', 'bench'])")  # fmt: skip
+        assert "write each line's caption ('filtered_resps') under the entry's 'image_id' as COCO results" in error
+        assert "--instances instances_<split>.json --metrics hallucination" in error
+    # another task's entry whose `pred` is no text: said as such, with what it holds
+    write_lines(log, [{"doc_id": 0, "target": "a", "filtered_resps": "a", "vqa": {"pred": {"a": 1}, "answer": "a"}}])
+    with pytest.raises(DataError) as caught:
+        read_predictions(log)
+    assert str(caught.value) == (f"{log}, line 1: the caption must be text, got dict (the entry 'vqa' holds as 'pred' "
+                                 "{'a': 1}): not the log of a caption task")  # fmt: skip
+
+
 def test_a_swift_line_without_labels_is_refused_not_scored_against_its_own_response(tmp_path):
     # ms-swift appends the response to `messages` (modelscope/ms-swift ccf47658, March 2025, to 3602360a): a data set
     # without answer turns gave `labels: null`, and the reference was taken from the last assistant turn of

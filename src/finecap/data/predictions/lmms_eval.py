@@ -28,6 +28,7 @@ from finecap.data.predictions.jsonl import first_record, head_text, records
 from finecap.data.predictions.reference_lists import ReferenceLists, first_of
 from finecap.data.records import DataError, check_id
 from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
+from finecap.utils.text import short_repr
 
 
 def _entry(rec: dict, *keys: str) -> dict | None:
@@ -45,6 +46,8 @@ def _read(path: Path) -> Predictions:
     for n, where, rec in _documents(path):
         entry, named = _entry(rec), _entry(rec, "image_id")
         refs: list[str] | None = None
+        if entry is not None and not isinstance(entry["pred"], str):
+            raise DataError(_not_a_caption(rec, entry, where))
         if entry is not None:
             image_id = check_id(entry.get("image_id", rec.get("doc_id")), where)
             pred, refs = entry["pred"], targets.parse(entry["answer"], n)
@@ -66,6 +69,26 @@ def _read(path: Path) -> Predictions:
                             "'image_id' but no 'answer'): not the log of one caption task")  # fmt: skip
         read.add(image_id, pred, refs, where)
     return Predictions(read.captions, None if test_split else read.references, targets.warnings())
+
+
+def _not_a_caption(rec: dict, entry: dict, where: str) -> str:
+    """Why a metric entry whose ``pred`` is no text is refused. lmms-eval's CHAIR task (``tasks/coco_cap_chair``,
+    ``coco_cap_chair_process_result``: the entries ``coco_cap_chair_s``, ``coco_cap_chair_i``, ``coco_cap_recall``)
+    logs as ``pred`` the COCO object categories its caption names (``["person", "dog"]``) and as ``answer`` the
+    image's annotated ones (``gt_object``): object lists, no caption and no reference captions; the caption is the
+    line's ``filtered_resps``, the image's COCO id the entry's ``image_id``."""
+    key = next(k for k, v in rec.items() if v is entry)
+    pred = entry["pred"]
+    if isinstance(pred, list) and any("chair" in k.lower() for k in rec):
+        return (f"{where}: the entry {key!r} is a CHAIR task's (lmms-eval's coco_cap_chair): its 'pred' is the list "
+                f"of COCO object categories the caption names ({short_repr(pred)}) and its 'answer' the image's "
+                "annotated objects, not a caption and its references, so n-gram metrics cannot score it; finecap "
+                "computes CHAIR from the captions themselves: write each line's caption ('filtered_resps') under the "
+                "entry's 'image_id' as COCO results ([{\"image_id\": ..., \"caption\": ...}]) and run finecap eval "
+                "--predictions results.json --references captions_<split>.json --instances instances_<split>.json "
+                "--metrics hallucination (COCO's caption and instance annotations of those images)")  # fmt: skip
+    return (f"{where}: the caption must be text, got {type(pred).__name__} (the entry {key!r} holds as 'pred' "
+            f"{short_repr(pred)}): not the log of a caption task")  # fmt: skip
 
 
 def _documents(path: Path) -> Iterator[tuple[int | str, str, dict[str, Any]]]:
