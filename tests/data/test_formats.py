@@ -750,3 +750,26 @@ def test_a_byte_order_mark_starting_a_caption_is_stripped_and_a_bidi_override_re
             assert where in str(e.value) and said in str(e.value) and "at character " in str(e.value), name
         else:
             assert read()[0].captions == ["ok", outcome], name
+
+
+@pytest.mark.parametrize("name", ["", " ", ".", "./", "sub/", "sub/.."])
+def test_a_karpathy_or_coco_file_name_naming_no_file_is_refused_when_read(tmp_path, name):
+    """Karpathy's ``filename`` and COCO's ``file_name`` did not go through ``records.require_image`` as JSONL's
+    ``image`` does: ``""`` joined to the image root was the folder itself (COCO's ``""`` fell back, undocumented, to
+    the image id as its file name; its documented fallback is for an image without ``file_name``, kept below),
+    refused only later as a missing image file, or never with ``check_images=False``."""
+    karpathy = tmp_path / "dataset_coco.json"
+    entries = [{"filename": file, "filepath": "val2014", "cocoid": k, "split": "test", "sentences": [{"raw": "a"}]}
+               for k, file in ((1, "a.jpg"), (2, name))]  # fmt: skip
+    karpathy.write_text(json.dumps({"images": entries}))
+    coco = tmp_path / "captions_val2014.json"
+    anns = [{"image_id": 1, "id": 1, "caption": "a"}, {"image_id": 2, "id": 2, "caption": "b"}]
+    coco.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": name}],
+                                "annotations": anns}))  # fmt: skip
+    for check_images in (True, False):
+        with pytest.raises(DataError, match=rf"^{re.escape(str(karpathy))}: images\[1\]: 'filename' is "):
+            read_karpathy(karpathy, check_images=check_images)
+        with pytest.raises(DataError, match=rf"^{re.escape(str(coco))}: images\[1\] \(id 2\): 'file_name' is "):
+            read_coco_captions(coco, check_images=check_images)
+    coco.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2}], "annotations": anns}))
+    assert [r.path for r in read_coco_captions(coco, check_images=False)] == [tmp_path / "a.jpg", tmp_path / "2"]

@@ -111,6 +111,31 @@ def test_a_split_column_spelled_in_another_case_is_read_as_every_readers_split_k
     assert any("1 records name a split that is none of train, val, test: 'validation' (1)" in m for m in said)
 
 
+def test_splits_asked_for_with_a_split_column_keep_those_rows_and_a_missing_one_is_named(tmp_path):
+    """``read_hf(splits=[...])`` with ``split_column`` returned every row, whatever was asked (``--split val`` of such
+    a data set scored its train rows too), and a split no row has was no error; now the rows are those of the splits
+    asked for, as read (``"Train"`` is ``train``), and a split no row has is named with those the column holds."""
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        Image.new("RGB", (2, 2)).save(tmp_path / name)
+    ds = datasets.Dataset.from_dict({"file": ["a.png", "b.png", "c.png", "d.png"], "caption": ["A", "B", "C", "D"],
+                                     "part": ["train", "val", "Train", "test"]})  # fmt: skip
+    ds.to_parquet(str(tmp_path / "captions.parquet"))
+    options = {"image_column": "file", "caption_column": "caption", "split_column": "part", "cache_dir": tmp_path}
+    read = read_hf(tmp_path / "captions.parquet", splits=["val"], **options)
+    assert [(r.split, r.captions) for r in read] == [("val", ["B"])]
+    read = read_hf(tmp_path / "captions.parquet", splits=["train", "test"], **options)
+    assert [(r.split, r.captions) for r in read] == [("train", ["A"]), ("train", ["C"]), ("test", ["D"])]
+    assert len(read_hf(tmp_path / "captions.parquet", **options)) == 4  # no splits named: every row
+    (tmp_path / "d.png").unlink()  # a split not asked for is not read: its missing image is not checked
+    assert [r.captions for r in read_hf(tmp_path / "captions.parquet", splits=["val"], **options)] == [["B"]]
+    for asked in (["validation"], ["train", "validation"]):
+        with pytest.raises(DataError) as caught:
+            read_hf(tmp_path / "captions.parquet", splits=asked, **options)
+        assert str(caught.value) == (f"{tmp_path / 'captions.parquet'}: no row of split 'validation' in the column "
+                                     "'part' (data.hf.split_column; splits present: 'train': 2 rows, 'val': 1 rows, "
+                                     "'test': 1 rows)")  # fmt: skip
+
+
 def test_parquet_with_paths_and_split_column(tmp_path):
     for name in ("a.png", "b.png"):
         Image.new("RGB", (2, 2)).save(tmp_path / name)

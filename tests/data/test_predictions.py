@@ -8,7 +8,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import csv
-import importlib.util
 import io
 import json
 import shlex
@@ -171,7 +170,7 @@ def test_stringified_lists_are_parsed_and_look_alikes_named(tmp_path, capsys, ca
     assert read.references[2] == [str(refs[2])[:40]]  # kept as one caption, and warned about
 
 
-def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, capsys, captions):
+def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, capsys, captions, monkeypatch):
     ids, preds, refs = captions
     long = [" ".join([p] * 3) for p in preds]  # three times the prediction: well over twice the references' length
     lf = write_lines(
@@ -189,10 +188,12 @@ def test_length_note_missing_references_and_xlsx_without_openpyxl(tmp_path, caps
     (tmp_path / "results.json").write_text(json.dumps([{"image_id": 1, "caption": "a dog"}]))
     assert cli(["eval", "--predictions", str(tmp_path / "results.json"), *METRICS]) != 0
     assert "--references: required" in capsys.readouterr().err
-    if importlib.util.find_spec("openpyxl") is None:
-        (tmp_path / "m_COCO_VAL.xlsx").write_bytes(b"PK\x03\x04")
-        assert cli(["eval", "--predictions", str(tmp_path / "m_COCO_VAL.xlsx"), *METRICS]) != 0
-        assert "pip install 'finecap[xlsx]'" in capsys.readouterr().err
+    (tmp_path / "m_COCO_VAL.xlsx").write_bytes(b"PK\x03\x04")  # a cut-off workbook: said, no traceback
+    assert cli(["eval", "--predictions", str(tmp_path / "m_COCO_VAL.xlsx"), *METRICS]) == 2
+    assert "m_COCO_VAL.xlsx: not a readable .xlsx workbook (BadZipFile" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "openpyxl", None)  # openpyxl (the test extra installs it) missing: said so
+    assert cli(["eval", "--predictions", str(tmp_path / "m_COCO_VAL.xlsx"), *METRICS]) == 2
+    assert "reading .xlsx needs openpyxl: pip install 'finecap[xlsx]'" in capsys.readouterr().err
 
 
 def test_a_jsonl_line_whose_caption_holds_a_unicode_line_separator_is_one_line(tmp_path):
@@ -340,6 +341,37 @@ def test_an_lmms_eval_test_split_line_is_read_under_its_entrys_image_id_not_its_
     assert json.loads(out)["BLEU-1"] == pytest.approx(1.0)
 
 
+def test_an_lmms_eval_chair_log_is_named_with_what_finecap_scores_instead(tmp_path):
+    # lmms-eval's coco_cap_chair (EvolvingLMMs-Lab/lmms-eval 0124da0c, lmms_eval/tasks/coco_cap_chair/utils.py,
+    # coco_cap_chair_process_result): per document {"answer": doc["gt_object"], "pred": node_words, "image_id"} under
+    # coco_cap_chair_s, coco_cap_chair_i and coco_cap_recall, `pred` the COCO categories the caption names; the log
+    # was refused as "the caption must be text, got list", saying neither what the file is nor what to do (and one
+    # whose image has no annotated object as "'target' must hold reference captions", its empty `answer`)
+    caption = "A man walks his dog past a bench."
+    entry = {"answer": ["person", "dog", "car"], "pred": ["person", "dog", "bench"], "image_id": 139}
+    line = {"doc_id": 0, "target": str(entry["answer"]), "filtered_resps": caption, "token_counts": [None],
+            **{f"coco_cap_{m}": entry for m in ("chair_s", "chair_i", "recall")},
+            "input": "Please describe this image in detail."}  # fmt: skip
+    log = write_lines(tmp_path / "20250101_samples_coco_cap_chair.jsonl", [line])
+    for answer in (["person", "dog", "car"], []):
+        entry["answer"] = answer
+        write_lines(log, [line])
+        with pytest.raises(DataError) as caught:
+            read_predictions(log)
+        error = str(caught.value)
+        assert error.startswith(f"{log}, line 1: the entry 'coco_cap_chair_s' is a CHAIR task's (lmms-eval's "
+                                "coco_cap_chair): its 'pred' is the list of COCO object categories the caption names "
+                                "(['person', 'dog', 'bench'])")  # fmt: skip
+        assert "write each line's caption ('filtered_resps') under the entry's 'image_id' as COCO results" in error
+        assert "--instances instances_<split>.json --metrics hallucination" in error
+    # another task's entry whose `pred` is no text: said as such, with what it holds
+    write_lines(log, [{"doc_id": 0, "target": "a", "filtered_resps": "a", "vqa": {"pred": {"a": 1}, "answer": "a"}}])
+    with pytest.raises(DataError) as caught:
+        read_predictions(log)
+    assert str(caught.value) == (f"{log}, line 1: the caption must be text, got dict (the entry 'vqa' holds as 'pred' "
+                                 "{'a': 1}): not the log of a caption task")  # fmt: skip
+
+
 def test_a_swift_line_without_labels_is_refused_not_scored_against_its_own_response(tmp_path):
     # ms-swift appends the response to `messages` (modelscope/ms-swift ccf47658, March 2025, to 3602360a): a data set
     # without answer turns gave `labels: null`, and the reference was taken from the last assistant turn of
@@ -408,13 +440,53 @@ def test_a_carried_empty_reference_is_refused_as_in_finecaps_own_references(tmp_
     rows = [{"prompt": "user\n<image>Describe.\nassistant\n", "predict": "a dog on grass", "label": "a dog on grass"},
             {"prompt": "user\n<image>Describe.\nassistant\n", "predict": "a red car", "label": ""}]  # fmt: skip
     path = write_lines(tmp_path / "generated_predictions.jsonl", rows)
-    with pytest.raises(DataError, match=r"generated_predictions.jsonl: row 2: column 'label': caption 0 is empty"):
+    with pytest.raises(DataError, match=r"generated_predictions.jsonl, line 2: 'label': caption 0 is empty"):
         read_predictions(path)
     code, _, err = run_cli(["eval", "--predictions", str(path), "--metrics", "bleu", "--format", "json"])
     assert code != 0 and "caption 0 is empty" in err
     rows[1]["label"] = "a red car\nparked "  # a line break in a reference: a space, as in finecap's references
     write_lines(path, rows)
     assert read_predictions(path)[1].references == {0: ["a dog on grass"], 1: ["a red car parked"]}
+
+
+def test_reference_errors_name_a_json_lines_files_lines_and_a_tables_rows(tmp_path):
+    # a JSON Lines file's references were named by "row N" (LLaMA-Factory's, ms-swift's, lmms-eval's; N the line
+    # number), as a table's are, and an old lmms-eval <task>.json's and a VLMEvalKit .json's by a "row" number that is
+    # no place in the file (its logs[k] / [k], k from 0; the .json's "row 2" was its first element, [0])
+    lines = [{"prompt": "", "predict": "a dog", "label": "a dog"}, {"prompt": "", "predict": "a cat", "label": ""}]
+    lf = write_lines(tmp_path / "generated_predictions.jsonl", lines)
+    with pytest.raises(DataError) as caught:
+        read_predictions(lf)
+    assert str(caught.value) == f"{lf}, line 2: 'label': caption 0 is empty"
+    bare = [{"doc_id": 0, "target": str(["a dog"]), "filtered_resps": "a dog"},
+            {"doc_id": 1, "target": "['a cat", "filtered_resps": "a cat"},
+            {"doc_id": 2, "target": 5, "filtered_resps": "a car"}]  # fmt: skip
+    log = write_lines(tmp_path / "bare.jsonl", bare[:2])
+    warning = read_predictions(log)[1].warnings[0]
+    assert warning.startswith(f"{log}: 'target': 1 value(s) look like a stringified list") and "(lines 2: " in warning
+    write_lines(log, bare)
+    with pytest.raises(DataError) as caught:
+        read_predictions(log)
+    assert str(caught.value) == f"{log}, line 3: 'target' must be text, got 5"
+    old = tmp_path / "coco2017_cap_val.json"
+    old.write_text(json.dumps({"args": {}, "model_configs": {}, "logs": bare[:2]}, indent=4))
+    assert "(logs[1]: e.g." in read_predictions(old)[1].warnings[0]
+    old.write_text(json.dumps({"args": {}, "model_configs": {}, "logs": bare}, indent=4))
+    with pytest.raises(DataError) as caught:
+        read_predictions(old)
+    assert str(caught.value) == f"{old}: logs[2]: 'target' must be text, got 5"
+    rows = [{"index": 0, "answer": "a dog", "prediction": "a dog"}, {"index": 1, "answer": "", "prediction": "x"}]
+    vlm = tmp_path / "m_COCO_VAL.json"
+    vlm.write_text(json.dumps(rows, indent=4))
+    with pytest.raises(DataError) as caught:
+        read_predictions(vlm)
+    assert str(caught.value) == f"{vlm}: [1]: 'answer': caption 0 is empty"
+    tsv = tmp_path / "m_COCO_VAL.tsv"  # a table's rows keep their numbers, the header row 1
+    with open(tsv, "w", newline="") as f:
+        csv.writer(f, delimiter="\t").writerows([list(rows[0]), *[list(r.values()) for r in rows]])
+    with pytest.raises(DataError) as caught:
+        read_predictions(tsv)
+    assert str(caught.value) == f"{tsv}: row 3: column 'answer': caption 0 is empty"
 
 
 def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_path):
@@ -432,6 +504,38 @@ def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_pa
         csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
     with pytest.raises(DataError, match=r"m_COCO_VAL.tsv: row 3: image id 1 is listed again with other references"):
         read_predictions(path)
+
+
+def test_a_vlmevalkit_xlsx_as_pandas_writes_it_scores_as_its_tsv(tmp_path, capsys, captions):
+    # VLMEvalKit's default result file, <model>_<dataset>.xlsx (open-compass/VLMEvalKit 00fff545 vlmeval/smp/file.py
+    # dump_xlsx: DataFrame.to_excel(index=False) of the result table through pd.ExcelWriter, engine xlsxwriter; here
+    # pandas' default engine, openpyxl, as xlsxwriter is not installed: the same sheet of cells, the header row first).
+    # The columns as its tsv (dump_tsv, tests above): index, question, answer (str() of the list), prediction
+    import pandas as pd
+
+    ids, preds, refs = captions
+    table = pd.DataFrame({"index": range(len(preds)), "question": "Please describe this image in general.",
+                          "answer": [str(r) for r in refs], "prediction": preds})  # fmt: skip
+    xlsx = tmp_path / "Qwen2-VL-2B_COCO_VAL.xlsx"
+    table.to_excel(xlsx, index=False)
+    tsv = tmp_path / "Qwen2-VL-2B_COCO_VAL.tsv"
+    table.to_csv(tsv, sep="\t", index=False, quoting=csv.QUOTE_ALL)
+    name, read = read_predictions(xlsx)
+    assert name == "vlmevalkit" and read == read_predictions(tsv)[1]
+    assert read.captions == {k: [p] for k, p in enumerate(preds)} and read.references == dict(enumerate(refs))
+    assert score(capsys, "--predictions", str(xlsx)) == pycocoevalcap_scores(preds, refs)
+    # cells as a sheet holds them: unicode kept, a number-like caption read as its text, an index read as an int;
+    # rows named by the sheet's row numbers (the header is row 1): a cut-off answer on row 3, an index again on row 4
+    few = pd.DataFrame({"index": [7, 8, 7], "answer": [str(["un café au lait"]), "['a dog", str(["a red car"])],
+                        "prediction": ["un café", "42", "a car"]})  # fmt: skip
+    few.to_excel(xlsx, index=False)
+    with pytest.raises(DataError, match=r"COCO_VAL.xlsx: row 4: image id 7 is listed again with other references"):
+        read_predictions(xlsx)
+    few.iloc[:2].to_excel(xlsx, index=False)
+    _, read = read_predictions(xlsx)
+    assert read.captions == {7: ["un café"], 8: ["42"]} and read.references == {7: ["un café au lait"], 8: ["['a dog"]}
+    assert len(read.warnings) == 1 and "column 'answer': 1 value(s) look like a stringified list" in read.warnings[0]
+    assert "(rows 3: e.g." in read.warnings[0]
 
 
 @pytest.mark.parametrize("tool", ["llamafactory", "swift"])

@@ -158,4 +158,4 @@ def test_each_requirement_is_written_once_and_extras_name_each_other():
             else:
                 places.setdefault(canonicalize_name(req.name), []).append(place)
     assert {name: where for name, where in places.items() if len(where) > 1} == {}
-    assert "finecap[hf,quant,review,serve,trl]" in {str(r) for r in map(Requirement, extras["test"])}
+    assert "finecap[hf,quant,review,serve,trl,xlsx]" in {str(r) for r in map(Requirement, extras["test"])}

@@ -10,6 +10,7 @@ JSON object with ``annotations``.
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -29,11 +30,16 @@ from finecap.data.records import (
     read_boosted,
     require,
     require_id,
+    require_image,
     split_from_name,
 )
 from finecap.utils.text import short_repr
 
 log = logging.getLogger(__name__)
+
+FOLDERISH = ("/", ".", os.sep)
+"""How a ``file_name`` that may name a folder (``"."``, ``"sub/"``, ``"a/.."``) ends: the fast loop leaves such
+names, and empty ones, to the checking loop (:func:`~finecap.data.records.require_image`), which refuses them."""
 
 
 def read_coco_captions(
@@ -49,6 +55,8 @@ def read_coco_captions(
     ``id`` (text metrics need no image file; such a record's path is ``<images>/<id>`` and ``check_images`` names
     the missing ``file_name``), extra fields anywhere (ignored), images without annotations (dropped: nothing to
     evaluate or train on), and no ``images`` list at all (images are then those of the annotations, in order).
+    A ``file_name`` given must name a file: ``""``, ``"."`` or ``"sub/"`` is refused naming the image
+    (:func:`~finecap.data.records.require_image`; pycocotools reads it, and its path would be the image folder).
     Refused, each named, where pycocotools reads on: an image listed twice in ``images``, an annotation whose
     ``image_id`` is not in ``images``, and an empty caption (pycocoevalcap would score against it as an empty
     reference; these are mistakes in a file, not captions).
@@ -72,6 +80,7 @@ def read_coco_captions(
                 or image_id in by_id
                 or "boost" in img
                 or (type(file_name) is not str and (file_name is not None or "file_name" in img))
+                or (type(file_name) is str and (not file_name or file_name.isspace() or file_name.endswith(FOLDERISH)))
             ):
                 raise TypeError
             by_id[image_id] = (file_name, [])
@@ -82,7 +91,7 @@ def read_coco_captions(
         for i, img in enumerate(imgs):
             where = f"{path}: images[{i}]"
             image_id = require_id(img, "id", where)
-            file_name = require(img, "file_name", str, f"{where} (id {image_id})") if "file_name" in img else None
+            file_name = require_image(img, "file_name", f"{where} (id {image_id})") if "file_name" in img else None
             if image_id in by_id:
                 raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
             by_id[image_id] = (file_name, [])

@@ -282,11 +282,13 @@ def read_hf(
 ) -> list[Record]:
     """Records of a Hugging Face data set (module docstring); ``splits`` keeps only those named splits (read
     faster; a split is named by its name or as it is read: ``val`` names ``validation``), and a name the data set
-    has no split of is a :class:`DataError` listing those present (``splits`` is not read with ``split_column``). A
-    row whose image is embedded (bytes, no file) carries a reference to them (:class:`ArrowImage`, read when the
-    image is decoded: module docstring) in :attr:`Record.image_ref`. Image files outside the data set's folder are
-    refused unless ``allow_outside`` (``data.allow_outside_paths``). ``cache_dir`` (``run.cache_dir``; default
-    ``<finecap home>/cache``) holds the Arrow copies of parquet files (:mod:`finecap.data.hf_files`)."""
+    has no split of is a :class:`DataError` listing those present; with ``split_column``, ``splits`` keeps the rows
+    whose split, as read (``"Train"`` is ``train``), is named, and a name no row has is a :class:`DataError` listing
+    the splits of the column with their rows. A row whose image is embedded (bytes, no file) carries a reference to
+    them (:class:`ArrowImage`, read when the image is decoded: module docstring) in :attr:`Record.image_ref`. Image
+    files outside the data set's folder are refused unless ``allow_outside`` (``data.allow_outside_paths``).
+    ``cache_dir`` (``run.cache_dir``; default ``<finecap home>/cache``) holds the Arrow copies of parquet files
+    (:mod:`finecap.data.hf_files`)."""
     datasets = _import_datasets()
     cache = Path(cache_dir) if cache_dir is not None else home() / CACHE
     parts, found = _load(source, None if split_column else splits, cache)
@@ -306,6 +308,7 @@ def read_hf(
     records: list[Record] = []
     seen: dict[Any, str] = {}
     column_splits = SplitKeys(source)
+    column_rows: dict[str, int] = {}  # rows per split of split_column, as read
     for split_name, ds in parts.items():
         # a split asked for by its own name (--split validation) keeps it
         read_as = split_name if splits is not None and split_name in splits else split_read_as(split_name, names)
@@ -335,6 +338,14 @@ def read_hf(
         written, embedded = _image_cells(ds, image_column, where)
         arrow = ArrowImages(ds, image_column, f"{source}: split {split_name!r}") if any(embedded) else None
         for i in range(len(ds)):
+            split = table[split_column][i] if split_column else read_as
+            if not isinstance(split, str):
+                raise DataError(f"{where(i)}: {split_column!r} must be a string, got {type(split).__name__}")
+            if split_column:  # "Train", " val ": read as train and val, and said, as every reader's split key
+                split = column_splits.read({"split": split}, where(i))
+                column_rows[split] = column_rows.get(split, 0) + 1
+                if splits is not None and split not in splits:  # a row of a split not asked for
+                    continue
             path = _image_path(written[i], embedded[i], root, where(i))
             if not embedded[i]:  # a file, not embedded bytes
                 folder.check(path, where(i), written[i])
@@ -343,11 +354,6 @@ def read_hf(
                 caps = [caps]
             elif not isinstance(caps, list):
                 raise DataError(f"{where(i)}: {caption_column!r} must be a string or a list of strings")
-            split = table[split_column][i] if split_column else read_as
-            if not isinstance(split, str):
-                raise DataError(f"{where(i)}: {split_column!r} must be a string, got {type(split).__name__}")
-            if split_column:  # "Train", " val ": read as train and val, and said, as every reader's split key
-                split = column_splits.read({"split": split}, where(i))
             image_id = table[id_column][i] if id_column else (str(path) if not embedded[i] else f"{split_name}/{i}")
             check_id(image_id, where(i), repr(id_column) if id_column else "image id")
             if image_id in seen:
@@ -360,6 +366,12 @@ def read_hf(
             records.append(Record(image_id, path, split, clean_captions(caps, where(i)), image_ref=ref,
                                   questions=questions))  # fmt: skip
     column_splits.say()
+    if splits is not None and split_column:  # a split asked for that no row has is no empty data set either
+        missing = [name for name in splits if name not in column_rows]
+        if missing:
+            present = ", ".join(f"{name!r}: {n} rows" for name, n in column_rows.items()) or "none"
+            raise DataError(f"{source}: no row of split {', '.join(map(repr, missing))} in the column "
+                            f"{split_column!r} (data.hf.split_column; splits present: {present})")  # fmt: skip
     if not records:
         raise DataError(f"{source}: no rows: an empty data set (splits present: {_splits_present(found, parts)})")
     if check_images:

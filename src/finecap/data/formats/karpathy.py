@@ -2,12 +2,13 @@
 
 ``{"images": [{"filename", "filepath"?, "split", "imgid"?, "cocoid"?, "sentences": [{"raw", "tokens"?}]}]}``. Image
 path: ``<images>/<filepath>/<filename>`` (``filepath`` optional, as in Flickr30k). ``image_id`` is ``cocoid`` when
-present (what COCO evaluation expects), else ``imgid``, else the record index. Captions are the ``raw`` strings
-(stripped), or the joined ``tokens`` when ``raw`` is missing. Splits are read as every reader reads them
-(:class:`~finecap.data.records.SplitKeys`: ``restval`` kept, :mod:`finecap.data.references` counts it as training;
-``"Train"`` read as ``train`` and said; another name, ``"validation"``, kept and warned about). Default image root: the
-JSON file's folder. Detected: a JSON object whose ``images`` is a list (and that has no ``annotations``: COCO, detected
-first).
+present (what COCO evaluation expects), else ``imgid``, else the record index. A ``filename`` that names no file
+(``""``, ``"."``, ``"sub/"``: :func:`~finecap.data.records.require_image`) is refused naming the entry. Captions are
+the ``raw`` strings (stripped), or the joined ``tokens`` when ``raw`` is missing. Splits are read as every reader reads
+them (:class:`~finecap.data.records.SplitKeys`: ``restval`` kept, :mod:`finecap.data.references` counts it as
+training; ``"Train"`` read as ``train`` and said; another name, ``"validation"``, kept and warned about). Default image
+root: the JSON file's folder. Detected: a JSON object whose ``images`` is a list (and that has no ``annotations``:
+COCO, detected first).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from finecap.data.records import (
     read_boosted,
     require,
     require_id,
+    require_image,
 )
 
 
@@ -46,7 +48,7 @@ def read_karpathy(
     splits = SplitKeys(path)
     for i, img in enumerate(entries):
         where = f"{path}: images[{i}]"
-        filename = require(img, "filename", str, where)
+        filename = require_image(img, "filename", where)  # "", ".", "sub/": a folder, no image file
         where = f"{path}: images[{i}] ({filename})"
         require(img, "split", str, where)
         split = splits.read(img, where)  # "Train" as train, said; "validation" kept, warned (as every reader)

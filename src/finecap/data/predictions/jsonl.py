@@ -61,7 +61,7 @@ def read_caption_lines(
     text field ``caption``, the references the field ``labels`` (text, a stringified list or a list:
     :class:`ReferenceLists`), or what ``reference(record, where)`` gives when the format checks that field itself."""
     captions, references = {}, {}
-    lists = ReferenceLists(path, labels)
+    lists = ReferenceLists(path, labels, lines=True)
     for k, (n, rec) in enumerate(records(path)):
         where = f"{path}, line {n}"
         captions[k] = [require(rec, caption, str, where)]

@@ -28,6 +28,7 @@ from finecap.data.predictions.jsonl import first_record, head_text, records
 from finecap.data.predictions.reference_lists import ReferenceLists, first_of
 from finecap.data.records import DataError, check_id
 from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
+from finecap.utils.text import short_repr
 
 
 def _entry(rec: dict, *keys: str) -> dict | None:
@@ -40,11 +41,13 @@ def _entry(rec: dict, *keys: str) -> dict | None:
 
 def _read(path: Path) -> Predictions:
     read = Predictions({}, {})
-    targets = ReferenceLists(path, "target")
+    targets = ReferenceLists(path, "target", lines=True)
     test_split: bool | None = None  # whether the lines are a test split's (no references), as the first line says
     for n, where, rec in _documents(path):
         entry, named = _entry(rec), _entry(rec, "image_id")
         refs: list[str] | None = None
+        if entry is not None and not isinstance(entry["pred"], str):
+            raise DataError(_not_a_caption(rec, entry, where))
         if entry is not None:
             image_id = check_id(entry.get("image_id", rec.get("doc_id")), where)
             pred, refs = entry["pred"], targets.parse(entry["answer"], n)
@@ -68,9 +71,29 @@ def _read(path: Path) -> Predictions:
     return Predictions(read.captions, None if test_split else read.references, targets.warnings())
 
 
-def _documents(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
-    """``(row, where, document)`` of each logged document: the lines of a ``.jsonl`` log (row: the line number), the
-    ``logs`` of an old ``<task>.json`` (row: the place in ``logs``, from 0)."""
+def _not_a_caption(rec: dict, entry: dict, where: str) -> str:
+    """Why a metric entry whose ``pred`` is no text is refused. lmms-eval's CHAIR task (``tasks/coco_cap_chair``,
+    ``coco_cap_chair_process_result``: the entries ``coco_cap_chair_s``, ``coco_cap_chair_i``, ``coco_cap_recall``)
+    logs as ``pred`` the COCO object categories its caption names (``["person", "dog"]``) and as ``answer`` the
+    image's annotated ones (``gt_object``): object lists, no caption and no reference captions; the caption is the
+    line's ``filtered_resps``, the image's COCO id the entry's ``image_id``."""
+    key = next(k for k, v in rec.items() if v is entry)
+    pred = entry["pred"]
+    if isinstance(pred, list) and any("chair" in k.lower() for k in rec):
+        return (f"{where}: the entry {key!r} is a CHAIR task's (lmms-eval's coco_cap_chair): its 'pred' is the list "
+                f"of COCO object categories the caption names ({short_repr(pred)}) and its 'answer' the image's "
+                "annotated objects, not a caption and its references, so n-gram metrics cannot score it; finecap "
+                "computes CHAIR from the captions themselves: write each line's caption ('filtered_resps') under the "
+                "entry's 'image_id' as COCO results ([{\"image_id\": ..., \"caption\": ...}]) and run finecap eval "
+                "--predictions results.json --references captions_<split>.json --instances instances_<split>.json "
+                "--metrics hallucination (COCO's caption and instance annotations of those images)")  # fmt: skip
+    return (f"{where}: the caption must be text, got {type(pred).__name__} (the entry {key!r} holds as 'pred' "
+            f"{short_repr(pred)}): not the log of a caption task")  # fmt: skip
+
+
+def _documents(path: Path) -> Iterator[tuple[int | str, str, dict[str, Any]]]:
+    """``(at, where, document)`` of each logged document: the lines of a ``.jsonl`` log (at: the line number), the
+    ``logs`` of an old ``<task>.json`` (at: ``"logs[k]"``, its place in ``logs``, from 0)."""
     if not _old_log(path):
         for n, rec in records(path):
             yield n, f"{path}, line {n}", rec
@@ -82,7 +105,7 @@ def _documents(path: Path) -> Iterator[tuple[int, str, dict[str, Any]]]:
     for k, rec in enumerate(logs):
         if not isinstance(rec, dict):
             raise DataError(f"{path}: logs[{k}]: expected a JSON object")
-        yield k, f"{path}: logs[{k}]", rec
+        yield f"logs[{k}]", f"{path}: logs[{k}]", rec
 
 
 def _old_log(path: Path) -> bool:

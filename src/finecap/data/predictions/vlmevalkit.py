@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import zipfile
 from pathlib import Path
 
 from finecap.data.predictions import PredictionFormat, Predictions
@@ -27,12 +28,18 @@ def _rows(path: Path) -> tuple[list[str], list[list[object]]]:
     if path.suffix.lower() == ".xlsx":
         try:
             import openpyxl
+            from openpyxl.utils.exceptions import InvalidFileException
         except ImportError:
             raise DataError(f"{path}: reading .xlsx needs openpyxl: pip install 'finecap[xlsx]' (or save the "
                             "sheet as .tsv)") from None  # fmt: skip
-        book = openpyxl.load_workbook(path, read_only=True, data_only=True)
-        rows = [list(r) for r in book.worksheets[0].iter_rows(values_only=True)]
-        book.close()
+        try:
+            book = openpyxl.load_workbook(path, read_only=True, data_only=True)
+        except (zipfile.BadZipFile, KeyError, ValueError, OSError, InvalidFileException) as e:
+            raise DataError(f"{path}: not a readable .xlsx workbook ({type(e).__name__}: {e})") from None
+        try:
+            rows = [list(r) for r in book.worksheets[0].iter_rows(values_only=True)]
+        finally:
+            book.close()
     elif path.suffix.lower() == ".json":
         return _json_rows(path)
     else:
@@ -68,15 +75,18 @@ def _read(path: Path) -> Predictions:
     col = {c: header.index(c) for c in COLUMNS}
     answers = ReferenceLists(path, "answer")
     read = Predictions({}, {})
-    for n, row in enumerate(rows, 2):  # row 1 is the header
+    listed = path.suffix.lower() == ".json"  # a JSON list's rows are its elements, [0] on; a sheet's row 1 the header
+    for n, row in enumerate(rows, 0 if listed else 2):
         if not any(v not in (None, "") for v in row):
             continue
+        at: int | str = f"[{n}]" if listed else n
+        where = f"{path}: {at}" if listed else f"{path}: row {n}"
         raw = row[col["index"]]
-        image_id = check_id(int(raw) if isinstance(raw, float) and raw.is_integer() else raw, f"{path}: row {n}")
+        image_id = check_id(int(raw) if isinstance(raw, float) and raw.is_integer() else raw, where)
         if isinstance(image_id, str) and image_id.isdigit():
             image_id = int(image_id)
         pred = row[col["prediction"]]
-        read.add(image_id, "" if pred is None else str(pred), answers.parse(row[col["answer"]], n), f"{path}: row {n}")
+        read.add(image_id, "" if pred is None else str(pred), answers.parse(row[col["answer"]], at), where)
     return Predictions(read.captions, read.references, answers.warnings())
 
 
