@@ -173,6 +173,23 @@ EXTREMES = {"min": min, "max": max}
 of the maxima (docs/training.md#what-a-run-logs). An objective naming a metric so promises it is an extreme."""
 
 
+STEP_SUMS = ("time/",)
+"""Prefixes of the values a step sums over its micro-batches rather than averaging (:func:`step_sum`)."""
+
+
+def step_sum(key: str) -> bool:
+    """Whether ``key`` is summed over a step's micro-batches (seconds: ``time/generate``, ``time/reward``,
+    ``time/sync``, ``time/diversity``), so the step logs the seconds the whole optimizer step spent, whatever
+    ``train.grad_accum_steps``; over the steps of a log window and the processes it is still a mean (seconds per step,
+    each process timing its own share in parallel). Until 2026-11-29 they were the mean over the micro-batches: a
+    quarter of the step's seconds with 4 accumulation steps.
+
+    >>> step_sum("time/generate"), step_sum("reward")
+    (True, False)
+    """
+    return key.startswith(STEP_SUMS)
+
+
 def extreme(key: str) -> Callable[[float, float], float] | None:
     """The reduction of ``key`` if it is a logged extreme (:data:`EXTREMES`), else ``None``.
 
@@ -190,7 +207,8 @@ class Means:
     whose every caption failed) is left out, so it is NaN only when every turn's was. An extreme (:func:`extreme`:
     ``advantage/min``) is the extreme of the turns' instead, so the order and grouping of the turns does not change
     it. ``sums``/``counts`` are the state (:meth:`Logger.state_dict`; an extreme's ``sums`` entry holds the extreme
-    so far); a key whose every value so far was NaN has the sum NaN and count 1.
+    so far); a key whose every value so far was NaN has the sum NaN and count 1. ``summed`` (a step's micro-batches:
+    :func:`step_sum`) marks the keys whose sum over the turns is kept instead of their mean.
 
     Example::
 
@@ -201,9 +219,10 @@ class Means:
         {'reward': 0.30000000000000004, 'm': 1.0, 'adv/min': -3.0}
     """
 
-    def __init__(self) -> None:
+    def __init__(self, summed: Callable[[str], bool] | None = None) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
+        self.summed = summed
 
     def add(self, values: dict[str, float]) -> None:
         for k, v in values.items():
@@ -216,8 +235,12 @@ class Means:
                 self.counts[k] += 1
 
     def means(self) -> dict[str, float]:
-        """Each key's mean, or for an extreme its extreme."""
-        return {k: self.sums[k] if extreme(k) else self.sums[k] / self.counts[k] for k in self.sums}
+        """Each key's mean, or for an extreme its extreme, for a ``summed`` key its sum."""
+        return {k: self.sums[k] if self._kept(k) else self.sums[k] / self.counts[k] for k in self.sums}
+
+    def _kept(self, key: str) -> bool:
+        """Whether ``key``'s running value is what is logged (an extreme, or a ``summed`` key), not divided."""
+        return extreme(key) is not None or (self.summed is not None and self.summed(key))
 
 
 def mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
