@@ -56,6 +56,7 @@ class JsonlTracker(GeneralTracker):
     def __init__(self, path: Path):
         super().__init__()
         self.path = Path(path)
+        self.epoch_at: tuple[int | None, Any] = (None, None)  # (step, epoch) of the last event that gave one
 
     @property
     def tracker(self) -> Path:
@@ -65,7 +66,10 @@ class JsonlTracker(GeneralTracker):
         pass
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        epoch = values.get("epoch")
+        if "epoch" in values:
+            self.epoch_at = (step, values["epoch"])
+        # the second event of a step (validation after training) comes without it (Logger.write): the step's
+        epoch = values.get("epoch", self.epoch_at[1] if self.epoch_at[0] == step else None)
         splits: dict[str, dict[str, Any]] = {}
         for key, value in values.items():
             if key == "epoch" or "/" not in key:
@@ -261,6 +265,7 @@ class Logger(Means):
     def __init__(self, accelerator: Accelerator):
         super().__init__()
         self.accelerator = accelerator
+        self.epoch_step: int | None = None  # the last step whose epoch was written
 
     def state_dict(self) -> dict[str, Any]:
         return {"sums": dict(self.sums), "counts": dict(self.counts), "extremes": True}
@@ -286,5 +291,12 @@ class Logger(Means):
         return values
 
     def write(self, step: int, epoch: float, split: str, values: dict[str, Any]) -> None:
-        """Log ``values`` as ``<split>/<name>`` (numbers as scalars, strings as text) at ``step``."""
-        self.accelerator.log({"epoch": round(epoch, 4), **{f"{split}/{k}": v for k, v in values.items()}}, step=step)
+        """Log ``values`` as ``<split>/<name>`` (numbers as scalars, strings as text) at ``step``, with ``epoch`` at
+        the step's first event only: a step that logs training and validation values (or a stop) writes it once, so
+        TensorBoard's ``epoch`` curve has one point per step (until 2026-11-29 it had two there). ``metrics.jsonl``
+        gives every event of the step its epoch still (:class:`JsonlTracker`)."""
+        named = {f"{split}/{k}": v for k, v in values.items()}
+        if step != self.epoch_step:
+            named = {"epoch": round(epoch, 4), **named}
+            self.epoch_step = step
+        self.accelerator.log(named, step=step)
