@@ -220,6 +220,60 @@ def test_the_kept_rollouts_failed_captions_are_kept_and_reported_after_a_restore
         failing().load_state_dict(state)
 
 
+@pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
+@pytest.mark.parametrize("importance", ["token", "sequence"])
+def test_a_failed_caption_gets_no_kl_gradient_and_counts_in_no_kl_or_clip_fraction(aggregation, importance):
+    """Caption c1_1 (row 4 of the stand-in) is not scored. Moved off the reference, the policy gets the KL term's
+    gradient on every caption; the failed caption's row gets none, and ``kl`` / ``clip_fraction`` are the
+    scored tokens' means. Until 2026-11-29 the KL term's gradient reached it and it counted in both averages."""
+
+    def failing():
+        sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5,
+                               loss_aggregation=aggregation, importance=importance)  # fmt: skip
+        return PolicyOptimization(WeightedSum({"table": (1.0, FailsOne())}), NoBaseline(), **sections,
+                                  decode=DecodeConfig(max_length=L))  # fmt: skip
+
+    model, obj = StandIn(), failing()
+    grad_of(obj, model, batch(1, 2))  # the first rollout captures the reference
+    with torch.no_grad():
+        model.lp -= 0.3  # every caption off the reference (image 1's rewards are equal: no update moves it)
+    grad, (out,) = grad_of(obj, model, batch(1, 2))
+    assert grad[4].abs().sum().item() == 0.0  # the failed caption: no gradient at all
+    assert grad[3].abs().sum().item() > 0 and grad[5].abs().sum().item() > 0  # its scored group mates: the KL's
+    # the metrics by hand, over the scored captions' tokens only (rows 3..8 are images 1 and 2; row 4 failed)
+    mask = torch.tensor([[t < LENGTH[c] for t in range(L)] for c in [f"c{i}_{j}" for i in (1, 2) for j in range(S)]])
+    logp = model.lp.detach()[3:9] * mask
+    ref = obj.reference.logprobs(model, batch(1, 2), model.generate(batch(1, 2), None))
+    d = ref - logp
+    kl = torch.exp(d) - d - 1  # ratio 1 at the cycle's first step: the bias correction changes nothing
+    keep = mask.clone()
+    keep[1] = False
+    assert out.metrics["kl"] == pytest.approx(float(kl[keep].mean()), rel=1e-6)
+    assert out.metrics["clip_fraction"] == 0.0
+    assert obj.monitor.step_kl == pytest.approx(float(kl[keep].mean()), rel=1e-6)
+    # the denominators are those of every caption: the loss is the mean with the failed caption's terms 0
+    items = float(mask.sum()) if aggregation == "token" else 6.0
+    assert out.num_items == items
+
+
+def test_a_micro_batch_of_failed_captions_only_has_no_kl_or_clip_fraction():
+    class FailsAll(Table):
+        def __call__(self, captions, batch):
+            failed = torch.ones(len(captions), dtype=torch.bool)
+            total = torch.full((len(captions),), float("nan"))
+            return RewardOutput(total, {"table": total}, failed)
+
+    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5)
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsAll())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = StandIn()
+    grad_of(obj, model, batch(1))
+    grad, (out,) = grad_of(obj, model, batch(1))
+    assert grad.abs().sum().item() == 0.0
+    assert math.isnan(out.metrics["kl"]) and math.isnan(out.metrics["clip_fraction"])  # nothing defined: left out
+    assert obj.monitor.step_kl is None  # no scored token: the step has no KL (logged: the micro-batches' NaN)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Factory
 # --------------------------------------------------------------------------------------------------------------------

@@ -362,6 +362,29 @@ def test_a_value_no_caption_defined_is_left_out_of_the_logged_means(make_cfg, mo
     assert mean_over_processes({}, two) == {"reward": 0.3, "m": 2.0}
 
 
+class Timed:
+    """Objective logging the micro-batch's seconds (``time/generate``) and a ``reward``, as the RL objectives do."""
+
+    def __call__(self, model, batch):
+        metrics = {"time/generate": batch["seconds"], "reward": batch["seconds"] / 10}
+        return ObjectiveOutput(losses={"a": model.p.sum()}, metrics=metrics, num_items=1)
+
+
+def test_the_seconds_of_a_step_are_summed_over_its_micro_batches(make_cfg):
+    # 4 accumulation steps of 1, 2, 3 and 4 seconds: the step spent 10 s (until 2026-11-29 it logged their mean, 2.5 s,
+    # a quarter of the step's time); a copy micro-batch's seconds were spent too; other values stay means
+    _, engine = _engine(make_cfg, Timed(), "train.grad_accum_steps=4")
+    values = engine.train_step([{"seconds": float(s)} for s in (1, 2, 3, 4)])
+    assert values["time/generate"] == 10.0 and values["reward"] == pytest.approx(0.25)
+    info = StepInfo(0, ["a", "b"])
+    values = engine.train_step([{"seconds": float(s), "step_info": info} for s in (1, 2, 3, 4)], [False] * 3 + [True])
+    assert values["time/generate"] == 10.0 and values["reward"] == pytest.approx(0.2)
+    # a log window is the mean over its steps: seconds per optimizer step
+    engine.logger.add({"time/generate": 10.0})
+    engine.logger.add({"time/generate": 20.0})
+    assert engine.logger.means() == {"time/generate": 15.0}
+
+
 class CopiesSeen:
     """Objective logging the micro-batch's ``reward`` and ``advantage/max`` and recording whether each micro-batch it
     ran was marked a copy (``batch["step_info"].copy``)."""

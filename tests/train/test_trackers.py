@@ -58,6 +58,7 @@ def test_tensorboard_and_jsonl_with_accumulation(make_cfg, tmp_path):
     assert train_events[0]["epoch"] == pytest.approx(round(2 / 13, 4))
     val = next(e for e in events if e["split"] == "val")
     assert val["step"] == 4 and len(val["text"]["captions"].splitlines()) == 2
+    assert val["epoch"] == train_events[1]["epoch"] == pytest.approx(round(4 / 13, 4))  # the step's, in both
 
     logdirs = [p.parent for p in (run_dir / "trackers").rglob("events.out.tfevents.*")]
     assert logdirs, "no TensorBoard event file under <run>/trackers"
@@ -65,6 +66,8 @@ def test_tensorboard_and_jsonl_with_accumulation(make_cfg, tmp_path):
     acc.Reload()
     scalars = acc.Tags()["scalars"]
     assert {"train/loss", "train/lr", "val/loss"} <= set(scalars)
+    # step 4 logs training and validation values: its epoch once (until 2026-11-29 twice, a duplicate point)
+    assert [e.step for e in acc.Scalars("epoch")] == [2, 4]
     loss = [(e.step, e.value) for e in acc.Scalars("train/loss")]
     assert [s for s, _ in loss] == [2, 4]
     for (_, value), event in zip(loss, train_events, strict=True):
@@ -204,10 +207,13 @@ def test_mlflow_receives_every_logged_value_under_a_name_it_takes(make_cfg, monk
                    "train.log_with=[jsonl,mlflow]")  # fmt: skip
     run_dir = train(cfg)
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # every event's numbers, keyed as mlflow has them (r@1 -> r_at_1), at its step, with the epoch
-    expected = [(e["step"], {"epoch": e["epoch"], **{f"{e['split']}/{k}".replace("@", "_at_"): v
-                                                   for k, v in e["values"].items()}}) for e in events]  # fmt: skip
+    # every event's numbers, keyed as mlflow has them (r@1 -> r_at_1), at its step, with the epoch at the step's
+    # first event only (step 2's validation event comes after its training event: one epoch point per step)
+    expected = [(e["step"], {**({"epoch": e["epoch"]} if i == 0 or events[i - 1]["step"] != e["step"] else {}),
+                             **{f"{e['split']}/{k}".replace("@", "_at_"): v for k, v in e["values"].items()}})
+                for i, e in enumerate(events)]  # fmt: skip
     assert logged == expected
+    assert [step for step, values in logged if "epoch" in values] == [1, 2]
     assert "val/r_at_1" in logged[-1][1]
 
 

@@ -61,7 +61,9 @@ the policy, the ratios of the later steps also carry the dropout noise of two fo
 Losses: ``policy`` (the clipped surrogate, KL included) or ``reinforce``, and ``entropy`` with ``rl.entropy_coef``.
 Metrics besides REINFORCE's: ``advantage/min``, ``advantage/max``, ``zero_std_groups`` (share of groups whose rewards
 are all equal: no signal), and with ``clipped`` ``clip_fraction`` (TRL's ``clip_ratio/region_mean``: tokens whose
-ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean).
+ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean);
+``kl`` and ``clip_fraction`` over the scored captions' tokens (a failed caption is out of the clipped loss, its KL term
+included: :meth:`PolicyOptimization.clipped_loss`).
 """
 
 from __future__ import annotations
@@ -140,10 +142,11 @@ def group_advantages(
 
     ``failed`` (N,) bool marks captions a reward could not score (``RewardOutput.failed``): the statistics skip them
     (the mean and std of a group over its other captions, the batch's over every scored caption) and their advantage
-    is 0, so they take no gradient; a group whose captions all failed is all 0. A batch std of a single scored
-    caption (every other caption of the global batch failed) is undefined (NaN, as TRL's ``nanstd``): that caption's
-    advantage is 0 too, as TRL's ``nan_to_num`` of the advantages makes it, never NaN. Without failures the result is
-    the unmasked computation's, bit for bit.
+    is 0, so the policy term gives them no gradient (the clipped loss also leaves them out of its KL term:
+    :meth:`PolicyOptimization.clipped_loss`); a group whose captions all failed is all 0. A batch std of a single
+    scored caption (every other caption of the global batch failed) is undefined (NaN, as TRL's ``nanstd``): that
+    caption's advantage is 0 too, as TRL's ``nan_to_num`` of the advantages makes it, never NaN. Without failures
+    the result is the unmasked computation's, bit for bit.
 
     ``counted`` (N,) bool marks the captions the batch std is over (``None``: every one): not those of a copy
     micro-batch (:func:`~finecap.contract.is_copy`, an epoch's last global batch repeated to fill the step), whose
@@ -351,12 +354,27 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, max_length:
     raise ValueError(f"grpo.loss_aggregation: invalid value {how!r}; valid choices: sequence, token, constant")
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean of ``x`` (N, L) over the mask, or of ``x`` (N, 1) over captions."""
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> float:
+    """Mean of ``x`` (N, L) over the mask, or of ``x`` (N, 1) over captions; with ``rows`` (N,) bool over those
+    captions only (the scored ones), NaN when there is none. Over no token at all: 0 (TRL's ``clamp(min=1)``).
+
+    >>> x, m = torch.tensor([[1.0, 3.0], [5.0, 0.0]]), torch.tensor([[True, True], [True, False]])
+    >>> masked_mean(x, m), masked_mean(x, m, torch.tensor([True, False])), masked_mean(x, m, torch.tensor([False] * 2))
+    (3.0, 2.0, nan)
+    """
+    if rows is not None:
+        rows = rows.to(x.device, torch.bool)
+        if not bool(rows.any()):
+            return float("nan")
     if x.shape[-1] == 1:
-        return float(x.mean())
-    m = mask.to(x.dtype)
+        return float(x.mean() if rows is None else x[rows].mean())
+    m = scored_tokens(mask, rows).to(x.dtype)
     return float((x * m).sum() / m.sum().clamp(min=1.0))
+
+
+def scored_tokens(mask: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """The token ``mask`` (N, L) of the captions ``rows`` (N,) bool (every one for ``None``)."""
+    return mask if rows is None else mask.to(torch.bool) & rows.to(mask.device, torch.bool).unsqueeze(1)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -618,11 +636,14 @@ class PolicyOptimization(Reinforce):
             weighted = seq_logp if weights is None else self.weighted_logprob(logp, gen, weights)
             losses, items = {"reinforce": policy_gradient_loss(adv, weighted)}, float(len(gen))
         else:
-            loss, items, extra = self.clipped_loss(logp, item, adv, mask, weights)
+            failed = rollout.rewards.failed_mask()
+            scored = None if failed is None else ~failed
+            loss, items, extra = self.clipped_loss(logp, item, adv, mask, weights, scored)
             losses = {"policy": loss}
             metrics.update(extra)
             if "kl" in extra and not is_copy(batch):  # the rl.alarms.kl alarm's measure (a copy's counts nowhere)
-                self.monitor.observe_kl(extra["kl"], float(mask.sum()))
+                tokens = float(scored_tokens(mask, scored).sum())
+                self.monitor.observe_kl(extra["kl"] if tokens else 0.0, tokens)
         if scores.entropy is not None:
             tokens = self.grpo.policy_loss != "reinforce" and self.grpo.loss_aggregation == "token"
             per = "token" if tokens else "caption"  # a mean over what `items` counts
@@ -641,9 +662,20 @@ class PolicyOptimization(Reinforce):
         adv: torch.Tensor,
         mask: torch.Tensor,
         engine_weights: torch.Tensor | None = None,
+        scored: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, float, dict[str, float]]:
         """The clipped surrogate (times ``engine_weights``, the importance weights of rollouts vLLM decoded:
-        :meth:`engine_correction`; + β k3) aggregated, its item count, and its metrics."""
+        :meth:`engine_correction`; + β k3) aggregated, its item count, and its metrics.
+
+        ``scored`` (N,) bool marks the captions a reward scored (``None``: every one). A failed caption
+        (``RewardOutput.failed``) is out of the whole per-token loss, the KL term included, so it takes no gradient
+        from it, and out of ``kl`` and ``clip_fraction`` (NaN when no caption of the micro-batch was scored); it
+        still counts in the aggregation's denominator (its captions or tokens: ``num_items``), as its 0 advantage
+        always made it count in the surrogate's, so a step's loss is that of every caption with the failed ones'
+        terms 0, and with ``grpo.kl_coef = 0`` nothing changes. TRL 1.16 keeps an unscorable completion's KL term
+        and counts it in its ``kl`` and ``clip_ratio`` (docs/methods/grpo.md, where finecap differs). ``ratio/*``
+        stay over every token (the policy's drift on every sampled caption). Until 2026-11-29 a failed caption took
+        the KL term's gradient and counted in ``kl`` and ``clip_fraction`` (lowering it: it cannot be clipped)."""
         grpo = self.grpo
         assert item.old is not None
         ratio = torch.exp(log_importance(logp, item.old.to(logp.device, logp.dtype), mask, grpo.importance))
@@ -657,13 +689,16 @@ class PolicyOptimization(Reinforce):
             if grpo.kl_bias_correction:
                 kl = kl * ratio
             per_token = per_token + grpo.kl_coef * kl
-            metrics["kl"] = masked_mean(kl.detach(), mask)
+            metrics["kl"] = masked_mean(kl.detach(), mask, scored)
+        if scored is not None:  # a failed caption's terms are 0; it still counts in the denominator (docstring)
+            keep = scored.to(per_token.device, torch.bool).unsqueeze(1)  # (N, 1)
+            per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
         loss, items = aggregate(per_token, mask, grpo.loss_aggregation, self.max_length)
         w = ratio.detach()
         a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)
         clipped = ((w < 1 - grpo.clip_low) & (a < 0)) | ((w > 1 + grpo.clip_high) & (a > 0))
         values = w[mask] if w.shape[-1] != 1 else w.flatten()
-        metrics["clip_fraction"] = masked_mean(clipped.float(), mask)
+        metrics["clip_fraction"] = masked_mean(clipped.float(), mask, scored)
         metrics.update(token_stats("ratio", values))
         return loss, items, metrics
 

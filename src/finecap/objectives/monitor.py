@@ -175,8 +175,9 @@ class Monitor:
         return out
 
     def observe_kl(self, kl: float, tokens: float) -> None:
-        """Add one micro-batch's mean KL to the starting policy over its ``tokens`` tokens to the step's sums (the
-        ``kl`` alarm reads the mean over every token of the step's global batch)."""
+        """Add one micro-batch's mean KL to the starting policy over its ``tokens`` tokens (those of its scored
+        captions) to the step's sums (the ``kl`` alarm reads the mean over every such token of the step's global
+        batch)."""
         self._sums["kl"] += float(kl) * float(tokens)
         self._sums["kl_tokens"] += float(tokens)
 

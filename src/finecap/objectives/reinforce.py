@@ -20,7 +20,8 @@ One step, per batch of B images (``train.objective=reinforce``, options in the `
 Losses returned: ``reinforce`` (and ``entropy``); metrics: mean reward and parts, greedy reward, baseline, advantage
 spread, sampled caption length, share of distinct captions per image, the reward-hacking monitor's measures
 (``monitor/*``, :mod:`finecap.objectives.monitor`, with its ``rl.alarms``), and the seconds spent decoding
-(``time/generate``) and scoring (``time/reward``).
+(``time/generate``) and scoring (``time/reward``), the micro-batch's (the engine logs the step's sum:
+:func:`finecap.train.logging.step_sum`).
 
 The GRPO family (group advantages, the clipped surrogate over several iterations, a KL to the starting policy, token
 aggregation: ``grpo.advantage``, ``grpo.policy_loss`` and the options after them) is this objective with options, built

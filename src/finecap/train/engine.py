@@ -81,7 +81,7 @@ from finecap.data.samplers import GlobalBatchSampler, StepBatches, repeated_micr
 from finecap.models import sharding
 from finecap.objectives.base import ObjectiveBase, StopTraining, unwrap
 from finecap.runs import BEST, INFO_FILE, LAST, METRICS_FILE, STATE_DIR, TRACKERS_DIR, checkpoint_dir, temporary_dir
-from finecap.train.logging import JsonlTracker, Logger, Means, MlflowTracker
+from finecap.train.logging import JsonlTracker, Logger, Means, MlflowTracker, step_sum
 from finecap.train.resume_checks import apply_schedule, check_main_state
 from finecap.train.state import (
     CHECKPOINT_KIND,
@@ -716,7 +716,9 @@ class Engine:
     def train_step(self, micro_batches: list[dict[str, Any]], copies: Sequence[bool] = ()) -> dict[str, float]:
         """One optimizer step over this process's micro-batches of a global batch; returns the values to log (total
         and per-part losses, objective metrics, lr, grad norm), averaged over the micro-batches (an extreme such as
-        ``advantage/min``: the extreme over them, :data:`~finecap.train.logging.EXTREMES`); the total ``loss``
+        ``advantage/min``: the extreme over them, :data:`~finecap.train.logging.EXTREMES`; seconds such as
+        ``time/generate``: their sum, the step's, a copy's included, :func:`~finecap.train.logging.step_sum`); the
+        total ``loss``
         and its parts ``loss/<name>`` are the step's: item-weighted means over every process's micro-batches (the
         loss whose gradient the step takes, and each part's share of it: ``loss = sum(w * loss/<name>)``), so they
         do not change with the process count or accumulation. ``copies``: which micro-batches repeat another's
@@ -743,7 +745,8 @@ class Engine:
         # step's items, and the gradient needs no rescaling (saves a pass over every gradient per step).
         single = acc.num_processes * acc.gradient_accumulation_steps == 1
         optimizer.zero_grad(set_to_none=True)  # at the start, so the step's gradients stay inspectable after it
-        means = Means()  # the logged values' means (extremes: extremes) over the micro-batches (NaN: where all are)
+        # the logged values' means over the micro-batches (extremes: extremes; seconds: sums; NaN: where all are)
+        means = Means(summed=step_sum)
         local_items, local_bad, local_loss = 0.0, 0.0, 0.0  # local_loss: the item-weighted sum of the losses
         local_parts: dict[str, float] = {}  # the item-weighted sum of each part
         step_losses: dict[str, float] = {}  # the step's loss and parts, means over all its items (not of the means)
@@ -800,6 +803,8 @@ class Engine:
                 optimizer.step()
             if not copy:  # a copy's values are counted where it was cut from
                 means.add({"loss": loss_value, **parts, **out.metrics})
+            else:  # but the seconds spent on it were spent: the step's seconds include them
+                means.add({k: v for k, v in out.metrics.items() if step_sum(k)})
         if not acc.sync_gradients:
             raise RuntimeError("train.grad_accum_steps: the step ended without a synchronising micro-batch")
         scaler_values = self._scaler_step(grad_norm) if acc.scaler is not None else {}

@@ -56,6 +56,7 @@ class JsonlTracker(GeneralTracker):
     def __init__(self, path: Path):
         super().__init__()
         self.path = Path(path)
+        self.epoch_at: tuple[int | None, Any] = (None, None)  # (step, epoch) of the last event that gave one
 
     @property
     def tracker(self) -> Path:
@@ -65,7 +66,10 @@ class JsonlTracker(GeneralTracker):
         pass
 
     def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        epoch = values.get("epoch")
+        if "epoch" in values:
+            self.epoch_at = (step, values["epoch"])
+        # the second event of a step (validation after training) comes without it (Logger.write): the step's
+        epoch = values.get("epoch", self.epoch_at[1] if self.epoch_at[0] == step else None)
         splits: dict[str, dict[str, Any]] = {}
         for key, value in values.items():
             if key == "epoch" or "/" not in key:
@@ -173,6 +177,23 @@ EXTREMES = {"min": min, "max": max}
 of the maxima (docs/training.md#what-a-run-logs). An objective naming a metric so promises it is an extreme."""
 
 
+STEP_SUMS = ("time/",)
+"""Prefixes of the values a step sums over its micro-batches rather than averaging (:func:`step_sum`)."""
+
+
+def step_sum(key: str) -> bool:
+    """Whether ``key`` is summed over a step's micro-batches (seconds: ``time/generate``, ``time/reward``,
+    ``time/sync``, ``time/diversity``), so the step logs the seconds the whole optimizer step spent, whatever
+    ``train.grad_accum_steps``; over the steps of a log window and the processes it is still a mean (seconds per step,
+    each process timing its own share in parallel). Until 2026-11-29 they were the mean over the micro-batches: a
+    quarter of the step's seconds with 4 accumulation steps.
+
+    >>> step_sum("time/generate"), step_sum("reward")
+    (True, False)
+    """
+    return key.startswith(STEP_SUMS)
+
+
 def extreme(key: str) -> Callable[[float, float], float] | None:
     """The reduction of ``key`` if it is a logged extreme (:data:`EXTREMES`), else ``None``.
 
@@ -190,7 +211,8 @@ class Means:
     whose every caption failed) is left out, so it is NaN only when every turn's was. An extreme (:func:`extreme`:
     ``advantage/min``) is the extreme of the turns' instead, so the order and grouping of the turns does not change
     it. ``sums``/``counts`` are the state (:meth:`Logger.state_dict`; an extreme's ``sums`` entry holds the extreme
-    so far); a key whose every value so far was NaN has the sum NaN and count 1.
+    so far); a key whose every value so far was NaN has the sum NaN and count 1. ``summed`` (a step's micro-batches:
+    :func:`step_sum`) marks the keys whose sum over the turns is kept instead of their mean.
 
     Example::
 
@@ -201,9 +223,10 @@ class Means:
         {'reward': 0.30000000000000004, 'm': 1.0, 'adv/min': -3.0}
     """
 
-    def __init__(self) -> None:
+    def __init__(self, summed: Callable[[str], bool] | None = None) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
+        self.summed = summed
 
     def add(self, values: dict[str, float]) -> None:
         for k, v in values.items():
@@ -216,8 +239,12 @@ class Means:
                 self.counts[k] += 1
 
     def means(self) -> dict[str, float]:
-        """Each key's mean, or for an extreme its extreme."""
-        return {k: self.sums[k] if extreme(k) else self.sums[k] / self.counts[k] for k in self.sums}
+        """Each key's mean, or for an extreme its extreme, for a ``summed`` key its sum."""
+        return {k: self.sums[k] if self._kept(k) else self.sums[k] / self.counts[k] for k in self.sums}
+
+    def _kept(self, key: str) -> bool:
+        """Whether ``key``'s running value is what is logged (an extreme, or a ``summed`` key), not divided."""
+        return extreme(key) is not None or (self.summed is not None and self.summed(key))
 
 
 def mean_over_processes(values: dict[str, float], accelerator: Accelerator) -> dict[str, float]:
@@ -238,6 +265,7 @@ class Logger(Means):
     def __init__(self, accelerator: Accelerator):
         super().__init__()
         self.accelerator = accelerator
+        self.epoch_step: int | None = None  # the last step whose epoch was written
 
     def state_dict(self) -> dict[str, Any]:
         return {"sums": dict(self.sums), "counts": dict(self.counts), "extremes": True}
@@ -263,5 +291,12 @@ class Logger(Means):
         return values
 
     def write(self, step: int, epoch: float, split: str, values: dict[str, Any]) -> None:
-        """Log ``values`` as ``<split>/<name>`` (numbers as scalars, strings as text) at ``step``."""
-        self.accelerator.log({"epoch": round(epoch, 4), **{f"{split}/{k}": v for k, v in values.items()}}, step=step)
+        """Log ``values`` as ``<split>/<name>`` (numbers as scalars, strings as text) at ``step``, with ``epoch`` at
+        the step's first event only: a step that logs training and validation values (or a stop) writes it once, so
+        TensorBoard's ``epoch`` curve has one point per step (until 2026-11-29 it had two there). ``metrics.jsonl``
+        gives every event of the step its epoch still (:class:`JsonlTracker`)."""
+        named = {f"{split}/{k}": v for k, v in values.items()}
+        if step != self.epoch_step:
+            named = {"epoch": round(epoch, 4), **named}
+            self.epoch_step = step
+        self.accelerator.log(named, step=step)

@@ -148,7 +148,25 @@ def validation_loss(model: Any, data: CaptionDataset, collator: Any, batch_size:
         totals += torch.stack([nll.double(), (labels != IGNORE_INDEX).sum().double()])
     totals = accelerator.reduce(totals, reduction="sum")
     loss = float(totals[0] / totals[1])
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)) if math.isfinite(loss) else float("nan")}
+    return {"loss": loss, "perplexity": perplexity(loss)}
+
+
+def perplexity(loss: float) -> float:
+    """``exp(loss)`` of a mean token loss (nats), uncapped: ``inf`` where it exceeds a float (``loss`` above about
+    709.78, or ``inf``), NaN for a NaN loss. Until 2026-11-29 it was ``exp(min(loss, 50))``, silently e^50 = 5.2e21
+    for every loss above 50: not the model's perplexity, and every such evaluation tied for ``train.best_metric=
+    perplexity``; an honest value keeps the order of the losses (an ``inf`` is logged as such, ``null`` named in
+    ``"nonfinite"`` in ``metrics.jsonl``, and never becomes the best checkpoint, as no value that is not finite does).
+
+    >>> perplexity(0.0), round(perplexity(60.0) / math.exp(60.0), 6), perplexity(800.0), perplexity(float("inf"))
+    (1.0, 1.0, inf, inf)
+    """
+    if math.isnan(loss):
+        return float("nan")
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return float("inf")
 
 
 @torch.no_grad()
