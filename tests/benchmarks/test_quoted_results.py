@@ -1,7 +1,9 @@
-"""The numbers README.md, docs/results.md and the benchmarks' docstrings quote from the committed results, recomputed
-from those files with the benchmarks' own summarising code and compared at the printed precision: the demo's
-results of world seed 0 (``benchmarks/results/effects/seed0.json``), the headline effects over world and run seeds
-(``effects.py``), the 12 SLE/SCST pairs (``training_noise.py``'s table over the seed files and ``run_seeds/``), SLE
+"""The numbers README.md, docs/results.md, docs/methods/*.md and the benchmarks' docstrings quote from the committed
+results, recomputed from those files with the benchmarks' own summarising code and compared at the printed precision:
+the demo's results of world seed 0 (``benchmarks/results/effects/seed0.json``), the headline effects over world and
+run seeds (``effects.py``; the methods pages' quotes of them too), DiscriTune's listener gains per world seed, the
+paired-bootstrap table of SLE − SCST (``paired_difference.py`` over the seed files and the exploration grid's
+per-image values), the 12 SLE/SCST pairs (``training_noise.py``'s table over the seed files and ``run_seeds/``), SLE
 against SCST to the validation peak (``sle_vs_scst.py`` over ``benchmarks/results/sle_vs_scst/``) and the ratio of
 retraining to test-split noise (``paper_tables/verdicts.py``). A re-run that changes the files, or an edit of a
 quoted number, fails here, naming the page and the cell."""
@@ -403,3 +405,34 @@ def test_run_to_test_noise_is_what_the_committed_runs_give(twelve_runs, committe
     assert f"beam CIDEr-D {cider[0]} over four run seeds on each of three worlds, sampled Div-2 {div2[0]}," in doc
     assert f"CIDEr-D {cider[1]}, Div-2 {div2[1]})" in doc
     assert f"to the largest over the smallest: {cider[2]} times for CIDEr-D, {div2[2]} for Div-2" in doc
+
+
+# --- what docs/results.md quotes per world seed: DiscriTune's listener, the paired-bootstrap table ---------------
+
+
+def signed(values) -> list[str]:
+    """An effect's per-world-seed values as the pages print them: three decimals with their sign."""
+    return [f"{values[w]:+.3f}" for w in WORLDS]
+
+
+def test_the_results_pages_discritune_listener_quotes_are_the_committed_seeds(committed):
+    """The 2026-11-24 numbers of DiscriTune's exploitation the page gives in two places (what the default demo shows,
+    and the per-stage paragraph of the listener section): the listener's and the retriever's RD99 gains and the change
+    of ``exploit`` on each world seed, and the mean bag gains over bags of 3/5/7, as ``effects.py`` computes them from
+    ``seed<N>.json``; the two sentences' "more than the retriever in bags on every seed" is checked on them."""
+    numbers = committed[3]
+    listener, retriever, exploit = (signed(numbers[name]["values"]) for name in (
+        "discritune listener RD99 R@1 gain", "DiscriTune RD99 R@1 gain (discritune - mle)",
+        "discritune RD99 exploit change (retriever-only firsts)"))  # fmt: skip
+    page = prose(RESULTS_PAGE)
+    assert (f"seed 0 listener {listener[0]}, retriever {retriever[0]}, exploit {exploit[0]}; seed 1 {listener[1]}, "
+            f"{retriever[1]}, {exploit[1]} (the exploiting one); seed 2 {listener[2]}, {retriever[2]}, "
+            f"{exploit[2]}.") in page  # fmt: skip
+    assert f"retriever {' / '.join(retriever)}, listener {' / '.join(listener)} on seeds 0 / 1 / 2" in page
+    bags = {name: numbers[name]["values"] for name in ("discritune listener bag R@1 gain (mean of 3/5/7)",
+                                                       "DiscriTune bag R@1 gain (mean of 3/5/7)")}  # fmt: skip
+    (listener_bags, retriever_bags) = bags.values()
+    assert all(listener_bags[w] > retriever_bags[w] for w in WORLDS)
+    assert (f"mean over bags of 3/5/7 {' / '.join(signed(listener_bags))} against "
+            f"{' / '.join(signed(retriever_bags))}") in page  # fmt: skip
+    assert exploit[1].startswith("+") and exploit[0].startswith("-") and exploit[2].startswith("-")
