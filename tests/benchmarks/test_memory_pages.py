@@ -1,7 +1,7 @@
-"""The memory numbers docs/memory.md and docs/scaling.md quote, against what backs them: the forecast tables are
-``benchmarks/memory_forecast.py``'s output (from shapes alone, seconds), and the H200 rows are the committed
-``benchmarks/results/gpu_check_h200_<date>*.json`` records of each run (2026-11-26, 2026-11-28), so neither page can
-keep a number its source no longer gives."""
+"""The memory numbers docs/memory.md, docs/scaling.md and README.md quote, against what backs them: the forecast
+tables are ``benchmarks/memory_forecast.py``'s output (from shapes alone, seconds), and the H200 rows are the
+committed ``benchmarks/results/gpu_check_h200_<date>*.json`` records of each run (2026-11-26, 2026-11-28), so no page
+can keep a number its source no longer gives."""
 
 from __future__ import annotations
 
@@ -238,3 +238,25 @@ def test_the_pixel_copies_against_the_frozen_towers_peak_at_smolvlms_crop(foreca
               f"{mask:.0f} MiB of the mask's copy) and {mask:.0f} MiB more of input, against {tower:.1f} MiB of the "
               "tower's own peak")  # fmt: skip
     assert stated in " ".join((ROOT / "docs" / "memory.md").read_text().split()), stated
+
+
+def test_the_readmes_gpu_check_sentence_is_the_second_h200_run(forecast):
+    """README.md's Reliability paragraph on the 2026-11-28 run: the families whose prompt pass passed of those in its
+    records, and the dry run's forecast against each memory line's measured peak as a range, now (the trained-tower
+    table's last column: the script's rebuild of each record's step) and when it ran (each record's forecast with
+    activations over its peak)."""
+    checks: dict[str, dict] = {}
+    for file in sorted(RESULTS.glob(f"gpu_check_h200_{SECOND}*.json")):
+        for check in json.loads(file.read_text())["checks"]:
+            if check["status"] != "skipped" or check["name"] not in checks:
+                checks[check["name"]] = check
+    families = [c for n, c in checks.items() if n.startswith("family:")]
+    passed = sum(c["status"] == "pass" for c in families)
+    now = [float(row.strip(" |").rsplit(" | ", 1)[1]) for row in forecast.h200_nov28()[2:]]
+    then = [(r := h200_record(f"memory:{n}", SECOND))["forecast_with_activations_gib"] / r["measured_peak_gib"]
+            for n in MEMORY_LINES]  # fmt: skip
+    assert len(now) == len(MEMORY_LINES) == 6
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"on an H200 on {SECOND}, {passed} of {len(families)} families' prompt pass equalled their own" in readme
+    assert (f"rebuilt for each of six recipes' measured steps, is {min(now):.2f} to {max(now):.2f} of its peak "
+            f"({min(then):.2f} to {max(then):.2f} when it ran") in readme  # fmt: skip

@@ -1,7 +1,9 @@
-"""The numbers README.md, docs/results.md and the benchmarks' docstrings quote from the committed results, recomputed
-from those files with the benchmarks' own summarising code and compared at the printed precision: the demo's
-results of world seed 0 (``benchmarks/results/effects/seed0.json``), the headline effects over world and run seeds
-(``effects.py``), the 12 SLE/SCST pairs (``training_noise.py``'s table over the seed files and ``run_seeds/``), SLE
+"""The numbers README.md, docs/results.md, docs/methods/*.md and the benchmarks' docstrings quote from the committed
+results, recomputed from those files with the benchmarks' own summarising code and compared at the printed precision:
+the demo's results of world seed 0 (``benchmarks/results/effects/seed0.json``), the headline effects over world and
+run seeds (``effects.py``; the methods pages' quotes of them too), DiscriTune's listener gains per world seed, the
+paired-bootstrap table of SLE − SCST (``paired_difference.py`` over the seed files and the exploration grid's
+per-image values), the 12 SLE/SCST pairs (``training_noise.py``'s table over the seed files and ``run_seeds/``), SLE
 against SCST to the validation peak (``sle_vs_scst.py`` over ``benchmarks/results/sle_vs_scst/``) and the ratio of
 retraining to test-split noise (``paper_tables/verdicts.py``). A re-run that changes the files, or an edit of a
 quoted number, fails here, naming the page and the cell."""
@@ -403,3 +405,130 @@ def test_run_to_test_noise_is_what_the_committed_runs_give(twelve_runs, committe
     assert f"beam CIDEr-D {cider[0]} over four run seeds on each of three worlds, sampled Div-2 {div2[0]}," in doc
     assert f"CIDEr-D {cider[1]}, Div-2 {div2[1]})" in doc
     assert f"to the largest over the smallest: {cider[2]} times for CIDEr-D, {div2[2]} for Div-2" in doc
+
+
+# --- what docs/results.md quotes per world seed: DiscriTune's listener, the paired-bootstrap table ---------------
+
+
+def signed(values) -> list[str]:
+    """An effect's per-world-seed values as the pages print them: three decimals with their sign."""
+    return [f"{values[w]:+.3f}" for w in WORLDS]
+
+
+def test_the_results_pages_discritune_listener_quotes_are_the_committed_seeds(committed):
+    """The 2026-11-24 numbers of DiscriTune's exploitation the page gives in two places (what the default demo shows,
+    and the per-stage paragraph of the listener section): the listener's and the retriever's RD99 gains and the change
+    of ``exploit`` on each world seed, and the mean bag gains over bags of 3/5/7, as ``effects.py`` computes them from
+    ``seed<N>.json``; the two sentences' "more than the retriever in bags on every seed" is checked on them."""
+    numbers = committed[3]
+    listener, retriever, exploit = (signed(numbers[name]["values"]) for name in (
+        "discritune listener RD99 R@1 gain", "DiscriTune RD99 R@1 gain (discritune - mle)",
+        "discritune RD99 exploit change (retriever-only firsts)"))  # fmt: skip
+    page = prose(RESULTS_PAGE)
+    assert (f"seed 0 listener {listener[0]}, retriever {retriever[0]}, exploit {exploit[0]}; seed 1 {listener[1]}, "
+            f"{retriever[1]}, {exploit[1]} (the exploiting one); seed 2 {listener[2]}, {retriever[2]}, "
+            f"{exploit[2]}.") in page  # fmt: skip
+    assert f"retriever {' / '.join(retriever)}, listener {' / '.join(listener)} on seeds 0 / 1 / 2" in page
+    bags = {name: numbers[name]["values"] for name in ("discritune listener bag R@1 gain (mean of 3/5/7)",
+                                                       "DiscriTune bag R@1 gain (mean of 3/5/7)")}  # fmt: skip
+    (listener_bags, retriever_bags) = bags.values()
+    assert all(listener_bags[w] > retriever_bags[w] for w in WORLDS)
+    assert (f"mean over bags of 3/5/7 {' / '.join(signed(listener_bags))} against "
+            f"{' / '.join(signed(retriever_bags))}") in page  # fmt: skip
+    assert exploit[1].startswith("+") and exploit[0].startswith("-") and exploit[2].startswith("-")
+
+
+def test_the_paired_bootstrap_table_and_the_seed_interval_are_the_committed_runs(committed):
+    """docs/results.md's "Test split or training?": the effects seeds' SLE and SCST beam CIDEr-D and their difference
+    (``seed<N>.json``), the exploration grid's rows with their 95% paired-bootstrap interval over the test images
+    (``paired_difference.paired_bootstrap`` of the per-image differences in ``docs/reproductions/data/sle/seed<N>/``),
+    the grid's sampled Div-2 differences the paragraph above quotes, the t-interval over the three world seeds and
+    SCST − MLE on each. The effects rows' intervals need per-image values the committed files lack: unchecked."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from paired_difference import paired_bootstrap, t_interval
+
+    results = committed[0]
+    text = ascii_minus(RESULTS_PAGE.read_text())
+    rows = {row[0]: row[1:] for row in markdown_table(text, "**Test split or training?**")[1:]}
+    differences = []
+    for world in WORLDS:
+        sle, scst = (results[world][s]["CIDEr-D"] for s in ("sle", "scst"))
+        differences.append(sle - scst)
+        label = "effects seed 0 (the demo)" if world == 0 else f"effects seed {world}"
+        assert rows[label][:3] == [f"{sle:.3f}", f"{scst:.3f}", f"{sle - scst:+.3f}"], (label, rows[label])
+    grid = ROOT / "docs" / "reproductions" / "data" / "sle"
+    div2 = []
+    for seed in (0, 1):
+        metrics = {s: json.loads((grid / f"seed{seed}" / f"{s}.json").read_text())["metrics"] for s in ("sle", "scst")}
+        items = [json.loads((grid / f"seed{seed}" / f"{s}.items.json").read_text())["groups"][0]
+                 for s in ("sle", "scst")]  # fmt: skip
+        assert items[0]["ids"] == items[1]["ids"]
+        per_image = [a - b for a, b in zip(*(i["values"]["CIDEr-D"] for i in items), strict=True)]
+        _, low, high = paired_bootstrap(per_image)
+        sle, scst = (metrics[s]["CIDEr-D"] for s in ("sle", "scst"))
+        expected = [f"{sle:.3f}", f"{scst:.3f}", f"{sle - scst:+.3f}", f"[{low:+.3f}, {high:+.3f}]"]
+        assert rows[f"exploration grid, world {seed}"] == expected, (seed, rows[f"exploration grid, world {seed}"])
+        div2.append(f"{metrics['sle']['sample/Div-2'] - metrics['scst']['sample/Div-2']:+.3f}")
+    page = prose(RESULTS_PAGE)
+    cider = [rows[f"exploration grid, world {s}"][2] for s in (0, 1)]
+    assert f"beam CIDEr-D {cider[0]} and {cider[1]}, sampled Div-2 {div2[0]} and **{div2[1]}**" in page
+    mean, low, high = t_interval(differences)
+    assert f"(+0.002 ± 0.033; 95% interval over the seeds [{low:+.3f}, {high:+.3f}])" in page
+    scst_gain = ", ".join(f"{results[w]['scst']['CIDEr-D'] - results[w]['mle']['CIDEr-D']:+.3f}" for w in WORLDS)
+    assert f"is {scst_gain} on the three effects seeds" in page
+
+
+# --- the methods pages' effects over world seeds ------------------------------------------------------------------
+
+METHODS_EFFECTS = {
+    "smile": {
+        "SMILE length ratio (smile / mle)": ("length ×{} [{}, {}]", "holds"),
+        "SMILE hardRD99 R@1 gain (smile - mle)": ("hard RD99 {} [{}, {}] and RD99", "holds"),
+        "SMILE RD99 R@1 gain (smile - mle)": ("and RD99 {} [{}, {}] over MLE", "holds"),
+        "SMILE hardRD99 R@1 gain over mle_continued": ("hard RD99 {} [{}, {}] over as many further MLE", "holds"),
+        "SMILE faith. precision change": ("precision {} [{}, {}] hold;", "holds"),
+        "SMILE RD99 R@1 gain over mle_continued": ("RD99 over further MLE, {} [{}, {}], is within noise", "noise"),
+        "BLIP SMILE hardRD99 R@1 gain (blip_smile - blip_mle)": ("On BLIP hard RD99 {} [{}, {}]", None),
+        "VLM SMILE hardRD99 R@1 gain (vlm_smile - vlm_mle)": ("on the world VLM {} [{}, {}]", None),
+    },
+    "discritune": {
+        "DiscriTune RD99 R@1 gain (discritune - mle)": ("RD99 {} [{}, {}] holds", "holds"),
+        "DiscriTune hardRD99 R@1 gain (discritune - mle)": ("hard RD99 {} [{}, {}] (", "noise"),
+        "DiscriTune family R@1 gain (discritune - mle)": ("family R@1 {} [{}, {}] (", "noise"),
+        "DiscriTune CIDEr-D change": ("CIDEr-D {} [{}, {}] and precision", "noise"),
+        "DiscriTune faith. precision change": ("precision {} [{}, {}] have the paper's sign", "noise"),
+    },
+    "ndlb": {
+        "SR-LV+BagCurri hardRD99 R@1 gain (sr_bagcurri - mle)": ("hard RD99 {} [{}, {}], family", "holds"),
+        "SR-LV+BagCurri family R@1 gain (sr_bagcurri - mle)": ("family R@1 {} [{}, {}] and recall", "holds"),
+        "SR-LV+BagCurri faith. recall change": ("recall {} [{}, {}] hold;", "holds"),
+        "SR-LV+BagCurri bag R@1 gain (mean of 3/5/7)": ("the bag R@1 gain {} [{}, {}] and the", "noise"),
+        "SR-LV+BagCurri faith. precision change": ("precision cost {} [{}, {}] are within noise", "noise"),
+    },
+}
+"""Each methods page's quote of an effect over world seeds 0-2 (``effects.py``'s name: the words around the mean and
+its 95% interval, and the verdict the page's sentence gives it: ``holds``, ``noise`` for "within noise", ``None``
+where it gives none)."""
+
+
+@pytest.mark.parametrize("paper", sorted(METHODS_EFFECTS))
+def test_the_methods_pages_effects_over_world_seeds_are_what_effects_py_gives(committed, paper):
+    """docs/methods/<paper>.md's "Effects on world seeds 0-2": each effect's mean and 95% interval as ``effects.py``
+    computes them from the committed files (a ratio to two decimals, a difference to three with its sign), and the
+    verdict the sentence gives it: "hold(s)" where the interval is past 0 (1 for a ratio), "within noise" where not;
+    DiscriTune's page also its per-seed range of the hard RD99 gain and its smallest family R@1 gain."""
+    numbers = committed[3]
+    page = prose(ROOT / "docs" / "methods" / f"{paper}.md")
+    for name, (quote, said) in METHODS_EFFECTS[paper].items():
+        mean, low, high = numbers[name]["interval"]
+        ratio = "ratio" in name
+        cells = [f"{x:.2f}" if ratio else f"{x:+.3f}" for x in (mean, low, high)]
+        assert quote.format(*cells) in page, (f"docs/methods/{paper}.md", name, quote.format(*cells))
+        base = 1.0 if ratio else 0.0
+        verdict = "holds" if low > base or high < base else "noise"
+        assert said in (None, verdict), (f"docs/methods/{paper}.md", name, f"page: {said}, interval: {verdict}")
+    if paper == "discritune":
+        hard = numbers["DiscriTune hardRD99 R@1 gain (discritune - mle)"]["values"]
+        family = numbers["DiscriTune family R@1 gain (discritune - mle)"]["values"]
+        assert f"({min(hard.values()):+.3f} to {max(hard.values()):+.3f})" in page
+        assert f"({family[1]:+.3f} on seed 1)" in page and family[1] == min(family.values())
