@@ -545,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="finecap", description=DESCRIPTION, epilog=EPILOG, parents=[_common(defaults=True)],
                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--version", action="version", version=f"finecap {__import__('finecap').__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")  # none: main prints the help, as for `finecap` alone
 
     world = _group(sub, "world", "the embedded synthetic world")
     p = _add(world, "make", cmd_world_make, "Generate the synthetic world data set (images, captions, scene graphs).")
@@ -971,12 +971,13 @@ def _parsed(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command ``argv`` (default ``sys.argv[1:]``); its exit code. No arguments at all: the help on stderr,
-    exit code 2, as ``git`` alone does (argparse said only that a command is required)."""
-    if not (sys.argv[1:] if argv is None else argv):
+    """Run the command ``argv`` (default ``sys.argv[1:]``); its exit code. No command (no arguments at all, or only
+    the options before one: ``finecap -v``, ``finecap --debug``): the help on stderr, exit code 2, as ``git`` alone
+    does (argparse said only that a command is required)."""
+    args = _parsed(argv)
+    if args.command is None:
         build_parser().print_help(sys.stderr)
         return 2
-    args = _parsed(argv)
     try:
         with sigterm_as_interrupt():
             return _run(args)
