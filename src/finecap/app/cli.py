@@ -581,7 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "folders of images (recursive) instead of a data set: no references needed; ids from file names "
                    "(docs/caption.md)")  # fmt: skip
     p.add_argument("--skip-bad-images", dest="skip_bad_images", action="store_true", help="leave out and count "
-                   "images that do not decode (data.skip_bad_images=true); else the first is an error")  # fmt: skip
+                   "images that do not decode or that the model refuses (data.skip_bad_images=true); else the first "
+                   "is an error")  # fmt: skip
     p.add_argument("--engine", default=None, metavar="|".join(ENGINES), help="what generates (decode.engine): "
                    "finecap's decoder, vLLM serving a VLM captioner (pip install 'finecap[vllm]'; docs/scaling.md), "
                    "or a dotted path pkg.module:Class to one's own engine")  # fmt: skip
