@@ -19,10 +19,11 @@ import torch
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from finecap.data.datasets import CaptionDataset, load_records, model_collator, to_device
+from finecap.data.datasets import CaptionDataset, collate_without_refused, load_records, model_collator, to_device
 from finecap.data.features import model_features
 from finecap.data.images import ImageLimits
 from finecap.data.loading import LoaderSettings, chunks, encoder_draft
+from finecap.data.records import MAX_LISTED, DataError
 from finecap.data.samplers import process_slice
 from finecap.decode import chunk_images, step_seeds
 from finecap.engines.finecap import as_engine
@@ -73,6 +74,19 @@ def batch_captions(engine: GenerationEngine, batch: dict[str, Any], decode: Deco
     return {image_id: list(texts[b * n : (b + 1) * n]) for b, image_id in enumerate(batch["image_ids"])}
 
 
+class _LeavingOutRefused:
+    """The collator's batch without the items whose image the model's preprocessing refuses, their ``(image_id,
+    reason)`` under ``"refused"`` (that key alone when none is left): made where the batch is, in a DataLoader
+    worker too (:func:`~finecap.data.datasets.collate_without_refused`)."""
+
+    def __init__(self, collator: Callable[[list], dict[str, Any]]) -> None:
+        self.collator = collator
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        batch, refused = collate_without_refused(self.collator, items)
+        return {**(batch or {}), "refused": [(it["image_id"], reason) for it, reason in refused]}
+
+
 def generate_captions(
     model: Any,
     cfg: Config,
@@ -86,6 +100,7 @@ def generate_captions(
     seed: int | None = None,
     done: Mapping[Any, list[str]] | None = None,
     on_batch: Callable[[dict[Any, list[str]]], None] | None = None,
+    refused: list[tuple[Any, str]] | None = None,
 ) -> dict[Any, list[str]]:
     """``{image_id: [caption, ...]}`` (``decode.num_return_sequences`` per image) for the first ``limit`` images of
     ``split`` (0 = all), decoded with ``decode`` (default ``cfg.decode``); ``seed``: sampling's per-image seeds
@@ -94,6 +109,11 @@ def generate_captions(
     ``done``: captions of images already captioned (a resumed ``finecap caption``), not decoded again and returned
     with the rest in the split's order, as a run without them would return them; ``on_batch`` is called with each
     batch's captions as they are made.
+
+    ``refused``: a list (``finecap caption --skip-bad-images`` passes one) to which the ``(image_id, reason)`` of
+    every image the model's preprocessing refuses (:class:`~finecap.data.images.ImageRefused`: Mistral 3 an image of
+    one image token) is appended, in the split's order, that image left out (no captions; the rest of its batch is
+    captioned), and an error only when no image is left; ``None``: the first such image is the error naming it.
 
     ``model``: a captioner (decoding itself: :class:`~finecap.engines.finecap.FinecapEngine`), or a generation
     engine serving one (:func:`finecap.engines.open_engine`). ``use_features`` (default: unless the
@@ -119,6 +139,9 @@ def generate_captions(
     dataset = CaptionDataset(records, per_caption=False, features=features, draft=draft,
                              limits=ImageLimits.of(cfg.data))  # fmt: skip
     collator = model_collator(model, cfg.data.max_tokens)
+    if refused is not None:
+        collator = _LeavingOutRefused(collator)
+    own_refused: list[tuple[Any, str]] = []
     device = model.device
     mine = process_slice(len(dataset), rank, world)
     if done:
@@ -134,18 +157,31 @@ def generate_captions(
     with model.decoding(autocast):  # a captioner: eval, full parameters if sharded, no gradient, the run's autocast
         for batch in tqdm(loader, total=len(batches), desc=f"caption [{split}]",
                           disable=not progress_enabled(progress and main), unit="batch"):  # fmt: skip
+            if refused is not None:
+                own_refused += batch.pop("refused")
+                if "image_ids" not in batch:  # every image of the batch refused
+                    continue
             made = batch_captions(model, batch, decode, seed)
             out.update(made)
             if on_batch is not None:
                 on_batch(made)
     if world > 1:
         merged: dict[Any, list[str]] = {}
-        for part in gather_object([out]):
+        gathered: list[tuple[Any, str]] = []
+        for part, part_refused in gather_object([(out, own_refused)]):
             merged.update(part)
-        out = merged
+            gathered += part_refused
+        out, own_refused = merged, gathered
     if done:
         every = {**done, **out}
         out = {r.image_id: every[r.image_id] for r in records if r.image_id in every}
+    if refused is not None and own_refused:
+        order = {r.image_id: k for k, r in enumerate(records)}
+        refused += sorted(own_refused, key=lambda pair: order[pair[0]])
+        if not out:
+            reasons = "; ".join(reason for _, reason in refused[:MAX_LISTED])
+            raise DataError(f"none of the {len(records)} images of split {split!r} is left to caption (the model "
+                            f"refuses every one that decodes; data.skip_bad_images=true): {reasons}")  # fmt: skip
     return out
 
 

@@ -260,15 +260,22 @@ class _Images:
 
 
 class _Collate:
-    """A batch of the good items (``None`` when none is) and ``(index, reason)`` of the bad ones."""
+    """A batch of the good items (``None`` when none is) and ``(index, reason)`` of the bad ones: those that did not
+    decode (:class:`_Images`) and, with ``skip``, those whose image the model's preprocessing refuses
+    (:func:`~finecap.data.datasets.collate_without_refused`; without ``skip`` the refusal is the error)."""
 
-    def __init__(self, collator: Any) -> None:
-        self.collator = collator
+    def __init__(self, collator: Any, skip: bool = False) -> None:
+        self.collator, self.skip = collator, skip
 
     def __call__(self, items: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[tuple[int, str]]]:
+        from finecap.data.datasets import collate_without_refused
+
         good = [it for it in items if "problem" not in it]
         bad = [(it["index"], it["problem"]) for it in items if "problem" in it]
-        return (self.collator(good) if good else None), bad
+        if not self.skip:
+            return (self.collator(good) if good else None), bad
+        batch, refused = collate_without_refused(self.collator, good)
+        return batch, bad + [(it["index"], reason) for it, reason in refused]
 
 
 def caption_images(
@@ -300,13 +307,15 @@ def caption_images(
     contiguous part and every process gets all captions.
 
     A file that does not decode as an image (:func:`~finecap.data.images.load_image`: missing, empty, damaged,
-    truncated, over the image budget ``limits`` or the decompression-bomb limit; a PIL image over ``limits`` too)
-    is a :class:`~finecap.data.records.DataError` naming it; a JPEG file is decoded at ``draft`` pixels as the
-    run's data loading decodes it (``data.jpeg_draft``: :func:`finecap.data.loading.encoder_draft`); with
-    ``skip_bad_images`` it is left out (``None``) and counted in ``skipped``, and it is an error only when no image
-    decodes. Reading the images draws nothing from torch's global random generator; sampling draws from it, or with
-    ``seed`` from per-image seeds of ``(seed, the image's position in images)``
-    (:func:`finecap.caption.batch_captions`: the same samples in any batch size and process count).
+    truncated, over the image budget ``limits`` or the decompression-bomb limit; a PIL image over ``limits`` too),
+    and an image the model's preprocessing refuses (:class:`~finecap.data.images.ImageRefused`: Mistral 3 an image
+    of one image token), is a :class:`~finecap.data.records.DataError` naming it; a JPEG file is decoded at
+    ``draft`` pixels as the run's data loading decodes it (``data.jpeg_draft``:
+    :func:`finecap.data.loading.encoder_draft`); with ``skip_bad_images`` it is left out (``None``) and counted in
+    ``skipped`` with its reason, and it is an error only when every image is left out. Reading the images draws
+    nothing from torch's global random generator; sampling draws from it, or with ``seed`` from per-image seeds of
+    ``(seed, the image's position in images)`` (:func:`finecap.caption.batch_captions`: the same samples in any
+    batch size and process count).
 
     ``done``: the captions (``None``: skipped, with its ``(index, reason)`` in ``done_skipped``) of the images
     already captioned, by index (a resumed ``finecap caption``): not read again and returned with the rest, as a run
@@ -334,7 +343,7 @@ def caption_images(
         _Images(images, mine, skip_bad_images, limits, draft),
         batch_size=chunk_images(decode),
         num_workers=num_workers,
-        collate_fn=_Collate(model_collator(model, 1)),  # one token: the empty caption's EOS (decoding reads none)
+        collate_fn=_Collate(model_collator(model, 1), skip_bad_images),  # one token: the empty caption's EOS
         generator=torch.Generator().manual_seed(0),  # the workers' seeds: a private one keeps the global RNG untouched
     )
     device = model.device

@@ -433,6 +433,31 @@ TORCHVISION_WARNING = "requires torchvision (not installed)"
 KERNELS_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 
+def test_a_bare_import_of_the_modules_making_clip_processors_says_nothing_and_hides_nothing():
+    """``import finecap.app.bags`` (through finecap.models.world_encoder) printed transformers' torchvision warning,
+    which the CLI and the API leave out (finecap.library_warnings): finecap.models.processors names the class that
+    ``transformers.CLIPImageProcessor`` resolves to without the import that warns; the warning is not swallowed
+    either: the user's own import of that name still prints it."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
+    modules = ["finecap.app.bags", "finecap.app.retriever", "finecap.app.report", "finecap.models.presets"]
+    users = "from transformers import CLIPImageProcessor"
+    control = subprocess.run([sys.executable, "-c", users], env=env, capture_output=True, text=True, timeout=300,
+                             check=True)  # fmt: skip
+    if TORCHVISION_WARNING not in control.stderr:  # the control: transformers warns here (no torchvision)
+        pytest.skip("transformers does not warn of torchvision here (it is installed): nothing to leave out")
+    code = f"import sys, {', '.join(modules)}; print('MARK', file=sys.stderr); {users}"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          check=True)  # fmt: skip
+    before, _, after = done.stderr.partition("MARK")
+    assert TORCHVISION_WARNING not in before, before
+    assert TORCHVISION_WARNING in after, after  # the user's own import still says it: nothing swallowed
+    import transformers
+
+    from finecap.models.processors import CLIPImageProcessor
+
+    assert CLIPImageProcessor is transformers.CLIPImageProcessor  # the class transformers' own name gives
+
+
 @pytest.mark.slow
 def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret_run, tiny, tmp_path):
     """``finecap caption`` and the Python API print neither library's warning (finecap.library_warnings): on a

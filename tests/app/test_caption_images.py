@@ -346,6 +346,64 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     assert "none of the 1 images decodes" in line and not (tmp_path / "none.json").exists()
 
 
+def refuse_tiny_images(monkeypatch) -> str:
+    """The ClipCap encoder's preprocessing made to refuse every 8 x 8 image as Mistral 3's refuses an image of one
+    image token (finecap.models.vlm.check_image_tokens: an ImageRefused with its place in the batch), and a split
+    captioned from pixels as a VLM's own vision tower is (not through the frozen-feature cache); the reason given."""
+    from finecap.data.images import ImageRefused
+    from finecap.engines.finecap import FinecapEngine
+    from finecap.models.vision import VisionEncoder
+
+    real = VisionEncoder.preprocess
+    why = "8 x 8 pixels gives the model one image token, which it fails on"
+
+    def refusing(self, images):
+        for k, image in enumerate(images):
+            if image.size == (8, 8):
+                raise ImageRefused(why, k)
+        return real(self, images)
+
+    monkeypatch.setattr(VisionEncoder, "preprocess", refusing)
+    monkeypatch.setattr(FinecapEngine, "cache_features", property(lambda self: False))
+    return why
+
+
+def test_images_the_model_refuses_are_named_or_skipped_and_listed(run, shapes, tmp_path, monkeypatch, caplog):
+    """An image that decodes but that the model's preprocessing refuses (ImageRefused: Mistral 3 refuses an image of
+    one image token) stopped `caption --skip-bad-images`, which sorted out only the images that do not decode: it is
+    now left out, counted and listed with its reason as they are, the rest of its batch captioned; without the
+    option it is still the error naming it. The refusal is stood in for on this ClipCap's encoder (a Mistral 3
+    captioner is too slow to caption here), in the batch as the VLM's own check raises it."""
+    why = refuse_tiny_images(monkeypatch)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    good = {"blue.png": CAPTION["blue"], "red.png": CAPTION["red"]}
+    for name in good:
+        shutil.copy(shapes["new"] / name, photos / name)
+    refused = [photos / "a_tiny.png", photos / "z_tiny.png"]  # first and last of the batch (file order)
+    for path in refused:
+        Image.new("RGB", (8, 8), "green").save(path)
+    out = tmp_path / "out.json"
+    line = error_of(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(out)])
+    assert line == f"finecap: error: {refused[0]}: {why}" and not out.exists()
+    caplog.set_level(logging.WARNING, logger="finecap")
+    assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good
+    warning = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
+    assert "skipped 2 of 4 images" in warning and all(f"{p}: {why}" in warning for p in refused)
+    skipped = json.loads((tmp_path / "out.json.skipped.json").read_text())
+    assert skipped["results"] == str(out) and skipped["images"] == 4
+    assert [(row["image_id"], row["path"], row["reason"]) for row in skipped["skipped"]] == [
+        (p.name, str(p), f"{p}: {why}") for p in refused
+    ]
+    # every image refused: an error, not an empty results file
+    for name in good:
+        (photos / name).unlink()
+    none = tmp_path / "none.json"
+    line = error_of(["caption", "--checkpoint", str(run), "--images", str(photos), "--out", str(none),
+                     "--skip-bad-images"])  # fmt: skip
+    assert "none of the 2 images" in line and f"{refused[0]}: {why}" in line and not none.exists()
+
+
 def test_a_splits_skipped_images_are_listed_beside_out_as_the_images_ones(run, shapes, tmp_path, caplog):
     # a data set's split (--data, --split) left its bad images out with a warning showing the first five only, and
     # no list: past those five, which images the results lack and why was nowhere
@@ -376,6 +434,44 @@ def test_a_splits_skipped_images_are_listed_beside_out_as_the_images_ones(run, s
     for b in bad:  # nothing skipped now: the list an earlier run wrote is gone
         b.unlink()
     assert run_cli(command)[0] == 0 and results(out) == good and not listed.exists()
+
+
+def test_a_splits_images_the_model_refuses_are_skipped_and_listed(run, shapes, tmp_path, monkeypatch, caplog):
+    # --data/--split: the images that do not decode were left out up front (load_records), but one the model
+    # refuses stopped the run; now it is left out and listed with them, the rest of its batch captioned
+    why = refuse_tiny_images(monkeypatch)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    good = {f"{color}.png": CAPTION[color] for color in COLORS}
+    for name in good:
+        shutil.copy(shapes["new"] / name, photos / name)
+    refused = [photos / "a_tiny.png", photos / "z_tiny.png"]
+    for path in refused:
+        Image.new("RGB", (8, 8), "green").save(path)
+    broken = BROKEN["truncated"][0](photos / "truncated.png")
+    out = tmp_path / "split.json"
+    command = ["caption", "--checkpoint", str(run), "--data", str(photos), "--split", "train", "--out", str(out)]
+    assert error_of(command).startswith(f"finecap: error: {broken}: damaged image")  # without the option
+    broken.unlink()
+    named = [f"image of record {p.name!r} ({p}): {why}" for p in refused]  # as the data set's images are named
+    assert error_of(command) == f"finecap: error: {named[0]}" and not out.exists()
+    broken = BROKEN["truncated"][0](photos / "truncated.png")
+    caplog.set_level(logging.WARNING, logger="finecap")
+    code, _, err = run_cli([*command, "--skip-bad-images"])
+    assert code == 0, err
+    assert results(out) == good
+    warning = next(r.getMessage() for r in caplog.records if "left out" in r.getMessage())
+    assert "3 image(s) of split 'train' left out" in warning
+    skipped = json.loads((tmp_path / "split.json.skipped.json").read_text())
+    assert skipped["results"] == str(out) and skipped["images"] == 7
+    listed = [(p.name, str(p)) for p in (broken, *refused)]  # those that do not decode, then those refused
+    assert [(row["image_id"], row["path"]) for row in skipped["skipped"]] == listed
+    assert [row["reason"] for row in skipped["skipped"]][1:] == named
+    # every image that decodes refused: an error, not an empty results file
+    for name in good:
+        (photos / name).unlink()
+    line = error_of([*command, "--skip-bad-images", "--force"])
+    assert "none of the 2 images of split 'train' is left to caption" in line and named[0] in line
 
 
 @pytest.mark.slow

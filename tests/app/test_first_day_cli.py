@@ -103,6 +103,19 @@ def test_finecap_alone_prints_the_help_on_stderr_and_exits_2():
     assert "finecap trains and evaluates image captioners" in err and "required" not in err
 
 
+@pytest.mark.parametrize("options", [["-v"], ["--debug"], ["-vv", "-q"]])
+def test_only_the_options_before_a_command_print_the_help_as_finecap_alone(options):
+    # `finecap -v` and `finecap --debug` said "the following arguments are required: command", where `finecap`
+    # alone prints the help
+    code, out, err = run_cli(options)
+    _, help_text, _ = run_cli(["--help"])
+    assert code == 2 and out == "" and err == help_text
+    assert "required" not in err
+    # ... and a word that is no option is still an error
+    code, _, err = run_cli([*options, "--zzzzzz"])
+    assert code == 2 and "unrecognized arguments: --zzzzzz" in err and err != help_text
+
+
 def test_caption_engine_names_the_option_typed(tmp_path):
     # `caption --engine nosuch` said "override 'decode.engine=nosuch'", an override nobody typed
     run = tmp_path / "run"

@@ -523,6 +523,21 @@ def test_start_checks_the_image_folder_and_the_data(fabricated_run, tiny_world, 
     assert create_app(other, tiny_world / "images").test_client().get("/bag/3/0").status_code == 200
 
 
+def test_an_images_path_that_is_no_folder_is_named_as_eval_names_it(fabricated_run, tmp_path, capsys):
+    # `bags review --images` said "not a folder" where nothing was there, where `eval --images` tells a missing path
+    # from a file (tests/app/test_first_day_cli.py): one check says both
+    from finecap.app.cli import main
+
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    (tmp_path / "afile").write_text("x")
+    for images, what in (("nodir", "no such folder"), ("afile", "not a folder")):
+        assert main(["bags", "review", str(bags), "--images", str(tmp_path / images), "--port", "0"]) == 2
+        assert capsys.readouterr().err.strip() == f"finecap: error: --images {tmp_path / images}: {what} (the image " \
+            "folder of the references' relative paths)"  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "bags.json"]  # a failed start wrote nothing
+
+
 def test_the_curated_file_is_never_written_into_the_image_folder(fabricated_run, tiny_world, tmp_path):
     """`finecap bags review bags.json --images DIR --out DIR/curated.json` wrote the curated file, its decisions file
     and a lock file into the user's image folder: the image folder is one of the command's inputs."""

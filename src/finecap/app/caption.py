@@ -12,9 +12,10 @@ is the run ``finecap train demo/mle`` wrote.
 data set (no references needed): every image file under the folders (recursive) and the files named, with the ids of
 :mod:`finecap.inference` (integers when every file name is a number, as COCO's, else relative paths), through
 :func:`finecap.inference.caption_images`, the function the Python API (:class:`finecap.api.Captioner`) uses too.
-``--skip-bad-images`` (``data.skip_bad_images=true``) leaves out the images that do not decode and counts them;
-every one, with its reason, is listed in ``<out>.skipped.json`` (:func:`write_skipped`), for ``--images`` and a
-split alike.
+``--skip-bad-images`` (``data.skip_bad_images=true``) leaves out the images that do not decode, and those the
+model's preprocessing refuses (:class:`~finecap.data.images.ImageRefused`: Mistral 3 an image of one image token),
+and counts them; every one, with its reason, is listed in ``<out>.skipped.json`` (:func:`write_skipped`), for
+``--images`` and a split alike.
 
 What it decodes with, lowest layer first:
 
@@ -488,14 +489,17 @@ def main(
                         log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
                                     describe_skipped(result, len(files)), listed)  # fmt: skip
             else:
+                refused: list[tuple[Any, str]] | None = [] if cfg.data.skip_bad_images else None
                 captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed,
                                              done={row["image"]: row["captions"] for row in done},
-                                             on_batch=partial.add if partial else None)  # fmt: skip
+                                             on_batch=partial.add if partial else None, refused=refused)  # fmt: skip
                 what = f"split {split!r}"
-                if accelerator.is_main_process:  # load_records warned of the first few
-                    bad = skipped_images(cfg, split, captioned=False)
-                    listed = write_skipped(Path(out), len(kept) + len(bad),
-                                           [(r.image_id, r.path, reason) for r, reason in bad])  # fmt: skip
+                if accelerator.is_main_process:  # load_records warned of the first few that do not decode
+                    undecoded = skipped_images(cfg, split, captioned=False)  # not in kept; the refused ones are
+                    path_of = {r.image_id: r.path for r in kept}
+                    bad = [(r.image_id, r.path, reason) for r, reason in undecoded]
+                    bad += [(image_id, path_of[image_id], reason) for image_id, reason in refused or ()]
+                    listed = write_skipped(Path(out), len(kept) + len(undecoded), bad)
                     if listed is not None:
                         log.warning("caption: %d image(s) of split %r left out (data.skip_bad_images=true); every "
                                     "one, with its reason, in %s", len(bad), split, listed)  # fmt: skip

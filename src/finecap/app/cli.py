@@ -571,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="finecap", description=DESCRIPTION, epilog=EPILOG, parents=[_common(defaults=True)],
                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--version", action="version", version=f"finecap {__import__('finecap').__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")  # none: main prints the help, as for `finecap` alone
 
     world = _group(sub, "world", "the embedded synthetic world")
     p = _add(world, "make", cmd_world_make, "Generate the synthetic world data set (images, captions, scene graphs).")
@@ -607,7 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "folders of images (recursive) instead of a data set: no references needed; ids from file names "
                    "(docs/caption.md)")  # fmt: skip
     p.add_argument("--skip-bad-images", dest="skip_bad_images", action="store_true", help="leave out and count "
-                   "images that do not decode (data.skip_bad_images=true); else the first is an error")  # fmt: skip
+                   "images that do not decode or that the model refuses (data.skip_bad_images=true); else the first "
+                   "is an error")  # fmt: skip
     p.add_argument("--engine", default=None, metavar="|".join(ENGINES), help="what generates (decode.engine): "
                    "finecap's decoder, vLLM serving a VLM captioner (pip install 'finecap[vllm]'; docs/scaling.md), "
                    "or a dotted path pkg.module:Class to one's own engine")  # fmt: skip
@@ -997,12 +998,13 @@ def _parsed(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command ``argv`` (default ``sys.argv[1:]``); its exit code. No arguments at all: the help on stderr,
-    exit code 2, as ``git`` alone does (argparse said only that a command is required)."""
-    if not (sys.argv[1:] if argv is None else argv):
+    """Run the command ``argv`` (default ``sys.argv[1:]``); its exit code. No command (no arguments at all, or only
+    the options before one: ``finecap -v``, ``finecap --debug``): the help on stderr, exit code 2, as ``git`` alone
+    does (argparse said only that a command is required)."""
+    args = _parsed(argv)
+    if args.command is None:
         build_parser().print_help(sys.stderr)
         return 2
-    args = _parsed(argv)
     try:
         with sigterm_as_interrupt():
             return _run(args)

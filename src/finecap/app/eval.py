@@ -61,7 +61,13 @@ from finecap.config import Config
 from finecap.data.bags_file import read_bags
 from finecap.data.predictions import check_line_order, prediction_format, read_predictions
 from finecap.data.records import MAX_LISTED, DataError, Record, file_number
-from finecap.data.references import LoadedReferences, load_references, missing_images, require_captions
+from finecap.data.references import (
+    LoadedReferences,
+    check_image_folder,
+    load_references,
+    missing_images,
+    require_captions,
+)
 from finecap.data.results import empty_captions_note
 from finecap.judges.questions import questions_of
 from finecap.metrics.cocoeval import COCO_NAMES
@@ -120,9 +126,8 @@ def main(
     """
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
-    if images is not None and not Path(images).is_dir():  # refused even when no metric reads it: a typo would hide
-        what = "not a folder" if Path(images).exists() else "no such folder"
-        raise FileNotFoundError(f"--images {images}: {what} (the image folder of the references' relative paths)")
+    if images is not None:  # refused even when no metric reads it: a typo would hide
+        check_image_folder(images)
     check_outputs(
         [("--out", out, "scores"), ("--per-image", per_image, "per-image")],
         {

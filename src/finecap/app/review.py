@@ -64,7 +64,7 @@ from finecap.config import Config, load
 from finecap.data.curation import BagCuration, CurationBusy
 from finecap.data.images import ImageLimits, check_image_file, decode_image, encode_image
 from finecap.data.records import DataError, Record
-from finecap.data.references import load_references
+from finecap.data.references import check_image_folder, load_references
 from finecap.outputs import OutputRefused, check_not_input
 from finecap.report.html import TEMPLATES, printed
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
@@ -288,9 +288,7 @@ def create_app(
     images)."""
     cfg = cfg if cfg is not None else load()
     limits = ImageLimits.of(cfg.data)  # the budget the bags' run read its images with, not the defaults
-    bags_path, root = Path(bags), Path(images)
-    if not root.is_dir():
-        raise FileNotFoundError(f"--images {root}: not a folder")
+    bags_path, root = Path(bags), check_image_folder(images)
     if token is None and not is_loopback(host):
         raise ValueError(f"--host {host}: serving beyond this machine needs an access token (--token)")
     out_path = Path(out) if out is not None else default_out(bags_path)  # its decisions file is beside it

@@ -235,8 +235,9 @@ class CaptionCollator:
     A caption longer than ``max_tokens - 1`` tokens keeps its first ``max_tokens - 1`` tokens and still ends with
     EOS (so the model always learns to stop); padding uses the tokenizer's pad id, or EOS when it has none (GPT-2);
     labels are -100 there either way. ``preprocess(images) -> (B, 3, H, W)`` is needed only without features; an
-    image it refuses (:class:`finecap.data.images.ImageRefused`) is a :class:`DataError` naming the image (the item's
-    ``image_name``, else its ``image_id``).
+    image it refuses (:class:`finecap.data.images.ImageRefused`) is raised again naming the image (the item's
+    ``image_name``, else its ``image_id``), a :class:`DataError` still telling which item it is
+    (:func:`collate_without_refused` leaves such items out).
     ``keep_images``: the examples' PIL images are also kept, as ``batch["images"]`` (what a vLLM engine decodes RL
     rollouts from: ``decode.engine=vllm``). ``eos_token_id``: the token that ends a caption when it is not the
     tokenizer's EOS (the captioner's :attr:`~finecap.models.base.CaptionerBase.eos_token_id`,
@@ -276,11 +277,29 @@ class CaptionCollator:
                 pixels = self.preprocess([it["image"] for it in items])  # (B, 3, H, W), or a dict of image inputs
             except ImageRefused as e:  # named here: the items know their images
                 name = items[e.index].get("image_name") or f"image {items[e.index]['image_id']!r}"
-                raise DataError(f"{name}: {e}") from None
+                raise ImageRefused(f"{name}: {e}", e.index) from None
             batch.update(pixels if isinstance(pixels, dict) else {"pixel_values": pixels})
             if self.keep_images:
                 batch["images"] = [it["image"] for it in items]
         return batch
+
+
+def collate_without_refused(
+    collator: Callable[[list[dict[str, Any]]], dict[str, Any]], items: list[dict[str, Any]]
+) -> tuple[dict[str, Any] | None, list[tuple[dict[str, Any], str]]]:
+    """``collator(items)`` (a :class:`CaptionCollator`) without the items whose image the model's preprocessing
+    refuses (:class:`~finecap.data.images.ImageRefused`: Mistral 3 an image of one image token): the batch of the
+    others (``None`` when none is left) and ``(item, reason)`` of each refused one, its reason naming the image as
+    the collator names it. What ``data.skip_bad_images`` does with an image that decodes but that the model cannot
+    take (``finecap caption --images``); without it the refusal is the error."""
+    items = list(items)
+    refused: list[tuple[dict[str, Any], str]] = []
+    while items:
+        try:
+            return collator(items), refused
+        except ImageRefused as e:  # the rest preprocessed again: a refusal is rare, and stops at the first
+            refused.append((items.pop(e.index), str(e)))
+    return None, refused
 
 
 def model_collator(model: Any, max_tokens: int, keep_images: bool = False) -> CaptionCollator:

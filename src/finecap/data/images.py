@@ -69,8 +69,9 @@ PIXELS_OPTION, ASPECT_OPTION = "data.max_image_pixels", "data.max_aspect_ratio"
 
 class ImageRefused(DataError):
     """An image a model's preprocessing refuses (``preprocess(images)``: the ``index``-th image it was given; the
-    message says why, without the image's name, which only the caller knows): the collator re-raises it as a
-    :class:`DataError` naming the image (:class:`finecap.data.datasets.CaptionCollator`)."""
+    message says why, without the image's name, which only the caller knows): the collator raises it again naming
+    the image, with the same ``index`` (:class:`finecap.data.datasets.CaptionCollator`), which captioning images
+    with ``data.skip_bad_images`` leaves out (:func:`finecap.data.datasets.collate_without_refused`)."""
 
     def __init__(self, message: str, index: int = 0) -> None:
         super().__init__(message)

@@ -135,6 +135,18 @@ def missing_images(
     return reason
 
 
+def check_image_folder(images: str | Path) -> Path:
+    """``images``, the ``--images`` folder the references' relative image paths are read from, as a path; else a
+    ``FileNotFoundError`` saying whether nothing is there (``no such folder``) or something that is not a folder
+    (``not a folder``). Checked by the commands taking ``--images`` for references (``finecap eval``, ``finecap bags
+    review``) whether or not they go on to read an image: a mistyped folder is refused, not passed over unsaid."""
+    path = Path(images)
+    if not path.is_dir():
+        what = "not a folder" if path.exists() else "no such folder"
+        raise FileNotFoundError(f"--images {images}: {what} (the image folder of the references' relative paths)")
+    return path
+
+
 def data_source(cfg: Config, data: str | Path | None = None) -> tuple[str, Path]:
     """The format and the file :func:`load_references` reads for ``cfg`` and ``data``: ``data`` (format detected;
     ``data.format`` when that is one's own format, ``pkg.module:FORMAT``, or when ``data`` is no local path and

@@ -23,7 +23,6 @@ from transformers import (
     BlipConfig,
     BlipForConditionalGeneration,
     CLIPConfig,
-    CLIPImageProcessor,
     CLIPModel,
     GPT2Config,
     GPT2LMHeadModel,
@@ -34,7 +33,7 @@ try:  # BLIP's PIL backend (no torchvision here); ``BlipImageProcessor`` would f
 except ImportError:  # pragma: no cover - older transformers
     from transformers import BlipImageProcessor
 
-from finecap.models.processors import image_only_processor
+from finecap.models.processors import CLIPImageProcessor, image_only_processor
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.utils.rng import torch_seeded
@@ -294,7 +293,7 @@ def tiny_vlm(family: str, *, image_size: int = 16, hidden: int = 32, layers: int
         )  # fmt: skip
         model = tf.LlavaForConditionalGeneration(config)
         size = {"height": image_size, "width": image_size}
-        image_processor = tf.CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size=size)
+        image_processor = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size=size)
         processor = tf.LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=patch,
                                       vision_feature_select_strategy="default", num_additional_image_tokens=1,
                                       chat_template=template)  # fmt: skip

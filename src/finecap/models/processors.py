@@ -6,6 +6,11 @@ Without ``torchvision``, ``transformers`` cannot build the video processor that 
 (:func:`image_only_processor`). Such a processor still saves the video processor's settings (the source folder's,
 :func:`video_settings`), so that ``AutoProcessor.from_pretrained`` reads the saved folder (a checkpoint, a merged
 export, vLLM serving it) where ``torchvision`` is installed.
+
+:data:`CLIPImageProcessor` is the class ``transformers.CLIPImageProcessor`` names: its ``torchvision`` backend where
+``torchvision`` is installed, else its PIL backend ``CLIPImageProcessorPil``, which transformers falls back to with a
+warning at the import of the name ("requires torchvision (not installed)"), named here directly: the same class, and
+a bare import of the modules making one (the world encoder, the tiny presets) says nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ import transformers
 from transformers import AutoConfig, AutoProcessor, ProcessorMixin
 from transformers.utils import is_torchvision_available
 from transformers.video_processing_utils import BaseVideoProcessor
+
+if is_torchvision_available():
+    from transformers import CLIPImageProcessor
+else:  # the class transformers' name falls back to without torchvision, named directly: importing the name warned
+    from transformers import CLIPImageProcessorPil as CLIPImageProcessor
+
+__all__ = ["CLIPImageProcessor", "image_only_processor", "load_processor", "video_settings"]
 
 
 @functools.cache

@@ -54,7 +54,6 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import (
-    CLIPImageProcessor,
     CLIPTextConfig,
     ConvNextConfig,
     VisionTextDualEncoderConfig,
@@ -64,6 +63,7 @@ from transformers import (
 from finecap.data.formats.world import read_world
 from finecap.data.images import load_image
 from finecap.home import cache_dir
+from finecap.models.processors import CLIPImageProcessor
 from finecap.utils.reading import read_json
 from finecap.utils.system import progress_enabled
 from finecap.world.make import load_scenes, world_key
