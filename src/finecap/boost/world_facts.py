@@ -35,11 +35,10 @@ from finecap.world.captions import (
     position_phrases,
 )
 from finecap.world.facts import Fact, facts
-from finecap.world.scene import CELLS
+from finecap.world.scene import CELLS, CONVERSE, relation_holds
 
 _ADJECTIVES = {"size": SIZE_WORDS, "color": COLOR_WORDS, "pattern": PATTERN_WORDS}
 _ATTRIBUTE_KINDS = ("size", "color", "pattern", "position")
-_OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 _KIND_ORDER = {"object": 0, "size": 1, "color": 2, "pattern": 3, "position": 4}
 
 
@@ -118,17 +117,12 @@ def conflicts(fact: Fact, human: set[Fact]) -> bool:
         if fact.other is None:
             return False
         a, rel, b = fact.shape, fact.value or "", fact.other
-        if Fact("relation", a, _OPPOSITE[rel], b) in human or Fact("relation", b, rel, a) in human:
+        if Fact("relation", a, CONVERSE[rel], b) in human or Fact("relation", b, rel, a) in human:
             return True
         cells_a = [CELLS.index(h.value or "") for h in human if h.kind == "position" and h.shape == a]
         cells_b = [CELLS.index(h.value or "") for h in human if h.kind == "position" and h.shape == b]
-        return any(not _holds(rel, ca, cb) for ca in cells_a for cb in cells_b)
+        return any(not relation_holds(rel, ca, cb) for ca in cells_a for cb in cells_b)
     return False
-
-
-def _holds(rel: str, cell_a: int, cell_b: int) -> bool:
-    (ra, ca), (rb, cb) = divmod(cell_a, 3), divmod(cell_b, 3)
-    return {"left of": ca < cb, "right of": ca > cb, "above": ra < rb, "below": ra > rb}[rel]
 
 
 def holistic_facts(blend: set[Fact], visual: set[Fact], human: set[Fact] | None = None) -> set[Fact]:
