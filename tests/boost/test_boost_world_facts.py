@@ -4,7 +4,7 @@ hand-built captions."""
 import random
 
 from finecap.boost.world_facts import blend_facts, conflicts, holistic_facts, render_facts
-from finecap.world.captions import dense_caption, reference_captions
+from finecap.world.captions import dense_caption, reference_captions, relations
 from finecap.world.facts import Fact, facts
 from finecap.world.scene import sample_scene
 
@@ -119,6 +119,22 @@ def test_a_visual_relation_contradicting_one_human_position_is_dropped():
     assert not conflicts(Fact("relation", None, "left of", "circle"), human)
     merged = holistic_facts(human, facts("the circle left of the square and the square above the circle"))
     assert merged - human == {Fact("relation", "square", "above", "circle")}
+
+
+def test_no_true_fact_conflicts_with_true_human_captions():
+    """The world's human captions are true, so every fact the rules drop is false in its scene: a true visual fact
+    (every fact of the dense caption and every relation between two objects) conflicts with none of them."""
+    rng = random.Random(1)
+    related = 0
+    for i in range(300):
+        scene = sample_scene(rng, i)
+        human = blend_facts(reference_captions(scene, rng))
+        pairs = [(a, b) for a in scene.objects for b in scene.objects if a is not b]
+        true = facts(dense_caption(scene)) | {Fact("relation", a.shape, r, b.shape) for a, b in pairs
+                                              for r in relations(a, b)}  # fmt: skip
+        assert [f for f in true if conflicts(f, human)] == [], (scene, human)
+        related += any(f.kind == "relation" for f in human)
+    assert related > 100  # the relation rules were exercised (humans relate two shapes in most scenes)
 
 
 def test_shapes_beyond_the_human_count_conflict():
