@@ -4,7 +4,7 @@ hand-built captions."""
 import random
 
 from finecap.boost.world_facts import blend_facts, conflicts, holistic_facts, render_facts
-from finecap.world.captions import dense_caption, reference_captions
+from finecap.world.captions import dense_caption, reference_captions, relations
 from finecap.world.facts import Fact, facts
 from finecap.world.scene import sample_scene
 
@@ -84,6 +84,59 @@ def test_relation_conflicts():
     assert not conflicts(Fact("color", None, "red"), {Fact("color", "circle", "blue")})  # vague: never
 
 
+def test_a_visual_position_contradicting_a_human_relation_is_dropped():
+    # The review's case: humans "a red circle left of a blue square", the expert "circle on the right": no square can
+    # be right of a circle in the right column, so the human relation wins and the caption does not contradict itself.
+    human = facts("a red circle left of a blue square")
+    visual = facts("a large red circle on the right and a small blue square at the top left")
+    merged = holistic_facts(human, visual)
+    assert Fact("position", "circle", "right") not in merged
+    assert Fact("position", "square", "top left") not in merged  # nothing is left of a square in the left column
+    assert merged - human == {Fact("size", "circle", "large"), Fact("size", "square", "small")}
+    assert render_facts(merged) == "a large red circle and a small blue square and the circle left of the square"
+    # The relation stated the other way round ("square right of circle") binds the positions the same way.
+    assert conflicts(Fact("position", "circle", "right"), facts("a square right of a circle"))
+    # A position that fits the relation is kept, also against a human position of the other side.
+    assert not conflicts(Fact("position", "circle", "left"), human)
+    with_square = human | {Fact("position", "square", "top")}
+    assert not conflicts(Fact("position", "circle", "bottom left"), with_square)
+    assert conflicts(Fact("position", "circle", "top right"), with_square)  # the square's column is 1: 2 is not left
+    assert conflicts(Fact("position", "circle", "top"), with_square)  # same column
+    # Rows: a circle above a square is not in the bottom row; a vague side binds the named one too.
+    assert conflicts(Fact("position", "circle", "bottom left"), facts("a circle above a square"))
+    assert not conflicts(Fact("position", "circle", "middle"), facts("a circle above a square"))
+    assert conflicts(Fact("position", "circle", "top"), facts("a circle below a shape"))
+
+
+def test_a_visual_relation_contradicting_one_human_position_is_dropped():
+    # Humans place only the circle; on the right it is left of nothing, wherever the square is.
+    human = facts("a red circle on the right and a square")
+    assert conflicts(Fact("relation", "circle", "left of", "square"), human)
+    assert conflicts(Fact("relation", "square", "right of", "circle"), human)
+    assert not conflicts(Fact("relation", "circle", "right of", "square"), human)
+    assert not conflicts(Fact("relation", "circle", "above", "square"), human)  # row 1: a square below fits
+    assert conflicts(Fact("relation", "circle", "left of", None), human)  # vague other side: no cell fits either
+    assert not conflicts(Fact("relation", None, "left of", "circle"), human)
+    merged = holistic_facts(human, facts("the circle left of the square and the square above the circle"))
+    assert merged - human == {Fact("relation", "square", "above", "circle")}
+
+
+def test_no_true_fact_conflicts_with_true_human_captions():
+    """The world's human captions are true, so every fact the rules drop is false in its scene: a true visual fact
+    (every fact of the dense caption and every relation between two objects) conflicts with none of them."""
+    rng = random.Random(1)
+    related = 0
+    for i in range(300):
+        scene = sample_scene(rng, i)
+        human = blend_facts(reference_captions(scene, rng))
+        pairs = [(a, b) for a in scene.objects for b in scene.objects if a is not b]
+        true = facts(dense_caption(scene)) | {Fact("relation", a.shape, r, b.shape) for a, b in pairs
+                                              for r in relations(a, b)}  # fmt: skip
+        assert [f for f in true if conflicts(f, human)] == [], (scene, human)
+        related += any(f.kind == "relation" for f in human)
+    assert related > 100  # the relation rules were exercised (humans relate two shapes in most scenes)
+
+
 def test_shapes_beyond_the_human_count_conflict():
     # Humans: two shapes, a square and a diamond are named; there is no room for a third shape.
     human = facts("two shapes a red diamond and a large red striped square")
@@ -136,6 +189,41 @@ def test_world_llm_through_the_engine_with_a_given_visual_expert(tmp_path):
     # Image 1: the expert answers nothing (twice): visual and holistic fail, the human caption is kept in both.
     assert result.fields[1]["visual"] == result.fields[1]["holistic"] == ["a blue square"]
     assert [(f.image_id, f.step) for f in result.failures] == [(1, "visual"), (1, "holistic")]
+
+
+def test_holistic_answers_cached_under_the_earlier_conflict_rules_are_not_reused(tmp_path):
+    """A cache of ``finecap boost`` on the world made before positions and relations conflicted (world-llm version 1)
+    holds self-contradicting HolisticCaps: a rerun answers again instead of reading them back."""
+    from PIL import Image
+
+    from finecap.boost.engine import AnswerCache, boost_records
+    from finecap.boost.prompts import Prompts
+    from finecap.boost.world_backend import WorldLLM
+    from finecap.data.records import Record
+
+    class FixedVLM:
+        def identity(self):
+            return {"backend": "fixed"}
+
+        def run(self, tasks):
+            for i, _ in enumerate(tasks):
+                yield i, "a circle on the right"
+
+    class EarlierLLM(WorldLLM):  # the answers of the earlier rules, under their identity
+        def identity(self):
+            return {"backend": "world-llm", "version": 1}
+
+        def answer(self, task):
+            return "a circle on the right and a square and the circle left of the square"
+
+    Image.new("RGB", (2, 2)).save(tmp_path / "0.png")
+    records = [Record(0, tmp_path / "0.png", "test", ["a circle left of a square"])]
+    cache = AnswerCache(tmp_path / "cache.jsonl")
+    boost_records(records, "holistic", EarlierLLM(), FixedVLM(), cache, Prompts.load(), retries=1, progress=False)
+    result = boost_records(records, "holistic", WorldLLM(), FixedVLM(), cache, Prompts.load(), retries=1,
+                           progress=False)  # fmt: skip
+    cache.close()
+    assert result.fields[0]["holistic"] == ["a circle and a square and the circle left of the square"]
 
 
 def test_a_missing_visual_expert_is_named_with_the_command_that_makes_it_there(tmp_path, monkeypatch):

@@ -44,7 +44,8 @@ class WorldLLM:
     """Exact BlendCap / HolisticCap from the world's fact parser and grammar."""
 
     def identity(self) -> dict[str, Any]:
-        return {"backend": "world-llm", "version": 1}
+        """The cache key's backend: ``version`` changes with the answers (2: positions and relations conflict)."""
+        return {"backend": "world-llm", "version": 2}
 
     def answer(self, task: Task) -> str:
         human = blend_facts(task.inputs["captions"])

@@ -16,9 +16,15 @@ Conflict rules (the paper leaves "conflict" to the LLM; these are finecap's, sta
 - any fact about a shape the humans do not name (its ``object``, attributes, positions and relations) conflicts
   when the humans state a count and already name that many distinct shapes: shapes are unique within a world scene,
   so there is no room for another one (humans "two shapes ... a square ... a diamond" vs a visual "star");
-- ``relation(a r b)`` of two named shapes conflicts with a human ``relation(a r' b)`` of the opposite relation, with
-  a human ``relation(b r a)``, and with human positions of ``a`` and ``b`` under which ``r`` does not hold;
-- otherwise ``object`` facts never conflict, and vague facts (``shape`` is ``None``) never do.
+- ``relation(a r b)`` of two named shapes conflicts with a human ``relation(a r' b)`` of the opposite relation and
+  with a human ``relation(b r a)``;
+- a relation and positions conflict when ``r`` cannot hold: ``relation(a r b)`` (either side may be vague) with a
+  human position of ``a`` or of ``b``, and ``position(a)`` with a human ``relation(a r b)`` or ``relation(b r a)``,
+  under which no cell of the other side fits ``r`` (humans "a circle left of a square" vs a visual "circle on the
+  right"; with human positions of both sides, ``r`` must hold between every pair of them); a side with no
+  human-stated position may be in any cell. Conflicts are judged one visual fact at a time: two visual facts that
+  each fit the humans may still contradict each other or, together, a human fact;
+- otherwise ``object`` facts never conflict, and vague facts (``shape`` is ``None``) other than relations never do.
 """
 
 from __future__ import annotations
@@ -35,11 +41,10 @@ from finecap.world.captions import (
     position_phrases,
 )
 from finecap.world.facts import Fact, facts
-from finecap.world.scene import CELLS
+from finecap.world.scene import CELLS, CONVERSE, relation_holds
 
 _ADJECTIVES = {"size": SIZE_WORDS, "color": COLOR_WORDS, "pattern": PATTERN_WORDS}
 _ATTRIBUTE_KINDS = ("size", "color", "pattern", "position")
-_OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 _KIND_ORDER = {"object": 0, "size": 1, "color": 2, "pattern": 3, "position": 4}
 
 
@@ -100,9 +105,24 @@ def _named_shapes(stated: set[Fact]) -> set[str]:
     return {s for f in stated for s in (f.shape, f.other) if s is not None}
 
 
+def _cells(shape: str | None, human: set[Fact]) -> list[int]:
+    """The grid cells the humans state for ``shape`` (none for a vague side)."""
+    if shape is None:
+        return []
+    return [CELLS.index(h.value or "") for h in human if h.kind == "position" and h.shape == shape]
+
+
+def _impossible(rel: str, cells_a: list[int], cells_b: list[int]) -> bool:
+    """Whether ``a rel b`` fails for some stated cell of ``a`` and some of ``b``; a side with no stated cell may be in
+    any cell (``a`` on the right is left of nothing)."""
+    anywhere = range(len(CELLS))
+    options_a, options_b = [[c] for c in cells_a] or [anywhere], [[c] for c in cells_b] or [anywhere]
+    return any(not any(relation_holds(rel, ca, cb) for ca in xa for cb in xb) for xa in options_a for xb in options_b)
+
+
 def conflicts(fact: Fact, human: set[Fact]) -> bool:
     """Whether ``fact`` contradicts a human-stated fact (module docstring)."""
-    if fact.shape is None and fact.kind != "count" and fact.kind != "background":
+    if fact.shape is None and fact.kind not in ("count", "background", "relation"):
         return False
     named = _named_shapes(human)
     counts = [int(h.value or 0) for h in human if h.kind == "count"]
@@ -110,25 +130,24 @@ def conflicts(fact: Fact, human: set[Fact]) -> bool:
         return True  # a shape the humans leave no room for
     if fact.kind == "count" and int(fact.value or 0) < len(named):
         return True
+    if fact.kind == "position":
+        cell = CELLS.index(fact.value or "")
+        relations = [h for h in human if h.kind == "relation"]
+        if any(_impossible(h.value or "", [cell], _cells(h.other, human)) for h in relations if h.shape == fact.shape):
+            return True
+        if any(_impossible(h.value or "", _cells(h.shape, human), [cell]) for h in relations if h.other == fact.shape):
+            return True
     if fact.kind in _ATTRIBUTE_KINDS:
         return any(h.kind == fact.kind and h.shape == fact.shape and h.value != fact.value for h in human)
     if fact.kind in ("background", "count"):
         return any(h.kind == fact.kind and h.value != fact.value for h in human)
     if fact.kind == "relation":
-        if fact.other is None:
-            return False
         a, rel, b = fact.shape, fact.value or "", fact.other
-        if Fact("relation", a, _OPPOSITE[rel], b) in human or Fact("relation", b, rel, a) in human:
+        if a is not None and b is not None and (Fact("relation", a, CONVERSE[rel], b) in human
+                                                or Fact("relation", b, rel, a) in human):  # fmt: skip
             return True
-        cells_a = [CELLS.index(h.value or "") for h in human if h.kind == "position" and h.shape == a]
-        cells_b = [CELLS.index(h.value or "") for h in human if h.kind == "position" and h.shape == b]
-        return any(not _holds(rel, ca, cb) for ca in cells_a for cb in cells_b)
+        return _impossible(rel, _cells(a, human), _cells(b, human))
     return False
-
-
-def _holds(rel: str, cell_a: int, cell_b: int) -> bool:
-    (ra, ca), (rb, cb) = divmod(cell_a, 3), divmod(cell_b, 3)
-    return {"left of": ca < cb, "right of": ca > cb, "above": ra < rb, "below": ra > rb}[rel]
 
 
 def holistic_facts(blend: set[Fact], visual: set[Fact], human: set[Fact] | None = None) -> set[Fact]:

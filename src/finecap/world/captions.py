@@ -39,7 +39,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from finecap.world.scene import CELLS, Obj, Scene
+from finecap.world.scene import CELLS, RELATIONS, Obj, Scene, relation_holds
 from finecap.world.shift import DETAIL_FACTOR, SYNONYM_PROB
 
 SHAPE_WORDS: dict[str, list[str]] = {
@@ -118,17 +118,9 @@ def vocabulary() -> list[str]:
 
 
 def relations(a: Obj, b: Obj) -> list[str]:
-    """Relations that hold from ``a`` to ``b`` (``a`` is <relation> ``b``), from their grid cells."""
-    out = []
-    if a.col < b.col:
-        out.append("left of")
-    if a.col > b.col:
-        out.append("right of")
-    if a.row < b.row:
-        out.append("above")
-    if a.row > b.row:
-        out.append("below")
-    return out
+    """Relations that hold from ``a`` to ``b`` (``a`` is <relation> ``b``), from their grid cells, in the order of
+    :data:`~finecap.world.scene.RELATIONS`."""
+    return [rel for rel in RELATIONS if relation_holds(rel, a.cell, b.cell)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from finecap.world.captions import (
     SIZE_WORDS,
     VAGUE_NOUNS,
 )
-from finecap.world.scene import CELLS, Obj, Scene
+from finecap.world.scene import CELLS, CONVERSE, Scene, relation_holds
 
 FACT_KINDS = ["object", "color", "size", "pattern", "position", "background", "count", "relation"]
 
@@ -207,15 +207,6 @@ def scene_facts(scene: Scene) -> set[Fact]:
     return out
 
 
-def _holds(rel: str, a: Obj, b: Obj) -> bool:
-    return {
-        "left of": a.col < b.col,
-        "right of": a.col > b.col,
-        "above": a.row < b.row,
-        "below": a.row > b.row,
-    }[rel]
-
-
 def is_true(fact: Fact, scene: Scene) -> bool:
     """Whether ``fact`` holds in ``scene`` (vague facts: for some object / some pair of distinct objects)."""
     objs = [o for o in scene.objects if fact.shape is None or o.shape == fact.shape]
@@ -231,12 +222,8 @@ def is_true(fact: Fact, scene: Scene) -> bool:
         return any(CELLS[o.cell] == fact.value for o in objs)
     if fact.kind == "relation":
         others = [o for o in scene.objects if fact.other is None or o.shape == fact.other]
-        return any(a is not b and _holds(fact.value or "", a, b) for a in objs for b in others)
+        return any(a is not b and relation_holds(fact.value or "", a.cell, b.cell) for a in objs for b in others)
     raise ValueError(f"unknown fact kind {fact.kind!r}; valid kinds: {', '.join(FACT_KINDS)}")
-
-
-CONVERSE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
-"""Each relation's converse: ``a left of b`` is ``b right of a``."""
 
 
 def entails(stated: set[Fact], fact: Fact) -> bool:

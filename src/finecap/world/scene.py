@@ -71,6 +71,20 @@ class Obj:
         return self.row * GRID + self.col
 
 
+RELATIONS: list[str] = ["left of", "right of", "above", "below"]
+"""The pairwise relations between objects, in the order :func:`finecap.world.captions.relations` lists them."""
+CONVERSE: dict[str, str] = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+"""Each relation's converse: ``a left of b`` is ``b right of a``."""
+
+
+def relation_holds(rel: str, cell_a: int, cell_b: int) -> bool:
+    """Whether an object in grid cell ``cell_a`` is ``rel`` (one of :data:`RELATIONS`) an object in ``cell_b``: left
+    of when its column is smaller, right of when larger, above when its row is smaller, below when larger (the one
+    definition; ``KeyError`` for another ``rel``)."""
+    (row_a, col_a), (row_b, col_b) = divmod(cell_a, GRID), divmod(cell_b, GRID)
+    return {"left of": col_a < col_b, "right of": col_a > col_b, "above": row_a < row_b, "below": row_a > row_b}[rel]
+
+
 @dataclass
 class Scene:
     id: int
