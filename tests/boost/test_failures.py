@@ -172,6 +172,18 @@ def test_malformed_url_from_environment_refused_before_any_request(world, tmp_pa
     assert not (tmp_path / "out" / "cache.jsonl").exists() and not (tmp_path / "out" / "boost.json").exists()
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1 http://127.0.0.1:8001/v1", "http://127.0.0.1:8000/v1\n",
+                                 "http://bob:pa55word@127.0.0.1:8000/v1\tx"])  # fmt: skip
+def test_a_url_from_environment_with_white_space_is_refused_as_the_option_would_be(world, tmp_path, monkeypatch, url):
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    cfg = load(None, [*world_items(world), *_openai("")])
+    with pytest.raises(ValueError, match=r"OPENAI_BASE_URL \(environment, boost.llm_base_url empty\): holds white "
+                                         r"space .*: a URL has none") as e:  # fmt: skip
+        boost(cfg, tmp_path / "out", progress=False)
+    assert "pa55word" not in str(e.value)
+    assert not (tmp_path / "out" / "cache.jsonl").exists() and not (tmp_path / "out" / "boost.json").exists()
+
+
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 

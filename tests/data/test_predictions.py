@@ -10,9 +10,11 @@ import contextlib
 import csv
 import io
 import json
+import re
 import shlex
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from finecap.app.cli import main as cli
 from finecap.data.predictions import Predictions, read_predictions
 from finecap.data.records import DataError
 from finecap.metrics.ptb_tokenize import ptb_tokenize
+from finecap.utils.reading import FileTooLarge
 from helpers.cli import run_cli
 from helpers.scripts import benchmark
 
@@ -536,6 +539,65 @@ def test_a_vlmevalkit_xlsx_as_pandas_writes_it_scores_as_its_tsv(tmp_path, capsy
     assert read.captions == {7: ["un café"], 8: ["42"]} and read.references == {7: ["un café au lait"], 8: ["['a dog"]}
     assert len(read.warnings) == 1 and "column 'answer': 1 value(s) look like a stringified list" in read.warnings[0]
     assert "(rows 3: e.g." in read.warnings[0]
+
+
+def test_a_vlmevalkit_xlsx_is_bounded_by_its_size_and_by_what_it_unzips_to_before_openpyxl_opens_it(
+    tmp_path, capsys, monkeypatch
+):
+    import openpyxl
+    import pandas as pd
+
+    xlsx = tmp_path / "m_COCO_VAL.xlsx"
+    pd.DataFrame({"index": [1], "answer": [str(["a dog"])], "prediction": ["a dog"]}).to_excel(xlsx, index=False)
+    with zipfile.ZipFile(xlsx, "a", zipfile.ZIP_DEFLATED) as z:  # a zip bomb's way: 8 MiB of zeros zip to ~8 KB
+        z.writestr("xl/media/padding.bin", bytes(8 * 2**20))
+    size = xlsx.stat().st_size
+    with zipfile.ZipFile(xlsx) as z:
+        unzipped = sum(m.file_size for m in z.infolist())
+    assert size < 2**20 < 8 * 2**20 < unzipped
+    assert read_predictions(xlsx)[1].captions == {1: ["a dog"]}  # within the default bound (2 GiB): read
+
+    def opened(*args, **kwargs):
+        raise AssertionError("openpyxl opened a workbook over the bound")
+
+    monkeypatch.setattr(openpyxl, "load_workbook", opened)  # refused before openpyxl sees it
+    monkeypatch.setenv("FINECAP_MAX_DATA_BYTES", str(2**20))  # over the file's size, under what it unzips to
+    unzips = rf"m_COCO_VAL.xlsx \(unzipped: the sum of its zip members' sizes\): too large \({unzipped:,} bytes"
+    with pytest.raises(FileTooLarge, match=unzips + r".*set FINECAP_MAX_DATA_BYTES=BYTES to read a larger one"):
+        read_predictions(xlsx)
+    capsys.readouterr()
+    assert cli(["eval", "--predictions", str(xlsx), *METRICS]) == 2
+    assert "m_COCO_VAL.xlsx (unzipped: the sum of its zip members' sizes): too large" in capsys.readouterr().err
+    monkeypatch.setenv("FINECAP_MAX_DATA_BYTES", str(size - 1))  # under the file's own size, as a .tsv's
+    with pytest.raises(FileTooLarge, match=rf"m_COCO_VAL.xlsx: too large \({size:,} bytes"):
+        read_predictions(xlsx)
+
+
+@pytest.mark.parametrize(
+    ("column", "cell"), [("prediction", "= a cat on a mat"), ("answer", "=B2"), ("index", "=1+1")]
+)
+def test_a_formula_cell_in_a_vlmevalkit_xlsx_is_refused_naming_its_row_not_read_as_empty(tmp_path, column, cell):
+    import openpyxl
+    import pandas as pd
+
+    xlsx = tmp_path / "m_COCO_VAL.xlsx"
+    table = pd.DataFrame(
+        {"index": [1, 2], "answer": [str(["a dog"]), str(["a cat"])], "prediction": ["a dog", "a cat"]}, dtype=object
+    )
+    table.loc[1, column] = cell  # pandas (openpyxl engine; xlsxwriter too) saves a text starting with "=" as a formula
+    table.to_excel(xlsx, index=False)
+    book = openpyxl.load_workbook(xlsx, data_only=True)  # how it was read: the formula's result, none saved
+    assert [c.value for c in book.active[3]][list(table).index(column)] is None
+    with pytest.raises(
+        DataError, match=rf"m_COCO_VAL.xlsx: row 3: the {column} cell holds a formula \('{re.escape(cell)}'\)"
+    ):
+        read_predictions(xlsx)
+    book = openpyxl.Workbook()  # a text cell starting with "=" is text: read as it is
+    book.active.append(["index", "answer", "prediction"])
+    book.active.append([1, str(["a dog"]), None])
+    book.active["C2"].value, book.active["C2"].data_type = "= a dog", "s"
+    book.save(xlsx)
+    assert read_predictions(xlsx)[1].captions == {1: ["= a dog"]}
 
 
 @pytest.mark.parametrize("tool", ["llamafactory", "swift"])

@@ -139,6 +139,14 @@ def test_a_url_that_is_no_http_url_is_refused_at_once(url):
         RewardClient(url)
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000 http://127.0.0.1:8001", "http://127.0.0.1:8000/\n",
+                                 "http://bob:pa55word@127.0.0.1:8000\treward"])  # fmt: skip
+def test_a_url_with_white_space_is_refused_at_once_by_the_rule_of_url_options(url):
+    with pytest.raises(ValueError, match=r"RewardClient: the server's URL holds white space .*: a URL has none") as e:
+        RewardClient(url)
+    assert "pa55word" not in str(e.value)
+
+
 def test_a_counted_null_is_a_failed_caption_through_the_client_and_every_adapter():
     """A server's ``null`` with its count (a caption the reward could not score) reaches each trainer in its own
     way: the client's mask, TRL's ``None`` (read by TRL as NaN), NaN for verl, ms-swift's classes and OpenRLHF's

@@ -107,6 +107,7 @@ from finecap.boost.engine import (
     cut_off,
     request_seed,
 )
+from finecap.config.fields import url_problem
 from finecap.config.secrets import masked_url_secrets, split_credentials
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits, decode_image, encode_image
 from finecap.data.records import DataError
@@ -189,9 +190,13 @@ class _Retry(Exception):
 
 
 def check_base_url(url: str, key: str) -> None:
-    """``ValueError`` naming ``key`` unless ``url`` is an http(s) URL with a host, and no ``?query`` or
-    ``#fragment``: ``/chat/completions`` is appended to it, which would land inside them (and a key given as
-    ``?api_key=`` would reach the URL httpx logs at INFO; keys go in ``*_api_key_env``)."""
+    """``ValueError`` naming ``key`` unless ``url`` is an http(s) URL with a host, no white space (the rule of every
+    URL option, :func:`~finecap.config.fields.url_problem`: ``OPENAI_BASE_URL`` is read here, past the options'
+    checks) and no ``?query`` or ``#fragment``: ``/chat/completions`` is appended to it, which would land inside them
+    (and a key given as ``?api_key=`` would reach the URL httpx logs at INFO; keys go in ``*_api_key_env``)."""
+    problem = url_problem(url)
+    if problem:
+        raise ValueError(masked_url_secrets(f"{key}: {problem}"))
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError, ValueError) as e:

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 import torch
 
+from finecap.config.fields import url_problem
 from finecap.config.secrets import masked_url_secrets, split_credentials
 from finecap.rewards import RewardOutput
 from finecap.serve.protocol import RequestError, reward_body
@@ -92,7 +93,8 @@ class RewardClient:
     """Scores captions on a reward server.
 
     Args:
-        url: the server (``http://127.0.0.1:8000``, or its ``/reward`` endpoint).
+        url: the server (``http://127.0.0.1:8000``, or its ``/reward`` endpoint): http(s), no ``?query`` or
+            ``#fragment``, no white space (:func:`~finecap.config.fields.url_problem`); a ``ValueError`` otherwise.
         timeout: seconds per request (:meth:`score`'s wait for a free connection too).
         token: the server's bearer token (default: ``$FINECAP_REWARD_TOKEN``, if set).
         max_in_flight: requests in flight at most (:data:`MAX_IN_FLIGHT`).
@@ -107,6 +109,9 @@ class RewardClient:
         if "?" in url or "#" in url:  # /reward is appended to the base URL: it would land inside them
             raise ValueError(f"RewardClient: the server's URL takes no ?query or #fragment (the bearer token goes in "
                              f"${TOKEN_ENV} or token=), got {masked_url_secrets(url)!r}")  # fmt: skip
+        problem = url_problem(url)  # the rule of every URL option: "http://h:8000 http://g:8000" is no one server
+        if problem:
+            raise ValueError(masked_url_secrets(f"RewardClient: the server's URL {problem}"))
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"RewardClient: timeout must be a positive number of seconds, got {timeout!r}")
         self.shown_url = masked_url_secrets(reward_url(url))  # in messages: as given, its credentials masked

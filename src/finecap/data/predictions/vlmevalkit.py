@@ -5,6 +5,14 @@ and ``answer`` (the references as a stringified list, which VLMEvalKit's own sco
 ``dump_json``: ``DataFrame.to_dict('records')``). ``.xlsx`` needs openpyxl (``pip install 'finecap[xlsx]'``).
 An index on several rows (its captions are then samples) must carry the same ``answer`` on each
 (:meth:`Predictions.add <finecap.data.predictions.Predictions.add>`).
+
+Every file is bounded as a data file (:data:`~finecap.utils.reading.DATA_FILE`, ``FINECAP_MAX_DATA_BYTES``): a
+``.tsv`` or ``.json`` by its size, read whole; an ``.xlsx`` by its size too, and then by what it unzips to, the sum
+of its zip members' sizes (``zipfile`` stops a member at its declared size, so the sum bounds what openpyxl is
+given), refused before openpyxl opens it: a workbook of kilobytes can unzip to gigabytes. openpyxl reads it in
+read-only mode (streamed) with the formulas as formulas: a cell that holds one (a caption starting with ``=`` that
+pandas saved, through openpyxl or xlsxwriter, becomes a formula, with no result or a result of 0) is refused, naming
+its row and column, rather than scored as an empty caption or ``"0"``.
 """
 
 from __future__ import annotations
@@ -19,27 +27,15 @@ from finecap.data.predictions import PredictionFormat, Predictions
 from finecap.data.predictions.jsonl import head_text
 from finecap.data.predictions.reference_lists import ReferenceLists
 from finecap.data.records import DataError, check_id
-from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
+from finecap.utils.reading import DATA_FILE, checked_size, parse_json, read_bounded
+from finecap.utils.text import short_repr
 
 COLUMNS = ("index", "prediction", "answer")
 
 
 def _rows(path: Path) -> tuple[list[str], list[list[object]]]:
     if path.suffix.lower() == ".xlsx":
-        try:
-            import openpyxl
-            from openpyxl.utils.exceptions import InvalidFileException
-        except ImportError:
-            raise DataError(f"{path}: reading .xlsx needs openpyxl: pip install 'finecap[xlsx]' (or save the "
-                            "sheet as .tsv)") from None  # fmt: skip
-        try:
-            book = openpyxl.load_workbook(path, read_only=True, data_only=True)
-        except (zipfile.BadZipFile, KeyError, ValueError, OSError, InvalidFileException) as e:
-            raise DataError(f"{path}: not a readable .xlsx workbook ({type(e).__name__}: {e})") from None
-        try:
-            rows = [list(r) for r in book.worksheets[0].iter_rows(values_only=True)]
-        finally:
-            book.close()
+        rows = _sheet_rows(path)
     elif path.suffix.lower() == ".json":
         return _json_rows(path)
     else:
@@ -48,6 +44,45 @@ def _rows(path: Path) -> tuple[list[str], list[list[object]]]:
     if not rows:
         raise DataError(f"{path}: empty file")
     return [str(h) for h in rows[0]], rows[1:]
+
+
+class _Formula(str):
+    """The text of a cell that holds a formula (``"=A1+1"``): no value of the table; :func:`_read` refuses it where
+    it reads the cell."""
+
+
+def _sheet_rows(path: Path) -> list[list[object]]:
+    """The cells of the first sheet of the workbook ``path``, row by row, a formula cell as its :class:`_Formula`:
+    a :class:`~finecap.utils.reading.FileTooLarge` when the file or what it unzips to is over
+    :data:`~finecap.utils.reading.DATA_FILE` (module docstring), checked before openpyxl opens it."""
+    try:
+        import openpyxl
+        from openpyxl.utils.exceptions import InvalidFileException
+    except ImportError:
+        raise DataError(f"{path}: reading .xlsx needs openpyxl: pip install 'finecap[xlsx]' (or save the "
+                        "sheet as .tsv)") from None  # fmt: skip
+    checked_size(path, DATA_FILE)
+    unreadable = (zipfile.BadZipFile, KeyError, ValueError, OSError, InvalidFileException)
+    with open(path, "rb") as f:  # one file for both: what was measured is what openpyxl reads
+        try:
+            with zipfile.ZipFile(f) as archive:
+                unzipped = sum(member.file_size for member in archive.infolist())
+        except unreadable as e:
+            raise DataError(f"{path}: not a readable .xlsx workbook ({type(e).__name__}: {e})") from None
+        if unzipped > DATA_FILE.limit():
+            raise DATA_FILE.refusal(path, unzipped, where=" (unzipped: the sum of its zip members' sizes)")
+        f.seek(0)
+        try:
+            book = openpyxl.load_workbook(f, read_only=True, data_only=False)  # data_only=False: formulas shown
+        except unreadable as e:
+            raise DataError(f"{path}: not a readable .xlsx workbook ({type(e).__name__}: {e})") from None
+        try:
+            return [
+                [_Formula(getattr(c.value, "text", c.value)) if c.data_type == "f" else c.value for c in row]
+                for row in book.worksheets[0].iter_rows()
+            ]
+        finally:
+            book.close()
 
 
 def _json_rows(path: Path) -> tuple[list[str], list[list[object]]]:
@@ -81,6 +116,11 @@ def _read(path: Path) -> Predictions:
             continue
         at: int | str = f"[{n}]" if listed else n
         where = f"{path}: {at}" if listed else f"{path}: row {n}"
+        for column in COLUMNS:
+            if isinstance(row[col[column]], _Formula):
+                raise DataError(f"{where}: the {column} cell holds a formula ({short_repr(row[col[column]])}), not a "
+                                "value (a caption starting with '=' that pandas saved becomes one, read as empty or "
+                                "its cached result); save the table as .tsv, or the cell as text")  # fmt: skip
         raw = row[col["index"]]
         image_id = check_id(int(raw) if isinstance(raw, float) and raw.is_integer() else raw, where)
         if isinstance(image_id, str) and image_id.isdigit():
