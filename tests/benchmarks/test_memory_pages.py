@@ -250,3 +250,31 @@ def test_the_pixel_copies_against_the_frozen_towers_peak_at_smolvlms_crop(foreca
               f"{mask:.0f} MiB of the mask's copy) and {mask:.0f} MiB more of input, against {tower:.1f} MiB of the "
               "tower's own peak")  # fmt: skip
     assert stated in " ".join((ROOT / "docs" / "memory.md").read_text().split()), stated
+
+
+def test_the_forecast_per_recipe_says_which_claims_a_gpu_measured(forecast):
+    """docs/memory.md's "What is measured" under "Forecast per recipe", against the committed H200 records and the
+    GPU check: the recipes whose step a run measured (at SmolVLM-256M's shapes: the only model the check builds), the
+    one no run measured, the forecast now over the measured peak of the 2026-11-28 lines as ``--h200`` gives it, and
+    the check's lines covering all seven recipes."""
+    lines = [c for f in RESULTS.glob("gpu_check_h200_*.json") for c in json.loads(f.read_text())["checks"]
+             if c["name"].startswith("memory:") and "measured_peak_bytes" in c]  # fmt: skip
+    measured = {c["name"].split(":")[1] for c in lines}
+    models = {c["model"] for c in lines}
+    assert all("SmolVLM-256M" in m for m in models), models
+    recipes = benchmark("gpu_check").VLM_RECIPES
+    assert set(forecast.RECIPES) == set(recipes) and len(recipes) == 7
+    assert set(recipes) - measured == {"grpo_sr_cider_vlm"}
+    second = {name.split(":")[1] for name, _, _ in forecast.H200_NOV28}
+    assert second == measured - {"grpo_sr_cider_vlm"} and len(second) == 6
+    ratios = [float(r.split(" | ")[-1].strip(" |")) for r in forecast.h200_nov28()[2:]]
+    text = " ".join((ROOT / "docs" / "memory.md").read_text().split())
+    assert (
+        f"the 2026-11-28 run measured six of the seven recipes' steps, which the forecast now puts at "
+        f"{min(ratios):.2f} to {max(ratios):.2f} of the measured peak"
+    ) in text
+    assert (
+        "`coco/grpo_sr_cider_vlm` was measured in neither H200 run (the device time ran out both times), and no "
+        "recipe at Qwen2-VL-2B's shapes"
+    ) in text
+    assert "`make gpu-check` measures all seven recipes at SmolVLM-256M's shapes and none at Qwen2-VL-2B's." in text
