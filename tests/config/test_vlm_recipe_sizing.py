@@ -1,13 +1,15 @@
 """The ``coco/*_vlm`` recipes are sized for one 80 GB card (issue 65): each defaults to bf16 weights, bf16 autocast,
 gradient checkpointing, LoRA on the language model and a pixel budget; finecap's forecast of a step
 (:func:`finecap.models.forecast.recipe_forecast`) at SmolVLM-256M's and Qwen2-VL-2B's shapes fits the card with the
-margin :func:`finecap.models.forecast.fits` states; the numbers each recipe's comment states are that forecast's; full
-fine-tuning is one override away."""
+margin :func:`finecap.models.forecast.fits` states; the numbers each recipe's comment states are that forecast's; the
+shapes and parameter counts it sizes are what ``transformers`` builds from the backbones' configs, and its exact state
+is what the H200 run counted on the model it built; full fine-tuning is one override away."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from finecap.models.forecast import (
     UNDER_FORECAST,
     fits,
     recipe_forecast,
+    recipe_state,
 )
 from finecap.recipes import resolve_recipe
 
@@ -127,9 +130,56 @@ def h200_memory_lines() -> list[dict]:
     return lines
 
 
+def test_the_sizing_counts_the_state_the_h200_run_counted_on_the_model_it_built():
+    """The recipe sizing (:func:`recipe_state`, nothing built) at the model the H200 run built (SmolVLM-256M's shapes,
+    its vocabulary as the run's tokenizer made it: the untied head's rows) gives, byte for byte, the weights,
+    gradients and AdamW state the run's ``--dry-run`` counted on that model (``forecast_bytes``), for each recipe it
+    measured (LoRA on the language model; SR-LV's on the tower too)."""
+    smol = BACKBONES["SmolVLM-256M"]
+    for line in h200_memory_lines():
+        params = line["parameters"]
+        head = params["rest"]["frozen"]["bfloat16"]  # the untied head, vocabulary x hidden
+        vocab, rest = divmod(head, smol.lm.hidden)
+        assert rest == 0 and vocab == 49_036, (line["name"], vocab)
+        lm = params["lm"]["frozen"]["bfloat16"]  # the language model's frozen weights, its adapters aside
+        built = replace(smol, lm=replace(smol.lm, vocab=vocab), lm_params=lm + head)
+        assert recipe_state(load(line["recipe"]), built) == line["forecast_bytes"], line["name"]
+
+
 def test_outside_the_allocator_covers_what_the_h200_run_held_beside_its_cache():
     """:data:`OUTSIDE_ALLOCATOR` (1 GiB) is over what each measured ``memory:*`` line of the H200 run held on the
     device beyond torch's allocator (``device_used_gib_after`` less ``max_reserved_gib``: 0.75-0.76 GiB)."""
     for line in h200_memory_lines():
         outside = line["device_used_gib_after"] - line["max_reserved_gib"]
         assert 0 < outside * GIB < OUTSIDE_ALLOCATOR, (line["name"], outside)
+
+
+def test_the_backbones_language_models_are_what_transformers_builds_from_their_configs():
+    """The language-model shapes the sizing uses and their parameter counts (with the head: untied in SmolVLM-256M,
+    tied in Qwen2-VL-2B), and SmolVLM's connector (the projector), against the models ``transformers`` builds on the
+    meta device from the config classes at the shapes of each checkpoint's config.json (the towers:
+    tests/models/test_memory_forecast.py)."""
+    import torch
+    import transformers as tf
+    from transformers.models.idefics3 import modeling_idefics3
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    def count(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    smol, qwen = BACKBONES["SmolVLM-256M"], BACKBONES["Qwen2-VL-2B"]
+    with torch.device("meta"):
+        text = tf.LlamaConfig(vocab_size=49_280, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                              num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=False)  # fmt: skip
+        assert count(tf.LlamaForCausalLM(text)) == smol.lm_params
+        idefics3 = tf.Idefics3Config(text_config=text.to_dict(), vision_config={"hidden_size": 768}, scale_factor=4)
+        assert count(modeling_idefics3.Idefics3Connector(idefics3)) == smol.projector_params
+        qtext = tf.Qwen2VLTextConfig(vocab_size=151_936, hidden_size=1536, intermediate_size=8960,
+                                     num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                                     tie_word_embeddings=True)  # fmt: skip
+        assert count(modeling_qwen2_vl.Qwen2VLTextModel._from_config(qtext)) == qwen.lm_params  # the head is tied
+    for backbone, config in ((smol, text), (qwen, qtext)):
+        lm = backbone.lm
+        assert (lm.layers, lm.hidden, lm.intermediate, lm.heads, lm.kv_heads, lm.vocab) == (
+            config.num_hidden_layers, config.hidden_size, config.intermediate_size, config.num_attention_heads,
+            config.num_key_value_heads, config.vocab_size)  # fmt: skip
