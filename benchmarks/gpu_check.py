@@ -992,21 +992,19 @@ def model_note(ctx: Ctx) -> str:
     return f"stand-in: {marker.read_text()}" if marker.exists() else what
 
 
-UNDER_FORECAST = 0.75
-"""A ``memory:*`` line on CUDA fails when the forecast with activations is below this fraction of the measured peak:
-the quarter ``tests/models/test_memory_forecast.py`` holds the forecast to against the CPU's measured activations
-("within a quarter"). Only the under-forecast fails: a run forecast to fit could run out of memory; an over-forecast
-sizes a run safely and passes, its size said by ``forecast_over_measured``."""
-
-
 def judge_forecast(record: dict, cuda: bool) -> dict:
     """``record`` (a ``memory:*`` record of one measured step) with ``forecast_over_measured``: the forecast with
     activations (``forecast_with_activations_gib``), else the state forecast (``forecast_gib``: weights, gradients,
     optimizer state), over the measured peak; ``None`` off CUDA, where the measured number is the step's peak RSS
     growth, which leaves out what the process held before the step and is no peak to hold a forecast to. On CUDA a
-    forecast with activations below :data:`UNDER_FORECAST` of the measured peak makes the line ``fail`` with an
-    ``error`` that says so; a state forecast alone counts no activations, is under the peak by construction and is
-    only recorded."""
+    forecast with activations below ``finecap.models.forecast.UNDER_FORECAST`` (0.75: the quarter
+    ``tests/models/test_memory_forecast.py`` holds the forecast to on the CPU, and the margin a recipe's claim to fit a
+    card allows for) of the measured peak makes the line ``fail`` with an ``error`` that says so. Only the
+    under-forecast fails: a run forecast to fit could run out of memory; an over-forecast sizes a run safely and
+    passes, its size said by ``forecast_over_measured``. A state forecast alone counts no activations, is under the
+    peak by construction and is only recorded."""
+    from finecap.models.forecast import UNDER_FORECAST
+
     out = dict(record)
     forecast = out.get("forecast_with_activations_gib", out["forecast_gib"])
     measured = out["measured_peak_gib"]

@@ -2,11 +2,13 @@
 Qwen2-VL-2B's shapes, and of the recipes as the first H200 run measured them (issue 65). Nothing is built or loaded:
 the numbers come from the shapes alone, in a fraction of a second.
 
-    .venv/bin/python benchmarks/memory_forecast.py [--card-gib 80] [--h200]
+    .venv/bin/python benchmarks/memory_forecast.py [--card-gb 80] [--h200]
 
 Prints the table of docs/memory.md ("Forecast per recipe"): recipe x backbone -> weights, gradients, AdamW state,
 the frozen retrievers and the KL reference's copy of the trained weights, activations at the step's peak and the total
-per process, in GiB, and whether it fits the card. ``--h200``: the forecast of the three recipe steps
+per process, in GiB, and whether it fits the card (``--card-gb``, 10^9 bytes) with the margin
+:func:`finecap.models.forecast.fits` states (the forecast's tolerated error and what CUDA holds outside torch's
+allocator). ``--h200``: the forecast of the three recipe steps
 ``benchmarks/results/gpu_check_h200_2026-11-26*.json`` measured (their settings as they ran then: float32 full
 fine-tuning with SmolVLM's image splitting, and so on) against the measured CUDA peaks.
 """
@@ -21,12 +23,14 @@ from pathlib import Path
 from finecap.config import load
 from finecap.models.forecast import (
     BACKBONES,
+    CARD_80GB,
     GIB,
     LmShapes,
     Step,
     Training,
     VisionShapes,
     activation_forecast,
+    fits,
     recipe_forecast,
     training_of,
 )
@@ -36,9 +40,10 @@ RECIPES = ("mle_vlm", "smile_vlm", "discritune_vlm", "sr_l_vlm", "sr_lv_bagcurri
 RESULTS = Path(__file__).parent / "results"
 
 
-def table(card_gib: float) -> list[str]:
+def table(card: int = CARD_80GB) -> list[str]:
+    """The forecast of every recipe at each of :data:`BACKBONES`, and whether it :func:`fits` ``card`` (bytes)."""
     rows = ["| recipe | backbone | batch x captions | weights | gradients | AdamW | retrievers | KL reference | "
-            "activations | total | fits |",
+            f"activations | total | fits {card / 1e9:g} GB with the margin |",
             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for recipe in RECIPES:
         cfg = load(f"coco/{recipe}")
@@ -49,7 +54,7 @@ def table(card_gib: float) -> list[str]:
                 f"| `coco/{recipe}` | {backbone.name} | {step.images} x {step.captions} | {s['weights'] / GIB:.2f} | "
                 f"{s['gradients'] / GIB:.2f} | {s['optimizer'] / GIB:.2f} | {b['retrievers'] / GIB:.2f} | "
                 f"{b['reference'] / GIB:.2f} | {f['activations']['peak'] / GIB:.2f} | "
-                f"{f['total'] / GIB:.2f} | {'yes' if f['total'] / GIB < card_gib else 'no'} |"
+                f"{f['total'] / GIB:.2f} | {'yes' if fits(f['total'], card) else 'no'} |"
             )
     return rows
 
@@ -136,10 +141,15 @@ def h200_nov28() -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--card-gib", type=float, default=80.0, help="the card's memory the totals are held to")
+    parser.add_argument(
+        "--card-gb",
+        type=float,
+        default=CARD_80GB / 1e9,
+        help="the card's memory the totals are held to, in GB (10^9 bytes)",
+    )
     parser.add_argument("--h200", action="store_true", help="also the forecast of the H200 run's measured steps")
     args = parser.parse_args()
-    print("\n".join(table(args.card_gib)))
+    print("\n".join(table(round(args.card_gb * 1e9))))
     if args.h200:
         print()
         print("\n".join(h200()))

@@ -1028,3 +1028,24 @@ def recipe_forecast(cfg: Any, backbone: Backbone) -> dict[str, Any]:
     act = activation_forecast(backbone.lm, train, step, backbone.vision)
     total = state["total"] + sum(beside.values()) + act["peak"]
     return {"state": state, "beside": beside, "activations": act, "total": total, "step": step}
+
+
+CARD_80GB = 80 * 10**9
+"""The card the ``coco/*_vlm`` recipes are sized for, "80 GB", read as 80 x 10^9 bytes (74.5 GiB)."""
+UNDER_FORECAST = 0.75
+"""The forecast's tolerated error: a forecast total with activations below this fraction of a measured CUDA peak is
+wrong (``benchmarks/gpu_check.py``'s ``memory:*`` lines fail then; the quarter ``tests/models/test_memory_forecast.py``
+holds it to on the CPU). So a measured peak may come to ``1 / UNDER_FORECAST`` (4/3) of a forecast that stands."""
+OUTSIDE_ALLOCATOR = 2**30
+"""Bytes a CUDA process holds outside torch's allocator (its context, the libraries' handles and workspaces), which a
+forecast of ``max_memory_allocated`` leaves out: 0.75-0.76 GiB in each ``memory:*`` line of the 2026-11-28 H200 run
+(``device_used_gib_after`` less ``max_reserved_gib``; torch 2.11, CUDA 13), rounded up to 1 GiB."""
+
+
+def fits(total: int, card: int = CARD_80GB) -> bool:
+    """Whether a forecast ``total`` (bytes, :func:`recipe_forecast`'s) fits ``card`` with the margin a claim of fitting
+    states: the peak the forecast's tolerated error allows (``total / UNDER_FORECAST``) and what the process holds
+    outside torch's allocator (:data:`OUTSIDE_ALLOCATOR`) under the card's bytes. Not counted: the allocator's cache
+    over the peak (``max_memory_reserved``, 1.13-1.34x of it on the H200), which it frees and retries before an
+    out-of-memory error, fragmentation aside."""
+    return total / UNDER_FORECAST + OUTSIDE_ALLOCATOR < card
