@@ -520,14 +520,9 @@ def test_jsonl_splits_in_another_case_are_read_as_the_split(tmp_path, caplog, sp
     assert note.startswith(f"data: {path}: 1 records ") and repr(split) in note
 
 
-@pytest.mark.parametrize(
-    ("caption", "outcome"),
-    [("a red\ncircle", "a red circle"), ("a red\r\n\tcircle ", "a red circle"), ("a red\x00circle", "U+0000"),
-     ("\x1b[31ma red circle", "U+001B"), ("a red circle\x7f", "U+007F")],
-)  # fmt: skip
-def test_control_characters_in_captions_of_every_reader(tmp_path, caption, outcome):
-    """JSONL, Karpathy, COCO and a folder's captions.csv / .txt files: a line break or tab is a space; another
-    control character is refused, naming the file and the record."""
+def _second_caption_readers(tmp_path, caption, formats=("jsonl", "karpathy", "coco")):
+    """For each of ``formats``: a reader of a one-image data set (``a.png``, made here) whose captions are ``"ok"``
+    and ``caption``, and the start of what an error about that second caption names."""
     _touch(tmp_path, "a.png")
     readers = {
         "jsonl": (lambda: read_jsonl(_lines(tmp_path / "d.jsonl", {"image": "a.png", "captions": ["ok", caption]})),
@@ -540,7 +535,18 @@ def test_control_characters_in_captions_of_every_reader(tmp_path, caption, outco
                                                               {"image_id": 1, "caption": caption}]})),
             "captions_val.json: image id 1 (a.png): caption 1 "),
     }  # fmt: skip
-    for name, (read, where) in readers.items():
+    return {name: readers[name] for name in formats}
+
+
+@pytest.mark.parametrize(
+    ("caption", "outcome"),
+    [("a red\ncircle", "a red circle"), ("a red\r\n\tcircle ", "a red circle"), ("a red\x00circle", "U+0000"),
+     ("\x1b[31ma red circle", "U+001B"), ("a red circle\x7f", "U+007F")],
+)  # fmt: skip
+def test_control_characters_in_captions_of_every_reader(tmp_path, caption, outcome):
+    """JSONL, Karpathy, COCO and a folder's captions.csv / .txt files: a line break or tab is a space; another
+    control character is refused, naming the file and the record."""
+    for name, (read, where) in _second_caption_readers(tmp_path, caption).items():
         if outcome.startswith("U+"):
             with pytest.raises(DataError) as e:
                 read()
@@ -733,16 +739,7 @@ def test_a_byte_order_mark_starting_a_caption_is_stripped_and_a_bidi_override_re
     The bidirectional embeddings, overrides and isolates reorder the text shown (``a\\u202edog`` prints ``agod``):
     refused naming the character and its place. Other invisible format characters among visible ones are kept.
     JSONL and COCO (its fast loop) alike."""
-    _touch(tmp_path, "a.png")
-    readers = {
-        "jsonl": (lambda: read_jsonl(_lines(tmp_path / "d.jsonl", {"image": "a.png", "captions": ["ok", caption]})),
-                  "d.jsonl, line 1: caption 1 "),
-        "coco": (lambda: read_coco_captions(_write(tmp_path / "captions_val.json", {"images": [
-            {"id": 1, "file_name": "a.png"}], "annotations": [{"image_id": 1, "caption": "ok"},
-                                                              {"image_id": 1, "caption": caption}]})),
-            "captions_val.json: image id 1 (a.png): caption 1 "),
-    }  # fmt: skip
-    for name, (read, where) in readers.items():
+    for name, (read, where) in _second_caption_readers(tmp_path, caption, ("jsonl", "coco")).items():
         if outcome.startswith("U+"):
             with pytest.raises(DataError) as e:
                 read()

@@ -233,9 +233,9 @@ def test_beyond_loopback_a_token_is_required(fabricated_run, tiny_world, tmp_pat
     assert "s3cret-token" not in default_out(bags).read_text() + decisions_path(default_out(bags)).read_text()
 
 
-def test_main_warns_beyond_loopback_and_requires_a_generated_token_everywhere(
-    fabricated_run, tiny_world, tmp_path, monkeypatch, capsys, caplog
-):
+def _served_until_interrupted(monkeypatch) -> list:
+    """``review.main``'s server replaced by one that stops at once (as Ctrl-C does): the list the apps it was given
+    are appended to."""
     from finecap.app import review
 
     class Server:
@@ -247,8 +247,17 @@ def test_main_warns_beyond_loopback_and_requires_a_generated_token_everywhere(
         def server_close(self):
             pass
 
-    bound = []
+    bound: list = []
     monkeypatch.setattr(review, "ReviewServer", lambda host, port, app, **kw: bound.append(app) or Server())
+    return bound
+
+
+def test_main_warns_beyond_loopback_and_requires_a_generated_token_everywhere(
+    fabricated_run, tiny_world, tmp_path, monkeypatch, capsys, caplog
+):
+    from finecap.app import review
+
+    bound = _served_until_interrupted(monkeypatch)
     monkeypatch.delenv(review.TOKEN_ENV, raising=False)
     bags = tmp_path / "bags.json"
     bags.write_text((fabricated_run / "bags_test.json").read_text())
@@ -722,17 +731,7 @@ def test_a_token_the_user_gave_is_never_printed_and_a_generated_one_is(fabricate
     # the command line. As Jupyter does, only a token finecap generated is printed; one the user gave they know.
     from finecap.app import review
 
-    class Server:
-        server_port = 8765
-
-        def serve_forever(self):
-            raise KeyboardInterrupt
-
-        def server_close(self):
-            pass
-
-    bound = []
-    monkeypatch.setattr(review, "ReviewServer", lambda host, port, app, **kw: bound.append(app) or Server())
+    bound = _served_until_interrupted(monkeypatch)
     bags = tmp_path / "bags.json"
     bags.write_text((fabricated_run / "bags_test.json").read_text())
     secret = "s3cret-given-t0ken & more"
