@@ -792,7 +792,7 @@ class RewardService:
             if stuck_at is not None and stuck_at < deadline:  # every thread busy: stuck then, unless one returns
                 await asyncio.wait({work}, timeout=stuck_at - time.monotonic())
                 if not work.done() and not began.is_set() and self.checks_stuck():
-                    work.cancel()  # not begun: never run
+                    work.cancel()  # not begun: never run (one that began in between runs, unanswered)
                     waited = self.score_timeout - (deadline - time.monotonic())
                     raise self._checks_refused(f"this request waited {waited:.1f} s for a check thread and was not "
                                                "checked")  # fmt: skip
@@ -1015,7 +1015,7 @@ class Meter:
         self.failed = 0  # requests answered 500 or /get_reward's 502: the reward failed on them (or on some captions)
         self.timed_out = 0  # requests answered 504 (--score-timeout)
         self.left = 0  # requests whose client went away before their answer: queued (never scored) or in a call
-        self.refused = 0  # requests answered 503 at once: the server was stuck, or its queue full
+        self.refused = 0  # answered 503: the server stuck (at once, or after waiting for a check thread), queue full
         self._said = dict.fromkeys(("total_scored", *self.OUTCOMES), 0)  # the totals at the window's start
 
     def round(self, requests: int, captions: int, seconds: float) -> None:
