@@ -176,11 +176,14 @@ def test_a_two_process_launch_says_each_line_once(tiny, tmp_path):
            "train.validators=[]", "train.batch_size=2", f"run.cache_dir={tmp_path / 'cache'}",
            "--out", str(run)]  # fmt: skip
     err = launch_bounded(cmd, tmp_path / "launch.log", timeout=240)
-    # a bar's frames as lines; its timings (in brackets) differ from process to process, its label and counts do not
+    # a bar's frames as lines; its timings (in brackets) differ from process to process, its label and counts do not.
+    # A bar's finished frame is left out of the count: tqdm itself draws it twice when its last update comes over
+    # mininterval after the frame before (on a loaded machine), then again as it closes. A second process's bar is
+    # still seen, by its 0% frame, which tqdm draws once as a bar opens.
     said = Counter(
         re.sub(r"\[[\d:]+<[^\]]*\]", "[]", line).strip() for line in re.split(r"[\r\n]", err) if line.strip()
     )
-    assert not {line: n for line, n in said.items() if n > 1}, err[-3000:]
+    assert not {line: n for line, n in said.items() if n > 1 and "100%|" not in line}, err[-3000:]
     assert summary_line(str(run)).search(err) and "model dtypes: " in err, err[-3000:]
     assert re.search(r"^data: all 12 images of .* name no split", err, re.M), err[-3000:]
     assert {"train", "Loading weights"} <= bars(err), err[-3000:]  # shown, by the main process
