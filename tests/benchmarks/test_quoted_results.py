@@ -532,3 +532,29 @@ def test_the_methods_pages_effects_over_world_seeds_are_what_effects_py_gives(co
         family = numbers["DiscriTune family R@1 gain (discritune - mle)"]["values"]
         assert f"({min(hard.values()):+.3f} to {max(hard.values()):+.3f})" in page
         assert f"({family[1]:+.3f} on seed 1)" in page and family[1] == min(family.values())
+
+
+# --- HolisticCap's conflict rule, before and after 2026-11-29 ------------------------------------------------------
+
+
+def test_vcb_results_quotes_the_holistic_conflict_rule_record():
+    """docs/vcb-results.md's note on the merge's conflict rule (and methods/ndlb.md's) against the record of
+    benchmarks/holistic_conflict_rule.sh: captions changed, and HolisticCap's true and false facts per test caption
+    under the old rule and the new."""
+    record = json.loads((ROOT / "benchmarks/results/holistic_conflict_rule/2026-11-29.json").read_text())
+    old, new = record["old"]["HolisticCap"], record["new"]["HolisticCap"]
+    assert old["true facts"] == new["true facts"] and new["false facts"] < old["false facts"]
+    changed, images = record["holistic_changed"], record["images"]
+    test_changed, test_images = record["test_holistic_changed"], record["test_images"]
+    was, now, true = old["false facts"], new["false facts"], new["true facts"]
+    vcb = " ".join((ROOT / "docs" / "vcb-results.md").read_text().split())
+    assert (
+        f"{changed} of the {images:,} HolisticCaps change ({test_changed} of the {test_images:,} test images'); on "
+        f"the test split HolisticCap's false facts per caption go from {was:.3f} to {now:.3f} and its true ones stay "
+        f"{true:.3f} (the old rule's numbers are Table 2's {true:.2f} and {was:.2f} below)"
+    ) in vcb
+    ndlb = " ".join((ROOT / "docs" / "methods" / "ndlb.md").read_text().split())
+    assert (
+        f"{changed} of {images:,} captions change, the false facts per test caption go from {was:.2f} to {now:.2f} "
+        f"and the true ones stay {true:.2f}"
+    ) in ndlb
