@@ -43,7 +43,7 @@ from finecap.config import (
     masked_url_secrets,
     override_key,
 )
-from finecap.config.secrets import DEPRECATED_SECRETS, MASK, SECRET_KEYS, looks_secret, on_command_line_message
+from finecap.config.secrets import MASK, SECRET_KEYS, environment_advice, looks_secret, on_command_line_message
 from finecap.errors import AnotherProcessFailed, explain
 from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
@@ -126,9 +126,7 @@ def command_line_secrets(args: argparse.Namespace) -> list[str]:
     for item in getattr(args, "items", None) or ():
         key = override_key(item) if "=" in item else ""
         if key in SECRET_KEYS:
-            said.append(on_command_line_message(f"{key}=", f"export the key in an environment variable and name it "
-                                                f"in {DEPRECATED_SECRETS.get(key, key + '_env')} (default "
-                                                "OPENAI_API_KEY) instead"))  # fmt: skip
+            said.append(on_command_line_message(f"{key}=", environment_advice(key)))
     return said
 
 

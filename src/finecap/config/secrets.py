@@ -48,7 +48,20 @@ def deprecated_secret_message(key: str) -> str:
         'boost.llm_api_key is deprecated: put the key in an environment variable and name it in boost.llm_api_key_env \
 (default OPENAI_API_KEY) instead'
     """
-    return (f"{key} is deprecated: put the key in an environment variable and name it in {DEPRECATED_SECRETS[key]} "
+    return f"{key} is deprecated: {environment_advice(key)}"
+
+
+def environment_advice(key: str) -> str:
+    """Where the secret of ``key`` (a :data:`SECRET_KEYS` key) goes instead: an environment variable named by the
+    option replacing it (:data:`DEPRECATED_SECRETS`): said when it is set (:func:`deprecated_secret_message`) and
+    when it is given on the command line (``finecap.app.cli.command_line_secrets``).
+
+    Example::
+
+        >>> environment_advice("boost.vlm_api_key")
+        'put the key in an environment variable and name it in boost.vlm_api_key_env (default OPENAI_API_KEY) instead'
+    """
+    return (f"put the key in an environment variable and name it in {DEPRECATED_SECRETS.get(key, key + '_env')} "
             "(default OPENAI_API_KEY) instead")  # fmt: skip
 
 
