@@ -47,6 +47,23 @@ def test_a_judge_server_down_stops_the_run_after_max_consecutive_failures_calls(
         assert len(server.requests) == sent  # every call after it raises without a request
 
 
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_refused_key_url_or_model_stops_every_later_call_too(status):
+    # a holder that outlives the first error (a reward server answering request after request) got every later call
+    # back as a JudgeFailed "not sent: the run is stopping" (the client's stop, set by the refusal), scoring every
+    # caption as failed instead of saying why the judge cannot answer
+    with ChatServer(lambda payload, n: (status, {"error": "refused"})) as server:
+        judge = judge_of(server.url, retries=1)
+        with pytest.raises(JudgeUnavailable, match=f"HTTP {status}") as first:
+            judge.answer([Ask(Q, OPTIONS, "a red circle")])
+        assert len(server.requests) == 1  # not retried
+        for asks in ([Ask(Q, OPTIONS, "a blue circle")], [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(3)]):
+            with pytest.raises(JudgeUnavailable) as later:
+                judge.answer(asks)
+            assert str(later.value) == str(first.value)
+        assert len(server.requests) == 1  # every later call raises without a request
+
+
 def test_a_reply_resets_the_streak_and_an_unreachable_port_counts_too():
     def every_third_answers(payload, n):
         number = int(re.search(r"a red circle (\d+)", payload["messages"][-1]["content"]).group(1))

@@ -24,7 +24,7 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   answer at all raises :class:`~finecap.judges.base.JudgeUnavailable` (the run stops with its message): at once on
   HTTP 401/403/404 (a refused key, a wrong model or URL), and when ``judge.max_consecutive_failures`` calls in a row
   reached no server (a judge server down would otherwise leave every caption unscored, step after step); every call
-  after that raises too, without a request.
+  after either raises the same, without a request.
 - **Cache**: every parsed answer is kept (:class:`~finecap.judges.cache.AnswerCache`), keyed by the judge's model,
   ``judge.max_tokens``, prompt version, the kind of call, its inputs (caption, question, options as presented, ...)
   and the messages asked (the prompt's words). A call asked again while the same call is in flight (the samples of
@@ -287,7 +287,7 @@ class OpenAIJudge(Judge):
         self._lock = threading.Lock()  # of the counters, the calls in flight and the unreachable streak
         self._in_flight: dict[str, Future] = {}  # cache key -> the answer of the call asking it now
         self._unreachable = 0  # calls in a row that reached no server
-        self._unavailable = ""  # why the judge is unavailable, once the streak reached its limit
+        self._unavailable = ""  # why the judge is unavailable (a refused key, URL or model; the streak at its limit)
 
     def identity(self) -> dict[str, Any]:
         """The judge's name and prompt version, the model's name and ``judge.max_tokens``: an answer cut off under a
@@ -366,7 +366,7 @@ class OpenAIJudge(Judge):
                 why = f"unparsable answer after {asked} attempt(s): {e}"
                 continue
             except FatalBackendError as e:  # a refused key, a wrong model or URL: every call would fail alike
-                raise JudgeUnavailable(f"judge {self.name}: {e}") from None
+                raise JudgeUnavailable(self._out(f"judge {self.name}: {e}")) from None
             except BackendError as e:  # the client retried already: the next server, if any
                 reached = reached or not isinstance(e, ServerUnavailable)
                 failed.add(index)
@@ -380,6 +380,13 @@ class OpenAIJudge(Judge):
             self._reached_none(why)
         self._count("failed")
         return JudgeFailed(f"judge {self.name} ({kind}): {why}")
+
+    def _out(self, why: str) -> str:
+        """Mark the judge unavailable for ``why`` (the first reason kept): every later call raises
+        :class:`~finecap.judges.base.JudgeUnavailable` with it, without a request. The reason kept."""
+        with self._lock:
+            self._unavailable = self._unavailable or why
+            return self._unavailable
 
     def _reached(self) -> None:
         with self._lock:
