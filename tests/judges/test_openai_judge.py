@@ -576,3 +576,49 @@ def test_a_prompts_file_whose_template_cannot_be_filled_is_refused_naming_it(tmp
     with pytest.raises(ValueError, match=f"{re.escape(str(path))}: the 'answer' user template cannot be filled "
                                          f"\\({re.escape(named)}.*a literal brace is written twice"):  # fmt: skip
         OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", prompts=path)
+
+
+def answering_as(*models: str):
+    """A server answering "B" as ``models[k]`` to its k-th request (the last one after that)."""
+    count = iter(range(10**6))
+
+    def answer(payload, n):
+        body = completion("B")
+        body["model"] = models[min(next(count), len(models) - 1)]
+        return 200, body
+
+    return answer
+
+
+def test_a_reply_from_another_model_than_the_first_stops_the_judge_and_is_not_kept(tmp_path):
+    # a proxy falling back to another model, or two models behind judge.urls: the answers were scored and cached as
+    # one judge's, whatever model the replies named
+    asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(3)]
+    with ChatServer(answering_as("judge-model", "judge-model", "fallback-model")) as server:
+        judge = judge_of(server, cache=AnswerCache(tmp_path / "a.sqlite"), concurrency=1)
+        assert judge.answer(asks[:2]) == ["red", "red"]
+        with pytest.raises(JudgeUnavailable, match="answered as model 'fallback-model' after answering as "
+                                                   "'judge-model' \\(judge.model='judge-model'\\)"):  # fmt: skip
+            judge.answer(asks[2:])
+        assert len(judge.cache) == 2  # the fallback's answer is not kept
+        sent = len(server.requests)
+        with pytest.raises(JudgeUnavailable, match="fallback-model"):
+            judge.answer([Ask(Q, OPTIONS, "a blue circle")])
+        assert len(server.requests) == sent
+        judge.close()
+    with ChatServer(answering_as("model-a")) as a, ChatServer(answering_as("model-b")) as b:
+        judge = OpenAIJudge([a.url, b.url], "m", sleep=lambda seconds: None, concurrency=1)
+        with pytest.raises(JudgeUnavailable, match="'model-b' after answering as 'model-a'"):
+            judge.answer(asks)
+
+
+def test_a_server_naming_another_model_throughout_is_used_and_warned_once(caplog):
+    asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(3)]
+    for served, warned in (("judge-model", False), ("judge-model-2024-08-06", False), ("other-model", True)):
+        caplog.clear()
+        with ChatServer(answering_as(served)) as server:
+            judge = judge_of(server)
+            assert judge.answer(asks) == ["red"] * 3 and judge.served_model == served
+        said = [r.getMessage() for r in caplog.records if "answers as model" in r.getMessage()]
+        assert said == ([f"judge openai: the server answers as model {served!r}, not judge.model='judge-model'; its "
+                         "answers are cached and reported under judge.model"] if warned else [])  # fmt: skip

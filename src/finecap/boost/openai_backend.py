@@ -276,7 +276,9 @@ class OpenAIBackend:
     httpx's network transport; an ``httpx.MockTransport`` can play a slow server on a fake clock, raising
     ``httpx.ReadTimeout`` when the request's ``timeout`` extension is shorter than the server's delay).
     ``refuse_cut_off``: an answer cut off at ``max_tokens`` is a :class:`~finecap.boost.engine.CutOff` (module
-    docstring); ``False`` returns it as it came.
+    docstring); ``False`` returns it as it came. ``on_model``: called with the model a reply names (its ``"model"``,
+    when a non-empty string) before its answer is returned; what it raises fails the request (the judges check that one
+    model answers them all: :meth:`finecap.judges.openai.OpenAIJudge.served`).
 
     Messages name the options the user set: ``key`` is boost's role (``boost.llm``: ``boost.llm_model``,
     ``boost.llm_api_key_env``, ...) or a section (``judge``: ``judge.model``, ``judge.api_key_env``, ...), and
@@ -303,6 +305,7 @@ class OpenAIBackend:
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
         refuse_cut_off: bool = True,
+        on_model: Callable[[str], Any] | None = None,
     ) -> None:
         if not model:
             raise ValueError(f"{option_name(key, 'model')}: the openai backend needs the served model name")
@@ -324,6 +327,7 @@ class OpenAIBackend:
         self.section = key.split(".")[0]  # boost or judge: the section whose options are named in messages
         self.max_tokens, self.temperature, self.refuse_cut_off = max_tokens, temperature, refuse_cut_off
         self.seed = seed
+        self.on_model = on_model
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.client = httpx.Client(headers=headers, auth=credentials, timeout=timeout, limits=limits,
@@ -420,6 +424,9 @@ class OpenAIBackend:
             raise cut_off(self.masked_answer(text), self.max_tokens, "finish_reason 'length'")
         if not isinstance(content, str):
             raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
+        served = body.get("model") if isinstance(body, dict) else None
+        if self.on_model is not None and isinstance(served, str) and served:
+            self.on_model(served)
         return self.masked_answer(content)
 
     def _retry(self, response: httpx.Response, message: str, *, unavailable: bool) -> _Retry:

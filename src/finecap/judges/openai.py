@@ -25,6 +25,10 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   HTTP 401/403/404 (a refused key, a wrong model or URL), and when ``judge.max_consecutive_failures`` calls in a row
   reached no server (a judge server down would otherwise leave every caption unscored, step after step); every call
   after either raises the same, without a request.
+- **Served model**: a reply's ``model`` is checked (:meth:`OpenAIJudge.served`): the first one named is kept, with
+  a warning when it is not ``judge.model`` or a version of it (the answers are cached and reported under
+  ``judge.model``); a reply naming another model after it (two models behind ``judge.urls``, a proxy falling back to
+  another model) makes the judge unavailable, its answer not used, since the scores would mix two judges'.
 - **Cache**: every parsed answer is kept (:class:`~finecap.judges.cache.AnswerCache`), keyed by the judge's model,
   ``judge.max_tokens``, prompt version, the kind of call, its inputs (caption, question, options as presented, ...)
   and the messages asked (the prompt's words). A call asked again while the same call is in flight (the samples of
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -60,6 +65,8 @@ if TYPE_CHECKING:
     import httpx
 
     from finecap.config import Config
+
+log = logging.getLogger(__name__)
 
 PROMPT_KINDS = ("answer", "blind", "claims", "supports", "rate")
 OPTIONAL_PROMPT_KINDS = ("questions",)  # only `finecap questions make` asks for it
@@ -263,7 +270,8 @@ class OpenAIJudge(Judge):
         backends = [
             OpenAIBackend(model, url, api_key, concurrency=concurrency, timeout=timeout, retries=retries,
                           max_tokens=max_tokens, temperature=0.0, backoff=backoff, max_wait=retry_max_wait,
-                          key="judge", url_option="judge.urls", sleep=sleep, transport=transport, refuse_cut_off=False)
+                          key="judge", url_option="judge.urls", sleep=sleep, transport=transport, refuse_cut_off=False,
+                          on_model=self.served)
             for url in urls
         ]  # fmt: skip
         self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency,
@@ -288,6 +296,7 @@ class OpenAIJudge(Judge):
         self._in_flight: dict[str, Future] = {}  # cache key -> the answer of the call asking it now
         self._unreachable = 0  # calls in a row that reached no server
         self._unavailable = ""  # why the judge is unavailable (a refused key, URL or model; the streak at its limit)
+        self.served_model: str | None = None  # the model the first reply named (:meth:`served`)
 
     def identity(self) -> dict[str, Any]:
         """The judge's name and prompt version, the model's name and ``judge.max_tokens``: an answer cut off under a
@@ -387,6 +396,27 @@ class OpenAIJudge(Judge):
         with self._lock:
             self._unavailable = self._unavailable or why
             return self._unavailable
+
+    def served(self, model: str) -> None:
+        """Check the model a reply names (module docstring: served model): the first kept as
+        :attr:`served_model`, a warning when it is not ``judge.model`` (nor a version of it, ``gpt-4o-2024-08-06``
+        of ``gpt-4o``); a later reply naming another is a :class:`~finecap.boost.engine.FatalBackendError` (the
+        judge then unavailable), its answer not used."""
+        with self._lock:
+            first = self.served_model
+            if first is None:
+                self.served_model = model
+        if first is None:
+            if model != self.model and not model.startswith(f"{self.model}-"):
+                log.warning("judge %s: the server answers as model %r, not judge.model=%r; its answers are cached "
+                            "and reported under judge.model", self.name, model, self.model)  # fmt: skip
+            return
+        if model != first:
+            raise FatalBackendError(
+                f"a server answered as model {model!r} after answering as {first!r} (judge.model={self.model!r}): "
+                "two models behind judge.urls, or a proxy's fallback, would score captions as one judge; serve one "
+                "model, and delete the answer cache (or set judge.cache=false), which may hold either's answers"
+            )
 
     def _reached(self) -> None:
         with self._lock:
