@@ -622,3 +622,11 @@ def test_a_server_naming_another_model_throughout_is_used_and_warned_once(caplog
         said = [r.getMessage() for r in caplog.records if "answers as model" in r.getMessage()]
         assert said == ([f"judge openai: the server answers as model {served!r}, not judge.model='judge-model'; its "
                          "answers are cached and reported under judge.model"] if warned else [])  # fmt: skip
+
+
+def test_a_model_name_echoing_the_api_key_is_masked_in_the_warning(caplog):
+    key = "sk-secret-0123456789"
+    with ChatServer(answering_as(f"model for {key}")) as server:
+        judge = judge_of(server, api_key=key)
+        assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
+    assert judge.served_model == "model for ***" and key not in caplog.text and "model for ***" in caplog.text

@@ -277,7 +277,7 @@ class OpenAIBackend:
     ``httpx.ReadTimeout`` when the request's ``timeout`` extension is shorter than the server's delay).
     ``refuse_cut_off``: an answer cut off at ``max_tokens`` is a :class:`~finecap.boost.engine.CutOff` (module
     docstring); ``False`` returns it as it came. ``on_model``: called with the model a reply names (its ``"model"``,
-    when a non-empty string) before its answer is returned; what it raises fails the request (the judges check that one
+    when a non-empty string; masked as the answer is) before its answer is returned; what it raises fails the request (the judges check that one
     model answers them all: :meth:`finecap.judges.openai.OpenAIJudge.served`).
 
     Messages name the options the user set: ``key`` is boost's role (``boost.llm``: ``boost.llm_model``,
@@ -426,7 +426,7 @@ class OpenAIBackend:
             raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
         served = body.get("model") if isinstance(body, dict) else None
         if self.on_model is not None and isinstance(served, str) and served:
-            self.on_model(served)
+            self.on_model(self.masked_answer(served))  # as the answer: a server echoing the key puts it nowhere
         return self.masked_answer(content)
 
     def _retry(self, response: httpx.Response, message: str, *, unavailable: bool) -> _Retry:
