@@ -159,6 +159,57 @@ def test_a_run_named_as_caption_checkpoint_names_it_is_found_under_the_runs_root
     assert sorted(p.name for p in work.iterdir()) == ["exported"]
 
 
+def test_a_best_saved_while_it_is_exported_never_lends_the_export_its_card(run, tmp_path, monkeypatch):
+    # finecap export of a run still training: the export read the weights of one best and then, unguarded, the
+    # trainer_state.json, config and fingerprints of the next one swapped in meanwhile, so its card gave another
+    # step's validation values than its weights were; the swap now waits for the export's reads
+    import logging
+    import threading
+
+    import finecap.app.export as export
+
+    run_dir, model = run
+    best = run_dir / "checkpoints" / "best"
+    cfg = load(None, ["lora.rank=4", "lora.alpha=8", "lora.lm=true", "run.name=card-test", "train.objective=sle"])
+    said = threading.Event()  # the saver waited for the export, or it finished
+
+    class Waiting(logging.Handler):
+        def emit(self, record):
+            if "waiting for another process to finish loading" in record.getMessage():
+                said.set()
+
+    def save_next_best():
+        try:
+            save_checkpoint(best, model=model, cfg=cfg, info={**INFO, "step": 9, "values": {"cider": 0.875}})
+        finally:
+            said.set()
+
+    saver = threading.Thread(target=save_next_best)
+    real = export.export_merged
+
+    def merged_while_training_saves(*args, **kwargs):
+        out = real(*args, **kwargs)
+        saver.start()  # the run saves its next best after the export has read the weights
+        assert said.wait(60)
+        return out
+
+    monkeypatch.setattr(export, "export_merged", merged_while_training_saves)
+    runs_log = logging.getLogger("finecap.runs")
+    handler, level = Waiting(), runs_log.level
+    runs_log.addHandler(handler)
+    runs_log.setLevel(logging.INFO)
+    try:
+        assert main(["export", str(run_dir), "--merged", str(tmp_path / "exported")]) == 0
+    finally:
+        saver.join(60)
+        runs_log.removeHandler(handler)
+        runs_log.setLevel(level)
+    card = (tmp_path / "exported" / "README.md").read_text()
+    assert "step 7 of 10" in card and "| cider | 0.5000 |" in card, card  # the step whose weights it holds
+    assert "step 9" not in card and "0.8750" not in card
+    assert json.loads((best / "trainer_state.json").read_text())["step"] == 9  # the run's save went through after
+
+
 def test_an_earlier_export_is_replaced_only_with_force(run, tmp_path, capsys):
     run_dir, _ = run
     out = tmp_path / "exported"

@@ -25,7 +25,7 @@ from finecap.boost.output import link_images
 from finecap.config import load
 from finecap.train.state import promote, save_tree
 from finecap.utils.files import FSYNC_ENV, atomic_write_bytes, make_temporary_dir
-from finecap.utils.folders import atomic_replace_dir, mark_folder, previous_dir
+from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, mark_folder, previous_dir
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +118,36 @@ def test_a_resumes_promotion_of_a_checkpoint_is_synced_before_and_after_its_rena
     renamed = rec.replaced_at(ckpts / "last")
     assert any(i < renamed for i in rec.synced_at(ckpts / "last" / "trainer_state.json")), rec.events
     assert any(i > renamed for i in rec.synced_at(ckpts)), rec.events
+
+
+class _Saves:
+    """What ``save_checkpoint`` reads of a captioner: its ``save`` writes its weights as ``save_pretrained`` does,
+    with a plain write that nothing syncs."""
+
+    tokenizer = None
+
+    def save(self, out, state_dict=None):
+        out.mkdir(parents=True)
+        (out / "model.safetensors").write_bytes(b"weights" * 1000)
+        (out / "captioner.json").write_text("{}")
+
+
+def test_a_checkpoints_files_are_on_the_disk_before_its_trainer_state_says_it_is_complete(tmp_path, monkeypatch):
+    # trainer_state.json marks a checkpoint complete (finecap.train.state.is_complete): a resume picks the newest
+    # complete one, an unswapped .last.tmp too, and swaps it in over last, which it then removes. Its weights were
+    # synced only by that swap, after trainer_state.json: a power loss before it left a .last.tmp "complete" with
+    # empty weights, which a resume put in last's place, deleting the good last
+    from finecap.train.checkpoint import save_checkpoint
+
+    last = tmp_path / "run" / "checkpoints" / "last"
+    rec = Recorder(monkeypatch)
+    save_checkpoint(last, model=_Saves(), cfg=load(), info={"step": 3})
+    marked = rec.replaced_at(last.with_name(".last.tmp") / "trainer_state.json")
+    # (the folder's mark is written again, atomically, by the swap: finecap.utils.folders.atomic_replace_dir)
+    files = [p for p in last.rglob("*") if p.name not in ("trainer_state.json", FOLDER_MARK)]
+    assert {"model.safetensors", "captioner.json", "config.yaml", "README.md", "model"} <= {p.name for p in files}
+    for path in files:
+        assert any(i < marked for i in rec.synced_at(path)), (path, rec.events)
 
 
 def test_a_file_system_that_cannot_sync_folders_still_renames(tmp_path, monkeypatch):

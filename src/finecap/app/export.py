@@ -16,6 +16,11 @@ complete (:func:`finecap.utils.folders.atomic_replace_dir`), so it carries finec
 is replaced only with ``--force``; any other folder at OUT or at ``OUT.old`` (where the swap keeps the replaced one) is
 refused, with or without ``--force``, and so is OUT inside a run's checkpoint folders (:func:`finecap.runs.
 training_folder_of`: only training writes there, and a resumable checkpoint is never replaced by an export).
+
+A run still training may swap a new ``best`` in while it is exported: the export holds the run's
+:func:`finecap.runs.swap_guard` while it reads the checkpoint (its weights, configuration, ``trainer_state.json``,
+fingerprints and decoding settings), so they are one save's and its card states the step and values of the weights it
+holds; the run's swap waits for it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from finecap.runs import (
     find_checkpoint,
     model_dir,
     stored_config,
+    swap_guard,
     temporary_dir,
     training_folder_of,
 )
@@ -144,9 +150,14 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
     if not merged:
         raise ValueError("finecap export: say what to write: --merged OUT (a plain checkpoint, LoRA adapters merged)")
     found = find_checkpoint(checkpoint_where(checkpoint, option="RUN"))  # a run name as caption --checkpoint reads it
+    with swap_guard(found):  # one checkpoint's weights, configuration and records, never a best swapped in between
+        return _export(found, Path(out), force)
+
+
+def _export(found: Path, target: Path, force: bool) -> Path:
+    """:func:`main`'s work on the checkpoint ``found``, which a training run does not swap meanwhile."""
     source = model_dir(found)
     meta = read_meta(source)
-    target = Path(out)
     check_export_dir(target, source, force)
     tmp = temporary_dir(target)
     refuse_link(tmp)

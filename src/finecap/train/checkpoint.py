@@ -52,7 +52,7 @@ from finecap.train.state import (
     remove_unfinished_checkpoint,
     replace_checkpoint,
 )
-from finecap.utils.files import refuse_link, write_json
+from finecap.utils.files import refuse_link, sync_to_disk, write_json
 from finecap.utils.folders import check_swap
 from finecap.utils.reading import read_json
 
@@ -266,7 +266,10 @@ def save_checkpoint(
     ``path``, atomically: the folder replaces the previous one only once complete. ``keep_tmp_contents``: files
     already written into :func:`temporary_dir` (e.g. ``accelerate/``) are kept. ``fingerprints`` (default: the run's
     ``fingerprints.json``, when ``path`` is ``<run_dir>/checkpoints/<name>`` and the run recorded them) are written
-    as the checkpoint's ``fingerprints.json``."""
+    as the checkpoint's ``fingerprints.json``. ``trainer_state.json`` (``info``), which marks the folder complete
+    (:func:`finecap.train.state.is_complete`: a resume may pick an unswapped ``.<name>.tmp`` by it), is written last,
+    once everything else in the folder is on the disk (:func:`finecap.utils.files.sync_to_disk`): a power loss never
+    leaves a folder marked complete with weights that read back empty."""
     path = Path(path)
     if fingerprints is None:
         run_dir = run_dir_of(path)
@@ -292,6 +295,7 @@ def save_checkpoint(
         cfg.save(tmp / CONFIG_FILE)
         if fingerprints is not None:
             write_json(tmp / FINGERPRINTS_FILE, fingerprints)
+        sync_to_disk(tmp)  # all of it on the disk before the file that says it is complete (a power loss)
         write_json(tmp / INFO_FILE, encode_event(info))  # a best's non-finite values named, as metrics.jsonl's
         replace_checkpoint(tmp, path)
     except BaseException:
