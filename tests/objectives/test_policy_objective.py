@@ -256,6 +256,87 @@ def test_a_failed_caption_gets_no_kl_gradient_and_counts_in_no_kl_or_clip_fracti
     assert out.num_items == items
 
 
+class EntropyStandIn(StandIn):
+    """:class:`StandIn` whose captions' token entropies are a parameter ``h`` (images x S, L) too (0 at padding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.h = torch.nn.Parameter(torch.rand(N_IMAGES * S, L, generator=torch.Generator().manual_seed(1)) + 0.5)
+
+    def forward(self, batch, sequences, mask, image_index=None, temperature=1.0, with_entropy=False):
+        rows = self.rows(batch)
+        return TokenScores(self.lp[rows] * mask, self.h[rows] * mask if with_entropy else None)
+
+
+@pytest.mark.parametrize("loss", ["reinforce", "sequence", "token"])
+def test_a_failed_caption_is_out_of_the_entropy_bonus_and_the_logged_entropy(loss):
+    """Caption c1_1 (row 4 of the stand-in) is not scored. The ``rl.entropy_coef`` bonus by hand: the scored
+    captions' token means over every caption (6; under the token mean their tokens over every token), so the failed
+    caption takes no gradient from it; ``entropy`` is the mean over the scored captions alone. REINFORCE (the family's
+    defaults), GRPO's clipped loss with the sequence and the token mean. Until 2026-11-29 the bonus covered the
+    failed caption (a gradient on its row) and ``entropy`` counted it."""
+    coef = 0.5
+    if loss == "reinforce":
+        obj = Reinforce(WeightedSum({"table": (1.0, FailsOne())}), NoBaseline(), decode=DecodeConfig(max_length=L),
+                        rl=rl_sections(samples=S, entropy_coef=coef)["rl"])  # fmt: skip
+    else:
+        sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", loss_aggregation=loss,
+                               entropy_coef=coef)  # fmt: skip
+        obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsOne())}), NoBaseline(), **sections,
+                                 decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = EntropyStandIn()
+    out = obj(model, batch(1, 2))  # rows 3..8: images 1 and 2
+    out.losses["entropy"].backward()
+    captions = [f"c{i}_{j}" for i in (1, 2) for j in range(S)]
+    h = model.h.detach()[3:9].tolist()
+    scored = [n for n, c in enumerate(captions) if c != "c1_1"]
+    tokens = sum(LENGTH[c] for c in captions)  # 17: every caption's, the failed one's included
+    want = torch.zeros_like(model.h)
+    if loss == "token":
+        total = sum(h[n][t] for n in scored for t in range(LENGTH[captions[n]]))
+        bonus, logged = total / tokens, total / sum(LENGTH[captions[n]] for n in scored)
+        for n in scored:
+            want[3 + n, : LENGTH[captions[n]]] = -coef / tokens
+    else:
+        means = {n: sum(h[n][: LENGTH[captions[n]]]) / LENGTH[captions[n]] for n in scored}
+        bonus, logged = sum(means.values()) / 6, sum(means.values()) / 5
+        for n in scored:
+            want[3 + n, : LENGTH[captions[n]]] = -coef / 6 / LENGTH[captions[n]]
+    assert out.losses["entropy"].item() == pytest.approx(-coef * bonus, rel=1e-6)
+    assert out.metrics["entropy"] == pytest.approx(logged, rel=1e-6)
+    assert model.h.grad[4].abs().sum().item() == 0.0  # the failed caption: no gradient from the bonus
+    assert torch.allclose(model.h.grad, want, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("importance", ["token", "sequence"])
+def test_the_logged_ratios_are_over_the_scored_captions_tokens(importance):
+    """At the second step of a cycle, each caption's log-probs moved by its own amount since the rollout, the failed
+    caption c1_1 (row 4) the most: ``ratio/*`` by hand over the scored captions' tokens (token importance: a mean
+    over their tokens; GSPO's sequence importance: over the captions). Until 2026-11-29 they covered the failed
+    caption, whose weight the loss never applies: ``ratio/max`` was its e^1."""
+    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", iterations=2, importance=importance)
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsOne())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = StandIn()
+    grad_of(obj, model, batch(1, 2))  # the cycle's first step: the rollout's log-probs are the policy's
+    moved = {3: 0.1, 4: 1.0, 5: -0.2, 6: 0.3, 7: -0.4, 8: 0.2}  # row: its log-ratio at every token
+    with torch.no_grad():
+        for row, d in moved.items():
+            model.lp[row] += d
+    _, (out,) = grad_of(obj, model, batch(1, 2))
+    captions = {3 + n: f"c{i}_{j}" for n, (i, j) in enumerate((i, j) for i in (1, 2) for j in range(S))}
+    scored = [row for row in moved if captions[row] != "c1_1"]
+    weights = [math.exp(moved[row]) for row in scored]
+    if importance == "token":
+        counts = [LENGTH[captions[row]] for row in scored]
+        mean = sum(w * n for w, n in zip(weights, counts, strict=True)) / sum(counts)
+    else:
+        mean = sum(weights) / len(weights)
+    assert out.metrics["ratio/mean"] == pytest.approx(mean, rel=1e-6)
+    assert out.metrics["ratio/min"] == pytest.approx(math.exp(-0.4), rel=1e-6)
+    assert out.metrics["ratio/max"] == pytest.approx(math.exp(0.3), rel=1e-6)  # not the failed caption's e^1
+
+
 def test_a_micro_batch_of_failed_captions_only_has_no_kl_or_clip_fraction():
     class FailsAll(Table):
         def __call__(self, captions, batch):
@@ -271,6 +352,7 @@ def test_a_micro_batch_of_failed_captions_only_has_no_kl_or_clip_fraction():
     grad, (out,) = grad_of(obj, model, batch(1))
     assert grad.abs().sum().item() == 0.0
     assert math.isnan(out.metrics["kl"]) and math.isnan(out.metrics["clip_fraction"])  # nothing defined: left out
+    assert all(math.isnan(out.metrics[f"ratio/{stat}"]) for stat in ("mean", "min", "max"))  # no weight applied
     assert obj.monitor.step_kl is None  # no scored token: the step has no KL (logged: the micro-batches' NaN)
 
 
