@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,16 +19,20 @@ import torch
 from finecap.config import ClipCapBackboneConfig, ConfigError, DecodeConfig, load
 from finecap.contract import StepInfo
 from finecap.decode import Generation
+from finecap.engines import rollouts as rollouts_module
 from finecap.models import lora
 from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
+from finecap.objectives import grpo as grpo_module
+from finecap.objectives import reinforce as reinforce_module
 from finecap.objectives.baselines import MeanBaseline, NoBaseline
 from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.monitor import RewardHackingAlarm
 from finecap.objectives.reinforce import Reinforce
 from finecap.rewards import RewardOutput, WeightedSum
+from finecap.train.logging import step_sum
 from finecap.train.state import load_tree, save_tree
 from helpers.objective_steps import train_steps
 from helpers.rl_sections import rl_sections
@@ -420,7 +425,6 @@ def test_kl_is_zero_at_step_zero_and_positive_after_a_step():
 def test_the_kl_term_and_the_clip_fraction_by_hand():
     """One caption of one token, advantage 0, logp = -1, the reference's -2: k3 = e^(ref - logp) - (ref - logp) - 1
     = e^-1 = 0.367879, beta = 0.5 (the TRL comparison checks these only in the slow suite)."""
-    from types import SimpleNamespace
 
     def loss_and_grad(correction: bool, old: float, adv: float = 0.0):
         obj = kl_objective(f"grpo.kl_bias_correction={str(correction).lower()}")
@@ -468,6 +472,41 @@ def test_under_lora_the_reference_is_the_base_model_with_no_copy_of_the_adapters
         now = model.eval()(clip_batch(), **kw).logprobs
     assert torch.allclose(theirs, want, atol=1e-6)
     assert not torch.allclose(now, want, atol=1e-3)  # the policy itself moved away
+
+
+def test_the_reference_pass_is_timed_in_time_reference_alone(monkeypatch, tmp_path):
+    """With ``grpo.kl_coef > 0`` each micro-batch's rollout logs the seconds of its reference pass as
+    ``time/reference`` (a step sum, as every ``time/*``), in neither ``time/generate`` nor ``time/reward``; 0 at the
+    cycle's next step, also resumed from a checkpoint mid-cycle; no key without the KL. A fake clock that only the
+    reference pass moves (0.25 s each) makes the seconds exact. Until 2026-11-29 no ``time/*`` held them."""
+    clock = [0.0]
+    fake = SimpleNamespace(perf_counter=lambda: clock[0])
+    for module in (grpo_module, reinforce_module, rollouts_module):
+        monkeypatch.setattr(module, "time", fake, raising=False)  # each reads time.perf_counter()
+    obj, model = objective(policy_loss="clipped", kl_coef=0.5, iterations=2), StandIn()
+    passes = []
+    real = obj.reference.logprobs
+
+    def reference_pass(*args, **kwargs):
+        clock[0] += 0.25
+        passes.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj.reference, "logprobs", reference_pass)
+    _, first = grad_of(obj, model, batch(0), batch(1))
+    assert len(passes) == 2 and step_sum("time/reference")  # one pass per micro-batch; the step logs their sum
+    for out in first:
+        assert out.metrics["time/reference"] == 0.25
+        assert out.metrics["time/generate"] == out.metrics["time/reward"] == 0.0
+    save_tree(tmp_path, "objective", obj.state_dict())
+    _, second = grad_of(obj, model, batch(0), batch(1))
+    assert len(passes) == 2 and [o.metrics["time/reference"] for o in second] == [0.0, 0.0]
+    restored = objective(policy_loss="clipped", kl_coef=0.5, iterations=2)
+    restored.load_state_dict(load_tree(tmp_path, "objective"))  # the kept rollout has no seconds
+    _, resumed = grad_of(restored, copy.deepcopy(model), batch(0), batch(1))
+    assert [o.metrics["time/reference"] for o in resumed] == [0.0, 0.0]
+    _, (plain,) = grad_of(objective(policy_loss="clipped"), StandIn(), batch(0))
+    assert "time/reference" not in plain.metrics and "time/generate" in plain.metrics
 
 
 def test_the_reference_is_kept_in_the_state(tmp_path):

@@ -64,12 +64,15 @@ are all equal: no signal), and with ``clipped`` ``clip_fraction`` (TRL's ``clip_
 ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean);
 ``kl``, ``clip_fraction`` and ``ratio/*`` over the scored captions' tokens (a failed caption is out of the clipped
 loss, its KL term included: :meth:`PolicyOptimization.clipped_loss`), and so is the ``entropy`` bonus
-(:mod:`finecap.objectives.entropy`): a failed caption takes no gradient from any term.
+(:mod:`finecap.objectives.entropy`): a failed caption takes no gradient from any term. With ``grpo.kl_coef > 0``,
+``time/reference``: the seconds of the reference pass, beside ``time/generate`` and ``time/reward`` (each 0 at the
+steps of a cycle after its rollout: :meth:`PolicyOptimization.rollout_seconds`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -442,6 +445,14 @@ def check_kept(s: dict[str, Any]) -> None:
         raise ValueError(f"the kept rollout's failed mask must be a bool tensor of its {n} captions")
 
 
+def computed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` once its device has computed it: an accelerator runs kernels after the call that queued them returns,
+    so a timing of that call stops here (the reference pass's ``time/reference``)."""
+    if t.device.type != "cpu":
+        torch.accelerator.synchronize(t.device)
+    return t
+
+
 def batch_indices(batch: dict[str, Any]) -> torch.Tensor:
     """The micro-batch's dataset indices ``(B,)`` (what a kept rollout is matched by); rows when none are given."""
     if "index" in batch:
@@ -571,7 +582,9 @@ class PolicyOptimization(Reinforce):
         for batch, index, (rollout, seconds), adv in zip(micro_batches, indices, rolled, advantages, strict=True):
             ref = None
             if self.reference is not None:
-                ref = self.reference.logprobs(model, batch, rollout.samples, self.logprob_temperature)
+                start = time.perf_counter()
+                ref = computed(self.reference.logprobs(model, batch, rollout.samples, self.logprob_temperature))
+                seconds = {**seconds, "time/reference": time.perf_counter() - start}
             prepared.append(Prepared(index, rollout, adv.detach(), ref, None, seconds))
         return prepared
 
@@ -629,8 +642,7 @@ class PolicyOptimization(Reinforce):
             item.old = logp.detach()
         adv = item.advantages.to(logp.device)
         seq_logp = sequence_logprob(logp, gen.lengths, self.rl.logprob)  # (N,)
-        seconds = {"time/generate": 0.0, "time/reward": 0.0, **item.seconds}  # (a resumed cycle's: none kept)
-        metrics = {name: value if first else 0.0 for name, value in seconds.items()}
+        metrics = {name: value if first else 0.0 for name, value in self.rollout_seconds(item).items()}
         weights, mismatch = self.engine_correction(item.old.to(logp.device), gen)  # vLLM's rollouts: TRL's IS
         metrics.update(mismatch)
         failed = rollout.rewards.failed_mask()
@@ -655,6 +667,18 @@ class PolicyOptimization(Reinforce):
         metrics.update(self.advantage_metrics(item))
         metrics.update(self.watch(rollout, batch))
         return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items)
+
+    def rollout_seconds(self, item: Prepared) -> dict[str, float]:
+        """The seconds ``item``'s rollout took, each micro-batch's (the engine logs the step's sum, as every
+        ``time/*``: :func:`~finecap.train.logging.step_sum`): ``time/generate``, ``time/reward`` (and ``time/sync``
+        with vLLM's rollouts) and, with ``grpo.kl_coef > 0``, ``time/reference``, the reference policy's forward
+        pass over its captions (:mod:`finecap.objectives.reference`), in none of the others; 0 for those a rollout
+        kept from a checkpoint no longer has (a resumed cycle's). Until 2026-11-29 the reference pass was in no
+        ``time/*``."""
+        kept = {"time/generate": 0.0, "time/reward": 0.0}
+        if self.reference is not None:
+            kept["time/reference"] = 0.0
+        return {**kept, **item.seconds}
 
     def clipped_loss(
         self,
