@@ -85,6 +85,45 @@ def test_an_rl_rollout_decodes_with_the_engine_and_syncs_it(run, shapes, tmp_pat
     assert engine.closed and objective.rollouts.engine is None
 
 
+@pytest.mark.parametrize("grpo", [False, True])
+def test_a_caption_of_no_token_is_refused_naming_the_engine(run, shapes, tmp_path, grpo):
+    """An engine returning a caption with no token (not even its stop token, which the contract counts) is refused at
+    the rollout, naming it, before any reward scores it: REINFORCE and GRPO alike. Until 2026-11-29 such a caption
+    went through: rewarded as "", counted in its group's mean, and given an advantage (-0.71 in a group of 2 with a
+    3-word caption) that its log-prob, a sum over no token, could not take."""
+    from PIL import Image
+
+    from finecap.config import GRPOConfig
+    from finecap.objectives.grpo import PolicyOptimization
+    from helpers.contexts import training_context
+
+    engine = "helpers.toy_engine:NoTokenEngine"
+    policy = Captioner.from_pretrained(run, device="cpu").model
+    pictures = [Image.open(shapes["new"] / f"{color}.png") for color in COLORS]
+    items = [{"caption": "a b", "image": im, "image_id": i, "references": ["a b"], "index": i}
+             for i, im in enumerate(pictures)]  # fmt: skip
+    batch = model_collator(policy, 8, keep_images=True)(items)
+    batch["step_info"] = StepInfo(0, list(range(len(items))), {})
+    scored = []
+
+    def counted(captions, batch):
+        scored.append(len(captions))
+        return words(captions, batch)
+
+    rl = RLConfig(samples=2, baseline="none")
+    options = {"grpo": GRPOConfig(advantage="group", policy_loss="clipped")} if grpo else {}
+    cls = PolicyOptimization if grpo else Reinforce
+    objective = cls(WeightedSum({"words": (1.0, counted)}), build_baseline(rl), rl=rl,
+                    decode=DecodeConfig(engine=engine, max_length=6), **options)  # fmt: skip
+    objective.setup(training_context([], tmp_path))
+    with pytest.raises(ValueError) as e:
+        objective(policy, batch)
+    assert str(e.value).startswith(f"decode.engine={engine} returned 1 of {2 * len(items)} captions with no token "
+                                   "(the first: row 0, ''); a caption's tokens end with its stop token")  # fmt: skip
+    assert scored == []  # refused before any reward
+    objective.close()
+
+
 def test_the_engines_refusal_stops_a_run_before_anything_is_built():
     cfg = load(None, ["train.objective=reinforce", "model.kind=blip", f"decode.engine={NAME}"])
     with pytest.raises(ConfigError) as e:

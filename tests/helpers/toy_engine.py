@@ -71,5 +71,17 @@ class ColourEngine(GenerationEngine):
         self.closed = True
 
 
+class NoTokenEngine(ColourEngine):
+    """:class:`ColourEngine` whose first caption of each call has no token, not even its stop token (as an engine
+    that returns an empty answer as nothing): against the contract (``GenerationEngine.generate``), refused by RL
+    rollouts naming it (``decode.engine=helpers.toy_engine:NoTokenEngine``)."""
+
+    def generate(self, batch: dict[str, Any], decode: Any, seeds: torch.Tensor | None = None) -> Generation:
+        gen = super().generate(batch, decode, seeds)
+        gen.lengths[0], gen.texts[0] = 0, ""
+        gen.sequences[0] = self.tokenizer.eos_token_id  # padding only
+        return gen
+
+
 class NotAnEngine:
     """A class that is no :class:`GenerationEngine` (``decode.engine`` refuses it)."""

@@ -245,11 +245,12 @@ def test_the_grpo_family_weighs_each_tokens_loss_by_its_importance_ratio(policy_
 )
 def test_a_micro_batch_of_captions_of_no_token_logs_nan_which_the_step_leaves_out(policy_loss, aggregation):
     """Neither finecap's decoder nor its vLLM engine returns a caption of no token (the stop token counts, and
-    ``decode.max_length >= 1``), but an engine of one's own (``decode.engine=pkg.module:Class``) may: its micro-batch
-    of such captions trains on nothing (loss 0) and logs ``ratio/*`` and ``vllm/*`` as NaN, so the step's logged
-    means and extremes (:class:`finecap.train.logging.Means`) are those of its other micro-batches. Until
-    2026-11-29 ``ratio/min`` raised there (``min()`` of no value) and ``vllm/*`` logged 0, which made the step's
-    ``vllm/is_ratio/min`` 0 and pulled its means toward 0."""
+    ``decode.max_length >= 1``), and a rollout refuses an engine of one's own that does
+    (:func:`finecap.engines.base.check_lengths`, tests/engines/test_toy_engine.py); handed such a rollout directly,
+    the objective's micro-batch of such captions trains on nothing (loss 0) and logs ``ratio/*`` and ``vllm/*`` as
+    NaN, so the step's logged means and extremes (:class:`finecap.train.logging.Means`) are those of its other
+    micro-batches. Until 2026-11-29 ``ratio/min`` raised there (``min()`` of no value) and ``vllm/*`` logged 0,
+    which made the step's ``vllm/is_ratio/min`` 0 and pulled its means toward 0."""
     rl = rl_sections(advantage="group", samples=3, policy_loss=policy_loss, vllm_is_cap=2.0,
                      **({"loss_aggregation": aggregation} if policy_loss == "clipped" else {}))  # fmt: skip
     rewards = [1.0, 0.0, 2.0]

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,16 +19,20 @@ import torch
 from finecap.config import ClipCapBackboneConfig, ConfigError, DecodeConfig, load
 from finecap.contract import StepInfo
 from finecap.decode import Generation
+from finecap.engines import rollouts as rollouts_module
 from finecap.models import lora
 from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import get_objective
+from finecap.objectives import grpo as grpo_module
+from finecap.objectives import reinforce as reinforce_module
 from finecap.objectives.baselines import MeanBaseline, NoBaseline
 from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.monitor import RewardHackingAlarm
 from finecap.objectives.reinforce import Reinforce
 from finecap.rewards import RewardOutput, WeightedSum
+from finecap.train.logging import step_sum
 from finecap.train.state import load_tree, save_tree
 from helpers.objective_steps import train_steps
 from helpers.rl_sections import rl_sections
@@ -256,6 +261,87 @@ def test_a_failed_caption_gets_no_kl_gradient_and_counts_in_no_kl_or_clip_fracti
     assert out.num_items == items
 
 
+class EntropyStandIn(StandIn):
+    """:class:`StandIn` whose captions' token entropies are a parameter ``h`` (images x S, L) too (0 at padding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.h = torch.nn.Parameter(torch.rand(N_IMAGES * S, L, generator=torch.Generator().manual_seed(1)) + 0.5)
+
+    def forward(self, batch, sequences, mask, image_index=None, temperature=1.0, with_entropy=False):
+        rows = self.rows(batch)
+        return TokenScores(self.lp[rows] * mask, self.h[rows] * mask if with_entropy else None)
+
+
+@pytest.mark.parametrize("loss", ["reinforce", "sequence", "token"])
+def test_a_failed_caption_is_out_of_the_entropy_bonus_and_the_logged_entropy(loss):
+    """Caption c1_1 (row 4 of the stand-in) is not scored. The ``rl.entropy_coef`` bonus by hand: the scored
+    captions' token means over every caption (6; under the token mean their tokens over every token), so the failed
+    caption takes no gradient from it; ``entropy`` is the mean over the scored captions alone. REINFORCE (the family's
+    defaults), GRPO's clipped loss with the sequence and the token mean. Until 2026-11-29 the bonus covered the
+    failed caption (a gradient on its row) and ``entropy`` counted it."""
+    coef = 0.5
+    if loss == "reinforce":
+        obj = Reinforce(WeightedSum({"table": (1.0, FailsOne())}), NoBaseline(), decode=DecodeConfig(max_length=L),
+                        rl=rl_sections(samples=S, entropy_coef=coef)["rl"])  # fmt: skip
+    else:
+        sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", loss_aggregation=loss,
+                               entropy_coef=coef)  # fmt: skip
+        obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsOne())}), NoBaseline(), **sections,
+                                 decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = EntropyStandIn()
+    out = obj(model, batch(1, 2))  # rows 3..8: images 1 and 2
+    out.losses["entropy"].backward()
+    captions = [f"c{i}_{j}" for i in (1, 2) for j in range(S)]
+    h = model.h.detach()[3:9].tolist()
+    scored = [n for n, c in enumerate(captions) if c != "c1_1"]
+    tokens = sum(LENGTH[c] for c in captions)  # 17: every caption's, the failed one's included
+    want = torch.zeros_like(model.h)
+    if loss == "token":
+        total = sum(h[n][t] for n in scored for t in range(LENGTH[captions[n]]))
+        bonus, logged = total / tokens, total / sum(LENGTH[captions[n]] for n in scored)
+        for n in scored:
+            want[3 + n, : LENGTH[captions[n]]] = -coef / tokens
+    else:
+        means = {n: sum(h[n][: LENGTH[captions[n]]]) / LENGTH[captions[n]] for n in scored}
+        bonus, logged = sum(means.values()) / 6, sum(means.values()) / 5
+        for n in scored:
+            want[3 + n, : LENGTH[captions[n]]] = -coef / 6 / LENGTH[captions[n]]
+    assert out.losses["entropy"].item() == pytest.approx(-coef * bonus, rel=1e-6)
+    assert out.metrics["entropy"] == pytest.approx(logged, rel=1e-6)
+    assert model.h.grad[4].abs().sum().item() == 0.0  # the failed caption: no gradient from the bonus
+    assert torch.allclose(model.h.grad, want, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("importance", ["token", "sequence"])
+def test_the_logged_ratios_are_over_the_scored_captions_tokens(importance):
+    """At the second step of a cycle, each caption's log-probs moved by its own amount since the rollout, the failed
+    caption c1_1 (row 4) the most: ``ratio/*`` by hand over the scored captions' tokens (token importance: a mean
+    over their tokens; GSPO's sequence importance: over the captions). Until 2026-11-29 they covered the failed
+    caption, whose weight the loss never applies: ``ratio/max`` was its e^1."""
+    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", iterations=2, importance=importance)
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsOne())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = StandIn()
+    grad_of(obj, model, batch(1, 2))  # the cycle's first step: the rollout's log-probs are the policy's
+    moved = {3: 0.1, 4: 1.0, 5: -0.2, 6: 0.3, 7: -0.4, 8: 0.2}  # row: its log-ratio at every token
+    with torch.no_grad():
+        for row, d in moved.items():
+            model.lp[row] += d
+    _, (out,) = grad_of(obj, model, batch(1, 2))
+    captions = {3 + n: f"c{i}_{j}" for n, (i, j) in enumerate((i, j) for i in (1, 2) for j in range(S))}
+    scored = [row for row in moved if captions[row] != "c1_1"]
+    weights = [math.exp(moved[row]) for row in scored]
+    if importance == "token":
+        counts = [LENGTH[captions[row]] for row in scored]
+        mean = sum(w * n for w, n in zip(weights, counts, strict=True)) / sum(counts)
+    else:
+        mean = sum(weights) / len(weights)
+    assert out.metrics["ratio/mean"] == pytest.approx(mean, rel=1e-6)
+    assert out.metrics["ratio/min"] == pytest.approx(math.exp(-0.4), rel=1e-6)
+    assert out.metrics["ratio/max"] == pytest.approx(math.exp(0.3), rel=1e-6)  # not the failed caption's e^1
+
+
 def test_a_micro_batch_of_failed_captions_only_has_no_kl_or_clip_fraction():
     class FailsAll(Table):
         def __call__(self, captions, batch):
@@ -271,6 +357,7 @@ def test_a_micro_batch_of_failed_captions_only_has_no_kl_or_clip_fraction():
     grad, (out,) = grad_of(obj, model, batch(1))
     assert grad.abs().sum().item() == 0.0
     assert math.isnan(out.metrics["kl"]) and math.isnan(out.metrics["clip_fraction"])  # nothing defined: left out
+    assert all(math.isnan(out.metrics[f"ratio/{stat}"]) for stat in ("mean", "min", "max"))  # no weight applied
     assert obj.monitor.step_kl is None  # no scored token: the step has no KL (logged: the micro-batches' NaN)
 
 
@@ -338,7 +425,6 @@ def test_kl_is_zero_at_step_zero_and_positive_after_a_step():
 def test_the_kl_term_and_the_clip_fraction_by_hand():
     """One caption of one token, advantage 0, logp = -1, the reference's -2: k3 = e^(ref - logp) - (ref - logp) - 1
     = e^-1 = 0.367879, beta = 0.5 (the TRL comparison checks these only in the slow suite)."""
-    from types import SimpleNamespace
 
     def loss_and_grad(correction: bool, old: float, adv: float = 0.0):
         obj = kl_objective(f"grpo.kl_bias_correction={str(correction).lower()}")
@@ -386,6 +472,41 @@ def test_under_lora_the_reference_is_the_base_model_with_no_copy_of_the_adapters
         now = model.eval()(clip_batch(), **kw).logprobs
     assert torch.allclose(theirs, want, atol=1e-6)
     assert not torch.allclose(now, want, atol=1e-3)  # the policy itself moved away
+
+
+def test_the_reference_pass_is_timed_in_time_reference_alone(monkeypatch, tmp_path):
+    """With ``grpo.kl_coef > 0`` each micro-batch's rollout logs the seconds of its reference pass as
+    ``time/reference`` (a step sum, as every ``time/*``), in neither ``time/generate`` nor ``time/reward``; 0 at the
+    cycle's next step, also resumed from a checkpoint mid-cycle; no key without the KL. A fake clock that only the
+    reference pass moves (0.25 s each) makes the seconds exact. Until 2026-11-29 no ``time/*`` held them."""
+    clock = [0.0]
+    fake = SimpleNamespace(perf_counter=lambda: clock[0])
+    for module in (grpo_module, reinforce_module, rollouts_module):
+        monkeypatch.setattr(module, "time", fake, raising=False)  # each reads time.perf_counter()
+    obj, model = objective(policy_loss="clipped", kl_coef=0.5, iterations=2), StandIn()
+    passes = []
+    real = obj.reference.logprobs
+
+    def reference_pass(*args, **kwargs):
+        clock[0] += 0.25
+        passes.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj.reference, "logprobs", reference_pass)
+    _, first = grad_of(obj, model, batch(0), batch(1))
+    assert len(passes) == 2 and step_sum("time/reference")  # one pass per micro-batch; the step logs their sum
+    for out in first:
+        assert out.metrics["time/reference"] == 0.25
+        assert out.metrics["time/generate"] == out.metrics["time/reward"] == 0.0
+    save_tree(tmp_path, "objective", obj.state_dict())
+    _, second = grad_of(obj, model, batch(0), batch(1))
+    assert len(passes) == 2 and [o.metrics["time/reference"] for o in second] == [0.0, 0.0]
+    restored = objective(policy_loss="clipped", kl_coef=0.5, iterations=2)
+    restored.load_state_dict(load_tree(tmp_path, "objective"))  # the kept rollout has no seconds
+    _, resumed = grad_of(restored, copy.deepcopy(model), batch(0), batch(1))
+    assert [o.metrics["time/reference"] for o in resumed] == [0.0, 0.0]
+    _, (plain,) = grad_of(objective(policy_loss="clipped"), StandIn(), batch(0))
+    assert "time/reference" not in plain.metrics and "time/generate" in plain.metrics
 
 
 def test_the_reference_is_kept_in_the_state(tmp_path):

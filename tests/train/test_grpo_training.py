@@ -58,6 +58,7 @@ def test_grpo_trains_and_logs_kl_clipping_rewards_and_the_monitor(make_cfg):
     assert values[1]["ratio/max"] > 1.0 or values[1]["ratio/min"] < 1.0  # step 2 reuses step 1's rollout
     assert values[0]["ratio/min"] == values[0]["ratio/max"] == 1.0
     assert values[0]["time/generate"] > 0 and values[1]["time/generate"] == 0.0
+    assert values[0]["time/reference"] > 0 and values[1]["time/reference"] == 0.0  # the reference pass's seconds
     assert any(v["kl"] > 0 for v in values[1:])
 
 

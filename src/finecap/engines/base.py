@@ -114,7 +114,9 @@ class GenerationEngine(Closeable, abc.ABC):
     @abc.abstractmethod
     def generate(self, batch: dict[str, Any], decode: DecodeConfig, seeds: torch.Tensor | None = None) -> Generation:
         """The captions of the collated ``batch`` (its rows on :attr:`device`) decoded with ``decode``,
-        ``decode.num_return_sequences`` rows per image in order; ``seeds``: one sampling seed per image."""
+        ``decode.num_return_sequences`` rows per image in order; ``seeds``: one sampling seed per image. Every
+        caption has at least one token: its tokens end with its stop token, which ``lengths`` counts (or are the
+        ``decode.max_length`` tokens it was cut at); RL rollouts refuse a caption of none (:func:`check_lengths`)."""
 
     @property
     def encoder(self) -> Any:
@@ -147,6 +149,37 @@ class GenerationEngine(Closeable, abc.ABC):
     def close(self) -> None:
         """Free what the engine holds (its model may be built again by :meth:`open`); the default holds nothing."""
         return
+
+
+def check_lengths(gen: Generation, decode: DecodeConfig) -> Generation:
+    """``gen``, as the engine ``decode.engine`` names returned it (:meth:`~GenerationEngine.generate` with
+    ``decode``), if every caption has a token (its stop token counts: :class:`~finecap.decode.Generation`'s
+    ``lengths``); else a ``ValueError`` naming the engine, how many captions have none and the first's row. Such a
+    caption breaks the engine's contract, and an RL rollout would take it silently: its reward (that of ``""``)
+    counts in its image's baseline or group statistics, but its log-prob is a sum over no token, so its advantage
+    moves nothing while the loss's means and the ``rl.entropy_coef`` bonus count it as a caption with no term (until
+    2026-11-29 nothing refused it). finecap's decoder and vLLM's engine count the stop token: they never return one.
+
+    >>> import torch
+    >>> from finecap.config import DecodeConfig
+    >>> from finecap.decode import Generation
+    >>> gen = Generation(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3), torch.tensor([2, 0]),
+    ...                  torch.tensor([0, 0]), torch.zeros(2), ["a b", ""])
+    >>> check_lengths(gen, DecodeConfig(engine="pkg.mine:Engine"))
+    Traceback (most recent call last):
+    ...
+    ValueError: decode.engine=pkg.mine:Engine returned 1 of 2 captions with no token (the first: row 1, ''); ...
+    """
+    empty = (gen.lengths < 1).nonzero().flatten().tolist()
+    if empty:
+        row = empty[0]
+        text = gen.texts[row] if row < len(gen.texts) else ""
+        raise ValueError(
+            f"{OPTION}={decode.engine} returned {len(empty)} of {len(gen)} captions with no token (the first: row "
+            f"{row}, {text!r}); a caption's tokens end with its stop token, which Generation.lengths counts, so each "
+            "has at least one (GenerationEngine.generate)"
+        )
+    return gen
 
 
 def images_of(batch: dict[str, Any], engine: str) -> list[Any]:

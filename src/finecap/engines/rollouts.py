@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from finecap.engines.base import GenerationEngine, engine_class
+from finecap.engines.base import GenerationEngine, check_lengths, engine_class
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -126,10 +126,12 @@ class RolloutEngine:
         """``policy``'s captions of ``batch`` decoded with ``decode`` (per-image sampling ``seeds``), on the policy's
         device. An engine that ``reads_images`` reads the batch's PIL ``images`` (the training collator keeps them
         for it: :func:`finecap.train.setup.build_training_data`). The engine then sleeps
-        (:meth:`GenerationEngine.sleep <finecap.engines.base.GenerationEngine.sleep>`: ``vllm.enable_sleep_mode``)."""
+        (:meth:`GenerationEngine.sleep <finecap.engines.base.GenerationEngine.sleep>`: ``vllm.enable_sleep_mode``).
+        A caption of no token is a ``ValueError`` naming the engine (:func:`~finecap.engines.base.check_lengths`)."""
         engine = self.generator(policy)
         gen = engine.generate(batch, decode, seeds=seeds)
         engine.sleep()  # its device memory back to the training step until the next rollout (vllm.enable_sleep_mode)
+        check_lengths(gen, decode)
         return gen.to(policy.device) if self.external else gen  # the policy's own are on its device already
 
     def close(self) -> None:

@@ -13,6 +13,14 @@ would not be (10 tokens of entropy 1 and 2 of entropy 3: 16 / 12 as one batch, (
 uses (temperature 1, or the sampling temperature with ``rl.scaled_logprob``). The paper's coefficient is 1e-2
 (tuned among 1e-1, 1e-2, 1e-3).
 
+A caption a reward could not score (``RewardOutput.failed``: a judge that timed out) is out of the term and of the
+logged ``entropy``, as it is out of the rest of the loss (its advantage is 0; the GRPO family's KL term leaves it
+out too): a failed caption takes no gradient (docs/methods/grpo.md). Were the bonus to cover it, the push towards a
+flatter distribution at its tokens would be its only gradient, with no reward to answer it, and a judge fails on
+some captions more than on others (long, garbled ones), so that push would fall where the reward cannot see. Its
+caption (or tokens) still counts in the denominator, as in the loss's ``num_items``, so the term of a step is the
+same however it is cut. Until 2026-11-29 the bonus and ``entropy`` covered failed captions.
+
 The entropies come from the same forward pass as the REINFORCE log-probs: the captioner's ``forward`` with
 ``with_entropy=True`` returns both (:class:`finecap.models.captioner.TokenScores`).
 
@@ -37,19 +45,50 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     return entropy_of(F.log_softmax(logits.float() / temperature, dim=-1))
 
 
-def mean_entropy(entropy: torch.Tensor, mask: torch.Tensor, per: str = "caption") -> torch.Tensor:
+def mean_entropy(
+    entropy: torch.Tensor, mask: torch.Tensor, per: str = "caption", rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean of ``entropy`` (N, L) over the positions where ``mask`` (N, L) is true: ``per="caption"`` the mean over
     the captions of each one's mean, ``per="token"`` over all positions (module docstring). Whatever ``entropy``
     holds where ``mask`` is false (a NaN of a row of ``-inf`` logits) takes no part.
 
+    ``rows`` (N,) bool: the captions the term covers (``None``: every one), those a reward scored; the others'
+    (``RewardOutput.failed``) terms are 0, so they take no gradient from it, and they still count in the
+    denominators (their caption, or their tokens with ``per="token"``), as they count in the objective's
+    ``num_items``: the step's term stays the same however the step is cut into micro-batches (module docstring).
+
     >>> h, m = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]]), torch.tensor([[True] * 3, [True, False, False]])
     >>> mean_entropy(h, m).item(), mean_entropy(h, m, per="token").item()  # (1 + 3) / 2; 6 / 4
     (2.0, 1.5)
+    >>> rows = torch.tensor([False, True])  # caption 0 failed: (0 + 3) / 2; 3 / 4
+    >>> mean_entropy(h, m, rows=rows).item(), mean_entropy(h, m, per="token", rows=rows).item()
+    (1.5, 0.75)
     """
     keep = mask.to(entropy.device).bool()
     kept, m = entropy.masked_fill(~keep, 0.0), keep.to(entropy.dtype)  # (N, L) each
+    if rows is not None:  # the other captions' terms 0; their tokens stay in the denominators
+        kept = kept.masked_fill(~rows.to(entropy.device, torch.bool).unsqueeze(1), 0.0)
     if per == "token":
         return kept.sum() / m.sum().clamp(min=1.0)
     if per != "caption":
         raise ValueError(f"mean_entropy: per={per!r}; valid: caption, token")
     return (kept.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+
+
+def logged_entropy(
+    entropy: torch.Tensor, mask: torch.Tensor, per: str = "caption", rows: torch.Tensor | None = None
+) -> float:
+    """The logged ``entropy``: :func:`mean_entropy` over the ``rows`` (N,) captions alone (every one for ``None``),
+    the measure of the term as the GRPO family's ``kl`` is of its KL term: NaN when ``rows`` holds none (left out of
+    the step's mean, :class:`finecap.train.logging.Means`).
+
+    >>> h, m = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]]), torch.tensor([[True] * 3, [True, False, False]])
+    >>> logged_entropy(h, m, rows=torch.tensor([False, True])), logged_entropy(h, m, rows=torch.tensor([False] * 2))
+    (3.0, nan)
+    """
+    if rows is None:
+        return float(mean_entropy(entropy, mask, per).detach())
+    rows = rows.to(entropy.device, torch.bool)
+    if not bool(rows.any()):
+        return float("nan")
+    return float(mean_entropy(entropy[rows], mask.to(entropy.device)[rows], per).detach())

@@ -62,13 +62,17 @@ Losses: ``policy`` (the clipped surrogate, KL included) or ``reinforce``, and ``
 Metrics besides REINFORCE's: ``advantage/min``, ``advantage/max``, ``zero_std_groups`` (share of groups whose rewards
 are all equal: no signal), and with ``clipped`` ``clip_fraction`` (TRL's ``clip_ratio/region_mean``: tokens whose
 ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean);
-``kl`` and ``clip_fraction`` over the scored captions' tokens (a failed caption is out of the clipped loss, its KL term
-included: :meth:`PolicyOptimization.clipped_loss`).
+``kl``, ``clip_fraction`` and ``ratio/*`` over the scored captions' tokens (a failed caption is out of the clipped
+loss, its KL term included: :meth:`PolicyOptimization.clipped_loss`), and so is the ``entropy`` bonus
+(:mod:`finecap.objectives.entropy`): a failed caption takes no gradient from any term. With ``grpo.kl_coef > 0``,
+``time/reference``: the seconds of the reference pass, beside ``time/generate`` and ``time/reward`` (each 0 at the
+steps of a cycle after its rollout: :meth:`PolicyOptimization.rollout_seconds`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -80,7 +84,7 @@ from finecap.contract import is_copy
 from finecap.decode import Generation
 from finecap.objectives.base import ObjectiveOutput, token_stats
 from finecap.objectives.baselines import NoBaseline
-from finecap.objectives.entropy import mean_entropy
+from finecap.objectives.entropy import logged_entropy, mean_entropy
 from finecap.objectives.reference import Reference
 from finecap.objectives.reinforce import (
     Reinforce,
@@ -441,6 +445,14 @@ def check_kept(s: dict[str, Any]) -> None:
         raise ValueError(f"the kept rollout's failed mask must be a bool tensor of its {n} captions")
 
 
+def computed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` once its device has computed it: an accelerator runs kernels after the call that queued them returns,
+    so a timing of that call stops here (the reference pass's ``time/reference``)."""
+    if t.device.type != "cpu":
+        torch.accelerator.synchronize(t.device)
+    return t
+
+
 def batch_indices(batch: dict[str, Any]) -> torch.Tensor:
     """The micro-batch's dataset indices ``(B,)`` (what a kept rollout is matched by); rows when none are given."""
     if "index" in batch:
@@ -570,7 +582,9 @@ class PolicyOptimization(Reinforce):
         for batch, index, (rollout, seconds), adv in zip(micro_batches, indices, rolled, advantages, strict=True):
             ref = None
             if self.reference is not None:
-                ref = self.reference.logprobs(model, batch, rollout.samples, self.logprob_temperature)
+                start = time.perf_counter()
+                ref = computed(self.reference.logprobs(model, batch, rollout.samples, self.logprob_temperature))
+                seconds = {**seconds, "time/reference": time.perf_counter() - start}
             prepared.append(Prepared(index, rollout, adv.detach(), ref, None, seconds))
         return prepared
 
@@ -628,32 +642,43 @@ class PolicyOptimization(Reinforce):
             item.old = logp.detach()
         adv = item.advantages.to(logp.device)
         seq_logp = sequence_logprob(logp, gen.lengths, self.rl.logprob)  # (N,)
-        seconds = {"time/generate": 0.0, "time/reward": 0.0, **item.seconds}  # (a resumed cycle's: none kept)
-        metrics = {name: value if first else 0.0 for name, value in seconds.items()}
+        metrics = {name: value if first else 0.0 for name, value in self.rollout_seconds(item).items()}
         weights, mismatch = self.engine_correction(item.old.to(logp.device), gen)  # vLLM's rollouts: TRL's IS
         metrics.update(mismatch)
+        failed = rollout.rewards.failed_mask()
+        scored = None if failed is None else ~failed  # what the loss covers: a failed caption takes no gradient
         if self.grpo.policy_loss == "reinforce":
             weighted = seq_logp if weights is None else self.weighted_logprob(logp, gen, weights)
             losses, items = {"reinforce": policy_gradient_loss(adv, weighted)}, float(len(gen))
         else:
-            failed = rollout.rewards.failed_mask()
-            scored = None if failed is None else ~failed
             loss, items, extra = self.clipped_loss(logp, item, adv, mask, weights, scored)
             losses = {"policy": loss}
             metrics.update(extra)
             if "kl" in extra and not is_copy(batch):  # the rl.alarms.kl alarm's measure (a copy's counts nowhere)
                 tokens = float(scored_tokens(mask, scored).sum())
                 self.monitor.observe_kl(extra["kl"] if tokens else 0.0, tokens)
-        if scores.entropy is not None:
+        if scores.entropy is not None:  # over the scored captions, as the clipped loss (finecap.objectives.entropy)
             tokens = self.grpo.policy_loss != "reinforce" and self.grpo.loss_aggregation == "token"
             per = "token" if tokens else "caption"  # a mean over what `items` counts
-            entropy = mean_entropy(scores.entropy, mask.to(scores.entropy.device), per)
-            losses["entropy"] = -self.rl.entropy_coef * entropy
-            metrics["entropy"] = float(entropy.detach())
+            mask = mask.to(scores.entropy.device)
+            losses["entropy"] = -self.rl.entropy_coef * mean_entropy(scores.entropy, mask, per, scored)
+            metrics["entropy"] = logged_entropy(scores.entropy, mask, per, scored)
         metrics.update(self.metrics(rollout, seq_logp))
         metrics.update(self.advantage_metrics(item))
         metrics.update(self.watch(rollout, batch))
         return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items)
+
+    def rollout_seconds(self, item: Prepared) -> dict[str, float]:
+        """The seconds ``item``'s rollout took, each micro-batch's (the engine logs the step's sum, as every
+        ``time/*``: :func:`~finecap.train.logging.step_sum`): ``time/generate``, ``time/reward`` (and ``time/sync``
+        with vLLM's rollouts) and, with ``grpo.kl_coef > 0``, ``time/reference``, the reference policy's forward
+        pass over its captions (:mod:`finecap.objectives.reference`), in none of the others; 0 for those a rollout
+        kept from a checkpoint no longer has (a resumed cycle's). Until 2026-11-29 the reference pass was in no
+        ``time/*``."""
+        kept = {"time/generate": 0.0, "time/reward": 0.0}
+        if self.reference is not None:
+            kept["time/reference"] = 0.0
+        return {**kept, **item.seconds}
 
     def clipped_loss(
         self,
@@ -673,9 +698,11 @@ class PolicyOptimization(Reinforce):
         still counts in the aggregation's denominator (its captions or tokens: ``num_items``), as its 0 advantage
         always made it count in the surrogate's, so a step's loss is that of every caption with the failed ones'
         terms 0, and with ``grpo.kl_coef = 0`` nothing changes. TRL 1.16 keeps an unscorable completion's KL term
-        and counts it in its ``kl`` and ``clip_ratio`` (docs/methods/grpo.md, where finecap differs). ``ratio/*``
-        stay over every token (the policy's drift on every sampled caption). Until 2026-11-29 a failed caption took
-        the KL term's gradient and counted in ``kl`` and ``clip_fraction`` (lowering it: it cannot be clipped)."""
+        and counts it in its ``kl`` and ``clip_ratio`` (docs/methods/grpo.md, where finecap differs). ``ratio/*`` are
+        over the scored captions' tokens too (NaN over none): they are the range of the importance weights the loss
+        applies, the measure ``grpo.clip_low`` / ``clip_high`` are set against, and a failed caption's weigh nothing
+        (its terms are 0) and can never be clipped. Until 2026-11-29 a failed caption took the KL term's gradient
+        and counted in ``kl`` and ``clip_fraction`` (lowering it), and ``ratio/*`` covered its tokens."""
         grpo = self.grpo
         assert item.old is not None
         ratio = torch.exp(log_importance(logp, item.old.to(logp.device, logp.dtype), mask, grpo.importance))
@@ -697,7 +724,10 @@ class PolicyOptimization(Reinforce):
         w = ratio.detach()
         a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)
         clipped = ((w < 1 - grpo.clip_low) & (a < 0)) | ((w > 1 + grpo.clip_high) & (a > 0))
-        values = w[mask] if w.shape[-1] != 1 else w.flatten()
+        if w.shape[-1] != 1:  # ratio/*: the weights the loss applies, a failed caption's none (docstring)
+            values = w[scored_tokens(mask, scored)]
+        else:  # GSPO's, one per caption
+            values = w.flatten() if scored is None else w.flatten()[scored.to(w.device, torch.bool)]
         metrics["clip_fraction"] = masked_mean(clipped.float(), mask, scored)
         metrics.update(token_stats("ratio", values))
         return loss, items, metrics

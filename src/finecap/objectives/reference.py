@@ -15,9 +15,10 @@ takes
 Why the training dtype and not ``model.dtype``: the copy is then bit-equal to the starting policy (a bfloat16 copy of
 float32 master weights would not be), so the KL is exactly 0 before the first step (without dropout).
 
-The reference log-probs are computed once per rollout (at the first of its ``grpo.iterations`` steps), without
-gradient and in eval mode (no dropout: the reference is a fixed function), with the same temperature as the policy's,
-and, under gradient checkpointing, in the vocabulary chunks the policy's training pass scores in
+The reference log-probs are computed once per rollout (at the first of its ``grpo.iterations`` steps; their
+seconds are logged as ``time/reference``), without gradient and in eval mode (no dropout: the reference is a fixed
+function), with the same temperature as the policy's, and, under gradient checkpointing, in the vocabulary chunks
+the policy's training pass scores in
 (:attr:`~finecap.models.base.CaptionerBase.trains_in_chunks`): the same log-probs as the policy's at the start, and
 never the whole logits of the step's captions (``(N, L, V)``: 14 GiB for 256 captions of 40 tokens over Qwen2-VL's
 151,936 words in bf16 with their float32 copies).

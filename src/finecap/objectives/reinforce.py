@@ -15,7 +15,8 @@ One step, per batch of B images (``train.objective=reinforce``, options in the `
    ``rl.scaled_logprob=true`` and sampling, the token log-probs are those of the temperature-scaled distribution
    ``softmax(logits / T)`` that was sampled from (NDLB); otherwise of the model at T = 1.
 5. Optional **max-entropy** term (SLL-ME, ``rl.entropy_coef > 0`` or ``train.objective=scst_me``): the loss
-   ``entropy = -coef * mean token entropy`` (:mod:`finecap.objectives.entropy`), from the same forward pass.
+   ``entropy = -coef * mean token entropy`` (:mod:`finecap.objectives.entropy`), from the same forward pass, over
+   the captions a reward scored (a failed caption takes no gradient from it either).
 
 Losses returned: ``reinforce`` (and ``entropy``); metrics: mean reward and parts, greedy reward, baseline, advantage
 spread, sampled caption length, share of distinct captions per image, the reward-hacking monitor's measures
@@ -76,7 +77,7 @@ from finecap.models.base import set_dropout
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.baselines import baseline_of, build_baseline, call_hook
 from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics
-from finecap.objectives.entropy import mean_entropy
+from finecap.objectives.entropy import logged_entropy, mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
 from finecap.registry import declared_needs
 from finecap.rewards import RewardInputs, as_reward, build_reward
@@ -352,14 +353,16 @@ class Reinforce(ObjectiveBase):
         weighted = logp if weights is None else self.weighted_logprob(scores.logprobs, gen, weights)
         losses = {name: policy_gradient_loss(adv.to(logp.device), weighted) for name, adv in advantages.items()}
         entropy = None
-        if scores.entropy is not None:
-            entropy = mean_entropy(scores.entropy, gen.mask.to(scores.entropy.device))
-            losses["entropy"] = -self.rl.entropy_coef * entropy
+        if scores.entropy is not None:  # over the captions a reward scored (finecap.objectives.entropy)
+            failed = rollout.rewards.failed_mask()
+            scored, mask = None if failed is None else ~failed, gen.mask.to(scores.entropy.device)
+            losses["entropy"] = -self.rl.entropy_coef * mean_entropy(scores.entropy, mask, rows=scored)
+            entropy = logged_entropy(scores.entropy, mask, rows=scored)
         metrics.update(self.metrics(rollout, logp))
         metrics.update(self.watch(rollout, batch))
         metrics.update(extra)
         if entropy is not None:
-            metrics["entropy"] = float(entropy.detach())
+            metrics["entropy"] = entropy
         return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen))  # means over the N captions
 
     def engine_correction(self, old: torch.Tensor, gen: Generation) -> tuple[torch.Tensor | None, dict[str, float]]:
