@@ -649,6 +649,13 @@ class VlmImages:
     def model(self) -> nn.Module:
         return self.vlm.lora_module("encoder")
 
+    @property
+    def refuses_images(self) -> bool:
+        """Whether :meth:`preprocess` may refuse an image (:func:`check_image_tokens`: the family's
+        :attr:`Family.one_token_fails`), so that ``data.skip_bad_images`` asks it about every image up front
+        (:func:`finecap.data.datasets.refused_images`)."""
+        return self.vlm.family.one_token_fails
+
     def preprocess(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
         """PIL images -> ``prompt_ids`` / ``prompt_mask`` ``(B, P)`` (the chat prompt with the image tokens expanded,
         left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor: the ids
