@@ -110,10 +110,14 @@ def generate_captions(
     with the rest in the split's order, as a run without them would return them; ``on_batch`` is called with each
     batch's captions as they are made.
 
-    ``refused``: a list (``finecap caption --skip-bad-images`` passes one) to which the ``(image_id, reason)`` of
-    every image the model's preprocessing refuses (:class:`~finecap.data.images.ImageRefused`: Mistral 3 an image of
-    one image token) is appended, in the split's order, that image left out (no captions; the rest of its batch is
-    captioned), and an error only when no image is left; ``None``: the first such image is the error naming it.
+    With ``data.skip_bad_images`` the split's images are :func:`~finecap.data.datasets.load_records`' with the model:
+    those that do not decode and those an encoder that declares refusals (``refuses_images``: Mistral 3's, an image
+    of one image token) refuses are left out up front (:func:`~finecap.data.datasets.skipped_images` with the model
+    lists them), as training and its validators leave them out. ``refused``: a list (``finecap caption
+    --skip-bad-images`` passes one) to which the ``(image_id, reason)`` of every other image the model's
+    preprocessing refuses (:class:`~finecap.data.images.ImageRefused` from an encoder that does not declare it) is
+    appended, in the split's order, that image left out (no captions; the rest of its batch is captioned), and an
+    error only when no image is left; ``None``: the first such image is the error naming it.
 
     ``model``: a captioner (decoding itself: :class:`~finecap.engines.finecap.FinecapEngine`), or a generation
     engine serving one (:func:`finecap.engines.open_engine`). ``use_features`` (default: unless the
@@ -129,7 +133,7 @@ def generate_captions(
         use_features = not model.train_encoder and model.cache_features
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     main = rank == 0
-    records = load_records(cfg, split, captioned=False)  # captioning needs no references
+    records = load_records(cfg, split, captioned=False, model=model)  # no references; images the model refuses out
     if limit:
         records = records[:limit]
     features = None

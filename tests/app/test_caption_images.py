@@ -474,6 +474,41 @@ def test_a_splits_images_the_model_refuses_are_skipped_and_listed(run, shapes, t
     assert "none of the 2 images of split 'train' is left to caption" in line and named[0] in line
 
 
+def test_a_splits_images_a_declaring_encoder_refuses_are_listed(run, shapes, tmp_path, monkeypatch, caplog):
+    # an encoder that declares its refusals (refuses_images: Mistral 3's) is asked about every image when the split
+    # is read (finecap.data.datasets.refused_images), as training and validation ask it: the refused images are left
+    # out there, warned of with those that do not decode, and listed with them in the split's order
+    from finecap.models.vision import VisionEncoder
+
+    why = refuse_tiny_images(monkeypatch)
+    monkeypatch.setattr(VisionEncoder, "refuses_images", True, raising=False)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    good = {f"{color}.png": CAPTION[color] for color in COLORS}
+    for name in good:
+        shutil.copy(shapes["new"] / name, photos / name)
+    refused = [photos / "a_tiny.png", photos / "z_tiny.png"]
+    for path in refused:
+        Image.new("RGB", (8, 8), "green").save(path)
+    broken = BROKEN["truncated"][0](photos / "truncated.png")
+    out = tmp_path / "split.json"
+    command = ["caption", "--checkpoint", str(run), "--data", str(photos), "--split", "train", "--out", str(out)]
+    caplog.set_level(logging.WARNING, logger="finecap")
+    code, _, err = run_cli([*command, "--skip-bad-images"])
+    assert code == 0, err
+    assert results(out) == good
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data: skipped")]
+    # before the model loads the split is read for what it holds (1 does not decode), then with the model
+    assert [m.split(" (")[0] for m in said] == [f"data: skipped {n} of 7 images of split 'train'" for n in (1, 3)]
+    assert why in said[1]
+    skipped = json.loads((tmp_path / "split.json.skipped.json").read_text())
+    assert skipped["images"] == 7
+    listed = [(p.name, str(p)) for p in (refused[0], broken, refused[1])]  # the split's order
+    assert [(row["image_id"], row["path"]) for row in skipped["skipped"]] == listed
+    named = f"image of record {refused[0].name!r} ({refused[0]}): {why}"
+    assert skipped["skipped"][0]["reason"] == named
+
+
 @pytest.mark.slow
 def test_worker_processes_read_the_images_alike(run, shapes, tmp_path):
     # data.num_workers=2: images decoded and preprocessed in DataLoader workers; a bad image there is the same error

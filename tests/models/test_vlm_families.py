@@ -861,3 +861,21 @@ def test_a_mistral3_image_of_one_image_token_is_refused_naming_it_and_the_smalle
         with torch.no_grad():
             first, _ = vlm.start(vlm.prompt_of(batch))
         assert torch.isfinite(first).all() and first.shape[0] == len(images)
+
+
+def test_a_mistral3_image_budget_that_refuses_every_image_is_refused_when_the_model_is_set_up():
+    """``vlm.image_max_pixels`` of one merge unit or less (64 on the tiny model: 8 x 8 px) caps every image's longest
+    side at 8 px, one image token or none, which Mistral 3 refuses: it was refused only when the first image arrived
+    (every image, one by one); now the model is refused when it is set up, naming the option and the smallest value
+    that works, (8 + 1)^2 = 81, under which an image is taken."""
+    from finecap.config import VlmBackboneConfig
+
+    model, processor = tiny_family("mistral3")
+    for budget in (1, 64, 80):
+        with pytest.raises(ValueError, match=rf"^vlm.image_max_pixels={budget}: .*\(every image refused\).*smallest "
+                                             r"value that works is vlm.image_max_pixels=81 .*patch_size=4 x "
+                                             r"spatial_merge_size=2"):  # fmt: skip
+            Vlm(model, processor, VlmBackboneConfig(image_max_pixels=budget), source="tiny-mistral3")
+    vlm = Vlm(model, processor, VlmBackboneConfig(image_max_pixels=81), source="tiny-mistral3")
+    batch = vlm.encoder.preprocess([Image.new("RGB", (200, 200), (200, 30, 30))])
+    assert int((batch["prompt_ids"][0] == vlm.image_token_id).sum()) >= 2

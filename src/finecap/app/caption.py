@@ -385,11 +385,11 @@ def main(
 
     Without ``cfg``, the configuration is the checkpoint's with ``recipe``, ``overrides`` and ``data`` on top (module
     docstring). A ``cfg`` given by a caller is used as it is (its ``data.path`` replaced by ``data`` when given).
-    ``skip_bad_images``: ``data.skip_bad_images=true`` (images that do not decode left out and counted). Runs on every
-    process of an ``accelerate launch``; only the main process writes. ``labels``: the command-line options some
-    ``overrides`` stand for, which an error about one names (:func:`resolve`). ``out`` may not be one of the inputs
-    (the checkpoint's folder, the data set or an image it names, the images), nor an existing file finecap did not
-    make unless ``force``.
+    ``skip_bad_images``: ``data.skip_bad_images=true`` (images that do not decode or the model refuses left out and
+    counted). Runs on every process of an ``accelerate launch``; only the main process writes. ``labels``: the
+    command-line options some ``overrides`` stand for, which an error about one names (:func:`resolve`). ``out`` may
+    not be one of the inputs (the checkpoint's folder, the data set or an image it names, the images), nor an
+    existing file finecap did not make unless ``force``.
 
     In one process, captions are kept as they are made in ``<out>.partial.jsonl`` (:class:`PartialResults`): a
     stopped run says how many, and the same call again resumes from them (``force``: starts over), writing ``out``
@@ -494,10 +494,11 @@ def main(
                                              done={row["image"]: row["captions"] for row in done},
                                              on_batch=partial.add if partial else None, refused=refused)  # fmt: skip
                 what = f"split {split!r}"
-                if accelerator.is_main_process:  # load_records warned of the first few that do not decode
+                if accelerator.is_main_process:  # load_records warned of the first few it left out
                     undecoded = skipped_images(cfg, split, captioned=False)  # not in kept; the refused ones are
+                    left_out = skipped_images(cfg, split, captioned=False, model=generator)  # and those refused
                     path_of = {r.image_id: r.path for r in kept}
-                    bad = [(r.image_id, r.path, reason) for r, reason in undecoded]
+                    bad = [(r.image_id, r.path, reason) for r, reason in left_out]
                     bad += [(image_id, path_of[image_id], reason) for image_id, reason in refused or ()]
                     listed = write_skipped(Path(out), len(kept) + len(undecoded), bad)
                     if listed is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -97,23 +98,73 @@ def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
 _SKIP_LOGGED: set[tuple] = set()
 
 
-def skipped_images(cfg: Config, split: str, *, captioned: bool = True) -> list[tuple[Record, str]]:
-    """``(record, reason)`` of the images of ``split`` that ``data.skip_bad_images`` leaves out: those that do not
-    decode (:func:`finecap.data.images.find_bad_images`, each file once per process); empty when the option is off."""
+def skipped_images(cfg: Config, split: str, *, captioned: bool = True, model: Any = None) -> list[tuple[Record, str]]:
+    """``(record, reason)`` of the images of ``split`` that ``data.skip_bad_images`` leaves out, in the split's order:
+    those that do not decode (:func:`finecap.data.images.find_bad_images`, each file once per process) and, with
+    ``model`` (a captioner, or an engine serving one), those its preprocessing refuses (:func:`refused_images`);
+    empty when the option is off."""
     if not cfg.data.skip_bad_images:
         return []
-    return find_bad_images(_split_records(cfg, split, captioned), limits=ImageLimits.of(cfg.data))
+    return _left_out(cfg, _split_records(cfg, split, captioned), model)
 
 
-def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Record]:
+def _left_out(cfg: Config, records: list[Record], model: Any) -> list[tuple[Record, str]]:
+    """:func:`skipped_images` of ``records``."""
+    bad = find_bad_images(records, limits=ImageLimits.of(cfg.data))
+    if model is None:
+        return bad
+    reasons = {id(r): reason for r, reason in bad}
+    decoded = [r for r in records if id(r) not in reasons]
+    reasons.update((id(r), reason) for r, reason in refused_images(decoded, model, cfg))
+    return [(r, reasons[id(r)]) for r in records if id(r) in reasons]
+
+
+_REFUSALS: weakref.WeakKeyDictionary[Any, dict[tuple, str | None]] = weakref.WeakKeyDictionary()
+"""Per encoder (a captioner's ``encoder``): each image's refusal by :func:`refused_images` (``None``: taken), by its
+label, JPEG draft and image budget."""
+
+
+def refused_images(records: Sequence[Record], model: Any, cfg: Config) -> list[tuple[Record, str]]:
+    """``(record, reason)`` of each of ``records`` whose image ``model``'s preprocessing refuses
+    (:class:`~finecap.data.images.ImageRefused`: Mistral 3 an image of one image token), the reason naming the image
+    as the collator does (:func:`collate_without_refused` over the image alone, decoded as a training item is:
+    ``data.jpeg_draft``, the image budget), in order. Only an encoder that declares it may refuse an image
+    (``refuses_images``, :class:`finecap.models.captioner.ImageSide`) is asked: each image is then decoded and
+    preprocessed once more, once per encoder and process (a validation at every evaluation asks again for free);
+    every other encoder refuses none, and costs nothing. The records' images must decode (:func:`_left_out` asks
+    about those that do)."""
+    from finecap.data.loading import encoder_draft
+
+    encoder = model.encoder
+    if encoder is None or not getattr(encoder, "refuses_images", False):
+        return []
+    draft, limits = encoder_draft(encoder, cfg.data), ImageLimits.of(cfg.data)
+    data = CaptionDataset(records, per_caption=False, draft=draft, limits=limits)
+    collator = model_collator(model, 1)  # one token: the empty caption's EOS
+    known = _REFUSALS.setdefault(encoder, {})
+    out = []
+    for i, record in enumerate(data.records):
+        key = (record_label(record), draft, limits)
+        if key not in known:
+            _, refused = collate_without_refused(collator, [data[i]])
+            known[key] = refused[0][1] if refused else None
+        if known[key] is not None:
+            out.append((record, known[key]))
+    return out
+
+
+def load_records(cfg: Config, split: str, *, captioned: bool = True, model: Any = None) -> list[Record]:
     """Records of ``split`` of the configured data set (:func:`finecap.data.references.data_file`), read once per
     file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does. Captions are
     those of ``data.captions`` (:func:`finecap.data.caption_fields.select_captions`). Records whose data set names
     no split are split by ``data.val_fraction`` / ``data.test_fraction`` (:mod:`finecap.data.splits`, logged).
     ``captioned`` (training, validation, evaluation): images without a reference caption (an image folder's may
     have none) are an error naming them; captioning passes ``False``. With ``data.skip_bad_images`` every image is
-    decoded once here and those that fail are left out, counted in a warning (:func:`skipped_images`; said by the
-    first process of a launch alone); without it the first bad image stops the command when it is read, named.
+    decoded once here and those that fail are left out, and with ``model`` (a captioner, or an engine serving one:
+    training, its validation, captioning a split) so are those its preprocessing refuses (:func:`refused_images`),
+    all counted in one warning (:func:`skipped_images`; said by the first process of a launch alone); without it
+    the first bad image stops the command when it is read, named, and a refused one when it is preprocessed (the
+    collator names it).
 
     Training, captioning and evaluation come here or to :func:`finecap.data.references.load_references`, so every
     format works for each, ``data.format=hf`` (:mod:`finecap.data.formats.hf`, where ``data.path`` may also be a Hub
@@ -122,7 +173,7 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
     note_prompts(cfg, records, data_file(cfg))
     if not cfg.data.skip_bad_images:
         return records
-    bad = find_bad_images(records, limits=ImageLimits.of(cfg.data))
+    bad = _left_out(cfg, records, model)
     if not bad:
         return records
     key = (str(data_file(cfg)), split, tuple(str(r.image_id) for r, _ in bad))
@@ -132,7 +183,8 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True) -> list[Rec
         log.warning("data: skipped %d of %d images of split %r (data.skip_bad_images=true): %s", len(bad),
                     len(records), split, shown)  # fmt: skip
     if len(bad) == len(records):
-        raise DataError(f"{data_file(cfg)}: none of the {len(records)} images of split {split!r} decodes "
+        which = "decodes" if model is None else "decodes and is taken by the model"
+        raise DataError(f"{data_file(cfg)}: none of the {len(records)} images of split {split!r} {which} "
                         f"(data.skip_bad_images=true left out every one): {bad[0][1]}")  # fmt: skip
     left_out = {id(r) for r, _ in bad}
     return [r for r in records if id(r) not in left_out]
@@ -168,10 +220,11 @@ def note_prompts(cfg: Config, records: Sequence[Record], path: Path) -> None:
                 count, kind, kind, common)  # fmt: skip
 
 
-def validation_records(cfg: Config) -> list[Record]:
+def validation_records(cfg: Config, model: Any = None) -> list[Record]:
     """The validation records a run evaluates on: the first ``train.eval_samples`` of the split (all of it with 0),
-    what the validation loss and every validator read."""
-    records = load_records(cfg, "val")
+    what the validation loss and every validator read; ``model``: :func:`load_records`' (the images it refuses left
+    out with ``data.skip_bad_images``)."""
+    records = load_records(cfg, "val", model=model)
     return records[: cfg.train.eval_samples] if cfg.train.eval_samples else records
 
 

@@ -50,7 +50,10 @@ class ImageSide(Protocol):
     ``preprocess(images)`` turns PIL images into model inputs: a tensor (``batch["pixel_values"]``) or a dict of
     tensors that the collator merges into the batch (a VLM's prompt ids and image inputs). When the captioner's
     ``cache_features`` is true, the encoder is also an ``nn.Module`` whose call ``encoder(pixel_values)`` gives the
-    frozen outputs that :func:`finecap.data.features.model_features` caches."""
+    frozen outputs that :func:`finecap.data.features.model_features` caches. An encoder whose ``preprocess`` may refuse
+    an image (:class:`finecap.data.images.ImageRefused`) says so with a true ``refuses_images`` (optional; absent:
+    false), so that ``data.skip_bad_images`` leaves such images out up front
+    (:func:`finecap.data.datasets.refused_images`)."""
 
     def preprocess(self, images: Sequence[Image.Image]) -> torch.Tensor | dict[str, torch.Tensor]: ...
 

@@ -89,6 +89,7 @@ built once. The checkpoint records the world encoder it reads, as ClipCap's and 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -424,17 +425,24 @@ def processor_before_weights(name: str, section: VlmBackboneConfig | None) -> An
     except (ImportError, TypeError) as e:  # a processor piece that needs a package not installed here
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ValueError(f"vlm.name={name}: cannot build its processor: {first}") from None
-    processor_options(family, processor, section or VlmBackboneConfig())
+    from transformers import PretrainedConfig
+
+    processor_options(family, processor, section or VlmBackboneConfig(), PretrainedConfig.get_config_dict(name)[0])
     return processor
 
 
-def processor_options(family: Family, processor: Any, section: VlmBackboneConfig) -> dict[str, Any]:
+def processor_options(family: Family, processor: Any, section: VlmBackboneConfig,
+                      config: Any = None) -> dict[str, Any]:  # fmt: skip
     """The options of every processor call: ``vlm.image_max_pixels`` mapped by the family's rule
     (:attr:`Family.image_budget`, :mod:`finecap.models.image_budget`) under ``vlm.processor_kwargs``, whose keys win;
     both checked against the image processor, and their bounds against each other and the processor's own
-    (:func:`finecap.models.image_budget.check_limits`: a lower bound over an upper one is an error naming both)."""
+    (:func:`finecap.models.image_budget.check_limits`: a lower bound over an upper one is an error naming both), and
+    the budget against the model's ``config`` (:func:`check_image_budget`: one that would refuse every image; not
+    without a ``config``)."""
     check_processor_kwargs(processor, section.processor_kwargs)
     budget, given = section.image_max_pixels, section.processor_kwargs
+    if config is not None:
+        check_image_budget(family, config, budget, given)
     options = budget_kwargs(family.image_budget, processor, budget, given)
     check_processor_kwargs(processor, options)
     check_limits(processor, budget, budget_kwargs(family.image_budget, processor, budget, {}), given,
@@ -641,6 +649,13 @@ class VlmImages:
     def model(self) -> nn.Module:
         return self.vlm.lora_module("encoder")
 
+    @property
+    def refuses_images(self) -> bool:
+        """Whether :meth:`preprocess` may refuse an image (:func:`check_image_tokens`: the family's
+        :attr:`Family.one_token_fails`), so that ``data.skip_bad_images`` asks it about every image up front
+        (:func:`finecap.data.datasets.refused_images`)."""
+        return self.vlm.family.one_token_fails
+
     def preprocess(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
         """PIL images -> ``prompt_ids`` / ``prompt_mask`` ``(B, P)`` (the chat prompt with the image tokens expanded,
         left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor: the ids
@@ -739,7 +754,7 @@ def check_image_tokens(family: Family, config: Any, images: Sequence[Image.Image
     a step scores, is no reason for a run to pass or fail). ``images``: the processor's input (PIL), in order."""
     if not family.one_token_fails or image_sizes is None:
         return
-    patch, merge = int(config.vision_config.patch_size), int(getattr(config, "spatial_merge_size", 1))
+    patch, merge = merge_unit(config)
     unit = patch * merge
     for k, (height, width) in enumerate(torch.as_tensor(image_sizes).tolist()):
         if (height // unit) * (width // unit) < 2:
@@ -748,9 +763,43 @@ def check_image_tokens(family: Family, config: Any, images: Sequence[Image.Image
                 f"{w} x {h} pixels ({width} x {height} after the processor) gives {family.name} one image token, "
                 f"which transformers' Mistral3Model.get_image_features fails on; it takes images with a side over "
                 f"{unit} pixels after its processor's resize (patch_size={patch} x spatial_merge_size={merge}), and "
-                "its processor has no minimum size to upscale to: enlarge or pad the image, or leave it out",
+                "its processor has no minimum size to upscale to: enlarge or pad the image, or leave it out "
+                "(data.skip_bad_images=true)",
                 k,
             )
+
+
+def merge_unit(config: Any) -> tuple[int, int]:
+    """``(vision_config.patch_size, spatial_merge_size)`` of a model's config (the object, or ``config.json``'s dict):
+    an image token covers a merge unit of ``patch_size x spatial_merge_size`` pixels on a side."""
+
+    def get(obj: Any, key: str, default: Any = None) -> Any:
+        return obj.get(key, default) if isinstance(obj, dict) else getattr(obj, key, default)
+
+    return int(get(get(config, "vision_config"), "patch_size")), int(get(config, "spatial_merge_size", 1) or 1)
+
+
+def check_image_budget(family: Family, config: Any, budget: int | None, given: dict[str, Any]) -> None:
+    """Refuse, when the model is set up, a ``vlm.image_max_pixels`` under which a family whose forward fails on an
+    image of one image token (:attr:`Family.one_token_fails`: Mistral 3) would refuse every image
+    (:func:`check_image_tokens`): its ``"edge"`` rule caps the longest side at ``isqrt(budget)`` pixels, so a budget
+    of one merge unit (``patch_size x spatial_merge_size`` pixels a side, from ``config``: the object or
+    ``config.json``'s dict) or less leaves every image one token or none. A ``ValueError`` naming the option and the
+    smallest value that works, ``(unit + 1) ** 2``; nothing when ``vlm.processor_kwargs`` (``given``) sets the
+    longest side itself."""
+    size = given.get("size")
+    if not family.one_token_fails or budget is None or (isinstance(size, dict) and "longest_edge" in size):
+        return
+    patch, merge = merge_unit(config)
+    unit = patch * merge
+    side = math.isqrt(int(budget))
+    if side <= unit:
+        raise ValueError(
+            f"vlm.image_max_pixels={budget}: {family.name} would resize every image to at most {side} pixels a side, "
+            f"one image token or none, which its forward fails on (every image refused); the smallest value that "
+            f"works is vlm.image_max_pixels={(unit + 1) ** 2} (a side over {unit} pixels: patch_size={patch} x "
+            f"spatial_merge_size={merge})"
+        )
 
 
 def _owner(name: str) -> str:
@@ -804,7 +853,7 @@ class Vlm(CaptionerBase):
         super().__init__()
         self.section = section or VlmBackboneConfig()
         self.family = family_of(model.config, source)
-        options = processor_options(self.family, processor, self.section)
+        options = processor_options(self.family, processor, self.section, model.config)
         pinpoints = options.pop("image_grid_pinpoints", None)
         if pinpoints is not None:  # the processor counts image tokens and the model packs features by one list
             processor.image_processor.image_grid_pinpoints = pinpoints

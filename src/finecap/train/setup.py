@@ -109,7 +109,8 @@ class CaptionData:
     collator: CaptionCollator
     train_records: list
     skipped: int = 0
-    """Images ``data.skip_bad_images`` left out of train and val (they do not decode)."""
+    """Images ``data.skip_bad_images`` left out of train and val (they do not decode, or the model refuses them:
+    :func:`finecap.data.datasets.skipped_images`)."""
 
 
 def build_model(
@@ -229,10 +230,12 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
     (:func:`finecap.data.features.model_features`); otherwise images are decoded in the DataLoader workers (JPEGs
     draft-decoded: :func:`finecap.data.loading.encoder_draft`). With an engine that reads images (its declared
     ``reads_images``: ``decode.engine=vllm``) the batches also carry the PIL images, which the RL rollouts' engine
-    decodes from (:mod:`finecap.engines.rollouts`)."""
-    train_records = load_records(cfg, "train")
+    decodes from (:mod:`finecap.engines.rollouts`). With ``data.skip_bad_images`` the images that do not decode and
+    those the model's preprocessing refuses are left out of both (:func:`finecap.data.datasets.load_records` with the
+    model) and counted in ``skipped``."""
+    train_records = load_records(cfg, "train", model=model)
     check_vocabulary(model.tokenizer, train_records, cfg)  # before the feature caches: seconds, not minutes
-    val_records = validation_records(cfg)
+    val_records = validation_records(cfg, model)
     feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
     draft = None
     if reads_weights(model):
@@ -249,5 +252,5 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
         val=CaptionDataset(val_records, per_caption=False, features=feats["val"], draft=draft, limits=limits),
         collator=model_collator(model, cfg.data.max_tokens, keep_images=engine_class(cfg.decode).reads_images),
         train_records=train_records,
-        skipped=sum(len(skipped_images(cfg, split)) for split in ("train", "val")),
+        skipped=sum(len(skipped_images(cfg, split, model=model)) for split in ("train", "val")),
     )

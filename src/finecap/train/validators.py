@@ -113,12 +113,12 @@ def cider_validator(cfg: Config) -> Validator:
     checkpoint is best does not hinge on that choice. Several processes share the captioning through
     :func:`~finecap.caption.generate_captions` (each gets every caption back) and each scores them, a few
     milliseconds of numpy, so every process holds the same value for the best-checkpoint choice."""
-    records = validation_records(cfg)
-    references = {r.image_id: list(r.captions) for r in records}
 
     def validator(model: Any, cfg: Config, accelerator: Accelerator) -> dict[str, float]:
         captions = generate_captions(model, cfg, "val", accelerator=accelerator, limit=cfg.train.eval_samples,
                                      progress=False)  # fmt: skip
+        # the images generate_captions captioned: data.skip_bad_images leaves out those the model refuses
+        references = {r.image_id: list(r.captions) for r in validation_records(cfg, model)}
         first = {i: captions[i][0] for i in references}  # the data set's order, as finecap eval scores them
         score = evaluate(first, references, metrics=["cider"], cfg=cfg)["CIDEr-D"]
         return {"cider_d": score, **caption_stats(captions)}

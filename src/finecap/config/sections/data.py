@@ -61,7 +61,9 @@ class DataConfig(Section, name="data"):
     )
     split_seed: int = doc(0, "Seed of the id hash of data.val_fraction / data.test_fraction (not run.seed).")
     skip_bad_images: bool = doc(
-        False, "Decode every image once when read; skip and count those that fail (false: the first stops the run)."
+        False,
+        "Decode every image once when read; skip and count those that fail or the model refuses (false: the first "
+        "stops the run).",
     )
     max_image_pixels: int = doc(
         DEFAULT_MAX_IMAGE_PIXELS,

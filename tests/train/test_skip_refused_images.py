@@ -1,0 +1,104 @@
+"""Training and validation under ``data.skip_bad_images`` on the tiny Mistral 3 VLM, whose preprocessing refuses an
+image of one image token (:func:`finecap.models.vlm.check_image_tokens`): such an image is left out of train and val
+up front, counted and said with the images that do not decode (:func:`finecap.data.datasets.skipped_images` with the
+model); without the option it stays the error naming the image and the option. Until session 46 a refused image
+stopped training (a batch) and every validator (``finecap caption --skip-bad-images`` alone left it out)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+from PIL import Image
+
+from finecap.config import load
+from finecap.data.datasets import skipped_images
+from finecap.data.records import DataError
+from finecap.models.vlm import Vlm
+from finecap.train.setup import build_data
+from finecap.train.validators import caption_stats_validator, cider_validator, validation_loss
+from helpers.image_files import corrupt_png
+from helpers.vlm_families import COCO_WORDS, tiny_family
+
+REFUSED = "gives Mistral Small 3.1 / 3.2 (Pixtral vision) one image token"
+
+
+def write_data(folder: Path) -> Path:
+    """A JSONL data set: 3 good train images, a tiny one (5 x 7 px: one image token) and a corrupt one; 2 good val
+    images and a tiny one."""
+    folder.mkdir()
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for k, (name, split) in enumerate([("t0.png", "train"), ("tiny_train.png", "train"), ("t1.png", "train"),
+                                       ("broken.png", "train"), ("t2.png", "train"), ("v0.png", "val"),
+                                       ("tiny_val.png", "val"), ("v1.png", "val")]):  # fmt: skip
+        if name == "broken.png":
+            corrupt_png(folder / name)
+        else:
+            size = (7, 5) if name.startswith("tiny") else (24, 32)
+            Image.fromarray((torch.rand(*size, 3, generator=g) * 255).byte().numpy()).save(folder / name)
+        caption = " ".join(COCO_WORDS[(k + j) % len(COCO_WORDS)] for j in range(4))
+        rows.append({"image": name, "captions": [caption], "split": split})
+    data = folder / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return data
+
+
+@pytest.fixture
+def mistral3() -> Vlm:
+    model, processor = tiny_family("mistral3")
+    return Vlm(model, processor, source="tiny-mistral3").eval()
+
+
+def config(tmp_path: Path, *overrides: str):
+    data = write_data(tmp_path / "data")
+    return load(None, ["data.format=jsonl", f"data.path={data}", "data.max_tokens=8", "decode.max_length=3",
+                       "train.eval_samples=0", f"run.dir={tmp_path / 'run'}",
+                       f"run.cache_dir={tmp_path / 'cache'}", *overrides])  # fmt: skip
+
+
+def test_training_and_validation_leave_out_and_count_images_the_model_refuses(tmp_path, mistral3, caplog):
+    cfg = config(tmp_path, "data.skip_bad_images=true")
+    acc = Accelerator(cpu=True)
+    with caplog.at_level(logging.WARNING, logger="finecap"):
+        data = build_data(cfg, mistral3, acc, per_caption=True)
+    assert [r.image_id for r in data.train.records] == ["t0.png", "t1.png", "t2.png"]
+    assert [r.image_id for r in data.val.records] == ["v0.png", "v1.png"]
+    assert data.skipped == 3  # the corrupt one and the two refused, as the run's last line counts them
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data: skipped")]
+    train_said = next(m for m in said if "split 'train'" in m)
+    assert train_said.startswith("data: skipped 2 of 5 images of split 'train' (data.skip_bad_images=true)")
+    assert "broken.png: damaged image" in train_said
+    assert f"image of record 'tiny_train.png' ({tmp_path / 'data' / 'tiny_train.png'}): 5 x 7 pixels" in train_said
+    assert REFUSED in train_said
+    assert any("data: skipped 1 of 3 images of split 'val'" in m and "tiny_val.png" in m for m in said)
+    left_out = skipped_images(cfg, "train", model=mistral3)
+    assert [r.image_id for r, _ in left_out] == ["tiny_train.png", "broken.png"]  # the split's order
+    assert [r.image_id for r, _ in skipped_images(cfg, "train")] == ["broken.png"]  # without the model: undecoded
+    # every training example and the validation batches collate; the loss and the validators run on what is left
+    batch = data.collator([data.train[i] for i in range(len(data.train))])
+    assert batch["image_ids"] == ["t0.png", "t1.png", "t2.png"]
+    loss = validation_loss(mistral3, data.val, data.collator, 4, acc)["loss"]
+    assert math.isfinite(loss)
+    with torch.no_grad():
+        stats = caption_stats_validator(cfg)(mistral3, cfg, acc)
+        cider = cider_validator(cfg)(mistral3, cfg, acc)
+    assert set(stats) == {"length", "vocab"} and math.isfinite(cider["cider_d"])
+
+
+def test_without_the_option_a_refused_image_is_the_error_naming_it_and_the_option(tmp_path, mistral3):
+    cfg = config(tmp_path)
+    acc = Accelerator(cpu=True)
+    data = build_data(cfg, mistral3, acc, per_caption=True)
+    assert data.skipped == 0 and "tiny_train.png" in [r.image_id for r in data.train.records]
+    tiny = next(i for i in range(len(data.train)) if data.train.image_id(i) == "tiny_train.png")
+    with pytest.raises(DataError, match=r"^image of record 'tiny_train.png' \(.*\): 5 x 7 pixels .*one image token.*"
+                                        r"data\.skip_bad_images=true"):  # fmt: skip
+        data.collator([data.train[tiny]])
+    with pytest.raises(DataError, match=r"tiny_val.png.*one image token"), torch.no_grad():
+        caption_stats_validator(cfg)(mistral3, cfg, acc)
