@@ -101,24 +101,41 @@ def test_the_wheel_ships_every_file_of_the_package_and_nothing_else(installed_fi
     assert any(p.endswith(".yaml") for p in source) and any(p.endswith(".html") for p in source)  # data files too
 
 
+def written_version() -> str:
+    """``finecap.__version__`` as src/finecap/__init__.py writes it, read without importing (the installed finecap
+    of a test environment may be another copy)."""
+    return re.search(r'^__version__ = "([^"]+)"', (ROOT / "src" / "finecap" / "__init__.py").read_text(), re.M)[1]
+
+
 @pytest.mark.slow
-def test_the_installed_version_is_the_declared_one(installed_finecap, tmp_path):
-    import tomllib
-
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+def test_the_installed_version_is_the_written_one(installed_finecap, tmp_path):
+    # `finecap --version` and the wheel's metadata (what pip and importlib.metadata report) of the installed wheel
+    python = installed_finecap / "bin" / "python"
     said = run([installed_finecap / "bin" / "finecap", "--version"], cwd=tmp_path)
-    assert said == f"finecap {version}\n"
+    meta = run([python, "-c", "from importlib.metadata import version; print(version('finecap'))"], cwd=tmp_path)
+    assert (said, meta) == (f"finecap {written_version()}\n", f"{written_version()}\n")
 
 
-def test_the_version_is_the_same_wherever_it_is_written():
-    # pyproject.toml (the wheel's metadata), finecap.__version__ (`finecap --version`) and CITATION.cff (how to cite)
+def test_the_version_is_written_once():
+    # pyproject.toml, finecap.__version__ and CITATION.cff each wrote it, a test holding them equal: pyproject.toml
+    # now reads finecap.__version__ (a static read of the file: setuptools does not import finecap to build)
     import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "finecap.__version__"}
+
+
+def test_the_metadata_version_and_the_cited_one_are_finecap_version():
+    # the version setuptools puts in the wheel's metadata (pyproject.toml expanded as a build does, without building),
+    # finecap.__version__ (`finecap --version`) and CITATION.cff (how to cite: a file citation tools read as it is)
+    from setuptools.config.pyprojecttoml import read_configuration
 
     import finecap
 
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    built = read_configuration(ROOT / "pyproject.toml", expand=True)["project"]["version"]
     cited = re.search(r"^version: (\S+)$", (ROOT / "CITATION.cff").read_text(), re.M)
-    assert cited is not None and (finecap.__version__, cited[1]) == (version, version)
+    assert cited is not None and (built, finecap.__version__, cited[1]) == (written_version(),) * 3
 
 
 # An install line of an extra: pip install 'finecap[hf]', -e ".[test]", "finecap[vllm-cpu]" in an error message.
