@@ -136,8 +136,8 @@ test-fast: bytecode
 # (Named through a variable: a recipe line that says $$(MAKE) itself runs even under `make -n`, pytest included.)
 BUILD_VLLM = $(MAKE) --no-print-directory vllm
 test: bytecode browser
-	$(BIN)/ruff check src tests benchmarks conftest.py
-	$(BIN)/ruff format --check src tests benchmarks conftest.py
+	$(BIN)/ruff check src tests benchmarks build_backend conftest.py
+	$(BIN)/ruff format --check src tests benchmarks build_backend conftest.py
 	@mkdir -p $(VLLM_VENV) && { $(BUILD_VLLM) > $(VLLM_VENV)/build.log 2>&1 & } && \
 	$(BIN)/python -m pytest -q -m "slow or not slow" -n 2 --dist worksteal; \
 	  status=$$?; wait; cat $(VLLM_VENV)/build.log; exit $$status
@@ -145,8 +145,8 @@ test: bytecode browser
 	$(MAKE) --no-print-directory vllm-test
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests benchmarks conftest.py
-	$(BIN)/ruff format src tests benchmarks conftest.py
+	$(BIN)/ruff check --fix src tests benchmarks build_backend conftest.py
+	$(BIN)/ruff format src tests benchmarks build_backend conftest.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/ngram_metrics.py

@@ -17,7 +17,7 @@ from typing import Any
 
 from finecap import train as _train_package  # the package only (its __init__ imports nothing): no torch
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place it is written: the wheel's metadata reads it (pyproject.toml's dynamic)
 __all__ = ["Captioner", "__version__", "evaluate", "train"]
 
 

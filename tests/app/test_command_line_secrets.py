@@ -1,8 +1,8 @@
 """A secret given on the command line (``finecap bags review --token``, an override of ``boost.llm_api_key``) is
 readable by every user of the machine in ``ps`` and ``/proc/<pid>/cmdline`` while the command runs, and finecap
-cannot reliably hide it afterwards: the command warns at start, one line naming the option and the safer route (the
-environment), never the secret. The environment (``FINECAP_REVIEW_TOKEN``, ``FINECAP_OVERRIDES``) is not warned
-about: a process's environment is its user's alone."""
+cannot reliably hide it afterwards: the command warns at start, one line naming the option and the safer route (a
+token file, the environment), never the secret. The environment (``FINECAP_REVIEW_TOKEN``, ``FINECAP_OVERRIDES``) is
+not warned about: a process's environment is its user's alone."""
 
 from __future__ import annotations
 
@@ -33,11 +33,12 @@ def test_the_same_key_from_the_environment_is_not_warned_about_as_on_the_command
     assert warnings_of(err) == [] and SECRET not in out + err
 
 
-def test_review_token_on_the_command_line_is_warned_about_naming_the_environment_variable(tmp_path):
+def test_review_token_on_the_command_line_is_warned_about_naming_the_token_file_and_the_environment(tmp_path):
     code, out, err = run_cli(["bags", "review", str(tmp_path / "missing.json"), "--images", str(tmp_path),
                               "--token", SECRET])  # fmt: skip
     said = warnings_of(err)
     assert len(said) == 1 and said[0].startswith("warning: --token: ") and "$FINECAP_REVIEW_TOKEN" in said[0], err
+    assert "give --token-file" in said[0]  # the command's own safer option, as serve-reward's
     assert SECRET not in out + err
     assert code == 2  # the missing bags file: the warning came first, at start
 

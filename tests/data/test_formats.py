@@ -75,18 +75,21 @@ def test_read_karpathy(tmp_path):
 
 
 def test_karpathy_splits_are_read_as_every_reader_reads_them(tmp_path, caplog):
-    # "Train" was a split of its own (left out of training), "validation" too without a word: as JSONL reads them now
+    # "Train" was a split of its own (left out of training), "dev" too without a word: as JSONL reads them now;
+    # "validation" is val (split_named), as Hugging Face's named split of that name is
     import copy
 
     data = copy.deepcopy(KARPATHY)
-    data["images"][0]["split"], data["images"][1]["split"] = "Train", "validation"
+    data["images"][0]["split"], data["images"][1]["split"] = "Train", "dev"
+    data["images"].append({**data["images"][1], "cocoid": 8, "filename": "b.jpg", "split": "validation"})
     path = _write(tmp_path / "dataset_coco.json", data)
     with caplog.at_level(logging.INFO, logger="finecap.data"):
         records = read_karpathy(path, check_images=False)
-    assert [r.split for r in records] == ["train", "validation"]
+    assert [r.split for r in records] == ["train", "dev", "val"]
     said = [r.getMessage() for r in caplog.records]
-    assert any("spell their split in another case" in m and "'Train' as 'train'" in m for m in said), said
-    assert any("name a split that is none of train, val, test: 'validation' (1)" in m for m in said), said
+    assert any("write their split in another case or word" in m and "'Train' as 'train' (1), 'validation' as 'val' "
+               "(1)" in m for m in said), said  # fmt: skip
+    assert any("name a split that is none of train, val, test: 'dev' (1)" in m for m in said), said
 
 
 def test_read_karpathy_flickr_layout_and_image_root(tmp_path):
@@ -509,15 +512,37 @@ def test_jsonl_lines_are_read_strictly(tmp_path, line, message):
 
 
 @pytest.mark.parametrize(
-    ("split", "read"), [("TRAIN", "train"), ("Val", "val"), (" test ", "test"), ("validation", "validation")]
-)
-def test_jsonl_splits_in_another_case_are_read_as_the_split(tmp_path, caplog, split, read):
+    ("split", "read"),
+    [("TRAIN", "train"), ("Val", "val"), (" test ", "test"), ("validation", "val"), ("Valid", "val"),
+     ("training", "train"), ("testing", "test"), ("dev", "dev")],
+)  # fmt: skip
+def test_jsonl_splits_in_another_case_or_word_are_read_as_the_split(tmp_path, caplog, split, read):
     path = tmp_path / "data.jsonl"
     path.write_text(json.dumps({"image": "a.png", "captions": ["x"], "split": split}) + "\n")
     with caplog.at_level(logging.INFO, logger="finecap.data.records"):
         assert [r.split for r in read_jsonl(path, check_images=False)] == [read]
     (note,) = [r.getMessage() for r in caplog.records if r.name == "finecap.data.records"]
     assert note.startswith(f"data: {path}: 1 records ") and repr(split) in note
+
+
+def test_a_file_writing_one_split_as_itself_and_in_another_word_is_refused(tmp_path):
+    # read as one split, "val" and "validation" could be two the file keeps apart: named, not merged unsaid
+    path = _lines(
+        tmp_path / "data.jsonl",
+        *(
+            {"image": f"{n}.png", "captions": ["x"], "split": s}
+            for n, s in enumerate(["val", "validation", "Validation", "VAL"])
+        ),
+    )
+    with pytest.raises(DataError) as caught:
+        read_jsonl(path, check_images=False)
+    assert str(caught.value) == (
+        f"{path}: records write 'val' (1) and 'validation' (1), 'val' (1) and 'Validation' "
+        "(1): finecap reads both as one split; give them one name, or, to keep them apart, "
+        "one that is none of train, val, test, valid, validation, training, testing"
+    )
+    _lines(path, *({"image": f"{n}.png", "captions": ["x"], "split": s} for n, s in enumerate(["val", " VAL"])))
+    assert [r.split for r in read_jsonl(path, check_images=False)] == ["val", "val"]  # one word in two cases: one
 
 
 def _second_caption_readers(tmp_path, caption, formats=("jsonl", "karpathy", "coco")):

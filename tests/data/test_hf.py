@@ -95,20 +95,38 @@ def test_hugging_faces_validation_split_is_read_as_val(tmp_path):
 
 def test_a_split_column_spelled_in_another_case_is_read_as_every_readers_split_key(tmp_path, caplog):
     """``data.hf.split_column`` values are read as a JSONL line's ``"split"`` (:class:`SplitKeys`): ``"Train"`` and
-    ``" val "`` are train and val, said once; ``"validation"`` stays its own split, warned about. (They were kept as
-    written: the ``"Train"`` rows of a data set that also spells ``"train"`` were left out of training, unsaid.)"""
-    for name in ("a.png", "b.png", "c.png", "d.png"):
+    ``" val "`` are train and val, said once; ``"validation"`` is val too (``split_named``), ``"dev"`` stays its own
+    split, warned about. (They were kept as written: the ``"Train"`` rows of a data set that also spells ``"train"``
+    were left out of training, unsaid.)"""
+    for name in ("a.png", "b.png", "c.png", "d.png", "e.png"):
         Image.new("RGB", (2, 2)).save(tmp_path / name)
-    ds = datasets.Dataset.from_dict({"file": ["a.png", "b.png", "c.png", "d.png"], "caption": ["A", "B", "C", "D"],
-                                     "part": ["train", "Train", " val ", "validation"]})  # fmt: skip
+    ds = datasets.Dataset.from_dict({"file": ["a.png", "b.png", "c.png", "d.png", "e.png"],
+                                     "caption": ["A", "B", "C", "D", "E"],
+                                     "part": ["train", "Train", " val ", "validation", "dev"]})  # fmt: skip
     ds.to_parquet(str(tmp_path / "captions.parquet"))
     with caplog.at_level(logging.INFO, logger="finecap.data.records"):
         records = read_hf(tmp_path / "captions.parquet", image_column="file", caption_column="caption",
                           split_column="part", cache_dir=tmp_path / "cache")  # fmt: skip
-    assert [r.split for r in records] == ["train", "train", "val", "validation"]
+    assert [r.split for r in records] == ["train", "train", "val", "val", "dev"]
     said = [r.getMessage() for r in caplog.records]
-    assert any("2 records spell their split in another case" in m and "'Train' as 'train' (1)" in m for m in said)
-    assert any("1 records name a split that is none of train, val, test: 'validation' (1)" in m for m in said)
+    assert any("3 records write their split in another case or word" in m and "'Train' as 'train' (1)" in m
+               and "'validation' as 'val' (1)" in m for m in said), said  # fmt: skip
+    assert any("1 records name a split that is none of train, val, test: 'dev' (1)" in m for m in said), said
+
+
+def test_val_asked_for_with_a_split_column_takes_the_rows_written_validation(tmp_path):
+    """``read_hf(splits=["val"])`` with ``split_column`` left out the rows written ``validation`` (Hugging Face's
+    name for it, which the data set's named splits were already read as), ``Valid`` too: a split of their own that
+    training never read. A split's name is read in one place (:func:`split_named`); ``dev`` stays its own."""
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        Image.new("RGB", (2, 2)).save(tmp_path / name)
+    ds = datasets.Dataset.from_dict({"file": ["a.png", "b.png", "c.png", "d.png"], "caption": ["A", "B", "C", "D"],
+                                     "part": ["train", "validation", "Valid", "dev"]})  # fmt: skip
+    ds.to_parquet(str(tmp_path / "captions.parquet"))
+    options = {"image_column": "file", "caption_column": "caption", "split_column": "part", "cache_dir": tmp_path}
+    read = read_hf(tmp_path / "captions.parquet", splits=["val"], **options)
+    assert [(r.split, r.captions) for r in read] == [("val", ["B"]), ("val", ["C"])]
+    assert [r.split for r in read_hf(tmp_path / "captions.parquet", splits=["dev"], **options)] == ["dev"]
 
 
 def test_splits_asked_for_with_a_split_column_keep_those_rows_and_a_missing_one_is_named(tmp_path):

@@ -250,7 +250,7 @@ def test_a_split_in_another_case_is_read_as_that_split_and_said(folder, caplog, 
     assert [(r.image_id, r.split) for r in records] == [("images/dog.jpg", read), ("images/cat.jpg", read),
                                                         ("images/owl.jpg", read)]  # fmt: skip
     notes = [r.getMessage() for r in caplog.records if r.name == "finecap.data.records"]
-    assert notes == [f"data: {path}: 3 records spell their split in another case or with spaces; read "
+    assert notes == [f"data: {path}: 3 records write their split in another case or word, or with spaces; read "
                      f"{written!r} as {read!r} (3)"]  # fmt: skip
     assert len(load_records(load(None, ["data.format=messages", f"data.path={path}"]), "train" if read in (
         "train", "restval") else read)) == 3  # fmt: skip
@@ -258,11 +258,11 @@ def test_a_split_in_another_case_is_read_as_that_split_and_said(folder, caplog, 
 
 def test_a_split_of_another_name_is_kept_and_warned_about(folder, caplog):
     path = write_lines(folder / "chat.jsonl", chat("images/dog.jpg", split="train"),
-                       chat("images/cat.jpg", split="validation"), chat("images/owl.jpg", split="dev"))  # fmt: skip
+                       chat("images/cat.jpg", split="testA"), chat("images/owl.jpg", split="dev"))  # fmt: skip
     with caplog.at_level(logging.INFO, logger="finecap.data.records"):
-        assert [r.split for r in read_messages(path)] == ["train", "validation", "dev"]
+        assert [r.split for r in read_messages(path)] == ["train", "testA", "dev"]
     assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "finecap.data.records"] == [
-        (logging.WARNING, f"data: {path}: 2 records name a split that is none of train, val, test: 'validation' (1), "
+        (logging.WARNING, f"data: {path}: 2 records name a split that is none of train, val, test: 'testA' (1), "
                           "'dev' (1); only --split NAME reads them (training reads train and val)")]  # fmt: skip
     caplog.clear()
     write_lines(path, chat("images/dog.jpg", split="train"), chat("images/cat.jpg", split="test"))

@@ -36,19 +36,29 @@ def venv_in(out: Path) -> Path:
     return out / "venv"
 
 
+def source_tree(tree: Path) -> Path:
+    """A copy, at ``tree``, of what a clone holds that a build reads (no ``build/``, ``*.egg-info`` or caches of this
+    checkout's): pyproject.toml, the in-tree build backend (build_backend/), README, LICENSE, MANIFEST.in and src/."""
+    tree.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+        shutil.copy2(ROOT / name, tree / name)
+    for folder in ("build_backend", "src"):
+        shutil.copytree(ROOT / folder, tree / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return tree
+
+
+def build_wheel(tree: Path, wheels: Path) -> Path:
+    """The wheel ``pip wheel`` builds of the source tree ``tree`` into the folder ``wheels`` (this environment's
+    setuptools: no build isolation, no network)."""
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, tree],
+        cwd=tree.parent)  # fmt: skip
+    (wheel,) = wheels.glob("finecap-*.whl")
+    return wheel
+
+
 def install_wheel(out: Path) -> Path:
     """Build finecap's wheel and install it into the new virtualenv :func:`venv_in` ``out``; returns it."""
-    wheels = out / "wheels"
-    # built from a copy of what a clone holds: an in-tree build/ left by an earlier build would ship modules since
-    # deleted from src/ (setuptools reuses build/lib without cleaning it)
-    tree = out / "tree"
-    tree.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(ROOT / name, tree / name)
-    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels, tree],
-        cwd=out)  # fmt: skip
-    (wheel,) = wheels.glob("finecap-*.whl")
+    wheel = build_wheel(source_tree(out / "tree"), out / "wheels")
     env_dir = venv_in(out)
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"

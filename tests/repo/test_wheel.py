@@ -6,13 +6,17 @@ whose contents tests/app/test_demo.py checks; here, that it ran from the wheel.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from helpers.wheel import run
+from helpers.wheel import build_wheel, run, source_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,24 +105,103 @@ def test_the_wheel_ships_every_file_of_the_package_and_nothing_else(installed_fi
     assert any(p.endswith(".yaml") for p in source) and any(p.endswith(".html") for p in source)  # data files too
 
 
+def shipped(wheel: Path) -> set[str]:
+    return set(zipfile.ZipFile(wheel).namelist())
+
+
 @pytest.mark.slow
-def test_the_installed_version_is_the_declared_one(installed_finecap, tmp_path):
-    import tomllib
+def test_a_second_build_in_one_tree_ships_nothing_deleted_since(tmp_path):
+    # setuptools copies src/ into build/lib and never removes from it what src/ lost (pypa/setuptools#1871): a second
+    # `pip wheel .` in a clone shipped a module and a recipe deleted after the first. The in-tree backend
+    # (build_backend/finecap_build.py) builds each wheel in a fresh temporary folder instead, and writes no build/
+    tree = source_tree(tmp_path / "tree")
+    package = tree / "src" / "finecap"
+    module = min((package / "utils").glob("[!_]*.py"))
+    recipe = min((package / "recipes").glob("*/*.yaml"))
+    first = shipped(build_wheel(tree, tmp_path / "first"))
+    gone = {p.relative_to(tree / "src").as_posix() for p in (module, recipe)}
+    assert gone <= first, gone
+    module.unlink()
+    recipe.unlink()
+    second = shipped(build_wheel(tree, tmp_path / "second"))
+    assert second == first - gone
+    assert not (tree / "build").exists()  # nothing left in the clone to go stale
 
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+def test_the_fresh_build_folder_keeps_the_users_own_extra_config(tmp_path, monkeypatch):
+    # DIST_EXTRA_CONFIG names the configuration setuptools reads last: a user's own is merged, not replaced
+    import configparser
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "build_backend"))
+    backend = importlib.import_module("finecap_build")
+    theirs = tmp_path / "theirs.cfg"
+    theirs.write_text("[build]\nbuild_base = /their/build\nparallel = 2\n[egg_info]\ntag_build = .dev\n")
+    monkeypatch.setenv(backend.EXTRA_CONFIG, str(theirs))
+    with backend.fresh_build_base() as folder:
+        config = configparser.ConfigParser()
+        config.read(os.environ[backend.EXTRA_CONFIG], encoding="utf-8")
+        assert {s: dict(config[s]) for s in config.sections()} == {
+            "build": {"build_base": str(folder), "parallel": "2"},
+            "egg_info": {"tag_build": ".dev"},
+        }
+        assert folder.parent.is_dir()
+    assert os.environ[backend.EXTRA_CONFIG] == str(theirs) and not folder.parent.exists()
+    monkeypatch.delenv(backend.EXTRA_CONFIG)
+    with backend.fresh_build_base():
+        assert backend.EXTRA_CONFIG in os.environ
+    assert backend.EXTRA_CONFIG not in os.environ
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_the_build_backend_and_builds_the_wheel(tmp_path):
+    # `python -m build` builds the wheel from the sdist: the in-tree backend must travel in it (MANIFEST.in)
+    tree = source_tree(tmp_path / "tree")
+    code = "import sys; sys.path[:0] = ['build_backend']; import finecap_build as b; print(b.build_sdist(sys.argv[1]))"
+    name = run([sys.executable, "-c", code, tmp_path / "sdist"], cwd=tree).strip().splitlines()[-1]
+    with tarfile.open(tmp_path / "sdist" / name) as sdist:
+        sdist.extractall(tmp_path / "unpacked", filter="data")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    assert (unpacked / "build_backend" / "finecap_build.py").is_file()
+    wheel = shipped(build_wheel(unpacked, tmp_path / "wheels"))
+    assert wheel == shipped(build_wheel(tree, tmp_path / "from-tree"))
+
+
+def written_version() -> str:
+    """``finecap.__version__`` as src/finecap/__init__.py writes it, read without importing (the installed finecap
+    of a test environment may be another copy)."""
+    return re.search(r'^__version__ = "([^"]+)"', (ROOT / "src" / "finecap" / "__init__.py").read_text(), re.M)[1]
+
+
+@pytest.mark.slow
+def test_the_installed_version_is_the_written_one(installed_finecap, tmp_path):
+    # `finecap --version` and the wheel's metadata (what pip and importlib.metadata report) of the installed wheel
+    python = installed_finecap / "bin" / "python"
     said = run([installed_finecap / "bin" / "finecap", "--version"], cwd=tmp_path)
-    assert said == f"finecap {version}\n"
+    meta = run([python, "-c", "from importlib.metadata import version; print(version('finecap'))"], cwd=tmp_path)
+    assert (said, meta) == (f"finecap {written_version()}\n", f"{written_version()}\n")
 
 
-def test_the_version_is_the_same_wherever_it_is_written():
-    # pyproject.toml (the wheel's metadata), finecap.__version__ (`finecap --version`) and CITATION.cff (how to cite)
+def test_the_version_is_written_once():
+    # pyproject.toml, finecap.__version__ and CITATION.cff each wrote it, a test holding them equal: pyproject.toml
+    # now reads finecap.__version__ (a static read of the file: setuptools does not import finecap to build)
     import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "finecap.__version__"}
+
+
+def test_the_metadata_version_and_the_cited_one_are_finecap_version():
+    # the version setuptools puts in the wheel's metadata (pyproject.toml expanded as a build does, without building),
+    # finecap.__version__ (`finecap --version`) and CITATION.cff (how to cite: a file citation tools read as it is)
+    from setuptools.config.pyprojecttoml import read_configuration
 
     import finecap
 
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    built = read_configuration(ROOT / "pyproject.toml", expand=True)["project"]["version"]
     cited = re.search(r"^version: (\S+)$", (ROOT / "CITATION.cff").read_text(), re.M)
-    assert cited is not None and (finecap.__version__, cited[1]) == (version, version)
+    assert cited is not None and (built, finecap.__version__, cited[1]) == (written_version(),) * 3
 
 
 # An install line of an extra: pip install 'finecap[hf]', -e ".[test]", "finecap[vllm-cpu]" in an error message.

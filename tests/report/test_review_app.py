@@ -750,3 +750,63 @@ def test_a_token_the_user_gave_is_never_printed_and_a_generated_one_is(fabricate
     assert entry.status_code == 302  # the token given is the one required
     for path in tmp_path.rglob("*"):
         assert not path.is_file() or "s3cret" not in path.read_text(errors="replace"), path
+
+
+def test_a_token_file_gives_the_access_token_read_as_serve_reward_reads_one(fabricated_run, tiny_world, tmp_path,
+                                                                            monkeypatch, capsys):  # fmt: skip
+    # `finecap bags review` took its token on the command line only (--token: in ps, warned about) or from the
+    # environment; --token-file is serve-reward's, read by the same function (finecap.utils.token_file.read_token)
+    from finecap.app import review
+    from finecap.app.cli import main
+    from finecap.utils import token_file
+
+    bound = _served_until_interrupted(monkeypatch)
+    monkeypatch.delenv(review.TOKEN_ENV, raising=False)
+    read: list[str] = []
+    real = token_file.read_token
+    monkeypatch.setattr(token_file, "read_token", lambda path: read.append(str(path)) or real(path))
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    token = tmp_path / "token"
+    token.write_text("s3cret-file-t0ken-0123456789\n")
+    os.chmod(token, 0o600)
+    assert main(["bags", "review", str(bags), "--images", str(tiny_world / "images"), "--token-file", str(token)]) == 0
+    printed = capsys.readouterr()
+    assert read == [str(token)] and "s3cret" not in printed.out + printed.err
+    assert "warning: --token" not in printed.err  # nothing on the command line to warn about
+    assert "open http://127.0.0.1:8765/?token=... " in printed.out and "--token-file" in printed.out
+    client = bound[0].test_client()
+    assert client.get("/", headers={"Host": "127.0.0.1"}).status_code == 401
+    entry = client.get("/?token=s3cret-file-t0ken-0123456789", headers={"Host": "127.0.0.1"})
+    assert entry.status_code == 302  # the file's token is the one required
+    # serve-reward reads its --token-file through the same function: one home for the checks
+    assert main(["serve-reward", "demo/sr_bagcurri", "--token-file", str(tmp_path / "missing")]) == 2
+    assert read == [str(token), str(tmp_path / "missing")]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "shared"])
+def test_a_refused_review_token_file_is_one_error_line_before_anything_loads(tmp_path, capsys, monkeypatch, kind):
+    # the checks of serve-reward's --token-file: a FIFO (which blocked a read for ever) or a file others can read
+    from finecap.app.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    token = tmp_path / "token"
+    if kind == "fifo":
+        os.mkfifo(token, 0o600)
+    else:
+        token.write_text("s3cret-token-0123456789\n")
+        os.chmod(token, 0o644)
+    assert main(["bags", "review", str(tmp_path / "bags.json"), "--images", str(tmp_path), "--token-file",
+                 str(token)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    said = "not a regular file" if kind == "fifo" else "readable by its group and by other users (mode -rw-r--r--)"
+    assert err.startswith(f"finecap: error: --token-file {token}: {said}") and len(err.splitlines()) == 1, err
+    assert "s3cret" not in err and sorted(p.name for p in tmp_path.iterdir()) == ["token"]
+
+
+def test_a_review_token_is_given_one_way_on_the_command_line(tmp_path):
+    from helpers.cli import run_cli
+
+    code, _, err = run_cli(["bags", "review", str(tmp_path / "bags.json"), "--images", str(tmp_path), "--token",
+                            "s3cret-token-0123456789", "--token-file", str(tmp_path / "token")])  # fmt: skip
+    assert code == 2 and "argument --token-file: not allowed with argument --token" in err, err

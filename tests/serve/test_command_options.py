@@ -11,7 +11,7 @@ import time
 import pytest
 
 from finecap.app.cli import main
-from finecap.app.serve_reward import read_token
+from finecap.utils.token_file import read_token
 
 
 @pytest.mark.parametrize(

@@ -111,8 +111,8 @@ def shown_word(words: Sequence[str], n: int) -> str:
 
 def command_line_secrets(args: argparse.Namespace) -> list[str]:
     """The warnings about the secrets the parsed command line ``args`` holds, one line each naming the option and the
-    safer route (:func:`finecap.config.secrets.on_command_line_message`): ``finecap bags review --token`` (the
-    environment's ``$FINECAP_REVIEW_TOKEN``) and an override of a key of
+    safer route (:func:`finecap.config.secrets.on_command_line_message`): ``finecap bags review --token`` (its
+    ``--token-file`` or the environment's ``$FINECAP_REVIEW_TOKEN``) and an override of a key of
     :data:`~finecap.config.secrets.SECRET_KEYS` (``boost.llm_api_key=...``: an environment variable named by
     ``boost.llm_api_key_env``). Every user of the machine reads a process's arguments (``ps``); finecap cannot
     reliably hide them once it runs, so it says so at start. :data:`OVERRIDES_ENV` is not the command line: the
@@ -121,8 +121,8 @@ def command_line_secrets(args: argparse.Namespace) -> list[str]:
     if getattr(args, "token", None) is not None:
         from finecap.app.review import TOKEN_ENV
 
-        said.append(on_command_line_message("--token", f"set ${TOKEN_ENV} instead (read from a file of yours: "
-                                            f"{TOKEN_ENV}=$(cat TOKEN_FILE) finecap bags review ...)"))  # fmt: skip
+        said.append(on_command_line_message("--token", f"give --token-file (a file of yours, chmod 600) or set "
+                                            f"${TOKEN_ENV} instead"))  # fmt: skip
     for item in getattr(args, "items", None) or ():
         key = override_key(item) if "=" in item else ""
         if key in SECRET_KEYS:
@@ -343,8 +343,10 @@ def cmd_questions_make(args: argparse.Namespace) -> None:
 
 def cmd_bags_review(args: argparse.Namespace) -> None:
     from finecap.app.review import main
+    from finecap.utils.token_file import read_token
 
-    main(args.bags, args.images, data=args.data, out=args.out, host=args.host, port=args.port, token=args.token)
+    token = read_token(args.token_file) if args.token_file else args.token  # read as serve-reward's --token-file
+    main(args.bags, args.images, data=args.data, out=args.out, host=args.host, port=args.port, token=token)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -378,9 +380,10 @@ def cmd_serve_reward(args: argparse.Namespace) -> None:
         raise UsageError("usage: finecap serve-reward RECIPE [section.key=value ...] [--host H] [--port P]\n"
                          "  serves the recipe's rl.rewards over HTTP (docs/integrations.md); e.g. "
                          "finecap serve-reward demo/sr_bagcurri --port 8000")  # fmt: skip
-    from finecap.app.serve_reward import main, read_token
+    from finecap.app.serve_reward import main
     from finecap.serve.app import ConnectionLimits
     from finecap.serve.protocol import Limits
+    from finecap.utils.token_file import read_token
 
     limits = Limits(max_request_bytes=args.max_request_bytes, max_captions=args.max_captions,
                     max_caption_chars=args.max_caption_chars, max_references=args.max_references)  # fmt: skip
@@ -679,8 +682,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="curated bags JSON (default BAGS.curated.json)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=number(0, 65535, int), default=8765, help="port (0 = any free port)")
-    p.add_argument("--token", default=None, help="access token the browser must present, on loopback too (default "
-                   "$FINECAP_REVIEW_TOKEN, else one generated and printed in the URL)")  # fmt: skip
+    given = p.add_mutually_exclusive_group()
+    given.add_argument("--token-file", dest="token_file", default=None, help="a file of yours (chmod 600) whose "
+                       "first line is the access token the browser must present, on loopback too (default "
+                       "$FINECAP_REVIEW_TOKEN, else one generated and printed in the URL)")  # fmt: skip
+    given.add_argument("--token", default=None, help="the access token itself: visible to every user in ps (warned "
+                       "about); prefer --token-file")  # fmt: skip
     p.set_defaults(func=cmd_bags_review)
 
     p = sub.add_parser("report", help="Write a self-contained HTML report of a run directory.", parents=[COMMON])

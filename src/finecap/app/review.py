@@ -19,11 +19,12 @@ Security model (docs/report-and-review.md). The server answers this machine only
 nothing but the review:
 
 - **Binding and access token.** ``127.0.0.1`` by default; a ``--host`` beyond loopback (``0.0.0.0``, a LAN address)
-  prints a warning. Every server requires an access token (``--token``, ``FINECAP_REVIEW_TOKEN``, or one generated
-  and printed, as Jupyter does), on loopback too: other users of a shared machine reach ``127.0.0.1`` as well. The
-  printed URL carries a generated token as ``?token=`` (a given one is the user's to add: it is not printed, as the
-  output of a ``nohup`` server lands in a file); the page exchanges it for an ``HttpOnly``, ``SameSite=Strict``
-  cookie. The token is never written to a file, nor to the log of requests on stderr (:class:`RequestHandler`).
+  prints a warning. Every server requires an access token (``--token-file``, ``--token``, ``FINECAP_REVIEW_TOKEN``,
+  or one generated and printed, as Jupyter does), on loopback too: other users of a shared machine reach
+  ``127.0.0.1`` as well. The printed URL carries a generated token as ``?token=`` (a given one is the user's to add:
+  it is not printed, as the output of a ``nohup`` server lands in a file); the page exchanges it for an ``HttpOnly``,
+  ``SameSite=Strict`` cookie. The token is never written to a file, nor to the log of requests on stderr
+  (:class:`RequestHandler`).
 - **Host check (DNS rebinding).** A request whose ``Host`` is not the bound address or a loopback name
   (``localhost``, ``127.0.0.1``, ``::1``) is refused with 400; bound to a wildcard address, the machine's own names
   and IP literals are accepted too.
@@ -483,8 +484,8 @@ def main(
     shown = f"[{shown}]" if ":" in shown else shown
     address = f"http://{shown}:{server.server_port}/"
     if given:  # the user's own token: they know it, and a log of this output would keep it
-        how = (f"open {address}?token=... with the token of --token or ${TOKEN_ENV} (not printed; percent-encoded "
-               "if it holds '&', '#', '+' or a space)")  # fmt: skip
+        how = (f"open {address}?token=... with the token of --token-file, --token or ${TOKEN_ENV} (not printed; "
+               "percent-encoded if it holds '&', '#', '+' or a space)")  # fmt: skip
     else:  # the token percent-encoded (a generated one needs none: it is URL-safe)
         how = f"open {address}?{urlencode({'token': token})}"
     print(f"Reviewing {len(curation.keys())} bags of {bags} ({counts['accepted']} accepted, {counts['rejected']} "

@@ -6,8 +6,8 @@ exist, reported with a count and the first few paths). The helpers below are tho
 the right type (:func:`require`), an image id finecap reads and writes alike (:func:`check_id`), a caption list
 (:func:`clean_captions`), the captions ``finecap boost`` adds (:func:`read_boosted`), an image's questions
 (:func:`read_questions_field`), one record per image (:func:`check_unique_ids`), each image file in one split
-(:func:`check_split_files`), the image files present (:func:`check_image_files`) and a split read from a file name
-(:func:`split_from_name`).
+(:func:`check_split_files`), the image files present (:func:`check_image_files`), a split read from a file name
+(:func:`split_from_name`) and a split's name read (:func:`split_named`, :class:`SplitKeys`).
 
 Nothing here imports torch or PIL.
 """
@@ -510,22 +510,26 @@ SPLIT_NAMES = ("train", "val", "test", "restval")
 
 
 class SplitKeys:
-    """The ``"split"`` keys of one data file's records (``jsonl``, ``messages``, a folder's sidecar): :meth:`read`
-    each, then :meth:`say` once what was read in another spelling.
+    """The ``"split"`` keys of one data file's records (``jsonl``, ``messages``, a folder's sidecar, an ``hf`` split
+    column): :meth:`read` each, then :meth:`say` once what was read another way.
 
-    - a split of :data:`SPLIT_NAMES` in another case or with white space around it (``"TRAIN"``, ``" Val "``) is
-      read as that split, and said (one log line per file: the spellings and how many records): a record spelled
-      ``TRAIN`` is not left out of every split;
-    - any other name (``"validation"``, ``"testA"``) is kept as written, a split of its own that only
-      ``--split NAME`` reads, and said as a warning naming it (training reads ``train`` and ``val``);
+    - a split of :data:`SPLIT_NAMES` in another case or with white space around it (``"TRAIN"``, ``" Val "``), or in
+      another word for it (``"validation"``, ``"valid"``, ``"training"``, ``"testing"``: :func:`split_named`), is read
+      as that split, and said (one log line per file: the spellings and how many records): a record spelled
+      ``TRAIN`` or ``validation`` is not left out of every split;
+    - any other name (``"dev"``, ``"testA"``) is kept as written, a split of its own that only ``--split NAME``
+      reads, and said as a warning naming it (training reads ``train`` and ``val``);
     - a value that is not a string is a :class:`DataError` naming the record; ``""`` names no split
-      (:data:`NO_SPLIT`).
+      (:data:`NO_SPLIT`);
+    - one file writing a split both as itself and in another word (``"val"`` and ``"validation"``) is a
+      :class:`DataError` from :meth:`say`: read as one split they could be two the file keeps apart.
     """
 
     def __init__(self, path: Path | str) -> None:
         self.path = path
         self.respelled: Counter[tuple[str, str]] = Counter()
         self.others: Counter[str] = Counter()
+        self.plain: Counter[str] = Counter()
 
     def read(self, rec: dict[str, Any], where: str, default: str = NO_SPLIT) -> str:
         """The split record ``rec`` names (``default`` without a ``"split"`` key)."""
@@ -533,20 +537,28 @@ class SplitKeys:
             return default
         written = require(rec, "split", str, where)
         if written in SPLIT_NAMES or written == NO_SPLIT:
+            self.plain[written] += 1
             return written
-        split = written.strip().lower()
-        if split in SPLIT_NAMES:
+        split = split_named(written)
+        if split is not None:
             self.respelled[written, split] += 1
             return split
         self.others[written] += 1
         return written
 
     def say(self) -> None:
-        """Log what :meth:`read` read in another spelling, or as a split of its own (nothing when all were plain)."""
+        """Log what :meth:`read` read another way, or as a split of its own (nothing when all were plain); refuse a
+        split written both as itself and in another word (class docstring)."""
+        both = [(w, s) for w, s in self.respelled if s in self.plain and w.strip().lower() != s]
+        if both:
+            shown = ", ".join(f"{s!r} ({self.plain[s]}) and {short_repr(w)} ({self.respelled[w, s]})" for w, s in both)
+            raise DataError(f"{self.path}: records write {shown}: finecap reads both as one split; give them one "
+                            "name, or, to keep them apart, one that is none of train, val, test, valid, validation, "
+                            "training, testing")  # fmt: skip
         if self.respelled:
             most = self.respelled.most_common(MAX_LISTED)
             shown = ", ".join(f"{short_repr(w)} as {s!r} ({n})" for (w, s), n in most)
-            log.info("data: %s: %d records spell their split in another case or with spaces; read %s",
+            log.info("data: %s: %d records write their split in another case or word, or with spaces; read %s",
                      self.path, self.respelled.total(), shown)  # fmt: skip
         if self.others:
             shown = ", ".join(f"{short_repr(w)} ({n})" for w, n in self.others.most_common(MAX_LISTED))
@@ -557,7 +569,21 @@ class SplitKeys:
 
 SPLIT_WORDS = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
                "test": "test", "testing": "test"}  # fmt: skip
-"""The words of a file name that say its split (:func:`split_from_name`)."""
+"""The words that say a split: of a file name (:func:`split_from_name`), and, in any case, of a split's name
+(:func:`split_named`). ``dev`` is none: it names a test split as often as a validation one (VQA's ``test-dev``)."""
+
+
+def split_named(written: str) -> str | None:
+    """The split of :data:`SPLIT_NAMES` a split's name as a data set writes it says, in any case and with white space
+    around it: itself, or the split of its word in :data:`SPLIT_WORDS` (Hugging Face's ``validation``); ``None`` for
+    any other name. The one reading of split names: a record's ``"split"`` (:class:`SplitKeys`) and a Hugging Face
+    data set's named splits (:func:`finecap.data.formats.hf.split_read_as`).
+
+    >>> [split_named(n) for n in ("val", " Validation ", "valid", "TRAINING", "restval", "dev", "testA")]
+    ['val', 'val', 'val', 'train', 'restval', None, None]
+    """
+    word = written.strip().lower()
+    return word if word in SPLIT_NAMES else SPLIT_WORDS.get(word)
 
 
 def split_from_name(path: Path) -> str:

@@ -16,15 +16,16 @@ Columns (the ``data.hf`` section's options, see :func:`read_hf`): ``image_column
 feature, embedded bytes or a path, or a path string; relative paths are resolved against ``data.images``, by default
 the folder of the file or the saved data set folder), ``caption_column`` the reference captions (a string, or a list of
 strings per row), ``split_column`` (optional) each row's split (read as every reader reads a record's split,
-:class:`~finecap.data.records.SplitKeys`: ``"Train"`` as ``train`` and said, ``"validation"`` kept and warned
-about), else the splits are the data set's named splits (a lone unnamed split, as a file gives, takes its split
-from the file name like COCO files do: ``train``/``val``/``test``, default ``test``; Hugging Face's ``validation``,
-and ``training``/``testing``, are read as ``val``, ``train`` and ``test`` unless the data set also has a split of that
-name: :func:`split_read_as`); ``id_column`` (optional) the image id, else the image path, else ``<split>/<row>``;
-``questions_column`` (optional) each image's multiple-choice questions for the ``qa_utility`` reward, a list per row in
-CapRL's layout as a JSONL line's ``questions`` (:attr:`~finecap.data.records.Record.questions`; a null cell: none for
-that image). Arrow stores a list of question objects as structs sharing every key, a key a question lacks as null:
-those nulls are dropped, so each question reads as the JSON object it was written as.
+:class:`~finecap.data.records.SplitKeys`: ``"Train"`` and ``"validation"`` as ``train`` and ``val`` and said, ``"dev"``
+kept and warned about), else the splits are the data set's named splits (a lone unnamed split, as a file gives, takes
+its split from the file name like COCO files do: ``train``/``val``/``test``, default ``test``; Hugging Face's
+``validation``, and ``training``/``testing``, are read as ``val``, ``train`` and ``test`` unless the data set also has
+a split of that name: :func:`split_read_as`); ``id_column`` (optional) the image id, else the image path, else
+``<split>/<row>``; ``questions_column`` (optional) each image's multiple-choice questions for the ``qa_utility``
+reward, a list per row in CapRL's layout as a JSONL line's ``questions``
+(:attr:`~finecap.data.records.Record.questions`; a null cell: none for that image). Arrow stores a list of question
+objects as structs sharing every key, a key a question lacks as null: those nulls are dropped, so each question reads
+as the JSON object it was written as.
 
 Image files must lie inside the data set's image folder (:class:`finecap.data.containment.ImageFolder`, refused
 otherwise unless ``data.allow_outside_paths=true``): ``data.images`` when given, else the folder of a parquet/arrow
@@ -65,7 +66,6 @@ from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split, saved_splits
 from finecap.data.records import (
     MAX_LISTED,
-    SPLIT_WORDS,
     DataError,
     Record,
     SplitKeys,
@@ -73,6 +73,7 @@ from finecap.data.records import (
     clean_captions,
     read_questions_field,
     split_from_name,
+    split_named,
 )
 from finecap.home import CACHE, home
 from finecap.utils.system import MissingExtra
@@ -104,15 +105,16 @@ def _import_datasets() -> Any:
 
 def split_read_as(name: str, names: Collection[str]) -> str:
     """The finecap split a data set's split ``name`` is read as, among its splits ``names``: Hugging Face's
-    ``validation`` as ``val`` (and ``valid``, ``training``, ``testing``: :data:`~finecap.data.records.SPLIT_WORDS`),
-    unless the data set also has a split of that name; any other name as written.
+    ``validation`` as ``val`` (and ``valid``, ``training``, ``testing``, or ``Train``: as a record's ``"split"`` is
+    read, :func:`~finecap.data.records.split_named`), unless the data set also has a split of that name; any other
+    name as written.
 
     Example::
 
         >>> split_read_as("validation", ["train", "validation", "test"]), split_read_as("validation", ["val", "validation"])
         ('val', 'validation')
     """  # noqa: E501
-    read_as = SPLIT_WORDS.get(name, name)
+    read_as = split_named(name) or name
     return read_as if read_as == name or read_as not in names else name
 
 

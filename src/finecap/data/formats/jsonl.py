@@ -1,13 +1,13 @@
 """``data.format=jsonl``: one ``{"image": path, "captions": [str, ...], "id"?, "split"?, "questions"?}`` per line.
 
 ``id`` defaults to the image path as written; a line without ``split`` names none
-(:data:`~finecap.data.records.NO_SPLIT`: the commands split such records, :mod:`finecap.data.splits`); a split
-spelled in another case (``"TRAIN"``) is read as that split and said (:class:`~finecap.data.records.SplitKeys`).
-Captions are one line each (:func:`~finecap.data.records.clean_text`: line breaks and tabs made spaces, other control
-characters refused). A line holding a key twice is refused (:func:`~finecap.utils.reading.parse_json`). Relative
-image paths are resolved against ``data.images`` (default: the JSONL file's folder). The file is streamed, each line
-read within :data:`~finecap.utils.reading.LINE`. Detected: a ``.jsonl`` file (whose first line is not a chat record:
-:mod:`.messages`).
+(:data:`~finecap.data.records.NO_SPLIT`: the commands split such records, :mod:`finecap.data.splits`); a split spelled
+in another case or word (``"TRAIN"``, ``"validation"``) is read as that split and said
+(:class:`~finecap.data.records.SplitKeys`). Captions are one line each (:func:`~finecap.data.records.clean_text`: line
+breaks and tabs made spaces, other control characters refused). A line holding a key twice is refused
+(:func:`~finecap.utils.reading.parse_json`). Relative image paths are resolved against ``data.images`` (default: the
+JSONL file's folder). The file is streamed, each line read within :data:`~finecap.utils.reading.LINE`. Detected: a
+``.jsonl`` file (whose first line is not a chat record: :mod:`.messages`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ present (what COCO evaluation expects), else ``imgid``, else the record index. A
 (``""``, ``"."``, ``"sub/"``: :func:`~finecap.data.records.require_image`) is refused naming the entry. Captions are
 the ``raw`` strings (stripped), or the joined ``tokens`` when ``raw`` is missing. Splits are read as every reader reads
 them (:class:`~finecap.data.records.SplitKeys`: ``restval`` kept, :mod:`finecap.data.references` counts it as
-training; ``"Train"`` read as ``train`` and said; another name, ``"validation"``, kept and warned about). Default image
+training; ``"Train"`` and ``"validation"`` read as ``train`` and ``val`` and said; another name, ``"dev"``, kept and
+warned about). Default image
 root: the JSON file's folder. Detected: a JSON object whose ``images`` is a list (and that has no ``annotations``:
 COCO, detected first).
 """
@@ -51,7 +52,7 @@ def read_karpathy(
         filename = require_image(img, "filename", where)  # "", ".", "sub/": a folder, no image file
         where = f"{path}: images[{i}] ({filename})"
         require(img, "split", str, where)
-        split = splits.read(img, where)  # "Train" as train, said; "validation" kept, warned (as every reader)
+        split = splits.read(img, where)  # "Train", "validation" as train, val, said; "dev" kept, warned
         filepath = require(img, "filepath", str, where) if "filepath" in img else ""
         if "cocoid" in img:
             image_id = require_id(img, "cocoid", where)

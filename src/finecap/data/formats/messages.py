@@ -22,9 +22,9 @@ a ``.json`` file holding a list of them (read whole within :data:`~finecap.utils
   folder) and inside it (:class:`~finecap.data.containment.ImageFolder`); a URL is refused (finecap reads local files
   only).
 - ``split`` (optional, finecap's own key): ``train``, ``val`` or ``test``; without it the commands split the records
-  (:mod:`finecap.data.splits`). A split in another case or with spaces around it (``"TRAIN"``, ``" val"``) is read
-  as that split and said in one log line per file; another name (``"validation"``) is kept as a split of its own and
-  said as a warning (:class:`~finecap.data.records.SplitKeys`).
+  (:mod:`finecap.data.splits`). A split in another case, in another word or with spaces around it (``"TRAIN"``,
+  ``"validation"``, ``" val"``) is read as that split and said in one log line per file; another name (``"dev"``) is
+  kept as a split of its own and said as a warning (:class:`~finecap.data.records.SplitKeys`).
 - ``questions`` (optional, as a JSONL line's): the image's multiple-choice questions for the ``qa_utility`` reward,
   CapRL's layout (:attr:`~finecap.data.records.Record.questions`); a value that is not a list is refused, naming the
   line.
