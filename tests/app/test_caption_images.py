@@ -436,10 +436,9 @@ def test_a_splits_skipped_images_are_listed_beside_out_as_the_images_ones(run, s
     assert run_cli(command)[0] == 0 and results(out) == good and not listed.exists()
 
 
-def test_a_splits_images_the_model_refuses_are_skipped_and_listed(run, shapes, tmp_path, monkeypatch, caplog):
-    # --data/--split: the images that do not decode were left out up front (load_records), but one the model
-    # refuses stopped the run; now it is left out and listed with them, the rest of its batch captioned
-    why = refuse_tiny_images(monkeypatch)
+def photos_with_refused(shapes, tmp_path):
+    """``tmp_path/photos``: the new shapes (``good``: name -> the caption they get), two 8 x 8 images a model
+    refusing tiny images refuses (``refused``, paths) and one truncated PNG (``broken``)."""
     photos = tmp_path / "photos"
     photos.mkdir()
     good = {f"{color}.png": CAPTION[color] for color in COLORS}
@@ -448,7 +447,14 @@ def test_a_splits_images_the_model_refuses_are_skipped_and_listed(run, shapes, t
     refused = [photos / "a_tiny.png", photos / "z_tiny.png"]
     for path in refused:
         Image.new("RGB", (8, 8), "green").save(path)
-    broken = BROKEN["truncated"][0](photos / "truncated.png")
+    return photos, good, refused, BROKEN["truncated"][0](photos / "truncated.png")
+
+
+def test_a_splits_images_the_model_refuses_are_skipped_and_listed(run, shapes, tmp_path, monkeypatch, caplog):
+    # --data/--split: the images that do not decode were left out up front (load_records), but one the model
+    # refuses stopped the run; now it is left out and listed with them, the rest of its batch captioned
+    why = refuse_tiny_images(monkeypatch)
+    photos, good, refused, broken = photos_with_refused(shapes, tmp_path)
     out = tmp_path / "split.json"
     command = ["caption", "--checkpoint", str(run), "--data", str(photos), "--split", "train", "--out", str(out)]
     assert error_of(command).startswith(f"finecap: error: {broken}: damaged image")  # without the option
@@ -482,15 +488,7 @@ def test_a_splits_images_a_declaring_encoder_refuses_are_listed(run, shapes, tmp
 
     why = refuse_tiny_images(monkeypatch)
     monkeypatch.setattr(VisionEncoder, "refuses_images", True, raising=False)
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    good = {f"{color}.png": CAPTION[color] for color in COLORS}
-    for name in good:
-        shutil.copy(shapes["new"] / name, photos / name)
-    refused = [photos / "a_tiny.png", photos / "z_tiny.png"]
-    for path in refused:
-        Image.new("RGB", (8, 8), "green").save(path)
-    broken = BROKEN["truncated"][0](photos / "truncated.png")
+    photos, good, refused, broken = photos_with_refused(shapes, tmp_path)
     out = tmp_path / "split.json"
     command = ["caption", "--checkpoint", str(run), "--data", str(photos), "--split", "train", "--out", str(out)]
     caplog.set_level(logging.WARNING, logger="finecap")

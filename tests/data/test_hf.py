@@ -114,16 +114,22 @@ def test_a_split_column_spelled_in_another_case_is_read_as_every_readers_split_k
     assert any("1 records name a split that is none of train, val, test: 'dev' (1)" in m for m in said), said
 
 
+def four_rows_split_by_column(tmp_path, parts: list[str]) -> dict:
+    """``captions.parquet`` in ``tmp_path``: images a-d captioned A-D, their splits ``parts`` in the column ``part``;
+    the options of :func:`read_hf` reading it."""
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        Image.new("RGB", (2, 2)).save(tmp_path / name)
+    ds = datasets.Dataset.from_dict({"file": ["a.png", "b.png", "c.png", "d.png"], "caption": ["A", "B", "C", "D"],
+                                     "part": parts})  # fmt: skip
+    ds.to_parquet(str(tmp_path / "captions.parquet"))
+    return {"image_column": "file", "caption_column": "caption", "split_column": "part", "cache_dir": tmp_path}
+
+
 def test_val_asked_for_with_a_split_column_takes_the_rows_written_validation(tmp_path):
     """``read_hf(splits=["val"])`` with ``split_column`` left out the rows written ``validation`` (Hugging Face's
     name for it, which the data set's named splits were already read as), ``Valid`` too: a split of their own that
     training never read. A split's name is read in one place (:func:`split_named`); ``dev`` stays its own."""
-    for name in ("a.png", "b.png", "c.png", "d.png"):
-        Image.new("RGB", (2, 2)).save(tmp_path / name)
-    ds = datasets.Dataset.from_dict({"file": ["a.png", "b.png", "c.png", "d.png"], "caption": ["A", "B", "C", "D"],
-                                     "part": ["train", "validation", "Valid", "dev"]})  # fmt: skip
-    ds.to_parquet(str(tmp_path / "captions.parquet"))
-    options = {"image_column": "file", "caption_column": "caption", "split_column": "part", "cache_dir": tmp_path}
+    options = four_rows_split_by_column(tmp_path, ["train", "validation", "Valid", "dev"])
     read = read_hf(tmp_path / "captions.parquet", splits=["val"], **options)
     assert [(r.split, r.captions) for r in read] == [("val", ["B"]), ("val", ["C"])]
     assert [r.split for r in read_hf(tmp_path / "captions.parquet", splits=["dev"], **options)] == ["dev"]
@@ -133,12 +139,7 @@ def test_splits_asked_for_with_a_split_column_keep_those_rows_and_a_missing_one_
     """``read_hf(splits=[...])`` with ``split_column`` returned every row, whatever was asked (``--split val`` of such
     a data set scored its train rows too), and a split no row has was no error; now the rows are those of the splits
     asked for, as read (``"Train"`` is ``train``), and a split no row has is named with those the column holds."""
-    for name in ("a.png", "b.png", "c.png", "d.png"):
-        Image.new("RGB", (2, 2)).save(tmp_path / name)
-    ds = datasets.Dataset.from_dict({"file": ["a.png", "b.png", "c.png", "d.png"], "caption": ["A", "B", "C", "D"],
-                                     "part": ["train", "val", "Train", "test"]})  # fmt: skip
-    ds.to_parquet(str(tmp_path / "captions.parquet"))
-    options = {"image_column": "file", "caption_column": "caption", "split_column": "part", "cache_dir": tmp_path}
+    options = four_rows_split_by_column(tmp_path, ["train", "val", "Train", "test"])
     read = read_hf(tmp_path / "captions.parquet", splits=["val"], **options)
     assert [(r.split, r.captions) for r in read] == [("val", ["B"])]
     read = read_hf(tmp_path / "captions.parquet", splits=["train", "test"], **options)

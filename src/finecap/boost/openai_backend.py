@@ -277,8 +277,8 @@ class OpenAIBackend:
     ``httpx.ReadTimeout`` when the request's ``timeout`` extension is shorter than the server's delay).
     ``refuse_cut_off``: an answer cut off at ``max_tokens`` is a :class:`~finecap.boost.engine.CutOff` (module
     docstring); ``False`` returns it as it came. ``on_model``: called with the model a reply names (its ``"model"``,
-    when a non-empty string; masked as the answer is) before its answer is returned; what it raises fails the request (the judges check that one
-    model answers them all: :meth:`finecap.judges.openai.OpenAIJudge.served`).
+    when a non-empty string; masked as the answer is) before its answer is returned; what it raises fails the
+    request (the judges check that one model answers them all: :meth:`finecap.judges.openai.OpenAIJudge.served`).
 
     Messages name the options the user set: ``key`` is boost's role (``boost.llm``: ``boost.llm_model``,
     ``boost.llm_api_key_env``, ...) or a section (``judge``: ``judge.model``, ``judge.api_key_env``, ...), and
