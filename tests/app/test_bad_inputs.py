@@ -431,22 +431,35 @@ def test_real_full_and_read_only_disks(tiny, small_mounts):
 
 TORCHVISION_WARNING = "requires torchvision (not installed)"
 KERNELS_WARNING = "Failed to load CPU gemm_4bit_forward from kernels-community"
+USERS_IMPORT = "from transformers import CLIPImageProcessor"
+"""A user's own import of the processor class, which warns of torchvision where transformers 5 lacks it."""
 
 
-def test_a_bare_import_of_the_modules_making_clip_processors_says_nothing_and_hides_nothing():
+def _src_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def warned_here() -> str:
+    """The control of the warning tests, one process for the module: what a bare Python (no finecap) prints on
+    stderr for a user's ``from transformers import CLIPImageProcessor`` then ``import peft`` (which imports
+    bitsandbytes), each its own import and its own warning, whether the libraries warn here at all. The torchvision
+    warning is said by the first statement, before peft is imported, so one process answers both tests' controls."""
+    control = subprocess.run([sys.executable, "-c", f"{USERS_IMPORT}; import peft"], env=_src_env(),
+                             capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    return control.stderr
+
+
+def test_a_bare_import_of_the_modules_making_clip_processors_says_nothing_and_hides_nothing(warned_here):
     """``import finecap.app.bags`` (through finecap.models.world_encoder) printed transformers' torchvision warning,
     which the CLI and the API leave out (finecap.library_warnings): finecap.models.processors names the class that
     ``transformers.CLIPImageProcessor`` resolves to without the import that warns; the warning is not swallowed
     either: the user's own import of that name still prints it."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
     modules = ["finecap.app.bags", "finecap.app.retriever", "finecap.app.report", "finecap.models.presets"]
-    users = "from transformers import CLIPImageProcessor"
-    control = subprocess.run([sys.executable, "-c", users], env=env, capture_output=True, text=True, timeout=300,
-                             check=True)  # fmt: skip
-    if TORCHVISION_WARNING not in control.stderr:  # the control: transformers warns here (no torchvision)
+    if TORCHVISION_WARNING not in warned_here:  # the control: transformers warns here (no torchvision)
         pytest.skip("transformers does not warn of torchvision here (it is installed): nothing to leave out")
-    code = f"import sys, {', '.join(modules)}; print('MARK', file=sys.stderr); {users}"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+    code = f"import sys, {', '.join(modules)}; print('MARK', file=sys.stderr); {USERS_IMPORT}"
+    done = subprocess.run([sys.executable, "-c", code], env=_src_env(), capture_output=True, text=True, timeout=300,
                           check=True)  # fmt: skip
     before, _, after = done.stderr.partition("MARK")
     assert TORCHVISION_WARNING not in before, before
@@ -459,16 +472,14 @@ def test_a_bare_import_of_the_modules_making_clip_processors_says_nothing_and_hi
 
 
 @pytest.mark.slow
-def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret_run, tiny, tmp_path):
+def test_model_command_prints_no_import_warnings_and_q_silences_libraries(secret_run, tiny, warned_here, tmp_path):
     """``finecap caption`` and the Python API print neither library's warning (finecap.library_warnings): on a
     checkpoint with LoRA adapters, whose loading imports peft and with it bitsandbytes (a model without adapters
     imports neither: finecap.models.peft_import)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "OMP_NUM_THREADS": "1"}
-    # the controls, in one process (each its own import, each its own warning): whether the libraries warn here
-    control = subprocess.run([sys.executable, "-c", "from transformers import CLIPImageProcessor; import peft"],
-                             env=env, capture_output=True, text=True, check=True)  # fmt: skip
-    torchvision_missing = TORCHVISION_WARNING in control.stderr  # transformers 5 without torchvision warns here
-    kernels_missing = KERNELS_WARNING in control.stderr  # bitsandbytes 0.50 on an AVX512-BF16 CPU without `kernels`
+    env = _src_env()
+    # the controls (warned_here): whether the libraries warn here
+    torchvision_missing = TORCHVISION_WARNING in warned_here  # transformers 5 without torchvision warns here
+    kernels_missing = KERNELS_WARNING in warned_here  # bitsandbytes 0.50 on an AVX512-BF16 CPU without `kernels`
     ckpt = secret_run["run"] / "checkpoints" / "best"
     code, _, err = run_cli(["train", *tiny["base"], "lora.lm=true", "lora.rank=4", "--out", str(tmp_path / "lora")])
     assert code == 0, err
