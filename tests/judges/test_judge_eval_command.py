@@ -259,3 +259,19 @@ def test_eval_out_records_the_judge_that_scored(world, tmp_path, capsys):
     # no judge-backed group: no judge key, the scores alone
     assert cli([*base, "--metrics", "length", "--out", str(tmp_path / "t.json")]) == 0
     assert set(json.loads((tmp_path / "t.json").read_text())) == {"Length"}
+
+
+def test_eval_out_records_the_model_a_served_judge_named(world, tmp_path, capsys, monkeypatch):
+    """The judge record named ``judge.model`` alone, made before any call: a server answering as a dated version of
+    it (or as another model, warned of) was nowhere in the results file. The model its replies named is now there as
+    ``served_model``, once one came (:attr:`finecap.judges.base.Judge.served_model`)."""
+    from finecap.judges.world import WorldJudge
+
+    refs = load_references(load(), world, split="test")
+    write_results(tmp_path / "r.json", {r.image_id: r.captions[0] for r in refs.records})
+    args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics", "qa",
+            "--judge", "world", "--format", "json", "--out", str(tmp_path / "s.json")]  # fmt: skip
+    monkeypatch.setattr(WorldJudge, "served_model", "world-2026-11-29")  # as a served judge's first reply sets it
+    assert cli(args) == 0
+    capsys.readouterr()
+    assert json.loads((tmp_path / "s.json").read_text())["judge"]["served_model"] == "world-2026-11-29"

@@ -54,7 +54,9 @@ def judge_record(judge: Judge, cfg: Config) -> dict[str, Any]:
     """What a results file says of the judge behind its judge-backed scores: the judge's identity (its name, prompt
     version and what else decides its answers: the model and ``judge.max_tokens``, the world judge's ``noise`` and
     ``seed``; :meth:`~finecap.judges.base.Judge.identity`) with the QA settings of every judge, ``shuffles`` and the
-    option shuffles' ``seed`` (``judge.*``).
+    option shuffles' ``seed`` (``judge.*``). Once the judge's server named the model that answered
+    (:attr:`~finecap.judges.base.Judge.served_model`: ``gpt-4o-2024-08-06`` for ``judge.model=gpt-4o``), the record
+    says it as ``served_model`` too (added after scoring; absent when every answer came from the cache).
 
     Example::
 
@@ -89,6 +91,8 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
             row.update({"judge": judge.name, "judge/prompt_version": judge.prompt_version})  # type: ignore[dict-item]
             if s is not None and isinstance(s.get("clair/reason"), str):
                 row["clair/reason"] = s["clair/reason"]
+    if judge.served_model is not None:  # the model that answered (judge_record), known once a reply came
+        ctx.about["judge"]["served_model"] = judge.served_model
     n_failed = len(scores) - len(ok)
     if n_failed:
         log.warning("%s: the judge failed on %d of %d images; they are left out of the means", group, n_failed,
