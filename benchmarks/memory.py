@@ -88,8 +88,10 @@ def words(n: int) -> list[str]:
     return [f"w{i}" for i in range(n)]
 
 
-def save_checkpoints(root: Path, backbones: list[str]) -> dict[str, list[str]]:
-    """Save each backbone's real-size random checkpoint under ``root``; returns the overrides that load it."""
+def save_checkpoints(root: Path, backbones: list[str], vlm_tower_layers: int = 12) -> dict[str, list[str]]:
+    """Save each backbone's real-size random checkpoint under ``root``; returns the overrides that load it.
+    ``vlm_tower_layers``: the depth of the ``vlm``'s SigLIP tower (SmolVLM-256M's 12, what this script measures; a
+    test of what does not grow with a frozen tower's depth may build fewer, at the same widths)."""
     import torch
     from transformers import (
         BlipForConditionalGeneration,
@@ -126,7 +128,8 @@ def save_checkpoints(root: Path, backbones: list[str]) -> dict[str, list[str]]:
         BlipImageProcessor(size={"height": 384, "width": 384}).save_pretrained(root / "blip")
         loads["blip"] = ["model.kind=blip", f"blip.name={root / 'blip'}"]
     if "vlm" in backbones:
-        vision = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12}
+        vision = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": vlm_tower_layers,
+                  "num_attention_heads": 12}  # fmt: skip
         model, processor = tiny_vlm("idefics3", image_size=512, hidden=576, layers=30, heads=9, kv_heads=3,
                                     intermediate=1536, positions=8192, patch=16, scale=4, vision=vision,
                                     extra_words=49_152 - 200)  # fmt: skip

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import multiprocessing
+import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import pytest
@@ -279,11 +282,52 @@ print("done", tw.ensure_world_encoder(load(None, sys.argv[1:]), progress=False),
 )
 
 
-def _paused_trainer(settings: list[str]) -> subprocess.Popen:
+@dataclasses.dataclass
+class _Trainer:
+    """A process running :data:`PAUSED_TRAINER` (its ``process``), and this process's ends of its standard input and
+    output."""
+
+    process: multiprocessing.Process
+    stdin: TextIO
+    stdout: TextIO
+
+    def finish(self, line: str = "") -> str:
+        """Send ``line``, close its input, and return the rest of its output once it has ended (300 s at most)."""
+        self.stdin.write(line)
+        self.stdin.close()
+        self.process.join(300)
+        assert self.process.exitcode is not None, "the process still runs after 300 s"
+        with self.stdout:
+            return self.stdout.read()
+
+    def kill(self) -> None:
+        """Kill it (SIGKILL) if it still runs, and close this process's ends of its pipes."""
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
+        self.stdin.close()
+        self.stdout.close()
+
+
+def _run_script(script: str, argv: list[str], stdin: int, stdout: int) -> None:
+    sys.stdin, sys.stdout, sys.argv = os.fdopen(stdin), os.fdopen(stdout, "w"), ["-c", *argv]
+    exec(script, {"__name__": "__main__"})
+    sys.stdout.flush()
+
+
+def _paused_trainer(settings: list[str]) -> _Trainer:
     """A process asking for the world encoder of ``settings``: prints ``training`` (then waits for a line on its
-    stdin) when it starts training, ``waiting`` when it waits for another's lock, ``done PATH`` at the end."""
-    return subprocess.Popen([sys.executable, "-c", PAUSED_TRAINER, *settings], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    stdin) when it starts training, ``waiting`` when it waits for another's lock, ``done PATH`` at the end. Forked
+    from this one, whose imports it shares: a fresh interpreter's (``python -c``) were most of these tests' work, and
+    the lock, an operating-system lock, is between processes however they started."""
+    stdin, stdout = os.pipe(), os.pipe()
+    process = multiprocessing.get_context("fork").Process(
+        target=_run_script, args=(PAUSED_TRAINER, settings, stdin[0], stdout[1])
+    )
+    process.start()
+    os.close(stdin[0])
+    os.close(stdout[1])
+    return _Trainer(process, os.fdopen(stdin[1], "w"), os.fdopen(stdout[0]))
 
 
 def _made_world(tmp_path: Path) -> tuple[list[str], Config]:
@@ -305,16 +349,15 @@ def test_two_processes_needing_one_world_encoder_train_it_once(tmp_path):
         assert first.stdout.readline() == "training\n"  # the first trains, paused here
         second = _paused_trainer(settings)
         assert second.stdout.readline() == "waiting\n", "the second process trained the encoder again"
-        first_out, _ = first.communicate("go\n", timeout=300)
-        second_out, _ = second.communicate("", timeout=300)
+        first_out = first.finish("go\n")
+        second_out = second.finish()
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        for trainer in (first, second):
+            if trainer is not None:
+                trainer.kill()
     path = we.encoder_dir(cfg)
-    assert first.returncode == 0 and first_out == f"done {path}\n"
-    assert second.returncode == 0 and second_out == f"done {path}\n"  # found it made: never trained
+    assert first.process.exitcode == 0 and first_out == f"done {path}\n"
+    assert second.process.exitcode == 0 and second_out == f"done {path}\n"  # found it made: never trained
     assert json.loads((path / "encoder.json").read_text())["key"] == we.encoder_key(cfg)
     assert sorted(p.name for p in path.parent.iterdir()) == [f".{path.name}.lock", path.name]
 
@@ -324,14 +367,12 @@ def test_a_killed_trainer_of_the_world_encoder_blocks_no_one(tmp_path):
     settings, cfg = _made_world(tmp_path)
     killed = _paused_trainer(settings)
     assert killed.stdout.readline() == "training\n"  # holds the lock
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
+    killed.kill()
+    assert killed.process.exitcode == -signal.SIGKILL
     after = _paused_trainer(settings)
     try:
         assert after.stdout.readline() == "training\n"  # the lock died with its holder: no wait
-        out, _ = after.communicate("go\n", timeout=300)
+        out = after.finish("go\n")
     finally:
-        if after.poll() is None:
-            after.kill()
-            after.wait()
-    assert after.returncode == 0 and out == f"done {we.encoder_dir(cfg)}\n"
+        after.kill()
+    assert after.process.exitcode == 0 and out == f"done {we.encoder_dir(cfg)}\n"
