@@ -1128,3 +1128,14 @@ def test_rows_reading_prompt_embeddings_run_the_tower_once_per_image():
     tower_rows = frozen_tower_bytes(vision, 2, 16 * 16) + 16 * pixel_copy_bytes(vision, 2)
     tower_images = frozen_tower_bytes(vision, 2, 2 * 16) + 2 * pixel_copy_bytes(vision, 2)
     assert own["tower"] - embeds["tower"] == tower_rows - tower_images > 0
+
+
+@pytest.mark.parametrize("kept", [0, 1, 2])
+def test_a_one_layer_frozen_tower_holds_what_it_keeps_less_its_stream_and_never_less_than_none(kept):
+    """A 1-layer tower's embeddings are its stream, so it keeps one tensor fewer beside it than a deeper one; a tower
+    that keeps none (the Qwen towers', GLM-4.1V's: ``embeddings_kept=0``) kept -1 at one layer: its forecast fell a
+    whole stream below a 2-layer tower's (``w h`` a patch), less than what it holds."""
+    vision = VisionShapes(64, 256, 16, 3 * 32 * 32, 2, 4, attention="fused", rotary="float32",
+                          embeddings_kept=kept)  # fmt: skip
+    two, one = frozen_tower_bytes(vision, 2, 16), frozen_tower_bytes(dataclasses.replace(vision, layers=1), 2, 16)
+    assert two - one == (2 * 64 * 16 if kept else 0)  # w h a patch, 16 patches, bf16

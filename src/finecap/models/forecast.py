@@ -636,7 +636,8 @@ def frozen_tower_bytes(vision: VisionShapes, weights_bytes: int, patches: int) -
     ids = 16 if vision.rotary != "none" else 0  # int64 (row, column) a patch
     tables = ids + rotary_table_bytes(vision, w) if ids else 0
     interpolation = 12 * vision.position_taps  # int64 indices and float32 weights, a tap
-    embedded = vision.embeddings_kept - (vision.layers == 1)  # one layer: the embeddings are its stream
+    # one layer: the embeddings are its stream (a tower keeping none keeps none: until 2026-11-29 it was -1)
+    embedded = max(vision.embeddings_kept - (vision.layers == 1), 0)
     beside = embedded * w * h + tables + (interpolation + 4 * h if vision.position_taps else 0) + w * vision.deepstack
     layers = w * h + beside + max(attention, mlp, norm)
     taps = vision.position_taps
