@@ -64,8 +64,11 @@ BAD_REPLIES = [  # (the reply's body, the field named, words)
     (b'{"total": [1.0, 2.0], "parts": {"cider": [1.0]}}', "parts.cider", "answered 1 values for 2 captions"),
     (b'{"total": [1.0, 2.0], "parts": {"cider": [1.0, NaN]}}', "parts.cider[1]", "non-finite"),
     (b'{"total": [1.0, 2.0], "parts": [1.0, 2.0]}', "parts", "where an object belongs"),
-    (json.dumps({"total": [0.5] * 3_000_000}).encode(), "total", "answered 3,000,000 values for 2 captions"),
+    (b'{"total": [' + b"0.5, " * 2_999_999 + b"0.5]}", "total", "answered 3,000,000 values for 2 captions"),
 ]
+"""The last body is what ``json.dumps({"total": [0.5] * 3_000_000}).encode()`` gives, byte for byte
+(:func:`test_the_long_reply_is_json_of_three_million_values`), written out: dumping the list took half a second of
+every collection of this module (a parameter, built at import), the request answered with it none."""
 
 
 @pytest.mark.parametrize(("body", "field", "words"), BAD_REPLIES, ids=[b[1] + "-" + b[2][:20] for b in BAD_REPLIES])
@@ -86,6 +89,10 @@ def test_a_bad_reply_is_refused_by_the_client_and_every_adapter(body, field, wor
                 call()
             assert refused.value.field == field, who
             assert words in str(refused.value), (who, str(refused.value))
+
+
+def test_the_long_reply_is_json_of_three_million_values():
+    assert BAD_REPLIES[-1][0] == json.dumps({"total": [0.5] * 3_000_000}).encode()
 
 
 def test_a_good_reply_passes_and_the_token_comes_from_the_environment(monkeypatch):
