@@ -752,6 +752,11 @@ class VlmImages:
                     p.requires_grad_(False)
 
 
+LEAVE_IT_OUT = "leave it out (data.skip_bad_images=true; finecap caption --skip-bad-images)"
+"""How a refusal of an image (:func:`check_image_tokens`, :func:`check_image_shapes`) ends: the options that leave
+such an image out."""
+
+
 def check_image_tokens(family: Family, config: Any, images: Sequence[Image.Image],
                        image_sizes: torch.Tensor | None) -> None:  # fmt: skip
     """Refuse an image of one image token in a family whose forward fails on it (:attr:`Family.one_token_fails`:
@@ -773,8 +778,7 @@ def check_image_tokens(family: Family, config: Any, images: Sequence[Image.Image
                 f"{w} x {h} pixels ({width} x {height} after the processor) gives {family.name} one image token, "
                 f"which transformers' Mistral3Model.get_image_features fails on; it takes images with a side over "
                 f"{unit} pixels after its processor's resize (patch_size={patch} x spatial_merge_size={merge}), and "
-                "its processor has no minimum size to upscale to: enlarge or pad the image, or leave it out "
-                "(data.skip_bad_images=true)",
+                f"its processor has no minimum size to upscale to: enlarge or pad the image, or {LEAVE_IT_OUT}",
                 k,
             )
 
@@ -856,8 +860,7 @@ def check_image_shapes(family: Family, processor: Any, options: dict[str, Any],
         takes = check(w, h)
         if takes is not None:
             raise ImageRefused(
-                f"{w} x {h} pixels: {family.name} cannot take it: {takes}: crop or pad the image, or leave it out "
-                "(data.skip_bad_images=true; finecap caption --skip-bad-images)",
+                f"{w} x {h} pixels: {family.name} cannot take it: {takes}: crop or pad the image, or {LEAVE_IT_OUT}",
                 k,
             )
 
