@@ -12,6 +12,8 @@ Each family is built once per module (``vlms``)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from PIL import Image
@@ -121,3 +123,40 @@ def test_clipcap_and_blip_processors_take_every_odd_shape_as_one_square():
         for width, height in SHAPES:
             pixels = processor(images=[Image.new("RGB", (width, height))], return_tensors="pt")["pixel_values"]
             assert tuple(pixels.shape) == (1, 3, side, side), (type(processor).__name__, width, height)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "mistral3"])
+def test_skip_bad_images_refuses_a_shape_up_front_without_the_processor(vlms, tmp_path, monkeypatch, family):
+    """``data.skip_bad_images`` asks the model about every image of the split up front
+    (:func:`finecap.data.datasets.refused_images`): a family whose refusals are shape rules alone (Qwen2-VL) is asked
+    by each image's size, and its processor runs on none of them; Mistral 3, whose one-token refusal needs the
+    processor's output, has the images its shape rule takes preprocessed. Either way the reason is the collator's."""
+    from finecap.config import load
+    from finecap.data.datasets import skipped_images
+
+    vlm = vlms(family, SMALL if family == "mistral3" else None)
+    strip, photo = (1000, 60) if family == "mistral3" else (700, 3), (24, 16)  # refused by the shape rule; taken
+    folder = tmp_path / "data"
+    folder.mkdir()
+    Image.new("RGB", strip).save(folder / "strip.png")
+    Image.new("RGB", photo, (30, 200, 30)).save(folder / "photo.png")
+    rows = [{"image": f"{n}.png", "captions": ["a red circle"], "split": "train"} for n in ("photo", "strip")]
+    (folder / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = load(None, ["data.format=jsonl", f"data.path={folder / 'data.jsonl'}", "data.skip_bad_images=true",
+                      "data.max_aspect_ratio=1000", f"run.cache_dir={tmp_path / 'cache'}"])  # fmt: skip
+    processed: list[tuple[int, int]] = []
+    call = type(vlm.processor).__call__
+
+    def spy(self, *args, **kwargs):
+        processed.extend(im.size for row in kwargs.get("images") or () for im in row)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(vlm.processor), "__call__", spy)
+    left_out = skipped_images(cfg, "train", model=vlm)
+    assert [r.image_id for r, _ in left_out] == ["strip.png"]
+    assert processed == ([] if family == "qwen2_vl" else [photo])  # the strip never reaches the processor
+    # the reason names the image as the collator does when the strip is collated without the option
+    data = CaptionDataset([r for r, _ in left_out], per_caption=False, limits=ImageLimits(max_aspect_ratio=1000))
+    with pytest.raises(DataError) as caught:
+        model_collator(vlm, 8)([data[0]])
+    assert left_out[0][1] == str(caught.value) and f"{strip[0]} x {strip[1]} pixels" in left_out[0][1]

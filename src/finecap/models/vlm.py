@@ -665,6 +665,20 @@ class VlmImages:
         vlm = self.vlm
         return vlm.family.one_token_fails or shape_check(vlm.family, vlm.processor, vlm.processor_kwargs) is not None
 
+    @property
+    def refuses_processed_images(self) -> bool:
+        """Whether :meth:`preprocess` may refuse an image that :meth:`check_images` takes, by the processor's output
+        (:func:`check_image_tokens`: the family's :attr:`Family.one_token_fails`, Mistral 3): where it is false,
+        ``data.skip_bad_images`` asks :meth:`check_images` alone up front, and no image runs through the processor
+        there (:func:`finecap.data.datasets.refused_images`)."""
+        return self.vlm.family.one_token_fails
+
+    def check_images(self, images: Sequence[Image.Image]) -> None:
+        """Refuse, by its size alone and without the processor, an image :meth:`preprocess` refuses before its
+        processor runs (:func:`check_image_shapes`): the same :class:`~finecap.data.images.ImageRefused`."""
+        vlm = self.vlm
+        check_image_shapes(vlm.family, vlm.processor, vlm.processor_kwargs, images)
+
     def preprocess(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
         """PIL images -> ``prompt_ids`` / ``prompt_mask`` ``(B, P)`` (the chat prompt with the image tokens expanded,
         left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor: the ids
@@ -674,7 +688,7 @@ class VlmImages:
         :class:`~finecap.data.images.ImageRefused`, which the collator names the image in)."""
         images = [im.convert("RGB") for im in images]
         vlm = self.vlm
-        check_image_shapes(vlm.family, vlm.processor, vlm.processor_kwargs, images)  # before the processor fails
+        self.check_images(images)  # before the processor fails on the image
         special = {} if vlm.prompt_special_tokens else {"add_special_tokens": False}  # a BOS the template wrote
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
                             return_tensors="pt", **special, **vlm.processor_kwargs)  # fmt: skip
