@@ -126,31 +126,50 @@ label, JPEG draft and image budget."""
 
 def refused_images(records: Sequence[Record], model: Any, cfg: Config) -> list[tuple[Record, str]]:
     """``(record, reason)`` of each of ``records`` whose image ``model``'s preprocessing refuses
-    (:class:`~finecap.data.images.ImageRefused`: Mistral 3 an image of one image token), the reason naming the image
-    as the collator does (:func:`collate_without_refused` over the image alone, decoded as a training item is:
-    ``data.jpeg_draft``, the image budget), in order. Only an encoder that declares it may refuse an image
-    (``refuses_images``, :class:`finecap.models.captioner.ImageSide`) is asked: each image is then decoded and
-    preprocessed once more, once per encoder and process (a validation at every evaluation asks again for free);
-    every other encoder refuses none, and costs nothing. The records' images must decode (:func:`_left_out` asks
-    about those that do)."""
+    (:class:`~finecap.data.images.ImageRefused`: Qwen2-VL an aspect ratio over 200, Mistral 3 an image of one image
+    token), the reason naming the image as the collator does (:func:`named_refusal`), the image decoded as a training
+    item is (``data.jpeg_draft``, the image budget), in order. Only an encoder that declares it may refuse an image
+    (``refuses_images``, :class:`finecap.models.captioner.ImageSide`) is asked, once per image, encoder and process (a
+    validation at every evaluation asks again for free): each image is decoded and checked by what the encoder can
+    tell without preprocessing it (``check_images``: its size), and preprocessed (:func:`collate_without_refused`
+    over the image alone) only where a refusal needs the preprocessing's output (``refuses_processed_images``; an
+    encoder without ``check_images`` preprocesses every image). Every other encoder refuses none, and costs nothing.
+    The records' images must decode (:func:`_left_out` asks about those that do)."""
     from finecap.data.loading import encoder_draft
 
     encoder = model.encoder
     if encoder is None or not getattr(encoder, "refuses_images", False):
         return []
+    check = getattr(encoder, "check_images", None)
+    processed = check is None or getattr(encoder, "refuses_processed_images", True)
     draft, limits = encoder_draft(encoder, cfg.data), ImageLimits.of(cfg.data)
     data = CaptionDataset(records, per_caption=False, draft=draft, limits=limits)
-    collator = model_collator(model, 1)  # one token: the empty caption's EOS
+    collator = model_collator(model, 1) if processed else None  # one token: the empty caption's EOS
     known = _REFUSALS.setdefault(encoder, {})
     out = []
     for i, record in enumerate(data.records):
         key = (record_label(record), draft, limits)
         if key not in known:
-            _, refused = collate_without_refused(collator, [data[i]])
-            known[key] = refused[0][1] if refused else None
+            known[key] = _refusal(data[i], check, collator)
         if known[key] is not None:
             out.append((record, known[key]))
     return out
+
+
+def _refusal(
+    item: dict[str, Any], check: Callable[[list], None] | None, collator: CaptionCollator | None
+) -> str | None:
+    """:func:`refused_images`' reason for the image of ``item`` (``None``: taken): ``check``'s refusal (the encoder's
+    ``check_images``), else, with a ``collator``, the preprocessing's."""
+    if check is not None:
+        try:
+            check([item["image"]])
+        except ImageRefused as e:
+            return str(named_refusal([item], e))
+    if collator is None:
+        return None
+    _, refused = collate_without_refused(collator, [item])
+    return refused[0][1] if refused else None
 
 
 def load_records(cfg: Config, split: str, *, captioned: bool = True, model: Any = None) -> list[Record]:
@@ -329,12 +348,20 @@ class CaptionCollator:
             try:
                 pixels = self.preprocess([it["image"] for it in items])  # (B, 3, H, W), or a dict of image inputs
             except ImageRefused as e:  # named here: the items know their images
-                name = items[e.index].get("image_name") or f"image {items[e.index]['image_id']!r}"
-                raise ImageRefused(f"{name}: {e}", e.index) from None
+                raise named_refusal(items, e) from None
             batch.update(pixels if isinstance(pixels, dict) else {"pixel_values": pixels})
             if self.keep_images:
                 batch["images"] = [it["image"] for it in items]
         return batch
+
+
+def named_refusal(items: Sequence[dict[str, Any]], refusal: ImageRefused) -> ImageRefused:
+    """``refusal`` (of the ``refusal.index``-th image of ``items``' images) again, naming that image: the item's
+    ``image_name``, else its ``image_id``. How the collator (:class:`CaptionCollator`) and :func:`refused_images` name
+    a refused image."""
+    item = items[refusal.index]
+    name = item.get("image_name") or f"image {item['image_id']!r}"
+    return ImageRefused(f"{name}: {refusal}", refusal.index)
 
 
 def collate_without_refused(

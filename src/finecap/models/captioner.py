@@ -53,7 +53,13 @@ class ImageSide(Protocol):
     frozen outputs that :func:`finecap.data.features.model_features` caches. An encoder whose ``preprocess`` may refuse
     an image (:class:`finecap.data.images.ImageRefused`) says so with a true ``refuses_images`` (optional; absent:
     false), so that ``data.skip_bad_images`` leaves such images out up front
-    (:func:`finecap.data.datasets.refused_images`)."""
+    (:func:`finecap.data.datasets.refused_images`), by preprocessing every image once more there. An encoder that can
+    tell some refusals without preprocessing offers ``check_images(images)`` (optional): it raises the
+    :class:`~finecap.data.images.ImageRefused` that ``preprocess`` would for what the images themselves show (their
+    sizes: a VLM's shape rules), cheaply; with it ``refuses_processed_images`` (absent: true) says whether
+    ``preprocess`` may still refuse an image ``check_images`` takes, by its output (Mistral 3's one image token).
+    Up front, then, ``check_images`` is asked about every image and ``preprocess`` only where
+    ``refuses_processed_images`` is true."""
 
     def preprocess(self, images: Sequence[Image.Image]) -> torch.Tensor | dict[str, torch.Tensor]: ...
 

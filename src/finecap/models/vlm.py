@@ -89,9 +89,10 @@ built once. The checkpoint records the world encoder it reads, as ClipCap's and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,7 +109,7 @@ from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, same_source
 from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
-from finecap.models.image_budget import PIXEL_BOUNDS, budget_kwargs, check_limits, unsaved_options
+from finecap.models.image_budget import PIXEL_BOUNDS, budget_kwargs, check_limits, own_size, unsaved_options
 from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, prompt_shareable, returned_cache
 from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
@@ -179,6 +180,9 @@ class Family:
             ``transformers`` 5.24: ``get_image_features`` squeezes the image's single feature row away,
             "split_with_sizes expects split_sizes to sum exactly to ..."), and its processor has no minimum size to
             upscale such an image to: :func:`check_image_tokens` refuses the image.
+        image_shapes: the image shapes the family's processor fails on, before any model runs: a rule of
+            :data:`SHAPE_RULES` (``"pixtral"``: a side scaled to 0 pixels; ``"smart_resize"``: an aspect ratio over
+            200), which :func:`check_image_shapes` refuses images by; ``""``: none known.
     """
 
     language_model: str
@@ -198,6 +202,7 @@ class Family:
     processor_reads: tuple[str, ...] = ()
     features_in_first_dtype: bool = False
     one_token_fails: bool = False
+    image_shapes: str = ""
 
     @property
     def projectors(self) -> tuple[str, ...]:
@@ -215,7 +220,7 @@ FAMILIES: dict[str, Family] = {
     "llava": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
         name="LLaVA-1.5, Pixtral", examples=("llava-hf/llava-1.5-7b-hf", "mistral-community/pixtral-12b"),
-        vllm="LlavaForConditionalGeneration", image_budget="edge",
+        vllm="LlavaForConditionalGeneration", image_budget="edge", image_shapes="pixtral",
     ),
     "llava_next": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
@@ -247,18 +252,19 @@ FAMILIES: dict[str, Family] = {
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
         mrope=True, vision_targets=QWEN_VIT_TARGETS, image_rows="tokens", name="Qwen2-VL",
         examples=("Qwen/Qwen2-VL-2B-Instruct",), vllm="Qwen2VLForConditionalGeneration", image_budget="pixels",
+        image_shapes="smart_resize",
     ),
     "qwen2_5_vl": Family(
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
         mrope=True, vision_targets=GATED_VIT_TARGETS, image_rows="tokens", name="Qwen2.5-VL",
         examples=("Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2.5-VL-7B-Instruct"),
-        vllm="Qwen2_5_VLForConditionalGeneration", image_budget="pixels",
+        vllm="Qwen2_5_VLForConditionalGeneration", image_budget="pixels", image_shapes="smart_resize",
     ),
     "qwen3_vl": Family(
         "model.language_model", "model.visual", "model.visual.merger", ("pixel_values", "image_grid_thw"),
         mrope=True, vision_targets=("attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2"), image_rows="tokens",
         name="Qwen3-VL (DeepStack)", examples=("Qwen/Qwen3-VL-2B-Instruct", "Qwen/Qwen3-VL-8B-Instruct"),
-        vllm="Qwen3VLForConditionalGeneration", image_budget="pixels",
+        vllm="Qwen3VLForConditionalGeneration", image_budget="pixels", image_shapes="smart_resize",
         more_projectors=("model.visual.deepstack_merger_list",),
     ),
     "glm4v": Family(
@@ -266,6 +272,7 @@ FAMILIES: dict[str, Family] = {
         mrope=True, lm_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"),
         vision_targets=GATED_VIT_TARGETS, image_rows="tokens", name="GLM-4.1V",
         examples=("zai-org/GLM-4.1V-9B-Thinking",), vllm="Glm4vForConditionalGeneration", image_budget="frames",
+        image_shapes="smart_resize_upscaled",
     ),
     "internvl": Family(
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values",),
@@ -282,7 +289,7 @@ FAMILIES: dict[str, Family] = {
         "model.language_model", "model.vision_tower", "model.multi_modal_projector", ("pixel_values", "image_sizes"),
         vision_targets=LM_TARGETS, name="Mistral Small 3.1 / 3.2 (Pixtral vision)",
         examples=("mistralai/Mistral-Small-3.1-24B-Instruct-2503",), vllm="Mistral3ForConditionalGeneration",
-        image_budget="edge", one_token_fails=True,
+        image_budget="edge", one_token_fails=True, image_shapes="pixtral",
     ),
 }  # fmt: skip
 """The supported families by ``config.model_type`` (SmolVLM-256M/500M/2B-Instruct are ``idefics3``, SmolVLM2
@@ -652,19 +659,36 @@ class VlmImages:
     @property
     def refuses_images(self) -> bool:
         """Whether :meth:`preprocess` may refuse an image (:func:`check_image_tokens`: the family's
-        :attr:`Family.one_token_fails`), so that ``data.skip_bad_images`` asks it about every image up front
+        :attr:`Family.one_token_fails`; :func:`check_image_shapes`: a rule of :attr:`Family.image_shapes` that applies
+        to this processor), so that ``data.skip_bad_images`` asks it about every image up front
         (:func:`finecap.data.datasets.refused_images`)."""
+        vlm = self.vlm
+        return vlm.family.one_token_fails or shape_check(vlm.family, vlm.processor, vlm.processor_kwargs) is not None
+
+    @property
+    def refuses_processed_images(self) -> bool:
+        """Whether :meth:`preprocess` may refuse an image that :meth:`check_images` takes, by the processor's output
+        (:func:`check_image_tokens`: the family's :attr:`Family.one_token_fails`, Mistral 3): where it is false,
+        ``data.skip_bad_images`` asks :meth:`check_images` alone up front, and no image runs through the processor
+        there (:func:`finecap.data.datasets.refused_images`)."""
         return self.vlm.family.one_token_fails
+
+    def check_images(self, images: Sequence[Image.Image]) -> None:
+        """Refuse, by its size alone and without the processor, an image :meth:`preprocess` refuses before its
+        processor runs (:func:`check_image_shapes`): the same :class:`~finecap.data.images.ImageRefused`."""
+        vlm = self.vlm
+        check_image_shapes(vlm.family, vlm.processor, vlm.processor_kwargs, images)
 
     def preprocess(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
         """PIL images -> ``prompt_ids`` / ``prompt_mask`` ``(B, P)`` (the chat prompt with the image tokens expanded,
         left-padded) and the family's image inputs (``pixel_values``, ...), with the checkpoint's processor: the ids
         of transformers' ``apply_chat_template(tokenize=True)`` (the tokenizer's special tokens added unless the
         rendered prompt starts with its BOS: :attr:`Vlm.prompt_special_tokens`). An image the model's forward cannot
-        take is refused (:func:`check_image_tokens`: :class:`~finecap.data.images.ImageRefused`, which the collator
-        names the image in)."""
+        take is refused (:func:`check_image_shapes` before the processor runs, :func:`check_image_tokens` after it:
+        :class:`~finecap.data.images.ImageRefused`, which the collator names the image in)."""
         images = [im.convert("RGB") for im in images]
         vlm = self.vlm
+        self.check_images(images)  # before the processor fails on the image
         special = {} if vlm.prompt_special_tokens else {"add_special_tokens": False}  # a BOS the template wrote
         enc = vlm.processor(text=[vlm.prompt_text] * len(images), images=[[im] for im in images], padding=True,
                             return_tensors="pt", **special, **vlm.processor_kwargs)  # fmt: skip
@@ -742,6 +766,11 @@ class VlmImages:
                     p.requires_grad_(False)
 
 
+LEAVE_IT_OUT = "leave it out (data.skip_bad_images=true; finecap caption --skip-bad-images)"
+"""How a refusal of an image (:func:`check_image_tokens`, :func:`check_image_shapes`) ends: the options that leave
+such an image out."""
+
+
 def check_image_tokens(family: Family, config: Any, images: Sequence[Image.Image],
                        image_sizes: torch.Tensor | None) -> None:  # fmt: skip
     """Refuse an image of one image token in a family whose forward fails on it (:attr:`Family.one_token_fails`:
@@ -763,8 +792,89 @@ def check_image_tokens(family: Family, config: Any, images: Sequence[Image.Image
                 f"{w} x {h} pixels ({width} x {height} after the processor) gives {family.name} one image token, "
                 f"which transformers' Mistral3Model.get_image_features fails on; it takes images with a side over "
                 f"{unit} pixels after its processor's resize (patch_size={patch} x spatial_merge_size={merge}), and "
-                "its processor has no minimum size to upscale to: enlarge or pad the image, or leave it out "
-                "(data.skip_bad_images=true)",
+                f"its processor has no minimum size to upscale to: enlarge or pad the image, or {LEAVE_IT_OUT}",
+                k,
+            )
+
+
+SMART_RESIZE_RATIO = 200
+"""The largest aspect ratio transformers' ``smart_resize`` takes (Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's and GLM-4V's
+image processors: "absolute aspect ratio must be smaller than 200")."""
+
+
+def pixtral_shapes(processor: Any, options: dict[str, Any]) -> Callable[[int, int], str | None] | None:
+    """Pixtral's resize (Mistral 3, Pixtral-12B as a LLaVA) scales an image's longest side down to
+    ``size.longest_edge`` (``L``) pixels and the other side with it, ``floor(side / ratio)``: an image whose longer
+    side is more than ``L`` times its shorter gets a side of 0 pixels, which transformers' resize fails on ("Size must
+    contain 'height' and 'width'"). ``None`` for a processor that does not resize so (LLaVA-1.5's CLIP resize)."""
+    size = options.get("size") if isinstance(options.get("size"), dict) else own_size(processor)
+    if not size.get("longest_edge") or getattr(processor.image_processor, "patch_size", None) is None:
+        return None
+    edge = int(size["longest_edge"])
+
+    def check(width: int, height: int) -> str | None:
+        ratio = max(height / edge, width / edge)  # as transformers computes it
+        if ratio <= 1 or min(math.floor(height / ratio), math.floor(width / ratio)) >= 1:
+            return None
+        return (f"its processor scales the longest side to {edge} pixels (size.longest_edge) and the shorter to 0, "
+                "which transformers' Pixtral resize fails on; it takes images whose longer side is at most "
+                f"{edge} times the shorter")  # fmt: skip
+
+    return check
+
+
+def smart_resize_shapes(processor: Any, options: dict[str, Any],
+                        upscaled: bool = False) -> Callable[[int, int], str | None]:  # fmt: skip
+    """transformers' ``smart_resize`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) fails on an image whose longer side is more
+    than :data:`SMART_RESIZE_RATIO` times its shorter; GLM-4V's (``upscaled``) first scales an image with a side under
+    ``factor = patch_size x merge_size`` pixels up, ``int(side * factor / shortest)``, and checks that size."""
+    image_processor = processor.image_processor
+    factor = int(image_processor.patch_size) * int(getattr(image_processor, "merge_size", 1) or 1)
+
+    def check(width: int, height: int) -> str | None:
+        if upscaled and min(height, width) < factor:  # as GLM-4V's smart_resize computes it
+            scale = max(factor / height, factor / width)
+            height, width = int(height * scale), int(width * scale)
+        if max(height, width) / min(height, width) <= SMART_RESIZE_RATIO:
+            return None
+        return (f"its processor ({type(image_processor).__name__}, transformers' smart_resize) fails on an aspect "
+                f"ratio over {SMART_RESIZE_RATIO}:1; it takes images whose longer side is at most "
+                f"{SMART_RESIZE_RATIO} times the shorter")  # fmt: skip
+
+    return check
+
+
+SHAPE_RULES: dict[str, Callable[[Any, dict[str, Any]], Callable[[int, int], str | None] | None]] = {
+    "pixtral": pixtral_shapes,
+    "smart_resize": smart_resize_shapes,
+    "smart_resize_upscaled": functools.partial(smart_resize_shapes, upscaled=True),
+}
+"""The image shapes a family's processor fails on (:attr:`Family.image_shapes`), by name: ``rule(processor, call
+options)`` -> ``check(width, height)``, what the family takes when it does not take that image (``None``: taken),
+or ``None`` when the processor does not resize so."""
+
+
+def shape_check(family: Family, processor: Any, options: dict[str, Any]) -> Callable[[int, int], str | None] | None:
+    """The family's :data:`SHAPE_RULES` check for ``processor`` under the call ``options`` (``None``: no shape is
+    refused)."""
+    return SHAPE_RULES[family.image_shapes](processor, options) if family.image_shapes else None
+
+
+def check_image_shapes(family: Family, processor: Any, options: dict[str, Any],
+                       images: Sequence[Image.Image]) -> None:  # fmt: skip
+    """Refuse, before the processor runs, an image whose shape the family's processor fails on
+    (:attr:`Family.image_shapes`, :data:`SHAPE_RULES`): an :class:`~finecap.data.images.ImageRefused` naming its size,
+    the family and the shapes it takes (the collator adds the image's name), so that ``data.skip_bad_images`` leaves
+    it out instead of a transformers error in the middle of a run. ``options``: the processor call's."""
+    check = shape_check(family, processor, options)
+    if check is None:
+        return
+    for k, image in enumerate(images):
+        w, h = image.size
+        takes = check(w, h)
+        if takes is not None:
+            raise ImageRefused(
+                f"{w} x {h} pixels: {family.name} cannot take it: {takes}: crop or pad the image, or {LEAVE_IT_OUT}",
                 k,
             )
 
