@@ -52,3 +52,21 @@ def test_the_fingerprint_of_a_clipcap_checkpoint_imports_no_blip_no_presets_no_r
     assert state == {"finecap.models.clipcap": True, "transformers.models.blip.modeling_blip": False,
                      "finecap.models.presets": False, "finecap.models.retriever": False,
                      "finecap.models.world_encoder": False}  # fmt: skip
+
+
+FAMILY_BAGS = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from finecap.app.report import family_bag_source
+from finecap.config import Config
+assert family_bag_source(SimpleNamespace(run_dir=Path(sys.argv[1])), Config()) is None
+"""
+
+
+def test_the_report_of_a_run_without_family_bags_imports_no_torch_no_retriever(tmp_path):
+    # `finecap report` imported the VCB demo for one table's row names, and the family demo before looking whether
+    # the run holds family bags; both import the retriever (torch, CLIP)
+    watched = ("torch", "finecap.models.retriever", "finecap.app.demo_vcb", "finecap.app.demo_families")
+    state = loaded_after(FAMILY_BAGS, str(tmp_path), watched=watched)
+    assert state == dict.fromkeys(watched, False)
