@@ -70,3 +70,19 @@ def test_the_report_of_a_run_without_family_bags_imports_no_torch_no_retriever(t
     watched = ("torch", "finecap.models.retriever", "finecap.app.demo_vcb", "finecap.app.demo_families")
     state = loaded_after(FAMILY_BAGS, str(tmp_path), watched=watched)
     assert state == dict.fromkeys(watched, False)
+
+
+WORLD_FINGERPRINT = """
+import sys
+from finecap.config import load
+from finecap.train.fingerprint import retriever_fingerprint
+fingerprint = retriever_fingerprint(load(None, ["data.format=world", f"run.cache_dir={sys.argv[1]}"]))
+assert fingerprint["kind"] == "world-encoder" and fingerprint["sha256"] is None, fingerprint
+"""
+
+
+def test_the_world_encoder_fingerprint_of_a_world_run_imports_no_torch(tmp_path):
+    # `finecap report` of a world run checks its retriever's fingerprint, the world encoder's cache key: the module
+    # of the key was the encoder's own, which imports torch and transformers' CLIP and ConvNeXt
+    watched = ("torch", "transformers", "finecap.models.world_encoder")
+    assert loaded_after(WORLD_FINGERPRINT, str(tmp_path), watched=watched) == dict.fromkeys(watched, False)

@@ -51,6 +51,7 @@ from finecap.models.captioner import encode_images, last_positions, shifted_mask
 from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.tokenizer import caption_vocabulary, ensure_pad_token
 from finecap.models.vision import VisionEncoder
+from finecap.models.world_encoder_cache import world_encoder_path
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -347,10 +348,9 @@ class ClipCap(CaptionerBase):
         LM (``clipcap.lm``: ``world-tiny`` = the preset GPT-2 of ``clipcap.tiny_*`` sizes with random init over the
         world's words, ``data-tiny`` the same over the training captions' words, else a pretrained
         ``AutoModelForCausalLM``)."""
-        # deferred: the world's encoder and the tiny presets (which import BLIP, CLIP and the retriever) build a fresh
-        # captioner only; reading a checkpoint (loading it, its fingerprint's encoder) needs neither
+        # deferred: the tiny presets (which import BLIP, CLIP and the retriever) build a fresh captioner only; reading
+        # a checkpoint (loading it, its fingerprint's encoder) does not need them
         from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
-        from finecap.models.world_encoder import world_encoder_path
 
         m, c = cfg.model, cfg.clipcap
         options = memory.LoadOptions.of(m)
