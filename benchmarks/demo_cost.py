@@ -51,7 +51,7 @@ def encoder_steps(run_dir: Path) -> int | None:
     if not config.is_file():
         return None
     from finecap.config import load_stored
-    from finecap.models.world_encoder import encoder_dir
+    from finecap.models.world_encoder_cache import encoder_dir
 
     info = encoder_dir(load_stored(config)) / "encoder.json"
     return int(json.loads(info.read_text())["steps"]) if info.is_file() else None

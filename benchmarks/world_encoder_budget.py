@@ -28,7 +28,7 @@ import torch
 
 from finecap.app.retriever import probe
 from finecap.config import load
-from finecap.models.world_encoder import PRESETS, Preset
+from finecap.models.world_encoder_cache import PRESETS, Preset
 from finecap.train.world_encoder import train_world_encoder
 from finecap.world.make import make_world
 

@@ -90,7 +90,7 @@ def replicate_runner() -> type[StageRunner]:
         def stage_config(self, stage: str) -> Config:
             """A run starting from a shared start (the world seed's MLE start) encodes with the image encoder that
             start was built on, named as ``model.encoder``: ``world`` would name run seed M's world encoder
-            (:func:`finecap.models.world_encoder.encoder_key` holds ``run.seed``), which ``train.init_from``
+            (:func:`finecap.models.world_encoder_cache.encoder_key` holds ``run.seed``), which ``train.init_from``
             refuses, since the start's captioner keeps its own."""
             cfg = super().stage_config(stage)
             start = self.stages[stage].init

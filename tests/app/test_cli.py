@@ -52,9 +52,9 @@ print(json.dumps({"code": code, **heavy}))
 """
 
 
-def _run_eval(tmp_path: Path, metrics: str) -> dict:
-    """Run `finecap eval --metrics METRICS` on two hand-made images in a fresh interpreter; return its exit code and
-    whether torch / transformers were imported by the end."""
+def _run_eval(tmp_path: Path, metrics: str, *overrides: str) -> dict:
+    """Run `finecap eval --metrics METRICS [OVERRIDES]` on two hand-made images in a fresh interpreter; return its exit
+    code and whether torch / transformers were imported by the end."""
     refs = tmp_path / "refs.jsonl"
     refs.write_text(
         json.dumps({"id": 1, "image": "1.png", "captions": ["a red circle", "a big red circle"]}) + "\n"
@@ -65,7 +65,7 @@ def _run_eval(tmp_path: Path, metrics: str) -> dict:
     (tmp_path / "results.json").write_text(json.dumps([{"image_id": 1, "caption": "A red circle."},
                                                        {"image_id": 2, "caption": "a blue square"}]))  # fmt: skip
     argv = ["eval", "--predictions", str(tmp_path / "results.json"), "--references", str(refs), "--metrics", metrics,
-            "--out", str(tmp_path / "eval.json"), f"run.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+            "--out", str(tmp_path / "eval.json"), f"run.cache_dir={tmp_path / 'cache'}", *overrides]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     proc = subprocess.run([sys.executable, "-c", EVAL_SCRIPT, *argv], capture_output=True, text=True, env=env,
                           timeout=120, check=False)  # fmt: skip
@@ -84,9 +84,18 @@ def test_text_only_eval_imports_no_torch(tmp_path):
 @pytest.mark.slow
 def test_image_metric_eval_does_import_torch(tmp_path):
     # The same harness sees torch when a group needs it: CLIPScore loads the retriever (torch, transformers), which
-    # then stops the command (exit 2) because no world encoder has been trained for this configuration.
-    state = _run_eval(tmp_path, "clipscore")
+    # then stops the command (exit 2) because the folder retriever.checkpoint names holds no CLIP.
+    (tmp_path / "not-a-clip").mkdir()
+    state = _run_eval(tmp_path, "clipscore", f"retriever.checkpoint={tmp_path / 'not-a-clip'}")
     assert {k: state[k] for k in ("code", "torch", "transformers")} == {"code": 2, "torch": True, "transformers": True}
+
+
+@pytest.mark.slow
+def test_an_image_metric_without_a_retriever_is_refused_before_torch(tmp_path):
+    # No retriever.checkpoint and no world encoder trained for this configuration: the command says so (exit 2)
+    # from the encoder's cache folder alone; finding that folder imported the world encoder's module (torch).
+    state = _run_eval(tmp_path, "clipscore")
+    assert (state["code"], state["torch"], state["transformers"]) == (2, False, False)
 
 
 def test_eval_prints_json_to_stdout_without_out_on_id_only_coco_references(tmp_path, capsys):

@@ -672,7 +672,7 @@ def test_bags_build_and_eval_never_write_into_the_retriever_checkpoint(world, cl
 def test_bags_build_never_writes_into_the_world_encoder_it_reads(world, clip_dir, tmp_path):
     # With retriever.checkpoint empty the retriever is the world encoder (<cache>/world_encoder/<key>), but only
     # retriever.checkpoint was among the inputs: `--out <encoder>/encoder.json --force` was not refused.
-    from finecap.models.world_encoder import encoder_dir
+    from finecap.models.world_encoder_cache import encoder_dir
 
     cache = f"run.cache_dir={tmp_path / 'cache'}"
     encoder = encoder_dir(load(None, [cache]))

@@ -21,7 +21,7 @@ import pytest
 from finecap.app.cli import main
 from finecap.config import load
 from finecap.home import cache_dir, home, world_path
-from finecap.models.world_encoder import encoder_dir
+from finecap.models.world_encoder_cache import encoder_dir
 from finecap.train.prepare import prepare
 from finecap.world.make import MARKER, make_world, world_key
 

@@ -28,7 +28,7 @@ from finecap.models.captioner import encode_images, shifted_mask, strip_prefix
 from finecap.models.kvcache import cache_kwargs, returned_cache
 from finecap.models.presets import build_world_lm
 from finecap.models.vision import VisionEncoder
-from finecap.models.world_encoder import world_encoder_path
+from finecap.models.world_encoder_cache import world_encoder_path
 
 PROJECTION = "projection.safetensors"
 

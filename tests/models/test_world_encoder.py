@@ -1,5 +1,5 @@
-"""World encoder: architecture and losses (finecap.models.world_encoder), training, cache and probe
-(finecap.app.retriever), checkpoint contract, on a tiny world."""
+"""World encoder: architecture and losses (finecap.models.world_encoder), training, cache (world_encoder_cache) and
+probe (finecap.app.retriever), checkpoint contract, on a tiny world."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from PIL import Image
 from finecap.app import retriever as ar
 from finecap.config import Config, load
 from finecap.models import world_encoder as we
+from finecap.models import world_encoder_cache as wc
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.train import world_encoder as tw  # training the world encoder is the library's (finecap train, serve)
@@ -39,7 +40,7 @@ def tiny(tmp_path_factory):
     cfg = load(None, [*TINY, f"world.out={root / 'world'}", f"run.cache_dir={root / 'cache'}"])
     make_world(cfg.world, progress=False)
     with pytest.raises(FileNotFoundError, match="finecap retriever train"):
-        we.world_encoder_path(cfg)  # looking up never trains
+        wc.world_encoder_path(cfg)  # looking up never trains
     path = ar.ensure_world_encoder(cfg, progress=False)
     return cfg, path
 
@@ -129,7 +130,7 @@ def test_training_reduces_loss_and_changes_weights(tiny):
 
 def test_world_encoder_checkpoint_contract(tiny):
     cfg, path = tiny
-    assert path.parent.name == we.CACHE_SUBDIR and path.name == we.encoder_key(cfg)
+    assert path.parent.name == wc.CACHE_SUBDIR and path.name == wc.encoder_key(cfg)
     info = json.loads((path / "encoder.json").read_text())
     assert set(info["in_batch_accuracy"]) == {"ref/text_to_image", "ref/image_to_text", "dense/text_to_image",
                                               "dense/image_to_text"}  # fmt: skip
@@ -156,14 +157,14 @@ def test_world_encoder_reused_from_cache_and_keyed(tiny, monkeypatch):
 
     monkeypatch.setattr(tw, "train_dual_encoder", boom)
     assert ar.ensure_world_encoder(cfg, progress=False) == path
-    assert we.world_encoder_path(cfg) == path
-    base = we.encoder_key(cfg)
-    assert we.encoder_key(load(None, [*TINY, "retriever.lr=1e-4"])) != base
-    assert we.encoder_key(load(None, [*TINY, "world.seed=3"])) != base
-    assert we.encoder_key(load(None, [*TINY, "run.seed=3"])) != base
+    assert wc.world_encoder_path(cfg) == path
+    base = wc.encoder_key(cfg)
+    assert wc.encoder_key(load(None, [*TINY, "retriever.lr=1e-4"])) != base
+    assert wc.encoder_key(load(None, [*TINY, "world.seed=3"])) != base
+    assert wc.encoder_key(load(None, [*TINY, "run.seed=3"])) != base
     # Evaluation batch size and world.out do not change the trained weights.
-    assert we.encoder_key(load(None, [*TINY, "retriever.batch_size_eval=7"])) == base
-    assert we.encoder_key(load(None, [*TINY, "world.out=elsewhere"])) == base
+    assert wc.encoder_key(load(None, [*TINY, "retriever.batch_size_eval=7"])) == base
+    assert wc.encoder_key(load(None, [*TINY, "world.out=elsewhere"])) == base
 
 
 def test_probe_writes_numbers_and_bar(tiny, tmp_path):
@@ -355,10 +356,10 @@ def test_two_processes_needing_one_world_encoder_train_it_once(tmp_path):
         for trainer in (first, second):
             if trainer is not None:
                 trainer.kill()
-    path = we.encoder_dir(cfg)
+    path = wc.encoder_dir(cfg)
     assert first.process.exitcode == 0 and first_out == f"done {path}\n"
     assert second.process.exitcode == 0 and second_out == f"done {path}\n"  # found it made: never trained
-    assert json.loads((path / "encoder.json").read_text())["key"] == we.encoder_key(cfg)
+    assert json.loads((path / "encoder.json").read_text())["key"] == wc.encoder_key(cfg)
     assert sorted(p.name for p in path.parent.iterdir()) == [f".{path.name}.lock", path.name]
 
 
@@ -375,4 +376,4 @@ def test_a_killed_trainer_of_the_world_encoder_blocks_no_one(tmp_path):
         out = after.finish("go\n")
     finally:
         after.kill()
-    assert after.process.exitcode == 0 and out == f"done {we.encoder_dir(cfg)}\n"
+    assert after.process.exitcode == 0 and out == f"done {wc.encoder_dir(cfg)}\n"

@@ -306,7 +306,7 @@ def test_bags_file_data_is_read_relative_to_the_file_and_checked(world, tmp_path
 def test_captioner_encoder_seen_from_the_config_and_from_the_checkpoint_agree(world, tmp_path):
     # Training records the encoder from the configuration (model.encoder=world: the world encoder of its key); a
     # reader of a checkpoint sees the encoder its captioner.json refers to. Same encoder, same fingerprint.
-    from finecap.models.world_encoder import encoder_dir, encoder_key
+    from finecap.models.world_encoder_cache import encoder_dir, encoder_key
 
     cfg = load(None, [f"world.out={world}", "model.encoder=world", f"run.cache_dir={tmp_path / 'cache'}"])
     before = fpm.captioner_fingerprint(cfg)  # not trained yet: key only

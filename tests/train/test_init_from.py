@@ -34,7 +34,7 @@ def test_model_encoder_world_is_the_world_encoder_of_the_configured_world(make_c
     # checkpoint built on it records; another world's encoder, or a CLIP, is another encoder
     from finecap.models.backbones import encoder_difference
     from finecap.models.clipcap import ClipCap
-    from finecap.models.world_encoder import encoder_dir
+    from finecap.models.world_encoder_cache import encoder_dir
 
     cfg = make_cfg("model.encoder=world")
     mine = encoder_dir(cfg)

@@ -306,7 +306,7 @@ def test_resumed_training_never_removes_a_folder_it_did_not_make(trained, tmp_pa
 @pytest.mark.parametrize("variant", NOT_EMPTY)
 @pytest.mark.parametrize("where", ["encoder", "encoder.old"])
 def test_the_world_encoder_cache_never_replaces_a_folder_it_did_not_make(tmp_path, where, variant):
-    from finecap.models.world_encoder import encoder_dir
+    from finecap.models.world_encoder_cache import encoder_dir
     from finecap.train.world_encoder import train_world_encoder
 
     cfg = load(None, [f"run.cache_dir={tmp_path / 'cache'}"])

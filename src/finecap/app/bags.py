@@ -38,7 +38,7 @@ from finecap.data.references import data_source, load_references, require_captio
 from finecap.data.truematch import Bag, build_bags, family_purity, keep_hardest, random_bag_purity, record_embeddings
 from finecap.home import cache_dir, world_path
 from finecap.models.retriever import load_retriever
-from finecap.models.world_encoder import encoder_dir
+from finecap.models.world_encoder_cache import encoder_dir
 from finecap.outputs import OutputRefused, check_not_among, check_output_file, made_by_finecap, write_output_json
 from finecap.train.fingerprint import bags_data_fingerprint, bags_retriever_fingerprint, differences
 from finecap.train.prepare import prepare

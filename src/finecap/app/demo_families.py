@@ -53,12 +53,6 @@ from finecap.utils.reading import DATA_FILE, read_json
 log = logging.getLogger(__name__)
 
 
-def tag() -> str:
-    """Names the family world's files: ``captions_families10_test.json``, ``families10/bags_test.json`` (read when
-    called: tests shrink :data:`finecap.metrics.families.FAMILY_SIZE` for tiny worlds)."""
-    return f"families{families.FAMILY_SIZE}"
-
-
 @dataclass
 class FamilyWorld:
     """The family test world of a runner's configuration: its settings, folder, test records with their families
@@ -90,7 +84,7 @@ def caption_families(runner: StageRunner, stage: str) -> None:
     captions): they are made where the stage runs, side by side with the other stages, not in the report. The family
     world is made here when missing (the demo's ``world`` stage, or the first stage to finish, makes it before the
     side stages start)."""
-    caption_world(runner, stage, make_family_world(runner.cfg)[0], tag())
+    caption_world(runner, stage, make_family_world(runner.cfg)[0], families.family_tag())
 
 
 def family_world(runner: StageRunner) -> FamilyWorld:
@@ -98,7 +92,9 @@ def family_world(runner: StageRunner) -> FamilyWorld:
     cfg = runner.cfg
     world, path = make_family_world(cfg)
     references = load_references(cfg, path, split="test", check_images=True)
-    bags_path = reuse_bags(cfg, data=path, out=runner.run_dir / tag() / "bags_test.json", force=runner.force)
+    bags_path = reuse_bags(
+        cfg, data=path, out=runner.run_dir / families.family_tag() / "bags_test.json", force=runner.force
+    )
     return FamilyWorld(world, path, references, read_bags(bags_path), bag_statistics(read_json(bags_path, DATA_FILE)))
 
 
@@ -107,7 +103,9 @@ def family_captions(runner: StageRunner, stage: str | None, family: FamilyWorld)
     ``stage=None`` (the human row)."""
     if stage is None:
         return {r.image_id: r.captions[0] for r in family.references.records}
-    return caption_world(runner, stage, family.world, tag(), force=False)  # made again with the stage (force)
+    return caption_world(
+        runner, stage, family.world, families.family_tag(), force=False
+    )  # made again with the stage (force)
 
 
 def family_scores(

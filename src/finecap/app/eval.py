@@ -74,6 +74,7 @@ from finecap.metrics.cocoeval import COCO_NAMES
 from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
 from finecap.metrics.group import metric_group
 from finecap.metrics.suite import CAPTION_METRICS, evaluate_items, parse_metrics, unavailable_reason
+from finecap.models.world_encoder_cache import encoder_dir
 from finecap.outputs import check_not_among, check_outputs, strict_json, write_output_json
 
 Format = Literal["table", "json", "coco"]
@@ -516,8 +517,6 @@ def _reasons(
             return None  # loaded when the group runs (its errors name what is missing)
         if refs.format != "world" and not asked:  # the world's encoder on other images: only when asked for
             return "no retriever: set retriever.checkpoint (a CLIP model, e.g. openai/clip-vit-base-patch32)"
-        from finecap.models.world_encoder import encoder_dir  # torch: only when images resolve and no checkpoint
-
         if not (encoder_dir(cfg) / "encoder.json").exists():
             return (
                 "no retriever: retriever.checkpoint is not set (a CLIP model, e.g. openai/clip-vit-base-patch32) and "

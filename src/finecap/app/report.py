@@ -55,7 +55,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from finecap.app.demo_vcb import FIELD_ROWS
 from finecap.config import Config, load, load_stored
 from finecap.data.bags_file import read_bags
 from finecap.data.images import ImageLimits
@@ -63,6 +62,7 @@ from finecap.data.records import Record
 from finecap.data.references import data_file, load_references
 from finecap.data.results import read_results
 from finecap.metrics.faithfulness import SILENT_NOTE, mostly_silent
+from finecap.metrics.families import family_tag
 from finecap.outputs import (
     OutputRefused,
     check_not_input,
@@ -332,20 +332,20 @@ def family_bag_source(run: RunData, cfg: Config) -> BagSource | None:
     """The scene-family test world's bags (the ones the demo's ``bag{s}/R@1`` columns score), its images and each
     stage's captions of it, or None when the run holds no family bags or the family world is not found (it is never
     made here)."""
-    # deferred: the demo's stage modules (torch), read only for a run that holds family bags
-    from finecap.app.demo_families import make_family_world, tag
-    from finecap.stages.outputs import world_captions_file
-
-    path = run.run_dir / tag() / "bags_test.json"
+    path = run.run_dir / family_tag() / "bags_test.json"
     if not path.is_file():
         return None
+    # deferred: the demo's stage modules (torch, the retriever), read only for a run that holds family bags
+    from finecap.app.demo_families import make_family_world
+    from finecap.stages.outputs import world_captions_file
+
     try:
         refs = load_references(cfg, make_family_world(cfg, make=False)[1], split="test", check_images=True)
     except (FileNotFoundError, ValueError) as e:
         log.warning("report: the bag gallery shows the test split's bags, not the scene-family world's (%s)", e)
         return None
     captions = {stage: {i: caps[0] for i, caps in read_results(file).items()} for stage in run.captions
-                if (file := world_captions_file(run.run_dir / stage, tag())).is_file()}  # fmt: skip
+                if (file := world_captions_file(run.run_dir / stage, family_tag())).is_file()}  # fmt: skip
     if "human" in run.captions:
         captions["human"] = {r.image_id: r.captions[0] for r in refs.records}
     records = {r.image_id: r for r in refs.records}
@@ -436,6 +436,8 @@ def _extra_sections(run_dir: Path, rules: ColumnRules) -> list[dict[str, Any]]:
     sections = []
     vcb = run_dir / "vcb_results.json"
     if vcb.is_file():
+        from finecap.app.demo_vcb import FIELD_ROWS  # deferred: the demo imports the retriever (torch, CLIP)
+
         data = _mapping(read_json(vcb, DATA_FILE), str(vcb))
         settings = _mapping(data.get("settings", {}), f"{vcb}: 'settings'")
         trained_on = _mapping(settings.get("trained on", {}), f"{vcb}: 'settings': 'trained on'")

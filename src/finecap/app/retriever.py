@@ -1,7 +1,7 @@
 """``finecap retriever train`` and ``finecap retriever probe``: train the world encoder once and check its quality.
 
 :func:`ensure_world_encoder` returns the cached world encoder of a configuration
-(:func:`finecap.models.world_encoder.world_encoder_path`), training it first when it is missing
+(:func:`finecap.models.world_encoder_cache.world_encoder_path`), training it first when it is missing
 (:func:`train_world_encoder`); it makes the world first if needed (:func:`finecap.world.make.ensure_world`), and
 says what it makes or trains, and where, in one logged line (INFO) each. ``retriever train`` and ``probe`` call it
 directly; the demo and ``train`` (on its main process) reach it through :func:`finecap.train.prepare.prepare` before
@@ -50,11 +50,8 @@ from finecap.home import cache_dir as resolve_cache_dir
 from finecap.home import world_path
 from finecap.metrics.retrieval import random_distractors, rd_retrieval
 from finecap.models.retriever import Retriever, load_retriever
-from finecap.models.world_encoder import (
-    MAIN_LABELS,
-    encoder_dir,
-    load_split,
-)
+from finecap.models.world_encoder import MAIN_LABELS, load_split
+from finecap.models.world_encoder_cache import encoder_dir
 from finecap.outputs import check_output_file, check_replaceable, check_writable, write_output_json
 from finecap.train.world_encoder import ensure_world_encoder
 from finecap.utils.reading import read_json

@@ -54,6 +54,12 @@ FAMILY_SIZE = 10
 _CHUNK = 1024  # captions per block when drawing distractors (bounds memory at CHUNK x N floats)
 
 
+def family_tag() -> str:
+    """Names the family world's files: ``captions_families10_test.json``, ``families10/bags_test.json`` (read when
+    called: tests shrink :data:`FAMILY_SIZE` for tiny worlds)."""
+    return f"families{FAMILY_SIZE}"
+
+
 def family_test_world(cfg: WorldConfig, size: int = FAMILY_SIZE, out: str | None = None) -> WorldConfig:
     """The scene-family test world of the training world ``cfg``: the same seed and scene settings, families of
     ``size`` (``world.families``), a test split of ``cfg.n_test`` images rounded down to whole families and no

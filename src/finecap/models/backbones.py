@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.models.base import CONFIG_NAME, CaptionerBase, read_meta, same_source
+from finecap.models.world_encoder_cache import encoder_dir
 from finecap.registry import BACKBONES, TRUST_ENV, lookup, untrusted_code
 from finecap.runs import CheckpointError, swap_guard
 
@@ -104,10 +105,10 @@ def encoder_difference(cls: type[CaptionerBase], meta: dict[str, Any], cfg: Conf
     """``[("model.encoder", the checkpoint's, the configured)]`` when the image encoder a checkpoint was built on
     (``captioner.json``'s dual-encoder source: the frozen encoder it loads, or the one its saved encoder was trained
     from) is not the one ``model.encoder`` names for this backbone (:func:`encoder_source`; ``world``: the world
-    encoder of ``cfg``'s world, :func:`finecap.models.world_encoder.encoder_dir`), else ``[]``. The loaded captioner
-    keeps its own encoder whatever ``model.encoder`` says, so a run would encode with it while its ``config.yaml``
-    names the other. No difference when the backbone reads no ``model.encoder`` (a pretrained BLIP or VLM), when the
-    checkpoint records none, or when the local folder it records is gone (the loader names that)."""
+    encoder of ``cfg``'s world, :func:`~finecap.models.world_encoder_cache.encoder_dir`), else ``[]``. The loaded
+    captioner keeps its own encoder whatever ``model.encoder`` says, so a run would encode with it while its
+    ``config.yaml`` names the other. No difference when the backbone reads no ``model.encoder`` (a pretrained BLIP or
+    VLM), when the checkpoint records none, or when the local folder it records is gone (the loader names that)."""
     configured = cls.encoder_source(cfg)
     recorded = meta.get(cls.DUAL_SOURCE_KEY)
     if not configured or not isinstance(recorded, str) or not recorded:
@@ -115,8 +116,6 @@ def encoder_difference(cls: type[CaptionerBase], meta: dict[str, Any], cfg: Conf
     if Path(recorded).is_absolute() and not Path(recorded).exists():
         return []
     if configured == "world":
-        from finecap.models.world_encoder import encoder_dir
-
         where = encoder_dir(cfg)
         return [] if Path(recorded).resolve() == where.resolve() else [("model.encoder", recorded, configured)]
     return [] if same_source(recorded, configured) else [("model.encoder", recorded, configured)]

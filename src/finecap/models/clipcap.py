@@ -49,10 +49,9 @@ from finecap.models import lora, memory, strict
 from finecap.models.base import CaptionerBase, dtype_argument, same_source, set_dropout
 from finecap.models.captioner import encode_images, last_positions, shifted_mask, strip_prefix
 from finecap.models.kvcache import cache_kwargs, returned_cache
-from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
 from finecap.models.tokenizer import caption_vocabulary, ensure_pad_token
 from finecap.models.vision import VisionEncoder
-from finecap.models.world_encoder import world_encoder_path
+from finecap.models.world_encoder_cache import world_encoder_path
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -349,6 +348,10 @@ class ClipCap(CaptionerBase):
         LM (``clipcap.lm``: ``world-tiny`` = the preset GPT-2 of ``clipcap.tiny_*`` sizes with random init over the
         world's words, ``data-tiny`` the same over the training captions' words, else a pretrained
         ``AutoModelForCausalLM``)."""
+        # deferred: the tiny presets (which import BLIP, CLIP and the retriever) build a fresh captioner only; reading
+        # a checkpoint (loading it, its fingerprint's encoder) does not need them
+        from finecap.models.presets import WORLD_LM_POSITIONS, build_world_lm
+
         m, c = cfg.model, cfg.clipcap
         options = memory.LoadOptions.of(m)
         dtype = options.torch_dtype or "auto"

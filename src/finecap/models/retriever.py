@@ -73,7 +73,7 @@ from finecap.data.images import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import draft_size
 from finecap.models import memory
 from finecap.models.text_window import LONG_TEXT, TextEncoding
-from finecap.models.world_encoder import world_encoder_path
+from finecap.models.world_encoder_cache import world_encoder_path
 from finecap.utils.system import progress_enabled
 from finecap.utils.text import short_repr
 
@@ -580,7 +580,7 @@ _SHARED: contextvars.ContextVar[SharedRetrievers | None] = contextvars.ContextVa
 
 def load_retriever(cfg: Config, batch_size: int | None = None, device: str | torch.device | None = None) -> Retriever:
     """The retriever a run uses: ``retriever.checkpoint`` if set, else the world encoder of ``cfg``, which must have
-    been trained already (:func:`finecap.models.world_encoder.world_encoder_path` names the command otherwise);
+    been trained already (:func:`finecap.models.world_encoder_cache.world_encoder_path` names the command otherwise);
     on ``device`` (default: where ``from_pretrained`` puts it, the CPU; a CUDA device's weights are read straight onto
     it: :meth:`Retriever.from_pretrained`). Inside a :class:`SharedRetrievers` block, the one already loaded there
     with the same settings (moved to ``device`` when one is given)."""

@@ -26,6 +26,7 @@ from PIL import Image
 from torch import nn
 
 from finecap.models import memory, strict
+from finecap.models.world_encoder_cache import world_encoder_path
 
 TEXT_SIDE = ("text_model", "text_projection", "logit_scale")
 """Attributes of a dual encoder that belong to the text side (never trained through the captioner)."""
@@ -239,8 +240,6 @@ def load_frozen_tokens(cfg: Any, options: Any, what: str) -> FeatureMapTokens:
     """The image tokens a world BLIP or world VLM (``what``: its option) reads: ``model.encoder`` (``world`` = the
     trained world encoder of ``cfg``, else a dual-encoder name or path), weights in ``model.dtype``; quantization
     (which only a pretrained checkpoint can have) is refused first."""
-    from finecap.models.world_encoder import world_encoder_path  # the world's training code, only when asked
-
     options.check_fresh(what)
     source = world_encoder_path(cfg) if cfg.model.encoder == "world" else cfg.model.encoder
     try:

@@ -1,7 +1,8 @@
 """The world encoder: a tiny dual encoder trained on the synthetic world, standing in for a pretrained CLIP.
 
-This module holds its pieces (architecture, image processor, auxiliary heads and loss, the world's data, the cache
-key) and :func:`world_encoder_path`, which *looks up* the trained encoder of a configuration. Training it, and the
+This module holds its pieces (architecture, image processor, auxiliary heads and loss, the world's data); its cache
+key and :func:`~finecap.models.world_encoder_cache.world_encoder_path`, which *looks up* the trained encoder of a
+configuration, are :mod:`finecap.models.world_encoder_cache`. Training it, and the
 probe that checks its quality bar, are the ``finecap retriever train`` / ``probe`` commands of the application layer
 (:mod:`finecap.app.retriever`): building a model never trains one.
 
@@ -33,20 +34,17 @@ allows. The checkpoint folder is an ordinary ``save_pretrained`` folder (``confi
 and a ``CLIPImageProcessor`` with the world's size and the training images' channel mean and std, so
 ``AutoImageProcessor.from_pretrained(dir)`` and :meth:`finecap.models.retriever.Retriever.from_pretrained` work.
 
-Cache (:func:`encoder_dir`): the key is a hash of the world's content key (:func:`finecap.world.make.world_key`),
-every ``retriever.*`` field that changes training, ``run.seed`` and :data:`ENCODER_VERSION`; a finished folder holds
-``encoder.json``, written last (the folder is built in a temporary directory and renamed).
+Cache: where a configuration's encoder is cached and the key naming it, with the presets the key hashes, are
+:mod:`finecap.models.world_encoder_cache` (no torch: read by commands that only check a run); a finished folder
+holds ``encoder.json``, written last (the folder is built in a temporary directory and renamed).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,48 +60,17 @@ from transformers import (
 
 from finecap.data.formats.world import read_world
 from finecap.data.images import load_image
-from finecap.home import cache_dir
 from finecap.models.processors import CLIPImageProcessor
+from finecap.models.world_encoder_cache import Preset, preset_of
 from finecap.utils.reading import read_json
 from finecap.utils.system import progress_enabled
-from finecap.world.make import load_scenes, world_key
+from finecap.world.make import load_scenes
 from finecap.world.scene import COLORS, PATTERNS, SHAPES, SIZES, scene_labels
 
-if TYPE_CHECKING:
-    from finecap.config import Config
-
-ENCODER_VERSION = 3
-"""Bump when the architecture or training changes, so cached encoders are retrained (2: trained through the library
-engine, :mod:`finecap.train.world_encoder`; 3: the smaller preset and 10 epochs of 64, module docstring)."""
-CACHE_SUBDIR = "world_encoder"
 MAIN_LABELS = ("shape", "color", "size", "position", "background", "count")
 """Main-object and scene labels of :func:`finecap.world.scene.scene_labels` used by the auxiliary loss."""
 CELL_ATTRS = ("shape", "color", "size", "pattern")
 """Per-grid-cell attributes of the auxiliary loss (class 0 = empty cell / no pattern)."""
-
-
-@dataclass(frozen=True)
-class Preset:
-    """Sizes of the world dual encoder (see the module docstring)."""
-
-    vision_widths: tuple[int, ...] = (64, 128, 256, 256)
-    vision_depths: tuple[int, ...] = (1, 1, 1, 0)
-    text_width: int = 128
-    text_layers: int = 2
-    text_heads: int = 4
-    projection_dim: int = 256
-    initializer_range: float = 0.1
-    layer_scale: float = 1.0
-
-
-PRESETS: dict[str, Preset] = {"world-tiny": Preset()}
-
-
-def preset_of(name: str) -> Preset:
-    """The preset called ``name`` (``retriever.preset``); an unknown name is an error listing the known ones."""
-    if name not in PRESETS:
-        raise ValueError(f"retriever.preset={name!r}: unknown world encoder preset; known: {', '.join(PRESETS)}")
-    return PRESETS[name]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -239,40 +206,3 @@ def load_split(world: Path, split: str, records: list[Any] | None = None, progre
         main=torch.tensor(main, dtype=torch.long).view(-1, len(MAIN_LABELS)),
         cell=cell,
     )
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The cached, trained encoder
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def encoder_key(cfg: Config) -> str:
-    """Cache key of the world encoder: world content, training settings, seed, code version."""
-    r = dataclasses.asdict(cfg.retriever)
-    for k in ("checkpoint", "batch_size_eval", "long_text"):  # do not change the trained weights
-        r.pop(k, None)
-    content = {"version": ENCODER_VERSION, "world": world_key(cfg.world), "retriever": r, "seed": cfg.run.seed,
-               "architecture": dataclasses.asdict(preset_of(cfg.retriever.preset))}  # fmt: skip
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def encoder_dir(cfg: Config) -> Path:
-    """Where the world encoder of ``cfg`` is (or will be) cached: ``<cache>/world_encoder/<key>``, the cache being
-    ``run.cache_dir`` or ``<finecap home>/cache`` (:func:`finecap.home.cache_dir`)."""
-    return cache_dir(cfg.run) / CACHE_SUBDIR / encoder_key(cfg)
-
-
-def world_encoder_path(cfg: Config) -> Path:
-    """The folder of the trained world encoder of ``cfg`` (:func:`encoder_dir`).
-
-    Only looks it up: a missing encoder raises ``FileNotFoundError`` naming the command that trains it (the
-    application layer trains, :func:`finecap.train.world_encoder.ensure_world_encoder`; model builders only load).
-    """
-    out = encoder_dir(cfg)
-    if not (out / "encoder.json").exists():
-        raise FileNotFoundError(
-            f"{out}: no trained world encoder for this configuration (world.*, retriever.*, run.seed, "
-            "run.cache_dir); train it with `finecap retriever train` and the same overrides, or set "
-            "retriever.checkpoint / model.encoder to a CLIP checkpoint"
-        )
-    return out

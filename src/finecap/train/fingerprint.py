@@ -39,7 +39,8 @@ bags file's folder) after checking it.
 
 **Why in** :mod:`finecap.train`: a fingerprint pins a run to its inputs, and computing one reads every layer below
 training: the data (:mod:`finecap.data.references`, :mod:`finecap.data.formats`), the captioner's encoder as its
-backbone records it (:mod:`finecap.models.backbones`) and the world encoder (:mod:`finecap.models.world_encoder`).
+backbone records it (:mod:`finecap.models.backbones`) and the world encoder's cache key
+(:mod:`finecap.models.world_encoder_cache`, no torch: ``finecap report`` checks a world run without it).
 Placed in ``data/`` it reached up into ``models/`` and, for the run layout, into ``train/``; here every import points
 down, and the run-directory names it reads come from :mod:`finecap.runs`. Its readers (``finecap caption``,
 ``report``, ``bags``, the demo, :meth:`finecap.api.Captioner.from_pretrained`) are all above training.
@@ -67,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.data.records import DataError
+from finecap.models.world_encoder_cache import encoder_dir, encoder_key
 from finecap.registry import TRUST_ENV, untrusted_code
 from finecap.runs import CAPTIONER_FILE, FINGERPRINTS_FILE, model_dir, run_dir_of
 from finecap.utils.files import write_json
@@ -194,8 +196,6 @@ def source_fingerprint(name_or_path: str | Path) -> dict[str, Any]:
 
 def world_encoder_fingerprint(cfg: Config) -> dict[str, Any]:
     """The world encoder of ``cfg``: its key and, once trained, its weights (``None`` before)."""
-    from finecap.models.world_encoder import encoder_dir, encoder_key
-
     folder = encoder_dir(cfg)
     if (folder / "encoder.json").exists():
         return source_fingerprint(folder)

@@ -40,18 +40,15 @@ from finecap.locks import waiting_lock
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.models.world_encoder import (
-    ENCODER_VERSION,
     MAIN_LABELS,
     AuxHeads,
     WorldData,
     build_world_model,
     contrastive_loss,
-    encoder_dir,
-    encoder_key,
     load_split,
-    preset_of,
     world_image_processor,
 )
+from finecap.models.world_encoder_cache import ENCODER_VERSION, encoder_dir, encoder_key, preset_of
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput
 from finecap.train.engine import Engine, TrainingData, make_accelerator
 from finecap.train.schedule import build_scheduler

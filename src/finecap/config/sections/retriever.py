@@ -17,7 +17,7 @@ LongText = Literal["truncate", "error", "chunks"]
 class RetrieverConfig(Section, name="retriever"):
     checkpoint: str = doc("", "CLIP checkpoint (HF name or local path); empty = train/reuse the world encoder preset.")
     preset: str = doc(
-        "world-tiny", "Architecture of the world encoder: a name in finecap.models.world_encoder.PRESETS."
+        "world-tiny", "Architecture of the world encoder: a name in finecap.models.world_encoder_cache.PRESETS."
     )
     epochs: int = doc(
         10,
