@@ -458,10 +458,10 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
 
     The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
-    does; afterwards they are as the caller left them, and so are accelerate's per-process state (a caller's own
-    ``Accelerator`` keeps its precision and accumulation steps) and torch's TF32 flags (``train.tf32`` sets them on
-    a GPU). Training runs with grad mode on and outside
-    inference mode whatever the caller's.
+    does; afterwards they are as the caller left them, and so are accelerate's per-process state (none when the
+    caller had none: the next run is set up for its own ``train.cpu``; a caller's own ``Accelerator`` keeps its
+    device, precision and accumulation steps) and torch's TF32 flags (``train.tf32`` sets them on a GPU). Training
+    runs with grad mode on and outside inference mode whatever the caller's.
 
     Example (two steps of the demo's MLE recipe; the first run in a finecap home makes the demo's world, 11,500
     images, and trains its world encoder before them: minutes on a CPU. docs/training.md's notebook example trains
