@@ -429,6 +429,16 @@ def _run_config(run_dir: str | os.PathLike, over: dict[str, Any], *, resume: boo
                          with_recipe="finecap.train(RECIPE, resume=True, run__dir=RUN)")  # fmt: skip
 
 
+def more_positionals(more: tuple[Any, ...]) -> TypeError:
+    """The error of ``finecap.train(recipe, <more>)``: the recipe (or configuration) is its one positional argument,
+    and overrides are keywords, a dict of them unpacked (``**{"train__max_steps": 2}``), not a dict or a list of the
+    command line's ``key=value`` passed beside the recipe."""
+    given = ", ".join(type(m).__name__ for m in more)
+    return TypeError(f"finecap.train takes one positional argument, the recipe or a Config, got {len(more)} more "
+                     f"({given}); overrides are keywords: finecap.train(recipe, train__max_steps=2), a dict of them "
+                     "unpacked: finecap.train(recipe, **overrides)")  # fmt: skip
+
+
 def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = False, overwrite: bool = False,
           **overrides: Any) -> Path:  # fmt: skip
     """Train a captioner as ``finecap train`` does; returns the run directory (``run.dir``, or its default under the
