@@ -40,9 +40,11 @@ class _TrainPackage(types.ModuleType):
 
         return inspect.signature(train)
 
-    def __call__(self, recipe_or_config: Any, /, **kwargs: Any) -> Any:
-        from finecap.api import train
+    def __call__(self, recipe_or_config: Any, /, *more: Any, **kwargs: Any) -> Any:
+        from finecap.api import more_positionals, train
 
+        if more:  # Python's own error named this method and counted its self: "takes 2 positional arguments"
+            raise more_positionals(more)
         return train(recipe_or_config, **kwargs)
 
 

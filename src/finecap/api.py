@@ -429,6 +429,16 @@ def _run_config(run_dir: str | os.PathLike, over: dict[str, Any], *, resume: boo
                          with_recipe="finecap.train(RECIPE, resume=True, run__dir=RUN)")  # fmt: skip
 
 
+def more_positionals(more: tuple[Any, ...]) -> TypeError:
+    """The error of ``finecap.train(recipe, <more>)``: the recipe (or configuration) is its one positional argument,
+    and overrides are keywords, a dict of them unpacked (``**{"train__max_steps": 2}``), not a dict or a list of the
+    command line's ``key=value`` passed beside the recipe."""
+    given = ", ".join(type(m).__name__ for m in more)
+    return TypeError(f"finecap.train takes one positional argument, the recipe or a Config, got {len(more)} more "
+                     f"({given}); overrides are keywords: finecap.train(recipe, train__max_steps=2), a dict of them "
+                     "unpacked: finecap.train(recipe, **overrides)")  # fmt: skip
+
+
 def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = False, overwrite: bool = False,
           **overrides: Any) -> Path:  # fmt: skip
     """Train a captioner as ``finecap train`` does; returns the run directory (``run.dir``, or its default under the
@@ -458,10 +468,10 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
 
     The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
-    does; afterwards they are as the caller left them, and so are accelerate's per-process state (a caller's own
-    ``Accelerator`` keeps its precision and accumulation steps) and torch's TF32 flags (``train.tf32`` sets them on
-    a GPU). Training runs with grad mode on and outside
-    inference mode whatever the caller's.
+    does; afterwards they are as the caller left them, and so are accelerate's per-process state (none when the
+    caller had none: the next run is set up for its own ``train.cpu``; a caller's own ``Accelerator`` keeps its
+    device, precision and accumulation steps) and torch's TF32 flags (``train.tf32`` sets them on a GPU). Training
+    runs with grad mode on and outside inference mode whatever the caller's.
 
     Example (two steps of the demo's MLE recipe; the first run in a finecap home makes the demo's world, 11,500
     images, and trains its world encoder before them: minutes on a CPU. docs/training.md's notebook example trains

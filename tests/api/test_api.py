@@ -606,6 +606,22 @@ def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("more", [({"train__max_steps": 2},), (["train.max_steps=2"],), ("train.max_steps=2", "x")])
+def test_overrides_given_beside_the_recipe_say_they_are_keywords(monkeypatch, more):
+    """A dict of overrides (or the command line's ``key=value`` list) passed beside the recipe was Python's
+    "_TrainPackage.__call__() takes 2 positional arguments but 3 were given": a class the user never wrote, counting
+    its ``self``. Now a TypeError saying the overrides are keywords and how to pass a dict of them; nothing trains."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    with pytest.raises(TypeError) as refused:
+        finecap.train("demo/mle", *more)
+    said = str(refused.value)
+    assert said.startswith(f"finecap.train takes one positional argument, the recipe or a Config, got {len(more)} ")
+    assert "_TrainPackage" not in said and "finecap.train(recipe, **overrides)" in said and not seen
+    finecap.train("demo/mle", **{"train__max_steps": 2})  # what the message says to write
+    assert seen[0].train.max_steps == 2
+
+
 @pytest.mark.parametrize("train", [{"best_metric": "cider_d"}, {"validators": ["captoins"]}, {"objective": "mel"}])
 def test_a_config_is_checked_as_a_recipe_is_with_or_without_keywords(monkeypatch, tmp_path, train):
     """A ``Config`` built in Python (``dataclasses.replace`` of a loaded one) is checked as a recipe is, keywords or

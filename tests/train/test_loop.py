@@ -560,6 +560,31 @@ def test_the_python_api_gives_the_callers_generators_and_accelerate_state_back(m
         GradientState._reset_state()
 
 
+def test_a_notebooks_next_run_sets_up_its_own_device(make_cfg):
+    """finecap.train made accelerate's process state (``PartialState``, which holds the device) for its run and left
+    it: a notebook's run with train.cpu=true and a later one without it on a GPU machine trained both on the CPU
+    (accelerate sets the state up once per process). Afterwards there is none again, so the next run's is made for
+    its own ``train.cpu``; a caller's own state is theirs, untouched."""
+    from accelerate.state import PartialState
+
+    import finecap
+    from finecap.config import TrainConfig
+    from finecap.train.engine import process_state
+
+    theirs = dict(PartialState._shared_state)  # this test process's (other tests made it), given back at the end
+    try:
+        PartialState._reset_state()  # a fresh notebook's process: none yet
+        finecap.train(make_cfg("train.max_steps=1", "train.cpu=true", run="on_cpu"))
+        assert PartialState._shared_state == {}
+        assert process_state(TrainConfig(cpu=False))._cpu is False  # set up for the next run's own device
+        mine = dict(PartialState._shared_state)
+        finecap.train(make_cfg("train.max_steps=1", "train.cpu=true", run="again"))
+        assert PartialState._shared_state == mine  # a caller's own, as it was
+    finally:
+        PartialState._shared_state.clear()
+        PartialState._shared_state.update(theirs)
+
+
 def test_an_interrupted_run_closes_its_progress_bar(make_cfg, monkeypatch):
     """Ctrl-C (or any error) during the steps closes the training bar: a notebook keeps the traceback, which held the
     bar open, and the next run's bar was drawn under it (tqdm's position 1) with the stale one redrawn."""

@@ -242,14 +242,17 @@ def _release_precision(mixed_precision: str) -> None:
 
 @contextlib.contextmanager
 def accelerate_state_kept() -> Iterator[None]:
-    """Within the block, training may set up accelerate's per-process state as its runs need (another precision, its
-    accumulation steps: :func:`make_accelerator`); after it, that state (``AcceleratorState``, ``GradientState``) is
-    as it was, so a caller's own ``Accelerator`` keeps its precision and accumulation, and a process that had none
-    may create one with any precision (the Python API, :func:`finecap.train`). The process group
-    (``PartialState``) is never changed."""
+    """Within the block, training may set up accelerate's per-process state as its runs need (its device, another
+    precision, its accumulation steps: :func:`process_state`, :func:`make_accelerator`); after it, that state
+    (``PartialState``, ``AcceleratorState``, ``GradientState``) is as it was, so a caller's own ``Accelerator`` keeps
+    its device, precision and accumulation, and a process that had none may create one with any (the Python API,
+    :func:`finecap.train`). A ``PartialState`` the block made was kept: it holds its device for the process, so a
+    notebook's run with ``train.cpu`` and a later one without it on a GPU machine trained both on the CPU (and the
+    other way round both on the GPU). The process group itself (``torch.distributed``) is left as it is: accelerate
+    joins one already started."""
     from accelerate.state import AcceleratorState, GradientState
 
-    saved = [(cls, dict(cls._shared_state)) for cls in (AcceleratorState, GradientState)]
+    saved = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
     try:
         yield
     finally:
