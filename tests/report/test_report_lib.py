@@ -123,6 +123,33 @@ def test_a_name_beginning_with_an_underscore_stays_in_the_legend(tmp_path, monke
     assert legends == [["\u200b_ablation", "mle"]]  # a zero-width space in front: shown as typed
 
 
+def test_each_plot_is_drawn_once(tmp_path, monkeypatch):
+    """``tight_layout`` leaves a placeholder layout engine on the figure, for which ``savefig`` drew the whole figure
+    once more (ticks, labels, text layout) and threw that draw away before the one it saved: a third of a report's
+    plotting time. One draw per plot written, and the plot is the figure ``tight_layout`` laid out."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    draws = []
+    draw = Figure.draw
+
+    def counted(fig, renderer):
+        draws.append((fig, fig.subplotpars.left, fig.subplotpars.bottom))
+        return draw(fig, renderer)
+
+    monkeypatch.setattr(Figure, "draw", counted)
+    events = [{"step": k, "split": split, "values": {"loss": 1.0 / k, "reward": 0.1 * k, "kl": 0.01 * k, "R@1": 0.2}}
+              for k in (1, 2, 3) for split in ("train", "val")]  # fmt: skip
+    drawn = [training_curves(events, tmp_path / "curves.png", title="grpo"),
+             *(path for _, path in rl_curves(events, tmp_path, "rl")),
+             length_histograms({"mle": {1: "a red circle", 2: "a shape"}}, tmp_path / "hist.png"),
+             bag_recall_curves(ROWS, tmp_path / "bags.png")]  # fmt: skip
+    assert len(drawn) == 5 and all(p.read_bytes()[:4] == b"\x89PNG" for p in drawn)  # RL: reward and kl
+    assert len(draws) == len(drawn) and len({id(fig) for fig, _, _ in draws}) == len(drawn)
+    default = (matplotlib.rcParams["figure.subplot.left"], matplotlib.rcParams["figure.subplot.bottom"])
+    assert all((left, bottom) != default for _, left, bottom in draws)  # drawn as tight_layout placed the axes
+
+
 def test_gallery_picks_disagreement_and_a_disjoint_sample():
     captions = {"a": {1: "a red circle", 2: "a red circle", 3: "a blue star", 4: "x"},
                 "b": {1: "a red circle", 2: "a green square", 3: "a blue star", 4: "x"}}  # fmt: skip
