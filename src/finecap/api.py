@@ -112,7 +112,11 @@ class Captioner(Closeable):
     ) -> list[str]:
         """One caption per image of ``images`` (a PIL image or an image file's path, or a list of them), in order; a
         numpy array or a torch tensor is a ``TypeError`` (``PIL.Image.fromarray`` of an H x W x 3 uint8 array makes
-        its image).
+        its image). A folder is a :class:`finecap.data.records.DataError` saying how to caption its images: the
+        captions are a list in the order of ``images``, which a folder does not give, so its images are listed first
+        as ``finecap caption --images FOLDER`` lists them (:func:`finecap.inference.image_files`: sorted, below it,
+        hidden files left out), each with its file and image id: ``files = [f.path for f in image_files([folder])]``
+        then ``captioner.caption(files)``, caption ``i`` for ``files[i]``.
 
         ``decode``: keys of the ``decode`` section replacing the checkpoint's (``strategy="beam"``, ``beam_size=3``,
         ``max_length=20``, ``batch_size=64``, ``engine="vllm"`` for a VLM served by vLLM, ...;
@@ -266,7 +270,7 @@ def _refuse_empty_path(value: Any, where: str, expected: str) -> None:
 def _as_list(images: Any) -> list[Any]:
     """One image (a PIL image, a path) as a list of one; a list or tuple of them as a list; anything else (bytes, a
     number, a nested list, a numpy array or torch tensor) a ``TypeError`` naming the item, an empty path (``""``,
-    which reads as the working directory) a ``ValueError``."""
+    which reads as the working directory) a ``ValueError``, a folder a ``DataError`` (:func:`_refuse_folder`)."""
     items = [images] if _is_image_or_path(images) else None
     if items is None and isinstance(images, Sequence) and not isinstance(images, bytes | bytearray):
         items = list(images)
@@ -276,7 +280,22 @@ def _as_list(images: Any) -> list[Any]:
         if not _is_image_or_path(item):
             raise TypeError(f"images[{i}]: expected a PIL image or a path, got {_what(item)}")
         _refuse_empty_path(item, f"images[{i}]", "an image file")
+        _refuse_folder(item, f"images[{i}]")
     return items
+
+
+def _refuse_folder(item: Any, where: str) -> None:
+    """A :class:`~finecap.data.records.DataError` ``<where>: <item> is a folder; ...`` when the path ``item`` is a
+    folder, saying how to caption its images: :func:`finecap.inference.image_files` lists them as ``finecap caption
+    --images FOLDER`` does (it said "cannot read image: a folder" once the images before it were decoded)."""
+    if isinstance(item, str | os.PathLike) and Path(item).is_dir():
+        from finecap.data.records import DataError
+
+        folder = os.fspath(item)
+        raise DataError(f"{where}: {folder} is a folder; caption() takes image files and PIL images, one caption "
+                        "each in order. A folder's images, as finecap caption --images lists them (sorted, below it, "
+                        "hidden files left out): files = [f.path for f in finecap.inference.image_files("
+                        f"[{folder!r}])]; captioner.caption(files)")  # fmt: skip
 
 
 def evaluate(

@@ -302,6 +302,36 @@ def test_an_array_and_an_empty_path_are_refused_with_what_to_pass(cap, files, tm
     assert cap.caption(Image.fromarray(pixels)) == cap.caption(files[0])  # the hint's image: the file's caption
 
 
+def test_a_folder_is_refused_with_the_call_listing_its_images_as_the_command_does(cap, files, tmp_path, monkeypatch):
+    """``caption("photos/")`` said "cannot read image: a folder" (after decoding the images before it), though
+    ``finecap caption --images photos`` takes a folder. caption() returns one caption per item, in order, which a
+    folder does not give: it is a DataError naming its place and the call that lists the folder's images as the
+    command does (:func:`finecap.inference.image_files`: sorted, below it, hidden files and other files left out).
+    Nothing is decoded; the call it gives captions those images."""
+    import shutil
+
+    photos = tmp_path / "photos"
+    shutil.copytree(files[0].parent, photos / "shapes")
+    (photos / ".hidden.png").write_bytes(files[0].read_bytes())  # left out, as by the command
+    (photos / "captions.txt").write_text("not an image\n")
+    from finecap import inference
+
+    decoded, load = [], inference.load_image
+    monkeypatch.setattr(inference, "load_image", lambda *a, **k: decoded.append(a) or load(*a, **k))
+    for bad, where in ((photos, "images[0]"), (f"{photos}/", "images[0]"), ([files[0], str(photos)], "images[1]")):
+        with pytest.raises(DataError) as refused:
+            cap.caption(bad)
+        said = str(refused.value)
+        folder = str(bad[1] if isinstance(bad, list) else bad)
+        assert said.startswith(f"{where}: {folder} is a folder; caption() takes image files and PIL images")
+        assert f"finecap.inference.image_files([{folder!r}])" in said and "captioner.caption(files)" in said
+    assert not decoded
+    listed = [f.path for f in inference.image_files([str(photos)])]  # the call the message gives
+    assert listed == sorted(photos / "shapes" / f.name for f in files)
+    by_file = dict(zip(files, EXPECTED, strict=True))
+    assert cap.caption(listed) == [by_file[files[0].parent / p.name] for p in listed]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # evaluate
 # --------------------------------------------------------------------------------------------------------------------
