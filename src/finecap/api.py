@@ -30,6 +30,7 @@ Example (a tiny random BLIP saved as a captioner; a trained run directory is loa
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -53,9 +54,25 @@ class Captioner(Closeable):
     Attributes: ``model`` (the finecap captioner, a ``torch.nn.Module`` in evaluation mode), ``cfg`` (the
     configuration stored with the checkpoint, or the defaults for a bare model folder: its ``decode`` section gives the
     default decoding settings, its ``train.mixed_precision`` the autocast), ``checkpoint`` (the folder loaded).
-    ``with Captioner.from_pretrained(path) as captioner:`` calls :meth:`close` on leaving the block."""
+    ``with Captioner.from_pretrained(path) as captioner:`` calls :meth:`close` on leaving the block. The constructor,
+    ``Captioner(model, cfg, checkpoint)``, wraps a captioner already loaded; ``Captioner(path)`` is a ``TypeError``
+    naming ``Captioner.from_pretrained(path)``."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Captioner:
+        # Captioner(path), the mistake of loading with the constructor, was Python's "missing 1 required positional
+        # argument: 'cfg'", which said nothing of from_pretrained (checked here: __init__'s arguments are bound after)
+        given = args[0] if args else kwargs.get("model")
+        if isinstance(given, str | os.PathLike):
+            path = os.fspath(given)
+            raise TypeError(f"Captioner({path!r}): a checkpoint loads with Captioner.from_pretrained({path!r}) (a run "
+                            "directory, a checkpoint or model folder; device=... where it goes); Captioner(model, "
+                            "cfg) wraps a captioner already loaded and its finecap.config.Config")  # fmt: skip
+        return super().__new__(cls)
 
     def __init__(self, model: Any, cfg: Config, checkpoint: Path | None = None) -> None:
+        """Wrap ``model`` (a loaded finecap captioner) with ``cfg``, its configuration, and ``checkpoint``, the
+        folder it came from; :meth:`from_pretrained` calls it. A path given as ``model`` (``Captioner("runs/x")``)
+        is a ``TypeError`` naming ``Captioner.from_pretrained("runs/x")``, which loads one."""
         self.model, self.cfg, self.checkpoint = model, cfg, checkpoint
         self._engine: Any = None  # the generation engine (decode.engine), opened on first use (:meth:`close` frees it)
 
@@ -188,8 +205,6 @@ class Captioner(Closeable):
         checked as a recipe's value (``max_length="5"`` or ``5.7`` is a ``ConfigError`` naming ``decode.max_length``);
         an unknown key is a ``ValueError`` listing the valid ones, and saying so when it is an argument of
         :meth:`from_pretrained` instead (``device``: where the model is loaded, not a decoding setting)."""
-        import inspect
-
         from finecap.config import did_you_mean, replaced_section
 
         fields = [f.name for f in dataclasses.fields(self.cfg.decode)]
@@ -202,6 +217,13 @@ class Captioner(Closeable):
                             f"Captioner.from_pretrained(path, {key}=...))")  # fmt: skip
                 raise ValueError(f"unknown decoding option {key!r}{hint}; valid: {', '.join(fields)}")
         return replaced_section(self.cfg.decode, "decode", **decode)
+
+
+# help(Captioner) and inspect show __init__'s arguments, not the (*args, **kwargs) of the __new__ that checks them
+_INIT = inspect.signature(Captioner.__init__)
+Captioner.__signature__ = _INIT.replace(  # type: ignore[attr-defined]
+    parameters=list(_INIT.parameters.values())[1:], return_annotation=inspect.Signature.empty
+)
 
 
 def usable_device(device: str | torch.device) -> torch.device:

@@ -302,6 +302,24 @@ def test_an_array_and_an_empty_path_are_refused_with_what_to_pass(cap, files, tm
     assert cap.caption(Image.fromarray(pixels)) == cap.caption(files[0])  # the hint's image: the file's caption
 
 
+@pytest.mark.parametrize("how", ["path", "str", "keyword", "device"])
+def test_the_constructor_given_a_path_names_from_pretrained(cap, run, how):
+    """``Captioner(path)`` (loading with the constructor) was Python's "missing 1 required positional argument:
+    'cfg'"; now a TypeError naming ``Captioner.from_pretrained(path)``, with ``device=`` too. The real constructor,
+    a loaded model and its Config, wraps them as before, and ``help``/``inspect`` show its arguments."""
+    import inspect
+
+    calls = {"path": lambda: Captioner(run), "str": lambda: Captioner(str(run)),
+             "keyword": lambda: Captioner(model=run), "device": lambda: Captioner(run, device="cpu")}  # fmt: skip
+    with pytest.raises(TypeError) as refused:
+        calls[how]()
+    assert str(refused.value).startswith(f"Captioner({str(run)!r}): a checkpoint loads with "
+                                         f"Captioner.from_pretrained({str(run)!r})")  # fmt: skip
+    wrapped = Captioner(cap.model, cap.cfg, cap.checkpoint)
+    assert (wrapped.model, wrapped.cfg, wrapped.checkpoint) == (cap.model, cap.cfg, cap.checkpoint)
+    assert list(inspect.signature(Captioner).parameters) == ["model", "cfg", "checkpoint"]
+
+
 def test_a_folder_is_refused_with_the_call_listing_its_images_as_the_command_does(cap, files, tmp_path, monkeypatch):
     """``caption("photos/")`` said "cannot read image: a folder" (after decoding the images before it), though
     ``finecap caption --images photos`` takes a folder. caption() returns one caption per item, in order, which a
