@@ -511,8 +511,11 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
     does; afterwards they are as the caller left them, and so are accelerate's per-process state (none when the
     caller had none: the next run is set up for its own ``train.cpu``; a caller's own ``Accelerator`` keeps its
-    device, precision and accumulation steps) and torch's TF32 flags (``train.tf32`` sets them on a GPU). Training
-    runs with grad mode on and outside inference mode whatever the caller's.
+    device, precision and accumulation steps) and torch's TF32 flags (``train.tf32`` sets them on a GPU). accelerate
+    holds one device per process, so a caller's own ``PartialState`` or ``Accelerator`` on another device than
+    ``train.cpu`` asks for (``train__cpu=True`` after ``Accelerator()`` on a GPU) is a ``ValueError`` naming both,
+    before anything is made (:func:`finecap.train.engine.check_callers_device`): the run trained on the caller's.
+    Training runs with grad mode on and outside inference mode whatever the caller's.
 
     Example (two steps of the demo's MLE recipe; the first run in a finecap home makes the demo's world, 11,500
     images, and trains its world encoder before them: minutes on a CPU. docs/training.md's notebook example trains
@@ -564,8 +567,10 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             cfg = load(recipe, over=over, over_source=KEYWORDS)
     else:
         raise TypeError(f"finecap.train: a recipe (path or name) or a Config, got {type(recipe_or_config).__name__}")
-    from finecap.train.engine import accelerate_state_kept, tf32_kept
+    from finecap.train.engine import accelerate_state_kept, check_callers_device, tf32_kept
     from finecap.utils.rng import rng_preserved
+
+    check_callers_device(cfg.train)  # a caller's accelerate state holds the process's device: train.cpu must agree
 
     # the caller's random generators, accelerate state and TF32 flags are theirs again afterwards (its grad mode:
     # train_run's)

@@ -715,6 +715,49 @@ def test_an_empty_recipe_or_checkpoint_is_refused_not_read_as_the_working_direct
     assert Captioner.from_pretrained(".", device="cpu").checkpoint.resolve().is_relative_to(tmp_path / "run")
 
 
+@pytest.fixture
+def callers_state():
+    """This process's accelerate ``PartialState`` emptied for the test (a notebook that has made none yet) and given
+    back afterwards (other tests made it)."""
+    from accelerate.state import PartialState
+
+    theirs = dict(PartialState._shared_state)
+    PartialState._reset_state()
+    try:
+        yield PartialState
+    finally:
+        PartialState._shared_state.clear()
+        PartialState._shared_state.update(theirs)
+
+
+def test_a_callers_accelerate_state_on_another_device_than_train_cpu_is_refused(tmp_path, monkeypatch, callers_state):
+    """accelerate holds one device per process and finecap.train keeps a caller's state: ``train__cpu=True`` after
+    the notebook's ``Accelerator()`` on a GPU trained on the GPU (and ``train__cpu=False`` after ``PartialState(
+    cpu=True)`` on the CPU), silently. Now a ValueError naming both devices and the train.cpu that agrees, before
+    anything is made; a state on the device asked for, or none, trains. A GPU machine is stood for by torch's
+    accelerator answers and the caller's state's device (on a CPU machine no GPU state can be made)."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    run_dir = tmp_path / "run"
+    finecap.train("demo/mle", run__dir=run_dir, train__cpu=True)  # no state of the caller's: its own device
+    callers_state(cpu=True)  # the notebook's, on the CPU
+    with pytest.raises(ValueError) as refused:
+        finecap.train("demo/mle", run__dir=run_dir)  # train.cpu=false: this machine's GPU
+    said = str(refused.value)
+    assert said.startswith("train.cpu=false asks for cuda, but this process's accelerate state (a PartialState or "
+                           "Accelerator made before finecap.train) is on cpu")  # fmt: skip
+    assert "the run would train on cpu. Set train__cpu=True to train there" in said
+    finecap.train("demo/mle", run__dir=run_dir, train__cpu=True)  # what it says: agrees
+    callers_state._shared_state["device"] = torch.device("cuda", 0)  # the notebook's Accelerator() on the GPU
+    with pytest.raises(ValueError, match=r"^train.cpu=true asks for cpu, but .* is on cuda:0, .*the run would train "
+                                         r"on cuda:0. Set train__cpu=False to train there"):  # fmt: skip
+        finecap.train("demo/mle", run__dir=run_dir, train__cpu=True)
+    finecap.train("demo/mle", run__dir=run_dir)
+    assert [cfg.train.cpu for cfg in seen] == [True, True, False] and not run_dir.exists()
+
+
 @pytest.mark.parametrize("flags", [{"overwrite": "no"}, {"resume": "yes"}, {"overwrite": 0}, {"resume": None}])
 def test_finecap_train_takes_its_flags_as_booleans_only(tmp_path, monkeypatch, flags):
     """``resume`` and ``overwrite`` are ``True`` or ``False``: ``overwrite="no"`` (truthy) replaced the finished run it

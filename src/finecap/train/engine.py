@@ -261,6 +261,29 @@ def accelerate_state_kept() -> Iterator[None]:
             cls._shared_state.update(state)
 
 
+def check_callers_device(settings: TrainConfig) -> None:
+    """A ``ValueError`` when this process already has accelerate's state (``PartialState``: a caller's own
+    ``PartialState`` or ``Accelerator``, made before :func:`finecap.train`) on another kind of device than
+    ``train.cpu`` asks for (the CPU with it; without it this machine's accelerator, else the CPU, as
+    :func:`make_accelerator` sets up). accelerate keeps one device per process and ignores the ``cpu`` of a later
+    ``Accelerator``, and :func:`accelerate_state_kept` keeps a caller's state, so such a run trained on the caller's
+    device, silently. The error names both devices and what to do. No state yet, or one on the device asked for:
+    nothing is said."""
+    theirs = PartialState._shared_state.get("device")
+    if theirs is None:
+        return
+    here = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    wanted = "cpu" if _use_cpu(settings) or here is None else here.type
+    if torch.device(theirs).type == wanted:
+        return
+    flag = "true" if settings.cpu else "false"
+    raise ValueError(f"train.cpu={flag} asks for {wanted}, but this process's accelerate state (a PartialState or "
+                     f"Accelerator made before finecap.train) is on {theirs}, and accelerate keeps one device per "
+                     f"process: the run would train on {theirs}. Set train__cpu={not settings.cpu} to train there, or "
+                     f"train in a process that has made no PartialState or Accelerator (or before making "
+                     "one)")  # fmt: skip
+
+
 def check_trackers_installed(log_with: Sequence[str]) -> None:
     """``ValueError`` naming ``train.log_with`` and the package when a tracker asked for is not installed (accelerate
     drops it with a debug message only, and the run would log nothing there)."""
