@@ -86,3 +86,37 @@ def test_the_world_encoder_fingerprint_of_a_world_run_imports_no_torch(tmp_path)
     # of the key was the encoder's own, which imports torch and transformers' CLIP and ConvNeXt
     watched = ("torch", "transformers", "finecap.models.world_encoder")
     assert loaded_after(WORLD_FINGERPRINT, str(tmp_path), watched=watched) == dict.fromkeys(watched, False)
+
+
+LOAD = f"""{FINGERPRINT}
+from finecap.models.backbones import load_captioner
+load_captioner(folder)
+"""
+OTHER_FAMILIES = ("finecap.models.presets", "finecap.models.retriever", "transformers.models.gpt2.modeling_gpt2",
+                  "transformers.models.clip.modeling_clip")  # fmt: skip
+
+
+def test_reading_a_blip_checkpoint_imports_no_gpt2_no_clip_no_presets_no_retriever(tmp_path):
+    # `finecap caption --checkpoint RUN` (and eval, export, the reward server) checks the run's fingerprints and loads
+    # the captioner: finecap.models.blip imported the tiny presets at module level (the world BLIP's builder, the
+    # image processor's class), and through them GPT-2's and CLIP's modeling code and the retriever
+    from finecap.models.blip import Blip
+    from finecap.models.presets import save_tiny_blip
+
+    folder = Blip.from_pretrained(save_tiny_blip(tmp_path / "blip")).save(tmp_path / "ckpt")
+    watched = ("finecap.models.blip", "transformers.models.blip.modeling_blip", *OTHER_FAMILIES)
+    state = loaded_after(LOAD, str(folder), watched=watched)
+    assert state == {**dict.fromkeys(watched[:2], True), **dict.fromkeys(OTHER_FAMILIES, False)}
+
+
+def test_reading_a_vlm_checkpoint_imports_no_gpt2_no_clip_no_blip_no_presets_no_retriever(tmp_path):
+    # as for BLIP: finecap.models.vlm imported the tiny presets at module level for the world VLM's builder. The
+    # checkpoint is an Idefics3 (SmolVLM's architecture): its vision tower is its own, so CLIP's is another family's
+    from finecap.models.presets import save_tiny_vlm
+    from finecap.models.vlm import Vlm
+
+    folder = Vlm.from_pretrained(save_tiny_vlm(tmp_path / "idefics3", "idefics3")).save(tmp_path / "ckpt")
+    reader = ("finecap.models.vlm", "transformers.models.idefics3.modeling_idefics3")
+    watched = (*reader, "transformers.models.blip.modeling_blip", *OTHER_FAMILIES)
+    state = loaded_after(LOAD, str(folder), watched=watched)
+    assert state == {**dict.fromkeys(reader, True), **dict.fromkeys(watched[2:], False)}

@@ -63,7 +63,7 @@ from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, same_source, set_dropout
 from finecap.models.captioner import encode_images, shifted_mask
 from finecap.models.kvcache import cache_kwargs, returned_cache
-from finecap.models.presets import BlipImageProcessor, world_blip
+from finecap.models.processors import BlipImageProcessor
 from finecap.models.vision import FeatureMapTokens, load_frozen_tokens
 
 if TYPE_CHECKING:
@@ -365,6 +365,10 @@ class Blip(CaptionerBase):
         options = memory.LoadOptions.of(m)
         if b.name != "world-tiny":
             return cls.from_pretrained(b.name, options, **kwargs)
+        # deferred: the tiny presets (which import GPT-2, CLIP and the retriever) build a fresh world BLIP only; a
+        # pretrained BLIP and reading a checkpoint (its fingerprint, loading it) need none of them
+        from finecap.models.presets import world_blip
+
         world = load_frozen_tokens(cfg, options, "blip.name=world-tiny")
         image_size = int(world.image_processor.crop_size["height"]) if world.image_processor is not None else 64
         _, width = world.token_shape(image_size)

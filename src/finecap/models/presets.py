@@ -28,12 +28,7 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
-try:  # BLIP's PIL backend (no torchvision here); ``BlipImageProcessor`` would fall back to it with a warning
-    from transformers import BlipImageProcessorPil as BlipImageProcessor
-except ImportError:  # pragma: no cover - older transformers
-    from transformers import BlipImageProcessor
-
-from finecap.models.processors import CLIPImageProcessor, image_only_processor
+from finecap.models.processors import BlipImageProcessor, CLIPImageProcessor, image_only_processor
 from finecap.models.retriever import Retriever
 from finecap.models.tokenizer import world_tokenizer
 from finecap.utils.rng import torch_seeded

@@ -11,6 +11,10 @@ export, vLLM serving it) where ``torchvision`` is installed.
 ``torchvision`` is installed, else its PIL backend ``CLIPImageProcessorPil``, which transformers falls back to with a
 warning at the import of the name ("requires torchvision (not installed)"), named here directly: the same class, and
 a bare import of the modules making one (the world encoder, the tiny presets) says nothing.
+
+:data:`BlipImageProcessor` is BLIP's image processor class: its PIL backend ``BlipImageProcessorPil`` (no torchvision
+here; transformers' ``BlipImageProcessor`` would fall back to it with a warning), else, on an older transformers
+without it, ``BlipImageProcessor``. :class:`finecap.models.blip.Blip` loads and the tiny presets save one.
 """
 
 from __future__ import annotations
@@ -30,7 +34,12 @@ if is_torchvision_available():
 else:  # the class transformers' name falls back to without torchvision, named directly: importing the name warned
     from transformers import CLIPImageProcessorPil as CLIPImageProcessor
 
-__all__ = ["CLIPImageProcessor", "image_only_processor", "load_processor", "video_settings"]
+try:  # BLIP's PIL backend (no torchvision here); ``BlipImageProcessor`` would fall back to it with a warning
+    from transformers import BlipImageProcessorPil as BlipImageProcessor
+except ImportError:  # pragma: no cover - older transformers
+    from transformers import BlipImageProcessor
+
+__all__ = ["BlipImageProcessor", "CLIPImageProcessor", "image_only_processor", "load_processor", "video_settings"]
 
 
 @functools.cache

@@ -111,7 +111,6 @@ from finecap.models.captioner import encode_images, last_positions
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.image_budget import PIXEL_BOUNDS, budget_kwargs, check_limits, own_size, unsaved_options
 from finecap.models.kvcache import LAYERED, PromptCache, cache_kwargs, prompt_shareable, returned_cache
-from finecap.models.presets import world_vlm
 from finecap.models.processors import load_processor
 from finecap.models.tokenizer import ensure_pad_token
 from finecap.models.vision import FeatureMapTokens, load_frozen_tokens, reached_parameters
@@ -1440,6 +1439,10 @@ class Vlm(CaptionerBase):
             return cls.tiny(v, options, **kwargs)
         if v.name != WORLD_VLM:
             return cls.from_pretrained(v.name, options, section=v, **kwargs)
+        # deferred: the tiny presets (which import GPT-2, BLIP, CLIP and the retriever) build a fresh world VLM only;
+        # a pretrained VLM and reading a checkpoint (its fingerprint, loading it) need none of them
+        from finecap.models.presets import world_vlm
+
         world = load_frozen_tokens(cfg, options, f"vlm.name={WORLD_VLM}")
         image_size = int(world.image_processor.crop_size["height"])
         n_tokens, width = world.token_shape(image_size)
