@@ -108,7 +108,9 @@ def write_plots(drawn: Path, folder: Path) -> list[str]:
 
     The list is written first as the earlier plots and this report's together, so that a report stopped midway
     leaves every file it may have written listed; then the plots, the removals, and the list of this report's plots
-    alone (a changed earlier plot, kept, is no longer listed: it is the user's)."""
+    alone (a changed earlier plot, kept, is no longer listed: it is the user's). Each plot is written once, atomically
+    and durably, and recorded as finecap's (:func:`finecap.outputs.write_output`): ``drawn`` holds drafts
+    (:func:`finecap.report.plots.drafts`), neither synced nor recorded."""
     folder.mkdir(parents=True, exist_ok=True)
     new = {path.name: path.read_bytes() for path in sorted(drawn.iterdir())}
     digests = {name: digest(data) for name, data in new.items()}
