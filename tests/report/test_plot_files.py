@@ -96,3 +96,26 @@ def test_a_users_file_at_the_plot_list_is_refused_before_any_plot_is_written(tmp
     os.symlink(tmp_path / "elsewhere.json", mine)
     with pytest.raises(OutputRefused, match="is a symbolic link"):
         check_plot_files(folder, ["a.png"], given=False, force=True)
+
+
+def test_the_list_is_written_twice_only_when_an_earlier_report_listed_other_plots(tmp_path, monkeypatch):
+    # the list of this report's plots was written twice, the second time the same bytes as the first (4 fsyncs each)
+    # whenever no earlier plot was listed: the first write already names this report's plots alone
+    import finecap.report.plot_files as plot_files
+
+    lists = []
+    write = plot_files.write_output_json
+
+    def writing(path, obj, kind):
+        lists.append(obj)
+        write(path, obj, kind)
+
+    monkeypatch.setattr(plot_files, "write_output_json", writing)
+    folder = tmp_path / "plots"
+    write_plots(drawn(tmp_path, {"a.png": b"a", "b.png": b"b"}), folder)
+    assert [sorted(x["plots"]) for x in lists] == [["a.png", "b.png"]]
+    write_plots(drawn(tmp_path, {"a.png": b"a 2", "b.png": b"b"}), folder)  # drawn again: no other plot listed
+    assert [sorted(x["plots"]) for x in lists[1:]] == [["a.png", "b.png"]]
+    assert write_plots(drawn(tmp_path, {"a.png": b"a"}), folder) == ["b.png"]
+    assert [sorted(x["plots"]) for x in lists[2:]] == [["a.png", "b.png"], ["a.png"]]  # b listed until removed
+    assert read_plot_list(folder) == {"a.png": digest(b"a")}

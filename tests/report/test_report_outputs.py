@@ -14,9 +14,10 @@ from PIL import Image, PngImagePlugin
 
 from finecap.app.demo import write_demo_report
 from finecap.app.report import main as write_report
-from finecap.outputs import OutputRefused
+from finecap.outputs import OutputRefused, digest
 from finecap.report.plot_files import PLOT_LIST
 from finecap.report.plots import length_curves
+from finecap.utils.files import FSYNC_ENV, is_temporary_of
 from helpers.cli import refused, run_cli
 
 PRECIOUS = b"the user's own file\n"
@@ -313,3 +314,36 @@ def test_a_new_report_removes_the_plots_of_an_earlier_one_it_no_longer_draws(run
     shutil.rmtree(tmp_path / "other" / "smile")
     write_report(tmp_path / "other", tmp_path / "page.html", retrieval=False, plots=figures)
     assert not (figures / "curves_smile.png").exists() and (figures / "curves_mle.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names each synced file by /proc/self/fd")
+def test_a_report_writes_syncs_and_records_each_plot_once(run, tmp_path, monkeypatch):
+    # each plot was written twice, durably: drawn into the report's scratch folder through write_output (an atomic
+    # write, its fsyncs and a record in the finecap home), then written into plots/ and recorded again: 8 fsyncs a
+    # plot, 1,112 for a report of 137. The drawing is a draft now; the plot file is written, synced and recorded once
+    monkeypatch.setenv(FSYNC_ENV, "1")
+    home = tmp_path / "home"
+    monkeypatch.setenv("FINECAP_HOME", str(home))
+    synced: list[Path] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))  # the file's name then: the temporary one
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_report(run, retrieval=False)
+    plots = {p.name: p.read_bytes() for p in (run / "plots").glob("*.png")}
+    assert len(plots) >= 5
+    for name, data in plots.items():
+        assert [p.parent for p in synced if is_temporary_of(p.name, name)] == [(run / "plots").resolve()], name
+        record = f"{digest(data)}.plot"
+        assert [p.parent for p in synced if is_temporary_of(p.name, record)] == [(home / "made").resolve()], name
+    # what finecap records as a plot is what it left, and nothing it only drew: --out alone leaves no plot file
+    assert sorted(p.name for p in (home / "made").glob("*.plot")) == sorted(
+        f"{digest(d)}.plot" for d in plots.values()
+    )
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "another-home"))
+    write_report(run, tmp_path / "page.html", retrieval=False)
+    assert not list((tmp_path / "another-home").glob("made/*.plot"))

@@ -47,7 +47,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import tempfile
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +86,7 @@ from finecap.report.html import (
 from finecap.report.plot_files import PLOT_LIST, is_plot_list, write_plots
 from finecap.report.plots import (
     bag_recall_curves,
+    drafts,
     length_curves,
     length_histograms,
     plot_replaceable,
@@ -549,8 +549,7 @@ def main(
     run.captions = _match_ids(run.captions, records)
     rules = rules_for(cfg.eval.metrics)  # the directions of the run's own metric groups' columns too
     extra = _extra_sections(run.run_dir, rules)  # read before anything is written: a malformed file stops here
-    with tempfile.TemporaryDirectory(prefix="finecap-plots-") as scratch:
-        drawn = Path(scratch)  # drawn here first: every target is checked before any plot file is written
+    with drafts() as drawn:  # drawn here first: every target is checked before any plot file is written
         figures, plots_note = _plots(run, drawn)
         rl = _rl_sections(run, drawn)
         if folder is not None:

@@ -108,7 +108,10 @@ def write_plots(drawn: Path, folder: Path) -> list[str]:
 
     The list is written first as the earlier plots and this report's together, so that a report stopped midway
     leaves every file it may have written listed; then the plots, the removals, and the list of this report's plots
-    alone (a changed earlier plot, kept, is no longer listed: it is the user's)."""
+    alone (a changed earlier plot, kept, is no longer listed: it is the user's), when the first list named any other.
+    Each plot is written once, atomically and durably, and recorded as finecap's
+    (:func:`finecap.outputs.write_output`): ``drawn`` holds drafts (:func:`finecap.report.plots.drafts`), neither
+    synced nor recorded."""
     folder.mkdir(parents=True, exist_ok=True)
     new = {path.name: path.read_bytes() for path in sorted(drawn.iterdir())}
     digests = {name: digest(data) for name, data in new.items()}
@@ -117,5 +120,6 @@ def write_plots(drawn: Path, folder: Path) -> list[str]:
     for name, data in new.items():
         write_output(folder / name, data, "plot")
     removed = [name for name, sha in earlier.items() if _remove_if_ours(folder / name, sha)]
-    _write_list(folder, digests)
+    if earlier:  # else the list written first is this report's plots alone already
+        _write_list(folder, digests)
     return removed

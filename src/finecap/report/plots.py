@@ -7,13 +7,16 @@ Every function draws from plain data (``metrics.jsonl`` events, ``{stage: {metri
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import io
 import json
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -120,9 +123,10 @@ def _pyplot() -> Any:
 
 def _save(fig: Any, out: str | Path) -> Path:
     """Lay ``fig`` out (``tight_layout``), draw it once into PNG bytes, close it, and write them to ``out`` (a plot
-    of finecap's, never a file of the user's). ``tight_layout`` leaves a placeholder layout engine on the figure, for
-    which ``savefig`` would draw the whole figure once more and throw that draw away before the one it keeps; the
-    engine is taken off first, so the figure is drawn once, as ``tight_layout`` placed it: the same pixels."""
+    of finecap's, never a file of the user's; in the folder of :func:`drafts`, a draft). ``tight_layout`` leaves a
+    placeholder layout engine on the figure, for which ``savefig`` would draw the whole figure once more and throw
+    that draw away before the one it keeps; the engine is taken off first, so the figure is drawn once, as
+    ``tight_layout`` placed it: the same pixels."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
@@ -131,11 +135,35 @@ def _save(fig: Any, out: str | Path) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=100, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
+    if out.parent == _DRAFTS.get():  # a draft (see drafts): the caller writes and records the plots it keeps, once
+        out.write_bytes(buffer.getvalue())
+        return out
     # never through a link, nor over a file of the user's: one finecap wrote (remembered, or an earlier report's
     # plot its page shows: plot_replaceable) is replaced
     check_replaceable(out, force=False, option="out", kind="plot", ours=_earlier_report_plot, force_flag=None)
     write_output(out, buffer.getvalue(), "plot")
     return out
+
+
+_DRAFTS: ContextVar[Path | None] = ContextVar("finecap_plot_drafts", default=None)
+"""The folder of :func:`drafts` open now, if any."""
+
+
+@contextlib.contextmanager
+def drafts() -> Iterator[Path]:
+    """A new folder of the system's temporary folder (``finecap-plots-*``, mode 0700, removed on leaving) to draw
+    plots into before they are checked and written where they go: the report's
+    (:func:`finecap.report.plot_files.write_plots` writes each it keeps atomically, durably, and records it as
+    finecap's, once). While it is open, a plot drawn into it (its file directly in the folder) is a draft, written
+    plainly: not synced to the disk (it lives as long as the folder), not recorded as finecap's (finecap records what
+    it leaves, not its drafts: a report with ``--out`` alone leaves no plot file), and not checked for a file of the
+    user's (the folder is new, and only this user's). A plot drawn anywhere else is written as always."""
+    with tempfile.TemporaryDirectory(prefix="finecap-plots-") as scratch:
+        token = _DRAFTS.set(Path(scratch))
+        try:
+            yield Path(scratch)
+        finally:
+            _DRAFTS.reset(token)
 
 
 def plot_replaceable(path: str | Path) -> bool:
