@@ -16,15 +16,19 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine, machine_line  # noqa: E402  (benchmarks/machine.py)
+
 
 def measure(run_dir: Path, *, retrieval: bool) -> dict[str, Any]:
     """One report of a copy of ``run_dir``: plots written, fsync calls and seconds, wall seconds."""
-    from finecap.app.report import main as write_report
+    from finecap.app.cli import main as finecap  # `finecap report`, as a user runs it, in this process
 
     os.environ["FINECAP_FSYNC"] = "1"
     calls, spent = [0], [0.0]
@@ -43,11 +47,13 @@ def measure(run_dir: Path, *, retrieval: bool) -> dict[str, Any]:
         os.fsync = fsync
         try:
             start = time.perf_counter()
-            write_report(run, retrieval=retrieval)
+            code = finecap(["report", str(run), "--quiet", *([] if retrieval else ["--no-bag-outcomes"])])
             wall = time.perf_counter() - start
         finally:
             os.fsync = real
         plots = len(list((run / "plots").glob("*.png")))
+    if code != 0:
+        raise SystemExit(f"finecap report {run_dir} exited {code}")
     return {"plots": plots, "fsyncs": calls[0], "fsync_s": round(spent[0], 3), "wall_s": round(wall, 3)}
 
 
@@ -60,8 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     rounds = [measure(args.run_dir, retrieval=args.retrieval) for _ in range(args.repeat)]
     if args.json:
-        print(json.dumps(rounds))
+        print(json.dumps({"machine": machine(), "rounds": rounds}))
         return
+    print(machine_line())
     for r in rounds:
         print(f"{r['plots']} plots: {r['fsyncs']} fsyncs ({r['fsyncs'] / max(r['plots'], 1):.1f} a plot), "
               f"{r['fsync_s']:.3f} s in fsync, report {r['wall_s']:.3f} s")  # fmt: skip
