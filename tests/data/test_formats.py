@@ -795,3 +795,29 @@ def test_a_karpathy_or_coco_file_name_naming_no_file_is_refused_when_read(tmp_pa
             read_coco_captions(coco, check_images=check_images)
     coco.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2}], "annotations": anns}))
     assert [r.path for r in read_coco_captions(coco, check_images=False)] == [tmp_path / "a.jpg", tmp_path / "2"]
+
+
+@pytest.mark.parametrize("asked", ["validation", "Validation", " valid "])
+def test_a_split_asked_for_in_the_word_its_records_wrote_reads_them(tmp_path, asked):
+    # records writing "validation" are read as val (split_named); `--split validation`, which the warning of a split
+    # of its own named before they were, reads them as `--split val` does, as it reads a Hugging Face set's split
+    from finecap.data.references import select_split
+
+    path = _lines(
+        tmp_path / "data.jsonl",
+        *({"image": f"{n}.png", "captions": ["x"], "split": s} for n, s in enumerate(["train", "validation"])),
+    )
+    records = read_jsonl(path, check_images=False)
+    assert [r.image_id for r in select_split(records, asked, path, "jsonl")] == ["1.png"]
+    assert select_split(records, asked, path, "jsonl") == select_split(records, "val", path, "jsonl")
+
+
+def test_a_split_of_its_own_name_is_read_by_that_name_alone(tmp_path):
+    # "dev" names no split of finecap's: `--split dev` reads it, and `--split validation` none
+    from finecap.data.references import MissingSplit, select_split
+
+    path = _lines(tmp_path / "data.jsonl", {"image": "a.png", "captions": ["x"], "split": "dev"})
+    records = read_jsonl(path, check_images=False)
+    assert [r.split for r in select_split(records, "dev", path, "jsonl")] == ["dev"]
+    with pytest.raises(MissingSplit):
+        select_split(records, "validation", path, "jsonl")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.data.formats import data_format, detect_format, format_options, read_dataset
-from finecap.data.records import MAX_LISTED, DataError, Record
+from finecap.data.records import MAX_LISTED, DataError, Record, split_named
 from finecap.data.splits import missing_split_advice, split_unsplit
 from finecap.home import cache_dir as resolve_cache_dir
 from finecap.registry import is_dotted_path
@@ -72,9 +72,15 @@ def select_split(
 ) -> list[Record]:
     """The records of ``split`` (``"train"`` = :data:`TRAIN_SPLITS`); none raises :class:`MissingSplit` listing the
     splits present in ``path`` and saying what to add (format ``fmt``'s split key; ``data.val_fraction`` /
-    ``data.test_fraction`` when ``unsplit`` records named no split: :func:`finecap.data.splits.split_unsplit`)."""
+    ``data.test_fraction`` when ``unsplit`` records named no split: :func:`finecap.data.splits.split_unsplit`).
+    A ``split`` no record names that is another word for a split (``--split validation``: :func:`~finecap.data.
+    records.split_named`) reads that split, as the records' own ``"validation"`` was read as ``val``; a split of
+    that very name (a Hugging Face set's ``validation`` beside its ``val``) is read by its name."""
     wanted = TRAIN_SPLITS if split == "train" else (split,)
     kept = [r for r in records if r.split in wanted]
+    named = split_named(split)
+    if not kept and named is not None and named != split:
+        return select_split(records, named, path, fmt, unsplit)
     if not kept:
         present = sorted({r.split for r in records})
         found = f"{path}: no records in split {split!r}; splits present: {', '.join(present)}"
