@@ -62,12 +62,20 @@ class Captioner(Closeable):
         # Captioner(path), the mistake of loading with the constructor, was Python's "missing 1 required positional
         # argument: 'cfg'", which said nothing of from_pretrained (checked here: __init__'s arguments are bound after)
         given = args[0] if args else kwargs.get("model")
-        if isinstance(given, str | os.PathLike):
+        # a subclass with a constructor of its own (one taking a path, say) is not checked: its __init__ decides
+        if cls.__init__ is Captioner.__init__ and isinstance(given, str | os.PathLike):
             path = os.fspath(given)
             raise TypeError(f"Captioner({path!r}): a checkpoint loads with Captioner.from_pretrained({path!r}) (a run "
                             "directory, a checkpoint or model folder; device=... where it goes); Captioner(model, "
                             "cfg) wraps a captioner already loaded and its finecap.config.Config")  # fmt: skip
         return super().__new__(cls)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # the signature set below (Captioner's __init__, not __new__'s checks) is inherited; a subclass with a
+        # constructor of its own shows its own (None: inspect reads the class's __new__ / __init__ again)
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__ or "__new__" in cls.__dict__:
+            cls.__signature__ = None  # type: ignore[attr-defined]
 
     def __init__(self, model: Any, cfg: Config, checkpoint: Path | None = None) -> None:
         """Wrap ``model`` (a loaded finecap captioner) with ``cfg``, its configuration, and ``checkpoint``, the

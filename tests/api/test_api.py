@@ -320,6 +320,25 @@ def test_the_constructor_given_a_path_names_from_pretrained(cap, run, how):
     assert list(inspect.signature(Captioner).parameters) == ["model", "cfg", "checkpoint"]
 
 
+def test_a_subclass_with_its_own_constructor_is_not_checked_as_captioner_and_shows_its_own_signature(run):
+    """The constructor's path check and the signature shown were Captioner's for every subclass: one whose own
+    ``__init__`` takes a path was refused ("a checkpoint loads with Captioner.from_pretrained") and ``inspect`` showed
+    ``(model, cfg, checkpoint)``. A subclass keeping Captioner's constructor keeps both."""
+    import inspect
+
+    class Mine(Captioner):
+        def __init__(self, path, extra=1):
+            self.path, self.extra = path, extra
+
+    class Plain(Captioner):
+        pass
+
+    assert Mine(run).path == run and str(inspect.signature(Mine)) == "(path, extra=1)"
+    with pytest.raises(TypeError, match=r"Captioner.from_pretrained"):
+        Plain(run)
+    assert list(inspect.signature(Plain).parameters) == ["model", "cfg", "checkpoint"]
+
+
 def test_a_folder_is_refused_with_the_call_listing_its_images_as_the_command_does(cap, files, tmp_path, monkeypatch):
     """``caption("photos/")`` said "cannot read image: a folder" (after decoding the images before it), though
     ``finecap caption --images photos`` takes a folder. caption() returns one caption per item, in order, which a
