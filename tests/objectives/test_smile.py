@@ -50,6 +50,31 @@ def test_reverse_subset_hand_computed():
     assert got.item() == pytest.approx(expected, abs=1e-6)
 
 
+def test_padding_does_not_enter_the_sequence_subset():
+    # Id 0 is the placeholder the padding's -100 is read as; it is not in this caption, so V_D = {2, 3} (exps 3, 4):
+    # t0: p(2) = 3/7, t1: p(3) = 4/7 -> mean(log 7/3, log 7/4). Were the padding counted, V_D = {0, 2, 3} (sum 8).
+    labels = torch.tensor([[2, 3, -100]])
+    expected = (math.log(7 / 3) + math.log(7 / 4)) / 2
+    got = smile_loss(logits_for(labels), labels, SmileConfig(subset="sequence", first_token="none"))
+    assert got.item() == pytest.approx(expected, abs=1e-6)
+    mask = subset_mask(labels, 5, SmileConfig(subset="sequence"))
+    assert mask[0, 0].tolist() == [False, False, True, True, False]
+    assert mask[0, 2].all()  # the ignored position: a full row (its loss is dropped)
+
+
+def test_reverse_subset_without_eos_in_v_d_hand_computed():
+    # labels [2, EOS=4]. include_eos=True: V_D = {2, 4}, complement {0, 1, 3} (exps 1, 2, 4: sum 7);
+    # t0: + label 2 -> 3/10 ; t1: + label 4 -> 5/12.
+    # include_eos=False: V_D = {2}, so EOS joins the complement {0, 1, 3, 4} (sum 12) at every position;
+    # t0: + label 2 -> 3/15 ; t1: 4 already in it -> 5/12.
+    labels = torch.tensor([[2, 4]])
+    kw = {"subset": "reverse", "first_token": "none"}
+    got = smile_loss(logits_for(labels), labels, SmileConfig(include_eos=True, **kw), eos_token_id=4).item()
+    assert got == pytest.approx((math.log(10 / 3) + math.log(12 / 5)) / 2, abs=1e-6)
+    got = smile_loss(logits_for(labels), labels, SmileConfig(include_eos=False, **kw), eos_token_id=4).item()
+    assert got == pytest.approx((math.log(15 / 3) + math.log(12 / 5)) / 2, abs=1e-6)
+
+
 def test_gradients_outside_subset_are_exactly_zero():
     labels = torch.tensor([[2, 0, 2, -100], [4, 4, 1, 3]])
     logits = torch.randn(2, 4, 5, requires_grad=True)
@@ -135,6 +160,18 @@ def test_random_mask_is_k_ids_plus_label_redrawn_per_sequence():
             assert mask[b, t, lab]
             assert int(mask[b, t].sum()) in (k, k + 1)
     assert not torch.equal(mask[0], mask[1])  # redrawn per sequence
+
+
+def test_random_subsets_are_uniform_over_the_whole_vocabulary():
+    # random_k ids drawn uniformly without replacement from all V ids: over many captions (each its own seed, as in
+    # training) every id is drawn k/V of the time, here 5/20 = 0.25 (binomial sd over 4000 draws: 0.007).
+    V, k, n = 20, 5, 4000
+    labels = torch.zeros(n, 1, dtype=torch.long)  # one position each, label 0: the subset is the k ids plus id 0
+    mask = subset_mask(labels, V, SmileConfig(subset="random", random_k=k), draws=torch.arange(n))[:, 0]  # (n, V)
+    assert mask[:, 0].all()  # the label is always in its own subset
+    assert torch.all((mask[:, 1:].float().mean(dim=0) - k / V).abs() < 0.03)  # ids 1 .. V-1: drawn k/V of the time
+    sizes = mask.sum(dim=1)  # k distinct ids, plus the label when they missed it
+    assert torch.all((sizes == k) | (sizes == k + 1)) and (sizes == k).any() and (sizes == k + 1).any()
 
 
 def test_invalid_options_name_the_option():
