@@ -7,11 +7,12 @@ is the cross-entropy of the label under that restricted softmax (Eq. 2-3). Subse
 - ``reverse`` (Sec. 3.4): the complement of V_D plus the current label, V_{S_i} = {w not in V_D} ∪ {w_i}.
 - ``random`` (Sec. 3.4): ``random_k`` ids drawn uniformly without replacement from the whole vocabulary, redrawn per
   sequence, plus the current label. (The paper's released code applied the sequence mask in this mode by mistake;
-  here the random subset really is used, and a test checks it.) The paper draws the subset "for a given target
-  sequence", of a size "relatively consistent" with SMILE's, and gives no number: ``random_k=10`` is the released
-  code's ``sample_num`` (``BLIP/models/model.py``, commented out there), a fixed size rather than each caption's
-  |V_D|. That code draws its 10 ids with replacement anew at every position; here one subset serves the whole
-  sequence, as the paper's text says. In training each caption's draw is seeded by
+  here the random subset really is used, and a test checks it.) The paper draws "10 words (the average caption
+  length of MSCOCO) from the entire vocabulary" "for a given target sequence": ``random_k=10`` is that number (the
+  released code's ``sample_num``, ``BLIP/models/model.py``, commented out there), a fixed size rather than each
+  caption's |V_D|. That code draws its 10 ids with replacement anew at every position and leaves out id 0 (BERT's
+  ``[PAD]``); here one subset serves the whole sequence, as the paper's text says, drawn from every id, special
+  ones too (the paper's "entire vocabulary"). In training each caption's draw is seeded by
   ``(run.seed, step, dataset index)`` (:func:`finecap.decode.step_seeds`), so the subsets do not depend on the
   process count or accumulation (one generator per process drew the same subsets on every process).
 - ``full``: the whole vocabulary, i.e. plain MLE.
