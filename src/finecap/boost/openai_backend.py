@@ -440,8 +440,9 @@ class OpenAIBackend:
 
     def _retry(self, response: httpx.Response, message: str, *, unavailable: bool) -> _Retry:
         """The retry of an attempt the server answered with a failure (``message``), waiting its ``Retry-After``
-        when it sends one (:meth:`wait`); a :class:`~finecap.boost.engine.BackendError`, raised, when that is longer
-        than ``retry_max_wait`` (module docstring)."""
+        when it sends one (:meth:`wait`); raised when that is longer than ``retry_max_wait`` (module docstring): a
+        :class:`~finecap.boost.engine.ServerUnavailable` for 502/503/504, else a
+        :class:`~finecap.boost.engine.ServerFailing`."""
         retry_after = parse_retry_after(response.headers.get("Retry-After"), self._clock())
         if retry_after is not None and retry_after > self.max_wait:
             why = (f"{self.shown_url}: {message}; the server asks to retry after {retry_after:g} s, more than "
