@@ -37,7 +37,9 @@ def test_a_judge_server_down_stops_the_run_after_max_consecutive_failures_calls(
     with ChatServer(down) as server:
         judge = judge_of(server.url, retries=1, concurrency=1, max_consecutive_failures=4)
         assert all(isinstance(a, JudgeFailed) for a in judge.answer(asks[:3]))  # below the limit: counted failures
-        with pytest.raises(JudgeUnavailable, match=r"4 calls in a row reached none of its 1 server\(s\)") as stopped:
+        with pytest.raises(
+            JudgeUnavailable, match=r"4 calls in a row got no answer from any of its 1 server\(s\)"
+        ) as stopped:
             judge.answer(asks[3:])
         assert "judge.max_consecutive_failures=4" in str(stopped.value) and "HTTP 503" in str(stopped.value)
         sent = len(server.requests)
@@ -81,14 +83,58 @@ def test_a_reply_resets_the_streak_and_an_unreachable_port_counts_too():
         closed.answer(asks[:2])
 
 
-def test_unparsable_answers_and_http_500_reach_the_server_and_never_stop_the_judge():
+def test_unparsable_answers_and_an_http_400_answer_the_call_and_never_stop_the_judge():
+    # the server answered: an answer that does not parse, or a refusal of that request alone (400: a prompt too long)
     with (
         ChatServer(lambda payload, n: (200, completion("no idea"))) as chatty,
-        ChatServer(lambda payload, n: (500, {"error": "bug"})) as broken,
+        ChatServer(lambda payload, n: (400, {"error": "prompt too long"})) as refusing,
     ):
-        for server in (chatty, broken):
+        for server in (chatty, refusing):
             judge = judge_of(server.url, retries=0, max_consecutive_failures=1)
             assert all(isinstance(a, JudgeFailed) for a in judge.answer([Ask(Q, OPTIONS, f"c {i}") for i in range(3)]))
+
+
+@pytest.mark.parametrize(
+    ("reply", "hint"),
+    [((500, {"error": "EngineDeadError"}), "fails every request"),
+     ((429, {"error": {"code": "insufficient_quota"}}), r"rate-limits the judge \(HTTP 429\): lower"),
+     ((429, {"error": "slow down"}, {"Retry-After": "3600"}), "rate-limits the judge"),
+     ((200, {"error": {"message": "engine dead"}}), "fails every request")],
+)  # fmt: skip
+def test_a_judge_whose_servers_all_fail_every_call_with_429_or_500_stops_naming_url_and_status(reply, hint):
+    # before, a server up but failing (a dead vLLM engine's 500, a quota's 429, an error body) "reached" the server:
+    # the streak never grew, and every caption of every later step came back a JudgeFailed, training on without a word
+    waits: list[float] = []
+    asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(5)]
+    with ChatServer(lambda payload, n: reply) as one, ChatServer(lambda payload, n: reply) as two:
+        judge = judge_of(one.url, two.url, retries=1, concurrency=1, max_consecutive_failures=3, sleep=waits.append)
+        assert all(isinstance(a, JudgeFailed) for a in judge.answer(asks[:2]))  # below the limit: counted failures
+        with pytest.raises(JudgeUnavailable, match="3 calls in a row got no answer from any of its 2 server") as e:
+            judge.answer(asks[2:])
+        status = reply[0]
+        message = str(e.value)
+        assert re.search(hint, message), message
+        assert f"HTTP {status}" in message and "/v1/chat/completions" in message  # the server's URL and status
+        assert one.url in message or two.url in message
+        sent = len(one.requests) + len(two.requests)
+        retried = "Retry-After" not in (reply[2] if len(reply) > 2 else {})
+        assert sent == 3 * 2 * (2 if retried else 1)  # 3 calls, each of both servers, each tried twice (retries=1)
+        assert len(waits) == (3 * 2 if retried else 0)  # no real sleep: the waits are the injected sleep's
+        with pytest.raises(JudgeUnavailable):
+            judge.answer(asks[:1])
+        assert len(one.requests) + len(two.requests) == sent  # every later call raises without a request
+    assert judge.counts["failed"] == 2  # the third call raised
+
+
+def test_a_server_failing_with_500_among_live_ones_costs_no_call_and_never_stops_the_judge():
+    with (
+        ChatServer(lambda payload, n: (500, {"error": "bug"})) as broken,
+        ChatServer(lambda payload, n: (200, completion("B"))) as live,
+    ):
+        judge = judge_of(broken.url, live.url, retries=0, concurrency=1, max_consecutive_failures=1)
+        assert judge.answer([Ask(Q, OPTIONS, f"a red circle {i}") for i in range(6)]) == ["red"] * 6
+        assert len(live.requests) == 6 and len(broken.requests) >= 1  # each call that met the broken one moved on
+        assert judge.counts["failed"] == 0
 
 
 def test_a_dead_server_among_several_costs_no_call():

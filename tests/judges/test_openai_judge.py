@@ -292,6 +292,23 @@ def test_a_retry_after_beyond_judge_retry_max_wait_fails_the_call_naming_it(monk
     assert outs[1] == "red" and waits == [90.0]  # the 120 s limit waited as the server asked, then was answered
 
 
+def test_a_rate_limited_server_is_waited_for_as_it_asks_counted_and_warned_once(caplog):
+    # before, HTTP 429 was retried without a word: a rate-limited run only slowed down, or its captions failed
+    def busy_twice(payload, n):
+        return (429, {"error": "rate limited"}, {"Retry-After": "7"}) if n < 2 else (200, completion("B"))
+
+    waits: list[float] = []
+    with ChatServer(busy_twice) as server:
+        judge = judge_of(server, retries=3, concurrency=4, sleep=waits.append, backoff=0.0)
+        asks = [Ask(Q, OPTIONS, "a red circle"), Ask(Q, OPTIONS, "a circle, red")]
+        assert judge.answer(asks) == ["red", "red"]
+    assert waits == [7.0] * 4  # each call's two 429s waited the server's Retry-After (backoff 0: no jitter)
+    assert judge.backends[0].rate_limited == 4
+    said = [r.getMessage() for r in caplog.records if "HTTP 429" in r.getMessage()]
+    assert len(said) == 1 and server.url in said[0], said  # once per server, naming it and what to change
+    assert "Retry-After: 7" in said[0] and "judge.retries=3" in said[0] and "judge.concurrency=4" in said[0]
+
+
 @pytest.mark.parametrize(
     ("url", "error"),
     [("http://", "not an http(s) URL with a host"), ("http://127.0.0.1:9/v1?x=1", "takes no ?query"),

@@ -77,6 +77,18 @@ class ServerUnavailable(BackendError):
     towards ``boost.max_consecutive_failures``."""
 
 
+class ServerFailing(BackendError):
+    """The server was reached but answered every attempt with a failure until the backend's retries were spent (HTTP
+    408, 409, 429, 500, or an error body with HTTP 200), or asked (``Retry-After``) for a wait longer than its
+    ``retry_max_wait``: no answer, though the server is up. ``status`` is the last attempt's HTTP status (200 for an
+    error body). Boost fails the image (its failure budget counts it); a judge counts it, as
+    :class:`ServerUnavailable`, towards ``judge.max_consecutive_failures``."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class MalformedReply(BackendError):
     """The server answered, but not with a chat completion (not JSON, no ``choices[0].message.content``); the engine
     asks again, as for an empty answer."""

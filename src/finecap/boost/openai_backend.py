@@ -25,8 +25,12 @@ What happens to each request:
   (``backoff * 2**(n-1)`` plus up to ``backoff``), at most ``boost.retry_max_wait``. A ``Retry-After`` longer than
   ``boost.retry_max_wait`` fails the request instead of retrying early. When the retries are spent, an unreachable
   server (no connection, time-outs, 502/503/504) is :class:`~finecap.boost.engine.ServerUnavailable` (the engine
-  stops after ``boost.max_consecutive_failures`` of them in a row), anything else a
-  :class:`~finecap.boost.engine.BackendError`;
+  stops after ``boost.max_consecutive_failures`` of them in a row), a server that answered each attempt with a
+  failure (408, 409, 429, 500, an error body) a :class:`~finecap.boost.engine.ServerFailing` (a
+  :class:`~finecap.boost.engine.BackendError`: boost fails the image; a judge counts it towards
+  ``judge.max_consecutive_failures``). Every HTTP 429 is counted (:attr:`OpenAIBackend.rate_limited`), and the
+  first of each server is logged as a warning naming ``<section>.retries``, ``retry_max_wait`` and ``concurrency``,
+  so that a rate-limited run does not only slow down;
 - **stops the run at once**: HTTP 401 or 403 (the key is refused) and 404 (wrong URL or model name): every further
   request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); no new request starts after it,
   and a request not sent or not retried because of it is :class:`~finecap.boost.engine.Cancelled` (its image not
@@ -102,6 +106,7 @@ from finecap.boost.engine import (
     Cancelled,
     FatalBackendError,
     MalformedReply,
+    ServerFailing,
     ServerUnavailable,
     Task,
     cut_off,
@@ -184,9 +189,10 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
 class _Retry(Exception):
     """A failed attempt worth retrying; ``unavailable`` when the server could not be reached."""
 
-    def __init__(self, message: str, *, unavailable: bool, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, *, unavailable: bool, retry_after: float | None = None,
+                 status: int | None = None) -> None:  # fmt: skip
         super().__init__(message)
-        self.unavailable, self.retry_after = unavailable, retry_after
+        self.unavailable, self.retry_after, self.status = unavailable, retry_after, status
 
 
 def check_base_url(url: str, key: str) -> None:
@@ -338,6 +344,7 @@ class OpenAIBackend:
         self._exponential = wait_exponential_jitter(initial=backoff, max=max_wait, jitter=backoff)
         self._lock = threading.Lock()
         self.requests_sent = 0
+        self.rate_limited = 0  # replies of HTTP 429 (module docstring: the first is logged)
 
     def identity(self) -> dict[str, Any]:
         """Model and generation settings, not the URL: a resumed run may reach the same model at another address;
@@ -395,6 +402,8 @@ class OpenAIBackend:
                 f"{self.shown_url}: HTTP {status}: {FATAL_STATUS[status]} ({option_name(self.key, '*')}); the server "
                 f"said: {shown}"
             )
+        if status == 429:
+            self._note_rate_limit(response)
         if status in RETRY_STATUS:
             raise self._retry(response, f"HTTP {status}: {shown[:200]}", unavailable=status in UNAVAILABLE_STATUS)
         if status >= 400:
@@ -431,15 +440,31 @@ class OpenAIBackend:
 
     def _retry(self, response: httpx.Response, message: str, *, unavailable: bool) -> _Retry:
         """The retry of an attempt the server answered with a failure (``message``), waiting its ``Retry-After``
-        when it sends one (:meth:`wait`); a :class:`~finecap.boost.engine.BackendError`, raised, when that is longer
-        than ``retry_max_wait`` (module docstring)."""
+        when it sends one (:meth:`wait`); raised when that is longer than ``retry_max_wait`` (module docstring): a
+        :class:`~finecap.boost.engine.ServerUnavailable` for 502/503/504, else a
+        :class:`~finecap.boost.engine.ServerFailing`."""
         retry_after = parse_retry_after(response.headers.get("Retry-After"), self._clock())
         if retry_after is not None and retry_after > self.max_wait:
-            raise BackendError(
-                f"{self.shown_url}: {message}; the server asks to retry after {retry_after:g} s, more than "
-                f"{self.section}.retry_max_wait={self.max_wait:g}"
-            )
-        return _Retry(message, unavailable=unavailable, retry_after=retry_after)
+            why = (f"{self.shown_url}: {message}; the server asks to retry after {retry_after:g} s, more than "
+                   f"{self.section}.retry_max_wait={self.max_wait:g}")  # fmt: skip
+            raise ServerUnavailable(why) if unavailable else ServerFailing(why, status=response.status_code)
+        return _Retry(message, unavailable=unavailable, retry_after=retry_after, status=response.status_code)
+
+    def _note_rate_limit(self, response: httpx.Response) -> None:
+        """Count a reply of HTTP 429 (:attr:`rate_limited`); the first of this server is logged as a warning naming
+        the options that decide what comes of it (module docstring)."""
+        with self._lock:
+            self.rate_limited += 1
+            first = self.rate_limited == 1
+        if first:
+            after = response.headers.get("Retry-After")
+            log.warning(
+                "%s: HTTP 429, the server rate-limits %s's requests (Retry-After: %s); each is retried up to "
+                "%s.retries=%d times, waiting at most %s.retry_max_wait=%g s, then fails; lower %s.concurrency=%d "
+                "if it goes on (logged once per server)", self.shown_url, self.section,
+                self.redact(after)[:40] if after else "none", self.section, self.retries, self.section, self.max_wait,
+                self.section, self.concurrency,
+            )  # fmt: skip
 
     def _read_before(self, response: httpx.Response, deadline: float) -> bytes:
         """The reply's bytes, an ``httpx.ReadTimeout`` when they are still arriving at ``deadline`` (module
@@ -476,9 +501,9 @@ class OpenAIBackend:
         except _Retry as e:
             if self._stop.is_set():  # retries cut short by the stop: not this request's failure
                 raise Cancelled(f"not retried: the run is stopping (last error {e})", sent=True) from None
-            error = ServerUnavailable if e.unavailable else BackendError
             n = retrying.statistics.get("attempt_number", self.retries + 1)
-            raise error(f"{self.shown_url}: gave up after {n} attempt(s); last error {e}") from None
+            why = f"{self.shown_url}: gave up after {n} attempt(s); last error {e}"
+            raise ServerUnavailable(why) if e.unavailable else ServerFailing(why, status=e.status) from None
 
     def run(self, tasks: Sequence[Task]) -> Iterator[tuple[int, str | BaseException]]:
         """``(position, answer or exception)`` as the requests complete, ``concurrency`` at a time. A Ctrl-C while

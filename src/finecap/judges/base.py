@@ -16,7 +16,8 @@ a server can send them concurrently:
 
 A call that fails (no answer after the judge's retries, an answer that does not parse) comes back as a
 :class:`JudgeFailed` in its place, never as a made-up value: the caller counts it and leaves the caption out. A judge
-that cannot answer at all (its server down call after call, a refused key) raises :class:`JudgeUnavailable`.
+that cannot answer at all (its server down or failing call after call, a refused key) raises
+:class:`JudgeUnavailable`.
 :attr:`Judge.counts` counts calls, cache hits and failures. The design: docs/methods/judges.md.
 """
 
@@ -44,7 +45,8 @@ class JudgeFailed(Exception):
 
 class JudgeUnavailable(ValueError):
     """The judge cannot answer any call: its servers refuse the key, the model or the URL, or
-    ``judge.max_consecutive_failures`` calls in a row reached none of them. Raised, never returned: the rewards and
+    ``judge.max_consecutive_failures`` calls in a row got no answer from any of them (unreachable, or failing with
+    HTTP 429/5xx after the retries). Raised, never returned: the rewards and
     metrics stop with this message (a one-line error of the command) rather than score every caption as failed."""
 
 

@@ -23,8 +23,11 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   :class:`~finecap.judges.base.JudgeFailed` in its place, counted (``counts["failed"]``). A judge that cannot
   answer at all raises :class:`~finecap.judges.base.JudgeUnavailable` (the run stops with its message): at once on
   HTTP 401/403/404 (a refused key, a wrong model or URL), and when ``judge.max_consecutive_failures`` calls in a row
-  reached no server (a judge server down would otherwise leave every caption unscored, step after step); every call
-  after either raises the same, without a request.
+  got no answer from any server: each server unreachable, or answering every retry with HTTP 408/409/429/5xx or an
+  error body, or asking (``Retry-After``) for longer than ``judge.retry_max_wait`` (a judge server down, failing or
+  out of quota would otherwise leave every caption unscored, step after step; the message names the last server's
+  URL and status). An answer (parsable or not) or another HTTP error (400: that request's own) resets the count.
+  Every call after either raises the same, without a request.
 - **Served model**: a reply's ``model`` is checked (:meth:`OpenAIJudge.served`): the first one named is kept, with
   a warning when it is not ``judge.model`` or a version of it (the answers are cached and reported under
   ``judge.model``); a reply naming another model after it (two models behind ``judge.urls``, a proxy falling back to
@@ -53,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply, ServerUnavailable
+from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply, ServerFailing, ServerUnavailable
 from finecap.boost.openai_backend import OpenAIBackend, api_key_from_env
 from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache, cache_key
@@ -235,6 +238,16 @@ def parse_rating(text: str) -> tuple[float, str]:
     return float(score), "" if reason is None else str(reason)
 
 
+def _stop_hint(last: BackendError | None) -> str:
+    """What a judge stopped for ``last`` (the last server failure of its last call) asks of the user."""
+    if isinstance(last, ServerFailing) and last.status == 429:
+        return ("the server rate-limits the judge (HTTP 429): lower judge.concurrency, raise judge.retries or "
+                "judge.retry_max_wait, or check the API's quota")  # fmt: skip
+    if isinstance(last, ServerFailing):
+        return "the server is up but fails every request (its log says why)"
+    return "is it running?"
+
+
 class OpenAIJudge(Judge):
     """The judge behind OpenAI-compatible servers (module docstring). ``transport`` and ``sleep`` are the client's
     test hooks; ``cache`` None keeps nothing."""
@@ -282,7 +295,7 @@ class OpenAIJudge(Judge):
                max_consecutive_failures: int = 10) -> None:  # fmt: skip
         """What every judge over chat backends holds: its prompts (and their version), the model's name, the most
         tokens of an answer, the backends it asks in turn, the cache, the retries of an unparsable answer, the
-        requests in flight and the count of calls in a row that reached no server."""
+        requests in flight and the count of calls in a row that no server answered."""
         if max_consecutive_failures < 1:
             raise ValueError(f"judge.max_consecutive_failures must be >= 1, got {max_consecutive_failures}")
         self.prompts = load_prompts(prompts)
@@ -294,7 +307,7 @@ class OpenAIJudge(Judge):
         self._turn = itertools.count()  # the round-robin over the backends
         self._lock = threading.Lock()  # of the counters, the calls in flight and the unreachable streak
         self._in_flight: dict[str, Future] = {}  # cache key -> the answer of the call asking it now
-        self._unreachable = 0  # calls in a row that reached no server
+        self._unreachable = 0  # calls in a row that no server answered (module docstring: failures)
         self._unavailable = ""  # why the judge is unavailable (a refused key, URL or model; the streak at its limit)
         self.served_model: str | None = None  # the model the first reply named (:meth:`served`)
 
@@ -360,7 +373,8 @@ class OpenAIJudge(Judge):
             if hit is not None:
                 self._count("cache_hits")
                 return hit
-        why, reached, asked = "", False, 0
+        why, answered, asked = "", False, 0
+        last: BackendError | None = None  # the last server failure, for the judge's stop message
         failed: set[int] = set()  # the servers this call failed on
         while asked <= self.retries:
             index = self._next_server(failed)
@@ -370,23 +384,24 @@ class OpenAIJudge(Judge):
             try:
                 value = parse(self.backends[index].complete(_Request(messages)))  # type: ignore[arg-type]
             except (ValueError, MalformedReply) as e:  # the server answered: asked again
-                reached, asked = True, asked + 1
+                answered, asked = True, asked + 1
                 self._count("unparsable")
                 why = f"unparsable answer after {asked} attempt(s): {e}"
                 continue
             except FatalBackendError as e:  # a refused key, a wrong model or URL: every call would fail alike
                 raise JudgeUnavailable(self._out(f"judge {self.name}: {e}")) from None
             except BackendError as e:  # the client retried already: the next server, if any
-                reached = reached or not isinstance(e, ServerUnavailable)
+                # unreachable or failing (429, 5xx) is no answer; another refusal (400) answers this request alone
+                answered = answered or not isinstance(e, ServerUnavailable | ServerFailing)
                 failed.add(index)
-                why = str(e)
+                why, last = str(e), e
                 continue
             self._reached()
             return self.cache.put(key, value) if self.cache is not None else value
-        if reached:
+        if answered:
             self._reached()
         else:
-            self._reached_none(why)
+            self._reached_none(why, last)
         self._count("failed")
         return JudgeFailed(f"judge {self.name} ({kind}): {why}")
 
@@ -422,15 +437,17 @@ class OpenAIJudge(Judge):
         with self._lock:
             self._unreachable = 0
 
-    def _reached_none(self, why: str) -> None:
-        """A call that reached no server: the streak grows; at its ``max_consecutive_failures`` the judge is out."""
+    def _reached_none(self, why: str, last: BackendError | None = None) -> None:
+        """A call that got no answer from any server (module docstring: failures): the streak grows; at its
+        ``max_consecutive_failures`` the judge is out, the message saying what the ``last`` failure (``why``) says
+        of the server."""
         with self._lock:
             self._unreachable += 1
             if self._unreachable >= self.max_consecutive_failures and not self._unavailable:
                 self._unavailable = (
-                    f"judge {self.name}: {self._unreachable} calls in a row reached none of its {len(self.backends)} "
-                    f"server(s) (judge.max_consecutive_failures={self.max_consecutive_failures}); is it running? "
-                    f"Last error: {why}"
+                    f"judge {self.name}: {self._unreachable} calls in a row got no answer from any of its "
+                    f"{len(self.backends)} server(s) (judge.max_consecutive_failures={self.max_consecutive_failures})"
+                    f"; {_stop_hint(last)}. Last error: {why}"
                 )
             unavailable = self._unavailable
         if unavailable:

@@ -37,7 +37,10 @@ class JudgeConfig(Section, name="judge"):
         why="each retry waits; a failing server would hold the run",
     )  # fmt: skip
     max_consecutive_failures: int = doc(
-        10, "openai: the run stops (judge unavailable) after this many calls in a row reached no server.", ge=1
+        10,
+        "openai: the run stops (judge unavailable) after this many calls in a row no server answered (unreachable, "
+        "or HTTP 429/5xx after the retries).",
+        ge=1,
     )
     timeout: float = doc(60.0, "openai: seconds before a request times out (then retried).", gt=0)
     retry_max_wait: float = doc(
