@@ -3,8 +3,9 @@
 
 For each image, s captions y_1..y_s are sampled (``rl.samples``, paper: 5). Per sample j (Eq. 15-16):
 
-- **precision**: the reward ``R(y_j)`` (``rl.rewards``, paper: CIDEr-D) minus its own baseline (``rl.baseline``,
-  paper: the greedy caption's CIDEr-D), weighted by ``alpha`` (``sle.alpha``, paper: 0.75);
+- **precision**: the reward ``R(y_j)`` (``rl.rewards``; the paper names CIDEr, Sec. 4.3, without the variant:
+  finecap's ``cider`` is CIDEr-D, SCST's, per caption on pycocoevalcap's scale) minus its own baseline
+  (``rl.baseline``, paper: the greedy caption's reward), weighted by ``alpha`` (``sle.alpha``, paper: 0.75);
 - **diversity**: the reward ``r_j = (2/s) sum_k d(y_j, y_k)`` (Eq. 14-16; k runs over all s samples, and
   ``d(y_j, y_j) = 0``) minus ``2 b`` with ``b = (1/s^2) sum_j sum_k d(y_j, y_k)`` the mean pairwise distance of the
   image's samples (Sec. 4.3), weighted by ``1 - alpha``.
@@ -175,8 +176,9 @@ class SequenceLevelExploration(Reinforce):
 
 def build(cfg: Config) -> SequenceLevelExploration:
     """Factory of ``train.objective=sle`` (options ``sle.*``, the rollout's ``rl.*``; paper: alpha 0.75, s 5,
-    CIDEr-D, greedy baseline). The GRPO family's options are refused: the two terms are separate REINFORCE estimates
-    (Eq. 13), which neither a group normalisation of the precision term nor a clipped ratio of their sum would keep."""
+    CIDEr (finecap: CIDEr-D), greedy baseline). The GRPO family's options are refused: the two terms are separate
+    REINFORCE estimates (Eq. 13), which neither a group normalisation of the precision term nor a clipped ratio of
+    their sum would keep."""
     for key, default in (("advantage", "baseline"), ("policy_loss", "reinforce")):
         if getattr(cfg.grpo, key) != default:
             raise ValueError(f"grpo.{key}={getattr(cfg.grpo, key)}: train.objective=sle is REINFORCE only (grpo.{key}="
