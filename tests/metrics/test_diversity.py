@@ -81,6 +81,26 @@ def test_mbleu_hand_computed():
     assert mbleu({0: ["a b", "a c", "b c"]}, n=1)[0] == pytest.approx(1.0, abs=1e-8)
 
 
+def test_mbleu_4_pools_each_round_over_images_and_averages_sentences_per_image():
+    samples = {"A": ["a b c d e", "a b c d f"], "B": ["a b c d", "a b c d e f"]}
+    # sentence BLEU-4 (hypothesis vs the other caption; clipped matches / n-grams of the hypothesis, orders 1..4):
+    #   A, either round: 4/5, 3/4, 2/3, 1/2 -> (1/5)^(1/4), equal lengths: no brevity penalty
+    #   B round 0 "a b c d" vs 6 words: all 1, brevity penalty exp(1 - 6/4) -> exp(-1/2)
+    #   B round 1 6 words vs "a b c d": 4/6, 3/5, 2/4, 1/3 = 1/15 -> (1/15)^(1/4), longer: no penalty
+    a = 0.2**0.25
+    b = (math.exp(-0.5) + (1 / 15) ** 0.25) / 2
+    corpus, per = mbleu(samples)
+    assert per["A"] == pytest.approx(a, abs=1e-8)
+    assert per["B"] == pytest.approx(b, abs=1e-8)
+    # corpus BLEU-4 per round, counts summed over images (A's and B's captions of that round):
+    #   round 0: matches 4+4, 3+3, 2+2, 1+1 over n-grams 5+4, 4+3, 3+2, 2+1 -> 384/945;
+    #            hypothesis words 5+4 = 9 against reference words 5+6 = 11: brevity penalty exp(1 - 11/9)
+    #   round 1: the same matches over 5+6, 4+5, 3+4, 2+3 -> 384/3465; 11 words against 9: no penalty
+    rounds = ((384 / 945) ** 0.25 * math.exp(1 - 11 / 9), (384 / 3465) ** 0.25)
+    assert corpus == pytest.approx(sum(rounds) / 2, abs=1e-8)  # 0.60815
+    assert abs(corpus - (a + b) / 2) > 4e-3  # not the mean of the sentence values (0.61304)
+
+
 def reference_div_stats(samples):
     """Shetty et al. / self-critical.pytorch eval_div_stats (compute_div_n + the mBLEU loop), written out here."""
 

@@ -196,6 +196,36 @@ def test_surrogate_loss_eq_15_16_with_baselines():
     assert set(out.losses) == {"precision", "diversity"}
 
 
+class JudgeTable(TableReward):
+    """A table whose captions missing from it fail (a judge that timed out): NaN total, ``failed`` set."""
+
+    def __call__(self, captions, batch):
+        failed = torch.tensor([c not in self.table for c in captions])
+        total = torch.tensor([self.table.get(c, math.nan) for c in captions])
+        return RewardOutput(total, {"table": total}, failed=failed)
+
+
+def test_a_failed_caption_takes_no_gradient_and_is_out_of_the_others_diversity():
+    # the captions of the test above and a fourth, "i j k l", that the reward could not score; log p = (-1, -2, -4, -6)
+    texts = ["a b c d", "a b c d", "e f g h", "i j k l"]
+    model = StandIn(texts, [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0], [-3.0, -3.0]], [1, 2, 2, 2])
+    objective = SequenceLevelExploration(
+        JudgeTable({"a b c d": 1.0, "e f g h": 0.4}), GreedyBaseline(), rl=RLConfig(samples=4), sle=SLEConfig()
+    )
+    out = objective(model, {"features": torch.zeros(1, 2), "image_ids": [7]})
+    # precision: A = 0.75 * (0, 0, -0.6, 0) (the failed caption's 0); loss = -(-0.45 * -4) / 4 = -0.45
+    assert out.losses["precision"].item() == pytest.approx(-0.45)
+    # diversity over the three scored captions as in the test above: A = 0.25 * (-2/9, -2/9, 4/9), the failed one's 0;
+    #   loss = -((-1/18)(-1) + (-1/18)(-2) + (1/9)(-4) + 0 * -6) / 4 = 5/72. Over all four (the failed caption at
+    #   distance 1 from each): r = (1/2)(2, 2, 3, 3), b = 10/16, A = 0.25 * (-1/4, -1/4, 1/4, 1/4), pushing up the
+    #   caption the reward could not see: loss = 7/64
+    assert out.losses["diversity"].item() == pytest.approx(5 / 72, abs=1e-5)
+    assert out.metrics["diversity_reward"] == pytest.approx(8 / 9, abs=1e-5)  # the scored captions' mean r
+    assert out.metrics["pairwise_distance"] == pytest.approx(10 / 12, abs=1e-5)  # the samples themselves: all pairs
+    sum(out.losses.values()).backward()
+    assert model.lp.grad[3].abs().max().item() == 0.0 and model.lp.grad[2].abs().max().item() > 0
+
+
 def test_alpha_one_is_plain_reinforce():
     texts = ["a b c d", "a b c d", "e f g h"]
     model = StandIn(texts, [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0]], [1, 2, 2])

@@ -3,8 +3,9 @@
 
 For each image, s captions y_1..y_s are sampled (``rl.samples``, paper: 5). Per sample j (Eq. 15-16):
 
-- **precision**: the reward ``R(y_j)`` (``rl.rewards``, paper: CIDEr-D) minus its own baseline (``rl.baseline``,
-  paper: the greedy caption's CIDEr-D), weighted by ``alpha`` (``sle.alpha``, paper: 0.75);
+- **precision**: the reward ``R(y_j)`` (``rl.rewards``; the paper names CIDEr, Sec. 4.3, without the variant:
+  finecap's ``cider`` is CIDEr-D, SCST's, per caption on pycocoevalcap's scale) minus its own baseline
+  (``rl.baseline``, paper: the greedy caption's reward), weighted by ``alpha`` (``sle.alpha``, paper: 0.75);
 - **diversity**: the reward ``r_j = (2/s) sum_k d(y_j, y_k)`` (Eq. 14-16; k runs over all s samples, and
   ``d(y_j, y_j) = 0``) minus ``2 b`` with ``b = (1/s^2) sum_j sum_k d(y_j, y_k)`` the mean pairwise distance of the
   image's samples (Sec. 4.3), weighted by ``1 - alpha``.
@@ -13,6 +14,13 @@ The loss is ``-(1/B) sum_i (1/s) sum_j [A_prec_j + A_div_j] log p(y_j)``, return
 ``precision`` and ``diversity`` (weights included). Every sample gets its own diversity advantage, so the term
 distinguishes the samples of one image: those far from the others are pushed up, near-duplicates down (unlike a
 per-image diversity score shared by all samples of the image).
+
+A sample a reward could not score (``RewardOutput.failed``: a judge that timed out) takes no gradient from either
+term, as from every term of the REINFORCE family (docs/methods/grpo.md): its precision advantage is 0, and the
+diversity term is that of the image's scored samples alone (s their number in ``r_j`` and ``b``), its own advantage
+0. Were it kept, it would be pushed up for being far from its image's other samples with no reward to answer it
+(a judge fails more on long or garbled captions, which are far from the others), and would count in their sums.
+Until 2026-11-29 it was kept. ``pairwise_distance`` (the samples themselves) still covers it.
 
 Choices made where the paper is open, and why:
 
@@ -110,26 +118,44 @@ def caption_distances(captions: Sequence[str], s: int, distance: str = "bleu34")
     return torch.from_numpy(DISTANCE_FUNCTIONS[distance](groups)).float()
 
 
-def diversity_rewards(d: torch.Tensor) -> torch.Tensor:
-    """Eq. 14-16: ``r_j = (2/s) sum_k d(y_j, y_k)`` per sample; d (B, s, s) -> (B, s)."""
-    s = d.shape[-1]
-    return (2.0 / s) * d.sum(dim=-1)  # (B, s)
+def _scored_or_all(d: torch.Tensor, scored: torch.Tensor | None) -> torch.Tensor:
+    """``scored`` (B, s) bool, or every sample of d (B, s, s) for ``None``."""
+    return torch.ones(d.shape[:-1], dtype=torch.bool, device=d.device) if scored is None else scored
 
 
-def diversity_advantages(d: torch.Tensor, baseline: str = "pairwise_mean") -> torch.Tensor:
+def diversity_rewards(d: torch.Tensor, scored: torch.Tensor | None = None) -> torch.Tensor:
+    """Eq. 14-16: ``r_j = (2/s) sum_k d(y_j, y_k)`` per sample; d (B, s, s) -> (B, s). ``scored`` (B, s) bool: the
+    samples a reward scored (``None``: all); the sum and s are then over an image's scored samples alone, as if only
+    they had been drawn, and a failed sample's r is 0 (module docstring)."""
+    scored = _scored_or_all(d, scored)  # (B, s)
+    both = (scored[:, :, None] & scored[:, None, :]).to(d.dtype)  # (B, s, s): pairs of scored samples
+    m = scored.sum(dim=-1, keepdim=True).to(d.dtype).clamp(min=1.0)  # (B, 1) scored samples per image
+    r = (2.0 / m) * (d * both).sum(dim=-1)  # (B, s)
+    return torch.where(scored, r, torch.zeros_like(r))
+
+
+def diversity_advantages(d: torch.Tensor, baseline: str = "pairwise_mean", scored: torch.Tensor | None = None
+                         ) -> torch.Tensor:  # fmt: skip
     """Diversity advantage per sample (B, s): ``(2/s) sum_k (d_jk - b)`` with ``b`` the image's mean pairwise
     distance ``(1/s^2) sum_jk d_jk`` (``pairwise_mean``; zero-mean over an image's samples), or ``r_j`` (``none``).
+    With ``scored`` (B, s) bool, over each image's scored samples alone (s their number); a failed sample's is 0.
 
     >>> d = torch.tensor([[[0.0, 0.5, 1.0], [0.5, 0.0, 0.5], [1.0, 0.5, 0.0]]])
     >>> [round(v, 4) for v in diversity_advantages(d)[0].tolist()]  # r = (2/3)(1.5, 1, 1.5), b = 4/9: r - 8/9
     [0.1111, -0.2222, 0.1111]
+    >>> d4 = torch.tensor([[[0.0, 0.5, 1.0, 0.2], [0.5, 0.0, 0.5, 0.9], [1.0, 0.5, 0.0, 0.3], [0.2, 0.9, 0.3, 0.0]]])
+    >>> scored = torch.tensor([[True, True, True, False]])  # sample 3 failed: the three others as above, it 0
+    >>> [round(v, 4) for v in diversity_advantages(d4, scored=scored)[0].tolist()]
+    [0.1111, -0.2222, 0.1111, 0.0]
     """
-    r = diversity_rewards(d)  # (B, s)
+    scored = _scored_or_all(d, scored)  # (B, s)
+    r = diversity_rewards(d, scored)  # (B, s)
     if baseline == "none":
         return r
     if baseline == "pairwise_mean":
-        b = d.mean(dim=(-2, -1))  # (B,) = (1/s^2) sum_j sum_k d_jk
-        return r - 2.0 * b[:, None]
+        m = scored.sum(dim=-1).to(d.dtype).clamp(min=1.0)  # (B,) scored samples per image
+        b = r.sum(dim=-1) / (2.0 * m)  # (B,) = (1/m^2) sum_jk d_jk over scored pairs (the mean of r is 2b)
+        return torch.where(scored, r - 2.0 * b[:, None], torch.zeros_like(r))  # a failed sample's: 0
     raise ValueError(
         f"sle.diversity_baseline: invalid value {baseline!r}; valid choices: {', '.join(DIVERSITY_BASELINES)}"
     )
@@ -159,14 +185,17 @@ class SequenceLevelExploration(Reinforce):
         t0 = time.perf_counter()
         d = caption_distances(gen.texts, s, self.sle.distance)  # (B, s, s)
         seconds = time.perf_counter() - t0
-        div = diversity_advantages(d, self.sle.diversity_baseline).reshape(-1)  # (N,)
+        failed = rollout.rewards.failed_mask()  # (N,) or None: captions a reward could not score
+        scored = None if failed is None else ~failed.reshape(-1, s)  # (B, s)
+        div = diversity_advantages(d, self.sle.diversity_baseline, scored).reshape(-1)  # (N,)
         device = rollout.advantage.device
         advantages = {
             "precision": self.sle.alpha * rollout.advantage,
             "diversity": (1.0 - self.sle.alpha) * div.to(device),
         }
+        rewards = diversity_rewards(d, scored)  # (B, s)
         metrics = {
-            "diversity_reward": float(diversity_rewards(d).mean()),
+            "diversity_reward": float(rewards.mean() if scored is None else rewards[scored].mean()),
             "pairwise_distance": float(d.sum() / max(1, d.shape[0] * s * (s - 1))),  # mean over pairs j != k
             "time/diversity": seconds,
         }
@@ -175,8 +204,9 @@ class SequenceLevelExploration(Reinforce):
 
 def build(cfg: Config) -> SequenceLevelExploration:
     """Factory of ``train.objective=sle`` (options ``sle.*``, the rollout's ``rl.*``; paper: alpha 0.75, s 5,
-    CIDEr-D, greedy baseline). The GRPO family's options are refused: the two terms are separate REINFORCE estimates
-    (Eq. 13), which neither a group normalisation of the precision term nor a clipped ratio of their sum would keep."""
+    CIDEr (finecap: CIDEr-D), greedy baseline). The GRPO family's options are refused: the two terms are separate
+    REINFORCE estimates (Eq. 13), which neither a group normalisation of the precision term nor a clipped ratio of
+    their sum would keep."""
     for key, default in (("advantage", "baseline"), ("policy_loss", "reinforce")):
         if getattr(cfg.grpo, key) != default:
             raise ValueError(f"grpo.{key}={getattr(cfg.grpo, key)}: train.objective=sle is REINFORCE only (grpo.{key}="
