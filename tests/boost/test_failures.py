@@ -21,6 +21,7 @@ from finecap.boost.engine import BackendError, BoostFailed, FailureBudget, Serve
 from finecap.config import ConfigError, load
 from finecap.locks import LOCK_NAME, OutputLocked, output_lock
 from helpers.chat_server import ChatServer, completion, echo_first_caption
+from helpers.cli import run_cli
 from helpers.tiny_world import make_tiny_world, world_items
 
 SRC = str(Path(__file__).parents[2] / "src")
@@ -283,6 +284,33 @@ def test_non_json_reply_is_reported_as_such(world, tmp_path):
     errors = {json.loads(line)["error"] for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()}
     assert errors == {"malformed reply: HTTP 200 but the reply is not JSON: '<html>proxy error</html>'"}
     assert summary["requested"] == {"blend": 64}  # asked again once (boost.retries=1), as an empty answer is
+
+
+def test_a_reply_from_another_model_stops_the_run_exits_2_and_is_not_cached(world, tmp_path):
+    # A proxy that falls back to a cheaper model after three answers: its answers were cached and written as
+    # boost.llm_model's. One request at a time: the 4th reply names the fallback and stops the run (exit 2), and no
+    # request starts after it.
+    count = iter(range(10**6))
+
+    def falls_back(payload, n):
+        model = "m" if next(count) < 3 else "cheap-fallback"
+        body = completion(f"a caption by {model}")
+        body["model"] = model
+        return 200, body
+
+    out = tmp_path / "out"
+    with ChatServer(falls_back) as server:
+        argv = ["boost", "--out", str(out), *world_items(world), *_openai(server.url, "boost.concurrency=1")]
+        code, _, err = run_cli(argv)
+    assert code == 2, err
+    assert ("finecap: error: boost stopped: a server answered as model 'cheap-fallback' after answering as 'm' "
+            "(boost.llm_model='m')") in err and "Traceback" not in err  # fmt: skip
+    assert len(server.requests) == 4  # the run stopped at the fallback's reply
+    answers = [json.loads(line)["answer"] for line in _cache_lines(out / "cache.jsonl")]
+    assert answers == ["a caption by m"] * 3  # the fallback's answer is not kept
+    summary = json.loads((out / "boost.json").read_text())
+    assert (summary["status"], summary["boosted"], summary["failed"], summary["not_done"]) == ("failed", 3, 1, 28)
+    assert not (out / "dataset.json").exists()
 
 
 def test_whole_multi_paragraph_answer_is_kept(world, tmp_path):

@@ -385,6 +385,44 @@ def test_a_refused_key_stops_the_run_with_its_own_reason_and_fails_no_cancelled_
     assert result.answers == {}
 
 
+def answering_as(first: int, then: str):
+    """A server answering ``"a caption by <model>"`` as model ``m`` to its first ``first`` requests, then as
+    ``then``."""
+    count = iter(range(10**6))
+
+    def answer(payload, n):
+        model = "m" if next(count) < first else then
+        body = completion(f"a caption by {model}")
+        body["model"] = model
+        return 200, body
+
+    return answer
+
+
+def test_a_reply_from_another_model_than_the_first_stops_the_run_and_is_neither_used_nor_cached(tmp_path):
+    # A proxy falling back to a cheaper model after 5 answers, 4 requests at a time: the fallback's answers were
+    # used and cached as boost.llm_model's. Whatever order the replies arrive in, none of the fallback's is kept.
+    records = _records(tmp_path, 16)
+    result, server = blended(answering_as(5, "cheap-fallback"), records, tmp_path, concurrency=4)
+    assert result.stopped.startswith("a server answered as model 'cheap-fallback' after answering as 'm' "
+                                     "(boost.llm_model='m'): two models behind boost.llm_base_url")  # fmt: skip
+    assert [f.error.split(":")[0] for f in result.failures] == ["FatalBackendError"]  # the first such reply alone
+    cached = [json.loads(line)["answer"] for line in (tmp_path / "cache.jsonl").read_text().splitlines()]
+    assert 1 <= len(cached) <= 5 and set(cached) == {"a caption by m"}
+    assert len(result.boosted) == len(cached) and len(server.requests) < 16  # stopped: the rest never sent
+
+
+def test_a_server_naming_another_model_throughout_is_used_and_warned_once(tmp_path, caplog):
+    records = _records(tmp_path, 3)
+    for served, warned in (("m-2024-08-06", False), ("other-model", True)):  # a dated version of m: no warning
+        caplog.clear()
+        result, _ = blended(answering_as(0, served), records, tmp_path / served, concurrency=1)
+        assert result.stopped is None and len(result.boosted) == 3
+        said = [r.getMessage() for r in caplog.records if "answers as model" in r.getMessage()]
+        assert said == ([f"boost.llm: the server answers as model {served!r}, not boost.llm_model='m'; its answers "
+                         "are cached and reported under boost.llm_model"] if warned else [])  # fmt: skip
+
+
 def test_a_step_stopped_by_an_error_closes_its_progress_bar(tmp_path, monkeypatch):
     # a library caller's KeyboardInterrupt (or a backend's own error) left the step's bar open on the terminal
     import finecap.boost.engine as engine

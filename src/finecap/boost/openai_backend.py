@@ -32,7 +32,9 @@ What happens to each request:
   first of each server is logged as a warning naming ``<section>.retries``, ``retry_max_wait`` and ``concurrency``,
   so that a rate-limited run does not only slow down;
 - **stops the run at once**: HTTP 401 or 403 (the key is refused) and 404 (wrong URL or model name): every further
-  request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); no new request starts after it,
+  request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); and a reply naming another
+  ``model`` than the first reply did (a proxy's fallback: :mod:`finecap.boost.served_model`), its answer neither used
+  nor cached; no new request starts after it,
   and a request not sent or not retried because of it is :class:`~finecap.boost.engine.Cancelled` (its image not
   done, not failed), whatever order the answers of the requests in flight arrive in;
 - **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
@@ -112,6 +114,7 @@ from finecap.boost.engine import (
     cut_off,
     request_seed,
 )
+from finecap.boost.served_model import ServedModel
 from finecap.config.fields import url_problem
 from finecap.config.secrets import masked_url_secrets, split_credentials
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits, decode_image, encode_image
@@ -282,9 +285,10 @@ class OpenAIBackend:
     httpx's network transport; an ``httpx.MockTransport`` can play a slow server on a fake clock, raising
     ``httpx.ReadTimeout`` when the request's ``timeout`` extension is shorter than the server's delay).
     ``refuse_cut_off``: an answer cut off at ``max_tokens`` is a :class:`~finecap.boost.engine.CutOff` (module
-    docstring); ``False`` returns it as it came. ``on_model``: called with the model a reply names (its ``"model"``,
-    when a non-empty string; masked as the answer is) before its answer is returned; what it raises fails the
-    request (the judges check that one model answers them all: :meth:`finecap.judges.openai.OpenAIJudge.served`).
+    docstring); ``False`` returns it as it came. ``served``: the check of the model each reply names (its
+    ``"model"``, when a non-empty string; masked as the answer is), made before its answer is returned
+    (:class:`~finecap.boost.served_model.ServedModel`: a reply naming another model than the first stops the run);
+    by default one of this backend's own, naming ``<key>_model``; the judge shares one among its servers.
 
     Messages name the options the user set: ``key`` is boost's role (``boost.llm``: ``boost.llm_model``,
     ``boost.llm_api_key_env``, ...) or a section (``judge``: ``judge.model``, ``judge.api_key_env``, ...), and
@@ -311,7 +315,7 @@ class OpenAIBackend:
         clock: Callable[[], float] = time.time,
         transport: httpx.BaseTransport | None = None,
         refuse_cut_off: bool = True,
-        on_model: Callable[[str], Any] | None = None,
+        served: ServedModel | None = None,
     ) -> None:
         if not model:
             raise ValueError(f"{option_name(key, 'model')}: the openai backend needs the served model name")
@@ -333,7 +337,11 @@ class OpenAIBackend:
         self.section = key.split(".")[0]  # boost or judge: the section whose options are named in messages
         self.max_tokens, self.temperature, self.refuse_cut_off = max_tokens, temperature, refuse_cut_off
         self.seed = seed
-        self.on_model = on_model
+        self.served = served or ServedModel(
+            model, option_name(key, "model"), who=key,
+            advice=f"two models behind {url_option} (a proxy's fallback) would cache one model's answers as "
+            "another's; serve one model and re-run: the answers this run cached so far are the first's",
+        )  # fmt: skip
         self.key = key
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.client = httpx.Client(headers=headers, auth=credentials, timeout=timeout, limits=limits,
@@ -434,8 +442,12 @@ class OpenAIBackend:
         if not isinstance(content, str):
             raise MalformedReply(f"the reply has no choices[0].message.content text: {self.redact(str(body))[:200]}")
         served = body.get("model") if isinstance(body, dict) else None
-        if self.on_model is not None and isinstance(served, str) and served:
-            self.on_model(self.masked_answer(served))  # as the answer: a server echoing the key puts it nowhere
+        if isinstance(served, str) and served:
+            try:  # masked as the answer: a server echoing the key puts it nowhere
+                self.served.check(self.masked_answer(served))
+            except FatalBackendError:
+                self._stop.set()  # another model answers: no new request starts, as after a 401
+                raise
         return self.masked_answer(content)
 
     def _retry(self, response: httpx.Response, message: str, *, unavailable: bool) -> _Retry:

@@ -101,7 +101,7 @@ class Judge(ABC):
     name: str = "judge"
     prompt_version: str = "0"
     served_model: str | None = None
-    """The model a served judge's replies named (:meth:`finecap.judges.openai.OpenAIJudge.served`), once one came;
+    """The model a served judge's replies named (:class:`finecap.boost.served_model.ServedModel`), once one came;
     ``None`` for a judge of no server, or before any reply (all answers from the cache): what a results file adds
     to the judge's record (:func:`finecap.metrics.judged.judge_record`)."""
 

@@ -28,7 +28,8 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   out of quota would otherwise leave every caption unscored, step after step; the message names the last server's
   URL and status). An answer (parsable or not) or another HTTP error (400: that request's own) resets the count.
   Every call after either raises the same, without a request.
-- **Served model**: a reply's ``model`` is checked (:meth:`OpenAIJudge.served`): the first one named is kept, with
+- **Served model**: a reply's ``model`` is checked (:class:`~finecap.boost.served_model.ServedModel`, one check
+  shared by the judge's servers, the rule of boost's ``openai`` backend too): the first one named is kept, with
   a warning when it is not ``judge.model`` or a version of it (the answers are cached and reported under
   ``judge.model``); a reply naming another model after it (two models behind ``judge.urls``, a proxy falling back to
   another model) makes the judge unavailable, its answer not used, since the scores would mix two judges'.
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
 import re
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -58,6 +58,7 @@ import yaml
 
 from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply, ServerFailing, ServerUnavailable
 from finecap.boost.openai_backend import OpenAIBackend, api_key_from_env
+from finecap.boost.served_model import ServedModel
 from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache, cache_key
 from finecap.judges.questions import letter
@@ -68,8 +69,6 @@ if TYPE_CHECKING:
     import httpx
 
     from finecap.config import Config
-
-log = logging.getLogger(__name__)
 
 PROMPT_KINDS = ("answer", "blind", "claims", "supports", "rate")
 OPTIONAL_PROMPT_KINDS = ("questions",)  # only `finecap questions make` asks for it
@@ -279,23 +278,31 @@ class OpenAIJudge(Judge):
             )
         if not model:
             raise ValueError("judge.model: the openai judge needs the served model name")
+        # one check of the served model for every server: two models behind judge.urls are one judge no more
+        served = ServedModel(
+            model, "judge.model", who=f"judge {self.name}",
+            advice="two models behind judge.urls, or a proxy's fallback, would score captions as one judge; serve one "
+            "model, and delete the answer cache (or set judge.cache=false), which may hold either's answers",
+        )  # fmt: skip
         # refuse_cut_off=False: an answer is parsed, not kept; a verdict given before judge.max_tokens counts
         backends = [
             OpenAIBackend(model, url, api_key, concurrency=concurrency, timeout=timeout, retries=retries,
                           max_tokens=max_tokens, temperature=0.0, backoff=backoff, max_wait=retry_max_wait,
                           key="judge", url_option="judge.urls", sleep=sleep, transport=transport, refuse_cut_off=False,
-                          on_model=self.served)
+                          served=served)
             for url in urls
         ]  # fmt: skip
         self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency,
-                    max_tokens=max_tokens, max_consecutive_failures=max_consecutive_failures)  # fmt: skip
+                    max_tokens=max_tokens, max_consecutive_failures=max_consecutive_failures,
+                    served=served)  # fmt: skip
 
     def _start(self, model: str, backends: list[Any], *, prompts: str | Path | None, cache: AnswerCache | None,
-               retries: int, concurrency: int, max_tokens: int,
-               max_consecutive_failures: int = 10) -> None:  # fmt: skip
+               retries: int, concurrency: int, max_tokens: int, max_consecutive_failures: int = 10,
+               served: ServedModel | None = None) -> None:  # fmt: skip
         """What every judge over chat backends holds: its prompts (and their version), the model's name, the most
         tokens of an answer, the backends it asks in turn, the cache, the retries of an unparsable answer, the
-        requests in flight and the count of calls in a row that no server answered."""
+        requests in flight, the count of calls in a row that no server answered and the check of the model the
+        servers name (``served``; ``None`` for a judge of no server)."""
         if max_consecutive_failures < 1:
             raise ValueError(f"judge.max_consecutive_failures must be >= 1, got {max_consecutive_failures}")
         self.prompts = load_prompts(prompts)
@@ -309,7 +316,7 @@ class OpenAIJudge(Judge):
         self._in_flight: dict[str, Future] = {}  # cache key -> the answer of the call asking it now
         self._unreachable = 0  # calls in a row that no server answered (module docstring: failures)
         self._unavailable = ""  # why the judge is unavailable (a refused key, URL or model; the streak at its limit)
-        self.served_model: str | None = None  # the model the first reply named (:meth:`served`)
+        self._served = served
 
     def identity(self) -> dict[str, Any]:
         """The judge's name and prompt version, the model's name and ``judge.max_tokens``: an answer cut off under a
@@ -412,26 +419,10 @@ class OpenAIJudge(Judge):
             self._unavailable = self._unavailable or why
             return self._unavailable
 
-    def served(self, model: str) -> None:
-        """Check the model a reply names (module docstring: served model): the first kept as
-        :attr:`served_model`, a warning when it is not ``judge.model`` (nor a version of it, ``gpt-4o-2024-08-06``
-        of ``gpt-4o``); a later reply naming another is a :class:`~finecap.boost.engine.FatalBackendError` (the
-        judge then unavailable), its answer not used."""
-        with self._lock:
-            first = self.served_model
-            if first is None:
-                self.served_model = model
-        if first is None:
-            if model != self.model and not model.startswith(f"{self.model}-"):
-                log.warning("judge %s: the server answers as model %r, not judge.model=%r; its answers are cached "
-                            "and reported under judge.model", self.name, model, self.model)  # fmt: skip
-            return
-        if model != first:
-            raise FatalBackendError(
-                f"a server answered as model {model!r} after answering as {first!r} (judge.model={self.model!r}): "
-                "two models behind judge.urls, or a proxy's fallback, would score captions as one judge; serve one "
-                "model, and delete the answer cache (or set judge.cache=false), which may hold either's answers"
-            )
+    @property
+    def served_model(self) -> str | None:
+        """The model the first reply named (module docstring: served model); ``None`` before any reply."""
+        return self._served.first if self._served is not None else None
 
     def _reached(self) -> None:
         with self._lock:
