@@ -324,7 +324,7 @@ class CallCheck:
 
     def job(self, request: RewardRequest) -> Job:
         """``request`` checked against the images and the reward (:class:`RequestError` naming the field)."""
-        field_name = "images" if request.by_path else "image_ids"
+        field_name = request.image_field
         if self.images is not None:
             ids = self.images.resolve(request.image_ids, request.by_path, field_name)
         else:
