@@ -178,7 +178,7 @@ def test_a_reward_comparing_images_refuses_a_one_image_request(served):
     captions, ids = served["groups"][0]
     with serving(served["mix"]) as url:
         response = httpx.post(f"{url}/get_reward", json={"query": captions[:2], "labels": [ids[0]] * 2})
-        assert response.status_code == 400 and response.json()["error"]["field"] == "image_ids"
+        assert response.status_code == 400 and response.json()["error"]["field"] == "labels"  # its images
         assert "send a generation batch of several images per request" in response.json()["error"]["message"]
 
 

@@ -145,6 +145,39 @@ def test_a_bearer_token_is_required_when_given_and_compared_exactly():
         assert httpx.post(f"{url}/reward", json=OK, headers=good).json()["total"] == [3.0, 2.0]
 
 
+# (method, path, the status once admitted): the routing's answers, which told a client without the token which
+# endpoints exist (a 404 for a path, a 405 for an endpoint's other method, a 307 to the endpoint for a trailing slash)
+ROUTED = [("GET", "/nowhere", 404), ("POST", "/nowhere", 404), ("GET", "/", 404), ("GET", "/reward", 405),
+          ("OPTIONS", "/get_reward", 405), ("POST", "/health", 405), ("POST", "/reward/", 307),
+          ("GET", "/health/", 307)]  # fmt: skip
+
+
+def test_every_path_and_method_asks_for_the_token_before_it_is_routed():
+    token = "s3cret-token-0123456789"
+    reward = Words()
+    with serving(service(reward), token=token) as url:
+        for method, path, routed in ROUTED:
+            response = httpx.request(method, f"{url}{path}", json={})
+            assert response.status_code == 401, (method, path, response.status_code, response.text)
+            assert strict_json(response.text)["error"]["field"] == "Authorization"
+            assert response.headers["www-authenticate"] == "Bearer" and "allow" not in response.headers
+            admitted = httpx.request(method, f"{url}{path}", json={}, headers={"Authorization": f"Bearer {token}"})
+            assert admitted.status_code == routed, (method, path, admitted.text)
+        assert reward.calls == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "field"),
+    [({"Host": "evil.example"}, 400, "Host"), ({"Origin": "https://evil.example"}, 403, "Origin")],
+)
+def test_a_foreign_host_or_a_web_page_is_refused_before_any_path_is_routed(headers, status, field):
+    with serving(service()) as url:
+        for method, path, _ in ROUTED:
+            response = httpx.request(method, f"{url}{path}", json={}, headers=headers)
+            assert response.status_code == status, (method, path, response.status_code, response.text)
+            assert strict_json(response.text)["error"]["field"] == field
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # What a reward's fault may tell a client
 # ---------------------------------------------------------------------------------------------------------------------

@@ -172,6 +172,29 @@ def test_a_reward_comparing_the_calls_images_refuses_a_request_of_one_image():
     assert service.job(request("a", "b", ids=[3, 4])).image_ids == [3, 4]
 
 
+def test_a_get_reward_requests_unknown_or_single_image_is_refused_naming_its_labels(tmp_path):
+    # /get_reward's images travel in its labels; its refusals named image_ids[i] or images[i], fields it has not
+    from finecap.serve.protocol import Limits, parse_get_reward
+
+    image = tmp_path / "0.png"
+    image.write_bytes(b"")
+    comparing = Counting(per_caption=False)
+    comparing.compares_images = True  # ranks each caption's image among the call's: one image is refused
+
+    def job(labels, reward=None):
+        service = RewardService(reward or Counting(per_caption=True), ImageTable(range(10), {str(image): 3}))
+        return service.job(parse_get_reward({"query": ["a"] * len(labels), "labels": labels}, Limits()))
+
+    with pytest.raises(RequestError, match=r"^labels\[1\]: unknown image id 99: the server scores"):
+        job([3, 99])
+    with pytest.raises(RequestError, match=r"^labels\[1\]: unknown image file '/etc/passwd'"):
+        job([{"image": str(image)}, '{"image": "/etc/passwd"}'])
+    with pytest.raises(RequestError, match=r"^labels: names one distinct image"):
+        job([{"image_id": 3}, "3"], comparing)
+    assert job([3, {"image_id": 4}], comparing).image_ids == [3, 4]
+    assert job([{"image": str(image)}]).image_ids == [3]
+
+
 def test_the_service_must_be_running_and_stops_cleanly():
     service = RewardService(Counting(True), ImageTable(range(3)))
     with pytest.raises(RuntimeError, match="not running"):

@@ -37,7 +37,8 @@ failed captions, since OpenRLHF reads every reward as a number (:func:`~finecap.
 
 A refused request gets ``{"error": {"field": "captions[3]", "message": "..."}}`` with 400 (malformed: bad JSON,
 wrong types, unknown images), 413 (beyond the limits: the body, captions per request, characters per caption), 404
-/ 405 (no such endpoint or method; a 405 names the methods allowed in ``Allow``), or the policy's answers below; a
+/ 405 (no such endpoint or method, for a request the policy admitted; a 405 names the methods allowed in ``Allow``),
+or the policy's answers below; a
 fault of the reward gets 500 with a generic message (the detail in the server's log, :mod:`finecap.serve.service`),
 and a request not answered ``--score-timeout`` seconds after it queued (a reward call that hangs, its own or one it
 waits behind), or whose check has not ended ``--score-timeout`` seconds after it began (image paths on a file system
@@ -58,6 +59,11 @@ Policy (docs/integrations.md, "The reward server's safety"):
   ``text/plain`` POST, which browsers send without asking first, is never scored).
 - **Token.** With ``--token-file`` every request must carry ``Authorization: Bearer <token>`` (401 otherwise,
   compared in constant time); the token is read from the file, never from the command line, and never written.
+  ``GET /health`` too (its answer names the reward and its counts: a supervisor's probe sends the token).
+- **Before routing.** The ``Host``, origin and token checks run before a request is routed (:class:`Admission`),
+  whatever its path and method: a client they refuse gets the same 400, 401 or 403 everywhere, never a 404, a 405
+  (whose ``Allow`` names an endpoint's methods) or a trailing slash's redirect to an endpoint, which told a client
+  without the token which endpoints exist. The ``Content-Type`` check (415) is an endpoint's own, after them.
 - **Connections.** Request headers must arrive within ``header_timeout`` seconds of the connection (or of the end
   of the previous answer), the body within ``body_timeout`` seconds (408); a reply its client stops reading is cut
   off (the connection aborted, the reply dropped) once it has waited ``write_timeout`` seconds for the client to
@@ -99,6 +105,7 @@ try:
     import uvicorn
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import Response
     from starlette.routing import Route
@@ -216,14 +223,17 @@ def refusal(error: RequestError) -> Response:
 
 
 class Guard:
-    """The policy every request passes before its body is read (module docstring, "Host and origin", "Token")."""
+    """The policy every request passes before its body is read (module docstring, "Host and origin", "Token"):
+    :meth:`check` before it is routed, whatever its path and method (:class:`Admission`), :meth:`check_media` on a
+    POST to an endpoint."""
 
     def __init__(self, host: str, token: str | None, allowed_hosts: Iterable[str] = ()) -> None:
         self.hosts = HostPolicy(host, allowed_hosts)
         self.token = token.encode() if token else None
 
     def check(self, request: Request) -> None:
-        """Nothing, or the :class:`RequestError` (400, 401, 403, 415) of a request the policy refuses."""
+        """Nothing, or the :class:`RequestError` (400, 401, 403) of a request whose ``Host``, origin or token the
+        policy refuses."""
         host = request.headers.get("host")
         if not self.hosts.accepts(host):
             raise RequestError("Host", f"{host!r} is not the address this reward server is bound to (a "
@@ -242,10 +252,34 @@ class Guard:
             if scheme.lower() != "bearer" or not secrets.compare_digest(value.strip().encode(), self.token):
                 raise RequestError("Authorization", "this reward server needs its token: send 'Authorization: "
                                    "Bearer <token>' (the clients read $FINECAP_REWARD_TOKEN)", 401)  # fmt: skip
+
+    @staticmethod
+    def check_media(request: Request) -> None:
+        """Nothing, or the 415 :class:`RequestError` of a POST whose body is not said to be JSON."""
         if request.method == "POST":
             media = request.headers.get("content-type", "").split(";")[0].strip().lower()
             if media != "application/json":
                 raise RequestError("Content-Type", f"expected application/json, got {media or 'none'}", 415)
+
+
+class Admission:
+    """ASGI middleware: every HTTP request passes :meth:`Guard.check` before it is routed, so that a client the policy
+    refuses (no token, a foreign ``Host``, a web page) gets its 400, 401 or 403 for any path and method, and learns
+    from a 404, 405 or a trailing slash's redirect which endpoints exist only once admitted (module docstring,
+    "Token")."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], guard: Guard) -> None:
+        self.app, self.guard = app, guard
+
+    async def __call__(self, scope: dict, receive: Callable[..., Awaitable[Any]],
+                       send: Callable[..., Awaitable[None]]) -> None:  # fmt: skip
+        if scope["type"] == "http":
+            try:
+                self.guard.check(Request(scope))
+            except RequestError as e:
+                await refusal(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def until_gone(request: Request, work: Awaitable[Any]) -> tuple[bool, Any]:
@@ -301,7 +335,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
 
         async def handle(request: Request) -> Response:
             try:
-                guard.check(request)
+                guard.check_media(request)  # admitted already (Admission)
                 async with slots if large_body(request) else contextlib.nullcontext():  # --body-timeout runs from here
                     raw = await read_body(request, service.limits, body_timeout)
                     parsed, job = await service.off_loop(checked, raw)
@@ -335,11 +369,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
 
         return handle
 
-    async def health(request: Request) -> Response:
-        try:
-            guard.check(request)
-        except RequestError as e:
-            return refusal(e)
+    async def health(request: Request) -> Response:  # admitted already (Admission): its answer names the reward
         meter = service.meter
         status = "stuck" if service.stuck() else "checks_stuck" if service.checks_stuck() else "ok"
         return _json({"status": status, "reward": service.name, "images": len(service.images),
@@ -368,7 +398,8 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
         Route("/get_reward", endpoint(parse_get_reward, openrlhf_reply), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    return Starlette(routes=routes, middleware=[Middleware(Admission, guard=guard)],
+                     exception_handlers={HTTPException: http_error}, lifespan=lifespan)  # fmt: skip
 
 
 class QuietAcceptErrors:

@@ -100,13 +100,21 @@ class RequestError(ValueError):
 @dataclass
 class RewardRequest:
     """One request, checked: ``captions[n]`` describes ``image_ids[n]`` (ids as the request gave them; image paths
-    when ``by_path``), scored against ``references[n]`` when given; ``request_id`` is echoed."""
+    when ``by_path``), scored against ``references[n]`` when given; ``request_id`` is echoed. ``images_field`` is
+    the request's own name for its images, which errors about them name (``labels`` in ``/get_reward``'s); ``None``:
+    ``images`` when ``by_path``, else ``image_ids`` (:attr:`image_field`)."""
 
     captions: list[str]
     image_ids: list[Any]
     by_path: bool = False
     references: list[list[str]] | None = None
     request_id: Any = None
+    images_field: str | None = None
+
+    @property
+    def image_field(self) -> str:
+        """The field an error about the request's images names (``image_ids[i]``, ``images[i]``, ``labels[i]``)."""
+        return self.images_field or ("images" if self.by_path else "image_ids")
 
 
 def decode_json(raw: bytes, field: str = "body") -> Any:
@@ -416,7 +424,7 @@ def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
     references = [r for _, _, r in parsed] if all(with_refs) else None
     if references is not None:
         _check_reference_count(references, "labels", limits)
-    return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references)
+    return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references, images_field="labels")
 
 
 class FailedCaptions(ValueError):

@@ -43,16 +43,17 @@ requests.
   waiting for a thread gets that 503 as soon as every thread is so blocked (never checked: the checks it waits
   behind began before it, so they pass the deadline before its own), and ``/health`` answers 503
   ``"checks_stuck"`` until one returns.
-- **Queue bound.** The requests waiting in the queue (checked, not yet taken into a round) hold at most
-  ``max_queued_bytes`` bytes (``--max-queued-bytes``, default :data:`MAX_QUEUED_BYTES`), counted as the bytes of
-  their bodies as the server read them (:attr:`Job.size`: what the code can measure exactly; the parsed request
-  held costs more, from 1.3 to 6.7 times its body in the requests measured on CPython 3.11, 8192 captions of 60
-  words and 8192 of one word: benchmarks/queued_request_memory.py); the requests of the round in a call are no
-  longer queued, and were within the bound as they left it. A request that would take the queue past it is not
-  queued: it is answered at once 503 with ``Retry-After`` (:attr:`RewardService.retry_after`) and an error naming
-  the option (:class:`QueueFull`), counted as ``refused``, so that finecap's client asks again with backoff once the
-  reward has worked the queue down, where a slow or hung reward call let ``--max-connections`` clients each leave a
-  request of up to ``--max-request-bytes`` waiting (4 GiB of bodies at the defaults).
+- **Queue bound.** The requests waiting in the queue (checked, not yet taken into a round), all clients' together (no
+  bound is per client, and the queue is served in arrival order: docs/integrations.md, "One client's share"), hold at
+  most ``max_queued_bytes`` bytes (``--max-queued-bytes``, default :data:`MAX_QUEUED_BYTES`), counted as the bytes of
+  their bodies as the server read them (:attr:`Job.size`: what the code can measure exactly; the parsed request held
+  costs more, from 1.3 to 6.7 times its body in the requests measured on CPython 3.11, 8192 captions of 60 words and
+  8192 of one word: benchmarks/queued_request_memory.py); the requests of the round in a call are no longer queued, and
+  were within the bound as they left it. A request that would take the queue past it is not queued: it is answered at
+  once 503 with ``Retry-After`` (:attr:`RewardService.retry_after`) and an error naming the option
+  (:class:`QueueFull`), counted as ``refused``, so that finecap's client asks again with backoff once the reward has
+  worked the queue down, where a slow or hung reward call let ``--max-connections`` clients each leave a request of up
+  to ``--max-request-bytes`` waiting (4 GiB of bodies at the defaults).
 - **Failed captions.** Captions the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) are never
   answered as a number: ``/reward`` answers them JSON ``null`` with their count (``failed``), ``/get_reward``
   refuses the request with a 502 naming them (:mod:`finecap.serve.app`).
@@ -323,7 +324,7 @@ class CallCheck:
 
     def job(self, request: RewardRequest) -> Job:
         """``request`` checked against the images and the reward (:class:`RequestError` naming the field)."""
-        field_name = "images" if request.by_path else "image_ids"
+        field_name = request.image_field
         if self.images is not None:
             ids = self.images.resolve(request.image_ids, request.by_path, field_name)
         else:
