@@ -114,10 +114,13 @@ def generate_captions(
     those that do not decode and those an encoder that declares refusals (``refuses_images``: Mistral 3's, an image
     of one image token) refuses are left out up front (:func:`~finecap.data.datasets.skipped_images` with the model
     lists them), as training and its validators leave them out. ``refused``: a list (``finecap caption
-    --skip-bad-images`` passes one) to which the ``(image_id, reason)`` of every other image the model's
-    preprocessing refuses (:class:`~finecap.data.images.ImageRefused` from an encoder that does not declare it) is
-    appended, in the split's order, that image left out (no captions; the rest of its batch is captioned), and an
-    error only when no image is left; ``None``: the first such image is the error naming it.
+    --skip-bad-images`` passes one) to which the ``(image_id, reason)`` of every image of the split left out is
+    appended, for the caller to say in one warning: first those left out up front, in the split's order (then not
+    said by :func:`~finecap.data.datasets.load_records`), then, in the split's order, every other image the model's
+    preprocessing refuses (:class:`~finecap.data.images.ImageRefused` from an encoder that does not declare it), that
+    image left out (no captions; the rest of its batch is captioned), and an error only when no image is left;
+    ``None``: the up-front ones are said in ``load_records``' warning, and the first other refused image is the error
+    naming it.
 
     ``model``: a captioner (decoding itself: :class:`~finecap.engines.finecap.FinecapEngine`), or a generation
     engine serving one (:func:`finecap.engines.open_engine`). ``use_features`` (default: unless the
@@ -133,7 +136,8 @@ def generate_captions(
         use_features = not model.train_encoder and model.cache_features
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     main = rank == 0
-    records = load_records(cfg, split, captioned=False, model=model)  # no references; images the model refuses out
+    up_front: list[tuple[Any, str]] | None = None if refused is None else []  # said by the caller, with the rest
+    records = load_records(cfg, split, captioned=False, model=model, left_out=up_front)  # images the model refuses out
     if limit:
         records = records[:limit]
     features = None
@@ -179,13 +183,14 @@ def generate_captions(
     if done:
         every = {**done, **out}
         out = {r.image_id: every[r.image_id] for r in records if r.image_id in every}
-    if refused is not None and own_refused:
+    if refused is not None:
         order = {r.image_id: k for k, r in enumerate(records)}
-        refused += sorted(own_refused, key=lambda pair: order[pair[0]])
-        if not out:
-            reasons = "; ".join(reason for _, reason in refused[:MAX_LISTED])
+        own_refused.sort(key=lambda pair: order[pair[0]])
+        if own_refused and not out:
+            reasons = "; ".join(reason for _, reason in own_refused[:MAX_LISTED])
             raise DataError(f"none of the {len(records)} images of split {split!r} is left to caption (the model "
                             f"refuses every one that decodes; data.skip_bad_images=true): {reasons}")  # fmt: skip
+        refused += [(r.image_id, reason) for r, reason in up_front or ()] + own_refused
     return out
 
 

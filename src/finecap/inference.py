@@ -374,11 +374,17 @@ def caption_images(
     return ImageCaptions([out[i] for i in range(len(images))], skipped)
 
 
-def describe_skipped(result: ImageCaptions, total: int) -> str:
-    """``skipped 2 of 12 images that do not decode: REASON; REASON`` (at most :data:`MAX_LISTED` reasons)."""
-    shown = "; ".join(reason for _, reason in result.skipped[:MAX_LISTED])
-    more = "; ..." if len(result.skipped) > MAX_LISTED else ""
-    return f"skipped {len(result.skipped)} of {total} images that do not decode: {shown}{more}"
+def describe_skipped(skipped: Sequence[tuple[Any, str]], total: int, images: str = "images that do not decode") -> str:
+    """``skipped 2 of 12 images that do not decode: REASON; REASON`` of ``skipped`` (``(key, reason)`` pairs: an
+    :class:`ImageCaptions`' ``skipped``) among ``total`` ``images`` (at most :data:`MAX_LISTED` reasons): the one
+    warning of ``finecap caption --skip-bad-images``.
+
+    >>> describe_skipped([(0, "a.png: damaged image")], 3, "images of split 'test'")
+    "skipped 1 of 3 images of split 'test': a.png: damaged image"
+    """
+    shown = "; ".join(reason for _, reason in skipped[:MAX_LISTED])
+    more = "; ..." if len(skipped) > MAX_LISTED else ""
+    return f"skipped {len(skipped)} of {total} {images}: {shown}{more}"
 
 
 def checkpoint_where(checkpoint: str | Path, root: str = "", option: str = "--checkpoint") -> Path:

@@ -426,7 +426,9 @@ def test_a_splits_skipped_images_are_listed_beside_out_as_the_images_ones(run, s
     code, _, err = run_cli(command)
     assert code == 0, err
     assert results(out) == good
-    assert any(f"every one, with its reason, in {listed}" in r.getMessage() for r in caplog.records)
+    [warning] = skip_warnings(caplog)  # one, not the split's read's before it too
+    assert warning.startswith("caption: skipped 6 of 10 images of split 'train': ")
+    assert warning.endswith(f"; ... (data.skip_bad_images=true); every one, with its reason, in {listed}")
     skipped = json.loads(listed.read_text())  # all six, where the warning shows five
     assert skipped["results"] == str(out) and skipped["images"] == 10
     assert [(row["image_id"], row["path"]) for row in skipped["skipped"]] == [(b.name, str(b)) for b in bad]
@@ -434,6 +436,12 @@ def test_a_splits_skipped_images_are_listed_beside_out_as_the_images_ones(run, s
     for b in bad:  # nothing skipped now: the list an earlier run wrote is gone
         b.unlink()
     assert run_cli(command)[0] == 0 and results(out) == good and not listed.exists()
+
+
+def skip_warnings(caplog) -> list[str]:
+    """The warnings of a run that name ``data.skip_bad_images`` (those of the images it left out)."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "skip_bad_images" in r.getMessage()]  # fmt: skip
 
 
 def photos_with_refused(shapes, tmp_path):
@@ -466,8 +474,9 @@ def test_a_splits_images_the_model_refuses_are_skipped_and_listed(run, shapes, t
     code, _, err = run_cli([*command, "--skip-bad-images"])
     assert code == 0, err
     assert results(out) == good
-    warning = next(r.getMessage() for r in caplog.records if "left out" in r.getMessage())
-    assert "3 image(s) of split 'train' left out" in warning
+    [warning] = skip_warnings(caplog)  # one for the images left out up front and those refused when preprocessed
+    assert warning.startswith(f"caption: skipped 3 of 7 images of split 'train': {broken}: ")
+    assert all(f"; {reason}" in warning for reason in named)
     skipped = json.loads((tmp_path / "split.json.skipped.json").read_text())
     assert skipped["results"] == str(out) and skipped["images"] == 7
     listed = [(p.name, str(p)) for p in (broken, *refused)]  # those that do not decode, then those refused
@@ -495,10 +504,11 @@ def test_a_splits_images_a_declaring_encoder_refuses_are_listed(run, shapes, tmp
     code, _, err = run_cli([*command, "--skip-bad-images"])
     assert code == 0, err
     assert results(out) == good
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data: skipped")]
-    # before the model loads the split is read for what it holds (1 does not decode), then with the model
-    assert [m.split(" (")[0] for m in said] == [f"data: skipped {n} of 7 images of split 'train'" for n in (1, 3)]
-    assert why in said[1]
+    # the split is read before the model loads (1 does not decode) and with the model (3 left out): one warning,
+    # at the end, where it said each read's (two), then the list's (three)
+    [warning] = skip_warnings(caplog)
+    assert warning.startswith("caption: skipped 3 of 7 images of split 'train': ")
+    assert why in warning and f"{broken}: " in warning
     skipped = json.loads((tmp_path / "split.json.skipped.json").read_text())
     assert skipped["images"] == 7
     listed = [(p.name, str(p)) for p in (refused[0], broken, refused[1])]  # the split's order

@@ -16,12 +16,13 @@ import torch
 from accelerate import Accelerator
 from PIL import Image
 
+import finecap.train.validators as validators
 from finecap.config import load
 from finecap.data.datasets import skipped_images
 from finecap.data.records import DataError
 from finecap.models.vlm import Vlm
 from finecap.train.setup import build_data
-from finecap.train.validators import caption_stats_validator, cider_validator, validation_loss
+from finecap.train.validators import caption_stats_validator, cider_validator, retrieval_validator, validation_loss
 from helpers.image_files import corrupt_png
 from helpers.vlm_families import COCO_WORDS, tiny_family
 
@@ -89,6 +90,43 @@ def test_training_and_validation_leave_out_and_count_images_the_model_refuses(tm
         stats = caption_stats_validator(cfg)(mistral3, cfg, acc)
         cider = cider_validator(cfg)(mistral3, cfg, acc)
     assert set(stats) == {"length", "vocab"} and math.isfinite(cider["cider_d"])
+
+
+@pytest.mark.parametrize("eval_samples", [0, 2])
+def test_the_retrieval_validator_neither_captions_nor_draws_an_image_the_model_refuses(
+    tmp_path, mistral3, clip_dir, monkeypatch, eval_samples
+):
+    # the retrieval validator's images were the validation records without the model: the refused tiny_val.png was
+    # embedded and drawn as a distractor (RD2 over v0, tiny_val, v1), and with train.eval_samples=2 its images were
+    # v0 and tiny_val while v0 and v1 were captioned: the evaluation stopped, v1's caption naming no retrieval image
+    cfg = config(tmp_path, "data.skip_bad_images=true", f"retriever.checkpoint={clip_dir}",
+                 f"train.eval_samples={eval_samples}")  # fmt: skip
+    embedded: list[list] = []
+    real_load = validators.load_retriever
+
+    def load(cfg):
+        retriever = real_load(cfg)
+        real_embed = retriever.image_embeddings
+        retriever.image_embeddings = lambda records, *a: (embedded.append([r.image_id for r in records]),
+                                                          real_embed(records, *a))[1]  # fmt: skip
+        return retriever
+
+    monkeypatch.setattr(validators, "load_retriever", load)
+    acc = Accelerator(cpu=True)
+    validator = retrieval_validator(cfg)
+    with torch.no_grad():
+        values = validator(mistral3, cfg, acc)
+    assert embedded == [["v0.png", "v1.png"]]  # the images captioned, and no other
+    assert 0.0 <= values["r@1"] <= 1.0 and values["length"] > 0
+
+
+def test_the_retrieval_validator_needs_two_images_the_model_takes(tmp_path, mistral3, clip_dir):
+    cfg = config(tmp_path, "data.skip_bad_images=true", f"retriever.checkpoint={clip_dir}")
+    data = Path(cfg.data.path)
+    data.write_text("".join(line + "\n" for line in data.read_text().splitlines() if "v1.png" not in line))
+    validator = retrieval_validator(cfg)  # v0 and tiny_val decode: two images before training
+    with pytest.raises(ValueError, match=r"needs at least 2 validation images, got 1 .*the model refuses"):
+        validator(mistral3, cfg, Accelerator(cpu=True))
 
 
 def test_without_the_option_a_refused_image_is_the_error_naming_it_and_the_option(tmp_path, mistral3):

@@ -49,7 +49,7 @@ from typing import Any
 
 from finecap.caption import generate_captions
 from finecap.config import Config, DataConfig, HfDataConfig, load_stored, masked_url_values, parse_override
-from finecap.data.datasets import load_records, skipped_images
+from finecap.data.datasets import load_records
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
@@ -432,9 +432,10 @@ def main(
         check_output_file(beside(out, SKIPPED_SUFFIX), inputs, force=force, kind="skipped")
     check_writable(out)  # before the model loads and the images decode, not when the captions are written
     kept: list[Any] = []
+    undecoded: list[tuple[Any, str]] = []  # said at the end, with the images the model refuses: one warning
     if files is None:
         try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
-            kept = load_records(cfg, split, captioned=False)
+            kept = load_records(cfg, split, captioned=False, left_out=undecoded)
         except MissingSplit as e:
             if setup.data_from_command_line:  # the split asked for (or --split's default) may be what is wrong
                 held = " or ".join(f"--split {s}" for s in e.present)
@@ -487,23 +488,20 @@ def main(
                                                                    for i, reason in result.skipped])  # fmt: skip
                     if listed is not None:
                         log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
-                                    describe_skipped(result, len(files)), listed)  # fmt: skip
+                                    describe_skipped(result.skipped, len(files)), listed)  # fmt: skip
             else:
                 refused: list[tuple[Any, str]] | None = [] if cfg.data.skip_bad_images else None
                 captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed,
                                              done={row["image"]: row["captions"] for row in done},
                                              on_batch=partial.add if partial else None, refused=refused)  # fmt: skip
                 what = f"split {split!r}"
-                if accelerator.is_main_process:  # load_records warned of the first few it left out
-                    undecoded = skipped_images(cfg, split, captioned=False)  # not in kept; the refused ones are
-                    left_out = skipped_images(cfg, split, captioned=False, model=generator)  # and those refused
-                    path_of = {r.image_id: r.path for r in kept}
-                    bad = [(r.image_id, r.path, reason) for r, reason in left_out]
-                    bad += [(image_id, path_of[image_id], reason) for image_id, reason in refused or ()]
-                    listed = write_skipped(Path(out), len(kept) + len(undecoded), bad)
+                if accelerator.is_main_process:  # refused: every image left out, up front or when preprocessed
+                    bad, total = refused or [], len(kept) + len(undecoded)
+                    path_of = {r.image_id: r.path for r in [*kept, *(r for r, _ in undecoded)]}
+                    listed = write_skipped(Path(out), total, [(i, path_of[i], reason) for i, reason in bad])
                     if listed is not None:
-                        log.warning("caption: %d image(s) of split %r left out (data.skip_bad_images=true); every "
-                                    "one, with its reason, in %s", len(bad), split, listed)  # fmt: skip
+                        log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
+                                    describe_skipped(bad, total, f"images of split {split!r}"), listed)  # fmt: skip
     except BaseException:
         if partial is not None and partial.close() == 0:
             partial.path.unlink()  # nothing captioned: nothing to keep

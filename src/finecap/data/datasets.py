@@ -172,7 +172,9 @@ def _refusal(
     return refused[0][1] if refused else None
 
 
-def load_records(cfg: Config, split: str, *, captioned: bool = True, model: Any = None) -> list[Record]:
+def load_records(
+    cfg: Config, split: str, *, captioned: bool = True, model: Any = None, left_out: list | None = None
+) -> list[Record]:
     """Records of ``split`` of the configured data set (:func:`finecap.data.references.data_file`), read once per
     file version; ``"train"`` also takes Karpathy's ``restval`` images, as most captioning code does. Captions are
     those of ``data.captions`` (:func:`finecap.data.caption_fields.select_captions`). Records whose data set names
@@ -183,7 +185,10 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True, model: Any 
     training, its validation, captioning a split) so are those its preprocessing refuses (:func:`refused_images`),
     all counted in one warning (:func:`skipped_images`; said by the first process of a launch alone); without it
     the first bad image stops the command when it is read, named, and a refused one when it is preprocessed (the
-    collator names it).
+    collator names it). ``left_out``: a list to which the ``(record, reason)`` of the images left out are appended,
+    in the split's order, instead of being said here: the caller says them in its own one warning (a read before
+    the model loads, whose images the read with the model says again; ``finecap caption``'s split, with the images
+    refused when they are preprocessed).
 
     Training, captioning and evaluation come here or to :func:`finecap.data.references.load_references`, so every
     format works for each, ``data.format=hf`` (:mod:`finecap.data.formats.hf`, where ``data.path`` may also be a Hub
@@ -196,7 +201,9 @@ def load_records(cfg: Config, split: str, *, captioned: bool = True, model: Any 
     if not bad:
         return records
     key = (str(data_file(cfg)), split, tuple(str(r.image_id) for r, _ in bad))
-    if key not in _SKIP_LOGGED and launched_rank() == 0:  # every process of a launch skips the same: said once
+    if left_out is not None:
+        left_out += bad
+    elif key not in _SKIP_LOGGED and launched_rank() == 0:  # every process of a launch skips the same: said once
         _SKIP_LOGGED.add(key)
         shown = "; ".join(reason for _, reason in bad[:MAX_LISTED]) + ("; ..." if len(bad) > MAX_LISTED else "")
         log.warning("data: skipped %d of %d images of split %r (data.skip_bad_images=true): %s", len(bad),

@@ -71,15 +71,20 @@ def retrieval_validator(cfg: Config) -> Validator:
     the checkpoint that retrieves best, as the SMILE paper selects checkpoints. The retriever is loaded here (a
     missing one stops the run before training; in a run, the object the self-retrieval reward then shares:
     :class:`finecap.models.retriever.SharedRetrievers`) and runs on the accelerator's device, in float32, from the
-    first evaluation on, where the validation images are embedded once (cached on disk)."""
+    first evaluation on, where the validation images are embedded once (cached on disk).
+
+    The images are those :func:`~finecap.caption.generate_captions` captions, targets and distractors alike: the
+    validation records with the model (:func:`~finecap.data.datasets.validation_records`), so that with
+    ``data.skip_bad_images`` an image the model refuses is neither captioned nor embedded and drawn as a
+    distractor; fewer than 2 images left is a ``ValueError`` (before training for those that do not decode, at the
+    first evaluation for those the model refuses)."""
     retriever = load_retriever(cfg)
-    records = validation_records(cfg)
-    if len(records) < 2:
-        raise ValueError("train.validators=[retrieval] needs at least 2 validation images (world.n_val)")
+    _at_least_two(validation_records(cfg))  # before training: the images that decode
     scorers: list[SelfRetrieval] = []
 
-    def scorer_on(device: torch.device) -> SelfRetrieval:
+    def scorer_on(model: Any, device: torch.device) -> SelfRetrieval:
         if not scorers:
+            records = _at_least_two(validation_records(cfg, model))  # those the model takes
             retriever.model.to(device)
             scorers.append(SelfRetrieval(retriever, records, cache_dir=cache_dir(cfg.run),
                                          n_distractors=min(cfg.eval.n_distractors, len(records) - 1),
@@ -92,11 +97,21 @@ def retrieval_validator(cfg: Config) -> Validator:
         # The metric in float32 whatever the run's mixed precision (the evaluation's autocast is off here): r@1 stays
         # comparable between runs, and the image embeddings it caches on disk are float32 ones.
         with torch.autocast(accelerator.device.type, enabled=False):
-            scores = scorer_on(accelerator.device)({i: c[0] for i, c in captions.items()})
+            scores = scorer_on(model, accelerator.device)({i: c[0] for i, c in captions.items()})
         r1 = next(v for k, v in scores.items() if k.endswith("/R@1"))
         return {"r@1": r1, **caption_stats(captions)}
 
     return validator
+
+
+def _at_least_two(records: list) -> list:
+    """``records``, or the ``ValueError`` of the retrieval validator when fewer than 2 are left: an image alone is
+    retrieved whatever its caption says."""
+    if len(records) < 2:
+        raise ValueError(f"train.validators=[retrieval] needs at least 2 validation images, got {len(records)} "
+                         "(world.n_val; data.skip_bad_images leaves out those that do not decode or the model "
+                         "refuses)")  # fmt: skip
+    return records
 
 
 def cider_validator(cfg: Config) -> Validator:
