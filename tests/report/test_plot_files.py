@@ -13,6 +13,8 @@ import pytest
 from finecap.app.report import check_plot_files
 from finecap.outputs import OutputRefused, digest
 from finecap.report.plot_files import PLOT_LIST, read_plot_list, write_plots
+from finecap.utils.files import FSYNC_ENV
+from helpers.durable_syncs import Recorder
 
 PRECIOUS = b"\x89PNG\r\n\x1a\nthe user's own figure\n"
 
@@ -119,3 +121,22 @@ def test_the_list_is_written_twice_only_when_an_earlier_report_listed_other_plot
     assert write_plots(drawn(tmp_path, {"a.png": b"a"}), folder) == ["b.png"]
     assert [sorted(x["plots"]) for x in lists[2:]] == [["a.png", "b.png"], ["a.png"]]  # b listed until removed
     assert read_plot_list(folder) == {"a.png": digest(b"a")}
+
+
+def test_the_plots_folder_is_synced_once_after_its_plots_and_after_their_list(tmp_path, monkeypatch):
+    # the folder was synced after each plot's rename (a folder fsync a plot: 69 for the quick demo's report); one
+    # after the last keeps what a power loss leaves (each plot the old file or the complete new one, listed) and every
+    # plot on the disk before the report's page is written
+    monkeypatch.setenv(FSYNC_ENV, "1")
+    plots = {f"curves_{k}.png": f"plot {k}".encode() for k in range(4)}
+    folder = tmp_path / "plots"
+    rec = Recorder(monkeypatch)
+    write_plots(drawn(tmp_path, plots), folder)
+    renames = [rec.replaced_at(folder / name) for name in plots]
+    folder_syncs = rec.synced_at(folder)
+    # the list's name on the disk before any plot is renamed in: every plot a power loss leaves is listed
+    assert any(rec.replaced_at(folder / PLOT_LIST) < i < min(renames) for i in folder_syncs), rec.events
+    for name, renamed in zip(plots, renames, strict=True):
+        assert any(i < renamed for i in rec.synced_at(folder / name)), (name, rec.events)  # its data before its name
+    assert len(folder_syncs) == 2 and folder_syncs[-1] > max(renames), rec.events  # the list's, then all plots'
+    assert {name: (folder / name).read_bytes() for name in plots} == plots

@@ -16,7 +16,9 @@ from finecap.report.html import HEADLINES, headline_comparisons, results_tables
 from finecap.report.plots import (
     bag_recall_curves,
     curve_panels,
+    drafts,
     length_histograms,
+    plot_file_name,
     precision_recall,
     rl_curves,
     training_curves,
@@ -148,6 +150,47 @@ def test_each_plot_is_drawn_once(tmp_path, monkeypatch):
     assert len(draws) == len(drawn) and len({id(fig) for fig, _, _ in draws}) == len(drawn)
     default = (matplotlib.rcParams["figure.subplot.left"], matplotlib.rcParams["figure.subplot.bottom"])
     assert all((left, bottom) != default for _, left, bottom in draws)  # drawn as tight_layout placed the axes
+
+
+NAMED = [
+    ("curves", "mle"), ("curves", "MLE"), ("curves", "Mle"), ("curves", "smile_random"), ("curves", "smile-random"),
+    ("curves", "smile.random"), ("curves", "smile/random"), ("curves", "smile__random"), ("curves", "smile--random"),
+    ("curves", "café"), ("curves", "cafe\u0301"), ("curves", "caf-"), ("curves", "x" * 250), ("curves", "x" * 251),
+    ("curves", "\udcff"), ("curves", "\ufffd"), ("rl", "mle"), ("rl", "grpo", "reward"), ("rl", "grpo_reward", "kl"),
+    ("rl", "grpo", "reward_kl"), ("rl", "a_reward-x", "kl"), ("rl", "a", "reward/x_kl"), ("rl", "a", "reward/a-b"),
+    ("rl", "a", "reward/a/b"), ("rl", "a", "reward/a.b"), ("rl", "a", "reward/pkg.mod:Reward"),
+    ("rl", "a", "reward/pkg.mod-reward"), ("rl", "a", "reward/Cider"), ("rl", "a", "reward/cider"),
+    ("rl", "a", "reward/cider--a56a5ffca32c"), ("rl", "a__b", "kl"), ("rl", "a", "b__kl"), ("rl", "a", "b", "kl"),
+]  # fmt: skip
+"""Plots whose file names were one (``rl_a_reward-x_kl.png`` for two stages' panels; ``curves_smile-random.png``
+for any character a file name avoids), differ only in case, or would hold over the 255 bytes a file name holds."""
+
+
+def test_no_two_plots_get_one_file_name_nor_two_that_differ_only_in_case():
+    names = [plot_file_name(*named) for named in NAMED]
+    assert len({name.lower() for name in names}) == len(NAMED), sorted(names)
+    for name in names:  # an ASCII file name of any file system, never hidden
+        assert name.isascii() and name.endswith(".png") and len(name) <= 100 and name[0].isalpha(), name
+        assert re.fullmatch(r"[a-z0-9._-]+", name), name
+    # a name of plain words and single separators is written as it is, each / as .
+    assert names[:1] + names[3:4] + names[17:19] == [
+        "curves_mle.png", "curves_smile_random.png", "rl_grpo__reward.png", "rl_grpo_reward__kl.png"]  # fmt: skip
+    assert (
+        plot_file_name("rl", "grpo_sr_cider", "monitor/length_drift") == "rl_grpo_sr_cider__monitor.length_drift.png"
+    )
+    with pytest.raises(ValueError, match="kind"):
+        plot_file_name("rl_", "a")
+
+
+def test_a_second_plot_drawn_at_a_drafts_name_is_an_error_never_one_plot_over_another():
+    # one plot drawn over another left the page showing the second twice (an RL section inlines its panels after
+    # drawing them all)
+    events = [{"step": k, "split": "train", "values": {"loss": 1.0 / k}} for k in (1, 2)]
+    with drafts() as folder:
+        first = training_curves(events, folder / "curves_a.png").read_bytes()
+        with pytest.raises(FileExistsError):
+            training_curves(events[:1], folder / "curves_a.png")
+        assert (folder / "curves_a.png").read_bytes() == first
 
 
 def test_gallery_picks_disagreement_and_a_disjoint_sample():

@@ -13,7 +13,7 @@ import pytest
 
 from finecap.app.cli import build_parser, main
 from finecap.app.report import main as write_report
-from finecap.report.plots import curve_panels, is_rl, rl_curves, rl_panel, rl_panels
+from finecap.report.plots import curve_panels, is_rl, plot_file_name, rl_curves, rl_panel, rl_panels
 from finecap.report.run import read_run
 
 RL_VALUES = {
@@ -79,7 +79,7 @@ def test_a_key_is_placed_by_what_it_means(key, panel):
 def test_a_run_without_a_reward_gets_no_rl_panels(tmp_path):
     mle = [{"step": 1, "split": "train", "values": {"loss": 3.0, "time/reward": 0.1, "reward/cider": 0.2}}]
     assert not is_rl(mle) and is_rl(rl_events(1))
-    assert rl_curves(mle, tmp_path, "rl_mle") == [] and list(tmp_path.iterdir()) == []
+    assert rl_curves(mle, tmp_path, "mle") == [] and list(tmp_path.iterdir()) == []
 
 
 def write_train_run(folder, events) -> None:
@@ -87,6 +87,44 @@ def write_train_run(folder, events) -> None:
     (folder / "checkpoints" / "last").mkdir(parents=True)
     (folder / "config.yaml").write_text("run:\n  name: x\n")
     (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+CLASHING = ("reward/a-b", "reward/a/b", "reward/cider-", "reward/cidér", "reward/Cider", "reward/cider")
+"""Reward parts whose panels had one file name (``/`` and any other character a file name avoids were ``-``:
+``rl_grpo_reward-a-b.png`` twice, ``rl_grpo_reward-cider-.png`` twice) or two that differ only in case (one file on a
+case-insensitive file system: macOS, Windows)."""
+
+
+def test_two_panels_never_share_a_plot_file(tmp_path):
+    events = [{"step": k, "split": "train", "values": {"reward": 0.1 * k, **{key: float(n * k) for n, key in
+                                                                            enumerate(CLASHING)}}}
+              for k in (1, 2)]  # fmt: skip
+    drawn = rl_curves(events, tmp_path, "grpo")
+    assert [panel for panel, _ in drawn] == ["reward", *sorted(CLASHING)]
+    paths = [path for _, path in drawn]
+    # one file a panel, each holding its own plot (every series is another line: no two files alike), names that
+    # differ in more than case
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
+    assert len({p.name.lower() for p in paths}) == len(drawn) == 7
+    assert len({p.read_bytes() for p in paths}) == 7
+
+
+def test_a_reports_rl_panels_show_each_its_own_plot(fabricated_run, tmp_path):
+    # two panels of one file name: the second plot was drawn over the first before the page inlined either, so the
+    # page showed the second twice and plots/ held one file for both
+    run_dir = shutil.copytree(fabricated_run, tmp_path / "demo")
+    (run_dir / "grpo").mkdir()
+    events = [{"step": k, "split": "train", "values": {"reward": 0.1 * k, "reward/a-b": 1.0 * k, "reward/a/b": -k}}
+              for k in (1, 2)]  # fmt: skip
+    (run_dir / "grpo" / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    html = write_report(run_dir, tmp_path / "r.html", retrieval=False, plots=tmp_path / "plots").read_text()
+    section = re.search(r'<section class="rl" id="rl-grpo".*?</section>', html, re.S).group(0)
+    images = re.findall(r'class="rl-panel" data-panel="([^"]+)"><img src="([^"]+)"', section)
+    assert [panel for panel, _ in images] == ["reward", "reward/a-b", "reward/a/b"]
+    assert len({uri for _, uri in images}) == 3
+    assert sorted(p.name for p in (tmp_path / "plots").glob("rl_*")) == sorted(
+        plot_file_name("rl", "grpo", panel) for panel, _ in images
+    )
 
 
 def test_a_train_run_directory_is_read_as_one_stage(tmp_path):
@@ -136,7 +174,7 @@ def test_finecap_report_takes_a_grpo_run_directory(grpo_run, tmp_path):
     panels = panels_of(html, grpo_run.name)
     assert {"reward", *parts, "kl", "clip_fraction", "ratio", "advantage", *monitors} <= set(panels)
     assert len(panels) == len(set(panels))
-    assert all((tmp_path / "plots" / f"rl_{grpo_run.name}_{p.replace('/', '-')}.png").is_file() for p in panels)
+    assert all((tmp_path / "plots" / plot_file_name("rl", grpo_run.name, p)).is_file() for p in panels)
     # The results row is the last evaluation; the captions table and the gallery show its logged captions, with
     # their images (the ids logged as text matched to the data set's).
     assert 'id="results-note"' in html and "<td>grpo_sr_cider</td>" in html

@@ -24,43 +24,15 @@ from finecap.app.models import tiny_main
 from finecap.boost.output import link_images
 from finecap.config import load
 from finecap.train.state import promote, save_tree
-from finecap.utils.files import FSYNC_ENV, atomic_write_bytes, make_temporary_dir
+from finecap.utils.files import FSYNC_ENV, atomic_write_bytes, make_temporary_dir, one_folder_sync
 from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, mark_folder, previous_dir
+from helpers.durable_syncs import Recorder
 
 
 @pytest.fixture(autouse=True)
 def durable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The suite runs without ``fsync`` (``FINECAP_FSYNC=0``, conftest.py); these tests check the durable path."""
     monkeypatch.setenv(FSYNC_ENV, "1")
-
-
-class Recorder:
-    """``os.fsync`` and ``os.replace`` calls in order: ``("fsync", inode, is_folder)``, ``("replace", src, dst)``."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.events: list[tuple] = []
-        real_fsync, real_replace = os.fsync, os.replace
-
-        def fsync(fd: int) -> None:
-            st = os.fstat(fd)
-            self.events.append(("fsync", (st.st_dev, st.st_ino), stat.S_ISDIR(st.st_mode)))
-            real_fsync(fd)
-
-        def replace(src, dst) -> None:
-            self.events.append(("replace", Path(src), Path(dst)))
-            real_replace(src, dst)
-
-        monkeypatch.setattr(os, "fsync", fsync)
-        monkeypatch.setattr(os, "replace", replace)
-
-    def synced_at(self, path: Path) -> list[int]:
-        """The indices of the events that synced ``path`` (by its inode: the same before and after a rename)."""
-        st = os.stat(path)
-        return [i for i, e in enumerate(self.events) if e[0] == "fsync" and e[1] == (st.st_dev, st.st_ino)]
-
-    def replaced_at(self, dst: Path) -> int:
-        (found,) = [i for i, e in enumerate(self.events) if e[0] == "replace" and e[2] == dst]
-        return found
 
 
 def test_an_atomic_write_syncs_the_files_data_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
@@ -73,6 +45,34 @@ def test_an_atomic_write_syncs_the_files_data_before_the_rename_and_the_folder_a
     assert any(i < renamed for i in rec.synced_at(target)), rec.events  # its data before its name
     assert any(i > renamed for i in rec.synced_at(tmp_path)), rec.events  # the new name after
     assert target.read_text() == "new"
+
+
+def test_one_folder_sync_syncs_each_files_data_before_its_rename_and_the_folder_once_after_all(tmp_path, monkeypatch):
+    folder, other = tmp_path / "plots", tmp_path / "other"
+    folder.mkdir(), other.mkdir()
+    names = ["a.png", "b.png", "c.png"]
+    rec = Recorder(monkeypatch)
+    with one_folder_sync(folder):
+        for name in names:
+            atomic_write_bytes(folder / name, name.encode())
+        atomic_write_bytes(other / "x.json", b"{}")  # a file of another folder: its folder synced as always
+        assert rec.synced_at(folder) == [] and any(i > rec.replaced_at(other / "x.json") for i in rec.synced_at(other))
+    renames = [rec.replaced_at(folder / name) for name in names]
+    for name, renamed in zip(names, renames, strict=True):
+        assert any(i < renamed for i in rec.synced_at(folder / name)), (name, rec.events)  # its data before its name
+    (synced,) = rec.synced_at(folder)
+    assert synced > max(renames)  # every name, once, after the last
+    assert [(folder / name).read_bytes() for name in names] == [b"a.png", b"b.png", b"c.png"]
+
+
+def test_one_folder_sync_syncs_the_folder_when_an_error_leaves_it(tmp_path, monkeypatch):
+    rec = Recorder(monkeypatch)
+    with pytest.raises(RuntimeError, match="stopped"), one_folder_sync(tmp_path):
+        atomic_write_bytes(tmp_path / "a.png", b"a")
+        raise RuntimeError("stopped")
+    assert rec.synced_at(tmp_path) and rec.synced_at(tmp_path)[-1] > rec.replaced_at(tmp_path / "a.png")
+    atomic_write_bytes(tmp_path / "b.png", b"b")  # the block is over: a rename syncs its folder again
+    assert rec.synced_at(tmp_path)[-1] > rec.replaced_at(tmp_path / "b.png")
 
 
 def test_the_checkpoints_state_files_are_synced_before_their_renames_and_the_folder_after(tmp_path, monkeypatch):

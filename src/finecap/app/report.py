@@ -89,6 +89,7 @@ from finecap.report.plots import (
     drafts,
     length_curves,
     length_histograms,
+    plot_file_name,
     plot_replaceable,
     precision_recall,
     precision_recall_note,
@@ -202,7 +203,7 @@ def _plots(run: RunData, folder: Path) -> tuple[list[dict[str, str]], str | None
     for stage, events in tqdm(
         run.events.items(), desc="report: training curves", unit="stage", disable=not progress_enabled()
     ):
-        path = training_curves(events, folder / f"curves_{stage}.png", title=stage)
+        path = training_curves(events, folder / plot_file_name("curves", stage), title=stage)
         add(path, f"training curves: {stage}")
         curves += [stage] if path is not None else []
     add(length_histograms(run.captions, folder / "length_hist.png"), "caption length per stage")
@@ -259,7 +260,7 @@ def _rl_sections(run: RunData, folder: Path) -> list[dict[str, Any]]:
     values, and the captions its evaluations logged."""
     sections = []
     for stage, events in run.events.items():
-        drawn = rl_curves(events, folder, f"rl_{stage}")
+        drawn = rl_curves(events, folder, stage)
         if not drawn:
             continue
         series = rl_panels(events)

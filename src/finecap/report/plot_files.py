@@ -32,6 +32,7 @@ import stat
 from pathlib import Path
 
 from finecap.outputs import digest, file_digest, recorded_as, write_output, write_output_json
+from finecap.utils.files import one_folder_sync
 from finecap.utils.reading import read_json
 
 log = logging.getLogger(__name__)
@@ -111,14 +112,17 @@ def write_plots(drawn: Path, folder: Path) -> list[str]:
     alone (a changed earlier plot, kept, is no longer listed: it is the user's), when the first list named any other.
     Each plot is written once, atomically and durably, and recorded as finecap's
     (:func:`finecap.outputs.write_output`): ``drawn`` holds drafts (:func:`finecap.report.plots.drafts`), neither
-    synced nor recorded."""
+    synced nor recorded. Each plot's data is on the disk before its rename, and ``folder`` is synced once after the
+    last (:func:`finecap.utils.files.one_folder_sync`), before this returns and so before the report's page is
+    written: a power loss leaves each plot the old file or the complete new one, listed."""
     folder.mkdir(parents=True, exist_ok=True)
     new = {path.name: path.read_bytes() for path in sorted(drawn.iterdir())}
     digests = {name: digest(data) for name, data in new.items()}
     earlier = {name: sha for name, sha in read_plot_list(folder).items() if name not in new}
-    _write_list(folder, earlier | digests)
-    for name, data in new.items():
-        write_output(folder / name, data, "plot")
+    _write_list(folder, earlier | digests)  # on the disk before any plot is renamed in: every one of them is listed
+    with one_folder_sync(folder):  # each plot's data synced before its rename; the folder's entries once, after all
+        for name, data in new.items():
+            write_output(folder / name, data, "plot")
     removed = [name for name, sha in earlier.items() if _remove_if_ours(folder / name, sha)]
     if earlier:  # else the list written first is this report's plots alone already
         _write_list(folder, digests)

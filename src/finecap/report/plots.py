@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from finecap.metrics.diversity import caption_length
-from finecap.outputs import check_replaceable, made_by_finecap, write_output
+from finecap.outputs import check_replaceable, digest, made_by_finecap, write_output
 from finecap.report.columns import finite_number
 from finecap.report.html import unedited_report
 from finecap.runs import METRICS_FILE, decode_event
@@ -76,6 +76,49 @@ def legend_label(name: str) -> str:
     ('\u200b_ablation', 'mle')
     """
     return "\u200b" + name if name.startswith("_") else name
+
+
+_PLAIN_NAME = re.compile(r"[a-z0-9]+(?:[-_/][a-z0-9]+)*")
+"""A name :func:`plot_file_name` writes as it is (each ``/`` as ``.``): lowercase ASCII letters and digits, single
+``-``, ``_`` or ``/`` between them."""
+_KIND = re.compile(r"[a-z]+")
+PLAIN_NAME_CHARS = 100
+"""The longest plot file name (before ``.png``) :func:`plot_file_name` writes without a digest; a longer one (a stage
+folder of 250 characters: ``curves_`` and its name are over the 255 bytes a file name holds) is cut and given one."""
+
+
+def plot_file_name(kind: str, name: str, *more: str) -> str:
+    """The file name of a report's plot of ``kind`` (a word of finecap's, lowercase letters: ``curves``, ``rl``) for
+    ``name`` and ``more`` (the user's text: a stage, an RL panel): ``<kind>_<name>[__<more>...].png``. Two different
+    ``(kind, name, *more)`` never get one file name, nor two that differ only in case (a case-insensitive file system:
+    macOS, Windows), so no plot file is written over another and the page never shows one image for two plots.
+
+    A name of lowercase ASCII letters and digits with single ``-``, ``_`` or ``/`` between them is written as it is,
+    each ``/`` as ``.`` (``reward/cider``: ``reward.cider``). Any other name (``MLE``, ``reward/Cider``,
+    ``reward/cïder``, ``a.b``, ``a--b``, ``pkg.mod:Reward``) makes the file name a readable form (lowercase, any other
+    character as ``-``, cut at 80 characters) followed by ``--`` and 12 hex digits of the SHA-256 of ``(kind,
+    names)`` (and so does a file name over :data:`PLAIN_NAME_CHARS`). A name written as it is holds no ``.``, ``--``
+    nor ``__``, so a file name without ``--`` reads back as one ``(kind, *names)``: the names are what lies between
+    its ``__``; one with ``--`` is told apart by its digest (two such alike: 48 bits of SHA-256 alike, and a report
+    drawing a second plot at one name stops: :func:`drafts`). ``ValueError`` for a ``kind`` of other characters.
+
+    >>> plot_file_name("curves", "smile_random"), plot_file_name("rl", "grpo_sr_cider", "reward/cider")
+    ('curves_smile_random.png', 'rl_grpo_sr_cider__reward.cider.png')
+    >>> plot_file_name("rl", "grpo", "reward/a-b"), plot_file_name("rl", "grpo", "reward/a/b")
+    ('rl_grpo__reward.a-b.png', 'rl_grpo__reward.a.b.png')
+    >>> plot_file_name("rl", "grpo", "reward/Cider")
+    'rl_grpo__reward.cider--a56a5ffca32c.png'
+    """
+    if not _KIND.fullmatch(kind):
+        raise ValueError(f"a plot's kind is lowercase letters, got {kind!r}")
+    names = (name, *more)
+    if all(_PLAIN_NAME.fullmatch(n) for n in names):
+        plain = kind + "_" + "__".join(n.replace("/", ".") for n in names)
+        if len(plain) <= PLAIN_NAME_CHARS:
+            return plain + ".png"
+    readable = "__".join(re.sub(r"[^a-z0-9._-]+", "-", n.lower().replace("/", ".")) for n in names)
+    # json.dumps: names as they are (any character, a lone surrogate of a folder name too), never two lists alike
+    return f"{(kind + '_' + readable)[:80].rstrip('-')}--{digest(json.dumps([kind, *names]).encode())[:12]}.png"
 
 
 def validation_series(run_dir: str | Path, key: str) -> list[tuple[int, float]]:
@@ -136,7 +179,8 @@ def _save(fig: Any, out: str | Path) -> Path:
     fig.savefig(buffer, dpi=100, format=out.suffix.lstrip(".") or "png")
     plt.close(fig)
     if out.parent == _DRAFTS.get():  # a draft (see drafts): the caller writes and records the plots it keeps, once
-        out.write_bytes(buffer.getvalue())
+        with out.open("xb") as f:  # a second plot at one name is an error, never one plot in place of another
+            f.write(buffer.getvalue())
         return out
     # never through a link, nor over a file of the user's: one finecap wrote (remembered, or an earlier report's
     # plot its page shows: plot_replaceable) is replaced
@@ -157,7 +201,9 @@ def drafts() -> Iterator[Path]:
     finecap's, once). While it is open, a plot drawn into it (its file directly in the folder) is a draft, written
     plainly: not synced to the disk (it lives as long as the folder), not recorded as finecap's (finecap records what
     it leaves, not its drafts: a report with ``--out`` alone leaves no plot file), and not checked for a file of the
-    user's (the folder is new, and only this user's). A plot drawn anywhere else is written as always."""
+    user's (the folder is new, and only this user's). A second plot drawn at a draft's name is a ``FileExistsError``
+    (the report stops), never a plot in place of another (:func:`plot_file_name`). A plot drawn anywhere else is
+    written as always."""
     with tempfile.TemporaryDirectory(prefix="finecap-plots-") as scratch:
         token = _DRAFTS.set(Path(scratch))
         try:
@@ -368,10 +414,10 @@ def rl_title(panel: str) -> str:
 
 
 @_plain_text
-def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, prefix: str) -> list[tuple[str, Path]]:
-    """Each of :func:`rl_panels` drawn on its own axes as ``<folder>/<prefix>_<panel>.png`` (``/`` and other
-    characters a file name avoids as ``-``):
-    ``[(panel, path)]``, empty when the run is not an RL run (:func:`is_rl`)."""
+def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, stage: str) -> list[tuple[str, Path]]:
+    """Each of :func:`rl_panels` of the run ``stage`` drawn on its own axes, into ``folder`` as
+    :func:`plot_file_name` ``("rl", stage, panel)`` (``rl_grpo__reward.cider.png``): ``[(panel, path)]``, empty when
+    the run is not an RL run (:func:`is_rl`)."""
     if not is_rl(events):
         return []
     plt = _pyplot()
@@ -386,8 +432,7 @@ def rl_curves(events: Sequence[Mapping[str, Any]], folder: str | Path, prefix: s
         ax.tick_params(labelsize=7)
         if len(series) > 1:
             ax.legend(fontsize=6)
-        name = re.sub(r"[^A-Za-z0-9_.-]", "-", panel)  # a reward named by a dotted path: pkg.mod:Reward
-        out.append((panel, _save(fig, Path(folder) / f"{prefix}_{name}.png")))
+        out.append((panel, _save(fig, Path(folder) / plot_file_name("rl", stage, panel))))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import io
@@ -10,7 +11,8 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +195,34 @@ def replace_durably(src: str | Path, dst: str | Path, *, previous: str | Path | 
         if moved and not os.path.lexists(dst):
             os.replace(previous, dst)
         raise
-    sync_folder(dst.parent)  # both renames, in one folder
+    if not _sync_deferred(dst.parent):  # else once, when the caller's one_folder_sync ends
+        sync_folder(dst.parent)  # both renames, in one folder
+
+
+_DEFERRED_SYNCS: ContextVar[frozenset[str]] = ContextVar("finecap_deferred_folder_syncs", default=frozenset())
+"""The folders (absolute paths) of the :func:`one_folder_sync` blocks open now."""
+
+
+def _sync_deferred(folder: Path) -> bool:
+    return os.path.abspath(folder) in _DEFERRED_SYNCS.get()
+
+
+@contextlib.contextmanager
+def one_folder_sync(folder: str | Path) -> Iterator[None]:
+    """While open, a rename into ``folder`` by :func:`replace_durably` (an atomic write of a file directly in it)
+    syncs the renamed file's data first as always, but not ``folder``; ``folder`` is synced once on leaving, also when
+    an error leaves the block: one ``fsync`` for many files (a report's plots) instead of one each. Every rename of
+    the block is on the disk when it ends, as it is after each one outside it; until then a power loss keeps, at each
+    name, the old file or the complete new one, for any of them, rather than the first ones renamed. So a write that
+    must be on the disk before the next one is (the list of a report's plots, before its plots:
+    :func:`finecap.report.plot_files.write_plots`) is made before the block opens, never in it."""
+    key = os.path.abspath(folder)
+    token = _DEFERRED_SYNCS.set(_DEFERRED_SYNCS.get() | {key})
+    try:
+        yield
+    finally:
+        _DEFERRED_SYNCS.reset(token)
+        sync_folder(key)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
