@@ -101,12 +101,13 @@ class Captioner(Closeable):
         ``ValueError`` naming it (:func:`usable_device`), before the model loads. An empty ``path`` (``""``, which
         ``pathlib`` reads as the working directory) is a ``ValueError``: ``"."`` names that folder. Loading leaves the
         process's random generators (python, numpy, torch) as they were: a notebook's draws after it are those it
-        would have had without it."""
+        would have had without it. A run still training swaps no new ``best`` in while its checkpoint is read
+        (:func:`finecap.runs.reading_checkpoint`): the configuration and the weights are one save's."""
         with silenced():  # the libraries' warnings the CLI leaves out (finecap.library_warnings), imports included
             from finecap.config import load_stored
             from finecap.inference import checkpoint_where, load_for_captioning
             from finecap.models.memory import eval_device
-            from finecap.runs import find_checkpoint, model_dir, stored_config
+            from finecap.runs import model_dir, reading_checkpoint, stored_config
             from finecap.train.checkpoint import folder_config
             from finecap.train.fingerprint import check_run
             from finecap.utils.rng import rng_preserved
@@ -114,12 +115,13 @@ class Captioner(Closeable):
             _refuse_empty_path(path, "Captioner.from_pretrained", 'a run directory, a checkpoint folder or a model '
                                'folder ("." is the working directory)')  # fmt: skip
             where = usable_device(device) if device is not None else None  # a wrong device said before any reading
-            checkpoint = find_checkpoint(checkpoint_where(path, option="path"))  # a run name as --checkpoint takes it
-            stored = stored_config(checkpoint)
-            cfg = load_stored(stored) if stored is not None else folder_config(model_dir(checkpoint))
-            check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
-            with rng_preserved():  # building the modules draws their initial weights from torch's generator
-                model = load_for_captioning(checkpoint, cfg, where if where is not None else eval_device(cfg))
+            # a run name as --checkpoint takes it; its configuration and weights one save's, never a best swapped in
+            with reading_checkpoint(checkpoint_where(path, option="path")) as checkpoint:
+                stored = stored_config(checkpoint)
+                cfg = load_stored(stored) if stored is not None else folder_config(model_dir(checkpoint))
+                check_run(checkpoint, cfg, parts=["captioner"], model_folder=model_dir(checkpoint))
+                with rng_preserved():  # building the modules draws their initial weights from torch's generator
+                    model = load_for_captioning(checkpoint, cfg, where if where is not None else eval_device(cfg))
         return cls(model, cfg, checkpoint)
 
     @property

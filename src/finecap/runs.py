@@ -169,7 +169,8 @@ def swap_guard(path: str | Path, *, exclusive: bool = False, log_wait: str = "")
     """Hold the run's ``checkpoints/`` folder (``flock`` on the folder itself: no file is made, and the kernel drops
     it when its holder dies) for the block when ``path`` lies in one (:func:`checkpoints_folder_of`); else nothing.
 
-    A reader holds it shared while it loads a checkpoint's files (:func:`finecap.models.backbones.load_captioner`),
+    A reader holds it shared while it reads a checkpoint's files (:func:`reading_checkpoint`, the one hold over
+    everything a reader takes of a checkpoint; :func:`finecap.models.backbones.load_captioner` for its weights alone),
     a training run exclusively while it swaps a new ``best`` or ``last`` in (:func:`finecap.train.state.
     replace_checkpoint`): a load never reads some files of one checkpoint and the rest of the next (a ClipCap's
     LM of one save and its mapper of another). The swap waits for loads under way (logging ``log_wait`` first), a
@@ -196,6 +197,25 @@ def swap_guard(path: str | Path, *, exclusive: bool = False, log_wait: str = "")
     finally:
         if fd is not None:
             os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def reading_checkpoint(path: str | Path) -> Iterator[Path]:
+    """The checkpoint ``path`` means (:func:`find_checkpoint`: a run directory's best, else its last; a checkpoint
+    folder; a model folder's checkpoint), found and read under one hold of its run's :func:`swap_guard`: whatever a
+    reader takes of it inside the block (its ``config.yaml``, ``fingerprints.json`` and ``trainer_state.json``, its
+    ``model/`` folder's weights, tokenizer and ``generation_config.json``) is one save's, as a training run swaps its
+    next ``best`` or ``last`` in only once the block ends (docs/runs-and-home.md). A reader that took the
+    configuration before this hold and the weights inside another one could pair a save's ``config.yaml`` (its
+    decoding, its load options) with the next save's weights. The one way finecap's readers of a checkpoint read it
+    (``finecap caption``, ``finecap export``, :meth:`finecap.api.Captioner.from_pretrained`, boost's world visual
+    expert); the block holds the run's next save off, so it spans the reads, not the work done with them (the
+    captioning). A folder in no run's ``checkpoints/`` (an export, a bare model folder) is found and read unguarded:
+    nothing swaps it."""
+    path = Path(path)
+    # a run directory: its checkpoints/ folder is held before best or last is chosen (no swap is under way then)
+    with swap_guard(checkpoint_dir(path, BEST) if (path / CHECKPOINTS_DIR).is_dir() else path):
+        yield find_checkpoint(path)
 
 
 SWAP_WAIT = 5.0

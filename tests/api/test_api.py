@@ -858,3 +858,27 @@ def test_a_missing_encoder_folder_is_refused_before_the_world_is_made(tmp_path, 
             finecap.train("demo/mle", model__encoder=missing, world__n_train=8, world__n_val=4, world__n_test=4,
                           world__image_size=32, train__max_steps=1, run__dir=tmp_path / "run")  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no world, no home, no run folder
+
+
+def test_a_best_saved_while_it_loads_never_lends_its_settings_to_the_earlier_weights(tmp_path, monkeypatch):
+    # Captioner.from_pretrained of a run still training read the best's config.yaml and fingerprints, then loaded
+    # the weights under the run's swap guard: a best swapped in between gave the captioner step 7's configuration
+    # (max_length 5) and step 9's weights; the checkpoint is now held from its config.yaml to its weights
+    import finecap.train.fingerprint as fingerprint
+    from finecap.train.checkpoint import load_info
+    from helpers.swaps import FIRST, NextSave, clipcap_run, weight_sum
+
+    run_dir, model, save_next = clipcap_run(tmp_path)
+    first = weight_sum(model)
+    real_check = fingerprint.check_run
+    with NextSave(save_next) as next_save:
+
+        def check_then_save(*args, **kwargs):
+            checked = real_check(*args, **kwargs)
+            next_save.start()  # the run saves its next best once the captioner's configuration is read
+            return checked
+
+        monkeypatch.setattr(fingerprint, "check_run", check_then_save)
+        cap = Captioner.from_pretrained(run_dir, device="cpu")
+    assert (cap.cfg.decode.max_length, weight_sum(cap.model)) == (FIRST, first)  # one save's: step 7's
+    assert next_save.waited and load_info(checkpoint_dir(run_dir, "best"))["step"] == 9  # the save went through after

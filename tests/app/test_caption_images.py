@@ -610,3 +610,38 @@ def test_captions_that_decode_to_no_text_are_written_and_said(run, shapes, tmp_p
     assert got[first] == "" and all(got[k] for k in got if k != first)
     assert f"caption: 1 of the captions (of {len(got)}) are empty, e.g. image ids ['{first}'] (they decoded to no " \
            "text)" in err  # fmt: skip
+
+
+def test_a_best_saved_while_it_is_captioned_never_lends_its_settings_to_the_earlier_weights(tmp_path, monkeypatch):
+    # finecap caption of a run still training read the best's config.yaml (its decoding, its load options) and its
+    # fingerprints, then loaded the weights under the run's swap guard: a best swapped in between was read with the
+    # settings of the save before it (max_length 5 of step 7 on step 9's weights); the checkpoint is now held from its
+    # config.yaml to its weights, and the run's swap waits
+    import finecap.app.caption as caption
+    from finecap.train.checkpoint import load_info
+    from helpers.swaps import FIRST, NextSave, clipcap_run, weight_sum
+
+    run_dir, model, save_next = clipcap_run(tmp_path)
+    first = weight_sum(model)
+    Image.new("RGB", (16, 16), (200, 30, 30)).save(tmp_path / "red.png")
+    loaded = []
+    real_check, real_load = caption.check_run, caption.load_for_captioning
+
+    def load(checkpoint, cfg, device):
+        model = real_load(checkpoint, cfg, device)
+        loaded.append((cfg.decode.max_length, weight_sum(model)))
+        return model
+
+    with NextSave(save_next) as next_save:
+
+        def check_then_save(*args, **kwargs):
+            checked = real_check(*args, **kwargs)
+            next_save.start()  # the run saves its next best once the command has read this one's configuration
+            return checked
+
+        monkeypatch.setattr(caption, "check_run", check_then_save)
+        monkeypatch.setattr(caption, "load_for_captioning", load)
+        main(checkpoint=run_dir, images=[tmp_path / "red.png"], out=tmp_path / "captions.json")
+    assert loaded == [(FIRST, first)]  # the configuration and the weights of one save: step 7's
+    assert next_save.waited and load_info(checkpoint_dir(run_dir, "best"))["step"] == 9  # the save went through after
+    assert list(results(tmp_path / "captions.json")) == ["red.png"]

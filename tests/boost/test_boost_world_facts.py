@@ -249,3 +249,32 @@ def test_a_missing_visual_expert_is_named_with_the_command_that_makes_it_there(t
     with pytest.raises(FileNotFoundError) as e:
         WorldVLM(cfg.boost.vlm_model, cfg)
     assert str(e.value).endswith(f"`finecap train demo/visual_expert` wrote one: boost.vlm_model={made}")
+
+
+def test_the_visual_experts_identity_and_weights_are_one_saves(tmp_path, monkeypatch):
+    # boost's world visual expert (boost.vlm_model) of a run still training stamped the best's weight files (the
+    # identity its cached answers are keyed by), then loaded the weights, and read its shift after: a best swapped in
+    # between was answered under the stamp of the save before it; the checkpoint is now held for all three reads
+    import finecap.boost.world_backend as world_backend
+    from finecap.boost.engine import weights_stamp
+    from finecap.boost.world_backend import WorldVLM
+    from finecap.config import load
+    from finecap.runs import checkpoint_dir, model_dir
+    from finecap.train.checkpoint import load_info
+    from helpers.swaps import NextSave, clipcap_run, weight_sum
+
+    run_dir, model, save_next = clipcap_run(tmp_path)
+    best = checkpoint_dir(run_dir, "best")
+    first, stamp = weight_sum(model), weights_stamp(model_dir(best), ("*.safetensors",))
+    real_stamp = world_backend.weights_stamp
+    with NextSave(save_next) as next_save:
+
+        def stamp_then_save(*args, **kwargs):
+            stamped = real_stamp(*args, **kwargs)
+            next_save.start()  # the run saves its next best once the expert has stamped this one's weights
+            return stamped
+
+        monkeypatch.setattr(world_backend, "weights_stamp", stamp_then_save)
+        expert = WorldVLM(best, load(None, []))
+    assert expert.weights == stamp and weight_sum(expert.model) == first  # one save's: step 7's
+    assert next_save.waited and load_info(best)["step"] == 9  # the save went through after

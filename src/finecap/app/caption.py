@@ -34,10 +34,15 @@ command line (``--data``, a recipe, ``data.*`` or ``world.*`` overrides), the da
 it stops with an error naming both fingerprints (exit 2). Decoding is :func:`finecap.caption.generate_captions`
 (frozen encoders read images through the image-feature cache), by finecap's decoder or, with ``--engine vllm``
 (``decode.engine=vllm``), by a vLLM engine serving the captioner (:mod:`finecap.engines.vllm`; docs/scaling.md).
+
+A run still training may swap a new ``best`` in while it is captioned: the checkpoint is read under one hold of the
+run's swap guard (:func:`finecap.runs.reading_checkpoint`), from its ``config.yaml`` and fingerprints to its weights,
+so the captions are one save's, decoded with that save's settings; the hold ends once the model is loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -71,7 +76,7 @@ from finecap.outputs import (
     write_output_json,
 )
 from finecap.recipes import resolve_recipe
-from finecap.runs import find_checkpoint, model_dir, stored_config
+from finecap.runs import find_checkpoint, model_dir, reading_checkpoint, stored_config
 from finecap.train.checkpoint import folder_config
 from finecap.train.engine import make_accelerator
 from finecap.train.fingerprint import check_run
@@ -114,8 +119,7 @@ def resolve(
     ``labels``: the command-line options some ``overrides`` stand for (``{"decode.engine=x": "--engine x"}``), which
     an error about one names (:func:`finecap.config.load`)."""
     overrides = list(overrides)
-    root = next((str(v) for k, v in map(parse_override, overrides) if k == ["run", "root"]), "")
-    ckpt = find_checkpoint(checkpoint_where(checkpoint, root))
+    ckpt = find_checkpoint(checkpoint_where(checkpoint, given_root(overrides)))
     stored = stored_config(ckpt)
     if stored is not None:
         cfg = load_stored(stored, overrides, recipe=recipe, labels=labels)
@@ -149,6 +153,12 @@ def resolve(
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
     from_command_line = data is not None or recipe is not None or bool(given & {"data", "world"})
     return CaptionSetup(ckpt, cfg, stored, from_command_line)
+
+
+def given_root(overrides: Sequence[str]) -> str:
+    """The runs root ``overrides`` give (``run.root=...``), where a relative checkpoint is looked for; ``""``: the
+    home's (:func:`finecap.inference.checkpoint_where`)."""
+    return next((str(v) for k, v in map(parse_override, overrides) if k == ["run", "root"]), "")
 
 
 def check_same_splits(run: Config, cfg: Config) -> None:
@@ -399,116 +409,128 @@ def main(
         raise ValueError("--images captions image files, --data and --split a data set's split: give one or the other")
     split_given = split is not None
     split = split or "test"
-    if cfg is None:
-        setup = resolve(
-            checkpoint, data=data, recipe=recipe, overrides=overrides, skip_bad_images=skip_bad_images, labels=labels
-        )
-    else:
-        if data:
-            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))
-        if skip_bad_images:
-            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
-        setup = CaptionSetup(find_checkpoint(checkpoint_where(checkpoint, cfg.run.root)), cfg, None, True)
-    changes = decode_changes(recipe, overrides) if cfg is None else ""  # a caller's cfg is used as it is
-    cfg = setup.cfg
-    recipe_file = resolve_recipe(recipe) if recipe else None
-    if images is not None:
-        files = image_files(images, allow_outside=cfg.data.allow_outside_paths)
-        for source in images:  # one by one: each is the command's --images
-            check_not_input(out, {"--images": source}, option="--out")
-        inputs = {"--checkpoint": setup.checkpoint, "recipe": recipe_file}
-    else:
-        files = None
-        if setup.config_file is None and not setup.data_from_command_line:
-            raise ValueError(
-                f"{setup.checkpoint}: a model folder with no stored configuration (no config.yaml beside it or in a "
-                "run directory holding it), so nothing says which data to caption: pass --images DIR_OR_FILE ..., or "
-                "--data FILE (or pass the run directory or checkpoint folder the model was saved in)"
+    root = cfg.run.root if cfg is not None else given_root(overrides)
+    # the checkpoint is held from its config.yaml to its weights (finecap.runs.reading_checkpoint): one save's files,
+    # never some of the best a run still training swaps in meanwhile; released once the model is loaded
+    with contextlib.ExitStack() as hold:
+        found = hold.enter_context(reading_checkpoint(checkpoint_where(checkpoint, root)))
+        if cfg is None:
+            setup = resolve(
+                found, data=data, recipe=recipe, overrides=overrides, skip_bad_images=skip_bad_images, labels=labels
             )
-        inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
-                  "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
-    check_output_file(out, inputs, force=force, kind="results")
-    if cfg.data.skip_bad_images:  # the list of the images left out, beside out
-        check_output_file(beside(out, SKIPPED_SUFFIX), inputs, force=force, kind="skipped")
-    check_writable(out)  # before the model loads and the images decode, not when the captions are written
-    kept: list[Any] = []
-    undecoded: list[tuple[Any, str]] = []  # said at the end, with the images the model refuses: one warning
-    if files is None:
-        try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
-            kept = load_records(cfg, split, captioned=False, left_out=undecoded)
-        except MissingSplit as e:
-            if setup.data_from_command_line:  # the split asked for (or --split's default) may be what is wrong
-                held = " or ".join(f"--split {s}" for s in e.present)
-                default = "" if split_given else f" (--split defaults to {split})"
-                raise DataError(f"{e.found}; caption a split it holds with {held}{default}, or {e.advice}") from None
-            raise DataError(
-                f"{e.found}; the run's own data set is split as it was trained (another split would hold images it "
-                "trained or validated on): caption images it never saw with --images FOLDER, or --data FILE"
-            ) from None
-        # an image beside the data set's file lies in no folder of the inputs checked above
-        check_not_among(out, [r.path for r in kept if not r.embedded], what="an image of the data set",
-                        option="--out")  # fmt: skip
-    parts = ["captioner"] if setup.data_from_command_line or files is not None else ["captioner", "data"]
-    checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
-    accelerator = make_accelerator(cfg.train)
-    if setup.config_file:
-        source = f"the checkpoint's {setup.config_file}{changes}"
-    elif (model_dir(setup.checkpoint) / "generation_config.json").is_file():
-        source = f"{model_dir(setup.checkpoint) / 'generation_config.json'} and the command line (no stored config)"
-    else:
-        source = "the command line (no stored config)"
-    if accelerator.is_main_process:
-        log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
-                 "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
-    engine_class(cfg.decode).check_processes(cfg, accelerator.num_processes)  # vLLM: one engine in one process
-    # the partial results file (kept when the run stops, resumed by the same command): one process only (several
-    # would each hold a part)
-    partial = None
-    done: list[dict] = []
-    if accelerator.num_processes == 1:
-        partial = PartialResults(beside(out, PARTIAL_SUFFIX), caption_header(setup, cfg, split, files, checked))
-        done = partial.open(force)
-    try:
-        model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
-        with open_engine(cfg, model) as generator:  # the captioner itself, or an engine serving it (decode.engine)
-            if files is not None:
-                result = caption_images(generator, [f.path for f in files], cfg.decode,
-                                        skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
-                                        accelerator=accelerator, limits=ImageLimits.of(cfg.data),
-                                        draft=encoder_draft(model.encoder, cfg.data), seed=cfg.run.seed,
-                                        done={row["image"]: row.get("captions") for row in done},
-                                        done_skipped=[(row["image"], row["skipped"]) for row in done
-                                                      if "skipped" in row],
-                                        on_batch=partial.add if partial else None)  # fmt: skip
-                paired = zip(files, result.captions, strict=True)
-                captions = {f.image_id: caps for f, caps in paired if caps is not None}
-                what = f"{len(files)} image(s)"
-                if accelerator.is_main_process:
-                    listed = write_skipped(Path(out), len(files), [(files[i].image_id, files[i].path, reason)
-                                                                   for i, reason in result.skipped])  # fmt: skip
-                    if listed is not None:
-                        log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
-                                    describe_skipped(result.skipped, len(files)), listed)  # fmt: skip
-            else:
-                refused: list[tuple[Any, str]] | None = [] if cfg.data.skip_bad_images else None
-                captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed,
-                                             done={row["image"]: row["captions"] for row in done},
-                                             on_batch=partial.add if partial else None, refused=refused)  # fmt: skip
-                what = f"split {split!r}"
-                if accelerator.is_main_process:  # refused: every image left out, up front or when preprocessed
-                    bad, total = refused or [], len(kept) + len(undecoded)
-                    path_of = {r.image_id: r.path for r in [*kept, *(r for r, _ in undecoded)]}
-                    listed = write_skipped(Path(out), total, [(i, path_of[i], reason) for i, reason in bad])
-                    if listed is not None:
-                        log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
-                                    describe_skipped(bad, total, f"images of split {split!r}"), listed)  # fmt: skip
-    except BaseException:
-        if partial is not None and partial.close() == 0:
-            partial.path.unlink()  # nothing captioned: nothing to keep
-        elif partial is not None:
-            log.warning("caption: stopped; %d image(s) captioned are kept in %s: run the same command again to resume "
-                      "(--force to start over)", partial.kept, partial.path)  # fmt: skip
-        raise
+        else:
+            if data:
+                cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data)))
+            if skip_bad_images:
+                cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=True))
+            setup = CaptionSetup(found, cfg, None, True)
+        changes = decode_changes(recipe, overrides) if cfg is None else ""  # a caller's cfg is used as it is
+        cfg = setup.cfg
+        recipe_file = resolve_recipe(recipe) if recipe else None
+        if images is not None:
+            files = image_files(images, allow_outside=cfg.data.allow_outside_paths)
+            for source in images:  # one by one: each is the command's --images
+                check_not_input(out, {"--images": source}, option="--out")
+            inputs = {"--checkpoint": setup.checkpoint, "recipe": recipe_file}
+        else:
+            files = None
+            if setup.config_file is None and not setup.data_from_command_line:
+                raise ValueError(
+                    f"{setup.checkpoint}: a model folder with no stored configuration (no config.yaml beside it or in "
+                    "a run directory holding it), so nothing says which data to caption: pass --images DIR_OR_FILE "
+                    "..., or --data FILE (or pass the run directory or checkpoint folder the model was saved in)"
+                )
+            inputs = {"--checkpoint": setup.checkpoint, "data set": cfg.data.path or world_path(cfg.world),
+                      "image folder (data.images)": cfg.data.images or None, "recipe": recipe_file}  # fmt: skip
+        check_output_file(out, inputs, force=force, kind="results")
+        if cfg.data.skip_bad_images:  # the list of the images left out, beside out
+            check_output_file(beside(out, SKIPPED_SUFFIX), inputs, force=force, kind="skipped")
+        check_writable(out)  # before the model loads and the images decode, not when the captions are written
+        kept: list[Any] = []
+        undecoded: list[tuple[Any, str]] = []  # said at the end, with the images the model refuses: one warning
+        if files is None:
+            try:  # the split before the model loads (the reader keeps it); the run's own data is split as it trained
+                kept = load_records(cfg, split, captioned=False, left_out=undecoded)
+            except MissingSplit as e:
+                if setup.data_from_command_line:  # the split asked for (or --split's default) may be what is wrong
+                    held = " or ".join(f"--split {s}" for s in e.present)
+                    default = "" if split_given else f" (--split defaults to {split})"
+                    raise DataError(
+                        f"{e.found}; caption a split it holds with {held}{default}, or {e.advice}"
+                    ) from None
+                raise DataError(
+                    f"{e.found}; the run's own data set is split as it was trained (another split would hold images "
+                    "it trained or validated on): caption images it never saw with --images FOLDER, or --data FILE"
+                ) from None
+            # an image beside the data set's file lies in no folder of the inputs checked above
+            check_not_among(out, [r.path for r in kept if not r.embedded], what="an image of the data set",
+                            option="--out")  # fmt: skip
+        parts = ["captioner"] if setup.data_from_command_line or files is not None else ["captioner", "data"]
+        checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
+        accelerator = make_accelerator(cfg.train)
+        if setup.config_file:
+            source = f"the checkpoint's {setup.config_file}{changes}"
+        elif (model_dir(setup.checkpoint) / "generation_config.json").is_file():
+            source = (
+                f"{model_dir(setup.checkpoint) / 'generation_config.json'} and the command line (no stored config)"
+            )
+        else:
+            source = "the command line (no stored config)"
+        if accelerator.is_main_process:
+            log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
+                     "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
+        engine_class(cfg.decode).check_processes(cfg, accelerator.num_processes)  # vLLM: one engine in one process
+        # the partial results file (kept when the run stops, resumed by the same command): one process only (several
+        # would each hold a part)
+        partial = None
+        done: list[dict] = []
+        if accelerator.num_processes == 1:
+            partial = PartialResults(beside(out, PARTIAL_SUFFIX), caption_header(setup, cfg, split, files, checked))
+            done = partial.open(force)
+        try:
+            model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
+            hold.close()  # the checkpoint is read: the run may swap its next one in while this one captions
+            with open_engine(cfg, model) as generator:  # the captioner itself, or an engine serving it (decode.engine)
+                if files is not None:
+                    result = caption_images(generator, [f.path for f in files], cfg.decode,
+                                            skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
+                                            accelerator=accelerator, limits=ImageLimits.of(cfg.data),
+                                            draft=encoder_draft(model.encoder, cfg.data), seed=cfg.run.seed,
+                                            done={row["image"]: row.get("captions") for row in done},
+                                            done_skipped=[(row["image"], row["skipped"]) for row in done
+                                                          if "skipped" in row],
+                                            on_batch=partial.add if partial else None)  # fmt: skip
+                    paired = zip(files, result.captions, strict=True)
+                    captions = {f.image_id: caps for f, caps in paired if caps is not None}
+                    what = f"{len(files)} image(s)"
+                    if accelerator.is_main_process:
+                        listed = write_skipped(Path(out), len(files), [(files[i].image_id, files[i].path, reason)
+                                                                       for i, reason in result.skipped])  # fmt: skip
+                        if listed is not None:
+                            log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
+                                        describe_skipped(result.skipped, len(files)), listed)  # fmt: skip
+                else:
+                    refused: list[tuple[Any, str]] | None = [] if cfg.data.skip_bad_images else None
+                    captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed,
+                                                 done={row["image"]: row["captions"] for row in done},
+                                                 on_batch=partial.add if partial else None,
+                                                 refused=refused)  # fmt: skip
+                    what = f"split {split!r}"
+                    if accelerator.is_main_process:  # refused: every image left out, up front or when preprocessed
+                        bad, total = refused or [], len(kept) + len(undecoded)
+                        path_of = {r.image_id: r.path for r in [*kept, *(r for r, _ in undecoded)]}
+                        listed = write_skipped(Path(out), total, [(i, path_of[i], reason) for i, reason in bad])
+                        if listed is not None:
+                            log.warning("caption: %s (data.skip_bad_images=true); every one, with its reason, in %s",
+                                        describe_skipped(bad, total, f"images of split {split!r}"),
+                                        listed)  # fmt: skip
+        except BaseException:
+            if partial is not None and partial.close() == 0:
+                partial.path.unlink()  # nothing captioned: nothing to keep
+            elif partial is not None:
+                log.warning("caption: stopped; %d image(s) captioned are kept in %s: run the same command again to "
+                            "resume (--force to start over)", partial.kept, partial.path)  # fmt: skip
+            raise
     out = Path(out)
     if accelerator.is_main_process:
         first = {image_id: caps[0] for image_id, caps in captions.items()}

@@ -18,9 +18,9 @@ refused, with or without ``--force``, and so is OUT inside a run's checkpoint fo
 training_folder_of`: only training writes there, and a resumable checkpoint is never replaced by an export).
 
 A run still training may swap a new ``best`` in while it is exported: the export holds the run's
-:func:`finecap.runs.swap_guard` while it reads the checkpoint (its weights, configuration, ``trainer_state.json``,
-fingerprints and decoding settings), so they are one save's and its card states the step and values of the weights it
-holds; the run's swap waits for it.
+:func:`finecap.runs.swap_guard` while it reads the checkpoint (:func:`finecap.runs.reading_checkpoint`: its weights,
+configuration, ``trainer_state.json``, fingerprints and decoding settings), so they are one save's and its card states
+the step and values of the weights it holds; the run's swap waits for it.
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ from finecap.runs import (
     FINGERPRINTS_FILE,
     INFO_FILE,
     decode_event,
-    find_checkpoint,
     model_dir,
+    reading_checkpoint,
     stored_config,
-    swap_guard,
     temporary_dir,
     training_folder_of,
 )
@@ -149,8 +148,9 @@ def main(checkpoint: str, out: str, merged: bool, force: bool = False) -> Path:
     """Export the captioner of ``checkpoint`` into ``out`` (module docstring); returns ``out``."""
     if not merged:
         raise ValueError("finecap export: say what to write: --merged OUT (a plain checkpoint, LoRA adapters merged)")
-    found = find_checkpoint(checkpoint_where(checkpoint, option="RUN"))  # a run name as caption --checkpoint reads it
-    with swap_guard(found):  # one checkpoint's weights, configuration and records, never a best swapped in between
+    # a run name as caption --checkpoint reads it; one checkpoint's weights, configuration and records, never a best
+    # swapped in between
+    with reading_checkpoint(checkpoint_where(checkpoint, option="RUN")) as found:
         return _export(found, Path(out), force)
 
 

@@ -82,16 +82,17 @@ class WorldVLM:
     def __init__(self, checkpoint: str | Path, cfg: Config, batch_size: int = 256) -> None:
         from finecap.models.backbones import load_captioner
         from finecap.models.first_token import start_shift, unshift_as
-        from finecap.runs import model_dir
+        from finecap.runs import model_dir, reading_checkpoint
 
         path = Path(checkpoint)
         if not path.exists():
             hint = expert_hint(path, cfg)
             raise FileNotFoundError(f"boost.vlm_model: visual expert checkpoint {path} not found; {hint}")
-        self.path = model_dir(path)
-        self.weights = weights_stamp(self.path, ("*.safetensors",))  # read once: the identity of every request
-        self.model = load_captioner(self.path).eval()  # any backbone's checkpoint (the demo trains a ClipCap)
-        unshift_as(self.model, start_shift(path))  # its captions without the shift token of SMILE-shifted weights
+        with reading_checkpoint(path) as found:  # the stamp, the weights and the shift one save's (a run training)
+            self.path = model_dir(found)
+            self.weights = weights_stamp(self.path, ("*.safetensors",))  # read once: the identity of every request
+            self.model = load_captioner(self.path).eval()  # any backbone's checkpoint (the demo trains a ClipCap)
+            unshift_as(self.model, start_shift(found))  # its captions without the shift token of SMILE-shifted weights
         self.cfg = cfg
         limit = self.model.max_caption_tokens or 10**6
         self.decode = dataclasses.replace(
