@@ -4,6 +4,7 @@ world's faithfulness, per-image rows name the judge and its prompt version, clai
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -254,6 +255,11 @@ def test_eval_out_records_the_judge_that_scored(world, tmp_path, capsys):
     assert cli(args) == 0
     printed, written = json.loads(capsys.readouterr().out), json.loads((tmp_path / "s.json").read_text())
     expected = {"judge": "world", "prompt_version": "world-1", "noise": 0.25, "seed": 5, "shuffles": 3}
+    # and what the judge did (counted exactly of a served judge in test_eval_says_over_how_many_images_...): the
+    # world judge asks no server, caches nothing, parses nothing and fails no call of these captions
+    counts = written["judge"].pop("counts")
+    assert counts == {"calls": counts["calls"], "cache_hits": 0, "unparsable": 0, "failed": 0, "rate_limited": 0}
+    assert counts["calls"] > 0 and printed["judge"].pop("counts") == counts
     assert written["judge"] == printed["judge"] == expected
     assert written == printed and 0 <= written["qa/accuracy"] <= 1
     # no judge-backed group: no judge key, the scores alone
@@ -275,3 +281,39 @@ def test_eval_out_records_the_model_a_served_judge_named(world, tmp_path, capsys
     assert cli(args) == 0
     capsys.readouterr()
     assert json.loads((tmp_path / "s.json").read_text())["judge"]["served_model"] == "world-2026-11-29"
+
+
+def test_eval_says_over_how_many_images_a_judged_mean_is_and_what_the_judge_did(world, tmp_path, capsys):
+    """The results file of an evaluation whose judge failed on some images said how many failed, but neither over
+    how many images the mean was nor anything of the judge's work: its calls, unparsable answers, failed calls and
+    its server's HTTP 429s (Judge.counts, OpenAIBackend.rate_limited) were reported nowhere. Now the file and the
+    table hold ``clair/judge_scored`` beside the mean and the judge's record its ``counts``; a partial score still
+    exits 0 (every image failed: exit 2, test_eval_with_a_judge_failing_on_every_image_fails_and_writes_nothing)."""
+    from helpers.chat_server import ChatServer, completion
+
+    def rate_limited_once(payload, n):  # each call's first request: HTTP 429; then a rating, "nonsense" none
+        if n == 0:
+            return 429, {"error": "rate limited"}, {"Retry-After": "0"}
+        if "nonsense" in payload["messages"][-1]["content"]:
+            return 200, completion("no idea")
+        return 200, completion(json.dumps({"score": 70, "reason": "mostly right"}))
+
+    refs = load_references(load(), world, split="test")
+    predictions = {r.image_id: r.captions[0] for r in refs.records}
+    predictions[refs.records[0].image_id] = "nonsense"
+    write_results(tmp_path / "r.json", predictions)
+    with ChatServer(rate_limited_once) as server:
+        args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics", "clair",
+                "--judge", "openai", "--out", str(tmp_path / "s.json"), f"judge.urls=[{server.url}]",
+                "judge.model=test-model", "judge.retries=1", "judge.cache=false"]  # fmt: skip
+        assert cli(args) == 0
+    n = len(predictions)
+    out = json.loads((tmp_path / "s.json").read_text())
+    assert out["clair/score"] == 70.0 and (out["clair/judge_scored"], out["clair/judge_failed"]) == (n - 1, 1)
+    # one call per image; "nonsense" answered twice unparsably (asked once more: judge.retries=1), then failed;
+    # every call's first request rate-limited
+    counts = {"calls": n, "cache_hits": 0, "unparsable": 2, "failed": 1, "rate_limited": n}
+    assert out["judge"]["counts"] == counts
+    said = capsys.readouterr()
+    assert re.search(rf"^\| clair/judge_scored +\| {n - 1} +\|$", said.out, re.MULTILINE), said.out
+    assert f"the judge failed on 1 of {n} images; the means are over the other {n - 1}" in said.err

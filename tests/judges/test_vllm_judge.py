@@ -55,6 +55,8 @@ def test_an_unparsable_answer_is_asked_again_then_counted_failed():
     judge = judge_with(StandIn("no idea", "no idea", "no idea"))
     (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
     assert isinstance(out, JudgeFailed) and "unparsable" in str(out) and judge.counts["failed"] == 1
+    # what a results file and a training log say of it (Judge.tallies); an engine in process is never rate-limited
+    assert judge.tallies() == {"calls": 1, "cache_hits": 0, "unparsable": 3, "failed": 1, "rate_limited": 0}
 
 
 def test_a_prompt_vllm_refuses_fails_its_call():

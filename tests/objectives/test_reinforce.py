@@ -230,6 +230,52 @@ def test_closing_the_objective_closes_its_reward():
     assert closed == [objective.reward]
 
 
+class Tallying(RewardBase):
+    """:class:`TableReward`'s values, counting its calls and captions (:meth:`RewardBase.tallies`, as a judged
+    reward reports its judge's calls)."""
+
+    def __init__(self):
+        self.calls = self.captions = 0
+
+    def setup(self, inputs):
+        self.calls += 2  # work before the first step (a judged reward's blind asks)
+
+    def __call__(self, captions, batch):
+        self.calls, self.captions = self.calls + 1, self.captions + len(captions)
+        return TableReward(REWARDS)(captions, batch)
+
+    def tallies(self):
+        return {"calls": float(self.calls), "captions": float(self.captions)}
+
+
+class TwoProcesses:
+    """An accelerator of two processes whose other process counted as much as this one (``reduce`` by sum)."""
+
+    num_processes, device = 2, "cpu"
+
+    def reduce(self, t, reduction):
+        assert reduction == "sum"
+        return t * 2
+
+
+def test_each_step_logs_the_increase_of_the_rewards_tallies_over_every_process():
+    # the tallies of a reward (a judge's calls, failures, HTTP 429s) were logged nowhere; each step now logs how much
+    # they grew over it, summed over the processes, as reward/<name>/<key>
+    reward = Tallying()
+    objective = Reinforce(WeightedSum({"t": (1.0, reward)}), MeanBaseline(), rl=RLConfig(samples=2))
+    objective.setup(training_context([]))  # one process; the set-up's 2 calls are no step's
+    model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2)
+    objective(model, BATCH)  # 4 captions, one call
+    objective.end_step()
+    assert objective.step_values() == {"reward/t/calls": 1.0, "reward/t/captions": 4.0}
+    objective.accelerator = TwoProcesses()
+    objective(model, BATCH), objective(model, BATCH)  # two micro-batches here, as many on the other process
+    objective.end_step()
+    assert objective.step_values() == {"reward/t/calls": 4.0, "reward/t/captions": 16.0}
+    objective.end_step()  # a step that called nothing
+    assert objective.step_values() == {"reward/t/calls": 0.0, "reward/t/captions": 0.0}
+
+
 def test_build_baseline_names():
     assert isinstance(build_baseline(RLConfig(baseline="greedy")), GreedyBaseline)
     assert build_baseline(RLConfig(baseline="mean", mean_momentum=0.5)).momentum == 0.5

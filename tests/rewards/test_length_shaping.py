@@ -87,11 +87,18 @@ def test_the_registrys_length_wraps_a_named_reward_and_passes_its_settings_and_d
     captions = ["a red circle", "a red circle on grass " + " ".join(["w"] * 10)]
     shaped = reward_of("length", reward="claims", kind="soft_overlong", max_length=8, cache=4, score="precision",
                        judge=WorldJudge(), scenes=scenes)  # fmt: skip
-    inner = reward_of("claims", score="precision", judge=WorldJudge(), scenes=scenes)(captions, batch)
+    claims = reward_of("claims", score="precision", judge=WorldJudge(), scenes=scenes)
+    inner = claims(captions, batch)
     out = shaped(captions, batch)
     assert shaped.per_caption and shaped.known_images() == [0]  # the inner reward's: the images with a scene
     assert out.parts["overlong"].tolist() == [0, -1] and out.parts["precision"].tolist() == inner.total.tolist()
     assert out.total.tolist() == pytest.approx((inner.total + torch.tensor([0.0, -1.0])).tolist())
+    # its judge's work, which training logs per step (RewardBase.tallies), is the wrapped reward's
+    assert shaped.tallies() == claims.tallies() and shaped.tallies()["judge/calls"] > 0
+    from finecap.config import load
+    from finecap.rewards import get_reward
+
+    assert get_reward("length", load()).tallies() == {}  # wrapping nothing yet: nothing counted, no error
 
 
 def test_settings_of_the_wrapped_reward_come_with_its_name_never_with_a_built_reward():

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from finecap.integrations.trl import reward_function
+from finecap.judges.base import JudgeFailed
+from finecap.judges.world import WorldJudge
 from finecap.rewards import NonFiniteReward, RewardBase, RewardOutput
 from finecap.train.run import train
+from helpers.logged_keys import undocumented
 
 SET_UP: list[int] = []  # the images with references each Words reward saw in setup(inputs)
 
@@ -147,3 +151,55 @@ def test_the_judge_a_training_reward_built_is_closed_when_training_ends(make_cfg
     values = train_values(train(cfg))
     assert len(values) == 1 and 0.0 <= values[0]["reward/qa_utility"] <= 1.0
     assert len(CLOSED) == 1
+
+
+class TalliedWorldJudge(WorldJudge):
+    """The world judge, except that the first ask of a caption in each call fails (counted as failed) and each call
+    asking about captions meets one HTTP 429 of its server (a backend's ``rate_limited``); the blind asks (the
+    reward's set-up's) are counted apart, in ``blind``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backends = [SimpleNamespace(rate_limited=0)]
+        self.blind = 0
+
+    def answer(self, asks):
+        out = super().answer(asks)
+        self.blind += sum(a.caption is None for a in asks)
+        captioned = [n for n, a in enumerate(asks) if a.caption is not None]
+        if captioned:
+            self.backends[0].rate_limited += 1
+            out[captioned[0]] = JudgeFailed("down for one ask")
+            self.counts["failed"] += 1
+        return out
+
+
+TALLIED: list[TalliedWorldJudge] = []  # the judges tallied_world_judge made
+
+
+def tallied_world_judge(cfg, **options):
+    TALLIED.append(TalliedWorldJudge())
+    return TALLIED[-1]
+
+
+def test_a_training_run_logs_its_judges_calls_failures_and_rate_limits_per_step(make_cfg):
+    """The judge's counts (Judge.counts: calls, cache hits, unparsable answers, failed calls) and its servers'
+    HTTP 429s (OpenAIBackend.rate_limited) were logged nowhere: a run said how many captions failed
+    (reward/qa_utility/judge_failed), not how many calls were asked, failed or rate-limited. Each step now logs their
+    increase as reward/qa_utility/judge/<tally>, the set-up's blind asks in no step."""
+    TALLIED.clear()
+    cfg = make_cfg(*RL, "rl.rewards={qa_utility: 1.0}", f"judge.name={__name__}:tallied_world_judge",
+                   "train.max_steps=3", "train.log_every=1")  # fmt: skip
+    values = train_values(train(cfg))
+    (judge,) = TALLIED
+    assert len(values) == 3
+    logged = {key: [v[f"reward/qa_utility/judge/{key}"] for v in values]
+              for key in ("calls", "cache_hits", "unparsable", "failed", "rate_limited")}  # fmt: skip
+    # every step asked (its samples' and greedy captions' questions), each ask of a caption once
+    assert all(n > 0 for n in logged["calls"]) and sum(logged["calls"]) == judge.counts["calls"] - judge.blind
+    assert judge.blind > 0  # the set-up asked blind: counted in no step
+    assert all(n > 0 for n in logged["failed"]) and sum(logged["failed"]) == judge.counts["failed"]
+    assert all(n > 0 for n in logged["rate_limited"]) and sum(logged["rate_limited"]) == judge.backends[0].rate_limited
+    assert logged["cache_hits"] == logged["unparsable"] == [0.0] * 3  # the world judge has no cache, parses nothing
+    assert all(v["reward/qa_utility/judge_failed"] > 0 for v in values)  # the captions whose asks failed
+    assert undocumented(set(values[0])) == []  # docs/training.md's "What a run logs" explains every key

@@ -20,9 +20,13 @@ their keys are listed there).
   ``Bleu_1`` .. ``Bleu_4``, ``METEOR``, ``ROUGE_L``, ``CIDEr``, ``SPICE``, the keys of ``COCOEvalCap.eval``; by
   default only those five groups). ``--out`` also writes that JSON to a file. When a judge-backed group ran
   (``qa``, ``claims``, ``clair``) the JSON also holds ``judge``: what judged (its name, prompt version, model,
-  ``max_tokens``, noise, seed, shuffles: :func:`finecap.metrics.judged.judge_record`). ``--per-image FILE`` writes the
-  per-image scores of the caption metrics as a JSON list of ``{"image_id": id, metric: score, ...}``, one per image
-  in the references' order: ``COCOEvalCap.evalImgs`` (the values of ``imgToEval``), with the names of ``--format``.
+  ``max_tokens``, noise, seed, shuffles: :func:`finecap.metrics.judged.judge_record`) and what it did (``counts``:
+  calls, cache hits, unparsable answers, failed calls, HTTP 429 replies). A judged group's means are over the images
+  the judge did not fail on, ``<group>/judge_scored`` of them (``<group>/judge_failed`` failed, warned): the command
+  exits 0 on such a partial score, and fails (exit 2, nothing written) when a group has no image scored.
+  ``--per-image FILE`` writes the per-image scores of the caption metrics as a JSON list of ``{"image_id": id,
+  metric: score, ...}``, one per image in the references' order: ``COCOEvalCap.evalImgs`` (the values of
+  ``imgToEval``), with the names of ``--format``.
   What the command says about its work (the notes: metrics left out, images scored, ``wrote FILE``) are INFO records
   of the ``finecap`` logger, its warnings WARNING records: stderr, never inside the table or JSON
   (docs/cli.md#verbosity--v-and--q).
@@ -302,9 +306,8 @@ def _main(
         per_image=per_image is not None,
         about=about,
     )
-    failed = "/judge_failed"
-    groups = [k.removesuffix(failed) for k, v in result.items() if k.endswith(failed) and v > 0]
-    dead = [g for g in groups if any(k.startswith(f"{g}/") and v != v for k, v in result.items())]  # NaN: none left
+    scored = "/judge_scored"  # a judged group's means are over this many images (metrics/judged.py)
+    dead = [k.removesuffix(scored) for k, v in result.items() if k.endswith(scored) and v == 0]
     if dead:  # a judge that answered for no image it scored: no score at all, not a result to write and exit 0 on
         raise ValueError(f"metric(s) {', '.join(dead)}: the {cfg.judge.name} judge failed on every image it was to "
                          "score (the warnings above say why; is it reachable? judge.urls, judge.model); nothing "

@@ -18,7 +18,9 @@ A call that fails (no answer after the judge's retries, an answer that does not 
 :class:`JudgeFailed` in its place, never as a made-up value: the caller counts it and leaves the caption out. A judge
 that cannot answer at all (its server down or failing call after call, a refused key) raises
 :class:`JudgeUnavailable`.
-:attr:`Judge.counts` counts calls, cache hits and failures. The design: docs/methods/judges.md.
+:attr:`Judge.counts` counts calls, cache hits and failures; :meth:`Judge.tallies` reports them with the HTTP 429
+replies of the judge's servers, one fixed set of keys (:data:`TALLIES`), what ``finecap eval``'s results file and a
+training run's log say of the judge's work. The design: docs/methods/judges.md.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ CANNOT_ANSWER = "cannot answer from the caption"
 """The option every question is presented with, last: the caption does not say (CapRL's "cannot answer")."""
 
 T = TypeVar("T")
+
+TALLIES = ("calls", "cache_hits", "unparsable", "failed", "rate_limited")
+"""What :meth:`Judge.tallies` reports, always every key: the calls asked of the judge (one per question ask, claims
+split, support check, reference claims, rating), those answered from the answer cache, the answers that did not parse
+(each asked again), the calls that failed (a :class:`JudgeFailed` in their place) and the HTTP 429 (rate limit)
+replies of its servers."""
 
 
 class JudgeFailed(Exception):
@@ -105,8 +113,31 @@ class Judge(ABC):
     ``None`` for a judge of no server, or before any reply (all answers from the cache): what a results file adds
     to the judge's record (:func:`finecap.metrics.judged.judge_record`)."""
 
+    backends: Sequence[Any] = ()
+    """The clients of the servers a judge over servers asks in turn (:class:`~finecap.judges.openai.OpenAIJudge`'s),
+    each counting the HTTP 429 replies it got as ``rate_limited``; none for a judge of no server."""
+
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+
+    def tallies(self) -> dict[str, int]:
+        """What the judge did since it was built, by the names of :data:`TALLIES` (every one, 0 when none): its
+        :attr:`counts` of calls, cache hits, unparsable answers and failed calls, and ``rate_limited``, the HTTP 429
+        replies of its servers (:attr:`backends`). ``finecap eval`` writes them in its results file
+        (:func:`finecap.metrics.judged.judge_record`), a training run logs each step's
+        (:meth:`finecap.rewards.base.RewardBase.tallies`).
+
+        Example::
+
+            >>> from finecap.judges.world import WorldJudge
+            >>> judge = WorldJudge()
+            >>> judge.counts.update(calls=3, failed=1)
+            >>> judge.tallies()
+            {'calls': 3, 'cache_hits': 0, 'unparsable': 0, 'failed': 1, 'rate_limited': 0}
+        """
+        out = {key: int(self.counts[key]) for key in TALLIES if key != "rate_limited"}
+        out["rate_limited"] = sum(int(backend.rate_limited) for backend in self.backends)
+        return out
 
     def identity(self) -> dict[str, Any]:
         """What makes two judges' answers interchangeable (the cache key's judge part)."""

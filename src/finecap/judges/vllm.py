@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 class _InProcess:
     """``complete(request) -> text`` over an in-process chat backend (what :class:`OpenAIJudge` asks of a client)."""
 
+    rate_limited = 0  # no server, no HTTP 429 (Judge.backends)
+
     def __init__(self, backend: Any) -> None:
         self.backend = backend
 

@@ -13,11 +13,15 @@ Reported (corpus values are means over images; per-image values under the same k
 - ``claims/precision``, ``claims/recall``, ``claims/f1`` (:mod:`finecap.judges.claims`): evidence the references
   and, on the world, the scene graph.
 - ``clair/score``: the judge's 0-100 score; per image also ``clair/reason``, the judge's words.
-- ``<group>/judge_failed``: images whose judge calls failed after the retries, left out of the means (a count).
+- ``<group>/judge_scored``: the images the means are over (a count); ``<group>/judge_failed``: images whose judge
+  calls failed after the retries, left out of the means (a count). A mean over fewer images than were predicted says
+  so in these two, beside it in the results file and the table, and in a warning. ``qa`` leaves out, besides, the
+  images left with no question a blind judge misses (warned): it scores ``qa/judge_scored`` of the others.
 
 Each image's row of ``--per-image`` also names the ``judge`` and its ``judge/prompt_version``; the evaluation's
-``about["judge"]`` holds the whole of what judged (:func:`judge_record`), which ``finecap eval`` writes under the key
-``judge`` of its JSON.
+``about["judge"]`` holds the whole of what judged (:func:`judge_record`), and, after scoring, what the judge did
+(``counts``: :meth:`~finecap.judges.base.Judge.tallies`), which ``finecap eval`` writes under the key ``judge`` of its
+JSON.
 """
 
 from __future__ import annotations
@@ -56,7 +60,10 @@ def judge_record(judge: Judge, cfg: Config) -> dict[str, Any]:
     ``seed``; :meth:`~finecap.judges.base.Judge.identity`) with the QA settings of every judge, ``shuffles`` and the
     option shuffles' ``seed`` (``judge.*``). Once the judge's server named the model that answered
     (:attr:`~finecap.judges.base.Judge.served_model`: ``gpt-4o-2024-08-06`` for ``judge.model=gpt-4o``), the record
-    says it as ``served_model`` too (added after scoring; absent when every answer came from the cache).
+    says it as ``served_model`` too (added after scoring; absent when every answer came from the cache). After each
+    judge-backed group the record's ``counts`` holds the judge's :meth:`~finecap.judges.base.Judge.tallies` so far
+    (calls, cache hits, unparsable answers, failed calls, HTTP 429 replies: of every group of the evaluation, the
+    blind asks of ``qa`` included).
 
     Example::
 
@@ -81,7 +88,8 @@ def _subjects(ctx: EvalContext, group: str, need_references: bool) -> list[Subje
 
 def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]], keys: list[str]) -> dict[str, float]:
     """Per-image rows (with the judge's name and prompt version), the corpus means over the images that did not fail
-    (NaN when none is left: never a made-up 0), and the count of those that did."""
+    (NaN when none is left: never a made-up 0), the count of those the means are over and of those that failed; the
+    judge's record gets its served model and its tallies so far."""
     judge = _judge(ctx)
     ok = {i: s for i, s in scores.items() if s is not None}
     ctx.add_items(ok, keys)
@@ -93,11 +101,13 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
                 row["clair/reason"] = s["clair/reason"]
     if judge.served_model is not None:  # the model that answered (judge_record), known once a reply came
         ctx.about["judge"]["served_model"] = judge.served_model
+    ctx.about["judge"]["counts"] = judge.tallies()  # of the whole evaluation so far: every group's calls
     n_failed = len(scores) - len(ok)
     if n_failed:
-        log.warning("%s: the judge failed on %d of %d images; they are left out of the means", group, n_failed,
-                    len(scores))  # fmt: skip
+        log.warning("%s: the judge failed on %d of %d images; the means are over the other %d (%s/judge_scored)",
+                    group, n_failed, len(scores), len(ok), group)  # fmt: skip
     corpus = {k: sum(s[k] for s in ok.values()) / len(ok) if ok else math.nan for k in keys}  # none: no value
+    corpus[f"{group}/judge_scored"] = float(len(ok))
     corpus[f"{group}/judge_failed"] = float(n_failed)
     return corpus
 
@@ -164,16 +174,17 @@ def _clair(ctx: EvalContext) -> dict[str, float]:
 
 
 FAILED = Column("*/judge_failed", "lower", count=True)
+SCORED = Column("*/judge_scored", None, count=True)
 QA = MetricGroup("qa", _qa,  # reads the data's questions, judge.questions or a world's scenes: checked when it runs
-                 columns=(FAILED, Column("qa/wrong", "lower"), Column("qa/cannot_answer", None),
+                 columns=(FAILED, SCORED, Column("qa/wrong", "lower"), Column("qa/cannot_answer", None),
                           Column("qa/blind_dropped", None), Column("qa/accuracy", "higher")))  # fmt: skip
 """QA utility through the judge (its questions the data set's, judge.questions or the world's scene graphs): right
 answers are better, wrong ones worse; "cannot answer" and the share of blind-answerable questions have no better
 direction."""
 CLAIMS = MetricGroup("claims", _claims, reads=frozenset({"references"}),
-                     columns=(FAILED, Column("claims/*", "higher")))  # fmt: skip
+                     columns=(FAILED, SCORED, Column("claims/*", "higher")))  # fmt: skip
 """Claim precision, recall and F1 through the judge (higher is better)."""
 CLAIR = MetricGroup(
-    "clair", _clair, reads=frozenset({"references"}), columns=(FAILED, Column("clair/score", "higher"))
+    "clair", _clair, reads=frozenset({"references"}), columns=(FAILED, SCORED, Column("clair/score", "higher"))
 )
 """The judge's 0-100 reference judgement (higher is better)."""

@@ -236,6 +236,9 @@ class Reinforce(ObjectiveBase):
         self.sample_cfg = rollout_decode(decode, rl)
         self.greedy_cfg = greedy_decode(decode)
         self.monitor = Monitor(rl)  # the reward-hacking monitor (finecap.objectives.monitor): logged, never a loss
+        self.accelerator: Any = None  # the run's (setup): the reward's tallies of a step are summed over processes
+        self.tallied: dict[str, float] = {}  # the reward's tallies at the end of the last step (or of its set-up)
+        self.step_tallies: dict[str, float] = {}  # their increase over the last step, every process's (end_step)
         engine_cfg = Config(run=RunConfig(seed=seed), decode=decode, vllm=vllm or VllmConfig())  # what it reads
         self.rollouts = RolloutEngine(engine_cfg, tempered=self.logprob_temperature != 1.0)
 
@@ -245,11 +248,13 @@ class Reinforce(ObjectiveBase):
 
     def setup(self, ctx: TrainContext) -> None:
         acc = getattr(ctx, "accelerator", None)
+        self.accelerator = acc
         self.rollouts.check_processes(1 if acc is None else acc.num_processes)
         model = getattr(ctx, "model", None)
         if model is not None:  # decoding settings the engine cannot decode the policy's captions with
             self.rollouts.check_model(model, [self.sample_cfg, self.greedy_cfg])
         self.reward.setup(RewardInputs.from_context(ctx, self.reward.needs))
+        self.tallied = self.reward.tallies()  # the set-up's work (a judge's blind asks) is no step's
         call_hook(self.baseline, "setup", ctx)
         self.monitor.setup(ctx)
 
@@ -383,19 +388,37 @@ class Reinforce(ObjectiveBase):
         return sequence_logprob(token_logprobs * weights, gen.lengths, self.rl.logprob)
 
     def end_step(self) -> None:
-        """After each optimizer step: baselines with per-step state (the running mean) update once; the monitor's
-        alarms are checked on the step's global batch; the rollout engine is told the policy changed."""
+        """After each optimizer step: the step's tallies of the reward are taken (:meth:`step_values`); baselines
+        with per-step state (the running mean) update once; the monitor's alarms are checked on the step's global
+        batch; the rollout engine is told the policy changed."""
+        self._tally_step()  # before an alarm may stop the run: the stopped step's values hold them too
         call_hook(self.baseline, "end_step")
         self.monitor.end_step()
         self.rollouts.policy_changed()
+
+    def _tally_step(self) -> None:
+        """:attr:`step_tallies`: how much each of the reward's tallies
+        (:meth:`~finecap.rewards.base.RewardBase.tallies`: a judge's calls, cache hits, unparsable answers, failed
+        calls, HTTP 429 replies) grew over the step, summed over the processes (each asks its own judge), as
+        ``reward/<name>/<key>``."""
+        now = self.reward.tallies()
+        keys = sorted(now)  # the same on every process: the reward's structure
+        grown = torch.tensor([now[k] - self.tallied.get(k, 0.0) for k in keys], dtype=torch.float64)
+        acc = self.accelerator
+        if keys and acc is not None and acc.num_processes > 1:
+            grown = acc.reduce(grown.to(acc.device), reduction="sum").cpu()
+        self.tallied = now
+        self.step_tallies = {f"reward/{k}": v for k, v in zip(keys, grown.tolist(), strict=True)}
 
     def step_values(self) -> dict[str, float]:
         """``reward/failed``: the share of the step's captions (every micro-batch and process) a reward could not
         score, the ``rl.alarms.failed`` alarm's measure, from the run's first step with one on
         (:attr:`Monitor.failed_share`). The micro-batches' mean of their own shares, which it replaces, left out
-        those whose reward gave ``failed=None`` (none failed) until 2026-11-28, and overstated the share."""
+        those whose reward gave ``failed=None`` (none failed) until 2026-11-28, and overstated the share. And the
+        reward's tallies of the step (:attr:`step_tallies`: ``reward/qa_utility/judge/calls``, ``.../judge/failed``,
+        ...), which the log averages over its window's steps: a judge's calls, failures and HTTP 429s per step."""
         share = self.monitor.failed_share
-        return {} if share is None else {"reward/failed": share}
+        return {**self.step_tallies, **({} if share is None else {"reward/failed": share})}
 
     def close(self) -> None:
         """Free the rollouts' vLLM engine, if one was built, and what the reward opened (a judge it built)."""

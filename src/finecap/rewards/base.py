@@ -15,7 +15,8 @@ A reward is called ``reward(captions, batch) -> RewardOutput(total, parts, faile
 Rewards derive from :class:`RewardBase`, which declares every fact and hook its users read, with defaults, so that
 nobody probes for them (a plain callable is wrapped once by :func:`as_reward`): ``needs``, ``per_caption``,
 ``compares_images``, ``settings``; ``setup(inputs)`` with a :class:`finecap.rewards.inputs.RewardInputs` (built from
-a training context or from an adapter's options), ``known_images()``, ``state_dict()`` / ``load_state_dict()``.
+a training context or from an adapter's options), ``known_images()``, ``state_dict()`` / ``load_state_dict()``,
+``tallies()`` (running counts of the reward's work: a judge's calls and failures, which training logs per step).
 docs/architecture.md ("How to add a reward") has the design.
 
 Example::
@@ -283,6 +284,13 @@ class RewardBase:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
 
+    def tallies(self) -> dict[str, float]:
+        """Running counts of the reward's work since it was built, by name, the same names at every call (a judged
+        reward's judge's: ``judge/calls``, ``judge/failed``, ..., :meth:`finecap.judges.base.Judge.tallies`); a
+        training run logs each step's increase, summed over the processes, as ``reward/<name>/<key>``
+        (:meth:`finecap.objectives.reinforce.Reinforce.step_values`). None by default."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release what the reward opened itself (a judge it built: a server's connections, an in-process engine);
         called once when training ends (the objective's ``close``) or the reward server stops."""
@@ -399,6 +407,12 @@ class WeightedSum(RewardBase):
         for name, sub in state.items():
             if name in self.rewards:
                 self.rewards[name][1].load_state_dict(sub)
+
+    def tallies(self) -> dict[str, float]:
+        """Every component's :meth:`~RewardBase.tallies` as ``"<name>/<key>"`` (a weight of 0 too: it is called)."""
+        return {
+            f"{name}/{key}": v for name, (_, reward) in self.rewards.items() for key, v in reward.tallies().items()
+        }
 
     def close(self) -> None:
         """Close every component (each even when another's close fails)."""

@@ -4,7 +4,8 @@
 A caption whose judge calls failed (after the judge's retries) is never paid a made-up value: it is marked in the
 output's ``failed`` mask (:class:`~finecap.rewards.base.RewardOutput`; the weighted sum makes its total NaN, the
 reward server answers it ``null``) and counted in the part ``judge_failed`` (1 for it, 0 for the others); its other
-values are NaN.
+values are NaN. What the judge did (its calls, cache hits, unparsable answers, failed calls and HTTP 429 replies) is
+the reward's :meth:`~JudgedReward.tallies`, which training logs per step (``reward/<name>/judge/<tally>``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from finecap.judges.base import Judge, Subject
+from finecap.judges.base import TALLIES, Judge, Subject
 from finecap.metrics.faithfulness import scene_of
 from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows
 
@@ -61,6 +62,8 @@ class JudgedReward(RewardBase):
 
     _built: Judge | None = None
     name = "judged"
+    judge: Judge | str | None = None
+    """The judge asked (a name or ``None`` until it is resolved: :meth:`_resolve`)."""
 
     def check_setting(self, key: str, value: Any) -> Any:
         """``judge``: a :class:`Judge`, a judge name or ``None`` (the configuration's); a ``TypeError`` naming the
@@ -77,6 +80,12 @@ class JudgedReward(RewardBase):
         if resolved is not judge:
             self._built = resolved
         return resolved
+
+    def tallies(self) -> dict[str, float]:
+        """The judge's :meth:`~finecap.judges.base.Judge.tallies` as ``judge/<key>`` (calls, cache hits, unparsable
+        answers, failed calls, HTTP 429 replies); 0 each before the judge is resolved."""
+        counts = self.judge.tallies() if isinstance(self.judge, Judge) else dict.fromkeys(TALLIES, 0)
+        return {f"judge/{key}": float(v) for key, v in counts.items()}
 
     def close(self) -> None:
         if self._built is not None:

@@ -97,6 +97,9 @@ class Wrapper(RewardBase):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.inner.load_state_dict(state)
 
+    def tallies(self) -> dict[str, float]:
+        return self.inner.tallies()
+
     def close(self) -> None:
         self.inner.close()
 
@@ -191,6 +194,9 @@ class Shaped(Wrapper):
     def close(self) -> None:
         if self.transform is not None:  # never configured: nothing wrapped, nothing to release
             self.transform.close()
+
+    def tallies(self) -> dict[str, float]:
+        return {} if self.transform is None else self.transform.tallies()  # never configured: nothing counted
 
     def configure(self, **settings: Any) -> None:
         """``reward=``, ``kind=`` and the transform's parameters; the other settings are the wrapped reward's."""
