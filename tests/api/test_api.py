@@ -870,15 +870,8 @@ def test_a_best_saved_while_it_loads_never_lends_its_settings_to_the_earlier_wei
 
     run_dir, model, save_next = clipcap_run(tmp_path)
     first = weight_sum(model)
-    real_check = fingerprint.check_run
-    with NextSave(save_next) as next_save:
-
-        def check_then_save(*args, **kwargs):
-            checked = real_check(*args, **kwargs)
-            next_save.start()  # the run saves its next best once the captioner's configuration is read
-            return checked
-
-        monkeypatch.setattr(fingerprint, "check_run", check_then_save)
+    with NextSave(save_next) as next_save:  # the run saves its next best once the captioner's configuration is read
+        monkeypatch.setattr(fingerprint, "check_run", next_save.after(fingerprint.check_run))
         cap = Captioner.from_pretrained(run_dir, device="cpu")
     assert (cap.cfg.decode.max_length, weight_sum(cap.model)) == (FIRST, first)  # one save's: step 7's
     assert next_save.waited and load_info(checkpoint_dir(run_dir, "best"))["step"] == 9  # the save went through after

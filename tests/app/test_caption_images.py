@@ -632,14 +632,8 @@ def test_a_best_saved_while_it_is_captioned_never_lends_its_settings_to_the_earl
         loaded.append((cfg.decode.max_length, weight_sum(model)))
         return model
 
-    with NextSave(save_next) as next_save:
-
-        def check_then_save(*args, **kwargs):
-            checked = real_check(*args, **kwargs)
-            next_save.start()  # the run saves its next best once the command has read this one's configuration
-            return checked
-
-        monkeypatch.setattr(caption, "check_run", check_then_save)
+    with NextSave(save_next) as next_save:  # the run saves its next best once the command has read this configuration
+        monkeypatch.setattr(caption, "check_run", next_save.after(real_check))
         monkeypatch.setattr(caption, "load_for_captioning", load)
         main(checkpoint=run_dir, images=[tmp_path / "red.png"], out=tmp_path / "captions.json")
     assert loaded == [(FIRST, first)]  # the configuration and the weights of one save: step 7's

@@ -266,15 +266,8 @@ def test_the_visual_experts_identity_and_weights_are_one_saves(tmp_path, monkeyp
     run_dir, model, save_next = clipcap_run(tmp_path)
     best = checkpoint_dir(run_dir, "best")
     first, stamp = weight_sum(model), weights_stamp(model_dir(best), ("*.safetensors",))
-    real_stamp = world_backend.weights_stamp
-    with NextSave(save_next) as next_save:
-
-        def stamp_then_save(*args, **kwargs):
-            stamped = real_stamp(*args, **kwargs)
-            next_save.start()  # the run saves its next best once the expert has stamped this one's weights
-            return stamped
-
-        monkeypatch.setattr(world_backend, "weights_stamp", stamp_then_save)
+    with NextSave(save_next) as next_save:  # the next best is saved once the expert has stamped this one's weights
+        monkeypatch.setattr(world_backend, "weights_stamp", next_save.after(world_backend.weights_stamp))
         expert = WorldVLM(best, load(None, []))
     assert expert.weights == stamp and weight_sum(expert.model) == first  # one save's: step 7's
     assert next_save.waited and load_info(best)["step"] == 9  # the save went through after

@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -82,6 +83,17 @@ class NextSave:
         self.started = True
         self.thread.start()
         assert self.said.wait(120), "the next save neither waited nor finished"
+
+    def after(self, read: Callable[..., Any]) -> Callable[..., Any]:
+        """``read`` (a reader's step, patched in its place) that starts the next save once it has returned: the save
+        comes between that read and the reader's next one."""
+
+        def read_then_save(*args: Any, **kwargs: Any) -> Any:
+            out = read(*args, **kwargs)
+            self.start()
+            return out
+
+        return read_then_save
 
     def __enter__(self) -> NextSave:
         outer = self
