@@ -13,7 +13,7 @@ import pytest
 
 from finecap.app.cli import build_parser, main
 from finecap.app.report import main as write_report
-from finecap.report.plots import curve_panels, is_rl, plot_file_name, rl_curves, rl_panel, rl_panels
+from finecap.report.plots import curve_panels, is_rl, plot_file_name, rl_curves, rl_panel, rl_panels, rl_title
 from finecap.report.run import read_run
 
 RL_VALUES = {
@@ -68,12 +68,52 @@ def test_each_reward_part_has_an_axis_of_its_own_and_nothing_else_shares_it():
 @pytest.mark.parametrize(("key", "panel"), [
     ("reward", "reward"), ("reward_greedy", "reward"), ("reward/cider", "reward/cider"),
     ("reward/retrieval/candidates", "reward/retrieval/candidates"), ("monitor/repetition", "monitor/repetition"),
+    ("reward/qa_utility/judge/calls", "reward/qa_utility/judge"),
+    ("reward/qa_utility/judge/rate_limited", "reward/qa_utility/judge"), ("reward/judge/failed", "reward/judge"),
+    ("reward/qa_utility/judge_failed", "reward/qa_utility/judge_failed"),
+    ("reward/qa_utility/judge/seconds", "reward/qa_utility/judge/seconds"),
     ("kl", "kl"), ("ratio/max", "ratio"), ("advantage/min", "advantage"), ("clip_fraction", "clip_fraction"),
     ("time/reward", None), ("rewards", None), ("reward/", None), ("my_reward", None), ("baseline", None),
     ("loss/policy", None), ("lr", None), ("monitor", None),
 ])  # fmt: skip
 def test_a_key_is_placed_by_what_it_means(key, panel):
     assert rl_panel(key) == panel
+
+
+JUDGE_TALLIES = {
+    "reward/qa_utility/judge/" + tally: float(n)
+    for n, tally in enumerate(("cache_hits", "calls", "failed", "rate_limited", "unparsable"))
+}
+"""A judge-backed reward's tallies as a training step logs them (Reinforce.step_values, in sorted order)."""
+
+
+def test_a_judges_tallies_are_one_panel_with_a_line_each(tmp_path, monkeypatch):
+    # each reward/<part>/judge/<tally> was a panel of its own: 5 plots a judge-backed reward, each one line of counts
+    from finecap.report import plots
+
+    events = [{"step": k, "split": "train",
+               "values": {"reward": 0.1 * k, "reward/qa_utility": 0.5, "reward/qa_utility/judge_failed": 0.0,
+                          **{key: v * k for key, v in JUDGE_TALLIES.items()}}}
+              for k in (1, 2)]  # fmt: skip
+    panels = rl_panels(events)
+    assert list(panels) == ["reward", "reward/qa_utility", "reward/qa_utility/judge", "reward/qa_utility/judge_failed"]
+    assert panels["reward/qa_utility/judge"] == {key: [(1, v), (2, 2 * v)] for key, v in JUDGE_TALLIES.items()}
+    drawn_figures = {}
+    save = plots._save
+
+    def keep(fig, out):
+        drawn_figures[Path(out).name] = fig
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    drawn = dict(rl_curves(events, tmp_path, "grpo"))
+    assert list(drawn) == list(panels)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(plot_file_name("rl", "grpo", p) for p in panels)
+    (ax,) = drawn_figures[drawn["reward/qa_utility/judge"].name].axes
+    assert [line.get_label() for line in ax.get_lines()] == list(JUDGE_TALLIES)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(JUDGE_TALLIES)
+    assert ax.get_title() == rl_title("reward/qa_utility/judge") == "judge of reward part qa_utility: per step"
+    assert rl_title("reward/qa_utility") == "reward part: qa_utility"
 
 
 def test_a_run_without_a_reward_gets_no_rl_panels(tmp_path):

@@ -89,7 +89,9 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
         if scorer.client is not None and request.by_path:
             out = scorer.client.score(request.captions, images=request.image_ids, references=request.references)
         else:
-            out = scorer.score(request.captions, request.image_ids, request.references)
+            out = scorer.score(
+                request.captions, request.image_ids, request.references, images_field=request.image_field
+            )  # labels[i]: the caller's own name, as /get_reward's
         try:
             reply = openrlhf_reply(request, out)
         except FailedCaptions as e:

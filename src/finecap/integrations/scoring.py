@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from finecap.rewards import RewardOutput, as_reward, reward_of
@@ -127,16 +128,21 @@ class Scorer(Closeable):
         return self._check
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable],
-              references: Sequence[Sequence[str]] | None = None) -> RewardOutput:  # fmt: skip
+              references: Sequence[Sequence[str]] | None = None, *,
+              images_field: str | None = None) -> RewardOutput:  # fmt: skip
         """The values (float32 on the CPU) of ``captions`` of the images ``image_ids`` (against ``references``, when
         given). Safe from several threads (verl's reward loop runs ``compute_score`` in a thread pool, OpenRLHF its
         ``reward_func`` in ``asyncio.to_thread``): a reward in this process is called by one thread at a time, as the
         server calls its reward, since a reward need not be thread-safe (an in-process vLLM judge's engine is not);
-        a server's requests go out at once."""
+        a server's requests go out at once. ``images_field``: the caller's own name for the images, which a refusal
+        of one names (OpenRLHF's ``labels``: ``labels[1]: unknown image id 99``,
+        :attr:`finecap.serve.protocol.RewardRequest.image_field`); default ``image_ids``. A server's refusal names its
+        request's field."""
         if self.client is not None:
             return self.client.score(captions, image_ids, references=references)
         with self._lock:
-            job = self.check().job(parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS))
+            request = parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS)
+            job = self.check().job(replace(request, images_field=images_field))
             return self.check().answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable],

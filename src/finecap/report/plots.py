@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
+from finecap.judges.base import TALLIES
 from finecap.metrics.diversity import caption_length
 from finecap.outputs import check_replaceable, digest, made_by_finecap, write_output
 from finecap.report.columns import finite_number
@@ -356,17 +357,33 @@ def training_curves(events: Sequence[Mapping[str, Any]], out: str | Path, title:
     return _save(fig, out)
 
 
+def judge_panel(key: str) -> str | None:
+    """The panel of a judge-backed reward's judge, ``reward/<part>/judge``, when ``key`` is one of its tallies
+    ``reward/<part>/judge/<tally>`` (:data:`finecap.judges.base.TALLIES`: calls, cache hits, unparsable answers,
+    failed calls, HTTP 429s; :meth:`finecap.rewards.base.RewardBase.tallies`); ``reward/judge/<tally>`` (a judged
+    reward trained on its own, no ``rl.rewards`` mixture) -> ``reward/judge``; else None.
+
+    >>> judge_panel("reward/qa_utility/judge/calls"), judge_panel("reward/qa_utility/judge_failed")
+    ('reward/qa_utility/judge', None)
+    """
+    *panel, tally = key.split("/")
+    if panel[:1] == ["reward"] and panel[-1:] == ["judge"] and len(panel) >= 2 and tally in TALLIES:
+        return "/".join(panel)
+    return None
+
+
 def rl_panel(key: str) -> str | None:
     """The RL panel of a train key (:func:`rl_panels`), by what the key means, never by a substring: ``reward`` and
     ``reward_greedy`` -> ``"reward"``; a reward part ``reward/<part>`` -> itself, and so is each of
     a part's own measures ``reward/<part>/<measure>`` (the retriever's ``accuracy``, its ``candidates`` count, ...:
-    each its own scale); the :data:`RL_GROUPS` keys -> their group; a monitor series ``monitor/<name>`` -> itself;
-    anything else (``time/reward``, ``lr``, ``loss``) -> None."""
+    each its own scale), but a judge's tallies ``reward/<part>/judge/<tally>`` -> one panel of that judge
+    (:func:`judge_panel`: counts of one step, one scale); the :data:`RL_GROUPS` keys -> their group; a monitor
+    series ``monitor/<name>`` -> itself; anything else (``time/reward``, ``lr``, ``loss``) -> None."""
     if key in REWARD_TOTAL:
         return "reward"
     head, _, rest = key.partition("/")
     if head in ("reward", "monitor") and rest and all(rest.split("/")):
-        return key
+        return judge_panel(key) or key
     return next((group for group, (_, keys) in RL_GROUPS.items() if key in keys), None)
 
 
@@ -402,6 +419,8 @@ def rl_title(panel: str) -> str:
 
     >>> rl_title("reward"), rl_title("reward/cider"), rl_title("reward/failed")
     ('reward (total)', 'reward part: cider', 'share of captions unscored (reward/failed)')
+    >>> rl_title("reward/qa_utility/judge")
+    'judge of reward part qa_utility: per step'
     """
     if panel == "reward":
         return "reward (total)"
@@ -410,6 +429,8 @@ def rl_title(panel: str) -> str:
     if panel in RL_GROUPS:
         return RL_GROUPS[panel][0]
     head, _, rest = panel.partition("/")
+    if head == "reward" and rest.endswith("/judge"):  # judge_panel's: its tallies, counts per step
+        return f"judge of reward part {rest.removesuffix('/judge')}: per step"
     return f"reward part: {rest}" if head == "reward" and "/" not in rest else f"{head}: {rest}"
 
 
