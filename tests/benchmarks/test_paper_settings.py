@@ -6,6 +6,9 @@
   recipes set ``decode.stop_at_period`` and their log p's length is the released code's.
 - Every effect of benchmarks/effects.py that quotes the paper's numbers ("a -> b") expects the sign of ``b - a``.
 - The demo's ``sr_bagcurri`` header describes the bag schedule it runs.
+- NDLB's coco ClipCap recipes take App. C.3 Table 12's settings (batch, schedule, steps, learning rate by reward) and
+  App. C.2's baselines, and the BagCurri recipe's schedule gives, epoch by epoch, the sizes and bags per batch its
+  header and the released code say.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 import yaml
 
 from finecap.config import load
+from finecap.data.bags import BagCurriSampler
 from finecap.recipes import resolve_recipe
 from helpers.scripts import benchmark
 
@@ -78,6 +82,42 @@ def test_ndlb_clipcap_recipes_stop_at_the_full_stop_as_the_released_code(name):
     assert cfg.decode.stop_at_period, f"{name}: the released code stops a caption at its first full stop"
     source = comment_above(resolve_recipe(name).read_text(), "stop_at_period")
     assert NDLB_COMMIT in source and "StopTokenLogitsProcessor" in source, source
+
+
+# NDLB App. C.3 Table 12 (REINFORCE on ClipCap): batch 100, constant schedule, 23,000 steps, no warmup; the learning
+# rate by reward: SR 9e-8, CIDEr 1e-6, CIDEr + SR 1e-7. App. C.2: the running-mean baseline for SR alone, the greedy
+# one when CIDEr is in the reward. Sec. 4.2: LoRA of rank 32; Sec. 4.8: R = SR + 0.5 CIDEr.
+TABLE_12 = {  # recipe: (learning rate, reward weights, baseline)
+    "coco/sr_l_clipcap": (9e-8, {"retrieval": 1.0}, "mean"),
+    "coco/sr_v_clipcap": (9e-8, {"retrieval": 1.0}, "mean"),
+    "coco/scst_clipcap": (1e-6, {"cider": 1.0}, "greedy"),
+    "coco/sr_lv_bagcurri_clipcap": (1e-7, {"retrieval": 1.0, "cider": 0.5}, "greedy"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_12))
+def test_ndlb_clipcap_recipes_use_the_settings_of_table_12(name):
+    cfg = load(resolve_recipe(name))
+    lr, rewards, baseline = TABLE_12[name]
+    train = cfg.train
+    assert (train.batch_size, train.schedule, train.max_steps, train.warmup_steps) == (100, "constant", 23000, 0)
+    assert train.lr == lr, name
+    assert dict(cfg.rl.rewards) == rewards and cfg.rl.baseline == baseline, name
+    if "retrieval" in rewards:  # the SR runs: LoRA of rank 32 (Sec. 4.2), sampled at T = 0.3 (released code)
+        assert cfg.lora.rank == 32 and cfg.rl.temperature == 0.3, name
+
+
+def test_the_coco_bag_curriculum_by_epoch():
+    # coco/sr_lv_bagcurri_clipcap's {end_epoch: size}: epoch e (0-based) takes the size of the smallest end > e, as
+    # the released code's get_bsz (egg/core/trainers.py at 77b3e7e); later epochs keep the last size. Whole bags per
+    # batch of 100 (int(batch_size / bag_size), coco_dataloader.py): 100 // 2 = 50, // 3 = 33, // 5 = 20, // 7 = 14,
+    # // 10 = 10, // 15 = 6, // 20 = 5.
+    cfg = load(resolve_recipe("coco/sr_lv_bagcurri_clipcap"))
+    table = [[j for j in range(20) if j != i] for i in range(20)]  # 20 images, each the others' neighbour
+    sampler = BagCurriSampler(table, cfg.train.batch_size, cfg.data.bag_schedule)
+    assert [sampler.bag_size(e) for e in range(10)] == [0, 2, 3, 5, 7, 10, 15, 20, 20, 20]
+    sizes = [2, 3, 5, 7, 10, 15, 20]
+    assert [sampler.bags_per_batch(s) for s in sizes] == [50, 33, 20, 14, 10, 6, 5]
 
 
 def test_sr_bagcurri_header_describes_its_schedule():

@@ -266,13 +266,22 @@ def test_config_checks_name_the_key(override, key):
 
 
 def test_sr_plus_lambda_cider():
-    cider = CiderReward({"a": ["1 0 red circle", "a red circle"], "b": ["a blue square", "0 1 blue square"]})
+    # NDLB Sec. 4.8 / App. C.4: R = SR + lambda * CIDEr, lambda = 0.5, no normalisation of either term.
+    # CIDEr-D corpus: a -> "1 0", b -> "0 1" (N = 2). Both words occur in both references: df 2, idf log(2/2) = 0, so
+    # the unigram term is 0; each bigram has df 1, idf log 2; no 3- or 4-grams (zero vectors -> 0).
+    cider = CiderReward({"a": ["1 0"], "b": ["0 1"]})
     joint = WeightedSum({"retrieval": (1.0, reward()), "cider": (0.5, cider)})
-    out = joint(["1 0 red circle", "0 1 green"], {"image_ids": ["a", "b"]})
-    # SR: the stand-in embeds the first two words; candidates a, b; logits (2, 0) for both: -0.126928
+    out = joint(["1 0", "0 1 0"], {"image_ids": ["a", "b"]})
+    # SR (the stand-in embeds the first two words; candidates a, b; scale 2):
+    #   "1 0" -> a: logits (2, 0);  "0 1 0" -> b: logits (0, 2);  log p = 2 - log(e^2 + 1) = -0.126928 for both
     assert close(out.parts["retrieval"], [-0.126928, -0.126928])
-    assert out.parts["cider"][0] > 1.0  # the caption repeats a reference of a
-    assert close(out.total, out.parts["retrieval"] + 0.5 * out.parts["cider"])  # R = SR + 0.5 * CIDEr
+    # CIDEr-D:
+    #   "1 0" vs "1 0": bigram cosine 1, equal bigram counts (penalty 1): 10 * (0 + 1 + 0 + 0) / 4 = 2.5
+    #   "0 1 0" vs "0 1": bigrams {01, 10} vs {01}: cosine log2^2 / (sqrt(2) log2 * log2) = 1/sqrt(2); bigram
+    #   counts 2 vs 1: penalty exp(-1 / (2 * 6^2)) = exp(-1/72) -> 10 / 4 * 0.707107 * 0.986207 = 1.743375
+    assert close(out.parts["cider"], [2.5, 1.743375])
+    # R = SR + 0.5 * CIDEr: -0.126928 + 1.25 = 1.123072;  -0.126928 + 0.871688 = 0.744760
+    assert close(out.total, [1.123072, 0.744760])
     assert set(out.parts) >= {"retrieval", "cider", "retrieval/accuracy", "retrieval/candidates"}
 
 

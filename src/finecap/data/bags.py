@@ -14,6 +14,9 @@ Choices the paper leaves open:
   are rare: only the last few hundred queries of an epoch run out of free neighbours), and a training run logs the
   count of each epoch's bags as ``bags/filled`` (:meth:`BagCurriSampler.epoch_values`).
 - **Last bag.** When fewer than ``s`` images are left, they form one smaller last bag (at most one bag is smaller).
+- **Top 200.** The paper keeps ``D[:, :200]`` of the sorted similarity matrix, which may count the query itself (its
+  own cosine, 1, comes first); here the query is excluded and its 200 nearest *other* images are kept
+  (``data.bag_neighbours``).
 - **Query order.** The paper goes "for each row" of the similarity matrix; the row order then decides which images
   get their true nearest neighbours. Queries are visited in a seeded random order (``shuffle_queries=True``) so that
   this does not depend on the data-set file order; ``shuffle_queries=False`` visits them in index order.

@@ -6,7 +6,8 @@ captions as written:
 - ``Length``: mean caption length in words (SMILE Table 1).
 - ``Lexical diversity``: number of distinct words over all captions (SMILE Sec. 3.1, "unique word count of all
   captions").
-- ``Vocab usage``: number of distinct words used at least ``min_count = 5`` times (NDLB Table 6).
+- ``Vocab usage``: number of distinct words used at least ``min_count = 5`` times (NDLB Table 6, over the captions
+  of the test images; the paper does not say how it splits words: here as every count, below).
 
 Set-level, over the s captions sampled per image (sequence-level exploration paper, Sec. 3.2, after Shetty et al.
 2017; ``samples: dict[id, list[str]]``):
