@@ -201,6 +201,44 @@ def test_in_batch_near_duplicates_are_dropped():
     assert out.parts["candidates"].tolist() == [2.0]
 
 
+def test_a_caption_without_a_distractor_is_failed_not_paid_the_best_value():
+    # A global batch of one image: both captions of a were scored log p = log(e^2 / e^2) = 0 and a hit, the one
+    # pointing away from a (cos 0) as well as the one on it
+    out = reward()(["1 0", "0 1"], {"image_ids": ["a"], "image_index": [0, 0]})
+    assert out.failed.tolist() == [True, True]
+    assert torch.isnan(out.total).all() and torch.isnan(out.parts["accuracy"]).all()
+    assert close(out.parts["cosine"], [1.0, 0.0])  # no distractor needed
+    assert out.parts["candidates"].tolist() == [1.0, 1.0]
+    # every distractor of d dropped as a near-duplicate (cos(d, a) 0.8, cos(d, b) 0.6 > 0.5); a keeps b (cos 0):
+    #   "1 0" of a among (a, b): logits (2, 0): 2 - log(e^2 + 1) = -0.126928
+    out = reward(duplicate_threshold=0.5)(["1 0", "0.8 0.6"], {"image_ids": ["a", "d", "b"], "image_index": [0, 1]})
+    assert out.failed.tolist() == [False, True]
+    assert close(out.total[:1], [-0.126928]) and torch.isnan(out.total[1])
+    assert out.parts["candidates"].tolist() == [2.0, 1.0]
+    # accuracy: the lone caption is failed too; the cosine reward needs no distractor and scores it
+    assert reward(reward="accuracy")(["0 1"], {"image_ids": ["a"]}).failed.tolist() == [True]
+    cosine = reward(reward="cosine")(["0 1"], {"image_ids": ["a"]})
+    assert cosine.failed is None and cosine.total.tolist() == [0.0]
+    # with other images, nothing fails (failed=None, as before)
+    assert reward()(["1 0"], {"image_ids": ["a", "b"]}).failed is None
+
+
+def test_a_one_image_step_neither_trains_nor_moves_the_running_mean():
+    # DiscriTune's running mean after one step of mean reward -1: b = -1. A one-image step's caption was paid 0,
+    # advantage 0 - (-1) = +1 whatever it says, and the mean became -1 + (0 - (-1)) / 2 = -0.5
+    from finecap.objectives.baselines import MeanBaseline
+    from finecap.objectives.reinforce import Rollout
+
+    baseline = MeanBaseline()
+    baseline.load_state_dict({"mean": -1.0, "count": 1})
+    out = WeightedSum({"retrieval": (1.0, reward())})(["0 1"], {"image_ids": ["a"]})
+    b = baseline(out.total, torch.tensor([0]), None)
+    assert b.tolist() == [-1.0]
+    assert Rollout(None, out, b).advantage.tolist() == [0.0]  # no gradient
+    baseline.end_step()
+    assert baseline.state_dict() == {"mean": -1.0, "count": 1}  # no batch folded in
+
+
 def test_bag_mates_only():
     batch = {"image_ids": ["a", "b", "c", "d"], "bag": torch.tensor([0, 0, 1, 1])}
     out = reward(distractors="bag")(["1 0", "0 1"], {**batch, "image_index": [0, 2]})
