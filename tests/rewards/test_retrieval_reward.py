@@ -194,6 +194,27 @@ def test_hard_distractors_skip_near_duplicates():
     assert close(out.total, [-0.371101])
 
 
+def test_hard_distractors_are_all_kept_in_a_batch_shorter_than_k_plus_one():
+    out = reward(distractors="hard", hard_k=2)(["1 0"], {"image_ids": ["a"]})
+    # a alone in its batch: both mined images, d (cos 0.8) and c (0.6), are its distractors. logits (a 2, d 1.6, c 1.2)
+    #   log p = 2 - log(7.389056 + 4.953032 + 3.320117) = 2 - log(15.662205) = -0.751251
+    assert close(out.total, [-0.751251])
+    assert out.parts["candidates"].tolist() == [3.0] and out.failed is None
+
+
+def test_two_ids_of_one_picture_tie_unless_dropped_as_near_duplicates():
+    # "twin" is a's picture under another id: two candidates with one embedding, not one
+    ids, table = ["a", "twin", "b"], torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    batch = {"image_ids": ["a", "twin", "b"], "image_index": [0]}
+    out = RetrievalReward(VectorRetriever(), SRConfig(), image_ids=ids, embeddings=table)(["1 0"], batch)
+    # logits (a 2, twin 2, b 0): 2 - log(2 e^2 + 1) = 2 - log(15.778112) = -0.758624; a tie is a miss
+    assert close(out.total, [-0.758624]) and out.parts["accuracy"].tolist() == [0.0]
+    dropped = RetrievalReward(VectorRetriever(), SRConfig(duplicate_threshold=0.99), image_ids=ids, embeddings=table)
+    out = dropped(["1 0"], batch)
+    # twin dropped (cos 1 > 0.99): logits (a 2, b 0): 2 - log(e^2 + 1) = -0.126928, a hit
+    assert close(out.total, [-0.126928]) and out.parts["accuracy"].tolist() == [1.0]
+
+
 def test_in_batch_near_duplicates_are_dropped():
     out = reward(duplicate_threshold=0.7)(["1 0"], {"image_ids": ["a", "d", "b"]})
     # d is dropped (cos(a, d) = 0.8 > 0.7): candidates a, b, logits (2, 0): -0.126928
