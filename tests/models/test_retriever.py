@@ -287,3 +287,28 @@ def test_corrupt_cache_file_is_recomputed(ckpt, images, tmp_path):
 def test_rejects_non_dual_encoder():
     with pytest.raises(TypeError, match="no 'get_image_features'"):
         Retriever(torch.nn.Linear(2, 2), None, None, name="lin")
+
+
+def test_the_retrieval_reward_is_clips_own_caption_to_image_log_softmax(ckpt, images):
+    # DiscriTune's receiver takes CLIP's logits_per_text (exp(logit_scale) x cosine of the normalised embeddings, a
+    # caption's row over the images) and the reward is their log-softmax at the target (the cross-entropy's negative):
+    # the reward with sr.logit_scale=0 (the recipes') is that, caption n's target image n among the 3 images
+    import torch.nn.functional as F
+
+    from finecap.config import SRConfig
+    from finecap.rewards.retrieval import RetrievalReward
+
+    r = Retriever.from_pretrained(ckpt, batch_size=2)
+    assert r.logit_scale == pytest.approx(float(r.model.logit_scale.detach().exp()))  # 1 / 0.07 (CLIP's initial)
+    pil = [Image.open(x.path) for x in images[:3]]
+    texts = ["a red circle", "a big blue square on the grass", "small"]
+    reward = RetrievalReward(r, SRConfig(), image_ids=[0, 1, 2], embeddings=r.embed_images(pil))
+    out = reward(texts, {"image_ids": [0, 1, 2]})
+    ids, mask = r.tokenize(texts)
+    with torch.no_grad():
+        logits = r.model(input_ids=ids, attention_mask=mask, pixel_values=r.preprocess(pil)).logits_per_text  # (3, 3)
+    expected = F.log_softmax(logits, dim=1).diagonal()  # (3,) each caption over the images
+    assert torch.allclose(out.total, expected, atol=1e-4)
+    # the other direction (an image over the captions) and the unscaled cosines give other values: the test can tell
+    assert not torch.allclose(F.log_softmax(logits, dim=0).diagonal(), expected, atol=1e-3)
+    assert not torch.allclose(F.log_softmax(logits / r.logit_scale, dim=1).diagonal(), expected, atol=1e-3)

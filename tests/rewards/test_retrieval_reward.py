@@ -194,11 +194,70 @@ def test_hard_distractors_skip_near_duplicates():
     assert close(out.total, [-0.371101])
 
 
+def test_hard_distractors_are_all_kept_in_a_batch_shorter_than_k_plus_one():
+    out = reward(distractors="hard", hard_k=2)(["1 0"], {"image_ids": ["a"]})
+    # a alone in its batch: both mined images, d (cos 0.8) and c (0.6), are its distractors. logits (a 2, d 1.6, c 1.2)
+    #   log p = 2 - log(7.389056 + 4.953032 + 3.320117) = 2 - log(15.662205) = -0.751251
+    assert close(out.total, [-0.751251])
+    assert out.parts["candidates"].tolist() == [3.0] and out.failed is None
+
+
+def test_two_ids_of_one_picture_tie_unless_dropped_as_near_duplicates():
+    # "twin" is a's picture under another id: two candidates with one embedding, not one
+    ids, table = ["a", "twin", "b"], torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    batch = {"image_ids": ["a", "twin", "b"], "image_index": [0]}
+    out = RetrievalReward(VectorRetriever(), SRConfig(), image_ids=ids, embeddings=table)(["1 0"], batch)
+    # logits (a 2, twin 2, b 0): 2 - log(2 e^2 + 1) = 2 - log(15.778112) = -0.758624; a tie is a miss
+    assert close(out.total, [-0.758624]) and out.parts["accuracy"].tolist() == [0.0]
+    dropped = RetrievalReward(VectorRetriever(), SRConfig(duplicate_threshold=0.99), image_ids=ids, embeddings=table)
+    out = dropped(["1 0"], batch)
+    # twin dropped (cos 1 > 0.99): logits (a 2, b 0): 2 - log(e^2 + 1) = -0.126928, a hit
+    assert close(out.total, [-0.126928]) and out.parts["accuracy"].tolist() == [1.0]
+
+
 def test_in_batch_near_duplicates_are_dropped():
     out = reward(duplicate_threshold=0.7)(["1 0"], {"image_ids": ["a", "d", "b"]})
     # d is dropped (cos(a, d) = 0.8 > 0.7): candidates a, b, logits (2, 0): -0.126928
     assert close(out.total, [-0.126928])
     assert out.parts["candidates"].tolist() == [2.0]
+
+
+def test_a_caption_without_a_distractor_is_failed_not_paid_the_best_value():
+    # A global batch of one image: both captions of a were scored log p = log(e^2 / e^2) = 0 and a hit, the one
+    # pointing away from a (cos 0) as well as the one on it
+    out = reward()(["1 0", "0 1"], {"image_ids": ["a"], "image_index": [0, 0]})
+    assert out.failed.tolist() == [True, True]
+    assert torch.isnan(out.total).all() and torch.isnan(out.parts["accuracy"]).all()
+    assert close(out.parts["cosine"], [1.0, 0.0])  # no distractor needed
+    assert out.parts["candidates"].tolist() == [1.0, 1.0]
+    # every distractor of d dropped as a near-duplicate (cos(d, a) 0.8, cos(d, b) 0.6 > 0.5); a keeps b (cos 0):
+    #   "1 0" of a among (a, b): logits (2, 0): 2 - log(e^2 + 1) = -0.126928
+    out = reward(duplicate_threshold=0.5)(["1 0", "0.8 0.6"], {"image_ids": ["a", "d", "b"], "image_index": [0, 1]})
+    assert out.failed.tolist() == [False, True]
+    assert close(out.total[:1], [-0.126928]) and torch.isnan(out.total[1])
+    assert out.parts["candidates"].tolist() == [2.0, 1.0]
+    # accuracy: the lone caption is failed too; the cosine reward needs no distractor and scores it
+    assert reward(reward="accuracy")(["0 1"], {"image_ids": ["a"]}).failed.tolist() == [True]
+    cosine = reward(reward="cosine")(["0 1"], {"image_ids": ["a"]})
+    assert cosine.failed is None and cosine.total.tolist() == [0.0]
+    # with other images, nothing fails (failed=None, as before)
+    assert reward()(["1 0"], {"image_ids": ["a", "b"]}).failed is None
+
+
+def test_a_one_image_step_neither_trains_nor_moves_the_running_mean():
+    # DiscriTune's running mean after one step of mean reward -1: b = -1. A one-image step's caption was paid 0,
+    # advantage 0 - (-1) = +1 whatever it says, and the mean became -1 + (0 - (-1)) / 2 = -0.5
+    from finecap.objectives.baselines import MeanBaseline
+    from finecap.objectives.reinforce import Rollout
+
+    baseline = MeanBaseline()
+    baseline.load_state_dict({"mean": -1.0, "count": 1})
+    out = WeightedSum({"retrieval": (1.0, reward())})(["0 1"], {"image_ids": ["a"]})
+    b = baseline(out.total, torch.tensor([0]), None)
+    assert b.tolist() == [-1.0]
+    assert Rollout(None, out, b).advantage.tolist() == [0.0]  # no gradient
+    baseline.end_step()
+    assert baseline.state_dict() == {"mean": -1.0, "count": 1}  # no batch folded in
 
 
 def test_bag_mates_only():

@@ -32,11 +32,18 @@ Distractors (``sr.distractors``):
 - ``hard`` (DiscriTune D.2): the ``sr.hard_k`` training images most similar to the target under the retriever's
   image embeddings (mined over the whole training set, the target itself excluded), plus random ones: the other
   images of the global batch, in batch order (random batches are a random sample), skipping the mined ones, up to
-  ``|global batch| - 1`` distractors in all, as the paper keeps 99 candidates with k of them mined.
+  ``|global batch| - 1`` distractors in all, as the paper keeps 99 candidates with k of them mined (the k mined are
+  always kept: a batch shorter than k + 1 images has k distractors).
 
 ``sr.duplicate_threshold`` drops every distractor (and mined candidate) whose image cosine to the target exceeds
 it, so that near-identical images (duplicates in COCO; identical scenes in the world) do not punish a correct
-caption. Images with the same image id are one candidate.
+caption. Images with the same image id are one candidate; two ids of one picture are two (a tie: ``log_prob`` at most
+``-log 2``, ``accuracy`` 0) unless ``sr.duplicate_threshold`` drops one.
+
+A caption whose image is left without a distractor (a global batch of one image, or every distractor dropped as a
+near-duplicate) is *failed* (``RewardOutput.failed``, its ``log_prob`` and ``accuracy`` NaN) with
+``sr.reward=log_prob`` or ``accuracy``, whose value over the target alone (0, a hit) says nothing of the caption: it
+takes no gradient and counts in no running mean (docs/methods/discritune.md#an-image-without-a-distractor).
 
 Image embeddings are computed once, in :meth:`RetrievalReward.setup` (from its :class:`~finecap.rewards.RewardInputs`:
 ``embeddings``, or ``images`` embedded there, or in a run the training ``records`` with
@@ -377,8 +384,15 @@ class RetrievalReward(RewardBase):
         scores = self_retrieval_scores(text_emb, image_emb, target, mask, self.scale)
         if encoding.long_text in DONE:  # (N,) 1 = longer than the text window
             scores[DONE[encoding.long_text]] = torch.tensor(encoding.long, dtype=torch.float)
+        failed = None
+        if self.sr.reward != "cosine":  # a caption whose image has no distractor: no retrieval to score (docstring)
+            alone = scores["candidates"] <= 1  # (N,)
+            if bool(alone.any()):
+                failed = alone
+                for key in ("log_prob", "accuracy"):
+                    scores[key] = scores[key].masked_fill(alone, float("nan"))
         total = scores[self.sr.reward]
-        return RewardOutput(total, {self.name: total, **scores})
+        return RewardOutput(total, {self.name: total, **scores}, failed)
 
 
 def build(cfg: Config) -> RetrievalReward:
