@@ -24,6 +24,7 @@ from finecap.inference import image_files
 from finecap.runs import checkpoint_dir, find_checkpoint, model_dir
 from helpers.cli import run_cli
 from helpers.image_files import BROKEN
+from helpers.refusals import refuse_tiny_images
 from helpers.shapes import CAPTION, COLORS, caption, results
 
 
@@ -346,28 +347,6 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     assert "none of the 1 images decodes" in line and not (tmp_path / "none.json").exists()
 
 
-def refuse_tiny_images(monkeypatch) -> str:
-    """The ClipCap encoder's preprocessing made to refuse every 8 x 8 image as Mistral 3's refuses an image of one
-    image token (finecap.models.vlm.check_image_tokens: an ImageRefused with its place in the batch), and a split
-    captioned from pixels as a VLM's own vision tower is (not through the frozen-feature cache); the reason given."""
-    from finecap.data.images import ImageRefused
-    from finecap.engines.finecap import FinecapEngine
-    from finecap.models.vision import VisionEncoder
-
-    real = VisionEncoder.preprocess
-    why = "8 x 8 pixels gives the model one image token, which it fails on"
-
-    def refusing(self, images):
-        for k, image in enumerate(images):
-            if image.size == (8, 8):
-                raise ImageRefused(why, k)
-        return real(self, images)
-
-    monkeypatch.setattr(VisionEncoder, "preprocess", refusing)
-    monkeypatch.setattr(FinecapEngine, "cache_features", property(lambda self: False))
-    return why
-
-
 def test_images_the_model_refuses_are_named_or_skipped_and_listed(run, shapes, tmp_path, monkeypatch, caplog):
     """An image that decodes but that the model's preprocessing refuses (ImageRefused: Mistral 3 refuses an image of
     one image token) stopped `caption --skip-bad-images`, which sorted out only the images that do not decode: it is
@@ -493,10 +472,7 @@ def test_a_splits_images_a_declaring_encoder_refuses_are_listed(run, shapes, tmp
     # an encoder that declares its refusals (refuses_images: Mistral 3's) is asked about every image when the split
     # is read (finecap.data.datasets.refused_images), as training and validation ask it: the refused images are left
     # out there, warned of with those that do not decode, and listed with them in the split's order
-    from finecap.models.vision import VisionEncoder
-
-    why = refuse_tiny_images(monkeypatch)
-    monkeypatch.setattr(VisionEncoder, "refuses_images", True, raising=False)
+    why = refuse_tiny_images(monkeypatch, declared=True)
     photos, good, refused, broken = photos_with_refused(shapes, tmp_path)
     out = tmp_path / "split.json"
     command = ["caption", "--checkpoint", str(run), "--data", str(photos), "--split", "train", "--out", str(out)]
