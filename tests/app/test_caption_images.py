@@ -311,7 +311,7 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     caplog.set_level(logging.WARNING, logger="finecap")
     assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good
     warning = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
-    assert "skipped 3 of 5 images that do not decode" in warning and all(str(b) in warning for b in bad)
+    assert warning.startswith("caption: skipped 3 of 5 images: ") and all(str(b) in warning for b in bad)
     # the full list beside --out, named by the warning: past the few the warning shows, every image and its reason
     listed = tmp_path / "out.json.skipped.json"
     assert f"every one, with its reason, in {listed}" in warning
@@ -368,7 +368,9 @@ def test_images_the_model_refuses_are_named_or_skipped_and_listed(run, shapes, t
     caplog.set_level(logging.WARNING, logger="finecap")
     assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good
     warning = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
-    assert "skipped 2 of 4 images" in warning and all(f"{p}: {why}" in warning for p in refused)
+    # the warning called them 'images that do not decode', which they do (the model refuses them): now 'images',
+    # each reason saying why its image was left out
+    assert warning.startswith(f"caption: skipped 2 of 4 images: {refused[0]}: {why}; {refused[1]}: {why} (data.")
     skipped = json.loads((tmp_path / "out.json.skipped.json").read_text())
     assert skipped["results"] == str(out) and skipped["images"] == 4
     assert [(row["image_id"], row["path"], row["reason"]) for row in skipped["skipped"]] == [
