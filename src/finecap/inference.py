@@ -374,11 +374,13 @@ def caption_images(
     return ImageCaptions([out[i] for i in range(len(images))], skipped)
 
 
-def describe_skipped(skipped: Sequence[tuple[Any, str]], total: int, images: str = "images that do not decode") -> str:
-    """``skipped 2 of 12 images that do not decode: REASON; REASON`` of ``skipped`` (``(key, reason)`` pairs: an
-    :class:`ImageCaptions`' ``skipped``) among ``total`` ``images`` (at most :data:`MAX_LISTED` reasons): the one
-    warning of ``finecap caption --skip-bad-images``.
+def describe_skipped(skipped: Sequence[tuple[Any, str]], total: int, images: str = "images") -> str:
+    """``skipped 2 of 12 images: REASON; REASON`` of ``skipped`` (``(key, reason)`` pairs: an :class:`ImageCaptions`'
+    ``skipped``) among ``total`` ``images`` (at most :data:`MAX_LISTED` reasons): the one warning of ``finecap caption
+    --skip-bad-images``. Each reason says why its image was left out (it does not decode, or the model refuses it).
 
+    >>> describe_skipped([(0, "a.png: damaged image"), (2, "c.png: 8 x 8 pixels gives one image token")], 3)
+    'skipped 2 of 3 images: a.png: damaged image; c.png: 8 x 8 pixels gives one image token'
     >>> describe_skipped([(0, "a.png: damaged image")], 3, "images of split 'test'")
     "skipped 1 of 3 images of split 'test': a.png: damaged image"
     """

@@ -24,6 +24,7 @@ from finecap.inference import image_files
 from finecap.runs import checkpoint_dir, find_checkpoint, model_dir
 from helpers.cli import run_cli
 from helpers.image_files import BROKEN
+from helpers.refusals import refuse_tiny_images
 from helpers.shapes import CAPTION, COLORS, caption, results
 
 
@@ -310,7 +311,7 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     caplog.set_level(logging.WARNING, logger="finecap")
     assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good
     warning = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
-    assert "skipped 3 of 5 images that do not decode" in warning and all(str(b) in warning for b in bad)
+    assert warning.startswith("caption: skipped 3 of 5 images: ") and all(str(b) in warning for b in bad)
     # the full list beside --out, named by the warning: past the few the warning shows, every image and its reason
     listed = tmp_path / "out.json.skipped.json"
     assert f"every one, with its reason, in {listed}" in warning
@@ -346,28 +347,6 @@ def test_bad_images_are_named_or_skipped_and_counted(run, shapes, tmp_path, capl
     assert "none of the 1 images decodes" in line and not (tmp_path / "none.json").exists()
 
 
-def refuse_tiny_images(monkeypatch) -> str:
-    """The ClipCap encoder's preprocessing made to refuse every 8 x 8 image as Mistral 3's refuses an image of one
-    image token (finecap.models.vlm.check_image_tokens: an ImageRefused with its place in the batch), and a split
-    captioned from pixels as a VLM's own vision tower is (not through the frozen-feature cache); the reason given."""
-    from finecap.data.images import ImageRefused
-    from finecap.engines.finecap import FinecapEngine
-    from finecap.models.vision import VisionEncoder
-
-    real = VisionEncoder.preprocess
-    why = "8 x 8 pixels gives the model one image token, which it fails on"
-
-    def refusing(self, images):
-        for k, image in enumerate(images):
-            if image.size == (8, 8):
-                raise ImageRefused(why, k)
-        return real(self, images)
-
-    monkeypatch.setattr(VisionEncoder, "preprocess", refusing)
-    monkeypatch.setattr(FinecapEngine, "cache_features", property(lambda self: False))
-    return why
-
-
 def test_images_the_model_refuses_are_named_or_skipped_and_listed(run, shapes, tmp_path, monkeypatch, caplog):
     """An image that decodes but that the model's preprocessing refuses (ImageRefused: Mistral 3 refuses an image of
     one image token) stopped `caption --skip-bad-images`, which sorted out only the images that do not decode: it is
@@ -389,7 +368,9 @@ def test_images_the_model_refuses_are_named_or_skipped_and_listed(run, shapes, t
     caplog.set_level(logging.WARNING, logger="finecap")
     assert caption(run, photos, out=out, more=("--skip-bad-images",)) == good
     warning = next(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
-    assert "skipped 2 of 4 images" in warning and all(f"{p}: {why}" in warning for p in refused)
+    # the warning called them 'images that do not decode', which they do (the model refuses them): now 'images',
+    # each reason saying why its image was left out
+    assert warning.startswith(f"caption: skipped 2 of 4 images: {refused[0]}: {why}; {refused[1]}: {why} (data.")
     skipped = json.loads((tmp_path / "out.json.skipped.json").read_text())
     assert skipped["results"] == str(out) and skipped["images"] == 4
     assert [(row["image_id"], row["path"], row["reason"]) for row in skipped["skipped"]] == [
@@ -493,10 +474,7 @@ def test_a_splits_images_a_declaring_encoder_refuses_are_listed(run, shapes, tmp
     # an encoder that declares its refusals (refuses_images: Mistral 3's) is asked about every image when the split
     # is read (finecap.data.datasets.refused_images), as training and validation ask it: the refused images are left
     # out there, warned of with those that do not decode, and listed with them in the split's order
-    from finecap.models.vision import VisionEncoder
-
-    why = refuse_tiny_images(monkeypatch)
-    monkeypatch.setattr(VisionEncoder, "refuses_images", True, raising=False)
+    why = refuse_tiny_images(monkeypatch, declared=True)
     photos, good, refused, broken = photos_with_refused(shapes, tmp_path)
     out = tmp_path / "split.json"
     command = ["caption", "--checkpoint", str(run), "--data", str(photos), "--split", "train", "--out", str(out)]

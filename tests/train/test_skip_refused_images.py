@@ -21,9 +21,11 @@ from finecap.config import load
 from finecap.data.datasets import skipped_images
 from finecap.data.records import DataError
 from finecap.models.vlm import Vlm
+from finecap.train.run import train
 from finecap.train.setup import build_data
 from finecap.train.validators import caption_stats_validator, cider_validator, retrieval_validator, validation_loss
 from helpers.image_files import corrupt_png
+from helpers.refusals import REFUSED_SIZE, refuse_tiny_images
 from helpers.vlm_families import COCO_WORDS, tiny_family
 
 REFUSED = "gives Mistral Small 3.1 / 3.2 (Pixtral vision) one image token"
@@ -140,3 +142,44 @@ def test_without_the_option_a_refused_image_is_the_error_naming_it_and_the_optio
         data.collator([data.train[tiny]])
     with pytest.raises(DataError, match=r"tiny_val.png.*one image token"), torch.no_grad():
         caption_stats_validator(cfg)(mistral3, cfg, acc)
+
+
+def stand_in_data(folder: Path) -> Path:
+    """A JSONL data set for the tiny ClipCap with the stand-in refusing 8 x 8 images
+    (:func:`helpers.refusals.refuse_tiny_images`): train 3 good images, a tiny and a corrupt one; val the same."""
+    folder.mkdir()
+    rows = []
+    for split, prefix in (("train", "t"), ("val", "v")):
+        for k, color in enumerate(("red", "green", "blue")):
+            Image.new("RGB", (32, 32), color).save(folder / f"{prefix}{k}.png")
+            rows.append({"image": f"{prefix}{k}.png", "captions": [f"a {color} circle"], "split": split})
+        Image.new("RGB", REFUSED_SIZE, "red").save(folder / f"tiny_{split}.png")
+        corrupt_png(folder / f"broken_{split}.png")
+        rows += [{"image": f"{name}_{split}.png", "captions": ["a red square"], "split": split}
+                 for name in ("tiny", "broken")]  # fmt: skip
+    data = folder / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return data
+
+
+@pytest.mark.slow
+def test_a_run_says_the_images_left_out_of_each_split_once(make_cfg, clip_dir, tmp_path, monkeypatch, caplog):
+    # a run said each split's images twice: its reads before the model loads (the splits named early; the retrieval
+    # validator's two images and clipcap.lm=data-tiny's vocabulary read them too) warned of those that do not decode
+    # ('skipped 1 of 5'), then build_data's read with the model of every one left out ('skipped 2 of 5'); now only
+    # the read with the model says them, and the evaluation's reads (the validator's captions and images) say nothing
+    why = refuse_tiny_images(monkeypatch, declared=True)
+    data = stand_in_data(tmp_path / "data")
+    cfg = make_cfg("data.format=jsonl", f"data.path={data}", "data.skip_bad_images=true", "clipcap.lm=data-tiny",
+                   "train.max_steps=1", "train.eval_every=1", "train.validators=[retrieval]",
+                   f"retriever.checkpoint={clip_dir}")  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="finecap"):
+        train(cfg)
+    said = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "skip_bad_images" in r.getMessage()
+    ]
+    assert len(said) == 2, said  # one a split, after the evaluation's reads too
+    for split, message in zip(("train", "val"), said, strict=True):
+        assert message.startswith(f"data: skipped 2 of 5 images of split {split!r} (data.skip_bad_images=true): ")
+        assert f"tiny_{split}.png" in message and why in message and f"broken_{split}.png: damaged image" in message
+    assert any("skipped 4 bad image(s)" in r.getMessage() for r in caplog.records)  # the run's last line

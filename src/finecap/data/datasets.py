@@ -246,11 +246,11 @@ def note_prompts(cfg: Config, records: Sequence[Record], path: Path) -> None:
                 count, kind, kind, common)  # fmt: skip
 
 
-def validation_records(cfg: Config, model: Any = None) -> list[Record]:
+def validation_records(cfg: Config, model: Any = None, *, left_out: list | None = None) -> list[Record]:
     """The validation records a run evaluates on: the first ``train.eval_samples`` of the split (all of it with 0),
-    what the validation loss and every validator read; ``model``: :func:`load_records`' (the images it refuses left
-    out with ``data.skip_bad_images``)."""
-    records = load_records(cfg, "val", model=model)
+    what the validation loss and every validator read; ``model`` and ``left_out``: :func:`load_records`' (the images
+    it refuses left out with ``data.skip_bad_images``; the images left out given to the caller, not said)."""
+    records = load_records(cfg, "val", model=model, left_out=left_out)
     return records[: cfg.train.eval_samples] if cfg.train.eval_samples else records
 
 

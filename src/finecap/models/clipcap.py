@@ -481,4 +481,5 @@ def data_vocabulary(cfg: Config) -> list[str]:
     the tokenizer it trained with (``lm/tokenizer.json``), which is what resuming, captioning and export load."""
     from finecap.data.datasets import load_records
 
-    return caption_vocabulary(c for r in load_records(cfg, "train") for c in r.captions)
+    # the images data.skip_bad_images leaves out are said by the run's read with the model (with those it refuses)
+    return caption_vocabulary(c for r in load_records(cfg, "train", left_out=[]) for c in r.captions)

@@ -230,9 +230,11 @@ def _build_run(
         check_before_building(cfg)  # before the world and its encoder are made (seconds, not minutes)
     prepare_needs(cfg, run_needs(cfg, objective, factories, fresh=fresh), processes)
     # the splits read before any model is loaded: a missing split is named in seconds, not after minutes of loading
-    # (or of retrying a download of) the weights; build_data reads them again from the reader's cache
-    load_records(cfg, "train")
-    validation_records(cfg)
+    # (or of retrying a download of) the weights; build_data reads them again from the reader's cache, with the
+    # model, and says the images data.skip_bad_images leaves out of each (with those the model refuses): these reads
+    # keep theirs (left_out) so that a split is said once, with every image left out
+    load_records(cfg, "train", left_out=[])
+    validation_records(cfg, left_out=[])
     # After preparing: accelerate keeps one gradient-accumulation state per process, which an Accelerator made
     # while preparing (the world encoder's engine) would have set for itself.
     accelerator = make_accelerator(cfg.train, run_dir if writes else None)

@@ -79,7 +79,8 @@ def retrieval_validator(cfg: Config) -> Validator:
     distractor; fewer than 2 images left is a ``ValueError`` (before training for those that do not decode, at the
     first evaluation for those the model refuses)."""
     retriever = load_retriever(cfg)
-    _at_least_two(validation_records(cfg))  # before training: the images that decode
+    # before training: the images that decode (not said here: the run's read with the model says every one left out)
+    _at_least_two(validation_records(cfg, left_out=[]))
     scorers: list[SelfRetrieval] = []
 
     def scorer_on(model: Any, device: torch.device) -> SelfRetrieval:
