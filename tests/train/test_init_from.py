@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from finecap.runs import CheckpointError, checkpoint_dir, model_dir
 from finecap.train.run import train
@@ -93,3 +94,59 @@ def test_the_world_blip_and_vlm_compare_their_encoder_and_a_pretrained_one_reads
     assert encoder_difference(cls, meta, cfg) == [("model.encoder", str(other), str(tiny_encoder))]
     assert encoder_difference(cls, {"world_source": str(tiny_encoder)}, cfg) == []
     assert encoder_difference(cls, meta, make_cfg(f"model.kind={kind}", f"{kind}.name={pretrained}")) == []
+
+
+RL = ["train.objective=reinforce", "rl.rewards={cider: 1.0}", "rl.samples=2", "train.batch_size=8"]
+SHIFT = {"form": "token", "token_id": 2}  # SMILE's shift, recorded by the start's next save only
+
+
+def test_a_start_saved_again_while_the_run_reads_it_is_read_as_one_save(make_cfg, monkeypatch):
+    # a run started from a run still training read the start's captioner.json (check_backbone) outside the start's
+    # swap guard and its 16-bit weights inside it, then its float32 master weights and, after the data, its
+    # first-token shift outside it again: a save of the start in between gave the run step 9's masters and shift on
+    # step 1's 16-bit weights; every read of the start is now one hold, and the save waits for it
+    from safetensors.torch import load_file
+
+    import finecap.train.run as run
+    import finecap.train.setup as setup
+    from finecap.models import memory
+    from finecap.models.first_token import unshift_as
+    from finecap.train.checkpoint import load_info, save_checkpoint
+    from helpers.swaps import NextSave
+
+    levers = ["model.dtype=bfloat16", "decode.max_length=8"]
+    start = checkpoint_dir(train(make_cfg(*levers, "train.max_steps=1", "train.eval_every=0", run="first")), "last")
+    masters = load_file(str(model_dir(start) / memory.MASTERS))  # the float32 values of the 16-bit run's weights
+    assert masters and load_info(start)["step"] == 1
+    cfg = make_cfg(*levers, *RL, f"train.init_from={start}", "train.max_steps=1", "train.eval_every=0", run="second")
+    following = setup.build_model(cfg)  # the start's next save: every weight 1 more, shifted
+    with torch.no_grad():
+        for p in following.parameters():
+            p.add_(1.0)
+    unshift_as(following, SHIFT)
+
+    def save_next() -> None:
+        save_checkpoint(start, model=following, cfg=make_cfg(*levers, run="first"), info={"step": 9})
+
+    built = []
+    real_check, real_build = setup.check_loaded, run.build_model
+
+    def build(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        built.append({n: p.detach().clone() for n, p in model.named_parameters() if n in masters})
+        return model
+
+    with NextSave(save_next) as next_save:
+
+        def check_then_save(*args, **kwargs):
+            real_check(*args, **kwargs)
+            next_save.start()  # the start saved again once the run has loaded its 16-bit weights
+
+        monkeypatch.setattr(setup, "check_loaded", check_then_save)
+        monkeypatch.setattr(run, "build_model", build)
+        second = train(cfg)
+    assert [sorted(b) for b in built] == [sorted(masters)]
+    assert all(torch.equal(built[0][n], masters[n]) for n in masters)  # step 1's float32 masters, not step 9's
+    meta = json.loads((model_dir(checkpoint_dir(second, "last")) / "captioner.json").read_text())
+    assert "first_token_shift" not in meta  # step 1's weights shift nothing, so the run records no shift
+    assert next_save.waited and load_info(start)["step"] == 9  # the save went through after the reads

@@ -44,12 +44,11 @@ from finecap.home import run_path, world_path
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import sharding
 from finecap.models.backbones import check_before_building, reads_world_encoder
-from finecap.models.first_token import unshift_as
 from finecap.models.memory import check_attention
 from finecap.models.retriever import Retriever, SharedRetrievers, retriever_path
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
-from finecap.objectives.smile import training_shift, validation_shift_token
+from finecap.objectives.smile import validation_shift_token
 from finecap.outputs import check_not_input, check_replaceable, check_writable, write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
 from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
@@ -248,9 +247,6 @@ def _build_run(
         data = build_data(cfg, model, accelerator, per_caption=per_caption)
         if cfg.train.strategy == "fsdp" and accelerator.is_main_process:
             log.info("train.strategy=fsdp with one process: nothing to shard, training as usual")
-    # the shift token of SMILE-shifted weights (this run's, or its start's carried on) left out of its validation
-    # captions, rollouts and rewards, and recorded in its checkpoints
-    unshift_as(model, training_shift(cfg, resume_from or cfg.train.init_from, resumed=resume_from is not None))
     # one frozen retriever for the self-retrieval reward and the retrieval validator (kept_beside counts one)
     retrievers = SharedRetrievers()
     with retrievers:

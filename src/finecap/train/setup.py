@@ -34,9 +34,11 @@ from finecap.home import run_path, runs_root, start_path
 from finecap.models import memory, sharding
 from finecap.models.backbones import build_model as build_captioner
 from finecap.models.backbones import check_backbone, check_loaded, load_captioner
+from finecap.models.first_token import unshift_as
 from finecap.models.lora import configure_training
 from finecap.objectives.base import ObjectiveBase
-from finecap.runs import find_checkpoint, model_dir
+from finecap.objectives.smile import training_shift
+from finecap.runs import find_checkpoint, model_dir, reading_checkpoint
 from finecap.utils.text import shell_command
 
 
@@ -124,9 +126,15 @@ def build_model(
     configured backbone and settings (:func:`finecap.models.backbones.check_backbone`) and is loaded strictly
     (:mod:`finecap.models.strict`: weights that do not fit, or hold NaN or infinity, are refused); its backbone
     section's other settings apply where they can (dropout) and are refused where they cannot
-    (:func:`finecap.models.backbones.check_loaded`). ``device``: the process's device (``accelerator.device``); on a
-    CUDA device pretrained weights are read straight onto it (:func:`finecap.models.memory.loading_onto`), not into
-    host memory first; the caller still moves the model there (its parts built with random weights are on the CPU).
+    (:func:`finecap.models.backbones.check_loaded`). The captioner records the first-token shift its weights emit
+    (:func:`finecap.objectives.smile.training_shift`: the run's own, or its start's carried on), which its validation
+    captions, rollouts and rewards are written without and its checkpoints record. Everything it takes of a checkpoint
+    (``captioner.json``, weights, float32 masters, the stored configuration the shift may come from) is read under one
+    hold of that run's swap guard (:func:`finecap.runs.reading_checkpoint`): a start that a run still training saves
+    again meanwhile is read as one save, and the save waits for the reads, never for the training. ``device``: the
+    process's device (``accelerator.device``); on a CUDA device pretrained weights are read straight onto it
+    (:func:`finecap.models.memory.loading_onto`), not into host memory first; the caller still moves the model there
+    (its parts built with random weights are on the CPU).
     ``meta``: no pretrained weight is read, those parameters are left on the meta device (a sharded run's other
     processes: :func:`finecap.models.sharding.receive_weights`).
     """
@@ -137,16 +145,20 @@ def build_model(
 def _build_model(cfg: Config, resume_from: Path | None) -> torch.nn.Module:
     start = resume_from or cfg.train.init_from
     if not start:
-        return _prepared(build_captioner(cfg), cfg)
-    folder = model_dir(start)
+        return unshift_as(_prepared(build_captioner(cfg), cfg), training_shift(cfg))
     option = "--resume" if resume_from else "train.init_from"
-    check_backbone(folder, cfg, option)
-    options = memory.LoadOptions.of(cfg.model)
-    model = load_captioner(folder, trusted=(cfg.model.kind,), options=options)  # strict: finecap.models.strict
-    check_loaded(model, folder, cfg, option)  # per key: refused when it cannot apply (tiny sizes), else applied
-    if not any(p.is_meta for p in model.parameters()):  # built without weights: they come from the main process
-        memory.load_float32_masters(model, folder)
-    return _prepared(model, cfg)
+    # one save's captioner.json, weights, float32 masters, config.yaml and shift: a start that a run still training
+    # saves again is swapped only once they are read (docs/training.md#real-checkpoints-and-data)
+    with reading_checkpoint(start) as found:
+        folder = model_dir(found)
+        check_backbone(folder, cfg, option)
+        options = memory.LoadOptions.of(cfg.model)
+        model = load_captioner(folder, trusted=(cfg.model.kind,), options=options)  # strict: finecap.models.strict
+        check_loaded(model, folder, cfg, option)  # per key: refused when it cannot apply (tiny sizes), else applied
+        if not any(p.is_meta for p in model.parameters()):  # built without weights: they come from the main process
+            memory.load_float32_masters(model, folder)
+        shift = training_shift(cfg, found, resumed=resume_from is not None)
+    return unshift_as(_prepared(model, cfg), shift)
 
 
 def _prepared(model: torch.nn.Module, cfg: Config) -> torch.nn.Module:
