@@ -129,20 +129,15 @@ def test_a_start_saved_again_while_the_run_reads_it_is_read_as_one_save(make_cfg
         save_checkpoint(start, model=following, cfg=make_cfg(*levers, run="first"), info={"step": 9})
 
     built = []
-    real_check, real_build = setup.check_loaded, run.build_model
+    real_build = run.build_model
 
     def build(*args, **kwargs):
         model = real_build(*args, **kwargs)
         built.append({n: p.detach().clone() for n, p in model.named_parameters() if n in masters})
         return model
 
-    with NextSave(save_next) as next_save:
-
-        def check_then_save(*args, **kwargs):
-            real_check(*args, **kwargs)
-            next_save.start()  # the start saved again once the run has loaded its 16-bit weights
-
-        monkeypatch.setattr(setup, "check_loaded", check_then_save)
+    with NextSave(save_next) as next_save:  # the start saved again once the run has loaded its 16-bit weights
+        monkeypatch.setattr(setup, "check_loaded", next_save.after(setup.check_loaded))
         monkeypatch.setattr(run, "build_model", build)
         second = train(cfg)
     assert [sorted(b) for b in built] == [sorted(masters)]
