@@ -66,6 +66,19 @@ def test_a_refused_key_url_or_model_stops_every_later_call_too(status):
         assert len(server.requests) == 1  # every later call raises without a request
 
 
+def test_a_judge_whose_account_is_out_of_quota_stops_at_once_without_retrying():
+    # an HTTP 429 saying insufficient_quota was retried as a rate limit on every server, call after call, until
+    # judge.max_consecutive_failures calls had each waited out their retries
+    quota = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
+                       "code": "insufficient_quota"}}  # fmt: skip
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (429, quota)) as one, ChatServer(lambda p, n: (429, quota)) as two:
+        judge = judge_of(one.url, two.url, retries=3, concurrency=1, sleep=waits.append)
+        with pytest.raises(JudgeUnavailable, match=r"HTTP 429: the account's quota is spent \(insufficient_quota"):
+            judge.answer([Ask(Q, OPTIONS, f"a red circle {i}") for i in range(3)])
+        assert len(one.requests) + len(two.requests) == 1 and waits == []
+
+
 def test_a_reply_resets_the_streak_and_an_unreachable_port_counts_too():
     def every_third_answers(payload, n):
         number = int(re.search(r"a red circle (\d+)", payload["messages"][-1]["content"]).group(1))
@@ -97,7 +110,7 @@ def test_unparsable_answers_and_an_http_400_answer_the_call_and_never_stop_the_j
 @pytest.mark.parametrize(
     ("reply", "hint"),
     [((500, {"error": "EngineDeadError"}), "fails every request"),
-     ((429, {"error": {"code": "insufficient_quota"}}), r"rate-limits the judge \(HTTP 429\): lower"),
+     ((429, {"error": {"code": "rate_limit_exceeded"}}), r"rate-limits the judge \(HTTP 429\): lower"),
      ((429, {"error": "slow down"}, {"Retry-After": "3600"}), "rate-limits the judge"),
      ((200, {"error": {"message": "engine dead"}}), "fails every request")],
 )  # fmt: skip

@@ -22,12 +22,14 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   ``judge.retries`` more times, each time of the next server; a call still without an answer is a
   :class:`~finecap.judges.base.JudgeFailed` in its place, counted (``counts["failed"]``). A judge that cannot
   answer at all raises :class:`~finecap.judges.base.JudgeUnavailable` (the run stops with its message): at once on
-  HTTP 401/403/404 (a refused key, a wrong model or URL), and when ``judge.max_consecutive_failures`` calls in a row
-  got no answer from any server: each server unreachable, or answering every retry with HTTP 408/409/429/5xx or an
-  error body, or asking (``Retry-After``) for longer than ``judge.retry_max_wait`` (a judge server down, failing or
-  out of quota would otherwise leave every caption unscored, step after step; the message names the last server's
-  URL and status). An answer (parsable or not) or another HTTP error (400: that request's own) resets the count.
-  Every call after either raises the same, without a request.
+  HTTP 401/403/404 (a refused key, a wrong model or URL) and on an HTTP 429 saying ``insufficient_quota`` (the
+  account out of credit), and when ``judge.max_consecutive_failures`` calls in a row got no answer from any server:
+  each server unreachable, or answering every retry with HTTP 408/409/429/5xx or an error body, or asking
+  (``Retry-After``, ``retry-after-ms``) for longer than ``judge.retry_max_wait``, or saying ``x-should-retry:
+  false`` (a judge server down, failing or rate-limiting every request would otherwise leave every caption
+  unscored, step after step; the message names the last server's URL and status). An answer (parsable or not) or
+  another HTTP error (400: that request's own) resets the count. Every call after either raises the same, without a
+  request.
 - **Served model**: a reply's ``model`` is checked (:class:`~finecap.boost.served_model.ServedModel`, one check
   shared by the judge's servers, the rule of boost's ``openai`` backend too): the first one named is kept, with
   a warning when it is not ``judge.model`` or a version of it (the answers are cached and reported under
