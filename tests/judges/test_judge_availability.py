@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from finecap.judges import openai as judges_openai
 from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache
 from finecap.judges.claims import claim_scores
@@ -148,6 +149,30 @@ def test_a_server_failing_with_500_among_live_ones_costs_no_call_and_never_stops
         assert judge.answer([Ask(Q, OPTIONS, f"a red circle {i}") for i in range(6)]) == ["red"] * 6
         assert len(live.requests) == 6 and len(broken.requests) >= 1  # each call that met the broken one moved on
         assert judge.counts["failed"] == 0
+
+
+def test_a_failing_server_is_asked_after_the_live_ones_until_a_probe_finds_it_back(monkeypatch):
+    # before, every call went to it first (passing over it moved the round robin on, to it again), waiting out its
+    # retries there
+    monkeypatch.setattr(judges_openai, "PROBE_EVERY", 3)
+    sick = threading.Event()
+    sick.set()
+    waits: list[float] = []
+    with (
+        ChatServer(lambda payload, n: (500, {"error": "bug"}) if sick.is_set() else (200, completion("B"))) as one,
+        ChatServer(lambda payload, n: (200, completion("B"))) as live,
+    ):
+        judge = judge_of(one.url, live.url, retries=1, concurrency=1, sleep=waits.append)
+        asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(16)]
+        assert judge.answer(asks[:6]) == ["red"] * 6
+        # its turn comes every other call. Call 0 fails on it (2 attempts, 1 wait) and goes on to the live server;
+        # its turns in calls 1 and 3 are passed over, the 3rd since (call 5) is kept: a probe, failing again
+        assert (len(one.requests), len(live.requests), len(waits)) == (2 + 2, 6, 2)
+        sick.clear()  # it is back
+        assert judge.answer(asks[6:]) == ["red"] * 10
+        # its turns in calls 6 and 8 passed over, the probe in call 10 answered: turn and turn about again (12, 14)
+        assert (len(one.requests), len(live.requests), len(waits)) == (4 + 3, 6 + 7, 2)
+    assert judge.counts["failed"] == 0
 
 
 def test_a_dead_server_among_several_costs_no_call():
