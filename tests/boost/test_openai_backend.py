@@ -17,6 +17,7 @@ from PIL import Image
 from finecap.boost.chat import conversation
 from finecap.boost.engine import (
     AnswerCache,
+    Cancelled,
     FailureBudget,
     FatalBackendError,
     ServerUnavailable,
@@ -312,6 +313,91 @@ def test_retry_after_longer_than_max_wait_fails_without_retrying(tmp_path):
         ((_, error),) = list(backend.run(_tasks(_records(tmp_path, 1))))
     assert isinstance(error, RuntimeError) and "retry after 3600 s, more than boost.retry_max_wait=60" in str(error)
     assert waits == [] and len(server.requests) == 1
+
+
+def test_a_retry_after_with_its_jitter_never_waits_longer_than_retry_max_wait(tmp_path):
+    # before, the jitter (up to backoff) came on top of a Retry-After at retry_max_wait: 5 s asked, 5-6 s waited
+    waits: list[float] = []
+
+    def busy_twice(payload, n):
+        return (429, {"error": "slow down"}, {"Retry-After": "5"}) if n < 2 else echo_first_caption(payload, n)
+
+    with ChatServer(busy_twice) as server:
+        backend = OpenAIBackend("m", server.url, retries=3, backoff=1.0, max_wait=5, sleep=waits.append)
+        answers = dict(backend.run(_tasks(_records(tmp_path, 1))))
+    assert answers == {0: "boosted caption 0 a"} and len(server.requests) == 3
+    assert waits == [5.0, 5.0]  # the server's 5 s, the jitter cut at boost.retry_max_wait=5
+
+
+def test_retry_after_ms_is_read_before_retry_after_and_bounded_by_retry_max_wait(tmp_path):
+    # OpenAI's client reads retry-after-ms (milliseconds) first; before, finecap read only Retry-After (30 s here)
+    waits: list[float] = []
+
+    def busy_once(payload, n):
+        if n == 0:
+            return 429, {"error": "slow down"}, {"retry-after-ms": "1500", "Retry-After": "30"}
+        return echo_first_caption(payload, n)
+
+    with ChatServer(busy_once) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.0, sleep=waits.append)
+        answers = dict(backend.run(_tasks(_records(tmp_path, 1))))
+    assert answers == {0: "boosted caption 0 a"} and waits == [1.5]
+    waits.clear()
+    with ChatServer(lambda p, n: (503, {"error": "busy"}, {"retry-after-ms": "90000"})) as server:
+        backend = OpenAIBackend("m", server.url, max_wait=60, sleep=waits.append)
+        ((_, error),) = list(backend.run(_tasks(_records(tmp_path, 1))))
+    assert isinstance(error, ServerUnavailable), repr(error)
+    assert "retry after 90 s, more than boost.retry_max_wait=60" in str(error), str(error)
+    assert waits == [] and len(server.requests) == 1
+
+
+def test_x_should_retry_false_fails_at_once_and_true_retries_another_failing_status(tmp_path):
+    # the server's x-should-retry (OpenAI's) overrides the status, as in OpenAI's client; before, a 500 or 503 saying
+    # false was retried anyway and a 400 saying true was failed at once
+    def answer(payload, n):
+        image = int(payload["messages"][-1]["content"].split("- caption ")[1].split()[0])
+        if image == 0:
+            return 500, {"error": "bad request in disguise"}, {"x-should-retry": "false"}
+        if image == 1:
+            return 503, {"error": "draining"}, {"x-should-retry": "False"}
+        if image == 2 and n < 2:
+            return 400, {"error": "replica warming up"}, {"x-should-retry": "true"}
+        return echo_first_caption(payload, n)
+
+    waits: list[float] = []
+    with ChatServer(answer) as server:
+        backend = OpenAIBackend("m", server.url, retries=3, backoff=0.01, concurrency=1, sleep=waits.append)
+        outcomes = dict(backend.run(_tasks(_records(tmp_path, 4))))
+    sent = Counter(int(r["payload"]["messages"][-1]["content"].split("- caption ")[1].split()[0])
+                   for r in server.requests)  # fmt: skip
+    assert sent == {0: 1, 1: 1, 2: 3, 3: 1}, sent
+    assert type(outcomes[0]).__name__ == "ServerFailing" and outcomes[0].status == 500, repr(outcomes[0])
+    assert isinstance(outcomes[1], ServerUnavailable), repr(outcomes[1])
+    for error in (outcomes[0], outcomes[1]):
+        assert "the server says not to retry (x-should-retry: false)" in str(error), str(error)
+    assert outcomes[2] == "boosted caption 2 a" and outcomes[3] == "boosted caption 3 a"
+    assert len(waits) == 2  # the 400s' retries alone
+
+
+QUOTA_BODY = {"error": {"message": "You exceeded your current quota, please check your plan and billing details.",
+                        "type": "insufficient_quota", "param": None, "code": "insufficient_quota"}}  # fmt: skip
+"""What OpenAI's API answers, with HTTP 429, to an account out of credit."""
+
+
+@pytest.mark.parametrize("error", [QUOTA_BODY["error"], {"message": "out of credit", "type": "insufficient_quota"},
+                                   {"message": "out of credit", "code": "insufficient_quota"}])  # fmt: skip
+def test_a_429_out_of_quota_stops_the_run_at_once_naming_the_quota(tmp_path, error):
+    # before, it was retried as a rate limit: up to boost.retries waits of up to boost.retry_max_wait per request, for
+    # every image, the run's time spent on an account that cannot answer
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (429, {"error": error}, {"Retry-After": "20"})) as server:
+        backend = OpenAIBackend("m", server.url, retries=3, concurrency=1, sleep=waits.append)
+        outcomes = [outcome for _, outcome in backend.run(_tasks(_records(tmp_path, 3)))]
+    fatal, *others = sorted(outcomes, key=lambda o: not isinstance(o, FatalBackendError))
+    assert isinstance(fatal, FatalBackendError), outcomes
+    assert "HTTP 429: the account's quota is spent (insufficient_quota" in str(fatal), str(fatal)
+    assert all(isinstance(o, Cancelled) and not o.sent for o in others), others  # no new request after it
+    assert len(server.requests) == 1 and waits == [] and backend.rate_limited == 0
 
 
 def test_connection_refused_is_server_unavailable(tmp_path):

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from finecap.judges import openai as judges_openai
 from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache
 from finecap.judges.claims import claim_scores
@@ -66,6 +67,19 @@ def test_a_refused_key_url_or_model_stops_every_later_call_too(status):
         assert len(server.requests) == 1  # every later call raises without a request
 
 
+def test_a_judge_whose_account_is_out_of_quota_stops_at_once_without_retrying():
+    # an HTTP 429 saying insufficient_quota was retried as a rate limit on every server, call after call, until
+    # judge.max_consecutive_failures calls had each waited out their retries
+    quota = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
+                       "code": "insufficient_quota"}}  # fmt: skip
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (429, quota)) as one, ChatServer(lambda p, n: (429, quota)) as two:
+        judge = judge_of(one.url, two.url, retries=3, concurrency=1, sleep=waits.append)
+        with pytest.raises(JudgeUnavailable, match=r"HTTP 429: the account's quota is spent \(insufficient_quota"):
+            judge.answer([Ask(Q, OPTIONS, f"a red circle {i}") for i in range(3)])
+        assert len(one.requests) + len(two.requests) == 1 and waits == []
+
+
 def test_a_reply_resets_the_streak_and_an_unreachable_port_counts_too():
     def every_third_answers(payload, n):
         number = int(re.search(r"a red circle (\d+)", payload["messages"][-1]["content"]).group(1))
@@ -97,7 +111,7 @@ def test_unparsable_answers_and_an_http_400_answer_the_call_and_never_stop_the_j
 @pytest.mark.parametrize(
     ("reply", "hint"),
     [((500, {"error": "EngineDeadError"}), "fails every request"),
-     ((429, {"error": {"code": "insufficient_quota"}}), r"rate-limits the judge \(HTTP 429\): lower"),
+     ((429, {"error": {"code": "rate_limit_exceeded"}}), r"rate-limits the judge \(HTTP 429\): lower"),
      ((429, {"error": "slow down"}, {"Retry-After": "3600"}), "rate-limits the judge"),
      ((200, {"error": {"message": "engine dead"}}), "fails every request")],
 )  # fmt: skip
@@ -135,6 +149,30 @@ def test_a_server_failing_with_500_among_live_ones_costs_no_call_and_never_stops
         assert judge.answer([Ask(Q, OPTIONS, f"a red circle {i}") for i in range(6)]) == ["red"] * 6
         assert len(live.requests) == 6 and len(broken.requests) >= 1  # each call that met the broken one moved on
         assert judge.counts["failed"] == 0
+
+
+def test_a_failing_server_is_asked_after_the_live_ones_until_a_probe_finds_it_back(monkeypatch):
+    # before, every call went to it first (passing over it moved the round robin on, to it again), waiting out its
+    # retries there
+    monkeypatch.setattr(judges_openai, "PROBE_EVERY", 3)
+    sick = threading.Event()
+    sick.set()
+    waits: list[float] = []
+    with (
+        ChatServer(lambda payload, n: (500, {"error": "bug"}) if sick.is_set() else (200, completion("B"))) as one,
+        ChatServer(lambda payload, n: (200, completion("B"))) as live,
+    ):
+        judge = judge_of(one.url, live.url, retries=1, concurrency=1, sleep=waits.append)
+        asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(16)]
+        assert judge.answer(asks[:6]) == ["red"] * 6
+        # its turn comes every other call. Call 0 fails on it (2 attempts, 1 wait) and goes on to the live server;
+        # its turns in calls 1 and 3 are passed over, the 3rd since (call 5) is kept: a probe, failing again
+        assert (len(one.requests), len(live.requests), len(waits)) == (2 + 2, 6, 2)
+        sick.clear()  # it is back
+        assert judge.answer(asks[6:]) == ["red"] * 10
+        # its turns in calls 6 and 8 passed over, the probe in call 10 answered: turn and turn about again (12, 14)
+        assert (len(one.requests), len(live.requests), len(waits)) == (4 + 3, 6 + 7, 2)
+    assert judge.counts["failed"] == 0
 
 
 def test_a_dead_server_among_several_costs_no_call():

@@ -79,8 +79,9 @@ class ServerUnavailable(BackendError):
 
 class ServerFailing(BackendError):
     """The server was reached but answered every attempt with a failure until the backend's retries were spent (HTTP
-    408, 409, 429, 500, or an error body with HTTP 200), or asked (``Retry-After``) for a wait longer than its
-    ``retry_max_wait``: no answer, though the server is up. ``status`` is the last attempt's HTTP status (200 for an
+    408, 409, 429, 500, or an error body with HTTP 200), asked (``Retry-After``, ``retry-after-ms``) for a wait
+    longer than its ``retry_max_wait``, or said not to retry (``x-should-retry: false``): no answer, though the server
+    is up. ``status`` is the last attempt's HTTP status (200 for an
     error body). Boost fails the image (its failure budget counts it); a judge counts it, as
     :class:`ServerUnavailable`, towards ``judge.max_consecutive_failures``."""
 
@@ -95,8 +96,8 @@ class MalformedReply(BackendError):
 
 
 class FatalBackendError(BackendError):
-    """Every further request would fail the same way (HTTP 401/403: the key is refused; 404: wrong URL or model):
-    the run stops at once."""
+    """Every further request would fail the same way (HTTP 401/403: the key is refused; 404: wrong URL or model; an
+    HTTP 429 saying ``insufficient_quota``: the account is out of credit): the run stops at once."""
 
 
 class Cancelled(BackendError):

@@ -20,23 +20,27 @@ What happens to each request:
 
 - **retried** up to ``boost.retries`` times: no connection, a time-out or HTTP 408, 409, 429, 500, 502, 503, 504,
   and an HTTP 200 whose JSON body is an error (``{"error": ...}`` without ``choices``, as vLLM and some proxies
-  report a failure: retried as a 500 is). The wait before a retry is the server's ``Retry-After`` (seconds or an HTTP
-  date) when it sends one, plus a random jitter of up to ``backoff`` seconds; otherwise exponential with jitter
-  (``backoff * 2**(n-1)`` plus up to ``backoff``), at most ``boost.retry_max_wait``. A ``Retry-After`` longer than
-  ``boost.retry_max_wait`` fails the request instead of retrying early. When the retries are spent, an unreachable
+  report a failure: retried as a 500 is). The wait before a retry is the server's when it names one (OpenAI's
+  ``retry-after-ms``, in milliseconds, else ``Retry-After``: seconds or an HTTP date; :func:`server_wait`) plus a
+  random jitter of up to ``backoff`` seconds; otherwise exponential with jitter (``backoff * 2**(n-1)`` plus up to
+  ``backoff``); never more than ``boost.retry_max_wait``. A server asking for longer than ``boost.retry_max_wait``
+  fails the request instead of retrying early. A server's ``x-should-retry`` header (OpenAI's, not a standard one)
+  overrides the status: ``false`` fails the request at once, as when its retries are spent, ``true`` retries any
+  other failing status (not those below that stop the run). When the retries are spent, an unreachable
   server (no connection, time-outs, 502/503/504) is :class:`~finecap.boost.engine.ServerUnavailable` (the engine
   stops after ``boost.max_consecutive_failures`` of them in a row), a server that answered each attempt with a
   failure (408, 409, 429, 500, an error body) a :class:`~finecap.boost.engine.ServerFailing` (a
   :class:`~finecap.boost.engine.BackendError`: boost fails the image; a judge counts it towards
-  ``judge.max_consecutive_failures``). Every HTTP 429 is counted (:attr:`OpenAIBackend.rate_limited`), and the
-  first of each server is logged as a warning naming ``<section>.retries``, ``retry_max_wait`` and ``concurrency``,
-  so that a rate-limited run does not only slow down;
-- **stops the run at once**: HTTP 401 or 403 (the key is refused) and 404 (wrong URL or model name): every further
-  request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); and a reply naming another
-  ``model`` than the first reply did (a proxy's fallback: :mod:`finecap.boost.served_model`), its answer neither used
-  nor cached; no new request starts after it,
-  and a request not sent or not retried because of it is :class:`~finecap.boost.engine.Cancelled` (its image not
-  done, not failed), whatever order the answers of the requests in flight arrive in;
+  ``judge.max_consecutive_failures``). Every other HTTP 429 (not a spent quota's) is counted
+  (:attr:`OpenAIBackend.rate_limited`), and the first of each server is logged as a warning naming
+  ``<section>.retries``, ``retry_max_wait`` and ``concurrency``, so that a rate-limited run does not only slow down;
+- **stops the run at once**: HTTP 401 or 403 (the key is refused), 404 (wrong URL or model name) and an HTTP 429
+  whose error is ``insufficient_quota`` (its ``code`` or ``type``: the account is out of credit, :func:`quota_spent`):
+  every further request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); and a reply
+  naming another ``model`` than the first reply did (a proxy's fallback: :mod:`finecap.boost.served_model`), its
+  answer neither used nor cached; no new request starts after it, and a request not sent or not retried because of
+  it is :class:`~finecap.boost.engine.Cancelled` (its image not done, not failed), whatever order the answers of the
+  requests in flight arrive in;
 - **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
 - **fails the image, as cut off** (:class:`~finecap.boost.engine.CutOff`, unless made with ``refuse_cut_off=False``,
   as the judges are: they parse an answer rather than keep it): an answer whose ``finish_reason`` is ``"length"``,
@@ -131,6 +135,8 @@ FATAL_STATUS = {
     404: "no such endpoint or model (check the base URL, which usually ends in /v1, and the model name)",
 }
 """HTTP statuses that stop the run at once: every further request would get the same."""
+QUOTA_SPENT = "the account's quota is spent (insufficient_quota: check its plan and billing; retrying cannot help)"
+"""Why an HTTP 429 that says ``insufficient_quota`` stops the run at once (:func:`quota_spent`)."""
 
 
 MAX_REPLY_BYTES = 8 * 2**20
@@ -187,6 +193,49 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - now)
+
+
+def server_wait(headers: httpx.Headers, now: float) -> float | None:
+    """Seconds a reply's ``headers`` ask to wait before a retry at time ``now`` (Unix seconds): OpenAI's
+    ``retry-after-ms`` (milliseconds) when it is a number, as OpenAI's own client prefers it, else ``Retry-After``
+    (:func:`parse_retry_after`); ``None`` when neither says.
+
+    Example::
+
+        >>> server_wait(httpx.Headers({"retry-after-ms": "1500", "Retry-After": "2"}), now=0.0)
+        1.5
+        >>> server_wait(httpx.Headers({"retry-after-ms": "soon", "Retry-After": "2"}), now=0.0)
+        2.0
+    """
+    try:
+        return max(0.0, float(headers.get("retry-after-ms", "").strip())) / 1000
+    except ValueError:
+        return parse_retry_after(headers.get("Retry-After"), now)
+
+
+def should_retry(headers: httpx.Headers) -> bool | None:
+    """What a reply's ``x-should-retry`` header says (``true`` or ``false``, as OpenAI's API sends it): whether the
+    server says a retry may succeed; ``None`` without one."""
+    return {"true": True, "false": False}.get(headers.get("x-should-retry", "").strip().lower())
+
+
+def quota_spent(raw: bytes) -> bool:
+    """Whether an HTTP 429's body ``raw`` says the account is out of credit (OpenAI's ``{"error": {"code":
+    "insufficient_quota", "type": "insufficient_quota", ...}}``, either field): no retry can succeed.
+
+    Example::
+
+        >>> quota_spent(b'{"error": {"message": "You exceeded your current quota", "code": "insufficient_quota"}}')
+        True
+        >>> quota_spent(b'{"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}}')
+        False
+    """
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and "insufficient_quota" in (error.get("code"), error.get("type"))
 
 
 class _Retry(Exception):
@@ -352,7 +401,7 @@ class OpenAIBackend:
         self._exponential = wait_exponential_jitter(initial=backoff, max=max_wait, jitter=backoff)
         self._lock = threading.Lock()
         self.requests_sent = 0
-        self.rate_limited = 0  # replies of HTTP 429 (module docstring: the first is logged)
+        self.rate_limited = 0  # replies of HTTP 429, a spent quota's not (module docstring: the first is logged)
 
     def identity(self) -> dict[str, Any]:
         """Model and generation settings, not the URL: a resumed run may reach the same model at another address;
@@ -379,10 +428,11 @@ class OpenAIBackend:
         return self.redact(text) if len(self._api_key) >= MASKED_KEY_LENGTH else masked_url_secrets(text)
 
     def wait(self, state: RetryCallState) -> float:
-        """Seconds before the next attempt: ``Retry-After`` plus jitter, else jittered exponential backoff."""
+        """Seconds before the next attempt: the server's wait (:func:`server_wait`) plus jitter, else jittered
+        exponential backoff; never more than ``retry_max_wait``."""
         error = state.outcome.exception() if state.outcome is not None else None
         if isinstance(error, _Retry) and error.retry_after is not None:
-            return error.retry_after + random.uniform(0, self.backoff)
+            return min(error.retry_after + random.uniform(0, self.backoff), self.max_wait)
         return self._exponential(state)
 
     def attempt(self, payload: dict[str, Any]) -> str:
@@ -404,15 +454,15 @@ class OpenAIBackend:
         # the first 300 characters lie within the first 1200 bytes, a key starting among them within its length more
         head = raw[: 1200 + len(self._api_key)].decode(response.encoding or "utf-8", errors="replace")
         shown = self.redact(head)[:300]
-        if status in FATAL_STATUS:
+        fatal = FATAL_STATUS.get(status) or (QUOTA_SPENT if status == 429 and quota_spent(raw) else None)
+        if fatal:
             self._stop.set()  # no new request starts
             raise FatalBackendError(
-                f"{self.shown_url}: HTTP {status}: {FATAL_STATUS[status]} ({option_name(self.key, '*')}); the server "
-                f"said: {shown}"
+                f"{self.shown_url}: HTTP {status}: {fatal} ({option_name(self.key, '*')}); the server said: {shown}"
             )
         if status == 429:
             self._note_rate_limit(response)
-        if status in RETRY_STATUS:
+        if status in RETRY_STATUS or (status >= 400 and should_retry(response.headers)):
             raise self._retry(response, f"HTTP {status}: {shown[:200]}", unavailable=status in UNAVAILABLE_STATUS)
         if status >= 400:
             raise BackendError(f"{self.shown_url}: HTTP {status}: {shown}")
@@ -451,14 +501,18 @@ class OpenAIBackend:
         return self.masked_answer(content)
 
     def _retry(self, response: httpx.Response, message: str, *, unavailable: bool) -> _Retry:
-        """The retry of an attempt the server answered with a failure (``message``), waiting its ``Retry-After``
-        when it sends one (:meth:`wait`); raised when that is longer than ``retry_max_wait`` (module docstring): a
-        :class:`~finecap.boost.engine.ServerUnavailable` for 502/503/504, else a
-        :class:`~finecap.boost.engine.ServerFailing`."""
-        retry_after = parse_retry_after(response.headers.get("Retry-After"), self._clock())
-        if retry_after is not None and retry_after > self.max_wait:
+        """The retry of an attempt the server answered with a failure (``message``), waiting as the server asks
+        (:func:`server_wait`, :meth:`wait`); raised at once (module docstring) when the server asks for longer than
+        ``retry_max_wait`` or says ``x-should-retry: false``: a :class:`~finecap.boost.engine.ServerUnavailable` for
+        502/503/504, else a :class:`~finecap.boost.engine.ServerFailing`."""
+        retry_after = server_wait(response.headers, self._clock())
+        why = ""
+        if should_retry(response.headers) is False:
+            why = f"{self.shown_url}: {message}; the server says not to retry (x-should-retry: false)"
+        elif retry_after is not None and retry_after > self.max_wait:
             why = (f"{self.shown_url}: {message}; the server asks to retry after {retry_after:g} s, more than "
                    f"{self.section}.retry_max_wait={self.max_wait:g}")  # fmt: skip
+        if why:
             raise ServerUnavailable(why) if unavailable else ServerFailing(why, status=response.status_code)
         return _Retry(message, unavailable=unavailable, retry_after=retry_after, status=response.status_code)
 

@@ -3,8 +3,10 @@ a hosted API), through boost's client (:class:`finecap.boost.openai_backend.Open
 jittered exponential backoff and ``Retry-After``, masked secrets).
 
 - **Servers**: ``judge.urls`` (one or more base URLs, e.g. ``http://localhost:8000/v1``), asked round-robin, call
-  after call, as CapRL spreads its judge over several vLLM servers; ``judge.model`` the served model name; the API
-  key from the environment variable ``judge.api_key_env``.
+  after call, as CapRL spreads its judge over several vLLM servers; a server whose last call failed (unreachable, or
+  failing after the client's retries) is asked after the others until it answers again, but on every
+  :data:`PROBE_EVERY`-th of its turns, which learns whether it is back; ``judge.model`` the served model name; the
+  API key from the environment variable ``judge.api_key_env``.
 - **Concurrency**: at most ``judge.concurrency`` calls in flight (a thread pool).
 - **Prompts**: the versioned file ``prompts/judge.yaml`` of this package; its ``version`` goes into every output and
   every cached answer's key. Every text a policy's caption reaches (the caption, the text split into claims, the
@@ -22,12 +24,14 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   ``judge.retries`` more times, each time of the next server; a call still without an answer is a
   :class:`~finecap.judges.base.JudgeFailed` in its place, counted (``counts["failed"]``). A judge that cannot
   answer at all raises :class:`~finecap.judges.base.JudgeUnavailable` (the run stops with its message): at once on
-  HTTP 401/403/404 (a refused key, a wrong model or URL), and when ``judge.max_consecutive_failures`` calls in a row
-  got no answer from any server: each server unreachable, or answering every retry with HTTP 408/409/429/5xx or an
-  error body, or asking (``Retry-After``) for longer than ``judge.retry_max_wait`` (a judge server down, failing or
-  out of quota would otherwise leave every caption unscored, step after step; the message names the last server's
-  URL and status). An answer (parsable or not) or another HTTP error (400: that request's own) resets the count.
-  Every call after either raises the same, without a request.
+  HTTP 401/403/404 (a refused key, a wrong model or URL) and on an HTTP 429 saying ``insufficient_quota`` (the
+  account out of credit), and when ``judge.max_consecutive_failures`` calls in a row got no answer from any server:
+  each server unreachable, or answering every retry with HTTP 408/409/429/5xx or an error body, or asking
+  (``Retry-After``, ``retry-after-ms``) for longer than ``judge.retry_max_wait``, or saying ``x-should-retry:
+  false`` (a judge server down, failing or rate-limiting every request would otherwise leave every caption
+  unscored, step after step; the message names the last server's URL and status). An answer (parsable or not) or
+  another HTTP error (400: that request's own) resets the count. Every call after either raises the same, without a
+  request.
 - **Served model**: a reply's ``model`` is checked (:class:`~finecap.boost.served_model.ServedModel`, one check
   shared by the judge's servers, the rule of boost's ``openai`` backend too): the first one named is kept, with
   a warning when it is not ``judge.model`` or a version of it (the answers are cached and reported under
@@ -70,6 +74,9 @@ if TYPE_CHECKING:
 
     from finecap.config import Config
 
+PROBE_EVERY = 10
+"""A server whose last call failed is asked after the others; every ``PROBE_EVERY``-th turn of it is kept, to learn
+whether it is back (module docstring: servers)."""
 PROMPT_KINDS = ("answer", "blind", "claims", "supports", "rate")
 OPTIONAL_PROMPT_KINDS = ("questions",)  # only `finecap questions make` asks for it
 _ASK_FIELDS = ("caption", "question", "options", "cannot_answer")
@@ -312,6 +319,7 @@ class OpenAIJudge(Judge):
         self.cache = cache
         self.max_consecutive_failures = max_consecutive_failures
         self._turn = itertools.count()  # the round-robin over the backends
+        self._failing: dict[int, int] = {}  # server whose last call failed -> turns of it since (module docstring)
         self._lock = threading.Lock()  # of the counters, the calls in flight and the unreachable streak
         self._in_flight: dict[str, Future] = {}  # cache key -> the answer of the call asking it now
         self._unreachable = 0  # calls in a row that no server answered (module docstring: failures)
@@ -363,13 +371,28 @@ class OpenAIJudge(Judge):
                 del self._in_flight[key]
 
     def _next_server(self, failed: set[int]) -> int | None:
-        """The next server of the round-robin that this call has not failed on (``None`` when it failed on all)."""
+        """The next server of the round-robin that this call has not failed on (``None`` when it failed on all); a
+        server whose last call failed only after the others, but on every :data:`PROBE_EVERY`-th of its turns."""
+        n = len(self.backends)
         with self._lock:
-            for _ in range(len(self.backends)):
-                index = next(self._turn) % len(self.backends)
-                if index not in failed:
-                    return index
-        return None
+            start = next(self._turn)
+            order = [i for i in ((start + k) % n for k in range(n)) if i not in failed]
+            if not order:
+                return None
+            if order[0] in self._failing:
+                self._failing[order[0]] += 1
+                if self._failing[order[0]] % PROBE_EVERY:
+                    return next((i for i in order if i not in self._failing), order[0])
+            return order[0]
+
+    def _failed_last(self, index: int, failing: bool) -> None:
+        """Note whether server ``index`` failed (unreachable or failing after its retries) or answered its last call:
+        a failing one is asked after the others until it answers again (:meth:`_next_server`)."""
+        with self._lock:
+            if failing:
+                self._failing.setdefault(index, 0)
+            else:
+                self._failing.pop(index, None)
 
     def _answer(self, kind: str, key: str, messages: list[dict[str, Any]], parse: Callable[[str], Any]) -> Any:
         """The cached answer, else the servers asked in turn (module docstring: failures)."""
@@ -389,8 +412,11 @@ class OpenAIJudge(Judge):
                 break
             self._count("requests")
             try:
-                value = parse(self.backends[index].complete(_Request(messages)))  # type: ignore[arg-type]
+                reply = self.backends[index].complete(_Request(messages))  # type: ignore[arg-type]
+                self._failed_last(index, False)
+                value = parse(reply)
             except (ValueError, MalformedReply) as e:  # the server answered: asked again
+                self._failed_last(index, False)
                 answered, asked = True, asked + 1
                 self._count("unparsable")
                 why = f"unparsable answer after {asked} attempt(s): {e}"
@@ -399,7 +425,9 @@ class OpenAIJudge(Judge):
                 raise JudgeUnavailable(self._out(f"judge {self.name}: {e}")) from None
             except BackendError as e:  # the client retried already: the next server, if any
                 # unreachable or failing (429, 5xx) is no answer; another refusal (400) answers this request alone
-                answered = answered or not isinstance(e, ServerUnavailable | ServerFailing)
+                failing = isinstance(e, ServerUnavailable | ServerFailing)
+                answered = answered or not failing
+                self._failed_last(index, failing)
                 failed.add(index)
                 why, last = str(e), e
                 continue
