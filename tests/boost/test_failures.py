@@ -313,6 +313,42 @@ def test_a_reply_from_another_model_stops_the_run_exits_2_and_is_not_cached(worl
     assert not (out / "dataset.json").exists()
 
 
+def _answering_as(model: str):
+    def answer(payload, n):
+        body = completion(f"a caption by {model}")
+        body["model"] = model
+        return 200, body
+
+    return answer
+
+
+def test_a_run_resumed_against_another_model_exits_2_before_caching_and_boost_json_names_the_model(world, tmp_path):
+    # cache.jsonl and boost.json did not record the model that answered: the same command run again against a server
+    # now serving another model boosted the rest with it, the two models' answers mixed under boost.llm_model.
+    out = tmp_path / "out"
+    with ChatServer(_answering_as("m-2024-08-06")) as server:
+        code, _, err = run_cli(
+            ["boost", "--out", str(out), *world_items(world), *_openai(server.url, "boost.limit=3")]
+        )
+    assert code == 0, err
+    assert json.loads((out / "boost.json").read_text())["served_model"] == {"llm": "m-2024-08-06"}
+    assert [json.loads(line)["served_model"] for line in _cache_lines(out / "cache.jsonl")] == ["m-2024-08-06"] * 3
+    kept = (out / "cache.jsonl").read_bytes()
+    with ChatServer(_answering_as("cheap-fallback")) as server:  # the same command, without the limit (one at a time)
+        code, _, err = run_cli(
+            ["boost", "--out", str(out), *world_items(world), *_openai(server.url, "boost.concurrency=1")]
+        )
+    assert code == 2, err
+    cache = out / "cache.jsonl"
+    assert (f"finecap: error: boost stopped: a server answered as model 'cheap-fallback', but the 3 answer(s) of step "
+            f"'blend' kept in {cache} came from model 'm-2024-08-06' (boost.llm_model='m'): resumed, the run would "
+            "mix two models' answers under boost.llm_model; serve 'm-2024-08-06' again") in err  # fmt: skip
+    assert len(server.requests) == 1 and (out / "cache.jsonl").read_bytes() == kept
+    summary = json.loads((out / "boost.json").read_text())
+    assert (summary["status"], summary["boosted"], summary["failed"], summary["not_done"]) == ("failed", 3, 1, 28)
+    assert summary["served_model"] == {"llm": "m-2024-08-06"}  # the model of the answers kept
+
+
 def test_whole_multi_paragraph_answer_is_kept(world, tmp_path):
     text = "Caption: A red circle in the middle.\n\nA blue square sits above it.\n  Both shapes are small.\n"
     with ChatServer(lambda p, n: (200, completion(text))) as server:

@@ -509,6 +509,80 @@ def test_a_server_naming_another_model_throughout_is_used_and_warned_once(tmp_pa
                          "are cached and reported under boost.llm_model"] if warned else [])  # fmt: skip
 
 
+def _cached(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_resumed_run_whose_server_answers_as_another_model_stops_at_its_first_reply_and_caches_nothing(tmp_path):
+    # cache.jsonl did not record the model that answered: a run resumed against a server now serving another model
+    # (a proxy's fallback since) went on, its answers and the earlier run's mixed under boost.llm_model's name.
+    records = _records(tmp_path, 16)
+    first, _ = blended(answering_as(10**6, "unused"), records[:3], tmp_path)  # the earlier run: 3 answers of m
+    assert first.stopped is None and first.served_model == {"llm": "m"}
+    assert [row["served_model"] for row in _cached(tmp_path / "cache.jsonl")] == ["m"] * 3
+    kept = (tmp_path / "cache.jsonl").read_bytes()
+    result, server = blended(answering_as(0, "cheap-fallback"), records, tmp_path, concurrency=4)
+    cache = tmp_path / "cache.jsonl"
+    assert result.stopped == (
+        f"a server answered as model 'cheap-fallback', but the 3 answer(s) of step 'blend' kept in {cache} came from "
+        "model 'm' (boost.llm_model='m'): resumed, the run would mix two models' answers under boost.llm_model; serve "
+        f"'m' again to continue, or boost into another folder (or move {cache} away) to start afresh"
+    )
+    assert (tmp_path / "cache.jsonl").read_bytes() == kept  # none of the other model's answers kept
+    assert result.boosted == [0, 1, 2] and 1 <= len(server.requests) <= 4  # the rest never sent
+    assert [f.error.split(":")[0] for f in result.failures] == ["FatalBackendError"]  # the first such reply alone
+    assert result.served_model == {"llm": "m"}  # the model of every answer the run used
+
+
+def test_a_resumed_run_continues_with_the_model_its_cache_records_by_the_rule_within_a_run(tmp_path, caplog):
+    # A dated version of boost.llm_model recorded: that model (no warning); the same name again continues and is
+    # recorded, another name (the undated one too, as within a run) stops the run.
+    records = _records(tmp_path, 6)
+    blended(answering_as(0, "m-2024-08-06"), records[:2], tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "cache.jsonl").write_bytes((tmp_path / "a" / "cache.jsonl").read_bytes())
+    caplog.clear()
+    result, server = blended(answering_as(0, "m-2024-08-06"), records[:4], tmp_path / "a")
+    assert result.stopped is None and result.boosted == [0, 1, 2, 3] and len(server.requests) == 2
+    assert [row["served_model"] for row in _cached(tmp_path / "a" / "cache.jsonl")] == ["m-2024-08-06"] * 4
+    assert result.served_model == {"llm": "m-2024-08-06"}
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    result, server = blended(answering_as(0, "m"), records, tmp_path / "b", concurrency=1)
+    assert result.stopped.startswith("a server answered as model 'm', but the 2 answer(s) of step 'blend' kept in ")
+    assert len(_cached(tmp_path / "b" / "cache.jsonl")) == 2 and len(server.requests) == 1
+
+
+def test_a_cache_of_an_older_finecap_without_served_models_is_used_and_said_once(tmp_path, caplog):
+    # Lines without served_model (an older finecap's) are used as they are; one warning for the whole run, its three
+    # steps each reusing such answers; new lines record the model the replies named.
+    records = _records(tmp_path, 6)
+    with ChatServer(answering_as(10**6, "unused")) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.01)
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        boost_records(records[:3], "holistic", backend, backend, cache, Prompts.load(), few_shot=False,
+                      progress=False)  # fmt: skip
+        cache.close()
+    rows = _cached(tmp_path / "cache.jsonl")
+    assert len(rows) == 9 and {row.pop("served_model") for row in rows} == {"m"}
+    (tmp_path / "cache.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))  # as an older finecap
+    caplog.clear()
+    with ChatServer(answering_as(0, "m-2024-08-06")) as server:
+        backend = OpenAIBackend("m", server.url, backoff=0.01)
+        cache = AnswerCache(tmp_path / "cache.jsonl")
+        result = boost_records(records, "holistic", backend, backend, cache, Prompts.load(), few_shot=False,
+                               progress=False)  # fmt: skip
+        cache.close()
+    assert result.stopped is None and len(result.boosted) == 6 and len(server.requests) == 9
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [f"{tmp_path / 'cache.jsonl'}: 3 cached answer(s) of step 'blend' were written by an earlier "
+                    "finecap, which did not record the model that gave them (served_model); they are used as "
+                    "boost.llm_model's, unchecked against the model the server answers as now "
+                    "(said once)"]  # fmt: skip
+    new = _cached(tmp_path / "cache.jsonl")[9:]
+    assert len(new) == 9 and {row["served_model"] for row in new} == {"m-2024-08-06"}
+    assert result.served_model == {"llm": "m-2024-08-06", "vlm": "m-2024-08-06"}
+
+
 def test_a_step_stopped_by_an_error_closes_its_progress_bar(tmp_path, monkeypatch):
     # a library caller's KeyboardInterrupt (or a backend's own error) left the step's bar open on the terminal
     import finecap.boost.engine as engine

@@ -8,8 +8,9 @@ the configured backends (:mod:`finecap.boost`) and writes the same format into `
   ``--out`` continues where it stopped (:mod:`finecap.boost.engine`);
 - ``DIR/failures.jsonl``: one line per image and step that failed (those images keep their human captions);
 - ``DIR/boost.json``: ``status`` (``ok``, ``failed`` with the ``error``, or ``interrupted`` by Ctrl-C), the counts
-  of images ``boosted``, ``failed`` and ``not_done``, the requests and cached answers per step, the wall time and the
-  configuration (secrets masked: :mod:`finecap.config.secrets`);
+  of images ``boosted``, ``failed`` and ``not_done``, the requests and cached answers per step, the model a server's
+  replies named per role (``served_model``), the wall time and the configuration (secrets masked:
+  :mod:`finecap.config.secrets`);
 - ``DIR/.boost.lock`` while it runs (:mod:`finecap.locks`): one writer per folder.
 
 Before the first request: the output paths are checked (:func:`~finecap.boost.output.check_outputs`; never inside
@@ -113,6 +114,7 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
             "cut_off": result.cut_off,
             "requested": result.requested,
             "cached": result.cached,
+            "served_model": result.served_model,  # what a server's replies named, per role (engine.BoostResult)
             "seconds": round(time.perf_counter() - start, 1),
             "prompts": prompts.source,
             "config": boost_settings(cfg),  # secrets masked (finecap.config.secrets)

@@ -1,14 +1,20 @@
 """The boosting engine: runs the steps of Visual Caption Boosting over a data set through any backend, with a
 resumable cache, retries of malformed answers, a failure budget and a per-image failure log.
 
-- **Cache** (:class:`AnswerCache`): an append-only JSONL file, one line ``{"key", "step", "image_id", "answer"}`` per
-  accepted answer, written and flushed as soon as the answer arrives. ``key`` is the SHA-256 of the backend's
-  identity (backend, model, generation settings), the step, the chat messages (prompt + inputs) and, for the visual
-  step, the image file's bytes. A killed or stopped run loses at most the answers in flight; re-running reads the
-  file, skips every cached key and asks only for the rest. A last line cut by a kill is dropped from the file (else,
-  ended by the next answer's newline, it would be a line of no JSON, and the folder would no longer read as boost's:
-  :func:`finecap.boost.output.is_boost_file`); a key written twice keeps its first answer, so nothing is duplicated in
-  the output.
+- **Cache** (:class:`AnswerCache`): an append-only JSONL file, one line ``{"key", "step", "image_id", "answer",
+  "served_model"}`` per accepted answer, written and flushed as soon as the answer arrives. ``key`` is the SHA-256 of
+  the backend's identity (backend, model, generation settings), the step, the chat messages (prompt + inputs) and, for
+  the visual step, the image file's bytes. A killed or stopped run loses at most the answers in flight; re-running
+  reads the file, skips every cached key and asks only for the rest. A last line cut by a kill is dropped from the
+  file (else, ended by the next answer's newline, it would be a line of no JSON, and the folder would no longer read
+  as boost's: :func:`finecap.boost.output.is_boost_file`); a key written twice keeps its first answer, so nothing is
+  duplicated in the output.
+- **Served model**: ``served_model`` is the model a server backend's replies named
+  (:attr:`ServedModel.named <finecap.boost.served_model.ServedModel.named>`; ``null`` for an in-process backend, or
+  before a reply named one). Before a step of a server backend uses cached answers, the model they record is checked
+  by the rule within a run (:func:`check_cached_models`): a resumed run whose server now answers as another model
+  stops at its first such reply, which is not cached. A line of an older finecap, without ``served_model``, is used
+  unchecked, said once.
 - **Answers** are kept whole (:func:`clean_answer`): white space runs (line breaks and paragraphs included) become
   one space, a pair of quotes or of markdown ``**`` around the whole answer and one leading label such as
   ``Caption:`` or ``**Caption:**`` (before the quotes or inside them) are dropped, nothing else (docs/boost.md#prompts:
@@ -36,13 +42,16 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   :mod:`finecap.app.boost` turns it into :class:`BoostFailed` (exit code 2) after saving what was done.
 - **Backends** implement :class:`Backend`: ``identity()`` for the cache key and ``run(tasks)`` yielding ``(position,
   answer or exception)`` as answers complete (so the progress bar and the cache advance while a remote server works).
-  The engine closes ``run``'s generator when it stops early; a backend cancels the requests not yet sent.
+  The engine closes ``run``'s generator when it stops early; a backend cancels the requests not yet sent. A server
+  backend (``openai``) has a ``served`` attribute, the :class:`~finecap.boost.served_model.ServedModel` check of the
+  model its replies name, which the engine reads for the cache and ``boost.json`` (:attr:`BoostResult.served_model`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import closing
@@ -59,6 +68,8 @@ from finecap.data.records import DataError, Record
 from finecap.utils.files import open_append
 from finecap.utils.reading import read_lines, unfinished_line
 from finecap.utils.system import progress_enabled
+
+log = logging.getLogger(__name__)
 
 MODE_STEPS: dict[str, tuple[str, ...]] = {
     "blend": ("blend",),
@@ -208,6 +219,22 @@ def request_seed(seed: int, task: Task) -> int:
     return batch_seed(seed, [task]) >> 32
 
 
+class ServedCheck(Protocol):
+    """The check of the model a server backend's replies name, its ``served`` attribute
+    (:class:`finecap.boost.served_model.ServedModel`, which imports this module: the engine knows it by this face)."""
+
+    option: str
+    """The option naming the model asked for (``boost.llm_model``)."""
+    first: str | None
+    """The model every reply must name: the first named, or the one :meth:`expect` was told of."""
+    named: str | None
+    """The model this run's replies named; ``None`` before one did."""
+
+    def expect(self, model: str, *, where: str, advice: str) -> None:
+        """Check ``model``, that earlier answers (``where``) record, as the first model named."""
+        ...
+
+
 class Backend(Protocol):
     def identity(self) -> dict[str, Any]:
         """JSON-able description of what determines the answers (backend, model, generation settings)."""
@@ -326,6 +353,10 @@ class BoostResult:
     """Why the run stopped before the end, or ``None``."""
     cut_off: dict[str, int] = field(default_factory=dict)
     """Answers per step cut off at ``boost.max_new_tokens`` (:class:`CutOff`; their images failed)."""
+    served_model: dict[str, str | None] = field(default_factory=dict)
+    """Per role of a server backend the run used (``llm``, ``vlm``), the model its replies named, or the one the cached
+    answers it used record (:attr:`ServedModel.first <finecap.boost.served_model.ServedModel.first>`); ``None`` when
+    neither names one. Roles of in-process backends, or of steps a stop left unreached, are absent."""
 
 
 _LABEL_WORDS = r"(?:improved |blended |holistic |human |final |correct |new )?(?:caption|description|answer)"
@@ -391,12 +422,19 @@ def _sha256_file(path: Path, memo: dict[Path, str]) -> str:
 
 
 class AnswerCache:
-    """Append-only JSONL of accepted answers keyed by request hash (module docstring)."""
+    """Append-only JSONL of accepted answers keyed by request hash (module docstring), with the model that gave each
+    (``served_model``: :attr:`served_models`; keys of lines written before finecap recorded it: :attr:`unrecorded`)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.answers: dict[str, str] = {}
+        self.served_models: dict[str, str | None] = {}
+        """The model each cached answer's line records (``None``: no server named one)."""
+        self.unrecorded: set[str] = set()
+        """Keys whose line has no ``served_model`` (written by an older finecap), or not a name."""
+        self.said_unrecorded = False
+        """Whether :func:`check_cached_models` has said that some answers record no model (it says so once)."""
         self.n_lines = 0
         if self.path.exists():
             for line in read_lines(self.path):  # line by line, each within LINE: a FileTooLarge names the file
@@ -405,7 +443,13 @@ class AnswerCache:
                     key, answer = row["key"], row["answer"]
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue  # a line cut by a kill
-                self.answers.setdefault(key, answer)
+                if key not in self.answers:  # a key written twice keeps its first answer, and that answer's model
+                    self.answers[key] = answer
+                    model = row.get("served_model")
+                    if "served_model" in row and (model is None or isinstance(model, str)):
+                        self.served_models[key] = model
+                    else:
+                        self.unrecorded.add(key)
                 self.n_lines += 1
         cut = unfinished_line(self.path) if self.path.exists() else b""
         self._file = open_append(self.path)  # never through a link planted at cache.jsonl
@@ -418,15 +462,51 @@ class AnswerCache:
     def get(self, key: str) -> str:
         return self.answers[key]
 
-    def put(self, key: str, step: str, image_id: Any, answer: str) -> None:
+    def put(self, key: str, step: str, image_id: Any, answer: str, served_model: str | None = None) -> None:
+        """Append the answer ``answer`` of ``key`` (of ``step`` for the image ``image_id``) and the model a server
+        named for it (``served_model``; ``None``: none named), unless ``key`` is cached already."""
         if key in self.answers:
             return
-        self.answers[key] = answer
-        self._file.write(json.dumps({"key": key, "step": step, "image_id": image_id, "answer": answer}) + "\n")
+        self.answers[key], self.served_models[key] = answer, served_model
+        row = {"key": key, "step": step, "image_id": image_id, "answer": answer, "served_model": served_model}
+        self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
+
+
+def served_check(backend: Backend) -> ServedCheck | None:
+    """The check of the model a server backend's replies name (its ``served``: module docstring), or ``None`` for a
+    backend of no server (in-process)."""
+    return getattr(backend, "served", None)
+
+
+def check_cached_models(served: ServedCheck, cache: AnswerCache, step: str, keys: Sequence[str]) -> str | None:
+    """Why the answers ``keys`` of ``step`` in ``cache`` may not be used with the server backend whose replies
+    ``served`` checks, or ``None``: :meth:`~finecap.boost.served_model.ServedModel.expect` is told of each model they
+    record (module docstring: the rule within a run, so that a reply naming another model stops the run before its
+    answer is cached), and two models recorded, or one other than this run's replies named, are the reason. Answers
+    recording no model (of an older finecap) are used as they are: said once per cache (a warning naming the file)."""
+    unrecorded = sum(k in cache.unrecorded for k in keys)
+    if unrecorded and not cache.said_unrecorded:
+        cache.said_unrecorded = True
+        log.warning("%s: %d cached answer(s) of step %r were written by an earlier finecap, which did not record the "
+                    "model that gave them (served_model); they are used as %s's, unchecked against the model the "
+                    "server answers as now (said once)", cache.path, unrecorded, step, served.option)  # fmt: skip
+    recorded: dict[str, int] = {}
+    for k in keys:
+        model = cache.served_models.get(k)
+        if model is not None:
+            recorded[model] = recorded.get(model, 0) + 1
+    for model, n in recorded.items():
+        advice = (f"resumed, the run would mix two models' answers under {served.option}; serve {model!r} again to "
+                  f"continue, or boost into another folder (or move {cache.path} away) to start afresh")  # fmt: skip
+        try:
+            served.expect(model, where=f"the {n} answer(s) of step {step!r} kept in {cache.path}", advice=advice)
+        except FatalBackendError as e:
+            return str(e)
+    return None
 
 
 def request_key(backend: Backend, task: Task, image_hashes: dict[Path, str]) -> str:
@@ -465,6 +545,9 @@ def run_step(
     keys = {t.index: request_key(backend, t, hashes) for t in tasks}
     answers = {t.index: cache.get(keys[t.index]) for t in tasks if keys[t.index] in cache}
     out = StepResult(answers, [], 0, len(answers))
+    served = served_check(backend)
+    if served is not None and answers:  # before any request: a server of another model stops at its first reply
+        out.stopped = check_cached_models(served, cache, step, [keys[i] for i in answers])
     pending = [t for t in tasks if t.index not in answers]
     bar = tqdm(total=len(tasks), initial=len(answers), desc=f"boost [{step}]", unit="image",
                disable=not progress_enabled(progress))  # fmt: skip
@@ -511,7 +594,8 @@ def run_step(
                             malformed.append((task, reason))
                         continue
                     budget.succeeded()
-                    cache.put(keys[task.index], step, task.record.image_id, text)
+                    named = served.named if served is not None else None  # the model its replies named
+                    cache.put(keys[task.index], step, task.record.image_id, text, named)
                     answers[task.index] = text
                     bar.update(1)
             pending = [t for t, _ in malformed]
@@ -579,6 +663,9 @@ def boost_records(
             messages = prompts.messages(step, few_shot=few_shot, **inputs)
             tasks.append(Task(i, r, step, messages, inputs, image_limits))
         done = run_step(step, tasks, backend, cache, retries, progress, budget)
+        served = served_check(backend)
+        if served is not None:
+            result.served_model["vlm" if step == "visual" else "llm"] = served.first
         answers[step] = done.answers
         result.failures += done.failures
         result.requested[step], result.cached[step] = done.sent, done.cached

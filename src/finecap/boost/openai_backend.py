@@ -37,8 +37,9 @@ What happens to each request:
 - **stops the run at once**: HTTP 401 or 403 (the key is refused), 404 (wrong URL or model name) and an HTTP 429
   whose error is ``insufficient_quota`` (its ``code`` or ``type``: the account is out of credit, :func:`quota_spent`):
   every further request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); and a reply
-  naming another ``model`` than the first reply did (a proxy's fallback: :mod:`finecap.boost.served_model`), its
-  answer neither used nor cached; no new request starts after it, and a request not sent or not retried because of
+  naming another ``model`` than the first reply did (a proxy's fallback: :mod:`finecap.boost.served_model`), or than
+  the cached answers of an earlier run that the engine uses record (:func:`~finecap.boost.engine.check_cached_models`),
+  its answer neither used nor cached; no new request starts after it, and a request not sent or not retried because of
   it is :class:`~finecap.boost.engine.Cancelled` (its image not done, not failed), whatever order the answers of the
   requests in flight arrive in;
 - **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
@@ -337,7 +338,9 @@ class OpenAIBackend:
     docstring); ``False`` returns it as it came. ``served``: the check of the model each reply names (its
     ``"model"``, when a non-empty string; masked as the answer is), made before its answer is returned
     (:class:`~finecap.boost.served_model.ServedModel`: a reply naming another model than the first stops the run);
-    by default one of this backend's own, naming ``<key>_model``; the judge shares one among its servers.
+    by default one of this backend's own, naming ``<key>_model``; the judge shares one among its servers. Boost's
+    engine reads it (:class:`~finecap.boost.engine.ServedCheck`): the model its cache lines and ``boost.json`` record,
+    and the one a resumed run's cached answers record, told to it before any request.
 
     Messages name the options the user set: ``key`` is boost's role (``boost.llm``: ``boost.llm_model``,
     ``boost.llm_api_key_env``, ...) or a section (``judge``: ``judge.model``, ``judge.api_key_env``, ...), and
