@@ -164,6 +164,17 @@ def test_coco_training_recipes_set_the_input_pipeline(name):
     assert (cfg.data.num_workers, cfg.data.persistent_workers, cfg.data.pin_memory) == (8, True, True)
 
 
+@pytest.mark.parametrize("name", [n for n in RECIPES if n.startswith("coco/smile_")])
+def test_coco_smile_recipes_evaluate_the_papers_table_1_perplexity_too(name):
+    # SMILE's Table 1 reports perplexity "with GPT-2" beside length, diversity, R@1/R@5 and CLIPScore (Sec. 3.1):
+    # `finecap eval <recipe>` computes it only when eval.lm names the LM (finecap.app.eval.default_metrics).
+    from finecap.app.eval import default_metrics
+
+    cfg = load(resolve_recipe(name))
+    assert cfg.eval.lm == "gpt2"
+    assert "perplexity" in default_metrics(coco=False, world=False, bags=False, lm=bool(cfg.eval.lm))
+
+
 def test_the_small_world_recipe_shares_the_quick_demos_world_and_encoder_and_else_is_demo_mle():
     """demo/mle_small (the README's recipe for a slow machine): the quick demo's world and world encoder (one cache:
     the same world key and encoder settings), demo/mle's captioner, fewer steps."""
