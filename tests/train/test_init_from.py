@@ -145,3 +145,34 @@ def test_a_start_saved_again_while_the_run_reads_it_is_read_as_one_save(make_cfg
     meta = json.loads((model_dir(checkpoint_dir(second, "last")) / "captioner.json").read_text())
     assert "first_token_shift" not in meta  # step 1's weights shift nothing, so the run records no shift
     assert next_save.waited and load_info(start)["step"] == 9  # the save went through after the reads
+
+
+def test_a_start_saved_again_after_the_run_read_it_is_fingerprinted_as_the_save_it_read(make_cfg, monkeypatch):
+    # the run recorded its start's encoder (fingerprints.json's captioner) from the start's captioner.json read again
+    # when it wrote its fingerprints, after the data, outside the hold its weights were read under: a save of the start
+    # in between (here by its run resumed with model.train_encoder=true, so its next save holds the encoder) gave the
+    # run the next save's "in-checkpoint" while it loads step 1's frozen encoder from outside; it is now the
+    # captioner.json read with the weights
+    import finecap.train.run as run
+    import finecap.train.setup as setup
+    from finecap.train.checkpoint import load_info, save_checkpoint
+    from helpers.swaps import NextSave
+
+    first = train(make_cfg("train.max_steps=1", "train.eval_every=0", run="first"))
+    start = checkpoint_dir(first, "last")
+    recorded = json.loads((first / "fingerprints.json").read_text())["captioner"]
+    assert recorded["kind"] == "checkpoint"  # the frozen tiny encoder, loaded from outside the checkpoint
+    cfg = make_cfg(f"train.init_from={start}", "train.max_steps=1", "train.eval_every=0", run="second")
+    following = setup.build_model(cfg)  # the start's next save, its encoder trained and saved with it
+    following.train_encoder = True
+
+    def save_next() -> None:
+        saved_cfg = make_cfg("model.train_encoder=true", run="first")
+        save_checkpoint(start, model=following, cfg=saved_cfg, info={"step": 9})
+
+    with NextSave(save_next) as next_save:
+        monkeypatch.setattr(run, "build_model", next_save.after(run.build_model))  # saved once the weights are read
+        second = train(cfg)
+    meta = json.loads((model_dir(start) / "captioner.json").read_text())
+    assert load_info(start)["step"] == 9 and meta["encoder_saved"]  # the save went through before the fingerprints
+    assert json.loads((second / "fingerprints.json").read_text())["captioner"] == recorded

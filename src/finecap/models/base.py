@@ -482,6 +482,12 @@ class CaptionerBase(nn.Module, abc.ABC):
     run started from them; :func:`finecap.models.first_token.decode_unshifted` turns it into
     :attr:`first_token_unshift`."""
 
+    checkpoint_meta: dict[str, Any] | None = None
+    """The ``captioner.json`` of the checkpoint folder :meth:`from_checkpoint` loaded these weights from, as read with
+    them (``None``: a captioner built, not loaded). What is taken of the checkpoint after the load comes from here, not
+    from the folder read again, which a run still training may have replaced since (a run started from it records its
+    start's encoder so: :func:`finecap.train.fingerprint.captioner_fingerprint`)."""
+
     def stop_token_ids(self, stop_at_period: bool = False) -> list[int]:
         """The tokens decoding stops at: :attr:`end_token_ids` and, with ``decode.stop_at_period``, the tokenizer's
         period tokens (:func:`finecap.decode.stop_token_ids`), :attr:`eos_token_id` first. finecap's decoder, the
@@ -696,6 +702,7 @@ class CaptionerBase(nn.Module, abc.ABC):
         model.inherited_modules = frozenset(meta.get("adapter_modules", ()))
         model.dual_in_checkpoint = bool(meta.get(cls.DUAL_SAVED_KEY))
         model.first_token_shift = recorded_shift(meta, path)
+        model.checkpoint_meta = dict(meta)
         return model
 
     def loaded_setting_differences(self, cfg: Config) -> list[tuple[str, Any, Any]]:

@@ -265,6 +265,10 @@ class StageRunner:
         - the best checkpoint of the stage it starts from is not the one it started from (:data:`START_FILE`: that
           stage was trained again since). A stage that recorded none (finished before finecap recorded it), or whose
           start has no best checkpoint now, is not compared."""
+        # check_run reads the captioner.json of the best of the stage this one starts from (cfg.train.init_from)
+        # outside that run's swap guard, and needs none: no save swaps it meanwhile, as this runner trains that stage
+        # before this one, never beside it (side_stages: no stage another listed stage starts from is one), and a demo
+        # holds its folder against a second demo (.demo.lock)
         try:
             check_run(self.stage_dir(stage), cfg, hints=STAGE_HINTS)
         except FingerprintMismatch as e:
@@ -316,7 +320,7 @@ class StageRunner:
             raise ValueError(f"{record}: not the stage's {START_FILE} (finecap writes the stage and digest of its "
                              f"start there); nothing was deleted: move it out of {out}")  # fmt: skip
         if resume:  # an unfinished run there (killed, or written by `finecap train`): on this stage's inputs?
-            try:
+            try:  # its start is the best of a finished stage (check_inputs), which no save swaps (check_reuse)
                 check_run(out, cfg, hints=STAGE_HINTS)
             except FingerprintMismatch as e:
                 raise FingerprintMismatch(

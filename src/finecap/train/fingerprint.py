@@ -212,12 +212,16 @@ def external_encoder(meta: dict[str, Any], trusted: tuple[str, ...] = ()) -> str
     return from_backbone(meta, trusted)
 
 
-def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -> dict[str, Any]:
+def captioner_fingerprint(
+    cfg: Config, model_folder: str | Path | None = None, start: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The vision encoder the captioner's checkpoints load from outside (:func:`external_encoder`), or
     ``{"kind": "in-checkpoint"}``. From the saved captioner in ``model_folder`` when given (what a reader of the
     checkpoint loads), else from ``cfg`` as training builds it: ``model.encoder`` (``world`` = the world encoder),
     or the ``train.init_from`` checkpoint's encoder; none when ``model.train_encoder`` saves it or a pretrained
-    BLIP (``blip.name``) brings its own."""
+    BLIP (``blip.name``) brings its own. ``start``: that checkpoint's ``captioner.json`` as the run read it with its
+    weights (:attr:`~finecap.models.base.CaptionerBase.checkpoint_meta`, under its run's swap guard), else it is read
+    from the checkpoint now: a start that a run still training has saved again since would give the next save's."""
     from finecap.models.backbones import encoder_source
 
     if model_folder is not None:
@@ -225,7 +229,8 @@ def captioner_fingerprint(cfg: Config, model_folder: str | Path | None = None) -
     elif cfg.model.train_encoder:
         source = None
     elif cfg.train.init_from:
-        source = external_encoder(read_json(model_dir(cfg.train.init_from) / CAPTIONER_FILE), (cfg.model.kind,))
+        meta = start if start is not None else read_json(model_dir(cfg.train.init_from) / CAPTIONER_FILE)
+        source = external_encoder(dict(meta), (cfg.model.kind,))
     else:
         source = encoder_source(cfg)  # "world", a CLIP path or name, or None (the model brings its own)
     if source is None:
@@ -253,26 +258,37 @@ def bags_retriever_fingerprint(cfg: Config) -> dict[str, Any]:
 
 
 def run_fingerprints(
-    cfg: Config, parts: Sequence[str] = PARTS, model_folder: str | Path | None = None
+    cfg: Config,
+    parts: Sequence[str] = PARTS,
+    model_folder: str | Path | None = None,
+    start: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``{"version", "data", "captioner", "retriever"}`` of ``cfg`` (only ``parts``; the captioner's from the saved
-    captioner in ``model_folder`` when given)."""
+    captioner in ``model_folder`` when given, else with the ``start``'s ``captioner.json`` as read:
+    :func:`captioner_fingerprint`)."""
     out: dict[str, Any] = {"version": VERSION}
     if "data" in parts:
         out["data"] = data_fingerprint(cfg)
     if "captioner" in parts:
-        out["captioner"] = captioner_fingerprint(cfg, model_folder)
+        out["captioner"] = captioner_fingerprint(cfg, model_folder, start)
     if "retriever" in parts:
         out["retriever"] = retriever_fingerprint(cfg)
     return out
 
 
-def write_fingerprints(run_dir: str | Path, cfg: Config, model_folder: str | Path | None = None) -> Path:
+def write_fingerprints(
+    run_dir: str | Path,
+    cfg: Config,
+    model_folder: str | Path | None = None,
+    start: Mapping[str, Any] | None = None,
+) -> Path:
     """Record the fingerprints of ``cfg``'s inputs in ``<run_dir>/fingerprints.json``; returns the file. Called by
     training once the run's ``config.yaml`` is written (and the world encoder it uses is trained); ``model_folder``:
-    the captioner's from that saved captioner (a resumed run's checkpoint) rather than from ``train.init_from``."""
+    the captioner's from that saved captioner (a resumed run's checkpoint) rather than from ``train.init_from``;
+    ``start``: the ``train.init_from`` checkpoint's ``captioner.json`` as the run read it with the weights
+    (:func:`captioner_fingerprint`)."""
     path = Path(run_dir) / FINGERPRINTS_FILE
-    write_json(path, run_fingerprints(cfg, model_folder=model_folder))
+    write_json(path, run_fingerprints(cfg, model_folder=model_folder, start=start))
     return path
 
 

@@ -447,8 +447,11 @@ def _train(
         if resume_from is not None:  # first: a log that is not finecap's, or too large to read, changes nothing
             truncate_metrics(run_dir / METRICS_FILE, engine.state.step)
         write_output(run_dir / CONFIG_FILE, cfg.to_yaml(), "config")  # remembered as finecap's (finecap.outputs)
-        # the data, captioner start and retriever this run reads (resumed: the captioner its checkpoint holds)
-        write_fingerprints(run_dir, cfg, model_dir(resume_from) if resume_from is not None else None)
+        # the data, captioner start and retriever this run reads (resumed: the captioner its checkpoint holds; a
+        # train.init_from start's encoder from its captioner.json as read with its weights, under its run's swap
+        # guard, not read again now: a run still training may have saved another best since)
+        start = accelerator.unwrap_model(run.model).checkpoint_meta
+        write_fingerprints(run_dir, cfg, model_dir(resume_from) if resume_from is not None else None, start)
     # trackers write under <run>/trackers, never the working directory, for the whole run (mlflow reads its tracking
     # URI at every call); wandb records the command line when it starts
     resumed_at = engine.state.step if resume_from is not None else None  # the killed run's later steps are hidden

@@ -131,7 +131,9 @@ def build_model(
     captions, rollouts and rewards are written without and its checkpoints record. Everything it takes of a checkpoint
     (``captioner.json``, weights, float32 masters, the stored configuration the shift may come from) is read under one
     hold of that run's swap guard (:func:`finecap.runs.reading_checkpoint`): a start that a run still training saves
-    again meanwhile is read as one save, and the save waits for the reads, never for the training. ``device``: the
+    again meanwhile is read as one save, and the save waits for the reads, never for the training; the captioner keeps
+    the ``captioner.json`` read there (:attr:`~finecap.models.base.CaptionerBase.checkpoint_meta`), which the run's
+    fingerprints take its start's encoder from. ``device``: the
     process's device (``accelerator.device``); on a CUDA device pretrained weights are read straight onto it
     (:func:`finecap.models.memory.loading_onto`), not into host memory first; the caller still moves the model there
     (its parts built with random weights are on the CPU).
