@@ -379,6 +379,63 @@ def test_x_should_retry_false_fails_at_once_and_true_retries_another_failing_sta
     assert len(waits) == 2  # the 400s' retries alone
 
 
+@pytest.mark.parametrize(
+    ("status", "gave_up_as"),
+    [(520, "ServerUnavailable"), (521, "ServerUnavailable"), (522, "ServerUnavailable"), (523, "ServerUnavailable"),
+     (524, "ServerUnavailable"), (529, "ServerUnavailable"), (507, "ServerFailing"), (599, "ServerFailing")],
+)  # fmt: skip
+def test_every_passing_5xx_is_retried_and_a_proxys_unreachable_origin_is_unavailable(tmp_path, status, gave_up_as):
+    # before, only 500/502/503/504 were retried (openai-python retries every 5xx): a Cloudflare 520-524 (its origin
+    # server down, unreachable or timed out), an overloaded 529 or a 507 failed the image at its first reply
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (status, {"error": "origin"}) if n < 2 else echo_first_caption(p, n)) as server:
+        backend = OpenAIBackend("m", server.url, retries=2, backoff=0.01, sleep=waits.append)
+        assert dict(backend.run(_tasks(_records(tmp_path, 1)))) == {0: "boosted caption 0 a"}  # the third attempt
+    assert len(server.requests) == 3 and len(waits) == 2
+    with ChatServer(lambda p, n: (status, {"error": "origin"})) as server:
+        backend = OpenAIBackend("m", server.url, retries=2, backoff=0.01, sleep=waits.append)
+        ((_, error),) = list(backend.run(_tasks(_records(tmp_path, 1))))
+    # unreachable (502-like) statuses count towards boost.max_consecutive_failures, a failing server's do not
+    assert type(error).__name__ == gave_up_as and "gave up after 3 attempt(s)" in str(error), repr(error)
+    assert f"HTTP {status}" in str(error) and len(server.requests) == 3
+
+
+@pytest.mark.parametrize("status", [501, 505, 506, 508, 510, 511])
+def test_a_5xx_saying_the_request_cannot_be_served_fails_the_image_at_once(tmp_path, status):
+    # Not Implemented (vLLM's answer to a request using what it lacks), HTTP Version Not Supported, ...: asked again,
+    # the same request gets the same; the image fails as on a 400, and the run goes on (not a fatal 401/404)
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (status, {"error": "not implemented"})) as server:
+        backend = OpenAIBackend("m", server.url, retries=3, backoff=0.01, concurrency=1, sleep=waits.append)
+        outcomes = dict(backend.run(_tasks(_records(tmp_path, 2))))
+    assert [type(o).__name__ for o in outcomes.values()] == ["BackendError", "BackendError"], outcomes
+    assert all(f"HTTP {status}: " in str(o) for o in outcomes.values()), outcomes
+    assert len(server.requests) == 2 and waits == []
+
+
+@pytest.mark.parametrize(
+    ("headers", "said", "waited"),
+    [({"retry-after-ms": "1500", "Retry-After": "30"}, "(retry-after-ms: 1500, a wait of 1.5 s)", [1.5]),
+     ({"Retry-After": "7"}, "(Retry-After: 7, a wait of 7 s)", [7.0]),
+     ({"Retry-After": "Thu, 01 Jan 1970 00:00:42 GMT"},
+      "(Retry-After: Thu, 01 Jan 1970 00:00:42 GMT, a wait of 30 s)", [30.0]),  # 42 s, read at 12 s
+     ({"Retry-After": "3600"}, "(Retry-After: 3600, a wait of 3600 s, more than boost.retry_max_wait: not retried)",
+      []),
+     ({"Retry-After": "soon"}, "(Retry-After: soon, unreadable: the backoff's wait)", [1.0]),
+     ({}, "(no Retry-After or retry-after-ms: the backoff's wait)", [1.0])],
+)  # fmt: skip
+def test_the_first_429s_warning_shows_the_wait_the_retry_takes(tmp_path, caplog, headers, said, waited):
+    # before, it showed the Retry-After header alone: "Retry-After: 30" where retry-after-ms asked (and got) 1.5 s
+    waits: list[float] = []
+    with ChatServer(lambda p, n: (429, {"error": "slow down"}, headers) if n == 0 else echo_first_caption(p, n)) as s:
+        backend = OpenAIBackend("m", s.url, backoff=1.0, max_wait=60, sleep=waits.append, clock=lambda: 12.0)
+        list(backend.run(_tasks(_records(tmp_path, 1))))
+    (warning,) = [r.getMessage() for r in caplog.records if "HTTP 429" in r.getMessage()]
+    assert f"the server rate-limits boost's requests {said}; each is retried" in warning, warning
+    # the wait taken: the server's plus a jitter of at most backoff (1 s), or the backoff's first, 1-2 s
+    assert len(waits) == len(waited) and all(w <= t <= w + 1.0 for w, t in zip(waited, waits, strict=True)), waits
+
+
 QUOTA_BODY = {"error": {"message": "You exceeded your current quota, please check your plan and billing details.",
                         "type": "insufficient_quota", "param": None, "code": "insufficient_quota"}}  # fmt: skip
 """What OpenAI's API answers, with HTTP 429, to an account out of credit."""

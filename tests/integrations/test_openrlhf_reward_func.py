@@ -1,6 +1,8 @@
 """OpenRLHF's ``reward_func`` over a finecap reward in this process (:func:`finecap.integrations.openrlhf.
 reward_function`), without OpenRLHF: its refusals of a call's images name the call's own field, ``labels[i]``, as the
-server's ``/get_reward`` does (tests/serve/test_service.py), never ``image_ids[i]``, a field OpenRLHF never sent."""
+server's ``/get_reward`` does (tests/serve/test_service.py), never ``image_ids[i]``, a field OpenRLHF never sent; over
+a reward server on 127.0.0.1 (``url=``) too, whose refusal of the ``/reward`` request it sends names
+``image_ids[i]``."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ import pytest
 
 from finecap.integrations.openrlhf import reward_function
 from finecap.rewards.cider import CiderReward
+from finecap.serve.client import RewardServerError
 from finecap.serve.protocol import RequestError
+from finecap.serve.service import ImageTable, RewardService
+from helpers.served import serving
 
 REFERENCES = {1: ["a red circle", "a small red circle"], 2: ["a blue square"]}
 QUERIES = ["Q: a red circle</s>", "Q: a square</s>"]
@@ -43,3 +48,37 @@ def test_an_in_process_call_of_one_image_to_a_reward_comparing_them_is_refused_n
         fn(QUERIES, ["Q:", "Q:"], [1, '{"image_id": 1}'])  # 1 and {"image_id": 1}: one image
     assert caught.value.field == "labels"
     assert fn(QUERIES, ["Q:", "Q:"], [1, 2])["rewards"].shape == (2,)
+
+
+def test_a_servers_refusal_of_a_calls_image_names_its_label(tmp_path):
+    # reward_function(url=) asks the server's /reward, whose refusals name that request's image_ids[i] or images[i]:
+    # the caller sent labels[i], and reads them so, as from /get_reward and in process
+    image = tmp_path / "1.png"
+    image.write_bytes(b"")
+    known = ImageTable([1, 2], {str(image): 1})
+    with serving(RewardService(CiderReward(REFERENCES), known, log_every=0)) as url:
+        fn = reward_function(url=url)
+        try:
+            for labels, unknown in (
+                ([1, 99], "id 99"),
+                ([1, '{"image_id": 99}'], "id 99"),
+                ([{"image_id": 1, "references": ["a"]}, {"image_id": 99, "references": ["a"]}], "id 99"),
+                ([{"image": str(image)}, {"image": str(tmp_path / "none.png")}], "file '"),
+            ):
+                refused = rf"^reward server \(labels\[1\]\): unknown image {unknown}"
+                with pytest.raises(RewardServerError, match=refused):
+                    fn(QUERIES, ["Q:", "Q:"], labels)
+            with pytest.raises(RewardServerError) as caught:
+                fn(QUERIES, ["Q:", "Q:"], [1, 99])
+            assert (caught.value.status, caught.value.field) == (400, "labels[1]")
+            rewards = fn(QUERIES, ["Q:", "Q:"], [1, '{"image_id": 2}'])["rewards"].tolist()
+            assert [round(r, 3) for r in rewards] == [5.26, 1.743]  # the in-process values
+        finally:
+            fn.close()
+    with serving(RewardService(ComparingCider(REFERENCES), known, log_every=0)) as url:
+        fn = reward_function(url=url)
+        try:
+            with pytest.raises(RewardServerError, match=r"^reward server \(labels\): names one distinct image"):
+                fn(QUERIES, ["Q:", "Q:"], [1, '{"image_id": 1}'])
+        finally:
+            fn.close()

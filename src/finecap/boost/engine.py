@@ -84,16 +84,17 @@ class BackendError(RuntimeError):
 
 
 class ServerUnavailable(BackendError):
-    """The server could not be reached (no connection, time-outs, 502/503/504) after the backend's retries; counts
-    towards ``boost.max_consecutive_failures``."""
+    """The server could not be reached (no connection, time-outs, 502/503/504, a proxy's 520-524, an overloaded 529:
+    :data:`finecap.boost.openai_backend.UNAVAILABLE_STATUS`) after the backend's retries; counts towards
+    ``boost.max_consecutive_failures``."""
 
 
 class ServerFailing(BackendError):
     """The server was reached but answered every attempt with a failure until the backend's retries were spent (HTTP
-    408, 409, 429, 500, or an error body with HTTP 200), asked (``Retry-After``, ``retry-after-ms``) for a wait
-    longer than its ``retry_max_wait``, or said not to retry (``x-should-retry: false``): no answer, though the server
-    is up. ``status`` is the last attempt's HTTP status (200 for an
-    error body). Boost fails the image (its failure budget counts it); a judge counts it, as
+    408, 409, 429, 500 or another retried 5xx, or an error body with HTTP 200), asked (``Retry-After``,
+    ``retry-after-ms``) for a wait longer than its ``retry_max_wait``, or said not to retry (``x-should-retry:
+    false``): no answer, though the server is up. ``status`` is the last attempt's HTTP status (200 for an error
+    body). Boost fails the image (its failure budget counts it); a judge counts it, as
     :class:`ServerUnavailable`, towards ``judge.max_consecutive_failures``."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:

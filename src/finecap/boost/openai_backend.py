@@ -18,22 +18,25 @@ that does not decode is a :class:`~finecap.boost.engine.BadImage`: that image fa
 
 What happens to each request:
 
-- **retried** up to ``boost.retries`` times: no connection, a time-out or HTTP 408, 409, 429, 500, 502, 503, 504,
-  and an HTTP 200 whose JSON body is an error (``{"error": ...}`` without ``choices``, as vLLM and some proxies
-  report a failure: retried as a 500 is). The wait before a retry is the server's when it names one (OpenAI's
-  ``retry-after-ms``, in milliseconds, else ``Retry-After``: seconds or an HTTP date; :func:`server_wait`) plus a
-  random jitter of up to ``backoff`` seconds; otherwise exponential with jitter (``backoff * 2**(n-1)`` plus up to
-  ``backoff``); never more than ``boost.retry_max_wait``. A server asking for longer than ``boost.retry_max_wait``
-  fails the request instead of retrying early. A server's ``x-should-retry`` header (OpenAI's, not a standard one)
-  overrides the status: ``false`` fails the request at once, as when its retries are spent, ``true`` retries any
-  other failing status (not those below that stop the run). When the retries are spent, an unreachable
-  server (no connection, time-outs, 502/503/504) is :class:`~finecap.boost.engine.ServerUnavailable` (the engine
-  stops after ``boost.max_consecutive_failures`` of them in a row), a server that answered each attempt with a
-  failure (408, 409, 429, 500, an error body) a :class:`~finecap.boost.engine.ServerFailing` (a
-  :class:`~finecap.boost.engine.BackendError`: boost fails the image; a judge counts it towards
-  ``judge.max_consecutive_failures``). Every other HTTP 429 (not a spent quota's) is counted
-  (:attr:`OpenAIBackend.rate_limited`), and the first of each server is logged as a warning naming
-  ``<section>.retries``, ``retry_max_wait`` and ``concurrency``, so that a rate-limited run does not only slow down;
+- **retried** up to ``boost.retries`` times: no connection, a time-out or HTTP 408, 409, 429 and every 5xx but 501,
+  505, 506, 508, 510 and 511 (:func:`retried_status`: a 520-524 of a proxy such as Cloudflare, an overloaded 529 and a
+  507 too, as OpenAI's own client retries every 5xx; those six say the request cannot be served as it is sent, so they
+  fail the image as a 400 does), and an HTTP 200 whose JSON body is an error (``{"error": ...}`` without ``choices``,
+  as vLLM and some proxies report a failure: retried as a 500 is). The wait before a retry is the server's when it
+  names one (OpenAI's ``retry-after-ms``, in milliseconds, else ``Retry-After``: seconds or an HTTP date;
+  :func:`server_wait`) plus a random jitter of up to ``backoff`` seconds; otherwise exponential with jitter
+  (``backoff * 2**(n-1)`` plus up to ``backoff``); never more than ``boost.retry_max_wait``. A server asking for longer
+  than ``boost.retry_max_wait`` fails the request instead of retrying early. A server's ``x-should-retry`` header
+  (OpenAI's, not a standard one) overrides the status: ``false`` fails the request at once, as when its retries are
+  spent, ``true`` retries any other failing status (not those below that stop the run). When the retries are spent, an
+  unreachable server (no connection, time-outs, 502/503/504, 520-524, 529: :data:`UNAVAILABLE_STATUS`) is
+  :class:`~finecap.boost.engine.ServerUnavailable` (the engine stops after ``boost.max_consecutive_failures`` of them
+  in a row), a server that answered each attempt with a failure (408, 409, 429, 500, another retried 5xx, an error
+  body) a :class:`~finecap.boost.engine.ServerFailing` (a :class:`~finecap.boost.engine.BackendError`: boost fails the
+  image; a judge counts it towards ``judge.max_consecutive_failures``). Every other HTTP 429 (not a spent quota's) is
+  counted (:attr:`OpenAIBackend.rate_limited`), and the first of each server is logged as a warning naming the wait it
+  asked (the header read and the seconds waited, :func:`asked_wait`), ``<section>.retries``, ``retry_max_wait`` and
+  ``concurrency``, so that a rate-limited run does not only slow down;
 - **stops the run at once**: HTTP 401 or 403 (the key is refused), 404 (wrong URL or model name) and an HTTP 429
   whose error is ``insufficient_quota`` (its ``code`` or ``type``: the account is out of credit, :func:`quota_spent`):
   every further request would fail the same way (:class:`~finecap.boost.engine.FatalBackendError`); and a reply
@@ -42,7 +45,8 @@ What happens to each request:
   its answer neither used nor cached; no new request starts after it, and a request not sent or not retried because of
   it is :class:`~finecap.boost.engine.Cancelled` (its image not done, not failed), whatever order the answers of the
   requests in flight arrive in;
-- **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model);
+- **fails the image**: any other HTTP error (e.g. 400, a prompt too long for the model; a 501 or another of
+  :data:`NOT_RETRIED_5XX`);
 - **fails the image, as cut off** (:class:`~finecap.boost.engine.CutOff`, unless made with ``refuse_cut_off=False``,
   as the judges are: they parse an answer rather than keep it): an answer whose ``finish_reason`` is ``"length"``,
   stopped at ``max_tokens`` (``boost.max_new_tokens``) before the model ended it;
@@ -128,8 +132,25 @@ from finecap.data.records import DataError
 log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
-UNAVAILABLE_STATUS = {502, 503, 504}
+RETRIED_4XX = frozenset({408, 409, 429})
+"""The HTTP 4xx statuses asked again: a request time-out, a conflict (a lock's), a rate limit (openai-python's)."""
+NOT_RETRIED_5XX = {
+    501: "Not Implemented",
+    505: "HTTP Version Not Supported",
+    506: "Variant Also Negotiates",
+    508: "Loop Detected",
+    510: "Not Extended",
+    511: "Network Authentication Required",
+}
+"""The HTTP 5xx statuses never asked again (:func:`retried_status`): they say that the request cannot be served as it
+is sent, however often: what it asks is not implemented (vLLM answers 501 to a request using what it lacks), or the
+protocol, a server's or proxy's set-up or a network's login stands in the way. The image fails, as on a 400."""
+UNAVAILABLE_STATUS = frozenset({502, 503, 504, 520, 521, 522, 523, 524, 529})
+"""The retried statuses that say the server could not be reached or take the request: a gateway's or proxy's 502,
+503, 504, Cloudflare's 520-524 (its origin server answered nothing it could read, is down, could not be reached or
+timed out) and 529 (overloaded, as Anthropic's API answers); after the retries a
+:class:`~finecap.boost.engine.ServerUnavailable`, and any other retried status a
+:class:`~finecap.boost.engine.ServerFailing`."""
 FATAL_STATUS = {
     401: "the server refused the API key",
     403: "the API key may not use this model or server",
@@ -171,6 +192,20 @@ def with_image(
     return out
 
 
+def retried_status(status: int) -> bool:
+    """Whether a reply of HTTP ``status`` is asked again (module docstring): 408, 409, 429 (:data:`RETRIED_4XX`) and
+    every 5xx, as openai-python's client retries them (a proxy's 520-524, an overloaded 529, a 507 are as passing as a
+    500), but the :data:`NOT_RETRIED_5XX`, which a retry cannot change. A server's ``x-should-retry`` overrides it
+    (:func:`should_retry`).
+
+    Example::
+
+        >>> [s for s in (400, 408, 429, 500, 501, 503, 505, 507, 511, 520, 524, 529, 599) if retried_status(s)]
+        [408, 429, 500, 503, 507, 520, 524, 529, 599]
+    """
+    return status in RETRIED_4XX or (500 <= status <= 599 and status not in NOT_RETRIED_5XX)
+
+
 def parse_retry_after(value: str | None, now: float) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (delay seconds or an HTTP date; RFC 9110 10.2.3) at time
     ``now`` (Unix seconds); ``None`` when absent or unreadable.
@@ -208,10 +243,28 @@ def server_wait(headers: httpx.Headers, now: float) -> float | None:
         >>> server_wait(httpx.Headers({"retry-after-ms": "soon", "Retry-After": "2"}), now=0.0)
         2.0
     """
+    named = asked_wait(headers, now)
+    return None if named is None else named[1]
+
+
+def asked_wait(headers: httpx.Headers, now: float) -> tuple[str, float | None] | None:
+    """The header a reply's ``headers`` ask a wait in, as :func:`server_wait` reads them, and its seconds at time
+    ``now`` (``None``: unreadable, so the backoff's wait): ``retry-after-ms`` when it is a number, else
+    ``Retry-After``; ``None`` when neither is there.
+
+    Example::
+
+        >>> asked_wait(httpx.Headers({"retry-after-ms": "1500", "Retry-After": "2"}), now=0.0)
+        ('retry-after-ms', 1.5)
+        >>> asked_wait(httpx.Headers({"Retry-After": "soon"}), now=0.0), asked_wait(httpx.Headers(), now=0.0)
+        (('Retry-After', None), None)
+    """
     try:
-        return max(0.0, float(headers.get("retry-after-ms", "").strip())) / 1000
+        return "retry-after-ms", max(0.0, float(headers.get("retry-after-ms", "").strip())) / 1000
     except ValueError:
-        return parse_retry_after(headers.get("Retry-After"), now)
+        if "Retry-After" not in headers:
+            return None
+        return "Retry-After", parse_retry_after(headers.get("Retry-After"), now)
 
 
 def should_retry(headers: httpx.Headers) -> bool | None:
@@ -465,7 +518,7 @@ class OpenAIBackend:
             )
         if status == 429:
             self._note_rate_limit(response)
-        if status in RETRY_STATUS or (status >= 400 and should_retry(response.headers)):
+        if retried_status(status) or (status >= 400 and should_retry(response.headers)):
             raise self._retry(response, f"HTTP {status}: {shown[:200]}", unavailable=status in UNAVAILABLE_STATUS)
         if status >= 400:
             raise BackendError(f"{self.shown_url}: HTTP {status}: {shown}")
@@ -507,7 +560,7 @@ class OpenAIBackend:
         """The retry of an attempt the server answered with a failure (``message``), waiting as the server asks
         (:func:`server_wait`, :meth:`wait`); raised at once (module docstring) when the server asks for longer than
         ``retry_max_wait`` or says ``x-should-retry: false``: a :class:`~finecap.boost.engine.ServerUnavailable` for
-        502/503/504, else a :class:`~finecap.boost.engine.ServerFailing`."""
+        :data:`UNAVAILABLE_STATUS`, else a :class:`~finecap.boost.engine.ServerFailing`."""
         retry_after = server_wait(response.headers, self._clock())
         why = ""
         if should_retry(response.headers) is False:
@@ -526,14 +579,26 @@ class OpenAIBackend:
             self.rate_limited += 1
             first = self.rate_limited == 1
         if first:
-            after = response.headers.get("Retry-After")
             log.warning(
-                "%s: HTTP 429, the server rate-limits %s's requests (Retry-After: %s); each is retried up to "
-                "%s.retries=%d times, waiting at most %s.retry_max_wait=%g s, then fails; lower %s.concurrency=%d "
-                "if it goes on (logged once per server)", self.shown_url, self.section,
-                self.redact(after)[:40] if after else "none", self.section, self.retries, self.section, self.max_wait,
-                self.section, self.concurrency,
+                "%s: HTTP 429, the server rate-limits %s's requests (%s); each is retried up to %s.retries=%d times, "
+                "waiting at most %s.retry_max_wait=%g s, then fails; lower %s.concurrency=%d if it goes on (logged "
+                "once per server)", self.shown_url, self.section, self._asked_wait(response), self.section,
+                self.retries, self.section, self.max_wait, self.section, self.concurrency,
             )  # fmt: skip
+
+    def _asked_wait(self, response: httpx.Response) -> str:
+        """The wait ``response`` asks, for a message: the header it is read from (:func:`asked_wait`), as sent, and
+        the seconds the retry waits for it (``retry-after-ms: 1500, a wait of 1.5 s``)."""
+        named = asked_wait(response.headers, self._clock())
+        if named is None:
+            return "no Retry-After or retry-after-ms: the backoff's wait"
+        header, seconds = named
+        said = f"{header}: {self.redact(response.headers[header])[:40]}"
+        if seconds is None:
+            return f"{said}, unreadable: the backoff's wait"
+        if seconds > self.max_wait:
+            return f"{said}, a wait of {seconds:g} s, more than {self.section}.retry_max_wait: not retried"
+        return f"{said}, a wait of {seconds:g} s"
 
     def _read_before(self, response: httpx.Response, deadline: float) -> bytes:
         """The reply's bytes, an ``httpx.ReadTimeout`` when they are still arriving at ``deadline`` (module

@@ -86,12 +86,15 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
         if request.by_path and scorer.client is None:
             raise ValueError("finecap OpenRLHF reward: labels name images by path, which only a reward server (url=) "
                              "resolves; name them by id")  # fmt: skip
+        # a refusal of a label's image names labels[i], the caller's own name, as /get_reward's (in process and
+        # from a server)
         if scorer.client is not None and request.by_path:
-            out = scorer.client.score(request.captions, images=request.image_ids, references=request.references)
+            out = scorer.client.score(request.captions, images=request.image_ids, references=request.references,
+                                      images_field=request.image_field)  # fmt: skip
         else:
             out = scorer.score(
                 request.captions, request.image_ids, request.references, images_field=request.image_field
-            )  # labels[i]: the caller's own name, as /get_reward's
+            )
         try:
             reply = openrlhf_reply(request, out)
         except FailedCaptions as e:

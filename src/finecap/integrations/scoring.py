@@ -136,10 +136,10 @@ class Scorer(Closeable):
         server calls its reward, since a reward need not be thread-safe (an in-process vLLM judge's engine is not);
         a server's requests go out at once. ``images_field``: the caller's own name for the images, which a refusal
         of one names (OpenRLHF's ``labels``: ``labels[1]: unknown image id 99``,
-        :attr:`finecap.serve.protocol.RewardRequest.image_field`); default ``image_ids``. A server's refusal names its
-        request's field."""
+        :attr:`finecap.serve.protocol.RewardRequest.image_field`); default ``image_ids``. A server's refusal names it
+        too (:meth:`finecap.serve.client.RewardClient.score`)."""
         if self.client is not None:
-            return self.client.score(captions, image_ids, references=references)
+            return self.client.score(captions, image_ids, references=references, images_field=images_field)
         with self._lock:
             request = parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS)
             job = self.check().job(replace(request, images_field=images_field))

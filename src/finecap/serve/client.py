@@ -160,9 +160,11 @@ class RewardClient:
             raise ValueError(f"RewardClient: {e}") from None
 
     @staticmethod
-    def reply(response: httpx.Response, n: int | None = None) -> RewardOutput:
+    def reply(response: httpx.Response, n: int | None = None,
+              renames: dict[str, str] | None = None) -> RewardOutput:  # fmt: skip
         """The values of a reply to a request of ``n`` captions (checked: :func:`checked_values`), or
-        :class:`RewardServerError`."""
+        :class:`RewardServerError` naming the field the server named, in the caller's words (``renames``:
+        :func:`callers_field`)."""
         try:
             data = response.json()
         except ValueError:
@@ -170,7 +172,8 @@ class RewardClient:
         if response.status_code != 200 or not isinstance(data, dict) or "total" not in data:
             error = (data or {}).get("error") if isinstance(data, dict) else None
             if isinstance(error, dict):
-                raise RewardServerError(response.status_code, error.get("field"), str(error.get("message")))
+                field = callers_field(error.get("field"), renames or {})
+                raise RewardServerError(response.status_code, field, str(error.get("message")))
             raise RewardServerError(response.status_code, None, response.text[:300])
         return checked_values(data, n, str(response.url))
 
@@ -218,11 +221,14 @@ class RewardClient:
                                              f"{wait:g} s (retry {attempt + 1} of {self.retries})"))  # fmt: skip
         return wait
 
-    def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
-              **kwargs: Any) -> RewardOutput:  # fmt: skip
+    def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
+              images_field: str | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
         """The values of ``captions`` (keyword arguments: :meth:`payload`'s); a 503 is asked again
-        (:meth:`retry_wait`)."""
+        (:meth:`retry_wait`). ``images_field``: the caller's own name for the images, which a refusal of one names
+        (OpenRLHF's ``labels``: ``labels[1]``, where the server named the ``image_ids[1]`` of its request:
+        :func:`callers_field`)."""
         body = self.payload(captions, image_ids, **kwargs)
+        renames = images_renamed(body, images_field)
         for attempt in itertools.count():
             try:
                 response = self._client().post(self.url, json=body)
@@ -230,16 +236,17 @@ class RewardClient:
                 raise _unreachable(self.shown_url, e) from None
             wait = self.retry_wait(response, attempt)
             if wait is None:
-                return self.reply(response, len(body["captions"]))
+                return self.reply(response, len(body["captions"]), renames)
             time.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None,
-                     **kwargs: Any) -> RewardOutput:  # fmt: skip
+    async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
+                     images_field: str | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
         """:meth:`score`, awaited (a connection of its own: trainers run each step in a new event loop), at most
         :attr:`max_in_flight` of one event loop at once; a 503 is asked again (:meth:`retry_wait`), its turn given
         up while it waits."""
         body = self.payload(captions, image_ids, **kwargs)
+        renames = images_renamed(body, images_field)
         for attempt in itertools.count():
             try:
                 async with (
@@ -251,9 +258,32 @@ class RewardClient:
                 raise _unreachable(self.shown_url, e) from None
             wait = self.retry_wait(response, attempt)
             if wait is None:
-                return self.reply(response, len(body["captions"]))
+                return self.reply(response, len(body["captions"]), renames)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+def images_renamed(body: dict[str, Any], images_field: str | None) -> dict[str, str]:
+    """``{the request body's field for its images: images_field}`` (nothing without ``images_field``): what
+    :func:`callers_field` renames."""
+    if images_field is None:
+        return {}
+    return {"images" if "images" in body else "image_ids": images_field}
+
+
+def callers_field(field: str | None, renames: dict[str, str]) -> str | None:
+    """The ``field`` a server's refusal named, in the caller's words: a request field of ``renames`` becomes the
+    caller's name for it, its index kept (the request holds one entry per caption, in the caller's order).
+
+    >>> callers_field("image_ids[1]", {"image_ids": "labels"}), callers_field("image_ids", {"image_ids": "labels"})
+    ('labels[1]', 'labels')
+    >>> callers_field("captions[1]", {"image_ids": "labels"}), callers_field(None, {"image_ids": "labels"})
+    ('captions[1]', None)
+    """
+    if not isinstance(field, str):
+        return field
+    head, bracket, rest = field.partition("[")
+    return renames.get(head, head) + bracket + rest
 
 
 def _number_list(value: Any, n: int | None, where: str, url: str, failed: set[int]) -> list[float]:
