@@ -15,6 +15,7 @@ from finecap.models.clipcap import ClipCap
 from finecap.objectives import ObjectiveOutput
 from finecap.objectives.base import as_objective
 from finecap.objectives.mle import MLE
+from finecap.rewards import RewardOutput
 from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.engine import (
     Engine,
@@ -300,6 +301,114 @@ def test_a_step_whose_micro_batches_have_no_items_takes_a_zero_gradient(make_cfg
     values = engine.train_step([{"items": 0}, {"items": 0}])
     assert torch.equal(model.p.grad, torch.zeros(4)) and torch.equal(model.p.detach(), torch.ones(4))
     assert math.isnan(values["loss"]) and values["grad_norm"] == 0.0
+
+
+class Scored:
+    """Objective of the RL family's shape: loss ``batch["advantage"] * sum(p)``, a mean over 2 captions of which
+    ``batch["scored"]`` a reward scored (a failed caption's advantage is 0, so a micro-batch that scored none has
+    advantage 0 and gradient 0)."""
+
+    def __call__(self, model, batch):
+        loss = batch["advantage"] * model.p.sum()
+        return ObjectiveOutput(losses={"reinforce": loss}, metrics={}, num_items=2, scored=batch["scored"])
+
+
+SCORED = {"advantage": 1.0, "scored": 2}  # a micro-batch a reward scored: gradient 1 per element
+UNSCORED = {"advantage": 0.0, "scored": 0}  # one whose every caption failed: gradient 0
+
+
+def test_a_step_no_caption_of_which_was_scored_is_not_taken(make_cfg, caplog):
+    # Step 1 is scored and moves p by Adam's first step (-lr per element) and leaves its momentum. Step 2 scored no
+    # caption: its gradient is 0, yet AdamW moved p by that momentum alone until 2026-11-29, with nothing learned: by
+    # -lr x m / sqrt(v) per element, m = 0.09 / (1 - 0.9^2), v = 0.000999 / (1 - 0.999^2): a further -0.67 lr. Now
+    # its update is skipped: p, AdamW's moments and its step count stay as step 1 left them, while the step counts
+    # for the schedule (the scheduler advances)
+    model, engine = _engine(make_cfg, Scored(), "train.grad_clip=0")
+    first = engine.train_step([SCORED])
+    engine.state.step += 1
+    after_one = model.p.detach().clone()
+    adam = {k: v.clone() for k, v in engine.optimizer.state[model.p].items()}
+    with caplog.at_level("WARNING", logger="finecap.train.engine"):
+        values = engine.train_step([UNSCORED])
+    engine.state.step += 1
+    assert torch.equal(model.p.detach(), after_one)
+    assert all(torch.equal(engine.optimizer.state[model.p][k], v) for k, v in adam.items())  # step count 1 too
+    assert engine.scheduler.scheduler.last_epoch == 2  # a step of the schedule all the same
+    assert first["skipped/unscored"] == 0.0 and values["skipped/unscored"] == 1.0
+    assert "grad_norm" not in values  # no norm taken: no update
+    assert "train: step 2: no caption of the step could be scored" in caplog.text
+    assert "the optimizer update is skipped" in caplog.text
+    values = engine.train_step([SCORED])  # the next scored step is taken, from the state step 1 left
+    assert values["skipped/unscored"] == 0.0 and values["grad_norm"] == pytest.approx(2.0)
+    assert not torch.equal(model.p.detach(), after_one) and int(engine.optimizer.state[model.p]["step"]) == 2
+
+
+def test_an_accumulated_step_is_skipped_only_when_none_of_its_micro_batches_scored_a_caption(make_cfg):
+    model, engine = _engine(make_cfg, Scored(), "train.grad_clip=0", "train.grad_accum_steps=2")
+    start = model.p.detach().clone()
+    taken = engine.train_step([UNSCORED, SCORED])  # one micro-batch scored: the step has a signal
+    moved = model.p.detach().clone()
+    assert not torch.equal(moved, start)
+    skipped = engine.train_step([UNSCORED, UNSCORED])
+    assert torch.equal(model.p.detach(), moved)
+    assert taken["skipped/unscored"] == 0.0 and taken["grad_norm"] > 0 and skipped["skipped/unscored"] == 1.0
+
+
+def test_the_skip_is_decided_on_every_processs_captions(make_cfg, monkeypatch):
+    # Two processes: this one's micro-batches scored nothing, the other's did (or did not). The decision is the sum
+    # over the processes (the all-reduce of the step's counts, simulated: the other process's local counts, recorded
+    # from its own step, added to this one's), so every process steps, or every process skips, alike: a process
+    # that skipped alone would leave its DDP replica (or FSDP2 shards) behind the others'
+    def other_process(batch):
+        _, other = _engine(make_cfg, Scored(), "train.grad_accum_steps=2")
+        seen = []
+        monkeypatch.setattr(other.accelerator, "reduce", lambda t, reduction: seen.append(t.clone()) or t)
+        other.train_step([batch, batch])
+        return seen[0]
+
+    for theirs, skipped in ((SCORED, 0.0), (UNSCORED, 1.0)):
+        counts = other_process(theirs)
+        model, engine = _engine(make_cfg, Scored(), "train.grad_accum_steps=2")
+        monkeypatch.setattr(engine.accelerator, "reduce", lambda t, reduction, c=counts: t + c)
+        values = engine.train_step([UNSCORED, UNSCORED])
+        assert ("step" in engine.optimizer.state[model.p]) == (not skipped)  # AdamW stepped (its gradient: DDP's)
+        assert values["skipped/unscored"] == skipped
+
+
+class FailsFromStep2:
+    """Scores every caption 1 at step 1 (as logged) and none from step 2 on: every caption failed, as a judge that
+    went down, or a retrieval reward's one-image global batch (no distractor), leaves them."""
+
+    def __call__(self, captions, batch):
+        total = torch.ones(len(captions))
+        failed = torch.full((len(captions),), int(batch["step_info"].step) + 1 >= 2)
+        return RewardOutput(total.masked_fill(failed, math.nan), {"one": total}, failed)
+
+
+def fails_from_step_2(cfg):
+    return FailsFromStep2()
+
+
+@pytest.mark.parametrize("objective", [
+    ["rl.baseline=mean"],  # REINFORCE: step 1's advantage 1 - 0 on every caption
+    ["grpo.advantage=baseline", "rl.baseline=mean", "grpo.policy_loss=clipped", "grpo.kl_coef=0.1"],  # the family
+])  # fmt: skip
+def test_a_run_whose_second_step_scored_nothing_ends_with_the_first_steps_weights(make_cfg, objective):
+    # The same run stopped after step 1, and after step 2, whose every caption failed (constant schedule: step 1 is
+    # the same in both). Until 2026-11-29 step 2 still ran AdamW's update, which moved every weight by its
+    # momentum from step 1 (up to 0.002 for lr 3e-3) with nothing learned
+    options = ["train.objective=reinforce", f"rl.rewards={{'{__name__}:fails_from_step_2': 1.0}}", "rl.samples=2",
+               *objective, "clipcap.tiny_dropout=0", "train.warmup_steps=0", "train.schedule=constant",
+               "train.eval_every=0", "train.validators=[]", "train.batch_size=8"]  # fmt: skip
+    one = weights(train(make_cfg(*options, "train.max_steps=1", run="one")))
+    run = train(make_cfg(*options, "train.max_steps=2", run="two"))
+    two = weights(run)
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    logged = [e["values"] for e in read_metrics(run) if e["split"] == "train"]
+    assert [v["skipped/unscored"] for v in logged] == [0.0, 1.0]
+    assert [v.get("reward/failed") for v in logged] == [None, 1.0]
+    assert "grad_norm" not in logged[1] and undocumented(logged[1]) == []  # docs/training.md
+    assert json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())["step"] == 2  # it counts
 
 
 def test_a_last_batch_smaller_than_the_micro_batches_is_one_big_batchs_step(make_cfg):

@@ -11,6 +11,7 @@ autocast whose backward overflows exactly as it does on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -197,7 +198,8 @@ class Overflowing:
         return ObjectiveOutput(losses={"loss": loss}, metrics={}, num_items=1)
 
 
-def _fp16_engine(*, limit: int = 25, init_scale: float = 2.0**16) -> tuple[torch.nn.Module, Engine]:
+def _fp16_engine(*, limit: int = 25, init_scale: float = 2.0**16,
+                 objective: Overflowing | None = None) -> tuple[torch.nn.Module, Engine]:  # fmt: skip
     torch.manual_seed(0)
     model = torch.nn.Module()
     model.layer = torch.nn.Linear(4, 4)
@@ -206,8 +208,9 @@ def _fp16_engine(*, limit: int = 25, init_scale: float = 2.0**16) -> tuple[torch
     acc = cpu_fp16(init_scale)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scheduler = build_scheduler(optimizer, warmup=0, total=100, kind="linear")
-    engine = Engine(settings, acc, model, as_objective(Overflowing()), TrainingData(None, None, RandomBatches(2, 2)),
-                    optimizer, scheduler, seed=0, total=100, progress=False)  # fmt: skip
+    data = TrainingData(None, None, RandomBatches(2, 2))
+    engine = Engine(settings, acc, model, as_objective(objective or Overflowing()), data, optimizer, scheduler, seed=0,
+                    total=100, progress=False)  # fmt: skip
     return model, engine
 
 
@@ -256,6 +259,30 @@ def test_skips_separated_by_taken_steps_never_stop_the_run():
         values = engine.train_step([{"g": g, "index": [0]}])
         assert values["skipped"] == (1.0 if g > 1 else 0.0)
     assert (engine.skipped.consecutive, engine.skipped.total) == (0, 3)
+
+
+class OverflowingScored(Overflowing):
+    """:class:`Overflowing` with the RL family's count of scored captions: ``batch["scored"]``."""
+
+    def __call__(self, model, batch):
+        return dataclasses.replace(super().__call__(model, batch), scored=batch["scored"])
+
+
+def test_a_step_no_caption_of_which_was_scored_leaves_the_gradient_scaler_alone():
+    # A step that scored no caption is skipped before its gradients are unscaled (docs/training.md: a step no caption
+    # of which was scored): the scaler neither halves nor keeps counting, the fp16 skip count neither grows nor
+    # resets, and the next step unscales, tests and steps as usual (unscaled and never updated, torch's scaler would
+    # refuse the next unscale_: "unscale_() has already been called on this optimizer since the last update()")
+    model, engine = _fp16_engine(objective=OverflowingScored())
+    assert engine.train_step([{"g": 1.0, "scored": 2, "index": [0]}])["skipped"] == 1.0  # overflow: scale 2**15
+    start = _weights(model)
+    values = engine.train_step([{"g": 0.0, "scored": 0, "index": [0]}])
+    assert values["skipped/unscored"] == 1.0 and "skipped" not in values and "loss_scale" not in values
+    assert torch.equal(_weights(model), start) and engine.accelerator.scaler.get_scale() == 2.0**15
+    assert (engine.skipped.consecutive, engine.skipped.total) == (1, 1)
+    values = engine.train_step([{"g": 1.0, "scored": 2, "index": [0]}])  # 1 x 2**15 fits float16: taken
+    assert values["skipped"] == 0.0 and values["skipped/unscored"] == 0.0 and math.isfinite(values["grad_norm"])
+    assert not torch.equal(_weights(model), start) and engine.skipped.consecutive == 0
 
 
 def _tiny_clipcap_fp16_skips(accum: int, examples: int = 64, steps: int = 3) -> tuple[list[float], float]:

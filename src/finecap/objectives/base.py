@@ -21,7 +21,8 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
   of the step, under the run's autocast: an objective that needs the whole step first (the GRPO family rolls out and
   scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
-  baseline); it may end training by raising :class:`StopTraining`, which the engine logs first.
+  baseline), a step whose update the engine skipped too (no caption of it scored: ``ObjectiveOutput.scored``); it
+  may end training by raising :class:`StopTraining`, which the engine logs first.
 - ``step_values() -> dict`` after ``end_step``: values of the whole optimizer step (every micro-batch and process),
   logged with the step's in place of the micro-batches' mean of the same key (the share of the step's captions a
   reward could not score, ``reward/failed``, the ``rl.alarms.failed`` alarm's own measure).
@@ -60,11 +61,17 @@ if TYPE_CHECKING:
 class ObjectiveOutput:
     """Named losses (scalar tensors with gradient), named metrics (floats, logged only) and ``num_items``: how many
     items (tokens, captions, ...) the losses are means over, so that the loop can weight micro-batches and give an
-    optimizer step the gradient of the mean over the whole global batch (``None``: the batch's examples)."""
+    optimizer step the gradient of the mean over the whole global batch (``None``: the batch's examples).
+
+    ``scored``: how many of the micro-batch's sampled captions a reward scored (those not
+    ``RewardOutput.failed``), for objectives that learn from rewards; ``None`` (MLE, SMILE): every item teaches. A
+    step whose micro-batches, on every process, scored none has no learning signal, and the engine skips its update
+    (:meth:`finecap.train.engine.Engine.train_step`, docs/training.md#a-step-no-caption-of-which-was-scored)."""
 
     losses: dict[str, torch.Tensor]
     metrics: dict[str, float] = field(default_factory=dict)
     num_items: float | None = None
+    scored: float | None = None
 
 
 class Objective(Protocol):

@@ -666,7 +666,7 @@ class PolicyOptimization(Reinforce):
         metrics.update(self.metrics(rollout, seq_logp))
         metrics.update(self.advantage_metrics(item))
         metrics.update(self.watch(rollout, batch))
-        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items)
+        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items, scored=rollout.rewards.scored())
 
     def rollout_seconds(self, item: Prepared) -> dict[str, float]:
         """The seconds ``item``'s rollout took, each micro-batch's (the engine logs the step's sum, as every

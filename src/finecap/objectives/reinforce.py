@@ -368,7 +368,8 @@ class Reinforce(ObjectiveBase):
         metrics.update(extra)
         if entropy is not None:
             metrics["entropy"] = entropy
-        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen))  # means over the N captions
+        # means over the N captions; scored: the captions that carry a signal (the engine skips a step with none)
+        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen), scored=rollout.rewards.scored())
 
     def engine_correction(self, old: torch.Tensor, gen: Generation) -> tuple[torch.Tensor | None, dict[str, float]]:
         """For rollouts another engine decoded (``decode.engine=vllm``): TRL's truncated importance weights ``(N, L)``

@@ -71,6 +71,15 @@ class RewardOutput:
             raise ValueError(f"reward: failed has shape {tuple(mask.shape)} for {n} captions")
         return mask if bool(mask.any()) else None
 
+    def scored(self) -> int:
+        """How many captions the reward scored: all but the ``failed`` ones.
+
+        >>> RewardOutput(torch.tensor([0.5, float("nan"), 1.0]), failed=torch.tensor([False, True, False])).scored()
+        2
+        """
+        failed = self.failed_mask()
+        return torch.as_tensor(self.total).numel() - (0 if failed is None else int(failed.sum()))
+
     def split(self, sizes: Sequence[int]) -> list[RewardOutput]:
         """The output cut into consecutive calls of ``sizes`` captions (float32 on the CPU, detached): how a merged
         call of the reward server is answered request by request. A ``ValueError`` unless the total and every part

@@ -27,6 +27,13 @@ out there, for batch statistics of the global batch).
 ``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x 2 accumulation
 steps, give the parameters of 1 process x batch 2b.
 
+**A step no caption of which was scored is not taken.** An RL objective says how many of a micro-batch's captions a
+reward scored (``ObjectiveOutput.scored``; every caption failed: a judge down, a retrieval reward's one-image batch);
+when the sum over the step's micro-batches and processes is 0 (reduced with the step's item counts: every process
+decides alike), the step's gradient is 0 and the engine skips the clipping and ``optimizer.step`` (AdamW would move
+the weights by its momentum and weight decay alone), warns, and logs ``skipped/unscored``. The step still counts, as
+an fp16 scaler's skip does (below): docs/training.md#a-step-no-caption-of-which-was-scored.
+
 **Divergence stops the run.** A non-finite loss (on any process) raises :class:`TrainingDiverged` before the
 optimizer step, naming the step and the last good checkpoint; so does a non-finite gradient norm, unless a gradient
 scaler is at work; a non-finite evaluation value never becomes ``best``.
@@ -390,6 +397,14 @@ def num_items(out: Any, batch: dict[str, Any]) -> float:
     if out.num_items is not None:
         return float(out.num_items)
     return float(len(batch["index"]))
+
+
+def signal(out: Any) -> float:
+    """What a micro-batch's output adds to its step's learning signal: the captions a reward scored
+    (``ObjectiveOutput.scored``), or 1 for an objective without the notion (MLE, SMILE: every item teaches). A step
+    whose sum over its micro-batches and processes is 0 has a gradient of 0 and is not taken
+    (:meth:`Engine.train_step`)."""
+    return 1.0 if out.scored is None else float(out.scored)
 
 
 def marked_copy(batch: dict[str, Any]) -> dict[str, Any]:
@@ -763,7 +778,11 @@ class Engine:
         gradients do not overflow for the item counts' sake) and the sync multiplies the gradients by ``processes x
         accumulation x R / (the step's items)``: the step's gradient is that of the item-weighted mean loss over every
         process's micro-batches, up to float rounding. Every process, a copy's included, takes part in the same
-        collectives in the same order (FSDP2)."""
+        collectives in the same order (FSDP2).
+
+        A step none of whose captions a reward scored (``ObjectiveOutput.scored``, summed over every micro-batch and
+        process) is not taken: no clipping, no ``optimizer.step``, no ``grad_norm``; it logs ``skipped/unscored`` 1 (0
+        at the other steps of an objective that reports ``scored``) and warns (module docstring)."""
         acc, model, optimizer = self.accelerator, self.model, self.optimizer
         if not model.training:  # a recursive walk over every module: only after an evaluation
             model.train()
@@ -774,6 +793,9 @@ class Engine:
         # the logged values' means over the micro-batches (extremes: extremes; seconds: sums; NaN: where all are)
         means = Means(summed=step_sum)
         local_items, local_bad, local_loss = 0.0, 0.0, 0.0  # local_loss: the item-weighted sum of the losses
+        local_signal = 0.0  # the captions a reward scored (ObjectiveOutput.scored; 1 per micro-batch without one)
+        reports_scored = False  # whether the objective says what it scored (the RL family)
+        unscored = False  # set at the sync: no micro-batch of any process scored a caption (the update is skipped)
         local_parts: dict[str, float] = {}  # the item-weighted sum of each part
         step_losses: dict[str, float] = {}  # the step's loss and parts, means over all its items (not of the means)
         grad_norm = None
@@ -790,6 +812,8 @@ class Engine:
                     loss = weighted_loss(out.losses, self.settings.loss_weights)
                 items = 0.0 if copy else num_items(out, batch)  # a copy's items are counted where it was cut from
                 local_items += items
+                reports_scored |= out.scored is not None
+                local_signal += 0.0 if copy else signal(out)
                 loss_value = loss.item()
                 parts = {f"loss/{k}": v.item() for k, v in out.losses.items()}
                 local_loss += loss_value * items
@@ -807,42 +831,52 @@ class Engine:
                 acc.backward(loss)
                 if acc.sync_gradients:
                     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+                    step_signal = local_signal
                     if not single:  # every process learns the global item count and whether any loss diverged
                         names = sorted(local_parts)  # the objective's parts: the same on every process
-                        counts = acc.reduce(torch.tensor([local_items, local_bad, local_loss,
+                        counts = acc.reduce(torch.tensor([local_items, local_bad, local_signal, local_loss,
                                                           *(local_parts[k] for k in names)], device=acc.device),
                                             "sum")  # fmt: skip
                         if counts[1] > 0:
                             raise self._diverged("the loss is not finite")
-                        step_losses = {k: float(v / counts[0]) for k, v in zip(["loss", *names], counts[2:],
+                        step_signal = float(counts[2])  # the same on every process: all skip, or all step
+                        step_losses = {k: float(v / counts[0]) for k, v in zip(["loss", *names], counts[3:],
                                                                                   strict=True)}  # fmt: skip
                         scale = acc.num_processes * acc.gradient_accumulation_steps * (reference or 1.0)
                         factor = scale / (float(counts[0]) or 1.0)  # no items: every loss weighted 0, each gradient 0
                         torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps x 1/R; / items
-                    max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
-                    norm = acc.clip_grad_norm_(params, max_norm)  # of the unscaled gradients
-                    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: DTensor
-                    if not math.isfinite(grad_norm) and acc.scaler is None:  # nothing would skip the update
-                        raise self._diverged(f"the gradient norm is {grad_norm}")
+                    unscored = step_signal == 0  # no caption of the step scored: its gradient carries no signal
+                    if not unscored:  # skipped: no clipping either (FSDP2's norm is a collective every process skips)
+                        max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
+                        norm = acc.clip_grad_norm_(params, max_norm)  # of the unscaled gradients
+                        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # DTensor
+                        if not math.isfinite(grad_norm) and acc.scaler is None:  # nothing would skip the update
+                            raise self._diverged(f"the gradient norm is {grad_norm}")
                 # accelerate skips it until the synchronising micro-batch; an fp16 gradient scaler skips a step whose
-                # gradients overflowed (and lowers its scale)
-                optimizer.step()
+                # gradients overflowed (and lowers its scale); a step no caption of which was scored is not taken:
+                # AdamW would move the weights by its momentum and weight decay alone, with nothing learned
+                if not unscored:
+                    optimizer.step()
             if not copy:  # a copy's values are counted where it was cut from
                 means.add({"loss": loss_value, **parts, **out.metrics})
             else:  # but the seconds spent on it were spent: the step's seconds include them
                 means.add({k: v for k, v in out.metrics.items() if step_sum(k)})
         if not acc.sync_gradients:
             raise RuntimeError("train.grad_accum_steps: the step ended without a synchronising micro-batch")
-        scaler_values = self._scaler_step(grad_norm) if acc.scaler is not None else {}
+        scaler_values = self._scaler_step(grad_norm) if acc.scaler is not None and not unscored else {}
+        if unscored:
+            self._unscored_step()
         # Also after a skipped step: the schedule is a function of the step (module docstring). torch warns when the
-        # first optimizer.step did not run, which is what the scaler's skip means.
+        # first optimizer.step did not run, which is what a skip means.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
             self.scheduler.step()
         values = means.means()
         values.update(step_losses)  # the metrics stay means over the micro-batches
-        grad = {} if scaler_values.get("skipped") else {"grad_norm": grad_norm if grad_norm is not None else math.nan}
-        values = {**values, "lr": lr, **grad, **scaler_values}
+        skipped = unscored or scaler_values.get("skipped")
+        grad = {} if skipped else {"grad_norm": grad_norm if grad_norm is not None else math.nan}
+        unscored_values = {"skipped/unscored": float(unscored)} if reports_scored else {}
+        values = {**values, "lr": lr, **grad, **scaler_values, **unscored_values}
         try:
             self.objective.end_step()
         except StopTraining as stop:  # the step ran: its values go with the stop, for the log (_fit)
@@ -850,6 +884,17 @@ class Engine:
             raise
         values.update(self.objective.step_values())  # the whole step's, in place of a mean over the micro-batches
         return values
+
+    def _unscored_step(self) -> None:
+        """After a step no caption of which a reward scored (every process's micro-batches: ``ObjectiveOutput.scored``
+        0), whose update was skipped: say so (main process)."""
+        if self.accelerator.is_main_process:
+            log.warning(
+                "train: step %d: no caption of the step could be scored (reward/failed 1.0: every caption of its "
+                "global batch failed); the optimizer update is skipped, and the step still counts for "
+                "train.max_steps and the learning-rate schedule (docs/training.md)",
+                self.state.step + 1,
+            )  # fmt: skip
 
     def _scaler_step(self, grad_norm: float | None) -> dict[str, float]:
         """After an optimizer step with an fp16 gradient scaler: count it as skipped or taken (:class:`SkippedSteps`),
