@@ -39,6 +39,7 @@ from torch.utils.data import Dataset
 
 from finecap.data.caption_fields import select_captions
 from finecap.data.formats import data_format, format_options, read_dataset
+from finecap.data.hashing import file_version
 from finecap.data.images import (
     DEFAULT_LIMITS,
     ImageLimits,
@@ -82,10 +83,7 @@ def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
     if not path.exists() and not spec.hub_names:
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     options = tuple(sorted(format_options(cfg.data.format, cfg).items()))
-    # the file's version: its time alone kept the records of a file rewritten within one tick of a coarse clock (or
-    # copied in keeping the old one's time); its size and inode tell most such rewrites, an atomic one always
-    st = path.stat() if path.exists() else None
-    version = (st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else ()
+    version = file_version(path.stat()) if path.exists() else ()  # not its time alone: a rewrite in one tick too
     read = _read if spec.cached else _read.__wrapped__  # read again: a folder changes below its own mtime
     records = read(cfg.data.format, path, cfg.data.images, version, options, cfg.data.allow_outside_paths,
                    resolve_cache_dir(cfg.run))  # fmt: skip
