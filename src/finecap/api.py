@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.library_warnings import silenced
 from finecap.utils.closing import Closeable
+from finecap.utils.once import said_afresh
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +86,7 @@ class Captioner(Closeable):
         self._engine: Any = None  # the generation engine (decode.engine), opened on first use (:meth:`close` frees it)
 
     @classmethod
+    @said_afresh()  # a command of its own: its notes said as in a fresh process (finecap.utils.once)
     def from_pretrained(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Captioner:
         """Load the captioner of ``path``: a run directory (its best checkpoint, else its last), a checkpoint folder
         (``RUN/checkpoints/best``), its ``model/`` folder, or a bare model folder (a captioner's ``save``); any other
@@ -330,6 +332,7 @@ def _refuse_folder(item: Any, where: str) -> None:
                         f"[{folder!r}])]; captioner.caption(files)")  # fmt: skip
 
 
+@said_afresh()
 def evaluate(
     predictions: Sequence[str] | Mapping[Hashable, str],
     references: Sequence[Sequence[str] | str] | Mapping[Hashable, Sequence[str] | str] | None = None,
@@ -490,6 +493,7 @@ def more_positionals(more: tuple[Any, ...]) -> TypeError:
                      "unpacked: finecap.train(recipe, **overrides)")  # fmt: skip
 
 
+@said_afresh()
 def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = False, overwrite: bool = False,
           **overrides: Any) -> Path:  # fmt: skip
     """Train a captioner as ``finecap train`` does; returns the run directory (``run.dir``, or its default under the
@@ -525,7 +529,9 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     holds one device per process, so a caller's own ``PartialState`` or ``Accelerator`` on another device than
     ``train.cpu`` asks for (``train__cpu=True`` after ``Accelerator()`` on a GPU) is a ``ValueError`` naming both,
     before anything is made (:func:`finecap.train.engine.check_callers_device`): the run trained on the caller's.
-    Training runs with grad mode on and outside inference mode whatever the caller's.
+    Training runs with grad mode on and outside inference mode whatever the caller's. Each call says its notes (the
+    images ``data.skip_bad_images`` leaves out, how unsplit data was split) as the command would in a fresh process
+    (:mod:`finecap.utils.once`), not only the first call of the process.
 
     Example (two steps of the demo's MLE recipe; the first run in a finecap home makes the demo's world, 11,500
     images, and trains its world encoder before them: minutes on a CPU. docs/training.md's notebook example trains

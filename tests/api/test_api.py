@@ -9,7 +9,9 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -789,6 +791,42 @@ def test_finecap_train_takes_its_flags_as_booleans_only(tmp_path, monkeypatch, f
     assert not seen and not (tmp_path / "run").exists()
     finecap.train("demo/mle", run__dir=str(tmp_path / "run"), overwrite=True, resume=False)  # booleans: as before
     assert seen == [{"resume": False, "overwrite": True, "recipe": seen[0]["recipe"]}]
+
+
+def test_a_notebooks_second_run_says_what_a_fresh_process_would(shapes, tmp_path, caplog):
+    """Two ``finecap.train`` calls in one process on the same data say the same notes: the images
+    ``data.skip_bad_images`` left out and how the unsplit data was split. They were said once per process, so the
+    second run said nothing of the bad image (only its last line still counted it)."""
+    from helpers.image_files import corrupt_png
+
+    data = tmp_path / "data"
+    shutil.copytree(shapes["data"], data)
+    corrupt_png(data / "red" / "broken.png")
+    (data / "red" / "broken.txt").write_text(CAPTION["red"] + "\n")
+    keywords = dict(data__format="folder", data__path=data, data__val_fraction=0.25, data__skip_bad_images=True,
+                    model__encoder=shapes["clip"], clipcap__tiny_layers=1, clipcap__tiny_hidden=32,
+                    clipcap__tiny_heads=2, clipcap__prefix_length=2, run__cache_dir=tmp_path / "cache",
+                    train__batch_size=8, train__max_steps=1, train__eval_samples=4, decode__max_length=3)  # fmt: skip
+    notes = []
+    for run in ("first", "second"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="finecap"):
+            finecap.train("demo/mle", run__dir=tmp_path / run, **keywords)
+        notes.append([r.getMessage() for r in caplog.records if r.getMessage().startswith("data: ")])
+    assert any(n.startswith("data: skipped 1 of ") and "broken.png" in n for n in notes[0])
+    assert any("name no split" in n for n in notes[0])
+    assert notes[1] == notes[0]
+
+
+def test_each_call_warns_of_a_deprecated_key_it_is_given(tmp_path, caplog):
+    """A deprecated secret key is warned about in every ``finecap.train`` call given it, as in every command (it was
+    once per process: a notebook's second call said nothing)."""
+    (tmp_path / "notes.txt").write_text("mine")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="^run.dir: "):  # refused after the configuration is read
+            finecap.train("demo/mle", boost__llm_api_key="sk-0123", run__dir=tmp_path / "notes.txt")
+    said = [r.getMessage() for r in caplog.records if "boost.llm_api_key is deprecated" in r.getMessage()]
+    assert len(said) == 2
 
 
 @pytest.mark.parametrize("where", ["notes.txt", "notes.txt/run"])

@@ -9,14 +9,15 @@ import logging
 import pytest
 
 from finecap.config import load, loading
+from finecap.utils.once import SaidOnce
 
 SECRET = "sk-deprecated-0123456789"
 
 
 @pytest.fixture
 def deprecations(caplog, monkeypatch):
-    """The deprecation warnings logged meanwhile (none warned before the test: the once-per-process record reset)."""
-    monkeypatch.setattr(loading, "_warned_deprecated", set(), raising=False)
+    """The deprecation warnings logged meanwhile (none warned before the test: a command of its own)."""
+    monkeypatch.setattr(loading, "_DEPRECATED_SAID", SaidOnce())
     caplog.set_level(logging.WARNING, logger="finecap.config")
     return lambda: [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
 
@@ -39,7 +40,7 @@ def test_a_deprecated_key_set_by_a_recipe_is_warned_about(deprecations, tmp_path
 def test_unset_or_read_back_masked_it_is_not_warned_about(deprecations, caplog, monkeypatch, tmp_path):
     stored = tmp_path / "config.yaml"
     load(None, [f"boost.llm_api_key={SECRET}"]).save(stored)  # written masked: ***
-    monkeypatch.setattr(loading, "_warned_deprecated", set(), raising=False)
+    monkeypatch.setattr(loading, "_DEPRECATED_SAID", SaidOnce())
     caplog.clear()
     assert load(stored).boost.llm_api_key == "" and load(None, ["boost.llm_api_key_env=MY_KEY"])
     assert deprecations() == []

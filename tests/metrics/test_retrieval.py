@@ -23,6 +23,7 @@ from finecap.metrics.retrieval import (
     target_ranks,
 )
 from finecap.metrics.suite import evaluate
+from finecap.utils.once import SaidOnce
 from helpers.counted_draws import CountedGenerator
 
 # Caption q's own image is column q.
@@ -196,7 +197,7 @@ def test_a_recall_that_cannot_fail_is_left_out_with_a_note(caplog, monkeypatch):
     # RD-3 ranks a caption among 4 images, so R@5 and R@10 were reported as 1.0 even here, where every caption ranks
     # last in every draw (its own image scores lowest). NDLB and DiscriTune report R@1 alone: such a recall is left
     # out, and the log says so; R@k with k <= N can fail and is kept. The whole pool of 6 images likewise.
-    monkeypatch.setattr(retrieval, "LEFT_OUT_SAID", set())  # no note said yet in this process (said once)
+    monkeypatch.setattr(retrieval, "LEFT_OUT_SAID", SaidOnce())  # no note said yet in this command (said once)
     scores = -np.eye(6)
     caplog.set_level(logging.INFO, logger="finecap.metrics.retrieval")
     out = rd_retrieval(scores, n_distractors=3, draws=2)
@@ -209,10 +210,10 @@ def test_a_recall_that_cannot_fail_is_left_out_with_a_note(caplog, monkeypatch):
     assert "pool: R@10 left out" in caplog.text
 
 
-def test_the_note_of_a_recall_left_out_is_a_warning_said_once_in_a_process(caplog, monkeypatch):
+def test_the_note_of_a_recall_left_out_is_a_warning_said_once_in_a_command(caplog, monkeypatch):
     # it was INFO: below a script's default level and `finecap eval -q`'s, so R@10 vanished from a table unexplained;
     # a WARNING at every validation of a training run would repeat it, hence once for each protocol and cut-offs
-    monkeypatch.setattr(retrieval, "LEFT_OUT_SAID", set())
+    monkeypatch.setattr(retrieval, "LEFT_OUT_SAID", SaidOnce())
     caplog.set_level(logging.DEBUG, logger="finecap.metrics.retrieval")
     scores = -np.eye(6)
     for _ in range(3):  # three validations

@@ -42,6 +42,7 @@ from finecap.registry import (
     VALIDATOR_KEYS,
     is_dotted_path,
 )
+from finecap.utils.once import SaidOnce
 from finecap.utils.reading import METADATA, StrictYAMLLoader, YAMLRefused, load_yaml, read_text_bounded
 from finecap.utils.text import SHORT_REPR_LIMIT, closest, did_you_mean, short_repr
 
@@ -773,17 +774,17 @@ def warn_unread(cfg: Config, origins: Origins) -> None:
                             needs, have)  # fmt: skip
 
 
-_warned_deprecated: set[str] = set()
+_DEPRECATED_SAID = SaidOnce()
 
 
 def warn_deprecated_secrets(cfg: Config) -> None:
     """A warning for each deprecated secret key ``cfg`` sets (:data:`~finecap.config.secrets.DEPRECATED_SECRETS`:
-    ``boost.llm_api_key``), naming its replacement; once per key in a process (a command loading its configuration
-    twice warns once). A stored configuration holds the key masked, read back unset: it is not warned about."""
+    ``boost.llm_api_key``), naming its replacement; once per key in a command (a command loading its configuration
+    twice warns once; each call of the Python API is a command: :mod:`finecap.utils.once`). A stored configuration
+    holds the key masked, read back unset: it is not warned about."""
     for key in DEPRECATED_SECRETS:
         section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) and key not in _warned_deprecated:
-            _warned_deprecated.add(key)
+        if getattr(getattr(cfg, section), name) and _DEPRECATED_SAID.first(key):
             log.warning(deprecated_secret_message(key))
 
 

@@ -26,6 +26,7 @@ from finecap.config.sections import ADDED_KEYS, MOVED_KEYS, Config, ModelConfig,
 from finecap.config.sections.grpo import never_read
 from finecap.recipes import resolve_recipe
 from finecap.registry import TRUST_ENV, is_dotted_path, trusted_code
+from finecap.utils.once import SaidOnce
 from finecap.utils.reading import read_yaml_mapping
 
 log = logging.getLogger(__name__)
@@ -87,15 +88,15 @@ def former_names(data: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-_warned_former: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+_FORMER_SAID = SaidOnce()
 
 
 def warn_former_names(path: Path, former: dict[str, str]) -> None:
     """One warning naming ``path`` and each former key it stores with the key it is read as (:func:`former_names`),
-    once per file and keys in a process (a command reading one run's configuration twice warns once)."""
+    once per file and keys in a command (a command reading one run's configuration twice warns once;
+    :mod:`finecap.utils.once`)."""
     seen = (str(path), tuple(sorted(former.items())))
-    if former and seen not in _warned_former:
-        _warned_former.add(seen)
+    if former and _FORMER_SAID.first(seen):
         log.warning("%s: written before these keys moved, read under their new names: %s", path,
                     ", ".join(f"{old} -> {new}" for new, old in former.items()))  # fmt: skip
 

@@ -39,6 +39,7 @@ from torch.utils.data import Dataset
 
 from finecap.data.caption_fields import select_captions
 from finecap.data.formats import data_format, format_options, read_dataset
+from finecap.data.hashing import file_version
 from finecap.data.images import (
     DEFAULT_LIMITS,
     ImageLimits,
@@ -52,6 +53,7 @@ from finecap.data.references import data_file, require_captions, select_split
 from finecap.data.splits import split_unsplit
 from finecap.data.targets import IGNORE_INDEX, encode_captions
 from finecap.home import cache_dir as resolve_cache_dir
+from finecap.utils.once import SaidOnce
 from finecap.utils.system import launched_rank
 
 if TYPE_CHECKING:
@@ -81,10 +83,7 @@ def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
     if not path.exists() and not spec.hub_names:
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     options = tuple(sorted(format_options(cfg.data.format, cfg).items()))
-    # the file's version: its time alone kept the records of a file rewritten within one tick of a coarse clock (or
-    # copied in keeping the old one's time); its size and inode tell most such rewrites, an atomic one always
-    st = path.stat() if path.exists() else None
-    version = (st.st_mtime_ns, st.st_size, st.st_ino) if st is not None else ()
+    version = file_version(path.stat()) if path.exists() else ()  # not its time alone: a rewrite in one tick too
     read = _read if spec.cached else _read.__wrapped__  # read again: a folder changes below its own mtime
     records = read(cfg.data.format, path, cfg.data.images, version, options, cfg.data.allow_outside_paths,
                    resolve_cache_dir(cfg.run))  # fmt: skip
@@ -95,7 +94,8 @@ def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
     return records
 
 
-_SKIP_LOGGED: set[tuple] = set()
+_SKIP_SAID = SaidOnce()
+"""The splits whose left-out images :func:`load_records` has said in this command (:mod:`finecap.utils.once`)."""
 
 
 def skipped_images(cfg: Config, split: str, *, captioned: bool = True, model: Any = None) -> list[tuple[Record, str]]:
@@ -183,12 +183,12 @@ def load_records(
     have none) are an error naming them; captioning passes ``False``. With ``data.skip_bad_images`` every image is
     decoded once here and those that fail are left out, and with ``model`` (a captioner, or an engine serving one:
     training, its validation, captioning a split) so are those its preprocessing refuses (:func:`refused_images`),
-    all counted in one warning (:func:`skipped_images`; said by the first process of a launch alone); without it
-    the first bad image stops the command when it is read, named, and a refused one when it is preprocessed (the
-    collator names it). ``left_out``: a list to which the ``(record, reason)`` of the images left out are appended,
-    in the split's order, instead of being said here: the caller says them in its own one warning (a read before
-    the model loads, whose images the read with the model says again; ``finecap caption``'s split, with the images
-    refused when they are preprocessed).
+    all counted in one warning (:func:`skipped_images`; said once per split in a command, by the first process of a
+    launch alone: :mod:`finecap.utils.once`); without it the first bad image stops the command when it is read,
+    named, and a refused one when it is preprocessed (the collator names it). ``left_out``: a list to which the
+    ``(record, reason)`` of the images left out are appended, in the split's order, instead of being said here: the
+    caller says them in its own one warning (a read before the model loads, whose images the read with the model
+    says again; ``finecap caption``'s split, with the images refused when they are preprocessed).
 
     Training, captioning and evaluation come here or to :func:`finecap.data.references.load_references`, so every
     format works for each, ``data.format=hf`` (:mod:`finecap.data.formats.hf`, where ``data.path`` may also be a Hub
@@ -203,8 +203,7 @@ def load_records(
     key = (str(data_file(cfg)), split, tuple(str(r.image_id) for r, _ in bad))
     if left_out is not None:
         left_out += bad
-    elif key not in _SKIP_LOGGED and launched_rank() == 0:  # every process of a launch skips the same: said once
-        _SKIP_LOGGED.add(key)
+    elif launched_rank() == 0 and _SKIP_SAID.first(key):  # every process of a launch skips the same: said once
         shown = "; ".join(reason for _, reason in bad[:MAX_LISTED]) + ("; ..." if len(bad) > MAX_LISTED else "")
         log.warning("data: skipped %d of %d images of split %r (data.skip_bad_images=true): %s", len(bad),
                     len(records), split, shown)  # fmt: skip
@@ -216,7 +215,7 @@ def load_records(
     return [r for r in records if id(r) not in left_out]
 
 
-_PROMPTS_LOGGED: set[tuple] = set()
+_PROMPTS_SAID = SaidOnce()
 
 
 def note_prompts(cfg: Config, records: Sequence[Record], path: Path) -> None:
@@ -232,9 +231,8 @@ def note_prompts(cfg: Config, records: Sequence[Record], path: Path) -> None:
     if used is not None and set(prompts) == {used}:
         return
     key = (str(path), tuple(sorted(prompts)), kind, used)
-    if key in _PROMPTS_LOGGED:
+    if not _PROMPTS_SAID.first(key):
         return
-    _PROMPTS_LOGGED.add(key)
     common, count = prompts.most_common(1)[0]
     if used is None:
         log.info("data: %d of %d records of %s carry a prompt (%d distinct); model.kind=%s reads none, so they are "

@@ -2,23 +2,33 @@
 (:mod:`finecap.train.fingerprint`, and each data set format's own part,
 :attr:`finecap.data.formats.Format.fingerprint`).
 
-Files are hashed once per process and version (path, size, modification time).
+Files are hashed once per process and version (path and :func:`file_version`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
-_FILE_HASHES: dict[tuple[str, int, int], str] = {}
+_FILE_HASHES: dict[tuple[str, tuple[int, ...]], str] = {}
+
+
+def file_version(st: os.stat_result) -> tuple[int, ...]:
+    """What tells a version of a file from another without reading it, from its ``stat``: size, modification time,
+    change time and inode. The size and modification time alone kept what was read of a file replaced by another of
+    the same size within one tick of the clock, or copied in keeping the old one's time (``cp -p``, ``rsync -t``): a
+    notebook's second run used its first run's hash of the data, or said an image repaired since was damaged. A file
+    renamed into place (an editor's save, finecap's own writes) has another inode; one rewritten in place, another
+    change time, which no tool sets back."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def sha256_file(path: str | Path) -> str:
-    """SHA-256 (hex) of a file's bytes, computed once per (path, size, modification time) in this process."""
+    """SHA-256 (hex) of a file's bytes, computed once per path and :func:`file_version` in this process."""
     path = Path(path)
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    key = (str(path.resolve()), file_version(path.stat()))
     if key not in _FILE_HASHES:
         h = hashlib.sha256()
         with path.open("rb") as f:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from finecap.config import DEFAULT_MAX_ASPECT_RATIO, DEFAULT_MAX_IMAGE_PIXELS, PIL_MAX_IMAGE_PIXELS
+from finecap.data.hashing import file_version
 from finecap.data.records import DataError
 from finecap.utils.text import one_line
 
@@ -346,8 +347,8 @@ def check_image_file(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> 
 
 
 _IMAGE_CHECKS: dict[tuple[Any, ...], tuple[str, str | None]] = {}
-"""Outcome of :func:`image_problem` per image version (real path, size, modification time; or embedded bytes): the
-label its message names the image by, and the message (``None``: it decodes)."""
+"""Outcome of :func:`image_problem` per image version (real path and :func:`~finecap.data.hashing.file_version`; or
+embedded bytes): the label its message names the image by, and the message (``None``: it decodes)."""
 
 
 def image_problem(record: Any, limits: ImageLimits = DEFAULT_LIMITS) -> str | None:
@@ -360,8 +361,7 @@ def image_problem(record: Any, limits: ImageLimits = DEFAULT_LIMITS) -> str | No
         key: tuple[Any, ...] | None = ("bytes", hashlib.blake2b(data, digest_size=16).digest(), limits)
     else:
         try:
-            st = os.stat(record.path)
-            key = (os.path.realpath(record.path), st.st_size, st.st_mtime_ns, limits)
+            key = (os.path.realpath(record.path), file_version(os.stat(record.path)), limits)
         except OSError:
             key = None  # missing: load_record_image names it
     if key is not None and key in _IMAGE_CHECKS:

@@ -39,6 +39,7 @@ from typing import Any
 
 from finecap.data.formats import data_format
 from finecap.data.records import NO_SPLIT, Record
+from finecap.utils.once import SaidOnce
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +83,12 @@ def _keep_one_train(records: Sequence[Record], values: dict[int, float], chosen:
         chosen[max(movable)[1]] = "train"
 
 
-_LOGGED: set[tuple[Any, ...]] = set()
+_SAID = SaidOnce()
 
 
 def split_unsplit(cfg: Any, records: Sequence[Record], path: str | Path) -> tuple[list[Record], int]:
     """:func:`assign_splits` with ``cfg.data``'s fractions and seed, and how many records named no split. Says what
-    it did, once per data set and outcome in a process (a log line with the counts)."""
+    it did, once per data set and outcome in a command (a log line with the counts; :mod:`finecap.utils.once`)."""
     unsplit = sum(r.split == NO_SPLIT for r in records)
     if not unsplit:
         return list(records), 0
@@ -95,8 +96,7 @@ def split_unsplit(cfg: Any, records: Sequence[Record], path: str | Path) -> tupl
     out = assign_splits(records, val_fraction=d.val_fraction, test_fraction=d.test_fraction, seed=d.split_seed)
     counts = Counter(r.split for r, before in zip(out, records, strict=True) if before.split == NO_SPLIT)
     key = (str(path), len(records), tuple(sorted(counts.items())), d.val_fraction, d.test_fraction, d.split_seed)
-    if key not in _LOGGED:
-        _LOGGED.add(key)
+    if _SAID.first(key):
         of = f"{unsplit} of {len(records)} images" if unsplit < len(records) else f"all {unsplit} images"
         if d.val_fraction or d.test_fraction:
             shares = ", ".join(f"{counts[s]} {s}" for s in SPLITS)

@@ -31,7 +31,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ import numpy as np
 from finecap.data.records import id_keys, some_ids
 from finecap.metrics.items import corpus_only
 from finecap.models.text_window import TextEncoding, encode_texts, log_note
+from finecap.utils.once import SaidOnce
 
 KS: tuple[int, ...] = (1, 5, 10)
 _CHUNK = 1024  # captions per block when drawing distractors (bounds memory at CHUNK x N floats)
@@ -48,9 +48,8 @@ _CHUNK = 1024  # captions per block when drawing distractors (bounds memory at C
 log = logging.getLogger(__name__)
 
 
-LEFT_OUT_SAID: set[tuple[str, int, tuple[int, ...]]] = set()
-"""The ``(protocol, candidates, cut-offs)`` whose note :func:`recall_ks` has said as a WARNING in this process."""
-_LEFT_OUT_LOCK = threading.Lock()
+LEFT_OUT_SAID = SaidOnce()
+"""The ``(protocol, candidates, cut-offs)`` whose note :func:`recall_ks` has said as a WARNING in this command."""
 
 
 def recall_ks(ks: Sequence[int], candidates: int, what: str | None = None) -> tuple[int, ...]:
@@ -59,7 +58,7 @@ def recall_ks(ks: Sequence[int], candidates: int, what: str | None = None) -> tu
     ``R@k`` for ``k >= candidates`` is 1 whatever the captions. Such a recall is left out, as the papers leave it
     (NDLB reports R@1 alone on RD100 and on TrueMatch's bags of 3, 5 and 7; DiscriTune R@1 against 99 distractors).
     ``what`` (the protocol, ``"RD3"``): the note saying which were left out is logged under that name as a WARNING,
-    once in a process for each protocol and cut-offs (:data:`LEFT_OUT_SAID`; DEBUG after), so that a user whose
+    once in a command for each protocol and cut-offs (:data:`LEFT_OUT_SAID`; DEBUG after), so that a user whose
     table lacks R@10 sees why, whatever the logging level (``-q``, a script that configures no logging), and a
     training run does not repeat it at every validation.
 
@@ -72,10 +71,7 @@ def recall_ks(ks: Sequence[int], candidates: int, what: str | None = None) -> tu
     dropped = [k for k in ks if k >= candidates]
     if dropped and what is not None:
         said = (what, candidates, tuple(dropped))
-        with _LEFT_OUT_LOCK:
-            first = said not in LEFT_OUT_SAID
-            LEFT_OUT_SAID.add(said)
-        log.log(logging.WARNING if first else logging.DEBUG,
+        log.log(logging.WARNING if LEFT_OUT_SAID.first(said) else logging.DEBUG,
                 "%s: %s left out: a caption is ranked among %d images, so every caption ranks in the top %d and "
                 "these are 1 whatever it says", what, ", ".join(f"R@{k}" for k in dropped), candidates,
                 candidates)  # fmt: skip

@@ -48,7 +48,7 @@ down, and the run-directory names it reads come from :mod:`finecap.runs`. Its re
 Each fingerprint is a JSON object; its ``id`` is a short hash of its content (everything but ``path``, which says
 where the input was and is not compared: a data set moved elsewhere with the same content is the same data). A value
 recorded as ``None`` (unknown when the run started, e.g. a world encoder not trained yet) is not compared. Files are
-hashed once per process and version (path, size, modification time).
+hashed once per process and version (path, :func:`finecap.data.hashing.file_version`).
 
 Example::
 

@@ -2,4 +2,5 @@
 (folders finecap swaps into place),
 :mod:`~finecap.utils.reading` (bounded reads, strict JSON and YAML), :mod:`~finecap.utils.text` (short texts for
 messages), :mod:`~finecap.utils.rng` (seeding, random states), :mod:`~finecap.utils.closing` (closing several things),
+:mod:`~finecap.utils.once` (notes said once per command),
 :mod:`~finecap.utils.system` (CPUs, loopback hosts, extras, progress bars)."""
