@@ -3,7 +3,9 @@ against changed inputs (the fingerprint-mismatch test): tiny ClipCaps trained fo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import logging
 import shutil
@@ -541,3 +543,60 @@ def test_data_given_without_the_default_split_names_the_split_option(beam_run, w
         main(checkpoint=beam_run, data=data, split="train", out=tmp_path / "t.json",
              overrides=[f"data.images={world / 'images'}"])  # fmt: skip
     assert "no records in split 'train'" in str(e.value) and "with --split val, or give" in str(e.value)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The results file other tools read
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_results_of_coco_and_karpathy_splits_are_read_by_pycocotools_with_their_int_ids(beam_run, world, tmp_path,
+                                                                                         capsys):  # fmt: skip
+    """``finecap caption --data`` on COCO caption annotations, or on Karpathy's ``dataset_coco.json`` (ids from
+    ``cocoid``), writes COCO results whose ``image_id`` are the data set's integers, never their strings: pycocotools'
+    ``loadRes`` asserts that every result's ``image_id`` is an image of the annotations (``"391895"`` is not
+    ``391895`` there), and pycocoevalcap's example flow on the file (finecap's drop-in ``COCOEvalCap``: no Java) gives
+    the numbers ``finecap eval --format coco`` prints."""
+    from pycocotools.coco import COCO
+
+    from finecap.metrics.cocoeval import COCOEvalCap
+
+    ids = [391895, 522418, 184613, 318219]
+    folder = tmp_path / "coco" / "val2014"
+    folder.mkdir(parents=True)
+    names = [f"COCO_val2014_{i:012d}.png" for i in ids]
+    for name, image in zip(names, sorted((world / "images" / "test").glob("*.png")), strict=False):
+        shutil.copy(image, folder / name)
+    references = {i: [f"a large star number {k}", "A red circle near a small star.", "a shape"]
+                  for k, i in enumerate(ids)}  # fmt: skip
+    annotations = tmp_path / "coco" / "captions_val2014.json"
+    annotations.write_text(json.dumps({
+        "images": [{"id": i, "file_name": f"val2014/{name}"} for i, name in zip(ids, names, strict=True)],
+        "annotations": [{"id": 10 * i + k, "image_id": i, "caption": c}
+                        for i, caps in references.items() for k, c in enumerate(caps)],
+    }))  # fmt: skip
+    karpathy = tmp_path / "coco" / "dataset_coco.json"
+    karpathy.write_text(json.dumps({"images": [
+        {"filepath": "val2014", "filename": name, "imgid": k, "cocoid": i, "split": "test",
+         "sentences": [{"raw": c, "tokens": c.lower().strip(".").split()} for c in references[i]]}
+        for k, (i, name) in enumerate(zip(ids, names, strict=True))]}))  # fmt: skip
+    for data, split in ((annotations, "val"), (karpathy, "test")):
+        out = tmp_path / f"{data.stem}-results.json"
+        assert cli(["caption", "--checkpoint", str(beam_run), "--data", str(data), "--split", split, "--out",
+                    str(out)]) == 0  # fmt: skip
+        rows = json.loads(out.read_text())
+        assert [r["image_id"] for r in rows] == ids and all(type(r["image_id"]) is int for r in rows)
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints as it loads
+            coco = COCO(str(annotations))
+            result = coco.loadRes(str(out))
+        assert result.getImgIds() == ids
+        assert {i: [a["caption"] for a in result.imgToAnns[i]] for i in ids} == {r["image_id"]: [r["caption"]]
+                                                                                for r in rows}  # fmt: skip
+        flow = COCOEvalCap(coco, result, metrics=("bleu", "cider"))
+        flow.params["image_id"] = result.getImgIds()
+        flow.evaluate()
+        capsys.readouterr()
+        assert cli(["eval", "--predictions", str(out), "--references", str(annotations), "--metrics", "bleu,cider",
+                    "--format", "coco"]) == 0  # fmt: skip
+        printed = json.loads(capsys.readouterr().out)
+        assert printed == pytest.approx(flow.eval, rel=1e-12) and printed["Bleu_1"] > 0

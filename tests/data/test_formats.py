@@ -5,6 +5,7 @@ import itertools
 import json
 import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -389,6 +390,37 @@ def test_results_errors(tmp_path, data, message):
     with pytest.raises(DataError, match=message) as e:
         read_results(path)
     assert str(path) in str(e.value)
+
+
+def test_a_mapping_or_annotations_given_as_results_are_named_with_what_to_do(tmp_path, monkeypatch):
+    """Two JSON objects given for COCO results (a list, as pycocotools' ``loadRes`` asserts: "results in not an array
+    of objects"): a ``{image_id: caption}`` mapping, which some scripts dump, and COCO caption annotations, the
+    references given in their place. Both were "must be a list ..., got dict" alone; now the error says what the file
+    is, and for the mapping gives a conversion, which run on it gives results finecap reads."""
+    mapping = _write(tmp_path / "captions by id.json", {"391895": "a man riding a bike", "7": "two cats"})
+    with pytest.raises(DataError) as e:
+        read_results(mapping)
+    message = str(e.value)
+    assert message.startswith(f"{mapping}: COCO results must be a list of {{'image_id', 'caption'}} objects, got "
+                              "dict mapping 2 ids to captions ({image_id: caption}); write it as a list, e.g. "
+                              'python -c "')  # fmt: skip
+    command = message.split("e.g. ", 1)[1]
+    assert command.endswith(f"'{mapping}' > results.json")  # the path quoted for the shell
+    code = command.split('python -c "', 1)[1].split('" ', 1)[0]
+    monkeypatch.setattr(sys, "argv", ["-c", str(mapping)])  # as python -c CODE FILE runs it
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code, {})
+    converted = tmp_path / "results.json"
+    converted.write_text(printed.getvalue())
+    assert read_results(converted) == {"391895": ["a man riding a bike"], "7": ["two cats"]}
+    annotations = _write(
+        tmp_path / "captions_val2014.json",
+        {"images": [{"id": 1}], "annotations": [{"image_id": 1, "caption": "a cat"}]},
+    )
+    with pytest.raises(DataError, match=r"got dict: this is a COCO caption annotations file \('annotations'\), the "
+                                        r"references of a data set, not results$"):  # fmt: skip
+        read_results(annotations)
 
 
 def test_write_results_rejects_bad_values(tmp_path):

@@ -8,6 +8,7 @@ Extra fields (``score``, ``id``) are ignored; an image listed several times keep
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from finecap.data.json_files import load_json
@@ -24,13 +25,16 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
     (pycocoevalcap's BLEU, ROUGE-L, CIDEr) then assert exactly one caption per image, so they reject such a file;
     ``finecap eval`` refuses it too, naming the ids, unless the ``diversity`` group is asked for: an image's captions
     are then its samples, and its first caption is scored by the other groups (:mod:`finecap.app.eval`). An empty
-    list gives ``{}``.
+    list gives ``{}``. Anything but a list is a :class:`DataError`, as ``loadRes`` refuses it; a JSON object's says
+    what it holds when it is a ``{image_id: caption}`` mapping (with a one-line conversion) or COCO caption
+    annotations (the references given for the results).
     """
     path = Path(path)
     data = load_json(path)
     if not isinstance(data, list):
         raise DataError(
             f"{path}: COCO results must be a list of {{'image_id', 'caption'}} objects, got {type_name(data)}"
+            + _what_it_is(path, data)
         )
     out: dict[int | str, list[str]] = {}
     try:  # well-formed entries in one tight loop; the checking loop below names the first bad one
@@ -47,6 +51,23 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
         image_id = require_id(rec, "image_id", where)
         out.setdefault(image_id, []).append(require(rec, "caption", str, where))
     return out
+
+
+def _what_it_is(path: Path, data: object) -> str:
+    """What a JSON object read as COCO results holds, when it is one of the two files given for results by mistake
+    (``""`` otherwise): COCO caption annotations (the references), or a mapping ``{image_id: caption}``, with the
+    one-line conversion to a list."""
+    if not isinstance(data, dict):
+        return ""
+    if isinstance(data.get("annotations"), list):
+        return ": this is a COCO caption annotations file ('annotations'), the references of a data set, not results"
+    if data and all(type(c) is str for c in data.values()):
+        convert = (
+            "python -c \"import json, sys; print(json.dumps([{'image_id': i, 'caption': c} for i, c in "
+            f'json.load(open(sys.argv[1])).items()]))" {shlex.quote(str(path))} > results.json'
+        )
+        return f" mapping {len(data)} ids to captions ({{image_id: caption}}); write it as a list, e.g. {convert}"
+    return ""
 
 
 def empty_captions_note(captions: dict[int | str, str], what: str) -> str | None:
