@@ -430,4 +430,5 @@ def test_ctrl_c_keeps_the_answers_in_flight_and_says_interrupted(world, tmp_path
     )
     summary = json.loads((tmp_path / "out" / "boost.json").read_text())
     assert summary["status"] == "interrupted" and summary["answers_kept"] == 2 and summary["output"] is None
+    assert summary["served_model"] == {"llm": "test-model"}  # as a finished run's boost.json says it
     assert not (tmp_path / "out" / "dataset.json").exists()

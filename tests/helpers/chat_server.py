@@ -38,6 +38,19 @@ def echo_first_caption(payload: dict[str, Any], n: int) -> tuple[int, Any]:
     return 200, completion(f"boosted {lines[0]}" if lines else "described")
 
 
+def answering_as(*models: str) -> Answer:
+    """A server answering ``"B"`` as ``models[k]`` to its k-th request (the last one after that): a judge's letter,
+    from a server whose model changes (a proxy's fallback)."""
+    count = iter(range(10**6))
+
+    def answer(payload: dict[str, Any], n: int) -> tuple[int, Any]:
+        body = completion("B")
+        body["model"] = models[min(next(count), len(models) - 1)]
+        return 200, body
+
+    return answer
+
+
 class ChatServer:
     def __init__(self, answer: Answer = echo_first_caption, delay: float = 0.0, drip: float = 0.0) -> None:
         self.answer, self.delay, self.drip = answer, delay, drip

@@ -23,7 +23,7 @@ from finecap.judges.cache import AnswerCache
 from finecap.judges.claims import claim_scores
 from finecap.judges.openai import OpenAIJudge, parse_claims, parse_letter, parse_rating, parse_supports
 from finecap.rewards.qa_utility import QAUtilityReward
-from helpers.chat_server import ChatServer, completion
+from helpers.chat_server import ChatServer, answering_as, completion
 
 Q = Question("0/color", "What colour is the circle?", ("red", "blue", "green"), "red")
 OPTIONS = ("blue", "red", "green", CANNOT_ANSWER)
@@ -593,18 +593,6 @@ def test_a_prompts_file_whose_template_cannot_be_filled_is_refused_naming_it(tmp
     with pytest.raises(ValueError, match=f"{re.escape(str(path))}: the 'answer' user template cannot be filled "
                                          f"\\({re.escape(named)}.*a literal brace is written twice"):  # fmt: skip
         OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", prompts=path)
-
-
-def answering_as(*models: str):
-    """A server answering "B" as ``models[k]`` to its k-th request (the last one after that)."""
-    count = iter(range(10**6))
-
-    def answer(payload, n):
-        body = completion("B")
-        body["model"] = models[min(next(count), len(models) - 1)]
-        return 200, body
-
-    return answer
 
 
 def test_a_reply_from_another_model_than_the_first_stops_the_judge_and_is_not_kept(tmp_path):

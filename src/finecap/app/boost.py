@@ -31,7 +31,7 @@ from typing import Any
 
 from finecap.boost import training
 from finecap.boost.backends import make_backend
-from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records
+from finecap.boost.engine import MODE_STEPS, AnswerCache, BoostFailed, boost_records, served_models
 from finecap.boost.output import check_outputs, dataset_file, write_boosted
 from finecap.boost.prompts import Prompts
 from finecap.config import Config
@@ -81,7 +81,8 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
                 max_consecutive_failures=b.max_consecutive_failures, image_limits=ImageLimits.of(cfg.data),
             )  # fmt: skip
         except KeyboardInterrupt:
-            interrupted(out, source, cfg.boost.mode, len(cache.answers), time.perf_counter() - start)
+            served = served_models({"llm": llm, "vlm": vlm})  # what the replies named by the Ctrl-C
+            interrupted(out, source, cfg.boost.mode, len(cache.answers), served, time.perf_counter() - start)
             raise
         finally:
             cache.close()
@@ -180,11 +181,14 @@ def boost_unless_current(runner: Any, out: Path, *, force: bool = False, what: s
     main(cfg, out)
 
 
-def interrupted(out: Path, source: Path, mode: str, kept: int, seconds: float) -> None:
-    """``out/boost.json`` of a run stopped by Ctrl-C (``status: interrupted``; no data set written), and a log line
-    saying how to go on."""
+def interrupted(out: Path, source: Path, mode: str, kept: int, served_model: dict[str, str | None],
+                seconds: float) -> None:  # fmt: skip
+    """``out/boost.json`` of a run stopped by Ctrl-C (``status: interrupted``; no data set written), with the model a
+    server's replies named per role (``served_model``: :func:`~finecap.boost.engine.served_models`) as a finished
+    run's, and a log line saying how to go on."""
     write_json(out / "boost.json", {"status": "interrupted", "error": "interrupted (Ctrl-C)",
                                     "source": str(source.resolve()), "output": None, "mode": mode,
-                                    "answers_kept": kept, "seconds": round(seconds, 1)})  # fmt: skip
+                                    "answers_kept": kept, "served_model": served_model,
+                                    "seconds": round(seconds, 1)})  # fmt: skip
     log.warning("boost interrupted: no data set written; %d answers are kept in %s: re-run with the same --out to "
                 "continue", kept, out / "cache.jsonl")  # fmt: skip

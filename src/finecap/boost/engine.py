@@ -483,6 +483,15 @@ def served_check(backend: Backend) -> ServedCheck | None:
     return getattr(backend, "served", None)
 
 
+def served_models(backends: dict[str, Backend | None]) -> dict[str, str | None]:
+    """Per role (``llm``, ``vlm``) of a server backend in ``backends``, the model its replies named, or the one the
+    cached answers it used record (:attr:`ServedCheck.first`; ``None``: none yet): what ``boost.json`` of a run
+    stopped midway (Ctrl-C) says, without a :class:`BoostResult`. Roles of in-process backends, or none, are
+    absent."""
+    checks = {role: served_check(backend) for role, backend in backends.items() if backend is not None}
+    return {role: served.first for role, served in checks.items() if served is not None}
+
+
 def check_cached_models(served: ServedCheck, cache: AnswerCache, step: str, keys: Sequence[str]) -> str | None:
     """Why the answers ``keys`` of ``step`` in ``cache`` may not be used with the server backend whose replies
     ``served`` checks, or ``None``: :meth:`~finecap.boost.served_model.ServedModel.expect` is told of each model they

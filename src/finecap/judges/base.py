@@ -109,9 +109,9 @@ class Judge(ABC):
     name: str = "judge"
     prompt_version: str = "0"
     served_model: str | None = None
-    """The model a served judge's replies named (:class:`finecap.boost.served_model.ServedModel`), once one came;
-    ``None`` for a judge of no server, or before any reply (all answers from the cache): what a results file adds
-    to the judge's record (:func:`finecap.metrics.judged.judge_record`)."""
+    """The model a served judge's replies named (:class:`finecap.boost.served_model.ServedModel`), once one came, or
+    the one the cached answers it used record; ``None`` for a judge of no server, or before either: what a results
+    file adds to the judge's record (:func:`finecap.metrics.judged.judge_record`)."""
 
     backends: Sequence[Any] = ()
     """The clients of the servers a judge over servers asks in turn (:class:`~finecap.judges.openai.OpenAIJudge`'s),

@@ -3,11 +3,15 @@ the judge's identity (name, model, ``judge.max_tokens``, prompt version:
 :meth:`~finecap.judges.base.Judge.identity`), the kind of call, its inputs (caption, question, options) and the
 messages asked, so that a re-run or a resumed run asks nothing twice. SQLite's locking (write-ahead log, a busy
 time-out) makes it safe for several processes at once; a value is written once per key (``INSERT OR IGNORE``), only
-for answers that parsed (failures are never cached). A damaged file (not a database, cut short) is a ``ValueError``
-naming it (:func:`cache_error`); a file that cannot be opened or written (a full disk, a read-only home, another
-process holding it past :data:`BUSY_SECONDS`) an ``OSError`` naming it (:func:`access_error`), never SQLite's bare
-``OperationalError``. Nothing is ever pruned: the file grows by about 170 bytes a short answer (a QA step
-of ``demo/grpo_qa``, about 4,500 calls: some 0.8 MB) until it is deleted.
+for answers that parsed (failures are never cached). Each answer's row records the model the server's replies named
+(``served_model``, as JSON: a name, or ``null`` for a judge of no server or a reply that named none; SQL ``NULL`` on
+rows an older finecap wrote, which did not record it: :attr:`Entry.recorded`), so that a later run is held to the
+model that gave the answers it reuses (:mod:`finecap.judges.openai`: served model); a file of an older finecap gains
+the column when opened. A damaged file (not a database, cut short) is a ``ValueError`` naming it
+(:func:`cache_error`); a file that cannot be opened or written (a full disk, a read-only home, another process
+holding it past :data:`BUSY_SECONDS`) an ``OSError`` naming it (:func:`access_error`), never SQLite's bare
+``OperationalError``. Nothing is ever pruned: the file grows by about 185 bytes a short answer with its served model
+(a QA step of ``demo/grpo_qa``, about 4,500 calls: some 0.8 MB) until it is deleted.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from finecap.home import CACHE, JUDGES, home
 
 FILE = "answers.sqlite"
-CREATE = "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+CREATE = "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, value TEXT NOT NULL, served_model TEXT)"
+ADD_SERVED_MODEL = "ALTER TABLE answers ADD COLUMN served_model TEXT"
+"""What a file of an older finecap (no ``served_model`` column) gains when opened; its rows read as unrecorded."""
 BUSY_SECONDS = 60
 """How long a process waits for another that holds the cache file (SQLite's busy time-out, and the retries of
 opening it)."""
@@ -86,8 +92,31 @@ def _read_only_file_system(folder: Path) -> bool:
         return False
 
 
+class Entry(NamedTuple):
+    """A cached answer: its ``value``, the model the server's replies named for it (``served_model``; ``None``: none
+    named one) and whether its row records that at all (``recorded``: ``False`` for a row of an older finecap)."""
+
+    value: Any
+    served_model: str | None
+    recorded: bool
+
+
+def _entry(row: tuple[str, str | None]) -> Entry:
+    """The :class:`Entry` of a row ``(value, served_model)``: a ``served_model`` of SQL ``NULL`` (an older finecap's
+    row), or not the JSON of a name or ``null``, is unrecorded."""
+    value, served = json.loads(row[0]), row[1]
+    try:
+        model = json.loads(served) if served is not None else ...
+    except json.JSONDecodeError:
+        model = ...
+    if model is None or isinstance(model, str):
+        return Entry(value, model, True)
+    return Entry(value, None, False)
+
+
 class AnswerCache:
-    """``get(key) -> value | None`` and ``put(key, value)`` of JSON values in one SQLite file (module docstring)."""
+    """``get(key) -> value | None`` and ``put(key, value, served_model)`` of JSON values in one SQLite file, with the
+    model that gave each (:meth:`entry`, :meth:`keep`; module docstring)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_path()
@@ -113,19 +142,27 @@ class AnswerCache:
         return error
 
     def _open(self) -> None:
-        """The write-ahead log and the table, waiting for another process that is opening the file too."""
+        """The write-ahead log and the table (with its ``served_model`` column: :data:`ADD_SERVED_MODEL` on a file of
+        an older finecap), waiting for another process that is opening the file too."""
         opened = time.monotonic()
-        for statement in ("PRAGMA journal_mode=WAL", CREATE):
+        for statement in ("PRAGMA journal_mode=WAL", CREATE, ADD_SERVED_MODEL):
             while True:
                 try:
+                    if statement == ADD_SERVED_MODEL and self._has_served_model():
+                        break
                     self._db.execute(statement)
                     break
                 except sqlite3.OperationalError as e:
+                    if "duplicate column" in str(e):  # another process added it since this one looked
+                        break
                     # two processes opening a new cache at once: switching to the write-ahead log answers "locked"
                     # at once, without SQLite's busy wait (2 judged evals on a fresh home: 15 of 100 failed here)
                     if "locked" not in str(e) or time.monotonic() - opened > BUSY_SECONDS:
                         raise
                     time.sleep(0.05)
+
+    def _has_served_model(self) -> bool:
+        return any(column[1] == "served_model" for column in self._db.execute("PRAGMA table_info(answers)"))
 
     def _rows(self, *statements: tuple[str, tuple[Any, ...]]) -> list[Any]:
         """The first row of each statement, run in turn under the lock; a damaged file is :func:`cache_error`'s
@@ -139,16 +176,28 @@ class AnswerCache:
                     raise
                 raise error from None
 
-    def get(self, key: str) -> Any:
-        (row,) = self._rows(("SELECT value FROM answers WHERE key = ?", (key,)))
-        return None if row is None else json.loads(row[0])
+    def entry(self, key: str) -> Entry | None:
+        """The answer kept under ``key`` with the model that gave it, or ``None``."""
+        (row,) = self._rows(("SELECT value, served_model FROM answers WHERE key = ?", (key,)))
+        return None if row is None else _entry(row)
 
-    def put(self, key: str, value: Any) -> Any:
-        """Keep ``value`` under ``key`` unless a value is there already; the value kept, which every writer of the key
-        then uses (another process may have answered the same call first, differently)."""
-        _, row = self._rows(("INSERT OR IGNORE INTO answers (key, value) VALUES (?, ?)", (key, json.dumps(value))),
-                            ("SELECT value FROM answers WHERE key = ?", (key,)))  # fmt: skip
-        return json.loads(row[0])
+    def get(self, key: str) -> Any:
+        """The value kept under ``key``, or ``None``."""
+        entry = self.entry(key)
+        return None if entry is None else entry.value
+
+    def keep(self, key: str, value: Any, served_model: str | None = None) -> Entry:
+        """Keep ``value`` under ``key``, with the model the server's replies named for it (``served_model``; ``None``:
+        none named one), unless a value is there already; the entry kept, whose value every writer of the key then
+        uses (another process may have answered the same call first, differently, or as another model)."""
+        insert = "INSERT OR IGNORE INTO answers (key, value, served_model) VALUES (?, ?, ?)"
+        _, row = self._rows((insert, (key, json.dumps(value), json.dumps(served_model))),
+                            ("SELECT value, served_model FROM answers WHERE key = ?", (key,)))  # fmt: skip
+        return _entry(row)
+
+    def put(self, key: str, value: Any, served_model: str | None = None) -> Any:
+        """:meth:`keep`'s value: the value kept."""
+        return self.keep(key, value, served_model).value
 
     def __len__(self) -> int:
         (row,) = self._rows(("SELECT COUNT(*) FROM answers", ()))

@@ -36,7 +36,14 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   shared by the judge's servers, the rule of boost's ``openai`` backend too): the first one named is kept, with
   a warning when it is not ``judge.model`` or a version of it (the answers are cached and reported under
   ``judge.model``); a reply naming another model after it (two models behind ``judge.urls``, a proxy falling back to
-  another model) makes the judge unavailable, its answer not used, since the scores would mix two judges'.
+  another model) makes the judge unavailable, its answer not used, since the scores would mix two judges'. The
+  rule holds across runs too: each cached answer records the model the replies named (``served_model``), and a
+  cached answer is used only once the model it records is taken as the first named
+  (:meth:`ServedModel.expect <finecap.boost.served_model.ServedModel.expect>`, as boost's resumed runs do), so that
+  a re-run or a resumed training whose server now answers as another model (a redeployed alias, a proxy's fallback)
+  stops at its first reply naming it, whose answer is not cached, and a cached answer of another model than this
+  run's replies named (or than the other cached answers it used) stops the judge at once. Answers cached by an older
+  finecap, which recorded no model, are used unchecked, said once.
 - **Cache**: every parsed answer is kept (:class:`~finecap.judges.cache.AnswerCache`), keyed by the judge's model,
   ``judge.max_tokens``, prompt version, the kind of call, its inputs (caption, question, options as presented, ...)
   and the messages asked (the prompt's words). A call asked again while the same call is in flight (the samples of
@@ -49,6 +56,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -64,7 +72,7 @@ from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply
 from finecap.boost.openai_backend import OpenAIBackend, api_key_from_env
 from finecap.boost.served_model import ServedModel
 from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, JudgeUnavailable, Question, Subject
-from finecap.judges.cache import AnswerCache, cache_key
+from finecap.judges.cache import AnswerCache, Entry, cache_key
 from finecap.judges.questions import letter
 from finecap.utils.closing import close_all
 from finecap.utils.text import short_repr
@@ -73,6 +81,8 @@ if TYPE_CHECKING:
     import httpx
 
     from finecap.config import Config
+
+log = logging.getLogger(__name__)
 
 PROBE_EVERY = 10
 """A server whose last call failed is asked after the others; every ``PROBE_EVERY``-th turn of it is kept, to learn
@@ -289,7 +299,7 @@ class OpenAIJudge(Judge):
         served = ServedModel(
             model, "judge.model", who=f"judge {self.name}",
             advice="two models behind judge.urls, or a proxy's fallback, would score captions as one judge; serve one "
-            "model, and delete the answer cache (or set judge.cache=false), which may hold either's answers",
+            "model (the answer cache records the model that gave each answer it kept, and holds a later run to it)",
         )  # fmt: skip
         # refuse_cut_off=False: an answer is parsed, not kept; a verdict given before judge.max_tokens counts
         backends = [
@@ -325,6 +335,7 @@ class OpenAIJudge(Judge):
         self._unreachable = 0  # calls in a row that no server answered (module docstring: failures)
         self._unavailable = ""  # why the judge is unavailable (a refused key, URL or model; the streak at its limit)
         self._served = served
+        self._said_unrecorded = False  # whether _check_cached said that some cached answers record no model
 
     def identity(self) -> dict[str, Any]:
         """The judge's name and prompt version, the model's name and ``judge.max_tokens``: an answer cut off under a
@@ -399,10 +410,11 @@ class OpenAIJudge(Judge):
         if self._unavailable:
             raise JudgeUnavailable(self._unavailable)
         if self.cache is not None:
-            hit = self.cache.get(key)
+            hit = self.cache.entry(key)
             if hit is not None:
+                self._check_cached(hit)
                 self._count("cache_hits")
-                return hit
+                return hit.value
         why, answered, asked = "", False, 0
         last: BackendError | None = None  # the last server failure, for the judge's stop message
         failed: set[int] = set()  # the servers this call failed on
@@ -432,13 +444,45 @@ class OpenAIJudge(Judge):
                 why, last = str(e), e
                 continue
             self._reached()
-            return self.cache.put(key, value) if self.cache is not None else value
+            if self.cache is None:
+                return value
+            kept = self.cache.keep(key, value, self._served.named if self._served is not None else None)
+            self._check_cached(kept)  # another process's answer, kept first, is a cached answer too
+            return kept.value
         if answered:
             self._reached()
         else:
             self._reached_none(why, last)
         self._count("failed")
         return JudgeFailed(f"judge {self.name} ({kind}): {why}")
+
+    def _check_cached(self, entry: Entry) -> None:
+        """Before the cached answer ``entry`` is used (module docstring: served model): the model it records is the
+        one this judge's servers must answer as (:meth:`ServedModel.expect
+        <finecap.boost.served_model.ServedModel.expect>`), and another model than this run's replies named, or than
+        other cached answers used record, makes the judge unavailable (:class:`~finecap.judges.base.JudgeUnavailable`).
+        An answer of an older finecap, which recorded no model, is used unchecked, said once; a judge of no server
+        checks nothing."""
+        if self._served is None or self.cache is None:
+            return
+        if not entry.recorded:
+            with self._lock:
+                said, self._said_unrecorded = self._said_unrecorded, True
+            if not said:
+                log.warning("%s: answers of judge.model=%r there were cached by an earlier finecap, which did not "
+                            "record the model that gave them; they are used unchecked against the model the server "
+                            "answers as now (said once)", self.cache.path, self.model)  # fmt: skip
+            return
+        if entry.served_model is None:  # the reply that gave it named no model
+            return
+        path = self.cache.path
+        advice = (f"a re-run or a resumed run would score with two judges' answers under judge.model; serve "
+                  f"{entry.served_model!r} again to continue, or set judge.cache=false to ask the judge afresh (or "
+                  f"delete {path}, which holds every judge's answers)")  # fmt: skip
+        try:
+            self._served.expect(entry.served_model, where=f"judge answers kept in {path}", advice=advice)
+        except FatalBackendError as e:
+            raise JudgeUnavailable(self._out(f"judge {self.name}: {e}")) from None
 
     def _out(self, why: str) -> str:
         """Mark the judge unavailable for ``why`` (the first reason kept): every later call raises
@@ -449,7 +493,8 @@ class OpenAIJudge(Judge):
 
     @property
     def served_model(self) -> str | None:
-        """The model the first reply named (module docstring: served model); ``None`` before any reply."""
+        """The model the first reply named, or the one the cached answers it used record (module docstring: served
+        model); ``None`` before either."""
         return self._served.first if self._served is not None else None
 
     def _reached(self) -> None:

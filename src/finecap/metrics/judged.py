@@ -60,7 +60,8 @@ def judge_record(judge: Judge, cfg: Config) -> dict[str, Any]:
     ``seed``; :meth:`~finecap.judges.base.Judge.identity`) with the QA settings of every judge, ``shuffles`` and the
     option shuffles' ``seed`` (``judge.*``). Once the judge's server named the model that answered
     (:attr:`~finecap.judges.base.Judge.served_model`: ``gpt-4o-2024-08-06`` for ``judge.model=gpt-4o``), the record
-    says it as ``served_model`` too (added after scoring; absent when every answer came from the cache). After each
+    says it as ``served_model`` too (added after scoring; when every answer came from the cache, the model their rows
+    record; absent when none names one). After each
     judge-backed group the record's ``counts`` holds the judge's :meth:`~finecap.judges.base.Judge.tallies` so far
     (calls, cache hits, unparsable answers, failed calls, HTTP 429 replies: of every group of the evaluation, the
     blind asks of ``qa`` included).
@@ -99,7 +100,7 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
             row.update({"judge": judge.name, "judge/prompt_version": judge.prompt_version})  # type: ignore[dict-item]
             if s is not None and isinstance(s.get("clair/reason"), str):
                 row["clair/reason"] = s["clair/reason"]
-    if judge.served_model is not None:  # the model that answered (judge_record), known once a reply came
+    if judge.served_model is not None:  # the model that answered (judge_record): a reply's, or its cached answers'
         ctx.about["judge"]["served_model"] = judge.served_model
     ctx.about["judge"]["counts"] = judge.tallies()  # of the whole evaluation so far: every group's calls
     n_failed = len(scores) - len(ok)
