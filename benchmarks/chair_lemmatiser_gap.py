@@ -50,7 +50,7 @@ IRREGULAR = {"man": "men", "woman": "women", "child": "children", "person": "peo
              "gentleman": "gentlemen", "serviceman": "servicemen", "wife": "wives", "sheep": "sheep", "ox": "oxen",
              "bison": "bison", "cattle": "cattle", "people": "people", "children": "children", "oxen": "oxen",
              "skis": "skis", "scissors": "scissors", "fowl": "fowl", "deer": "deer", "buffalo": "buffaloes",
-             "tv": "tvs", "broccoli": "broccoli"}  # fmt: skip
+             "tv": "tvs", "broccoli": "broccoli", "thief": "thieves"}  # fmt: skip
 FRAMES = [
     "{A} {x} {verb} {on} the {place}.",
     "{A} {x} and {b} {y} {on} the {place}",
@@ -76,7 +76,7 @@ def plural(phrase: str) -> str:
         p = last + "es"
     elif re.search(r"[^aeiou]y$", last):
         p = last[:-1] + "ies"
-    elif last.endswith("fe"):
+    elif last.endswith("ife"):  # knife, pocketknife: -ives; giraffe takes an -s
         p = last[:-2] + "ves"
     else:
         p = last + "s"

@@ -73,6 +73,25 @@ def test_reference_captions_add_ground_truth_and_images_without_objects_have_no_
     assert corpus["CHAIRi"] == pytest.approx(1 / 4) and corpus["chair/recall"] == 1.0  # recall: image 3 alone
 
 
+def test_chair_i_counts_mentions_as_the_reference_code_does_not_distinct_objects(tmp_path):
+    objects = read_instances(instances_file(tmp_path))  # image 1: person, dog, bicycle
+    # cat, cat, dog: 3 mentions, the cat hallucinated twice -> CHAIRi 2/3 (over distinct objects it would be 1/2)
+    corpus, items = chair({1: "a cat chasing another cat and a dog"}, objects)
+    assert items[1].hallucinated == (("cat", "cat"), ("cat", "cat"))
+    assert corpus["CHAIRi"] == pytest.approx(2 / 3) and corpus["CHAIRs"] == 1.0
+    assert corpus["chair/recall"] == pytest.approx(1 / 3)  # dog of person, dog, bicycle
+
+
+def test_references_are_found_whichever_way_the_ids_are_written(tmp_path):
+    objects = read_instances(instances_file(tmp_path))  # COCO's ids: ints
+    refs = {3: ["A dog sniffs hot dogs on a table."]}  # COCO's captions file: ints too
+    # a results file's ids are strings: "3" finds image 3's objects (hot dog, dining table) and its references' dog,
+    # so the caption's dog is no hallucination: 3 mentions, none hallucinated (with refs={"3": ...} alike)
+    for predictions, references in (({"3": CAPTIONS[3]}, refs), ({3: CAPTIONS[3]}, {"3": refs[3]})):
+        corpus, _ = chair(predictions, objects, references=references)
+        assert (corpus["CHAIRs"], corpus["CHAIRi"], corpus["chair/objects"]) == (0.0, 0.0, 3.0)
+
+
 def test_instances_errors_are_one_line_and_name_the_option(tmp_path):
     def fails(path, *texts, option="--instances"):
         with pytest.raises(DataError) as e:

@@ -231,6 +231,13 @@ def lookup_objects(image_ids: Iterable[Hashable], objects: Mapping[Hashable, fro
     return out
 
 
+def references_of(image_id: Hashable, references: Mapping[Hashable, Sequence[str]] | None) -> Sequence[str] | None:
+    """The reference captions of ``image_id`` in ``references``, an id given as an int or as its string either way
+    (as :func:`lookup_objects` finds objects); ``None`` when it has none there."""
+    key = None if references is None else id_key(image_id, references)
+    return None if key is None else references[key]
+
+
 def ground_truth(
     annotated: frozenset[str], references: Sequence[str] | None, vocabulary: ObjectVocabulary
 ) -> frozenset[str]:
@@ -296,15 +303,16 @@ def chair(
     """Corpus scores (:data:`KEYS`, module docstring) and the per-caption counts of ``{image id: caption}`` against
     ``objects`` (``{image id: annotated categories}``, :func:`read_instances`) and, when given, the images'
     ``references`` (their mentions are ground truth too). ``vocabulary``: COCO's by default. Every predicted image
-    needs its objects (errors name ``source``)."""
+    needs its objects (errors name ``source``); its objects and references are found whether they write its id as an
+    int or as its string."""
     if not predictions:
         raise ValueError("chair: no predictions to score")
     vocabulary = vocabulary or coco_vocabulary()
     ids = list(predictions)
     items: dict[Hashable, CaptionChair] = {}
     for i, annotated in zip(ids, lookup_objects(ids, objects, source)):
-        refs = references.get(i) if references is not None else None
-        items[i] = caption_chair(predictions[i], annotated, ground_truth(annotated, refs, vocabulary), vocabulary)
+        truth = ground_truth(annotated, references_of(i, references), vocabulary)
+        items[i] = caption_chair(predictions[i], annotated, truth, vocabulary)
     mentions = sum(len(c.mentions) for c in items.values())
     recalls = [c.recall for c in items.values() if c.recall is not None]
     corpus = {

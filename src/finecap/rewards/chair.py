@@ -45,6 +45,7 @@ from finecap.metrics.hallucination import (
     ground_truth,
     lookup_objects,
     read_instances,
+    references_of,
     world_objects,
     world_vocabulary,
 )
@@ -128,9 +129,7 @@ class ChairReward(RewardBase):
         if references is not None:
             return annotated, ground_truth(annotated, references, self._vocab())
         if image_id not in self._truth:  # the references keyed as the objects are, or by the id written the other way
-            key = id_key(image_id, self.references)
-            refs = None if key is None else self.references[key]
-            self._truth[image_id] = ground_truth(annotated, refs, self._vocab())
+            self._truth[image_id] = ground_truth(annotated, references_of(image_id, self.references), self._vocab())
         return annotated, self._truth[image_id]
 
     def _vocab(self) -> ObjectVocabulary:
