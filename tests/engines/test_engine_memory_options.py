@@ -251,7 +251,8 @@ def test_no_autocast_reaches_the_engine_when_it_starts_or_loads_weights(stand_in
     cfg = load(None, ["decode.engine=vllm"])
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.is_autocast_enabled("cpu")
-        engines_vllm.start_llm("folder", cfg.vllm, dtype="float32", seed=0)
+        with contextlib.ExitStack() as environment:
+            engines_vllm.start_llm("folder", cfg.vllm, dtype="float32", seed=0, environment=environment)
         engine = VllmEngine.open(SimpleNamespace(device=torch.device("cpu")), cfg)
         engine.sync(SimpleNamespace())
     assert seen == [False] and stand_in.autocast == [False, False]
@@ -293,5 +294,6 @@ def test_any_run_seed_starts_an_engine_with_a_seed_vllm_accepts(monkeypatch):
     monkeypatch.setattr(engines_vllm, "external_launcher", lambda options: 1)  # rank 1 of a launch
     cfg = load(None, ["decode.engine=vllm"])
     for seed in (1_700_000_000_000_000_000, 2**64 - 1, 7):
-        engines_vllm.start_llm("folder", cfg.vllm, dtype="float32", seed=seed)
+        with contextlib.ExitStack() as environment:
+            engines_vllm.start_llm("folder", cfg.vllm, dtype="float32", seed=seed, environment=environment)
     assert seeds == [(1_700_000_000_000_000_000 + 1) % 2**32, 0, 8]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -45,7 +44,7 @@ from finecap.serve.service import (
 )
 from finecap.train.engine import process_state
 from finecap.train.prepare import prepare_needs
-from finecap.utils.system import PROGRESS_ENV, is_loopback
+from finecap.utils.system import PROGRESS_ENV, environment_defaults, is_loopback
 
 if TYPE_CHECKING:
     from finecap.serve.app import ConnectionLimits
@@ -97,14 +96,8 @@ def quiet_progress() -> Iterator[None]:
     set that variable: a served request's reward call is no task of the user's to watch, and its bars (the
     retriever's "text features" for a request of over 4 x ``retriever.batch_size`` captions) went to the log of a
     server left running for days, one a request."""
-    if PROGRESS_ENV in os.environ:
+    with environment_defaults({PROGRESS_ENV: "1"}):
         yield
-        return
-    os.environ[PROGRESS_ENV] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop(PROGRESS_ENV, None)
 
 
 def main(cfg: Config, *, host: str = "127.0.0.1", port: int = 8000, limits: Limits | None = None,

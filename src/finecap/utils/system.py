@@ -1,13 +1,15 @@
 """The process's surroundings: usable CPUs, loopback hosts, optional extras, progress bars, a launch's rank,
-leaving a launch's process group."""
+leaving a launch's process group, environment variables set for a while."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import ipaddress
 import os
 import socket
 import sys
+from collections.abc import Iterator, Mapping
 
 
 def is_loopback(host: str) -> bool:
@@ -54,6 +56,29 @@ def progress_enabled(wanted: bool = True) -> bool:
     ``TQDM_*`` variables only once, when it is imported, and lets an explicit ``disable=`` win over them, so every
     finecap bar is made with ``disable=not progress_enabled(...)``."""
     return wanted and os.environ.get(PROGRESS_ENV, "").strip().lower() in NOT_SET
+
+
+@contextlib.contextmanager
+def environment_defaults(values: Mapping[str, str]) -> Iterator[None]:
+    """Within the block, each variable of ``values`` that ``os.environ`` lacks is set to its value (one already set,
+    the user's, is left as it is); when the block ends, those it set are removed again, unless something changed one
+    since (then its value is not this block's to take). Blocks may overlap in any order (two engines of one process):
+    only the block that set a variable removes it.
+
+    >>> with environment_defaults({"FINECAP_DOCTEST_VARIABLE": "1"}):
+    ...     os.environ["FINECAP_DOCTEST_VARIABLE"]
+    '1'
+    >>> "FINECAP_DOCTEST_VARIABLE" in os.environ
+    False
+    """
+    added = {name: str(value) for name, value in values.items() if name not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name, value in added.items():
+            if os.environ.get(name) == value:
+                del os.environ[name]
 
 
 def launched_rank() -> int:
