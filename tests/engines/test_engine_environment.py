@@ -5,78 +5,22 @@ taken for one process of a launch; a value the user set is theirs, kept. The cap
 
 from __future__ import annotations
 
-import contextlib
 import os
-from types import SimpleNamespace
 
 import pytest
-import torch
-import torch.distributed as dist
 
-from finecap.boost import vllm_backend
 from finecap.boost.vllm_backend import VllmBackend
 from finecap.engines import vllm as engines_vllm
 from finecap.engines.vllm import VllmEngine
 from finecap.utils.system import launched_rank
-
-NAMES = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_HOST_IP", "RANK", "LOCAL_RANK")
-
-
-class StandInLLM:
-    """A ``vllm.LLM`` that records the environment it started in and what its engine saw at each weight load; it
-    shuts down as vLLM's in-process engine core does (nothing of the environment)."""
-
-    started: list[dict[str, str | None]] = []
-
-    def __init__(self, **kwargs) -> None:
-        if kwargs.get("model") == "fails":
-            raise RuntimeError("the engine failed to start")
-        type(self).started.append({name: os.environ.get(name) for name in NAMES})
-        backend = kwargs.get("distributed_executor_backend")
-        self.shut_down = False
-        self.llm_engine = SimpleNamespace(
-            vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(distributed_executor_backend=backend)),
-            engine_core=SimpleNamespace(shutdown=self.shutdown), reset_encoder_cache=lambda: None,
-        )  # fmt: skip
-
-    def shutdown(self) -> None:
-        self.shut_down = True
-
-    def collective_rpc(self, method: str, kwargs: dict) -> None:
-        list(kwargs["weights_iterator"])
-
-    def reset_prefix_cache(self) -> None:
-        return
+from helpers.vllm_stand_in import NAMES, StandInLLM, launched, stand_in_vllm
 
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """vLLM stood in for (:class:`StandInLLM`), the process's environment without the engine's variables (a test
-    sets those it needs; they are put back as they were after the test, whatever the engine left), and a captioner
-    :meth:`VllmEngine.from_captioner` takes without vLLM's own checks."""
-    saved = {name: os.environ.pop(name, None) for name in NAMES}
-    StandInLLM.started = []
-    monkeypatch.setattr(engines_vllm, "import_vllm", lambda option="": SimpleNamespace(LLM=StandInLLM))
-    monkeypatch.setattr(engines_vllm, "unservable_reason", lambda captioner: None)
-    monkeypatch.setattr(engines_vllm, "registry_refusal", lambda captioner, vllm: None)
-    monkeypatch.setattr(engines_vllm, "save_engine_folder", lambda captioner, folder, dtype: folder)
-    monkeypatch.setattr(engines_vllm, "served_prompt", lambda captioner: "prompt")
-    monkeypatch.setattr(engines_vllm, "streamed_weights",
-                        lambda policy: contextlib.nullcontext(iter([("lm_head.weight", torch.zeros(1))])))  # fmt: skip
-    yield SimpleNamespace(model=torch.nn.Linear(2, 2), processor_kwargs={}, end_token_ids=[2],
-                          first_token_unshift=None, tokenizer=SimpleNamespace(eos_token_id=2))  # fmt: skip
-    for name, value in saved.items():
-        os.environ.pop(name, None)
-        if value is not None:
-            os.environ[name] = value
-
-
-def launched(monkeypatch, rank: int, world: int) -> None:
-    """``torch.distributed`` initialised as process ``rank`` of ``world`` (a group set up by hand, ``mp.spawn``
-    style: the launcher's ``RANK`` / ``LOCAL_RANK`` not in the environment)."""
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(dist, "get_world_size", lambda group=None: world)
-    monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+    """vLLM stood in for (:func:`helpers.vllm_stand_in.stand_in_vllm`): a captioner to serve."""
+    with stand_in_vllm(monkeypatch) as captioner:
+        yield captioner
 
 
 def test_the_engine_variables_are_set_while_it_lives_and_removed_when_it_closes(stand_in):
@@ -87,7 +31,7 @@ def test_the_engine_variables_are_set_while_it_lives_and_removed_when_it_closes(
     assert {name: os.environ.get(name) for name in NAMES} == engine_vars  # and while it lives
     llm = engine.llm
     engine.close()
-    assert llm.shut_down
+    assert llm.shutdowns == 1
     assert not any(name in os.environ for name in NAMES)
     engine.close()  # a second close does nothing
     assert not any(name in os.environ for name in NAMES)
@@ -132,15 +76,7 @@ def test_an_engine_that_fails_to_start_leaves_no_variable(stand_in, monkeypatch)
     assert len(StandInLLM.started) == 1 and not any(name in os.environ for name in NAMES)
 
 
-@pytest.fixture
-def backend_stand_in(stand_in, monkeypatch):
-    """Boost's in-process backend on the stand-in, its model's files and tokenizer not read."""
-    monkeypatch.setattr(VllmBackend, "_settings", lambda self, model, **settings: None)
-    monkeypatch.setattr(vllm_backend, "saved_dtype", lambda model: "float32")
-    monkeypatch.setattr(vllm_backend, "model_stamp", lambda model: {})
-
-
-def test_the_boost_backend_removes_the_engine_variables_when_closed(backend_stand_in):
+def test_the_boost_backend_removes_the_engine_variables_when_closed(stand_in):
     backend = VllmBackend("a-chat-model")
     assert StandInLLM.started[0]["VLLM_HOST_IP"] == "127.0.0.1" and os.environ["VLLM_HOST_IP"] == "127.0.0.1"
     backend.close()
@@ -150,7 +86,7 @@ def test_the_boost_backend_removes_the_engine_variables_when_closed(backend_stan
     assert not any(name in os.environ for name in NAMES)
 
 
-def test_two_engines_of_one_process_closed_in_either_order_leave_no_variable(backend_stand_in):
+def test_two_engines_of_one_process_closed_in_either_order_leave_no_variable(stand_in):
     # boost's LLM and VLM roles are two engines in one process: the first sets the variables, the second finds them
     # set; whichever closes first, none is left once both have
     for order in ((0, 1), (1, 0)):

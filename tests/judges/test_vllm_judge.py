@@ -151,3 +151,19 @@ def test_a_hub_name_is_asked_again_at_another_commit(tmp_path, monkeypatch):
     again.close()
     (repo / "refs" / "main").unlink()
     assert get_judge("vllm", cfg, backend=StandIn()).identity()["revision"] is None
+
+
+def test_closing_the_judge_shuts_its_engine_down_once(monkeypatch):
+    # the judge's in-process engine (boost's VllmBackend on a stand-in vllm.LLM): its close once only dropped the
+    # engine, which kept its GPU memory (weights and KV cache) until the garbage collector found it
+    from finecap.judges import vllm as vllm_judge
+    from helpers.vllm_stand_in import StandInLLM, stand_in_vllm
+
+    with stand_in_vllm(monkeypatch):
+        monkeypatch.setattr(vllm_judge, "model_stamp", lambda model: {})
+        judge = judge_with(None)
+        (llm,) = StandInLLM.built
+        assert llm.shutdowns == 0
+        judge.close()
+        judge.close()
+        assert llm.shutdowns == 1

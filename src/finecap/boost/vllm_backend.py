@@ -26,6 +26,8 @@ so a killed run loses at most one batch).
   settings (``max_model_len``, ``kv_cache_memory_bytes``, ``gpu_memory_utilization``, ``tensor_parallel_size``,
   ``enforce_eager``; :func:`finecap.engines.vllm.start_llm`). Two roles on vLLM are two engines in one process,
   each taking ``vllm.gpu_memory_utilization`` of the GPU's memory (and ``vllm.kv_cache_memory_bytes`` of KV cache).
+  :meth:`VllmBackend.close` (the end of a boost run, the ``vllm`` judge's close) shuts the engine down and so gives
+  that memory back, as a start that fails after vLLM started does (:func:`finecap.engines.vllm.shutdown_llm`).
 - **A request vLLM refuses** (a prompt longer than ``vllm.max_model_len``: vLLM raises its ``VLLMClientError``, an
   HTTP 4xx on its server, or a ``ValueError``, before generating) fails its image as a
   :class:`~finecap.boost.engine.BackendError`, as an HTTP 400 does with the ``openai`` backend: the batch is asked
@@ -83,15 +85,15 @@ class VllmBackend(InProcessBackend):
         self._settings(model, vision=vision, key=key, batch_size=batch_size, max_new_tokens=max_new_tokens,
                        temperature=temperature, seed=seed, refuse_cut_off=refuse_cut_off)  # fmt: skip
         images = {"limit_mm_per_prompt": {"image": 1}} if vision else {}
-        self.environment = contextlib.ExitStack()  # the variables start_llm set, removed by close
+        self.llm, self.environment = None, contextlib.ExitStack()  # the variables start_llm set, removed by close
         try:
             self.llm = start_llm(model, section or VllmConfig(), dtype=saved_dtype(model), seed=seed,
                                  environment=self.environment, generation_config="auto", option=option,
                                  **images)  # fmt: skip
-        except BaseException:  # an engine that did not start: its variables removed now
-            self.environment.close()
+            self.stamp = model_stamp(model)  # read once, after loading: the identity of every request
+        except BaseException:  # a start that failed: the engine, if vLLM started, shut down and its variables removed
+            self.close()
             raise
-        self.stamp = model_stamp(model)  # read once, after loading: the identity of every request
 
     def sampling_params(self, task: Task | None = None) -> Any:
         """The folder's generation settings (module docstring) with ``boost.temperature`` and ``max_new_tokens``;
@@ -141,7 +143,9 @@ class VllmBackend(InProcessBackend):
         return self._answers(prompts, tasks)
 
     def close(self) -> None:
-        """Free the engine, and remove the environment variables finecap set for it
-        (:func:`finecap.engines.vllm.engine_environment`; vLLM read them when it started)."""
-        self.llm = None
-        self.environment.close()
+        """Shut the engine down, giving back its memory now, and remove the environment variables finecap set for it
+        (:func:`finecap.engines.vllm.shutdown_llm`); a second call does nothing."""
+        from finecap.engines.vllm import shutdown_llm
+
+        llm, self.llm = self.llm, None
+        shutdown_llm(llm, self.environment)

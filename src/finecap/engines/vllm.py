@@ -121,7 +121,8 @@ def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int,
     ``generation_config``: vLLM's option (``"vllm"``: no sampling defaults from the folder's
     ``generation_config.json``; ``"auto"``: its defaults); ``options``: further ``vllm.LLM`` arguments. ``option``
     names what asked for vLLM in the message when it is not installed. ``environment``: the exit stack of the
-    engine's life, which its owner closes after shutting the engine down: the environment variables the engine starts
+    engine's life, which its owner closes after shutting the engine down, both by :func:`shutdown_llm` (when it
+    closes the engine, or when its own start fails after this returned): the environment variables the engine starts
     with (:func:`engine_environment`, those not set already) stay set until then (vLLM 0.32 reads them as it starts
     and keeps what it read, ``vllm.envs``' cache, until its engine core shuts down).
 
@@ -178,6 +179,24 @@ def engine_environment(rank: int, options: Mapping[str, Any]) -> dict[str, str]:
     if options.get("distributed_executor_backend") == "external_launcher":
         values |= {"RANK": str(rank), "LOCAL_RANK": str(rank)}
     return values
+
+
+def shutdown_llm(llm: Any, environment: contextlib.ExitStack) -> None:
+    """Shut down ``llm``, a ``vllm.LLM`` :func:`start_llm` started (``None``: one that did not start, or was shut down
+    already), then close ``environment``, the exit stack :func:`start_llm` was given (the variables finecap set for
+    the engine removed: vLLM's cache of what it read is dropped by the shutdown). Every owner of an engine does this,
+    once, when it closes the engine or when its start fails after vLLM started (:meth:`VllmEngine.close`,
+    :class:`~finecap.boost.vllm_backend.VllmBackend`, which the ``vllm`` judge uses): the engine's memory (on a GPU
+    its weights and KV cache, most of the card) is given back now, not when the garbage collector finds it. An
+    engine of a launched job (:func:`external_launcher`) leaves the job's process group as it found it
+    (:func:`training_group_kept`). The environment is closed even when the shutdown fails."""
+    try:
+        if llm is not None:
+            joined = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
+            with training_group_kept() if joined else contextlib.nullcontext():
+                llm.llm_engine.engine_core.shutdown()  # in this process: every process of a launched job together
+    finally:
+        environment.close()
 
 
 @contextlib.contextmanager
@@ -593,7 +612,7 @@ class VllmEngine(GenerationEngine):
                 raise ConfigError(reason, key="vllm.enable_sleep_mode")
         dtype = engine_dtype(section.dtype, weights_dtype(captioner.model), mixed_precision, torch.cuda.is_available())
         folder = Path(tempfile.mkdtemp(prefix="finecap-vllm-"))
-        engine, environment = None, contextlib.ExitStack()
+        engine, llm, environment = None, None, contextlib.ExitStack()
         try:
             save_engine_folder(captioner, folder, dtype)
             options: dict[str, Any] = {"limit_mm_per_prompt": {"image": 1}, "logprobs_mode": logprobs_mode,
@@ -608,12 +627,13 @@ class VllmEngine(GenerationEngine):
                          sleep_mode=section.enable_sleep_mode, ends=captioner.end_token_ids,
                          first_tokens=captioner.first_token_unshift, environment=environment)  # fmt: skip
             engine.sync(captioner)  # the weights, from memory
-        except BaseException:
+        except BaseException:  # vLLM, if it started, shut down now: its memory not left taken until the process ends
             try:
                 if engine is not None:
                     engine.close()
+                else:
+                    shutdown_llm(llm, environment)
             finally:
-                environment.close()
                 shutil.rmtree(folder, ignore_errors=True)
             raise
         return engine
@@ -807,17 +827,13 @@ class VllmEngine(GenerationEngine):
             self.asleep.difference_update(waking)
 
     def close(self) -> None:
-        """Shut the engine down (now: every process of a launched job together, as they built it), remove its
-        temporary folder and then the environment variables it was started with (those finecap set:
-        :func:`engine_environment`). An engine of a launched job (:func:`external_launcher`) leaves the job's process
-        group as it found it (:func:`training_group_kept`)."""
+        """Shut the engine down (now: every process of a launched job together, as they built it), remove the
+        environment variables it was started with (those finecap set: :func:`engine_environment`) and its temporary
+        folder (:func:`shutdown_llm`: an engine of a launched job leaves the job's process group as it found it).
+        A second call does nothing."""
         llm, self.llm = self.llm, None
         try:
-            if llm is not None:
-                joined = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
-                with training_group_kept() if joined else contextlib.nullcontext():
-                    llm.llm_engine.engine_core.shutdown()  # once: later calls (and the engine's finalizer) do nothing
+            shutdown_llm(llm, self.environment)
+        finally:
             if self._cleanup is not None:
                 self._cleanup()
-        finally:
-            self.environment.close()  # after the shutdown: vLLM's cache of what it read is dropped there

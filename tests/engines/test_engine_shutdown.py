@@ -1,0 +1,97 @@
+"""Every ``vllm.LLM`` finecap starts is shut down exactly once (:func:`finecap.engines.vllm.shutdown_llm`), without
+vLLM (a stand-in ``vllm.LLM`` counting its shutdowns): when its owner closes it, however often, and when the owner's
+start fails after vLLM started; an engine of a launched job leaves the job's process group. On a GPU an engine not
+shut down keeps its weights and KV cache (most of the card) in a notebook until the garbage collector finds it.
+The owners: the captioner's engine (:meth:`VllmEngine.from_captioner`) and boost's in-process backend
+(:class:`VllmBackend`, which the ``vllm`` judge uses too: tests/judges/test_vllm_judge.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from finecap.boost import vllm_backend
+from finecap.boost.vllm_backend import VllmBackend
+from finecap.engines import vllm as engines_vllm
+from finecap.engines.vllm import VllmEngine
+from helpers.vllm_stand_in import NAMES, StandInLLM, launched, stand_in_vllm
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """vLLM stood in for (:func:`helpers.vllm_stand_in.stand_in_vllm`): a captioner to serve."""
+    with stand_in_vllm(monkeypatch) as captioner:
+        yield captioner
+
+
+def fail(*args, **kwargs):
+    raise ZeroDivisionError("a step after vLLM started failed")
+
+
+@pytest.mark.parametrize("step", ["served_prompt", "__init__", "sync"])
+def test_a_captioner_engine_whose_start_fails_after_vllm_started_shuts_it_down(stand_in, monkeypatch, step):
+    # served_prompt and VllmEngine(...) fail before the engine exists (its close cannot be called), sync after
+    target = VllmEngine if step in ("__init__", "sync") else engines_vllm
+    monkeypatch.setattr(target, step, fail)
+    with pytest.raises(ZeroDivisionError):
+        VllmEngine.from_captioner(stand_in)
+    (llm,) = StandInLLM.built
+    assert llm.shutdowns == 1 and not any(name in os.environ for name in NAMES)
+
+
+def test_a_captioner_engine_closed_twice_shuts_down_once(stand_in):
+    engine = VllmEngine.from_captioner(stand_in)
+    (llm,) = StandInLLM.built
+    assert llm.shutdowns == 0  # alive until closed
+    engine.close()
+    engine.close()
+    assert llm.shutdowns == 1 and engine.llm is None
+
+
+def test_a_boost_backend_closed_twice_shuts_its_engine_down_once(stand_in):
+    backend = VllmBackend("a-chat-model")
+    (llm,) = StandInLLM.built
+    assert llm.shutdowns == 0
+    backend.close()
+    assert llm.shutdowns == 1 and backend.llm is None and not any(name in os.environ for name in NAMES)
+    backend.close()
+    assert llm.shutdowns == 1
+
+
+def test_a_boost_backend_whose_start_fails_after_vllm_started_shuts_it_down(stand_in, monkeypatch):
+    monkeypatch.setattr(vllm_backend, "model_stamp", fail)  # read once the engine has started
+    with pytest.raises(ZeroDivisionError):
+        VllmBackend("a-chat-model")
+    (llm,) = StandInLLM.built
+    assert llm.shutdowns == 1 and not any(name in os.environ for name in NAMES)
+    with pytest.raises(RuntimeError, match="failed to start"):  # vLLM itself failed: nothing to shut down
+        VllmBackend("fails")
+    assert len(StandInLLM.built) == 1 and not any(name in os.environ for name in NAMES)
+
+
+def test_two_boost_engines_of_one_process_are_each_shut_down_once(stand_in):
+    llm_role, vlm_role = VllmBackend("llm"), VllmBackend("vlm", vision=True)
+    vlm_role.close()
+    assert [llm.shutdowns for llm in StandInLLM.built] == [0, 1]
+    llm_role.close()
+    assert [llm.shutdowns for llm in StandInLLM.built] == [1, 1]
+
+
+def test_an_engine_not_of_a_launch_shuts_down_as_vllm_does(stand_in):
+    # the stand-in's shutdown destroys the default group, as vLLM's in-process engine core does: outside a launch
+    # nothing keeps it (the group is vLLM's own), which shows the next test's stand-in can see a destroyed group
+    VllmBackend("a-chat-model").close()
+    assert StandInLLM.destroyed == [None]
+
+
+@pytest.mark.parametrize("owner", ["captioner engine", "boost backend"])
+def test_an_engine_of_a_launched_job_shuts_down_leaving_the_training_group(stand_in, monkeypatch, owner):
+    # a judged reward's vllm judge (a boost backend) or the rollouts' engine in process 1 of 2: the engine joined the
+    # training's process group (external_launcher), and its shutdown must not destroy it
+    launched(monkeypatch, rank=1, world=2)
+    engine = VllmEngine.from_captioner(stand_in) if owner == "captioner engine" else VllmBackend("a-chat-model")
+    (llm,) = StandInLLM.built
+    assert llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
+    engine.close()
+    assert llm.shutdowns == 1 and StandInLLM.destroyed == []
