@@ -433,3 +433,44 @@ def test_karpathy_output_tokens_are_made_as_karpathys(world, tmp_path):
     assert len(sentences) == len(records)
     assert all(s == {"raw": caption, "tokens": ["a", "red", "circle", "left", "of", "the", "star", "its", "big"]}
                for s in sentences)  # fmt: skip
+
+
+class ClosedBackend:
+    """A backend built by the run (an in-process engine holding memory): records its close, or fails it."""
+
+    def __init__(self, role: str, closed: list[str], fails: bool = False) -> None:
+        self.role, self.closed, self.fails = role, closed, fails
+
+    def close(self) -> None:
+        self.closed.append(self.role)
+        if self.fails:
+            raise OSError(f"the {self.role} backend did not close")
+
+
+def test_a_run_whose_vlm_backend_fails_to_start_closes_the_llm_backend_it_built(world, tmp_path, monkeypatch):
+    # the LLM role's engine (boost.llm_backend=vllm: most of a GPU) stayed up when the VLM's failed to start
+    closed = []
+
+    def make(cfg, role):
+        if role == "vlm":
+            raise RuntimeError("the VLM's engine failed to start")
+        return ClosedBackend(role, closed)
+
+    monkeypatch.setattr(boost_command, "make_backend", make)
+    with pytest.raises(RuntimeError, match="VLM's engine failed"):
+        boost(load(None, [*world_items(world), "boost.mode=holistic"]), tmp_path / "out", progress=False)
+    assert closed == ["llm"] and not (tmp_path / "out").exists()
+
+
+def test_each_backend_is_closed_when_another_fails_to_close(world, tmp_path, monkeypatch):
+    closed = []
+    backends = {"llm": ClosedBackend("llm", closed, fails=True), "vlm": ClosedBackend("vlm", closed)}
+    monkeypatch.setattr(boost_command, "make_backend", lambda cfg, role: backends[role])
+
+    def crash(*args, **kwargs):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(boost_command, "boost_records", crash)
+    with pytest.raises(OSError, match="llm backend did not close"):
+        boost(load(None, [*world_items(world), "boost.mode=holistic"]), tmp_path / "out", progress=False)
+    assert closed == ["llm", "vlm"]

@@ -40,6 +40,7 @@ from finecap.data.images import ImageLimits
 from finecap.data.references import data_file
 from finecap.locks import LOCK_NAME, output_lock
 from finecap.train.prepare import prepare
+from finecap.utils.closing import close_all
 from finecap.utils.files import atomic_write_text, write_json
 from finecap.utils.folders import made_folder
 from finecap.utils.reading import read_json
@@ -68,28 +69,27 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
     prompts = Prompts.load(cfg.boost.prompts or None)
     # removed again if boost fails before writing anything (a backend that cannot start)
     with made_folder(out), output_lock(out, name=LOCK_NAME, holder="finecap boost", log=log.warning):
-        llm = make_backend(cfg, "llm") if set(steps) & {"blend", "holistic"} else None
-        vlm = make_backend(cfg, "vlm") if "visual" in steps else None
-        cache = AnswerCache(out / "cache.jsonl")
-        # until this run ends: a crash leaves "running" here, never an earlier run's "ok"
-        write_json(out / "boost.json", {"status": "running", "source": str(source.resolve()), "mode": cfg.boost.mode})
-        try:
-            b = cfg.boost
-            result = boost_records(
-                records, b.mode, llm, vlm, cache, prompts, few_shot=b.few_shot, retries=b.retries, limit=b.limit,
-                progress=progress, max_failure_rate=b.max_failure_rate,
-                max_consecutive_failures=b.max_consecutive_failures, image_limits=ImageLimits.of(cfg.data),
-            )  # fmt: skip
-        except KeyboardInterrupt:
-            served = served_models({"llm": llm, "vlm": vlm})  # what the replies named by the Ctrl-C
-            interrupted(out, source, cfg.boost.mode, len(cache.answers), served, time.perf_counter() - start)
-            raise
-        finally:
-            cache.close()
-            for backend in (llm, vlm):
-                close = getattr(backend, "close", None)
-                if close is not None:
-                    close()
+        llm = vlm = cache = None
+        try:  # whatever was built is closed, also when a later backend fails to start (an engine's memory freed)
+            llm = make_backend(cfg, "llm") if set(steps) & {"blend", "holistic"} else None
+            vlm = make_backend(cfg, "vlm") if "visual" in steps else None
+            cache = AnswerCache(out / "cache.jsonl")
+            # until this run ends: a crash leaves "running" here, never an earlier run's "ok"
+            write_json(out / "boost.json",
+                       {"status": "running", "source": str(source.resolve()), "mode": cfg.boost.mode})  # fmt: skip
+            try:
+                b = cfg.boost
+                result = boost_records(
+                    records, b.mode, llm, vlm, cache, prompts, few_shot=b.few_shot, retries=b.retries, limit=b.limit,
+                    progress=progress, max_failure_rate=b.max_failure_rate,
+                    max_consecutive_failures=b.max_consecutive_failures, image_limits=ImageLimits.of(cfg.data),
+                )  # fmt: skip
+            except KeyboardInterrupt:
+                served = served_models({"llm": llm, "vlm": vlm})  # what the replies named by the Ctrl-C
+                interrupted(out, source, cfg.boost.mode, len(cache.answers), served, time.perf_counter() - start)
+                raise
+        finally:  # each closed even when another's close fails (a world backend has nothing to close)
+            close_all([cache, *(backend for backend in (llm, vlm) if hasattr(backend, "close"))])
         path = None
         if not result.stopped:
             try:
