@@ -167,3 +167,17 @@ def test_closing_the_judge_shuts_its_engine_down_once(monkeypatch):
         judge.close()
         judge.close()
         assert llm.shutdowns == 1
+
+
+def test_a_judge_that_fails_to_start_after_its_engine_started_shuts_it_down(tmp_path, monkeypatch):
+    # a prompts file that is not one is read after the engine started (minutes, most of a GPU): the engine was left up
+    from finecap.judges import vllm as vllm_judge
+    from helpers.vllm_stand_in import StandInLLM, stand_in_vllm
+
+    (tmp_path / "prompts.yaml").write_text("just: words\n")
+    with stand_in_vllm(monkeypatch):
+        monkeypatch.setattr(vllm_judge, "model_stamp", lambda model: {})
+        with pytest.raises(ValueError, match="a judge prompts file needs a 'version'"):
+            judge_with(None, prompts=tmp_path / "prompts.yaml")
+        (llm,) = StandInLLM.built
+        assert llm.shutdowns == 1

@@ -56,16 +56,22 @@ class VllmJudge(OpenAIJudge):
         Judge.__init__(self)
         if not model:
             raise ValueError("judge.model: the vllm judge needs a transformers folder or a Hub name of a chat LLM")
+        built = None  # the engine this judge started, shut down if the judge then fails to start (a bad prompts file)
         if backend is None:
             from finecap.boost.vllm_backend import VllmBackend
 
             # refuse_cut_off=False: an answer is parsed, not kept; a verdict given before judge.max_tokens counts
-            backend = VllmBackend(model, section=section, batch_size=1, max_new_tokens=max_tokens,
-                                  temperature=0.0, seed=seed, key="judge.name=vllm: judge.model",
-                                  refuse_cut_off=False)  # fmt: skip
-        self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, is asked again
-        self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1,
-                    max_tokens=max_tokens)  # fmt: skip
+            backend = built = VllmBackend(model, section=section, batch_size=1, max_new_tokens=max_tokens,
+                                          temperature=0.0, seed=seed, key="judge.name=vllm: judge.model",
+                                          refuse_cut_off=False)  # fmt: skip
+        try:
+            self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, asked again
+            self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1,
+                        max_tokens=max_tokens)  # fmt: skip
+        except BaseException:
+            if built is not None:
+                built.close()
+            raise
 
     def identity(self) -> dict[str, Any]:
         """The ``openai`` judge's, with what identifies the model's files as boost's vLLM backend keys its cache
