@@ -18,11 +18,11 @@ One step, per batch of B images (``train.objective=reinforce``, options in the `
    ``entropy = -coef * mean token entropy`` (:mod:`finecap.objectives.entropy`), from the same forward pass, over
    the captions a reward scored (a failed caption takes no gradient from it either).
 
-Losses returned: ``reinforce`` (and ``entropy``); metrics: mean reward and parts, greedy reward, baseline, advantage
-spread, sampled caption length, share of distinct captions per image, the reward-hacking monitor's measures
-(``monitor/*``, :mod:`finecap.objectives.monitor`, with its ``rl.alarms``), and the seconds spent decoding
-(``time/generate``) and scoring (``time/reward``), the micro-batch's (the engine logs the step's sum:
-:func:`finecap.train.logging.step_sum`).
+Losses returned: ``reinforce`` (and ``entropy``); metrics: mean reward and parts, greedy reward (and the share of
+greedy captions a reward could not score), baseline, advantage spread, sampled caption length, share of distinct
+captions per image, the reward-hacking monitor's measures (``monitor/*``, :mod:`finecap.objectives.monitor`, with
+its ``rl.alarms``), and the seconds spent decoding (``time/generate``) and scoring (``time/reward``), the
+micro-batch's (the engine logs the step's sum: :func:`finecap.train.logging.step_sum`).
 
 The GRPO family (group advantages, the clipped surrogate over several iterations, a KL to the starting policy, token
 aggregation: ``grpo.advantage``, ``grpo.policy_loss`` and the options after them) is this objective with options, built
@@ -103,8 +103,9 @@ class Rollout:
     @property
     def advantage(self) -> torch.Tensor:
         """``R - b`` (N,); a caption a reward could not score (``RewardOutput.failed``: its total is NaN), or whose
-        baseline no scored caption gave (a failed greedy caption, an image whose other samples all failed), has
-        advantage 0: it takes no gradient and is never paid as a zero reward."""
+        baseline no scored caption gave (an image whose other samples all failed, under ``leave_one_out`` or a
+        failed greedy caption's fallback: :class:`~finecap.objectives.baselines.GreedyBaseline`), has advantage 0:
+        it takes no gradient and is never paid as a zero reward."""
         advantage = self.rewards.total - self.baseline
         usable = self.usable
         if self.rewards.failed is None and bool(usable.all()):
@@ -455,6 +456,9 @@ class Reinforce(ObjectiveBase):
             out["reward/failed"] = float(r.failed.float().mean())
         if rollout.greedy_rewards is not None:
             out["reward_greedy"] = _scored_mean(rollout.greedy_rewards.total)
+            # the share of greedy captions a reward could not score: their images' samples had the fallback baseline
+            greedy_failed = rollout.greedy_rewards.failed_mask()
+            out["reward_greedy/failed"] = 0.0 if greedy_failed is None else float(greedy_failed.float().mean())
         out["baseline"] = _scored_mean(rollout.baseline)  # over the captions that have one (not a failed greedy's)
         out["advantage_std"] = advantage_spread(rollout.advantage, rollout.usable)["advantage_std"]
         out["logprob"] = float(logp.detach().mean())
