@@ -148,6 +148,35 @@ def test_greedy_baseline_scst():
     assert out.metrics["baseline"] == pytest.approx(1.5)
 
 
+class FailingTable(TableReward):
+    """:class:`TableReward` that could not score the captions of ``fails`` (a judge that failed on them)."""
+
+    def __init__(self, table, fails):
+        super().__init__(table)
+        self.fails = fails
+
+    def __call__(self, captions, batch):
+        out = super().__call__(captions, batch)
+        return RewardOutput(out.total, out.parts, failed=torch.tensor([c in self.fails for c in captions]))
+
+
+def test_a_failed_greedy_caption_falls_back_to_the_mean_of_the_images_other_samples():
+    model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2, greedy_texts=["g0", "g1"]).train()
+    reward = WeightedSum({"table": (1.0, FailingTable({**REWARDS, "d": 4.0}, {"g1"}))})
+    out = Reinforce(reward, GreedyBaseline(), rl=RLConfig(samples=2))(model, BATCH)
+    # image 0: b = g0 = 2, A = (1-2, 3-2) = (-1, 1); image 1's greedy caption failed: b = the other sample's reward,
+    # c: 4 (d's), d: 2 (c's), A = (2-4, 4-2) = (-2, 2). log p = (-2, -2, -1.5, -3)
+    # loss = -(-1*-2 + 1*-2 + -2*-1.5 + 2*-3) / 4 = -(2 - 2 + 3 - 6) / 4 = 3/4 (image 1 took none: 0 until 2026-11-29)
+    assert out.losses["reinforce"].item() == pytest.approx(0.75)
+    out.losses["reinforce"].backward()
+    # d loss / d lp[n, t] = -A_n / N on real tokens: image 1's rows have a gradient
+    expected = torch.tensor([[0.25, 0.25, 0.0], [-0.25, 0.0, 0.0], [0.5, 0.5, 0.5], [-0.5, 0.0, 0.0]])
+    assert torch.allclose(model.lp.grad, expected)
+    assert out.scored == 4
+    assert out.metrics["reward_greedy"] == 2.0 and out.metrics["reward_greedy/failed"] == 0.5
+    assert out.metrics["baseline"] == pytest.approx(2.5)  # (2 + 2 + 4 + 2) / 4
+
+
 def test_leave_one_out_baseline():
     _, out = run(LeaveOneOut())
     # b = the other sample of the image: (3, 1, 2, 2); A = (-2, 2, 0, 0)

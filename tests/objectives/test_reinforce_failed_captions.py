@@ -53,12 +53,31 @@ def test_the_running_mean_counts_only_scored_captions():
     assert baseline.mean == pytest.approx((1 + 3 + 2 + 4) / 4)
 
 
-def test_a_failed_greedy_caption_leaves_its_image_without_gradient():
+def test_a_failed_greedy_caption_gives_its_images_samples_the_mean_of_the_others_as_baseline():
     total = torch.tensor([1.0, 2.0, 3.0, 2.0, 4.0, 6.0])
     greedy = torch.tensor([2.0, NAN])  # image 1's greedy caption failed
     b = GreedyBaseline()(total, IMAGES, greedy)
+    # image 0: its greedy reward 2; image 1: the mean of its other samples, (4+6)/2 = 5, (2+6)/2 = 4, (2+4)/2 = 3
+    assert b.tolist() == [2.0, 2.0, 2.0, 5.0, 4.0, 3.0]
     adv = Rollout(None, RewardOutput(total, {}), b).advantage  # the samples' rewards all scored
-    assert adv.tolist() == [-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert adv.tolist() == [-1.0, 0.0, 1.0, -3.0, 0.0, 3.0]  # until 2026-11-29 image 1's were 0, 0, 0: no gradient
+
+
+def test_a_failed_greedy_captions_fallback_leaves_out_its_images_failed_samples():
+    total = torch.tensor([1.0, 2.0, 3.0, 2.0, NAN, 6.0])
+    failed = torch.tensor([False, False, False, False, True, False])
+    b = GreedyBaseline()(total, IMAGES, torch.tensor([2.0, NAN]))
+    # image 1: caption 3's other scored sample is caption 5 (6), caption 5's is caption 3 (2); caption 4 failed
+    assert b[[0, 1, 2, 3, 5]].tolist() == [2.0, 2.0, 2.0, 6.0, 2.0]
+    adv = Rollout(None, RewardOutput(total, {}, failed=failed), b).advantage
+    assert adv.tolist() == [-1.0, 0.0, 1.0, -4.0, 0.0, 4.0]
+
+
+def test_a_failed_greedy_caption_with_one_sample_per_image_leaves_it_without_gradient():
+    total = torch.tensor([1.0, 3.0])  # rl.samples=1: no other sample to fall back on
+    b = GreedyBaseline()(total, torch.tensor([0, 1]), torch.tensor([0.5, NAN]))
+    assert b[0] == 0.5 and math.isnan(b[1])
+    assert Rollout(None, RewardOutput(total, {}), b).advantage.tolist() == [0.5, 0.0]
 
 
 def test_logged_means_skip_failed_captions():
@@ -67,22 +86,39 @@ def test_logged_means_skip_failed_captions():
 
 
 def test_the_logged_baseline_and_advantage_spread_leave_out_captions_without_an_advantage():
-    # image 1's greedy caption failed: its samples have no baseline (NaN) and advantage 0 (no gradient). The logged
-    # baseline was the mean over every caption, NaN, and the micro-batch's baseline went unlogged; the logged spread
-    # counted the three placeholder zeros as advantages (0.63 for the scored captions' 1.0)
+    # image 1's greedy caption failed and so did two of its samples: caption 3 has no baseline (NaN: no other scored
+    # sample to fall back on) and advantage 0 (no gradient). The logged baseline was the mean over every caption,
+    # NaN, and the micro-batch's baseline went unlogged; the logged spread counted the three placeholder zeros as
+    # advantages (0.63 for the scored captions' 1.0)
+    from types import SimpleNamespace
+
+    from finecap.objectives.reinforce import Reinforce
+
+    total = torch.tensor([1.0, 2.0, 3.0, 2.0, NAN, NAN])
+    failed = torch.tensor([False, False, False, False, True, True])
+    greedy = RewardOutput(torch.tensor([2.0, NAN]), {}, failed=torch.tensor([False, True]))
+    samples = SimpleNamespace(texts=["a b", "a", "a b c", "b", "c", "d"])
+    b = GreedyBaseline()(total, IMAGES, greedy.total)
+    r = Rollout(samples, RewardOutput(total, {}, failed=failed), b, None, greedy)
+    assert r.advantage.tolist() == [-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    values = Reinforce(lambda c, b: None, GreedyBaseline(), rl=RLConfig()).metrics(r, torch.zeros(6))
+    assert values["baseline"] == 2.0  # image 0's captions, the only ones with a baseline
+    assert values["advantage_std"] == pytest.approx(1.0)  # of (-1, 0, 1): image 0's captions
+    assert values["reward"] == pytest.approx(2.0) and values["reward_greedy"] == 2.0  # (1 + 2 + 3 + 2) / 4
+    assert values["reward_greedy/failed"] == 0.5  # one of the two greedy captions
+
+
+def test_the_share_of_failed_greedy_captions_is_logged_as_0_when_none_failed():
     from types import SimpleNamespace
 
     from finecap.objectives.reinforce import Reinforce
 
     total = torch.tensor([1.0, 2.0, 3.0, 2.0, 4.0, 6.0])
-    greedy = RewardOutput(torch.tensor([2.0, NAN]), {})
-    samples = SimpleNamespace(texts=["a b", "a", "a b c", "b", "c", "d"])
-    r = Rollout(samples, RewardOutput(total, {}), GreedyBaseline()(total, IMAGES, greedy.total), None, greedy)
-    assert r.advantage.tolist() == [-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    greedy = RewardOutput(torch.tensor([2.0, 3.0]), {})  # failed=None: every greedy caption scored
+    b = GreedyBaseline()(total, IMAGES, greedy.total)
+    r = Rollout(SimpleNamespace(texts=["a"] * 6), RewardOutput(total, {}), b, None, greedy)
     values = Reinforce(lambda c, b: None, GreedyBaseline(), rl=RLConfig()).metrics(r, torch.zeros(6))
-    assert values["baseline"] == 2.0  # image 0's captions, the only ones with a baseline
-    assert values["advantage_std"] == pytest.approx(1.0)  # of (-1, 0, 1): image 0's captions
-    assert values["reward"] == pytest.approx(3.0) and values["reward_greedy"] == 2.0
+    assert values["reward_greedy/failed"] == 0.0
 
 
 def test_the_logged_advantage_spread_of_a_micro_batch_without_an_advantage_is_undefined():

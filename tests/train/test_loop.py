@@ -7,14 +7,19 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from finecap.config import ConfigError
+from finecap.config import ConfigError, DecodeConfig, RLConfig
 from finecap.contract import StepInfo
 from finecap.data.samplers import RandomBatches
+from finecap.decode import Generation
+from finecap.engines.base import GenerationEngine
 from finecap.home import run_path
+from finecap.models.captioner import TokenScores
 from finecap.models.clipcap import ClipCap
 from finecap.objectives import ObjectiveOutput
 from finecap.objectives.base import as_objective
+from finecap.objectives.baselines import NoBaseline
 from finecap.objectives.mle import MLE
+from finecap.objectives.reinforce import Reinforce
 from finecap.rewards import RewardOutput
 from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.engine import (
@@ -187,10 +192,12 @@ class TwoLosses:
         return ObjectiveOutput(losses={"a": 100 * s, "b": 200 * s}, metrics={"m": 7.0}, num_items=batch.get("items"))
 
 
-def _engine(make_cfg, objective, *overrides):
+def _engine(make_cfg, objective, *overrides, model=None):
+    """An engine training ``model`` (by default a module of one parameter ``p``, 4 zeros) with ``objective``."""
     cfg = make_cfg("train.weight_decay=0", "train.warmup_steps=0", *overrides)
-    model = torch.nn.Module()
-    model.p = torch.nn.Parameter(torch.zeros(4))
+    if model is None:
+        model = torch.nn.Module()
+        model.p = torch.nn.Parameter(torch.zeros(4))
     optimizer = build_optimizer(model, cfg.train)
     scheduler = build_scheduler(optimizer, warmup=0, total=10, kind="constant")
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=cfg.train.grad_accum_steps,
@@ -409,6 +416,63 @@ def test_a_run_whose_second_step_scored_nothing_ends_with_the_first_steps_weight
     assert [v.get("reward/failed") for v in logged] == [None, 1.0]
     assert "grad_norm" not in logged[1] and undocumented(logged[1]) == []  # docs/training.md
     assert json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())["step"] == 2  # it counts
+
+
+class CountingEngine(GenerationEngine):
+    """A rollout engine (``decode.engine=test_loop:CountingEngine``) that decodes the caption "a b" (2 tokens, the stop
+    token included) for each image and counts the weight syncs it is sent (``synced``), as vLLM's would load them."""
+
+    def __init__(self) -> None:
+        self.synced = 0
+
+    @classmethod
+    def open(cls, model, cfg, *, tempered=False):
+        return cls()
+
+    def generate(self, batch, decode, seeds=None):
+        n = len(batch["index"]) * decode.num_return_sequences
+        return Generation(sequences=torch.ones(n, 2, dtype=torch.long), token_logprobs=torch.zeros(n, 2),
+                          lengths=torch.full((n,), 2), image_index=torch.arange(n) // decode.num_return_sequences,
+                          scores=torch.zeros(n), texts=["a b"] * n)  # fmt: skip
+
+    def sync(self, policy) -> None:
+        self.synced += 1
+
+
+class Policy(torch.nn.Module):
+    """A policy of one parameter per token position: the log-probs of a caption's tokens are ``p[:L]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros(4))
+
+    def forward(self, batch, sequences, mask, image_index=None, temperature=1.0, with_entropy=False):
+        return TokenScores(self.p[: sequences.shape[1]].expand(sequences.shape) * mask, None)
+
+
+def one_unless_failing(captions, batch):
+    """Reward 1 for every caption, or every caption failed (``batch["fail"]``: a judge down for the micro-batch)."""
+    failed = torch.full((len(captions),), bool(batch["fail"]))
+    return RewardOutput(torch.ones(len(captions)).masked_fill(failed, math.nan), {}, failed)
+
+
+def test_a_skipped_step_sends_the_rollout_engine_no_weights(make_cfg):
+    # REINFORCE (advantage 1 - 0) whose rollouts a counting engine decodes. Step 1 opens the engine and is taken;
+    # step 2's rollout first syncs the weights step 1 changed, and scores no caption: its update is skipped, so the
+    # weights the engine holds are the policy's and step 3's rollout needs no sync. Until 2026-11-29 end_step told
+    # the engine the policy changed after every step, skipped or not: step 3 synced again (with decode.engine=vllm a
+    # full copy of the weights for nothing), syncs [0, 1, 2, 3]
+    objective = Reinforce(one_unless_failing, NoBaseline(), rl=RLConfig(samples=2),
+                          decode=DecodeConfig(engine=f"{__name__}:CountingEngine"))  # fmt: skip
+    model, engine = _engine(make_cfg, objective, "train.grad_clip=0", model=Policy())
+    synced, weights_seen = [], []
+    for fail in (False, True, False, False):
+        before = model.p.detach().clone()
+        values = engine.train_step([{"index": torch.tensor([0, 1]), "fail": fail}])
+        synced.append(objective.rollouts.engine.synced)
+        weights_seen.append((values["skipped/unscored"], not torch.equal(model.p.detach(), before)))
+    assert weights_seen == [(0.0, True), (1.0, False), (0.0, True), (0.0, True)]  # step 2 skipped, the others moved
+    assert synced == [0, 1, 1, 2]
 
 
 def test_a_last_batch_smaller_than_the_micro_batches_is_one_big_batchs_step(make_cfg):

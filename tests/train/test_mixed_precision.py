@@ -30,7 +30,7 @@ from finecap.home import run_path
 from finecap.models.clipcap import ClipCap
 from finecap.models.presets import build_world_lm
 from finecap.objectives import ObjectiveOutput
-from finecap.objectives.base import as_objective
+from finecap.objectives.base import ObjectiveBase, as_objective
 from finecap.objectives.mle import MLE, mle_loss
 from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.engine import (
@@ -283,6 +283,34 @@ def test_a_step_no_caption_of_which_was_scored_leaves_the_gradient_scaler_alone(
     values = engine.train_step([{"g": 1.0, "scored": 2, "index": [0]}])  # 1 x 2**15 fits float16: taken
     assert values["skipped"] == 0.0 and values["skipped/unscored"] == 0.0 and math.isfinite(values["grad_norm"])
     assert not torch.equal(_weights(model), start) and engine.skipped.consecutive == 0
+
+
+class UpdatesSeen(ObjectiveBase):
+    """:class:`OverflowingScored` recording what each ``end_step`` was told: whether the step changed the weights."""
+
+    def __init__(self):
+        self.updated: list[bool] = []
+
+    def __call__(self, model, batch):
+        return OverflowingScored()(model, batch)
+
+    def end_step(self, updated: bool = True) -> None:
+        self.updated.append(updated)
+
+
+def test_the_objective_learns_which_steps_changed_the_weights():
+    # a step the scaler skips (overflow) and one that scored no caption leave the weights as they were, and the
+    # objective's end_step is told so (REINFORCE then sends a vLLM rollout engine no weights); a taken step changed
+    # them. Until 2026-11-29 end_step was never told: every step counted as a change
+    objective = UpdatesSeen()
+    model, engine = _fp16_engine(objective=objective)
+    start = _weights(model)
+    assert engine.train_step([{"g": 1.0, "scored": 2, "index": [0]}])["skipped"] == 1.0  # overflow at 2**16
+    assert engine.train_step([{"g": 0.0, "scored": 0, "index": [0]}])["skipped/unscored"] == 1.0
+    assert torch.equal(_weights(model), start)
+    assert engine.train_step([{"g": 1.0, "scored": 2, "index": [0]}])["skipped"] == 0.0  # 2**15 fits float16
+    assert not torch.equal(_weights(model), start)
+    assert objective.updated == [False, False, True]
 
 
 def _tiny_clipcap_fp16_skips(accum: int, examples: int = 64, steps: int = 3) -> tuple[list[float], float]:

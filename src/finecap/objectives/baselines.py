@@ -8,7 +8,12 @@ has ``predict``, the same call recording nothing: what the objective calls for a
 (:func:`baseline_of`, :func:`~finecap.contract.is_copy`), whose rewards are those of the micro-batch it repeats.
 
 - ``greedy`` (SCST, Rennie et al. 2017; the sequence-level exploration paper Sec. 4.3): the reward of the image's
-  greedy caption under the current model, ``b_j = R(greedy caption of image(j))``.
+  greedy caption under the current model, ``b_j = R(greedy caption of image(j))``. Where a reward could not score
+  the greedy caption (``RewardOutput.failed``: a judge that failed on it), the image's samples fall back to the
+  ``leave_one_out`` baseline below, the mean of its other scored samples (self-critical.pytorch's ``sample``
+  baseline, Luo 2020's SCST variant), so they still learn against a baseline that does not depend on them; with
+  ``rl.samples=1`` there is none, and they take no gradient. Until 2026-11-29 every sample of such an image had
+  advantage 0 (``reward_greedy/failed`` now logs how often a greedy caption failed).
 - ``mean`` (DiscriTune appendix B.1, NDLB appendix C.2): a running mean of past rewards. DiscriTune's code base
   (EGG's ``MeanBaseline``) keeps the *cumulative mean of per-batch mean rewards*,
   ``m_t = m_{t-1} + (mean_t - m_{t-1}) / t``, and subtracts ``m_{t-1}`` (the mean of *past* batches) before
@@ -77,14 +82,26 @@ class NoBaseline:
 
 
 class GreedyBaseline:
-    """SCST: ``b_j`` = reward of the greedy caption of caption j's image."""
+    """SCST: ``b_j`` = reward of the greedy caption of caption j's image; where a reward could not score that greedy
+    caption (``RewardOutput.failed``: its reward is NaN), the mean reward of the image's other scored samples
+    (:func:`others_mean`, the leave-one-out baseline; NaN, so no gradient, where there is none: ``rl.samples=1``).
+
+    >>> rewards = torch.tensor([1.0, 2.0, 3.0, 2.0, 4.0, 6.0])  # 2 images x 3 samples; image 1's greedy failed
+    >>> GreedyBaseline()(rewards, torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([2.0, float("nan")])).tolist()
+    [2.0, 2.0, 2.0, 5.0, 4.0, 3.0]
+    """
 
     needs_greedy = True
 
     def __call__(self, rewards: torch.Tensor, image_index: torch.Tensor, greedy: torch.Tensor | None) -> torch.Tensor:
         if greedy is None:
             raise ValueError("rl.baseline=greedy: the rewards of the greedy captions are missing")
-        return greedy.to(rewards.device, rewards.dtype)[image_index.to(rewards.device)]  # (N,)
+        index = image_index.to(rewards.device)
+        baseline = greedy.to(rewards.device, rewards.dtype)[index]  # (N,)
+        missing = ~torch.isfinite(baseline)  # a failed greedy caption (only a failed caption's reward is not finite)
+        if not bool(missing.any()):
+            return baseline
+        return torch.where(missing, others_mean(rewards, index), baseline)
 
 
 class LeaveOneOut:
@@ -98,18 +115,29 @@ class LeaveOneOut:
         counts = torch.bincount(index, minlength=n_images)  # (B,)
         if bool((counts[index] < 2).any()):
             raise ValueError("rl.baseline=leave_one_out needs at least 2 captions per image (rl.samples >= 2)")
-        scored = torch.isfinite(rewards)  # a caption a reward could not score (RewardOutput.failed) is NaN
-        if bool(scored.all()):
-            sums = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(0, index, rewards)
-            return (sums[index] - rewards) / (counts[index] - 1).to(rewards.dtype)  # (N,)
-        # the mean of the other *scored* captions (NaN when none is: the caption then takes no gradient)
-        kept = torch.where(scored, rewards, torch.zeros_like(rewards))
-        sums = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(0, index, kept)
-        n_scored = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(
-            0, index, scored.to(rewards.dtype)
-        )
-        others = n_scored[index] - scored.to(rewards.dtype)
-        return (sums[index] - kept) / others  # (N,): 0 / 0 = NaN where no other caption was scored
+        return others_mean(rewards, index)
+
+
+def others_mean(rewards: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(N,): the mean reward of the other scored captions of each caption's image (``index`` (N,): its batch row),
+    ``(sum_k r_k - r_j) / (s - 1)``; NaN where there is none (one caption, or its image's others all failed: the
+    caption then takes no gradient). A caption a reward could not score (``RewardOutput.failed``) is NaN in
+    ``rewards`` and is left out. :class:`LeaveOneOut`'s baseline, and :class:`GreedyBaseline`'s where a greedy caption
+    failed."""
+    n_images = int(index.max()) + 1 if len(index) else 0
+    scored = torch.isfinite(rewards)  # a caption a reward could not score (RewardOutput.failed) is NaN
+    if bool(scored.all()):
+        counts = torch.bincount(index, minlength=n_images)  # (B,)
+        sums = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(0, index, rewards)
+        return (sums[index] - rewards) / (counts[index] - 1).to(rewards.dtype)  # (N,): 0 / 0 = NaN for one caption
+    # the mean of the other *scored* captions (NaN when none is: the caption then takes no gradient)
+    kept = torch.where(scored, rewards, torch.zeros_like(rewards))
+    sums = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(0, index, kept)
+    n_scored = torch.zeros(n_images, dtype=rewards.dtype, device=rewards.device).index_add_(
+        0, index, scored.to(rewards.dtype)
+    )
+    others = n_scored[index] - scored.to(rewards.dtype)
+    return (sums[index] - kept) / others  # (N,): 0 / 0 = NaN where no other caption was scored
 
 
 class MeanBaseline:

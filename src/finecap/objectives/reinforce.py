@@ -18,11 +18,11 @@ One step, per batch of B images (``train.objective=reinforce``, options in the `
    ``entropy = -coef * mean token entropy`` (:mod:`finecap.objectives.entropy`), from the same forward pass, over
    the captions a reward scored (a failed caption takes no gradient from it either).
 
-Losses returned: ``reinforce`` (and ``entropy``); metrics: mean reward and parts, greedy reward, baseline, advantage
-spread, sampled caption length, share of distinct captions per image, the reward-hacking monitor's measures
-(``monitor/*``, :mod:`finecap.objectives.monitor`, with its ``rl.alarms``), and the seconds spent decoding
-(``time/generate``) and scoring (``time/reward``), the micro-batch's (the engine logs the step's sum:
-:func:`finecap.train.logging.step_sum`).
+Losses returned: ``reinforce`` (and ``entropy``); metrics: mean reward and parts, greedy reward (and the share of
+greedy captions a reward could not score), baseline, advantage spread, sampled caption length, share of distinct
+captions per image, the reward-hacking monitor's measures (``monitor/*``, :mod:`finecap.objectives.monitor`, with
+its ``rl.alarms``), and the seconds spent decoding (``time/generate``) and scoring (``time/reward``), the
+micro-batch's (the engine logs the step's sum: :func:`finecap.train.logging.step_sum`).
 
 The GRPO family (group advantages, the clipped surrogate over several iterations, a KL to the starting policy, token
 aggregation: ``grpo.advantage``, ``grpo.policy_loss`` and the options after them) is this objective with options, built
@@ -103,8 +103,9 @@ class Rollout:
     @property
     def advantage(self) -> torch.Tensor:
         """``R - b`` (N,); a caption a reward could not score (``RewardOutput.failed``: its total is NaN), or whose
-        baseline no scored caption gave (a failed greedy caption, an image whose other samples all failed), has
-        advantage 0: it takes no gradient and is never paid as a zero reward."""
+        baseline no scored caption gave (an image whose other samples all failed, under ``leave_one_out`` or a
+        failed greedy caption's fallback: :class:`~finecap.objectives.baselines.GreedyBaseline`), has advantage 0:
+        it takes no gradient and is never paid as a zero reward."""
         advantage = self.rewards.total - self.baseline
         usable = self.usable
         if self.rewards.failed is None and bool(usable.all()):
@@ -388,14 +389,17 @@ class Reinforce(ObjectiveBase):
         (:meth:`engine_correction`; no gradient through the weights): REINFORCE's loss on vLLM's rollouts."""
         return sequence_logprob(token_logprobs * weights, gen.lengths, self.rl.logprob)
 
-    def end_step(self) -> None:
+    def end_step(self, updated: bool = True) -> None:
         """After each optimizer step: the step's tallies of the reward are taken (:meth:`step_values`); baselines
         with per-step state (the running mean) update once; the monitor's alarms are checked on the step's global
-        batch; the rollout engine is told the policy changed."""
+        batch; the rollout engine is told the policy changed when the step ``updated`` the weights (not after a step
+        the engine skipped, whose weights vLLM already holds: until 2026-11-29 it was told, and the next rollout sent
+        them again)."""
         self._tally_step()  # before an alarm may stop the run: the stopped step's values hold them too
         call_hook(self.baseline, "end_step")
         self.monitor.end_step()
-        self.rollouts.policy_changed()
+        if updated:
+            self.rollouts.policy_changed()
 
     def _tally_step(self) -> None:
         """:attr:`step_tallies`: how much each of the reward's tallies
@@ -455,6 +459,9 @@ class Reinforce(ObjectiveBase):
             out["reward/failed"] = float(r.failed.float().mean())
         if rollout.greedy_rewards is not None:
             out["reward_greedy"] = _scored_mean(rollout.greedy_rewards.total)
+            # the share of greedy captions a reward could not score: their images' samples had the fallback baseline
+            greedy_failed = rollout.greedy_rewards.failed_mask()
+            out["reward_greedy/failed"] = 0.0 if greedy_failed is None else float(greedy_failed.float().mean())
         out["baseline"] = _scored_mean(rollout.baseline)  # over the captions that have one (not a failed greedy's)
         out["advantage_std"] = advantage_spread(rollout.advantage, rollout.usable)["advantage_std"]
         out["logprob"] = float(logp.detach().mean())
