@@ -286,22 +286,27 @@ def test_a_step_no_caption_of_which_was_scored_leaves_the_gradient_scaler_alone(
 
 
 class UpdatesSeen(ObjectiveBase):
-    """:class:`OverflowingScored` recording what each ``end_step`` was told: whether the step changed the weights."""
+    """:class:`OverflowingScored` recording, at each ``end_step``, whether ``weights_changed`` came before it."""
 
     def __init__(self):
         self.updated: list[bool] = []
+        self.changed = False
 
     def __call__(self, model, batch):
         return OverflowingScored()(model, batch)
 
-    def end_step(self, updated: bool = True) -> None:
-        self.updated.append(updated)
+    def weights_changed(self) -> None:
+        self.changed = True
+
+    def end_step(self) -> None:
+        self.updated.append(self.changed)
+        self.changed = False
 
 
 def test_the_objective_learns_which_steps_changed_the_weights():
     # a step the scaler skips (overflow) and one that scored no caption leave the weights as they were, and the
-    # objective's end_step is told so (REINFORCE then sends a vLLM rollout engine no weights); a taken step changed
-    # them. Until 2026-11-29 end_step was never told: every step counted as a change
+    # objective is not told they changed (weights_changed: REINFORCE then sends a vLLM rollout engine no weights); a
+    # taken step changed them. Until 2026-11-29 nothing told it: every step counted as a change
     objective = UpdatesSeen()
     model, engine = _fp16_engine(objective=objective)
     start = _weights(model)

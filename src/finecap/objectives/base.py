@@ -20,11 +20,12 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
 - ``begin_step(model, micro_batches)`` before an optimizer step's micro-batches run, with this process's micro-batches
   of the step, under the run's autocast: an objective that needs the whole step first (the GRPO family rolls out and
   scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.
-- ``end_step(updated=True)`` after every optimizer step (state updated once per step, whatever the micro-batches: a
-  running-mean baseline), a step whose update the engine skipped too, with ``updated=False`` (no caption of it
-  scored: ``ObjectiveOutput.scored``; or the fp16 gradient scaler skipped it): the weights did not change, so
-  REINFORCE's rollout engine is not sent them again; it may end training by raising :class:`StopTraining`, which the
-  engine logs first.
+- ``weights_changed()`` after an optimizer step that changed the weights, before ``end_step``; not after a step the
+  engine skipped (no caption of it scored: ``ObjectiveOutput.scored``; or the fp16 gradient scaler skipped it), whose
+  weights are those of the step before (REINFORCE's rollout engine is then not sent them again).
+- ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
+  baseline), a step whose update the engine skipped too; it may end training by raising :class:`StopTraining`, which
+  the engine logs first.
 - ``step_values() -> dict`` after ``end_step``: values of the whole optimizer step (every micro-batch and process),
   logged with the step's in place of the micro-batches' mean of the same key (the share of the step's captions a
   reward could not score, ``reward/failed``, the ``rl.alarms.failed`` alarm's own measure).
@@ -99,9 +100,12 @@ class ObjectiveBase:
     def begin_step(self, model: torch.nn.Module, micro_batches: list[dict[str, Any]]) -> None:
         """Called before an optimizer step's micro-batches (this process's), under the run's autocast."""
 
-    def end_step(self, updated: bool = True) -> None:
-        """Called after every optimizer step; ``updated``: whether the optimizer changed the weights (``False`` after
-        a step the engine skipped: module docstring)."""
+    def weights_changed(self) -> None:
+        """Called after an optimizer step that changed the weights, before :meth:`end_step` (not after a step the
+        engine skipped: module docstring)."""
+
+    def end_step(self) -> None:
+        """Called after every optimizer step."""
 
     def step_values(self) -> dict[str, float]:
         """After :meth:`end_step`: values of the whole step to log, replacing the micro-batches' mean of a key."""

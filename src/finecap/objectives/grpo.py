@@ -525,8 +525,8 @@ class PolicyOptimization(Reinforce):
             self.cycle, self.taken = self.prepare(model, micro_batches, indices), 0
         self.cursor, self.open = 0, True
 
-    def end_step(self, updated: bool = True) -> None:
-        super().end_step(updated)
+    def end_step(self) -> None:
+        super().end_step()
         self._finish_step()
 
     def step_values(self) -> dict[str, float]:

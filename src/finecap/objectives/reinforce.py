@@ -389,17 +389,19 @@ class Reinforce(ObjectiveBase):
         (:meth:`engine_correction`; no gradient through the weights): REINFORCE's loss on vLLM's rollouts."""
         return sequence_logprob(token_logprobs * weights, gen.lengths, self.rl.logprob)
 
-    def end_step(self, updated: bool = True) -> None:
+    def weights_changed(self) -> None:
+        """After an optimizer step that changed the weights: the rollout engine is told the policy changed (not after
+        a step the engine skipped, whose weights vLLM already holds: until 2026-11-29 it was told, and the next
+        rollout sent them again)."""
+        self.rollouts.policy_changed()
+
+    def end_step(self) -> None:
         """After each optimizer step: the step's tallies of the reward are taken (:meth:`step_values`); baselines
         with per-step state (the running mean) update once; the monitor's alarms are checked on the step's global
-        batch; the rollout engine is told the policy changed when the step ``updated`` the weights (not after a step
-        the engine skipped, whose weights vLLM already holds: until 2026-11-29 it was told, and the next rollout sent
-        them again)."""
+        batch."""
         self._tally_step()  # before an alarm may stop the run: the stopped step's values hold them too
         call_hook(self.baseline, "end_step")
         self.monitor.end_step()
-        if updated:
-            self.rollouts.policy_changed()
 
     def _tally_step(self) -> None:
         """:attr:`step_tallies`: how much each of the reward's tallies
