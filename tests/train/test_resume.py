@@ -2,12 +2,14 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from finecap.home import run_path
-from finecap.runs import checkpoint_dir
+from finecap.models.clipcap import ClipCap
+from finecap.runs import checkpoint_dir, model_dir
 from finecap.train.run import train
 from helpers.resume import Killed, kill_at, killed_at, train_events, weights
 
@@ -58,16 +60,11 @@ def test_a_resume_selecting_by_another_metric_or_mode_starts_the_best_anew(make_
     assert (best["step"], best["best_step"], best["best_mode"]) == (6, 6, "max")  # the first validation after
 
 
-def test_a_best_saved_at_a_step_the_resumed_run_redoes_is_saved_anew_so_best_agrees_with_the_run(
-    make_cfg, caplog, monkeypatch
-):
-    # killed after best was saved at step 4 and before last was (best is saved first): the resume redoes steps 3-4
-    # from last at step 2. A redo that is not bit-exact (here: its validation reads worse) left the killed run's best
-    # of step 4 in place, its values not in metrics.jsonl, while the run said its best was step 2's
+def killed_after_best_before_last(cfg, monkeypatch) -> Path:
+    """Train ``cfg`` (validating and saving every 2 steps) until it is killed at step 4 after ``best`` was saved and
+    before ``last`` was (best is saved first): ``best`` of step 4, ``last`` of step 2. The run's folder."""
     from finecap.train.engine import Engine
 
-    common = ["train.max_steps=6", "train.eval_every=2"]  # last saved at each validation, after best
-    cfg = make_cfg(*common, run="redo")
     run_dir = run_path(cfg.run)
     save_last = Engine.save_last
 
@@ -83,6 +80,26 @@ def test_a_best_saved_at_a_step_the_resumed_run_redoes_is_saved_anew_so_best_agr
     best = json.loads((checkpoint_dir(run_dir, "best") / "trainer_state.json").read_text())
     assert best["step"] == 4 and json.loads((checkpoint_dir(run_dir, "last") / "trainer_state.json").read_text())[
         "step"] == 2  # fmt: skip
+    return run_dir
+
+
+def best_checkpoint(run_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The ``trainer_state.json`` of the run's ``best`` checkpoint and its ClipCap's state dict."""
+    best = checkpoint_dir(run_dir, "best")
+    state = json.loads((best / "trainer_state.json").read_text())
+    return state, ClipCap.from_checkpoint(model_dir(best)).state_dict()
+
+
+def test_a_best_saved_at_a_step_the_resumed_run_redoes_is_saved_anew_so_best_agrees_with_the_run(
+    make_cfg, caplog, monkeypatch
+):
+    # killed after best was saved at step 4 and before last was: the resume redoes steps 3-4 from last at step 2. A
+    # redo that is not bit-exact (here: its validation reads worse) left the killed run's best of step 4 in place, its
+    # values not in metrics.jsonl, while the run said its best was step 2's
+    from finecap.train.engine import Engine
+
+    common = ["train.max_steps=6", "train.eval_every=2"]  # last saved at each validation, after best
+    run_dir = killed_after_best_before_last(make_cfg(*common, run="redo"), monkeypatch)
 
     evaluate = Engine.evaluate
 
@@ -99,6 +116,26 @@ def test_a_best_saved_at_a_step_the_resumed_run_redoes_is_saved_anew_so_best_agr
     logged = {e["step"]: e["values"] for e in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
               if e["split"] == "val"}  # fmt: skip
     assert best["values"]["loss"] == pytest.approx(logged[best["step"]]["loss"])  # a validation the log holds
+
+
+def test_a_bit_exact_redo_saves_the_same_best_again(make_cfg, monkeypatch):
+    # docs/reliability.md: the resume redoes steps 3-4 from last at step 2, bit for bit (the CPU run is deterministic:
+    # test_killed_and_resumed_run_matches_uninterrupted), so its validation at step 4 saves best anew with the killed
+    # run's step, values and weights
+    common = ["train.max_steps=6", "train.eval_every=2"]
+    run_dir = killed_after_best_before_last(make_cfg(*common, run="exact"), monkeypatch)
+    killed_state, killed_weights = best_checkpoint(run_dir)
+    assert killed_state["best_step"] == 4  # step 4's validation was the best when the run was killed
+    killed_folder = (checkpoint_dir(run_dir, "best") / "trainer_state.json").stat().st_ino
+
+    with pytest.raises(Killed):  # stopped before step 6's validation, which may find a better best of its own
+        train(make_cfg(*common, run="exact"), resume=True, callbacks=[kill_at(5)])
+    state, weights_again = best_checkpoint(run_dir)
+    # saved again, not left in place: a swapped-in folder's files are new (the killed one's still existed meanwhile)
+    assert (checkpoint_dir(run_dir, "best") / "trainer_state.json").stat().st_ino != killed_folder
+    assert (state["step"], state["best_step"], state["values"]) == (4, 4, killed_state["values"])
+    assert weights_again.keys() == killed_weights.keys()
+    assert all(torch.equal(weights_again[k], killed_weights[k]) for k in killed_weights)
 
 
 def test_a_resume_inside_an_epoch_with_another_global_batch_is_refused(make_cfg):
