@@ -340,7 +340,12 @@ _BREAKS = re.compile(r"\s*[\t\n\x0b\x0c\r\x1c-\x1f\x85\u2028\u2029][\s]*")
 
 def needs_cleaning(text: str) -> bool:
     """Whether :func:`clean_text` has work to do in the stripped ``text`` beyond refusing it as :func:`invisible`:
-    a control character, a bidirectional override or a byte-order mark in it (the fast readers' test)."""
+    a control character, a bidirectional override or a byte-order mark in it (the fast readers' test). ASCII text,
+    the usual caption, is read in one C pass: its control characters (C0 and DEL) are exactly its unprintable ones,
+    and the other two are not ASCII (two regular-expression searches an image were 28 ms of reading 8,000 COCO
+    images)."""
+    if text.isascii():
+        return not text.isprintable()
     return _CONTROL.search(text) is not None or _BIDI.search(text) is not None or _BOM in text
 
 
