@@ -408,6 +408,14 @@ def test_extra_references_are_ignored():
     assert cider_d(preds, {**TWO_IMAGES, 3: ["e f"]}) == cider_d(preds, TWO_IMAGES)
 
 
+def test_order_of_distinct_is_argsort():
+    # CIDEr-D's summing orders (first occurrences: distinct positions) by a counting sort instead of np.argsort
+    rng = np.random.default_rng(0)
+    for size, bound in [(0, 0), (1, 1), (1000, 1000), (1000, 50_000)]:
+        values = rng.choice(bound, size=size, replace=False)
+        assert np.array_equal(counting.order_of_distinct(values, bound), np.argsort(values))
+
+
 def test_dense_ids_and_find_fallbacks():
     rng = np.random.default_rng(0)
     small = rng.integers(0, 50, 200)

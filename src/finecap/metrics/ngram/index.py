@@ -17,6 +17,7 @@ from finecap.metrics.ngram.counting import (
     count_ngrams_first,
     find_sorted,
     key_bits,
+    order_of_distinct,
 )
 
 
@@ -185,7 +186,7 @@ class RefIndex:
         flat_slot = (key[:e_keep] >> (gb + sb)) * R + slot  # image * R + slot
         # each reference's squared weights summed in the order of its n-grams' first occurrences, as pycocoevalcap's
         # counts2vec sums them (floating-point addition is not associative: this order gives its very bits)
-        by_text = np.argsort(first_occ[:e_keep], kind="stable")
+        by_text = order_of_distinct(first_occ[:e_keep], cut)  # first occurrences are distinct positions
         sq = v * v
         self.ref_norm[..., o] = np.sqrt(np.bincount(flat_slot[by_text], sq[by_text], minlength=I * R)).reshape(I, R)
         tf_mat = np.zeros((n_keep, R), dtype=small)
@@ -194,12 +195,15 @@ class RefIndex:
 
     @staticmethod
     def _merge(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
-        """Per-order (candidate, id, tf, first occurrence) as one set of arrays (candidate, order, id, tf, first)."""
+        """Per-order (candidate, id, tf, first occurrence) as one set of arrays (candidate, order, id, tf, first);
+        each order's first occurrences are shifted past the previous order's, so that they are distinct, as
+        :meth:`candidates`' are (their order within an order kept)."""
         cand = np.concatenate([x[0] for x in counts])
         order = np.concatenate([np.full(len(x[0]), o, dtype=np.int64) for o, x in enumerate(counts)])
         ids = np.concatenate([x[1] for x in counts])
         tf = np.concatenate([x[2] for x in counts])
-        first = np.concatenate([x[3] for x in counts])
+        ends = np.cumsum([int(x[3].max()) + 1 if len(x[3]) else 0 for x in counts])
+        first = np.concatenate([x[3] + (ends[o - 1] if o else 0) for o, x in enumerate(counts)])
         return cand, order, ids, tf, first
 
     # ------------------------------------------------------------------------------------------------------------
@@ -209,7 +213,7 @@ class RefIndex:
 
         ``id < sizes[order]`` for n-grams of the tables, larger for n-grams never seen (document frequency 0).
         ``first`` orders a caption's n-grams of one order as their first occurrences in its text (CIDEr-D sums
-        them in that order, as pycocoevalcap does).
+        them in that order, as pycocoevalcap does); its values are distinct.
         """
         if captions is self._extra:
             return self._extra_counts, self._extra_lengths
@@ -287,11 +291,12 @@ class RefIndex:
         # unseen n-grams have df = 0: weight tf * (ref_len - log(max(1, 0))) = tf * ref_len
         vc = tf * np.where(known, self.idf[np.minimum(gid, len(self.idf) - 1)], self.ref_len)  # (E,)
         # sums over a caption's n-grams run in the order of their first occurrences, as pycocoevalcap's (its bits)
-        by_text = np.argsort(first, kind="stable")
+        bound = int(first.max()) + 1 if len(first) else 0
+        by_text = order_of_distinct(first, bound)
         sq = vc * vc
         cand_norm = np.sqrt(np.bincount((c * n + o)[by_text], sq[by_text], minlength=C * n)).reshape(C, n)
         q, row = self._matched(captions, img, c, o, ids)
-        q_text = np.argsort(first[q], kind="stable")
+        q_text = order_of_distinct(first[q], bound)
         q, row = q[q_text], row[q_text]
         vr = self.tf[row] * self.idf[gid[q]][:, None]  # (H, R) reference weights per slot
         contrib = np.minimum(vc[q][:, None], vr) * vr  # (H, R): vrama91's clipping
