@@ -416,6 +416,19 @@ def test_order_of_distinct_is_argsort():
         assert np.array_equal(counting.order_of_distinct(values, bound), np.argsort(values))
 
 
+def test_cider_d_occurrences_sorted_packed_or_through_their_permutation_alike(corpus, monkeypatch):
+    # RefIndex._order sorts CIDEr-D's occurrences with their position in the key's low bits where it fits in an
+    # int64 (this corpus), else through np.argsort's permutation: the same scores, bit for bit, either way
+    preds, refs = corpus
+    packed = cider_d_per_item(preds, refs)
+    sorts = []
+    real_argsort = np.argsort
+    monkeypatch.setattr(index.np, "argsort", lambda *a, **k: sorts.append(1) or real_argsort(*a, **k))
+    assert cider_d_per_item(preds, refs) == packed and not sorts  # packed: no argsort
+    monkeypatch.setattr(index, "_PACKED_BITS", 0)
+    assert cider_d_per_item(preds, refs) == packed and len(sorts) == 4  # one per order
+
+
 def test_dense_ids_and_find_fallbacks():
     rng = np.random.default_rng(0)
     small = rng.integers(0, 50, 200)

@@ -20,6 +20,10 @@ from finecap.metrics.ngram.counting import (
     order_of_distinct,
 )
 
+_PACKED_BITS = 63
+"""Bits of a sort key of CIDEr-D's occurrences (image, n-gram, slot, occurrence) at most: an int64's non-negative
+values. A corpus whose key needs more sorts through the occurrences' permutation instead (same result, slower)."""
+
 
 class RefIndex:
     """Reference statistics per image, all n-gram orders in one index.
@@ -148,7 +152,15 @@ class RefIndex:
             raise ValueError(f"reference corpus too large for the n-gram index ({n_images} images)")
         key = ((img_of_sent << (gb + sb)) | slot_of_sent)[s[:cut]]  # (E,) image and slot of each occurrence
         key |= ids[:cut] << sb
-        if cider:  # by (image, n-gram, slot), remembering where each occurrence was
+        ob = key_bits(cut)  # CIDEr-D sums in the order of each entry's first occurrence (occurrences in text order)
+        packed = cider and key_bits(n_images) + gb + sb + ob <= _PACKED_BITS
+        if packed:  # the occurrence in the key's low bits: one in-place sort, each run starts at its first occurrence
+            key <<= ob
+            key |= np.arange(cut, dtype=np.int64)
+            key.sort()
+            occ = key & ((1 << ob) - 1)
+            key >>= ob
+        elif cider:  # no room for the occurrence: sorted through its permutation (three times as long)
             perm = np.argsort(key)
             key = key[perm]
         else:
@@ -159,7 +171,10 @@ class RefIndex:
         starts = np.flatnonzero(first)
         key, tf = key[starts[:-1]], np.diff(starts)
         first_occ = None  # each entry's first occurrence (occurrences are in text order): CIDEr-D's summing order
-        if cider:
+        if packed:
+            first_occ = occ[starts[:-1]]
+            del occ
+        elif cider:
             first_occ = np.minimum.reduceat(perm, starts[:-1]) if len(key) else perm[:0]
         del first
         rowkey = key >> sb  # image << gb | n-gram
