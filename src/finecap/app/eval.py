@@ -64,7 +64,7 @@ from typing import Any, Literal
 from finecap.config import Config
 from finecap.data.bags_file import read_bags
 from finecap.data.predictions import check_line_order, prediction_format, read_predictions
-from finecap.data.records import MAX_LISTED, DataError, Record, file_number
+from finecap.data.records import MAX_LISTED, DataError, Record, stem_number
 from finecap.data.references import (
     LoadedReferences,
     check_image_folder,
@@ -411,7 +411,7 @@ def file_numbers(refs: LoadedReferences) -> dict[int, Hashable]:
     out: dict[int, Hashable] = {}
     shared: set[int] = set()
     for r in refs.records:
-        number = None if r.embedded else file_number(r.path.name)
+        number = None if r.embedded else stem_number(r.path.stem)
         if number is None:
             continue
         if number in out and out[number] != r.image_id:

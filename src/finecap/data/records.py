@@ -143,7 +143,13 @@ def file_number(name: str) -> int | None:
         >>> file_number("000000391895.jpg"), file_number("COCO_val2014_000000000042.jpg"), file_number("cat.jpg")
         (391895, 42, None)
     """
-    found = NUMBERED.match(PurePath(name).stem)
+    return stem_number(PurePath(name).stem)
+
+
+def stem_number(stem: str) -> int | None:
+    """:func:`file_number` of a file whose stem (name without its suffix) is ``stem``: for a path parsed already
+    (``Path.stem``), without parsing its name again (:func:`finecap.app.eval.file_numbers` reads thousands)."""
+    found = NUMBERED.match(stem)
     if found is None or len(found.group(1)) > MAX_ID_DIGITS:
         return None
     number = int(found.group(1))
