@@ -17,7 +17,7 @@ from finecap.data.formats.coco import read_coco_captions
 from finecap.data.formats.folder import read_folder
 from finecap.data.formats.jsonl import read_jsonl
 from finecap.data.formats.karpathy import read_karpathy
-from finecap.data.records import NO_SPLIT, DataError, Record
+from finecap.data.records import NO_SPLIT, DataError, Record, needs_cleaning
 from finecap.data.results import read_results, write_results
 from finecap.metrics.cocoeval import CaptionFile
 from finecap.utils.files import write_json
@@ -593,6 +593,17 @@ def _second_caption_readers(tmp_path, caption, formats=("jsonl", "karpathy", "co
             "captions_val.json: image id 1 (a.png): caption 1 "),
     }  # fmt: skip
     return {name: readers[name] for name in formats}
+
+
+def test_the_fast_readers_test_of_ascii_text_is_the_control_character_classes():
+    # needs_cleaning reads ASCII text by str.isprintable: every ASCII character, alone and among words, against the
+    # ASCII part of what clean_text reads (control characters C0 and DEL; the bidirectional controls and the BOM are
+    # not ASCII); then non-ASCII text: a C1 control, an override, a BOM, and a direction mark (kept)
+    for code in range(128):
+        want = code < 0x20 or code == 0x7F
+        assert needs_cleaning(chr(code)) is want and needs_cleaning(f"a dog{chr(code)} runs") is want, hex(code)
+    assert needs_cleaning("a caf\u00e9\u0085") and needs_cleaning("\u202ea dog") and needs_cleaning("\ufeffa dog")
+    assert not needs_cleaning("a caf\u00e9 \u200e")
 
 
 @pytest.mark.parametrize(

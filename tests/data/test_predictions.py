@@ -23,7 +23,7 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.rouge.rouge import Rouge
 
 from finecap.app.cli import main as cli
-from finecap.data.predictions import Predictions, read_predictions
+from finecap.data.predictions import Predictions, jsonl, read_predictions
 from finecap.data.records import DataError
 from finecap.metrics.ptb_tokenize import ptb_tokenize
 from finecap.utils.reading import FileTooLarge
@@ -271,6 +271,21 @@ def test_coco_results_of_one_line_get_the_json_lines_hint_too(tmp_path):
     path.write_text(json.dumps({"captions": {"1": "a red circle"}}))  # another object: the plain error, no hint
     error = str(read_error(path))
     assert "must be a list of {'image_id', 'caption'} objects, got dict" in error and "JSON Lines" not in error
+
+
+def test_a_coco_results_file_of_one_line_is_parsed_once(tmp_path, monkeypatch):
+    # the tools' detectors read a first line as a JSON Lines record: a COCO results list written on one line (as
+    # json.dump writes it) was the whole file, parsed again by each of three detectors before its reader parsed it
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps([{"image_id": i, "caption": f"image {i}"} for i in range(3)]))
+    parsed = []
+    real = jsonl.parse_json
+    monkeypatch.setattr(jsonl, "parse_json", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    fmt, read = read_predictions(path)
+    assert fmt == "coco" and read.captions == {i: [f"image {i}"] for i in range(3)} and not parsed
+    # a first line holding an object is still read (an lmms-eval or ms-swift line), white space before it too
+    path.write_text(' \t{"image_id": 1, "caption": "a dog"}\n')
+    assert jsonl.first_record(path) == {"image_id": 1, "caption": "a dog"} and parsed
 
 
 def read_error(path):

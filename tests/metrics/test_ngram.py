@@ -408,6 +408,27 @@ def test_extra_references_are_ignored():
     assert cider_d(preds, {**TWO_IMAGES, 3: ["e f"]}) == cider_d(preds, TWO_IMAGES)
 
 
+def test_order_of_distinct_is_argsort():
+    # CIDEr-D's summing orders (first occurrences: distinct positions) by a counting sort instead of np.argsort
+    rng = np.random.default_rng(0)
+    for size, bound in [(0, 0), (1, 1), (1000, 1000), (1000, 50_000)]:
+        values = rng.choice(bound, size=size, replace=False)
+        assert np.array_equal(counting.order_of_distinct(values, bound), np.argsort(values))
+
+
+def test_cider_d_occurrences_sorted_packed_or_through_their_permutation_alike(corpus, monkeypatch):
+    # RefIndex._order sorts CIDEr-D's occurrences with their position in the key's low bits where it fits in an
+    # int64 (this corpus), else through np.argsort's permutation: the same scores, bit for bit, either way
+    preds, refs = corpus
+    packed = cider_d_per_item(preds, refs)
+    sorts = []
+    real_argsort = np.argsort
+    monkeypatch.setattr(index.np, "argsort", lambda *a, **k: sorts.append(1) or real_argsort(*a, **k))
+    assert cider_d_per_item(preds, refs) == packed and not sorts  # packed: no argsort
+    monkeypatch.setattr(index, "_PACKED_BITS", 0)
+    assert cider_d_per_item(preds, refs) == packed and len(sorts) == 4  # one per order
+
+
 def test_dense_ids_and_find_fallbacks():
     rng = np.random.default_rng(0)
     small = rng.integers(0, 50, 200)

@@ -28,12 +28,15 @@ def records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def first_record(path: Path, suffixes: tuple[str, ...] = (".jsonl", ".json")) -> dict[str, Any] | None:
     """The first line of ``path`` (after a byte-order mark) as a JSON object when ``path`` has one of ``suffixes``
-    and that line is one."""
+    and that line is one. A line opening an array (a COCO results file written on one line: the whole file) is
+    not parsed: it is no object (8 ms for each format that asks, on 8,000 results)."""
     if path.suffix.lower() not in suffixes:
         return None
     try:
         with open(path, "rb") as f:
             line = f.readline(1 << 24).removeprefix(codecs.BOM_UTF8)
+        if line.lstrip(b" \t\r\n").startswith(b"["):  # in every encoding json reads: an array, or no JSON
+            return None
         rec = parse_json(line, str(path), one_line=True)
     except (OSError, ValueError):
         return None

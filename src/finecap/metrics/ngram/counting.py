@@ -343,6 +343,21 @@ def count_ngrams_first(
     return key >> b, key & ((1 << b) - 1), tf, first
 
 
+def order_of_distinct(values: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(values)`` of distinct integers ``0 <= values < bound``, by one scatter into ``bound`` slots (a
+    counting sort, linear) instead of a comparison sort: CIDEr-D's summing orders, whose values are occurrence
+    positions (:class:`~finecap.metrics.ngram.index.RefIndex`; 4-6 ms a sort of 500,000 against 1 ms).
+
+    Example::
+
+        >>> order_of_distinct(np.array([7, 2, 5, 0]), 8).tolist()
+        [3, 1, 2, 0]
+    """
+    at = np.full(bound, -1, dtype=np.int64)
+    at[values] = np.arange(len(values))
+    return at[at >= 0]
+
+
 def closest_ref_length(ref_words: np.ndarray, testlen: np.ndarray) -> np.ndarray:
     """pycocoevalcap 'closest': ``min((abs(l - testlen), l) for l in reflens)[1]`` per row; padding is -1."""
     big = np.iinfo(np.int64).max // 4

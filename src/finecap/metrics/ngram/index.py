@@ -17,7 +17,12 @@ from finecap.metrics.ngram.counting import (
     count_ngrams_first,
     find_sorted,
     key_bits,
+    order_of_distinct,
 )
+
+_PACKED_BITS = 63
+"""Bits of a sort key of CIDEr-D's occurrences (image, n-gram, slot, occurrence) at most: an int64's non-negative
+values. A corpus whose key needs more sorts through the occurrences' permutation instead (same result, slower)."""
 
 
 class RefIndex:
@@ -147,7 +152,15 @@ class RefIndex:
             raise ValueError(f"reference corpus too large for the n-gram index ({n_images} images)")
         key = ((img_of_sent << (gb + sb)) | slot_of_sent)[s[:cut]]  # (E,) image and slot of each occurrence
         key |= ids[:cut] << sb
-        if cider:  # by (image, n-gram, slot), remembering where each occurrence was
+        ob = key_bits(cut)  # CIDEr-D sums in the order of each entry's first occurrence (occurrences in text order)
+        packed = cider and key_bits(n_images) + gb + sb + ob <= _PACKED_BITS
+        if packed:  # the occurrence in the key's low bits: one in-place sort, each run starts at its first occurrence
+            key <<= ob
+            key |= np.arange(cut, dtype=np.int64)
+            key.sort()
+            occ = key & ((1 << ob) - 1)
+            key >>= ob
+        elif cider:  # no room for the occurrence: sorted through its permutation (three times as long)
             perm = np.argsort(key)
             key = key[perm]
         else:
@@ -158,7 +171,10 @@ class RefIndex:
         starts = np.flatnonzero(first)
         key, tf = key[starts[:-1]], np.diff(starts)
         first_occ = None  # each entry's first occurrence (occurrences are in text order): CIDEr-D's summing order
-        if cider:
+        if packed:
+            first_occ = occ[starts[:-1]]
+            del occ
+        elif cider:
             first_occ = np.minimum.reduceat(perm, starts[:-1]) if len(key) else perm[:0]
         del first
         rowkey = key >> sb  # image << gb | n-gram
@@ -185,7 +201,7 @@ class RefIndex:
         flat_slot = (key[:e_keep] >> (gb + sb)) * R + slot  # image * R + slot
         # each reference's squared weights summed in the order of its n-grams' first occurrences, as pycocoevalcap's
         # counts2vec sums them (floating-point addition is not associative: this order gives its very bits)
-        by_text = np.argsort(first_occ[:e_keep], kind="stable")
+        by_text = order_of_distinct(first_occ[:e_keep], cut)  # first occurrences are distinct positions
         sq = v * v
         self.ref_norm[..., o] = np.sqrt(np.bincount(flat_slot[by_text], sq[by_text], minlength=I * R)).reshape(I, R)
         tf_mat = np.zeros((n_keep, R), dtype=small)
@@ -194,12 +210,15 @@ class RefIndex:
 
     @staticmethod
     def _merge(counts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
-        """Per-order (candidate, id, tf, first occurrence) as one set of arrays (candidate, order, id, tf, first)."""
+        """Per-order (candidate, id, tf, first occurrence) as one set of arrays (candidate, order, id, tf, first);
+        each order's first occurrences are shifted past the previous order's, so that they are distinct, as
+        :meth:`candidates`' are (their order within an order kept)."""
         cand = np.concatenate([x[0] for x in counts])
         order = np.concatenate([np.full(len(x[0]), o, dtype=np.int64) for o, x in enumerate(counts)])
         ids = np.concatenate([x[1] for x in counts])
         tf = np.concatenate([x[2] for x in counts])
-        first = np.concatenate([x[3] for x in counts])
+        ends = np.cumsum([int(x[3].max()) + 1 if len(x[3]) else 0 for x in counts])
+        first = np.concatenate([x[3] + (ends[o - 1] if o else 0) for o, x in enumerate(counts)])
         return cand, order, ids, tf, first
 
     # ------------------------------------------------------------------------------------------------------------
@@ -209,7 +228,7 @@ class RefIndex:
 
         ``id < sizes[order]`` for n-grams of the tables, larger for n-grams never seen (document frequency 0).
         ``first`` orders a caption's n-grams of one order as their first occurrences in its text (CIDEr-D sums
-        them in that order, as pycocoevalcap does).
+        them in that order, as pycocoevalcap does); its values are distinct.
         """
         if captions is self._extra:
             return self._extra_counts, self._extra_lengths
@@ -287,11 +306,12 @@ class RefIndex:
         # unseen n-grams have df = 0: weight tf * (ref_len - log(max(1, 0))) = tf * ref_len
         vc = tf * np.where(known, self.idf[np.minimum(gid, len(self.idf) - 1)], self.ref_len)  # (E,)
         # sums over a caption's n-grams run in the order of their first occurrences, as pycocoevalcap's (its bits)
-        by_text = np.argsort(first, kind="stable")
+        bound = int(first.max()) + 1 if len(first) else 0
+        by_text = order_of_distinct(first, bound)
         sq = vc * vc
         cand_norm = np.sqrt(np.bincount((c * n + o)[by_text], sq[by_text], minlength=C * n)).reshape(C, n)
         q, row = self._matched(captions, img, c, o, ids)
-        q_text = np.argsort(first[q], kind="stable")
+        q_text = order_of_distinct(first[q], bound)
         q, row = q[q_text], row[q_text]
         vr = self.tf[row] * self.idf[gid[q]][:, None]  # (H, R) reference weights per slot
         contrib = np.minimum(vc[q][:, None], vr) * vr  # (H, R): vrama91's clipping
