@@ -77,7 +77,6 @@ def test_an_rl_rollout_decodes_with_the_engine_and_syncs_it(run, shapes, tmp_pat
     assert "vllm/logp_diff/max" in out.metrics and "time/sync" in out.metrics  # another engine's log-probs
     sum(out.losses.values()).backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.parameters())  # scored by the trainer
-    objective.weights_changed()  # as the training engine calls them after a step that changed the weights
     objective.end_step()
     batch["step_info"] = StepInfo(1, list(range(len(items))), {})
     objective(policy, batch)

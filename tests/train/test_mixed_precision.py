@@ -286,27 +286,28 @@ def test_a_step_no_caption_of_which_was_scored_leaves_the_gradient_scaler_alone(
 
 
 class UpdatesSeen(ObjectiveBase):
-    """:class:`OverflowingScored` recording, at each ``end_step``, whether ``weights_changed`` came before it."""
+    """:class:`OverflowingScored` recording, at each ``end_step``, whether the step's weights changed (no
+    ``update_skipped`` before it)."""
 
     def __init__(self):
         self.updated: list[bool] = []
-        self.changed = False
+        self.kept = False
 
     def __call__(self, model, batch):
         return OverflowingScored()(model, batch)
 
-    def weights_changed(self) -> None:
-        self.changed = True
+    def update_skipped(self) -> None:
+        self.kept = True
 
     def end_step(self) -> None:
-        self.updated.append(self.changed)
-        self.changed = False
+        self.updated.append(not self.kept)
+        self.kept = False
 
 
 def test_the_objective_learns_which_steps_changed_the_weights():
     # a step the scaler skips (overflow) and one that scored no caption leave the weights as they were, and the
-    # objective is not told they changed (weights_changed: REINFORCE then sends a vLLM rollout engine no weights); a
-    # taken step changed them. Until 2026-11-29 nothing told it: every step counted as a change
+    # objective is told so (update_skipped: REINFORCE then sends a vLLM rollout engine no weights); a taken step
+    # changed them. Until 2026-11-29 nothing told it: every step counted as a change
     objective = UpdatesSeen()
     model, engine = _fp16_engine(objective=objective)
     start = _weights(model)

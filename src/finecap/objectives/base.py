@@ -20,9 +20,10 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
 - ``begin_step(model, micro_batches)`` before an optimizer step's micro-batches run, with this process's micro-batches
   of the step, under the run's autocast: an objective that needs the whole step first (the GRPO family rolls out and
   scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.
-- ``weights_changed()`` after an optimizer step that changed the weights, before ``end_step``; not after a step the
-  engine skipped (no caption of it scored: ``ObjectiveOutput.scored``; or the fp16 gradient scaler skipped it), whose
-  weights are those of the step before (REINFORCE's rollout engine is then not sent them again).
+- ``update_skipped()`` before ``end_step`` after a step whose update the engine skipped (no caption of it scored:
+  ``ObjectiveOutput.scored``; or the fp16 gradient scaler skipped it), whose weights are those of the step before:
+  REINFORCE's rollout engine is then not sent them again. A loop of one's own that calls ``end_step`` alone after
+  each step has every step count as a change (the safe default: a sync too many, never a stale engine).
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
   baseline), a step whose update the engine skipped too; it may end training by raising :class:`StopTraining`, which
   the engine logs first.
@@ -100,9 +101,9 @@ class ObjectiveBase:
     def begin_step(self, model: torch.nn.Module, micro_batches: list[dict[str, Any]]) -> None:
         """Called before an optimizer step's micro-batches (this process's), under the run's autocast."""
 
-    def weights_changed(self) -> None:
-        """Called after an optimizer step that changed the weights, before :meth:`end_step` (not after a step the
-        engine skipped: module docstring)."""
+    def update_skipped(self) -> None:
+        """Called before :meth:`end_step` after a step whose optimizer update the engine skipped: the weights are
+        those of the step before (module docstring)."""
 
     def end_step(self) -> None:
         """Called after every optimizer step."""

@@ -237,6 +237,7 @@ class Reinforce(ObjectiveBase):
         self.sample_cfg = rollout_decode(decode, rl)
         self.greedy_cfg = greedy_decode(decode)
         self.monitor = Monitor(rl)  # the reward-hacking monitor (finecap.objectives.monitor): logged, never a loss
+        self.weights_kept = False  # the step ending now was skipped by the engine (update_skipped): no sync needed
         self.accelerator: Any = None  # the run's (setup): the reward's tallies of a step are summed over processes
         self.tallied: dict[str, float] = {}  # the reward's tallies at the end of the last step (or of its set-up)
         self.step_tallies: dict[str, float] = {}  # their increase over the last step, every process's (end_step)
@@ -389,19 +390,23 @@ class Reinforce(ObjectiveBase):
         (:meth:`engine_correction`; no gradient through the weights): REINFORCE's loss on vLLM's rollouts."""
         return sequence_logprob(token_logprobs * weights, gen.lengths, self.rl.logprob)
 
-    def weights_changed(self) -> None:
-        """After an optimizer step that changed the weights: the rollout engine is told the policy changed (not after
-        a step the engine skipped, whose weights vLLM already holds: until 2026-11-29 it was told, and the next
-        rollout sent them again)."""
-        self.rollouts.policy_changed()
+    def update_skipped(self) -> None:
+        """The step about to end left the weights as they were (the engine skipped its update): :meth:`end_step`
+        does not tell the rollout engine the policy changed, vLLM holding these weights already (until 2026-11-29 it
+        was told, and the next rollout sent them again)."""
+        self.weights_kept = True
 
     def end_step(self) -> None:
         """After each optimizer step: the step's tallies of the reward are taken (:meth:`step_values`); baselines
         with per-step state (the running mean) update once; the monitor's alarms are checked on the step's global
-        batch."""
+        batch; the rollout engine is told the policy changed, unless the step's update was skipped
+        (:meth:`update_skipped`)."""
         self._tally_step()  # before an alarm may stop the run: the stopped step's values hold them too
         call_hook(self.baseline, "end_step")
         self.monitor.end_step()
+        if not self.weights_kept:
+            self.rollouts.policy_changed()
+        self.weights_kept = False
 
     def _tally_step(self) -> None:
         """:attr:`step_tallies`: how much each of the reward's tallies

@@ -783,8 +783,7 @@ class Engine:
         A step none of whose captions a reward scored (``ObjectiveOutput.scored``, summed over every micro-batch and
         process) is not taken: no clipping, no ``optimizer.step``, no ``grad_norm``; it logs ``skipped/unscored`` 1 (0
         at the other steps of an objective that reports ``scored``) and warns (module docstring). The objective's
-        ``weights_changed`` runs after a step that changed the weights only (not after this skip nor the fp16
-        scaler's), its ``end_step`` after every step."""
+        ``update_skipped`` runs before its ``end_step`` after this skip and the fp16 scaler's."""
         acc, model, optimizer = self.accelerator, self.model, self.optimizer
         if not model.training:  # a recursive walk over every module: only after an evaluation
             model.train()
@@ -880,8 +879,8 @@ class Engine:
         unscored_values = {"skipped/unscored": float(unscored)} if reports_scored else {}
         values = {**values, "lr": lr, **grad, **scaler_values, **unscored_values}
         try:  # a skipped step left the weights as they were (an RL objective's rollout engine needs no sync)
-            if not skipped:
-                self.objective.weights_changed()
+            if skipped:
+                self.objective.update_skipped()
             self.objective.end_step()
         except StopTraining as stop:  # the step ran: its values go with the stop, for the log (_fit)
             stop.values = {**values, **self.objective.step_values()}
