@@ -424,16 +424,15 @@ def _sha256_file(path: Path, memo: dict[Path, str]) -> str:
 
 class AnswerCache:
     """Append-only JSONL of accepted answers keyed by request hash (module docstring), with the model that gave each
-    (``served_model``: :attr:`served_models`; keys of lines written before finecap recorded it: :attr:`unrecorded`)."""
+    (``served_model``: :attr:`served_models`; a key it lacks: a line written before finecap recorded it)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.answers: dict[str, str] = {}
         self.served_models: dict[str, str | None] = {}
-        """The model each cached answer's line records (``None``: no server named one)."""
-        self.unrecorded: set[str] = set()
-        """Keys whose line has no ``served_model`` (written by an older finecap), or not a name."""
+        """The model each cached answer's line records (``None``: no server named one); a key of :attr:`answers` it
+        lacks is of a line with no ``served_model`` (written by an older finecap), or not a name."""
         self.said_unrecorded = False
         """Whether :func:`check_cached_models` has said that some answers record no model (it says so once)."""
         self.n_lines = 0
@@ -449,8 +448,6 @@ class AnswerCache:
                     model = row.get("served_model")
                     if "served_model" in row and (model is None or isinstance(model, str)):
                         self.served_models[key] = model
-                    else:
-                        self.unrecorded.add(key)
                 self.n_lines += 1
         cut = unfinished_line(self.path) if self.path.exists() else b""
         self._file = open_append(self.path)  # never through a link planted at cache.jsonl
@@ -498,7 +495,7 @@ def check_cached_models(served: ServedCheck, cache: AnswerCache, step: str, keys
     record (module docstring: the rule within a run, so that a reply naming another model stops the run before its
     answer is cached), and two models recorded, or one other than this run's replies named, are the reason. Answers
     recording no model (of an older finecap) are used as they are: said once per cache (a warning naming the file)."""
-    unrecorded = sum(k in cache.unrecorded for k in keys)
+    unrecorded = sum(k not in cache.served_models for k in keys)
     if unrecorded and not cache.said_unrecorded:
         cache.said_unrecorded = True
         log.warning("%s: %d cached answer(s) of step %r were written by an earlier finecap, which did not record the "
