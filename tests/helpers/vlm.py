@@ -22,10 +22,12 @@ def images(n: int, seed: int = 0) -> list[Image.Image]:
     return [Image.fromarray((torch.rand(16, 16 + 8 * (i % 2), 3, generator=g) * 255).byte().numpy()) for i in range(n)]
 
 
-def batch_of(model: Vlm, captions=CAPTIONS, seed: int = 0) -> dict:
-    """The model's collated training batch of ``captions``, one random image each (:func:`images`)."""
+def batch_of(model: Vlm, captions=CAPTIONS, seed: int = 0, pictures: list[Image.Image] | None = None) -> dict:
+    """The model's collated training batch of ``captions``, one image each: ``pictures``, else random ones
+    (:func:`images`)."""
+    pictures = images(len(captions), seed) if pictures is None else pictures
     items = [{"caption": c, "image": im, "image_id": i, "references": [c], "index": i}
-             for i, (c, im) in enumerate(zip(captions, images(len(captions), seed), strict=True))]  # fmt: skip
+             for i, (c, im) in enumerate(zip(captions, pictures, strict=True))]  # fmt: skip
     return model_collator(model, 12)(items)
 
 

@@ -7,6 +7,9 @@ installed here) is checked for:
   several images of different sizes batched with left padding;
 - prompt ids and image inputs equal to ``apply_chat_template(tokenize=True)``'s, also for non-square images under
   the family's image-token options (pixel bounds, grids, tiles, splitting);
+- under those options, per-token log-probs of a batch of four images of different shapes (different numbers of image
+  tokens, pixel rows or crops) with captions of unequal lengths, for teacher forcing and for sequences scored under
+  an ``image_index`` that repeats and reorders the images, equal to the model's own forward on each image alone;
 - greedy captions equal to ``model.generate``'s tokens on the processor's batch;
 - captions ending where ``generate`` stops at the chat template's turn end, their text free of template text;
 - per-token log-probs of sampled captions (finecap's decoder and finecap's scoring forward) equal to a teacher-forced
@@ -73,9 +76,15 @@ def ours(enc: dict) -> dict:
 
 def own_logits(model: Vlm, image: Image.Image, caption: list[int] = ()) -> tuple[torch.Tensor, int]:
     """The model's own forward on one image's prompt (no padding) followed by ``caption``: logits ``(P + n, V)``
-    and P. Per-token processor outputs (Qwen's ``mm_token_type_ids``, Gemma 3's ``token_type_ids``) are 0 over the
-    caption, as the processor gives them for text."""
-    enc = processor_batch(model, [image])
+    and P (:func:`own_forward`)."""
+    return own_forward(model, processor_batch(model, [image]), caption)
+
+
+def own_forward(model: Vlm, enc: dict, caption: list[int] = ()) -> tuple[torch.Tensor, int]:
+    """The model's own forward on the processor's output ``enc`` for one image (no padding) followed by ``caption``:
+    logits ``(P + n, V)`` and P. Per-token processor outputs (Qwen's ``mm_token_type_ids``, Gemma 3's
+    ``token_type_ids``) are 0 over the caption, as the processor gives them for text."""
+    enc = dict(enc)
     P = enc["input_ids"].shape[1]
     tail = torch.tensor([list(caption)], dtype=torch.long)
     for key, value in enc.items():
@@ -167,6 +176,65 @@ def test_prompt_ids_of_non_square_images_under_image_options_are_apply_chat_temp
         vlm.start(vlm.prompt_of(vlm.encoder.preprocess(ims)))  # the three together, left-padded
     if family in IMAGE_OPTIONS and family != "idefics2":  # the options read each image's shape
         assert len(set(counts)) > 1, counts
+
+
+SCORED_ROWS = {
+    "shared": ([2, 0, 0, 1, 3, 2], True),
+    "repeated": ([2, 0, 0, 1, 3, 2], False),
+    "permuted": ([3, 2, 1, 0], True),
+}
+"""Sequences mapped to the batch's images (``image_index``) and whether :attr:`Vlm.share_prompt`: images repeated and
+reordered, scored after one prompt pass per image (``shared``) or with each row's prompt and image inputs gathered
+(``repeated``: :meth:`Vlm.row_images`, an image's block of pixel rows where rows follow image tokens); one sequence per
+image in another order (``permuted``: gathered too, as many rows as images)."""
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES), ids=[family_id(f) for f in sorted(FAMILIES)])
+def test_batched_caption_log_probs_under_image_options_equal_each_image_alone(family):
+    """Training's and RL scoring's forward on one batch of four images of different shapes under the family's image
+    options (:data:`IMAGE_OPTIONS`: Qwen's and GLM-4V's pixel budget, InternVL's tiles, LLaVA-NeXT / OneVision grids,
+    SmolVLM / Idefics3 crops, so that the images get different numbers of image tokens, pixel rows or crops, the
+    prompts left-padded) and four captions of unequal lengths (right-padded): every caption token's log-prob equals
+    the model's own forward on that image's ``apply_chat_template`` prompt and caption alone (no padding; Qwen's and
+    GLM-4V's multimodal rope from their own ``get_rope_index``), for teacher forcing (MLE) and for sequences scored
+    under an ``image_index`` that repeats and reorders the images (:data:`SCORED_ROWS`)."""
+    import copy
+
+    from finecap.config import VlmBackboneConfig
+
+    model, processor = tiny_family(family)
+    vlm = Vlm(model, processor, VlmBackboneConfig(**IMAGE_OPTIONS.get(family, {})), source=family).eval()
+    g = torch.Generator().manual_seed(0)
+    shapes = ((16, 40), (50, 20), (33, 47), (16, 16))  # (height, width)
+    ims = [Image.fromarray((torch.rand(h, w, 3, generator=g) * 255).byte().numpy()) for h, w in shapes]
+    captions = ["a red circle on the left of a big blue square", "a", "two green stars", "one big yellow star"]
+    batch = batch_of(vlm, captions, pictures=ims)
+    ids, lengths = batch["input_ids"], batch["attention_mask"].sum(1).tolist()
+    counts = (batch["prompt_ids"] == vlm.image_token_id).sum(1).tolist()
+    if family in IMAGE_OPTIONS and family != "idefics2":  # the options read each image's shape
+        assert len(set(counts)) > 1 and bool((batch["prompt_mask"] == 0).any()), counts
+    assert len(set(lengths)) == len(captions)
+    alone = []  # (n,) each caption's own log-probs after its image's prompt alone
+    for image, row, n in zip(ims, ids.tolist(), lengths, strict=True):
+        messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                                 {"type": "text", "text": vlm.section.prompt}]}]  # fmt: skip
+        enc = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                            return_tensors="pt",
+                                            processor_kwargs=copy.deepcopy(vlm.processor_kwargs))  # fmt: skip
+        logits, P = own_forward(vlm, enc, row[:n])
+        alone.append(torch.log_softmax(logits[P - 1 : P - 1 + n], -1).gather(1, torch.tensor(row[:n])[:, None])[:, 0])
+    with torch.no_grad():
+        taught = torch.log_softmax(vlm(batch), -1).gather(2, ids[..., None])[..., 0]  # (B, T)
+    for k, n in enumerate(lengths):
+        torch.testing.assert_close(taught[k, :n], alone[k], rtol=1e-5, atol=1e-5, msg=f"MLE, image {k}")
+    for case, (rows, share) in SCORED_ROWS.items():
+        index = torch.tensor(rows)
+        vlm.share_prompt = share
+        with torch.no_grad():
+            scored = vlm(batch, sequences=ids[index], mask=batch["attention_mask"][index].bool(), image_index=index)
+        for r, k in enumerate(rows):
+            n = lengths[k]
+            torch.testing.assert_close(scored.logprobs[r, :n], alone[k], rtol=1e-5, atol=1e-5, msg=f"{case}, row {r}")
 
 
 def test_greedy_captions_equal_generate(tiny):
