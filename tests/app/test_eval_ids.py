@@ -1,18 +1,24 @@
 """``finecap eval`` matches predicted ids to reference images by id, by path relative to the data set, or by file name
 when only one image has it (issue 64): ``finecap caption --images photos/`` writes ``img000.jpg`` where a chat JSONL's
-id is ``photos/img000.jpg``; its mismatch error shows both sides' first ids."""
+id is ``photos/img000.jpg``; its mismatch error shows both sides' first ids. Ids written as integral floats
+(``42.0``) are the integers pycocotools reads them as."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+from pycocotools.coco import COCO
 
 from finecap.app.eval import file_numbers, match_ids
 from finecap.data.records import Record, file_number
 from finecap.data.references import LoadedReferences
 from helpers.cli import refused, run_cli
+from helpers.scripts import benchmark
 
 CAPTIONS = {"photos/img000.jpg": "a dog on a deck", "photos/img001.jpg": "a cat on a red mat",
             "more/img000.png": "an owl in a tree"}  # fmt: skip
@@ -190,3 +196,87 @@ def test_file_numbers_read_each_paths_stem_as_file_number_reads_its_name():
     refs = LoadedReferences([Record(n, Path("/d/photos") / n, "test", ["a dog"]) for n in names], Path("/d"), "jsonl")
     want = {file_number(n): n for n in names if file_number(n) is not None}
     assert file_numbers(refs) == want == {7: "7.jpg", 10: "10", 42: "COCO_val2014_000000000042.jpg", 14: "014.png"}
+
+
+def _float_id_coco(tmp_path: Path, n: int = 30) -> tuple[Path, Path, Path, Path]:
+    """COCO-like references and results with integer ids (the images carry only an id), and the same two files with
+    every other id written as a float (``17.0``, as pandas writes an id column): ``(refs, res, float refs, float
+    res)``."""
+    refs, res = benchmark("coco_like").write_coco(tmp_path / "coco", n, seed=11)
+    data = json.loads(refs.read_text())
+    data["images"] = [{"id": img["id"]} for img in data["images"]]
+    refs.write_text(json.dumps(data))
+    data["annotations"] = [{**a, "image_id": float(a["image_id"]) if k % 2 else a["image_id"]}
+                           for k, a in enumerate(data["annotations"])]  # fmt: skip
+    float_refs = tmp_path / "captions_test_floats.json"
+    float_refs.write_text(json.dumps(data))
+    rows = json.loads(res.read_text())
+    float_res = tmp_path / "results_floats.json"
+    float_res.write_text(json.dumps([{**r, "image_id": float(r["image_id"]) if k % 2 else r["image_id"]}
+                                     for k, r in enumerate(rows)]))  # fmt: skip
+    return refs, res, float_refs, float_res
+
+
+def test_integral_float_ids_are_scored_as_the_integers_pycocotools_reads_them_as(tmp_path):
+    # `"image_id": 17.0` (results written through pandas) was refused ("'image_id' must be int or str, got float
+    # 17.0") where pycocotools and pycocoevalcap read it: their indexes are dicts, and 17.0 is the key 17. Now the
+    # float files give the integer files' scores and per-image rows, with one warning for each file.
+    refs, res, float_refs, float_res = _float_id_coco(tmp_path)
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools reads both pairs into the same captions
+        coco, float_coco = COCO(str(refs)), COCO(str(float_refs))
+        loaded, float_loaded = coco.loadRes(str(res)), float_coco.loadRes(str(float_res))
+    ids = loaded.getImgIds()
+    assert float_loaded.getImgIds() == ids and len(ids) == 30
+    for i in ids:
+        assert [a["caption"] for a in float_coco.imgToAnns[i]] == [a["caption"] for a in coco.imgToAnns[i]]
+        assert [a["caption"] for a in float_loaded.imgToAnns[i]] == [a["caption"] for a in loaded.imgToAnns[i]]
+    argv = ["eval", "--metrics", "bleu,rouge,cider", "--format", "coco"]
+    code, want, err = run_cli([*argv, "--references", str(refs), "--predictions", str(res),
+                               "--per-image", str(tmp_path / "want.json")])  # fmt: skip
+    assert code == 0 and "floats" not in err, err
+    code, got, err = run_cli([*argv, "--references", str(float_refs), "--predictions", str(float_res),
+                              "--per-image", str(tmp_path / "got.json")])  # fmt: skip
+    assert code == 0, err
+    assert json.loads(got) == json.loads(want) and 0.05 < json.loads(got)["CIDEr"] < 5
+    rows = json.loads((tmp_path / "got.json").read_text())
+    assert rows == json.loads((tmp_path / "want.json").read_text()) and [r["image_id"] for r in rows] == ids
+    assert f"{float_res}: 15 image id(s) are written as floats (e.g. {float(ids[1])!r}), read as the integers" in err
+    assert f"{float_refs}: 75 image id(s) are written as floats" in err  # 5 references an image, every other one
+
+
+def test_a_float_id_that_is_no_integer_is_refused_naming_the_entry(tmp_path):
+    # pycocotools' loadRes asserts a result's id is an image of the references: 17.5 never is, nor NaN
+    refs, res, _, _ = _float_id_coco(tmp_path, n=3)
+    rows = json.loads(res.read_text())
+    for odd in ("17.5", "NaN", "Infinity"):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(rows[:2])[:-1] + f', {{"image_id": {odd}, "caption": "a dog"}}]')
+        refused(["eval", "--references", str(refs), "--predictions", str(bad), "--metrics", "bleu"],
+                f"{bad}: [2]: 'image_id' {float(odd)!r} names no image: an image id is an integer")  # fmt: skip
+
+
+@pytest.mark.java
+@pytest.mark.skipif(shutil.which("java") is None, reason="java not on PATH: pycocoevalcap's PTBTokenizer needs Java")
+def test_integral_float_ids_give_pycocoevalcaps_numbers(tmp_path):
+    # pycocoevalcap's COCOEvalCap.evaluate for BLEU, ROUGE-L and CIDEr (its METEOR and SPICE left out: each a JVM of
+    # seconds), on the files with float ids, against `finecap eval` on the same files: bit for bit
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.rouge.rouge import Rouge
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    _, _, float_refs, float_res = _float_id_coco(tmp_path)
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(str(float_refs))
+        loaded = coco.loadRes(str(float_res))
+        ids = loaded.getImgIds()
+        tokenizer = PTBTokenizer()
+        gts = tokenizer.tokenize({i: coco.imgToAnns[i] for i in ids})
+        res = tokenizer.tokenize({i: loaded.imgToAnns[i] for i in ids})
+        bleu, _ = Bleu(4).compute_score(gts, res)
+    want = {**{f"Bleu_{n}": b for n, b in enumerate(bleu, 1)}, "ROUGE_L": Rouge().compute_score(gts, res)[0],
+            "CIDEr": Cider().compute_score(gts, res)[0]}  # fmt: skip
+    code, got, err = run_cli(["eval", "--references", str(float_refs), "--predictions", str(float_res), "--metrics",
+                              "bleu,rouge,cider", "--format", "coco"])  # fmt: skip
+    assert code == 0, err
+    assert json.loads(got) == want

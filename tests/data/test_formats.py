@@ -375,6 +375,54 @@ def test_results_with_repeated_ids_keep_every_caption_like_pycocotools(tmp_path)
     assert {i: [a["caption"] for a in res.imgToAnns[i]] for i in (1, 2)} == read_results(path)
 
 
+def test_integral_float_ids_are_the_integers_pycocotools_reads_them_as(tmp_path, caplog):
+    """Results written through pandas give ids as floats (``"image_id": 42.0``), and pycocotools reads them: it keys
+    its indexes by the ids, and in a Python dict 42.0 is 42 (``hash(42.0) == hash(42)``). finecap refused such a file
+    ("'image_id' must be int or str, got float 42.0"); now an integral float id of a COCO results or annotations
+    file is that integer, said once in a warning, and any other float is still refused, naming the entry."""
+    rows = [{"image_id": 1.0, "caption": "a"}, {"image_id": 2, "caption": "b"}, {"image_id": 1, "caption": "c"},
+            {"image_id": -3.0, "caption": "d"}]  # fmt: skip
+    path = _write(tmp_path / "results.json", rows)
+    with caplog.at_level(logging.WARNING, logger="finecap"):
+        read = read_results(path)
+    assert read == {1: ["a", "c"], 2: ["b"], -3: ["d"]} and all(type(i) is int for i in read)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: 2 image id(s) are written as floats (e.g. 1.0), read as the integers they are, as pycocotools "
+        "reads them"
+    ]
+    # pycocotools reads the same captions for the integer ids of the annotations
+    gt = pycocotools_coco.COCO()
+    gt.dataset = {"images": [{"id": 1}, {"id": 2}, {"id": -3}], "annotations": []}
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+        res = gt.loadRes(str(path))
+    assert {i: [a["caption"] for a in res.imgToAnns[i]] for i in (1, 2, -3)} == read
+    # annotations: float ids in 'images', in 'annotations', and without 'images' (the images the annotations')
+    anns = [{"image_id": 7.0, "caption": "a cat"}, {"image_id": 8, "caption": "a dog"},
+            {"image_id": 7, "caption": "the cat"}]  # fmt: skip
+    for images in ([{"id": 7}, {"id": 8.0}], None):
+        data = {"annotations": anns} | ({"images": images} if images else {})
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="finecap"):
+            records = read_coco_captions(_write(tmp_path / "captions_val.json", data), check_images=False)
+        assert [(r.image_id, type(r.image_id), r.captions) for r in records] == [
+            (7, int, ["a cat", "the cat"]), (8, int, ["a dog"])]  # fmt: skip
+        assert [r.getMessage().split(": ", 2)[2] for r in caplog.records] == [
+            f"{1 + (images is not None)} image id(s) are written as floats (e.g. {8.0 if images else 7.0}), read as "
+            "the integers they are, as pycocotools reads them"
+        ]
+    # a float that is no integer, or none within 2**53 - 1, names no image; a bool is no id
+    for odd in (42.5, float("nan"), float("inf"), 2.0**53):
+        bad = _write(tmp_path / "bad.json", [{"image_id": 1, "caption": "a"}, {"image_id": odd, "caption": "b"}])
+        with pytest.raises(DataError, match=rf"bad\.json: \[1\]: 'image_id' {re.escape(repr(odd))} names no image"):
+            read_results(bad)
+        data = {"images": [{"id": odd}], "annotations": [{"image_id": odd, "caption": "a"}]}
+        with pytest.raises(DataError, match=rf"images\[0\]: 'id' {re.escape(repr(odd))} names no image"):
+            read_coco_captions(_write(tmp_path / "captions_val.json", data), check_images=False)
+    with pytest.raises(DataError, match=r"\[0\]: 'image_id' must be int or str, got bool"):
+        read_results(_write(tmp_path / "bad.json", [{"image_id": True, "caption": "a"}]))
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [

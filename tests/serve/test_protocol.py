@@ -88,8 +88,8 @@ def test_a_lone_surrogate_is_refused_naming_its_field():
         (parse_reward, {"captions": ["a"], "images": [lone]}, "images[0]"),
         (parse_get_reward, {"query": [lone], "labels": [1]}, "query[0]"),
         (parse_get_reward, {"query": ["a"], "prompts": [lone], "labels": [1]}, "prompts[0]"),
-        (parse_get_reward, {"query": ["a"], "labels": [{"image_id": 1, "references": [lone]}]},
-         "labels[0].references[0][0]"),
+        (parse_get_reward, {"query": ["a"], "labels": [{"image_id": 1, "references": ["x", lone]}]},
+         "labels[0].references[1]"),  # the label's references[1] (was labels[0].references[0][1])
     ]  # fmt: skip
     for parse, body, field in cases:
         error = refused(parse, body)
@@ -174,6 +174,8 @@ def test_openrlhf_labels_carry_ids_objects_paths_and_references():
         ({"query": ["a"], "labels": [[1]]}, "labels[0]", "expected an image id"),
         ({"query": ["a", "b"], "labels": [1, {"image": "p.png"}]}, "labels", "not a mix"),
         ({"query": ["a", "b"], "labels": [{"image_id": 1, "references": ["x"]}, 2]}, "labels[1]", "no references"),
+        ({"query": ["a"], "labels": [{"image_id": 1, "references": []}]}, "labels[0].references", "non-empty array"),
+        ({"query": ["a"], "labels": [{"image_id": 1, "references": ["x", 2]}]}, "labels[0].references[1]", "a string"),
     ],
 )
 def test_each_malformed_openrlhf_field_is_named(body, field, words):

@@ -287,9 +287,41 @@ def check_image_path(image: str, where: str, what: str) -> str:
     return image
 
 
-def require_id(rec: Any, key: str, where: str) -> int | str:
-    """Field ``key`` of ``rec``, an image id (:func:`check_id`)."""
-    return check_id(require(rec, key, (int, str), where), where, repr(key))
+def require_id(rec: Any, key: str, where: str, floats: list[float] | None = None) -> int | str:
+    """Field ``key`` of ``rec``, an image id (:func:`check_id`). Given ``floats`` (the readers of the files
+    pycocotools reads: COCO results and annotations), an integral float is read as its integer
+    (:func:`integral_id`) and appended to ``floats``, for the reader's one note (:func:`float_ids_note`); any other
+    float (``42.5``, NaN, an infinity, one beyond :data:`MAX_INT_ID`) is a :class:`DataError` naming it."""
+    value = rec.get(key) if isinstance(rec, dict) else None
+    if floats is None or type(value) is not float:
+        return check_id(require(rec, key, (int, str), where), where, repr(key))
+    if not value.is_integer() or not int_id_fits(int(value)):
+        raise DataError(f"{where}: {key!r} {value!r} names no image: an image id is an integer within "
+                        "+-(2**53 - 1) (42, or 42.0 as pycocotools reads it) or a string")  # fmt: skip
+    floats.append(value)
+    return int(value)
+
+
+def integral_id(value: Any) -> Any:
+    """``value``, or the integer it is when it is an integral float (``42.0`` -> ``42``): how a COCO results or
+    annotations file's ids are read, as pycocotools and pycocoevalcap read them (they look ids up in Python dicts,
+    where ``42.0`` and ``42`` are one key; pandas writes an integer column holding a missing value as floats). Any
+    other value is returned as it is, for :func:`check_id` to refuse what is no id (``42.5``, NaN, the infinities,
+    a bool); an integral float beyond :data:`MAX_INT_ID` becomes an integer that :func:`check_id` refuses.
+
+    Example::
+
+        >>> integral_id(42.0), integral_id(-7.0), integral_id(42.5), integral_id("42.0"), integral_id(True)
+        (42, -7, 42.5, '42.0', True)
+    """
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def float_ids_note(path: str | Path, floats: list[float]) -> str:
+    """The one line a reader logs when ids of ``path`` were integral floats (``floats``, as :func:`require_id`
+    collected them): how many, and the first as written."""
+    return (f"{path}: {len(floats)} image id(s) are written as floats (e.g. {floats[0]!r}), read as the integers "
+            "they are, as pycocotools reads them")  # fmt: skip
 
 
 def is_id(value: Any) -> bool:

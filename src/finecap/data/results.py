@@ -8,13 +8,25 @@ Extra fields (``score``, ``id``) are ignored; an image listed several times keep
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 from pathlib import Path
 
 from finecap.data.json_files import load_json
-from finecap.data.records import MAX_LISTED, DataError, check_id, is_id, require, require_id, type_name
+from finecap.data.records import (
+    MAX_LISTED,
+    DataError,
+    check_id,
+    float_ids_note,
+    is_id,
+    require,
+    require_id,
+    type_name,
+)
 from finecap.outputs import write_output
 from finecap.utils.text import short_repr
+
+log = logging.getLogger(__name__)
 
 
 def read_results(path: str | Path) -> dict[int | str, list[str]]:
@@ -27,7 +39,9 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
     are then its samples, and its first caption is scored by the other groups (:mod:`finecap.app.eval`). An empty
     list gives ``{}``. Anything but a list is a :class:`DataError`, as ``loadRes`` refuses it; a JSON object's says
     what it holds when it is a ``{image_id: caption}`` mapping (with a one-line conversion) or COCO caption
-    annotations (the references given for the results).
+    annotations (the references given for the results). An integral float id (``42.0``, as pandas writes an id
+    column) is read as its integer, as pycocotools reads it (a dict key, ``42.0 == 42``), and one warning says how
+    many there were; any other float (``42.5``, NaN) is refused, naming the entry.
     """
     path = Path(path)
     data = load_json(path)
@@ -46,10 +60,13 @@ def read_results(path: str | Path) -> dict[int | str, list[str]]:
         return out
     except (KeyError, TypeError):
         out.clear()
+    floats: list[float] = []
     for i, rec in enumerate(data):
         where = f"{path}: [{i}]"
-        image_id = require_id(rec, "image_id", where)
+        image_id = require_id(rec, "image_id", where, floats)
         out.setdefault(image_id, []).append(require(rec, "caption", str, where))
+    if floats:
+        log.warning("%s", float_ids_note(path, floats))
     return out
 
 

@@ -46,7 +46,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from finecap.integrations.scoring import IN_PROCESS, Scorer
-from finecap.serve.protocol import FailedCaptions, Limits, RequestError, openrlhf_reply, parse_get_reward
+from finecap.serve.protocol import (
+    GET_REWARD_FIELDS,
+    FailedCaptions,
+    Limits,
+    RequestError,
+    openrlhf_reply,
+    parse_get_reward,
+)
 
 __all__ = ["reward_function"]
 
@@ -86,15 +93,13 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
         if request.by_path and scorer.client is None:
             raise ValueError("finecap OpenRLHF reward: labels name images by path, which only a reward server (url=) "
                              "resolves; name them by id")  # fmt: skip
-        # a refusal of a label's image names labels[i], the caller's own name, as /get_reward's (in process and
-        # from a server)
+        # a refusal names the fields OpenRLHF sent, as /get_reward's do (labels[i] for a caption's image or its
+        # references, query[i] for the caption), in process and from a server's /reward
         if scorer.client is not None and request.by_path:
             out = scorer.client.score(request.captions, images=request.image_ids, references=request.references,
-                                      images_field=request.image_field)  # fmt: skip
+                                      fields=GET_REWARD_FIELDS)  # fmt: skip
         else:
-            out = scorer.score(
-                request.captions, request.image_ids, request.references, images_field=request.image_field
-            )
+            out = scorer.score(request.captions, request.image_ids, request.references, fields=GET_REWARD_FIELDS)
         try:
             reply = openrlhf_reply(request, out)
         except FailedCaptions as e:

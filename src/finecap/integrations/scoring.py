@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from finecap.rewards import RewardOutput, as_reward, reward_of
-from finecap.serve.protocol import Limits, parse_reward, reward_body
+from finecap.serve.protocol import Limits, RequestError, in_callers_words, parse_reward, reward_body
 from finecap.serve.service import CallCheck, ImageTable
 from finecap.utils.closing import Closeable
 
@@ -129,28 +128,32 @@ class Scorer(Closeable):
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable],
               references: Sequence[Sequence[str]] | None = None, *,
-              images_field: str | None = None) -> RewardOutput:  # fmt: skip
+              fields: Mapping[str, str] | None = None) -> RewardOutput:  # fmt: skip
         """The values (float32 on the CPU) of ``captions`` of the images ``image_ids`` (against ``references``, when
         given). Safe from several threads (verl's reward loop runs ``compute_score`` in a thread pool, OpenRLHF its
         ``reward_func`` in ``asyncio.to_thread``): a reward in this process is called by one thread at a time, as the
         server calls its reward, since a reward need not be thread-safe (an in-process vLLM judge's engine is not);
-        a server's requests go out at once. ``images_field``: the caller's own name for the images, which a refusal
-        of one names (OpenRLHF's ``labels``: ``labels[1]: unknown image id 99``,
-        :attr:`finecap.serve.protocol.RewardRequest.image_field`); default ``image_ids``. A server's refusal names it
-        too (:meth:`finecap.serve.client.RewardClient.score`)."""
+        a server's requests go out at once. ``fields``: the caller's own names for the call's fields (``captions``,
+        ``image_ids``, ``references``), which a refusal names, in process as from a server
+        (:func:`finecap.serve.protocol.callers_field`; OpenRLHF's :data:`~finecap.serve.protocol.GET_REWARD_FIELDS`:
+        ``labels[1]: unknown image id 99``); default the names of a ``/reward`` request."""
         if self.client is not None:
-            return self.client.score(captions, image_ids, references=references, images_field=images_field)
+            return self.client.score(captions, image_ids, references=references, fields=fields)
         with self._lock:
-            request = parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS)
-            job = self.check().job(replace(request, images_field=images_field))
+            try:
+                request = parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS)
+                job = self.check().job(request)
+            except RequestError as e:
+                raise in_callers_words(e, fields) from None
             return self.check().answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable],
-                     references: Sequence[Sequence[str]] | None = None) -> RewardOutput:  # fmt: skip
-        """:meth:`score`, awaited (a server's request does not block the trainer's event loop)."""
+                     references: Sequence[Sequence[str]] | None = None, *,
+                     fields: Mapping[str, str] | None = None) -> RewardOutput:  # fmt: skip
+        """:meth:`score` (its arguments), awaited: a server's request does not block the trainer's event loop."""
         if self.client is not None:
-            return await self.client.ascore(captions, image_ids, references=references)
-        return self.score(captions, image_ids, references)
+            return await self.client.ascore(captions, image_ids, references=references, fields=fields)
+        return self.score(captions, image_ids, references, fields=fields)
 
 
 TRAINER_KEYWORDS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"})

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -41,7 +41,7 @@ import torch
 from finecap.config.fields import url_problem
 from finecap.config.secrets import masked_url_secrets, split_credentials
 from finecap.rewards import RewardOutput
-from finecap.serve.protocol import RequestError, reward_body
+from finecap.serve.protocol import RequestError, callers_field, in_callers_words, reward_body
 
 log = logging.getLogger(__name__)
 
@@ -150,21 +150,23 @@ class RewardClient:
     @staticmethod
     def payload(captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
                 images: Sequence[str] | None = None, references: Sequence[Sequence[str]] | None = None,
-                request_id: Any = None) -> dict[str, Any]:  # fmt: skip
-        """The JSON of a ``/reward`` request (:func:`finecap.serve.protocol.reward_body`)."""
+                request_id: Any = None, fields: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        """The JSON of a ``/reward`` request (:func:`finecap.serve.protocol.reward_body`); a value it refuses is a
+        :class:`~finecap.serve.protocol.RequestError` naming the field in the caller's words (``fields``:
+        :func:`~finecap.serve.protocol.in_callers_words`)."""
         try:
             return reward_body(captions, image_ids, images=images, references=references, request_id=request_id)
-        except RequestError:
-            raise
+        except RequestError as e:
+            raise in_callers_words(e, fields) from None
         except ValueError as e:
             raise ValueError(f"RewardClient: {e}") from None
 
     @staticmethod
     def reply(response: httpx.Response, n: int | None = None,
-              renames: dict[str, str] | None = None) -> RewardOutput:  # fmt: skip
+              fields: Mapping[str, str] | None = None) -> RewardOutput:  # fmt: skip
         """The values of a reply to a request of ``n`` captions (checked: :func:`checked_values`), or
-        :class:`RewardServerError` naming the field the server named, in the caller's words (``renames``:
-        :func:`callers_field`)."""
+        :class:`RewardServerError` naming the field the server named, in the caller's words (``fields``:
+        :func:`~finecap.serve.protocol.callers_field`)."""
         try:
             data = response.json()
         except ValueError:
@@ -172,7 +174,7 @@ class RewardClient:
         if response.status_code != 200 or not isinstance(data, dict) or "total" not in data:
             error = (data or {}).get("error") if isinstance(data, dict) else None
             if isinstance(error, dict):
-                field = callers_field(error.get("field"), renames or {})
+                field = callers_field(error.get("field"), fields)
                 raise RewardServerError(response.status_code, field, str(error.get("message")))
             raise RewardServerError(response.status_code, None, response.text[:300])
         return checked_values(data, n, str(response.url))
@@ -222,13 +224,13 @@ class RewardClient:
         return wait
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
-              images_field: str | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
+              fields: Mapping[str, str] | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
         """The values of ``captions`` (keyword arguments: :meth:`payload`'s); a 503 is asked again
-        (:meth:`retry_wait`). ``images_field``: the caller's own name for the images, which a refusal of one names
-        (OpenRLHF's ``labels``: ``labels[1]``, where the server named the ``image_ids[1]`` of its request:
-        :func:`callers_field`)."""
-        body = self.payload(captions, image_ids, **kwargs)
-        renames = images_renamed(body, images_field)
+        (:meth:`retry_wait`). ``fields``: the caller's own names for the request's fields, which a refusal names
+        (OpenRLHF's, :data:`~finecap.serve.protocol.GET_REWARD_FIELDS`: ``labels[1]`` and ``query[1]``, where the
+        server named the ``image_ids[1]`` and ``captions[1]`` of its request:
+        :func:`~finecap.serve.protocol.callers_field`)."""
+        body = self.payload(captions, image_ids, fields=fields, **kwargs)
         for attempt in itertools.count():
             try:
                 response = self._client().post(self.url, json=body)
@@ -236,17 +238,16 @@ class RewardClient:
                 raise _unreachable(self.shown_url, e) from None
             wait = self.retry_wait(response, attempt)
             if wait is None:
-                return self.reply(response, len(body["captions"]), renames)
+                return self.reply(response, len(body["captions"]), fields)
             time.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
-                     images_field: str | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
+                     fields: Mapping[str, str] | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
         """:meth:`score`, awaited (a connection of its own: trainers run each step in a new event loop), at most
         :attr:`max_in_flight` of one event loop at once; a 503 is asked again (:meth:`retry_wait`), its turn given
         up while it waits."""
-        body = self.payload(captions, image_ids, **kwargs)
-        renames = images_renamed(body, images_field)
+        body = self.payload(captions, image_ids, fields=fields, **kwargs)
         for attempt in itertools.count():
             try:
                 async with (
@@ -258,32 +259,9 @@ class RewardClient:
                 raise _unreachable(self.shown_url, e) from None
             wait = self.retry_wait(response, attempt)
             if wait is None:
-                return self.reply(response, len(body["captions"]), renames)
+                return self.reply(response, len(body["captions"]), fields)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-def images_renamed(body: dict[str, Any], images_field: str | None) -> dict[str, str]:
-    """``{the request body's field for its images: images_field}`` (nothing without ``images_field``): what
-    :func:`callers_field` renames."""
-    if images_field is None:
-        return {}
-    return {"images" if "images" in body else "image_ids": images_field}
-
-
-def callers_field(field: str | None, renames: dict[str, str]) -> str | None:
-    """The ``field`` a server's refusal named, in the caller's words: a request field of ``renames`` becomes the
-    caller's name for it, its index kept (the request holds one entry per caption, in the caller's order).
-
-    >>> callers_field("image_ids[1]", {"image_ids": "labels"}), callers_field("image_ids", {"image_ids": "labels"})
-    ('labels[1]', 'labels')
-    >>> callers_field("captions[1]", {"image_ids": "labels"}), callers_field(None, {"image_ids": "labels"})
-    ('captions[1]', None)
-    """
-    if not isinstance(field, str):
-        return field
-    head, bracket, rest = field.partition("[")
-    return renames.get(head, head) + bracket + rest
 
 
 def _number_list(value: Any, n: int | None, where: str, url: str, failed: set[int]) -> list[float]:

@@ -219,14 +219,16 @@ def _references(value: Any, field: str, n: int, limits: Limits) -> list[list[str
         raise RequestError(field, f"expected an array of {n} arrays of reference captions, got {_kind(value)}")
     if len(value) != n:
         raise RequestError(field, f"has {len(value)} entries for {n} captions")
-    out = []
-    for i, refs in enumerate(value):
-        if not isinstance(refs, list) or not refs:
-            raise RequestError(f"{field}[{i}]", "expected a non-empty array of reference captions")
-        for j, ref in enumerate(refs):
-            _text(ref, f"{field}[{i}][{j}]", limits)
-        out.append(refs)
-    return out
+    return [_reference_list(refs, f"{field}[{i}]", limits) for i, refs in enumerate(value)]
+
+
+def _reference_list(refs: Any, field: str, limits: Limits) -> list[str]:
+    """One caption's references: a non-empty array of strings (``field[j]`` each)."""
+    if not isinstance(refs, list) or not refs:
+        raise RequestError(field, "expected a non-empty array of reference captions")
+    for j, ref in enumerate(refs):
+        _text(ref, f"{field}[{j}]", limits)
+    return refs
 
 
 def as_array(value: Any) -> Any:
@@ -385,7 +387,7 @@ def _label(value: Any, field: str, limits: Limits) -> tuple[Any, bool, list[str]
         image, by_path = image_id_of(value["image_id"], f"{field}.image_id"), False
     refs = None
     if value.get("references") is not None:
-        refs = _references([value["references"]], f"{field}.references", 1, limits)[0]
+        refs = _reference_list(value["references"], f"{field}.references", limits)
     return image, by_path, refs
 
 
@@ -425,6 +427,53 @@ def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
     if references is not None:
         _check_reference_count(references, "labels", limits)
     return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references, images_field="labels")
+
+
+GET_REWARD_FIELDS = {
+    "captions": "query",
+    "image_ids": "labels",
+    "images": "labels",
+    "references": "labels[].references",
+}
+"""The fields of a ``/reward`` request as a ``/get_reward`` caller names what it sent (:func:`parse_get_reward`):
+``captions[i]`` is read from ``query[i]``, the image and the references of caption ``i`` from ``labels[i]``
+(``references[i][j]`` is ``labels[i].references[j]``). OpenRLHF's ``reward_func`` over a server asks ``/reward``
+and names a refusal of that request by them (:func:`callers_field`), as ``/get_reward`` names its own."""
+
+
+def callers_field(field: str | None, fields: Mapping[str, str] | None) -> str | None:
+    """The ``field`` a refusal of a ``/reward`` request named (:attr:`RequestError.field`), in the words of a caller
+    that sent the request's fields under other names: ``fields`` maps a request field to the caller's name for it
+    (``None``, or a field it does not hold: the name as it is). An entry's index follows the caller's name, or stands
+    where the name holds ``[]`` (``labels[].references``: the references of caption ``i`` are in its label); the
+    request holds one entry per caption, in the caller's order.
+
+    >>> callers_field("captions[3]", GET_REWARD_FIELDS), callers_field("image_ids", GET_REWARD_FIELDS)
+    ('query[3]', 'labels')
+    >>> callers_field("references[2][0]", GET_REWARD_FIELDS), callers_field("references", GET_REWARD_FIELDS)
+    ('labels[2].references[0]', 'labels')
+    >>> callers_field("body", GET_REWARD_FIELDS), callers_field("captions[1]", None)
+    ('body', 'captions[1]')
+    """
+    if not isinstance(field, str) or not fields:
+        return field
+    head, bracket, rest = field.partition("[")
+    name = fields.get(head)
+    if name is None:
+        return field
+    whole, hole, after = name.partition("[]")
+    if not hole:
+        return name + bracket + rest
+    if not bracket:
+        return whole
+    index, _, deeper = rest.partition("]")
+    return f"{whole}[{index}]{after}{deeper}"
+
+
+def in_callers_words(error: RequestError, fields: Mapping[str, str] | None) -> RequestError:
+    """``error`` naming its field in the caller's words (:func:`callers_field`): what an adapter raises in process."""
+    field = callers_field(error.field, fields)
+    return error if field == error.field else RequestError(field, error.message, error.status)
 
 
 class FailedCaptions(ValueError):

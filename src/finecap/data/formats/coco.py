@@ -23,7 +23,9 @@ from finecap.data.records import (
     Record,
     check_image_files,
     clean_captions,
+    float_ids_note,
     id_key,
+    integral_id,
     invisible,
     is_id,
     needs_cleaning,
@@ -57,7 +59,8 @@ def read_coco_captions(
     evaluate or train on), and no ``images`` list at all (images are then those of the annotations, in order).
     A ``file_name`` given must name a file: ``""``, ``"."`` or ``"sub/"`` is refused naming the image
     (:func:`~finecap.data.records.require_image`; pycocotools reads it, and its path would be the image folder).
-    Refused, each named, where pycocotools reads on: an image listed twice in ``images``, an annotation whose
+    An integral float id (``42.0``) is read as its integer, as pycocotools reads it (one warning says how many);
+    refused, each named, where pycocotools reads on: an image listed twice in ``images``, an annotation whose
     ``image_id`` is not in ``images``, and an empty caption (pycocoevalcap would score against it as an empty
     reference; these are mistakes in a file, not captions).
     Image paths must lie inside ``images`` (:class:`~finecap.data.containment.ImageFolder`) unless ``allow_outside``.
@@ -86,11 +89,12 @@ def read_coco_captions(
             by_id[image_id] = (file_name, [])
     except (KeyError, TypeError, AttributeError):
         checked = False
+    floats: list[float] = []  # integral float ids (42.0), read as pycocotools reads them: the integers
     if not checked:
         by_id.clear()
         for i, img in enumerate(imgs):
             where = f"{path}: images[{i}]"
-            image_id = require_id(img, "id", where)
+            image_id = require_id(img, "id", where, floats)
             file_name = require_image(img, "file_name", f"{where} (id {image_id})") if "file_name" in img else None
             if image_id in by_id:
                 raise DataError(f"{where}: duplicate image id {short_repr(image_id)}")
@@ -109,11 +113,13 @@ def read_coco_captions(
     except (KeyError, TypeError):
         bad = True
     if bad:
+        if imgs is None:  # the images are the annotations', made again below (the fast loop kept ids as written)
+            by_id.clear()
         for entry in by_id.values():
             entry[1].clear()
         for i, ann in enumerate(anns):
             where = f"{path}: annotations[{i}]"
-            image_id = require_id(ann, "image_id", where)
+            image_id = require_id(ann, "image_id", where, floats)
             caption = require(ann, "caption", str, where)
             if image_id not in by_id:
                 if imgs is not None:
@@ -123,6 +129,8 @@ def read_coco_captions(
                     raise DataError(f"{where}: image_id {short_repr(image_id)} is not in 'images'{hint}")
                 by_id[image_id] = (None, [])
             by_id[image_id][1].append(caption)
+    if floats:
+        log.warning("data: %s", float_ids_note(path, floats))
     records = []
     no_file = []
     for image_id, (file_name, caps) in by_id.items():
@@ -176,8 +184,8 @@ def uncaptioned_images(path: str | Path) -> set[int | str]:
     data = load_json(Path(path))
     imgs = data.get("images") if isinstance(data, dict) else None
     anns = data.get("annotations") if isinstance(data, dict) else None
-    listed = {img.get("id") for img in imgs or () if isinstance(img, dict) and is_id(img.get("id"))}
-    return listed - {a.get("image_id") for a in anns or () if isinstance(a, dict)}
+    listed = {i for img in imgs or () if isinstance(img, dict) and is_id(i := integral_id(img.get("id")))}
+    return listed - {integral_id(a.get("image_id")) for a in anns or () if isinstance(a, dict)}
 
 
 def _read(source: DataSource) -> list[Record]:

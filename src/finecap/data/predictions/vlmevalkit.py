@@ -26,7 +26,7 @@ from pathlib import Path
 from finecap.data.predictions import PredictionFormat, Predictions
 from finecap.data.predictions.jsonl import head_text
 from finecap.data.predictions.reference_lists import ReferenceLists
-from finecap.data.records import DataError, check_id
+from finecap.data.records import DataError, check_id, integral_id
 from finecap.utils.reading import DATA_FILE, checked_size, parse_json, read_bounded
 from finecap.utils.text import short_repr
 
@@ -122,7 +122,7 @@ def _read(path: Path) -> Predictions:
                                 "value (a caption starting with '=' that pandas saved becomes one, read as empty or "
                                 "its cached result); save the table as .tsv, or the cell as text")  # fmt: skip
         raw = row[col["index"]]
-        image_id = check_id(int(raw) if isinstance(raw, float) and raw.is_integer() else raw, where)
+        image_id = check_id(integral_id(raw), where)  # 42.0 (a float column's) is image 42
         if isinstance(image_id, str) and image_id.isdigit():
             image_id = int(image_id)
         pred = row[col["prediction"]]
