@@ -194,6 +194,24 @@ def test_parquet_written_by_pyarrow_with_image_structs_and_no_paths_is_read(tmp_
     assert load_record_image(records[1]).getpixel((0, 0)) == (0, 0, 255)
 
 
+def test_a_data_set_saved_again_in_place_is_read_again(tmp_path):
+    # save_to_disk rewrites the files of a saved data set under the same names, which leaves the folder's own stat
+    # as it was: records were kept by it, so a notebook's next run trained on the captions saved before
+    features = datasets.Features({"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string"))})
+
+    def save(caption: str) -> None:
+        rows = {"image": [{"bytes": _png((255, 0, 0)), "path": None}], "captions": [[caption]]}
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(
+            str(tmp_path / "saved")
+        )
+
+    save("A red square.")
+    cfg = load(overrides=["data.format=hf", f"data.path={tmp_path / 'saved'}", f"run.cache_dir={tmp_path / 'c'}"])
+    assert [r.captions for r in load_records(cfg, "train")] == [["A red square."]]
+    save("A tan square.")
+    assert [r.captions for r in load_records(cfg, "train")] == [["A tan square."]]
+
+
 def test_bad_rows_are_named(tmp_path):
     ds = datasets.Dataset.from_dict({"image": ["a.png", "b.png"], "captions": [["x"], []]})
     ds.save_to_disk(str(tmp_path / "d"))
