@@ -118,6 +118,20 @@ def test_a_launched_process_other_than_rank_0_says_errors_alone(capsys, monkeypa
     assert capsys.readouterr().err == "an info line\n" and bars and library < logging.ERROR
 
 
+def test_quiet_turns_bars_off_over_an_empty_switch_and_gives_the_environment_back(monkeypatch):
+    # an empty TQDM_DISABLE reads as unset (progress_enabled shows bars), so it is no user's setting that wins over
+    # -q: with it, -q left every finecap bar on. Set for the command, empty again after; a value the user set wins.
+    monkeypatch.setenv(PROGRESS_ENV, "")
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "")
+    with configured_logging(0, 1):
+        assert not progress_enabled() and os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+    assert os.environ[PROGRESS_ENV] == "" and os.environ["TRANSFORMERS_VERBOSITY"] == ""
+    monkeypatch.setenv(PROGRESS_ENV, "0")
+    with configured_logging(0, 1):
+        assert progress_enabled()
+    assert os.environ[PROGRESS_ENV] == "0"
+
+
 @pytest.mark.parametrize(
     ("value", "shown"), [(None, True), ("", True), ("0", True), ("false", True), ("1", False), ("True", False)]
 )

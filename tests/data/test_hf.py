@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import pickle
 import re
 
@@ -194,6 +195,24 @@ def test_parquet_written_by_pyarrow_with_image_structs_and_no_paths_is_read(tmp_
     assert load_record_image(records[1]).getpixel((0, 0)) == (0, 0, 255)
 
 
+def test_a_data_set_saved_again_in_place_is_read_again(tmp_path):
+    # save_to_disk rewrites the files of a saved data set under the same names, which leaves the folder's own stat
+    # as it was: records were kept by it, so a notebook's next run trained on the captions saved before
+    features = datasets.Features({"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string"))})
+
+    def save(caption: str) -> None:
+        rows = {"image": [{"bytes": _png((255, 0, 0)), "path": None}], "captions": [[caption]]}
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(
+            str(tmp_path / "saved")
+        )
+
+    save("A red square.")
+    cfg = load(overrides=["data.format=hf", f"data.path={tmp_path / 'saved'}", f"run.cache_dir={tmp_path / 'c'}"])
+    assert [r.captions for r in load_records(cfg, "train")] == [["A red square."]]
+    save("A tan square.")
+    assert [r.captions for r in load_records(cfg, "train")] == [["A tan square."]]
+
+
 def test_bad_rows_are_named(tmp_path):
     ds = datasets.Dataset.from_dict({"image": ["a.png", "b.png"], "captions": [["x"], []]})
     ds.save_to_disk(str(tmp_path / "d"))
@@ -278,6 +297,47 @@ def test_feature_cache_key_of_embedded_images_reads_no_bytes(embedded, tmp_path,
     # embedded bytes given in memory (no file) are hashed, as before
     eager = [Record(r.image_id, r.path, r.split, r.captions, image_bytes=r.encoded_image()) for r in records]
     assert fingerprint_data(eager) == fingerprint_data(eager) != key
+
+
+def test_features_of_an_arrow_file_replaced_with_the_same_size_and_time_are_computed_again(tmp_path):
+    # the feature cache keys an embedded image by its Arrow files' paths, sizes and modification times: a file
+    # replaced by another of the same size with the old time (cp -p, rsync -t) kept the key, and the cache served
+    # the replaced images' features. The key is kept (users' caches); a file written before the change is not used.
+    import numpy as np
+    import torch
+
+    from finecap.data.features import cached_features, fingerprint_data
+
+    def stored_png(value: int) -> bytes:  # uncompressed: every 8x8 image has the same size
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8), (value, value, value)).save(buf, format="PNG", compress_level=0)
+        return buf.getvalue()
+
+    features = datasets.Features({"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string"))})
+    for name, value in (("old", 10), ("new", 200)):
+        rows = {"image": [{"bytes": stored_png(value), "path": None}], "captions": [["a square"]]}
+        datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / name))
+    arrow, new = tmp_path / "old" / "data-00000-of-00001.arrow", tmp_path / "new" / "data-00000-of-00001.arrow"
+
+    encoded = []
+
+    def brightness(images: list) -> torch.Tensor:
+        encoded.append(len(images))
+        return torch.tensor([[float(np.asarray(image).mean())] for image in images])  # (b, 1)
+
+    def cached(records: list) -> torch.Tensor:
+        return cached_features(records, brightness, cache_dir=tmp_path / "cache", encoder_key="mean", split="train")
+
+    records = read_hf(tmp_path / "old")
+    assert cached(records).tolist() == [[10.0]]
+    st = arrow.stat()
+    assert new.stat().st_size == st.st_size
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(new, arrow)  # cp -p's result: the same name, size and modification time
+    again = read_hf(tmp_path / "old")
+    assert fingerprint_data(again) == fingerprint_data(records)  # the key users' caches have, kept
+    assert cached(again).tolist() == [[200.0]] and encoded == [1, 1]
+    assert cached(again).tolist() == [[200.0]] and encoded == [1, 1]  # the file written then is used from then on
 
 
 def test_a_column_of_raw_image_bytes_is_refused_with_the_cast_that_reads_it(tmp_path):

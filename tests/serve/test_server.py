@@ -491,6 +491,17 @@ def test_the_command_shows_no_progress_bar_while_serving(monkeypatch):
     assert PROGRESS_ENV not in os.environ and progress_enabled()  # as it was
 
 
+def test_serving_turns_bars_off_over_an_empty_switch(monkeypatch):
+    # TQDM_DISABLE="" reads as unset (progress_enabled shows bars): it is no user's choice, and kept the bars on
+    from finecap.app.serve_reward import quiet_progress
+    from finecap.utils.system import PROGRESS_ENV, progress_enabled
+
+    monkeypatch.setenv(PROGRESS_ENV, "")
+    with quiet_progress():
+        assert not progress_enabled()
+    assert os.environ[PROGRESS_ENV] == ""
+
+
 def test_the_listening_socket_gives_its_connections_tcp_nodelay():
     """asyncio sets TCP_NODELAY on the connections of a socket made with proto=IPPROTO_TCP only; without it every
     small answer waited for the client's delayed ACK (40 ms a request, measured before the fix)."""

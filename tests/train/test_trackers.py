@@ -158,6 +158,21 @@ def test_trackers_start_under_the_run_folder_and_see_the_command_line_masked(mak
         assert "wandb" not in places
 
 
+def test_an_empty_mlflow_uri_is_placed_in_the_run_and_left_empty_after(tmp_path, monkeypatch):
+    # mlflow reads MLFLOW_TRACKING_URI="" as unset (./mlruns): the run places it, and gives the variable back as it
+    # was, not removed (the next run in the process, or the user's notebook, sees what it set)
+    from finecap.train.logging import MLFLOW_DB, placed_trackers
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "")
+    with placed_trackers(["mlflow"], tmp_path / "trackers"):
+        assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{(tmp_path / 'trackers' / MLFLOW_DB).resolve()}"
+    assert os.environ["MLFLOW_TRACKING_URI"] == ""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mine:5000")  # the user's server wins, and stays
+    with placed_trackers(["mlflow"], tmp_path / "trackers"):
+        assert os.environ["MLFLOW_TRACKING_URI"] == "http://mine:5000"
+    assert os.environ["MLFLOW_TRACKING_URI"] == "http://mine:5000"
+
+
 MLFLOW_NAME = re.compile(r"^[/\w.\- :]*$")
 """The metric names mlflow takes (mlflow 3.17's ``mlflow.utils.validation.validate_param_and_metric_name``)."""
 

@@ -48,3 +48,19 @@ def test_overlapping_blocks_ended_in_either_order_leave_nothing():
     assert A not in os.environ
     second.__exit__(None, None, None)
     assert A not in os.environ
+
+
+def test_an_empty_value_is_kept_unless_empty_counts_as_unset_and_is_put_back_after(monkeypatch):
+    monkeypatch.setenv(A, "")
+    with environment_defaults({A: "1"}) as added:  # empty is a value (CUDA_VISIBLE_DEVICES="": no GPU)
+        assert os.environ[A] == "" and added == {}
+    with environment_defaults({A: "1"}, empty_is_unset=True) as added:  # mlflow's URI, TQDM_DISABLE
+        assert os.environ[A] == "1" and added == {A: "1"}
+    assert os.environ[A] == ""  # as the block found it, not removed
+
+
+def test_override_sets_the_users_value_for_the_block_and_gives_it_back(monkeypatch):
+    monkeypatch.setenv(A, "mine")
+    with environment_defaults({A: "1", B: "2"}, override=True) as added:
+        assert (os.environ[A], os.environ[B]) == ("1", "2") and added == {A: "1", B: "2"}
+    assert os.environ[A] == "mine" and B not in os.environ

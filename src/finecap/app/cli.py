@@ -49,7 +49,7 @@ from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import ENGINES, PREDICTION_FORMATS
 from finecap.utils.files import check_fsync_setting
-from finecap.utils.system import launched_processes, launched_rank, leave_process_group
+from finecap.utils.system import environment_defaults, launched_processes, launched_rank, leave_process_group
 from finecap.utils.text import closest, shell_command
 
 log = logging.getLogger(__name__)
@@ -886,40 +886,30 @@ def configured_logging(verbose: int = 0, quiet: int = 0, timestamps: bool = Fals
            logging.getLevelName(lib).lower()}  # fmt: skip
     if own >= logging.WARNING:
         env |= {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    if not follower:
-        env = {k: v for k, v in env.items() if k not in os.environ}  # the user's own settings win
-    hf_logging = sys.modules.get("transformers.utils.logging")
-    hf_bars_off = "TQDM_DISABLE" in env and hf_logging is not None and hf_logging.is_progress_bar_enabled()
-    saved_env = {k: os.environ.get(k) for k in env}
     loggers = [logging.getLogger(name) for name in ("finecap", *LIBRARY_LOGGERS)]
     saved_levels = [lg.level for lg in loggers]
     root = logging.getLogger("finecap")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Plain("%(message)s", stamped=timestamps))
-    os.environ.update(env)
-    root.setLevel(own)
-    root.addHandler(handler)
-    for lg in loggers[1:]:
-        lg.setLevel(lib)
-    if hf_bars_off:
-        hf_logging.disable_progress_bar()
-    short = _shortened_records() if verbose - quiet == 1 else contextlib.nullcontext()
-    try:
-        with silenced(), short, warnings.catch_warnings():
-            if follower:
-                warnings.simplefilter("ignore")
-            yield
-    finally:
-        if hf_bars_off:
-            hf_logging.enable_progress_bar()
-        root.removeHandler(handler)
-        for lg, level in zip(loggers, saved_levels, strict=True):
-            lg.setLevel(level)
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # the user's own settings win, except on a launched process other than rank 0; an empty one counts as unset, as
+    # transformers, datasets and finecap's bars (progress_enabled) read it
+    with environment_defaults(env, empty_is_unset=True, override=follower) as added, contextlib.ExitStack() as undo:
+        hf_logging = sys.modules.get("transformers.utils.logging")  # reads its variable once: told directly
+        if "TQDM_DISABLE" in added and hf_logging is not None and hf_logging.is_progress_bar_enabled():
+            hf_logging.disable_progress_bar()
+            undo.callback(hf_logging.enable_progress_bar)
+        root.setLevel(own)
+        root.addHandler(handler)
+        undo.callback(root.removeHandler, handler)
+        undo.callback(lambda: [lg.setLevel(level) for lg, level in zip(loggers, saved_levels, strict=True)])
+        for lg in loggers[1:]:
+            lg.setLevel(lib)
+        undo.enter_context(silenced())
+        undo.enter_context(_shortened_records() if verbose - quiet == 1 else contextlib.nullcontext())
+        undo.enter_context(warnings.catch_warnings())
+        if follower:
+            warnings.simplefilter("ignore")
+        yield
 
 
 def debug_requested(args: argparse.Namespace) -> bool:

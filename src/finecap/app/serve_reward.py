@@ -92,11 +92,12 @@ the server's bearer token from."""
 
 @contextlib.contextmanager
 def quiet_progress() -> Iterator[None]:
-    """Progress bars off for the block (:data:`~finecap.utils.system.PROGRESS_ENV` set, then unset), unless the user
-    set that variable: a served request's reward call is no task of the user's to watch, and its bars (the
-    retriever's "text features" for a request of over 4 x ``retriever.batch_size`` captions) went to the log of a
-    server left running for days, one a request."""
-    with environment_defaults({PROGRESS_ENV: "1"}):
+    """Progress bars off for the block (:data:`~finecap.utils.system.PROGRESS_ENV` set, then given back), unless the
+    user set that variable (empty counts as unset, as :func:`~finecap.utils.system.progress_enabled` reads it): a
+    served request's reward call is no task of the user's to watch, and its bars (the retriever's "text features" for
+    a request of over 4 x ``retriever.batch_size`` captions) went to the log of a server left running for days, one a
+    request."""
+    with environment_defaults({PROGRESS_ENV: "1"}, empty_is_unset=True):
         yield
 
 

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from finecap.data.features import cached_tensor, fingerprint_data
+from finecap.data.features import cached_tensor, data_changed_ns, fingerprint_data
 from finecap.data.samplers import GlobalBatchSampler, RandomBatches, shard
 from finecap.data.truematch import nearest_neighbours, record_embeddings
 from finecap.home import cache_dir
@@ -352,7 +352,8 @@ def neighbour_table(cfg: Config, records: Sequence[Any], k: int = TOP_K) -> torc
         emb = record_embeddings(retriever, records, cache_dir(cfg.run))
         return nearest_neighbours(emb, k, device=retriever.device, ids=[r.image_id for r in records])[1]
 
-    return cached_tensor(path, {"key": key}, search, valid=lambda t: is_neighbour_table(t, len(records), k))
+    return cached_tensor(path, {"key": key}, search, valid=lambda t: is_neighbour_table(t, len(records), k),
+                         written_after=data_changed_ns(records))  # fmt: skip
 
 
 def is_neighbour_table(table: torch.Tensor, n: int, k: int) -> bool:

@@ -39,7 +39,7 @@ from torch.utils.data import Dataset
 
 from finecap.data.caption_fields import select_captions
 from finecap.data.formats import data_format, format_options, read_dataset
-from finecap.data.hashing import file_version
+from finecap.data.hashing import tree_version
 from finecap.data.images import (
     DEFAULT_LIMITS,
     ImageLimits,
@@ -83,8 +83,9 @@ def _split_records(cfg: Config, split: str, captioned: bool) -> list[Record]:
     if not path.exists() and not spec.hub_names:
         raise FileNotFoundError(f"{path}: data set file not found (data.path / world.out)")
     options = tuple(sorted(format_options(cfg.data.format, cfg).items()))
-    version = file_version(path.stat()) if path.exists() else ()  # not its time alone: a rewrite in one tick too
-    read = _read if spec.cached else _read.__wrapped__  # read again: a folder changes below its own mtime
+    read = _read if spec.cached else _read.__wrapped__  # read again: a folder of images changes below its own mtime
+    # not its time alone: a rewrite in one tick too; a folder (a saved HF data set) by its files, rewritten in place
+    version = tree_version(path) if spec.cached and path.exists() else ()
     records = read(cfg.data.format, path, cfg.data.images, version, options, cfg.data.allow_outside_paths,
                    resolve_cache_dir(cfg.run))  # fmt: skip
     records, unsplit = split_unsplit(cfg, records, path)

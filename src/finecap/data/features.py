@@ -12,8 +12,9 @@ retrieval reward). A file is keyed by three things, so a different encoder or a 
 - the **data fingerprint** (:func:`fingerprint_data`): the ordered images (image id, resolved path, file size,
   modification time and change time: an image rewritten in place whose times were set back, ``os.utime``, still
   changes its change time, which no call sets; an image embedded in a memory-mapped Hugging Face data set: the
-  Arrow files' paths, sizes and modification times and its row, so that its bytes are not read for the key; other
-  embedded bytes: their SHA-256). The data set file itself is not hashed: captions do not change image features,
+  Arrow files' paths, sizes and modification times and its row, so that its bytes are not read for the key, a file
+  written before those files last changed being computed again (:func:`data_changed_ns`); other embedded bytes:
+  their SHA-256). The data set file itself is not hashed: captions do not change image features,
   and any change of which images there are, their order or their files changes the fingerprint;
 - the **split**: a readable label (``train``, ``test``, ...; the retriever uses the records' common split, or
   ``mixed``) that starts the file name.
@@ -147,6 +148,22 @@ def fingerprint_data(records: Sequence[Any]) -> str:
     return h.hexdigest()
 
 
+def data_changed_ns(records: Sequence[Any]) -> int | None:
+    """The latest change time (``st_ctime_ns``) of the files that key ``records``' embedded images without one
+    (:meth:`finecap.data.formats.hf.ArrowImage.changed_ns`: a data set's Arrow files), or ``None`` when there are
+    none. A cache file keyed by them that was written before it is recomputed (:func:`cached_features`,
+    :func:`cached_tensor`): the files were replaced or rewritten since, keeping their sizes and modification times
+    (``cp -p``, ``rsync -t``), or changed otherwise (a ``chmod``: a recompute, never a stale feature). The key itself
+    keeps no change time: it is the key of the features users have cached, which they would all compute again."""
+    latest = None
+    for r in records:
+        changed = getattr(getattr(r, "image_ref", None), "changed_ns", None)
+        when = changed() if changed is not None else None
+        if when is not None and (latest is None or when > latest):
+            latest = when
+    return latest
+
+
 def cache_file(cache_dir: str | Path, encoder_key: str, data_key: str, split: str) -> Path:
     """Where the features of (encoder, data, split) are stored."""
     key = hashlib.sha256(f"{encoder_key}|{data_key}|{split}".encode()).hexdigest()[:16]
@@ -205,10 +222,15 @@ class Ranks:
                    writes=state.is_local_main_process)  # fmt: skip
 
 
-def _load(path: Path, wanted: dict[str, str]) -> torch.Tensor | None:
+def _load(path: Path, wanted: dict[str, str], written_after: int | None = None) -> torch.Tensor | None:
+    """The tensor of the cache file ``path`` when its metadata hold ``wanted`` and it was written after
+    ``written_after`` (a change time of the data, :func:`data_changed_ns`; within the same tick of the clock is not
+    after), else ``None``."""
     if not path.exists():
         return None
     try:
+        if written_after is not None and path.stat().st_mtime_ns <= written_after:
+            return None
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
         if any(meta.get(k) != v for k, v in wanted.items()):
@@ -238,20 +260,21 @@ def making(path: Path) -> Iterator[None]:
 
 
 def cached_tensor(path: Path, meta: dict[str, str], compute: Callable[[], torch.Tensor],
-                  valid: Callable[[torch.Tensor], bool] | None = None) -> torch.Tensor:  # fmt: skip
+                  valid: Callable[[torch.Tensor], bool] | None = None,
+                  written_after: int | None = None) -> torch.Tensor:  # fmt: skip
     """The tensor stored in the safetensors file ``path`` when its metadata equal ``meta`` (and ``valid`` accepts
-    it, when given); otherwise ``compute()``, written there atomically (with ``meta``) and returned, under the file's
-    lock (:func:`making`: a process that needs the same file meanwhile waits, then reads it). Unreadable,
-    mismatching or invalid files are recomputed."""
+    it, when given, and it was written after ``written_after``: :func:`data_changed_ns`); otherwise ``compute()``,
+    written there atomically (with ``meta``) and returned, under the file's lock (:func:`making`: a process that
+    needs the same file meanwhile waits, then reads it). Unreadable, mismatching or invalid files are recomputed."""
 
     def usable(stored: torch.Tensor | None) -> bool:
         return stored is not None and (valid is None or valid(stored))
 
-    stored = _load(path, meta)
+    stored = _load(path, meta, written_after)
     if usable(stored):
         return stored
     with making(path):
-        stored = _load(path, meta)  # written by another process while this one waited
+        stored = _load(path, meta, written_after)  # written by another process while this one waited
         if usable(stored):
             return stored
         tensor = compute()
@@ -294,12 +317,13 @@ def cached_features(
     data_key = fingerprint_data(records) if data_key is None else data_key
     path = cache_file(cache_dir, encoder_key, data_key, split)
     meta = {"encoder": encoder_key, "data": data_key, "split": split, "n": str(len(records))}
-    stored = _load(path, meta)
+    changed = data_changed_ns(records)
+    stored = _load(path, meta, changed)
     several = ranks.world > 1 and ranks.all_gather is not None
     locks = stored is None and ranks.rank == 0  # one process of a job takes the lock: no two of them wait on it
     with making(path) if locks else contextlib.nullcontext():
         if locks:
-            stored = _load(path, meta)  # written by another command while this one waited
+            stored = _load(path, meta, changed)  # written by another command while this one waited
         if all(ranks.all_gather(stored is not None)) if several else stored is not None:
             return stored
         mine = process_slice(len(records), ranks.rank, ranks.world) if several else range(len(records))

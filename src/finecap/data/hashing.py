@@ -25,6 +25,24 @@ def file_version(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
+def tree_version(path: str | Path) -> tuple:
+    """:func:`file_version` of ``path`` and, for a folder, of every file below it (by path relative to it, in order;
+    a link by what it names): a folder's own ``stat`` does not change when a file in it is rewritten in place, as
+    ``datasets``' ``save_to_disk`` rewrites a saved data set's files under the same names."""
+    path = Path(path)
+    version: list = [file_version(path.stat())]
+    if path.is_dir():
+        for folder, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                file = os.path.join(folder, name)
+                try:
+                    version.append((os.path.relpath(file, path), file_version(os.stat(file))))
+                except OSError:  # removed meanwhile, or a dangling link: no version of its own
+                    continue
+    return tuple(version)
+
+
 def sha256_file(path: str | Path) -> str:
     """SHA-256 (hex) of a file's bytes, computed once per path and :func:`file_version` in this process."""
     path = Path(path)

@@ -18,20 +18,24 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from finecap.data.hashing import file_version
 from finecap.data.records import DataError
 from finecap.utils.reading import DATA_FILE, JSONRefused, parse_json, read_bounded, read_lines
 
-_HANDOFF: dict[tuple[Path, int], Any] = {}
-"""The last file :func:`peek_json` parsed (by path and modification time), for the next :func:`load_json`."""
+_HANDOFF: dict[tuple[str, tuple[int, ...]], Any] = {}
+"""The last file :func:`peek_json` parsed (by real path and :func:`~finecap.data.hashing.file_version`), for the next
+:func:`load_json`: a file replaced since by another of the same modification time (``cp -p``, ``rsync -t``, one tick
+of a coarse clock) is parsed again."""
 
 
-def _key(path: Path) -> tuple[Path, int] | None:
+def _key(path: Path) -> tuple[str, tuple[int, ...]] | None:
     try:
-        return path, path.stat().st_mtime_ns
+        return os.path.realpath(path), file_version(path.stat())
     except OSError:
         return None
 

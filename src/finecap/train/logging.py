@@ -31,6 +31,7 @@ from finecap.config import flat_options
 from finecap.locks import command_argv
 from finecap.runs import encode_event
 from finecap.utils.files import append_jsonl
+from finecap.utils.system import environment_defaults
 
 PLACES: dict[str, tuple[str, str, str]] = {
     "wandb": ("dir", "WANDB_DIR", ""),
@@ -139,15 +140,12 @@ def placed_trackers(
             places[name] = {keyword: str(place)}
     if main and resumed_at is not None and "tensorboard" in log_with:
         places.setdefault("tensorboard", {})["purge_step"] = resumed_at + 1  # SummaryWriter: steps >= it hidden
-    mlflow = main and "mlflow" in log_with and not os.environ.get(MLFLOW_URI_ENV)
-    if mlflow:
+    mlflow = {}
+    if main and "mlflow" in log_with and not os.environ.get(MLFLOW_URI_ENV):  # mlflow reads an empty one as unset
         folder.mkdir(parents=True, exist_ok=True)
-        os.environ[MLFLOW_URI_ENV] = f"sqlite:///{(folder / MLFLOW_DB).resolve()}"
-    try:
+        mlflow = {MLFLOW_URI_ENV: f"sqlite:///{(folder / MLFLOW_DB).resolve()}"}
+    with environment_defaults(mlflow, empty_is_unset=True):
         yield places
-    finally:
-        if mlflow:
-            os.environ.pop(MLFLOW_URI_ENV, None)
 
 
 @contextlib.contextmanager

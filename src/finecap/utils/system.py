@@ -59,26 +59,41 @@ def progress_enabled(wanted: bool = True) -> bool:
 
 
 @contextlib.contextmanager
-def environment_defaults(values: Mapping[str, str]) -> Iterator[None]:
+def environment_defaults(
+    values: Mapping[str, str], *, empty_is_unset: bool = False, override: bool = False
+) -> Iterator[dict[str, str]]:
     """Within the block, each variable of ``values`` that ``os.environ`` lacks is set to its value (one already set,
-    the user's, is left as it is); when the block ends, those it set are removed again, unless something changed one
-    since (then its value is not this block's to take). Blocks may overlap in any order (two engines of one process):
-    only the block that set a variable removes it.
+    the user's, is left as it is); when the block ends, each it set is put back as it was (removed, or its earlier
+    value), unless something changed it since (then its value is not this block's to take). Blocks may overlap in
+    any order (two engines of one process): only the block that set a variable puts it back. Yields the variables
+    the block set, with their values.
 
-    >>> with environment_defaults({"FINECAP_DOCTEST_VARIABLE": "1"}):
-    ...     os.environ["FINECAP_DOCTEST_VARIABLE"]
-    '1'
+    ``empty_is_unset``: a variable set to the empty string counts as unset (set within the block, empty again after),
+    for variables whose readers read an empty value so (mlflow's ``MLFLOW_TRACKING_URI``, ``TQDM_DISABLE``:
+    :func:`progress_enabled`); not for those where it means something (``CUDA_VISIBLE_DEVICES=""``: no GPU).
+    ``override``: every variable is set, the user's value too, and put back after (a launched process's silence:
+    :func:`finecap.app.cli.configured_logging`).
+
+    >>> with environment_defaults({"FINECAP_DOCTEST_VARIABLE": "1"}) as added:
+    ...     os.environ["FINECAP_DOCTEST_VARIABLE"], added
+    ('1', {'FINECAP_DOCTEST_VARIABLE': '1'})
     >>> "FINECAP_DOCTEST_VARIABLE" in os.environ
     False
     """
-    added = {name: str(value) for name, value in values.items() if name not in os.environ}
+    before = {name: os.environ.get(name) for name in values}
+    free = (None, "") if empty_is_unset else (None,)
+    added = {name: str(value) for name, value in values.items() if override or before[name] in free}
     os.environ.update(added)
     try:
-        yield
+        yield dict(added)
     finally:
         for name, value in added.items():
-            if os.environ.get(name) == value:
+            if os.environ.get(name) != value:
+                continue
+            if before[name] is None:
                 del os.environ[name]
+            else:
+                os.environ[name] = before[name]
 
 
 def launched_rank() -> int:

@@ -108,8 +108,9 @@ class Format:
     """Those of :attr:`options` that are part of the fingerprint only when set (not empty): options added after runs
     recorded fingerprints, so that a run recorded before one was added still matches while it is unset."""
     cached: bool = True
-    """Whether records read once are reused while ``data.path``'s modification time is unchanged
-    (:mod:`finecap.data.datasets`); ``False`` when the data set changes below it (an image folder)."""
+    """Whether records read once are reused while ``data.path``'s version is unchanged (:mod:`finecap.data.datasets`:
+    :func:`~finecap.data.hashing.tree_version`, a folder's with that of every file below it, as ``save_to_disk``
+    rewrites a saved HF data set's files in place); ``False`` when it is read again each time (an image folder)."""
     hub_names: bool = False
     """Whether ``data.path`` may name a data set that is no local file (a Hub name): then it need not exist, and a
     stored configuration keeps a relative one that names no local file as written. A built-in format with it is

@@ -207,19 +207,25 @@ class ArrowImages:
     workers started by ``spawn``) sends its file paths, not its contents, as ``datasets`` pickles memory-mapped
     tables. :meth:`key` identifies its stored version by its Arrow files (path, size, modification time), as
     :func:`finecap.data.features.fingerprint_data` identifies image files: the image-feature cache is keyed without
-    reading every image. ``where`` names the split in messages (``<data set>: split 'train'``)."""
+    reading every image. The key has no change time (it is the key of the features users have cached, which
+    another key would have them all compute again); :attr:`changed_ns` holds it instead: the latest change time of
+    the files, which a cached entry written before it is not trusted for (a file replaced by another of the same
+    size and modification time, ``cp -p``: :func:`finecap.data.features.data_changed_ns`). ``where`` names the split
+    in messages (``<data set>: split 'train'``)."""
 
     def __init__(self, ds: Any, column: str, where: str = "") -> None:
         self.dataset = ds.select_columns([column])
         self.column = column
         self.where = where
         files = [c["filename"] for c in ds.cache_files]
-        identity = None
+        self.identity: str | None = None
+        self.changed_ns: int | None = None
         # Rows are numbered as the files store them only without an indices mapping (load_from_disk and
         # load_dataset give none); otherwise, and for a data set held in memory, images are hashed by content.
         if files and getattr(ds, "_indices", None) is None:
-            identity = json.dumps([[f, os.stat(f).st_size, os.stat(f).st_mtime_ns] for f in files])
-        self.identity = identity
+            stats = [os.stat(f) for f in files]
+            self.identity = json.dumps([[f, st.st_size, st.st_mtime_ns] for f, st in zip(files, stats, strict=True)])
+            self.changed_ns = max(st.st_ctime_ns for st in stats)
 
     def read(self, row: int) -> bytes:
         data = self.dataset[row][self.column]["bytes"]
@@ -245,6 +251,10 @@ class ArrowImage:
 
     def key(self) -> str | None:
         return None if self.images.identity is None else f"arrow:{self.images.identity}:{self.row}"
+
+    def changed_ns(self) -> int | None:
+        """When the files :meth:`key` names last changed (:attr:`ArrowImages.changed_ns`); ``None`` with no key."""
+        return self.images.changed_ns
 
 
 def _hub_caches() -> tuple[str, ...]:
