@@ -327,22 +327,13 @@ def test_eval_records_what_the_judge_did_for_each_judged_group(world, tmp_path, 
     """The judge record's ``counts`` summed every judged group's calls: with ``clair`` and ``claims`` together, a
     file saying ``"failed": 1`` did not say which group's call it was. Each group's tallies are now in
     ``group_counts`` (the calls made while it ran), ``counts`` their sum, as before."""
-    from helpers.chat_server import ChatServer, completion
-
-    def judge(payload, n):  # a rating for every caption; claims for all but "nonsense", whose split never parses
-        asked = payload["messages"][-1]["content"]
-        if "Candidate caption:" in asked:
-            return 200, completion(json.dumps({"score": 70, "reason": "mostly right"}))
-        if asked.startswith("Description:"):
-            return 200, completion("no idea" if '"nonsense"' in asked else json.dumps(["a claim"]))
-        claims = int(re.search(r"as a JSON list of (\d+) strings", asked).group(1))  # a support check
-        return 200, completion(json.dumps(["yes"] * claims))
+    from helpers.chat_server import ChatServer, judging
 
     refs = load_references(load(), world, split="test")
     predictions = {r.image_id: r.captions[0] for r in refs.records}
     predictions[refs.records[0].image_id] = "nonsense"
     write_results(tmp_path / "r.json", predictions)
-    with ChatServer(judge) as server:
+    with ChatServer(judging("nonsense")) as server:  # a rating for every caption; claims' split of "nonsense" fails
         args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics",
                 "clair,claims", "--judge", "openai", "--format", "json", "--out", str(tmp_path / "s.json"),
                 f"judge.urls=[{server.url}]", "judge.model=test-model", "judge.retries=1",
