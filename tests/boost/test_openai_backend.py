@@ -591,6 +591,26 @@ def test_a_resumed_run_whose_server_answers_as_another_model_stops_at_its_first_
     assert result.served_model == {"llm": "m"}  # the model of every answer the run used
 
 
+def test_a_resumed_run_whose_cache_holds_two_models_answers_says_serving_either_stops(tmp_path):
+    # Two runs into one folder, of different images, answered as two models (a proxy's fallback in between): the
+    # step's cached answers record both. The error said "serve 'cheap' again to continue", but the check runs before
+    # any request, so a run serving cheap (or m) stops the same: the advice now says the cache holds both.
+    records = _records(tmp_path, 6)
+    assert blended(answering_as(10**6, "unused"), records[:3], tmp_path)[0].stopped is None  # 3 answers of m
+    assert blended(answering_as(0, "cheap"), records[3:], tmp_path)[0].stopped is None  # 3 of cheap, none of m used
+    cache = tmp_path / "cache.jsonl"
+    assert [row["served_model"] for row in _cached(cache)] == ["m"] * 3 + ["cheap"] * 3
+    for model in ("cheap", "m"):
+        result, server = blended(answering_as(0, model), records, tmp_path)
+        assert result.stopped == (
+            f"the 3 answer(s) of step 'blend' kept in {cache} came from model 'cheap', but the 3 answer(s) of step "
+            f"'blend' kept in {cache} came from model 'm' (boost.llm_model='m'): resumed, the run would mix two "
+            "models' answers under boost.llm_model; the cache now holds answers of 'm' and 'cheap': serving one "
+            f"stops at another's, so boost into another folder (or move {cache} away) to start afresh"
+        )
+        assert not server.requests
+
+
 def test_a_resumed_run_continues_with_the_model_its_cache_records_by_the_rule_within_a_run(tmp_path, caplog):
     # A dated version of boost.llm_model recorded: that model (no warning); the same name again continues and is
     # recorded, another name (the undated one too, as within a run) stops the run.

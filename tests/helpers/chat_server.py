@@ -10,6 +10,7 @@ requests it handled at once.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter
@@ -47,6 +48,23 @@ def answering_as(*models: str) -> Answer:
         body = completion("B")
         body["model"] = models[min(next(count), len(models) - 1)]
         return 200, body
+
+    return answer
+
+
+def judging(unparsable: str) -> Answer:
+    """A judge's server for the ``claims`` and ``clair`` prompts (src/finecap/judges/prompts/judge.yaml): a rating of
+    70 for every caption, the claims ``["a claim"]`` of every text but the caption ``unparsable``, whose split is
+    answered ``"no idea"`` (it never parses: the call fails after the retries), and "yes" to every claim checked."""
+
+    def answer(payload: dict[str, Any], n: int) -> tuple[int, Any]:
+        asked = payload["messages"][-1]["content"]
+        if "Candidate caption:" in asked:  # rate
+            return 200, completion(json.dumps({"score": 70, "reason": "mostly right"}))
+        if asked.startswith("Description:"):  # claims (a caption's, or a reference's)
+            return 200, completion("no idea" if json.dumps(unparsable) in asked else json.dumps(["a claim"]))
+        claims = int(re.search(r"as a JSON list of (\d+) strings", asked).group(1))  # supports
+        return 200, completion(json.dumps(["yes"] * claims))
 
     return answer
 

@@ -260,6 +260,10 @@ def test_eval_out_records_the_judge_that_scored(world, tmp_path, capsys):
     counts = written["judge"].pop("counts")
     assert counts == {"calls": counts["calls"], "cache_hits": 0, "unparsable": 0, "failed": 0, "rate_limited": 0}
     assert counts["calls"] > 0 and printed["judge"].pop("counts") == counts
+    by_group = written["judge"].pop("group_counts")  # each group's calls, qa's blind asks in qa's: their sum
+    assert list(by_group) == ["qa", "claims"] and all(c["calls"] > 0 for c in by_group.values())
+    assert {k: by_group["qa"][k] + by_group["claims"][k] for k in counts} == counts
+    assert printed["judge"].pop("group_counts") == by_group
     assert written["judge"] == printed["judge"] == expected
     assert written == printed and 0 <= written["qa/accuracy"] <= 1
     # no judge-backed group: no judge key, the scores alone
@@ -317,3 +321,32 @@ def test_eval_says_over_how_many_images_a_judged_mean_is_and_what_the_judge_did(
     said = capsys.readouterr()
     assert re.search(rf"^\| clair/judge_scored +\| {n - 1} +\|$", said.out, re.MULTILINE), said.out
     assert f"the judge failed on 1 of {n} images; the means are over the other {n - 1}" in said.err
+
+
+def test_eval_records_what_the_judge_did_for_each_judged_group(world, tmp_path, capsys):
+    """The judge record's ``counts`` summed every judged group's calls: with ``clair`` and ``claims`` together, a
+    file saying ``"failed": 1`` did not say which group's call it was. Each group's tallies are now in
+    ``group_counts`` (the calls made while it ran), ``counts`` their sum, as before."""
+    from helpers.chat_server import ChatServer, judging
+
+    refs = load_references(load(), world, split="test")
+    predictions = {r.image_id: r.captions[0] for r in refs.records}
+    predictions[refs.records[0].image_id] = "nonsense"
+    write_results(tmp_path / "r.json", predictions)
+    with ChatServer(judging("nonsense")) as server:  # a rating for every caption; claims' split of "nonsense" fails
+        args = ["eval", "--predictions", str(tmp_path / "r.json"), "--references", str(world), "--metrics",
+                "clair,claims", "--judge", "openai", "--format", "json", "--out", str(tmp_path / "s.json"),
+                f"judge.urls=[{server.url}]", "judge.model=test-model", "judge.retries=1",
+                "judge.cache=false"]  # fmt: skip
+        assert cli(args) == 0
+    n = len(predictions)
+    out = json.loads((tmp_path / "s.json").read_text())
+    assert (out["clair/judge_failed"], out["claims/judge_failed"]) == (0, 1)
+    by_group = out["judge"]["group_counts"]
+    # clair: one rating per image, none failed; claims: each image's reference claims and each caption's split (the
+    # "nonsense" split unparsable twice, then failed), then, for the n - 1 others, the check of the caption's claims
+    # against the evidence and of the reference claims against the caption: 4n - 2
+    assert by_group["clair"] == {"calls": n, "cache_hits": 0, "unparsable": 0, "failed": 0, "rate_limited": 0}
+    assert by_group["claims"] == {"calls": 4 * n - 2, "cache_hits": 0, "unparsable": 2, "failed": 1, "rate_limited": 0}
+    assert out["judge"]["counts"] == {k: by_group["clair"][k] + by_group["claims"][k] for k in by_group["clair"]}
+    assert json.loads(capsys.readouterr().out) == out  # printed as written

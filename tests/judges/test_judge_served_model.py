@@ -72,11 +72,17 @@ def test_a_cached_answer_of_another_model_than_this_runs_replies_stops_the_judge
     with ChatServer(answering_as("judge-model-2025-01-01")) as server:
         judge = judge_of(server, path)
         assert judge.answer(ASKS[1:2]) == ["red"]
-        with pytest.raises(JudgeUnavailable, match=re.escape(
-            f"judge answers kept in {path} came from model 'judge-model', but a server answered as "
-            "'judge-model-2025-01-01' (judge.model='judge-model'): "
-        )):  # fmt: skip
+        with pytest.raises(JudgeUnavailable) as caught:
             judge.answer(ASKS[:1])
+        # the cache now holds both models' answers (this run's kept first): "serve 'judge-model' again to continue"
+        # was untrue, as a run serving it stops at this run's answer; the advice says what the cache holds
+        assert str(caught.value) == (
+            f"judge openai: judge answers kept in {path} came from model 'judge-model', but a server answered as "
+            "'judge-model-2025-01-01' (judge.model='judge-model'): a re-run or a resumed run would score with two "
+            "judges' answers under judge.model; the cache now holds answers of 'judge-model-2025-01-01' and "
+            "'judge-model': serving one stops at another's, so set judge.cache=false to ask the judge afresh (or "
+            f"delete {path}, which holds every judge's answers)"
+        )
         assert len(server.requests) == 1 and judge.counts["cache_hits"] == 0
         judge.close()
     assert recorded(path) == ['"judge-model"', '"judge-model-2025-01-01"']  # each answer with the model that gave it

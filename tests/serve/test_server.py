@@ -94,6 +94,40 @@ def test_get_reward_refuses_a_request_holding_a_failed_caption_with_a_502_naming
     assert any("could not score 2 of 4 captions" in r.getMessage() for r in caplog.records)  # the server's log too
 
 
+def test_health_shows_the_judge_tallies_of_the_served_reward_and_no_secret():
+    """/health said nothing of a judged reward's judge: a server left running whose judge failed call after call
+    answered its captions null and its probes "ok", with no count of the judge's calls, unparsable answers or failed
+    calls anywhere. /health's ``tallies`` now holds the reward's (RewardBase.tallies, as training logs them), names
+    and counts alone: neither the judge's URL credentials nor its API key; an adapter's Scorer reads them, in process
+    or from the server's /health."""
+    from finecap.integrations.scoring import Scorer
+    from finecap.judges.openai import OpenAIJudge
+    from finecap.rewards.claims import ClaimsReward
+    from helpers.chat_server import ChatServer, judging
+
+    with ChatServer(judging("nonsense")) as judge_server:
+        secret_url = judge_server.url.replace("http://", "http://user:url-secret@")
+        judge = OpenAIJudge([secret_url], "judge-model", api_key="sk-key-secret", retries=1, sleep=lambda s: None)
+        reward = ClaimsReward(judge, references={0: ["a red circle"], 1: ["a blue square"]})
+        with serving(RewardService(reward, ImageTable(range(2)), log_every=0, name="claims")) as url:
+            before = httpx.get(f"{url}/health")
+            got = httpx.post(f"{url}/reward", json={"captions": ["a red circle", "nonsense"], "image_ids": [0, 1]})
+            health = httpx.get(f"{url}/health")
+            with Scorer(url=url) as scorer:  # an adapter's scorer over the server reads them from /health
+                through_server = scorer.tallies()
+        judge.close()
+    assert got.json()["total"][1] is None and got.json()["failed"] == 1  # the judge failed on "nonsense"
+    zero = {"judge/calls": 0, "judge/cache_hits": 0, "judge/unparsable": 0, "judge/failed": 0, "judge/rate_limited": 0}
+    assert before.json()["tallies"] == zero
+    # 2 reference-claims calls, 2 splits ("nonsense": unparsable twice, then failed), 2 checks of the other caption
+    assert health.status_code == 200 and health.json()["tallies"] == {
+        **zero, "judge/calls": 6, "judge/unparsable": 2, "judge/failed": 1
+    }  # fmt: skip
+    assert "secret" not in health.text and "user" not in health.text and judge_server.url not in health.text
+    assert through_server == {k: float(v) for k, v in health.json()["tallies"].items()}
+    assert Scorer(reward).tallies() == through_server  # in process: the reward's own, the same counts
+
+
 def test_health_counts_a_502_of_get_reward_as_failed_not_scored():
     """/health counted a /get_reward request answered 502 (captions the reward could not score) under "scored", with
     its captions, as if its values had been handed back: it counts under "failed" (and "failures"), as the docs say

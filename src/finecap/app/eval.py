@@ -21,9 +21,10 @@ their keys are listed there).
   default only those five groups). ``--out`` also writes that JSON to a file. When a judge-backed group ran
   (``qa``, ``claims``, ``clair``) the JSON also holds ``judge``: what judged (its name, prompt version, model,
   ``max_tokens``, noise, seed, shuffles: :func:`finecap.metrics.judged.judge_record`) and what it did (``counts``:
-  calls, cache hits, unparsable answers, failed calls, HTTP 429 replies). A judged group's means are over the images
-  the judge did not fail on, ``<group>/judge_scored`` of them (``<group>/judge_failed`` failed, warned): the command
-  exits 0 on such a partial score, and fails (exit 2, nothing written) when a group has no image scored.
+  calls, cache hits, unparsable answers, failed calls, HTTP 429 replies; ``group_counts``: each group's). A judged
+  group's means are over the images the judge did not fail on, ``<group>/judge_scored`` of them
+  (``<group>/judge_failed`` failed, warned): the command exits 0 on such a partial score, and fails (exit 2, nothing
+  written) when a group has no image scored.
   ``--per-image FILE`` writes the per-image scores of the caption metrics as a JSON list of ``{"image_id": id,
   metric: score, ...}``, one per image in the references' order: ``COCOEvalCap.evalImgs`` (the values of
   ``imgToEval``), with the names of ``--format``.

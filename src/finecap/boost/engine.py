@@ -231,8 +231,13 @@ class ServedCheck(Protocol):
     named: str | None
     """The model this run's replies named; ``None`` before one did."""
 
-    def expect(self, model: str, *, where: str, advice: str) -> None:
-        """Check ``model``, that earlier answers (``where``) record, as the first model named."""
+    def expect(self, model: str, *, where: str, why: str, afresh: str) -> None:
+        """Check ``model``, that earlier answers (``where``) record, as the first model named; a clash's error says
+        ``why`` and what to do (``afresh``: how to start without the cache)."""
+        ...
+
+    def kept(self, model: str | None) -> None:
+        """Note that an answer of ``model`` (this run's replies') was kept in the answer cache."""
         ...
 
 
@@ -506,11 +511,12 @@ def check_cached_models(served: ServedCheck, cache: AnswerCache, step: str, keys
         model = cache.served_models.get(k)
         if model is not None:
             recorded[model] = recorded.get(model, 0) + 1
+    why = f"resumed, the run would mix two models' answers under {served.option}"
+    afresh = f"boost into another folder (or move {cache.path} away) to start afresh"
     for model, n in recorded.items():
-        advice = (f"resumed, the run would mix two models' answers under {served.option}; serve {model!r} again to "
-                  f"continue, or boost into another folder (or move {cache.path} away) to start afresh")  # fmt: skip
         try:
-            served.expect(model, where=f"the {n} answer(s) of step {step!r} kept in {cache.path}", advice=advice)
+            served.expect(model, where=f"the {n} answer(s) of step {step!r} kept in {cache.path}", why=why,
+                          afresh=afresh)  # fmt: skip
         except FatalBackendError as e:
             return str(e)
     return None
@@ -603,6 +609,8 @@ def run_step(
                     budget.succeeded()
                     named = served.named if served is not None else None  # the model its replies named
                     cache.put(keys[task.index], step, task.record.image_id, text, named)
+                    if served is not None:  # what the cache holds, which a clash's advice says (clash_advice)
+                        served.kept(named)
                     answers[task.index] = text
                     bar.update(1)
             pending = [t for t, _ in malformed]

@@ -111,6 +111,15 @@ class Scorer(Closeable):
             self.reward.close()
             self.owns_reward = False
 
+    def tallies(self) -> dict[str, float]:
+        """The reward's running counts of its work since it was built (:meth:`finecap.rewards.RewardBase.tallies`: a
+        judged reward's judge's ``judge/calls``, ``judge/failed``, ...; a server's reward's, read from its ``GET
+        /health``: :meth:`finecap.serve.client.RewardClient.tallies`): what an adapter's user reads to see its judge
+        failing (``fn.scorer.tallies()``), which the trainers do not log."""
+        if self.client is not None:
+            return self.client.tallies()
+        return dict(self.reward.tallies())
+
     @property
     def compares_images(self) -> bool:
         """Whether the reward ranks each caption's image among the call's images (a server says so itself, with a 400

@@ -476,11 +476,10 @@ class OpenAIJudge(Judge):
         if entry.served_model is None:  # the reply that gave it named no model
             return
         path = self.cache.path
-        advice = (f"a re-run or a resumed run would score with two judges' answers under judge.model; serve "
-                  f"{entry.served_model!r} again to continue, or set judge.cache=false to ask the judge afresh (or "
-                  f"delete {path}, which holds every judge's answers)")  # fmt: skip
-        try:
-            self._served.expect(entry.served_model, where=f"judge answers kept in {path}", advice=advice)
+        why = "a re-run or a resumed run would score with two judges' answers under judge.model"
+        afresh = f"set judge.cache=false to ask the judge afresh (or delete {path}, which holds every judge's answers)"
+        try:  # the answers this judge kept pass here too (_answer): the cache's models, which the advice says
+            self._served.expect(entry.served_model, where=f"judge answers kept in {path}", why=why, afresh=afresh)
         except FatalBackendError as e:
             raise JudgeUnavailable(self._out(f"judge {self.name}: {e}")) from None
 

@@ -20,8 +20,8 @@ Reported (corpus values are means over images; per-image values under the same k
 
 Each image's row of ``--per-image`` also names the ``judge`` and its ``judge/prompt_version``; the evaluation's
 ``about["judge"]`` holds the whole of what judged (:func:`judge_record`), and, after scoring, what the judge did
-(``counts``: :meth:`~finecap.judges.base.Judge.tallies`), which ``finecap eval`` writes under the key ``judge`` of its
-JSON.
+(``counts``: :meth:`~finecap.judges.base.Judge.tallies`; ``group_counts``: each group's), which ``finecap eval``
+writes under the key ``judge`` of its JSON.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def judge_record(judge: Judge, cfg: Config) -> dict[str, Any]:
     record; absent when none names one). After each
     judge-backed group the record's ``counts`` holds the judge's :meth:`~finecap.judges.base.Judge.tallies` so far
     (calls, cache hits, unparsable answers, failed calls, HTTP 429 replies: of every group of the evaluation, the
-    blind asks of ``qa`` included).
+    blind asks of ``qa`` included), and ``group_counts`` each group's own, ``{"qa": {...}, "claims": {...}}`` (a
+    group's calls are those made while it ran: the groups run one after another), so that of two judged groups the
+    one whose calls failed is told apart.
 
     Example::
 
@@ -102,7 +104,11 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
                 row["clair/reason"] = s["clair/reason"]
     if judge.served_model is not None:  # the model that answered (judge_record): a reply's, or its cached answers'
         ctx.about["judge"]["served_model"] = judge.served_model
-    ctx.about["judge"]["counts"] = judge.tallies()  # of the whole evaluation so far: every group's calls
+    counts = judge.tallies()
+    before = ctx.cache.get("judge tallies", dict.fromkeys(counts, 0))  # at the end of the group before this one
+    ctx.about["judge"]["counts"] = counts  # of the whole evaluation so far: every group's calls
+    ctx.about["judge"].setdefault("group_counts", {})[group] = {k: v - before[k] for k, v in counts.items()}
+    ctx.cache["judge tallies"] = counts
     n_failed = len(scores) - len(ok)
     if n_failed:
         log.warning("%s: the judge failed on %d of %d images; the means are over the other %d (%s/judge_scored)",

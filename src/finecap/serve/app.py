@@ -10,7 +10,7 @@ Endpoints:
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
 - ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "scored": ..., "captions": ..., "failed": ...,
   "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "queued_bytes": ..., "busy": ...,
-  "blocked_checks": ..., "failures": ..., "score_timeout": ...}``.
+  "blocked_checks": ..., "failures": ..., "score_timeout": ..., "tallies": {...}}``.
   Since the start, each request that passed its checks, or whose check ran out of time, counted once by how it ended
   (:class:`~finecap.serve.service.Meter`): ``scored``, the requests answered their values (200), and ``captions``,
   theirs; ``failed``, those answered 500 (the reward failed on them, or the server's own error once they were scored)
@@ -24,7 +24,11 @@ Endpoints:
   ``--score-timeout`` (image paths on a file system that does not answer: :attr:`RewardService.blocked_checks`).
   ``failures``: every failure logged
   (:class:`~finecap.serve.service.RepeatedFailures`, a kind's repeats bounded): the 500s, 502s, 503s and 504s above
-  and the server's own errors. Once the current call has run past ``--score-timeout`` the answer is 503 with
+  and the server's own errors. ``tallies``: the reward's running counts of its work
+  (:meth:`RewardService.tallies`: a judged reward's judge's calls, cache hits, unparsable answers, failed calls and
+  HTTP 429 replies, ``{"judge/calls": 40, "judge/failed": 3, ...}``, of a sum's part ``qa_utility/judge/calls``, ...;
+  ``{}`` for a reward that counts nothing), so that a judge failing call after call shows while the server keeps
+  answering (its captions ``null``). Once the current call has run past ``--score-timeout`` the answer is 503 with
   ``"status": "stuck"`` (:meth:`RewardService.stuck`), until the call returns: a supervisor's probe can restart the
   server. While every check thread is blocked (:meth:`RewardService.checks_stuck`: no request can be checked) the
   answer is 503 with ``"status": "checks_stuck"``, until one returns. A request refused 4xx (malformed, unknown
@@ -378,7 +382,8 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                       "queued": service.queued, "queued_bytes": service.queued_bytes,
                       "busy": round(service.busy_for, 3),
                       "blocked_checks": service.blocked_checks, "failures": service.failures.total,
-                      "score_timeout": service.score_timeout}, 200 if status == "ok" else 503)  # fmt: skip
+                      "score_timeout": service.score_timeout, "tallies": service.tallies()},
+                     200 if status == "ok" else 503)  # fmt: skip
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         """404 / 405 as a JSON error, with Starlette's headers (a 405's ``Allow``: the methods the path takes)."""

@@ -223,6 +223,25 @@ class RewardClient:
                                              f"{wait:g} s (retry {attempt + 1} of {self.retries})"))  # fmt: skip
         return wait
 
+    def tallies(self) -> dict[str, float]:
+        """The served reward's running counts of its work, ``tallies`` of the server's ``GET /health``
+        (:meth:`finecap.serve.service.RewardService.tallies`: a judged reward's judge's calls, failed calls, ...),
+        read whatever its status (a stuck server's 503 holds them too); a :class:`RewardServerError` when the server
+        cannot be reached or its answer holds none (a finecap server older than them)."""
+        url = self.url.removesuffix("/reward") + "/health"
+        try:
+            response = self._client().get(url)
+        except httpx.HTTPError as e:
+            raise _unreachable(self.shown_url, e) from None
+        try:
+            tallies = response.json()["tallies"]
+        except (ValueError, KeyError, TypeError):
+            tallies = None
+        if not isinstance(tallies, dict) or not all(isinstance(v, int | float) for v in tallies.values()):
+            raise RewardServerError(response.status_code, None, f"{self.shown_url.removesuffix('/reward')}/health: "
+                                    f"no tallies in its answer: {response.text[:300]}")  # fmt: skip
+        return {str(k): float(v) for k, v in tallies.items()}
+
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
               fields: Mapping[str, str] | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
         """The values of ``captions`` (keyword arguments: :meth:`payload`'s); a 503 is asked again

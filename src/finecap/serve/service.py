@@ -672,6 +672,14 @@ class RewardService:
         with self._check_starts_lock:
             return sum(now - started > self.score_timeout for started in self._check_starts.values())
 
+    def tallies(self) -> dict[str, int | float]:
+        """The reward's running counts of its work since it was built (:meth:`finecap.rewards.RewardBase.tallies`:
+        a judged reward's judge's calls, cache hits, unparsable answers, failed calls and HTTP 429 replies, as
+        ``judge/calls``, ... or, of a weighted sum's part, ``qa_utility/judge/failed``, ...), whole counts as ints:
+        ``/health``'s ``tallies``, which say a judge failing while the server keeps answering. Names and numbers
+        alone: nothing of the judge's URLs or key. Read while a call may run: each count is read as it stands."""
+        return {k: int(v) if float(v).is_integer() else float(v) for k, v in self.reward.tallies().items()}
+
     def checks_stuck(self) -> bool:
         """Whether every check thread is blocked (:attr:`blocked_checks`; ``/health``: "checks_stuck"): no request
         can be checked until one returns, and each waits out its deadline for a thread (a 504)."""
