@@ -128,6 +128,26 @@ def test_health_shows_the_judge_tallies_of_the_served_reward_and_no_secret():
     assert Scorer(reward).tallies() == through_server  # in process: the reward's own, the same counts
 
 
+def test_a_rewards_tallies_that_raise_leave_health_ok_with_null_tallies_said_once(caplog):
+    """/health called the reward's ``tallies()`` unguarded: a reward of one's own whose ``tallies`` raised made every
+    probe a 500, and a supervisor would restart a server that scores well. The probe answers as before with
+    ``tallies`` null, and the error is logged once, not at each probe."""
+
+    class Untallied(Judge):
+        def tallies(self) -> dict[str, float]:
+            raise RuntimeError("counts are kept elsewhere")
+
+    service = RewardService(Untallied(), ImageTable(range(2)), log_every=0, name="untallied")
+    with caplog.at_level("WARNING", logger="finecap.serve.app"), serving(service) as url:
+        probes = [httpx.get(f"{url}/health") for _ in range(3)]
+        scored = httpx.post(f"{url}/reward", json={"captions": ["a b"], "image_ids": [0]})
+    assert [p.status_code for p in probes] == [200, 200, 200]
+    assert all(p.json()["status"] == "ok" and p.json()["tallies"] is None for p in probes)
+    assert scored.status_code == 200
+    said = [r.getMessage() for r in caplog.records if "tallies() failed" in r.getMessage()]
+    assert len(said) == 1 and "untallied" in said[0] and "counts are kept elsewhere" in said[0], said
+
+
 def test_health_counts_a_502_of_get_reward_as_failed_not_scored():
     """/health counted a /get_reward request answered 502 (captions the reward could not score) under "scored", with
     its captions, as if its values had been handed back: it counts under "failed" (and "failures"), as the docs say

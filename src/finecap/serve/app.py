@@ -27,7 +27,8 @@ Endpoints:
   and the server's own errors. ``tallies``: the reward's running counts of its work
   (:meth:`RewardService.tallies`: a judged reward's judge's calls, cache hits, unparsable answers, failed calls and
   HTTP 429 replies, ``{"judge/calls": 40, "judge/failed": 3, ...}``, of a sum's part ``qa_utility/judge/calls``, ...;
-  ``{}`` for a reward that counts nothing), so that a judge failing call after call shows while the server keeps
+  ``{}`` for a reward that counts nothing; ``null`` when the reward's ``tallies()`` raised, which is logged once
+  and fails no probe), so that a judge failing call after call shows while the server keeps
   answering (its captions ``null``). Once the current call has run past ``--score-timeout`` the answer is 503 with
   ``"status": "stuck"`` (:meth:`RewardService.stuck`), until the call returns: a supervisor's probe can restart the
   server. While every check thread is blocked (:meth:`RewardService.checks_stuck`: no request can be checked) the
@@ -130,6 +131,7 @@ from finecap.serve.protocol import (
     parse_reward,
 )
 from finecap.serve.service import CHECK_THREADS, Overloaded, RewardFailed, RewardService
+from finecap.utils.once import SaidOnce
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +333,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
     guard = Guard(host, token, allowed_hosts)
     body_timeout = (connections or ConnectionLimits()).body_timeout
     slots = asyncio.Semaphore(BODIES_AT_ONCE)  # large bodies read and checked at once (module docstring)
+    tallies_failed = SaidOnce()  # the errors of the reward's tallies() said (/health)
 
     def endpoint(parse: Callable[[Any, Limits], RewardRequest], reply: Callable[[RewardRequest, RewardOutput], dict]):
         def checked(raw: bytes) -> tuple[RewardRequest, Any]:
@@ -375,6 +378,13 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
 
     async def health(request: Request) -> Response:  # admitted already (Admission): its answer names the reward
         meter = service.meter
+        try:
+            tallies: dict[str, int | float] | None = service.tallies()
+        except Exception as e:  # noqa: BLE001 - a reward's own tallies() failing must not fail the probe
+            tallies = None  # a supervisor would restart a server that scores well; said once per kind of error
+            if tallies_failed.first((type(e), str(e))):
+                log.warning("reward server: the reward %s's tallies() failed (/health answers them null): %s: %s",
+                            service.name, type(e).__name__, e)  # fmt: skip
         status = "stuck" if service.stuck() else "checks_stuck" if service.checks_stuck() else "ok"
         return _json({"status": status, "reward": service.name, "images": len(service.images),
                       "scored": meter.total_scored, "captions": meter.total_captions, "failed": meter.failed,
@@ -382,7 +392,7 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                       "queued": service.queued, "queued_bytes": service.queued_bytes,
                       "busy": round(service.busy_for, 3),
                       "blocked_checks": service.blocked_checks, "failures": service.failures.total,
-                      "score_timeout": service.score_timeout, "tallies": service.tallies()},
+                      "score_timeout": service.score_timeout, "tallies": tallies},
                      200 if status == "ok" else 503)  # fmt: skip
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
