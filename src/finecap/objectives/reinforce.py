@@ -305,12 +305,10 @@ class Reinforce(ObjectiveBase):
         t1 = time.perf_counter()
         synced = self.rollouts.sync_seconds - synced  # building the engine, or sending it the policy's weights
         timings = {"time/generate": t1 - t0 - synced}
-        # rl.rewards' weighted sum checks each reward (finecap.rewards.base.check_finite); a reward given as is, here
-        rewards = check_finite(self.reward(samples.texts, {**batch, "image_index": samples.image_index}), "rl.rewards")
-        greedy_rewards = None
-        if greedy is not None:
-            greedy_rewards = self.reward(greedy.texts, {**batch, "image_index": greedy.image_index})
-            check_finite(greedy_rewards, "rl.rewards")
+        # rl.rewards' weighted sum checks each reward (finecap.rewards.base.check_finite) and makes a failed caption's
+        # total NaN; a reward given as is, here: a number it left in a failed caption's total is no baseline's
+        rewards = self.score_captions(samples, batch)
+        greedy_rewards = None if greedy is None else self.score_captions(greedy, batch)
         t2 = time.perf_counter()
         device = samples.sequences.device
         total = rewards.total.to(device)
@@ -324,6 +322,14 @@ class Reinforce(ObjectiveBase):
         if self.rollouts.external:
             timings["time/sync"] = synced
         return rollout, timings
+
+    def score_captions(self, gen: Generation, batch: dict[str, Any]) -> RewardOutput:
+        """The reward of the captions ``gen`` (sampled or greedy), checked finite outside its failed captions
+        (:func:`~finecap.rewards.base.check_finite`), whose totals are NaN
+        (:meth:`~finecap.rewards.base.RewardOutput.failed_as_nan`): a reward given to the objective as is may leave
+        a number there, which no baseline or statistic may read."""
+        out = self.reward(gen.texts, {**batch, "image_index": gen.image_index})
+        return check_finite(out, "rl.rewards").failed_as_nan()
 
     def advantages(self, rollout: Rollout, batch: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Named (N,) advantages, one loss each; subclasses add terms (sequence-level exploration)."""
