@@ -821,6 +821,32 @@ def test_the_logged_advantage_values_leave_out_a_failed_captions_placeholder_zer
     assert out.metrics["advantage_std"] == pytest.approx(a / math.sqrt(2), rel=1e-6)  # of (-a, a, 0, 0, 0)
 
 
+def test_a_lone_scored_caption_of_a_group_has_no_advantage_to_log_or_learn_from():
+    # image 0's c0_1 and c0_2 failed: c0_0 is its group's only scored caption, nothing to compare it with, and its
+    # advantage a placeholder 0, as a failed caption's. Image 2 (0, 3, 3): (-2, 1, 1) / (sqrt(3) + eps). Until
+    # 2026-11-29 the placeholder counted in the logged spread (0.816 for 1.0) and as a caption
+    # with a signal (ObjectiveOutput.scored 4: a step of such captions alone was taken, its gradient 0)
+    class FailsC01C02(Table):
+        def __call__(self, captions, batch):
+            out = super().__call__(captions, batch)
+            failed = torch.tensor([c in ("c0_1", "c0_2") for c in captions])
+            total = out.total.masked_fill(failed, float("nan"))
+            return RewardOutput(total, {"table": total}, failed)
+
+    sections = rl_sections(samples=S, advantage="group")
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsC01C02())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = StandIn()
+    obj.begin_step(model, [batch(0, 2)])
+    out = obj(model, batch(0, 2))
+    a = 1.0 / (math.sqrt(3.0) + 1e-4)
+    assert obj.cycle[0].advantages.tolist() == pytest.approx([0.0, 0.0, 0.0, -2 * a, a, a], rel=1e-6)
+    assert out.scored == 3  # image 2's captions
+    assert out.metrics["advantage/min"] == pytest.approx(-2 * a, rel=1e-6)
+    assert out.metrics["advantage/max"] == pytest.approx(a, rel=1e-6)
+    assert out.metrics["advantage_std"] == pytest.approx(a * math.sqrt(3.0), rel=1e-6)  # of (-2a, a, a): var 3a^2
+
+
 def test_the_logged_advantage_values_of_a_micro_batch_whose_captions_all_failed_are_undefined():
     class FailsAll(Table):
         def __call__(self, captions, batch):

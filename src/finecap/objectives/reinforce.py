@@ -377,7 +377,26 @@ class Reinforce(ObjectiveBase):
         if entropy is not None:
             metrics["entropy"] = entropy
         # means over the N captions; scored: the captions that carry a signal (the engine skips a step with none)
-        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen), scored=rollout.rewards.scored())
+        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen), scored=self.signal(rollout))
+
+    def has_advantage(self, rollout: Rollout) -> torch.Tensor:
+        """(N,) bool: the captions whose advantage is defined (:attr:`Rollout.usable`: a reward scored them and
+        their baseline exists); the others' advantage is a placeholder 0, no measurement."""
+        return rollout.usable
+
+    def signal(self, rollout: Rollout) -> int:
+        """How many of the rollout's captions carry a learning signal (``ObjectiveOutput.scored``; the engine skips
+        the update of a step whose every process and micro-batch has none): those with an advantage
+        (:meth:`has_advantage`), or, with the entropy bonus (``rl.entropy_coef > 0``), every caption a reward
+        scored, which the bonus covers. A caption a reward scored but no baseline could be found for (``rl.samples=1``
+        with its greedy caption failed; under ``leave_one_out`` every other sample of its image failed) is no signal:
+        its advantage is a placeholder 0, and until 2026-11-29 a step of only such captions was taken, AdamW moving
+        every weight by its momentum and weight decay alone. An advantage that is 0 because the caption scored as its
+        baseline is a signal (the gradient's estimate is 0), as TRL takes a step whose groups are all constant
+        (docs/training.md#a-step-no-caption-of-which-was-scored)."""
+        if self.rl.entropy_coef > 0:  # the bonus covers every caption a reward scored (finecap.objectives.entropy)
+            return rollout.rewards.scored()
+        return int(self.has_advantage(rollout).sum())
 
     def engine_correction(self, old: torch.Tensor, gen: Generation) -> tuple[torch.Tensor | None, dict[str, float]]:
         """For rollouts another engine decoded (``decode.engine=vllm``): TRL's truncated importance weights ``(N, L)``
