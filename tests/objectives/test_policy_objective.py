@@ -225,6 +225,21 @@ def test_the_kept_rollouts_failed_captions_are_kept_and_reported_after_a_restore
         failing().load_state_dict(state)
 
 
+def test_a_kept_rollouts_failed_greedy_captions_are_failed_after_a_restore():
+    # a mid-cycle resume of SCST's advantages (grpo.advantage=baseline): the kept greedy rewards (2, NaN) come back
+    # with image 1's greedy caption failed, so the resumed steps count it in reward_greedy/failed and the
+    # rl.alarms.greedy_failed alarm as the uninterrupted run does (until 2026-11-29: none failed after a resume)
+    gen = Generation(sequences=torch.ones(2, 1, dtype=torch.long), token_logprobs=torch.zeros(2, 1),
+                     lengths=torch.ones(2, dtype=torch.long), image_index=torch.arange(2), scores=torch.zeros(2),
+                     texts=["a", "b"])  # fmt: skip
+    greedy = RewardOutput(torch.tensor([2.0, float("nan")]), failed=torch.tensor([False, True]))
+    rollout = reinforce_module.Rollout(gen, RewardOutput(torch.tensor([1.0, 3.0])), torch.tensor([2.0, 3.0]), None,
+                                       greedy)  # fmt: skip
+    kept = grpo_module.Prepared(torch.arange(2), rollout, torch.tensor([-1.0, 0.0]))
+    restored = grpo_module.Prepared.from_state(kept.state_dict())
+    assert restored.rollout.greedy_rewards.failed_mask().tolist() == [False, True]
+
+
 @pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
 @pytest.mark.parametrize("importance", ["token", "sequence"])
 def test_a_failed_caption_gets_no_kl_gradient_and_counts_in_no_kl_or_clip_fraction(aggregation, importance):

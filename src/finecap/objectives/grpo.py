@@ -425,7 +425,9 @@ class Prepared:
         check_kept(s)
         samples = Generation(s["sequences"], s["token_logprobs"], s["lengths"], s["image_index"], s["scores"],
                              list(s["texts"]))  # fmt: skip
-        greedy = None if s["greedy_rewards"] is None else RewardOutput(s["greedy_rewards"])
+        # a failed greedy caption's reward is NaN (RewardOutput.failed_as_nan), the only one that is not finite
+        greedy = s["greedy_rewards"]
+        greedy = None if greedy is None else RewardOutput(greedy, failed=~torch.isfinite(torch.as_tensor(greedy)))
         rewards = RewardOutput(s["rewards"], dict(s["parts"]), s.get("failed"))  # no "failed" before finecap kept it
         rollout = Rollout(samples, rewards, s["baseline"], None, greedy)
         return cls(s["index"], rollout, s["advantages"], s["ref"], s["old"])

@@ -453,9 +453,13 @@ class Reinforce(ObjectiveBase):
         (:attr:`Monitor.failed_share`). The micro-batches' mean of their own shares, which it replaces, left out
         those whose reward gave ``failed=None`` (none failed) until 2026-11-28, and overstated the share. And the
         reward's tallies of the step (:attr:`step_tallies`: ``reward/qa_utility/judge/calls``, ``.../judge/failed``,
-        ...), which the log averages over its window's steps: a judge's calls, failures and HTTP 429s per step."""
-        share = self.monitor.failed_share
-        return {**self.step_tallies, **({} if share is None else {"reward/failed": share})}
+        ...), which the log averages over its window's steps: a judge's calls, failures and HTTP 429s per step. With
+        the greedy baseline, ``reward_greedy/failed``: the step's share of greedy captions a reward could not score
+        (:attr:`Monitor.greedy_failed_share`, the ``rl.alarms.greedy_failed`` alarm's measure), in place of the
+        micro-batches' mean of their shares (logged until 2026-11-29)."""
+        share, greedy = self.monitor.failed_share, self.monitor.greedy_failed_share
+        return {**self.step_tallies, **({} if share is None else {"reward/failed": share}),
+                **({} if greedy is None else {"reward_greedy/failed": greedy})}  # fmt: skip
 
     def close(self) -> None:
         """Free the rollouts' vLLM engine, if one was built, and what the reward opened (a judge it built)."""
@@ -480,6 +484,11 @@ class Reinforce(ObjectiveBase):
         # failed (the reward server's client), and such a micro-batch's captions count in the share too
         failed = rollout.rewards.failed
         self.monitor.observe_failed(0 if failed is None else int(failed.sum()), len(rollout.samples))
+        if rollout.greedy_rewards is not None:  # the rl.alarms.greedy_failed alarm's measure, likewise
+            greedy = rollout.greedy_rewards
+            greedy_failed = greedy.failed_mask()
+            n_greedy = torch.as_tensor(greedy.total).numel()
+            self.monitor.observe_greedy_failed(0 if greedy_failed is None else int(greedy_failed.sum()), n_greedy)
         return self.monitor.measure(rollout.samples.texts, image_ids, step)
 
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
@@ -492,6 +501,7 @@ class Reinforce(ObjectiveBase):
         if rollout.greedy_rewards is not None:
             out["reward_greedy"] = _scored_mean(rollout.greedy_rewards.total)
             # the share of greedy captions a reward could not score: their images' samples had the fallback baseline
+            # (this micro-batch's; in training the step's replaces it: step_values)
             greedy_failed = rollout.greedy_rewards.failed_mask()
             out["reward_greedy/failed"] = 0.0 if greedy_failed is None else float(greedy_failed.float().mean())
         out["baseline"] = _scored_mean(rollout.baseline)  # over the captions that have one (not a failed greedy's)
