@@ -172,7 +172,11 @@ def test_the_kl_alarm_needs_the_kl_penalty_and_a_positive_threshold():
      # above 1
      ({"distinct": 0}, [], "rl.alarms.distinct", "must be in (0, 1]"),
      ({"repetition": 1}, [], "rl.alarms.repetition", "must be in [0, 1)"),
-     ({"failed": 1.0}, [], "rl.alarms.failed", "must be in [0, 1)")],
+     ({"failed": 1.0}, [], "rl.alarms.failed", "must be in [0, 1)"),
+     ({"greedy_failed": 1.0}, [], "rl.alarms.greedy_failed", "must be in [0, 1)"),
+     # no greedy captions to fail: another baseline, or GRPO's group mean
+     ({"greedy_failed": 0.5}, ["rl.baseline=mean"], "rl.alarms.greedy_failed", "needs rl.baseline=greedy"),
+     ({"greedy_failed": 0.5}, ["grpo.advantage=group"], "rl.alarms.greedy_failed", "needs rl.baseline=greedy")],
 )  # fmt: skip
 def test_an_alarm_that_could_never_sound_is_refused_naming_its_key(alarms, overrides, key, message):
     # each was accepted until 2026-12 and never sounded: the run looked watched and was not
@@ -180,6 +184,28 @@ def test_an_alarm_that_could_never_sound_is_refused_naming_its_key(alarms, overr
     with pytest.raises(ConfigError) as e:
         load(None, ["train.objective=reinforce", f"rl.alarms={inline}", *overrides])
     assert e.value.key == key and message in str(e.value), str(e.value)
+
+
+def test_the_greedy_failed_alarm_reads_the_steps_share_of_greedy_captions_alone():
+    # 2 of the step's 4 greedy captions failed, in two micro-batches, and none of its 8 samples: failed (of samples)
+    # is 0, greedy_failed 0.5, past 0.4. Until 2026-11-29 no alarm read the greedy captions' failures, and a run whose
+    # greedy baseline failed every time fell back to leave-one-out without a word
+    m = Monitor(RLConfig(samples=2, alarms={"failed": 0.1, "greedy_failed": 0.4}, alarm_action="stop"))
+    for failed in (2, 0):
+        m.observe_failed(0, 4)
+        m.observe_greedy_failed(failed, 2)
+    with pytest.raises(RewardHackingAlarm, match=r"at step 1 the share of greedy captions a reward could not score "
+                       r"\(rl.alarms.greedy_failed\) is 0.5, above its threshold 0.4: the reward could not score "
+                       r"them \(a judge that failed\?\), and their images' samples took the mean of the image's other "
+                       r"samples as baseline"):  # fmt: skip
+        step(m, ["a red circle", "a circle"], 1)
+    assert m.failed_share is None and m.greedy_failed_share == 0.5
+    quiet = Monitor(RLConfig(samples=2, alarms={"greedy_failed": 0.4}, alarm_action="stop"))
+    quiet.observe_greedy_failed(1, 4)  # 0.25: below
+    step(quiet, ["a red circle", "a circle"], 1)
+    assert quiet.greedy_failed_share == 0.25
+    step(quiet, ["a red circle", "a circle"], 2)  # a step with no greedy captions (an objective without): no share
+    assert quiet.greedy_failed_share is None
 
 
 def test_each_alarm_message_says_what_crossed_and_why_it_matters():

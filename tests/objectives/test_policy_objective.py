@@ -225,6 +225,21 @@ def test_the_kept_rollouts_failed_captions_are_kept_and_reported_after_a_restore
         failing().load_state_dict(state)
 
 
+def test_a_kept_rollouts_failed_greedy_captions_are_failed_after_a_restore():
+    # a mid-cycle resume of SCST's advantages (grpo.advantage=baseline): the kept greedy rewards (2, NaN) come back
+    # with image 1's greedy caption failed, so the resumed steps count it in reward_greedy/failed and the
+    # rl.alarms.greedy_failed alarm as the uninterrupted run does (until 2026-11-29: none failed after a resume)
+    gen = Generation(sequences=torch.ones(2, 1, dtype=torch.long), token_logprobs=torch.zeros(2, 1),
+                     lengths=torch.ones(2, dtype=torch.long), image_index=torch.arange(2), scores=torch.zeros(2),
+                     texts=["a", "b"])  # fmt: skip
+    greedy = RewardOutput(torch.tensor([2.0, float("nan")]), failed=torch.tensor([False, True]))
+    rollout = reinforce_module.Rollout(gen, RewardOutput(torch.tensor([1.0, 3.0])), torch.tensor([2.0, 3.0]), None,
+                                       greedy)  # fmt: skip
+    kept = grpo_module.Prepared(torch.arange(2), rollout, torch.tensor([-1.0, 0.0]))
+    restored = grpo_module.Prepared.from_state(kept.state_dict())
+    assert restored.rollout.greedy_rewards.failed_mask().tolist() == [False, True]
+
+
 @pytest.mark.parametrize("aggregation", ["sequence", "token", "constant"])
 @pytest.mark.parametrize("importance", ["token", "sequence"])
 def test_a_failed_caption_gets_no_kl_gradient_and_counts_in_no_kl_or_clip_fraction(aggregation, importance):
@@ -819,6 +834,32 @@ def test_the_logged_advantage_values_leave_out_a_failed_captions_placeholder_zer
     assert out.metrics["advantage/min"] == pytest.approx(-a, rel=1e-6)
     assert out.metrics["advantage/max"] == pytest.approx(a, rel=1e-6)
     assert out.metrics["advantage_std"] == pytest.approx(a / math.sqrt(2), rel=1e-6)  # of (-a, a, 0, 0, 0)
+
+
+def test_a_lone_scored_caption_of_a_group_has_no_advantage_to_log_or_learn_from():
+    # image 0's c0_1 and c0_2 failed: c0_0 is its group's only scored caption, nothing to compare it with, and its
+    # advantage a placeholder 0, as a failed caption's. Image 2 (0, 3, 3): (-2, 1, 1) / (sqrt(3) + eps). Until
+    # 2026-11-29 the placeholder counted in the logged spread (0.816 for 1.0) and as a caption
+    # with a signal (ObjectiveOutput.scored 4: a step of such captions alone was taken, its gradient 0)
+    class FailsC01C02(Table):
+        def __call__(self, captions, batch):
+            out = super().__call__(captions, batch)
+            failed = torch.tensor([c in ("c0_1", "c0_2") for c in captions])
+            total = out.total.masked_fill(failed, float("nan"))
+            return RewardOutput(total, {"table": total}, failed)
+
+    sections = rl_sections(samples=S, advantage="group")
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, FailsC01C02())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    model = StandIn()
+    obj.begin_step(model, [batch(0, 2)])
+    out = obj(model, batch(0, 2))
+    a = 1.0 / (math.sqrt(3.0) + 1e-4)
+    assert obj.cycle[0].advantages.tolist() == pytest.approx([0.0, 0.0, 0.0, -2 * a, a, a], rel=1e-6)
+    assert out.scored == 3  # image 2's captions
+    assert out.metrics["advantage/min"] == pytest.approx(-2 * a, rel=1e-6)
+    assert out.metrics["advantage/max"] == pytest.approx(a, rel=1e-6)
+    assert out.metrics["advantage_std"] == pytest.approx(a * math.sqrt(3.0), rel=1e-6)  # of (-2a, a, a): var 3a^2
 
 
 def test_the_logged_advantage_values_of_a_micro_batch_whose_captions_all_failed_are_undefined():

@@ -177,6 +177,29 @@ def test_a_failed_greedy_caption_falls_back_to_the_mean_of_the_images_other_samp
     assert out.metrics["baseline"] == pytest.approx(2.5)  # (2 + 2 + 4 + 2) / 4
 
 
+def test_a_reward_given_as_is_pays_a_failed_greedy_caption_nothing_whatever_number_it_left():
+    # FailingTable, not in a WeightedSum, leaves g1's table value (1) in the total of the greedy caption it failed on.
+    # It is no baseline: image 1's samples fall back to each other's rewards, as under the weighted sum (the test
+    # above: loss 3/4). Until 2026-11-29 the number was image 1's baseline, A = (2-1, 4-1) = (1, 3), loss
+    # -(-1*-2 + 1*-2 + 1*-1.5 + 3*-3) / 4 = 2.625, and the logged greedy reward the mean of 2 and 1
+    model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2, greedy_texts=["g0", "g1"]).train()
+    reward = FailingTable({**REWARDS, "d": 4.0}, {"g1"})
+    out = Reinforce(reward, GreedyBaseline(), rl=RLConfig(samples=2))(model, BATCH)
+    assert out.losses["reinforce"].item() == pytest.approx(0.75)
+    assert out.metrics["reward_greedy"] == 2.0 and out.metrics["reward_greedy/failed"] == 0.5
+
+
+def test_a_reward_given_as_is_leaves_a_failed_samples_number_out_of_the_running_mean_and_the_logged_reward():
+    # c failed with 6 left in its total: the step's mean reward is (1 + 3 + 2) / 3 = 2, not (1 + 3 + 6 + 2) / 4 = 3
+    # (until 2026-11-29), in the log and in the running mean the next step's baseline is
+    model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2).train()
+    baseline = MeanBaseline()
+    objective = Reinforce(FailingTable({**REWARDS, "c": 6.0}, {"c"}), baseline, rl=RLConfig(samples=2))
+    out = objective(model, BATCH)
+    objective.end_step()
+    assert out.metrics["reward"] == pytest.approx(2.0) and baseline.mean == pytest.approx(2.0)
+
+
 def test_leave_one_out_baseline():
     _, out = run(LeaveOneOut())
     # b = the other sample of the image: (3, 1, 2, 2); A = (-2, 2, 0, 0)

@@ -130,6 +130,43 @@ def test_a_short_last_batchs_copies_count_in_no_logged_value(make_cfg):
     assert failed == {**dict.fromkeys(range(1, 7)), 7: pytest.approx(1 / 8)}
 
 
+class GreedyFailsFromStep2:
+    """Pays a caption its number of words; from step 2 on (1-based) cannot score a greedy caption (the second call
+    of each rollout: the samples are scored first), as a judge that fails on the greedy captions alone would."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, captions, batch):
+        self.calls += 1
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        failed = torch.full((len(captions),), self.calls % 2 == 0 and int(batch["step_info"].step) + 1 >= 2)
+        return RewardOutput(total.masked_fill(failed, float("nan")), {"words": total}, failed)
+
+
+def greedy_fails_from_step_2(cfg):
+    return GreedyFailsFromStep2()
+
+
+def test_a_run_whose_greedy_captions_fail_stops_naming_the_greedy_failed_alarm(make_cfg):
+    # SCST with 2 samples: from step 2 every greedy caption failed and every sample was scored, so the samples took
+    # each other's rewards as baseline (leave-one-out) and the run was no longer SCST. The failed alarm (sampled
+    # captions) stays silent; greedy_failed reads the step's share of greedy captions, 1, and stops the run. Until
+    # 2026-11-29 no alarm read it: the run went on as leave-one-out, its only trace reward_greedy/failed
+    cfg = make_cfg("train.objective=reinforce", f"rl.rewards={{'{__name__}:greedy_fails_from_step_2': 1.0}}",
+                   "rl.samples=2", "rl.alarms={failed: 0.1, greedy_failed: 0.5}", "rl.alarm_action=stop",
+                   "train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=4", "train.eval_every=4",
+                   "train.validators=[]")  # fmt: skip
+    with pytest.raises(RewardHackingAlarm, match=r"^rl.alarms: at step 2 the share of greedy captions a reward could "
+                       r"not score \(rl.alarms.greedy_failed\) is 1, above its threshold 0.5"):  # fmt: skip
+        train(cfg)
+    events = [json.loads(s) for s in (Path(cfg.run.dir) / "metrics.jsonl").read_text().splitlines()]
+    logged = [e["values"] for e in events if e["split"] == "train"]
+    assert [v["reward_greedy/failed"] for v in logged] == [0.0, 1.0]  # the step's share, over both micro-batches
+    assert all("reward/failed" not in v for v in logged)  # no sampled caption failed
+    assert [v["skipped/unscored"] for v in logged] == [0.0, 0.0]  # the samples had a baseline: the steps were taken
+
+
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
     """A tiny CLIP of its own seed (the shared ``tiny_encoder`` is drawn from whatever RNG state the session left),

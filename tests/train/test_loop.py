@@ -343,7 +343,7 @@ def test_a_step_no_caption_of_which_was_scored_is_not_taken(make_cfg, caplog):
     assert engine.scheduler.scheduler.last_epoch == 2  # a step of the schedule all the same
     assert first["skipped/unscored"] == 0.0 and values["skipped/unscored"] == 1.0
     assert "grad_norm" not in values  # no norm taken: no update
-    assert "train: step 2: no caption of the step could be scored" in caplog.text
+    assert "train: step 2: no caption of the step carries a learning signal" in caplog.text
     assert "the optimizer update is skipped" in caplog.text
     values = engine.train_step([SCORED])  # the next scored step is taken, from the state step 1 left
     assert values["skipped/unscored"] == 0.0 and values["grad_norm"] == pytest.approx(2.0)
@@ -416,6 +416,58 @@ def test_a_run_whose_second_step_scored_nothing_ends_with_the_first_steps_weight
     assert [v.get("reward/failed") for v in logged] == [None, 1.0]
     assert "grad_norm" not in logged[1] and undocumented(logged[1]) == []  # docs/training.md
     assert json.loads((checkpoint_dir(run, "last") / "trainer_state.json").read_text())["step"] == 2  # it counts
+
+
+class WordsGreedyFailsFromStep2:
+    """Pays a caption its number of words; from step 2 on (1-based) fails every greedy caption (the second call of
+    each rollout: the samples are scored first), or with ``odd`` every second sample of each image instead."""
+
+    def __init__(self, odd: bool = False):
+        self.calls, self.odd = 0, odd
+
+    def __call__(self, captions, batch):
+        self.calls += 1
+        total = torch.tensor([float(len(c.split())) for c in captions])
+        late = int(batch["step_info"].step) + 1 >= 2
+        failed = torch.full((len(captions),), late and not self.odd and self.calls % 2 == 0)
+        if self.odd:
+            failed = (torch.arange(len(captions)) % 2 == 1) & late
+        return RewardOutput(total.masked_fill(failed, math.nan), {"words": total}, failed)
+
+
+def greedy_fails_from_step_2(cfg):
+    return WordsGreedyFailsFromStep2()
+
+
+def second_samples_fail_from_step_2(cfg):
+    return WordsGreedyFailsFromStep2(odd=True)
+
+
+@pytest.mark.parametrize(("reward", "objective", "taken"), [
+    # SCST with one sample: every greedy caption failed, no other sample to fall back on, no baseline
+    ("greedy_fails_from_step_2", ["rl.samples=1"], False),
+    # GRPO: one of each image's two samples failed, so no group has two scored captions to compare
+    ("second_samples_fail_from_step_2", ["rl.samples=2", "grpo.advantage=group"], False),
+    # the same, with a term that covers every scored caption: the entropy bonus, GRPO's KL to the reference
+    ("greedy_fails_from_step_2", ["rl.samples=1", "rl.entropy_coef=0.1"], True),
+    ("second_samples_fail_from_step_2", ["rl.samples=2", "grpo.advantage=group", "grpo.policy_loss=clipped",
+                                         "grpo.kl_coef=0.5"], True),
+])  # fmt: skip
+def test_a_step_whose_scored_captions_have_no_advantage_is_not_taken(make_cfg, reward, objective, taken):
+    # Step 2's captions were scored, but none has an advantage (no baseline or group to compare with): its loss is
+    # 0 x log p, its gradient 0. Until 2026-11-29 the engine counted scored captions only, took the step, and AdamW
+    # moved every weight by its momentum from step 1 (up to 0.002 at lr 3e-3), with nothing learned. A term that
+    # covers the scored captions (the entropy bonus, the KL) is a signal: that step is taken
+    options = ["train.objective=reinforce", f"rl.rewards={{'{__name__}:{reward}': 1.0}}", *objective,
+               "clipcap.tiny_dropout=0", "train.warmup_steps=0", "train.schedule=constant", "train.eval_every=0",
+               "train.validators=[]", "train.batch_size=8"]  # fmt: skip
+    one = weights(train(make_cfg(*options, "train.max_steps=1", run="one")))
+    run = train(make_cfg(*options, "train.max_steps=2", run="two"))
+    two = weights(run)
+    assert all(torch.equal(one[k], two[k]) for k in one) != taken
+    logged = [e["values"] for e in read_metrics(run) if e["split"] == "train"]
+    assert [v["skipped/unscored"] for v in logged] == [0.0, float(not taken)]
+    assert ("grad_norm" in logged[1]) == taken and undocumented(logged[1]) == []
 
 
 class CountingEngine(GenerationEngine):

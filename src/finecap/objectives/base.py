@@ -20,10 +20,10 @@ defaults (a plain callable is wrapped by :func:`as_objective`), so the engine ne
 - ``begin_step(model, micro_batches)`` before an optimizer step's micro-batches run, with this process's micro-batches
   of the step, under the run's autocast: an objective that needs the whole step first (the GRPO family rolls out and
   scores every micro-batch here, so that batch statistics are those of the global batch) prepares it.
-- ``update_skipped()`` before ``end_step`` after a step whose update the engine skipped (no caption of it scored:
-  ``ObjectiveOutput.scored``; or the fp16 gradient scaler skipped it), whose weights are those of the step before:
-  REINFORCE's rollout engine is then not sent them again. A loop of one's own that calls ``end_step`` alone after
-  each step has every step count as a change (the safe default: a sync too many, never a stale engine).
+- ``update_skipped()`` before ``end_step`` after a step whose update the engine skipped (no caption of it with a
+  signal: ``ObjectiveOutput.scored``; or the fp16 gradient scaler skipped it), whose weights are those of the step
+  before: REINFORCE's rollout engine is then not sent them again. A loop of one's own that calls ``end_step`` alone
+  after each step has every step count as a change (the safe default: a sync too many, never a stale engine).
 - ``end_step()`` after every optimizer step (state updated once per step, whatever the micro-batches: a running-mean
   baseline), a step whose update the engine skipped too; it may end training by raising :class:`StopTraining`, which
   the engine logs first.
@@ -67,10 +67,11 @@ class ObjectiveOutput:
     items (tokens, captions, ...) the losses are means over, so that the loop can weight micro-batches and give an
     optimizer step the gradient of the mean over the whole global batch (``None``: the batch's examples).
 
-    ``scored``: how many of the micro-batch's sampled captions a reward scored (those not
-    ``RewardOutput.failed``), for objectives that learn from rewards; ``None`` (MLE, SMILE): every item teaches. A
-    step whose micro-batches, on every process, scored none has no learning signal, and the engine skips its update
-    (:meth:`finecap.train.engine.Engine.train_step`, docs/training.md#a-step-no-caption-of-which-was-scored)."""
+    ``scored``: how many of the micro-batch's sampled captions carry a learning signal, for objectives that learn
+    from rewards: a reward scored them (not ``RewardOutput.failed``) and a term of the loss covers them, their
+    advantage being defined (not a caption without a baseline: ``Reinforce.signal``); ``None`` (MLE, SMILE): every
+    item teaches. A step whose micro-batches, on every process, hold none has a gradient of 0, and the engine skips its
+    update (:meth:`finecap.train.engine.Engine.train_step`, docs/training.md#a-step-no-caption-of-which-was-scored)."""
 
     losses: dict[str, torch.Tensor]
     metrics: dict[str, float] = field(default_factory=dict)

@@ -275,6 +275,18 @@ def normalize_then_sum(parts: Sequence[torch.Tensor], weights: Sequence[float], 
     return scored_only((summed - mean) / (std + EPS), scored)
 
 
+def compared(failed: torch.Tensor | None, n: int, samples: int) -> torch.Tensor:
+    """(N,) bool over ``n`` captions in groups of ``samples``: those a reward scored (not ``failed`` (N,) bool;
+    ``None``: every one) whose group holds another scored caption, the captions a group advantage is defined for.
+
+    >>> compared(torch.tensor([False, True, False, False, True, True]), 6, 3).tolist()  # group 1: one scored
+    [True, False, True, False, False, False]
+    """
+    scored = torch.ones(n, dtype=torch.bool) if failed is None else ~failed.cpu().to(torch.bool)
+    grouped = scored.view(-1, samples)  # (G, s)
+    return (grouped & (grouped.sum(dim=1, keepdim=True) >= 2)).flatten()  # (N,)
+
+
 def zero_std_share(rewards: torch.Tensor, samples: int, failed: torch.Tensor | None = None) -> float:
     """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal. The std of a
     group is over its scored captions (neither NaN, which TRL's ``nanstd`` skips too, nor ``failed`` (N,), whatever
@@ -413,7 +425,9 @@ class Prepared:
         check_kept(s)
         samples = Generation(s["sequences"], s["token_logprobs"], s["lengths"], s["image_index"], s["scores"],
                              list(s["texts"]))  # fmt: skip
-        greedy = None if s["greedy_rewards"] is None else RewardOutput(s["greedy_rewards"])
+        # a failed greedy caption's reward is NaN (RewardOutput.failed_as_nan), the only one that is not finite
+        greedy = s["greedy_rewards"]
+        greedy = None if greedy is None else RewardOutput(greedy, failed=~torch.isfinite(torch.as_tensor(greedy)))
         rewards = RewardOutput(s["rewards"], dict(s["parts"]), s.get("failed"))  # no "failed" before finecap kept it
         rollout = Rollout(samples, rewards, s["baseline"], None, greedy)
         return cls(s["index"], rollout, s["advantages"], s["ref"], s["old"])
@@ -666,7 +680,23 @@ class PolicyOptimization(Reinforce):
         metrics.update(self.metrics(rollout, seq_logp))
         metrics.update(self.advantage_metrics(item))
         metrics.update(self.watch(rollout, batch))
-        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items, scored=rollout.rewards.scored())
+        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items, scored=self.signal(rollout))
+
+    def has_advantage(self, rollout: Rollout) -> torch.Tensor:
+        """(N,) bool: the captions whose advantage is defined: REINFORCE's (:meth:`Reinforce.has_advantage`), or
+        under ``grpo.advantage=group`` the scored captions of a group with another scored caption
+        (:func:`compared`); a lone scored caption's group statistics are undefined and its advantage a placeholder 0,
+        as TRL's ``nan_to_num`` makes it."""
+        if self.grpo.advantage != "group":
+            return super().has_advantage(rollout)
+        return compared(rollout.rewards.failed_mask(), len(rollout.samples), self.rl.samples)
+
+    def signal(self, rollout: Rollout) -> int:
+        """:meth:`Reinforce.signal`; with the KL term (``grpo.kl_coef > 0``), which covers every caption a reward
+        scored, every such caption."""
+        if self.reference is not None:
+            return rollout.rewards.scored()
+        return super().signal(rollout)
 
     def rollout_seconds(self, item: Prepared) -> dict[str, float]:
         """The seconds ``item``'s rollout took, each micro-batch's (the engine logs the step's sum, as every
@@ -734,8 +764,10 @@ class PolicyOptimization(Reinforce):
 
     def advantage_metrics(self, item: Prepared) -> dict[str, float]:
         rewards = item.rollout.rewards
-        failed = rewards.failed_mask()  # a failed caption's advantage 0 is no advantage (advantage_spread)
-        out = advantage_spread(item.advantages, None if failed is None else ~failed)
+        failed = rewards.failed_mask()
+        # a placeholder 0 is no advantage (advantage_spread): a failed caption's, or one without a baseline or a group
+        # to compare with (until 2026-11-29 the latter counted here, as it never did in REINFORCE's metrics)
+        out = advantage_spread(item.advantages, self.has_advantage(item.rollout))
         if self.grpo.advantage == "group":
             out["zero_std_groups"] = zero_std_share(rewards.total, self.rl.samples, failed)
         return out

@@ -34,6 +34,14 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   overstated: in the alarm until that day's first fix, in the logged value until its second). It is logged from the
   run's first step with a failed caption on (0 at a step without), so a reward that never fails logs none; the
   measure is the same whether logged or alarmed.
+- ``greedy_failed`` (logged as ``reward_greedy/failed``, :attr:`Monitor.greedy_failed_share`; ``rl.baseline=greedy``
+  only): the step's share of the greedy captions a reward could not score, over every process and micro-batch,
+  handed over by the objective (:meth:`Monitor.observe_greedy_failed`). Such an image's samples take the mean of its
+  other samples as baseline instead (leave-one-out: :class:`~finecap.objectives.baselines.GreedyBaseline`), and
+  none with ``rl.samples=1``; a run whose greedy captions fail is then no longer SCST. A measure of its own, not
+  counted in ``failed``: that one is the share of sampled captions, which lose their gradient, and greedy failures
+  added to it would be diluted by the s samples of each image (every greedy caption failed, none of 5 samples:
+  1/6). Until 2026-11-29 no alarm read it, and ``reward_greedy/failed`` was the mean of the micro-batches' shares.
 
 Every measure counts each caption of the step once: a micro-batch that repeats another's examples (an epoch's last
 global batch smaller than processes x accumulation steps; :attr:`~finecap.contract.StepInfo.copy`, which the engine
@@ -42,10 +50,11 @@ GRPO objective's KL). Until 2026-11-28 its captions were counted again: 2 images
 first image's twice, a failed share of 2/9 for 1/6 (``tests/objectives/test_policy_objective.py``).
 
 **Alarms** (``rl.alarms``, off by default): a mapping of measure to threshold. ``length_drift`` sounds when the
-drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl`` and ``failed`` when the
-value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value falls below it (the
-configuration refuses one that could never sound: ``distinct`` with one sample per image, the fact measures off the
-world, a share's threshold no share crosses: :class:`~finecap.config.RLConfig`). Each is checked
+drift's size exceeds its threshold (either way: longer or shorter), ``repetition``, ``kl``, ``failed`` and
+``greedy_failed`` when the value exceeds it, ``distinct``, ``fact_precision`` and ``fact_recall`` when the value
+falls below it (the configuration refuses one that could never sound: ``distinct`` with one sample per image, the
+fact measures off the world, ``greedy_failed`` without the greedy baseline, a share's threshold no share crosses:
+:class:`~finecap.config.RLConfig`). Each is checked
 once per optimizer step on the step's whole global batch (every process's captions, so every process decides alike),
 after the step. ``rl.alarm_action=warn`` logs one warning per measure, the first time it sounds in the run (the
 measures warned about are part of the objective's state, so a resumed run does not warn again; until 2026-11-28 it
@@ -97,6 +106,8 @@ SUMS = (
     "kl_tokens",
     "failed",
     "rewarded",
+    "greedy_failed",
+    "greedy",
 )
 
 
@@ -137,6 +148,7 @@ class Monitor:
         self.warned: set[str] = set()
         self.failed_seen = False  # whether a step of the run had a caption a reward could not score
         self.failed_share: float | None = None  # the last step's share of them, from the first such step on
+        self.greedy_failed_share: float | None = None  # the last step's share of failed greedy captions (if any)
         self.step_kl: float | None = None  # the last step's token mean KL (None without grpo.kl_coef)
         self.step: int | None = None  # the step being measured (1-based, as logged), when the engine says it
         self._sums = dict.fromkeys(SUMS, 0.0)
@@ -187,6 +199,13 @@ class Monitor:
         self._sums["failed"] += float(failed)
         self._sums["rewarded"] += float(captions)
 
+    def observe_greedy_failed(self, failed: int, captions: int) -> None:
+        """Add one micro-batch's count of greedy captions (the greedy baseline's) a reward could not score out of its
+        ``captions`` greedy captions to the step's sums (the ``greedy_failed`` alarm reads their share over the
+        step's global batch)."""
+        self._sums["greedy_failed"] += float(failed)
+        self._sums["greedy"] += float(captions)
+
     def _drift(self, mean_length: float) -> float:
         return 0.0 if not self.first_length else mean_length / self.first_length - 1.0
 
@@ -208,6 +227,8 @@ class Monitor:
             out["kl"] = sums["kl"] / sums["kl_tokens"]
         if sums["rewarded"] > 0:
             out["failed"] = sums["failed"] / sums["rewarded"]
+        if sums["greedy"] > 0:
+            out["greedy_failed"] = sums["greedy_failed"] / sums["greedy"]
         if sums["scored"] > 0:
             out["fact_precision"] = sums["precision"] / sums["scored"]
             out["fact_recall"] = sums["recall"] / sums["scored"]
@@ -220,6 +241,7 @@ class Monitor:
         self.failed_seen = self.failed_seen or values.get("failed", 0.0) > 0
         self.failed_share = values.get("failed") if self.failed_seen else None
         self.step_kl = values.get("kl")
+        self.greedy_failed_share = values.get("greedy_failed")
         for measure, threshold in self.alarms.items():
             if measure not in values:
                 continue  # fact_* off the world
@@ -233,10 +255,15 @@ class Monitor:
             what = {
                 "kl": "the KL to the starting policy (rl.alarms.kl)",
                 "failed": "the share of captions a reward could not score (rl.alarms.failed)",
+                "greedy_failed": "the share of greedy captions a reward could not score (rl.alarms.greedy_failed)",
             }.get(measure, f"the sampled captions' {measure}")
             size = "its size " if measure == "length_drift" else ""  # either way: -0.6 crosses 0.5 by its size
-            why = ("the reward could not score them (a judge that failed?)" if measure == "failed"
-                   else "the policy may be exploiting the reward")  # fmt: skip
+            why = {
+                "failed": "the reward could not score them (a judge that failed?)",
+                "greedy_failed": "the reward could not score them (a judge that failed?), and their images' samples "
+                "took the mean of the image's other samples as baseline, not the greedy caption's reward (no "
+                "baseline with rl.samples=1)",
+            }.get(measure, "the policy may be exploiting the reward")
             message = f"rl.alarms: at {where} {what} is {value:.4g}, {size}{side} its threshold {threshold:g}: {why}"
             if self.action == "stop":
                 raise RewardHackingAlarm(f"{message}; training stopped (rl.alarm_action=stop)")

@@ -305,12 +305,10 @@ class Reinforce(ObjectiveBase):
         t1 = time.perf_counter()
         synced = self.rollouts.sync_seconds - synced  # building the engine, or sending it the policy's weights
         timings = {"time/generate": t1 - t0 - synced}
-        # rl.rewards' weighted sum checks each reward (finecap.rewards.base.check_finite); a reward given as is, here
-        rewards = check_finite(self.reward(samples.texts, {**batch, "image_index": samples.image_index}), "rl.rewards")
-        greedy_rewards = None
-        if greedy is not None:
-            greedy_rewards = self.reward(greedy.texts, {**batch, "image_index": greedy.image_index})
-            check_finite(greedy_rewards, "rl.rewards")
+        # rl.rewards' weighted sum checks each reward (finecap.rewards.base.check_finite) and makes a failed caption's
+        # total NaN; a reward given as is, here: a number it left in a failed caption's total is no baseline's
+        rewards = self.score_captions(samples, batch)
+        greedy_rewards = None if greedy is None else self.score_captions(greedy, batch)
         t2 = time.perf_counter()
         device = samples.sequences.device
         total = rewards.total.to(device)
@@ -324,6 +322,14 @@ class Reinforce(ObjectiveBase):
         if self.rollouts.external:
             timings["time/sync"] = synced
         return rollout, timings
+
+    def score_captions(self, gen: Generation, batch: dict[str, Any]) -> RewardOutput:
+        """The reward of the captions ``gen`` (sampled or greedy), checked finite outside its failed captions
+        (:func:`~finecap.rewards.base.check_finite`), whose totals are NaN
+        (:meth:`~finecap.rewards.base.RewardOutput.failed_as_nan`): a reward given to the objective as is may leave
+        a number there, which no baseline or statistic may read."""
+        out = self.reward(gen.texts, {**batch, "image_index": gen.image_index})
+        return check_finite(out, "rl.rewards").failed_as_nan()
 
     def advantages(self, rollout: Rollout, batch: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
         """Named (N,) advantages, one loss each; subclasses add terms (sequence-level exploration)."""
@@ -371,7 +377,26 @@ class Reinforce(ObjectiveBase):
         if entropy is not None:
             metrics["entropy"] = entropy
         # means over the N captions; scored: the captions that carry a signal (the engine skips a step with none)
-        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen), scored=rollout.rewards.scored())
+        return ObjectiveOutput(losses=losses, metrics=metrics, num_items=len(gen), scored=self.signal(rollout))
+
+    def has_advantage(self, rollout: Rollout) -> torch.Tensor:
+        """(N,) bool: the captions whose advantage is defined (:attr:`Rollout.usable`: a reward scored them and
+        their baseline exists); the others' advantage is a placeholder 0, no measurement."""
+        return rollout.usable
+
+    def signal(self, rollout: Rollout) -> int:
+        """How many of the rollout's captions carry a learning signal (``ObjectiveOutput.scored``; the engine skips
+        the update of a step whose every process and micro-batch has none): those with an advantage
+        (:meth:`has_advantage`), or, with the entropy bonus (``rl.entropy_coef > 0``), every caption a reward
+        scored, which the bonus covers. A caption a reward scored but no baseline could be found for (``rl.samples=1``
+        with its greedy caption failed; under ``leave_one_out`` every other sample of its image failed) is no signal:
+        its advantage is a placeholder 0, and until 2026-11-29 a step of only such captions was taken, AdamW moving
+        every weight by its momentum and weight decay alone. An advantage that is 0 because the caption scored as its
+        baseline is a signal (the gradient's estimate is 0), as TRL takes a step whose groups are all constant
+        (docs/training.md#a-step-no-caption-of-which-was-scored)."""
+        if self.rl.entropy_coef > 0:  # the bonus covers every caption a reward scored (finecap.objectives.entropy)
+            return rollout.rewards.scored()
+        return int(self.has_advantage(rollout).sum())
 
     def engine_correction(self, old: torch.Tensor, gen: Generation) -> tuple[torch.Tensor | None, dict[str, float]]:
         """For rollouts another engine decoded (``decode.engine=vllm``): TRL's truncated importance weights ``(N, L)``
@@ -428,9 +453,13 @@ class Reinforce(ObjectiveBase):
         (:attr:`Monitor.failed_share`). The micro-batches' mean of their own shares, which it replaces, left out
         those whose reward gave ``failed=None`` (none failed) until 2026-11-28, and overstated the share. And the
         reward's tallies of the step (:attr:`step_tallies`: ``reward/qa_utility/judge/calls``, ``.../judge/failed``,
-        ...), which the log averages over its window's steps: a judge's calls, failures and HTTP 429s per step."""
-        share = self.monitor.failed_share
-        return {**self.step_tallies, **({} if share is None else {"reward/failed": share})}
+        ...), which the log averages over its window's steps: a judge's calls, failures and HTTP 429s per step. With
+        the greedy baseline, ``reward_greedy/failed``: the step's share of greedy captions a reward could not score
+        (:attr:`Monitor.greedy_failed_share`, the ``rl.alarms.greedy_failed`` alarm's measure), in place of the
+        micro-batches' mean of their shares (logged until 2026-11-29)."""
+        share, greedy = self.monitor.failed_share, self.monitor.greedy_failed_share
+        return {**self.step_tallies, **({} if share is None else {"reward/failed": share}),
+                **({} if greedy is None else {"reward_greedy/failed": greedy})}  # fmt: skip
 
     def close(self) -> None:
         """Free the rollouts' vLLM engine, if one was built, and what the reward opened (a judge it built)."""
@@ -455,6 +484,11 @@ class Reinforce(ObjectiveBase):
         # failed (the reward server's client), and such a micro-batch's captions count in the share too
         failed = rollout.rewards.failed
         self.monitor.observe_failed(0 if failed is None else int(failed.sum()), len(rollout.samples))
+        if rollout.greedy_rewards is not None:  # the rl.alarms.greedy_failed alarm's measure, likewise
+            greedy = rollout.greedy_rewards
+            greedy_failed = greedy.failed_mask()
+            n_greedy = torch.as_tensor(greedy.total).numel()
+            self.monitor.observe_greedy_failed(0 if greedy_failed is None else int(greedy_failed.sum()), n_greedy)
         return self.monitor.measure(rollout.samples.texts, image_ids, step)
 
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
@@ -467,6 +501,7 @@ class Reinforce(ObjectiveBase):
         if rollout.greedy_rewards is not None:
             out["reward_greedy"] = _scored_mean(rollout.greedy_rewards.total)
             # the share of greedy captions a reward could not score: their images' samples had the fallback baseline
+            # (this micro-batch's; in training the step's replaces it: step_values)
             greedy_failed = rollout.greedy_rewards.failed_mask()
             out["reward_greedy/failed"] = 0.0 if greedy_failed is None else float(greedy_failed.float().mean())
         out["baseline"] = _scored_mean(rollout.baseline)  # over the captions that have one (not a failed greedy's)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
@@ -79,6 +79,26 @@ class RewardOutput:
         """
         failed = self.failed_mask()
         return torch.as_tensor(self.total).numel() - (0 if failed is None else int(failed.sum()))
+
+    def failed_as_nan(self) -> RewardOutput:
+        """The output with the total of every ``failed`` caption NaN (itself when none failed): the one rule that a
+        failed caption is never paid, whatever number its reward left in its total (only its ``failed`` flag says it
+        failed; :func:`check_finite` does not read it). Every baseline and statistic of the RL objectives skips NaN,
+        so such a number can reach none of them. :class:`WeightedSum` applies it to its sum, the RL objectives to the
+        output of a reward given to them as is (``Reinforce(reward=...)``; until 2026-11-29 its number was the
+        leave-one-out and running-mean baselines' and, for a greedy caption, the greedy baseline itself). The parts
+        are left as the reward gave them (a judge's ``judge_failed`` part is 1 there).
+
+        >>> out = RewardOutput(torch.tensor([0.5, 0.0]), failed=torch.tensor([False, True])).failed_as_nan()
+        >>> out.total.tolist(), out.failed.tolist()
+        ([0.5, nan], [False, True])
+        """
+        mask = self.failed_mask()
+        if mask is None:
+            return self
+        total = torch.as_tensor(self.total)
+        total = total if total.is_floating_point() else total.float()
+        return replace(self, total=total.masked_fill(mask.to(total.device), math.nan))
 
     def split(self, sizes: Sequence[int]) -> list[RewardOutput]:
         """The output cut into consecutive calls of ``sizes`` captions (float32 on the CPU, detached): how a merged
@@ -399,10 +419,9 @@ class WeightedSum(RewardBase):
             total = weight * value if total is None else total + weight * value  # (N,)
         if total is None:  # every weight 0 (rl.rewards refuses it; an adapter's sum may hold it)
             total = torch.zeros(len(captions))
-        if failed is not None:
-            total = total.masked_fill(failed.to(total.device), math.nan)  # never paid: NaN, not a number that trains
-        check_finite(RewardOutput(total, failed=failed), "rl.rewards, the weighted sum")  # values x weights overflow
-        return RewardOutput(total, parts, failed)
+        out = RewardOutput(total, parts, failed).failed_as_nan()  # never paid: NaN, not a number that trains
+        check_finite(RewardOutput(out.total, failed=failed), "rl.rewards, the weighted sum")  # values x weights: inf
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         out = {}

@@ -27,11 +27,13 @@ out there, for batch statistics of the global batch).
 ``tests/train/test_equivalence.py`` checks that 2 processes x batch b, and 1 process x batch b x 2 accumulation
 steps, give the parameters of 1 process x batch 2b.
 
-**A step no caption of which was scored is not taken.** An RL objective says how many of a micro-batch's captions a
-reward scored (``ObjectiveOutput.scored``; every caption failed: a judge down, a retrieval reward's one-image batch);
-when the sum over the step's micro-batches and processes is 0 (reduced with the step's item counts: every process
-decides alike), the step's gradient is 0 and the engine skips the clipping and ``optimizer.step`` (AdamW would move
-the weights by its momentum and weight decay alone), warns, and logs ``skipped/unscored``. The step still counts, as
+**A step no caption of which carries a learning signal is not taken.** An RL objective says how many of a
+micro-batch's captions carry one (``ObjectiveOutput.scored``: a reward scored them and they have an advantage; none
+when every caption failed, a judge down, a retrieval reward's one-image batch, or when none that was scored has a
+baseline, ``rl.samples=1`` with every greedy caption failed); when the sum over the step's micro-batches and processes
+is 0 (reduced with the step's item counts: every process decides alike), the step's gradient is 0 and the engine
+skips the clipping and ``optimizer.step`` (AdamW would move the weights by its momentum and weight decay alone),
+warns, and logs ``skipped/unscored``. The step still counts, as
 an fp16 scaler's skip does (below): docs/training.md#a-step-no-caption-of-which-was-scored.
 
 **Divergence stops the run.** A non-finite loss (on any process) raises :class:`TrainingDiverged` before the
@@ -400,7 +402,7 @@ def num_items(out: Any, batch: dict[str, Any]) -> float:
 
 
 def signal(out: Any) -> float:
-    """What a micro-batch's output adds to its step's learning signal: the captions a reward scored
+    """What a micro-batch's output adds to its step's learning signal: the captions that carry one
     (``ObjectiveOutput.scored``), or 1 for an objective without the notion (MLE, SMILE: every item teaches). A step
     whose sum over its micro-batches and processes is 0 has a gradient of 0 and is not taken
     (:meth:`Engine.train_step`)."""
@@ -780,10 +782,11 @@ class Engine:
         process's micro-batches, up to float rounding. Every process, a copy's included, takes part in the same
         collectives in the same order (FSDP2).
 
-        A step none of whose captions a reward scored (``ObjectiveOutput.scored``, summed over every micro-batch and
-        process) is not taken: no clipping, no ``optimizer.step``, no ``grad_norm``; it logs ``skipped/unscored`` 1 (0
-        at the other steps of an objective that reports ``scored``) and warns (module docstring). The objective's
-        ``update_skipped`` runs before its ``end_step`` after this skip and the fp16 scaler's."""
+        A step none of whose captions carries a learning signal (``ObjectiveOutput.scored``, summed over every
+        micro-batch and process) is not taken: no clipping, no ``optimizer.step``, no ``grad_norm``; it logs
+        ``skipped/unscored`` 1 (0 at the other steps of an objective that reports ``scored``) and warns (module
+        docstring). The objective's ``update_skipped`` runs before its ``end_step`` after this skip and the fp16
+        scaler's."""
         acc, model, optimizer = self.accelerator, self.model, self.optimizer
         if not model.training:  # a recursive walk over every module: only after an evaluation
             model.train()
@@ -794,9 +797,9 @@ class Engine:
         # the logged values' means over the micro-batches (extremes: extremes; seconds: sums; NaN: where all are)
         means = Means(summed=step_sum)
         local_items, local_bad, local_loss = 0.0, 0.0, 0.0  # local_loss: the item-weighted sum of the losses
-        local_signal = 0.0  # the captions a reward scored (ObjectiveOutput.scored; 1 per micro-batch without one)
+        local_signal = 0.0  # the captions with a signal (ObjectiveOutput.scored; 1 per micro-batch without one)
         reports_scored = False  # whether the objective says what it scored (the RL family)
-        unscored = False  # set at the sync: no micro-batch of any process scored a caption (the update is skipped)
+        unscored = False  # set at the sync: no caption of any process carries a signal (the update is skipped)
         local_parts: dict[str, float] = {}  # the item-weighted sum of each part
         step_losses: dict[str, float] = {}  # the step's loss and parts, means over all its items (not of the means)
         grad_norm = None
@@ -846,7 +849,7 @@ class Engine:
                         scale = acc.num_processes * acc.gradient_accumulation_steps * (reference or 1.0)
                         factor = scale / (float(counts[0]) or 1.0)  # no items: every loss weighted 0, each gradient 0
                         torch._foreach_mul_([p.grad for p in params], factor)  # undo DDP mean x 1/steps x 1/R; / items
-                    unscored = step_signal == 0  # no caption of the step scored: its gradient carries no signal
+                    unscored = step_signal == 0  # no caption of the step carries a signal: its gradient is 0
                     if not unscored:  # skipped: no clipping either (FSDP2's norm is a collective every process skips)
                         max_norm = self.settings.grad_clip if self.settings.grad_clip > 0 else float("inf")
                         norm = acc.clip_grad_norm_(params, max_norm)  # of the unscaled gradients
@@ -854,7 +857,7 @@ class Engine:
                         if not math.isfinite(grad_norm) and acc.scaler is None:  # nothing would skip the update
                             raise self._diverged(f"the gradient norm is {grad_norm}")
                 # accelerate skips it until the synchronising micro-batch; an fp16 gradient scaler skips a step whose
-                # gradients overflowed (and lowers its scale); a step no caption of which was scored is not taken:
+                # gradients overflowed (and lowers its scale); a step no caption of which has a signal is not taken:
                 # AdamW would move the weights by its momentum and weight decay alone, with nothing learned
                 if not unscored:
                     optimizer.step()
@@ -889,12 +892,13 @@ class Engine:
         return values
 
     def _unscored_step(self) -> None:
-        """After a step no caption of which a reward scored (every process's micro-batches: ``ObjectiveOutput.scored``
-        0), whose update was skipped: say so (main process)."""
+        """After a step no caption of which carries a learning signal (every process's micro-batches:
+        ``ObjectiveOutput.scored`` 0), whose update was skipped: say so (main process)."""
         if self.accelerator.is_main_process:
             log.warning(
-                "train: step %d: no caption of the step could be scored (reward/failed 1.0: every caption of its "
-                "global batch failed); the optimizer update is skipped, and the step still counts for "
+                "train: step %d: no caption of the step carries a learning signal (a reward could score none of its "
+                "global batch, or none it scored has a baseline to compare with: see reward/failed and "
+                "reward_greedy/failed); the optimizer update is skipped, and the step still counts for "
                 "train.max_steps and the learning-rate schedule (docs/training.md)",
                 self.state.step + 1,
             )  # fmt: skip

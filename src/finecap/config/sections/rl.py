@@ -25,7 +25,9 @@ AlarmAction = Literal["warn", "stop"]
 VLLM_CORRECTION = ("vllm_is_correction", "vllm_is_cap")
 """The ``rl`` options only rollouts another engine decoded read (``decode.engine=vllm``:
 :mod:`finecap.objectives.engine_mismatch`)."""
-AlarmMeasure = Literal["length_drift", "repetition", "distinct", "fact_precision", "fact_recall", "kl", "failed"]
+AlarmMeasure = Literal[
+    "length_drift", "repetition", "distinct", "fact_precision", "fact_recall", "kl", "failed", "greedy_failed"
+]
 SOUNDS_BELOW = ("distinct", "fact_precision", "fact_recall")
 """The alarm measures that sound when the value falls below the threshold; the others sound above it
 (:class:`finecap.objectives.monitor.Monitor`; ``length_drift`` by its size)."""
@@ -91,7 +93,8 @@ class RLConfig(Section, name="rl"):
         {},
         "Reward-hacking alarms, measure -> threshold (length_drift, repetition, distinct with rl.samples >= 2, "
         "fact_precision/recall on data.format=world; kl: the step's KL to the starting policy, with grpo.kl_coef > 0; "
-        "failed: the step's share of captions a reward could not score).",
+        "failed: the step's share of sampled captions a reward could not score; greedy_failed: of the greedy "
+        "baseline's captions, with rl.baseline=greedy).",
     )
     alarm_action: AlarmAction = doc(
         "warn", "What a crossed rl.alarms threshold does: log a warning, or stop training."
@@ -167,6 +170,12 @@ class RLConfig(Section, name="rl"):
             "kl" not in self.alarms or cfg.grpo.kl_coef > 0,
             "rl.alarms.kl",
             "needs grpo.kl_coef > 0 (the KL to the starting policy is computed only with its penalty)",
+        )
+        check(
+            "greedy_failed" not in self.alarms or (self.baseline == "greedy" and cfg.grpo.advantage == "baseline"),
+            "rl.alarms.greedy_failed",
+            "needs rl.baseline=greedy (and grpo.advantage=baseline): only the greedy baseline decodes greedy "
+            f"captions, and rl.baseline={self.baseline}, grpo.advantage={cfg.grpo.advantage} decodes none",
         )
         for measure in ("fact_precision", "fact_recall"):
             check(
