@@ -196,6 +196,23 @@ def test_parquet_written_by_pyarrow_with_image_structs_and_no_paths_is_read(tmp_
     assert load_record_image(records[1]).getpixel((0, 0)) == (0, 0, 255)
 
 
+def test_parquet_written_by_pyarrow_with_image_structs_of_paths_and_no_bytes_is_read(tmp_path):
+    """The mirror of the above: ``{"bytes": None, "path": ...}`` cells in every row type the bytes field null, which
+    the length of an embedded image's bytes (read to compare repeated images) has no kernel for."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (2, 2)).save(tmp_path / name)
+    table = pa.table({"image": [{"bytes": None, "path": n} for n in ("a.png", "b.png")], "caption": ["A.", "B."]})
+    assert table.schema.field("image").type.field("bytes").type == pa.null()
+    pq.write_table(table, tmp_path / "train.parquet")
+    records = read_hf(tmp_path / "train.parquet", caption_column="caption", cache_dir=tmp_path / "cache")
+    assert [(r.path, r.captions, r.embedded) for r in records] == [
+        (tmp_path / "a.png", ["A."], False), (tmp_path / "b.png", ["B."], False)
+    ]  # fmt: skip
+
+
 def test_a_data_set_saved_again_in_place_is_read_again(tmp_path):
     # save_to_disk rewrites the files of a saved data set under the same names, which leaves the folder's own stat
     # as it was: records were kept by it, so a notebook's next run trained on the captions saved before

@@ -176,7 +176,8 @@ def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], li
                                 f"got {kind.field(name).type}")  # fmt: skip
         missing = pc.is_null(array).to_pylist()
         paths = pc.struct_field(array, "path").to_pylist() if "path" in names else [None] * len(array)
-        sizes = (pc.binary_length(pc.struct_field(array, "bytes")).to_pylist() if "bytes" in names
+        filled = "bytes" in names and kind.field("bytes").type != pa.null()  # null: no row embeds bytes
+        sizes = (pc.binary_length(pc.struct_field(array, "bytes")).to_pylist() if filled
                  else [None] * len(array))  # the offsets only; null: no bytes  # fmt: skip
         for i, (gone, path, size) in enumerate(zip(missing, paths, sizes, strict=True)):
             if gone:
