@@ -782,6 +782,25 @@ def test_a_jsonl_file_starting_with_a_byte_order_mark_is_read_as_json_files_are(
     assert detect_format(path)[0] == "messages"  # the first record is seen through the mark
 
 
+def test_json_data_files_in_utf16_are_read_as_json_readers_read_them_and_line_files_are_refused(tmp_path):
+    """What docs/data.md says of encodings: a JSON file (Karpathy, COCO) in UTF-16 is read as ``json.loads`` detects
+    it, the same records as in UTF-8 (the page said it was refused); a JSONL file or a folder's captions.csv in
+    UTF-16 is refused naming the file."""
+    _touch(tmp_path, "a.jpg")
+    karpathy = {"images": [{"filename": "a.jpg", "imgid": 0, "split": "test", "sentences": [{"raw": "un café"}]}]}
+    utf8 = _write(tmp_path / "utf8.json", karpathy)
+    (tmp_path / "utf16.json").write_bytes(json.dumps(karpathy, ensure_ascii=False).encode("utf-16"))
+    assert read_dataset("karpathy", tmp_path / "utf16.json") == read_dataset("karpathy", utf8)
+    assert read_dataset("karpathy", utf8)[0].captions == ["un café"]
+    (tmp_path / "data.jsonl").write_bytes('{"image": "a.jpg", "captions": ["un café"]}\n'.encode("utf-16"))
+    with pytest.raises(DataError, match=r"data\.jsonl: not a UTF-8 text file"):
+        read_dataset("jsonl", tmp_path / "data.jsonl")
+    (tmp_path / "data.jsonl").unlink()
+    (tmp_path / "captions.csv").write_bytes("image,caption\na.jpg,un café\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"captions\.csv: not a UTF-8 text file"):
+        read_dataset("folder", tmp_path)
+
+
 def test_ids_written_as_a_number_and_as_a_string_are_one_id(tmp_path):
     """``1`` and ``"1"`` on two images were two ids to every reader, while finecap eval matches a predicted "1" with
     a reference 1, per-image outputs key images by str(id) and the reward server refuses the pair: refused when

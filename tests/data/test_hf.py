@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import re
+from pathlib import Path
 
 import pytest
 
@@ -195,6 +196,23 @@ def test_parquet_written_by_pyarrow_with_image_structs_and_no_paths_is_read(tmp_
     assert load_record_image(records[1]).getpixel((0, 0)) == (0, 0, 255)
 
 
+def test_parquet_written_by_pyarrow_with_image_structs_of_paths_and_no_bytes_is_read(tmp_path):
+    """The mirror of the above: ``{"bytes": None, "path": ...}`` cells in every row type the bytes field null, which
+    the length of an embedded image's bytes (read to compare repeated images) has no kernel for."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    for name in ("a.png", "b.png"):
+        Image.new("RGB", (2, 2)).save(tmp_path / name)
+    table = pa.table({"image": [{"bytes": None, "path": n} for n in ("a.png", "b.png")], "caption": ["A.", "B."]})
+    assert table.schema.field("image").type.field("bytes").type == pa.null()
+    pq.write_table(table, tmp_path / "train.parquet")
+    records = read_hf(tmp_path / "train.parquet", caption_column="caption", cache_dir=tmp_path / "cache")
+    assert [(r.path, r.captions, r.embedded) for r in records] == [
+        (tmp_path / "a.png", ["A."], False), (tmp_path / "b.png", ["B."], False)
+    ]  # fmt: skip
+
+
 def test_a_data_set_saved_again_in_place_is_read_again(tmp_path):
     # save_to_disk rewrites the files of a saved data set under the same names, which leaves the folder's own stat
     # as it was: records were kept by it, so a notebook's next run trained on the captions saved before
@@ -218,6 +236,71 @@ def test_bad_rows_are_named(tmp_path):
     ds.save_to_disk(str(tmp_path / "d"))
     with pytest.raises(DataError, match=r"split 'test', row 1: empty caption list"):
         read_hf(tmp_path / "d", check_images=False)
+
+
+def _embedded_rows(tmp_path, name: str, cells: list[tuple[str, bytes]], **columns: list) -> Path:
+    """A saved data set ``name`` of one split, ``train``: per row an embedded image (its file name, its bytes)."""
+    typed = {k: datasets.Value("int64" if isinstance(v[0], int) else "string") for k, v in columns.items()}
+    features = {"image": datasets.Image(), "caption": datasets.Value("string"), **typed}
+    rows = {"image": [{"bytes": data, "path": file} for file, data in cells],
+            "caption": [f"caption {i}" for i in range(len(cells))], **columns}  # fmt: skip
+    ds = datasets.Dataset.from_dict(rows, features=datasets.Features(features))
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / name))
+    return tmp_path / name
+
+
+def test_a_data_set_of_one_row_per_caption_is_refused_not_read_as_an_image_per_caption(tmp_path):
+    """The Hub's COCO copies of one row per caption (an embedded image and one caption string a row, the image
+    repeated) were read as a record per row, ids ``train/<row>``: each image five times, each with one reference, so
+    CIDEr scored against one reference and training saw the image once per caption, unsaid (a JSONL naming one image
+    on two lines is refused; embedded images escaped the one-image checks)."""
+    red, blue = _png((255, 0, 0)), _png((0, 0, 255))
+    cells = [("COCO_val2014_000000000001.jpg", red)] * 3 + [("COCO_val2014_000000000002.jpg", blue)] * 2
+    saved = _embedded_rows(tmp_path, "percap", cells, ann_id=[11, 12, 13, 21, 22])
+    table = datasets.load_from_disk(str(saved))["train"].data.column("image")  # read independently: 5 rows, 2 images
+    distinct = {(c["path"], c["bytes"]) for c in table.to_pylist()}
+    assert len(table) == 5 and len(distinct) == 2
+    with pytest.raises(DataError, match=r"split 'train', row 1: the image of split 'train', row 0 again \(the same "
+                       r"bytes and file name 'COCO_val2014_000000000001.jpg'\): .* one row per caption"):  # fmt: skip
+        read_hf(saved, caption_column="caption")
+    # rows given ids of their own are the data set's records of one image, as JSONL lines with ids are
+    records = read_hf(saved, caption_column="caption", id_column="ann_id")
+    assert [(r.image_id, r.captions) for r in records] == [(11 + k, [f"caption {k}"]) for k in range(3)] + [
+        (21 + k, [f"caption {3 + k}"]) for k in range(2)
+    ]
+
+
+def test_one_embedded_image_in_two_splits_is_refused_as_an_image_file_in_two_splits_is(tmp_path):
+    red = _png((255, 0, 0))
+    features = datasets.Features({"image": datasets.Image(), "captions": datasets.Sequence(datasets.Value("string")),
+                                  "cocoid": datasets.Value("int64")})  # fmt: skip
+    parts = {split: {"image": [{"bytes": red, "path": "a.jpg"}], "captions": [[f"{split} caption"]], "cocoid": [k]}
+             for k, split in enumerate(("train", "test"))}  # fmt: skip
+    dd = datasets.DatasetDict({k: datasets.Dataset.from_dict(v, features=features) for k, v in parts.items()})
+    dd.save_to_disk(str(tmp_path / "both"))
+    with pytest.raises(DataError, match=r"split 'test', row 0: the image of split 'train', row 0 again .*, in split "
+                       r"'test' here, 'train' there: an image in two splits"):  # fmt: skip
+        read_hf(tmp_path / "both", id_column="cocoid")
+
+
+def test_embedded_images_sharing_a_file_name_are_two_images_and_unique_names_read_no_bytes(tmp_path, monkeypatch):
+    from finecap.data.formats.hf import ArrowImages
+
+    # cats/001.bmp and dogs/001.bmp embedded as 001.bmp (push_to_hub keeps a file's base name), of equal sizes (an
+    # uncompressed format): their bytes are compared, and differ
+    def bmp(color: tuple[int, int, int]) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (4, 4), color).save(buf, format="BMP")
+        return buf.getvalue()
+
+    red, blue = bmp((255, 0, 0)), bmp((0, 0, 255))
+    assert len(red) == len(blue) and red != blue
+    saved = _embedded_rows(tmp_path, "names", [("001.bmp", red), ("001.bmp", blue)])
+    assert [r.image_id for r in read_hf(saved, caption_column="caption")] == ["train/0", "train/1"]
+    # names all different: nothing is compared, no image byte read
+    unique = _embedded_rows(tmp_path, "unique", [(f"{k:03d}.bmp", red) for k in range(4)])
+    monkeypatch.setattr(ArrowImages, "read", lambda self, row: pytest.fail("reading the data set read an image"))
+    assert len(read_hf(unique, caption_column="caption")) == 4
 
 
 # ---------------------------------------------------------------------------------------------------------------------

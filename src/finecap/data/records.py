@@ -525,7 +525,8 @@ def check_split_files(records: list[Record], path: Path) -> None:
     two ``records`` name one image file (its path made absolute, ``.`` and ``..`` read: however it is written) in
     two splits (``restval`` counts as ``train``), or both without a split (:data:`NO_SPLIT`:
     their ids' hash may part them): an image in two splits is trained on and tested on. Records of one file in one
-    named split are one format's choice (a JSONL line per id); embedded images (no file) are not checked. Links are
+    named split are one format's choice (a JSONL line per id); embedded images (no file) are not checked here (the
+    ``hf`` reader refuses an embedded image a row repeats: :mod:`finecap.data.formats.hf`). Links are
     not followed: two names of one stored file are two images, as a Hugging Face snapshot links identical images of
     a data set to one stored blob (the data set's duplicates, which finecap reads as the data set has them;
     tests/boost/test_boost_command.py). No file-system call."""

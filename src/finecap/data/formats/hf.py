@@ -27,6 +27,10 @@ reward, a list per row in CapRL's layout as a JSONL line's ``questions``
 objects as structs sharing every key, a key a question lacks as null: those nulls are dropped, so each question reads
 as the JSON object it was written as.
 
+A row is one image: an embedded image a later row repeats (the same file name in its cell and the same bytes: a data
+set of one row per caption) is refused in one split without ``id_column``, and in two splits (or none) always
+(:class:`_RepeatedImages`), as JSONL lines naming one image file are.
+
 Image files must lie inside the data set's image folder (:class:`finecap.data.containment.ImageFolder`, refused
 otherwise unless ``data.allow_outside_paths=true``): ``data.images`` when given, else the folder of a parquet/arrow
 file or the saved data set folder, else, for a Hub name, the Hugging Face caches its files were downloaded to
@@ -66,6 +70,7 @@ from finecap.data.hashing import hub_revision, sha256_file, sha256_files
 from finecap.data.hf_files import HF_FILE_SUFFIXES, SplitFiles, local_splits, open_split, saved_splits
 from finecap.data.records import (
     MAX_LISTED,
+    NO_SPLIT,
     DataError,
     Record,
     SplitKeys,
@@ -150,10 +155,11 @@ def _column(ds: Any, name: str, option: str, source: Any, split: str) -> None:
         )
 
 
-def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], list[bool]]:
+def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], list[int | None]]:
     """Per row of the image column of ``ds`` (a memory-mapped ``datasets.Dataset``): the path written in it (``None``
-    when none) and whether it embeds bytes, read without touching the image bytes (the column's validity bitmap and
-    its ``path`` strings). ``where(i)`` names row ``i`` in errors."""
+    when none) and the length of the bytes it embeds (``None`` when none: a file), read without touching the image
+    bytes (the column's validity bitmap, its ``path`` strings and its bytes' offsets). ``where(i)`` names row ``i`` in
+    errors."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -170,20 +176,21 @@ def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], li
                                 f"got {kind.field(name).type}")  # fmt: skip
         missing = pc.is_null(array).to_pylist()
         paths = pc.struct_field(array, "path").to_pylist() if "path" in names else [None] * len(array)
-        has_bytes = (pc.invert(pc.is_null(pc.struct_field(array, "bytes"))).to_pylist() if "bytes" in names
-                     else [False] * len(array))  # fmt: skip
-        for i, (gone, path, data) in enumerate(zip(missing, paths, has_bytes, strict=True)):
+        filled = "bytes" in names and kind.field("bytes").type != pa.null()  # null: no row embeds bytes
+        sizes = (pc.binary_length(pc.struct_field(array, "bytes")).to_pylist() if filled
+                 else [None] * len(array))  # the offsets only; null: no bytes  # fmt: skip
+        for i, (gone, path, size) in enumerate(zip(missing, paths, sizes, strict=True)):
             if gone:
                 raise DataError(f"{where(i)}: image must be an Image feature or a path string, got NoneType")
-            if not data and not path:
+            if size is None and not path:
                 raise DataError(f"{where(i)}: image has neither bytes nor a path")
-        return paths, has_bytes
+        return paths, sizes
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         paths = array.to_pylist()
         for i, path in enumerate(paths):
             if path is None:
                 raise DataError(f"{where(i)}: image must be an Image feature or a path string, got NoneType")
-        return paths, [False] * len(paths)
+        return paths, [None] * len(paths)
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # pandas' bytes: the file's bytes, untyped
         raise DataError(f"{where(0)}: the image column {column!r} holds raw bytes, not an Image feature; cast it once "
                         f"and save it: ds = ds.cast_column({column!r}, datasets.Image()); ds.to_parquet(...) (or "
@@ -321,6 +328,7 @@ def read_hf(
     seen: dict[Any, str] = {}
     column_splits = SplitKeys(source)
     column_rows: dict[str, int] = {}  # rows per split of split_column, as read
+    repeats = _RepeatedImages(bool(id_column))
     for split_name, ds in parts.items():
         # a split asked for by its own name (--split validation) keeps it
         read_as = split_name if splits is not None and split_name in splits else split_read_as(split_name, names)
@@ -347,7 +355,8 @@ def read_hf(
         def where(i: int, split_name: str = split_name) -> str:
             return f"{source}: split {split_name!r}, row {i}"
 
-        written, embedded = _image_cells(ds, image_column, where)
+        written, sizes = _image_cells(ds, image_column, where)
+        embedded = [size is not None for size in sizes]
         arrow = ArrowImages(ds, image_column, f"{source}: split {split_name!r}") if any(embedded) else None
         for i in range(len(ds)):
             split = table[split_column][i] if split_column else read_as
@@ -372,6 +381,8 @@ def read_hf(
                 raise DataError(f"{where(i)}: duplicate image id {image_id!r} (first in {seen[image_id]})")
             seen[image_id] = where(i)
             ref = ArrowImage(arrow, i) if embedded[i] and arrow is not None else None
+            if ref is not None and written[i]:
+                repeats.check(ref, written[i], sizes[i], split, where(i), f"split {split_name!r}, row {i}")
             questions = (
                 _questions(table[questions_column][i], where(i), questions_column) if questions_column else None
             )
@@ -392,6 +403,46 @@ def read_hf(
             shown = "\n  ".join(map(str, missing[:MAX_LISTED]))
             raise DataError(f"{source}: {len(missing)} of {len(records)} image files do not exist:\n  {shown}")
     return records
+
+
+class _RepeatedImages:
+    """The embedded images of a data set read so far, by the file name their cell writes and the length of their
+    bytes, to refuse one row embedding the image of another (the same name and the same bytes) where reading them as
+    two images is wrong: in two splits (``restval`` is ``train``) or in none (their ids' hash could part them), as
+    :func:`~finecap.data.records.check_split_files` refuses one image file in two splits; and in one split when
+    ``data.hf.id_column`` is not set, which a data set of one row per caption gives, and would be read as an image per
+    caption with one reference each (scored against one reference, trained on once per caption), as a JSONL file
+    naming one image on two lines without ids is refused. Only rows sharing a name and a length are read (the image
+    bytes of the others stay in the file); rows without a file name (bytes alone) are not compared: images of one
+    stored content under two names are two images, as the data set has them (docs/data.md)."""
+
+    def __init__(self, ids_given: bool) -> None:
+        self.ids_given = ids_given
+        self.seen: dict[tuple[str, int], list[tuple[ArrowImage, str, str]]] = {}
+
+    def check(self, ref: ArrowImage, name: str, size: int, split: str, where: str, row: str) -> None:
+        """Refuse ``ref`` (in split ``split``, its cell naming ``name``, ``size`` bytes; ``where`` names it in an
+        error, ``row`` in a later row's) when it repeats an image read before where the class docstring says; else
+        remember it."""
+        earlier = self.seen.setdefault((name, size), [])
+        data: bytes | None = None
+        for other, other_split, other_row in earlier:
+            a, b = ({"restval": "train"}.get(s, s) for s in (other_split, split))
+            if a == b != NO_SPLIT and self.ids_given:  # ids of their own: the data set's records of one image
+                continue
+            data = ref.read() if data is None else data
+            if other.read() != data:  # two images of one file name (cats/001.jpg, dogs/001.jpg embedded as 001.jpg)
+                continue
+            same = f"{where}: the image of {other_row} again (the same bytes and file name {short_repr(name)})"
+            if a != b or a == NO_SPLIT:
+                said = f"split {split!r} here, {other_split!r} there" if a != b else "no split"
+                raise DataError(f"{same}, in {said}: an image in two splits (or in none: the id hash may part them) "
+                                "is trained on and tested on; give it one row, in one split")  # fmt: skip
+            raise DataError(f"{same}: each row is read as an image of its own, so a data set of one row per caption "
+                            "would give each image a record per caption, with one reference each; give each image "
+                            "one row, its captions in a list (data.hf.caption_column), or each row an id of its own "
+                            "(data.hf.id_column)")  # fmt: skip
+        earlier.append((ref, split, row))
 
 
 def _questions(cell: Any, where: str, column: str) -> list[Any] | None:
