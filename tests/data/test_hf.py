@@ -303,6 +303,31 @@ def test_embedded_images_sharing_a_file_name_are_two_images_and_unique_names_rea
     assert len(read_hf(unique, caption_column="caption")) == 4
 
 
+def test_many_images_of_one_name_and_size_are_each_read_once_not_against_every_earlier_one(tmp_path, monkeypatch):
+    """The repeat check compared each row's bytes with every earlier row of its name and length, reading both each
+    time: a data set of n distinct fixed-size images under one name (uncompressed BMPs all embedded as image.bmp)
+    read n*(n-1) images to load. Each row's bytes are read once now (their digests compared); and with ids of their
+    own in one split, rows are not read at all."""
+    from finecap.data.formats.hf import ArrowImages
+
+    def bmp(k: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (4, 4), (k, 255 - k, 7)).save(buf, format="BMP")
+        return buf.getvalue()
+
+    n = 24
+    saved = _embedded_rows(tmp_path, "same", [("image.bmp", bmp(k)) for k in range(n)])
+    reads: list[int] = []
+    read = ArrowImages.read
+    monkeypatch.setattr(ArrowImages, "read", lambda self, row: reads.append(row) or read(self, row))
+    assert len(read_hf(saved, caption_column="caption")) == n  # distinct bytes: n images
+    assert sorted(reads) == list(range(n))  # each once (pairwise: 2 * (1 + 2 + ... + 23) = 552 reads)
+    reads.clear()
+    ids = _embedded_rows(tmp_path, "ids", [("image.bmp", bmp(k)) for k in range(n)], cocoid=list(range(n)))
+    assert len(read_hf(ids, caption_column="caption", id_column="cocoid")) == n
+    assert reads == []  # one split, ids of their own: records of one image are the data set's, nothing to compare
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Lazy: the data set stays memory-mapped, images are read per item
 # ---------------------------------------------------------------------------------------------------------------------

@@ -539,7 +539,7 @@ def check_split_files(records: list[Record], path: Path) -> None:
         other = first.setdefault(where, r)
         if other is r:
             continue
-        a, b = ({"restval": "train"}.get(s, s) for s in (other.split, r.split))
+        a, b = compared_split(other.split), compared_split(r.split)
         if a != b or a == NO_SPLIT:
             said = ", ".join(f"id {short_repr(x.image_id)} ({repr(x.split) if x.split else 'no split'}, {x.path})"
                              for x in (other, r))  # fmt: skip
@@ -547,6 +547,16 @@ def check_split_files(records: list[Record], path: Path) -> None:
             raise DataError(f"{path}: one image file {where} is named by two records in {why}: {said}; "
                             "an image in two splits is trained on and tested on: give it one record, or one "
                             "split")  # fmt: skip
+
+
+def compared_split(split: str) -> str:
+    """``split`` as two records' splits are compared for an image in two of them (:func:`check_split_files`, the
+    ``hf`` reader's embedded images): ``restval``, Karpathy's, is ``train``.
+
+    >>> compared_split("restval"), compared_split("test")
+    ('train', 'test')
+    """
+    return "train" if split == "restval" else split
 
 
 SPLIT_NAMES = ("train", "val", "test", "restval")

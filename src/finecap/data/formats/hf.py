@@ -55,6 +55,7 @@ the name and the revision in the local Hugging Face cache; with the column optio
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -76,6 +77,7 @@ from finecap.data.records import (
     SplitKeys,
     check_id,
     clean_captions,
+    compared_split,
     read_questions_field,
     split_from_name,
     split_named,
@@ -418,20 +420,33 @@ class _RepeatedImages:
 
     def __init__(self, ids_given: bool) -> None:
         self.ids_given = ids_given
-        self.seen: dict[tuple[str, int], list[tuple[ArrowImage, str, str]]] = {}
+        # by (file name, length): the rows not read yet, and those read, by their bytes' digest; each row's bytes are
+        # read at most once, and only once a second row of its name and length comes (no pair is compared twice:
+        # a data set of many images of one name and size, fixed-size BMPs named image.bmp, stays linear)
+        self.unread: dict[tuple[str, int], list[tuple[ArrowImage, str, str]]] = {}
+        self.read: dict[tuple[str, int], dict[bytes, list[tuple[str, str]]]] = {}
+        self.splits: dict[tuple[str, int], set[str]] = {}  # the splits its rows are in (restval as train)
 
     def check(self, ref: ArrowImage, name: str, size: int, split: str, where: str, row: str) -> None:
         """Refuse ``ref`` (in split ``split``, its cell naming ``name``, ``size`` bytes; ``where`` names it in an
         error, ``row`` in a later row's) when it repeats an image read before where the class docstring says; else
         remember it."""
-        earlier = self.seen.setdefault((name, size), [])
-        data: bytes | None = None
-        for other, other_split, other_row in earlier:
-            a, b = ({"restval": "train"}.get(s, s) for s in (other_split, split))
+        key, here = (name, size), compared_split(split)
+        unread, read = self.unread.setdefault(key, []), self.read.setdefault(key, {})
+        splits = self.splits.setdefault(key, set())
+        alone = not unread and not read  # the first of its name and length: nothing to compare
+        if alone or (self.ids_given and splits == {here} and here != NO_SPLIT):  # ids of their own, one split
+            unread.append((ref, split, row))
+            splits.add(here)
+            return
+        splits.add(here)
+        for other, other_split, other_row in unread:
+            read.setdefault(_digest(other.read()), []).append((other_split, other_row))
+        unread.clear()
+        digest = _digest(ref.read())
+        for other_split, other_row in read.get(digest, []):  # the same bytes under the same name: one image
+            a, b = compared_split(other_split), here
             if a == b != NO_SPLIT and self.ids_given:  # ids of their own: the data set's records of one image
-                continue
-            data = ref.read() if data is None else data
-            if other.read() != data:  # two images of one file name (cats/001.jpg, dogs/001.jpg embedded as 001.jpg)
                 continue
             same = f"{where}: the image of {other_row} again (the same bytes and file name {short_repr(name)})"
             if a != b or a == NO_SPLIT:
@@ -442,7 +457,12 @@ class _RepeatedImages:
                             "would give each image a record per caption, with one reference each; give each image "
                             "one row, its captions in a list (data.hf.caption_column), or each row an id of its own "
                             "(data.hf.id_column)")  # fmt: skip
-        earlier.append((ref, split, row))
+        read.setdefault(digest, []).append((split, row))
+
+
+def _digest(data: bytes) -> bytes:
+    """The SHA-256 of an embedded image's bytes (:class:`_RepeatedImages` keeps digests, not the images)."""
+    return hashlib.sha256(data).digest()
 
 
 def _questions(cell: Any, where: str, column: str) -> list[Any] | None:
