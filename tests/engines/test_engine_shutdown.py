@@ -8,6 +8,7 @@ The owners: the captioner's engine (:meth:`VllmEngine.from_captioner`) and boost
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +16,7 @@ from finecap.boost import vllm_backend
 from finecap.boost.vllm_backend import VllmBackend
 from finecap.engines import vllm as engines_vllm
 from finecap.engines.vllm import VllmEngine
+from finecap.utils.closing import UsedAfterClose
 from helpers.vllm_stand_in import NAMES, StandInLLM, launched, stand_in_vllm
 
 
@@ -95,3 +97,22 @@ def test_an_engine_of_a_launched_job_shuts_down_leaving_the_training_group(stand
     assert llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
     engine.close()
     assert llm.shutdowns == 1 and StandInLLM.destroyed == []
+
+
+def test_an_engine_used_after_close_says_it_was_closed(stand_in):
+    # it failed deep inside on the closed engine: AttributeError: 'NoneType' object has no attribute 'generate'
+    from PIL import Image
+
+    engine = VllmEngine.from_captioner(stand_in)
+    engine.close()
+    closed = r"^decode.engine=vllm: this engine was closed \(.*\); open another"
+    with pytest.raises(UsedAfterClose, match=closed):
+        engine.generate_images([Image.new("RGB", (4, 4))])
+    with pytest.raises(UsedAfterClose, match=closed):
+        engine.sync(stand_in)
+    engine.sleep()  # nothing to release
+    backend = VllmBackend("a-chat-model")
+    backend.close()
+    with pytest.raises(UsedAfterClose, match=r"^boost.llm_backend=vllm: this backend was closed \(.*\); build"):
+        backend.generate([SimpleNamespace(messages=[])])
+    assert [llm.shutdowns for llm in StandInLLM.built] == [1, 1]

@@ -77,6 +77,7 @@ import torch
 from finecap.config import Config, ConfigError
 from finecap.decode import Generation, hash32, stop_token_ids, texts_of
 from finecap.engines.base import GenerationEngine, images_of
+from finecap.utils.closing import UsedAfterClose
 from finecap.utils.rng import rng_preserved
 from finecap.utils.system import MissingExtra, environment_defaults
 
@@ -197,6 +198,21 @@ def shutdown_llm(llm: Any, environment: contextlib.ExitStack) -> None:
                 llm.llm_engine.engine_core.shutdown()  # in this process: every process of a launched job together
     finally:
         environment.close()
+
+
+def running(llm: Any, what: str, advice: str) -> Any:
+    """``llm``, the ``vllm.LLM`` an owner holds, or, when :func:`shutdown_llm` shut it down (the owner's ``close()``
+    dropped it: ``None``), a :class:`~finecap.utils.closing.UsedAfterClose` naming ``what`` was closed and the
+    ``advice`` (how to get another), not an ``AttributeError`` of ``None`` from deep inside a call.
+
+    >>> running(None, "decode.engine=vllm: this engine", "open another")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    finecap.utils.closing.UsedAfterClose: decode.engine=vllm: this engine was closed (...); open another
+    """
+    if llm is None:
+        raise UsedAfterClose(f"{what} was closed (its vLLM engine is shut down, its memory given back); {advice}")
+    return llm
 
 
 @contextlib.contextmanager
@@ -656,6 +672,7 @@ class VllmEngine(GenerationEngine):
         from finecap.config import DecodeConfig
 
         cfg = decode_cfg or DecodeConfig()
+        self._running()
         if not images:
             raise ValueError("vLLM engine: an empty batch (no images to caption)")
         if seeds is not None and len(seeds) != len(images):
@@ -796,6 +813,7 @@ class VllmEngine(GenerationEngine):
         asleep wakes its weights first and its KV cache after (TRL's order: the cache is not held while loading). No
         autocast reaches the loading, which runs in this process (a rollout of a training step syncs under its
         autocast)."""
+        self._running()
         self.wake_up("weights")
         with autocast_off():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
@@ -826,11 +844,17 @@ class VllmEngine(GenerationEngine):
             self.llm.wake_up(tags=waking)
             self.asleep.difference_update(waking)
 
+    def _running(self) -> Any:
+        """The ``vllm.LLM``; after :meth:`close`, :class:`~finecap.utils.closing.UsedAfterClose` (:func:`running`)."""
+        return running(self.llm, "decode.engine=vllm: this engine",
+                       "open another (finecap.engines.open_engine, VllmEngine.from_captioner)")  # fmt: skip
+
     def close(self) -> None:
         """Shut the engine down (now: every process of a launched job together, as they built it), remove the
         environment variables it was started with (those finecap set: :func:`engine_environment`) and its temporary
         folder (:func:`shutdown_llm`: an engine of a launched job leaves the job's process group as it found it).
-        A second call does nothing."""
+        A second call does nothing; a use after it (:meth:`generate`, :meth:`sync`) is a
+        :class:`~finecap.utils.closing.UsedAfterClose` saying so, and :meth:`sleep` has nothing to release."""
         llm, self.llm = self.llm, None
         try:
             shutdown_llm(llm, self.environment)
