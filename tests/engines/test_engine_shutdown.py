@@ -14,7 +14,9 @@ import pytest
 
 from finecap.boost import vllm_backend
 from finecap.boost.vllm_backend import VllmBackend
+from finecap.config import load
 from finecap.engines import vllm as engines_vllm
+from finecap.engines.rollouts import RolloutEngine
 from finecap.engines.vllm import VllmEngine
 from finecap.utils.closing import UsedAfterClose
 from helpers.vllm_stand_in import NAMES, StandInLLM, launched, stand_in_vllm
@@ -116,3 +118,25 @@ def test_an_engine_used_after_close_says_it_was_closed(stand_in):
     with pytest.raises(UsedAfterClose, match=r"^boost.llm_backend=vllm: this backend was closed \(.*\); build"):
         backend.generate([SimpleNamespace(messages=[])])
     assert [llm.shutdowns for llm in StandInLLM.built] == [1, 1]
+
+
+class CloseFails:
+    """An engine whose close raises (vLLM's shutdown failing half-way)."""
+
+    closes = 0
+
+    def close(self):
+        self.closes += 1
+        raise RuntimeError("the engine's shutdown failed")
+
+
+def test_rollouts_drop_their_engine_when_its_close_raises():
+    # RolloutEngine.close kept the engine when its close raised: a later close tried again, and the engine (with the
+    # GPU memory it still held) stayed referenced
+    rollouts = RolloutEngine(load(None, []))
+    rollouts.engine = engine = CloseFails()
+    with pytest.raises(RuntimeError, match="shutdown failed"):
+        rollouts.close()
+    assert rollouts.engine is None
+    rollouts.close()
+    assert engine.closes == 1
