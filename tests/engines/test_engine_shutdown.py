@@ -7,7 +7,9 @@ The owners: the captioner's engine (:meth:`VllmEngine.from_captioner`) and boost
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -99,6 +101,44 @@ def test_an_engine_of_a_launched_job_shuts_down_leaving_the_training_group(stand
     assert llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
     engine.close()
     assert llm.shutdowns == 1 and StandInLLM.destroyed == []
+
+
+def two_engines(captioner, first: str):
+    """A captioner's engine and a boost backend (the ``vllm`` judge's transport) of one process, ``first`` built
+    first: a :class:`finecap.Captioner`'s engine beside a judge, or vLLM rollouts beside a judged reward."""
+    make = {"captioner engine": lambda: VllmEngine.from_captioner(captioner),
+            "boost backend": lambda: VllmBackend("a-chat-model")}  # fmt: skip
+    second = next(owner for owner in make if owner != first)
+    return make[first](), make[second]()
+
+
+@pytest.mark.parametrize("first", ["captioner engine", "boost backend"])
+@pytest.mark.parametrize("closed_first", [0, 1])
+def test_an_engine_closed_beside_another_leaves_vllms_process_state_to_it(stand_in, first, closed_first):
+    # vLLM's shutdown tears down its process-wide groups, the default process group and its variables' cache, which
+    # every in-process engine runs on: the engine still running failed at its next request ("pipeline model parallel
+    # group is not initialized"; tests/engines/test_vllm_shared_process.py with vLLM itself)
+    engines = two_engines(stand_in, first)
+    engines[closed_first].close()
+    assert [llm.shutdowns for llm in StandInLLM.built] == [closed_first == 0, closed_first == 1]
+    assert all(StandInLLM.process.values()) and StandInLLM.destroyed == []
+    engines[1 - closed_first].close()
+    assert [llm.shutdowns for llm in StandInLLM.built] == [1, 1]
+    assert not any(StandInLLM.process.values()) and StandInLLM.destroyed == [None]  # the last one tears it down
+    assert sys.modules["vllm.envs"].disable_envs_cache is not engines_vllm._keep  # the teardowns put back
+
+
+def test_an_engine_dropped_without_close_is_not_kept_for(stand_in):
+    # an engine unreachable in a reference cycle (its owner dropped unclosed) is counted until the collector finds
+    # it: the last closed engine would then leave vLLM's state (the default process group) up
+    gc.disable()  # no collection but the one the shutdown makes
+    try:
+        VllmBackend("dropped")
+        StandInLLM.built.clear()  # the stand-in's own record of it: only the reference cycle holds it now
+        VllmBackend("kept").close()
+    finally:
+        gc.enable()
+    assert not any(StandInLLM.process.values()) and StandInLLM.destroyed == [None]
 
 
 def test_an_engine_used_after_close_says_it_was_closed(stand_in):
