@@ -207,10 +207,11 @@ class Captioner(Closeable):
         return self._engine
 
     def close(self) -> None:
-        """Free the generation engine if one was opened (a vLLM engine's memory); the model stays."""
-        if self._engine is not None:
-            self._engine.close()
-            self._engine = None
+        """Free the generation engine if one was opened (a vLLM engine's memory); the model stays. The engine is
+        dropped even when its ``close`` raises (the error raised here): a later call opens another."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
     def decode_settings(self, **decode: Any) -> Any:
         """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some, each converted and

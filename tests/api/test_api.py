@@ -108,6 +108,23 @@ def test_a_with_block_closes_the_captioners_engine(run, files, monkeypatch):
     assert captioner.caption(files[:1]) == EXPECTED[:1]  # a later call opens one again
 
 
+def test_the_captioner_drops_its_engine_when_its_close_raises(run, files, monkeypatch):
+    # close kept the engine when its close raised (vLLM's shutdown failing half-way): the next caption() reused it
+    captioner = Captioner.from_pretrained(run, device="cpu")
+    assert captioner.caption(files[:1]) == EXPECTED[:1]
+    engine = captioner._engine
+
+    def fails():
+        raise RuntimeError("the engine's shutdown failed")
+
+    monkeypatch.setattr(engine, "close", fails)
+    with pytest.raises(RuntimeError, match="shutdown failed"):
+        captioner.close()
+    assert captioner._engine is None
+    captioner.close()  # nothing left to close
+    assert captioner.caption(files[:1]) == EXPECTED[:1] and captioner._engine is not engine
+
+
 def test_batches_do_not_change_captions(cap, files):
     # decode.batch_size counts sequences: 1 -> one image per batch; 3 with 3 beams -> one image per batch too
     assert cap.caption(files * 3, batch_size=1) == cap.caption(files * 3) == EXPECTED * 3

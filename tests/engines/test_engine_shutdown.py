@@ -7,14 +7,20 @@ The owners: the captioner's engine (:meth:`VllmEngine.from_captioner`) and boost
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
+from types import SimpleNamespace
 
 import pytest
 
 from finecap.boost import vllm_backend
 from finecap.boost.vllm_backend import VllmBackend
+from finecap.config import load
 from finecap.engines import vllm as engines_vllm
+from finecap.engines.rollouts import RolloutEngine
 from finecap.engines.vllm import VllmEngine
+from finecap.utils.closing import UsedAfterClose
 from helpers.vllm_stand_in import NAMES, StandInLLM, launched, stand_in_vllm
 
 
@@ -95,3 +101,82 @@ def test_an_engine_of_a_launched_job_shuts_down_leaving_the_training_group(stand
     assert llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
     engine.close()
     assert llm.shutdowns == 1 and StandInLLM.destroyed == []
+
+
+def two_engines(captioner, first: str):
+    """A captioner's engine and a boost backend (the ``vllm`` judge's transport) of one process, ``first`` built
+    first: a :class:`finecap.Captioner`'s engine beside a judge, or vLLM rollouts beside a judged reward."""
+    make = {"captioner engine": lambda: VllmEngine.from_captioner(captioner),
+            "boost backend": lambda: VllmBackend("a-chat-model")}  # fmt: skip
+    second = next(owner for owner in make if owner != first)
+    return make[first](), make[second]()
+
+
+@pytest.mark.parametrize("first", ["captioner engine", "boost backend"])
+@pytest.mark.parametrize("closed_first", [0, 1])
+def test_an_engine_closed_beside_another_leaves_vllms_process_state_to_it(stand_in, first, closed_first):
+    # vLLM's shutdown tears down its process-wide groups, the default process group and its variables' cache, which
+    # every in-process engine runs on: the engine still running failed at its next request ("pipeline model parallel
+    # group is not initialized"; tests/engines/test_vllm_shared_process.py with vLLM itself)
+    engines = two_engines(stand_in, first)
+    engines[closed_first].close()
+    assert [llm.shutdowns for llm in StandInLLM.built] == [closed_first == 0, closed_first == 1]
+    assert all(StandInLLM.process.values()) and StandInLLM.destroyed == []
+    engines[1 - closed_first].close()
+    assert [llm.shutdowns for llm in StandInLLM.built] == [1, 1]
+    assert not any(StandInLLM.process.values()) and StandInLLM.destroyed == [None]  # the last one tears it down
+    assert sys.modules["vllm.envs"].disable_envs_cache is not engines_vllm._keep  # the teardowns put back
+
+
+def test_an_engine_dropped_without_close_is_not_kept_for(stand_in):
+    # an engine unreachable in a reference cycle (its owner dropped unclosed) is counted until the collector finds
+    # it: the last closed engine would then leave vLLM's state (the default process group) up
+    gc.disable()  # no collection but the one the shutdown makes
+    try:
+        VllmBackend("dropped")
+        StandInLLM.built.clear()  # the stand-in's own record of it: only the reference cycle holds it now
+        VllmBackend("kept").close()
+    finally:
+        gc.enable()
+    assert not any(StandInLLM.process.values()) and StandInLLM.destroyed == [None]
+
+
+def test_an_engine_used_after_close_says_it_was_closed(stand_in):
+    # it failed deep inside on the closed engine: AttributeError: 'NoneType' object has no attribute 'generate'
+    from PIL import Image
+
+    engine = VllmEngine.from_captioner(stand_in)
+    engine.close()
+    closed = r"^decode.engine=vllm: this engine was closed \(.*\); open another"
+    with pytest.raises(UsedAfterClose, match=closed):
+        engine.generate_images([Image.new("RGB", (4, 4))])
+    with pytest.raises(UsedAfterClose, match=closed):
+        engine.sync(stand_in)
+    engine.sleep()  # nothing to release
+    backend = VllmBackend("a-chat-model")
+    backend.close()
+    with pytest.raises(UsedAfterClose, match=r"^boost.llm_backend=vllm: this backend was closed \(.*\); build"):
+        backend.generate([SimpleNamespace(messages=[])])
+    assert [llm.shutdowns for llm in StandInLLM.built] == [1, 1]
+
+
+class CloseFails:
+    """An engine whose close raises (vLLM's shutdown failing half-way)."""
+
+    closes = 0
+
+    def close(self):
+        self.closes += 1
+        raise RuntimeError("the engine's shutdown failed")
+
+
+def test_rollouts_drop_their_engine_when_its_close_raises():
+    # RolloutEngine.close kept the engine when its close raised: a later close tried again, and the engine (with the
+    # GPU memory it still held) stayed referenced
+    rollouts = RolloutEngine(load(None, []))
+    rollouts.engine = engine = CloseFails()
+    with pytest.raises(RuntimeError, match="shutdown failed"):
+        rollouts.close()
+    assert rollouts.engine is None
+    rollouts.close()
+    assert engine.closes == 1

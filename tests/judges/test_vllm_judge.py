@@ -169,15 +169,57 @@ def test_closing_the_judge_shuts_its_engine_down_once(monkeypatch):
         assert llm.shutdowns == 1
 
 
-def test_a_judge_that_fails_to_start_after_its_engine_started_shuts_it_down(tmp_path, monkeypatch):
-    # a prompts file that is not one is read after the engine started (minutes, most of a GPU): the engine was left up
+def test_a_judge_that_fails_to_start_after_its_engine_started_shuts_it_down(monkeypatch):
+    # the model's stamp is read once the engine has started (minutes, most of a GPU): a failure there left it up
     from finecap.judges import vllm as vllm_judge
     from helpers.vllm_stand_in import StandInLLM, stand_in_vllm
 
-    (tmp_path / "prompts.yaml").write_text("just: words\n")
+    def fail(model):
+        raise OSError("the model's files could not be listed")
+
     with stand_in_vllm(monkeypatch):
-        monkeypatch.setattr(vllm_judge, "model_stamp", lambda model: {})
-        with pytest.raises(ValueError, match="a judge prompts file needs a 'version'"):
-            judge_with(None, prompts=tmp_path / "prompts.yaml")
+        monkeypatch.setattr(vllm_judge, "model_stamp", fail)
+        with pytest.raises(OSError, match="could not be listed"):
+            judge_with(None)
         (llm,) = StandInLLM.built
         assert llm.shutdowns == 1
+
+
+@pytest.mark.parametrize(("text", "error"), [("just: words\n", "a judge prompts file needs a 'version'"),
+                                             (None, "No such file")])  # fmt: skip
+def test_a_bad_prompts_file_is_refused_before_the_engine_starts(tmp_path, monkeypatch, text, error):
+    # the prompts file was read after the engine started: a typo in it cost an engine start (minutes on a GPU)
+    from finecap.boost import vllm_backend
+
+    built = []
+    monkeypatch.setattr(vllm_backend, "VllmBackend", lambda *args, **kwargs: built.append((args, kwargs)))
+    path = tmp_path / "prompts.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises((ValueError, OSError), match=error):
+        judge_with(None, prompts=path)
+    assert built == []
+
+
+class Closing(StandIn):
+    """A stand-in backend counting its closes."""
+
+    closes = 0
+
+    def close(self):
+        self.closes += 1
+        super().close()
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_closed_judge_refuses_calls_by_name_and_closes_once(tmp_path, cached):
+    # a call after close failed deep inside: an AttributeError of the closed engine, or sqlite's "closed database"
+    from finecap.utils.closing import UsedAfterClose
+
+    backend = Closing("B")
+    judge = judge_with(backend, tmp_path if cached else None)
+    judge.close()
+    judge.close()
+    assert backend.closes == 1
+    with pytest.raises(UsedAfterClose, match=r"^judge vllm: this judge was closed .*; build another"):
+        judge.answer([Ask(Q, OPTIONS, "a red circle")])

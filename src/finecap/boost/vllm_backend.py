@@ -80,7 +80,7 @@ class VllmBackend(InProcessBackend):
         from finecap.config import VllmConfig
         from finecap.engines.vllm import import_vllm, start_llm
 
-        option = f"{key}_backend=vllm"
+        option = self.option = f"{key}_backend=vllm"
         import_vllm(option)  # a missing vLLM is named before anything loads
         self._settings(model, vision=vision, key=key, batch_size=batch_size, max_new_tokens=max_new_tokens,
                        temperature=temperature, seed=seed, refuse_cut_off=refuse_cut_off)  # fmt: skip
@@ -100,7 +100,7 @@ class VllmBackend(InProcessBackend):
         when sampling, ``task``'s own seed (:func:`~finecap.boost.engine.request_seed`)."""
         from vllm import SamplingParams
 
-        defaults = self.llm.model_config.get_diff_sampling_param()
+        defaults = self._running().model_config.get_diff_sampling_param()
         settings = {**defaults, "temperature": self.temperature, "max_tokens": self.max_new_tokens}
         if self.temperature > 0 and task is not None:
             settings["seed"] = request_seed(self.seed, task)
@@ -138,13 +138,22 @@ class VllmBackend(InProcessBackend):
 
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
         """Answers of ``tasks`` (a :class:`BackendError` for a prompt vLLM refuses); ``images``: their decoded
-        images (the VLM)."""
+        images (the VLM). After :meth:`close`, a :class:`~finecap.utils.closing.UsedAfterClose` saying so."""
+        self._running()
         prompts = [self.prompt(t, im) for t, im in zip(tasks, images or [None] * len(tasks), strict=True)]
         return self._answers(prompts, tasks)
 
+    def _running(self) -> Any:
+        """The ``vllm.LLM``; after :meth:`close`, :class:`~finecap.utils.closing.UsedAfterClose`
+        (:func:`finecap.engines.vllm.running`)."""
+        from finecap.engines.vllm import running
+
+        return running(self.llm, f"{self.option}: this backend", "build another (finecap.boost.backends.make_backend)")
+
     def close(self) -> None:
         """Shut the engine down, giving back its memory now, and remove the environment variables finecap set for it
-        (:func:`finecap.engines.vllm.shutdown_llm`); a second call does nothing."""
+        (:func:`finecap.engines.vllm.shutdown_llm`); a second call does nothing, a use after it is a
+        :class:`~finecap.utils.closing.UsedAfterClose`."""
         from finecap.engines.vllm import shutdown_llm
 
         llm, self.llm = self.llm, None

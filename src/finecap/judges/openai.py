@@ -74,7 +74,7 @@ from finecap.boost.served_model import ServedModel
 from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache, Entry, cache_key
 from finecap.judges.questions import letter
-from finecap.utils.closing import close_all
+from finecap.utils.closing import UsedAfterClose, close_all
 from finecap.utils.text import short_repr
 
 if TYPE_CHECKING:
@@ -295,6 +295,7 @@ class OpenAIJudge(Judge):
             )
         if not model:
             raise ValueError("judge.model: the openai judge needs the served model name")
+        loaded = load_prompts(prompts)  # a bad prompts file refused before anything is built
         # one check of the served model for every server: two models behind judge.urls are one judge no more
         served = ServedModel(
             model, "judge.model", who=f"judge {self.name}",
@@ -309,20 +310,21 @@ class OpenAIJudge(Judge):
                           served=served)
             for url in urls
         ]  # fmt: skip
-        self._start(model, backends, prompts=prompts, cache=cache, retries=retries, concurrency=concurrency,
+        self._start(model, backends, prompts=loaded, cache=cache, retries=retries, concurrency=concurrency,
                     max_tokens=max_tokens, max_consecutive_failures=max_consecutive_failures,
                     served=served)  # fmt: skip
 
-    def _start(self, model: str, backends: list[Any], *, prompts: str | Path | None, cache: AnswerCache | None,
+    def _start(self, model: str, backends: list[Any], *, prompts: dict[str, Any], cache: AnswerCache | None,
                retries: int, concurrency: int, max_tokens: int, max_consecutive_failures: int = 10,
                served: ServedModel | None = None) -> None:  # fmt: skip
-        """What every judge over chat backends holds: its prompts (and their version), the model's name, the most
-        tokens of an answer, the backends it asks in turn, the cache, the retries of an unparsable answer, the
-        requests in flight, the count of calls in a row that no server answered and the check of the model the
-        servers name (``served``; ``None`` for a judge of no server)."""
+        """What every judge over chat backends holds: its ``prompts`` (:func:`load_prompts`'s, read and checked by
+        the judge before it built its backends: a bad prompts file costs no connection, no engine start) and their
+        version, the model's name, the most tokens of an answer, the backends it asks in turn, the cache, the retries
+        of an unparsable answer, the requests in flight, the count of calls in a row that no server answered and the
+        check of the model the servers name (``served``; ``None`` for a judge of no server)."""
         if max_consecutive_failures < 1:
             raise ValueError(f"judge.max_consecutive_failures must be >= 1, got {max_consecutive_failures}")
-        self.prompts = load_prompts(prompts)
+        self.prompts = prompts
         self.prompt_version = self.prompts["version"]
         self.model, self.retries, self.concurrency, self.max_tokens = model, retries, concurrency, max_tokens
         self.backends = backends
@@ -336,6 +338,7 @@ class OpenAIJudge(Judge):
         self._unavailable = ""  # why the judge is unavailable (a refused key, URL or model; the streak at its limit)
         self._served = served
         self._said_unrecorded = False  # whether _check_cached said that some cached answers record no model
+        self._closed = False  # close() ran: a call after it is refused (UsedAfterClose), not sent to what it closed
 
     def identity(self) -> dict[str, Any]:
         """The judge's name and prompt version, the model's name and ``judge.max_tokens``: an answer cut off under a
@@ -359,6 +362,9 @@ class OpenAIJudge(Judge):
         """One judge call: the cached answer, the answer of the same call in flight, else asked (module docstring).
         The cache key holds the messages asked as well as the prompts' version: a prompts file of one's own that keeps
         a version of the package's but words a prompt otherwise gets answers of its own."""
+        if self._closed:  # its backends (an in-process engine shut down) and its answer cache are closed
+            raise UsedAfterClose(f"judge {self.name}: this judge was closed (its backends and answer cache with it); "
+                                 "build another (finecap.judges.get_judge)")  # fmt: skip
         key = cache_key(self.identity(), kind, inputs, messages)
         self._count("calls")
         with self._lock:
@@ -589,7 +595,11 @@ class OpenAIJudge(Judge):
 
     def close(self) -> None:
         """Close the backends (connections, an in-process engine) and the answer cache, each even when another's
-        close fails."""
+        close fails; a second call closes nothing again, and a call of the judge after it is a
+        :class:`~finecap.utils.closing.UsedAfterClose`."""
+        if self._closed:
+            return
+        self._closed = True
         close_all([*self.backends, self.cache])
 
 

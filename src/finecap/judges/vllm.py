@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from finecap.boost.engine import BackendError, model_stamp
 from finecap.judges.base import Judge
 from finecap.judges.cache import AnswerCache
-from finecap.judges.openai import OpenAIJudge, holding_cache, judge_settings
+from finecap.judges.openai import OpenAIJudge, holding_cache, judge_settings, load_prompts
 
 if TYPE_CHECKING:
     from finecap.config import Config, VllmConfig
@@ -56,7 +56,8 @@ class VllmJudge(OpenAIJudge):
         Judge.__init__(self)
         if not model:
             raise ValueError("judge.model: the vllm judge needs a transformers folder or a Hub name of a chat LLM")
-        built = None  # the engine this judge started, shut down if the judge then fails to start (a bad prompts file)
+        loaded = load_prompts(prompts)  # a bad prompts file refused before the engine starts (minutes, a GPU's memory)
+        built = None  # the engine this judge started, shut down if the judge then fails to start
         if backend is None:
             from finecap.boost.vllm_backend import VllmBackend
 
@@ -66,7 +67,7 @@ class VllmJudge(OpenAIJudge):
                                           refuse_cut_off=False)  # fmt: skip
         try:
             self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, asked again
-            self._start(model, [_InProcess(backend)], prompts=prompts, cache=cache, retries=retries, concurrency=1,
+            self._start(model, [_InProcess(backend)], prompts=loaded, cache=cache, retries=retries, concurrency=1,
                         max_tokens=max_tokens)  # fmt: skip
         except BaseException:
             if built is not None:

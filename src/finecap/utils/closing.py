@@ -1,10 +1,17 @@
-"""Closing things: ``with`` on anything that has a ``close()`` (:class:`Closeable`), and several things at once, every
-one closed even when an earlier one's ``close`` raises (:func:`close_all`)."""
+"""Closing things: ``with`` on anything that has a ``close()`` (:class:`Closeable`), several things at once, every
+one closed even when an earlier one's ``close`` raises (:func:`close_all`), and the error of a use after ``close()``
+(:class:`UsedAfterClose`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any, Self
+
+
+class UsedAfterClose(RuntimeError):
+    """A use of something after its ``close()`` freed what the use needs (a vLLM engine shut down, a judge's engine
+    and answer cache): the message names what was closed and how to get another, where the use would otherwise fail
+    deep inside, naming neither (``'NoneType' object has no attribute 'generate'``)."""
 
 
 class Closeable:
