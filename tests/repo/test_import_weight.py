@@ -120,3 +120,31 @@ def test_reading_a_vlm_checkpoint_imports_no_gpt2_no_clip_no_blip_no_presets_no_
     watched = (*reader, "transformers.models.blip.modeling_blip", *OTHER_FAMILIES)
     state = loaded_after(LOAD, str(folder), watched=watched)
     assert state == {**dict.fromkeys(reader, True), **dict.fromkeys(watched[2:], False)}
+
+
+TEXT_EVAL = """
+import contextlib, io, sys
+from finecap.app.cli import main
+sys.argv = ["finecap", "eval", "--predictions", sys.argv[1], "--references", sys.argv[2], "--metrics",
+            "bleu,rouge,cider", "--format", "json"]
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    assert main() in (0, None)
+assert '"CIDEr-D"' in out.getvalue(), out.getvalue()
+"""
+
+
+def test_finecap_eval_of_the_ngram_metrics_imports_no_meteor_nor_numpy_ma(tmp_path):
+    # `finecap eval --metrics bleu,rouge,cider` (the benchmark's, pycocoevalcap's three): finecap.metrics.groups and
+    # cocoeval imported METEOR's package at start-up for its exception class, and with it snowballstemmer's stemmers
+    # of every language (about 20 ms of a 0.8 s run, benchmarks/eval_end_to_end.py; docs/evaluation.md#speed);
+    # np.unique and np.isin (the word ids of tokens over 8 bytes, the PTB tokenizer's kept periods) imported
+    # numpy.ma (6-7 ms) to ask whether an array is masked
+    refs = {"images": [{"id": i} for i in (1, 2)],
+            "annotations": [{"id": k, "image_id": i, "caption": f"A dog number {k} is skateboarding on the grass."}
+                            for k, i in enumerate((1, 1, 2, 2))]}  # fmt: skip
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    results = [{"image_id": i, "caption": "a skateboarding dog"} for i in (1, 2)]
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    watched = ("finecap.metrics.meteor", "snowballstemmer", "numpy.ma")
+    state = loaded_after(TEXT_EVAL, str(tmp_path / "results.json"), str(tmp_path / "refs.json"), watched=watched)
+    assert state == dict.fromkeys(watched, False)

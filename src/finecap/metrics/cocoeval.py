@@ -51,7 +51,6 @@ from typing import Any
 
 import numpy as np
 
-from finecap.metrics.meteor import BACKENDS, MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import tokenize_all
 from finecap.utils.reading import DATA_FILE, parse_json, read_bounded
@@ -137,6 +136,8 @@ class COCOEvalCap:
         if unknown:
             raise ValueError(f"COCOEvalCap(metrics=...): unknown {unknown}; valid: {', '.join(COCO_METRICS)}")
         self.verbose = verbose
+        from finecap.metrics.meteor import BACKENDS  # METEOR's package loads here, not when this module is imported
+
         if meteor_backend not in BACKENDS:
             raise ValueError(
                 f"COCOEvalCap(meteor_backend=...): expected one of {', '.join(BACKENDS)}, got {meteor_backend!r}"
@@ -240,6 +241,8 @@ def _tokenize(captions: dict[Hashable, Sequence[str]]) -> dict[Hashable, list[st
 def _java_metric(
     name: str, res: dict[Hashable, str], gts: dict[Hashable, list[str]], meteor_backend: str
 ) -> tuple[dict[str, float], dict[Hashable, dict]]:
+    from finecap.metrics.meteor.resources import MetricUnavailable
+
     try:
         if name == "meteor":
             from finecap.metrics.meteor import meteor_per_item

@@ -20,7 +20,6 @@ import numpy as np
 from finecap.home import cache_dir
 from finecap.metrics.diversity import caption_length, mean_length, set_diversity_per_item, vocabulary_metrics
 from finecap.metrics.group import Column, MetricGroup
-from finecap.metrics.meteor import MetricUnavailable
 from finecap.metrics.ngram import ngram_metrics
 from finecap.metrics.ptb_tokenize import tokenize
 
@@ -61,6 +60,9 @@ def _ngram(ctx: EvalContext, group: str) -> dict[str, float]:
 def _scored_by(ctx: EvalContext, group: str, per_item: Callable[..., tuple[dict[str, float], Mapping]]) -> dict:
     """METEOR or SPICE: ``per_item(tokenised predictions, tokenised references)``; skipped with a warning saying
     what to install when it cannot run here."""
+    # METEOR's package (snowballstemmer's every language) is imported when METEOR or SPICE runs, not at start-up
+    from finecap.metrics.meteor.resources import MetricUnavailable
+
     refs = ctx.tok_references(group)
     try:
         corpus, items = per_item(ctx.tok_predictions(), refs)
