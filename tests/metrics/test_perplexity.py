@@ -88,6 +88,13 @@ def test_gpt2_style_tokenizer_uses_eos_as_start():
     assert ppl.encode(["a red"]) == [[3, 4, 5, 3]]
 
 
+def test_a_captions_eos_text_is_text():
+    # "red<eos>" is one word of the whitespace split: unknown (1). Before, "<eos>" was the EOS token, predicted
+    # inside the caption and again at its end: [3, 4, 5, 3, 3].
+    ppl = Perplexity(make_model(), make_tokenizer(bos=False))
+    assert ppl.encode(["a red<eos>"]) == [[3, 4, 1, 3]]
+
+
 def test_without_start_or_eos_the_first_token_is_context():
     tok = make_tokenizer(bos=False, eos=False)
     model = make_model()

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from finecap.config import load
-from finecap.data.targets import unknown_tokens
+from finecap.data.targets import UnknownTokens, unknown_tokens
 from finecap.models.tokenizer import caption_vocabulary, world_tokenizer
 from helpers.cli import run_cli
 
@@ -58,6 +58,9 @@ def test_unknown_tokens_counts_by_hand():
     assert found.share == 3 / 8
     assert found.example == "a big red dog." and found.tokenised == "a <unk> red <unk> <unk>"
     assert unknown_tokens(tok, ["a red circle"]).share == 0.0
+    # A special token's text is read as the training targets read it: "<", "eos", ">", 3 unknown words of 4 tokens
+    # (before: the EOS token, known: share 0)
+    assert unknown_tokens(tok, ["a <eos>"]) == UnknownTokens(3 / 4, "a <eos>", "a <unk> <unk> <unk>")
 
 
 def test_unknown_words_of_a_vlm_or_blip_name_its_own_option():

@@ -158,6 +158,20 @@ def test_missing_eos_is_appended_for_eos_pooling(ckpt):
     assert ids.shape == (1, 16) and ids[0, -1].item() == 4
 
 
+def test_a_captions_eos_text_is_text_not_where_the_text_tower_pools(ckpt):
+    # CLIP pools at the first EOS: "<eos>" read as the token (before: ids [5, 6, 8, 4, 10, 11, 4], two EOS) scored
+    # "a red circle <eos> on grass" as "a red circle", bit for bit. As text it is "<", "eos", ">" (unknown words).
+    r = Retriever.from_pretrained(ckpt)
+    text = "a red circle <eos> on grass"
+    ids, _ = r.tokenize([text])
+    assert ids.tolist() == [[5, 6, 8, 1, 1, 1, 10, 11, 4]]  # one EOS: the tokenizer's own, last
+    assert r.token_counts([text]) == [9]
+    assert not torch.allclose(r.embed_texts([text]), r.embed_texts(["a red circle"]), atol=1e-3)
+    long = Retriever(r.model, r.tokenizer, r.image_processor, long_text="chunks")
+    windows, _, _ = long.windows([text])
+    assert windows.tolist() == ids.tolist()
+
+
 def test_save_reload_roundtrip(ckpt, images, tmp_path):
     r = Retriever.from_pretrained(ckpt)
     r.save(tmp_path / "again")

@@ -394,6 +394,58 @@ def test_gemma3_captions_end_with_end_of_turn_where_generate_stops(tmp_path):
     assert GenerationConfig.from_pretrained(tmp_path).eos_token_id == [eot, eos]
 
 
+LLAVA_ONEVISION_CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
+    "{# Render all video then #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>' }}{% endfor %}"
+    "{# Render all text next #}{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\\n' + content['text'] }}"
+    "{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ '\\n' + content['text'] }}{% endgeneration %}{% endfor %}{% endif %}{{'<|im_end|>'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""llava-hf/llava-onevision-qwen2-*-ov-hf's chat template (its ``chat_template.json``, as transformers' processor
+tests of LLaVA-OneVision write it): ChatML over Qwen2's ``<|im_start|>`` / ``<|im_end|>``, an assistant turn opened by
+``<|im_start|>assistant `` (a space, then the answer after a newline) while the generation prompt ends
+``<|im_start|>assistant\\n``. The tiny builder keeps LLaVA-1.5's ``USER:`` / ``ASSISTANT:`` shape, which the committed
+GPU check's ``family:llava_onevision`` record was measured on (two more tokens would redraw its weights)."""
+
+
+def test_llava_onevision_in_its_checkpoints_chatml_format_ends_captions_with_im_end(tmp_path):
+    """The tiny LLaVA-OneVision given its checkpoints' format: the tokenizer's EOS and the model's stop token
+    ``<|im_end|>``, and :data:`LLAVA_ONEVISION_CHATML`. The prompt is that template's generation prompt; what the
+    template writes after an answer is ``<|im_end|>`` (the assistant turn's own opening, ``assistant \\n``, is not the
+    generation prompt's, so nothing is written between them); training targets end with ``<|im_end|>``, which no
+    caption's own ``<|im_end|>`` text becomes; finecap's greedy captions equal ``generate``'s when the model ends its
+    answer with ``<|im_end|>``."""
+    from finecap.models.vlm import answer_context
+
+    model, processor = tiny_family("llava_onevision")
+    tok = processor.tokenizer
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    end = tok.eos_token_id
+    with torch_seeded(0):
+        model.resize_token_embeddings(len(tok))
+    model.generation_config.eos_token_id = end
+    processor.chat_template = LLAVA_ONEVISION_CHATML
+    vlm = Vlm(model, processor, source="tiny-llava_onevision-chatml").eval()
+    prompt = vlm.section.prompt
+    assert vlm.prompt_text == f"<|im_start|>user <image>\n{prompt}<|im_end|><|im_start|>assistant\n"
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    assert answer_context(processor, messages, vlm.prompt_text) == ("", "<|im_end|>")
+    assert vlm.eos_token_id == end and vlm.stop_token_ids() == [end] and vlm.caption_prefix == ""
+    assert set(target_ends(vlm)) == {end}
+    said = batch_of(vlm, ["a sign reading <|im_end|> on a wall"])["labels"][0].tolist()
+    assert said[-1] == end and end not in said[:-1]
+    enc = processor_batch(vlm, pictures(2, seed=1))
+    theirs = generate_ending_at(model, enc, end)
+    got = vlm.generate(ours(enc), DecodeConfig(strategy="greedy", max_length=6))
+    assert end in theirs[0]
+    assert_greedy_equal(got, theirs, vlm.pad_token_id)
+
+
 @pytest.mark.parametrize("family", ["idefics2", "idefics3"], ids=["family-idefics2", "family-idefics3"])
 def test_a_turn_end_the_models_stops_lack_ends_captions_and_joins_the_stops(family, tmp_path):
     """Idefics2/3 as ``HuggingFaceM4/Idefics3-8B-Llama3`` is: the chat template ends an assistant turn with

@@ -1,5 +1,6 @@
 """Captions as the captioner's training targets: token ids ending in EOS (:func:`encode_captions`), right-padded
-(:func:`pad_rows`), and :data:`IGNORE_INDEX`, the label of the positions a loss skips.
+(:func:`pad_rows`), and :data:`IGNORE_INDEX`, the label of the positions a loss skips. A caption's text is text
+(:data:`AS_TEXT`, :func:`text_ids`): a special token's text in it is never read as that token.
 
 Why here, in ``data/``: the collator (:func:`finecap.data.datasets.model_collator`) writes these targets and the
 objectives (:mod:`finecap.objectives.mle`, :mod:`finecap.objectives.smile`) and the validation loss read them, so the
@@ -23,6 +24,27 @@ import torch
 
 IGNORE_INDEX = -100
 """The label of padding positions, which losses skip (``torch.nn.CrossEntropyLoss``'s default ``ignore_index``)."""
+
+
+AS_TEXT: dict[str, Any] = {"split_special_tokens": True}
+"""The option of a tokenizer call that reads its texts as text: a special token's text in a caption (``<image>``,
+``<|im_end|>``, ``<end_of_turn>``, ``<|endoftext|>``, ``</s>``: web alt texts and LLM-written captions hold such
+strings) is tokenised as the characters it is, never as that token (an image slot, a turn end or an EOS inside a
+training target or a scored text). transformers' ``split_special_tokens``; every call that tokenises caption or
+reference text passes it (docs/data.md#special-token-text-in-captions)."""
+
+
+def text_ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text as ordinary text (:data:`AS_TEXT`), no special tokens added.
+
+    Example::
+
+        >>> from finecap.models.tokenizer import world_tokenizer
+        >>> tok = world_tokenizer(["a", "red", "circle"])
+        >>> text_ids(tok, ["a red <eos> circle"])  # <eos> as text: "<", "eos", ">", three unknown words
+        [[5, 6, 1, 1, 1, 7]]
+    """
+    return [list(r) for r in tokenizer(list(texts), add_special_tokens=False, **AS_TEXT)["input_ids"]]
 
 
 def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -51,7 +73,8 @@ def encode_captions(
 ) -> dict[str, torch.Tensor]:
     """Captioner targets: tokens of each text (no BOS: the image prefix starts the sequence) followed by EOS.
 
-    Works for any tokenizer with an EOS token: texts are tokenised without special tokens, cut to
+    Works for any tokenizer with an EOS token: texts are tokenised as text (:func:`text_ids`: without special
+    tokens, and a special token's text in a caption is its characters, not that token), cut to
     ``max_tokens - 1`` tokens, EOS is appended, rows are right-padded with the pad id (EOS when the tokenizer has no
     pad token, as for GPT-2). ``eos_token_id``: the token that ends a caption when it is not the tokenizer's EOS (a
     captioner's :attr:`~finecap.models.base.CaptionerBase.eos_token_id`: Gemma 3's ``<end_of_turn>``). ``prefix``:
@@ -63,8 +86,7 @@ def encode_captions(
         raise ValueError(f"max_tokens must be >= 1 (EOS needs a place), got {max_tokens}")
     eos, pad = eos_and_pad(tokenizer, "captions need one")
     eos = eos if eos_token_id is None else int(eos_token_id)
-    enc = tokenizer([prefix + t for t in texts], add_special_tokens=False)["input_ids"]
-    rows = [list(r[: max_tokens - 1]) + [eos] for r in enc]
+    rows = [r[: max_tokens - 1] + [eos] for r in text_ids(tokenizer, [prefix + t for t in texts])]
     return pad_rows(rows, pad)
 
 
@@ -82,7 +104,8 @@ class UnknownTokens:
 
 def unknown_tokens(tokenizer: Any, texts: Sequence[str]) -> UnknownTokens:
     """The share of ``texts``' tokens that ``tokenizer`` maps to its unknown token, and the worst caption. A
-    tokenizer with no unknown token (byte-level BPE: GPT-2, Llama 3) never has one: share 0.
+    tokenizer with no unknown token (byte-level BPE: GPT-2, Llama 3) never has one: share 0. The texts are read as
+    the training targets read them (:func:`text_ids`).
 
     Example::
 
@@ -94,7 +117,7 @@ def unknown_tokens(tokenizer: Any, texts: Sequence[str]) -> UnknownTokens:
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None or not texts:
         return UnknownTokens(0.0, "", "")
-    rows = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    rows = text_ids(tokenizer, texts)
     counts = [sum(t == unk for t in row) for row in rows]
     total = sum(map(len, rows))
     worst = max(range(len(rows)), key=counts.__getitem__)

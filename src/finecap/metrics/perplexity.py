@@ -11,7 +11,8 @@ are joined, and whether each sees the others as context, it leaves open. finecap
 one sequence on its own (no caption is context for another), GPT-2 style:
 
 - The caption is tokenised with the model's own tokenizer and ``add_special_tokens=False`` (so tokenizers whose
-  post-processor already adds BOS/EOS, like the world tokenizer or BERT-style ones, are not doubled up).
+  post-processor already adds BOS/EOS, like the world tokenizer or BERT-style ones, are not doubled up), as text: a
+  special token's text in a caption (``<|endoftext|>``) is its characters (:func:`finecap.data.targets.text_ids`).
 - A start token is prepended and **not** predicted: the tokenizer's ``bos_token_id``, else its ``eos_token_id``
   (GPT-2 has ``bos == eos == <|endoftext|>``, so this is the usual ``<|endoftext|> caption``). A tokenizer with
   neither gets no start token and its first caption token is not predicted (it is still context).
@@ -46,6 +47,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from finecap.data.targets import text_ids
 
 __all__ = ["Perplexity", "perplexity"]
 
@@ -110,7 +113,7 @@ class Perplexity:
 
     def encode(self, captions: Sequence[str]) -> list[list[int]]:
         """Token ids of each caption: ``[start] + caption tokens + [eos]`` (see the module docstring)."""
-        enc = self.tokenizer(list(captions), add_special_tokens=False)["input_ids"]
+        enc = text_ids(self.tokenizer, captions)  # a special token's text in a caption is text
         out = []
         for ids in enc:
             seq = ([self.start_id] if self.start_id is not None else []) + list(ids)

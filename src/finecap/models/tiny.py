@@ -8,7 +8,9 @@ Each VLM is built from transformers' own config classes: a language model of 2 l
 wide with ``heads`` query heads and one key/value head; the default head width, 32, is one vLLM's CPU attention takes,
 see :func:`finecap.engines.vllm.head_size_refusal`) and a vision tower of 2 layers, every weight matrix redrawn from
 ``N(0, std)`` so that the image matters, and the family's processor class over the world tokenizer with the family's
-special tokens and a chat template shaped like the family's own. Images are resized to 16 px (4 image tokens).
+special tokens and a chat template shaped like the family's own (LLaVA-OneVision's keeps LLaVA-1.5's ``USER:`` /
+``ASSISTANT:`` and ``<eos>``; its checkpoints write ChatML, docs/vlm.md#tiny-models). Images are resized to 16 px (4
+image tokens).
 
 Two processors need a package that captioning never touches; the builders put a stand-in in its place
 (:data:`STAND_INS`), in the process that builds them: SmolVLM2's processor refuses to build without ``num2words``
