@@ -674,6 +674,23 @@ def test_hostile_captions_and_file_names_are_escaped_and_served(tiny_world, tmp_
         assert response.status_code == 200 and response.mimetype == "image/png", src
 
 
+def test_a_right_to_left_override_in_the_bags_files_path_reverses_none_of_the_pages_text(
+    fabricated_run, tiny_world, tmp_path
+):
+    # The page prints where it saves (--out) and the bags file it reads: paths, which the page's printing left bare
+    # (only a str was isolated), so a folder or file named with U+202E reversed the page's own text after it up to the
+    # end of its paragraph ("Saved after every click to .../bags<RLO>.curated.json (from ...)."). Isolated now.
+    rlo = "\u202e"
+    folder = tmp_path / f"d{rlo}"
+    folder.mkdir()
+    bags = folder / f"bags{rlo}.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    page = create_app(bags, tiny_world / "images").test_client().get("/bag/3/0").get_data(as_text=True)
+    isolated = [f"\u2068{path}\u202c\u202c\u2069" for path in (default_out(bags), bags)]  # two overrides, closed
+    assert [page.count(text) for text in isolated] == [1, 1]
+    assert page.count(rlo) == 2 * sum(page.count(text) for text in isolated)  # no override left open
+
+
 def test_an_image_whose_name_holds_a_colon_is_served(tiny_world, tmp_path):
     # a ':' in the first part of an image's path (a Windows drive's mark, an ordinary character of a POSIX name) was
     # refused: images kept at the image root as 'shot 12:30.png' stopped the start with "none of the 3 bag images is

@@ -24,7 +24,7 @@ import io
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -230,10 +230,16 @@ def image_uri(path: str | Path, max_side: int = 224, limits: ImageLimits | None 
 
 
 def printed(value: Any) -> Any:
-    """What a template prints for ``value`` (Jinja's ``finalize``, before escaping): a string isolated from the page's
-    text around it (:func:`finecap.utils.text.bidi_isolated`: a caption or id's right-to-left override reverses
-    nothing of the page's), markup the template made (a macro's) as it is. The report's templates and the review
-    page's (:mod:`finecap.app.review`) print through it."""
+    """What a template prints for ``value`` (Jinja's ``finalize``, before escaping): a string or path isolated from
+    the page's text around it (:func:`finecap.utils.text.bidi_isolated`: a caption, id or file name's right-to-left
+    override reverses nothing of the page's), markup the template made (a macro's) as it is. The report's templates
+    and the review page's (:mod:`finecap.app.review`) print through it.
+
+    >>> printed(Path("bags\u202e.json")) == "\u2068bags\u202e.json\u202c\u2069", printed(markupsafe.Markup("<b>"))
+    (True, Markup('<b>'))
+    """
+    if isinstance(value, PurePath):  # a path is printed as its str(): the review page's --out and bags file
+        value = str(value)
     return bidi_isolated(value) if isinstance(value, str) and not isinstance(value, markupsafe.Markup) else value
 
 
