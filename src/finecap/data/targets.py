@@ -31,11 +31,23 @@ AS_TEXT: dict[str, Any] = {"split_special_tokens": True}
 ``<|im_end|>``, ``<end_of_turn>``, ``<|endoftext|>``, ``</s>``: web alt texts and LLM-written captions hold such
 strings) is tokenised as the characters it is, never as that token (an image slot, a turn end or an EOS inside a
 training target or a scored text). transformers' ``split_special_tokens``; every call that tokenises caption or
-reference text passes it (docs/data.md#special-token-text-in-captions)."""
+reference text passes :func:`as_text`'s options (docs/data.md#special-token-text-in-captions)."""
+
+TEXT_ONLY_TOKENIZERS = ("MistralCommonBackend",)
+"""Tokenizer classes that read every text as text and refuse ``split_special_tokens`` (a ``ValueError``):
+transformers' ``MistralCommonBackend``, which ``AutoTokenizer`` loads for a Mistral 3 / Pixtral checkpoint holding
+``tekken.json`` when ``mistral-common`` is installed (vLLM installs it), whose tekken encoder has no special token in
+its text vocabulary (``[INST]`` or ``</s>`` in a caption are their characters)."""
+
+
+def as_text(tokenizer: Any) -> dict[str, Any]:
+    """The options of a call of ``tokenizer`` that reads caption text as text: :data:`AS_TEXT`, or none for a
+    tokenizer that reads text so already and refuses the option (:data:`TEXT_ONLY_TOKENIZERS`)."""
+    return {} if type(tokenizer).__name__ in TEXT_ONLY_TOKENIZERS else AS_TEXT
 
 
 def text_ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each text as ordinary text (:data:`AS_TEXT`), no special tokens added.
+    """Token ids of each text as ordinary text (:func:`as_text`), no special tokens added.
 
     Example::
 
@@ -44,7 +56,7 @@ def text_ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
         >>> text_ids(tok, ["a red <eos> circle"])  # <eos> as text: "<", "eos", ">", three unknown words
         [[5, 6, 1, 1, 1, 7]]
     """
-    return [list(r) for r in tokenizer(list(texts), add_special_tokens=False, **AS_TEXT)["input_ids"]]
+    return [list(r) for r in tokenizer(list(texts), add_special_tokens=False, **as_text(tokenizer))["input_ids"]]
 
 
 def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -37,7 +37,7 @@ Choices left open by the papers:
 - When the text tower pools at the first EOS token (``CLIPTextModel`` with ``eos_token_id != 2``) and a tokenised
   text lacks that token (a tokenizer without an EOS post-processor, or truncation), the EOS is appended (or replaces
   the last token), so pooling never silently falls back to position 0. Texts are tokenised as text
-  (:data:`finecap.data.targets.AS_TEXT`): a caption holding ``<|endoftext|>`` (CLIP's EOS) is scored whole, never
+  (:func:`finecap.data.targets.as_text`): a caption holding ``<|endoftext|>`` (CLIP's EOS) is scored whole, never
   pooled at that string.
 - Image features (:meth:`Retriever.image_features`) go through the package's one image-feature cache
   (:mod:`finecap.data.features`), keyed by the model fingerprint (weights, class and image-processor settings,
@@ -73,7 +73,7 @@ from finecap.data.features import (
 )
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits
 from finecap.data.loading import draft_size
-from finecap.data.targets import AS_TEXT
+from finecap.data.targets import as_text
 from finecap.models import memory
 from finecap.models.text_window import LONG_TEXT, TextEncoding
 from finecap.models.world_encoder_cache import world_encoder_path
@@ -328,7 +328,7 @@ class Retriever:
         """Token ids and attention mask ``(B, T)``, padded on the right (module docstring), cut to the text window,
         EOS guaranteed."""
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
-                             padding_side="right", return_tensors="pt", **AS_TEXT)  # fmt: skip
+                             padding_side="right", return_tensors="pt", **as_text(self.tokenizer))  # fmt: skip
         return self._with_eos(enc["input_ids"], enc["attention_mask"])  # (B, T)
 
     def _with_eos(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,7 +356,7 @@ class Retriever:
         :attr:`max_length`."""
         if not len(texts):
             return []
-        rows = self.tokenizer(list(texts), truncation=False, verbose=False, **AS_TEXT)["input_ids"]
+        rows = self.tokenizer(list(texts), truncation=False, verbose=False, **as_text(self.tokenizer))["input_ids"]
         eos = self.pool_eos_id
         return [len(row) + int(eos is not None and eos not in row) for row in rows]
 
@@ -432,7 +432,7 @@ class Retriever:
         text_tokens = length - self.tokenizer.num_special_tokens_to_add()
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=length, stride=text_tokens // 2,
                              padding_side="right", return_overflowing_tokens=True, return_tensors="pt",
-                             **AS_TEXT)  # fmt: skip
+                             **as_text(self.tokenizer))  # fmt: skip
         if "overflow_to_sample_mapping" not in enc:
             raise ValueError(
                 f"retriever.long_text=chunks: the tokenizer of {self.name or type(self.model).__name__} "

@@ -31,7 +31,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from finecap.data.targets import AS_TEXT, eos_and_pad, pad_rows
+from finecap.data.targets import as_text, eos_and_pad, pad_rows
 from finecap.world.captions import vocabulary
 
 PAD, UNK, MASK, BOS, EOS = "<pad>", "<unk>", "<mask>", "<bos>", "<eos>"
@@ -113,7 +113,7 @@ def encode_for_clip(tokenizer: Any, texts: Sequence[str], max_length: int) -> di
     """CLIP text-tower inputs: the tokenizer's own special tokens, with EOS guaranteed as the last real token.
 
     A CLIP tokenizer already writes ``<bos> ... <eos>`` and the world tokenizer ``... <eos>``; EOS is appended when
-    missing. Texts are read as text (:data:`~finecap.data.targets.AS_TEXT`: ``<eos>`` written in one is not EOS).
+    missing. Texts are read as text (:func:`~finecap.data.targets.as_text`: ``<eos>`` written in one is not EOS).
     Texts longer than ``max_length`` keep their first ``max_length - 1`` tokens and end with EOS, so the
     text tower (which pools at the first ``eos_token_id``) always pools at the end of the text.
     """
@@ -121,7 +121,7 @@ def encode_for_clip(tokenizer: Any, texts: Sequence[str], max_length: int) -> di
         raise ValueError(f"max_length must be >= 1, got {max_length}")
     eos, pad = eos_and_pad(tokenizer, "CLIP pooling needs one")
     rows = []
-    for r in tokenizer(list(texts), add_special_tokens=True, **AS_TEXT)["input_ids"]:
+    for r in tokenizer(list(texts), add_special_tokens=True, **as_text(tokenizer))["input_ids"]:
         r = list(r)
         if not r or r[-1] != eos:
             r.append(eos)
