@@ -90,8 +90,8 @@ def test_the_url_route_asks_a_running_reward_server(served):
     with serving(service) as url:
         remote = reward_function(url=url, name="cider")
         got = remote(prompts=[""] * len(captions), completions=completions, image_id=ids)
-        with pytest.raises(RewardServerError, match=r"\(image_ids\[0\]\): unknown image id 'nope'.*\[HTTP 400\]"):
-            remote(prompts=[""], completions=["a"], image_id=["nope"])  # the server's refusal, by its field
+        with pytest.raises(RewardServerError, match=r"\(image_id\[0\]\): unknown image id 'nope'.*\[HTTP 400\]"):
+            remote(prompts=[""], completions=["a"], image_id=["nope"])  # the server's refusal, by TRL's column
     assert remote.__name__ == "cider" and reward_function(url=url).__name__ == "finecap"
     assert got == reward_function(service.reward)(prompts=[""] * len(captions), completions=completions, image_id=ids)
     assert got == reward_function("cider", references=refs)(prompts=[""] * len(captions), completions=completions,

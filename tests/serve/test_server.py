@@ -148,6 +148,20 @@ def test_a_rewards_tallies_that_raise_leave_health_ok_with_null_tallies_said_onc
     assert len(said) == 1 and "untallied" in said[0] and "counts are kept elsewhere" in said[0], said
 
 
+def test_health_says_the_seconds_since_the_start_its_counts_cover():
+    """/health counted requests "since the start" and never said when that was: a supervisor could not tell a server
+    restarted by its orchestrator (the counts fall) from one whose counts it misread, nor turn them into rates."""
+    made = time.perf_counter()
+    service = RewardService(Judge(), ImageTable(range(5)), log_every=0, name="words")
+    with serving(service) as url:
+        first = httpx.get(f"{url}/health").json()
+        elapsed = time.perf_counter() - made
+        httpx.post(f"{url}/reward", json={"captions": ["a b"], "image_ids": [0]})
+        second = httpx.get(f"{url}/health").json()
+    assert 0 < first["uptime"] <= elapsed + 0.001, (first, elapsed)  # rounded to the millisecond
+    assert second["uptime"] > first["uptime"] and second["scored"] == first["scored"] + 1
+
+
 def test_health_counts_a_502_of_get_reward_as_failed_not_scored():
     """/health counted a /get_reward request answered 502 (captions the reward could not score) under "scored", with
     its captions, as if its values had been handed back: it counts under "failed" (and "failures"), as the docs say

@@ -26,7 +26,9 @@ A call holding a completion the reward could not score (:attr:`finecap.rewards.R
 failed on it) raises :class:`~finecap.serve.protocol.FailedCaptions` naming it (``completions[i]``), as OpenRLHF's
 adapter does, never a NaN or a ``None``: ms-swift reads ``None`` as NaN and sums its reward functions with
 ``nansum`` (``swift.rl_core.advantage.compute_advantages``, ms-swift 4.6), which pays a NaN as 0 and counts it in the
-group's mean and standard deviation.
+group's mean and standard deviation. A call the reward (or the server) refuses names ms-swift's fields:
+``image_id[3]: unknown image id 99`` (the ``image_id_column``), ``completions[1]``, ``references[2][0]`` (the
+``references_column``), never the ``image_ids[3]`` of finecap's own request.
 
 Example::
 
@@ -75,6 +77,11 @@ class _Inputs:
             refs = column(kwargs, self.references_column, len(texts), who, "references_column")
         return texts, ids, refs
 
+    def fields(self) -> dict[str, str]:
+        """ms-swift's names for the fields of a call (:func:`finecap.serve.protocol.callers_field`), which its
+        refusals name: the completions and the data set's columns."""
+        return {"captions": "completions", "image_ids": self.image_id_column, "references": self.references_column}
+
     def _paid(self, out: RewardOutput) -> list[float]:
         """The totals, or :class:`FailedCaptions` naming the completions the reward could not score."""
         refuse_failed(out, "completions", "ms-swift would pay a NaN as 0 (it sums its reward functions with nansum)",
@@ -99,7 +106,7 @@ def orm(name_or_reward: Any = None, *, url: str | None = None, image_id_column: 
 
     def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
         texts, ids, refs = self._inputs(completions, kwargs)
-        return self._paid(self.scorer.score(texts, ids, refs))
+        return self._paid(self.scorer.score(texts, ids, refs, fields=self.fields()))
 
     scorer = Scorer.of(name_or_reward, url=url, **options)
     return _orm_class(_swift_bases()[0], __call__, scorer, image_id_column, references_column, name)
@@ -113,7 +120,7 @@ def async_orm(name_or_reward: Any = None, *, url: str | None = None, image_id_co
 
     async def __call__(self: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
         texts, ids, refs = self._inputs(completions, kwargs)
-        return self._paid(await self.scorer.ascore(texts, ids, refs))
+        return self._paid(await self.scorer.ascore(texts, ids, refs, fields=self.fields()))
 
     scorer = Scorer.of(name_or_reward, url=url, **options)
     return _orm_class(_swift_bases()[1], __call__, scorer, image_id_column, references_column, name)

@@ -11,7 +11,9 @@ as NaN: a completion that every reward function answers ``None`` is left out of 
 (advantage 0), but one that another reward function scored is paid 0 for finecap's reward, inside those statistics
 (TRL sums its reward functions with ``nansum``); beside other reward functions pass ``failed="raise"``, which raises
 :class:`~finecap.serve.protocol.FailedCaptions` naming the completions instead, as ms-swift's adapter does.
-docs/integrations.md lists each reward's options.
+A call the reward (or the server) refuses names TRL's fields, ``image_id[3]: unknown image id 99`` (the
+``image_id_column``) or ``completions[1]``, never the ``image_ids[3]`` of finecap's own request. docs/integrations.md
+lists each reward's options.
 
 Example (plain-text completions)::
 
@@ -67,12 +69,17 @@ class TrlReward:
     def image_ids(self, n: int, kwargs: Mapping[str, Any]) -> list[Hashable]:
         return column(kwargs, self.image_id_column, n, f"reward_function({self.__name__!r})", "image_id_column")
 
+    def fields(self) -> dict[str, str]:
+        """TRL's names for the fields of a call (:func:`finecap.serve.protocol.callers_field`), which its refusals
+        name: the completions and the data set's image-id column."""
+        return {"captions": "completions", "image_ids": self.image_id_column}
+
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         """One value per completion (``None``: the reward could not score it); a call the reward server would refuse
         is refused alike (a ``ValueError`` with the server's message: :class:`finecap.integrations.scoring.Scorer`),
         a conversational completion without an assistant message too."""
         texts = completion_texts(completions)  # stripped as every adapter's (finecap.serve.protocol.parse_reward)
-        out = self.scorer.score(texts, self.image_ids(len(texts), kwargs))
+        out = self.scorer.score(texts, self.image_ids(len(texts), kwargs), fields=self.fields())
         if self.failed == "raise":
             refuse_failed(out, "completions", "TRL would pay a None as 0 beside other reward functions (nansum)",
                           f"reward_function({self.__name__!r})")  # fmt: skip

@@ -36,7 +36,10 @@ Two ways to point verl at a reward:
       compute_score = VerlReward("cider", references=train_references)
       compute_score_batch = compute_score.batch
 
-A sample the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) has NaN values, never 0.
+A sample the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) has NaN values, never 0. A call
+the reward (or the server) refuses names verl's fields: ``extra_infos[3].image_id: unknown image id 99``,
+``solution_strs[1]``, ``extra_infos[2].references[0]`` (a per-sample call's ``extra_info.image_id``,
+``solution_str``), never the ``image_ids[3]`` of finecap's own request (:meth:`VerlReward.fields`).
 
 Example::
 
@@ -56,6 +59,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from finecap.integrations.scoring import Scorer
+from finecap.serve.protocol import one_sample_fields
 
 log = logging.getLogger(__name__)
 
@@ -101,20 +105,34 @@ class VerlReward:
                              "extra_info where others have: give references for every sample or for none")  # fmt: skip
         return ids, (refs if all(given) else None)  # checked as the server checks them (a string is refused)
 
+    def fields(self, one: bool) -> dict[str, str]:
+        """verl's names for the fields of a call (:func:`finecap.serve.protocol.callers_field`), which its refusals
+        name: the batch form's ``solution_strs`` and ``extra_infos[i]``'s keys; ``one``: the per-sample form's
+        ``solution_str`` and ``extra_info``'s keys."""
+        if one:
+            return one_sample_fields({"captions": "solution_str", "image_ids": f"extra_info.{self.image_key}",
+                                      "references": f"extra_info.{self.references_key}"})  # fmt: skip
+        return {"captions": "solution_strs", "image_ids": f"extra_infos[].{self.image_key}",
+                "references": f"extra_infos[].{self.references_key}"}  # fmt: skip
+
     def batch(self, data_sources: Sequence[str], solution_strs: Sequence[str], ground_truths: Sequence[Any],
               extra_infos: Sequence[Mapping[str, Any] | None], **reward_kwargs: Any
               ) -> list[dict[str, float]]:  # fmt: skip
         """verl's batch form: one reward call for the batch."""
+        return self._scored(solution_strs, ground_truths, extra_infos, one=False)
+
+    def _scored(self, solution_strs: Sequence[str], ground_truths: Sequence[Any],
+                extra_infos: Sequence[Mapping[str, Any] | None], one: bool) -> list[dict[str, float]]:  # fmt: skip
         ids, refs = self._inputs(extra_infos)
         self._note_ground_truth(ground_truths, refs)
-        total, parts = self.scorer.score(solution_strs, ids, refs).values()
+        total, parts = self.scorer.score(solution_strs, ids, refs, fields=self.fields(one)).values()
         return [{"score": t, **{k: v[n] for k, v in parts.items()}} for n, t in enumerate(total)]
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None
                  = None, **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
         """verl's per-sample form (refused for rewards that compare a call's images: module docstring)."""
         self._check_single()
-        return self.batch([data_source], [solution_str], [ground_truth], [extra_info])[0]
+        return self._scored([solution_str], [ground_truth], [extra_info], one=True)[0]
 
     async def ascore(self, data_source: str, solution_str: str, ground_truth: Any,
                      extra_info: Mapping[str, Any] | None = None, **reward_kwargs: Any
@@ -123,7 +141,7 @@ class VerlReward:
         self._check_single()
         ids, refs = self._inputs([extra_info])
         self._note_ground_truth([ground_truth], refs)
-        total, parts = (await self.scorer.ascore([solution_str], ids, refs)).values()
+        total, parts = (await self.scorer.ascore([solution_str], ids, refs, fields=self.fields(True))).values()
         return {"score": total[0], **{k: v[0] for k, v in parts.items()}}
 
     def _note_ground_truth(self, ground_truths: Sequence[Any], refs: list | None) -> None:

@@ -8,13 +8,14 @@ Endpoints:
   image ids (or ``images``) echoed, one total and one value per part for each caption, in order.
 - ``POST /get_reward``: OpenRLHF's and CapRL's (:func:`finecap.serve.protocol.parse_get_reward`) ->
   ``{"rewards": [...], "extra_logs": {"cider": [...], ...}}``: the totals, and the parts, which OpenRLHF logs.
-- ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "scored": ..., "captions": ..., "failed": ...,
-  "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "queued_bytes": ..., "busy": ...,
+- ``GET /health``: ``{"status": "ok", "reward": ..., "images": N, "uptime": ..., "scored": ..., "captions": ...,
+  "failed": ..., "timed_out": ..., "left": ..., "refused": ..., "queued": ..., "queued_bytes": ..., "busy": ...,
   "blocked_checks": ..., "failures": ..., "score_timeout": ..., "tallies": {...}}``.
-  Since the start, each request that passed its checks, or whose check ran out of time, counted once by how it ended
-  (:class:`~finecap.serve.service.Meter`): ``scored``, the requests answered their values (200), and ``captions``,
-  theirs; ``failed``, those answered 500 (the reward failed on them, or the server's own error once they were scored)
-  or ``/get_reward``'s 502 (captions the reward could not score); ``timed_out``, those answered 504
+  ``uptime``: the seconds since the start (:attr:`Meter.uptime <finecap.serve.service.Meter.uptime>`), which the counts
+  below cover. Since the start, each request that passed its checks, or whose check ran out of time, counted once by
+  how it ended (:class:`~finecap.serve.service.Meter`): ``scored``, the requests answered their values (200), and
+  ``captions``, theirs; ``failed``, those answered 500 (the reward failed on them, or the server's own error once they
+  were scored) or ``/get_reward``'s 502 (captions the reward could not score); ``timed_out``, those answered 504
   (``--score-timeout``: their check, or their wait and reward call); ``left``, those whose client went away before
   their answer (queued, never scored, or while their call ran); ``refused``, those answered 503 because the server was
   stuck (at once, or waiting for a check thread once every thread was) or its queue full (``--max-queued-bytes``).
@@ -387,7 +388,8 @@ def create_app(service: RewardService, *, host: str = "127.0.0.1", token: str | 
                             service.name, type(e).__name__, e)  # fmt: skip
         status = "stuck" if service.stuck() else "checks_stuck" if service.checks_stuck() else "ok"
         return _json({"status": status, "reward": service.name, "images": len(service.images),
-                      "scored": meter.total_scored, "captions": meter.total_captions, "failed": meter.failed,
+                      "uptime": round(meter.uptime, 3), "scored": meter.total_scored,
+                      "captions": meter.total_captions, "failed": meter.failed,
                       "timed_out": meter.timed_out, "left": meter.left, "refused": meter.refused,
                       "queued": service.queued, "queued_bytes": service.queued_bytes,
                       "busy": round(service.busy_for, 3),

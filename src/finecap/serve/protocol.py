@@ -446,7 +446,8 @@ def callers_field(field: str | None, fields: Mapping[str, str] | None) -> str | 
     that sent the request's fields under other names: ``fields`` maps a request field to the caller's name for it
     (``None``, or a field it does not hold: the name as it is). An entry's index follows the caller's name, or stands
     where the name holds ``[]`` (``labels[].references``: the references of caption ``i`` are in its label); the
-    request holds one entry per caption, in the caller's order.
+    request holds one entry per caption, in the caller's order. A key may name one entry (``captions[0]``: a caller
+    that sends one sample, verl's ``solution_str``), whose caller's name then stands for it, index and all.
 
     >>> callers_field("captions[3]", GET_REWARD_FIELDS), callers_field("image_ids", GET_REWARD_FIELDS)
     ('query[3]', 'labels')
@@ -454,10 +455,17 @@ def callers_field(field: str | None, fields: Mapping[str, str] | None) -> str | 
     ('labels[2].references[0]', 'labels')
     >>> callers_field("body", GET_REWARD_FIELDS), callers_field("captions[1]", None)
     ('body', 'captions[1]')
+    >>> callers_field("references[0][1]", {"references[0]": "extra_info.references"})
+    'extra_info.references[1]'
     """
     if not isinstance(field, str) or not fields:
         return field
     head, bracket, rest = field.partition("[")
+    if bracket:  # a key naming this one entry
+        index, _, deeper = rest.partition("]")
+        one = fields.get(f"{head}[{index}]")
+        if one is not None:
+            return one + deeper
     name = fields.get(head)
     if name is None:
         return field
@@ -468,6 +476,16 @@ def callers_field(field: str | None, fields: Mapping[str, str] | None) -> str | 
         return whole
     index, _, deeper = rest.partition("]")
     return f"{whole}[{index}]{after}{deeper}"
+
+
+def one_sample_fields(fields: Mapping[str, str]) -> dict[str, str]:
+    """``fields`` (a request field -> the caller's name, :func:`callers_field`) of a caller that sends one sample a
+    call: each field's entry 0 is the caller's name itself, without an index (verl's per-sample ``solution_str``).
+
+    >>> callers_field("captions[0]", one_sample_fields({"captions": "solution_str"}))
+    'solution_str'
+    """
+    return {**fields, **{f"{field}[0]": name for field, name in fields.items()}}
 
 
 def in_callers_words(error: RequestError, fields: Mapping[str, str] | None) -> RequestError:

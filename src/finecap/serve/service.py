@@ -1027,6 +1027,12 @@ class Meter:
         self.refused = 0  # answered 503: the server stuck (at once, or after waiting for a check thread), queue full
         self._said = dict.fromkeys(("total_scored", *self.OUTCOMES), 0)  # the totals at the window's start
 
+    @property
+    def uptime(self) -> float:
+        """Seconds since the counts began (the service was made: ``finecap serve-reward``'s start), ``/health``'s
+        ``uptime``: a supervisor sees a restart (it falls) and the rates of the counts since the start."""
+        return time.perf_counter() - self.started
+
     def round(self, requests: int, captions: int, seconds: float) -> None:
         """A round of the reward: ``requests`` requests, ``captions`` captions scored in ``seconds``."""
         self.captions += captions
