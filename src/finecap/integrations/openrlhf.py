@@ -45,7 +45,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from finecap.integrations.scoring import IN_PROCESS, Scorer
+from finecap.integrations.scoring import IN_PROCESS, Scorer, per_sample
 from finecap.serve.protocol import (
     GET_REWARD_FIELDS,
     FailedCaptions,
@@ -64,11 +64,13 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
                     **options: Any) -> Callable[..., dict[str, Any]]:  # fmt: skip
     """OpenRLHF's ``reward_func(queries, prompts, labels, **kwargs)`` over a finecap reward (``name_or_reward`` with
     its ``options``, or a built one) or the reward server at ``url`` (:meth:`finecap.integrations.scoring.Scorer.of`):
-    ``{"rewards": tensor (N,), "extra_logs": {part: tensor (N,)}}``. A call holding a caption the reward could not
-    score (a judge that failed on it) raises :class:`~finecap.serve.protocol.FailedCaptions` naming it, as the
-    server's ``/get_reward`` answers 502: OpenRLHF has no NaN handling (a NaN would reach every sample of the group
-    through its statistics). Labels name images by id (paths only through a server, which knows the data set's
-    files)."""
+    ``{"rewards": tensor (N,), "extra_logs": {part: tensor (N,), tally: tensor (N,)}}``, the tallies the increase of
+    the reward's (a judge's ``judge/calls``, ``judge/failed``, ...) over the call, shared evenly among its samples
+    (:meth:`~finecap.integrations.scoring.Scorer.counted`, :func:`~finecap.integrations.scoring.per_sample`). A call
+    holding a caption the reward could not score (a judge that failed on it) raises
+    :class:`~finecap.serve.protocol.FailedCaptions` naming it, as the server's ``/get_reward`` answers 502: OpenRLHF
+    has no NaN handling (a NaN would reach every sample of the group through its statistics). Labels name images by id
+    (paths only through a server, which knows the data set's files)."""
     scorer = Scorer.of(name_or_reward, url=url, **options)
     limits = limits or IN_PROCESS  # the server's limits are the server's to apply; in process there are none
 
@@ -95,17 +97,23 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
                              "resolves; name them by id")  # fmt: skip
         # a refusal names the fields OpenRLHF sent, as /get_reward's do (labels[i] for a caption's image or its
         # references, query[i] for the caption), in process and from a server's /reward
-        if scorer.client is not None and request.by_path:
-            out = scorer.client.score(request.captions, images=request.image_ids, references=request.references,
-                                      fields=GET_REWARD_FIELDS)  # fmt: skip
+        client = scorer.client
+        if client is not None and request.by_path:
+            out, increase = scorer.counted_on_server(lambda: client.score(request.captions, images=request.image_ids,
+                                                                          references=request.references,
+                                                                          fields=GET_REWARD_FIELDS))  # fmt: skip
         else:
-            out = scorer.score(request.captions, request.image_ids, request.references, fields=GET_REWARD_FIELDS)
+            out, increase = scorer.counted(request.captions, request.image_ids, request.references,
+                                           fields=GET_REWARD_FIELDS)  # fmt: skip
         try:
             reply = openrlhf_reply(request, out)
         except FailedCaptions as e:
             raise FailedCaptions(f"finecap OpenRLHF reward: the reward {e}") from None
+        n = len(reply["rewards"])
+        # the judge's work of the call, shared among its samples (one a call in OpenRLHF >= 0.9), beside the parts
+        tallies = {k: torch.full((n,), v) for k, v in per_sample(increase, n).items()}
         return {"rewards": torch.tensor(reply["rewards"]),
-                "extra_logs": {k: torch.tensor(v) for k, v in reply["extra_logs"].items()}}  # fmt: skip
+                "extra_logs": {**{k: torch.tensor(v) for k, v in reply["extra_logs"].items()}, **tallies}}  # fmt: skip
 
     reward_func.close = scorer.close  # type: ignore[attr-defined]  # what the scorer opened (Scorer.close)
     return reward_func

@@ -31,14 +31,18 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from finecap.rewards import RewardOutput, as_reward, reward_of
 from finecap.serve.protocol import Limits, RequestError, in_callers_words, parse_reward, reward_body
 from finecap.serve.service import CallCheck, ImageTable
 from finecap.utils.closing import Closeable
+
+log = logging.getLogger(__name__)
 
 IN_PROCESS = Limits(max_request_bytes=2**62, max_captions=2**62, max_caption_chars=2**62, max_references=2**62)
 """A call in process has no size limits (the server's protect the server); every other check is the server's."""
@@ -68,6 +72,9 @@ class Scorer(Closeable):
         self.client = None
         self._check: CallCheck | None = None
         self._lock = threading.Lock()  # one reward call at a time, whoever calls (as the server's, service.py)
+        self._tallied: dict[str, float] | None = None  # a server's tallies as last read (counted); None: not yet
+        self._tally_lock = threading.Lock()  # one read of a server's tallies at a time, against _tallied
+        self._told_tallies = False  # a server's tallies that could not be read: said once
         if url is not None:
             from finecap.serve.client import RewardClient  # httpx: only for a server
 
@@ -76,11 +83,11 @@ class Scorer(Closeable):
     def __getstate__(self) -> dict[str, Any]:
         """A copy for another process (verl's ``remote`` reward manager pickles the adapter): all but the lock, which
         is this process's; the copy makes its own."""
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_tally_lock")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._lock, self._tally_lock = threading.Lock(), threading.Lock()
 
     @classmethod
     def of(cls, name_or_reward: Any = None, *, url: str | None = None, timeout: float = 180.0,
@@ -114,8 +121,8 @@ class Scorer(Closeable):
     def tallies(self) -> dict[str, float]:
         """The reward's running counts of its work since it was built (:meth:`finecap.rewards.RewardBase.tallies`: a
         judged reward's judge's ``judge/calls``, ``judge/failed``, ...; a server's reward's, read from its ``GET
-        /health``: :meth:`finecap.serve.client.RewardClient.tallies`): what an adapter's user reads to see its judge
-        failing (``fn.scorer.tallies()``), which the trainers do not log."""
+        /health``: :meth:`finecap.serve.client.RewardClient.tallies`), the running totals; what each adapter logs
+        through its trainer is their increase over each call (:meth:`counted`)."""
         if self.client is not None:
             return self.client.tallies()
         return dict(self.reward.tallies())
@@ -148,13 +155,7 @@ class Scorer(Closeable):
         ``labels[1]: unknown image id 99``); default the names of a ``/reward`` request."""
         if self.client is not None:
             return self.client.score(captions, image_ids, references=references, fields=fields)
-        with self._lock:
-            try:
-                request = parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS)
-                job = self.check().job(request)
-            except RequestError as e:
-                raise in_callers_words(e, fields) from None
-            return self.check().answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
+        return self._in_process(captions, image_ids, references, fields)[0]
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable],
                      references: Sequence[Sequence[str]] | None = None, *,
@@ -163,6 +164,102 @@ class Scorer(Closeable):
         if self.client is not None:
             return await self.client.ascore(captions, image_ids, references=references, fields=fields)
         return self.score(captions, image_ids, references, fields=fields)
+
+    def counted(self, captions: Sequence[str], image_ids: Sequence[Hashable],
+                references: Sequence[Sequence[str]] | None = None, *,
+                fields: Mapping[str, str] | None = None) -> tuple[RewardOutput, dict[str, float]]:  # fmt: skip
+        """:meth:`score` (its arguments) and how much each of the reward's :meth:`tallies` grew over the call
+        (``{"judge/calls": 6.0, "judge/failed": 1.0, ...}``, every key at every call, 0 where none; ``{}`` for a
+        reward that counts nothing): what the adapters log through their trainers (docs/integrations.md, "The judge's
+        work in the trainer's log"). In process, the call's own work, read inside the call's lock (a call of another
+        thread is never counted in it); through a server, the increase of its ``/health`` tallies since this scorer
+        last read them (:meth:`_server_grown`): every client's work in between."""
+        if self.client is None:
+            return self._in_process(captions, image_ids, references, fields)
+        client = self.client
+        return self.counted_on_server(lambda: client.score(captions, image_ids, references=references, fields=fields))
+
+    def counted_on_server(self, call: Callable[[], RewardOutput]) -> tuple[RewardOutput, dict[str, float]]:
+        """``call()``, a request of this scorer's server client (one :meth:`counted` does not make: OpenRLHF's
+        images by path), and the increase of the server's tallies over it, as :meth:`counted` counts it."""
+        if self._tallied is None:
+            self._server_grown()  # the first call: the counts before it (the server's work until then is no call's)
+        out = call()
+        return out, self._server_grown()
+
+    async def acounted(self, captions: Sequence[str], image_ids: Sequence[Hashable],
+                       references: Sequence[Sequence[str]] | None = None, *,
+                       fields: Mapping[str, str] | None = None) -> tuple[RewardOutput, dict[str, float]]:  # fmt: skip
+        """:meth:`counted`, awaited: a server's request and the read of its tallies do not block the event loop."""
+        if self.client is None:
+            return self.counted(captions, image_ids, references, fields=fields)
+        if self._tallied is None:
+            await asyncio.to_thread(self._server_grown)
+        out = await self.client.ascore(captions, image_ids, references=references, fields=fields)
+        return out, await asyncio.to_thread(self._server_grown)
+
+    def _in_process(self, captions: Sequence[str], image_ids: Sequence[Hashable],
+                    references: Sequence[Sequence[str]] | None,
+                    fields: Mapping[str, str] | None) -> tuple[RewardOutput, dict[str, float]]:  # fmt: skip
+        with self._lock:
+            try:
+                request = parse_reward(reward_body(captions, image_ids, references=references), IN_PROCESS)
+                job = self.check().job(request)
+            except RequestError as e:
+                raise in_callers_words(e, fields) from None
+            before = dict(self.reward.tallies())
+            out = self.check().answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
+            return out, grown(before, self.reward.tallies())
+
+    def _server_grown(self) -> dict[str, float]:
+        """How much the server's tallies grew since this scorer last read them, the counts read now kept for the next
+        time; the first read gives ``{}``. A read that fails (the server unreachable a moment, or a server whose
+        ``/health`` holds no tallies) is logged once and counts 0 for each key, whose increase the next read holds;
+        when the first read fails the scorer counts nothing (``{}`` at every call: a trainer that reads every sample's
+        keys from the first one's, verl, finds the same keys in each). A server that restarted (a count below the one
+        read before) counts from 0."""
+        from finecap.serve.client import RewardServerError
+
+        with self._tally_lock:
+            if self._tallied == {}:  # a reward that counts nothing, or a first read that failed
+                return {}
+            try:
+                now = self.client.tallies()
+            except RewardServerError as e:
+                if not self._told_tallies:
+                    self._told_tallies = True
+                    log.warning("finecap adapter: the reward server's tallies (its judge's calls, failures, ...) "
+                                "could not be read; the trainer's log holds none of them until a read succeeds "
+                                "(none at all when the first read failed): %s", e)  # fmt: skip
+                if self._tallied is None:
+                    self._tallied = {}
+                return dict.fromkeys(self._tallied, 0.0)
+            before, self._tallied = self._tallied, now
+            if before is None:
+                return {}
+            if any(now.get(k, 0.0) < v for k, v in before.items()):  # the server restarted: its counts began again
+                before = {}
+            return grown(before, now)
+
+
+def grown(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """How much each of the tallies ``after`` grew since ``before`` (a key new since then: from 0).
+
+    >>> grown({"judge/calls": 4.0, "judge/failed": 1.0}, {"judge/calls": 10.0, "judge/failed": 1.0})
+    {'judge/calls': 6.0, 'judge/failed': 0.0}
+    """
+    return {k: float(v) - float(before.get(k, 0.0)) for k, v in after.items()}
+
+
+def per_sample(increase: Mapping[str, float], n: int) -> dict[str, float]:
+    """A call's increase of the tallies (:meth:`Scorer.counted`) shared evenly among its ``n`` samples, for a
+    trainer that logs a value per sample (verl, OpenRLHF): the samples' sum is the call's increase, their mean the
+    count per caption, whichever way the trainer cuts its batch into calls.
+
+    >>> per_sample({"judge/calls": 6.0}, 4)
+    {'judge/calls': 1.5}
+    """
+    return {k: v / n for k, v in increase.items()}
 
 
 TRAINER_KEYWORDS = frozenset({"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"})

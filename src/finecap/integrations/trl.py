@@ -5,7 +5,8 @@ name or dotted path with the reward's options, a built reward, or ``url=`` of a 
 returns a callable with TRL's signature ``fn(prompts, completions, **kwargs) -> list[float | None]``: one value per
 completion (plain or conversational), the image of each read from the data-set column ``image_id_column`` that TRL
 passes through ``kwargs``; its ``__name__`` is the reward's name (TRL logs ``rewards/<name>/mean``; the reward's
-parts, such as a sum's terms or retrieval's accuracy, go to TRL's ``log_metric`` as ``rewards/<name>/<part>/mean``). A
+parts, such as a sum's terms or retrieval's accuracy, go to TRL's ``log_metric`` as ``rewards/<name>/<part>/mean``,
+and a judged reward's work in the call, the increase of its tallies, as ``rewards/<name>/judge/calls``, ...). A
 completion the reward could not score (:attr:`finecap.rewards.RewardOutput.failed`) is ``None``, which TRL (1.16) reads
 as NaN: a completion that every reward function answers ``None`` is left out of its group's mean and standard deviation
 (advantage 0), but one that another reward function scored is paid 0 for finecap's reward, inside those statistics
@@ -79,12 +80,15 @@ class TrlReward:
         is refused alike (a ``ValueError`` with the server's message: :class:`finecap.integrations.scoring.Scorer`),
         a conversational completion without an assistant message too."""
         texts = completion_texts(completions)  # stripped as every adapter's (finecap.serve.protocol.parse_reward)
-        out = self.scorer.score(texts, self.image_ids(len(texts), kwargs), fields=self.fields())
+        out, increase = self.scorer.counted(texts, self.image_ids(len(texts), kwargs), fields=self.fields())
+        log_metric = kwargs.get("log_metric")  # TRL >= 1.16: averaged over the logging step beside its own metrics
+        if callable(log_metric):  # the judge's work of this call, logged even when the call raises below
+            for key, value in increase.items():
+                log_metric(f"rewards/{self.__name__}/{key}", value)
         if self.failed == "raise":
             refuse_failed(out, "completions", "TRL would pay a None as 0 beside other reward functions (nansum)",
                           f"reward_function({self.__name__!r})")  # fmt: skip
         total, parts = out.values(failed=None)
-        log_metric = kwargs.get("log_metric")  # TRL >= 1.16: averaged over the logging step beside its own metrics
         if callable(log_metric):
             for part, values in parts.items():
                 scored = [v for v in values if v is not None and math.isfinite(v)]

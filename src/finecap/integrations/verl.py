@@ -9,7 +9,10 @@ verl calls a reward function in one of two forms, both provided here:
 - per batch, ``compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **reward_kwargs)``
   (``reward_manager.name=batch``), one call for the whole generation batch.
 
-Each returns ``{"score": total, <part>: value, ...}`` per sample (verl trains on ``score`` and logs the other keys).
+Each returns ``{"score": total, <part>: value, ..., <tally>: value}`` per sample (verl trains on ``score`` and keeps
+the other keys: its validation logs their means, its rollout dumps hold them); the tallies are a judged reward's work
+over the call (``judge/calls``, ``judge/failed``, ...: :meth:`finecap.integrations.scoring.Scorer.counted`), shared
+evenly among the call's samples.
 The image a response describes is ``extra_info["image_id"]`` (the ``image_key`` option), its references, when the
 data set brings its own, ``extra_info["references"]`` (``references_key``; otherwise the reward's own: CIDEr-D
 against the training references of the image); ``ground_truth`` is not read (verl requires the field: put the
@@ -58,7 +61,8 @@ import logging
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from finecap.integrations.scoring import Scorer
+from finecap.integrations.scoring import Scorer, per_sample
+from finecap.rewards import RewardOutput
 from finecap.serve.protocol import one_sample_fields
 
 log = logging.getLogger(__name__)
@@ -125,8 +129,8 @@ class VerlReward:
                 extra_infos: Sequence[Mapping[str, Any] | None], one: bool) -> list[dict[str, float]]:  # fmt: skip
         ids, refs = self._inputs(extra_infos)
         self._note_ground_truth(ground_truths, refs)
-        total, parts = self.scorer.score(solution_strs, ids, refs, fields=self.fields(one)).values()
-        return [{"score": t, **{k: v[n] for k, v in parts.items()}} for n, t in enumerate(total)]
+        out, increase = self.scorer.counted(solution_strs, ids, refs, fields=self.fields(one))
+        return _samples(out, increase)
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Mapping[str, Any] | None
                  = None, **reward_kwargs: Any) -> dict[str, float]:  # fmt: skip
@@ -141,8 +145,7 @@ class VerlReward:
         self._check_single()
         ids, refs = self._inputs([extra_info])
         self._note_ground_truth([ground_truth], refs)
-        total, parts = (await self.scorer.ascore([solution_str], ids, refs, fields=self.fields(True))).values()
-        return {"score": total[0], **{k: v[0] for k, v in parts.items()}}
+        return _samples(*await self.scorer.acounted([solution_str], ids, refs, fields=self.fields(True)))[0]
 
     def _note_ground_truth(self, ground_truths: Sequence[Any], refs: list | None) -> None:
         """A warning, once, when ``ground_truth`` holds text and no references came in ``extra_info``: verl's natural
@@ -161,6 +164,15 @@ class VerlReward:
             raise ValueError("finecap verl reward: this reward ranks each caption's image among the call's images, "
                              "and a per-sample call holds one: use compute_score_batch (reward_manager=batch) or "
                              "sr.distractors=hard")  # fmt: skip
+
+
+def _samples(out: RewardOutput, increase: Mapping[str, float]) -> list[dict[str, float]]:
+    """Each sample's ``{"score": total, <part>: value, ..., <tally>: share}``: the reward's parts, and its tallies'
+    increase over the call shared evenly among the call's samples (:func:`~finecap.integrations.scoring.per_sample`),
+    the same keys for every sample (verl reads each sample's keys from the first one's)."""
+    total, parts = out.values()
+    shares = per_sample(increase, len(total)) if total else {}
+    return [{"score": t, **{k: v[n] for k, v in parts.items()}, **shares} for n, t in enumerate(total)]
 
 
 _SERVED: dict[tuple[str, str, str, str | None, float], VerlReward] = {}
