@@ -6,7 +6,8 @@ conversation with its image, and the batches they generate in.
   (``AutoProcessor``; its tokenizer beside it), never remote code; a model without a chat template is an error naming
   ``boost.llm_model`` / ``boost.vlm_model`` (boosting needs an instruction-tuned model). Templates are rendered under
   the bounds of :mod:`finecap.models.chat_templates` (a model's template is code: a hostile one stops with an error
-  naming it).
+  naming it). The LLM role's prompt is tokenised by :func:`prompt_ids`: the template's special tokens are tokens, a
+  special token's text in a message (a caption holding ``<|im_end|>``) is text.
 - **Images** (the VLM): the image joins the last user message as a ``{"type": "image"}`` content part, before the
   text, and the processor's chat template places its tokens. Each image is decoded by finecap's one rule
   (:func:`finecap.data.images.load_record_image`, within the task's image budget); an image that fails it fails alone
@@ -24,6 +25,7 @@ from typing import Any
 from finecap.boost.engine import BadImage, Task
 from finecap.data.images import load_record_image
 from finecap.data.records import DataError
+from finecap.models.chat_prompts import chat_prompt_ids
 from finecap.models.chat_templates import apply_chat_template
 
 
@@ -57,6 +59,13 @@ def prompt_text(owner: Any, task: Task, image: Any = None) -> str:
     ``image``), ending with the assistant's turn."""
     messages = task.messages if image is None else conversation(task, image)
     return apply_chat_template(owner, messages, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_ids(tokenizer: Any, task: Task) -> list[int]:
+    """Token ids of ``task``'s chat prompt (the LLM role), ending with the assistant's turn: the special tokens the
+    chat template writes are tokens, a special token's text in a message (a caption, a reference, an answer) is text
+    (:func:`finecap.models.chat_prompts.chat_prompt_ids`; docs/boost.md#special-token-text-in-prompts)."""
+    return chat_prompt_ids(tokenizer, task.messages, add_generation_prompt=True)
 
 
 class InProcessBackend(ABC):

@@ -4,7 +4,9 @@ image's place in the conversation and the batches are :mod:`finecap.boost.chat`'
 
 - LLM steps (``blend``, ``holistic``): ``AutoTokenizer`` + ``AutoModelForCausalLM``;
   ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``, under the bounds of
-  :mod:`finecap.models.chat_templates` (a model's template is code: a hostile one stops with an error naming it).
+  :mod:`finecap.models.chat_templates` (a model's template is code: a hostile one stops with an error naming it),
+  tokenised by :func:`~finecap.boost.chat.prompt_ids`: the template's special tokens are tokens, a special token's
+  text in a message (a caption holding ``<|im_end|>``) is text.
 - The VLM step (``visual``): ``AutoProcessor`` + ``AutoModelForImageTextToText``; the image joins the last user
   message as a ``{"type": "image"}`` content part and the processor's chat template places its tokens. Both paths
   are tested on tiny models saved by the tests (a Llama chat model; a LLaVA with a tiny CLIP vision tower).
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from finecap.boost.chat import InProcessBackend, conversation, prompt_text
+from finecap.boost.chat import InProcessBackend, conversation, prompt_ids
 from finecap.boost.engine import Task, batch_seed, cut_off, model_stamp
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.vlm import model_stop_tokens
@@ -74,8 +76,8 @@ class TransformersBackend(InProcessBackend):
 
     def _inputs(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> dict[str, torch.Tensor]:
         if not self.vision:
-            texts = [prompt_text(self.tokenizer, t) for t in tasks]
-            return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            rows = [prompt_ids(self.tokenizer, t) for t in tasks]  # a message's special-token text is text
+            return self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt")  # left-padded
         conversations = [conversation(t, image) for t, image in zip(tasks, images, strict=True)]
         options = dict(return_dict=True, return_tensors="pt", processor_kwargs={"padding": True})
         return apply_chat_template(self.processor, conversations, add_generation_prompt=True, tokenize=True, **options)

@@ -8,7 +8,8 @@ but the generation is shared with it (:mod:`finecap.boost.chat`): the tokenizer 
 so a killed run loses at most one batch).
 
 - **LLM role**: the prompt is the chat template's text tokenized as the ``transformers`` backend tokenizes it
-  (``add_special_tokens=False``: the template writes its own), sent as token ids.
+  (:func:`~finecap.boost.chat.prompt_ids`: the template's special tokens are tokens, none added; a special token's
+  text in a message is text), sent as token ids.
 - **VLM role**: the processor's rendered text with the decoded image as ``multi_modal_data``; vLLM's processing of
   the folder expands the image placeholder (at most one image per prompt).
 - **Decoding**: greedy at ``boost.temperature=0``, else sampling at that temperature; at most
@@ -43,7 +44,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from finecap.boost.chat import InProcessBackend, prompt_text
+from finecap.boost.chat import InProcessBackend, prompt_ids, prompt_text
 from finecap.boost.engine import BackendError, Task, cut_off, model_stamp, request_seed
 
 if TYPE_CHECKING:
@@ -109,8 +110,7 @@ class VllmBackend(InProcessBackend):
     def prompt(self, task: Task, image: Any = None) -> dict[str, Any]:
         """vLLM's prompt of ``task`` (module docstring)."""
         if not self.vision:
-            text = prompt_text(self.tokenizer, task)
-            return {"prompt_token_ids": self.tokenizer(text, add_special_tokens=False)["input_ids"]}
+            return {"prompt_token_ids": prompt_ids(self.tokenizer, task)}  # a message's special-token text is text
         return {"prompt": prompt_text(self.processor, task, image), "multi_modal_data": {"image": image}}
 
     def _answers(self, prompts: list[dict[str, Any]], tasks: Sequence[Task]) -> list[str | BaseException]:
