@@ -150,3 +150,33 @@ def test_the_partial_file_holds_no_url_credentials_given_again_and_the_run_resum
     counted = Batches(monkeypatch)
     code, _, err = run_cli(argv(run, shapes, out, "images", more))  # the same command resumes: its header is the same
     assert code == 0 and counted.calls == 5 and not partial.exists(), err
+
+
+@pytest.mark.slow
+def test_images_a_stopped_run_skipped_are_read_again_when_it_resumes(run, shapes, tmp_path, monkeypatch):
+    # a run with --skip-bad-images left a bad image out and was stopped; resumed, that image is read again, as a run
+    # never stopped would read it: without the option it stops the run naming it (no results, no list of skipped
+    # images); mended meanwhile, it is captioned
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    bad = images / "a_bad.png"  # the first image: in the first batch
+    bad.write_bytes(b"not a png")
+    out = tmp_path / "out.json"
+    command = ["caption", "--checkpoint", str(run), *SAMPLED, "--images", str(images), "--out"]
+    with monkeypatch.context() as m:
+        Batches(m, stop_after=1)
+        code, _, err = run_cli([*command, str(out), "--skip-bad-images"])
+    partial = tmp_path / "out.json.partial.jsonl"
+    rows = [json.loads(line) for line in partial.read_text().splitlines()[1:]]
+    assert code != 0 and [row["image"] for row in rows if "captions" in row] == [1, 2, 3], err  # 0 left out
+
+    code, _, err = run_cli([*command, str(out)])  # resumed without --skip-bad-images
+    assert code == 2 and "a_bad.png" in err, err
+    assert not out.exists() and not (tmp_path / "out.json.skipped.json").exists()
+
+    shutil.copy(images / "red" / "0.png", bad)  # mended: captioned as a run never stopped captions it
+    whole = tmp_path / "whole.json"
+    assert run_cli([*command, str(whole)])[0] == 0
+    assert run_cli([*command, str(out)])[0] == 0
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists()
+    assert json.loads(out.read_text())[0]["image_id"] == "a_bad.png"

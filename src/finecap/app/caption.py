@@ -255,8 +255,11 @@ def differences(old: object, new: object, where: str = "") -> list[str]:
 class PartialResults:
     """The partial results file of a ``finecap caption`` run (docs/caption.md#a-stopped-run-resumes): strict JSON
     lines, the first ``{"finecap": PARTIAL_MARK, "header": HEADER}`` (what makes the captions), then one line per
-    image captioned, ``{"image": KEY, "captions": [...]}`` or ``{"image": KEY, "skipped": REASON}``, appended and
-    flushed per batch. ``KEY``: the image's index in the images named (``--images``) or its id (a split).
+    image captioned, ``{"image": KEY, "captions": [...]}``, appended and flushed per batch. ``KEY``: the image's index
+    in the images named (``--images``) or its id (a split). An image left out (``--skip-bad-images``) has no line: a
+    resumed run reads it again, as a run never stopped would (still bad, it is left out again, or without
+    ``--skip-bad-images`` stops the run; mended, it is captioned). ``{"image": KEY, "skipped": REASON}`` lines, which
+    an earlier finecap wrote for those, are read and passed over.
 
     :meth:`open` refuses a file of that name finecap did not write (with or without ``--force``), and one whose
     header is not ``header`` unless ``force`` (then it is started over); it returns the images already captioned."""
@@ -290,8 +293,9 @@ class PartialResults:
             end += len(raw) + 1
         return header, lines, end
 
-    def open(self, force: bool) -> list[dict]:
-        """Check the file (class docstring), open it for appending (header written when new); its image lines."""
+    def open(self, force: bool) -> dict[Any, list[str]]:
+        """Check the file (class docstring), open it for appending (header written when new); the captions of the
+        images it holds, ``{KEY: [caption, ...]}``."""
         refuse_link(self.path)
         lines: list[dict] = []
         if self.path.exists():
@@ -319,20 +323,19 @@ class PartialResults:
         self.file = open_append(self.path)
         if new:
             self.write({"finecap": PARTIAL_MARK, "header": self.header})
-        self.kept = len(lines)
-        if lines:
-            log.info("caption: resuming from %s: %d image(s) already captioned", self.path, len(lines))
-        return lines
+        done = {row["image"]: row["captions"] for row in lines if "captions" in row}  # a skipped image: read again
+        self.kept = len(done)
+        if done:
+            log.info("caption: resuming from %s: %d image(s) already captioned", self.path, len(done))
+        return done
 
     def write(self, *rows: dict) -> None:
         self.file.write("".join(strict_json(row, indent=None) + "\n" for row in rows))
         self.file.flush()
 
-    def add(self, made: dict, skipped: Sequence[tuple[int, str]] = ()) -> None:
-        """Append a batch: ``{key: captions or None}``, ``None`` for the images in ``skipped`` (``(key, reason)``)."""
-        reasons = dict(skipped)
-        self.write(*({"image": k, "skipped": reasons[k]} if caps is None else {"image": k, "captions": caps}
-                     for k, caps in made.items()))  # fmt: skip
+    def add(self, made: dict[Any, list[str]]) -> None:
+        """Append a batch's captions, ``{KEY: [caption, ...]}``."""
+        self.write(*({"image": k, "captions": caps} for k, caps in made.items()))
         self.kept += len(made)
 
     def close(self) -> int:
@@ -483,7 +486,7 @@ def main(
         # the partial results file (kept when the run stops, resumed by the same command): one process only (several
         # would each hold a part)
         partial = None
-        done: list[dict] = []
+        done: dict[Any, list[str]] = {}
         if accelerator.num_processes == 1:
             partial = PartialResults(beside(out, PARTIAL_SUFFIX), caption_header(setup, cfg, split, files, checked))
             done = partial.open(force)
@@ -496,10 +499,7 @@ def main(
                                             skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
                                             accelerator=accelerator, limits=ImageLimits.of(cfg.data),
                                             draft=encoder_draft(model.encoder, cfg.data), seed=cfg.run.seed,
-                                            done={row["image"]: row.get("captions") for row in done},
-                                            done_skipped=[(row["image"], row["skipped"]) for row in done
-                                                          if "skipped" in row],
-                                            on_batch=partial.add if partial else None)  # fmt: skip
+                                            done=done, on_batch=partial.add if partial else None)  # fmt: skip
                     paired = zip(files, result.captions, strict=True)
                     captions = {f.image_id: caps for f, caps in paired if caps is not None}
                     what = f"{len(files)} image(s)"
@@ -512,7 +512,7 @@ def main(
                 else:
                     refused: list[tuple[Any, str]] | None = [] if cfg.data.skip_bad_images else None
                     captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed,
-                                                 done={row["image"]: row["captions"] for row in done},
+                                                 done=done,
                                                  on_batch=partial.add if partial else None,
                                                  refused=refused)  # fmt: skip
                     what = f"split {split!r}"
