@@ -64,6 +64,7 @@ from finecap.data.results import empty_captions_note, write_results
 from finecap.engines import engine_class, open_engine
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
+from finecap.locks import output_lock
 from finecap.outputs import (
     OutputRefused,
     check_not_among,
@@ -214,6 +215,10 @@ PARTIAL_MARK = "finecap caption partial results"
 """The ``finecap`` value of a partial results file's first line: how finecap knows the file is its own."""
 
 
+LOCK_SUFFIX = ".caption.lock"
+"""The lock file of ``--out X`` (:class:`PartialResults`), held while the run captions: ``.X.caption.lock`` beside
+it, removed when the run ends (docs/caption.md#a-stopped-run-resumes)."""
+
 SKIPPED_SUFFIX = ".skipped.json"
 """What the list of the images ``--skip-bad-images`` left out of ``--out X`` is named: ``X.skipped.json`` beside it
 (docs/caption.md)."""
@@ -261,13 +266,18 @@ class PartialResults:
     ``--skip-bad-images`` stops the run; mended, it is captioned). ``{"image": KEY, "skipped": REASON}`` lines, which
     an earlier finecap wrote for those, are read and passed over.
 
-    :meth:`open` refuses a file of that name finecap did not write (with or without ``--force``), and one whose
-    header is not ``header`` unless ``force`` (then it is started over); it returns the images already captioned."""
+    :meth:`open` takes the lock of ``out`` (:func:`finecap.locks.output_lock`: a second run of the command while
+    this one runs is refused, naming it, before it reads the file), then refuses a file of that name finecap did not
+    write (with or without ``--force``), and one whose header is not ``header`` unless ``force`` (then it is started
+    over); it returns the images already captioned. :meth:`close` releases the lock, the file removed first when
+    asked."""
 
-    def __init__(self, path: Path, header: dict) -> None:
-        self.path, self.header = path, json.loads(strict_json(header))  # as it reads back from the file
+    def __init__(self, out: Path, header: dict) -> None:
+        self.out, self.path = out, beside(out, PARTIAL_SUFFIX)
+        self.header = json.loads(strict_json(header))  # as it reads back from the file
         self.kept = 0
         self.file: Any = None
+        self.lock = contextlib.ExitStack()
 
     def read(self) -> tuple[dict | None, list[dict], int]:
         """The file's header (``None``: not finecap's), its image lines, and the length of its whole lines (a last
@@ -296,6 +306,15 @@ class PartialResults:
     def open(self, force: bool) -> dict[Any, list[str]]:
         """Check the file (class docstring), open it for appending (header written when new); the captions of the
         images it holds, ``{KEY: [caption, ...]}``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock.pop_all() as taken:  # released on an error here; else kept until close()
+            taken.enter_context(output_lock(self.path.parent, name=f".{self.out.name}{LOCK_SUFFIX}",
+                                            holder="finecap caption", log=log.warning, guards=self.out))  # fmt: skip
+            done = self._open(force)
+            self.lock = taken.pop_all()
+        return done
+
+    def _open(self, force: bool) -> dict[Any, list[str]]:
         refuse_link(self.path)
         lines: list[dict] = []
         if self.path.exists():
@@ -338,10 +357,13 @@ class PartialResults:
         self.write(*({"image": k, "captions": caps} for k, caps in made.items()))
         self.kept += len(made)
 
-    def close(self) -> int:
-        """Close the file; the number of images it holds."""
+    def close(self, remove: bool = False) -> int:
+        """Close the file (and remove it when ``remove``), then release the lock; the number of images it holds."""
         if self.file is not None:
             self.file.close()
+        if remove:
+            self.path.unlink(missing_ok=True)
+        self.lock.close()
         return self.kept
 
 
@@ -488,7 +510,7 @@ def main(
         partial = None
         done: dict[Any, list[str]] = {}
         if accelerator.num_processes == 1:
-            partial = PartialResults(beside(out, PARTIAL_SUFFIX), caption_header(setup, cfg, split, files, checked))
+            partial = PartialResults(Path(out), caption_header(setup, cfg, split, files, checked))
             done = partial.open(force)
         try:
             model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
@@ -525,9 +547,7 @@ def main(
                                         describe_skipped(bad, total, f"images of split {split!r}"),
                                         listed)  # fmt: skip
         except BaseException:
-            if partial is not None and partial.close() == 0:
-                partial.path.unlink()  # nothing captioned: nothing to keep
-            elif partial is not None:
+            if partial is not None and partial.close(remove=partial.kept == 0):  # nothing captioned: not kept
                 log.warning("caption: stopped; %d image(s) captioned are kept in %s: run the same command again to "
                             "resume (--force to start over)", partial.kept, partial.path)  # fmt: skip
             raise
@@ -540,7 +560,6 @@ def main(
         if empty:
             log.warning("caption: %s (they decoded to no text)", empty)
     if partial is not None:
-        partial.close()
-        partial.path.unlink()
+        partial.close(remove=True)  # removed before the lock is released: a run started now finds none
     accelerator.wait_for_everyone()
     return out
