@@ -291,9 +291,8 @@ def caption_images(
     limits: ImageLimits = DEFAULT_LIMITS,
     draft: int | None = None,
     seed: int | None = None,
-    done: Mapping[int, list[str] | None] | None = None,
-    done_skipped: Sequence[tuple[int, str]] = (),
-    on_batch: Callable[[dict[int, list[str] | None], list[tuple[int, str]]], None] | None = None,
+    done: Mapping[int, list[str]] | None = None,
+    on_batch: Callable[[dict[int, list[str]]], None] | None = None,
 ) -> ImageCaptions:
     """Caption ``images`` (PIL images or image file paths, mixed freely) with ``model`` (a captioner, decoding itself,
     or a generation engine serving one: :func:`finecap.engines.open_engine`), decoded with ``decode``.
@@ -317,10 +316,10 @@ def caption_images(
     ``(seed, the image's position in images)`` (:func:`finecap.caption.batch_captions`: the same samples in any
     batch size and process count).
 
-    ``done``: the captions (``None``: skipped, with its ``(index, reason)`` in ``done_skipped``) of the images
-    already captioned, by index (a resumed ``finecap caption``): not read again and returned with the rest, as a run
-    without them would return them; ``on_batch`` is called with each batch's ``{index: captions or None}`` and its
-    skipped images as they are made."""
+    ``done``: the captions of the images already captioned, by index (a resumed ``finecap caption``): not read again
+    and returned with the rest, as a run without them would return them; ``on_batch`` is called with each batch's
+    captions, ``{index: captions}``, as they are made (the images it skipped are not among them: a resumed run reads
+    them again)."""
     import torch
     from accelerate.utils import gather_object
     from torch.utils.data import DataLoader
@@ -349,17 +348,16 @@ def caption_images(
     device = model.device
     autocast = accelerator.autocast() if accelerator is not None else mixed_precision_autocast(mixed_precision, device)
     out: dict[int, list[str] | None] = dict(done) if rank == 0 else {}
-    skipped: list[tuple[int, str]] = list(done_skipped) if rank == 0 else []
+    skipped: list[tuple[int, str]] = []
     with model.decoding(autocast):  # a captioner: eval, full parameters if sharded, no gradient, the run's autocast
         shown = progress_enabled(progress and rank == 0)
         for batch, bad in tqdm(loader, desc="caption [images]", unit="batch", disable=not shown):
-            made: dict[int, list[str] | None] = dict.fromkeys((i for i, _ in bad), None)
-            if batch is not None:
-                made.update(batch_captions(model, batch, decode, seed))
+            made = batch_captions(model, batch, decode, seed) if batch is not None else {}
             skipped += bad
+            out.update(dict.fromkeys((i for i, _ in bad), None))
             out.update(made)
-            if on_batch is not None:
-                on_batch(made, bad)
+            if on_batch is not None and made:
+                on_batch(made)
     if world > 1:
         merged: dict[int, list[str] | None] = {}
         gathered_skips: list[tuple[int, str]] = []

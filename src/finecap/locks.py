@@ -146,11 +146,12 @@ def read_holder(path: str | Path) -> dict[str, Any]:
 
 @contextmanager
 def output_lock(
-    out: str | Path, *, name: str, holder: str, log: Callable[[str], Any] = print
+    out: str | Path, *, name: str, holder: str, log: Callable[[str], Any] = print, guards: str | Path | None = None
 ) -> Iterator[dict[str, Any]]:
     """Hold ``out/<name>`` for the ``with`` block (``out`` must exist); yields this run's record.
     :class:`OutputLocked` naming the holder when another process holds it. ``holder`` names the command (``finecap
-    boost``, ``finecap demo``) in messages."""
+    boost``, ``finecap demo``) in messages; ``guards``: the one file of ``out`` the lock is for, named by that
+    refusal instead of the folder (``finecap caption``'s results: another run may write other results there)."""
     path = Path(out) / name
     refuse_link(path)  # the lock file is written: never through a planted link
     refuse_foreign_lock(path)
@@ -169,9 +170,11 @@ def output_lock(
     try:
         lock.acquire(blocking=False)
     except Timeout:
+        busy = f"{out}: another {holder} is writing to this folder" if guards is None else (
+            f"{guards}: another {holder} is writing it")  # fmt: skip
         raise OutputLocked(
-            f"{out}: another {holder} is writing to this folder ({_describe(read_holder(path))}); wait for it "
-            f"to finish or choose another --out (lock file {path})"
+            f"{busy} ({_describe(read_holder(path))}); wait for it to finish or choose another --out "
+            f"(lock file {path})"
         ) from None
     except PermissionError as e:
         owner = _other_owner(path)

@@ -150,3 +150,58 @@ def test_the_partial_file_holds_no_url_credentials_given_again_and_the_run_resum
     counted = Batches(monkeypatch)
     code, _, err = run_cli(argv(run, shapes, out, "images", more))  # the same command resumes: its header is the same
     assert code == 0 and counted.calls == 5 and not partial.exists(), err
+
+
+@pytest.mark.slow
+def test_images_a_stopped_run_skipped_are_read_again_when_it_resumes(run, shapes, tmp_path, monkeypatch):
+    # a run with --skip-bad-images left a bad image out and was stopped; resumed, that image is read again, as a run
+    # never stopped would read it: without the option it stops the run naming it (no results, no list of skipped
+    # images); mended meanwhile, it is captioned
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    bad = images / "a_bad.png"  # the first image: in the first batch
+    bad.write_bytes(b"not a png")
+    out = tmp_path / "out.json"
+    command = ["caption", "--checkpoint", str(run), *SAMPLED, "--images", str(images), "--out"]
+    with monkeypatch.context() as m:
+        Batches(m, stop_after=1)
+        code, _, err = run_cli([*command, str(out), "--skip-bad-images"])
+    partial = tmp_path / "out.json.partial.jsonl"
+    rows = [json.loads(line) for line in partial.read_text().splitlines()[1:]]
+    assert code != 0 and [row["image"] for row in rows if "captions" in row] == [1, 2, 3], err  # 0 left out
+
+    code, _, err = run_cli([*command, str(out)])  # resumed without --skip-bad-images
+    assert code == 2 and "a_bad.png" in err, err
+    assert not out.exists() and not (tmp_path / "out.json.skipped.json").exists()
+
+    shutil.copy(images / "red" / "0.png", bad)  # mended: captioned as a run never stopped captions it
+    whole = tmp_path / "whole.json"
+    assert run_cli([*command, str(whole)])[0] == 0
+    assert run_cli([*command, str(out)])[0] == 0
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists()
+    assert json.loads(out.read_text())[0]["image_id"] == "a_bad.png"
+
+
+@pytest.mark.slow
+def test_the_same_command_run_again_while_it_runs_is_refused_naming_it(run, shapes, tmp_path, monkeypatch):
+    # a job started twice: both runs would append to one partial file, the second resuming from the first's lines,
+    # and the first to end would remove it under the other. The second is refused, naming the first, before it reads
+    # or writes anything; the first ends as a run alone does
+    out, alone = tmp_path / "out.json", tmp_path / "alone.json"
+    assert run_cli(argv(run, shapes, alone, "images", GREEDY))[0] == 0
+    second: list[tuple[int, str, str]] = []
+    real = finecap.caption.batch_captions
+
+    def first_batch(*args, **kwargs):
+        if not second:  # while the first run captions its first batch, the same command again
+            second.append((-1, "", ""))
+            second[0] = run_cli(argv(run, shapes, out, "images", GREEDY))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(finecap.caption, "batch_captions", first_batch)
+    code, _, err = run_cli(argv(run, shapes, out, "images", GREEDY))
+    later, _, later_err = second[0]
+    assert later == 2 and f"{out}: another finecap caption is writing it (pid " in later_err, later_err
+    assert code == 0, err
+    assert out.read_bytes() == alone.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no lock file left

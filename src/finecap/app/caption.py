@@ -64,6 +64,7 @@ from finecap.data.results import empty_captions_note, write_results
 from finecap.engines import engine_class, open_engine
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
+from finecap.locks import output_lock
 from finecap.outputs import (
     OutputRefused,
     check_not_among,
@@ -214,6 +215,10 @@ PARTIAL_MARK = "finecap caption partial results"
 """The ``finecap`` value of a partial results file's first line: how finecap knows the file is its own."""
 
 
+LOCK_SUFFIX = ".caption.lock"
+"""The lock file of ``--out X`` (:class:`PartialResults`), held while the run captions: ``.X.caption.lock`` beside
+it, removed when the run ends (docs/caption.md#a-stopped-run-resumes)."""
+
 SKIPPED_SUFFIX = ".skipped.json"
 """What the list of the images ``--skip-bad-images`` left out of ``--out X`` is named: ``X.skipped.json`` beside it
 (docs/caption.md)."""
@@ -255,16 +260,24 @@ def differences(old: object, new: object, where: str = "") -> list[str]:
 class PartialResults:
     """The partial results file of a ``finecap caption`` run (docs/caption.md#a-stopped-run-resumes): strict JSON
     lines, the first ``{"finecap": PARTIAL_MARK, "header": HEADER}`` (what makes the captions), then one line per
-    image captioned, ``{"image": KEY, "captions": [...]}`` or ``{"image": KEY, "skipped": REASON}``, appended and
-    flushed per batch. ``KEY``: the image's index in the images named (``--images``) or its id (a split).
+    image captioned, ``{"image": KEY, "captions": [...]}``, appended and flushed per batch. ``KEY``: the image's index
+    in the images named (``--images``) or its id (a split). An image left out (``--skip-bad-images``) has no line: a
+    resumed run reads it again, as a run never stopped would (still bad, it is left out again, or without
+    ``--skip-bad-images`` stops the run; mended, it is captioned). ``{"image": KEY, "skipped": REASON}`` lines, which
+    an earlier finecap wrote for those, are read and passed over.
 
-    :meth:`open` refuses a file of that name finecap did not write (with or without ``--force``), and one whose
-    header is not ``header`` unless ``force`` (then it is started over); it returns the images already captioned."""
+    :meth:`open` takes the lock of ``out`` (:func:`finecap.locks.output_lock`: a second run of the command while
+    this one runs is refused, naming it, before it reads the file), then refuses a file of that name finecap did not
+    write (with or without ``--force``), and one whose header is not ``header`` unless ``force`` (then it is started
+    over); it returns the images already captioned. :meth:`close` releases the lock, the file removed first when
+    asked."""
 
-    def __init__(self, path: Path, header: dict) -> None:
-        self.path, self.header = path, json.loads(strict_json(header))  # as it reads back from the file
+    def __init__(self, out: Path, header: dict) -> None:
+        self.out, self.path = out, beside(out, PARTIAL_SUFFIX)
+        self.header = json.loads(strict_json(header))  # as it reads back from the file
         self.kept = 0
         self.file: Any = None
+        self.lock = contextlib.ExitStack()
 
     def read(self) -> tuple[dict | None, list[dict], int]:
         """The file's header (``None``: not finecap's), its image lines, and the length of its whole lines (a last
@@ -290,8 +303,18 @@ class PartialResults:
             end += len(raw) + 1
         return header, lines, end
 
-    def open(self, force: bool) -> list[dict]:
-        """Check the file (class docstring), open it for appending (header written when new); its image lines."""
+    def open(self, force: bool) -> dict[Any, list[str]]:
+        """Check the file (class docstring), open it for appending (header written when new); the captions of the
+        images it holds, ``{KEY: [caption, ...]}``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock.pop_all() as taken:  # released on an error here; else kept until close()
+            taken.enter_context(output_lock(self.path.parent, name=f".{self.out.name}{LOCK_SUFFIX}",
+                                            holder="finecap caption", log=log.warning, guards=self.out))  # fmt: skip
+            done = self._open(force)
+            self.lock = taken.pop_all()
+        return done
+
+    def _open(self, force: bool) -> dict[Any, list[str]]:
         refuse_link(self.path)
         lines: list[dict] = []
         if self.path.exists():
@@ -319,26 +342,28 @@ class PartialResults:
         self.file = open_append(self.path)
         if new:
             self.write({"finecap": PARTIAL_MARK, "header": self.header})
-        self.kept = len(lines)
-        if lines:
-            log.info("caption: resuming from %s: %d image(s) already captioned", self.path, len(lines))
-        return lines
+        done = {row["image"]: row["captions"] for row in lines if "captions" in row}  # a skipped image: read again
+        self.kept = len(done)
+        if done:
+            log.info("caption: resuming from %s: %d image(s) already captioned", self.path, len(done))
+        return done
 
     def write(self, *rows: dict) -> None:
         self.file.write("".join(strict_json(row, indent=None) + "\n" for row in rows))
         self.file.flush()
 
-    def add(self, made: dict, skipped: Sequence[tuple[int, str]] = ()) -> None:
-        """Append a batch: ``{key: captions or None}``, ``None`` for the images in ``skipped`` (``(key, reason)``)."""
-        reasons = dict(skipped)
-        self.write(*({"image": k, "skipped": reasons[k]} if caps is None else {"image": k, "captions": caps}
-                     for k, caps in made.items()))  # fmt: skip
+    def add(self, made: dict[Any, list[str]]) -> None:
+        """Append a batch's captions, ``{KEY: [caption, ...]}``."""
+        self.write(*({"image": k, "captions": caps} for k, caps in made.items()))
         self.kept += len(made)
 
-    def close(self) -> int:
-        """Close the file; the number of images it holds."""
+    def close(self, remove: bool = False) -> int:
+        """Close the file (and remove it when ``remove``), then release the lock; the number of images it holds."""
         if self.file is not None:
             self.file.close()
+        if remove:
+            self.path.unlink(missing_ok=True)
+        self.lock.close()
         return self.kept
 
 
@@ -483,9 +508,9 @@ def main(
         # the partial results file (kept when the run stops, resumed by the same command): one process only (several
         # would each hold a part)
         partial = None
-        done: list[dict] = []
+        done: dict[Any, list[str]] = {}
         if accelerator.num_processes == 1:
-            partial = PartialResults(beside(out, PARTIAL_SUFFIX), caption_header(setup, cfg, split, files, checked))
+            partial = PartialResults(Path(out), caption_header(setup, cfg, split, files, checked))
             done = partial.open(force)
         try:
             model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
@@ -496,10 +521,7 @@ def main(
                                             skip_bad_images=cfg.data.skip_bad_images, num_workers=cfg.data.num_workers,
                                             accelerator=accelerator, limits=ImageLimits.of(cfg.data),
                                             draft=encoder_draft(model.encoder, cfg.data), seed=cfg.run.seed,
-                                            done={row["image"]: row.get("captions") for row in done},
-                                            done_skipped=[(row["image"], row["skipped"]) for row in done
-                                                          if "skipped" in row],
-                                            on_batch=partial.add if partial else None)  # fmt: skip
+                                            done=done, on_batch=partial.add if partial else None)  # fmt: skip
                     paired = zip(files, result.captions, strict=True)
                     captions = {f.image_id: caps for f, caps in paired if caps is not None}
                     what = f"{len(files)} image(s)"
@@ -512,7 +534,7 @@ def main(
                 else:
                     refused: list[tuple[Any, str]] | None = [] if cfg.data.skip_bad_images else None
                     captions = generate_captions(generator, cfg, split, accelerator=accelerator, seed=cfg.run.seed,
-                                                 done={row["image"]: row["captions"] for row in done},
+                                                 done=done,
                                                  on_batch=partial.add if partial else None,
                                                  refused=refused)  # fmt: skip
                     what = f"split {split!r}"
@@ -525,9 +547,7 @@ def main(
                                         describe_skipped(bad, total, f"images of split {split!r}"),
                                         listed)  # fmt: skip
         except BaseException:
-            if partial is not None and partial.close() == 0:
-                partial.path.unlink()  # nothing captioned: nothing to keep
-            elif partial is not None:
+            if partial is not None and partial.close(remove=partial.kept == 0):  # nothing captioned: not kept
                 log.warning("caption: stopped; %d image(s) captioned are kept in %s: run the same command again to "
                             "resume (--force to start over)", partial.kept, partial.path)  # fmt: skip
             raise
@@ -540,7 +560,6 @@ def main(
         if empty:
             log.warning("caption: %s (they decoded to no text)", empty)
     if partial is not None:
-        partial.close()
-        partial.path.unlink()
+        partial.close(remove=True)  # removed before the lock is released: a run started now finds none
     accelerator.wait_for_everyone()
     return out
