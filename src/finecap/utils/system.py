@@ -1,5 +1,5 @@
 """The process's surroundings: usable CPUs, loopback hosts, optional extras, progress bars, a launch's rank,
-leaving a launch's process group, environment variables set for a while."""
+leaving a launch's process group, environment variables set for a while, a hang-up stopping a server."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import contextlib
 import gc
 import ipaddress
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 
 def is_loopback(host: str) -> bool:
@@ -131,3 +134,36 @@ def leave_process_group() -> None:
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         gc.collect()
+
+
+@contextlib.contextmanager
+def hangup_as_sigterm() -> Iterator[None]:
+    """While the block runs, SIGHUP (the terminal or SSH session of a server started without ``nohup`` or ``tmux``
+    closed) does what SIGTERM does then: the handler SIGTERM has when the hang-up comes is called as for SIGTERM (a
+    server's clean stop: :class:`finecap.serve.app.Server`, ``finecap bags review``), instead of the process dying at
+    once with what it holds (a judge's vLLM engine). With SIGTERM's default or ignored, the hang-up has its own
+    default (the process dies by SIGHUP, as before). Left alone where SIGHUP already has a handler other than the
+    default (``nohup`` ignores it: the server keeps running), off the main thread (signal handlers are the main
+    thread's) and where there is no SIGHUP (Windows); put back afterwards."""
+    hup = getattr(signal, "SIGHUP", None)
+    if (
+        hup is None
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(hup) != signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def hung_up(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        if callable(handler):
+            handler(signal.SIGTERM, frame)
+            return
+        signal.signal(hup, signal.SIG_DFL)  # SIGTERM's default: die by the hang-up, as without this block
+        signal.raise_signal(hup)
+
+    signal.signal(hup, hung_up)
+    try:
+        yield
+    finally:
+        signal.signal(hup, signal.SIG_DFL)
