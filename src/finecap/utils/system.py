@@ -84,9 +84,7 @@ def environment_defaults(
     False
     """
     before = {name: os.environ.get(name) for name in values}
-    free = (None, "") if empty_is_unset else (None,)
-    added = {name: str(value) for name, value in values.items() if override or before[name] in free}
-    os.environ.update(added)
+    added = set_defaults(values, empty_is_unset=empty_is_unset, override=override)
     try:
         yield dict(added)
     finally:
@@ -97,6 +95,25 @@ def environment_defaults(
                 del os.environ[name]
             else:
                 os.environ[name] = before[name]
+
+
+def set_defaults(values: Mapping[str, str], *, empty_is_unset: bool = False, override: bool = False) -> dict[str, str]:
+    """Set each variable of ``values`` that ``os.environ`` lacks (``empty_is_unset`` and ``override`` as
+    :func:`environment_defaults` reads them) and return those set, with their values: :func:`environment_defaults`
+    without the putting back, for a process that never gives them back (a spawned stage worker,
+    :func:`finecap.stages.pool.worker_setup`).
+
+    >>> os.environ["FINECAP_DOCTEST_VARIABLE"] = ""  # inherited empty: read as unset
+    >>> set_defaults({"FINECAP_DOCTEST_VARIABLE": "1"}, empty_is_unset=True), os.environ["FINECAP_DOCTEST_VARIABLE"]
+    ({'FINECAP_DOCTEST_VARIABLE': '1'}, '1')
+    >>> set_defaults({"FINECAP_DOCTEST_VARIABLE": "2"})  # set: the value there is kept
+    {}
+    >>> del os.environ["FINECAP_DOCTEST_VARIABLE"]
+    """
+    free = (None, "") if empty_is_unset else (None,)
+    added = {name: str(value) for name, value in values.items() if override or os.environ.get(name) in free}
+    os.environ.update(added)
+    return added
 
 
 def launched_rank() -> int:
