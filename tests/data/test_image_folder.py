@@ -260,6 +260,24 @@ def test_caption_file_errors_name_the_file_and_what_to_do(tmp_path, write, messa
         read_folder(folder)
 
 
+def test_a_sidecar_naming_an_image_in_another_unicode_normalisation_is_said_so(tmp_path):
+    """A folder copied from macOS keeps its NFD file names ('cafe' + U+0301); a captions file typed on Linux names
+    the image in NFC: the error said only that the image is not in the folder, though ``ls`` shows a file that prints
+    as its name. It gives the hint the other formats give (finecap.data.records.other_normalisation)."""
+    import unicodedata
+
+    folder = images(tmp_path / "f", [unicodedata.normalize("NFD", "café.png")])
+    (folder / "captions.jsonl").write_text(json.dumps({"image": "café.png", "captions": ["x"]}, ensure_ascii=False)
+                                           + "\n", encoding="utf-8")  # fmt: skip
+    with pytest.raises(DataError) as e:
+        read_folder(folder)
+    assert str(e.value) == (
+        f"{folder / 'captions.jsonl'}: 1 of 2 images are not image files in the folder {folder} (café.png (it exists "
+        r"with its name in Unicode NFD, 'cafe\u0301.png' against 'caf\xe9.png' here: write the name as the file "
+        "system has it, or rename the file)); image paths are relative to the folder"
+    )
+
+
 def test_images_are_checked_against_the_folder(tmp_path):
     folder = images(tmp_path / "f", ["a.png"])
     outside = image(tmp_path / "secret.png")

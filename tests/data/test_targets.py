@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from finecap.data.targets import encode_captions, eos_and_pad
+from finecap.data.targets import CutCaptions, cut_captions, encode_captions, eos_and_pad
 from finecap.models.tokenizer import encode_for_clip
 
 
@@ -31,6 +31,17 @@ def test_a_captions_end_token_other_than_the_tokenizers_eos_ends_every_target():
     end = tok.convert_tokens_to_ids("circle")  # a stand-in end token
     enc = encode_captions(tok, ["a red", "a"], max_tokens=8, eos_token_id=end)
     assert enc["input_ids"].tolist() == [[5, 6, end], [5, end, tok.pad_token_id]]
+
+
+def test_cut_captions_by_hand():
+    # max_tokens=8 keeps 7 tokens and EOS: of 3, 7, 8, 12 tokens, 8 and 12 are cut (2 of 4); 7 fits exactly
+    # the shortest 99 % of 4 captions: ceil(3.96) = 4, all of them: the 12-token one needs 12 + EOS = 13
+    assert cut_captions([12, 7, 3, 8], max_tokens=8) == CutCaptions(share=0.5, longest=12, fits=13)
+    # the shortest 75 %: ceil(3.0) = 3, the third shortest (8 tokens) needs 9, which cuts 1 of 4 (the 12)
+    assert cut_captions([12, 7, 3, 8], max_tokens=8, keep=0.75) == CutCaptions(0.5, 12, 9)
+    assert cut_captions([12, 7, 3, 8], max_tokens=9, keep=0.75).share == 0.25
+    assert cut_captions([1, 1], max_tokens=1) == CutCaptions(1.0, 1, 2)  # max_tokens=1: EOS alone, every word cut
+    assert cut_captions([], max_tokens=8) == CutCaptions(0.0, 0, 1)
 
 
 # A caption's text is text (docs/data.md#special-token-text-in-captions): a special token's string in a caption is

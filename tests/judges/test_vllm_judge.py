@@ -185,6 +185,27 @@ def test_a_judge_that_fails_to_start_after_its_engine_started_shuts_it_down(monk
         assert llm.shutdowns == 1
 
 
+def test_messages_name_the_judges_own_options(tmp_path, monkeypatch):
+    # the judge passed boost's backend the key "judge.name=vllm: judge.model", to which boost appended its role
+    # option's suffix: "judge.name=vllm: judge.model_backend=vllm needs vLLM" and "...: judge.model_model: ... has no
+    # chat template", options that do not exist. They name judge.name=vllm and judge.model now.
+    import sys
+
+    from finecap.engines import vllm as engines_vllm
+    from finecap.models.tokenizer import world_tokenizer
+    from finecap.utils.system import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without the extra
+    with pytest.raises(MissingExtra) as e:
+        judge_with(None)
+    assert str(e.value).startswith("judge.name=vllm needs vLLM, which is not installed ("), str(e.value)
+    world_tokenizer(["a"]).save_pretrained(tmp_path)  # a tokenizer with no chat template
+    monkeypatch.setattr(engines_vllm, "import_vllm", lambda option="": None)  # vLLM there: the model is read
+    with pytest.raises(ValueError) as e:
+        judge_with(None, model=str(tmp_path))
+    assert str(e.value) == f"judge.model: {tmp_path} has no chat template (an instruction-tuned chat model is needed)"
+
+
 @pytest.mark.parametrize(("text", "error"), [("just: words\n", "a judge prompts file needs a 'version'"),
                                              (None, "No such file")])  # fmt: skip
 def test_a_bad_prompts_file_is_refused_before_the_engine_starts(tmp_path, monkeypatch, text, error):

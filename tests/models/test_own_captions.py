@@ -68,20 +68,20 @@ def test_unknown_words_of_a_vlm_or_blip_name_its_own_option():
     model.kind=vlm does not read, as the fix (shown with `finecap models tiny qwen2_5_vl` and finecap train
     coco/mle_vlm on one's own captions). It names the backbone's own name key now; ClipCap keeps its advice."""
     from finecap.data.records import DataError, Record
-    from finecap.train.setup import check_vocabulary
+    from finecap.train.setup import check_captions
 
     tok = world_tokenizer(["a", "red", "circle"])
     records = [Record(0, None, "train", ["a big red dog"])]
     for kind, key in (("vlm", "vlm.name=tiny:qwen2_5_vl"), ("blip", "blip.name=world-tiny")):
         cfg = load(None, [f"model.kind={kind}", key, "data.path=own.jsonl"])
         with pytest.raises(DataError) as e:
-            check_vocabulary(tok, records, cfg)
+            check_captions(tok, records, cfg)
         said = str(e.value)
         assert said.startswith("own.jsonl: 50% of the training captions' tokens are unknown")  # big, dog: 2 of 4
         assert f"a pretrained model whose tokenizer has them ({kind}.name=...; {key} knows the world's words" in said
         assert "model.kind=clipcap clipcap.lm=data-tiny" in said and "vlm.name=...)" not in said
     with pytest.raises(DataError, match=r"captions: clipcap.lm=data-tiny \(a word-level GPT-2"):
-        check_vocabulary(tok, records, load(None, ["data.path=own.jsonl"]))
+        check_captions(tok, records, load(None, ["data.path=own.jsonl"]))
 
 
 def test_caption_vocabulary_is_the_captions_words_most_frequent_first():

@@ -827,3 +827,36 @@ def test_a_review_token_is_given_one_way_on_the_command_line(tmp_path):
     code, _, err = run_cli(["bags", "review", str(tmp_path / "bags.json"), "--images", str(tmp_path), "--token",
                             "s3cret-token-0123456789", "--token-file", str(tmp_path / "token")])  # fmt: skip
     assert code == 2 and "argument --token-file: not allowed with argument --token" in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
+def test_the_command_stops_cleanly_on_sigterm_and_on_a_hang_up(fabricated_run, tiny_world, tmp_path, stop):
+    """``finecap bags review`` in a process of its own, serving, then stopped: SIGTERM ends it as Ctrl-C does (the
+    command line's Terminated, caught; the socket closed; exit 0), and SIGHUP (the SSH session of a server started
+    without nohup or tmux dropped) the same way; SIGHUP killed it at its default before (exit -1)."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bags = tmp_path / "bags.json"
+    bags.write_text((fabricated_run / "bags_test.json").read_text())
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    argv = [sys.executable, "-m", "finecap.app.cli", "bags", "review", str(bags), "--images",
+            str(tiny_world / "images"), "--port", "0"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        line = proc.stdout.readline()
+        assert "Reviewing 3 bags" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", line).group(1))
+        # an answer: the server is in its serving loop (the stop's handlers set), not still starting
+        assert _answer(port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").startswith(b"HTTP/1.1 401"), line
+        proc.send_signal(getattr(signal, stop))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "Traceback" not in err

@@ -70,7 +70,7 @@ from finecap.outputs import OutputRefused, check_not_input
 from finecap.report.html import TEMPLATES, printed
 from finecap.serve.hosts import WILDCARD_HOSTS, HostPolicy, hostname
 from finecap.train.fingerprint import bags_file_data
-from finecap.utils.system import MissingExtra, is_loopback
+from finecap.utils.system import MissingExtra, hangup_as_sigterm, is_loopback
 
 REVIEW_EXTRA = "finecap bags review needs Flask: pip install 'finecap[review]'"
 """The one line naming the extra when Flask is missing (this page is finecap's only user of Flask)."""
@@ -453,6 +453,8 @@ def main(
     host: str = DEFAULT_HOST, port: int = 8765, token: str | None = None, cfg: Config | None = None,
 ) -> None:  # fmt: skip
     """Serve the review app until interrupted (port 0 picks a free port) on a :class:`ReviewServer`; prints the URL.
+    Ctrl-C, SIGTERM (under the command line) and a hang-up (SIGHUP: :func:`~finecap.utils.system.hangup_as_sigterm`)
+    stop it cleanly.
 
     ``token`` (default ``$FINECAP_REVIEW_TOKEN``): the access token; generated when none is given, on loopback too
     (another user of the machine reaches ``127.0.0.1`` as well). A generated token is printed in the URL (the user has
@@ -492,8 +494,9 @@ def main(
           f"rejected so far): {how}")  # fmt: skip
     log.info("Curated bags are written to %s now and after every click (Ctrl+C to stop).", curation.out)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
+        with hangup_as_sigterm():  # a dropped SSH session stops it as SIGTERM does (the command line's Terminated)
+            server.serve_forever()
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (finecap.app.cli.Terminated), SIGHUP
         pass
     finally:
         server.server_close()

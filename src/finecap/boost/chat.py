@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from finecap.boost.engine import BadImage, Task
+from finecap.boost.engine import BadImage, Task, option_name
 from finecap.data.images import load_record_image
 from finecap.data.records import DataError
 from finecap.models.chat_prompts import chat_prompt_ids
@@ -31,19 +31,21 @@ from finecap.models.chat_templates import apply_chat_template
 
 def load_chat_tokenizer(model: str, *, vision: bool, key: str, backend: str) -> tuple[Any, Any]:
     """``(processor or None, tokenizer)`` of the chat model ``model`` (a Hub name or a folder): the processor for the
-    VLM role (``vision``), the tokenizer alone for the LLM role; a ``ValueError`` naming ``{key}_model`` when ``model``
-    is empty or has no chat template (``backend`` names the backend in the message)."""
+    VLM role (``vision``), the tokenizer alone for the LLM role; a ``ValueError`` naming the model's option (``key``'s:
+    :func:`~finecap.boost.engine.option_name`, ``boost.llm_model``, ``judge.model``) when ``model`` is empty or has no
+    chat template (``backend`` names the backend in the message)."""
     from transformers import AutoProcessor, AutoTokenizer
 
+    option = option_name(key, "model")
     if not model:
-        raise ValueError(f"{key}_model: the {backend} backend needs a model name or path")
+        raise ValueError(f"{option}: the {backend} backend needs a model name or path")
     if vision:
         processor = AutoProcessor.from_pretrained(model, trust_remote_code=False)
         tokenizer = processor.tokenizer
     else:
         processor, tokenizer = None, AutoTokenizer.from_pretrained(model, trust_remote_code=False)
     if not getattr(processor or tokenizer, "chat_template", None):
-        raise ValueError(f"{key}_model: {model} has no chat template (boosting needs an instruction-tuned model)")
+        raise ValueError(f"{option}: {model} has no chat template (an instruction-tuned chat model is needed)")
     return processor, tokenizer
 
 

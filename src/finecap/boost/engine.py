@@ -251,6 +251,19 @@ class Backend(Protocol):
         ...
 
 
+def option_name(key: str, name: str) -> str:
+    """The option ``name`` of ``key``, as the user writes it: of boost's role ``boost.llm``, ``boost.llm_<name>``; of a
+    section (``judge``), ``judge.<name>``. Every backend names its options so in its messages (``key``: whose options
+    it reads: boost's role, or the judge that runs it).
+
+    Example::
+
+        >>> option_name("boost.vlm", "model"), option_name("judge", "api_key_env")
+        ('boost.vlm_model', 'judge.api_key_env')
+    """
+    return f"{key}_{name}" if "." in key else f"{key}.{name}"
+
+
 MODEL_FILES = ("*.safetensors", "*.bin", "*.json", "*.jinja", "*.model", "*.txt")
 """The files of a model folder that decide its answers: weights, and the configuration, tokenizer, chat template and
 ``generation_config.json`` (decoding settings ``transformers`` and vLLM read from it) beside them."""

@@ -121,6 +121,7 @@ from finecap.boost.engine import (
     ServerUnavailable,
     Task,
     cut_off,
+    option_name,
     request_seed,
 )
 from finecap.boost.served_model import ServedModel
@@ -365,18 +366,6 @@ def _text_of(content: Any) -> Any:
         texts = [p["text"] for p in content if p.get("type") == "text" and isinstance(p.get("text"), str)]
         return "".join(texts) if texts else content
     return content
-
-
-def option_name(key: str, name: str) -> str:
-    """The option ``name`` of ``key``, as the user writes it: of boost's role ``boost.llm``, ``boost.llm_<name>``; of a
-    section (``judge``), ``judge.<name>``.
-
-    Example::
-
-        >>> option_name("boost.vlm", "model"), option_name("judge", "api_key_env")
-        ('boost.vlm_model', 'judge.api_key_env')
-    """
-    return f"{key}_{name}" if "." in key else f"{key}.{name}"
 
 
 class OpenAIBackend:

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from finecap.boost.chat import InProcessBackend, prompt_ids, prompt_text
-from finecap.boost.engine import BackendError, Task, cut_off, model_stamp, request_seed
+from finecap.boost.engine import BackendError, Task, cut_off, model_stamp, option_name, request_seed
 
 if TYPE_CHECKING:
     from finecap.config import VllmConfig
@@ -60,7 +60,10 @@ def saved_dtype(model: str) -> str:
 
 
 class VllmBackend(InProcessBackend):
-    """A chat model served by an in-process ``vllm.LLM`` (module docstring)."""
+    """A chat model served by an in-process ``vllm.LLM`` (module docstring). ``key``: whose options it reads, named in
+    its messages (:func:`~finecap.boost.engine.option_name`: boost's role ``boost.llm`` / ``boost.vlm``, or
+    ``judge``); ``option``: the option and value that chose it, named when vLLM is missing or the engine was closed
+    (default ``<key>_backend=vllm``, boost's; the ``vllm`` judge's is ``judge.name=vllm``)."""
 
     backend = "vllm"
     drawn = "per task"  # each request's SamplingParams.seed
@@ -77,11 +80,12 @@ class VllmBackend(InProcessBackend):
         seed: int = 0,
         key: str = "boost.llm",
         refuse_cut_off: bool = True,
+        option: str = "",
     ) -> None:
         from finecap.config import VllmConfig
         from finecap.engines.vllm import import_vllm, start_llm
 
-        option = self.option = f"{key}_backend=vllm"
+        option = self.option = option or f"{option_name(key, 'backend')}=vllm"
         import_vllm(option)  # a missing vLLM is named before anything loads
         self._settings(model, vision=vision, key=key, batch_size=batch_size, max_new_tokens=max_new_tokens,
                        temperature=temperature, seed=seed, refuse_cut_off=refuse_cut_off)  # fmt: skip

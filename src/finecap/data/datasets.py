@@ -311,10 +311,11 @@ class CaptionCollator:
     """Tokenises captions, appends EOS, truncates and pads them, and stacks features (or preprocesses images).
 
     A caption longer than ``max_tokens - 1`` tokens keeps its first ``max_tokens - 1`` tokens and still ends with
-    EOS (so the model always learns to stop); padding uses the tokenizer's pad id, or EOS when it has none (GPT-2);
-    labels are -100 there either way. ``preprocess(images) -> (B, 3, H, W)`` is needed only without features; an
-    image it refuses (:class:`finecap.data.images.ImageRefused`) is raised again naming the image (the item's
-    ``image_name``, else its ``image_id``), a :class:`DataError` still telling which item it is
+    EOS (so the model always learns to stop; training warns when more than 1 % of the training captions are so
+    cut: docs/data.md#captions-longer-than-datamax_tokens); padding uses the tokenizer's pad id, or EOS when it has
+    none (GPT-2); labels are -100 there either way. ``preprocess(images) -> (B, 3, H, W)`` is needed only without
+    features; an image it refuses (:class:`finecap.data.images.ImageRefused`) is raised again naming the image (the
+    item's ``image_name``, else its ``image_id``), a :class:`DataError` still telling which item it is
     (:func:`collate_without_refused` leaves such items out).
     ``keep_images``: the examples' PIL images are also kept, as ``batch["images"]`` (what a vLLM engine decodes RL
     rollouts from: ``decode.engine=vllm``). ``eos_token_id``: the token that ends a caption when it is not the

@@ -329,10 +329,11 @@ def is_id(value: Any) -> bool:
     return type(value) is str or (type(value) is int and int_id_fits(value))
 
 
-def _other_normalisation(path: Path) -> str:
+def other_normalisation(path: Path) -> str:
     """What to say of the missing file ``path`` when it exists under its name in another Unicode normalisation
     (``café`` typed as one character, NFC, for a file copied from macOS, whose names are NFD: the two print alike
-    and are two names on Linux), else ``""``."""
+    and are two names on Linux), else ``""``: every reader that names a missing image file adds it
+    (:func:`check_image_files`, :func:`finecap.data.formats.folder.read_folder`)."""
     import unicodedata
 
     for form in ("NFC", "NFD"):
@@ -348,7 +349,7 @@ def check_image_files(records: list[Record], path: Path, root: Path) -> None:
     some of ``records`` name an image file that does not exist."""
     missing = [r.path for r in records if not r.path.is_file()]
     if missing:
-        shown = "\n  ".join(str(p) + _other_normalisation(p) for p in missing[:MAX_LISTED])
+        shown = "\n  ".join(str(p) + other_normalisation(p) for p in missing[:MAX_LISTED])
         more = f"\n  ... and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
         raise DataError(
             f"{path}: {len(missing)} of {len(records)} image files do not exist (image root {root}; set the image "

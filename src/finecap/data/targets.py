@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -114,10 +115,11 @@ class UnknownTokens:
     """That caption as the tokenizer reads it (``a <unk> <unk> in an orange <unk>``)."""
 
 
-def unknown_tokens(tokenizer: Any, texts: Sequence[str]) -> UnknownTokens:
+def unknown_tokens(tokenizer: Any, texts: Sequence[str], rows: Sequence[Sequence[int]] | None = None) -> UnknownTokens:
     """The share of ``texts``' tokens that ``tokenizer`` maps to its unknown token, and the worst caption. A
     tokenizer with no unknown token (byte-level BPE: GPT-2, Llama 3) never has one: share 0. The texts are read as
-    the training targets read them (:func:`text_ids`).
+    the training targets read them (:func:`text_ids`); ``rows``: their ids when the caller has read them so already
+    (``text_ids(tokenizer, texts)``), so that they are not tokenised twice.
 
     Example::
 
@@ -129,7 +131,7 @@ def unknown_tokens(tokenizer: Any, texts: Sequence[str]) -> UnknownTokens:
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None or not texts:
         return UnknownTokens(0.0, "", "")
-    rows = text_ids(tokenizer, texts)
+    rows = text_ids(tokenizer, texts) if rows is None else rows
     counts = [sum(t == unk for t in row) for row in rows]
     total = sum(map(len, rows))
     worst = max(range(len(rows)), key=counts.__getitem__)
@@ -137,3 +139,38 @@ def unknown_tokens(tokenizer: Any, texts: Sequence[str]) -> UnknownTokens:
         return UnknownTokens(0.0, "", "")
     return UnknownTokens(sum(counts) / max(total, 1), texts[worst],
                          " ".join(tokenizer.convert_ids_to_tokens(rows[worst])))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CutCaptions:
+    """How many captions their training targets cut (:func:`cut_captions`)."""
+
+    share: float
+    """Captions longer than ``max_tokens - 1`` tokens over all captions (0 when there are none)."""
+    longest: int
+    """Tokens of the longest caption, EOS not counted."""
+    fits: int
+    """The smallest ``max_tokens`` that keeps ``keep`` of the captions whole (EOS included)."""
+
+
+def cut_captions(lengths: Sequence[int], max_tokens: int, keep: float = 0.99) -> CutCaptions:
+    """Of captions ``lengths`` tokens long (as :func:`text_ids` reads them, EOS not counted), the share that
+    :func:`encode_captions` cuts at ``max_tokens`` (those longer than ``max_tokens - 1``: EOS takes a place), the
+    longest, and the ``max_tokens`` that keeps the shortest ``keep`` of them whole (the ``ceil(keep * n)``-th
+    shortest's length, plus EOS).
+
+    Example::
+
+        >>> # 4 captions, max_tokens=8 keeps 7 tokens and EOS: 9 and 12 are cut, 2 of 4; the shortest 99 % of 4
+        >>> # captions is all 4 (ceil(3.96) = 4): the 12-token one needs max_tokens=13
+        >>> cut_captions([3, 12, 5, 9], max_tokens=8)
+        CutCaptions(share=0.5, longest=12, fits=13)
+        >>> cut_captions([3, 12, 5, 9], max_tokens=8, keep=0.5)  # ceil(2.0) = 2: the second shortest, 5
+        CutCaptions(share=0.5, longest=12, fits=6)
+    """
+    if not lengths:
+        return CutCaptions(0.0, 0, 1)
+    ordered = sorted(lengths)
+    cut = sum(n > max_tokens - 1 for n in ordered)
+    kept = ordered[max(0, math.ceil(keep * len(ordered)) - 1)]
+    return CutCaptions(cut / len(ordered), ordered[-1], kept + 1)

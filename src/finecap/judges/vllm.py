@@ -63,7 +63,7 @@ class VllmJudge(OpenAIJudge):
 
             # refuse_cut_off=False: an answer is parsed, not kept; a verdict given before judge.max_tokens counts
             backend = built = VllmBackend(model, section=section, batch_size=1, max_new_tokens=max_tokens,
-                                          temperature=0.0, seed=seed, key="judge.name=vllm: judge.model",
+                                          temperature=0.0, seed=seed, key="judge", option="judge.name=vllm",
                                           refuse_cut_off=False)  # fmt: skip
         try:
             self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, asked again

@@ -101,11 +101,11 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from finecap.utils.system import MissingExtra
+from finecap.utils.system import MissingExtra, hangup_as_sigterm
 
 try:
     import uvicorn
@@ -642,7 +642,10 @@ class GuardedH11Protocol(H11Protocol):
 class Server(uvicorn.Server):
     """uvicorn's server, but SIGTERM and Ctrl-C (SIGINT) are a clean stop: uvicorn re-raises the signal it caught
     once it has shut down gracefully (so that the process dies by it: exit code 143, or 130 through Python's
-    KeyboardInterrupt); a reward server stopped by its supervisor or its user exits 0 (docs/integrations.md). A second
+    KeyboardInterrupt); a reward server stopped by its supervisor or its user exits 0 (docs/integrations.md). A
+    hang-up (SIGHUP: the SSH session of a server started without ``nohup`` or ``tmux`` dropped), which uvicorn does
+    not catch, is the same stop as SIGTERM (:func:`finecap.utils.system.hangup_as_sigterm`): it killed the process at
+    once, a request in flight unanswered and the reward unclosed (a vLLM judge's engine orphaned). A second
     Ctrl-C during the graceful stop forces the exit: uvicorn stops waiting for the requests in flight, and the
     service (``service``, set by :func:`make_server`) for a reward call still running
     (:meth:`RewardService.abandon`)."""
@@ -659,6 +662,11 @@ class Server(uvicorn.Server):
                 self.service.failures.flush()
             for said in self.said:
                 said.flush()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals(), hangup_as_sigterm():  # uvicorn's SIGTERM handler is handle_exit by then
+            yield
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if sig == signal.SIGINT and self.should_exit:

@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from finecap.library_warnings import silence_process
+from finecap.utils.system import PROGRESS_ENV, set_defaults
 
 
 def exit_with_parent() -> None:
@@ -39,7 +40,7 @@ def worker_setup(queue: Any, level: int) -> None:
     command leaves out (:func:`finecap.library_warnings.silence_process`), and ends when the parent does
     (:func:`exit_with_parent`)."""
     threading.Thread(target=exit_with_parent, name="finecap-parent-watch", daemon=True).start()
-    os.environ.setdefault("TQDM_DISABLE", "1")
+    set_defaults({PROGRESS_ENV: "1"}, empty_is_unset=True)  # an inherited empty value reads as bars on
     silence_process()
     logger = logging.getLogger("finecap")
     logger.handlers[:] = [logging.handlers.QueueHandler(queue)]

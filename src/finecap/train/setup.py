@@ -7,6 +7,7 @@ training runs."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 from accelerate import Accelerator
 
 from finecap.config import Config
+from finecap.config.sections import MAX_TOKENS
 from finecap.data.datasets import (
     CaptionCollator,
     CaptionDataset,
@@ -28,7 +30,7 @@ from finecap.data.features import model_features
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
 from finecap.data.records import DataError
-from finecap.data.targets import unknown_tokens
+from finecap.data.targets import cut_captions, text_ids, unknown_tokens
 from finecap.engines import engine_class
 from finecap.home import run_path, runs_root, start_path
 from finecap.models import memory, sharding
@@ -39,7 +41,10 @@ from finecap.models.lora import configure_training
 from finecap.objectives.base import ObjectiveBase
 from finecap.objectives.smile import training_shift
 from finecap.runs import find_checkpoint, model_dir, reading_checkpoint
+from finecap.utils.system import launched_rank
 from finecap.utils.text import shell_command
+
+log = logging.getLogger(__name__)
 
 
 def resolve_start(cfg: Config, must_exist: bool = True) -> Config:
@@ -203,18 +208,40 @@ def train_unit(cfg: Config, objective: ObjectiveBase) -> str:
 
 
 VOCABULARY_SAMPLE = 5000
-"""Training captions :func:`check_vocabulary` tokenises (evenly spaced over the split; a data set's share of unknown
-words is a property of its vocabulary, which a few thousand captions show)."""
+"""Training captions :func:`check_captions` tokenises (evenly spaced over the split; a data set's share of unknown
+words, or of captions too long for ``data.max_tokens``, is a property of the data set, which a few thousand captions
+show)."""
+
+CUT_SHARE_SAID = 0.01
+""":func:`check_captions` warns when more than this share of the training captions is longer than ``data.max_tokens``
+keeps. A few long outliers (a web alt text, a caption that lists every object) cut at 47 tokens change little of what
+the captioner learns, and a warning every run of such data says would teach one to skip it; more than 1 in 100 cut is
+a property of the data set (dense captions, a small ``data.max_tokens``): the captioner learns to stop where the
+targets stop. Of the 5,000 captions read (:data:`VOCABULARY_SAMPLE`) that is 50 or more, not a chance few."""
+
+CUT_KEEP = 0.99
+"""The share of the training captions whose whole length the ``data.max_tokens`` that :func:`check_captions`
+proposes keeps (the longest 1 % may be outliers that would double every batch's length)."""
 
 
-def check_vocabulary(tokenizer: Any, records: list, cfg: Config) -> None:
-    """Stop, with one line naming the share, the worst caption as tokenised and the fix, when more than
-    ``data.max_unk_share`` of the training captions' tokens are unknown to the captioner's tokenizer: a word-level
-    vocabulary made for other captions (``clipcap.lm=world-tiny`` on one's own photos) would otherwise train on
-    ``a <unk> <unk> in an orange <unk>`` without a word."""
+def check_captions(tokenizer: Any, records: list, cfg: Config) -> None:
+    """Read up to :data:`VOCABULARY_SAMPLE` training captions as the training targets read them, once
+    (:func:`finecap.data.targets.text_ids`, without the captioner's ``caption_prefix``, white space its tokenizer
+    merges into the first word), for two checks: the unknown tokens (:func:`check_vocabulary`, which stops) and the
+    captions ``data.max_tokens`` cuts (:func:`note_cut_captions`, which warns)."""
     captions = [c for r in records for c in r.captions]
-    step = max(1, len(captions) // VOCABULARY_SAMPLE)
-    found = unknown_tokens(tokenizer, captions[::step])
+    sample = captions[:: max(1, len(captions) // VOCABULARY_SAMPLE)]
+    rows = text_ids(tokenizer, sample) if sample else []
+    check_vocabulary(tokenizer, sample, rows, cfg)
+    note_cut_captions([len(r) for r in rows], cfg)
+
+
+def check_vocabulary(tokenizer: Any, captions: list[str], rows: list[list[int]], cfg: Config) -> None:
+    """Stop, with one line naming the share, the worst caption as tokenised and the fix, when more than
+    ``data.max_unk_share`` of the training captions' tokens (``captions`` read as ``rows``) are unknown to the
+    captioner's tokenizer: a word-level vocabulary made for other captions (``clipcap.lm=world-tiny`` on one's own
+    photos) would otherwise train on ``a <unk> <unk> in an orange <unk>`` without a word."""
+    found = unknown_tokens(tokenizer, captions, rows)
     if found.share > cfg.data.max_unk_share:
         if cfg.model.kind in ("vlm", "blip"):  # a tiny or world model of the backbone: clipcap.lm does nothing here
             key, name = f"{cfg.model.kind}.name", getattr(cfg, cfg.model.kind).name
@@ -230,6 +257,28 @@ def check_vocabulary(tokenizer: Any, records: list, cfg: Config) -> None:
             f"{found.tokenised!r} (data.max_unk_share={cfg.data.max_unk_share}); train on a vocabulary made for these "
             f"captions: {how}"
         )
+
+
+def note_cut_captions(lengths: list[int], cfg: Config) -> None:
+    """Warn (rank 0 of a launch) when more than :data:`CUT_SHARE_SAID` of the training captions, ``lengths`` tokens
+    long, are longer than ``data.max_tokens`` keeps (EOS takes a place): their targets keep the first
+    ``data.max_tokens - 1`` tokens and end with EOS (:func:`finecap.data.targets.encode_captions`), so the captioner
+    learns to stop there; the warning names the share, the longest caption and the ``data.max_tokens`` that keeps
+    :data:`CUT_KEEP` of them whole (at most the option's own limit) (docs/data.md#captions-longer-than-datamax_tokens).
+    """
+    limit = cfg.data.max_tokens
+    cut = cut_captions(lengths, limit, CUT_KEEP)
+    if cut.share <= CUT_SHARE_SAID or launched_rank() != 0:
+        return
+    if cut.fits <= MAX_TOKENS:
+        raise_to = f"data.max_tokens={cut.fits} keeps {CUT_KEEP:.0%} of them whole"
+    else:
+        raise_to = (f"data.max_tokens={MAX_TOKENS}, its most, keeps "
+                    f"{1 - cut_captions(lengths, MAX_TOKENS).share:.0%} of them whole")  # fmt: skip
+    log.warning("data: %s: %.0f%% of the training captions (%d read; the longest %d tokens) are longer than "
+                "data.max_tokens=%d keeps (%d tokens and EOS): their training targets end after %d tokens, so the "
+                "captioner learns to stop there; %s", cfg.data.path or "the data set", 100 * cut.share, len(lengths),
+                cut.longest, limit, limit - 1, limit - 1, raise_to)  # fmt: skip
 
 
 def reads_weights(model: Any) -> bool:
@@ -248,7 +297,7 @@ def build_data(cfg: Config, model: Any, accelerator: Accelerator, *, per_caption
     those the model's preprocessing refuses are left out of both (:func:`finecap.data.datasets.load_records` with the
     model) and counted in ``skipped``."""
     train_records = load_records(cfg, "train", model=model)
-    check_vocabulary(model.tokenizer, train_records, cfg)  # before the feature caches: seconds, not minutes
+    check_captions(model.tokenizer, train_records, cfg)  # before the feature caches: seconds, not minutes
     val_records = validation_records(cfg, model)
     feats: dict[str, torch.Tensor | None] = {"train": None, "val": None}
     draft = None

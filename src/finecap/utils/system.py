@@ -1,5 +1,5 @@
 """The process's surroundings: usable CPUs, loopback hosts, optional extras, progress bars, a launch's rank,
-leaving a launch's process group, environment variables set for a while."""
+leaving a launch's process group, environment variables set for a while, a hang-up stopping a server."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import contextlib
 import gc
 import ipaddress
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 
 def is_loopback(host: str) -> bool:
@@ -81,9 +84,7 @@ def environment_defaults(
     False
     """
     before = {name: os.environ.get(name) for name in values}
-    free = (None, "") if empty_is_unset else (None,)
-    added = {name: str(value) for name, value in values.items() if override or before[name] in free}
-    os.environ.update(added)
+    added = set_defaults(values, empty_is_unset=empty_is_unset, override=override)
     try:
         yield dict(added)
     finally:
@@ -94,6 +95,25 @@ def environment_defaults(
                 del os.environ[name]
             else:
                 os.environ[name] = before[name]
+
+
+def set_defaults(values: Mapping[str, str], *, empty_is_unset: bool = False, override: bool = False) -> dict[str, str]:
+    """Set each variable of ``values`` that ``os.environ`` lacks (``empty_is_unset`` and ``override`` as
+    :func:`environment_defaults` reads them) and return those set, with their values: :func:`environment_defaults`
+    without the putting back, for a process that never gives them back (a spawned stage worker,
+    :func:`finecap.stages.pool.worker_setup`).
+
+    >>> os.environ["FINECAP_DOCTEST_VARIABLE"] = ""  # inherited empty: read as unset
+    >>> set_defaults({"FINECAP_DOCTEST_VARIABLE": "1"}, empty_is_unset=True), os.environ["FINECAP_DOCTEST_VARIABLE"]
+    ({'FINECAP_DOCTEST_VARIABLE': '1'}, '1')
+    >>> set_defaults({"FINECAP_DOCTEST_VARIABLE": "2"})  # set: the value there is kept
+    {}
+    >>> del os.environ["FINECAP_DOCTEST_VARIABLE"]
+    """
+    free = (None, "") if empty_is_unset else (None,)
+    added = {name: str(value) for name, value in values.items() if override or os.environ.get(name) in free}
+    os.environ.update(added)
+    return added
 
 
 def launched_rank() -> int:
@@ -131,3 +151,36 @@ def leave_process_group() -> None:
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         gc.collect()
+
+
+@contextlib.contextmanager
+def hangup_as_sigterm() -> Iterator[None]:
+    """While the block runs, SIGHUP (the terminal or SSH session of a server started without ``nohup`` or ``tmux``
+    closed) does what SIGTERM does then: the handler SIGTERM has when the hang-up comes is called as for SIGTERM (a
+    server's clean stop: :class:`finecap.serve.app.Server`, ``finecap bags review``), instead of the process dying at
+    once with what it holds (a judge's vLLM engine). With SIGTERM's default or ignored, the hang-up has its own
+    default (the process dies by SIGHUP, as before). Left alone where SIGHUP already has a handler other than the
+    default (``nohup`` ignores it: the server keeps running), off the main thread (signal handlers are the main
+    thread's) and where there is no SIGHUP (Windows); put back afterwards."""
+    hup = getattr(signal, "SIGHUP", None)
+    if (
+        hup is None
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(hup) != signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def hung_up(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        if callable(handler):
+            handler(signal.SIGTERM, frame)
+            return
+        signal.signal(hup, signal.SIG_DFL)  # SIGTERM's default: die by the hang-up, as without this block
+        signal.raise_signal(hup)
+
+    signal.signal(hup, hung_up)
+    try:
+        yield
+    finally:
+        signal.signal(hup, signal.SIG_DFL)

@@ -81,7 +81,8 @@ class DataConfig(Section, name="data"):
     )
     max_tokens: int = doc(
         48,
-        "Captions are cut to this many tokens (EOS included); dense world captions reach 41.",
+        "Captions are cut to this many tokens (EOS included; training warns when over 1 % are); dense world "
+        "captions reach 41.",
         ge=1,
         le=MAX_TOKENS,
         why="tokens per caption; batches are this long; dense VLM captions reach ~1,000, GPT-2 reads 1,024",

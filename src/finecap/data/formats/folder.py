@@ -42,6 +42,7 @@ from finecap.data.records import (
     check_image_path,
     clean_captions,
     clean_text,
+    other_normalisation,
     require,
 )
 from finecap.utils.reading import CAPTION_TEXT, read_bounded, read_lines
@@ -293,9 +294,10 @@ def read_folder(
         image_path = path / image
         folder.check(image_path, entry.where if entry else f"{path}: {image}", image)
         records.append(Record(image, image_path, entry.split if entry else NO_SPLIT, entry.captions if entry else []))
-    missing = [r.image_id for r in records if not r.path.is_file()] if check_images else []
-    if missing:  # named by the caption file but not there, or a broken link
-        shown = ", ".join(map(str, missing[:MAX_LISTED])) + (", ..." if len(missing) > MAX_LISTED else "")
+    missing = [r for r in records if not r.path.is_file()] if check_images else []
+    if missing:  # named by the caption file but not there (or there in another Unicode form), or a broken link
+        shown = ", ".join(f"{r.image_id}{other_normalisation(r.path)}" for r in missing[:MAX_LISTED])
+        shown += ", ..." if len(missing) > MAX_LISTED else ""
         raise DataError(
             f"{sidecars[0] if sidecars else path}: {len(missing)} of {len(records)} images are not image files in "
             f"the folder {path} ({shown}); image paths are relative to the folder"
