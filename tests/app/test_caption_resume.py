@@ -205,3 +205,134 @@ def test_the_same_command_run_again_while_it_runs_is_refused_naming_it(run, shap
     assert code == 0, err
     assert out.read_bytes() == alone.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no lock file left
+
+
+def write_split(path: Path, names: list[str]) -> None:
+    """A JSONL data set at ``path`` (in the folder of the shape images) whose ``test`` split is ``names``, in order."""
+    path.write_text("".join(json.dumps({"image": n, "captions": ["a shape"], "split": "test"}) + "\n" for n in names))
+
+
+def on_split(run: Path, data: Path) -> list[str]:
+    """``finecap caption`` of the ``test`` split of ``data``, sampled, up to ``--out``'s value."""
+    return ["caption", "--checkpoint", str(run), *SAMPLED, "--data", str(data), "--split", "test", "--out"]
+
+
+NAMES = [f"{color}/{i}.png" for i in range(3) for color in ("red", "blue", "green", "yellow")]  # 12: three batches
+EDITS = {  # how the data set changed between the kill and the resume, and what the refusal says of it
+    "removed": (
+        NAMES[1:],
+        "images: 12 before, 11 now; of the 4 images captioned, 1 not in the split now (first: 'red/0.png')",
+    ),
+    "moved": (
+        [NAMES[1], NAMES[0], *NAMES[2:]],
+        "of the 4 images captioned, 2 at another place (first: 'red/0.png', image 1 before, 2 now)",
+    ),
+    "added": ([*NAMES, "red/5.png"], "images: 12 before, 13 now; of the 4 images captioned, every one at its place"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", EDITS)
+def test_a_split_changed_since_the_run_stopped_is_refused_naming_what_changed(run, shapes, tmp_path, monkeypatch,
+                                                                               edit):  # fmt: skip
+    # the data set edited between the kill and the resume: resumed, the run would keep the captions of the old list
+    # and sample the moved images from the seeds of their old places. It is refused as other --images are, naming
+    # what changed; --force starts over and writes what a run over the new split writes
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    data, out, whole = images / "data.jsonl", tmp_path / "out.json", tmp_path / "whole.json"
+    write_split(data, NAMES)
+    command = on_split(run, data)
+    with monkeypatch.context() as m:
+        Batches(m, stop_after=1)
+        code, _, err = run_cli([*command, str(out)])
+    partial = tmp_path / "out.json.partial.jsonl"
+    assert code != 0 and "4 image(s) captioned are kept" in err, err
+    before = partial.read_bytes()
+    names, said = EDITS[edit]
+    write_split(data, names)
+    code, _, err = run_cli([*command, str(out)])
+    assert code == 2 and said in err and "files: " in err and "--force to start over" in err, err
+    assert partial.read_bytes() == before and not out.exists()  # refused before anything is written
+    assert run_cli([*command, str(whole)])[0] == 0
+    assert run_cli([*command, str(out), "--force"])[0] == 0
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists()
+
+
+@pytest.mark.slow
+def test_a_split_image_at_another_path_is_refused(run, shapes, tmp_path, monkeypatch):
+    # the same ids, one at another file: the header's digest holds the files as --images' does
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    data, out = images / "data.jsonl", tmp_path / "out.json"
+    lines = [{"image": n, "id": k, "captions": ["a shape"], "split": "test"} for k, n in enumerate(NAMES)]
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    command = [*on_split(run, data), str(out)]
+    with monkeypatch.context() as m:
+        Batches(m, stop_after=1)
+        assert run_cli(command)[0] != 0
+    lines[0]["image"] = "blue/5.png"  # image 0 captioned from red/0.png
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, _, err = run_cli(command)
+    assert code == 2 and "files: " in err and "every one at its place" in err and "--force" in err, err
+
+
+def old_partial(partial: Path) -> None:
+    """Make ``partial`` a split's file as finecap wrote it before it recorded the split's images: no ``images`` and
+    ``files`` in its header, no ``place`` in its lines."""
+    rows = [json.loads(line) for line in partial.read_text().splitlines()]
+    for key in ("images", "files"):
+        rows[0]["header"].pop(key, None)
+    for row in rows[1:]:
+        row.pop("place", None)
+    partial.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.mark.slow
+def test_a_split_partial_file_of_an_earlier_finecap_resumes_with_a_warning(run, shapes, tmp_path, monkeypatch):
+    # its header names no images, so the split cannot be checked: resumed, said; an image it captioned that is not in
+    # the split now is refused as a changed split is
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    data, out, whole = images / "data.jsonl", tmp_path / "out.json", tmp_path / "whole.json"
+    write_split(data, NAMES)
+    command = on_split(run, data)
+    assert run_cli([*command, str(whole)])[0] == 0
+    partial = tmp_path / "out.json.partial.jsonl"
+    with monkeypatch.context() as m:
+        Batches(m, stop_after=1)
+        assert run_cli([*command, str(out)])[0] != 0
+    old_partial(partial)
+    before = partial.read_bytes()
+
+    write_split(data, NAMES[1:])  # red/0.png, captioned, left the split
+    code, _, err = run_cli([*command, str(out)])
+    assert code == 2 and "1 not in the split now (first: 'red/0.png')" in err and "--force" in err, err
+    assert partial.read_bytes() == before and not out.exists()
+
+    write_split(data, NAMES)
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli([*command, str(out)])
+    assert code == 0 and "did not record the images of the split" in err and "its 4 captions are resumed" in err, err
+    assert counted.calls == 2 and out.read_bytes() == whole.read_bytes() and not partial.exists()
+
+
+@pytest.mark.slow
+def test_a_split_run_with_skip_bad_images_resumes(run, shapes, tmp_path, monkeypatch):
+    # the header names the split's images, those --skip-bad-images leaves out too (read again when it resumes): the
+    # same split resumes, to the bytes of a run never stopped
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    (images / "bad.png").write_bytes(b"not a png")
+    data, out, whole = images / "data.jsonl", tmp_path / "out.json", tmp_path / "whole.json"
+    write_split(data, [*NAMES[:6], "bad.png", *NAMES[6:]])
+    command = [*on_split(run, data), str(out), "--skip-bad-images"]
+    with monkeypatch.context() as m:
+        Batches(m, stop_after=1)
+        code, _, err = run_cli(command)
+    assert code != 0 and "4 image(s) captioned are kept" in err, err
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli(command)
+    assert code == 0 and "resuming from" in err and counted.calls == 2, err
+    assert run_cli([*on_split(run, data), str(whole), "--skip-bad-images"])[0] == 0
+    assert out.read_bytes() == whole.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()

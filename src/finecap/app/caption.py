@@ -178,6 +178,11 @@ def check_same_splits(run: Config, cfg: Config) -> None:
             )
 
 
+def no_skipping(cfg: Config) -> Config:
+    """``cfg`` with ``data.skip_bad_images`` off: a split read so holds every image of it."""
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=False))
+
+
 def describe_decoding(cfg: Config) -> str:
     """The decoding settings that matter for ``decode.strategy``, e.g. ``beam (beam_size=3, length_penalty=1.0,
     finished_beams=keep, max_length=24)``."""
@@ -257,24 +262,59 @@ def differences(old: object, new: object, where: str = "") -> list[str]:
     return [] if old == new else [f"{where or 'header'}: {json.dumps(old)} before, {json.dumps(new)} now"]
 
 
+def split_changes(lines: list[dict], places: dict[Any, int]) -> str:
+    """What became of the images a split's partial file captioned (``lines``, each with its ``"place"`` then, the
+    place of an earlier finecap's line unknown) in the split now (``places``: image id -> place), e.g. ``of the 4
+    images captioned, 1 not in the split now (first: 'red/0.png'), 2 at another place (first: 'red/2.png', image 3
+    before, 2 now)``.
+
+    Example::
+
+        >>> rows = [{"image": 7, "place": 0, "captions": []}, {"image": 8, "place": 1, "captions": []}]
+        >>> print(split_changes(rows, {8: 1, 9: 0}))
+        of the 2 images captioned, 1 not in the split now (first: 7)
+        >>> print(split_changes(rows, {8: 0, 7: 1}))
+        of the 2 images captioned, 2 at another place (first: 7, image 1 before, 2 now)
+        >>> print(split_changes(rows, {7: 0, 8: 1, 9: 2}))
+        of the 2 images captioned, every one at its place: the split's other images or files changed
+    """
+    captioned = [row for row in lines if "captions" in row]
+    gone = [row["image"] for row in captioned if row["image"] not in places]
+    moved = [(row["image"], row["place"]) for row in captioned
+             if row["image"] in places and row.get("place", places[row["image"]]) != places[row["image"]]]  # fmt: skip
+    said = [f"{len(gone)} not in the split now (first: {gone[0]!r})"] if gone else []
+    if moved:
+        first, place = moved[0]
+        now = places[first] + 1
+        said.append(f"{len(moved)} at another place (first: {first!r}, image {place + 1} before, {now} now)")
+    if not said:
+        said = ["every one at its place: the split's other images or files changed"]
+    return f"of the {len(captioned)} images captioned, " + ", ".join(said)
+
+
 class PartialResults:
     """The partial results file of a ``finecap caption`` run (docs/caption.md#a-stopped-run-resumes): strict JSON
     lines, the first ``{"finecap": PARTIAL_MARK, "header": HEADER}`` (what makes the captions), then one line per
     image captioned, ``{"image": KEY, "captions": [...]}``, appended and flushed per batch. ``KEY``: the image's index
-    in the images named (``--images``) or its id (a split). An image left out (``--skip-bad-images``) has no line: a
-    resumed run reads it again, as a run never stopped would (still bad, it is left out again, or without
-    ``--skip-bad-images`` stops the run; mended, it is captioned). ``{"image": KEY, "skipped": REASON}`` lines, which
-    an earlier finecap wrote for those, are read and passed over.
+    in the images named (``--images``) or its id (a split, whose lines also hold ``"place"``, the image's place in
+    the split, which a refusal names when the split changed: :func:`split_changes`). An image left out
+    (``--skip-bad-images``) has no line: a resumed run reads it again, as a run never stopped would (still bad, it is
+    left out again, or without ``--skip-bad-images`` stops the run; mended, it is captioned). ``{"image": KEY,
+    "skipped": REASON}`` lines, which an earlier finecap wrote for those, are read and passed over.
 
     :meth:`open` takes the lock of ``out`` (:func:`finecap.locks.output_lock`: a second run of the command while
     this one runs is refused, naming it, before it reads the file), then refuses a file of that name finecap did not
     write (with or without ``--force``), and one whose header is not ``header`` unless ``force`` (then it is started
-    over); it returns the images already captioned. :meth:`close` releases the lock, the file removed first when
-    asked."""
+    over); it returns the images already captioned. A split's file whose header names no images (written before
+    finecap recorded them: :func:`listed_images`) but is ``header`` otherwise is resumed with a warning that the
+    split could not be checked, unless an image it captioned is not in the split now (refused as another header).
+    :meth:`close` releases the lock, the file removed first when asked. ``places``: a split's, each image id's place
+    in it now (``None``: ``--images``, whose keys are places)."""
 
-    def __init__(self, out: Path, header: dict) -> None:
+    def __init__(self, out: Path, header: dict, places: dict[Any, int] | None = None) -> None:
         self.out, self.path = out, beside(out, PARTIAL_SUFFIX)
         self.header = json.loads(strict_json(header))  # as it reads back from the file
+        self.places = places
         self.kept = 0
         self.file: Any = None
         self.lock = contextlib.ExitStack()
@@ -329,10 +369,13 @@ class PartialResults:
                             len(lines))  # fmt: skip
                 self.path.unlink()
                 lines = []
-            elif header != self.header:
+            elif header != self.header and not self.unlisted_split(header, lines):
+                changed = differences(header, self.header)
+                if self.places is not None and header.get("files") != self.header["files"]:
+                    changed.append(split_changes(lines, self.places))
                 raise OutputRefused(
                     f"{self.path}: the partial results of a stopped run made otherwise ("
-                    + "; ".join(differences(header, self.header))
+                    + "; ".join(changed)
                     + f"): rerun it as it was to resume, or pass --force to start over (its {len(lines)} captions "
                     "discarded)"
                 )
@@ -348,13 +391,29 @@ class PartialResults:
             log.info("caption: resuming from %s: %d image(s) already captioned", self.path, len(done))
         return done
 
+    def unlisted_split(self, header: dict, lines: list[dict]) -> bool:
+        """Whether ``header``, a split's written before finecap recorded its images (no ``"files"``), is this run's
+        otherwise and every image its ``lines`` captioned is in the split now: resumed, with a warning that the
+        split's images could not be checked (docs/caption.md#a-stopped-run-resumes)."""
+        if self.places is None or "files" in header:
+            return False
+        listed = {k: v for k, v in self.header.items() if k not in ("images", "files")}
+        if header != listed or any(row["image"] not in self.places for row in lines if "captions" in row):
+            return False
+        log.warning("caption: %s was written by a finecap that did not record the images of the split, so they are "
+                    "not checked: its %d captions are resumed as they are; if the data set (or its images) changed "
+                    "since the run stopped, pass --force to start over", self.path,
+                    sum("captions" in row for row in lines))  # fmt: skip
+        return True
+
     def write(self, *rows: dict) -> None:
         self.file.write("".join(strict_json(row, indent=None) + "\n" for row in rows))
         self.file.flush()
 
     def add(self, made: dict[Any, list[str]]) -> None:
         """Append a batch's captions, ``{KEY: [caption, ...]}``."""
-        self.write(*({"image": k, "captions": caps} for k, caps in made.items()))
+        where = (lambda k: {"place": self.places[k]}) if self.places is not None else (lambda k: {})
+        self.write(*({"image": k, **where(k), "captions": caps} for k, caps in made.items()))
         self.kept += len(made)
 
     def close(self, remove: bool = False) -> int:
@@ -367,26 +426,31 @@ class PartialResults:
         return self.kept
 
 
-def caption_header(setup: CaptionSetup, cfg: Config, split: str, files: Sequence[Any] | None,
-                   fingerprints: Path | None) -> dict:  # fmt: skip
+def listed_images(images: Sequence[tuple[Any, str]]) -> dict[str, Any]:
+    """What identifies the images a run captions, for its header (:func:`caption_header`): their count and a digest
+    of their ids and files in their order (``id<TAB>file`` lines), ``{"images": N, "files": SHA256}``; ``images``:
+    ``(image_id, file)`` pairs, the files absolute (an embedded image: its name). A digest, not the list: a split of
+    100k images would make the header megabytes. The files are their paths, not their bytes: an image rewritten in
+    place under the same path is not seen (docs/caption.md#a-stopped-run-resumes)."""
+    listed = "\n".join(f"{image_id}\t{path}" for image_id, path in images)
+    return {"images": len(images), "files": digest(listed.encode("utf-8", "surrogateescape"))}
+
+
+def caption_header(setup: CaptionSetup, cfg: Config, images: dict[str, Any], fingerprints: Path | None) -> dict:
     """What makes a run's captions, the first line of its partial results file: the checkpoint (its folder, the
     sizes and times of its model files, its recorded fingerprints), the model options, the decoding settings, the
-    seed, and the images (``--images``: a digest of their ids and files; a split: its name and the data options but
-    ``data.num_workers`` and ``data.skip_bad_images``). The credentials of any URL in it are masked
-    (:func:`~finecap.config.masked_url_values`): the file is kept when the run stops, and an option given as a URL
-    with a password (given again: the stored ``config.yaml`` masks it) wrote it there; a resumed run's header is masked
-    the same way, so the two compare."""
+    seed, the data options but ``data.num_workers`` and ``data.skip_bad_images``, and ``images``, what names the
+    images (``--images``: :func:`listed_images` of the files; a split: its name, the world options and
+    :func:`listed_images` of the split's images in its order, those ``--skip-bad-images`` leaves out too). The
+    credentials of any URL in it are masked (:func:`~finecap.config.masked_url_values`): the file is kept when the run
+    stops, and an option given as a URL with a password (given again: the stored ``config.yaml`` masks it) wrote it
+    there; a resumed run's header is masked the same way, so the two compare."""
     folder = model_dir(setup.checkpoint)
     model_files = sorted((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns)
                          for p in folder.rglob("*") if p.is_file())  # fmt: skip
     # not what makes a caption: the worker count, and whether a bad image stops the run (--skip-bad-images resumes
     # a run a bad image stopped)
     data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k not in ("num_workers", "skip_bad_images")}
-    if files is not None:
-        listed = "\n".join(f"{f.image_id}\t{os.path.abspath(f.path)}" for f in files)
-        images: dict[str, Any] = {"images": len(files), "files": digest(listed.encode("utf-8", "surrogateescape"))}
-    else:
-        images = {"split": split, "world": dataclasses.asdict(cfg.world)}
     header = {
         "checkpoint": str(Path(setup.checkpoint).resolve()),
         "model files": digest(json.dumps(model_files).encode()),
@@ -454,6 +518,8 @@ def main(
         recipe_file = resolve_recipe(recipe) if recipe else None
         if images is not None:
             files = image_files(images, allow_outside=cfg.data.allow_outside_paths)
+            named = listed_images([(f.image_id, os.path.abspath(f.path)) for f in files])
+            places = None  # a line's KEY is the image's place in the files
             for source in images:  # one by one: each is the command's --images
                 check_not_input(out, {"--images": source}, option="--out")
             inputs = {"--checkpoint": setup.checkpoint, "recipe": recipe_file}
@@ -490,6 +556,13 @@ def main(
             # an image beside the data set's file lies in no folder of the inputs checked above
             check_not_among(out, [r.path for r in kept if not r.embedded], what="an image of the data set",
                             option="--out")  # fmt: skip
+            # the split's images in its order, those left out too (a run a bad image stopped resumes with
+            # --skip-bad-images; one mended meanwhile is captioned): what the partial file's header names
+            every = kept if not undecoded else load_records(no_skipping(cfg), split, captioned=False)
+            places = {r.image_id: place for place, r in enumerate(every)}
+            named = {"split": split, "world": dataclasses.asdict(cfg.world),
+                     **listed_images([(r.image_id, str(r.path) if r.embedded else os.path.abspath(r.path))
+                                      for r in every])}  # fmt: skip
         parts = ["captioner"] if setup.data_from_command_line or files is not None else ["captioner", "data"]
         checked = check_run(setup.checkpoint, cfg, parts=parts, model_folder=model_dir(setup.checkpoint))
         accelerator = make_accelerator(cfg.train)
@@ -510,7 +583,7 @@ def main(
         partial = None
         done: dict[Any, list[str]] = {}
         if accelerator.num_processes == 1:
-            partial = PartialResults(Path(out), caption_header(setup, cfg, split, files, checked))
+            partial = PartialResults(Path(out), caption_header(setup, cfg, named, checked), places)
             done = partial.open(force)
         try:
             model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
