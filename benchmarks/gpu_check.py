@@ -1095,9 +1095,9 @@ ENV = Check("env", check_env, 60)
 
 def checks() -> list[Check]:
     """The checks in the order they run: the training paths (QLoRA, FSDP2, GRPO), then every family's correctness
-    against transformers (5 to 8 s each on an H200), then the recipes' memory (20 to 50 s each), then the engines that
-    may be missing, so that a budget that runs out leaves measurements, not correctness checks, undone (with the
-    memory lines first, the first H200 run's timings replayed under a 480 s budget reach one family of 13)."""
+    against transformers, then the recipes' memory, then the engines that may be missing, so that a budget that runs
+    out leaves measurements, not correctness checks, undone (docs/scaling.md, "The GPU check": each kind's seconds on
+    the H200, and how few families a 480 s budget would reach after the memory lines)."""
     from finecap.models.tiny import LOAD_NEEDS
     from finecap.models.vlm import FAMILIES
 
