@@ -7,7 +7,10 @@ config classes with random weights, as finecap's own tests build theirs.
 
     make gpu-check [PYTHON=python3] [OUT=dir]            # or:
     PYTHONPATH=src python3 benchmarks/gpu_check.py [--out-dir DIR] [--out gpu_check.json] [--budget 480]
-    PYTHONPATH=src python3 benchmarks/gpu_check.py --cpu-smoke --out-dir DIR   # the same plumbing on the CPU, < 1 min
+    PYTHONPATH=src python3 benchmarks/gpu_check.py --cpu-smoke --out-dir DIR   # the same plumbing on the CPU
+
+``--cpu-smoke`` costs 40 to 65 CPU seconds; on the 2-core development machine (AMD EPYC, 2026-11-29, shared) it took
+39 s of wall time at load 2.5 and 163 s at load 7.5: under a minute only on a machine that is not busy.
 
 Checks (docs/scaling.md, "The GPU check", says what each line of the table means); they run in the order
 ``env``, ``setup``, ``qlora``, ``fsdp2``, ``grpo``, ``family:*``, ``memory:*``, ``grpo_vllm``, ``trl``
@@ -1095,9 +1098,9 @@ ENV = Check("env", check_env, 60)
 
 def checks() -> list[Check]:
     """The checks in the order they run: the training paths (QLoRA, FSDP2, GRPO), then every family's correctness
-    against transformers (5 to 8 s each on an H200), then the recipes' memory (20 to 50 s each), then the engines that
-    may be missing, so that a budget that runs out leaves measurements, not correctness checks, undone (with the
-    memory lines first, the first H200 run's timings replayed under a 480 s budget reach one family of 13)."""
+    against transformers, then the recipes' memory, then the engines that may be missing, so that a budget that runs
+    out leaves measurements, not correctness checks, undone (docs/scaling.md, "The GPU check": each kind's seconds on
+    the H200, and how few families a 480 s budget would reach after the memory lines)."""
     from finecap.models.tiny import LOAD_NEEDS
     from finecap.models.vlm import FAMILIES
 

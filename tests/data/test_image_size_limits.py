@@ -2,12 +2,12 @@
 gigabytes.
 
 ``data.max_image_pixels``, ``data.max_aspect_ratio`` (``finecap.data.images.ImageLimits``): a 1 x 60,000 PNG of a few
-hundred bytes (2.9 GB in an image processor), its 60,000 x 1 twin, an image just over 20:1, one just over 64 megapixels
-and an 81-megapixel one (under PIL's decompression-bomb limit) are refused from their header, before any pixel is
-decoded, by every reader (a file, embedded bytes, a PIL image given to the API) and every command (``caption
---images``, a folder data set in training, CLIPScore in ``eval``, a Hugging Face data set's rows), each as one line
-naming the file or row, its size, the limit and the option; images at the limits decode, and raising an option admits
-what it refused. Files read whole (class 7): tests/utils/test_bounded_reads.py.
+hundred bytes (2.5 GB in a 64 px CLIP image processor: docs/reliability.md), its 60,000 x 1 twin, an image just over
+20:1, one just over 64 megapixels and an 81-megapixel one (under PIL's decompression-bomb limit) are refused from
+their header, before any pixel is decoded, by every reader (a file, embedded bytes, a PIL image given to the API)
+and every command (``caption --images``, a folder data set in training, CLIPScore in ``eval``, a Hugging Face data
+set's rows), each as one line naming the file or row, its size, the limit and the option; images at the limits
+decode, and raising an option admits what it refused. Files read whole (class 7): tests/utils/test_bounded_reads.py.
 """
 
 from __future__ import annotations
