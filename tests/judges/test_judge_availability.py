@@ -19,6 +19,7 @@ from finecap.judges.openai import OpenAIJudge
 from finecap.judges.world import WorldJudge
 from finecap.rewards.claims import ClaimsReward
 from helpers.chat_server import ChatServer, completion
+from helpers.waiting import until
 
 Q = Question("0/color", "What colour is the circle?", ("red", "blue", "green"), "red")
 OPTIONS = ("blue", "red", "green", CANNOT_ANSWER)
@@ -185,13 +186,17 @@ def test_a_dead_server_among_several_costs_no_call():
 
 def test_one_call_asked_by_many_at_once_is_asked_once_and_all_get_its_answer():
     lock, numbers = threading.Lock(), iter(range(1, 100))
+    judge = None
 
     def another_answer_each_time(payload, n):  # a server whose answers vary from request to request
+        # answered once the 7 other threads found this call in flight (a fixed delay let a thread that started late
+        # on a loaded machine ask after the answer came, and ask again: there is no answer cache here)
+        until(lambda: judge.counts["shared"] >= 7, "the other 7 threads never found the call in flight")
         with lock:
             k = next(numbers)
         return 200, completion(json.dumps([f"claim {k}"]))
 
-    with ChatServer(another_answer_each_time, delay=0.05) as server:
+    with ChatServer(another_answer_each_time) as server:
         judge = judge_of(server.url, concurrency=8)
         out = judge.claims(["a red circle"] * 8)
         assert out == [["claim 1"]] * 8 and len(server.requests) == 1
