@@ -80,13 +80,32 @@ def open_connections(server) -> int:
     return len(server.server_state.connections)
 
 
+def accepted_connections(server) -> int:
+    """How many connections the uvicorn ``server`` of :func:`serving_server` has accepted since it started."""
+    return server.accepted
+
+
+def count_accepted(server) -> None:
+    """Make the (not yet started) uvicorn ``server`` count the connections it accepts (:func:`accepted_connections`):
+    its protocol class, one instance a connection, counts them as they are made, on the server's event loop."""
+    server.accepted = 0
+
+    class Counted(server.config.http):
+        def connection_made(self, transport) -> None:
+            server.accepted += 1
+            super().connection_made(transport)
+
+    server.config.http = Counted
+
+
 @contextlib.contextmanager
 def serving_server(service, **options) -> Iterator[tuple[str, Any]]:
     """:func:`serving`, yielding ``(base URL, the uvicorn server)``: a test can wait on the server's state
-    (:func:`open_connections`)."""
+    (:func:`open_connections`, :func:`accepted_connections`)."""
     from finecap.serve.app import make_server
 
     server, sock = make_server(service, **options)
+    count_accepted(server)
     port = sock.getsockname()[1]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -25,6 +25,7 @@ Example (a server from ``finecap serve-reward demo/sr_bagcurri --port 8000``)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
@@ -32,7 +33,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -75,6 +77,12 @@ each event loop (:meth:`RewardClient.ascore`); more wait their turn. A server cl
 them fail."""
 
 
+KEEPALIVE_EXPIRY = 4.0
+"""Seconds a client keeps an idle connection for its next request: less than the 5 s after which finecap's server
+(uvicorn's keep-alive) closes one, so that a request is never sent on a connection the server is closing at that
+moment, which would fail it (``RemoteProtocolError``) where a new connection would have served it."""
+
+
 RETRIES = 5
 """Times a request answered 503 is asked again at most (:meth:`RewardClient.retry_wait`)."""
 MAX_RETRY_WAIT = 30.0
@@ -87,6 +95,17 @@ def _unreachable(url: str, e: httpx.HTTPError) -> RewardServerError:
     if isinstance(e, httpx.RemoteProtocolError):
         text += " (the server closed the connection: more open than its --max-connections?)"
     return RewardServerError(None, None, f"{url}: {text}")
+
+
+@dataclass
+class _LoopPool:
+    """What :meth:`RewardClient.ascore` keeps for one event loop: its turns, its connection pool (an
+    ``httpx.AsyncClient`` is bound to the loop it first ran in), and the async generator whose ``finally`` closes the
+    pool when the loop ends (``asyncio.run`` closes every live async generator of its loop before closing it)."""
+
+    gate: asyncio.Semaphore
+    http: httpx.AsyncClient
+    keeper: Any = None
 
 
 class RewardClient:
@@ -127,9 +146,9 @@ class RewardClient:
             raise ValueError(f"RewardClient: retries must be an integer, at least 0, got {retries!r}")
         self.retries = retries
         self._http: httpx.Client | None = None  # one pool for every thread (httpx's Client can be shared)
-        self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
             weakref.WeakKeyDictionary()
-        )  # each event loop's turns (a trainer may run each step in a loop of its own)
+        )  # each event loop's turns and pool (a trainer may run each step in a loop of its own: _loop_pool)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -137,14 +156,14 @@ class RewardClient:
 
     def __getstate__(self) -> dict[str, Any]:
         """What a copy in another process needs (verl's ``remote`` reward manager ships its ``compute_score`` to Ray
-        workers): the URL, timeout, token and limit; its pool, event-loop gates and lock are this process's, and the
-        copy opens its own."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_http", "_gates", "_lock")}
+        workers): the URL, timeout, token and limit; its pools, event loops' turns and lock are this process's, and
+        the copy opens its own."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_http", "_loops", "_lock")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._http = None
-        self._gates = weakref.WeakKeyDictionary()
+        self._loops = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     @staticmethod
@@ -179,28 +198,64 @@ class RewardClient:
             raise RewardServerError(response.status_code, None, response.text[:300])
         return checked_values(data, n, str(response.url))
 
+    def _pool_options(self) -> dict[str, Any]:
+        """The options of each of its connection pools (httpx's ``Client`` and ``AsyncClient`` take the same)."""
+        limits = httpx.Limits(
+            max_connections=self.max_in_flight,
+            max_keepalive_connections=self.max_in_flight,
+            keepalive_expiry=KEEPALIVE_EXPIRY,
+        )
+        return {"timeout": self.timeout, "headers": self._headers, "auth": self._auth, "limits": limits}
+
     def _client(self) -> httpx.Client:
         with self._lock:
             if self._http is None or self._http.is_closed:
-                limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight)
-                self._http = httpx.Client(timeout=self.timeout, headers=self._headers, auth=self._auth, limits=limits)
+                self._http = httpx.Client(**self._pool_options())
             return self._http
 
-    def _gate(self) -> asyncio.Semaphore:
-        """The running event loop's turns: :attr:`max_in_flight` requests at once."""
+    async def _loop_pool(self) -> _LoopPool:
+        """The running event loop's turns (:attr:`max_in_flight` requests at once) and connection pool, made at its
+        first request and closed when the loop ends (``asyncio.run``, :meth:`close`): the requests of one loop share
+        its pool's connections, where a connection of each request's own left a socket in TIME_WAIT and cost a new
+        client (about 20 ms of CPU, its TLS context) a request (docs/integrations.md#from-python). The pools of loops
+        closed otherwise (``loop.close()`` without ``shutdown_asyncgens``) are let go at the next loop's first
+        request, their sockets closed as Python frees them."""
         loop = asyncio.get_running_loop()
         with self._lock:
-            gate = self._gates.get(loop)
-            if gate is None:
-                gate = self._gates[loop] = asyncio.Semaphore(self.max_in_flight)
-            return gate
+            pool = self._loops.get(loop)
+            if pool is not None and not pool.http.is_closed:
+                return pool
+            for ended in [other for other in self._loops if other.is_closed()]:  # each held its loop: never freed
+                del self._loops[ended]
+            pool = self._loops[loop] = _LoopPool(asyncio.Semaphore(self.max_in_flight),
+                                                 httpx.AsyncClient(**self._pool_options()))  # fmt: skip
+        pool.keeper = self._keeper(loop, pool)
+        await pool.keeper.__anext__()  # started in this loop: the loop closes it at its end
+        return pool
+
+    async def _keeper(self, loop: asyncio.AbstractEventLoop, pool: _LoopPool) -> AsyncIterator[None]:
+        """Closes ``pool`` (its connections) when closed itself: by ``asyncio.run``'s ``shutdown_asyncgens`` at the
+        end of ``loop``, or by :meth:`close`."""
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._loops.get(loop) is pool:
+                    del self._loops[loop]
+            await pool.http.aclose()
 
     def close(self) -> None:
-        """Close the connection pool (a later call opens a new one)."""
+        """Close the connection pools: the threads' now, each open event loop's in that loop, as soon as it runs (a
+        later call opens a new one)."""
         with self._lock:
             http, self._http = self._http, None
+            pools, self._loops = list(self._loops.items()), weakref.WeakKeyDictionary()
         if http is not None:
             http.close()
+        for loop, pool in pools:
+            if pool.keeper is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: its pool goes with it
+                    loop.call_soon_threadsafe(loop.create_task, pool.keeper.aclose())
 
     def retry_wait(self, response: httpx.Response, attempt: int) -> float | None:
         """Seconds to wait before asking again after ``response`` to the ``attempt``-th try (0: the first), or
@@ -263,17 +318,15 @@ class RewardClient:
 
     async def ascore(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
                      fields: Mapping[str, str] | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
-        """:meth:`score`, awaited (a connection of its own: trainers run each step in a new event loop), at most
-        :attr:`max_in_flight` of one event loop at once; a 503 is asked again (:meth:`retry_wait`), its turn given
-        up while it waits."""
+        """:meth:`score`, awaited, at most :attr:`max_in_flight` of one event loop at once, over that loop's
+        connections (:meth:`_loop_pool`: trainers may run each step in a new event loop, and an httpx async client is
+        bound to its loop); a 503 is asked again (:meth:`retry_wait`), its turn given up while it waits."""
         body = self.payload(captions, image_ids, fields=fields, **kwargs)
         for attempt in itertools.count():
+            pool = await self._loop_pool()
             try:
-                async with (
-                    self._gate(),
-                    httpx.AsyncClient(timeout=self.timeout, headers=self._headers, auth=self._auth) as client,
-                ):
-                    response = await client.post(self.url, json=body)
+                async with pool.gate:
+                    response = await pool.http.post(self.url, json=body)
             except httpx.HTTPError as e:
                 raise _unreachable(self.shown_url, e) from None
             wait = self.retry_wait(response, attempt)
