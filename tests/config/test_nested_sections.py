@@ -42,14 +42,16 @@ def test_layers_below_and_above_a_recipe_merge_a_nested_section_key_by_key(tmp_p
     [
         (["data.hf.image_columm=img"], "override 'data.hf.image_columm=img': unknown key 'data.hf.image_columm' "
                                        "(did you mean 'data.hf.image_column'?); valid keys of [data.hf]: "
-                                       "caption_column, id_column, image_column, questions_column, split_column"),
+                                       "caption_column, id_column, image_column, image_folder_column, "
+                                       "questions_column, split_column"),
         (["data.questions_column=q"], "unknown key 'data.questions_column' (did you mean "
                                       "'data.hf.questions_column'?); valid keys of [data]: "),
         (["data.hff.image_column=img"], "override 'data.hff.image_column=img': data.hff is no nested section (did "
                                         "you mean 'data.hf'?)"),
         (["train.lr.x=1"], "override 'train.lr.x=1': train.lr is no nested section; a key looks like section.key"),
         (["data.hf=img"], "override 'data.hf=img': data.hf is a section: expected a mapping of its keys "
-                          "(image_column, caption_column, split_column, id_column, questions_column), got 'img'"),
+                          "(image_column, caption_column, split_column, id_column, questions_column, "
+                          "image_folder_column), got 'img'"),
     ],
 )  # fmt: skip
 def test_what_is_refused_names_the_whole_dotted_key(overrides, expected):
@@ -102,7 +104,7 @@ def test_a_run_config_stored_with_the_former_keys_loads(tmp_path):
                       "data.hf.caption_column=sentences"])  # fmt: skip
     old = new.to_yaml().replace(
         "  hf:\n    image_column: image\n    caption_column: sentences\n    split_column: ''\n    id_column: cocoid\n"
-        "    questions_column: ''\n",
+        "    questions_column: ''\n    image_folder_column: ''\n",
         "  image_column: image\n  caption_column: sentences\n  split_column: ''\n  id_column: cocoid\n",
     )
     assert "hf:" not in old
@@ -115,7 +117,8 @@ def test_listings_show_the_nested_keys():
     assert rows["hf.image_column"] == ("str", "image") and rows["hf.questions_column"] == ("str", "")
     assert "hf" not in rows and "image_column" not in rows
     assert [key for key, _, _ in option_fields(HfDataConfig, "data.hf.")] == [f"data.hf.{k}" for k in FORMER] + [
-        "data.hf.questions_column"
+        "data.hf.questions_column",
+        "data.hf.image_folder_column",
     ]
 
 
@@ -134,7 +137,7 @@ def test_a_resumed_run_and_the_trackers_see_the_nested_keys_one_by_one(tmp_path)
     # a run stored before data.hf (flat keys, no questions_column): resumed unchanged, nothing is reported changed
     old = cfg.to_yaml().replace(
         "  hf:\n    image_column: image\n    caption_column: sentences\n    split_column: ''\n    id_column: ''\n"
-        "    questions_column: ''\n",
+        "    questions_column: ''\n    image_folder_column: ''\n",
         "  image_column: image\n  caption_column: sentences\n  split_column: ''\n  id_column: ''\n",
     )
     (tmp_path / "config.yaml").write_text(old)

@@ -20,8 +20,8 @@ for a bags file, the split:
   they place the images that name no split (:mod:`finecap.data.splits`);
 - ``data.format=hf``: the ``datasets`` fingerprint of every split of a ``save_to_disk`` folder (``state.json``'s
   ``_fingerprint``), the SHA-256 of parquet / arrow files, or for a Hub name the name and the revision in the local
-  Hugging Face cache; with the column options (``data.hf.*_column``; ``data.hf.questions_column`` only when set, so
-  runs recorded before it existed still match).
+  Hugging Face cache; with the column options (``data.hf.*_column``; ``data.hf.questions_column`` and
+  ``data.hf.image_folder_column`` only when set, so runs recorded before they existed still match).
 
 **Encoders**: ``captioner`` is the vision encoder the run's checkpoints load from outside their folder
 (:func:`captioner_fingerprint`: ``model.encoder``, ``world`` = the trained world encoder, or the encoder of the

@@ -33,6 +33,11 @@ class HfDataConfig(Section, name="data.hf"):
         "Column of each image's multiple-choice questions for the qa_utility reward (CapRL's layout, as JSONL's "
         "'questions': docs/data.md); empty = none.",
     )
+    image_folder_column: str = doc(
+        "",
+        "Column of the folder joined before image_column's file name (Karpathy's filepath: val2014/COCO_...jpg); "
+        "empty = none.",
+    )
 
 
 @dataclass

@@ -14,11 +14,15 @@ written (not ``~/.cache/huggingface``, not the working directory).
 
 Columns (the ``data.hf`` section's options, see :func:`read_hf`): ``image_column`` holds the image (an ``Image``
 feature, embedded bytes or a path, or a path string; relative paths are resolved against ``data.images``, by default
-the folder of the file or the saved data set folder), ``caption_column`` the reference captions (a string, or a list of
-strings per row), ``split_column`` (optional) each row's split (read as every reader reads a record's split,
-:class:`~finecap.data.records.SplitKeys`: ``"Train"`` and ``"validation"`` as ``train`` and ``val`` and said, ``"dev"``
-kept and warned about), else the splits are the data set's named splits (a lone unnamed split, as a file gives, takes
-its split from the file name like COCO files do: ``train``/``val``/``test``, default ``test``; Hugging Face's
+the folder of the file or the saved data set folder), ``image_folder_column`` (optional) a folder joined before the
+image column's path (a Hub copy of Karpathy's ``dataset_coco.json``, ``yerevann/coco-karpathy``: ``filepath``
+``val2014`` and ``filename`` ``COCO_val2014_...jpg``, joined as the ``karpathy`` reader joins them: docs/data.md,
+"Karpathy's splits from the Hub"; an embedded image with it is refused), ``caption_column`` the reference captions (a
+string, or a list of strings per row), ``split_column`` (optional) each row's split (read as every reader reads a
+record's split, :class:`~finecap.data.records.SplitKeys`: ``"Train"`` and ``"validation"`` as ``train`` and ``val``
+and said, Karpathy's ``restval`` kept, trained on with ``train``, ``"dev"`` kept and warned about), else the splits
+are the data set's named splits (a lone unnamed split, as a file gives, takes its split from the file name like COCO
+files do: ``train``/``val``/``test``, default ``test``; Hugging Face's
 ``validation``, and ``training``/``testing``, are read as ``val``, ``train`` and ``test`` unless the data set also has
 a split of that name: :func:`split_read_as`); ``id_column`` (optional) the image id, else the image path, else
 ``<split>/<row>``; ``questions_column`` (optional) each image's multiple-choice questions for the ``qa_utility``
@@ -201,6 +205,27 @@ def _image_cells(ds: Any, column: str, where: Any) -> tuple[list[str | None], li
     raise DataError(f"{where(0)}: image must be an Image feature or a path string, got {type(value).__name__}")
 
 
+def _in_folders(folders: list[Any], names: list[str | None], sizes: list[int | None], column: str,
+                where: Any) -> list[str | None]:  # fmt: skip
+    """The image paths of rows naming their image by a folder (``column``, ``data.hf.image_folder_column``) and a file
+    name (the image column's path, ``names``): ``folder/name``, joined as the ``karpathy`` reader joins
+    ``filepath`` and ``filename`` (an empty folder: the name alone). A row embedding its image (``sizes``: the length
+    of its bytes) names no file to find in a folder, and a folder cell that is no string names none: both a
+    :class:`DataError` naming the row (``where(i)``)."""
+    paths: list[str | None] = []
+    for i, (folder, name, size) in enumerate(zip(folders, names, sizes, strict=True)):
+        if size is not None:
+            raise DataError(f"{where(i)}: the image is embedded (bytes), and data.hf.image_folder_column="
+                            f"{short_repr(column)} joins a folder to the path of an image file; leave it empty "
+                            "to read the embedded image, or name a column of file names as "
+                            "data.hf.image_column")  # fmt: skip
+        if not isinstance(folder, str):
+            raise DataError(f"{where(i)}: the folder column {short_repr(column)} (data.hf.image_folder_column) must "
+                            f"be a string, got {type(folder).__name__}")  # fmt: skip
+        paths.append(os.path.join(folder, str(name)))  # a file's row has a path (_image_cells refuses one without)
+    return paths
+
+
 def _image_path(written: str | None, embedded: bool, root: Path | None, where: str) -> Path:
     """The path of an image cell (``written`` in the data set; for embedded bytes only a name, kept as written)."""
     p = Path(written) if written else Path(where.replace(" ", "_"))
@@ -293,6 +318,7 @@ def read_hf(
     check_images: bool = True,
     *,
     image_column: str = "image",
+    image_folder_column: str = "",
     caption_column: str = "captions",
     split_column: str = "",
     id_column: str = "",
@@ -342,7 +368,8 @@ def read_hf(
             continue
         for col, option in [(image_column, "data.hf.image_column"), (caption_column, "data.hf.caption_column")]:
             _column(ds, col, option, source, split_name)
-        optional = [(split_column, "split_column"), (id_column, "id_column"), (questions_column, "questions_column")]
+        optional = [(image_folder_column, "image_folder_column"), (split_column, "split_column"),
+                    (id_column, "id_column"), (questions_column, "questions_column")]  # fmt: skip
         for col, option in optional:
             if col:
                 _column(ds, col, f"data.hf.{option}", source, split_name)
@@ -351,13 +378,15 @@ def read_hf(
         feature = ds.features[image_column]
         if isinstance(feature, datasets.Image) and feature.decode:
             ds = ds.cast_column(image_column, datasets.Image(decode=False))  # bytes/path, not decoded PIL images
-        text = [c for c in (caption_column, split_column, id_column, questions_column) if c]
+        text = [c for c in (caption_column, image_folder_column, split_column, id_column, questions_column) if c]
         table = ds.select_columns(list(dict.fromkeys(text))).to_dict()  # no image column: its bytes stay on disk
 
         def where(i: int, split_name: str = split_name) -> str:
             return f"{source}: split {split_name!r}, row {i}"
 
         written, sizes = _image_cells(ds, image_column, where)
+        if image_folder_column:  # Karpathy's filepath and filename: val2014/COCO_val2014_...jpg
+            written = _in_folders(table[image_folder_column], written, sizes, image_folder_column, where)
         embedded = [size is not None for size in sizes]
         arrow = ArrowImages(ds, image_column, f"{source}: split {split_name!r}") if any(embedded) else None
         for i in range(len(ds)):
@@ -474,7 +503,7 @@ def _questions(cell: Any, where: str, column: str) -> list[Any] | None:
     return [{k: v for k, v in q.items() if v is not None} if isinstance(q, dict) else q for q in questions]
 
 
-OPTIONS = ("image_column", "caption_column", "split_column", "id_column", "questions_column")
+OPTIONS = ("image_column", "caption_column", "split_column", "id_column", "questions_column", "image_folder_column")
 """The ``data.hf.*`` column options :func:`read_hf` takes (module docstring)."""
 
 
@@ -503,7 +532,7 @@ FORMAT = Format(
     detect=lambda path: path if is_hf_path(path) else None,
     fingerprint=_fingerprint,
     options=OPTIONS,
-    fingerprint_if_set=("questions_column",),
+    fingerprint_if_set=("image_folder_column", "questions_column"),
     hub_names=True,
     split_hint="data.hf.split_column, or a data set with this split",
 )
