@@ -140,18 +140,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for strategy in STRATEGIES:
             results[strategy] = launch(strategy, args, Path(tmp) / f"{strategy}.json")
-    mb = 1024**2
+    mib = 1024**2
     print(f"ClipCap, GPT-2 shape {args.layers} x {args.hidden}, vocab {args.vocab}: "
           f"{results['ddp'][0]['numel'] / 1e6:.0f} M parameters, 2 processes, batch {args.batch} x {args.tokens} "
           "tokens per process")  # fmt: skip
     print(machine_line())
-    print("| strategy | rank | parameters MB | gradients MB | AdamW state MB | total MB | step s |")
+    print("| strategy | rank | parameters MiB | gradients MiB | AdamW state MiB | total MiB | step s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for strategy, ranks in results.items():
         for rank, r in enumerate(ranks):
             total = r["parameters"] + r["gradients"] + r["optimizer"]
-            print(f"| {strategy} | {rank} | {r['parameters'] / mb:,.0f} | {r['gradients'] / mb:,.0f} | "
-                  f"{r['optimizer'] / mb:,.0f} | {total / mb:,.0f} | {r['step_s']:.2f} |")  # fmt: skip
+            print(f"| {strategy} | {rank} | {r['parameters'] / mib:,.0f} | {r['gradients'] / mib:,.0f} | "
+                  f"{r['optimizer'] / mib:,.0f} | {total / mib:,.0f} | {r['step_s']:.2f} |")  # fmt: skip
     state = {s: max(sum(r[k] for k in ("parameters", "gradients", "optimizer")) for r in ranks)
              for s, ranks in results.items()}  # fmt: skip
     print(

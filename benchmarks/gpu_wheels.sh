@@ -10,7 +10,7 @@
 # transformers at the version PYTHON (default .venv/bin/python, else python3) has installed; bitsandbytes,
 # platformdirs, snowballstemmer, isal, lemminflect and tenacity as finecap's pyproject.toml pins them; regex as that
 # transformers requires it; num2words (SmolVLM's processor; its docopt is read only by its command-line script, and is
-# no wheel). pip skips a file already in WHEELS and removes none.
+# no wheel). pip skips a file already in WHEELS and removes none. A PYTHON without transformers stops it with one line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 WHEELS=${WHEELS:-$root/.whl}
@@ -24,7 +24,7 @@ case "${1:-}" in
     "") ;;
     *) echo "usage: bash benchmarks/gpu_wheels.sh [--dry-run]" >&2; exit 2 ;;
 esac
-specs=$("$PYTHON" - "$root/pyproject.toml" <<'EOF'
+specs=$("$PYTHON" - "$root/pyproject.toml" "$PYTHON" <<'EOF'
 import importlib.metadata as md
 import re
 import sys
@@ -35,7 +35,11 @@ pins = {}
 for spec in [*project["dependencies"], *project["optional-dependencies"]["quant"]]:
     name = re.match(r"[A-Za-z0-9_.-]+", spec).group()
     pins[name.lower()] = spec
-version = md.version("transformers")
+try:
+    version = md.version("transformers")
+except md.PackageNotFoundError:  # one line, not a traceback; the script stops (set -e)
+    sys.exit(f"benchmarks/gpu_wheels.sh: {sys.argv[2]} has no transformers, whose version the wheels are for: run it "
+             "with finecap's .venv (make install) or PYTHON set to a python that has transformers")
 regex = next(r.split(";")[0] for r in md.requires("transformers") or [] if re.match(r"regex\b", r))
 names = ("bitsandbytes", "platformdirs", "snowballstemmer", "isal", "lemminflect", "tenacity")
 print(" ".join([f"transformers=={version}", *(pins[n] for n in names), regex, "num2words"]))

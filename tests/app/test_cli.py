@@ -3,6 +3,7 @@ without torch."""
 
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -372,6 +373,55 @@ def test_a_signal_ends_a_training_run_with_one_line_and_its_lock_removed(tiny, t
     assert process.returncode == code, err
     assert err.strip().splitlines()[-1] == line and "Traceback" not in err, err
     assert out == ""
+    assert not (run / TRAIN_LOCK).exists()  # a killed run's lock is taken over with a warning; an ended one's is gone
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="no pseudo-terminals on this platform")
+def test_a_hang_up_ends_a_training_run_as_sigterm_does(tiny, tmp_path):
+    # `finecap train` started in an SSH session without nohup or tmux: the session dropped hangs up its terminal,
+    # and the kernel sends SIGHUP to the session's leader; the run died by it at once, its .train.lock left behind.
+    # Now the hang-up is SIGTERM's stop (exit code 143, the clean-up done), said to a terminal that is gone (its
+    # writes fail: the line is lost, not a second error). The run is the leader of a session whose controlling
+    # terminal is a pseudo-terminal, which closing its master end hangs up, as sshd does.
+    import fcntl
+    import termios
+
+    from finecap.locks import TRAIN_LOCK
+    from helpers.waiting import until
+
+    run = tmp_path / "run"
+    argv = [*tiny["base"], "train.max_steps=100000", "train.save_every=2", "train.eval_every=1000000"]
+    master, terminal = os.openpty()
+    said = bytearray()
+
+    def drained() -> None:  # what the run writes to its terminal, read so that it never waits on a full terminal
+        while select.select([master], [], [], 0)[0]:
+            said.extend(os.read(master, 65536))
+
+    process = subprocess.Popen([sys.executable, "-m", "finecap", "train", *argv, "--out", str(run)],
+                               stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
+                               env={**os.environ, "TQDM_DISABLE": "1"},
+                               preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # fmt: skip
+    os.close(terminal)
+    try:
+        metrics = run / "metrics.jsonl"
+
+        def started() -> bool:
+            drained()
+            return metrics.is_file() and metrics.read_text().count("\n") >= 4
+
+        until(started, "training did not start", timeout=240, every=0.2)
+        assert (run / TRAIN_LOCK).is_file()  # training, holding its run folder
+        os.close(master)  # the hang-up
+        master = None
+        process.wait(timeout=120)
+    finally:
+        if master is not None:
+            os.close(master)
+        process.kill()
+        process.wait()
+    assert process.returncode == 143, (process.returncode, said.decode(errors="replace"))
     assert not (run / TRAIN_LOCK).exists()  # a killed run's lock is taken over with a warning; an ended one's is gone
 
 

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -468,6 +469,28 @@ def test_gpu_wheels_dry_run_names_the_wheels_the_gpu_check_carries(tmp_path):
     bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), "--download"], capture_output=True,
                          text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "usage" in bad.stderr and not wheels.exists()
+
+
+def test_gpu_wheels_without_transformers_says_so_in_one_line(tmp_path):
+    """A PYTHON without transformers (the repository's .venv absent, the machine's python3 bare), whose version the
+    wheels are for: one line naming it and what to do, exit non-zero, nothing downloaded; it was a traceback of
+    importlib.metadata's PackageNotFoundError. The python here is the tests' own, started without its site-packages
+    (``-S``), where transformers is not."""
+    bare = tmp_path / "python"
+    bare.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S "$@"\n')
+    bare.chmod(0o755)
+    assert subprocess.run([str(bare), "-c", "import transformers"], capture_output=True, timeout=60).returncode != 0
+    wheels = tmp_path / "wheels"
+    env = {**os.environ, "WHEELS": str(wheels), "PYTHON": str(bare)}
+    for argv in ([], ["--dry-run"]):
+        proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), *argv], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+        assert proc.returncode != 0 and proc.stdout == "", proc
+        assert proc.stderr.splitlines() == [
+            f"benchmarks/gpu_wheels.sh: {bare} has no transformers, whose version the wheels are for: run it with "
+            "finecap's .venv (make install) or PYTHON set to a python that has transformers"
+        ], proc.stderr
+    assert not wheels.exists()
 
 
 def replayed_grpo_line(tmp_path, monkeypatch, rows: list[dict]) -> tuple[dict, list]:

@@ -25,6 +25,10 @@ from finecap.data.records import DataError, split_from_name
         ("coco_retrieval_test.json", "test"),
         ("captions_eval_test.json", "test"),
         ("constrained_test.json", "test"),
+        # COCO's train and val images together, which Karpathy-style setups train on: read as test, a word of no split
+        ("captions_trainval2014.json", "train"),
+        ("trainval-00000-of-00001.parquet", "train"),
+        ("captions_train_val2014.json", "train"),
     ],
 )
 def test_the_split_is_a_word_of_the_file_name(name, split):

@@ -88,9 +88,29 @@ def test_trl_logs_each_calls_judge_work_through_log_metric():
     for route in ("in process", "server"):
         for key in (f"judge/{k}" for k in TALLIES):  # each call's increase, not the running totals
             assert logged[(route, f"rewards/claims/{key}")] == [FIRST[key], ONE[key]], (route, key)
-        # the parts as before: the judge_failed part is averaged over the scored completions only, so it never shows
-        # a failure; the tally judge/failed does
-        assert logged[(route, "rewards/claims/judge_failed/mean")] == [0.0, 0.0]
+    # the judge_failed part (1 at "nonsense") averaged where it has a value: in process, the share failed (it was
+    # averaged over the scored completions only, so it never showed a failure); a reward server answers every part
+    # null at a failed caption (docs/integrations.md), so through one it is over the scored ones: the tally
+    # judge/failed says the failure there
+    assert logged[("in process", "rewards/claims/judge_failed/mean")] == [0.5, 0.0]
+    assert logged[("server", "rewards/claims/judge_failed/mean")] == [0.0, 0.0]
+
+
+def test_trl_logs_a_judged_rewards_parts_as_the_training_log_does():
+    # 4 completions, the judge failing on "nonsense": judge_failed is 1 there, 0 at the others, so its mean is the
+    # share failed, 1/4 (finecap's training log's reward/claims/judge_failed: scored_mean); the other parts are NaN at
+    # the failed completion and averaged over the 3 scored ones, each of which states its image's one reference
+    logged = {}
+    with judged() as reward:
+        fn = trl.reward_function(reward, name="claims")
+        got = fn([""] * 4, ["a red circle", "nonsense", "a blue square", "a red circle"], image_id=[0, 1, 1, 0],
+                 log_metric=logged.__setitem__)  # fmt: skip
+        fn.close()
+    assert got == [1.0, None, 1.0, 1.0]
+    judge = {f"rewards/claims/judge/{k}" for k in TALLIES}
+    parts = {k: v for k, v in logged.items() if k not in judge}
+    assert parts == {"rewards/claims/judge_failed/mean": 0.25, "rewards/claims/precision/mean": 1.0,
+                     "rewards/claims/recall/mean": 1.0, "rewards/claims/f1/mean": 1.0}  # fmt: skip
 
 
 def test_openrlhfs_reward_func_returns_each_calls_judge_work_in_extra_logs_shared_among_its_samples():

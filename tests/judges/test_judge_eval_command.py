@@ -150,6 +150,42 @@ def down_judge(cfg, **options):
     return DownJudge()
 
 
+class RatingTalliedJudge(WorldJudge):
+    """The world judge, whose tallies gain a key of its own, ``rated``, once it has rated a caption."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rated = 0
+
+    def rate(self, pairs):
+        self.rated += len(pairs)
+        return super().rate(pairs)
+
+    def tallies(self):
+        return {**super().tallies(), **({"rated": self.rated} if self.rated else {})}
+
+
+def rating_tallied_judge(cfg, **options):
+    return RatingTalliedJudge()
+
+
+def test_each_groups_counts_hold_a_tally_the_judge_gained_meanwhile(world):
+    # a judge of one's own whose tallies() named a key in the second judged group that the first did not have: the
+    # group's counts (now minus the tallies after the group before) raised KeyError ('rated'), the evaluation lost
+    from finecap.metrics.suite import evaluate
+
+    refs = load_references(load(), world, split="test")
+    predictions = {r.image_id: r.captions[0] for r in refs.records}
+    cfg = load(None, [f"judge.name={__name__}:rating_tallied_judge"])
+    about: dict = {}
+    out = evaluate(predictions, None, scenes=refs.scenes, metrics="claims,clair", cfg=cfg, about=about)
+    assert out["clair/judge_failed"] == 0
+    by_group, counts = about["judge"]["group_counts"], about["judge"]["counts"]
+    assert "rated" not in by_group["claims"]  # claims rates nothing: the key was not there yet
+    assert by_group["clair"]["rated"] == counts["rated"] == len(predictions)  # one rating per image, counted from 0
+    assert by_group["clair"]["calls"] + by_group["claims"]["calls"] == counts["calls"] > 0
+
+
 def test_a_judge_failing_on_every_image_gives_no_score_not_zero(world):
     # the corpus value was 0.0 when no image was left to average, as if every caption were worthless
     import math

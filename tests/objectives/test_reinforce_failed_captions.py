@@ -11,8 +11,9 @@ import torch
 
 from finecap.config import RLConfig
 from finecap.objectives.baselines import GreedyBaseline, LeaveOneOut, MeanBaseline
-from finecap.objectives.reinforce import Rollout, _scored_mean
+from finecap.objectives.reinforce import Rollout
 from finecap.rewards import RewardOutput
+from finecap.rewards.base import scored_mean
 
 NAN = float("nan")
 IMAGES = torch.tensor([0, 0, 0, 1, 1, 1])
@@ -81,8 +82,8 @@ def test_a_failed_greedy_caption_with_one_sample_per_image_leaves_it_without_gra
 
 
 def test_logged_means_skip_failed_captions():
-    assert _scored_mean(TOTAL) == pytest.approx(2.5)
-    assert math.isnan(_scored_mean(torch.tensor([NAN, NAN])))
+    assert scored_mean(TOTAL) == pytest.approx(2.5)
+    assert math.isnan(scored_mean(torch.tensor([NAN, NAN])))
 
 
 def test_the_logged_baseline_and_advantage_spread_leave_out_captions_without_an_advantage():

@@ -557,7 +557,7 @@ def test_the_logged_loss_parts_are_the_steps_as_the_loss_is(make_cfg):
 
 class RewardOfTheBatch:
     """Objective logging the micro-batch's ``reward``: NaN where none of its captions was scored (every reward call
-    failed), as the REINFORCE family's reward means are (``finecap.objectives.reinforce._scored_mean``)."""
+    failed), as the REINFORCE family's reward means are (``finecap.rewards.base.scored_mean``)."""
 
     def __call__(self, model, batch):
         return ObjectiveOutput(losses={"a": model.p.sum()}, metrics={"reward": batch["reward"]}, num_items=1)

@@ -49,7 +49,13 @@ from finecap.library_warnings import silenced
 from finecap.recipes import copy_recipe, describe_recipe, list_recipes, resolve_recipe
 from finecap.registry import ENGINES, PREDICTION_FORMATS
 from finecap.utils.files import check_fsync_setting
-from finecap.utils.system import environment_defaults, launched_processes, launched_rank, leave_process_group
+from finecap.utils.system import (
+    environment_defaults,
+    hangup_as_sigterm,
+    launched_processes,
+    launched_rank,
+    leave_process_group,
+)
 from finecap.utils.text import closest, shell_command
 
 log = logging.getLogger(__name__)
@@ -946,10 +952,12 @@ def _launch_grace() -> bool:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill PID``, a scheduler's stop, ``timeout``), raised in the main thread as Ctrl-C's
-    ``KeyboardInterrupt`` is, so that the same clean-up runs (the output folder's lock removed, a boost's
-    ``boost.json`` set to ``interrupted``, the demo's side stages stopped) and the command ends with one line and
-    exit code 143 (docs/cli.md#errors), instead of dying at once, silent after its progress bar's half line."""
+    """SIGTERM (``kill PID``, a scheduler's stop, ``timeout``) or a hang-up (SIGHUP: the SSH session or terminal of a
+    command started without ``nohup`` or ``tmux`` closed; :func:`~finecap.utils.system.hangup_as_sigterm`), raised
+    in the main thread as Ctrl-C's ``KeyboardInterrupt`` is, so that the same clean-up runs (the output folder's lock
+    removed, a boost's ``boost.json`` set to ``interrupted``, the demo's side stages stopped) and the command ends
+    with one line and exit code 143 (docs/cli.md#errors), instead of dying at once, silent after its progress bar's
+    half line."""
 
 
 @contextlib.contextmanager
@@ -1000,8 +1008,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         build_parser().print_help(sys.stderr)
         return 2
-    try:
-        with sigterm_as_interrupt():
+    try:  # a hang-up (an SSH session dropped) is SIGTERM's stop: hangup_as_sigterm calls Terminated's handler
+        with sigterm_as_interrupt(), hangup_as_sigterm():
             return _run(args)
     finally:
         leave_process_group()
@@ -1044,7 +1052,8 @@ def _run(args: argparse.Namespace) -> int:
         _close_progress_bars()
         terminated = isinstance(e, Terminated)
         if launched_rank() == 0:  # the launcher passes Ctrl-C or its stop to every process: said once, by rank 0
-            print(f"finecap: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+            with contextlib.suppress(OSError):  # a hung-up terminal (SIGHUP) refuses writes: the line is lost there
+                print(f"finecap: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
         return 143 if terminated else 130
     except Exception as e:
         if isinstance(e, BrokenPipeError) and _stdout_reader_gone():  # `finecap recipes | head`: not an error

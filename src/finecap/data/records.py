@@ -641,14 +641,22 @@ def split_named(written: str) -> str | None:
     return word if word in SPLIT_NAMES else SPLIT_WORDS.get(word)
 
 
+NAME_SPLIT_WORDS = {**SPLIT_WORDS, "trainval": "train"}
+"""The words of a data file's name that say its split (:func:`split_from_name`): :data:`SPLIT_WORDS`, and
+``trainval``, one file of the training and validation images together (``captions_trainval2014.json``), which
+Karpathy-style setups train on (as Karpathy's ``restval``): ``train``, as ``captions_train_val2014.json`` already read.
+Not a word of :func:`split_named`: a record's ``"split": "trainval"`` stays a split of its own."""
+
+
 def split_from_name(path: Path) -> str:
     """The split a data file's name says, else ``test``: how COCO annotation files and lone Hugging Face files are
     split. The name's words (its letters between other characters: ``captions_val2014.json`` has ``captions``,
-    ``val`` and ``json``) are looked up in :data:`SPLIT_WORDS`, ``train`` before ``val`` before ``test``: a word
-    holding one is not it (``retrieval`` is no ``val``, ``constrained`` no ``train``).
+    ``val`` and ``json``) are looked up in :data:`NAME_SPLIT_WORDS`, ``train`` before ``val`` before ``test``: a word
+    holding one is not it (``retrieval`` is no ``val``, ``constrained`` no ``train``), but ``trainval`` is ``train``.
 
-    >>> [split_from_name(Path(n)) for n in ("captions_val2014.json", "coco_retrieval_test.json", "data.parquet")]
-    ['val', 'test', 'test']
+    >>> names = ("captions_val2014.json", "coco_retrieval_test.json", "data.parquet", "captions_trainval2014.json")
+    >>> [split_from_name(Path(n)) for n in names]
+    ['val', 'test', 'test', 'train']
     """
-    said = {SPLIT_WORDS[w] for w in re.split(r"[^a-z]+", path.name.lower()) if w in SPLIT_WORDS}
+    said = {NAME_SPLIT_WORDS[w] for w in re.split(r"[^a-z]+", path.name.lower()) if w in NAME_SPLIT_WORDS}
     return next((split for split in ("train", "val", "test") if split in said), "test")

@@ -33,6 +33,7 @@ from typing import Any
 
 from finecap.integrations.scoring import Scorer, column, completion_text, completion_texts
 from finecap.registry import REWARDS, is_dotted_path
+from finecap.rewards.base import scored_mean
 from finecap.serve.protocol import refuse_failed
 
 __all__ = ["REWARDS", "TrlReward", "completion_text", "reward_function"]
@@ -88,13 +89,14 @@ class TrlReward:
         if self.failed == "raise":
             refuse_failed(out, "completions", "TRL would pay a None as 0 beside other reward functions (nansum)",
                           f"reward_function({self.__name__!r})")  # fmt: skip
-        total, parts = out.values(failed=None)
-        if callable(log_metric):
-            for part, values in parts.items():
-                scored = [v for v in values if v is not None and math.isfinite(v)]
-                if part != self.__name__ and scored:  # a reward's one part named like it is TRL's own rewards/<name>
-                    log_metric(f"rewards/{self.__name__}/{part}/mean", sum(scored) / len(scored))
-        return total
+        if callable(log_metric):  # each part's mean where it has a value, as the training log's (scored_mean): a
+            # judged reward's judge_failed part is 1 at the failed completions, its share failed (a reward's parts
+            # are NaN where they mean nothing: a judged reward's others at its failed completions)
+            for part, values in out.parts.items():
+                mean = scored_mean(values)
+                if part != self.__name__ and math.isfinite(mean):  # a part named like the reward: TRL's own name
+                    log_metric(f"rewards/{self.__name__}/{part}/mean", mean)
+        return out.values(failed=None)[0]
 
     def close(self) -> None:
         """Release what its scorer opened (:meth:`finecap.integrations.scoring.Scorer.close`): call it after

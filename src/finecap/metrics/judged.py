@@ -105,10 +105,11 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
     if judge.served_model is not None:  # the model that answered (judge_record): a reply's, or its cached answers'
         ctx.about["judge"]["served_model"] = judge.served_model
     counts = judge.tallies()
-    before = ctx.cache.get("judge tallies", dict.fromkeys(counts, 0))  # at the end of the group before this one
+    before = ctx.cache.get("judge tallies", {})  # at the end of the groups before this one (each key's last value)
     ctx.about["judge"]["counts"] = counts  # of the whole evaluation so far: every group's calls
-    ctx.about["judge"].setdefault("group_counts", {})[group] = {k: v - before[k] for k, v in counts.items()}
-    ctx.cache["judge tallies"] = counts
+    # a judge of one's own may name a tally first in a later group: counted from 0 (Judge.tallies names every one)
+    ctx.about["judge"].setdefault("group_counts", {})[group] = {k: v - before.get(k, 0) for k, v in counts.items()}
+    ctx.cache["judge tallies"] = {**before, **counts}  # a key this group's tallies lack keeps its last value
     n_failed = len(scores) - len(ok)
     if n_failed:
         log.warning("%s: the judge failed on %d of %d images; the means are over the other %d (%s/judge_scored)",

@@ -81,7 +81,7 @@ from finecap.objectives.entropy import logged_entropy, mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
 from finecap.registry import declared_needs
 from finecap.rewards import RewardInputs, as_reward, build_reward
-from finecap.rewards.base import RewardOutput, check_finite
+from finecap.rewards.base import RewardOutput, check_finite, scored_mean
 
 if TYPE_CHECKING:
     from finecap.contract import TrainContext
@@ -156,14 +156,6 @@ def sequence_logprob(token_logprobs: torch.Tensor, lengths: torch.Tensor, reduct
     if reduction == "mean":
         return total / lengths.to(total.device, total.dtype).clamp(min=1.0)
     raise ValueError(f"rl.logprob: invalid value {reduction!r}; valid choices: {', '.join(LOGPROBS)}")
-
-
-def _scored_mean(values: torch.Tensor) -> float:
-    """The mean of ``values`` over its finite entries (NaN only when none is): a logged mean of a step's rewards or
-    baselines."""
-    values = values.detach().float()
-    finite = values[torch.isfinite(values)]
-    return float(finite.mean()) if finite.numel() else float("nan")
 
 
 def advantage_spread(advantage: torch.Tensor, usable: torch.Tensor | None = None) -> dict[str, float]:
@@ -494,17 +486,17 @@ class Reinforce(ObjectiveBase):
     def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
         r = rollout.rewards
         # means over the captions the rewards scored: a failed caption's values are NaN (RewardOutput.failed)
-        out = {"reward": _scored_mean(r.total)}
-        out.update({f"reward/{k}": _scored_mean(v) for k, v in r.parts.items()})
+        out = {"reward": scored_mean(r.total)}
+        out.update({f"reward/{k}": scored_mean(v) for k, v in r.parts.items()})
         if r.failed is not None:  # this micro-batch's share; in training the step's replaces it (step_values)
             out["reward/failed"] = float(r.failed.float().mean())
         if rollout.greedy_rewards is not None:
-            out["reward_greedy"] = _scored_mean(rollout.greedy_rewards.total)
+            out["reward_greedy"] = scored_mean(rollout.greedy_rewards.total)
             # the share of greedy captions a reward could not score: their images' samples had the fallback baseline
             # (this micro-batch's; in training the step's replaces it: step_values)
             greedy_failed = rollout.greedy_rewards.failed_mask()
             out["reward_greedy/failed"] = 0.0 if greedy_failed is None else float(greedy_failed.float().mean())
-        out["baseline"] = _scored_mean(rollout.baseline)  # over the captions that have one (not a failed greedy's)
+        out["baseline"] = scored_mean(rollout.baseline)  # over the captions that have one (not a failed greedy's)
         out["advantage_std"] = advantage_spread(rollout.advantage, rollout.usable)["advantage_std"]
         out["logprob"] = float(logp.detach().mean())
         texts = rollout.samples.texts

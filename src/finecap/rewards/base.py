@@ -136,6 +136,21 @@ class RewardOutput:
         return floats(self.total), {name: floats(p) for name, p in self.parts.items()}
 
 
+def scored_mean(values: torch.Tensor) -> float:
+    """The mean of ``values`` over its finite entries (NaN only when none is): a logged mean of a reward's total or
+    part, which leaves out the captions a reward could not score (NaN there), and nothing else; the training loop's
+    (``reward/<part>``: :class:`finecap.objectives.reinforce.Reinforce`) and TRL's (``rewards/<name>/<part>/mean``:
+    :class:`finecap.integrations.trl.TrlReward`) alike. A judged reward's ``judge_failed`` part, 1 at the captions
+    the judge failed on, so averages to the share failed.
+
+    >>> scored_mean(torch.tensor([1.0, float("nan"), 2.0])), scored_mean(torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    (1.5, 0.25)
+    """
+    values = torch.as_tensor(values).detach().float()
+    finite = values[torch.isfinite(values)]
+    return float(finite.mean()) if finite.numel() else math.nan
+
+
 class NonFiniteReward(ValueError):
     """A reward returned a NaN or infinite value (:func:`check_finite`); the message names the reward, its part and
     the caption."""

@@ -2,7 +2,7 @@
 
 ``{"images": [{"id", "file_name"?}], "annotations": [{"image_id", "caption"}]}``, in every variant pycocotools reads
 (:func:`read_coco_captions`: ``file_name`` optional for text metrics, extra fields ignored, images without captions
-dropped). The split is read from the file name (``train``/``val``/``test``,
+dropped). The split is read from the file name (``train``/``val``/``test``, ``trainval`` as ``train``,
 :func:`~finecap.data.records.split_from_name`) unless given. Default image root: the JSON file's folder. Detected: a
 JSON object with ``annotations``.
 """
@@ -202,8 +202,8 @@ FORMAT = Format(
     _read,
     detect=_detect,
     split_hint=(
-        "a COCO file holds the one split its name says (train, val or test, else test) and data.path reads one file: "
-        "to train, which needs train and val, write the split files into one JSONL (a few lines: docs/data.md, "
-        '"Training on COCO caption files") or the captions in the Karpathy format'
+        "a COCO file holds the one split its name says (train or trainval, val or test, else test) and data.path "
+        "reads one file: to train, which needs train and val, write the split files into one JSONL (a few lines: "
+        'docs/data.md, "Training on COCO caption files") or the captions in the Karpathy format'
     ),
 )
