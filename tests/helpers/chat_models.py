@@ -26,11 +26,13 @@ CHATML_WORDS = ["system", "user", "assistant", "<|", "|>", "im_start", "im_end"]
 
 
 def save_chat_lm(out: Path, *, hidden: int = 32, heads: int = 4, kv_heads: int = 2, seed: int = 0,
-                 std: float = 0.0, chatml: bool = False) -> Path:  # fmt: skip
+                 std: float = 0.0, chatml: bool = False, mistral: bool = False) -> Path:  # fmt: skip
     """A 2-layer Llama chat model of width ``hidden`` (``hidden / heads`` per head) saved into ``out``; ``std > 0``
     redraws every weight matrix from ``N(0, std)`` (at the initial 0.02 the answers barely depend on the prompt);
-    ``chatml``: ChatML's template and special tokens (:data:`CHATML_TEMPLATE`), ``<|im_end|>`` ending an answer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    ``chatml``: ChatML's template and special tokens (:data:`CHATML_TEMPLATE`), ``<|im_end|>`` ending an answer;
+    ``mistral``: the same model as a Mistral (``model_type`` ``mistral``, whose tokenizer ``AutoTokenizer`` reads
+    with mistral-common where it is installed and the folder holds ``tekken.json``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     from finecap.models.tokenizer import world_tokenizer
     from finecap.world.captions import vocabulary
@@ -44,10 +46,11 @@ def save_chat_lm(out: Path, *, hidden: int = 32, heads: int = 4, kv_heads: int =
     tok.model_max_length = 512
     tok.save_pretrained(out)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+    config_class, model_class = (MistralConfig, MistralForCausalLM) if mistral else (LlamaConfig, LlamaForCausalLM)
+    config = config_class(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
                          pad_token_id=0, bos_token_id=3, eos_token_id=tok.eos_token_id)  # fmt: skip
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     if std > 0:
         with torch.no_grad():
             for p in model.parameters():

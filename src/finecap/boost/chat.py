@@ -2,7 +2,8 @@
 :mod:`~finecap.boost.vllm_backend`) share: the chat model's tokenizer or processor and its chat template, a task's
 conversation with its image, and the batches they generate in.
 
-- **Chat template**: the LLM role reads the folder's tokenizer (``AutoTokenizer``), the VLM role its processor
+- **Chat template**: the LLM role reads the folder's tokenizer (``AutoTokenizer``; its transformers tokenizer where
+  that is ``mistral-common``'s, which has no chat template: :func:`load_chat_tokenizer`), the VLM role its processor
   (``AutoProcessor``; its tokenizer beside it), never remote code; a model without a chat template is an error naming
   ``boost.llm_model`` / ``boost.vlm_model`` (boosting needs an instruction-tuned model). Templates are rendered under
   the bounds of :mod:`finecap.models.chat_templates` (a model's template is code: a hostile one stops with an error
@@ -25,6 +26,7 @@ from typing import Any
 from finecap.boost.engine import BadImage, Task, option_name
 from finecap.data.images import load_record_image
 from finecap.data.records import DataError
+from finecap.data.targets import TEXT_ONLY_TOKENIZERS
 from finecap.models.chat_prompts import chat_prompt_ids
 from finecap.models.chat_templates import apply_chat_template
 
@@ -33,8 +35,16 @@ def load_chat_tokenizer(model: str, *, vision: bool, key: str, backend: str) -> 
     """``(processor or None, tokenizer)`` of the chat model ``model`` (a Hub name or a folder): the processor for the
     VLM role (``vision``), the tokenizer alone for the LLM role; a ``ValueError`` naming the model's option (``key``'s:
     :func:`~finecap.boost.engine.option_name`, ``boost.llm_model``, ``judge.model``) when ``model`` is empty or has no
-    chat template (``backend`` names the backend in the message)."""
-    from transformers import AutoProcessor, AutoTokenizer
+    chat template (``backend`` names the backend in the message).
+
+    The LLM role's tokenizer is the folder's transformers tokenizer (``tokenizer.json`` and its chat template) in
+    every environment: where ``mistral-common`` is installed (vLLM installs it), ``AutoTokenizer`` loads a Mistral
+    checkpoint holding ``tekken.json`` (Mistral Small 3, Mistral Nemo, Ministral) as ``MistralCommonBackend``
+    (:data:`~finecap.data.targets.TEXT_ONLY_TOKENIZERS`), which encodes chats with mistral-common's code and has no
+    chat template; its folder is then read by transformers' ``TokenizersBackend``, as transformers'
+    ``PixtralProcessor`` reads its tokenizer (the VLM role), so the prompt is the one the same folder gives where
+    ``mistral-common`` is not installed (docs/boost.md#mistral-checkpoints-holding-tekkenjson)."""
+    from transformers import AutoProcessor, AutoTokenizer, TokenizersBackend
 
     option = option_name(key, "model")
     if not model:
@@ -44,6 +54,8 @@ def load_chat_tokenizer(model: str, *, vision: bool, key: str, backend: str) -> 
         tokenizer = processor.tokenizer
     else:
         processor, tokenizer = None, AutoTokenizer.from_pretrained(model, trust_remote_code=False)
+        if type(tokenizer).__name__ in TEXT_ONLY_TOKENIZERS:  # mistral-common's: no chat template (docstring)
+            tokenizer = TokenizersBackend.from_pretrained(model, trust_remote_code=False)
     if not getattr(processor or tokenizer, "chat_template", None):
         raise ValueError(f"{option}: {model} has no chat template (an instruction-tuned chat model is needed)")
     return processor, tokenizer

@@ -20,6 +20,12 @@ Which tokens: those the tokenizer marks special, the ones :func:`~finecap.data.t
 caption (one listed as an ordinary added token, Qwen3's ``<think>``, is a word of its vocabulary and stays whole, as
 there). A template that cuts a message's text apart where a marker is (``content.split(...)`` at a special token's
 text) leaves a lone marker, which is dropped: its pieces stay text.
+
+A tokenizer that reads every text as text (:data:`~finecap.data.targets.TEXT_ONLY_TOKENIZERS`: transformers'
+``MistralCommonBackend``) has no chat template: mistral-common encodes the chat itself, its control tokens (``[INST]``,
+``[/INST]``) as tokens and the messages' text as text, and those ids are the prompt's. Its rendering as a string
+(``tokenize=False``) would not do: tokenised again, its ``[INST]`` is characters. finecap's chat backends load the
+folder's transformers tokenizer instead (:func:`finecap.boost.chat.load_chat_tokenizer`).
 """
 
 from __future__ import annotations
@@ -37,10 +43,7 @@ MARK = "\U000f0000"
 
 def special_texts(tokenizer: Any) -> list[str]:
     """The texts of ``tokenizer``'s special tokens (its special added tokens and named special tokens), longest
-    first (so that a token is matched before one it contains); none for a tokenizer that reads every text as text
-    (:data:`~finecap.data.targets.TEXT_ONLY_TOKENIZERS`)."""
-    if type(tokenizer).__name__ in TEXT_ONLY_TOKENIZERS:
-        return []
+    first (so that a token is matched before one it contains)."""
     added = getattr(tokenizer, "added_tokens_decoder", {}).values()
     texts = {t.content for t in added if t.special} | set(getattr(tokenizer, "all_special_tokens", ()))
     return sorted((t for t in texts if t), key=lambda t: (-len(t), t))
@@ -84,7 +87,13 @@ def chat_prompt_ids(owner: Any, messages: Any, **options: Any) -> list[int]:
         >>> chat_prompt_ids(tok, [{"role": "user", "content": "a red <eos> circle"}])  # one EOS (4): the template's
         [5, 6, 1, 1, 1, 7, 4]
     """
-    tokenizer = getattr(owner, "tokenizer", owner)
+    from transformers import PreTrainedTokenizerBase  # loaded already: ``owner`` is one, or a processor holding one
+
+    # a processor's tokenizer; a tokenizer's own ``tokenizer`` attribute is not one (MistralCommonBackend's is
+    # mistral-common's encoder)
+    tokenizer = owner if isinstance(owner, PreTrainedTokenizerBase) else getattr(owner, "tokenizer", owner)
+    if type(tokenizer).__name__ in TEXT_ONLY_TOKENIZERS:  # no chat template: mistral-common's ids (module docstring)
+        return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **options))
     specials = special_texts(tokenizer)
     pattern = re.compile("|".join(map(re.escape, specials)) or "(?!)")  # (?!) matches nothing
     marker = MARK + str(secrets.randbits(64)) + MARK
