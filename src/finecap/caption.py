@@ -24,7 +24,7 @@ from finecap.data.features import model_features
 from finecap.data.images import ImageLimits
 from finecap.data.loading import LoaderSettings, chunks, encoder_draft
 from finecap.data.records import MAX_LISTED, DataError
-from finecap.data.samplers import process_slice
+from finecap.data.samplers import process_left
 from finecap.decode import chunk_images, step_seeds
 from finecap.engines.finecap import as_engine
 from finecap.metrics.diversity import lexical_diversity, mean_length
@@ -106,9 +106,10 @@ def generate_captions(
     ``split`` (0 = all), decoded with ``decode`` (default ``cfg.decode``); ``seed``: sampling's per-image seeds
     (:func:`batch_captions`; ``None``: torch's random generator).
 
-    ``done``: captions of images already captioned (a resumed ``finecap caption``), not decoded again and returned
-    with the rest in the split's order, as a run without them would return them; ``on_batch`` is called with each
-    batch's captions as they are made.
+    ``done``: captions of images already captioned (a resumed ``finecap caption``; the same on every process), not
+    decoded again and returned with the rest in the split's order, as a run without them would return them, the
+    images left shared evenly among the processes (:func:`~finecap.data.samplers.process_left`); ``on_batch`` is
+    called with each batch's captions as they are made.
 
     With ``data.skip_bad_images`` the split's images are :func:`~finecap.data.datasets.load_records`' with the model:
     those that do not decode and those an encoder that declares refusals (``refuses_images``: Mistral 3's, an image
@@ -151,9 +152,8 @@ def generate_captions(
         collator = _LeavingOutRefused(collator)
     own_refused: list[tuple[Any, str]] = []
     device = model.device
-    mine = process_slice(len(dataset), rank, world)
-    if done:
-        mine = [i for i in mine if dataset.image_id(i) not in done]
+    done = done or {}
+    mine = process_left(len(dataset), rank, world, lambda i: dataset.image_id(i) in done)  # the rest, shared evenly
     out: dict[Any, list[str]] = {}
     batches = chunks(mine, chunk_images(decode))  # decode.batch_size counts sequences (images x beams or samples)
     loader = LoaderSettings.of(cfg.data, device, workers=features is None).loader(dataset, batches, collator)

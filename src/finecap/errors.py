@@ -24,11 +24,17 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, TypeVar
 
 from finecap.utils.system import MissingExtra
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
+
+T = TypeVar("T")
 
 PATH_NAMES = ("filename", "path", "file", "save_directory", "folder")
 """Local variable names holding the file a failing call was reading or writing, most specific first."""
@@ -262,8 +268,35 @@ def worker_message(exc: BaseException) -> str | None:
 
 class AnotherProcessFailed(Exception):
     """A process of an ``accelerate launch``-ed command stops because the main process met an error it relayed
-    (``finecap.train.prepare.prepare_needs``): the main process prints the one line, the others exit 2 silently, so the
-    command says it once, not once per process plus each process's traceback."""
+    (:func:`relayed`): the main process prints the one line, the others exit 2 silently, so the command says it
+    once, not once per process plus each process's traceback."""
+
+
+def relayed(processes: PartialState, work: Callable[[], T]) -> T:
+    """``work()`` run on the main process of ``processes`` alone, its value returned on every process (broadcast:
+    every process calls this, the others waiting for the main one's outcome). What the main process alone reads or
+    checks, which every process then goes on with: training's preparation of its data
+    (:func:`finecap.train.prepare.prepare_needs`), the partial results a resumed ``finecap caption`` read. An
+    ``Exception`` that stops the main process there stops the others too, as :class:`AnotherProcessFailed` with its
+    one-line message (:func:`explain`, else its ``repr``), while the main process raises its own: the command says
+    it once."""
+    if processes.num_processes == 1:
+        return work()
+    from accelerate.utils import broadcast_object_list
+
+    value, failed = None, None
+    if processes.is_main_process:
+        try:
+            value = work()
+        except Exception as e:  # relayed below: the other processes would otherwise wait at the broadcast for ever
+            failed = e
+    sent = [value, None if failed is None else (explain(failed) or repr(failed))]
+    value, message = broadcast_object_list(sent)
+    if failed is not None:
+        raise failed
+    if message is not None:
+        raise AnotherProcessFailed(message)
+    return value
 
 
 def explain(exc: BaseException) -> str | None:

@@ -316,10 +316,11 @@ def caption_images(
     ``(seed, the image's position in images)`` (:func:`finecap.caption.batch_captions`: the same samples in any
     batch size and process count).
 
-    ``done``: the captions of the images already captioned, by index (a resumed ``finecap caption``): not read again
-    and returned with the rest, as a run without them would return them; ``on_batch`` is called with each batch's
-    captions, ``{index: captions}``, as they are made (the images it skipped are not among them: a resumed run reads
-    them again)."""
+    ``done``: the captions of the images already captioned, by index (a resumed ``finecap caption``; the same on
+    every process): not read again and returned with the rest, as a run without them would return them, the images
+    left shared evenly among the processes (:func:`~finecap.data.samplers.process_left`); ``on_batch`` is called
+    with each batch's captions, ``{index: captions}``, as they are made (the images it skipped are not among them: a
+    resumed run reads them again)."""
     import torch
     from accelerate.utils import gather_object
     from torch.utils.data import DataLoader
@@ -327,7 +328,7 @@ def caption_images(
 
     from finecap.caption import batch_captions, mixed_precision_autocast
     from finecap.data.datasets import model_collator
-    from finecap.data.samplers import process_slice
+    from finecap.data.samplers import process_left
     from finecap.decode import chunk_images
     from finecap.engines.finecap import as_engine
     from finecap.utils.system import progress_enabled
@@ -337,7 +338,7 @@ def caption_images(
     model = as_engine(model)  # a captioner decodes itself
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     done = done or {}
-    mine = [i for i in process_slice(len(images), rank, world) if i not in done]
+    mine = process_left(len(images), rank, world, done.__contains__)  # what is left, shared evenly
     loader = DataLoader(
         _Images(images, mine, skip_bad_images, limits, draft),
         batch_size=chunk_images(decode),

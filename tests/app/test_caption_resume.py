@@ -3,7 +3,9 @@ appended per batch to ``<out>.partial.jsonl``; the same command again skips the 
 results byte for byte as a run never stopped would, then removes the partial file.
 
 A run is stopped after N batches by making :func:`finecap.caption.batch_captions` raise ``KeyboardInterrupt`` (Ctrl-C)
-on its call N + 1; the captioner is the coloured-shape ClipCap of tests/app/test_caption_images.py."""
+on its call N + 1 (:class:`helpers.caption_batches.Batches`); a run resumed with another number of processes is in
+tests/app/test_caption_resume_processes.py. The captioner is the coloured-shape ClipCap of
+tests/app/test_caption_images.py."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import finecap.caption
+from helpers.caption_batches import Batches
 from helpers.cli import run_cli
 
 GREEDY = ("decode.strategy=greedy", "decode.batch_size=4")
@@ -24,20 +27,6 @@ def argv(run: Path, shapes: dict, out: Path, what: str, more: tuple[str, ...]) -
     """``finecap caption`` of the 24 training images (``--images``) or of the run's val split."""
     where = ["--images", str(shapes["data"])] if what == "images" else ["--split", "val"]
     return ["caption", "--checkpoint", str(run), "--out", str(out), *more, *where]
-
-
-class Batches:
-    """:func:`finecap.caption.batch_captions` counting its calls; ``stop_after``: Ctrl-C on the call after those."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, stop_after: int | None = None) -> None:
-        self.calls, self.stop_after, self.real = 0, stop_after, finecap.caption.batch_captions
-        monkeypatch.setattr(finecap.caption, "batch_captions", self)
-
-    def __call__(self, *args, **kwargs):
-        if self.stop_after is not None and self.calls == self.stop_after:
-            raise KeyboardInterrupt
-        self.calls += 1
-        return self.real(*args, **kwargs)
 
 
 def stopped(run, shapes, out, what, more, monkeypatch, after: int) -> str:

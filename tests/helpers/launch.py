@@ -23,11 +23,12 @@ def two_processes() -> list[str]:
             "--main_process_port", str(port)]  # fmt: skip
 
 
-def launch_bounded(cmd: list[str], log: Path, timeout: float) -> str:
+def launch_bounded(cmd: list[str], log: Path, timeout: float, succeed: bool = True) -> str:
     """Run ``cmd`` (``accelerate launch`` of 2 processes, one torch thread each, its output to ``log``) and return
-    what it printed; fail with :func:`failure_report` when it exits non-zero, and past ``timeout`` seconds kill the
-    launcher and every process under it (torchrun starts each worker in a session of its own, so neither its end nor
-    a process-group kill reaches a deadlocked worker) and fail."""
+    what it printed; fail with :func:`failure_report` when it exits non-zero (``succeed=False``: a launch meant to
+    fail, when it exits 0), and past ``timeout`` seconds kill the launcher and every process under it (torchrun
+    starts each worker in a session of its own, so neither its end nor a process-group kill reaches a deadlocked
+    worker) and fail."""
     import psutil  # a dependency of accelerate, so always installed with finecap
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -43,7 +44,7 @@ def launch_bounded(cmd: list[str], log: Path, timeout: float) -> str:
             tail = log.read_text()[-3000:]
             pytest.fail(f"2 sharded processes did not finish within {timeout} s (a deadlock)\n{tail}")
     err = log.read_text()
-    assert proc.returncode == 0, failure_report(err)
+    assert (proc.returncode == 0) == succeed, failure_report(err)
     return err
 
 

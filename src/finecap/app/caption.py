@@ -62,6 +62,7 @@ from finecap.data.records import DataError
 from finecap.data.references import MissingSplit
 from finecap.data.results import empty_captions_note, write_results
 from finecap.engines import engine_class, open_engine
+from finecap.errors import relayed
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
 from finecap.locks import output_lock
@@ -490,9 +491,10 @@ def main(
     not be one of the inputs (the checkpoint's folder, the data set or an image it names, the images), nor an
     existing file finecap did not make unless ``force``.
 
-    In one process, captions are kept as they are made in ``<out>.partial.jsonl`` (:class:`PartialResults`): a
-    stopped run says how many, and the same call again resumes from them (``force``: starts over), writing ``out``
-    as a run never stopped would, then removing that file (docs/caption.md#a-stopped-run-resumes).
+    Captions are kept as they are made in ``<out>.partial.jsonl`` (:class:`PartialResults`; under several
+    processes the main process's own part only): a stopped run says how many, and the same call again, in any
+    number of processes, resumes from them (``force``: starts over), writing ``out`` as a run never stopped would,
+    then removing that file (docs/caption.md#a-stopped-run-resumes).
     """
     if images is not None and (data is not None or split is not None):
         raise ValueError("--images captions image files, --data and --split a data set's split: give one or the other")
@@ -578,13 +580,13 @@ def main(
             log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
                      "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
         engine_class(cfg.decode).check_processes(cfg, accelerator.num_processes)  # vLLM: one engine in one process
-        # the partial results file (kept when the run stops, resumed by the same command): one process only (several
-        # would each hold a part)
+        # the partial results file (kept when the run stops, resumed by the same command, with any process count):
+        # the main process alone holds its lock, checks it and appends its own part's captions; every process gets
+        # the captions it holds, and the images left are shared among them (docs/caption.md#a-stopped-run-resumes)
         partial = None
-        done: dict[Any, list[str]] = {}
-        if accelerator.num_processes == 1:
+        if accelerator.is_main_process:
             partial = PartialResults(Path(out), caption_header(setup, cfg, named, checked), places)
-            done = partial.open(force)
+        done: dict[Any, list[str]] = relayed(accelerator, lambda: partial.open(force))
         try:
             model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
             hold.close()  # the checkpoint is read: the run may swap its next one in while this one captions

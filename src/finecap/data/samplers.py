@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -221,3 +221,18 @@ def process_slice(n: int, rank: int, world: int) -> range:
     base, extra = divmod(n, world)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))
+
+
+def process_left(n: int, rank: int, world: int, done: Callable[[int], bool]) -> list[int]:
+    """Process ``rank``'s contiguous part (:func:`process_slice`) of the indices of ``range(n)`` not ``done``: what
+    is left of a resumed captioning run (``finecap caption``) shared evenly among the processes now, whatever
+    process count made the part done (docs/caption.md#a-stopped-run-resumes).
+
+    Example::
+
+        >>> [process_left(6, r, 2, lambda i: i < 2) for r in range(2)]
+        [[2, 3], [4, 5]]
+    """
+    left = [i for i in range(n) if not done(i)]
+    part = process_slice(len(left), rank, world)
+    return left[part.start : part.stop]

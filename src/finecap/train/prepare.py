@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from accelerate import PartialState
-from accelerate.utils import broadcast_object_list
 
 from finecap.config import Config
-from finecap.errors import AnotherProcessFailed, explain
+from finecap.errors import relayed
 from finecap.world.make import ensure_world
 
 NEEDS = {
@@ -89,17 +88,10 @@ def prepare_needs(cfg: Config, needs: frozenset[str], accelerator: PartialState)
     """Prepare the run's data and what ``needs`` names, once, on the main process, before any process builds a
     component on it (:func:`prepare`: the world and the world encoder are made or trained, with a
     printed line, only when the run's data is the world; otherwise what is missing stops the run). What stops the main
-    process stops the others too, relayed (:class:`finecap.errors.AnotherProcessFailed`): one line for the
+    process stops the others too, relayed (:func:`finecap.errors.relayed`): one line for the
     command, not a line and a traceback per process."""
-    failed: BaseException | None = None
-    if accelerator.is_main_process:
-        try:
-            prepare(cfg, {"data", *needs}, progress=True)
-        except Exception as e:  # relayed below: the other processes would otherwise crash at the barrier
-            failed = e
-    if accelerator.num_processes > 1:  # the others wait here for the main process's outcome (a barrier)
-        outcome = broadcast_object_list([None if failed is None else (explain(failed) or repr(failed))])[0]
-        if failed is None and outcome is not None:
-            raise AnotherProcessFailed(outcome)
-    if failed is not None:
-        raise failed
+
+    def prepared() -> None:  # the others wait for it (a barrier); only its error is sent to them
+        prepare(cfg, {"data", *needs}, progress=True)
+
+    relayed(accelerator, prepared)
