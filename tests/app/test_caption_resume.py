@@ -15,6 +15,7 @@ import pytest
 
 import finecap.caption
 from helpers.cli import run_cli
+from helpers.shapes import results
 
 GREEDY = ("decode.strategy=greedy", "decode.batch_size=4")
 SAMPLED = ("decode.strategy=sample", "decode.temperature=5", "decode.batch_size=4")  # run.seed: per-image seeds
@@ -336,3 +337,34 @@ def test_a_split_run_with_skip_bad_images_resumes(run, shapes, tmp_path, monkeyp
     assert code == 0 and "resuming from" in err and counted.calls == 2, err
     assert run_cli([*on_split(run, data), str(whole), "--skip-bad-images"])[0] == 0
     assert out.read_bytes() == whole.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_split_image_samples_the_same_whether_an_earlier_image_was_skipped(run, shapes, tmp_path, monkeypatch):
+    # sampling's seeds follow an image's place in the split as the data set lists it, a skipped image counted (as
+    # --images counts the files): mending a bad image (the same file, now decoding) changes no other image's caption,
+    # and a run stopped after it captioned images behind the bad one resumes, once mended, to the bytes of a run over
+    # the mended split. Seeds by place among the images kept would shift every image behind the bad one
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    bad = images / "bad.png"
+    bad.write_bytes(b"not a png")
+    data, skipped, mended = images / "data.jsonl", tmp_path / "skipped.json", tmp_path / "mended.json"
+    write_split(data, [*NAMES[:6], "bad.png", *NAMES[6:]])  # place 6: batches 0-3, 4 5 7 8, 9-12
+    command = on_split(run, data)
+    assert run_cli([*command, str(skipped), "--skip-bad-images"])[0] == 0
+    out = tmp_path / "out.json"
+    with monkeypatch.context() as m:  # stopped after two batches: the captions of places 7 and 8 kept
+        Batches(m, stop_after=2)
+        code, _, err = run_cli([*command, str(out), "--skip-bad-images"])
+    assert code != 0 and "8 image(s) captioned are kept" in err, err
+
+    bad.write_bytes((images / NAMES[0]).read_bytes())  # mended in place
+    assert run_cli([*command, str(mended)])[0] == 0
+    before, after = results(skipped), results(mended)
+    assert set(after) - set(before) == {"bad.png"}
+    assert before == {k: v for k, v in after.items() if k != "bad.png"}  # no other image's caption changed
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli([*command, str(out)])
+    assert code == 0 and "resuming from" in err and counted.calls == 2, err  # the mended image and places 9-12
+    assert out.read_bytes() == mended.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()

@@ -54,7 +54,7 @@ from typing import Any
 
 from finecap.caption import generate_captions
 from finecap.config import Config, DataConfig, HfDataConfig, load_stored, masked_url_values, parse_override
-from finecap.data.datasets import load_records
+from finecap.data.datasets import load_records, split_places
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
@@ -559,7 +559,7 @@ def main(
             # the split's images in its order, those left out too (a run a bad image stopped resumes with
             # --skip-bad-images; one mended meanwhile is captioned): what the partial file's header names
             every = kept if not undecoded else load_records(no_skipping(cfg), split, captioned=False)
-            places = {r.image_id: place for place, r in enumerate(every)}
+            places = split_places(cfg, split)  # what sampling's seeds follow too (finecap.caption.generate_captions)
             named = {"split": split, "world": dataclasses.asdict(cfg.world),
                      **listed_images([(r.image_id, str(r.path) if r.embedded else os.path.abspath(r.path))
                                       for r in every])}  # fmt: skip
