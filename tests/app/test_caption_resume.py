@@ -80,6 +80,38 @@ def test_a_stopped_run_resumes_to_the_bytes_of_a_run_never_stopped(run, shapes, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("more", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_run_resumes_at_another_batch_size_with_one_warning(run, shapes, tmp_path, monkeypatch, more):
+    # an out-of-memory kill's fix is a smaller batch: each image is decoded alone, so the run resumes (with one warning
+    # naming the batch sizes the kept captions were decoded at) instead of discarding them. On the CPU the tiny
+    # ClipCap's captions are the same bytes at any batch size (on a GPU a batch's shape may change the last digits)
+    whole = tmp_path / "whole.json"
+    assert run_cli(argv(run, shapes, whole, "images", more))[0] == 0  # decode.batch_size=4
+    other = tmp_path / "other.json"
+    assert run_cli(argv(run, shapes, other, "images", (*more, "decode.batch_size=3")))[0] == 0
+    assert other.read_bytes() == whole.read_bytes()
+
+    out, partial = tmp_path / "out.json", tmp_path / "out.json.partial.jsonl"
+    stopped(run, shapes, out, "images", more, monkeypatch, after=1)  # 4 captions at 4
+    err = stopped(run, shapes, out, "images", (*more, "decode.batch_size=2"), monkeypatch, after=2)  # 4 more at 2
+    said = "of the 4 captions kept, 4 at decode.batch_size=4 were decoded; the rest are decoded at decode.batch_size=2"
+    assert err.count("captions kept, ") == 1 and said in err, err
+    assert "8 image(s) captioned are kept" in err, err
+    rows = [json.loads(line) for line in partial.read_text().splitlines()]
+    assert rows[0]["header"]["decode"]["batch_size"] == 4  # the header as the run began; lines decoded at 2 say so
+    assert [row.get("batch_size") for row in rows[1:]] == [None] * 4 + [2] * 4
+
+    code, _, err = run_cli(argv(run, shapes, out, "images", (*more, "decode.batch_size=3")))
+    assert code == 0, err
+    said = (
+        "of the 8 captions kept, 4 at decode.batch_size=2, 4 at decode.batch_size=4 were decoded; the rest are "
+        "decoded at decode.batch_size=3"
+    )
+    assert err.count("captions kept, ") == 1 and said in err, err
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists()
+
+
+@pytest.mark.slow
 def test_a_line_cut_short_by_a_kill_is_decoded_again(run, shapes, tmp_path, monkeypatch):
     whole = tmp_path / "whole.json"
     assert run_cli(argv(run, shapes, whole, "images", SAMPLED))[0] == 0
