@@ -19,7 +19,14 @@ import torch
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from finecap.data.datasets import CaptionDataset, collate_without_refused, load_records, model_collator, to_device
+from finecap.data.datasets import (
+    CaptionDataset,
+    collate_without_refused,
+    load_records,
+    model_collator,
+    split_places,
+    to_device,
+)
 from finecap.data.features import model_features
 from finecap.data.images import ImageLimits
 from finecap.data.loading import LoaderSettings, chunks, encoder_draft
@@ -63,9 +70,10 @@ def batch_captions(engine: GenerationEngine, batch: dict[str, Any], decode: Deco
                    seed: int | None = None) -> dict[Any, list[str]]:  # fmt: skip
     """``{image_id: [caption, ...]}`` of one collated batch (its ``image_ids``), ``decode.num_return_sequences`` per
     image, decoded by ``engine`` on its device (:mod:`finecap.engines`). ``seed``: sampling draws from per-image
-    seeds of ``(seed, the image's index)`` (:func:`~finecap.decode.step_seeds`, as RL rollouts draw), so an image's
-    samples depend on the seed and its place in the list only, not on the batch, the process count or what ran
-    before; ``None``: from torch's random generator."""
+    seeds of ``(seed, the image's index)`` (:func:`~finecap.decode.step_seeds`, as RL rollouts draw; the batch's
+    ``index``: the image's place in the list or split, images left out counted), so an image's samples depend on the
+    seed and its place only, not on the batch, the process count, what ran before or what was skipped; ``None``:
+    from torch's random generator."""
     seeds = None
     if seed is not None and decode.strategy == "sample":
         seeds = step_seeds(seed, 0, batch["index"]).to(engine.device)  # (B,)
@@ -104,7 +112,8 @@ def generate_captions(
 ) -> dict[Any, list[str]]:
     """``{image_id: [caption, ...]}`` (``decode.num_return_sequences`` per image) for the first ``limit`` images of
     ``split`` (0 = all), decoded with ``decode`` (default ``cfg.decode``); ``seed``: sampling's per-image seeds
-    (:func:`batch_captions`; ``None``: torch's random generator).
+    (:func:`batch_captions`; ``None``: torch's random generator), of each image's place in the whole split, those
+    ``data.skip_bad_images`` leaves out counted (:func:`~finecap.data.datasets.split_places`).
 
     ``done``: captions of images already captioned (a resumed ``finecap caption``; the same on every process), not
     decoded again and returned with the rest in the split's order, as a run without them would return them, the
@@ -145,8 +154,12 @@ def generate_captions(
     if use_features:  # every process computes its part of a missing cache file (model_features)
         features = model_features(model, records, cfg, split, progress=progress and main, processes=accelerator)
     draft = encoder_draft(model.encoder, cfg.data) if features is None else None
+    # sampling's seeds follow each image's place in the whole split, those left out counted (as --images' follow
+    # the files'): a good image's samples do not depend on whether an earlier one was skipped
+    places = split_places(cfg, split) if cfg.data.skip_bad_images else None
     dataset = CaptionDataset(records, per_caption=False, features=features, draft=draft,
-                             limits=ImageLimits.of(cfg.data))  # fmt: skip
+                             limits=ImageLimits.of(cfg.data),
+                             places=None if places is None else [places[r.image_id] for r in records])  # fmt: skip
     collator = model_collator(model, cfg.data.max_tokens)
     if refused is not None:
         collator = _LeavingOutRefused(collator)

@@ -18,6 +18,7 @@ import pytest
 import finecap.caption
 from helpers.caption_batches import Batches
 from helpers.cli import run_cli
+from helpers.shapes import results
 
 GREEDY = ("decode.strategy=greedy", "decode.batch_size=4")
 SAMPLED = ("decode.strategy=sample", "decode.temperature=5", "decode.batch_size=4")  # run.seed: per-image seeds
@@ -65,6 +66,38 @@ def test_a_stopped_run_resumes_to_the_bytes_of_a_run_never_stopped(run, shapes, 
     assert out.read_bytes() == expected  # the same bytes as the run never stopped
     assert not partial.exists()
     assert counted.calls * 4 >= total - kept and counted.calls < -(-total // 4)  # only the images left were decoded
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("more", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_run_resumes_at_another_batch_size_with_one_warning(run, shapes, tmp_path, monkeypatch, more):
+    # an out-of-memory kill's fix is a smaller batch: each image is decoded alone, so the run resumes (with one warning
+    # naming the batch sizes the kept captions were decoded at) instead of discarding them. On the CPU the tiny
+    # ClipCap's captions are the same bytes at any batch size (on a GPU a batch's shape may change the last digits)
+    whole = tmp_path / "whole.json"
+    assert run_cli(argv(run, shapes, whole, "images", more))[0] == 0  # decode.batch_size=4
+    other = tmp_path / "other.json"
+    assert run_cli(argv(run, shapes, other, "images", (*more, "decode.batch_size=3")))[0] == 0
+    assert other.read_bytes() == whole.read_bytes()
+
+    out, partial = tmp_path / "out.json", tmp_path / "out.json.partial.jsonl"
+    stopped(run, shapes, out, "images", more, monkeypatch, after=1)  # 4 captions at 4
+    err = stopped(run, shapes, out, "images", (*more, "decode.batch_size=2"), monkeypatch, after=2)  # 4 more at 2
+    said = "of the 4 captions kept, 4 at decode.batch_size=4 were decoded; the rest are decoded at decode.batch_size=2"
+    assert err.count("captions kept, ") == 1 and said in err, err
+    assert "8 image(s) captioned are kept" in err, err
+    rows = [json.loads(line) for line in partial.read_text().splitlines()]
+    assert rows[0]["header"]["decode"]["batch_size"] == 4  # the header as the run began; lines decoded at 2 say so
+    assert [row.get("batch_size") for row in rows[1:]] == [None] * 4 + [2] * 4
+
+    code, _, err = run_cli(argv(run, shapes, out, "images", (*more, "decode.batch_size=3")))
+    assert code == 0, err
+    said = (
+        "of the 8 captions kept, 4 at decode.batch_size=2, 4 at decode.batch_size=4 were decoded; the rest are "
+        "decoded at decode.batch_size=3"
+    )
+    assert err.count("captions kept, ") == 1 and said in err, err
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists()
 
 
 @pytest.mark.slow
@@ -325,3 +358,34 @@ def test_a_split_run_with_skip_bad_images_resumes(run, shapes, tmp_path, monkeyp
     assert code == 0 and "resuming from" in err and counted.calls == 2, err
     assert run_cli([*on_split(run, data), str(whole), "--skip-bad-images"])[0] == 0
     assert out.read_bytes() == whole.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_split_image_samples_the_same_whether_an_earlier_image_was_skipped(run, shapes, tmp_path, monkeypatch):
+    # sampling's seeds follow an image's place in the split as the data set lists it, a skipped image counted (as
+    # --images counts the files): mending a bad image (the same file, now decoding) changes no other image's caption,
+    # and a run stopped after it captioned images behind the bad one resumes, once mended, to the bytes of a run over
+    # the mended split. Seeds by place among the images kept would shift every image behind the bad one
+    images = tmp_path / "images"
+    shutil.copytree(shapes["data"], images)
+    bad = images / "bad.png"
+    bad.write_bytes(b"not a png")
+    data, skipped, mended = images / "data.jsonl", tmp_path / "skipped.json", tmp_path / "mended.json"
+    write_split(data, [*NAMES[:6], "bad.png", *NAMES[6:]])  # place 6: batches 0-3, 4 5 7 8, 9-12
+    command = on_split(run, data)
+    assert run_cli([*command, str(skipped), "--skip-bad-images"])[0] == 0
+    out = tmp_path / "out.json"
+    with monkeypatch.context() as m:  # stopped after two batches: the captions of places 7 and 8 kept
+        Batches(m, stop_after=2)
+        code, _, err = run_cli([*command, str(out), "--skip-bad-images"])
+    assert code != 0 and "8 image(s) captioned are kept" in err, err
+
+    bad.write_bytes((images / NAMES[0]).read_bytes())  # mended in place
+    assert run_cli([*command, str(mended)])[0] == 0
+    before, after = results(skipped), results(mended)
+    assert set(after) - set(before) == {"bad.png"}
+    assert before == {k: v for k, v in after.items() if k != "bad.png"}  # no other image's caption changed
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli([*command, str(out)])
+    assert code == 0 and "resuming from" in err and counted.calls == 2, err  # the mended image and places 9-12
+    assert out.read_bytes() == mended.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()

@@ -47,6 +47,7 @@ import dataclasses
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,7 @@ from typing import Any
 
 from finecap.caption import generate_captions
 from finecap.config import Config, DataConfig, HfDataConfig, load_stored, masked_url_values, parse_override
-from finecap.data.datasets import load_records
+from finecap.data.datasets import load_records, split_places
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
@@ -255,6 +256,20 @@ def write_skipped(out: Path, images: int, skipped: Sequence[tuple[Any, Any, str]
     return path
 
 
+def batch_size_of(header: dict) -> Any:
+    """The ``decode.batch_size`` a partial file's ``header`` records (``None`` when it records none)."""
+    return (header.get("decode") or {}).get("batch_size")
+
+
+def batch_size_free(header: dict) -> dict:
+    """``header`` without ``decode.batch_size``: what a resumed run must match. Each image is decoded alone (greedy,
+    beam search and seeded sampling take nothing from the other images of a batch), so a run an out-of-memory kill
+    stopped resumes at a smaller batch (docs/caption.md#a-stopped-run-resumes)."""
+    if not isinstance(header.get("decode"), dict):
+        return header
+    return {**header, "decode": {k: v for k, v in header["decode"].items() if k != "batch_size"}}
+
+
 def differences(old: object, new: object, where: str = "") -> list[str]:
     """What differs between two headers (JSON values), as ``key: OLD before, NEW now`` (nested keys dotted)."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -296,9 +311,10 @@ def split_changes(lines: list[dict], places: dict[Any, int]) -> str:
 class PartialResults:
     """The partial results file of a ``finecap caption`` run (docs/caption.md#a-stopped-run-resumes): strict JSON
     lines, the first ``{"finecap": PARTIAL_MARK, "header": HEADER}`` (what makes the captions), then one line per
-    image captioned, ``{"image": KEY, "captions": [...]}``, appended and flushed per batch. ``KEY``: the image's index
-    in the images named (``--images``) or its id (a split, whose lines also hold ``"place"``, the image's place in
-    the split, which a refusal names when the split changed: :func:`split_changes`). An image left out
+    image captioned, ``{"image": KEY, "captions": [...]}``, appended and flushed per batch (with ``"batch_size"``
+    when it was decoded at another ``decode.batch_size`` than the header's: a run resumed at another). ``KEY``: the
+    image's index in the images named (``--images``) or its id (a split, whose lines also hold ``"place"``, the
+    image's place in the split, which a refusal names when the split changed: :func:`split_changes`). An image left out
     (``--skip-bad-images``) has no line: a resumed run reads it again, as a run never stopped would (still bad, it is
     left out again, or without ``--skip-bad-images`` stops the run; mended, it is captioned). ``{"image": KEY,
     "skipped": REASON}`` lines, which an earlier finecap wrote for those, are read and passed over.
@@ -306,9 +322,11 @@ class PartialResults:
     :meth:`open` takes the lock of ``out`` (:func:`finecap.locks.output_lock`: a second run of the command while
     this one runs is refused, naming it, before it reads the file), then refuses a file of that name finecap did not
     write (with or without ``--force``), and one whose header is not ``header`` unless ``force`` (then it is started
-    over); it returns the images already captioned. A split's file whose header names no images (written before
-    finecap recorded them: :func:`listed_images`) but is ``header`` otherwise is resumed with a warning that the
-    split could not be checked, unless an image it captioned is not in the split now (refused as another header).
+    over), ``decode.batch_size`` aside (:func:`batch_size_free`: resumed, with one warning naming the batch sizes the
+    kept captions were decoded at); it returns the images already captioned. A split's file whose header names no
+    images (written before finecap recorded them: :func:`listed_images`) but is ``header`` otherwise is resumed with
+    a warning that the split could not be checked, unless an image it captioned is not in the split now (refused as
+    another header).
     :meth:`close` releases the lock, the file removed first when asked. ``places``: a split's, each image id's place
     in it now (``None``: ``--images``, whose keys are places)."""
 
@@ -317,6 +335,8 @@ class PartialResults:
         self.header = json.loads(strict_json(header))  # as it reads back from the file
         self.places = places
         self.kept = 0
+        self.batch_size = batch_size_of(self.header)  # what this run decodes at
+        self.file_batch_size = self.batch_size  # what the file's header says: its lines without a batch_size's
         self.file: Any = None
         self.lock = contextlib.ExitStack()
 
@@ -370,8 +390,8 @@ class PartialResults:
                             len(lines))  # fmt: skip
                 self.path.unlink()
                 lines = []
-            elif header != self.header and not self.unlisted_split(header, lines):
-                changed = differences(header, self.header)
+            elif batch_size_free(header) != batch_size_free(self.header) and not self.unlisted_split(header, lines):
+                changed = differences(batch_size_free(header), batch_size_free(self.header))
                 if self.places is not None and header.get("files") != self.header["files"]:
                     changed.append(split_changes(lines, self.places))
                 raise OutputRefused(
@@ -382,6 +402,7 @@ class PartialResults:
                 )
             else:
                 os.truncate(self.path, end)  # a last line cut short by the kill
+                self.file_batch_size = batch_size_of(header)
         new = not self.path.exists()
         self.file = open_append(self.path)
         if new:
@@ -390,7 +411,21 @@ class PartialResults:
         self.kept = len(done)
         if done:
             log.info("caption: resuming from %s: %d image(s) already captioned", self.path, len(done))
+            self.say_batch_sizes([row.get("batch_size", self.file_batch_size) for row in lines if "captions" in row])
         return done
+
+    def say_batch_sizes(self, kept: list[Any]) -> None:
+        """Warn once when the kept captions (``kept``: the batch size each was decoded at) were decoded at another
+        ``decode.batch_size`` than this run's."""
+        sizes = Counter(kept)
+        if set(sizes) <= {self.batch_size}:
+            return
+        said = ", ".join(f"{n} at decode.batch_size={size}" for size, n in sorted(sizes.items(), key=str))
+        log.warning("caption: resuming %s: of the %d captions kept, %s were decoded; the rest are decoded at "
+                    "decode.batch_size=%s. Each image is decoded alone (greedy, beam, seeded samples), but a batch's "
+                    "shape changes the last digits of GPU arithmetic: the captions may differ from an uninterrupted "
+                    "run's where the model's top tokens nearly tie", self.path, len(kept), said,
+                    self.batch_size)  # fmt: skip
 
     def unlisted_split(self, header: dict, lines: list[dict]) -> bool:
         """Whether ``header``, a split's written before finecap recorded its images (no ``"files"``), is this run's
@@ -399,7 +434,9 @@ class PartialResults:
         if self.places is None or "files" in header:
             return False
         listed = {k: v for k, v in self.header.items() if k not in ("images", "files")}
-        if header != listed or any(row["image"] not in self.places for row in lines if "captions" in row):
+        if batch_size_free(header) != batch_size_free(listed):
+            return False
+        if any(row["image"] not in self.places for row in lines if "captions" in row):
             return False
         log.warning("caption: %s was written by a finecap that did not record the images of the split, so they are "
                     "not checked: its %d captions are resumed as they are; if the data set (or its images) changed "
@@ -414,7 +451,8 @@ class PartialResults:
     def add(self, made: dict[Any, list[str]]) -> None:
         """Append a batch's captions, ``{KEY: [caption, ...]}``."""
         where = (lambda k: {"place": self.places[k]}) if self.places is not None else (lambda k: {})
-        self.write(*({"image": k, **where(k), "captions": caps} for k, caps in made.items()))
+        size = {"batch_size": self.batch_size} if self.batch_size != self.file_batch_size else {}
+        self.write(*({"image": k, **where(k), "captions": caps, **size} for k, caps in made.items()))
         self.kept += len(made)
 
     def close(self, remove: bool = False) -> int:
@@ -561,7 +599,7 @@ def main(
             # the split's images in its order, those left out too (a run a bad image stopped resumes with
             # --skip-bad-images; one mended meanwhile is captioned): what the partial file's header names
             every = kept if not undecoded else load_records(no_skipping(cfg), split, captioned=False)
-            places = {r.image_id: place for place, r in enumerate(every)}
+            places = split_places(cfg, split)  # what sampling's seeds follow too (finecap.caption.generate_captions)
             named = {"split": split, "world": dataclasses.asdict(cfg.world),
                      **listed_images([(r.image_id, str(r.path) if r.embedded else os.path.abspath(r.path))
                                       for r in every])}  # fmt: skip

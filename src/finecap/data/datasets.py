@@ -99,6 +99,14 @@ _SKIP_SAID = SaidOnce()
 """The splits whose left-out images :func:`load_records` has said in this command (:mod:`finecap.utils.once`)."""
 
 
+def split_places(cfg: Config, split: str) -> dict[Any, int]:
+    """Each image id of ``split`` -> its place in the split as the data set lists it, the images
+    ``data.skip_bad_images`` leaves out counted: what a split's sampling seeds follow (:func:`finecap.caption.
+    generate_captions`), as ``--images``' follow a file's place in the files named, so that an image's samples do not
+    depend on whether an earlier image was left out (docs/caption.md#a-stopped-run-resumes)."""
+    return {r.image_id: place for place, r in enumerate(_split_records(cfg, split, captioned=False))}
+
+
 def skipped_images(cfg: Config, split: str, *, captioned: bool = True, model: Any = None) -> list[tuple[Record, str]]:
     """``(record, reason)`` of the images of ``split`` that ``data.skip_bad_images`` leaves out, in the split's order:
     those that do not decode (:func:`finecap.data.images.find_bad_images`, each file once per process) and, with
@@ -258,7 +266,11 @@ class CaptionDataset(Dataset):
     features an item carries its decoded image (read when the item is, in a DataLoader worker: an embedded image of
     a Hugging Face data set too), JPEGs draft-decoded down to ``draft`` pixels
     (:func:`finecap.data.loading.encoder_draft`), images over the budget ``limits`` refused
-    (:class:`~finecap.data.images.ImageLimits`: ``data.max_image_pixels``, ``data.max_aspect_ratio``)."""
+    (:class:`~finecap.data.images.ImageLimits`: ``data.max_image_pixels``, ``data.max_aspect_ratio``).
+
+    An item's ``index`` is its example's position (what training's per-example seeds follow), or with ``places``
+    (``per_caption=False`` only) ``places[i]`` for ``records[i]``: its place in the whole split
+    (:func:`split_places`), what a split's sampling seeds follow when images were left out of ``records``."""
 
     def __init__(
         self,
@@ -268,9 +280,13 @@ class CaptionDataset(Dataset):
         features: torch.Tensor | None = None,
         draft: int | None = None,
         limits: ImageLimits = DEFAULT_LIMITS,
+        places: Sequence[int] | None = None,
     ) -> None:
         if features is not None and len(features) != len(records):
             raise ValueError(f"CaptionDataset: {len(features)} feature rows for {len(records)} records")
+        if places is not None and (per_caption or len(places) != len(records)):
+            raise ValueError(f"CaptionDataset: places are one per record ({len(records)}) without per_caption")
+        self.places = list(places) if places is not None else None
         self.records = list(records)
         self.features = features
         self.draft = draft
@@ -293,7 +309,7 @@ class CaptionDataset(Dataset):
         i, j = self.examples[index]
         record = self.records[i]
         item = {
-            "index": index,
+            "index": index if self.places is None else self.places[i],
             "image_id": record.image_id,
             "caption": record.captions[j] if record.captions else "",
             "references": list(record.captions),
