@@ -2,6 +2,7 @@
 ``finecap_home``) and the docstring examples' names are in the repository root's ``conftest.py``. Code the tests
 share lives in ``tests/helpers/`` (``from helpers.shapes import ...``: pyproject.toml puts ``tests/`` on the path)."""
 
+import signal
 import socket
 from pathlib import Path
 
@@ -93,3 +94,20 @@ def served(tmp_path_factory) -> dict:
     from helpers.served import make_served
 
     return make_served(tmp_path_factory.mktemp("served"))
+
+
+@pytest.fixture
+def hangup_default():
+    """SIGHUP at its default in this process, so in the processes a test starts too, for the test: the hang-up tests'
+    subject is what a hang-up does to a process that has not ignored it, and a suite run under ``nohup`` (which
+    ignores SIGHUP in it and its children) would otherwise test nothing of it and fail. Put back after."""
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is None:  # no hang-ups on this platform: the tests skip themselves
+        yield
+        return
+    before = signal.getsignal(hup)
+    signal.signal(hup, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(hup, before)

@@ -378,6 +378,7 @@ def test_a_signal_ends_a_training_run_with_one_line_and_its_lock_removed(tiny, t
 
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="no pseudo-terminals on this platform")
+@pytest.mark.usefixtures("hangup_default")  # a suite run under nohup ignores SIGHUP
 def test_a_hang_up_ends_a_training_run_as_sigterm_does(tiny, tmp_path):
     # `finecap train` started in an SSH session without nohup or tmux: the session dropped hangs up its terminal,
     # and the kernel sends SIGHUP to the session's leader; the run died by it at once, its .train.lock left behind.

@@ -831,6 +831,7 @@ def test_a_review_token_is_given_one_way_on_the_command_line(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGHUP"])
+@pytest.mark.usefixtures("hangup_default")  # a suite run under nohup ignores SIGHUP
 def test_the_command_stops_cleanly_on_sigterm_and_on_a_hang_up(fabricated_run, tiny_world, tmp_path, stop):
     """``finecap bags review`` in a process of its own, serving, then stopped: SIGTERM ends it as Ctrl-C does (the
     command line's Terminated, caught; the socket closed; exit 0), and SIGHUP (the SSH session of a server started

@@ -335,6 +335,7 @@ def test_ctrl_c_is_a_clean_stop_too(served, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("hangup_default")  # a suite run under nohup ignores SIGHUP
 def test_a_hang_up_is_a_clean_stop_too(served, tmp_path):
     """SIGHUP (the SSH session of a server started without nohup or tmux dropped) stops the server as SIGTERM does,
     exit 0 with its closing line; uvicorn left it to its default, which killed the process at once (no closing line,
@@ -349,6 +350,7 @@ def test_a_hang_up_is_a_clean_stop_too(served, tmp_path):
     assert "Traceback" not in command.err
 
 
+@pytest.mark.usefixtures("hangup_default")  # a suite run under nohup ignores SIGHUP
 def test_a_hang_up_stops_the_command_and_closes_its_reward(monkeypatch, capsys):
     """While ``finecap serve-reward`` serves, SIGHUP's handler is the server's SIGTERM stop: the request answered, the
     reward closed (its judge's engine or connections), ``main`` returns. The handler is called here from a thread, as

@@ -13,7 +13,10 @@ import pytest
 
 from finecap.utils.system import hangup_as_sigterm
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+pytestmark = [
+    pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform"),
+    pytest.mark.usefixtures("hangup_default"),  # a suite run under nohup ignores SIGHUP
+]
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
