@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 
 from finecap.app.cli import main
 from finecap.app.export import export_card
@@ -52,7 +53,8 @@ def features(model: ClipCap) -> dict:
 def test_every_checkpoint_has_a_model_card_from_what_the_run_recorded(run):
     run_dir, _ = run
     card = (run_dir / "checkpoints" / "best" / "model" / "README.md").read_text()
-    assert card.startswith("---\nlibrary_name: transformers\n") and "pipeline_tag: image-to-text" in card
+    # ClipCap's folder (lm/, the mapper) is no transformers model at its top: no library_name for the Hub's snippet
+    assert card.startswith("---\npipeline_tag: image-to-text\n") and "library_name" not in card
     for expected in ("# SLE captioner on clipcap", "**Run**: `card-test`", "**Objective**: `sle`", "`abc123def456`",
                      "step 7 of 10",
                      "| cider | 0.5000 |", "| bleu4 | 0.2500 |", "LoRA adapters on lm", "coco/x.yaml",
@@ -82,6 +84,22 @@ def test_the_export_card_shows_a_non_finite_validation_value_as_the_checkpoint_r
     card = export_card(best, best / "model", {}, "")
     for expected in ("| cider | 0.5000 |", "| loss | inf |", "| spice | nan |"):
         assert expected in card, expected
+
+
+@pytest.mark.parametrize(("kind", "keys"), [("clipcap", {"pipeline_tag": "image-to-text"}),
+                                           ("vlm", {"library_name": "transformers",
+                                                    "pipeline_tag": "image-text-to-text"})])  # fmt: skip
+def test_the_export_of_a_bare_folder_gives_its_older_card_the_hub_keys_of_its_backbone(tmp_path, kind, keys):
+    """A source with no run configuration keeps its card; one finecap wrote before said ``library_name: peft``
+    (with a whole-model adapter) or ``transformers`` and ``pipeline_tag: image-to-text`` whatever the backbone."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "README.md").write_text('---\nlibrary_name: peft\nbase_model: ["a/b"]\npipeline_tag: image-to-text\n'
+                                     'tags: ["finecap"]\n---\n\n# MLE captioner on a/b\n')  # fmt: skip
+    card = export_card(tmp_path, model, {"kind": kind}, "lm")
+    head, body = card.removeprefix("---\n").split("\n---\n", 1)
+    assert yaml.safe_load(head) == {**keys, "base_model": ["a/b"], "tags": ["finecap"]}
+    assert body.startswith("\n# MLE captioner on a/b\n") and "A merged export of" in body
 
 
 def test_export_merged_writes_a_plain_checkpoint_with_the_same_outputs(run, tmp_path, capsys):

@@ -145,7 +145,7 @@ HOSTILE_NAMES = {"html": "<script>alert(1)</script>", "img": '<img src=x onerror
                  "yaml-colon": "key: value", "yaml-document": "---", "yaml-flow": "[a, {b: c}] # comment",
                  "markdown": "# [click](javascript:alert(1)) *bold* _it_ `code` ![i](x) | cell ~~s~~ \\",
                  "entities": "&amp; &lt;b&gt;"}  # fmt: skip
-FRONT_KEYS = {"library_name", "pipeline_tag", "tags"}
+FRONT_KEYS = {"pipeline_tag", "tags"}  # card_of's ClipCap: no library loads its folder alone, so no library_name
 
 
 def card_of(name: str, data_path: str = "data/set.jsonl", command: str = "finecap train") -> str:

@@ -149,7 +149,7 @@ def test_the_export_card_says_what_the_folder_is(run):
     prompt = json.loads((run_dir / "checkpoints" / "best" / "model" / "captioner.json").read_text())["prompt"]
     assert f"- **Prompt**: `{prompt}` (the user's turn of the chat template" in source  # in no other file but ours
     card = (export / "README.md").read_text()
-    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: image-text-to-text\n")  # a VLM's task
     assert "a merged export of" in card and "no adapter folder" in card and "`adapter/`" not in card
     first = [line for line in card.splitlines() if line.startswith("# ")][0]
     assert first.startswith("# MLE captioner on ") and "a finecap captioner" not in card  # objective and base model

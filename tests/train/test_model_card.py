@@ -90,6 +90,31 @@ def test_the_card_asks_the_backbone(meta, bases, hub, extra):
     assert loading(lines) == extra
 
 
+@pytest.mark.parametrize(
+    ("meta", "front"),
+    [
+        ({"kind": "clipcap", "lm_source": "gpt2", "encoder_source": CLIP},
+         {"pipeline_tag": "image-to-text", "base_model": [CLIP]}),
+        ({"kind": "blip", "source": HUB_BLIP, "adapter": "adapter"},
+         {"library_name": "transformers", "pipeline_tag": "image-to-text", "base_model": [HUB_BLIP]}),
+        ({"kind": "blip", "source": "world-tiny", "world_source": "/x/enc"}, {"pipeline_tag": "image-to-text"}),
+        ({"kind": "vlm", "source": HUB_VLM, "adapter": "adapter"},
+         {"library_name": "transformers", "pipeline_tag": "image-text-to-text", "base_model": [HUB_VLM]}),
+        ({"kind": "vlm", "source": "world-tiny", "world_source": "/x/enc"}, {"pipeline_tag": "image-text-to-text"}),
+    ],
+    ids=["clipcap", "blip", "blip-world", "vlm", "vlm-world"],
+)  # fmt: skip
+def test_the_front_matter_names_the_library_and_task_the_folder_is_for(meta, front):
+    """What the Hub reads to offer a snippet: ``library_name: transformers`` only where transformers alone loads the
+    folder as the captioner (ClipCap's top holds no config.json, ``lm/`` and the mapper: ``pipeline(...,
+    model=folder)`` fails on it; the world models caption only with finecap's world encoder), and a VLM's task is its
+    base models' ``image-text-to-text`` (an image and a prompt: transformers 5 runs ``image-to-text`` as that task,
+    and refuses a VLM asked without text). Every card said ``library_name: transformers`` and ``image-to-text``."""
+    card = model_card(from_dict({"run": {"name": "r"}}), {"step": 1}, meta, None, "finecap train")
+    header = yaml.safe_load(card.split("\n---\n")[0].removeprefix("---\n"))
+    assert {k: v for k, v in header.items() if k != "tags"} == front
+
+
 BF16 = {"lm": {"trainable": "float32", "frozen": "bfloat16"}, "encoder": {"frozen": "bfloat16"},
         "rest": {"frozen": "bfloat16"}}  # captioner.json's dtypes of a model.dtype=bfloat16 LoRA run  # fmt: skip
 
@@ -181,7 +206,7 @@ def test_the_cards_command_block_renders_as_one_code_block(monkeypatch):
     markdown_it = pytest.importorskip("markdown_it")
     argv = ["finecap", "train", "run.name=```\n<script>alert(1)</script>", "data.path=a\n---\nlicense: x", "# h"]
     card = model_card(from_dict({"run": {"name": "r"}}), {"step": 1}, {"kind": "clipcap"}, None, argv)
-    assert card.split("\n")[:2] == ["---", "library_name: transformers"]
+    assert card.split("\n")[:2] == ["---", "pipeline_tag: image-to-text"]  # ClipCap: no library loads it alone
     assert yaml.safe_load(card.split("\n---\n")[0].removeprefix("---\n"))["pipeline_tag"] == "image-to-text"
     rendered = markdown_it.MarkdownIt("commonmark").render(card.split("\n---\n", 1)[1])
     made_by = rendered.split("<h2>Made by</h2>")[1]

@@ -47,7 +47,7 @@ from finecap.runs import (
     training_folder_of,
 )
 from finecap.train.checkpoint import saved_dtype
-from finecap.train.model_card import CARD_NAME, md_code, model_card
+from finecap.train.model_card import CARD_NAME, md_code, model_card, with_hub_keys
 from finecap.utils.files import OutputRefused, refuse_link
 from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, check_own_folder, is_finecap_folder, previous_dir
 from finecap.utils.reading import METADATA, read_json, read_text_bounded
@@ -123,9 +123,10 @@ def export_card(checkpoint: Path, source: Path, merged_meta: dict, merged: str,
                 differs: Sequence[str] = ()) -> str | None:  # fmt: skip
     """The merged export's model card: made anew from the source checkpoint's records (its configuration, training
     state and fingerprints) and the export's own ``captioner.json``, so it says what the folder is (merged weights,
-    ``library_name: transformers``, no adapter folder) and that the validation values are the run's, measured on
+    no adapter folder) and that the validation values are the run's, measured on
     ``source`` (``differs``: how the export computes otherwise); a bare source with no configuration keeps its card
-    with a note (and ``library_name: transformers``); ``None`` when the source has no card."""
+    with a note (its ``library_name`` and ``pipeline_tag`` as the export's backbone says:
+    :func:`finecap.train.model_card.with_hub_keys`); ``None`` when the source has no card."""
     stored = stored_config(checkpoint)
     if stored is not None:
         prints_file = checkpoint / FINGERPRINTS_FILE
@@ -135,8 +136,7 @@ def export_card(checkpoint: Path, source: Path, merged_meta: dict, merged: str,
     card = source / CARD_NAME
     if not card.is_file():
         return None
-    # (cards written before 2026-11-27 said library_name: peft for a checkpoint holding a whole-model adapter)
-    text = read_text_bounded(card, METADATA).replace("\nlibrary_name: peft\n", "\nlibrary_name: transformers\n", 1)
+    text = with_hub_keys(read_text_bounded(card, METADATA), merged_meta)  # an older card's said otherwise
     note = (f"\n## Export\n\nA merged export of {md_code(str(source))} (`finecap export --merged`): LoRA adapters "
             f"folded into the base weights: {merged or 'none'}; no adapter folder. Any values above are the run's, "
             "measured on the source, not on this export"

@@ -225,6 +225,9 @@ class CaptionerBase(nn.Module, abc.ABC):
             is saved, and the ``captioner.json`` keys saying whether it was and where the frozen one comes from.
         TRANSFORMERS_CLASS: the transformers class that loads the folder alone (:meth:`save_plain_model`), which the
             model card names (:meth:`card_lines`); ``""``: none.
+        PIPELINE_TAG: the Hub task of the backbone's base models, the model card's ``pipeline_tag``:
+            ``image-to-text`` (an image in, its caption out), ``image-text-to-text`` for a VLM (an image and a
+            prompt in: transformers 5 runs ``image-to-text`` as that task, and a VLM without its prompt is refused).
 
     Attributes:
         tokenizer: the captions' tokenizer (its EOS ends every caption; its pad id pads them).
@@ -252,6 +255,7 @@ class CaptionerBase(nn.Module, abc.ABC):
     DUAL_SAVED_KEY: ClassVar[str] = "world_saved"
     DUAL_SOURCE_KEY: ClassVar[str] = "world_source"
     TRANSFORMERS_CLASS: ClassVar[str] = ""
+    PIPELINE_TAG: ClassVar[str] = "image-to-text"
 
     tokenizer: Any
     train_lm: bool
@@ -755,13 +759,20 @@ class CaptionerBase(nn.Module, abc.ABC):
         return {"model": meta.get("source", ""), "vision encoder": meta.get(cls.DUAL_SOURCE_KEY, "")}
 
     @classmethod
+    def transformers_loads(cls, meta: dict[str, Any]) -> bool:
+        """Whether transformers alone loads the saved folder of this ``captioner.json`` as the captioner: a
+        :attr:`TRANSFORMERS_CLASS` and no dual encoder (the world BLIP or VLM, which only finecap reads). The model
+        card then says ``library_name: transformers`` and names the class (:meth:`card_lines`)."""
+        return bool(cls.TRANSFORMERS_CLASS) and not meta.get(cls.DUAL_SOURCE_KEY)
+
+    @classmethod
     def card_lines(cls, meta: dict[str, Any]) -> list[str]:
         """Markdown lines the model card adds to its "Loading" section after finecap's own: how other tools load the
-        folder. Default: with a :attr:`TRANSFORMERS_CLASS` and no dual encoder (the world BLIP or VLM, which only
-        finecap reads), that class (base weights when ``captioner.json`` lists LoRA adapters, else the captioner's
-        own: a merged export's) and the whole-model peft adapter (``captioner.json``'s ``adapter``) if any."""
+        folder. Default: where :meth:`transformers_loads` it, its :attr:`TRANSFORMERS_CLASS` (base weights when
+        ``captioner.json`` lists LoRA adapters, else the captioner's own: a merged export's) and the whole-model peft
+        adapter (``captioner.json``'s ``adapter``) if any."""
         auto = cls.TRANSFORMERS_CLASS
-        if not auto or meta.get(cls.DUAL_SOURCE_KEY):
+        if not cls.transformers_loads(meta):
             return []
         # with adapters the folder's weights are those under them; without (a merged export, full fine-tuning) they
         # are the captioner's own

@@ -1018,6 +1018,7 @@ class Vlm(CaptionerBase):
 
     kind = KIND
     TRANSFORMERS_CLASS = "AutoModelForImageTextToText"
+    PIPELINE_TAG = "image-text-to-text"
 
     @property
     def eos_token_id(self) -> int:

@@ -1,10 +1,11 @@
 """The model card of a checkpoint: ``README.md`` in its model folder, as the Hugging Face Hub and other tools read one.
 
 Every checkpoint finecap writes carries one (:func:`finecap.train.checkpoint.save_checkpoint`): a YAML header
-(``library_name``, ``base_model`` when the base is a Hub name, ``pipeline_tag: image-to-text``, tags) and what a
-reader needs to trust and reuse the weights: the backbone and its base model, the objective, the data and its
-fingerprint, the training progress, the validation values of the checkpoint (a best checkpoint; a last one has none
-of its own), the adapters it holds and how to load it with finecap, transformers or peft, and the command that made
+(``library_name`` where transformers loads the folder and ``pipeline_tag``: :func:`hub_keys`; ``base_model`` when the
+base is a Hub name; tags) and what a reader needs to trust and reuse the weights: the backbone and its base model, the
+objective, the data and its fingerprint, the training progress, the validation values of the checkpoint (a best
+checkpoint; a last one has none of its own), the adapters it holds and how to load it with finecap, transformers or
+peft, and the command that made
 it as the shell command that runs it when pasted (:func:`command_block`), secret overrides masked
 (:func:`finecap.locks.command_argv`); the credentials of any URL in it are masked
 (:func:`finecap.config.secrets.masked_url_secrets`). Everything in it comes from the run's configuration,
@@ -112,6 +113,30 @@ def _yaml_list(items: list[str]) -> str:
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
 
+def hub_keys(meta: dict[str, Any]) -> list[str]:
+    """The front matter's lines that tell the Hub which library loads the folder and for which task, from its
+    backbone: ``library_name: transformers`` only where transformers alone loads the folder as the captioner (BLIP, a
+    VLM: :meth:`~finecap.models.base.CaptionerBase.transformers_loads`; a whole-model adapter is in a folder of its
+    own, so not ``peft``, whose snippet looks for ``adapter_config.json`` at the top), ``[]`` in its place otherwise
+    (ClipCap's ``lm/`` and mapper, the world models: the Hub's transformers snippet fails on them), then
+    ``pipeline_tag`` (the backbone's ``PIPELINE_TAG``: a VLM's is ``image-text-to-text``, its base models' task)."""
+    backbone = backbone_of(meta)
+    library = ["library_name: transformers"] if backbone.transformers_loads(meta) else []
+    return [*library, f"pipeline_tag: {backbone.PIPELINE_TAG}"]
+
+
+def with_hub_keys(card: str, meta: dict[str, Any]) -> str:
+    """``card`` (a model card finecap wrote) with its front matter's ``library_name`` and ``pipeline_tag`` lines
+    replaced by :func:`hub_keys` of ``meta`` (cards written before 2026-11-29 said ``library_name: transformers`` and
+    ``pipeline_tag: image-to-text`` for every backbone, before 2026-11-27 ``library_name: peft`` with a whole-model
+    adapter); a card without front matter is returned as it is."""
+    if not card.startswith("---\n") or "\n---\n" not in card[3:]:
+        return card
+    front, rest = card[4:].split("\n---\n", 1)
+    kept = [line for line in front.split("\n") if not line.startswith(("library_name:", "pipeline_tag:"))]
+    return "\n".join(["---", *hub_keys(meta), *kept, "---", rest])
+
+
 def _loading(meta: dict[str, Any]) -> list[str]:
     """The card's "Loading" section: finecap's own lines, then the backbone's (``card_lines``: other tools)."""
     lines = ["```python", "from finecap import Captioner", "",
@@ -195,13 +220,10 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
     bases = base_models(meta)
     hub = [h for h in (_hub_name(s) for s in bases.values()) if h]
     objective = cfg.train.objective
-    # the folder is a transformers model at its top (a whole-model adapter, when there is one, is in a folder of its
-    # own): the Hub's loading snippet for library_name peft would look for adapter_config.json at the top
-    header = ["---", "library_name: transformers"]
+    header = ["---", *hub_keys(meta)]
     if hub:
         header.append(f"base_model: {_yaml_list(hub)}")
-    header += ["pipeline_tag: image-to-text", f"tags: {_yaml_list(['finecap', 'image-captioning', kind, objective])}",
-               "---", ""]  # fmt: skip
+    header += [f"tags: {_yaml_list(['finecap', 'image-captioning', kind, objective])}", "---", ""]
     body = [f"# {md_text(title(objective, meta))}", "", f"- **Run**: {md_code(cfg.run.name)} (finecap)",
             folder_line(meta, merged_from, merged),
             f"- **Backbone**: {md_code(kind)}" + (f" ({md_text(str(meta['family']))})" if meta.get("family") else ""),
