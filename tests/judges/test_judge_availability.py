@@ -184,6 +184,90 @@ def test_a_dead_server_among_several_costs_no_call():
         assert judge.counts["failed"] == 0
 
 
+@pytest.mark.parametrize(
+    ("stopping", "stopper_sent", "stopper_waits", "says"),
+    [((503, {"error": "unavailable"}), 2 * 4, 2 * 3, r"1 calls in a row got no answer from any of its 2 server\(s\)"),
+     ((401, {"error": "refused"}), 1, 0, "HTTP 401: the server refused the API key")],
+)  # fmt: skip
+def test_calls_in_flight_when_the_judge_stops_end_at_their_next_retry_with_its_error(
+    stopping, stopper_sent, stopper_waits, says
+):
+    # before, a call in flight when another stopped the judge (the streak at judge.max_consecutive_failures, a refused
+    # key) went on with its retries and backoff against the dead servers, and then with the next server, before it
+    # noticed: retries x backoff per thread (minutes) for a stop that is known at once; one cancelled by the refusal
+    # read as an answered call, went on to the other server and came back a JudgeFailed, counted as failed.
+    # 7 calls in flight on 2 servers, each answered HTTP 503 and retried once; their second attempt is held until the
+    # judge has stopped: the last call, answered once the 7 second attempts are held, ends the streak (503 on each
+    # attempt of both servers) or is refused (401). The judge's 9th call starts when the last call's thread is free:
+    # the judge stopped then.
+    judge = None
+    stopper = "the call that stops the judge"
+    lock, held = threading.Lock(), []
+
+    def dying(payload, n):
+        content = payload["messages"][-1]["content"]
+        if stopper in content:
+            until(lambda: len(held) >= 7, "the 7 other calls' second attempts were never in flight")
+            return stopping
+        if n == 1:  # an attempt in flight when the judge stops
+            with lock:
+                held.append(content)
+            until(lambda: judge.counts["calls"] == 9, "the judge never stopped")
+        return down(payload, n)
+
+    waits: list[float] = []
+    asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(7)] + [Ask(Q, OPTIONS, stopper), Ask(Q, OPTIONS, "9")]
+    with ChatServer(dying) as one, ChatServer(dying) as two:
+        judge = judge_of(one.url, two.url, retries=3, concurrency=8, max_consecutive_failures=1, sleep=waits.append)
+        with pytest.raises(JudgeUnavailable, match=says) as stopped:  # the first call's, one of those in flight
+            judge.answer(asks)
+        # the stopper's requests, and each call in flight its first attempt and the one in flight at the stop: no
+        # retry after it (before: 4 attempts each, on both servers after a refusal), no other server, no wait
+        sent = len(one.requests) + len(two.requests)
+        assert sent == stopper_sent + 7 * 2, sent
+        assert len(waits) == stopper_waits + 7 * 1
+        with pytest.raises(JudgeUnavailable) as later:
+            judge.answer(asks[:1])
+        assert str(later.value) == str(stopped.value)  # the one error, whichever call said it
+    assert judge.counts["failed"] == 0 and judge.counts["calls"] == 10
+
+
+def test_a_wait_between_attempts_ends_at_once_when_the_judge_stops():
+    # the judge's own wait (no sleep injected) of 60 s before each retry: before, the calls in flight when the judge
+    # stopped each waited it out (and then retried the dead server), so a stop known at once took a minute or more
+    judge = None
+    stopper = "the call that stops the judge"
+    lock, asked = threading.Lock(), set()
+
+    def dying(payload, n):
+        content = payload["messages"][-1]["content"]
+        with lock:
+            asked.add(content)
+        if stopper not in content:
+            return down(payload, n)  # then the 60 s wait
+        until(lambda: len(asked) == 8, "the 7 other calls were never in flight")
+        return 503, {"error": "unavailable"}, {"x-should-retry": "false"}  # no answer: the streak at its limit
+
+    outcome: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            judge.answer([Ask(Q, OPTIONS, f"a red circle {i}") for i in range(7)] + [Ask(Q, OPTIONS, stopper)])
+        except JudgeUnavailable as e:
+            outcome.append(e)
+
+    with ChatServer(dying) as server:
+        judge = judge_of(server.url, retries=1, concurrency=8, max_consecutive_failures=1, backoff=60.0,
+                         retry_max_wait=60.0, sleep=None)  # fmt: skip
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(timeout=30)  # a liveness bound for a loaded machine: without the stop, 60 s at least
+        assert not asking.is_alive(), "the calls in flight waited out their 60 s wait before a retry"
+        assert len(server.requests) == 8, len(server.requests)  # each call's first attempt, no retry
+    assert len(outcome) == 1 and "1 calls in a row got no answer" in str(outcome[0])
+    assert "x-should-retry: false" in str(outcome[0])
+
+
 def test_one_call_asked_by_many_at_once_is_asked_once_and_all_get_its_answer():
     lock, numbers = threading.Lock(), iter(range(1, 100))
     judge = None

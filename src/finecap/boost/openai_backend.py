@@ -368,6 +368,37 @@ def _text_of(content: Any) -> Any:
     return content
 
 
+class Stop:
+    """The stop of the requests of one backend, or of several sharing it (a judge's servers): once :meth:`set`, no
+    request is sent (:class:`~finecap.boost.engine.Cancelled`), none is retried, and a wait between attempts (the
+    default ``sleep``'s) ends at once. ``reason``: the first reason given (a refusal's message), for whoever stops on
+    another request's error (:class:`~finecap.judges.openai.OpenAIJudge` names it as that request did)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self.reason = ""
+
+    def set(self, reason: str) -> None:
+        """Stop; the first ``reason`` given is kept."""
+        with self._lock:
+            self.reason = self.reason or reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait ``seconds``, or until the stop is set; whether it is."""
+        return self._event.wait(seconds)
+
+    def clear(self) -> None:
+        """Go on again (:meth:`OpenAIBackend.run` ends so: boost's next step), the reason forgotten."""
+        with self._lock:
+            self.reason = ""
+            self._event.clear()
+
+
 class OpenAIBackend:
     """Chat completions on an OpenAI-compatible server (module docstring).
 
@@ -380,7 +411,10 @@ class OpenAIBackend:
     docstring); ``False`` returns it as it came. ``served``: the check of the model each reply names (its
     ``"model"``, when a non-empty string; masked as the answer is), made before its answer is returned
     (:class:`~finecap.boost.served_model.ServedModel`: a reply naming another model than the first stops the run);
-    by default one of this backend's own, naming ``<key>_model``; the judge shares one among its servers. Boost's
+    by default one of this backend's own, naming ``<key>_model``; the judge shares one among its servers. ``stop``:
+    the :class:`Stop` of its requests (by default its own), which a refusal sets; the judge shares one among its
+    servers, and sets it when it stops, so that its calls in flight end at their next attempt or wait (it asks through
+    :meth:`complete` alone: :meth:`run` clears the stop when it ends). Boost's
     engine reads it (:class:`~finecap.boost.engine.ServedCheck`): the model its cache lines and ``boost.json`` record,
     and the one a resumed run's cached answers record, told to it before any request.
 
@@ -410,6 +444,7 @@ class OpenAIBackend:
         transport: httpx.BaseTransport | None = None,
         refuse_cut_off: bool = True,
         served: ServedModel | None = None,
+        stop: Stop | None = None,
     ) -> None:
         if not model:
             raise ValueError(f"{option_name(key, 'model')}: the openai backend needs the served model name")
@@ -440,7 +475,7 @@ class OpenAIBackend:
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.client = httpx.Client(headers=headers, auth=credentials, timeout=timeout, limits=limits,
                                    transport=transport)  # fmt: skip
-        self._stop = threading.Event()
+        self._stop = stop if stop is not None else Stop()
         self._sleep = sleep or (lambda seconds: self._stop.wait(seconds))
         self._clock = clock
         self._exponential = wait_exponential_jitter(initial=backoff, max=max_wait, jitter=backoff)
@@ -501,10 +536,11 @@ class OpenAIBackend:
         shown = self.redact(head)[:300]
         fatal = FATAL_STATUS.get(status) or (QUOTA_SPENT if status == 429 and quota_spent(raw) else None)
         if fatal:
-            self._stop.set()  # no new request starts
-            raise FatalBackendError(
+            refused = FatalBackendError(
                 f"{self.shown_url}: HTTP {status}: {fatal} ({option_name(self.key, '*')}); the server said: {shown}"
             )
+            self._stop.set(str(refused))  # no new request starts
+            raise refused
         if status == 429:
             self._note_rate_limit(response)
         if retried_status(status) or (status >= 400 and should_retry(response.headers)):
@@ -540,8 +576,8 @@ class OpenAIBackend:
         if isinstance(served, str) and served:
             try:  # masked as the answer: a server echoing the key puts it nowhere
                 self.served.check(self.masked_answer(served))
-            except FatalBackendError:
-                self._stop.set()  # another model answers: no new request starts, as after a 401
+            except FatalBackendError as e:
+                self._stop.set(str(e))  # another model answers: no new request starts, as after a 401
                 raise
         return self.masked_answer(content)
 
@@ -640,7 +676,7 @@ class OpenAIBackend:
             try:
                 yield from _outcomes(futures, handed)
             except KeyboardInterrupt:
-                self._stop.set()  # the requests not yet sent end as Cancelled at once
+                self._stop.set("interrupted")  # the requests not yet sent end as Cancelled at once
                 in_flight = sum(f.running() for f in futures)
                 log.warning("interrupted: waiting for the %d request(s) in flight to keep their answers (Ctrl-C "
                             "again to drop them)", in_flight)  # fmt: skip
@@ -649,7 +685,7 @@ class OpenAIBackend:
             done = True
         finally:
             if not done:  # the engine stopped early (or a kill): send nothing more, wake retries from their wait
-                self._stop.set()
+                self._stop.set("the run is stopping")
             pool.shutdown(wait=True, cancel_futures=True)
             self._stop.clear()
 

@@ -31,7 +31,9 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   false`` (a judge server down, failing or rate-limiting every request would otherwise leave every caption
   unscored, step after step; the message names the last server's URL and status). An answer (parsable or not) or
   another HTTP error (400: that request's own) resets the count. Every call after either raises the same, without a
-  request.
+  request, and so do the calls in flight then (in other threads, up to ``judge.concurrency``) at their next attempt:
+  none retries, waits out its backoff (the wait ends at once) or moves on to another server; only the attempts already
+  sent are answered (:class:`~finecap.boost.openai_backend.Stop`, which the judge's servers share).
 - **Served model**: a reply's ``model`` is checked (:class:`~finecap.boost.served_model.ServedModel`, one check
   shared by the judge's servers, the rule of boost's ``openai`` backend too): the first one named is kept, with
   a warning when it is not ``judge.model`` or a version of it (the answers are cached and reported under
@@ -68,8 +70,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from finecap.boost.engine import BackendError, FatalBackendError, MalformedReply, ServerFailing, ServerUnavailable
-from finecap.boost.openai_backend import OpenAIBackend, api_key_from_env
+from finecap.boost.engine import (
+    BackendError,
+    Cancelled,
+    FatalBackendError,
+    MalformedReply,
+    ServerFailing,
+    ServerUnavailable,
+)
+from finecap.boost.openai_backend import OpenAIBackend, Stop, api_key_from_env
 from finecap.boost.served_model import ServedModel
 from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, JudgeUnavailable, Question, Subject
 from finecap.judges.cache import AnswerCache, Entry, cache_key
@@ -302,26 +311,30 @@ class OpenAIJudge(Judge):
             advice="two models behind judge.urls, or a proxy's fallback, would score captions as one judge; serve one "
             "model (the answer cache records the model that gave each answer it kept, and holds a later run to it)",
         )  # fmt: skip
-        # refuse_cut_off=False: an answer is parsed, not kept; a verdict given before judge.max_tokens counts
+        # refuse_cut_off=False: an answer is parsed, not kept; a verdict given before judge.max_tokens counts. One stop
+        # for every server: set when the judge stops, it ends the retries of the calls in flight (module docstring)
+        stop = Stop()
         backends = [
             OpenAIBackend(model, url, api_key, concurrency=concurrency, timeout=timeout, retries=retries,
                           max_tokens=max_tokens, temperature=0.0, backoff=backoff, max_wait=retry_max_wait,
                           key="judge", url_option="judge.urls", sleep=sleep, transport=transport, refuse_cut_off=False,
-                          served=served)
+                          served=served, stop=stop)
             for url in urls
         ]  # fmt: skip
         self._start(model, backends, prompts=loaded, cache=cache, retries=retries, concurrency=concurrency,
                     max_tokens=max_tokens, max_consecutive_failures=max_consecutive_failures,
-                    served=served)  # fmt: skip
+                    served=served, stop=stop)  # fmt: skip
 
     def _start(self, model: str, backends: list[Any], *, prompts: dict[str, Any], cache: AnswerCache | None,
                retries: int, concurrency: int, max_tokens: int, max_consecutive_failures: int = 10,
-               served: ServedModel | None = None) -> None:  # fmt: skip
+               served: ServedModel | None = None, stop: Stop | None = None) -> None:  # fmt: skip
         """What every judge over chat backends holds: its ``prompts`` (:func:`load_prompts`'s, read and checked by
         the judge before it built its backends: a bad prompts file costs no connection, no engine start) and their
         version, the model's name, the most tokens of an answer, the backends it asks in turn, the cache, the retries
-        of an unparsable answer, the requests in flight, the count of calls in a row that no server answered and the
-        check of the model the servers name (``served``; ``None`` for a judge of no server)."""
+        of an unparsable answer, the requests in flight, the count of calls in a row that no server answered, the
+        check of the model the servers name (``served``; ``None`` for a judge of no server) and the ``stop`` its
+        backends share (:class:`~finecap.boost.openai_backend.Stop`; a judge's own for backends without one: its
+        calls then stop only between servers)."""
         if max_consecutive_failures < 1:
             raise ValueError(f"judge.max_consecutive_failures must be >= 1, got {max_consecutive_failures}")
         self.prompts = prompts
@@ -336,6 +349,7 @@ class OpenAIJudge(Judge):
         self._in_flight: dict[str, Future] = {}  # cache key -> the answer of the call asking it now
         self._unreachable = 0  # calls in a row that no server answered (module docstring: failures)
         self._unavailable = ""  # why the judge is unavailable (a refused key, URL or model; the streak at its limit)
+        self._stop = stop if stop is not None else Stop()  # set with _unavailable: the calls in flight end (_answer)
         self._served = served
         self._said_unrecorded = False  # whether _check_cached said that some cached answers record no model
         self._closed = False  # close() ran: a call after it is refused (UsedAfterClose), not sent to what it closed
@@ -425,6 +439,8 @@ class OpenAIJudge(Judge):
         last: BackendError | None = None  # the last server failure, for the judge's stop message
         failed: set[int] = set()  # the servers this call failed on
         while asked <= self.retries:
+            if self._unavailable:  # stopped by another call while this one was in flight: no other server, no retry
+                raise JudgeUnavailable(self._unavailable)
             index = self._next_server(failed)
             if index is None:
                 break
@@ -441,6 +457,9 @@ class OpenAIJudge(Judge):
                 continue
             except FatalBackendError as e:  # a refused key, a wrong model or URL: every call would fail alike
                 raise JudgeUnavailable(self._out(f"judge {self.name}: {e}")) from None
+            except Cancelled:  # not sent or not retried: the judge stopped, or another call's refusal stopped its
+                # servers (its message, as that call names it: whichever call says it first, the judge says the same)
+                raise JudgeUnavailable(self._out(f"judge {self.name}: {self._stop.reason}")) from None
             except BackendError as e:  # the client retried already: the next server, if any
                 # unreachable or failing (429, 5xx) is no answer; another refusal (400) answers this request alone
                 failing = isinstance(e, ServerUnavailable | ServerFailing)
@@ -491,10 +510,13 @@ class OpenAIJudge(Judge):
 
     def _out(self, why: str) -> str:
         """Mark the judge unavailable for ``why`` (the first reason kept): every later call raises
-        :class:`~finecap.judges.base.JudgeUnavailable` with it, without a request. The reason kept."""
+        :class:`~finecap.judges.base.JudgeUnavailable` with it, without a request, and the calls in flight stop at
+        their next attempt or wait (module docstring: failures). The reason kept."""
         with self._lock:
             self._unavailable = self._unavailable or why
-            return self._unavailable
+            unavailable = self._unavailable
+        self._stop.set(unavailable)  # after _unavailable: a call its stop cancels finds the reason there
+        return unavailable
 
     @property
     def served_model(self) -> str | None:
@@ -520,7 +542,7 @@ class OpenAIJudge(Judge):
                 )
             unavailable = self._unavailable
         if unavailable:
-            raise JudgeUnavailable(unavailable)
+            raise JudgeUnavailable(self._out(unavailable))  # the reason kept, and the calls in flight stopped
 
     def _map(self, jobs: Sequence[Callable[[], Any]]) -> list[Any]:
         if len(jobs) <= 1:
