@@ -20,9 +20,9 @@ pytest.importorskip("vllm", reason=NOT_HERE)
 from finecap.config import DecodeConfig, VllmConfig  # noqa: E402
 from finecap.config.sections.backbones import VlmBackboneConfig  # noqa: E402
 from finecap.engines.vllm import served_prompt, shutdown_llm, start_llm  # noqa: E402
-from finecap.models import lora  # noqa: E402
 from finecap.models.base import module_path  # noqa: E402
 from finecap.models.vlm import Vlm  # noqa: E402
+from helpers.adapters import adapted as with_adapters  # noqa: E402
 from helpers.vlm import images  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -35,16 +35,8 @@ def adapted(base, train_projector: bool) -> Vlm:
     """The captioner of the base folder with LoRA on its language model, B drawn at random (the adapters change its
     captions); with ``train_projector`` its projector moved too (a fully trained module of the adapter)."""
     model = Vlm.from_pretrained(base, section=VlmBackboneConfig(train_projector=train_projector))
-    torch.manual_seed(0)
-    lora.apply_lora(model, "lm", lora.LoraSpec(rank=4, alpha=8.0))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-        for p in module_path(model.model, model.family.projector).parameters() if train_projector else []:
-            p.add_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.eval()
+    projector = module_path(model.model, model.family.projector) if train_projector else None
+    return with_adapters(model, projector, parts=("lm",))
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Captioners with LoRA adapters that change what they say, for the tests of adapters outside finecap
-(tests/models/test_whole_adapter.py, tests/models/test_vlm_families.py)."""
+(tests/models/test_whole_adapter.py, tests/models/test_vlm_families.py, tests/engines/test_vllm_lora.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from finecap.models import lora
 from finecap.models.captioner import PARTS
 
 
-def adapted(model, projector: torch.nn.Module | None = None):
-    """``model`` with LoRA on both parts, B drawn at random (so the adapters change the captions), and ``projector``
-    (a fully trained module: peft's ``modules_to_save``) moved too; in eval mode."""
+def adapted(model, projector: torch.nn.Module | None = None, parts: tuple[str, ...] = PARTS):
+    """``model`` with LoRA on ``parts`` (both by default), B drawn at random (so the adapters change the captions),
+    and ``projector`` (a fully trained module: peft's ``modules_to_save``) moved too; in eval mode."""
     torch.manual_seed(0)
-    for part in PARTS:
+    for part in parts:
         lora.apply_lora(model, part, lora.LoraSpec(rank=4, alpha=8.0))
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
