@@ -130,6 +130,23 @@ def test_other_settings_are_refused_naming_them_and_force_starts_over(run, shape
 
 
 @pytest.mark.slow
+def test_the_captions_a_refusal_and_force_discard_are_counted_without_older_skipped_lines(run, shapes, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    # an earlier finecap wrote a "skipped" line for an image --skip-bad-images left out; such lines are read and
+    # passed over (no caption of theirs is kept), but the refusal and --force's warning counted them as captions
+    out = tmp_path / "out.json"
+    stopped(run, shapes, out, "images", GREEDY, monkeypatch, after=1)  # one batch of 4 captioned
+    partial = tmp_path / "out.json.partial.jsonl"
+    with partial.open("a") as f:
+        f.write(json.dumps({"image": "a_bad.png", "skipped": "not an image"}) + "\n")
+    shorter = (*GREEDY, "decode.max_length=3")
+    code, _, err = run_cli(argv(run, shapes, out, "images", shorter))
+    assert code == 2 and "(its 4 captions discarded)" in err, err
+    code, _, err = run_cli([*argv(run, shapes, out, "images", shorter), "--force"])
+    assert code == 0 and "and its 4 captions discarded" in err, err
+
+
+@pytest.mark.slow
 def test_a_file_finecap_did_not_write_at_the_partial_name_is_never_touched(run, shapes, tmp_path):
     out = tmp_path / "out.json"
     theirs = tmp_path / "out.json.partial.jsonl"

@@ -385,9 +385,10 @@ class PartialResults:
                     f"--out: {self.path} exists and finecap did not write it (the partial results file of --out is "
                     f"named so); move it away, or choose another --out"
                 )
+            captioned = sum("captions" in row for row in lines)  # an earlier finecap's "skipped" lines: none
             if force:
                 log.warning("caption: --force: starting over, %s and its %d captions discarded", self.path,
-                            len(lines))  # fmt: skip
+                            captioned)  # fmt: skip
                 self.path.unlink()
                 lines = []
             elif batch_size_free(header) != batch_size_free(self.header) and not self.unlisted_split(header, lines):
@@ -397,7 +398,7 @@ class PartialResults:
                 raise OutputRefused(
                     f"{self.path}: the partial results of a stopped run made otherwise ("
                     + "; ".join(changed)
-                    + f"): rerun it as it was to resume, or pass --force to start over (its {len(lines)} captions "
+                    + f"): rerun it as it was to resume, or pass --force to start over (its {captioned} captions "
                     "discarded)"
                 )
             else:
