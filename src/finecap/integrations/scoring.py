@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
+from finecap.judges.base import tallies_grown
 from finecap.rewards import RewardOutput, as_reward, reward_of
 from finecap.serve.protocol import Limits, RequestError, in_callers_words, parse_reward, reward_body
 from finecap.serve.service import CallCheck, ImageTable
@@ -209,7 +210,7 @@ class Scorer(Closeable):
                 raise in_callers_words(e, fields) from None
             before = dict(self.reward.tallies())
             out = self.check().answer(self.reward(job.captions, job.batch()), [len(job.captions)])[0]
-            return out, grown(before, self.reward.tallies())
+            return out, tallies_grown(before, self.reward.tallies())
 
     def _server_grown(self) -> dict[str, float]:
         """How much the server's tallies grew since this scorer last read them, the counts read now kept for the next
@@ -239,16 +240,7 @@ class Scorer(Closeable):
                 return {}
             if any(now.get(k, 0.0) < v for k, v in before.items()):  # the server restarted: its counts began again
                 before = {}
-            return grown(before, now)
-
-
-def grown(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    """How much each of the tallies ``after`` grew since ``before`` (a key new since then: from 0).
-
-    >>> grown({"judge/calls": 4.0, "judge/failed": 1.0}, {"judge/calls": 10.0, "judge/failed": 1.0})
-    {'judge/calls': 6.0, 'judge/failed': 0.0}
-    """
-    return {k: float(v) - float(before.get(k, 0.0)) for k, v in after.items()}
+            return tallies_grown(before, now)
 
 
 def per_sample(increase: Mapping[str, float], n: int) -> dict[str, float]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,6 +44,21 @@ TALLIES = ("calls", "cache_hits", "unparsable", "failed", "rate_limited")
 split, support check, reference claims, rating), those answered from the answer cache, the answers that did not parse
 (each asked again), the calls that failed (a :class:`JudgeFailed` in their place) and the HTTP 429 (rate limit)
 replies of its servers."""
+
+
+def tallies_grown(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """How much each of the tallies ``after`` (:meth:`Judge.tallies`, :meth:`finecap.rewards.base.RewardBase.tallies`)
+    grew since ``before``, a key new since then counted from 0 (a judge of one's own may name a tally first later):
+    a training step's (:meth:`finecap.objectives.reinforce.Reinforce.end_step`), a judged metric group's
+    (``finecap eval``'s ``group_counts``) and an adapter's call's
+    (:meth:`finecap.integrations.scoring.Scorer.counted`).
+
+    >>> tallies_grown({"judge/calls": 4.0, "judge/failed": 1.0}, {"judge/calls": 10.0, "judge/failed": 1.0})
+    {'judge/calls': 6.0, 'judge/failed': 0.0}
+    >>> tallies_grown({"calls": 3}, {"calls": 5, "rated": 2})
+    {'calls': 2, 'rated': 2}
+    """
+    return {k: v - before.get(k, 0) for k, v in after.items()}
 
 
 class JudgeFailed(Exception):

@@ -31,7 +31,7 @@ import math
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
-from finecap.judges.base import JudgeFailed, Subject
+from finecap.judges.base import JudgeFailed, Subject, tallies_grown
 from finecap.metrics.faithfulness import scene_of
 from finecap.metrics.group import Column, MetricGroup
 
@@ -108,7 +108,7 @@ def _record(ctx: EvalContext, group: str, scores: dict[Hashable, dict[str, Any]]
     before = ctx.cache.get("judge tallies", {})  # at the end of the groups before this one (each key's last value)
     ctx.about["judge"]["counts"] = counts  # of the whole evaluation so far: every group's calls
     # a judge of one's own may name a tally first in a later group: counted from 0 (Judge.tallies names every one)
-    ctx.about["judge"].setdefault("group_counts", {})[group] = {k: v - before.get(k, 0) for k, v in counts.items()}
+    ctx.about["judge"].setdefault("group_counts", {})[group] = tallies_grown(before, counts)
     ctx.cache["judge tallies"] = {**before, **counts}  # a key this group's tallies lack keeps its last value
     n_failed = len(scores) - len(ok)
     if n_failed:

@@ -72,6 +72,7 @@ from finecap.contract import is_copy
 from finecap.decode import Generation, step_seeds
 from finecap.engines import engine_class
 from finecap.engines.rollouts import RolloutEngine
+from finecap.judges.base import tallies_grown
 from finecap.models import sharding
 from finecap.models.base import set_dropout
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
@@ -432,7 +433,8 @@ class Reinforce(ObjectiveBase):
         ``reward/<name>/<key>``."""
         now = self.reward.tallies()
         keys = sorted(now)  # the same on every process: the reward's structure
-        grown = torch.tensor([now[k] - self.tallied.get(k, 0.0) for k in keys], dtype=torch.float64)
+        increase = tallies_grown(self.tallied, now)
+        grown = torch.tensor([increase[k] for k in keys], dtype=torch.float64)
         acc = self.accelerator
         if keys and acc is not None and acc.num_processes > 1:
             grown = acc.reduce(grown.to(acc.device), reduction="sum").cpu()
