@@ -26,6 +26,7 @@ from finecap.data.datasets import (
     model_collator,
     split_places,
     to_device,
+    whole_split,
 )
 from finecap.data.features import model_features
 from finecap.data.images import ImageLimits
@@ -156,7 +157,7 @@ def generate_captions(
     draft = encoder_draft(model.encoder, cfg.data) if features is None else None
     # sampling's seeds follow each image's place in the whole split, those left out counted (as --images' follow
     # the files'): a good image's samples do not depend on whether an earlier one was skipped
-    places = split_places(cfg, split) if cfg.data.skip_bad_images else None
+    places = split_places(whole_split(cfg, split)) if cfg.data.skip_bad_images else None
     dataset = CaptionDataset(records, per_caption=False, features=features, draft=draft,
                              limits=ImageLimits.of(cfg.data),
                              places=None if places is None else [places[r.image_id] for r in records])  # fmt: skip

@@ -55,7 +55,7 @@ from typing import Any
 
 from finecap.caption import generate_captions
 from finecap.config import Config, DataConfig, HfDataConfig, load_stored, masked_url_values, parse_override
-from finecap.data.datasets import load_records, split_places
+from finecap.data.datasets import load_records, split_places, whole_split
 from finecap.data.formats import data_format, detect_format
 from finecap.data.images import ImageLimits
 from finecap.data.loading import encoder_draft
@@ -178,11 +178,6 @@ def check_same_splits(run: Config, cfg: Config) -> None:
                 "otherwise, the split captioned would hold images the run trained or validated on. Caption images "
                 "it never saw: --images FOLDER, or --data FILE of captions it was not trained on"
             )
-
-
-def no_skipping(cfg: Config) -> Config:
-    """``cfg`` with ``data.skip_bad_images`` off: a split read so holds every image of it."""
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, skip_bad_images=False))
 
 
 def describe_decoding(cfg: Config) -> str:
@@ -599,8 +594,8 @@ def main(
                             option="--out")  # fmt: skip
             # the split's images in its order, those left out too (a run a bad image stopped resumes with
             # --skip-bad-images; one mended meanwhile is captioned): what the partial file's header names
-            every = kept if not undecoded else load_records(no_skipping(cfg), split, captioned=False)
-            places = split_places(cfg, split)  # what sampling's seeds follow too (finecap.caption.generate_captions)
+            every = kept if not undecoded else whole_split(cfg, split)
+            places = split_places(every)  # what sampling's seeds follow too (finecap.caption.generate_captions)
             named = {"split": split, "world": dataclasses.asdict(cfg.world),
                      **listed_images([(r.image_id, str(r.path) if r.embedded else os.path.abspath(r.path))
                                       for r in every])}  # fmt: skip

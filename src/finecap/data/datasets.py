@@ -99,12 +99,18 @@ _SKIP_SAID = SaidOnce()
 """The splits whose left-out images :func:`load_records` has said in this command (:mod:`finecap.utils.once`)."""
 
 
-def split_places(cfg: Config, split: str) -> dict[Any, int]:
-    """Each image id of ``split`` -> its place in the split as the data set lists it, the images
-    ``data.skip_bad_images`` leaves out counted: what a split's sampling seeds follow (:func:`finecap.caption.
-    generate_captions`), as ``--images``' follow a file's place in the files named, so that an image's samples do not
-    depend on whether an earlier image was left out (docs/caption.md#a-stopped-run-resumes)."""
-    return {r.image_id: place for place, r in enumerate(_split_records(cfg, split, captioned=False))}
+def whole_split(cfg: Config, split: str) -> list[Record]:
+    """The records of ``split`` as the data set lists them, those ``data.skip_bad_images`` leaves out too (no image
+    decoded; no caption required): what a split's places count (:func:`split_places`)."""
+    return _split_records(cfg, split, captioned=False)
+
+
+def split_places(records: Sequence[Record]) -> dict[Any, int]:
+    """Each image id of ``records``, a whole split (:func:`whole_split`, the images ``data.skip_bad_images`` leaves
+    out counted) -> its place in the split as the data set lists it: what a split's sampling seeds follow
+    (:func:`finecap.caption.generate_captions`), as ``--images``' follow a file's place in the files named, so that an
+    image's samples do not depend on whether an earlier image was left out (docs/caption.md#a-stopped-run-resumes)."""
+    return {r.image_id: place for place, r in enumerate(records)}
 
 
 def skipped_images(cfg: Config, split: str, *, captioned: bool = True, model: Any = None) -> list[tuple[Record, str]]:
