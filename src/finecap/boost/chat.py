@@ -26,7 +26,7 @@ from typing import Any
 from finecap.boost.engine import BadImage, Task, option_name
 from finecap.data.images import load_record_image
 from finecap.data.records import DataError
-from finecap.data.targets import TEXT_ONLY_TOKENIZERS
+from finecap.data.targets import text_only
 from finecap.models.chat_prompts import chat_prompt_ids
 from finecap.models.chat_templates import apply_chat_template
 
@@ -54,7 +54,7 @@ def load_chat_tokenizer(model: str, *, vision: bool, key: str, backend: str) -> 
         tokenizer = processor.tokenizer
     else:
         processor, tokenizer = None, AutoTokenizer.from_pretrained(model, trust_remote_code=False)
-        if type(tokenizer).__name__ in TEXT_ONLY_TOKENIZERS:  # mistral-common's: no chat template (docstring)
+        if text_only(tokenizer):  # mistral-common's: no chat template (docstring)
             tokenizer = TokenizersBackend.from_pretrained(model, trust_remote_code=False)
     if not getattr(processor or tokenizer, "chat_template", None):
         raise ValueError(f"{option}: {model} has no chat template (an instruction-tuned chat model is needed)")

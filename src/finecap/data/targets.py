@@ -41,10 +41,16 @@ transformers' ``MistralCommonBackend``, which ``AutoTokenizer`` loads for a Mist
 its text vocabulary (``[INST]`` or ``</s>`` in a caption are their characters)."""
 
 
+def text_only(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` is of :data:`TEXT_ONLY_TOKENIZERS` (mistral-common's): it reads every text as text, has
+    no chat template and refuses ``split_special_tokens``."""
+    return type(tokenizer).__name__ in TEXT_ONLY_TOKENIZERS
+
+
 def as_text(tokenizer: Any) -> dict[str, Any]:
     """The options of a call of ``tokenizer`` that reads caption text as text: :data:`AS_TEXT`, or none for a
-    tokenizer that reads text so already and refuses the option (:data:`TEXT_ONLY_TOKENIZERS`)."""
-    return {} if type(tokenizer).__name__ in TEXT_ONLY_TOKENIZERS else AS_TEXT
+    tokenizer that reads text so already and refuses the option (:func:`text_only`)."""
+    return {} if text_only(tokenizer) else AS_TEXT
 
 
 def text_ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:

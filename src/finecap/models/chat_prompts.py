@@ -34,7 +34,7 @@ import re
 import secrets
 from typing import Any
 
-from finecap.data.targets import TEXT_ONLY_TOKENIZERS, as_text
+from finecap.data.targets import as_text, text_only
 from finecap.models.chat_templates import apply_chat_template
 
 MARK = "\U000f0000"
@@ -92,7 +92,7 @@ def chat_prompt_ids(owner: Any, messages: Any, **options: Any) -> list[int]:
     # a processor's tokenizer; a tokenizer's own ``tokenizer`` attribute is not one (MistralCommonBackend's is
     # mistral-common's encoder)
     tokenizer = owner if isinstance(owner, PreTrainedTokenizerBase) else getattr(owner, "tokenizer", owner)
-    if type(tokenizer).__name__ in TEXT_ONLY_TOKENIZERS:  # no chat template: mistral-common's ids (module docstring)
+    if text_only(tokenizer):  # no chat template: mistral-common's ids (module docstring)
         return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **options))
     specials = special_texts(tokenizer)
     pattern = re.compile("|".join(map(re.escape, specials)) or "(?!)")  # (?!) matches nothing
