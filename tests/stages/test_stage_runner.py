@@ -315,6 +315,61 @@ def test_a_stage_whose_start_was_trained_again_is_refused_not_reused(tmp_path):
     assert _runner(tmp_path, saving_train, force=True).train_stage("a") is True and runner.train_stage("a") is False
 
 
+def killed_after_a_checkpoint(cfg: Config, *, resume: bool, overwrite: bool) -> None:
+    """:func:`saving_train` killed after its first resumable checkpoint: ``last`` (trainer state, state folder and the
+    configuration it was saved with), no ``DONE``."""
+    from finecap.train.state import STATE_DIR
+
+    saving_train(cfg, resume=resume, overwrite=overwrite)
+    last = Path(cfg.run.dir) / "checkpoints" / "last"
+    (last / STATE_DIR).mkdir(parents=True)
+    (last / "trainer_state.json").write_text(json.dumps({"step": 3}))
+    (last / "config.yaml").write_text(cfg.to_yaml())
+    raise KeyboardInterrupt
+
+
+def test_a_killed_stage_whose_start_was_trained_again_is_refused_not_continued(tmp_path):
+    # the start was recorded when the stage finished: a stage killed, its start trained again (alone, --force), then
+    # resumed finished with the new start's digest in start.json, and was reused though its checkpoint's steps were
+    # taken from the old start
+    runner = _runner(tmp_path, saving_train)
+    runner.run(["world", "start"])
+    with pytest.raises(KeyboardInterrupt):
+        _runner(tmp_path, killed_after_a_checkpoint).train_stage("a")
+    started = json.loads((runner.stage_dir("a") / START_FILE).read_text())
+    assert started == runner.start_record("a")  # recorded as it started, before training
+    _runner(tmp_path, saving_train, force=True, items=["train.lr=0.3"]).train_stage("start")
+    assert runner.start_record("a") != started
+    with pytest.raises(FingerprintMismatch, match=rf"'a': the unfinished run in {runner.stage_dir('a')} started from "
+                       rf"another checkpoint than stage 'start''s best now .*{started['sha256']} recorded.*so it is "
+                       r"not continued \| re-run it with force"):  # fmt: skip
+        runner.train_stage("a")
+    assert not runner.is_done("a") and _trained(runner, "a")["resume"] is False  # not trained again
+    assert json.loads((runner.stage_dir("a") / START_FILE).read_text()) == started  # kept as it started
+    # the start as it was when the stage started: continued
+    _runner(tmp_path, saving_train, force=True).train_stage("start")
+    assert runner.train_stage("a") is True and _trained(runner, "a")["resume"] is True
+    assert runner.train_stage("a") is False  # finished: reused
+
+
+def test_a_killed_stage_whose_configuration_changed_is_refused_not_continued(tmp_path):
+    # a killed stage resumed with another configuration (an override dropped, an edited recipe) trained on with it,
+    # then finished with the new config.yaml: reused as the new configuration's though its first steps were the old's
+    runner = _runner(tmp_path, saving_train)
+    with pytest.raises(KeyboardInterrupt):
+        _runner(tmp_path, killed_after_a_checkpoint, items=["train.grad_clip=0.5"]).train_stage("start")
+    saved = runner.stage_dir("start") / "checkpoints" / "last" / "config.yaml"
+    with pytest.raises(FingerprintMismatch, match=rf"'start': the unfinished run in .* was trained with another "
+                       rf"configuration than it has now \({saved}\), so it is not continued: train\.grad_clip: "
+                       r"0\.5 -> 1\.0"):  # fmt: skip
+        runner.train_stage("start")
+    assert not runner.is_done("start") and _trained(runner, "start")["resume"] is False  # not trained again
+    # what changes no stage's result (NOT_RESULT): continued
+    quiet = ["train.grad_clip=0.5", "demo.jobs=3", "train.log_every=7", "train.save_every=3"]
+    again = _runner(tmp_path, saving_train, items=quiet)
+    assert again.train_stage("start") is True and _trained(again, "start")["resume"] is True
+
+
 def test_a_stage_keeps_a_users_file_where_its_start_record_goes(tmp_path):
     runner = _runner(tmp_path, saving_train)
     runner.run(["world", "start"])

@@ -13,8 +13,9 @@ starts the longest side stages first.
   ``<home>/cache``). Both go through :func:`finecap.train.prepare.prepare`, which says what it makes and where.
 - training stages (:data:`TRAIN_STAGES`): train a captioner with the packaged recipe ``demo/<stage>`` into
   ``<run_dir>/<stage>/`` (starting from the MLE checkpoint where the stage says so), then caption the test split.
-  A killed stage resumes from its last checkpoint when re-run, or, killed before it saved one, trains again from the
-  start (:func:`finecap.train.state.continue_unfinished`). A finished stage is reused only when the inputs its
+  A killed stage resumes from its last checkpoint when re-run (checked as a finished stage's reuse is:
+  :meth:`finecap.stages.StageRunner.check_continue`), or, killed before it saved one, trains again from the start
+  (:func:`finecap.train.state.continue_unfinished`). A finished stage is reused only when the inputs its
   run recorded (``<stage>/fingerprints.json``: the data, the captioner's encoder, the retriever) are those of its
   configuration now, its configuration is the one it saved (``<stage>/config.yaml``: an override or an edited recipe
   changes it; ``demo.*`` and where folders are do not) and the stage it starts from was not trained again since

@@ -11,7 +11,9 @@ that makes its result changed (:meth:`StageRunner.check_reuse`): the inputs its 
 are those of its configuration now, its configuration is the one it saved (``config.yaml``; but for
 :data:`NOT_RESULT`), and the best checkpoint of the stage it starts from is the one it started from
 (:data:`START_FILE`); an unfinished one resumes from its last checkpoint, or starts again when it saved none
-(:func:`finecap.train.state.continue_unfinished`); ``force`` trains it again. A stage whose inputs (``init`` and
+(:func:`finecap.train.state.continue_unfinished`), and is continued only when the same holds of it
+(:meth:`StageRunner.check_continue`: the checkpoint's saved configuration, and the start recorded when it started), so
+that a stage finishes as it was trained throughout; ``force`` trains it again. A stage whose inputs (``init`` and
 ``inputs``) have not finished is refused, naming them (:class:`MissingInput`). A **task** is a function of the runner.
 
 The stage table is passed in, never read from module globals, and so is the training function (the application's
@@ -39,7 +41,7 @@ from finecap.data.hashing import sha256_files
 from finecap.recipes import resolve_recipe
 from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
 from finecap.train.fingerprint import HINTS, FingerprintMismatch, check_run, checkpoint_files
-from finecap.train.state import config_changes, continue_unfinished
+from finecap.train.state import config_changes, continue_unfinished, find_resumable, trained_config
 from finecap.utils.files import atomic_write_text, refuse_link, write_json
 from finecap.utils.reading import read_json
 
@@ -57,8 +59,9 @@ DONE = "DONE"
 MARKER_TEXT = "ok\n"
 """What a stage's :data:`DONE` marker holds: a file of that name holding anything else is not finecap's."""
 START_FILE = "start.json"
-"""Written beside :data:`DONE` by a training stage that starts from another: ``{"stage", "sha256"}``, the digest of
-the weights and ``config.json`` files of the best checkpoint it started from (:meth:`StageRunner.start_record`)."""
+"""Written by a training stage that starts from another when it starts training (a resume keeps it):
+``{"stage", "sha256"}``, the digest of the weights and ``config.json`` files of the best checkpoint it started from
+(:meth:`StageRunner.start_record`), which reusing the finished stage and continuing a killed one compare with."""
 NOT_RESULT = ("run.root", "run.dir", "run.name", "run.cache_dir", "world.out", "data.path", "retriever.checkpoint",
               "model.encoder", "train.init_from", "train.log_every", "train.log_with", "train.log_captions",
               "train.save_every", "demo.*")  # fmt: skip
@@ -276,23 +279,59 @@ class StageRunner:
                 f"{self.what} {stage!r} was trained on other inputs than its configuration names now, so it is not "
                 f"reused: {e} | {self.ways_out_of(stage)}"
             ) from e
-        saved = self.stage_dir(stage) / CONFIG_FILE
+        subject = f"{self.what} {stage!r}"
+        self._check_configuration(stage, self.stage_dir(stage) / CONFIG_FILE, cfg, subject, "reused")
+        self._check_start(stage, self.start_record(stage), subject, "reused")
+
+    def check_continue(self, stage: str, cfg: Config, start: dict[str, str] | None) -> None:
+        """Refuse to continue the unfinished run in training stage ``stage``'s folder (killed, or written by
+        ``finecap train``) when what :meth:`check_reuse` compares for a finished stage differs, so that the stage it
+        finishes as was trained on its inputs, configuration and start throughout (:class:`FingerprintMismatch`
+        naming what differs and :attr:`ways_out`): the inputs its run recorded; an option of ``cfg`` (but for
+        :data:`NOT_RESULT`) against the configuration the checkpoint it resumes from was saved with
+        (:func:`finecap.train.state.trained_config`: a resume would log such a change and train on with it); and
+        ``start`` (:meth:`start_record`, now) against the :data:`START_FILE` the stage wrote when it started (its
+        start trained again since the kill: the checkpoint holds steps taken from the old one). A run with no record
+        (started before finecap wrote it at the start, or by ``finecap train``) is not compared by its start."""
+        out = self.stage_dir(stage)
+        subject = f"{self.what} {stage!r}: the unfinished run in {out}"
+        # its start is the best of a finished stage (check_inputs), which no save swaps (check_reuse)
+        try:
+            check_run(out, cfg, hints=STAGE_HINTS)
+        except FingerprintMismatch as e:
+            raise FingerprintMismatch(
+                f"{subject} was trained on other inputs than its configuration names now, so it is not continued: "
+                f"{e} | {self.ways_out_of(stage)}"
+            ) from e
+        found = find_resumable(out)
+        if found is not None:
+            self._check_configuration(stage, trained_config(found, out), cfg, subject, "continued")
+        self._check_start(stage, start, subject, "continued")
+
+    def _check_configuration(self, stage: str, saved: Path, cfg: Config, subject: str, outcome: str) -> None:
+        """:class:`FingerprintMismatch` when an option of ``cfg`` that makes a stage's result (:func:`makes_result`)
+        differs from the stored configuration ``saved``; ``subject`` and ``outcome`` (``reused``, ``continued``) are
+        what the error says."""
         changes = [c for c in config_changes(saved, cfg.saved_dict()) if makes_result(c)]
         if changes:
             raise FingerprintMismatch(
-                f"{self.what} {stage!r} was trained with another configuration than it has now ({saved}), so it is "
-                f"not reused: {'; '.join(changes)} | {self.ways_out_of(stage)}"
+                f"{subject} was trained with another configuration than it has now ({saved}), so it is not "
+                f"{outcome}: {'; '.join(changes)} | {self.ways_out_of(stage)}"
             )
+
+    def _check_start(self, stage: str, now: dict[str, str] | None, subject: str, outcome: str) -> None:
+        """:class:`FingerprintMismatch` when stage ``stage``'s :data:`START_FILE` records another start than ``now``
+        (:meth:`start_record`); nothing when either is missing."""
         record = self.stage_dir(stage) / START_FILE
-        now = self.start_record(stage)
-        if record.is_file() and now is not None:
-            started = read_json(record)
-            if started != now:
-                raise FingerprintMismatch(
-                    f"{self.what} {stage!r} started from another checkpoint than stage {now['stage']!r}'s best now "
-                    f"({self.best_checkpoint(now['stage'])}: sha256 {started.get('sha256')} recorded in {record}, "
-                    f"{now['sha256']} now; trained again since), so it is not reused | {self.ways_out_of(stage)}"
-                )
+        if not record.is_file() or now is None:
+            return
+        started = read_json(record)
+        if started != now:
+            raise FingerprintMismatch(
+                f"{subject} started from another checkpoint than stage {now['stage']!r}'s best now "
+                f"({self.best_checkpoint(now['stage'])}: sha256 {started.get('sha256')} recorded in {record}, "
+                f"{now['sha256']} now; trained again since), so it is not {outcome} | {self.ways_out_of(stage)}"
+            )
 
     def train_stage(self, stage: str) -> bool:
         """Train ``stage`` unless it finished (then check that it may be reused); returns whether it trained now."""
@@ -319,18 +358,12 @@ class StageRunner:
         if (record.exists() or record.is_symlink()) and not is_start_record(record):  # said before any work
             raise ValueError(f"{record}: not the stage's {START_FILE} (finecap writes the stage and digest of its "
                              f"start there); nothing was deleted: move it out of {out}")  # fmt: skip
-        if resume:  # an unfinished run there (killed, or written by `finecap train`): on this stage's inputs?
-            try:  # its start is the best of a finished stage (check_inputs), which no save swaps (check_reuse)
-                check_run(out, cfg, hints=STAGE_HINTS)
-            except FingerprintMismatch as e:
-                raise FingerprintMismatch(
-                    f"{self.what} {stage!r}: the unfinished run in {out} was trained on other inputs than its "
-                    f"configuration names now, so it is not continued: {e} | {self.ways_out_of(stage)}"
-                ) from e
         start = self.start_record(stage)  # what it starts from, before training reads it
+        if resume:  # an unfinished run there (killed, or written by `finecap train`): on this stage's settings?
+            self.check_continue(stage, cfg, start)
+        if start is not None and not (resume and record.exists()):  # recorded as it starts: a resume compares
+            write_json(record, start)
         self.train(cfg, resume=resume, overwrite=overwrite)
-        if start is not None:
-            write_json(out / START_FILE, start)
         atomic_write_text(out / DONE, MARKER_TEXT)
         return True
 
