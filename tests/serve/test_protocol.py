@@ -181,3 +181,10 @@ def test_openrlhf_labels_carry_ids_objects_paths_and_references():
 def test_each_malformed_openrlhf_field_is_named(body, field, words):
     error = refused(parse_get_reward, body)
     assert (error.field, error.status) == (field, 400) and words in error.message
+
+
+def test_a_get_reward_prompts_count_is_said_against_the_queries():
+    # prompts of another length than the queries were refused "has 2 entries for 1 captions": /get_reward's caller
+    # sent queries, no captions (its labels' count is said per query too)
+    error = refused(parse_get_reward, {"query": ["a"], "prompts": ["p", "q"], "labels": [1]})
+    assert (error.field, error.message) == ("prompts", "has 2 entries for 1 queries")

@@ -242,6 +242,45 @@ def test_a_405_names_the_methods_allowed():
             assert set(response.headers.get("allow", "").replace(" ", "").split(",")) == allowed, response.headers
 
 
+def test_every_get_reward_refusal_names_the_field_openrlhf_sent():
+    """/get_reward's request holds query, prompts and labels; a refusal naming captions[i], image_ids[i] or
+    references[i][j] (the /reward request's fields) would name a field its caller never sent. Each kind of refusal,
+    over HTTP: a caption's type, size and count (query[i], query), a missing or malformed field, a label's image and
+    references, and the checks after parsing (an unknown image: labels[i])."""
+    from finecap.serve.protocol import Limits
+
+    limits = Limits(max_captions=2, max_caption_chars=30, max_references=3)
+    long = "x" * 40
+    cases = [
+        ({"query": ["a", 3], "labels": [0, 1]}, 400, "query[1]", "expected a string, got a number"),
+        ({"query": ["a", long], "labels": [0, 1]}, 413, "query[1]", "--max-caption-chars"),
+        ({"query": ["Q: a", f"Q: {long}"], "prompts": ["Q:", "Q:"], "labels": [0, 1]}, 413, "query[1]",
+         "--max-caption-chars"),
+        ({"query": ["a"] * 3, "labels": [0] * 3}, 413, "query", "--max-captions"),
+        ({"query": "a", "labels": [0]}, 400, "query", "expected an array of strings"),
+        ({"labels": [0]}, 400, "query", "missing"),
+        ({"query": ["a"], "prompts": ["p", "q"], "labels": [0]}, 400, "prompts", "has 2 entries for 1 queries"),
+        ({"query": ["a"], "prompts": [7], "labels": [0]}, 400, "prompts[0]", "expected a string"),
+        ({"query": ["a"], "prompts": ["not in the query"], "labels": [0]}, 400, "prompts[0]", "not in the query"),
+        ({"query": ["a", "b"], "labels": [0]}, 400, "labels", "has 1 entries for 2 queries"),
+        ({"query": ["a"], "labels": [1.5]}, 400, "labels[0]", "expected an image id"),
+        ({"query": ["a", "b"], "labels": [0, 99]}, 400, "labels[1]", "unknown image id 99"),
+        ({"query": ["a"], "labels": [{"image_id": 0, "references": [long]}]}, 413, "labels[0].references[0]",
+         "--max-caption-chars"),
+        ({"query": ["a"], "labels": [{"image_id": 0, "references": [3]}]}, 400, "labels[0].references[0]",
+         "expected a string"),
+        ({"query": ["a", "b"], "labels": [{"image_id": i, "references": ["r", "s"]} for i in (0, 1)]}, 413, "labels",
+         "--max-references"),
+    ]  # fmt: skip
+    with serving(RewardService(Judge(), ImageTable(range(5)), limits=limits, log_every=0)) as url:
+        for body, status, field, words in cases:
+            response = httpx.post(f"{url}/get_reward", json=body)
+            error = response.json()["error"]
+            assert (response.status_code, error["field"]) == (status, field), (body, response.text)
+            assert words in error["message"], (body, error["message"])
+        assert httpx.post(f"{url}/get_reward", json={"query": ["a b"], "labels": [0]}).json()["rewards"] == [2.0]
+
+
 def test_a_reward_comparing_images_refuses_a_one_image_request(served):
     captions, ids = served["groups"][0]
     with serving(served["mix"]) as url:

@@ -195,6 +195,33 @@ def test_a_get_reward_requests_unknown_or_single_image_is_refused_naming_its_lab
     assert job([{"image": str(image)}]).image_ids == [3]
 
 
+def test_a_requests_own_field_names_word_its_image_refusals_whatever_their_shape():
+    # a request's images were named by one name of their own (images_field), a second mechanism beside the adapters'
+    # map of field names: a caller whose names are not "<name>[i]" (verl's extra_infos[i].image_id, its one sample's
+    # extra_info.image_id) could not be named. RewardRequest.fields is that map (callers_field), applied by the check
+    from finecap.serve.protocol import one_sample_fields
+
+    comparing = Counting(per_caption=False)
+    comparing.compares_images = True
+    batch = {"captions": "solution_strs", "image_ids": "extra_infos[].image_id"}
+    one = one_sample_fields({"captions": "solution_str", "image_ids": "extra_info.image_id"})
+
+    def job(ids, fields, reward=None):
+        service = RewardService(reward or Counting(per_caption=True), ImageTable(range(10)))
+        return service.job(RewardRequest(["a"] * len(ids), ids, fields=fields))
+
+    with pytest.raises(RequestError, match=r"^extra_infos\[1\]\.image_id: unknown image id 99: the server scores"):
+        job([3, 99], batch)
+    with pytest.raises(RequestError, match=r"^extra_info\.image_id: unknown image id 99: ") as caught:
+        job([99], one)
+    assert caught.value.field == "extra_info.image_id"
+    with pytest.raises(RequestError, match=r"^extra_infos: names one distinct image"):
+        job([3, "3"], batch, comparing)
+    with pytest.raises(RequestError, match=r"^image_ids\[1\]: unknown image id 99: "):
+        job([3, 99], None)  # no map: the /reward request's own names
+    assert job([3, 4], batch, comparing).image_ids == [3, 4]
+
+
 def test_the_service_must_be_running_and_stops_cleanly():
     service = RewardService(Counting(True), ImageTable(range(3)))
     with pytest.raises(RuntimeError, match="not running"):

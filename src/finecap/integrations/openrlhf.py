@@ -47,7 +47,6 @@ from typing import Any
 
 from finecap.integrations.scoring import IN_PROCESS, Scorer, per_sample
 from finecap.serve.protocol import (
-    GET_REWARD_FIELDS,
     FailedCaptions,
     Limits,
     RequestError,
@@ -101,10 +100,10 @@ def reward_function(name_or_reward: Any = None, *, url: str | None = None, limit
         if client is not None and request.by_path:
             out, increase = scorer.counted_on_server(lambda: client.score(request.captions, images=request.image_ids,
                                                                           references=request.references,
-                                                                          fields=GET_REWARD_FIELDS))  # fmt: skip
+                                                                          fields=request.fields))  # fmt: skip
         else:
             out, increase = scorer.counted(request.captions, request.image_ids, request.references,
-                                           fields=GET_REWARD_FIELDS)  # fmt: skip
+                                           fields=request.fields)  # fmt: skip
         try:
             reply = openrlhf_reply(request, out)
         except FailedCaptions as e:

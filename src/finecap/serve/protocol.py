@@ -100,21 +100,18 @@ class RequestError(ValueError):
 @dataclass
 class RewardRequest:
     """One request, checked: ``captions[n]`` describes ``image_ids[n]`` (ids as the request gave them; image paths
-    when ``by_path``), scored against ``references[n]`` when given; ``request_id`` is echoed. ``images_field`` is
-    the request's own name for its images, which errors about them name (``labels`` in ``/get_reward``'s); ``None``:
-    ``images`` when ``by_path``, else ``image_ids`` (:attr:`image_field`)."""
+    when ``by_path``), scored against ``references[n]`` when given; ``request_id`` is echoed. ``fields``: the
+    caller's names for these fields (a field of ``/reward``'s request -> the name the caller sent it under,
+    :func:`callers_field`), which a refusal of the request after its parsing names
+    (:meth:`finecap.serve.service.CallCheck.job`: ``labels[1]: unknown image id 99``): ``/get_reward``'s
+    :data:`GET_REWARD_FIELDS`; ``None``: the fields' own names (``image_ids[1]``), a ``/reward`` request's."""
 
     captions: list[str]
     image_ids: list[Any]
     by_path: bool = False
     references: list[list[str]] | None = None
     request_id: Any = None
-    images_field: str | None = None
-
-    @property
-    def image_field(self) -> str:
-        """The field an error about the request's images names (``image_ids[i]``, ``images[i]``, ``labels[i]``)."""
-        return self.images_field or ("images" if self.by_path else "image_ids")
+    fields: Mapping[str, str] | None = None
 
 
 def decode_json(raw: bytes, field: str = "body") -> Any:
@@ -143,8 +140,9 @@ def _kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _text_list(value: Any, field: str, limits: Limits, *, n: int | None = None) -> list[str]:
-    """A JSON array of strings (``n`` of them when given), each within :attr:`Limits.max_caption_chars`."""
+def _text_list(value: Any, field: str, limits: Limits, *, n: int | None = None, per: str = "captions") -> list[str]:
+    """A JSON array of strings (``n`` of them when given, one per ``per``: ``"queries"``), each within
+    :attr:`Limits.max_caption_chars`."""
     if not isinstance(value, list):
         raise RequestError(field, f"expected an array of strings, got {_kind(value)}")
     if n is None:
@@ -154,7 +152,7 @@ def _text_list(value: Any, field: str, limits: Limits, *, n: int | None = None) 
             raise RequestError(field, f"{len(value)} entries exceed the server's limit of {limits.max_captions} per "
                                "request (--max-captions)", 413)  # fmt: skip
     elif len(value) != n:
-        raise RequestError(field, f"has {len(value)} entries for {n} captions")
+        raise RequestError(field, f"has {len(value)} entries for {n} {per}")
     for i, text in enumerate(value):
         _text(text, f"{field}[{i}]", limits)
     return value
@@ -391,6 +389,21 @@ def _label(value: Any, field: str, limits: Limits) -> tuple[Any, bool, list[str]
     return image, by_path, refs
 
 
+GET_REWARD_FIELDS = {
+    "captions": "query",
+    "image_ids": "labels",
+    "images": "labels",
+    "references": "labels[].references",
+}
+"""The fields of a ``/reward`` request as a ``/get_reward`` caller names what it sent (:func:`parse_get_reward`):
+``captions[i]`` is read from ``query[i]``, the image and the references of caption ``i`` from ``labels[i]``
+(``references[i][j]`` is ``labels[i].references[j]``). :func:`parse_get_reward` refuses what it reads by the
+names it was sent under and gives its request this map (:attr:`RewardRequest.fields`), which the checks after it
+name the request's fields by (:meth:`finecap.serve.service.CallCheck.job`: an unknown image is ``labels[i]``);
+OpenRLHF's ``reward_func`` over a server asks ``/reward`` and names a refusal of that request by it
+(:func:`callers_field`), as ``/get_reward`` names its own."""
+
+
 def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
     """OpenRLHF's / CapRL's request (``POST /get_reward``, module docstring)."""
     body = _object(body)
@@ -400,7 +413,7 @@ def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
     n = len(queries)
     prompts = body.get("prompts")
     if prompts is not None:
-        prompts = _text_list(prompts, "prompts", limits, n=n)
+        prompts = _text_list(prompts, "prompts", limits, n=n, per="queries")
     if body.get("labels") is None:
         raise RequestError("labels", "missing: each label carries its caption's image (its id, or a JSON object "
                            '{"image_id": ...}); OpenRLHF sends the --label_key column')  # fmt: skip
@@ -426,19 +439,7 @@ def parse_get_reward(body: Any, limits: Limits) -> RewardRequest:
     references = [r for _, _, r in parsed] if all(with_refs) else None
     if references is not None:
         _check_reference_count(references, "labels", limits)
-    return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references, images_field="labels")
-
-
-GET_REWARD_FIELDS = {
-    "captions": "query",
-    "image_ids": "labels",
-    "images": "labels",
-    "references": "labels[].references",
-}
-"""The fields of a ``/reward`` request as a ``/get_reward`` caller names what it sent (:func:`parse_get_reward`):
-``captions[i]`` is read from ``query[i]``, the image and the references of caption ``i`` from ``labels[i]``
-(``references[i][j]`` is ``labels[i].references[j]``). OpenRLHF's ``reward_func`` over a server asks ``/reward``
-and names a refusal of that request by them (:func:`callers_field`), as ``/get_reward`` names its own."""
+    return RewardRequest(captions, [i for i, _, _ in parsed], by_path.pop(), references, fields=GET_REWARD_FIELDS)
 
 
 def callers_field(field: str | None, fields: Mapping[str, str] | None) -> str | None:

@@ -5,7 +5,8 @@ requests.
   of the served data set's training split, whose references, embeddings and scenes the reward was set up with):
   ``17`` and ``"17"`` are the same image, a path is matched as the data set names it or, naming an existing file,
   as the kernel resolves it (:func:`real_path`: no file is opened for reading, one call a path). An image the
-  reward does not know is refused (400, naming ``image_ids[i]``) before any reward is called.
+  reward does not know is refused (400, naming ``image_ids[i]``, or the field the request's caller sent it in:
+  ``labels[i]`` of ``/get_reward``'s, :meth:`CallCheck.job`) before any reward is called.
 - **One call per request.** A request is one reward call, ``reward(captions, call_batch(image_ids))``, exactly as
   the adapters call it in process, so the values are bit-identical through every front end. A reward whose
   candidates are the call's images (self-retrieval with in-batch distractors, the listener: ``compares_images``,
@@ -115,7 +116,7 @@ from typing import Any
 import numpy as np
 
 from finecap.rewards import NonFiniteReward, Reward, RewardOutput, as_reward, call_batch, check_finite
-from finecap.serve.protocol import Limits, RequestError, RewardRequest
+from finecap.serve.protocol import Limits, RequestError, RewardRequest, in_callers_words
 
 log = logging.getLogger(__name__)
 
@@ -323,17 +324,26 @@ class CallCheck:
         self.images, self.compares, self.name = images, compares, name
 
     def job(self, request: RewardRequest) -> Job:
-        """``request`` checked against the images and the reward (:class:`RequestError` naming the field)."""
-        field_name = request.image_field
+        """``request`` checked against the images and the reward: a :class:`RequestError` naming the field as the
+        request's caller named it (:attr:`RewardRequest.fields`, :func:`~finecap.serve.protocol.in_callers_words`:
+        ``labels[1]`` of a ``/get_reward`` request, ``image_ids[1]`` or ``images[1]`` of a ``/reward`` one)."""
+        try:
+            return Job(request, self._image_ids(request))
+        except RequestError as e:
+            raise in_callers_words(e, request.fields) from None
+
+    def _image_ids(self, request: RewardRequest) -> list[Hashable]:
+        """The reward's ids of ``request``'s images, refused naming the ``/reward`` request's fields."""
+        field = "images" if request.by_path else "image_ids"
         if self.images is not None:
-            ids = self.images.resolve(request.image_ids, request.by_path, field_name)
+            ids = self.images.resolve(request.image_ids, request.by_path, field)
         else:
             ids = list(request.image_ids)
         if self.compares and len(set(ids)) < 2:
-            raise RequestError(field_name, f"names one distinct image; {self.name} ranks each caption's image among "
-                               "the request's images (sr.distractors=batch, or the listener): send a generation batch "
-                               "of several images per request, or serve sr.distractors=hard")  # fmt: skip
-        return Job(request, ids)
+            raise RequestError(field, f"names one distinct image; {self.name} ranks each caption's image among the "
+                               "request's images (sr.distractors=batch, or the listener): send a generation batch of "
+                               "several images per request, or serve sr.distractors=hard")  # fmt: skip
+        return ids
 
     def answer(self, out: RewardOutput, sizes: Sequence[int]) -> list[RewardOutput]:
         """``out`` as every front end answers it: float32 on the CPU, cut into consecutive calls of ``sizes``
