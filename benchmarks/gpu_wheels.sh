@@ -10,7 +10,8 @@
 # transformers at the version PYTHON (default .venv/bin/python, else python3) has installed; bitsandbytes,
 # platformdirs, snowballstemmer, isal, lemminflect and tenacity as finecap's pyproject.toml pins them; regex as that
 # transformers requires it; num2words (SmolVLM's processor; its docopt is read only by its command-line script, and is
-# no wheel). pip skips a file already in WHEELS and removes none. A PYTHON without transformers stops it with one line.
+# no wheel). pip skips a file already in WHEELS and removes none. A PYTHON without transformers, or older than 3.11
+# (no tomllib to read pyproject.toml), stops it with one line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 WHEELS=${WHEELS:-$root/.whl}
@@ -28,7 +29,13 @@ specs=$("$PYTHON" - "$root/pyproject.toml" "$PYTHON" <<'EOF'
 import importlib.metadata as md
 import re
 import sys
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # python < 3.11: one line, not a traceback; the script stops (set -e)
+    sys.exit(f"benchmarks/gpu_wheels.sh: {sys.argv[2]} is python {sys.version.split()[0]}, without tomllib (python "
+             ">= 3.11, as finecap requires), which reads pyproject.toml's pins: run it with finecap's .venv (make "
+             "install) or PYTHON set to a python >= 3.11 that has transformers")
 
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 pins = {}

@@ -493,6 +493,33 @@ def test_gpu_wheels_without_transformers_says_so_in_one_line(tmp_path):
     assert not wheels.exists()
 
 
+def test_gpu_wheels_on_a_python_without_tomllib_says_so_in_one_line(tmp_path):
+    """A PYTHON older than 3.11 (a machine's python3.10), which has no tomllib to read pyproject.toml's pins: one
+    line naming it, its version and what to do, exit non-zero, nothing downloaded; it was a traceback of
+    ModuleNotFoundError. Here the tests' own python stands in for it, with a ``tomllib`` on its path that raises what
+    python 3.10's import does."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "tomllib.py").write_text('raise ModuleNotFoundError("No module named \'tomllib\'", name="tomllib")\n')
+    old = tmp_path / "python"
+    old.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(shadow))} exec {shlex.quote(sys.executable)} "$@"\n')
+    old.chmod(0o755)
+    assert subprocess.run([str(old), "-c", "import tomllib"], capture_output=True, timeout=60).returncode != 0
+    wheels = tmp_path / "wheels"
+    env = {**os.environ, "WHEELS": str(wheels), "PYTHON": str(old)}
+    version = sys.version.split()[0]
+    for argv in ([], ["--dry-run"]):
+        proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), *argv], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
+        assert proc.returncode != 0 and proc.stdout == "", proc
+        assert proc.stderr.splitlines() == [
+            f"benchmarks/gpu_wheels.sh: {old} is python {version}, without tomllib (python >= 3.11, as finecap "
+            "requires), which reads pyproject.toml's pins: run it with finecap's .venv (make install) or PYTHON set "
+            "to a python >= 3.11 that has transformers"
+        ], proc.stderr
+    assert not wheels.exists()
+
+
 def replayed_grpo_line(tmp_path, monkeypatch, rows: list[dict]) -> tuple[dict, list]:
     """``check_grpo`` (not the smoke: 6 steps at the recipe's sizes) with finecap's training faked to log ``rows`` to
     the run's ``metrics.jsonl`` (one per step, as ``train.log_every=1`` writes them), on setup's tokenizer and data

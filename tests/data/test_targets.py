@@ -72,8 +72,17 @@ def bert_tokenizer():
     return tok
 
 
-@pytest.mark.parametrize("make, special", [(gpt2_tokenizer, "<|endoftext|>"), (bert_tokenizer, "[SEP] [CLS] [MASK]")],
-                         ids=["gpt2", "blip"])  # fmt: skip
+def byt5_tokenizer():
+    """A Python (slow) tokenizer, transformers' ``PythonBackend``, which needs no file: ByT5's bytes, ``</s>`` its
+    EOS. Its ``split_special_tokens`` is read by ``PythonBackend.tokenize``, not by the ``tokenizers`` library."""
+    from transformers import ByT5Tokenizer
+
+    return ByT5Tokenizer()
+
+
+@pytest.mark.parametrize("make, special", [(gpt2_tokenizer, "<|endoftext|>"), (bert_tokenizer, "[SEP] [CLS] [MASK]"),
+                                           (byt5_tokenizer, "</s> <pad> <unk>")],
+                         ids=["gpt2", "blip", "byt5-python"])  # fmt: skip
 def test_a_special_tokens_text_in_a_caption_is_text(make, special):
     tok = make()
     caption = SIGN.format(special)

@@ -55,6 +55,50 @@ def test_a_captioner_engine_closed_twice_shuts_down_once(stand_in):
     assert llm.shutdowns == 1 and engine.llm is None
 
 
+def test_a_captioner_engine_removes_the_folder_it_made_and_never_one_it_was_given(stand_in, tmp_path, monkeypatch):
+    """``from_captioner`` builds the engine from a folder of its own (``tempfile.mkdtemp``, ``owns_folder``), removed
+    when the engine is closed, when its start fails after the folder was made, or when it is dropped unclosed; an
+    engine built on a folder it was given (``owns_folder=False``: a user's model folder) leaves it and its files,
+    closed or dropped."""
+    made = []
+
+    def recorded_mkdtemp(*args, **kwargs):
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    real_mkdtemp = engines_vllm.tempfile.mkdtemp
+    monkeypatch.setattr(engines_vllm.tempfile, "mkdtemp", recorded_mkdtemp)
+    engine = VllmEngine.from_captioner(stand_in)
+    assert [str(engine.folder)] == made and engine.folder.is_dir()
+    (engine.folder / "config.json").write_text("{}")  # what save_engine_folder writes (stood in for here)
+    engine.close()
+    assert not engine.folder.exists()
+    # the start fails after the folder was made and vLLM started: before the engine exists, and after
+    for target, step in ((engines_vllm, "served_prompt"), (VllmEngine, "sync")):
+        kept = getattr(target, step)
+        monkeypatch.setattr(target, step, fail)
+        with pytest.raises(ZeroDivisionError):
+            VllmEngine.from_captioner(stand_in)
+        monkeypatch.setattr(target, step, kept)
+        assert not os.path.exists(made[-1]), step
+    assert len(made) == 3
+    dropped = VllmEngine.from_captioner(stand_in).folder
+    gc.collect()  # dropped unclosed: its finaliser removes the folder
+    assert not dropped.exists()
+
+    given = tmp_path / "my-model"
+    given.mkdir()
+    (given / "config.json").write_text("{}")
+    for close in (True, False):
+        engine = VllmEngine(StandInLLM(), stand_in.tokenizer, "prompt", given, owns_folder=False)
+        if close:
+            engine.close()
+        del engine
+        gc.collect()
+        assert [p.name for p in given.iterdir()] == ["config.json"], close
+        assert (given / "config.json").read_text() == "{}"
+
+
 def test_a_boost_backend_closed_twice_shuts_its_engine_down_once(stand_in):
     backend = VllmBackend("a-chat-model")
     (llm,) = StandInLLM.built

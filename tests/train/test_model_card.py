@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from finecap.app.cli import main
-from finecap.config import from_dict
+from finecap.config import absolute_paths, from_dict
 from finecap.data.formats import read_dataset
 from finecap.data.records import DataError
 from finecap.locks import command_argv, command_line
@@ -113,6 +113,28 @@ def test_the_front_matter_names_the_library_and_task_the_folder_is_for(meta, fro
     card = model_card(from_dict({"run": {"name": "r"}}), {"step": 1}, meta, None, "finecap train")
     header = yaml.safe_load(card.split("\n---\n")[0].removeprefix("---\n"))
     assert {k: v for k, v in header.items() if k != "tags"} == front
+
+
+def test_a_relative_local_base_is_never_named_a_hub_model_from_another_working_directory(tmp_path, monkeypatch):
+    """``clipcap.lm=models/gpt2`` given where that folder exists: captioner.json records ``models/gpt2`` as given, the
+    stored configuration ``<there>/models/gpt2``. A card written from another working directory (``finecap export``
+    run elsewhere) said ``base_model: ["models/gpt2"]``, a machine-local folder presented as a Hub model; it names the
+    Hub encoder only, and still shows the base as the user gave it."""
+    (tmp_path / "proj" / "models" / "gpt2").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "proj")
+    cfg = from_dict({"run": {"name": "r"}, "clipcap": {"lm": "models/gpt2"}})
+    stored = absolute_paths(cfg)  # what the run's config.yaml holds
+    assert stored.clipcap.lm == str(tmp_path / "proj" / "models" / "gpt2")
+    meta = {"kind": "clipcap", "lm_source": "models/gpt2", "encoder_source": CLIP}
+    for where, config in (("proj", cfg), ("elsewhere", stored)):
+        monkeypatch.chdir(tmp_path / where)
+        lines = model_card(config, {"step": 1}, meta, None, "finecap export").split("\n")
+        assert [line for line in lines if line.startswith("base_model:")] == [f'base_model: ["{CLIP}"]'], where
+        assert "- **Base language model**: `models/gpt2`" in lines
+    hub = {"kind": "clipcap", "lm_source": "openai-community/gpt2", "encoder_source": CLIP}  # a Hub name stays one
+    card_text = model_card(stored, {"step": 1}, hub, None, "finecap export")
+    assert f'base_model: ["openai-community/gpt2", "{CLIP}"]' in card_text.split("\n")
 
 
 BF16 = {"lm": {"trainable": "float32", "frozen": "bfloat16"}, "encoder": {"frozen": "bfloat16"},

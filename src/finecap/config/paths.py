@@ -66,6 +66,31 @@ def absolute_path_values(data: dict[str, Any], base: str | Path) -> dict[str, An
     return out
 
 
+def read_as_path(name: str, cfg: Any) -> bool:
+    """Whether ``name``, a model source as the user gave it and a captioner recorded it (``models/gpt2``), was read
+    as a local file or folder rather than a Hub name: one exists there from the working directory, or ``cfg`` (a
+    :class:`finecap.config.Config`; a stored one holds its :data:`PATH_KEYS` made absolute where they existed,
+    :func:`absolute_paths`) holds it as a ``name_or_path`` value joined to the folder it was given in (read from
+    another working directory, as ``finecap export`` may be).
+
+    Example::
+
+        >>> from finecap.config import load
+        >>> # clipcap.lm=models/gpt2 given in /home/me, where that folder existed: stored as /home/me/models/gpt2
+        >>> stored = load(None, ["clipcap.lm=/home/me/models/gpt2"])
+        >>> read_as_path("models/gpt2", stored), read_as_path("openai-community/gpt2", stored)
+        (True, False)
+    """
+    if not name or name in KEYWORDS:
+        return False
+    if os.path.exists(name) or Path(name).is_absolute():
+        return True
+    tail = os.sep + os.path.normpath(name)
+    values = (getattr(getattr(cfg, dotted.split(".")[0], None), dotted.split(".")[1], None)
+              for dotted, kind in PATH_KEYS.items() if kind == "name_or_path")  # fmt: skip
+    return any(isinstance(v, str) and os.path.isabs(v) and os.path.normpath(v).endswith(tail) for v in values)
+
+
 def absolute_paths(cfg: Any, base: str | Path | None = None) -> Any:
     """The configuration ``cfg`` (a :class:`finecap.config.Config`) with every relative path of :data:`PATH_KEYS`
     made absolute against ``base`` (default: the working directory, against which a running command reads them).

@@ -20,9 +20,9 @@ import html
 import json
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from finecap.config.paths import read_as_path
 from finecap.config.secrets import masked_url_secrets
 from finecap.runs import BEST, CAPTIONER_FILE, LAST
 from finecap.utils.text import CONTROL_CHARACTERS, shell_command
@@ -34,10 +34,13 @@ if TYPE_CHECKING:
 CARD_NAME = "README.md"
 
 
-def _hub_name(source: str) -> str | None:
-    """``source`` when it looks like a Hub model id (``owner/name``), else ``None`` (a local path, ``world-tiny``)."""
+def _hub_name(source: str, cfg: Config) -> str | None:
+    """``source`` when it looks like a Hub model id (``owner/name``), else ``None`` (``world-tiny``, or a local path:
+    one that exists from here or that the run's configuration ``cfg`` read as a folder,
+    :func:`finecap.config.paths.read_as_path`, so that a card written from another working directory never names a
+    relative ``models/gpt2`` as a Hub model)."""
     parts = source.split("/")
-    if len(parts) == 2 and all(parts) and not source.startswith((".", "~")) and not Path(source).exists():
+    if len(parts) == 2 and all(parts) and not source.startswith((".", "~")) and not read_as_path(source, cfg):
         return source
     return None
 
@@ -218,7 +221,7 @@ def model_card(cfg: Config, info: dict[str, Any], meta: dict[str, Any], fingerpr
     ``last``), which says what a missing validation means (:func:`validation_lines`)."""
     kind = meta.get("kind", "clipcap")
     bases = base_models(meta)
-    hub = [h for h in (_hub_name(s) for s in bases.values()) if h]
+    hub = [h for h in (_hub_name(s, cfg) for s in bases.values()) if h]
     objective = cfg.train.objective
     header = ["---", *hub_keys(meta)]
     if hub:

@@ -75,7 +75,10 @@ def environment_defaults(
     for variables whose readers read an empty value so (mlflow's ``MLFLOW_TRACKING_URI``, ``TQDM_DISABLE``:
     :func:`progress_enabled`); not for those where it means something (``CUDA_VISIBLE_DEVICES=""``: no GPU).
     ``override``: every variable is set, the user's value too, and put back after (a launched process's silence:
-    :func:`finecap.app.cli.configured_logging`).
+    :func:`finecap.app.cli.configured_logging`). Where an ``override`` block and another block set one variable, the
+    one entered later must end first (nested, as ``with`` nests them): each puts back the value it found, so ended
+    the other way round they leave the earlier block's value, not the one there before both (the user's lost). Its
+    one caller is a ``with`` around a whole command; the blocks over its variables nest inside it.
 
     >>> with environment_defaults({"FINECAP_DOCTEST_VARIABLE": "1"}) as added:
     ...     os.environ["FINECAP_DOCTEST_VARIABLE"], added
