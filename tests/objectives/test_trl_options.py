@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from pathlib import Path
 
 import pytest
 
-from finecap.config.sections import Config
+from finecap.config import ConfigError, load
+from finecap.config.sections import Config, ScaleRewards
 from helpers.markdown_tables import markdown_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +74,27 @@ def test_every_finecap_option_and_test_the_table_names_exists():
                 assert name in keys, f"docs/methods/grpo.md names {name!r}, which is no finecap option"
         for test in re.findall(r"`(test_\w+)`", row["finecap"] + row["tested equal to TRL"]):
             assert re.search(rf"^def {test}\(", defined, re.M), f"docs/methods/grpo.md names {test}, which no test is"
+
+
+def test_scale_rewards_takes_trls_values_as_words_and_refuses_its_booleans(tmp_path):
+    """The table's ``scale_rewards`` row, read from the installed TRL: its ``GRPOConfig`` turns ``True`` into
+    ``"group"`` and ``False`` into ``"none"``, and the values it then holds are finecap's three choices, whose
+    advantages are TRL's (``test_advantages_equal_trls_own_at_the_edges``). finecap takes the words only: a boolean
+    (a TRL config's ``scale_rewards: false`` copied into a recipe or an override) is refused, naming the option and
+    the three words, never read as one of them."""
+    trl = pytest.importorskip("trl")
+
+    def trls(value):
+        args = trl.GRPOConfig(output_dir=str(tmp_path), scale_rewards=value, use_cpu=True, report_to="none",
+                              bf16=False)  # fmt: skip
+        return args.scale_rewards
+
+    theirs = {value: trls(value) for value in (True, "group", "batch", False, "none")}
+    assert theirs == {True: "group", "group": "group", "batch": "batch", False: "none", "none": "none"}
+    assert set(theirs.values()) == set(typing.get_args(ScaleRewards))
+    for word in ("group", "batch", "none"):
+        assert load(None, ["grpo.advantage=group", f"grpo.scale_rewards={word}"]).grpo.scale_rewards == word
+    refused = r"grpo\.scale_rewards: invalid value .*; valid choices: group, batch, none"
+    for value in ("true", "false", "True", "no"):
+        with pytest.raises(ConfigError, match=refused):
+            load(None, ["grpo.advantage=group", f"grpo.scale_rewards={value}"])

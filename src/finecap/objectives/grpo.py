@@ -64,7 +64,9 @@ are all equal: no signal), and with ``clipped`` ``clip_fraction`` (TRL's ``clip_
 ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean);
 ``kl``, ``clip_fraction`` and ``ratio/*`` over the scored captions' tokens (a failed caption is out of the clipped
 loss, its KL term included: :meth:`PolicyOptimization.clipped_loss`), and so is the ``entropy`` bonus
-(:mod:`finecap.objectives.entropy`): a failed caption takes no gradient from any term. With ``grpo.kl_coef > 0``,
+(:mod:`finecap.objectives.entropy`): a failed caption takes no gradient from any term. The logged ``entropy`` is a
+token mean whatever ``grpo.loss_aggregation`` (TRL's: :func:`~finecap.objectives.entropy.logged_entropy`), while the
+bonus is a mean of caption means outside ``token``. With ``grpo.kl_coef > 0``,
 ``time/reference``: the seconds of the reference pass, beside ``time/generate`` and ``time/reward`` (each 0 at the
 steps of a cycle after its rollout: :meth:`PolicyOptimization.rollout_seconds`).
 """
@@ -676,7 +678,7 @@ class PolicyOptimization(Reinforce):
             per = "token" if tokens else "caption"  # a mean over what `items` counts
             mask = mask.to(scores.entropy.device)
             losses["entropy"] = -self.rl.entropy_coef * mean_entropy(scores.entropy, mask, per, scored)
-            metrics["entropy"] = logged_entropy(scores.entropy, mask, per, scored)
+            metrics["entropy"] = logged_entropy(scores.entropy, mask, scored)  # a token mean, as TRL's
         metrics.update(self.metrics(rollout, seq_logp))
         metrics.update(self.advantage_metrics(item))
         metrics.update(self.watch(rollout, batch))

@@ -37,7 +37,9 @@ class GRPOConfig(Section, name="grpo"):
         "baseline", "baseline: R - rl.baseline (the papers); group: GRPO's (R - group mean) / scale, per image."
     )
     scale_rewards: ScaleRewards = doc(
-        "group", "advantage=group: divide by the std of the image's group, of the batch, or not (Dr. GRPO) [same]."
+        "group",
+        "advantage=group: divide by the std of the image's group, of the batch, or not (Dr. GRPO) [same; TRL's "
+        "true and false are group and none, which finecap takes as words only].",
     )
     reward_aggregation: RewardAggregation = doc(
         "sum_then_normalize",
