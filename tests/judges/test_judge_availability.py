@@ -318,3 +318,40 @@ def test_an_image_with_an_empty_reference_list_and_no_scene_is_refused():
     reward = ClaimsReward(WorldJudge(), references={0: []})
     with pytest.raises(ValueError, match="image 0 has no references and no scene"):
         reward(["a red circle"], {"image_ids": [0], "image_index": [0]})
+
+
+@pytest.mark.slow
+def test_one_caption_whose_asks_time_out_fails_alone_while_the_server_answers_the_others():
+    """A server up and answering, but timing out on every ask of one caption (its prompt, not the server): that
+    caption fails and the batch is scored. Before, the caption's asks were sent one after another, filled every slot
+    of judge.concurrency and timed out in a row, and the judge stopped the run ("is it running?") at
+    judge.max_consecutive_failures of them, though the server answered every other call."""
+    from finecap.rewards.qa_utility import QAUtilityReward
+
+    released = threading.Event()  # set at the end: the held replies end with the test
+
+    def slow_for_one_caption(payload, n):
+        text = payload["messages"][-1]["content"]
+        if "a red circle 0" in text:
+            released.wait(30)  # past the client's time-out: this caption's asks get no answer
+        chosen = "red" if "Caption:" in text else CANNOT_ANSWER  # blind: no question is dropped
+        return 200, completion(re.search(rf"^([A-Z])\. {chosen}$", text, re.MULTILINE).group(1))
+
+    questions = [Question(f"0/q{k}", f"Question {k}?", ("red", "blue", "green"), "red") for k in range(4)]
+    captions = [f"a red circle {i}" for i in range(8)]
+    batch = {"image_ids": [0], "image_index": [0] * len(captions)}
+    try:
+        with ChatServer(slow_for_one_caption) as server:
+            # 4 asks of caption 0 against 4 slots and a streak of 2: sent together, they were 4 failures in a row
+            judge = judge_of(server.url, retries=0, timeout=1.0, concurrency=4, max_consecutive_failures=2)
+            out = QAUtilityReward(judge, questions={0: questions}, shuffles=1)(captions, batch)
+        assert out.failed.tolist() == [True] + [False] * 7
+        assert out.total[1:].tolist() == [1.0] * 7  # every other caption's 4 asks answered right
+        assert judge.tallies()["failed"] == 4 and judge.tallies()["calls"] == 4 + 32  # the blind asks, the batch's
+        hung = [Ask(Q, OPTIONS, f"a red circle 0 ask {i}") for i in range(8)]  # every call times out: still stopped
+        with ChatServer(slow_for_one_caption) as server:
+            judge = judge_of(server.url, retries=0, timeout=1.0, concurrency=4, max_consecutive_failures=2)
+            with pytest.raises(JudgeUnavailable, match="2 calls in a row got no answer"):
+                judge.answer(hung)
+    finally:
+        released.set()

@@ -30,7 +30,9 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
   (``Retry-After``, ``retry-after-ms``) for longer than ``judge.retry_max_wait``, or saying ``x-should-retry:
   false`` (a judge server down, failing or rate-limiting every request would otherwise leave every caption
   unscored, step after step; the message names the last server's URL and status). An answer (parsable or not) or
-  another HTTP error (400: that request's own) resets the count. Every call after either raises the same, without a
+  another HTTP error (400: that request's own) resets the count, and a call that got no answer while another call
+  was answered does not count: the servers are up, its failure is its own (a caption whose prompts time out or fail
+  alone fails that caption, not the run). Every call after either raises the same, without a
   request, and so do the calls in flight then (in other threads, up to ``judge.concurrency``) at their next attempt:
   none retries, waits out its backoff (the wait ends at once) or moves on to another server; only the attempts already
   sent are answered (:class:`~finecap.boost.openai_backend.Stop`, which the judge's servers share).
@@ -348,6 +350,7 @@ class OpenAIJudge(Judge):
         self._lock = threading.Lock()  # of the counters, the calls in flight and the unreachable streak
         self._in_flight: dict[str, Future] = {}  # cache key -> the answer of the call asking it now
         self._unreachable = 0  # calls in a row that no server answered (module docstring: failures)
+        self._answered = 0  # calls a server answered so far: a call that failed while another was answered is its own
         self._unavailable = ""  # why the judge is unavailable (a refused key, URL or model; the streak at its limit)
         self._stop = stop if stop is not None else Stop()  # set with _unavailable: the calls in flight end (_answer)
         self._served = served
@@ -436,6 +439,8 @@ class OpenAIJudge(Judge):
                 self._count("cache_hits")
                 return hit.value
         why, answered, asked = "", False, 0
+        with self._lock:
+            seen = self._answered  # an answer to another call while this one is asked: the servers are up
         last: BackendError | None = None  # the last server failure, for the judge's stop message
         failed: set[int] = set()  # the servers this call failed on
         while asked <= self.retries:
@@ -477,7 +482,7 @@ class OpenAIJudge(Judge):
         if answered:
             self._reached()
         else:
-            self._reached_none(why, last)
+            self._reached_none(why, last, seen)
         self._count("failed")
         return JudgeFailed(f"judge {self.name} ({kind}): {why}")
 
@@ -527,12 +532,17 @@ class OpenAIJudge(Judge):
     def _reached(self) -> None:
         with self._lock:
             self._unreachable = 0
+            self._answered += 1
 
-    def _reached_none(self, why: str, last: BackendError | None = None) -> None:
-        """A call that got no answer from any server (module docstring: failures): the streak grows; at its
+    def _reached_none(self, why: str, last: BackendError | None = None, seen: int | None = None) -> None:
+        """A call that got no answer from any server (module docstring: failures): the streak grows, unless a server
+        answered another call while this one was asked (``seen``: the answers counted when it began), which shows
+        the servers up and this call's failure its own (a prompt that times out or fails alone); at its
         ``max_consecutive_failures`` the judge is out, the message saying what the ``last`` failure (``why``) says
         of the server."""
         with self._lock:
+            if seen is not None and self._answered != seen:
+                return
             self._unreachable += 1
             if self._unreachable >= self.max_consecutive_failures and not self._unavailable:
                 self._unavailable = (

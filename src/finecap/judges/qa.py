@@ -74,17 +74,20 @@ def qa_scores(
     judge: Judge, captions: Sequence[str], questions: Sequence[Sequence[Question]], shuffles: int, seed: int = 0
 ) -> list[QAScore | JudgeFailed]:
     """:class:`QAScore` of ``captions[n]`` on ``questions[n]`` (each asked in ``shuffles`` orders), or the first
-    failed ask of the caption; one batched judge call."""
+    failed ask of the caption; one batched judge call, the captions' asks taken in turn (each caption's first, then
+    each one's second, ...): the asks of one caption whose prompts time out or fail are sent among the others'
+    rather than all at once, so that the judge sees the others answered meanwhile and fails that caption alone
+    (:class:`~finecap.judges.openai.OpenAIJudge`: ``judge.max_consecutive_failures``)."""
     if len(questions) != len(captions):
         raise ValueError(f"qa: {len(questions)} question lists for {len(captions)} captions")
     asks = [[Ask(q, options, caption) for q in qs for options in presentations(q, shuffles, seed)]
             for caption, qs in zip(captions, questions)]  # fmt: skip
-    flat = judge.answer([a for mine in asks for a in mine])
+    turns = [(n, k) for k in range(max(map(len, asks), default=0)) for n, mine in enumerate(asks) if k < len(mine)]
+    by_caption: list[list[str | JudgeFailed]] = [[] for _ in asks]
+    for (n, _), answer in zip(turns, judge.answer([asks[n][k] for n, k in turns]), strict=True):
+        by_caption[n].append(answer)  # in k's order: the turns take each caption's asks in order
     out: list[QAScore | JudgeFailed] = []
-    start = 0
-    for mine in asks:
-        answers = flat[start : start + len(mine)]
-        start += len(mine)
+    for mine, answers in zip(asks, by_caption):
         failure = next((a for a in answers if isinstance(a, JudgeFailed)), None)
         if failure is not None:
             out.append(failure)
