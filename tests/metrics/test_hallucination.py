@@ -9,7 +9,7 @@ import json
 import pytest
 
 from finecap.data.records import DataError
-from finecap.metrics.hallucination import chair, coco_vocabulary, read_instances
+from finecap.metrics.hallucination import chair, coco_vocabulary, read_instances, read_vocabulary
 from finecap.metrics.suite import evaluate_items
 from helpers.cli import refused, run_cli
 from helpers.coco_instances import instances_file
@@ -40,6 +40,29 @@ def test_mentions_read_synonyms_plurals_two_word_names_and_the_reference_rules()
     # a vocabulary word is not lemmatised (LemmInflect's rules for words it does not know make corgi "corgus")
     assert mentions("a corgi and two corgis") == [("corgi", "dog"), ("corgi", "dog")]
     assert mentions("a view of the sky") == []
+
+
+def test_a_name_of_three_words_is_one_mention(tmp_path):
+    # the reference lists "stove top oven" among its double words but looks them up two words at a time, so it read
+    # "stove" and "oven": two ovens. Image 1 holds a person, a dog and a bicycle: man (person) and the oven, which is
+    # hallucinated, 1 of 2 mentions -> CHAIRi 1/2 (read as two ovens: 2 of 3)
+    vocab = coco_vocabulary()
+    assert vocab.mentions("a stove top oven") == [("stove top oven", "oven")]
+    assert vocab.mentions("two stove top ovens and a stove") == [("stove top oven", "oven"), ("stove", "oven")]
+    assert vocab.mentions("a stove top") == [("stove", "oven")]  # no third word: the stove alone
+    corpus, items = chair({1: "A man cooks at a stove top oven."}, read_instances(instances_file(tmp_path)))
+    assert items[1].hallucinated == (("stove top oven", "oven"),)
+    assert corpus["CHAIRi"] == 0.5 and corpus["chair/objects"] == 2.0
+
+
+def test_the_longest_phrase_is_read_first_and_a_phrase_has_two_words():
+    # "big  teddy bear": the words of a phrase are matched one space apart, however the file spaces them
+    phrases = "teddy bear = teddy bear\nbig  teddy bear = big teddy bear\n"
+    text = "[synonyms]\nbear, teddy bear, big teddy bear\n[phrases]\n" + phrases
+    vocab = read_vocabulary(text)
+    assert vocab.mentions("a big teddy bear and a teddy bear") == [("big teddy bear", "bear"), ("teddy bear", "bear")]
+    with pytest.raises(ValueError, match=r"\[phrases\] line 'bear = bear': a phrase has two or more words"):
+        read_vocabulary("[synonyms]\nbear\n[phrases]\nbear = bear\n", "vocab.txt")
 
 
 def test_chair_counts_per_caption_and_corpus(tmp_path):

@@ -1,16 +1,16 @@
 """Object hallucination on real images: CHAIR (Rohrbach, Hendricks et al., EMNLP 2018) over COCO's instance
 annotations, and object recall.
 
-A caption's *object mentions* are the words (and two-word names) of an :class:`ObjectVocabulary`, each read as the
-object category it names (:meth:`ObjectVocabulary.mentions`): the caption is lower-cased and split into words, each
-word that is not a vocabulary word already lemmatised as a noun (``dogs`` -> ``dog``, ``men`` -> ``man``:
+A caption's *object mentions* are the words (and names of several words) of an :class:`ObjectVocabulary`, each read
+as the object category it names (:meth:`ObjectVocabulary.mentions`): the caption is lower-cased and split into words,
+each word that is not a vocabulary word already lemmatised as a noun (``dogs`` -> ``dog``, ``men`` -> ``man``:
 LemmInflect, which needs no downloaded corpora; its rules for words it does not know would read ``corgi`` as a plural),
-two consecutive words read as one where the vocabulary says so (``hot dog`` is no dog, ``teddy bear`` no bear,
-``baby bird`` a bird and no person), then every word the vocabulary knows is one mention of its category. A word
-repeated is mentioned again (``a dog chasing another dog``: two mentions). The COCO vocabulary
+consecutive words read as one where the vocabulary says so (``hot dog`` is no dog, ``teddy bear`` no bear, ``baby
+bird`` a bird and no person, ``stove top oven`` one oven), then every word the vocabulary knows is one mention of its
+category. A word repeated is mentioned again (``a dog chasing another dog``: two mentions). The COCO vocabulary
 (:func:`coco_vocabulary`) is the reference code's (LisaAnne/Hallucination ``utils/chair.py``): its synonym lists of
-the 80 COCO categories and its two-word rules, shipped as ``finecap/metrics/data/chair_coco.txt`` (source and license
-in its header).
+the 80 COCO categories and its names of several words, shipped as ``finecap/metrics/data/chair_coco.txt`` (source and
+license in its header; where finecap reads them otherwise than the reference, it says so).
 
 An image's *ground-truth objects* are, as in the reference, the categories of its instance annotations
 (:func:`read_instances`, a COCO ``instances_*.json``) together with the categories its reference captions mention.
@@ -88,8 +88,9 @@ def noun_lemma(word: str) -> str:
 
 @dataclass(frozen=True)
 class ObjectVocabulary:
-    """The words that name object categories (``words``: word -> category), two-word names read as one word
-    (``phrases``: ``"hot dog"`` -> ``"hot dog"``, ``"baby bird"`` -> ``"bird"``) and words that name no object
+    """The words that name object categories (``words``: word -> category), names of two or more words read as one
+    word (``phrases``: ``"hot dog"`` -> ``"hot dog"``, ``"baby bird"`` -> ``"bird"``, ``"stove top oven"``; where
+    phrases overlap, the longest from the earliest word) and words that name no object
     beside another (``unless``: ``{"seat": "toilet"}``, the seat of a toilet is no chair). Built by
     :func:`read_vocabulary` (COCO's: :func:`coco_vocabulary`) or directly (the world's: :func:`world_vocabulary`)."""
 
@@ -102,6 +103,11 @@ class ObjectVocabulary:
         """The object categories the vocabulary names."""
         return frozenset(self.words.values())
 
+    @functools.cached_property
+    def phrase_lengths(self) -> tuple[int, ...]:
+        """The numbers of words of the ``phrases``, longest first (``(3, 2)`` for COCO's: ``stove top oven``)."""
+        return tuple(sorted({len(p.split()) for p in self.phrases}, reverse=True))
+
     def mentions(self, caption: str) -> list[tuple[str, str]]:
         """``[(word, category), ...]``: the object mentions of ``caption`` in order, a repeated word each time
         (module docstring)."""
@@ -109,10 +115,12 @@ class ObjectVocabulary:
         merged: list[str] = []
         i = 0
         while i < len(tokens):
-            pair = " ".join(tokens[i : i + 2])
-            if i + 1 < len(tokens) and pair in self.phrases:
-                merged.append(self.phrases[pair])
-                i += 2
+            for n in self.phrase_lengths:  # the longest phrase first: "stove top oven" before any two of its words
+                phrase = " ".join(tokens[i : i + n])
+                if i + n <= len(tokens) and phrase in self.phrases:
+                    merged.append(self.phrases[phrase])
+                    i += n
+                    break
             else:
                 merged.append(tokens[i])
                 i += 1
@@ -122,9 +130,9 @@ class ObjectVocabulary:
 
 def read_vocabulary(text: str, source: str = "vocabulary") -> ObjectVocabulary:
     """An :class:`ObjectVocabulary` from the text of a vocabulary file (``chair_coco.txt``'s format: ``#`` comments;
-    a ``[synonyms]`` section of lines ``category, word, word, ...``; ``[phrases]`` lines ``word word = word``;
-    ``[unless]`` lines ``word = other``). Words are stripped and lower-cased; a word listed for two categories names
-    the later one (as in the reference). Errors name ``source``."""
+    a ``[synonyms]`` section of lines ``category, word, word, ...``; ``[phrases]`` lines ``word word ... = word``, two
+    or more words on the left; ``[unless]`` lines ``word = other``). Words are stripped and lower-cased; a word listed
+    for two categories names the later one (as in the reference). Errors name ``source``."""
     sections: dict[str, list[str]] = {"synonyms": [], "phrases": [], "unless": []}
     current = None
     for n, raw in enumerate(text.splitlines(), 1):
@@ -149,6 +157,9 @@ def read_vocabulary(text: str, source: str = "vocabulary") -> ObjectVocabulary:
             left, sep, right = (s.strip().lower() for s in line.partition("="))
             if not sep or not left or not right:
                 raise ValueError(f"{source}: [{name}] line {line!r} is not 'words = word'")
+            if name == "phrases" and len(left.split()) < 2:  # a phrase of one word would never be read
+                raise ValueError(f"{source}: [phrases] line {line!r}: a phrase has two or more words")
+            left = " ".join(left.split())  # words are matched one space apart
             table[left] = right
     if not vocab:
         raise ValueError(f"{source}: no [synonyms] lines")
@@ -157,8 +168,8 @@ def read_vocabulary(text: str, source: str = "vocabulary") -> ObjectVocabulary:
 
 @functools.cache
 def coco_vocabulary() -> ObjectVocabulary:
-    """CHAIR's vocabulary of COCO's 80 categories (the reference code's synonym lists and two-word rules; package
-    data ``finecap/metrics/data/chair_coco.txt``), read once."""
+    """CHAIR's vocabulary of COCO's 80 categories (the reference code's synonym lists and rules for names of several
+    words; package data ``finecap/metrics/data/chair_coco.txt``), read once."""
     text = files("finecap.metrics").joinpath("data", COCO_VOCABULARY).read_text(encoding="utf-8")
     return read_vocabulary(text, COCO_VOCABULARY)
 

@@ -1,10 +1,10 @@
 """CHAIR reward: 1 - the share of a caption's object mentions that are hallucinated (CHAIRi per caption).
 
 The counts are the ``hallucination`` metric group's (:mod:`finecap.metrics.hallucination`): a caption's object
-mentions (COCO's synonym lists and two-word names, nouns lemmatised), each hallucinated when its category is not among
-the image's ground-truth objects. The reward of a caption is ``1 - hallucinated / mentions`` (1 when it mentions no
-object), plus ``recall_weight`` x the share of the image's annotated objects it mentions. Parts logged (under
-``chair/``): ``CHAIRi``, ``CHAIRs`` (1 when any mention is hallucinated), ``recall`` (1 for an image with no
+mentions (COCO's synonym lists and names of several words, nouns lemmatised), each hallucinated when its category is
+not among the image's ground-truth objects. The reward of a caption is ``1 - hallucinated / mentions`` (1 when it
+mentions no object), plus ``recall_weight`` x the share of the image's annotated objects it mentions. Parts logged
+(under ``chair/``): ``CHAIRi``, ``CHAIRs`` (1 when any mention is hallucinated), ``recall`` (1 for an image with no
 annotated object: nothing to miss) and ``objects`` (mentions).
 
 A caption that names no object is never wrong: with ``recall_weight = 0`` the reward alone is highest for captions
