@@ -91,6 +91,7 @@ from finecap.utils.folders import (
     finish_swap,
     mark_folder,
     previous_dir,
+    remove_folders,
     remove_own_folder,
 )
 from finecap.utils.reading import (
@@ -259,7 +260,8 @@ def load_tree(folder: Path, name: str) -> Any:
 
 
 def is_complete(folder: Path) -> bool:
-    """Whether a checkpoint folder was written to the end (``trainer_state.json`` is its last file)."""
+    """Whether a checkpoint folder was written to the end (``trainer_state.json`` is its last file, and the first one
+    removed when it is deleted: :func:`remove_checkpoints`)."""
     return (folder / INFO_FILE).is_file() and (folder / STATE_DIR).is_dir()
 
 
@@ -443,7 +445,7 @@ def promote(found: Path, run_dir: Path) -> Path:
     else:  # last.old, with no newer complete checkpoint: last is missing or incomplete
         aside = last.with_name(INCOMPLETE)
         if last.exists():
-            remove_own_folder(aside, CHECKPOINT_KIND, ours=is_checkpoint_folder)
+            remove_unfinished_checkpoint(aside)
         replace_durably(found, last, previous=aside)
     return last
 
@@ -521,13 +523,25 @@ def replace_checkpoint(tmp: Path, path: Path) -> None:
     waits for a process loading one of the run's checkpoints (``finecap caption`` or ``eval`` of the run) to finish."""
     wait = f"train: waiting for another process to finish loading a checkpoint of the run before replacing {path}"
     with swap_guard(path, exclusive=True, log_wait=wait):
-        atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder)
+        atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder, complete_file=INFO_FILE)
 
 
 def remove_unfinished_checkpoint(tmp: Path) -> None:
-    """Remove ``tmp``, an unfinished checkpoint folder of the run (``checkpoints/.<name>.tmp``), when it is finecap's
-    (:func:`finecap.utils.folders.remove_own_folder`); anything else there is refused, named and kept."""
-    remove_own_folder(tmp, CHECKPOINT_KIND, ours=is_checkpoint_folder)
+    """Remove ``tmp``, an unfinished checkpoint folder of the run (``checkpoints/.<name>.tmp``, the set-aside
+    ``.last.incomplete``), when it is finecap's (:func:`finecap.utils.folders.remove_own_folder`), its
+    ``trainer_state.json`` first (:func:`remove_checkpoints`); anything else there is refused, named and kept."""
+    remove_own_folder(tmp, CHECKPOINT_KIND, ours=is_checkpoint_folder, complete_file=INFO_FILE)
+
+
+def remove_checkpoints(folders: Sequence[Path], *, ignore_errors: bool = False) -> None:
+    """Remove checkpoint folders of finecap's, each made incomplete (:func:`is_complete`) before anything of any of
+    them is deleted: the rule of every removal of a checkpoint folder (this; and, through the same
+    :func:`finecap.utils.folders.remove_folders`, a swap's ``<name>.old``, :func:`replace_checkpoint`, and
+    :func:`remove_unfinished_checkpoint`). ``shutil.rmtree`` deletes in no set order: a process killed in it (a second
+    Ctrl-C during a failed save's cleanup, or during an overwrite) could leave ``trainer_state.json`` and ``state/``
+    beside part of ``model/``, which :func:`find_resumable` took for the newest complete checkpoint and the resume
+    failed to load. ``ignore_errors``: as ``shutil.rmtree``'s (a failed save's cleanup)."""
+    remove_folders(folders, complete_file=INFO_FILE, ignore_errors=ignore_errors)
 
 
 def new_checkpoint_folder(tmp: Path) -> None:
@@ -691,6 +705,8 @@ def prepare_run_dir(
             )
         olds = (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR)
         refuse_reading_removed(olds, reads or {}, another=another)
+        if olds[0].is_dir():  # every checkpoint made incomplete before any is deleted (foreign_run_files: all folders)
+            remove_checkpoints(sorted(olds[0].iterdir()))
         for old in olds:
             if old.is_dir():
                 shutil.rmtree(old)
