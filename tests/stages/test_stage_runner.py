@@ -259,6 +259,69 @@ def test_a_forced_retrain_refuses_a_done_that_is_not_the_stages_marker_and_keeps
     assert forced.train_stage("start") is True and marker.read_text() == "ok\n"
 
 
+def preparing_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
+    """:func:`saving_train` that prepares its run folder as training does (:func:`finecap.train.state.prepare_run_dir`:
+    an overwrite refuses a file finecap did not make where the run's files go) and finishes with a resumable ``last``
+    checkpoint (trainer state, state folder, the configuration it was saved with)."""
+    from finecap.train.state import STATE_DIR, prepare_run_dir
+
+    out = Path(cfg.run.dir)
+    prepare_run_dir(out, resume=resume, overwrite=overwrite)
+    saving_train(cfg, resume=resume, overwrite=overwrite)
+    last = out / "checkpoints" / "last"
+    (last / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    (last / "trainer_state.json").write_text(json.dumps({"step": 7}))
+    (last / "config.yaml").write_text(cfg.to_yaml())
+
+
+def test_a_forced_retrain_that_is_refused_changes_nothing_of_the_finished_stage(tmp_path):
+    # a forced retrain of `a` refused by training (a file of the user's in its checkpoints/) had already removed its
+    # DONE marker and written its start's new digest into start.json; with the file moved away, a run without force
+    # resumed the old finished run and marked it done: reused as if trained from the new start
+    runner = _runner(tmp_path, preparing_train)
+    runner.run(["world", "start", "a"])
+    record = runner.stage_dir("a") / START_FILE
+    started = json.loads(record.read_text())
+    _runner(tmp_path, preparing_train, force=True, items=["train.lr=0.3"]).train_stage("start")
+    assert runner.start_record("a") != started  # `a`'s start trained again since
+    mine = runner.stage_dir("a") / "checkpoints" / "my-weights.safetensors"
+    mine.write_text("mine")
+    with pytest.raises(ValueError, match=rf"holds files finecap did not make .*\({mine}\).*nothing was deleted"):
+        _runner(tmp_path, preparing_train, force=True).train_stage("a")
+    assert runner.is_done("a") and json.loads(record.read_text()) == started  # the old run as it was
+    assert mine.read_text() == "mine"
+    mine.unlink()  # the user moves it away
+    with pytest.raises(FingerprintMismatch, match=r"'a' started from another checkpoint than stage 'start''s best"):
+        runner.train_stage("a")  # without force: neither reused nor continued, since its start changed
+    assert runner.is_done("a") and json.loads(record.read_text()) == started
+    assert _runner(tmp_path, preparing_train, force=True).train_stage("a") is True
+    assert json.loads(record.read_text()) == runner.start_record("a") and runner.train_stage("a") is False
+
+
+def test_a_forced_retrain_refusing_a_users_start_record_keeps_the_stages_done_marker(tmp_path):
+    # the check of start.json came after the DONE marker was removed
+    runner = _runner(tmp_path, preparing_train)
+    runner.run(["world", "start"])
+    mine = runner.stage_dir("start") / START_FILE
+    mine.write_text("my start notes\n")
+    with pytest.raises(ValueError, match=f"{mine}: not the stage's {START_FILE}.*nothing was deleted"):
+        _runner(tmp_path, preparing_train, force=True).train_stage("start")
+    assert runner.is_done("start") and mine.read_text() == "my start notes\n"
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "fingerprints.json"])
+def test_a_forced_retrain_refused_for_a_users_file_where_training_writes_leaves_the_stage_done(tmp_path, name):
+    # training refuses to replace a config.yaml or fingerprints.json that is not finecap's, overwrite or not
+    # (finecap.train.state.check_run_folder): refused after the DONE marker went, the stage was unfinished
+    runner = _runner(tmp_path, preparing_train)
+    runner.run(["world", "start"])
+    mine = runner.stage_dir("start") / name
+    mine.write_text("my notes\n")
+    with pytest.raises(ValueError, match=f"{mine} exists and finecap did not make it"):
+        _runner(tmp_path, preparing_train, force=True).train_stage("start")
+    assert runner.is_done("start") and mine.read_text() == "my notes\n"
+
+
 def test_a_file_made_from_a_stages_model_is_made_again_once_the_stage_is_trained_again(tmp_path):
     # a stage trained again alone (--force) left its samples and shifted captions, which later runs read as the new
     # model's

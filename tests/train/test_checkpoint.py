@@ -2,6 +2,7 @@ import errno
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 from finecap.config import load
 from finecap.runs import INFO_FILE, checkpoint_dir, model_dir, temporary_dir
 from finecap.train.checkpoint import load_info, save_checkpoint
-from finecap.train.state import read_info
+from finecap.train.state import find_resumable, is_complete, new_checkpoint_folder, read_info
+from helpers.killed_removal import Killed, KilledRmtree
 
 
 class TinyModel:
@@ -71,6 +73,58 @@ def test_a_swap_whose_last_rename_fails_puts_the_previous_checkpoint_back(tmp_pa
         save_checkpoint(last, model=TinyModel(2), cfg=cfg, info={"step": 2})
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["last"]
     assert {p.relative_to(last): p.read_bytes() for p in sorted(last.rglob("*")) if p.is_file()} == before
+
+
+def resumable_save(last: Path, step: int) -> None:
+    """A resumable save as the loop makes it: ``state/`` written into ``.last.tmp`` first, then the checkpoint."""
+    tmp = temporary_dir(last)
+    new_checkpoint_folder(tmp)
+    (tmp / "state").mkdir(exist_ok=True)
+    (tmp / "state" / "main.json").write_text("{}")
+    save_checkpoint(last, model=TinyModel(step), cfg=load(), info={"step": step}, keep_tmp_contents=True)
+
+
+def test_a_save_killed_while_cleaning_up_a_failed_swap_leaves_nothing_a_resume_picks(tmp_path, monkeypatch):
+    """The swap of a complete ``.last.tmp`` (``trainer_state.json`` written: the commit point) fails, and its cleanup
+    is killed half-way (a second Ctrl-C). Its ``rmtree`` deleted part of ``model/`` and left ``trainer_state.json``
+    and ``state/``: the resume took ``.last.tmp`` for the newest complete checkpoint (step 2) and failed to load it.
+    Now ``trainer_state.json`` goes first, and the resume takes ``last`` (step 1)."""
+    import finecap.utils.files
+
+    last = checkpoint_dir(tmp_path, "last")
+    resumable_save(last, 1)
+
+    def replace(src, dst):
+        if Path(src) == temporary_dir(last):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src))
+        os.replace(src, dst)
+
+    proxy = type(
+        "os_proxy", (), {"__getattr__": lambda self, name: getattr(os, name), "replace": staticmethod(replace)}
+    )
+    monkeypatch.setattr(finecap.utils.files, "os", proxy())  # the swap's renames: replace_durably
+    monkeypatch.setattr(shutil, "rmtree", KilledRmtree())
+    with pytest.raises(Killed):
+        resumable_save(last, 2)
+    monkeypatch.undo()
+    tmp = temporary_dir(last)
+    assert (tmp / "state").is_dir() and len(list((tmp / "model").iterdir())) > 0  # killed half-way through it
+    assert not is_complete(tmp)
+    assert find_resumable(tmp_path) == last and read_info(last)["step"] == 1
+
+
+def test_a_swap_killed_while_removing_the_previous_checkpoint_leaves_it_incomplete(tmp_path, monkeypatch):
+    """The same rule for the swapped-out ``last.old``, a folder a resume also looks at: killed while it is
+    removed, it no longer reads complete."""
+    last = checkpoint_dir(tmp_path, "last")
+    resumable_save(last, 1)
+    monkeypatch.setattr(shutil, "rmtree", KilledRmtree())
+    with pytest.raises(Killed):
+        resumable_save(last, 2)
+    monkeypatch.undo()
+    old = last.with_name("last.old")
+    assert (old / "state").is_dir() and not is_complete(old)
+    assert find_resumable(tmp_path) == last and read_info(last)["step"] == 2
 
 
 def test_model_dir_resolution(tmp_path):

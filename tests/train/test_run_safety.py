@@ -359,6 +359,28 @@ def test_prepare_run_dir_names_the_option_that_reads_a_removed_file(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_an_overwrite_killed_while_removing_the_old_run_leaves_nothing_a_resume_picks(tmp_path, monkeypatch):
+    """An overwrite (a forced retrain) killed while it removes the old run's ``checkpoints/``: its ``rmtree`` had
+    deleted part of ``last/model/`` and left every ``trainer_state.json``, so the next run (the stage runner without
+    force continues what it finds) resumed the broken ``last``, or the old run's ``last.old``. Every checkpoint is
+    now made incomplete before any is deleted."""
+    from helpers.killed_removal import Killed, KilledRmtree
+
+    ckpts = tmp_path / "checkpoints"
+    _fake_checkpoint(ckpts / "last", 4)
+    _fake_checkpoint(ckpts / "last.old", 2)
+    for name in ("last", "last.old"):
+        (ckpts / name / "model" / "model.safetensors").write_text("weights")
+    assert find_resumable(tmp_path) == ckpts / "last"
+    kill = KilledRmtree()
+    monkeypatch.setattr(shutil, "rmtree", kill)
+    with pytest.raises(Killed):
+        prepare_run_dir(tmp_path, resume=False, overwrite=True)
+    monkeypatch.undo()
+    assert kill.killed_in is not None and (ckpts / "last" / "state").is_dir()  # killed half-way through it
+    assert find_resumable(tmp_path) is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("left", [".last.tmp", ".best.tmp", "last.old", "best.old", ".last.incomplete"])
 def test_overwrite_replaces_finecaps_own_run_files(make_cfg, left):

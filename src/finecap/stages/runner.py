@@ -41,7 +41,14 @@ from finecap.data.hashing import sha256_files
 from finecap.recipes import resolve_recipe
 from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
 from finecap.train.fingerprint import HINTS, FingerprintMismatch, check_run, checkpoint_files
-from finecap.train.state import config_changes, continue_unfinished, find_resumable, trained_config
+from finecap.train.state import (
+    check_run_folder,
+    config_changes,
+    continue_unfinished,
+    find_resumable,
+    run_reads,
+    trained_config,
+)
 from finecap.utils.files import atomic_write_text, refuse_link, write_json
 from finecap.utils.reading import read_json
 
@@ -334,7 +341,10 @@ class StageRunner:
             )
 
     def train_stage(self, stage: str) -> bool:
-        """Train ``stage`` unless it finished (then check that it may be reused); returns whether it trained now."""
+        """Train ``stage`` unless it finished (then check that it may be reused); returns whether it trained now. What
+        it refuses, and what training there would refuse of the files in the stage's folder
+        (:func:`finecap.train.state.check_run_folder`), is refused before anything of the stage's old run changes (its
+        :data:`DONE` marker, its :data:`START_FILE`)."""
         out = self.stage_dir(stage)
         cfg = self.stage_config(stage)
         if self.is_done(stage) and not self.force:
@@ -342,25 +352,28 @@ class StageRunner:
             log.info("%s: already trained (%s); skipping", stage, out)
             return False
         self.check_inputs(stage)
+        # refused after the old run's DONE and start.json changed, a run without force resumed that finished run and
+        # marked it done under the new start.json
+        marker = out / DONE
         if self.force:  # not finished until trained again: a killed retrain is no finished stage (nor its old files)
             resume, overwrite = False, True
-            marker = out / DONE
-            if marker.exists() or marker.is_symlink():
-                if not is_marker(marker):  # a user's file or folder of that name: kept, and said before any work
-                    raise ValueError(f"{marker}: not the stage's {DONE} marker (finecap writes a file holding "
-                                     f"{MARKER_TEXT!r}); nothing was deleted: move it out of {out}")  # fmt: skip
-                marker.unlink()
+            if (marker.exists() or marker.is_symlink()) and not is_marker(marker):  # a user's file or folder: kept
+                raise ValueError(f"{marker}: not the stage's {DONE} marker (finecap writes a file holding "
+                                 f"{MARKER_TEXT!r}); nothing was deleted: move it out of {out}")  # fmt: skip
         else:  # a killed stage resumes, or starts again when it saved no checkpoint
             resume, overwrite = continue_unfinished(
                 out, what=f"{self.what} {stage!r}", ways_out=self.ways_out_of(stage)
             )
         record = out / START_FILE
-        if (record.exists() or record.is_symlink()) and not is_start_record(record):  # said before any work
+        if (record.exists() or record.is_symlink()) and not is_start_record(record):
             raise ValueError(f"{record}: not the stage's {START_FILE} (finecap writes the stage and digest of its "
                              f"start there); nothing was deleted: move it out of {out}")  # fmt: skip
         start = self.start_record(stage)  # what it starts from, before training reads it
         if resume:  # an unfinished run there (killed, or written by `finecap train`): on this stage's settings?
             self.check_continue(stage, cfg, start)
+        check_run_folder(out, overwrite=overwrite, reads=run_reads(cfg))  # what training there would refuse
+        if self.force and marker.exists():
+            marker.unlink()
         if start is not None and not (resume and record.exists()):  # recorded as it starts: a resume compares
             write_json(record, start)
         self.train(cfg, resume=resume, overwrite=overwrite)

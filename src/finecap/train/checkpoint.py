@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +48,7 @@ from finecap.train.state import (
     CHECKPOINT_KIND,
     is_checkpoint_folder,
     new_checkpoint_folder,
+    remove_checkpoints,
     remove_unfinished_checkpoint,
     replace_checkpoint,
 )
@@ -298,8 +298,8 @@ def save_checkpoint(
         sync_to_disk(tmp)  # all of it on the disk before the file that says it is complete (a power loss)
         write_json(tmp / INFO_FILE, encode_event(info))  # a best's non-finite values named, as metrics.jsonl's
         replace_checkpoint(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:  # trainer_state.json (written above) goes first: killed meanwhile, tmp is no resume's
+        remove_checkpoints([tmp], ignore_errors=True)
         raise
     return path
 

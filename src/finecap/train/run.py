@@ -49,9 +49,9 @@ from finecap.models.retriever import Retriever, SharedRetrievers, retriever_path
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.objectives.smile import validation_shift_token
-from finecap.outputs import check_not_input, check_replaceable, check_writable, write_output
+from finecap.outputs import check_not_input, check_writable, write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
-from finecap.runs import BEST, CONFIG_FILE, FINGERPRINTS_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
+from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
 from finecap.train.checkpoint import save_checkpoint
 from finecap.train.engine import (
     Checkpoints,
@@ -63,7 +63,7 @@ from finecap.train.engine import (
     total_steps,
 )
 from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
-from finecap.train.fingerprint import is_fingerprints_file, write_fingerprints
+from finecap.train.fingerprint import write_fingerprints
 from finecap.train.logging import masked_argv, placed_trackers, tracker_config
 from finecap.train.prepare import prepare_needs
 from finecap.train.schedule import build_scheduler, short_run_note
@@ -78,13 +78,13 @@ from finecap.train.setup import (
 )
 from finecap.train.state import (
     TrainState,
-    check_config_target,
+    check_run_folder,
     check_unchanged_on_resume,
     config_changes,
     find_resumable,
-    holds_run,
     prepare_run_dir,
     read_info,
+    run_reads,
     trained_config,
     truncate_metrics,
 )
@@ -188,11 +188,8 @@ def train(
         if processes.is_main_process:
             held.enter_context(made_folder(run_dir))  # removed again if training fails before writing anything
             held.enter_context(output_lock(run_dir, name=TRAIN_LOCK, holder="finecap train", log=log.warning))
-            check_config_target(run_dir / CONFIG_FILE, inputs={"recipe": Path(recipe) if recipe else None},
-                                force=overwrite, option=run_dir_option, force_flag=None,
-                                ours=lambda p: holds_run(p.parent))  # fmt: skip
-            check_replaceable(run_dir / FINGERPRINTS_FILE, force=False, option=run_dir_option, kind="fingerprints",
-                              ours=is_fingerprints_file, force_flag=None)  # fmt: skip
+            check_run_folder(run_dir, overwrite=overwrite, reads=run_reads(cfg), recipe=recipe,
+                             option=run_dir_option)  # fmt: skip
         held.enter_context(torch.inference_mode(False))  # the model built in inference mode could never train
         held.enter_context(torch.enable_grad())
         return _train(cfg, processes, validators=validators, resume=resume, overwrite=overwrite, callbacks=callbacks,
@@ -419,8 +416,7 @@ def _train(
     run_dir = run_path(cfg.run)
     found = [""]
     if processes.is_main_process:
-        reads = {"train.init_from": cfg.train.init_from, "retriever.checkpoint": cfg.retriever.checkpoint}
-        found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, reads=reads,
+        found = [str(prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, reads=run_reads(cfg),
                                      option=run_dir_option) or "")]  # fmt: skip
     if processes.num_processes > 1:
         found = broadcast_object_list(found)

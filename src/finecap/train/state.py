@@ -49,7 +49,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from finecap.config import flat_options, migrate_moved_keys, with_added_keys
-from finecap.outputs import check_output_file
+from finecap.outputs import check_output_file, check_replaceable
 from finecap.runs import (
     BEST,
     CHECKPOINTS_DIR,
@@ -77,6 +77,7 @@ from finecap.runs import (
     swap_guard,
     temporary_dir,
 )
+from finecap.train.fingerprint import is_fingerprints_file
 from finecap.utils.files import (
     TEMPORARY_SUFFIX,
     atomic_write_text,
@@ -91,6 +92,7 @@ from finecap.utils.folders import (
     finish_swap,
     mark_folder,
     previous_dir,
+    remove_folders,
     remove_own_folder,
 )
 from finecap.utils.reading import (
@@ -106,6 +108,9 @@ from finecap.utils.reading import (
     read_yaml_mapping,
 )
 from finecap.utils.text import short_repr
+
+if TYPE_CHECKING:
+    from finecap.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +264,8 @@ def load_tree(folder: Path, name: str) -> Any:
 
 
 def is_complete(folder: Path) -> bool:
-    """Whether a checkpoint folder was written to the end (``trainer_state.json`` is its last file)."""
+    """Whether a checkpoint folder was written to the end (``trainer_state.json`` is its last file, and the first one
+    removed when it is deleted: :func:`remove_checkpoints`)."""
     return (folder / INFO_FILE).is_file() and (folder / STATE_DIR).is_dir()
 
 
@@ -443,7 +449,7 @@ def promote(found: Path, run_dir: Path) -> Path:
     else:  # last.old, with no newer complete checkpoint: last is missing or incomplete
         aside = last.with_name(INCOMPLETE)
         if last.exists():
-            remove_own_folder(aside, CHECKPOINT_KIND, ours=is_checkpoint_folder)
+            remove_unfinished_checkpoint(aside)
         replace_durably(found, last, previous=aside)
     return last
 
@@ -521,13 +527,25 @@ def replace_checkpoint(tmp: Path, path: Path) -> None:
     waits for a process loading one of the run's checkpoints (``finecap caption`` or ``eval`` of the run) to finish."""
     wait = f"train: waiting for another process to finish loading a checkpoint of the run before replacing {path}"
     with swap_guard(path, exclusive=True, log_wait=wait):
-        atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder)
+        atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder, complete_file=INFO_FILE)
 
 
 def remove_unfinished_checkpoint(tmp: Path) -> None:
-    """Remove ``tmp``, an unfinished checkpoint folder of the run (``checkpoints/.<name>.tmp``), when it is finecap's
-    (:func:`finecap.utils.folders.remove_own_folder`); anything else there is refused, named and kept."""
-    remove_own_folder(tmp, CHECKPOINT_KIND, ours=is_checkpoint_folder)
+    """Remove ``tmp``, an unfinished checkpoint folder of the run (``checkpoints/.<name>.tmp``, the set-aside
+    ``.last.incomplete``), when it is finecap's (:func:`finecap.utils.folders.remove_own_folder`), its
+    ``trainer_state.json`` first (:func:`remove_checkpoints`); anything else there is refused, named and kept."""
+    remove_own_folder(tmp, CHECKPOINT_KIND, ours=is_checkpoint_folder, complete_file=INFO_FILE)
+
+
+def remove_checkpoints(folders: Sequence[Path], *, ignore_errors: bool = False) -> None:
+    """Remove checkpoint folders of finecap's, each made incomplete (:func:`is_complete`) before anything of any of
+    them is deleted: the rule of every removal of a checkpoint folder (this; and, through the same
+    :func:`finecap.utils.folders.remove_folders`, a swap's ``<name>.old``, :func:`replace_checkpoint`, and
+    :func:`remove_unfinished_checkpoint`). ``shutil.rmtree`` deletes in no set order: a process killed in it (a second
+    Ctrl-C during a failed save's cleanup, or during an overwrite) could leave ``trainer_state.json`` and ``state/``
+    beside part of ``model/``, which :func:`find_resumable` took for the newest complete checkpoint and the resume
+    failed to load. ``ignore_errors``: as ``shutil.rmtree``'s (a failed save's cleanup)."""
+    remove_folders(folders, complete_file=INFO_FILE, ignore_errors=ignore_errors)
 
 
 def new_checkpoint_folder(tmp: Path) -> None:
@@ -639,7 +657,8 @@ def prepare_run_dir(
       ``checkpoints/``, ``metrics.jsonl`` and ``trackers/`` are removed, nothing else; when any of them is not
       recognisably finecap's, :func:`foreign_run_files`, an error naming it, and nothing is deleted; likewise when
       one of ``reads`` (``{option: path}``, what the new run will read: ``train.init_from``, the retriever's
-      checkpoint) is one of those files or lies inside them, or holds them: the run folder itself as the start);
+      checkpoint) is one of those files or lies inside them, or holds them: the run folder itself as the start;
+      :func:`check_overwrite`);
     - ``resume``: the newest complete checkpoint (:func:`find_resumable`, promoted to ``last``); a folder with a run
       but nothing resumable is an error listing what was found, and nothing is deleted; an empty folder starts fresh.
 
@@ -682,21 +701,65 @@ def prepare_run_dir(
                 f"{option}: {run_dir} already holds a run; pass --resume (resume=True in finecap.train) to continue "
                 f"it, or choose another {another} ({OVERWRITE_API})"
             )
-        foreign = foreign_run_files(run_dir)
-        if foreign:
-            raise ValueError(
-                f"{option}: {run_dir} holds files finecap did not make where its run files go "
-                f"({', '.join(str(p) for p in foreign)}); overwriting removes only finecap's own run files, so "
-                f"nothing was deleted: move them, or choose another {another}"
-            )
-        olds = (run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR)
-        refuse_reading_removed(olds, reads or {}, another=another)
+        check_overwrite(run_dir, reads=reads or {}, option=option)
+        olds = removed_by_overwrite(run_dir)
+        if olds[0].is_dir():  # every checkpoint made incomplete before any is deleted (foreign_run_files: all folders)
+            remove_checkpoints(sorted(olds[0].iterdir()))
         for old in olds:
             if old.is_dir():
                 shutil.rmtree(old)
             elif old.exists():
                 old.unlink()
     return None
+
+
+def removed_by_overwrite(run_dir: Path) -> tuple[Path, Path, Path]:
+    """What overwriting the run in ``run_dir`` removes: ``checkpoints/``, ``metrics.jsonl``, ``trackers/``."""
+    return run_dir / CHECKPOINTS_DIR, run_dir / METRICS_FILE, run_dir / TRACKERS_DIR
+
+
+def check_overwrite(run_dir: Path, *, reads: Mapping[str, str | Path | None], option: str = "run.dir") -> None:
+    """What overwriting the run in ``run_dir`` (:func:`prepare_run_dir` with ``overwrite``) refuses before it deletes
+    anything, a ``ValueError`` naming it: a file finecap did not make where the run's files go
+    (:func:`foreign_run_files`); a path the new run reads (``reads``, ``{option: path}``) among what it would remove
+    (:func:`refuse_reading_removed`). Nothing to refuse in a folder that holds no run."""
+    if not holds_run(run_dir):
+        return
+    another = "run.name / run.dir" if option == "run.dir" else option
+    foreign = foreign_run_files(run_dir)
+    if foreign:
+        raise ValueError(
+            f"{option}: {run_dir} holds files finecap did not make where its run files go "
+            f"({', '.join(str(p) for p in foreign)}); overwriting removes only finecap's own run files, so "
+            f"nothing was deleted: move them, or choose another {another}"
+        )
+    refuse_reading_removed(removed_by_overwrite(run_dir), reads, another=another)
+
+
+def run_reads(cfg: Config) -> dict[str, str | None]:
+    """``{option: path}`` of what a run of ``cfg`` reads that lies outside its configuration's data: its start
+    (``train.init_from``) and its retriever (``retriever.checkpoint``), which an overwrite of its run folder must not
+    delete first (:func:`check_overwrite`)."""
+    return {"train.init_from": cfg.train.init_from, "retriever.checkpoint": cfg.retriever.checkpoint}
+
+
+def check_run_folder(run_dir: Path, *, overwrite: bool, reads: Mapping[str, str | Path | None],
+                     recipe: str | Path | None = None, option: str = "run.dir") -> None:  # fmt: skip
+    """What training into ``run_dir`` refuses of what is there before it changes any of it: a symbolic link where it
+    writes (:func:`run_paths`); a ``config.yaml`` that is not finecap's run configuration, or is the ``recipe`` it
+    reads (:func:`check_config_target`); a ``fingerprints.json`` that is not finecap's; with ``overwrite``, what the
+    overwrite may not remove (:func:`check_overwrite`). :func:`finecap.train.run.train` checks it with the folder
+    locked; a caller that changes files of the folder's old run before it trains there (the stage runner: a stage's
+    ``DONE`` marker and ``start.json``, :meth:`finecap.stages.StageRunner.train_stage`) checks it first, so a
+    refusal leaves the old run as it was."""
+    for path in run_paths(run_dir):
+        refuse_link(path)
+    check_config_target(run_dir / CONFIG_FILE, inputs={"recipe": Path(recipe) if recipe else None}, force=overwrite,
+                        option=option, force_flag=None, ours=lambda p: holds_run(p.parent))  # fmt: skip
+    check_replaceable(run_dir / FINGERPRINTS_FILE, force=False, option=option, kind="fingerprints",
+                      ours=is_fingerprints_file, force_flag=None)  # fmt: skip
+    if overwrite:
+        check_overwrite(run_dir, reads=reads, option=option)
 
 
 def refuse_reading_removed(

@@ -6,10 +6,17 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from finecap.utils.files import OutputRefused, apply_umask, atomic_write_text, refuse_link, replace_durably
+from finecap.utils.files import (
+    OutputRefused,
+    apply_umask,
+    atomic_write_text,
+    refuse_link,
+    replace_durably,
+    sync_folder,
+)
 
 FOLDER_MARK = ".finecap-folder"
 
@@ -71,12 +78,40 @@ def check_own_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] |
     )
 
 
-def remove_own_folder(path: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> None:
+def remove_folders(
+    paths: Iterable[str | Path], *, complete_file: str | None = None, ignore_errors: bool = False
+) -> None:
+    """Remove the folders ``paths`` and all they hold (``shutil.rmtree``, ``ignore_errors`` as its). With
+    ``complete_file`` (the file whose presence says a folder of their kind is complete: a checkpoint's
+    ``trainer_state.json``, :func:`finecap.train.state.is_complete`), that file of every one of them is removed first,
+    and the removal put on the disk (:func:`finecap.utils.files.sync_folder`), before anything else of any of them
+    goes: a folder stops being complete before it starts being deleted, so a process killed while removing them (a
+    second Ctrl-C) leaves folders that read as unfinished, never one that reads complete with part of its files gone
+    (which a resume would pick, and fail to load). The one removal of such folders."""
+    paths = [Path(p) for p in paths]
+    if complete_file is not None:
+        for path in paths:
+            done = path / complete_file
+            try:
+                if not os.path.islink(path) and os.path.lexists(done):
+                    done.unlink()
+                    sync_folder(path)
+            except OSError:
+                if not ignore_errors:
+                    raise
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
+def remove_own_folder(
+    path: str | Path, kind: str, ours: Callable[[Path], bool] | None = None, *, complete_file: str | None = None
+) -> None:
     """Remove the folder ``path`` if finecap made it as a ``kind`` (:func:`check_own_folder`; an unfinished
-    temporary folder of finecap's); anything else there is refused, never removed."""
+    temporary folder of finecap's), its ``complete_file`` first (:func:`remove_folders`); anything else there is
+    refused, never removed."""
     check_own_folder(path, kind, ours)
     if os.path.lexists(path):
-        shutil.rmtree(path)
+        remove_folders([path], complete_file=complete_file)
 
 
 def previous_dir(final_dir: Path) -> Path:
@@ -99,7 +134,12 @@ DEFAULT_KIND = "folder"
 
 
 def atomic_replace_dir(
-    tmp_dir: str | Path, final_dir: str | Path, *, kind: str = DEFAULT_KIND, ours: Callable[[Path], bool] | None = None
+    tmp_dir: str | Path,
+    final_dir: str | Path,
+    *,
+    kind: str = DEFAULT_KIND,
+    ours: Callable[[Path], bool] | None = None,
+    complete_file: str | None = None,
 ) -> None:
     """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version, which is first renamed
     ``<name>.old`` (:func:`previous_dir`) and removed once the new folder is in place. When the rename of
@@ -113,7 +153,8 @@ def atomic_replace_dir(
     :class:`OutputRefused` names it and nothing is changed. ``tmp_dir`` is marked as a ``kind`` before the swap
     (:func:`mark_folder`), so the folder swapped in is recognised as finecap's the next time. Its modes follow the
     user's umask first (:func:`apply_umask`): what ``mkdtemp`` or safetensors created 0700 / 0600 ends up as readable
-    as ``mkdir`` and ``open`` make it."""
+    as ``mkdir`` and ``open`` make it. ``complete_file``: the file that marks a ``kind`` folder complete, removed
+    first when ``<name>.old`` is removed (:func:`remove_folders`)."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     old = previous_dir(final_dir)
     check_swap(final_dir, kind, ours)
@@ -121,10 +162,10 @@ def atomic_replace_dir(
     mark_folder(tmp_dir, kind)
     apply_umask(tmp_dir)
     if old.exists():
-        shutil.rmtree(old)
+        remove_folders([old], complete_file=complete_file)
     replace_durably(tmp_dir, final_dir, previous=old)
     if old.exists():
-        shutil.rmtree(old)
+        remove_folders([old], complete_file=complete_file)
 
 
 def finish_swap(final_dir: str | Path, kind: str, ours: Callable[[Path], bool] | None = None) -> bool:
