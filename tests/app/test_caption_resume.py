@@ -9,13 +9,22 @@ tests/app/test_caption_images.py."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import finecap.app.caption
 import finecap.caption
+from finecap.app.caption import PartialResults
+from finecap.outputs import OutputRefused
 from helpers.caption_batches import Batches
 from helpers.cli import run_cli
 from helpers.shapes import results
@@ -101,16 +110,58 @@ def test_a_run_resumes_at_another_batch_size_with_one_warning(run, shapes, tmp_p
 
 
 @pytest.mark.slow
-def test_a_line_cut_short_by_a_kill_is_decoded_again(run, shapes, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "tail",
+    [
+        '{"image": 8, "capt',  # killed in the middle of a line
+        '{"image": 8, "capt' + "\0" * 3000,  # the machine stopped: the file's end never written, read back as zeros
+    ],
+    ids=["kill", "crash"],
+)
+def test_a_line_cut_short_is_left_out_with_a_warning_and_decoded_again(run, shapes, tmp_path, monkeypatch, tail):
+    # the partial file is not synced line by line (docs/caption.md#a-stopped-run-resumes): after a crash its last line
+    # may be cut short, or zeros; it is left out and decoded again, and the warning says so (it said nothing)
     whole = tmp_path / "whole.json"
     assert run_cli(argv(run, shapes, whole, "images", SAMPLED))[0] == 0
     out = tmp_path / "out.json"
     stopped(run, shapes, out, "images", SAMPLED, monkeypatch, after=2)
     partial = tmp_path / "out.json.partial.jsonl"
     with partial.open("a") as f:
-        f.write('{"image": 8, "capt')  # killed in the middle of a line
-    assert run_cli(argv(run, shapes, out, "images", SAMPLED))[0] == 0
+        f.write(tail)
+    code, _, err = run_cli(argv(run, shapes, out, "images", SAMPLED))
+    assert code == 0 and f"{partial}: its last line was cut short" in err, err
+    assert "resuming from" in err and "8 image(s) already captioned" in err, err
     assert out.read_bytes() == whole.read_bytes() and not partial.exists()
+
+
+@pytest.mark.slow
+def test_results_that_cannot_be_written_keep_the_partial_file_and_release_the_lock(run, shapes, tmp_path, monkeypatch):
+    # a disk full when --out is written, at the very end: the command failed naming --out, but said nothing of the
+    # captions kept, and left its lock file behind. Now it says where they are kept, releases the lock, and the same
+    # command again writes them without decoding any image; a lock file a dead process left does not stop it
+    whole, out = tmp_path / "whole.json", tmp_path / "out.json"
+    assert run_cli(argv(run, shapes, whole, "images", GREEDY))[0] == 0
+
+    def disk_full(path, captions):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    with monkeypatch.context() as m:
+        m.setattr(finecap.app.caption, "write_results", disk_full)
+        code, _, err = run_cli(argv(run, shapes, out, "images", GREEDY))
+    partial, lock = tmp_path / "out.json.partial.jsonl", tmp_path / ".out.json.caption.lock"
+    assert code == 2 and f"finecap: error: {out}: no space left on device" in err, err
+    said = f"the results could not be written to {out}; 24 image(s) captioned are kept in {partial}: run the same"
+    assert said in err, err
+    assert len(partial.read_text().splitlines()) == 1 + 24 and not out.exists() and not lock.exists()
+
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()  # a run killed while it held the lock (SIGKILL, a power cut) leaves its record, no lock
+    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "started": 0, "command": "finecap"}))
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli(argv(run, shapes, out, "images", GREEDY))
+    assert code == 0 and f"taking over the lock of pid {dead.pid} on host" in err, err
+    assert counted.calls == 0 and out.read_bytes() == whole.read_bytes()
+    assert not partial.exists() and not lock.exists()
 
 
 @pytest.mark.slow
@@ -406,3 +457,86 @@ def test_a_split_image_samples_the_same_whether_an_earlier_image_was_skipped(run
     code, _, err = run_cli([*command, str(out)])
     assert code == 0 and "resuming from" in err and counted.calls == 2, err  # the mended image and places 9-12
     assert out.read_bytes() == mended.read_bytes() and not (tmp_path / "out.json.partial.jsonl").exists()
+
+
+HEADER = {"decode": {"strategy": "greedy", "batch_size": 4}, "seed": 0}
+
+
+def partial_file(path: Path, header: dict, *rows: dict) -> None:
+    """A partial results file as finecap writes it: the header line, then ``rows``."""
+    lines = [{"finecap": "finecap caption partial results", "header": header}, *rows]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_the_other_processes_files_are_moved_into_the_main_ones_once(tmp_path, caplog):
+    # a launched run stopped: each process kept its part in its own file; the resumed run (here of one process)
+    # reads them all, moves the others' lines into its own file (an image twice, the move killed before the removal:
+    # once), with the batch size each was decoded at, and removes their files
+    out = tmp_path / "out.json"
+    partial_file(tmp_path / "out.json.partial.jsonl", HEADER, {"image": 0, "captions": ["a"]})
+    at_8 = {**HEADER, "decode": {**HEADER["decode"], "batch_size": 8}}
+    partial_file(tmp_path / "out.json.partial.1.jsonl", at_8, {"image": 0, "captions": ["a"]},
+                 {"image": 5, "captions": ["b"]})  # fmt: skip
+    partial_file(tmp_path / "out.json.partial.2.jsonl", HEADER, {"image": 9, "captions": ["c"], "batch_size": 2})
+    partial = PartialResults(out, HEADER)
+    with caplog.at_level(logging.INFO, logger="finecap.app.caption"):
+        done = partial.open(force=False)
+    partial.close()
+    assert done == {0: ["a"], 5: ["b"], 9: ["c"]} and partial.kept == 3
+    rows = [json.loads(line) for line in (tmp_path / "out.json.partial.jsonl").read_text().splitlines()[1:]]
+    assert rows == [{"image": 0, "captions": ["a"]}, {"image": 5, "captions": ["b"], "batch_size": 8},
+                    {"image": 9, "captions": ["c"], "batch_size": 2}]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json.partial.jsonl"]
+    said = [r.getMessage() for r in caplog.records if "captions kept" in r.getMessage()]
+    assert len(said) == 1 and "1 at decode.batch_size=2, 1 at decode.batch_size=4, 1 at decode.batch_size=8" in said[0]
+
+
+def test_another_processes_file_made_otherwise_or_not_finecaps_is_refused_untouched(tmp_path):
+    out, main = tmp_path / "out.json", tmp_path / "out.json.partial.jsonl"
+    partial_file(main, HEADER, {"image": 0, "captions": ["a"]})
+    other = tmp_path / "out.json.partial.1.jsonl"
+    partial_file(other, {**HEADER, "seed": 1}, {"image": 5, "captions": ["b"]})
+    before = main.read_bytes(), other.read_bytes()
+    with pytest.raises(OutputRefused, match=f"{other}: the partial results of a stopped run made otherwise \\(seed"):
+        PartialResults(out, HEADER).open(force=False)
+    other.write_text('{"image": 5, "captions": ["mine"]}\n')
+    for force in (False, True):
+        with pytest.raises(OutputRefused, match=f"{other} exists and finecap did not write it"):
+            PartialResults(out, HEADER).open(force=force)
+    assert main.read_bytes() == before[0] and other.read_text() == '{"image": 5, "captions": ["mine"]}\n'
+    assert not list(tmp_path.glob(".*"))  # the lock released
+
+
+def test_a_process_file_the_main_process_did_not_see_is_left_as_it_is(tmp_path, caplog):
+    # the main process found no file of process 1's name (another file system): one there all the same is not
+    # written over; that process keeps nothing as it captions
+    out, theirs = tmp_path / "out.json", tmp_path / "out.json.partial.1.jsonl"
+    theirs.write_text("an earlier run's, on this machine's disk\n")
+    partial = PartialResults(out, HEADER, rank=1)
+    assert partial.start() is False and "the main process did not find it" in caplog.text
+    assert partial.close(remove=True) == 0 and theirs.read_text() == "an earlier run's, on this machine's disk\n"
+    mine = PartialResults(tmp_path / "mine.json", HEADER, rank=1)
+    assert mine.start() is True
+    mine.add({3: ["d"]})
+    mine.close()
+    lines = [json.loads(line) for line in (tmp_path / "mine.json.partial.1.jsonl").read_text().splitlines()]
+    assert lines == [{"finecap": "finecap caption partial results", "header": HEADER}, {"image": 3, "captions": ["d"]}]
+
+
+def test_a_partial_file_is_never_there_without_its_header(tmp_path, monkeypatch):
+    # it was made empty and the header appended: a machine stopping before the system wrote the header back left an
+    # empty file, which the next run refused as not finecap's. It is made with its header, written aside and renamed
+    seen = []
+    real = finecap.app.caption.open_append
+
+    def opening(path):
+        seen.append(Path(path).read_text() if Path(path).exists() else None)
+        return real(path)
+
+    monkeypatch.setattr(finecap.app.caption, "open_append", opening)
+    partial = PartialResults(tmp_path / "out.json", HEADER)
+    partial.open(force=False)
+    partial.close()
+    assert [json.loads(text) if text else text for text in seen] == [
+        {"finecap": "finecap caption partial results", "header": HEADER}
+    ]

@@ -75,26 +75,33 @@ def test_a_run_stopped_in_one_process_resumes_in_two(run, images, tmp_path, monk
     assert f"resuming from {partial}: 4 image(s) already captioned" in err, err[-3000:]
     assert decoded == [[[4, 5, 6, 7]], [[8, 9, 10, 11]]]  # the 8 left, 4 each, at their places in the list
     assert out.read_bytes() == whole.read_bytes()  # sampled from the seeds of their places: a run never stopped's
-    assert not partial.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nor its lock
+    assert not partial.exists() and not (tmp_path / "out.json.partial.1.jsonl").exists()  # the other process's
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nor the lock
 
 
 def test_a_launched_run_stopped_resumes_in_one_process(run, images, tmp_path, monkeypatch):
-    # the main process keeps its own part's captions as it makes them (the other's reach it at the end only): a
-    # launched run kept nothing, and its partial file was never read
+    # each process keeps its own part's captions as it makes them, in a file of its own: a launched run kept the
+    # main process's part alone (the other's reached it at the end only), and the resumed run decoded it again
     whole, out = tmp_path / "whole.json", tmp_path / "out.json"
     code, _, err = run_cli(command(run, images, "split", whole))
     assert code == 0, err
     err, decoded = launched(command(run, images, "split", out), tmp_path, stop_after=1)
-    partial = tmp_path / "out.json.partial.jsonl"
+    partial, other = tmp_path / "out.json.partial.jsonl", tmp_path / "out.json.partial.1.jsonl"
     assert decoded == [[[0, 1, 2, 3]], [[6, 7, 8, 9]]]  # each process's first batch of its half, then stopped
-    assert f"4 image(s) captioned are kept in {partial}" in err, err[-3000:]
-    rows = [json.loads(line) for line in partial.read_text().splitlines()[1:]]
-    assert [(row["image"], row["place"]) for row in rows] == [(f"images/{n}", k) for k, n in enumerate(NAMES[:4])]
+    said = f"4 image(s) captioned are kept in {partial} (the main process's; each other process's in "
+    assert said in err and "out.json.partial.<rank>.jsonl beside it)" in err, err[-3000:]
+    for path, places in [(partial, range(4)), (other, range(6, 10))]:
+        lines = path.read_text().splitlines()
+        assert json.loads(lines[0])["finecap"] == "finecap caption partial results"  # each file with its header
+        rows = [json.loads(line) for line in lines[1:]]
+        assert [(row["image"], row["place"]) for row in rows] == [(f"images/{NAMES[k]}", k) for k in places]
 
     counted = Batches(monkeypatch)
     code, _, err = run_cli(command(run, images, "split", out))
-    assert code == 0 and "resuming from" in err and counted.calls == 2, err  # 4..11: 2 batches of 4
-    assert out.read_bytes() == whole.read_bytes() and not partial.exists()
+    assert code == 0 and f"resuming from {partial}: 8 image(s) already captioned" in err, err
+    assert counted.calls == 1  # 4, 5, 10 and 11: 1 batch of 4
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists() and not other.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nor the lock
 
 
 def test_a_partial_file_made_otherwise_is_refused_once_by_two_processes(run, images, tmp_path, monkeypatch):

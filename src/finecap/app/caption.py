@@ -47,6 +47,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ from finecap.runs import find_checkpoint, model_dir, reading_checkpoint, stored_
 from finecap.train.checkpoint import folder_config
 from finecap.train.engine import make_accelerator
 from finecap.train.fingerprint import check_run
-from finecap.utils.files import open_append, refuse_link
+from finecap.utils.files import atomic_write_bytes, open_append, refuse_link, sync_to_disk
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,10 @@ def decode_changes(recipe: str | None, overrides: Sequence[str]) -> str:
 PARTIAL_SUFFIX = ".partial.jsonl"
 """What the partial results file of ``--out X`` is named: ``X.partial.jsonl`` beside it (docs/caption.md)."""
 
+PROCESS_PARTIAL = ".partial.{rank}.jsonl"
+"""What the partial results file of process ``rank`` (not the main one) of a run of several is named, beside ``--out``:
+``X.partial.3.jsonl`` (:func:`partial_path`)."""
+
 PARTIAL_MARK = "finecap caption partial results"
 """The ``finecap`` value of a partial results file's first line: how finecap knows the file is its own."""
 
@@ -304,7 +309,7 @@ def split_changes(lines: list[dict], places: dict[Any, int]) -> str:
 
 
 class PartialResults:
-    """The partial results file of a ``finecap caption`` run (docs/caption.md#a-stopped-run-resumes): strict JSON
+    """The partial results files of a ``finecap caption`` run (docs/caption.md#a-stopped-run-resumes): strict JSON
     lines, the first ``{"finecap": PARTIAL_MARK, "header": HEADER}`` (what makes the captions), then one line per
     image captioned, ``{"image": KEY, "captions": [...]}``, appended and flushed per batch (with ``"batch_size"``
     when it was decoded at another ``decode.batch_size`` than the header's: a run resumed at another). ``KEY``: the
@@ -312,21 +317,29 @@ class PartialResults:
     image's place in the split, which a refusal names when the split changed: :func:`split_changes`). An image left out
     (``--skip-bad-images``) has no line: a resumed run reads it again, as a run never stopped would (still bad, it is
     left out again, or without ``--skip-bad-images`` stops the run; mended, it is captioned). ``{"image": KEY,
-    "skipped": REASON}`` lines, which an earlier finecap wrote for those, are read and passed over.
+    "skipped": REASON}`` lines, which an earlier finecap wrote for those, are read and passed over. The file is made
+    with its header whole (written aside, then renamed into place), so a machine that stops never leaves it empty;
+    the lines after are not synced one by one: a last line the crash cut short is dropped with a warning
+    (:meth:`read`) and its images decoded again.
 
-    :meth:`open` takes the lock of ``out`` (:func:`finecap.locks.output_lock`: a second run of the command while
-    this one runs is refused, naming it, before it reads the file), then refuses a file of that name finecap did not
-    write (with or without ``--force``), and one whose header is not ``header`` unless ``force`` (then it is started
-    over), ``decode.batch_size`` aside (:func:`batch_size_free`: resumed, with one warning naming the batch sizes the
-    kept captions were decoded at); it returns the images already captioned. A split's file whose header names no
-    images (written before finecap recorded them: :func:`listed_images`) but is ``header`` otherwise is resumed with
-    a warning that the split could not be checked, unless an image it captioned is not in the split now (refused as
-    another header).
-    :meth:`close` releases the lock, the file removed first when asked. ``places``: a split's, each image id's place
-    in it now (``None``: ``--images``, whose keys are places)."""
+    Each process of a run keeps its own part as it makes it: ``rank`` 0 (the main process) in ``<out>.partial.jsonl``
+    (:data:`PARTIAL_SUFFIX`), process ``r`` in ``<out>.partial.r.jsonl`` (:func:`partial_path`), made by
+    :meth:`start` once the main process has opened its own.
 
-    def __init__(self, out: Path, header: dict, places: dict[Any, int] | None = None) -> None:
-        self.out, self.path = out, beside(out, PARTIAL_SUFFIX)
+    :meth:`open` (the main process) takes the lock of ``out`` (:func:`finecap.locks.output_lock`: a second run of the
+    command while this one runs is refused, naming it, before it reads the files), then refuses a file of those names
+    finecap did not write (with or without ``--force``), and one whose header is not ``header`` unless ``force`` (then
+    every one is started over), ``decode.batch_size`` aside (:func:`batch_size_free`: resumed, with one warning naming
+    the batch sizes the kept captions were decoded at); it moves the other processes' lines into its own file (an
+    earlier run's, of any number of processes) and returns the images already captioned. A split's file whose header
+    names no images (written before finecap recorded them: :func:`listed_images`) but is ``header`` otherwise is
+    resumed with a warning that the split could not be checked, unless an image it captioned is not in the split now
+    (refused as another header).
+    :meth:`close` closes the file (removed first when asked), then releases the lock. ``places``: a split's, each
+    image id's place in it now (``None``: ``--images``, whose keys are places)."""
+
+    def __init__(self, out: Path, header: dict, places: dict[Any, int] | None = None, rank: int = 0) -> None:
+        self.out, self.path = out, partial_path(out, rank)
         self.header = json.loads(strict_json(header))  # as it reads back from the file
         self.places = places
         self.kept = 0
@@ -335,10 +348,11 @@ class PartialResults:
         self.file: Any = None
         self.lock = contextlib.ExitStack()
 
-    def read(self) -> tuple[dict | None, list[dict], int]:
-        """The file's header (``None``: not finecap's), its image lines, and the length of its whole lines (a last
-        line cut short by a kill is left out)."""
-        data = self.path.read_bytes()
+    def read(self, path: Path) -> tuple[dict | None, list[dict], int]:
+        """The header of the file ``path`` (``None``: not finecap's), its image lines, and the
+        length of its whole lines: a last line cut short (no newline after it: a kill, or a machine that stopped
+        before the system wrote the file's end, maybe as zero bytes) is left out."""
+        data = path.read_bytes()
         lines, end, header = [], 0, None
         for number, raw in enumerate(data.split(b"\n"), 1):
             if end + len(raw) >= len(data):  # no newline after it: cut short when the run was killed
@@ -354,14 +368,14 @@ class PartialResults:
             elif isinstance(row, dict) and "image" in row and ("captions" in row or "skipped" in row):
                 lines.append(row)
             else:
-                raise OutputRefused(f"{self.path}:{number}: not a line of captions finecap writes; move the file "
+                raise OutputRefused(f"{path}:{number}: not a line of captions finecap writes; move the file "
                                     "away (or remove it) to start over")  # fmt: skip
             end += len(raw) + 1
         return header, lines, end
 
     def open(self, force: bool) -> dict[Any, list[str]]:
-        """Check the file (class docstring), open it for appending (header written when new); the captions of the
-        images it holds, ``{KEY: [caption, ...]}``."""
+        """Check the files (class docstring), open this one for appending (made with its header when new); the
+        captions of the images they hold, ``{KEY: [caption, ...]}``."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.lock.pop_all() as taken:  # released on an error here; else kept until close()
             taken.enter_context(output_lock(self.path.parent, name=f".{self.out.name}{LOCK_SUFFIX}",
@@ -371,44 +385,95 @@ class PartialResults:
         return done
 
     def _open(self, force: bool) -> dict[Any, list[str]]:
-        refuse_link(self.path)
-        lines: list[dict] = []
-        if self.path.exists():
-            header, lines, end = self.read() if self.path.is_file() else (None, [], 0)
+        files = [p for p in [self.path, *other_partials(self.out)] if p.exists() or p.is_symlink()]
+        read: list[tuple[Path, dict, list[dict], int]] = []
+        for path in files:  # every one finecap's and made as this run makes its captions, or none is touched
+            refuse_link(path)
+            header, lines, end = self.read(path) if path.is_file() else (None, [], 0)
             if header is None:
                 raise OutputRefused(
-                    f"--out: {self.path} exists and finecap did not write it (the partial results file of --out is "
+                    f"--out: {path} exists and finecap did not write it (the partial results files of --out are "
                     f"named so); move it away, or choose another --out"
                 )
-            captioned = sum("captions" in row for row in lines)  # an earlier finecap's "skipped" lines: none
-            if force:
-                log.warning("caption: --force: starting over, %s and its %d captions discarded", self.path,
-                            captioned)  # fmt: skip
-                self.path.unlink()
-                lines = []
-            elif batch_size_free(header) != batch_size_free(self.header) and not self.unlisted_split(header, lines):
+            read.append((path, header, lines, end))
+        captioned = len({row["image"] for _, _, lines, _ in read for row in lines if "captions" in row})
+        if force and read:
+            log.warning("caption: --force: starting over, %s and its %d captions discarded",
+                        ", ".join(str(path) for path, *_ in read), captioned)  # fmt: skip
+            for path, *_ in read:
+                path.unlink()
+            read = []
+        for path, header, lines, _ in read:
+            same = batch_size_free(header) == batch_size_free(self.header)
+            if not same and not self.unlisted_split(path, header, lines):
                 changed = differences(batch_size_free(header), batch_size_free(self.header))
                 if self.places is not None and header.get("files") != self.header["files"]:
                     changed.append(split_changes(lines, self.places))
                 raise OutputRefused(
-                    f"{self.path}: the partial results of a stopped run made otherwise ("
+                    f"{path}: the partial results of a stopped run made otherwise ("
                     + "; ".join(changed)
                     + f"): rerun it as it was to resume, or pass --force to start over (its {captioned} captions "
                     "discarded)"
                 )
-            else:
-                os.truncate(self.path, end)  # a last line cut short by the kill
-                self.file_batch_size = batch_size_of(header)
-        new = not self.path.exists()
+        kept: dict[Path, list[dict]] = {}  # each file's lines of captions, with the batch size each was decoded at
+        for path, header, lines, end in read:
+            if end < path.stat().st_size:
+                log.warning("caption: %s: its last line was cut short (the run was killed, or the machine stopped, "
+                            "while it was written): left out, its images are decoded again", path)  # fmt: skip
+            size = batch_size_of(header)
+            kept[path] = [{**row, "batch_size": row.get("batch_size", size)} for row in lines if "captions" in row]
+            if path == self.path:
+                os.truncate(self.path, end)  # a last line cut short
+                self.file_batch_size = size
+        if not self.path.exists():
+            self.create(self.path)
         self.file = open_append(self.path)
-        if new:
-            self.write({"finecap": PARTIAL_MARK, "header": self.header})
-        done = {row["image"]: row["captions"] for row in lines if "captions" in row}  # a skipped image: read again
+        every = kept.get(self.path, [])  # then the other processes' lines: into this file, their files removed
+        others = [path for path in kept if path != self.path]
+        if others:
+            seen, moved = {row["image"] for row in every}, []
+            for row in (row for path in others for row in kept[path]):
+                if row["image"] not in seen:  # a kill between the move and the removal: read twice, kept once
+                    seen.add(row["image"])
+                    moved.append(row)
+            self.write(*map(self.line, moved))
+            sync_to_disk(self.path)  # before the files they came from go
+            for path in others:
+                path.unlink()
+            every = every + moved
+        done = {row["image"]: row["captions"] for row in every}  # a skipped image: read again
         self.kept = len(done)
         if done:
             log.info("caption: resuming from %s: %d image(s) already captioned", self.path, len(done))
-            self.say_batch_sizes([row.get("batch_size", self.file_batch_size) for row in lines if "captions" in row])
+            self.say_batch_sizes([row["batch_size"] for row in every])
         return done
+
+    def start(self) -> bool:
+        """Make this process's own file (a process other than the main one, once the main one has opened its own:
+        :meth:`open`, which found none of this name) and open it for appending; ``False`` when a file of its name
+        is there all the same (the main process, on a file system this one does not share, could not see it): it is
+        left as it is, and this process's captions are not kept as it makes them."""
+        if self.path.exists() or self.path.is_symlink():
+            log.warning("caption: %s is there, but the main process did not find it (is --out on a file system "
+                        "every process shares?): left as it is; this process's captions are not kept as it makes "
+                        "them", self.path)  # fmt: skip
+            return False
+        self.create(self.path)
+        self.file = open_append(self.path)
+        return True
+
+    def create(self, path: Path) -> None:
+        """Make the file ``path`` holding the header line alone, whole: written aside and renamed into place, synced
+        (:func:`~finecap.utils.files.atomic_write_bytes`), so that a machine that stops never leaves it empty."""
+        atomic_write_bytes(path, (strict_json({"finecap": PARTIAL_MARK, "header": self.header}, indent=None)
+                                  + "\n").encode())  # fmt: skip
+
+    def line(self, row: dict) -> dict:
+        """``row`` (a kept line, with the batch size it was decoded at) as this file writes it: its batch size only
+        when not the file's header's."""
+        size = row["batch_size"]
+        return {**{k: v for k, v in row.items() if k != "batch_size"},
+                **({"batch_size": size} if size != self.file_batch_size else {})}  # fmt: skip
 
     def say_batch_sizes(self, kept: list[Any]) -> None:
         """Warn once when the kept captions (``kept``: the batch size each was decoded at) were decoded at another
@@ -423,7 +488,7 @@ class PartialResults:
                     "run's where the model's top tokens nearly tie", self.path, len(kept), said,
                     self.batch_size)  # fmt: skip
 
-    def unlisted_split(self, header: dict, lines: list[dict]) -> bool:
+    def unlisted_split(self, path: Path, header: dict, lines: list[dict]) -> bool:
         """Whether ``header``, a split's written before finecap recorded its images (no ``"files"``), is this run's
         otherwise and every image its ``lines`` captioned is in the split now: resumed, with a warning that the
         split's images could not be checked (docs/caption.md#a-stopped-run-resumes)."""
@@ -436,7 +501,7 @@ class PartialResults:
             return False
         log.warning("caption: %s was written by a finecap that did not record the images of the split, so they are "
                     "not checked: its %d captions are resumed as they are; if the data set (or its images) changed "
-                    "since the run stopped, pass --force to start over", self.path,
+                    "since the run stopped, pass --force to start over", path,
                     sum("captions" in row for row in lines))  # fmt: skip
         return True
 
@@ -455,10 +520,37 @@ class PartialResults:
         """Close the file (and remove it when ``remove``), then release the lock; the number of images it holds."""
         if self.file is not None:
             self.file.close()
-        if remove:
-            self.path.unlink(missing_ok=True)
+            if remove:
+                self.path.unlink(missing_ok=True)
         self.lock.close()
         return self.kept
+
+
+def kept_where(partial: PartialResults, processes: int) -> str:
+    """Where the captions of a stopped run are kept, as the main process says it (``partial``: its own file): ``4
+    image(s) captioned are kept in X``, of several processes ``... in X (the main process's; each other process's
+    in X.partial.<rank>.jsonl beside it)``."""
+    said = f"{partial.kept} image(s) captioned are kept in {partial.path}"
+    if processes > 1:
+        said += f" (the main process's; each other process's in {partial_path(partial.out, '<rank>')} beside it)"
+    return said
+
+
+def partial_path(out: Path, rank: int | str = 0) -> Path:
+    """The partial results file of process ``rank`` for ``--out out``: ``results.json.partial.jsonl`` for the main
+    process (:data:`PARTIAL_SUFFIX`), ``results.json.partial.3.jsonl`` for process 3 (:data:`PROCESS_PARTIAL`)."""
+    return beside(out, PARTIAL_SUFFIX if rank == 0 else PROCESS_PARTIAL.format(rank=rank))
+
+
+def other_partials(out: Path) -> list[Path]:
+    """The partial results files of processes other than the main one beside ``out`` (:func:`partial_path`), by
+    rank: those of the run now, or of an earlier run of any number of processes."""
+    pattern = re.compile(re.escape(out.name) + r"\.partial\.([1-9][0-9]*)\.jsonl")
+    try:
+        found = [(int(m.group(1)), p) for p in out.parent.iterdir() if (m := pattern.fullmatch(p.name))]
+    except FileNotFoundError:
+        return []
+    return [p for _, p in sorted(found)]
 
 
 def listed_images(images: Sequence[tuple[Any, str]]) -> dict[str, Any]:
@@ -526,9 +618,10 @@ def main(
     existing file finecap did not make unless ``force``.
 
     Captions are kept as they are made in ``<out>.partial.jsonl`` (:class:`PartialResults`; under several
-    processes the main process's own part only): a stopped run says how many, and the same call again, in any
-    number of processes, resumes from them (``force``: starts over), writing ``out`` as a run never stopped would,
-    then removing that file (docs/caption.md#a-stopped-run-resumes).
+    processes each other process's part in ``<out>.partial.<rank>.jsonl``): a run stopped, or whose ``out`` could not
+    be written, says how many, and the same call again, in any number of processes, resumes from them (``force``:
+    starts over), writing ``out`` as a run never stopped would, then removing those files
+    (docs/caption.md#a-stopped-run-resumes).
     """
     if images is not None and (data is not None or split is not None):
         raise ValueError("--images captions image files, --data and --split a data set's split: give one or the other")
@@ -614,13 +707,17 @@ def main(
             log.info("caption: %s, decoding %s from %s%s", setup.checkpoint, describe_decoding(cfg), source,
                      "" if checked else "; no fingerprints recorded, inputs not checked")  # fmt: skip
         engine_class(cfg.decode).check_processes(cfg, accelerator.num_processes)  # vLLM: one engine in one process
-        # the partial results file (kept when the run stops, resumed by the same command, with any process count):
-        # the main process alone holds its lock, checks it and appends its own part's captions; every process gets
-        # the captions it holds, and the images left are shared among them (docs/caption.md#a-stopped-run-resumes)
-        partial = None
+        # the partial results files (kept when the run stops, resumed by the same command, with any process count):
+        # the main process alone holds the lock and checks them, moving every other process's lines into its own;
+        # every process gets the captions they hold, the images left are shared among them, and each appends its own
+        # part's captions to its own file (docs/caption.md#a-stopped-run-resumes)
+        partial: PartialResults | None = None
         if accelerator.is_main_process:
             partial = PartialResults(Path(out), caption_header(setup, cfg, named, checked), places)
-        done: dict[Any, list[str]] = relayed(accelerator, lambda: partial.open(force))
+        done, header = relayed(accelerator, lambda: (partial.open(force), partial.header))
+        if not accelerator.is_main_process:
+            partial = PartialResults(Path(out), header, places, rank=accelerator.process_index)
+            partial = partial if partial.start() else None
         try:
             model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
             hold.close()  # the checkpoint is read: the run may swap its next one in while this one captions
@@ -656,19 +753,31 @@ def main(
                                         describe_skipped(bad, total, f"images of split {split!r}"),
                                         listed)  # fmt: skip
         except BaseException:
-            if partial is not None and partial.close(remove=partial.kept == 0):  # nothing captioned: not kept
-                log.warning("caption: stopped; %d image(s) captioned are kept in %s: run the same command again to "
-                            "resume (--force to start over)", partial.kept, partial.path)  # fmt: skip
+            kept = partial is not None and partial.close(remove=partial.kept == 0)  # nothing captioned: not kept
+            if kept and accelerator.is_main_process:
+                log.warning("caption: stopped; %s: run the same command again to resume (--force to start over)",
+                            kept_where(partial, accelerator.num_processes))  # fmt: skip
             raise
     out = Path(out)
     if accelerator.is_main_process:
         first = {image_id: caps[0] for image_id, caps in captions.items()}
-        write_results(out, first)
+        try:
+            write_results(out, first)
+        except BaseException:  # a disk full, a folder turned read-only: the captions stay for the same command
+            if partial is not None:
+                partial.close()
+                log.warning("caption: the results could not be written to %s; %s: run the same command again once "
+                            "it can be written, to write them without decoding them again",
+                            out, kept_where(partial, accelerator.num_processes))  # fmt: skip
+            raise
         log.info("wrote %d captions of %s to %s", len(captions), what, out)
         empty = empty_captions_note(first, "the captions")
         if empty:
             log.warning("caption: %s (they decoded to no text)", empty)
-    if partial is not None:
-        partial.close(remove=True)  # removed before the lock is released: a run started now finds none
+    accelerator.wait_for_everyone()  # the results written: the other processes' files go first
+    if partial is not None and not accelerator.is_main_process:
+        partial.close(remove=True)
     accelerator.wait_for_everyone()
+    if partial is not None and accelerator.is_main_process:
+        partial.close(remove=True)  # removed before the lock is released: a run started now finds none
     return out
