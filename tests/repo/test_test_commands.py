@@ -64,25 +64,14 @@ def test_readme_documents_both_commands():
     assert "make test" in development and re.search(r"^\S*pytest\b", development, re.M), development
 
 
-def test_run_files_runs_each_file_alone_and_fails_when_one_fails(tmp_path):
-    """``make vllm-test``'s runner (tests/helpers/run_files.py): each file in a process of its own (a module-level
-    counter in one process would reach 2), outputs in the order given, exit 1 naming the failed file."""
-    (tmp_path / "conftest.py").write_text("")
-    count = "import os\nN = os.environ.get('SEEN', '0')\nos.environ['SEEN'] = '1'\n\n"
-    count += "def test_alone():\n    assert N == '0'\n"
-    (tmp_path / "test_a.py").write_text(count)
-    (tmp_path / "test_b.py").write_text(count + "\ndef test_fails():\n    assert False\n")
-    (tmp_path / "test_c.py").write_text(count)
-    files = [str(tmp_path / f"test_{x}.py") for x in "abc"]
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "helpers" / "run_files.py"), "--jobs", "2", *files],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert [line for line in proc.stdout.splitlines() if line.endswith(".py:")] == [f + ":" for f in files]
-    outputs = [part.split("\n", 1)[1] for part in proc.stdout.split(str(tmp_path) + "/")[1:]]  # each file's, in order
-    assert ["1 passed" in outputs[0], "1 failed, 1 passed" in outputs[1], "1 passed" in outputs[2]] == [True] * 3
-    assert proc.stderr.strip() == f"failed: {files[1]} (exit 1)"
+def test_make_vllm_test_runs_every_vllm_test_file_once_the_costliest_first():
+    """``make vllm-test`` names its files (VLLM_FIRST, then the rest of ``tests/engines/test_vllm_*.py``): a file
+    added there is run, none twice, and a file VLLM_FIRST names exists (a renamed one would drop out unseen)."""
+    files = make_variable("VLLM_FILES").split()
+    first = make_variable("VLLM_FIRST").split()
+    every = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "engines").glob("test_vllm_*.py"))
+    assert first and files[: len(first)] == first and all((ROOT / f).is_file() for f in first)
+    assert sorted(files) == every and len(set(files)) == len(files)
 
 
 def test_make_adapters_installs_each_framework_as_the_docs_say():
