@@ -476,20 +476,35 @@ def test_gpu_wheels_without_transformers_says_so_in_one_line(tmp_path):
     wheels are for: one line naming it and what to do, exit non-zero, nothing downloaded; it was a traceback of
     importlib.metadata's PackageNotFoundError. The python here is the tests' own, started without its site-packages
     (``-S``), where transformers is not."""
-    bare = tmp_path / "python"
-    bare.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S "$@"\n')
-    bare.chmod(0o755)
-    assert subprocess.run([str(bare), "-c", "import transformers"], capture_output=True, timeout=60).returncode != 0
+    bare = _stand_in_python(tmp_path, f'exec {shlex.quote(sys.executable)} -S "$@"', lacking="transformers")
+    _gpu_wheels_stops_with(
+        bare,
+        f"benchmarks/gpu_wheels.sh: {bare} has no transformers, whose version the wheels are for: run it with "
+        "finecap's .venv (make install) or PYTHON set to a python that has transformers",
+        tmp_path,
+    )
+
+
+def _stand_in_python(tmp_path: Path, line: str, lacking: str) -> Path:
+    """A ``python`` script in ``tmp_path`` running the shell ``line`` (the tests' python, started otherwise), checked
+    to lack the module ``lacking``."""
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\n{line}\n")
+    python.chmod(0o755)
+    assert subprocess.run([str(python), "-c", f"import {lacking}"], capture_output=True, timeout=60).returncode != 0
+    return python
+
+
+def _gpu_wheels_stops_with(python: Path, line: str, tmp_path: Path) -> None:
+    """benchmarks/gpu_wheels.sh with PYTHON=``python``, with and without --dry-run: exit non-zero, nothing on
+    standard output, ``line`` alone on standard error, nothing downloaded."""
     wheels = tmp_path / "wheels"
-    env = {**os.environ, "WHEELS": str(wheels), "PYTHON": str(bare)}
+    env = {**os.environ, "WHEELS": str(wheels), "PYTHON": str(python)}
     for argv in ([], ["--dry-run"]):
         proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), *argv], capture_output=True,
                               text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
         assert proc.returncode != 0 and proc.stdout == "", proc
-        assert proc.stderr.splitlines() == [
-            f"benchmarks/gpu_wheels.sh: {bare} has no transformers, whose version the wheels are for: run it with "
-            "finecap's .venv (make install) or PYTHON set to a python that has transformers"
-        ], proc.stderr
+        assert proc.stderr.splitlines() == [line], proc.stderr
     assert not wheels.exists()
 
 
@@ -501,23 +516,15 @@ def test_gpu_wheels_on_a_python_without_tomllib_says_so_in_one_line(tmp_path):
     shadow = tmp_path / "shadow"
     shadow.mkdir()
     (shadow / "tomllib.py").write_text('raise ModuleNotFoundError("No module named \'tomllib\'", name="tomllib")\n')
-    old = tmp_path / "python"
-    old.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(shadow))} exec {shlex.quote(sys.executable)} "$@"\n')
-    old.chmod(0o755)
-    assert subprocess.run([str(old), "-c", "import tomllib"], capture_output=True, timeout=60).returncode != 0
-    wheels = tmp_path / "wheels"
-    env = {**os.environ, "WHEELS": str(wheels), "PYTHON": str(old)}
-    version = sys.version.split()[0]
-    for argv in ([], ["--dry-run"]):
-        proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_wheels.sh"), *argv], capture_output=True,
-                              text=True, env=env, cwd=tmp_path, timeout=60)  # fmt: skip
-        assert proc.returncode != 0 and proc.stdout == "", proc
-        assert proc.stderr.splitlines() == [
-            f"benchmarks/gpu_wheels.sh: {old} is python {version}, without tomllib (python >= 3.11, as finecap "
-            "requires), which reads pyproject.toml's pins: run it with finecap's .venv (make install) or PYTHON set "
-            "to a python >= 3.11 that has transformers"
-        ], proc.stderr
-    assert not wheels.exists()
+    old = _stand_in_python(tmp_path, f'PYTHONPATH={shlex.quote(str(shadow))} exec {shlex.quote(sys.executable)} "$@"',
+                           lacking="tomllib")  # fmt: skip
+    _gpu_wheels_stops_with(
+        old,
+        f"benchmarks/gpu_wheels.sh: {old} is python {sys.version.split()[0]}, without tomllib (python >= 3.11, as "
+        "finecap requires), which reads pyproject.toml's pins: run it with finecap's .venv (make install) or PYTHON "
+        "set to a python >= 3.11 that has transformers",
+        tmp_path,
+    )
 
 
 def replayed_grpo_line(tmp_path, monkeypatch, rows: list[dict]) -> tuple[dict, list]:

@@ -298,26 +298,23 @@ def test_a_forced_retrain_that_is_refused_changes_nothing_of_the_finished_stage(
     assert json.loads(record.read_text()) == runner.start_record("a") and runner.train_stage("a") is False
 
 
-def test_a_forced_retrain_refusing_a_users_start_record_keeps_the_stages_done_marker(tmp_path):
-    # the check of start.json came after the DONE marker was removed
-    runner = _runner(tmp_path, preparing_train)
-    runner.run(["world", "start"])
-    mine = runner.stage_dir("start") / START_FILE
-    mine.write_text("my start notes\n")
-    with pytest.raises(ValueError, match=f"{mine}: not the stage's {START_FILE}.*nothing was deleted"):
-        _runner(tmp_path, preparing_train, force=True).train_stage("start")
-    assert runner.is_done("start") and mine.read_text() == "my start notes\n"
-
-
-@pytest.mark.parametrize("name", ["config.yaml", "fingerprints.json"])
-def test_a_forced_retrain_refused_for_a_users_file_where_training_writes_leaves_the_stage_done(tmp_path, name):
-    # training refuses to replace a config.yaml or fingerprints.json that is not finecap's, overwrite or not
-    # (finecap.train.state.check_run_folder): refused after the DONE marker went, the stage was unfinished
+@pytest.mark.parametrize(
+    ("name", "refusal"),
+    [
+        (START_FILE, "{mine}: not the stage's start.json.*nothing was deleted"),
+        ("config.yaml", "{mine} exists and finecap did not make it"),
+        ("fingerprints.json", "{mine} exists and finecap did not make it"),
+    ],
+)
+def test_a_forced_retrain_refused_for_a_users_file_in_the_stage_leaves_the_stage_done(tmp_path, name, refusal):
+    # the check of start.json came after the DONE marker was removed; training refuses to replace a config.yaml or
+    # fingerprints.json that is not finecap's, overwrite or not (finecap.train.state.check_run_folder): refused after
+    # the DONE marker went, the stage was unfinished
     runner = _runner(tmp_path, preparing_train)
     runner.run(["world", "start"])
     mine = runner.stage_dir("start") / name
     mine.write_text("my notes\n")
-    with pytest.raises(ValueError, match=f"{mine} exists and finecap did not make it"):
+    with pytest.raises(ValueError, match=refusal.format(mine=mine)):
         _runner(tmp_path, preparing_train, force=True).train_stage("start")
     assert runner.is_done("start") and mine.read_text() == "my notes\n"
 
