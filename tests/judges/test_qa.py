@@ -1,9 +1,12 @@
 """QA utility's rules (finecap.judges.qa, finecap.judges.questions.presentations) on judges whose answers the test
 decides: a caption with any failed ask fails; a question is dropped only when a blind judge answers it right in every
-one of its ``k`` orders; the ``k`` orders differ from one another and follow the seed; the reward asks in the orders
-the blind filter used."""
+one of its ``k`` orders; the ``k`` orders differ from one another while the options allow (rotations of shuffles:
+within ``n`` orders each option stands at ``n`` positions, so a judge preferring a position is paid by chance alone)
+and follow the seed; the reward asks in the orders the blind filter used."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -59,6 +62,56 @@ def test_the_k_orders_differ_from_one_another_and_follow_the_seed():
     firsts = {presentations(Q, 1, seed=s)[0] for s in range(10)}
     assert len(firsts) > 1  # the seed changes the orders
     assert presentations(Q, 6, seed=3)[:2] == presentations(Q, 2, seed=3)  # order j is the same for any k
+
+
+def options_question(qid: str, n: int) -> Question:
+    options = tuple(f"o{i}" for i in range(n))
+    return Question(qid, "Which?", options, options[0])
+
+
+def test_the_k_orders_are_distinct_up_to_all_n_factorial_of_them():
+    # drawn independently, the 2 orders of a 2-option question (the world's size and pattern) were the same one
+    # time in 2: asked twice in one order, neither de-biased nor blind-filtered in two
+    for n, k in ((2, 2), (3, 6), (4, 4), (4, 24), (5, 64)):
+        for i in range(50):
+            orders = presentations(options_question(f"{i}/{n}", n), k)
+            assert len(set(orders)) == k == min(k, math.factorial(n)), (n, i, orders)
+
+
+def test_within_n_orders_every_option_stands_at_a_different_position_in_each():
+    for n in range(2, 7):
+        for i in range(30):
+            q = options_question(f"{i}/{n}", n)
+            orders = presentations(q, n, seed=i)
+            for option in q.options:
+                assert sorted(o.index(option) for o in orders) == list(range(n)), (n, i, option, orders)
+
+
+def test_past_n_factorial_orders_they_repeat_from_the_first():
+    for i in range(20):
+        q = options_question(str(i), 2)
+        first, second = presentations(q, 2)
+        assert first != second and presentations(q, 5) == [first, second, first, second, first]
+        orders = presentations(options_question(str(i), 3), 8)
+        assert len(set(orders[:6])) == 6 and orders[6:] == orders[:2]
+
+
+class FirstOption(WorldJudge):
+    """A judge preferring the first position: it answers every ask, blind or not, with the option shown first."""
+
+    def answer(self, asks):
+        return [ask.options[0] for ask in asks]
+
+
+def test_a_judge_preferring_a_position_is_right_by_chance_alone():
+    # n options asked in n orders: the answer stands first in exactly one, so such a judge is right in 1 of n asks of
+    # every question and no question is answered right blind in all its orders
+    for n in (2, 4):
+        questions = {i: [options_question(f"{i}/{j}", n) for j in range(5)] for i in range(40)}
+        kept, report = drop_blind(FirstOption(), questions, n)
+        assert report["dropped"] == 0 and kept == questions
+        scores = qa_scores(FirstOption(), ["any caption"] * 40, [questions[i] for i in range(40)], n)
+        assert {(s.asks, s.right) for s in scores} == {(5 * n, 5)}
 
 
 def test_the_reward_asks_in_the_orders_the_blind_filter_used():

@@ -19,6 +19,7 @@ Without ``options`` the question text may carry them as CapRL's QA data does, on
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from collections.abc import Hashable, Mapping, Sequence
@@ -62,14 +63,33 @@ def scene_questions(image_id: Hashable, scene: Scene) -> list[Question]:
 
 
 def presentations(question: Question, k: int, seed: int = 0) -> list[tuple[str, ...]]:
-    """``k`` orders of the question's options, each shuffled (seeded by ``seed``, the question's id and the shuffle's
-    number) with :data:`CANNOT_ANSWER` last."""
-    out = []
-    for j in range(k):
+    """``k`` orders of the question's ``n`` options, :data:`CANNOT_ANSWER` last, distinct while the options allow:
+    seeded rotations of shuffles. Order ``j`` is the ``j % n``-th rotation of shuffle ``j // n``; the shuffles are
+    drawn in turn (seeded by ``seed`` and the question's id), each kept only when no earlier one is a rotation of it.
+    So within ``n`` orders every option, the answer included, stands at a different position in each, which spreads
+    a judge's preference for a position over the options, and all ``n!`` orders are distinct
+    (docs/methods/judges.md#the-rewards-as-implemented). With ``k > n!`` (3 orders of a 2-option question) the
+    orders repeat from the first: order ``j`` is order ``j % n!``, asked again. Order ``j`` is the same for any ``k``.
+
+    Example::
+
+        >>> q = Question("7/size/circle", "What size is the circle?", ("small", "large"), "small")
+        >>> [o[:2] for o in presentations(q, 3)]
+        [('large', 'small'), ('small', 'large'), ('large', 'small')]
+    """
+    n, rng = len(question.options), random.Random(f"{seed}/{question.id}")
+    distinct = min(k, math.factorial(n))
+    cycles: set[tuple[str, ...]] = set()
+    orders: list[tuple[str, ...]] = []
+    while len(orders) < distinct:
         options = list(question.options)
-        random.Random(f"{seed}/{question.id}/{j}").shuffle(options)
-        out.append((*options, CANNOT_ANSWER))
-    return out
+        rng.shuffle(options)
+        start = options.index(question.options[0])
+        cycle = tuple(options[start:] + options[:start])  # one name for the shuffle and its rotations
+        if cycle not in cycles:
+            cycles.add(cycle)
+            orders += [(*options[r:], *options[:r], CANNOT_ANSWER) for r in range(n)]
+    return [orders[j % distinct] for j in range(k)]
 
 
 def letter(i: int) -> str:

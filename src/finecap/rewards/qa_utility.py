@@ -7,8 +7,8 @@ data set's own; outside one ``questions={image_id: [Question]}``), else the ques
 (CapRL's layout, :mod:`finecap.judges.questions`; with questions of the data set too, refused), else made from the
 world's scene graphs (``inputs.scenes``; :func:`finecap.judges.questions.scene_questions`). The judge is the
 ``judge`` setting (a :class:`~finecap.judges.base.Judge` or a judge name) or the run's ``judge`` section. Each
-question is asked ``k`` times (``judge.shuffles``), its options shuffled each time,
-:data:`~finecap.judges.base.CANNOT_ANSWER` last. At set-up
+question is asked ``k`` times (``judge.shuffles``), its options in ``k`` different orders while they allow
+(:func:`~finecap.judges.questions.presentations`), :data:`~finecap.judges.base.CANNOT_ANSWER` last. At set-up
 every question is also asked blind (no caption) in its ``k`` orders; a question the blind judge answers right in all
 ``k`` is dropped (it pays for nothing the caption says), and the share dropped is reported
 (:attr:`QAUtilityReward.blind`). In a run (``inputs.records``, the training images) a training image left with no
