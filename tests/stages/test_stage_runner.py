@@ -31,12 +31,15 @@ def fake_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
 
 def saving_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
     """:func:`fake_train` that also saves what training saves and a finished stage is compared with: its
-    configuration (``config.yaml``) and, in its best checkpoint, "weights" made from its learning rate."""
+    configuration (``config.yaml``, remembered as finecap's as training writes it) and, in its best checkpoint,
+    "weights" made from its learning rate."""
+    from finecap.outputs import write_output
+
     fake_train(cfg, resume=resume, overwrite=overwrite)
     best = Path(cfg.run.dir) / "checkpoints" / "best" / "model"
     best.mkdir(parents=True, exist_ok=True)
     (best / "model.safetensors").write_text(f"weights of lr {cfg.train.lr}")
-    (Path(cfg.run.dir) / "config.yaml").write_text(cfg.to_yaml())
+    write_output(Path(cfg.run.dir) / "config.yaml", cfg.to_yaml(), "config")
 
 
 def note_then(runner: StageRunner, stage: str) -> str:
@@ -439,3 +442,56 @@ def test_a_stage_keeps_a_users_file_where_its_start_record_goes(tmp_path):
     with pytest.raises(ValueError, match=f"{mine}: not the stage's {START_FILE}.*nothing was deleted"):
         runner.train_stage("a")
     assert mine.read_text() == "my start notes\n" and not (runner.stage_dir("a") / "trained.json").exists()
+
+
+def killed_as_training_starts(cfg: Config, *, resume: bool, overwrite: bool) -> None:
+    """A training killed (Ctrl-C) in its start-up, before it touches the run folder."""
+    raise KeyboardInterrupt
+
+
+def test_a_forced_retrain_killed_as_training_starts_is_not_continued_as_the_old_run(tmp_path):
+    # --force removed `a`'s DONE and wrote its new start into start.json, then trained: killed before training
+    # removed the old run's checkpoints, a run without force resumed the old finished run (trained from the old
+    # start), found start.json equal to the start now, and marked it done as if trained from the new start
+    runner = _runner(tmp_path, preparing_train)
+    runner.run(["world", "start", "a"])
+    record = runner.stage_dir("a") / START_FILE
+    old = json.loads(record.read_text())
+    _runner(tmp_path, preparing_train, force=True, items=["train.lr=0.3"]).train_stage("start")
+    now = runner.start_record("a")
+    assert now != old  # `a`'s start trained again since
+    with pytest.raises(KeyboardInterrupt):
+        _runner(tmp_path, killed_as_training_starts, force=True).train_stage("a")
+    assert not runner.is_done("a") and json.loads(record.read_text()) == now
+    assert not (runner.stage_dir("a") / "checkpoints").exists()  # start.json names the start of no old run's steps
+    assert runner.train_stage("a") is True  # without force
+    assert _trained(runner, "a")["resume"] is False  # trained from its new start, not the old run continued
+    assert json.loads(record.read_text()) == now and runner.train_stage("a") is False
+
+
+def test_a_forced_retrain_killed_while_removing_the_old_run_keeps_the_old_start_record(tmp_path, monkeypatch):
+    # killed as the old run's checkpoints were being removed (before any was touched), with start.json already
+    # rewritten: a run without force continued the old finished run as if trained from the new start
+    import finecap.train.state
+
+    runner = _runner(tmp_path, preparing_train)
+    runner.run(["world", "start", "a"])
+    record = runner.stage_dir("a") / START_FILE
+    old = json.loads(record.read_text())
+    _runner(tmp_path, preparing_train, force=True, items=["train.lr=0.3"]).train_stage("start")
+    assert runner.start_record("a") != old
+
+    def killed(folders, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(finecap.train.state, "remove_checkpoints", killed)
+        with pytest.raises(KeyboardInterrupt):
+            _runner(tmp_path, preparing_train, force=True).train_stage("a")
+    assert not runner.is_done("a") and (runner.stage_dir("a") / "checkpoints" / "last").is_dir()
+    assert json.loads(record.read_text()) == old  # still the start of the checkpoints there
+    with pytest.raises(FingerprintMismatch, match=r"'a': the unfinished run in .* started from another checkpoint"):
+        runner.train_stage("a")  # without force: the old run, from the old start, is not continued
+    assert not runner.is_done("a") and _trained(runner, "a")["resume"] is False  # not trained since
+    assert _runner(tmp_path, preparing_train, force=True).train_stage("a") is True
+    assert json.loads(record.read_text()) == runner.start_record("a") and runner.train_stage("a") is False

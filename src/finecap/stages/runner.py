@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 from finecap.config import Config, load, load_stored
 from finecap.data.hashing import sha256_files
+from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.recipes import resolve_recipe
 from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
 from finecap.train.fingerprint import HINTS, FingerprintMismatch, check_run, checkpoint_files
@@ -46,6 +47,8 @@ from finecap.train.state import (
     config_changes,
     continue_unfinished,
     find_resumable,
+    holds_run,
+    prepare_run_dir,
     run_reads,
     trained_config,
 )
@@ -68,7 +71,9 @@ MARKER_TEXT = "ok\n"
 START_FILE = "start.json"
 """Written by a training stage that starts from another when it starts training (a resume keeps it):
 ``{"stage", "sha256"}``, the digest of the weights and ``config.json`` files of the best checkpoint it started from
-(:meth:`StageRunner.start_record`), which reusing the finished stage and continuing a killed one compare with."""
+(:meth:`StageRunner.start_record`), which reusing the finished stage and continuing a killed one compare with. It
+describes the checkpoints in the stage's folder: it is written only once no other run's are left there (a stage
+trained again from the start has its old run removed first, :meth:`StageRunner.train_stage`)."""
 NOT_RESULT = ("run.root", "run.dir", "run.name", "run.cache_dir", "world.out", "data.path", "retriever.checkpoint",
               "model.encoder", "train.init_from", "train.log_every", "train.log_with", "train.log_captions",
               "train.save_every", "demo.*")  # fmt: skip
@@ -344,7 +349,10 @@ class StageRunner:
         """Train ``stage`` unless it finished (then check that it may be reused); returns whether it trained now. What
         it refuses, and what training there would refuse of the files in the stage's folder
         (:func:`finecap.train.state.check_run_folder`), is refused before anything of the stage's old run changes (its
-        :data:`DONE` marker, its :data:`START_FILE`)."""
+        :data:`DONE` marker, its :data:`START_FILE`). Trained from the start (``force``, or a killed run that saved
+        no checkpoint), its old run is removed (:func:`finecap.train.state.prepare_run_dir`, holding training's lock)
+        before :data:`START_FILE` records the new start: a kill before then leaves the old run under the start it
+        was trained from, which the next run compares (:meth:`check_continue`); a kill after, no old run."""
         out = self.stage_dir(stage)
         cfg = self.stage_config(stage)
         if self.is_done(stage) and not self.force:
@@ -374,6 +382,11 @@ class StageRunner:
         check_run_folder(out, overwrite=overwrite, reads=run_reads(cfg))  # what training there would refuse
         if self.force and marker.exists():
             marker.unlink()
+        # the old run goes before START_FILE names the new start: written first, a kill in training's start-up left
+        # the old run's checkpoints under it, which a run without force then continued and marked done
+        if not resume and holds_run(out):
+            with output_lock(out, name=TRAIN_LOCK, holder="finecap train", log=log.warning):  # training's own lock
+                prepare_run_dir(out, resume=False, overwrite=overwrite, reads=run_reads(cfg))
         if start is not None and not (resume and record.exists()):  # recorded as it starts: a resume compares
             write_json(record, start)
         self.train(cfg, resume=resume, overwrite=overwrite)
