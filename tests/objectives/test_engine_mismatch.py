@@ -248,8 +248,9 @@ def test_a_micro_batch_of_captions_of_no_token_logs_nan_which_the_step_leaves_ou
     ``decode.max_length >= 1``), and a rollout refuses an engine of one's own that does
     (:func:`finecap.engines.base.check_lengths`, tests/engines/test_toy_engine.py); handed such a rollout directly,
     the objective's micro-batch of such captions trains on nothing (loss 0) and logs ``ratio/*`` and ``vllm/*`` as
-    NaN, so the step's logged means and extremes (:class:`finecap.train.logging.Means`) are those of its other
-    micro-batches. Until 2026-11-29 ``ratio/min`` raised there (``min()`` of no value) and ``vllm/*`` logged 0,
+    NaN, and ``clip_fraction`` too (a token mean over no token: :mod:`finecap.objectives.token_means`), so the
+    step's logged means and extremes (:class:`finecap.train.logging.Means`) are those of its other micro-batches.
+    Until 2026-11-29 ``ratio/min`` raised there (``min()`` of no value) and ``vllm/*`` logged 0,
     which made the step's ``vllm/is_ratio/min`` 0 and pulled its means toward 0."""
     rl = rl_sections(advantage="group", samples=3, policy_loss=policy_loss, vllm_is_cap=2.0,
                      **({"loss_aggregation": aggregation} if policy_loss == "clipped" else {}))  # fmt: skip
@@ -265,8 +266,8 @@ def test_a_micro_batch_of_captions_of_no_token_logs_nan_which_the_step_leaves_ou
     assert len(logged) == (8 if policy_loss == "clipped" else 5)
     assert all(math.isnan(empty.metrics[k]) for k in logged), empty.metrics
     assert sum(empty.losses.values()).item() == 0.0 and not grad.any()
-    if policy_loss == "clipped":
-        assert empty.metrics["clip_fraction"] == 0.0
+    if policy_loss == "clipped":  # a token mean over no token, as ratio/*: none (0 until 2026-11-29)
+        assert math.isnan(empty.metrics["clip_fraction"])
     means = Means()
     means.add(empty.metrics)
     means.add(full.metrics)

@@ -133,22 +133,22 @@ def test_fact_alarms_are_silent_off_the_world():
     # (the configuration refuses this alarm off the world: test_an_alarm_that_could_never_sound_is_refused...)
 
 
-def test_the_kl_alarm_reads_the_steps_token_mean_kl_and_names_its_option():
-    # Each micro-batch hands over its token mean and its token count; the alarm reads the mean over the step's tokens,
-    # whatever the cut: 10 tokens at 0.05 and 30 at 0.3 are (0.5 + 9) / 40 = 0.2375 (the mean of the two micro-batch
-    # means, 0.175, which the alarm read until 2026-11-27, stayed below the threshold 0.2).
+def test_the_kl_alarm_reads_the_steps_kl_and_names_its_option():
+    # The GRPO objective hands over the step's KL, the token mean over its global batch (10 tokens at 0.05 and 30 at
+    # 0.3 are (0.5 + 9) / 40 = 0.2375; the token means themselves: tests/objectives/test_token_means.py), and the
+    # alarm reads it as given; it is the value the step logs (Monitor.step_kl).
     m = Monitor(RLConfig(samples=2, alarms={"kl": 0.2}, alarm_action="stop"))
-    m.observe_kl(0.05, 30)
-    m.observe_kl(0.3, 10)  # (1.5 + 3) / 40 = 0.1125: below 0.2
-    step(m, ["a red circle", "a circle"], 1)
-    m.observe_kl(0.05, 10)
-    m.observe_kl(0.3, 30)  # (0.5 + 9) / 40 = 0.2375 > 0.2
+    m.measure(["a red circle", "a circle"], [0, 1], 1)
+    m.end_step(kl=0.1125)  # below 0.2
+    assert m.step_kl == 0.1125
+    m.measure(["a red circle", "a circle"], [0, 1], 2)
     with pytest.raises(RewardHackingAlarm, match=r"^rl.alarms: at step 2 the KL to the starting policy "
                        r"\(rl.alarms.kl\) is 0.2375, above its threshold 0.2"):  # fmt: skip
-        step(m, ["a red circle", "a circle"], 2)
+        m.end_step(kl=0.2375)
+    assert m.step_kl == 0.2375
     quiet = Monitor(RLConfig(samples=2, alarms={"repetition": 0.5}, alarm_action="stop"))
-    quiet.observe_kl(5.0, 4)  # no kl alarm asked for: a large KL stops nothing
-    step(quiet, ["a red circle", "a circle"], 1)
+    quiet.measure(["a red circle", "a circle"], [0, 1], 1)
+    quiet.end_step(kl=5.0)  # no kl alarm asked for: a large KL stops nothing
 
 
 def test_the_kl_alarm_needs_the_kl_penalty_and_a_positive_threshold():

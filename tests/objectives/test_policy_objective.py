@@ -718,13 +718,17 @@ def test_a_copy_micro_batch_counts_in_no_monitor_measure():
         obj.end_step()  # 1/6 < 0.2: nothing sounds
         return values, outs, obj
 
-    real, _, _ = monitored([step_batch(0), step_batch(1)])
+    real, _, real_obj = monitored([step_batch(0), step_batch(1)])
     with_copy, outs, obj = monitored([step_batch(0), step_batch(1), step_batch(0, copy=True)])
-    assert set(real) == {"length_drift", "repetition", "distinct", "kl", "failed"}
+    assert set(real) == {"length_drift", "repetition", "distinct", "failed"}
     assert with_copy == pytest.approx(real) and real["failed"] == pytest.approx(1 / 6)
-    assert real["repetition"] > 0 and real["distinct"] == 1.0 and real["kl"] > 0
-    # the logged share and KL, the alarms' measures (the copy's captions left out of both)
-    assert obj.step_values() == {"reward/failed": pytest.approx(1 / 6), "kl": pytest.approx(real["kl"])}
+    assert real["repetition"] > 0 and real["distinct"] == 1.0
+    # the logged share and the step's token means, the KL the kl alarm reads among them (the copy's tokens left out:
+    # image 0's KL differs from image 1's, and counted twice it would move the step's)
+    logged = real_obj.step_values()
+    assert set(logged) == {"reward/failed", "kl", "clip_fraction", "ratio/mean"} and logged["kl"] > 0
+    assert logged["reward/failed"] == pytest.approx(1 / 6) and real_obj.monitor.step_kl == logged["kl"]
+    assert obj.step_values() == pytest.approx(logged) and obj.monitor.step_kl == pytest.approx(logged["kl"])
     assert "reward/failed" in outs[2].metrics  # the copy's own values, which the engine leaves out of the log
     # a process whose every micro-batch is a copy measures nothing, and an alarm the others' captions sound there
     # still names the step
@@ -892,8 +896,52 @@ def test_the_logged_kl_is_the_steps_token_mean_the_kl_alarm_reads():
     micro_batches = [step_batch(0), step_batch(1)]
     obj.begin_step(model, micro_batches)
     kls = [obj(model, b).metrics["kl"] for b in micro_batches]
-    alarmed = obj.monitor.step_values()["kl"]
     obj.end_step()
+    alarmed = obj.monitor.step_kl
     token_mean = (kls[0] * 6 + kls[1] * 9) / 15
     assert obj.step_values()["kl"] == pytest.approx(token_mean, rel=1e-6) == alarmed
     assert abs(token_mean - sum(kls) / 2) > 1e-3  # what the log held: not the step's KL
+
+
+class OtherProcess:
+    """An accelerator of two processes; the other process's per-token metrics are the hand-made ``[sum, count]``
+    rows ``others`` (by name, sorted), and it adds nothing to the other reductions (the monitor's, the tallies')."""
+
+    num_processes, device = 2, "cpu"
+
+    def __init__(self, others):
+        self.others = torch.tensor([others[name] for name in sorted(others)], dtype=torch.float64)
+
+    def reduce(self, t, reduction):
+        assert reduction == "sum"
+        return t + self.others if t.dim() == 2 else t  # (K, 2): the token means' sums and counts
+
+
+def test_the_logged_per_token_metrics_are_the_token_means_over_every_processs_tokens():
+    # This process: images 0 and 1 in two micro-batches of 6 and 9 tokens, the policy moved off the reference; the
+    # other process: 100 tokens whose values are hand-made. Each logged per-token metric is the mean over the step's
+    # 115 tokens, as TRL 1.16's global_masked_mean sums and counts over the processes. Until 2026-11-29 the log held
+    # the mean over the processes of each one's mean of its micro-batches' means (kl: of its own tokens' mean).
+    others = {"clip_fraction": [50.0, 100.0], "entropy": [300.0, 100.0], "kl": [40.0, 100.0],
+              "ratio/mean": [80.0, 100.0]}  # fmt: skip
+    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5, entropy_coef=0.1)
+    obj = PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), **sections,
+                             decode=DecodeConfig(max_length=L))  # fmt: skip
+    obj.accelerator = OtherProcess(others)
+    model = EntropyStandIn()
+    obj.reference.capture(model)
+    with torch.no_grad():
+        model.lp.add_(torch.arange(N_IMAGES * S).unsqueeze(1) * 0.1)
+    micro_batches = [step_batch(0), step_batch(1)]
+    obj.begin_step(model, micro_batches)
+    outs = [obj(model, b).metrics for b in micro_batches]
+    obj.end_step()
+    tokens = [sum(LENGTH[f"c{i}_{j}"] for j in range(S)) for i in (0, 1)]  # 6, 9 (every caption scored)
+    logged = obj.step_values()
+    for name, (other_sum, other_count) in others.items():
+        mine = sum(out[name] * n for out, n in zip(outs, tokens, strict=True))  # this process's sum over its tokens
+        want = (mine + other_sum) / (sum(tokens) + other_count)
+        assert logged[name] == pytest.approx(want, rel=1e-6), name
+        process_means = ((outs[0][name] + outs[1][name]) / 2, other_sum / other_count)  # what was logged
+        assert abs(want - sum(process_means) / 2) > 0.05, name
+    assert obj.monitor.step_kl == logged["kl"]  # the kl alarm reads the logged value

@@ -59,7 +59,16 @@ def mismatch_metrics(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Te
     vllm/is_ratio/min 0.2231
     vllm/is_ratio/max 1.6487
     """
+    values = mismatch_values(trainer, engine, mask, weights)
+    return {**token_stats("vllm/logp_diff", values["vllm/logp_diff"], ("mean", "max")),
+            **token_stats("vllm/is_ratio", values["vllm/is_ratio"])}  # fmt: skip
+
+
+def mismatch_values(trainer: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor,
+                    weights: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The tokens' values (1-D each) whose statistics :func:`mismatch_metrics` logs: ``vllm/logp_diff``
+    (``|log π_old - log q|`` at the ``mask``'s tokens, NaN left out) and ``vllm/is_ratio`` (``ρ`` there); their
+    means are the step's token means over every process (:mod:`finecap.objectives.token_means`)."""
     mask = mask.to(trainer.device).bool()
     delta = (trainer.detach().float() - engine.detach().to(trainer.device).float()).abs()[mask]
-    delta = delta[~torch.isnan(delta)]
-    return {**token_stats("vllm/logp_diff", delta, ("mean", "max")), **token_stats("vllm/is_ratio", weights[mask])}
+    return {"vllm/logp_diff": delta[~torch.isnan(delta)], "vllm/is_ratio": weights.to(trainer.device)[mask]}

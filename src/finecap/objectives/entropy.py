@@ -21,6 +21,13 @@ some captions more than on others (long, garbled ones), so that push would fall 
 caption (or tokens) still counts in the denominator, as in the loss's ``num_items``, so the term of a step is the
 same however it is cut. Until 2026-11-29 the bonus and ``entropy`` covered failed captions.
 
+The logged ``entropy`` is the mean of ``H_t`` over the scored captions' tokens whatever the bonus's aggregation, as
+TRL 1.16's logged ``entropy`` is and as the GRPO family's ``kl`` is of its KL term: the measure of the policy's
+entropy, which a caption's length does not reweigh; a step logs the mean over every token of its global batch, every
+process's (:mod:`finecap.objectives.token_means`). Until 2026-11-29 it was the mean of the captions' token means for
+REINFORCE and for the GRPO family's ``sequence`` and ``constant`` aggregations, a value TRL's ``entropy`` of the same
+tokens is not; until 2026-11-29 a step's was the mean of its micro-batches' and processes' token means.
+
 The entropies come from the same forward pass as the REINFORCE log-probs: the captioner's ``forward`` with
 ``with_entropy=True`` returns both (:class:`finecap.models.captioner.TokenScores`).
 
@@ -73,26 +80,3 @@ def mean_entropy(
     if per != "caption":
         raise ValueError(f"mean_entropy: per={per!r}; valid: caption, token")
     return (kept.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
-
-
-def logged_entropy(entropy: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> float:
-    """The logged ``entropy``: the mean of ``entropy`` (N, L) over every position ``mask`` (N, L) holds of the
-    ``rows`` (N,) captions alone (every one for ``None``), NaN when ``rows`` holds none (left out of the step's mean,
-    :class:`finecap.train.logging.Means`). A token mean whatever the bonus's aggregation (``per``
-    of :func:`mean_entropy`), as TRL 1.16's logged ``entropy`` is and as the GRPO family's ``kl`` is of its KL term:
-    the measure of the policy's entropy, which a caption's length does not reweigh. Until 2026-11-29 it was the mean
-    of the captions' token means for REINFORCE and for the GRPO family's ``sequence`` and ``constant``
-    aggregations (the bonus's own aggregation there), a value TRL's ``entropy`` of the same tokens is not.
-
-    >>> h, m = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]]), torch.tensor([[True] * 3, [True, False, False]])
-    >>> logged_entropy(h, m), mean_entropy(h, m).item()  # (1 + 1 + 1 + 3) / 4 tokens; the bonus: (1 + 3) / 2
-    (1.5, 2.0)
-    >>> logged_entropy(h, m, rows=torch.tensor([False, True])), logged_entropy(h, m, rows=torch.tensor([False] * 2))
-    (3.0, nan)
-    """
-    if rows is None:
-        return float(mean_entropy(entropy, mask, "token").detach())
-    rows = rows.to(entropy.device, torch.bool)
-    if not bool(rows.any()):
-        return float("nan")
-    return float(mean_entropy(entropy[rows], mask.to(entropy.device)[rows], "token").detach())

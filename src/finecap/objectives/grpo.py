@@ -61,11 +61,12 @@ the policy, the ratios of the later steps also carry the dropout noise of two fo
 Losses: ``policy`` (the clipped surrogate, KL included) or ``reinforce``, and ``entropy`` with ``rl.entropy_coef``.
 Metrics besides REINFORCE's: ``advantage/min``, ``advantage/max``, ``zero_std_groups`` (share of groups whose rewards
 are all equal: no signal), and with ``clipped`` ``clip_fraction`` (TRL's ``clip_ratio/region_mean``: tokens whose
-ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean);
+ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean;
+a step logs the token mean over every process's tokens: :mod:`~finecap.objectives.token_means`);
 ``kl``, ``clip_fraction`` and ``ratio/*`` over the scored captions' tokens (a failed caption is out of the clipped
 loss, its KL term included: :meth:`PolicyOptimization.clipped_loss`), and so is the ``entropy`` bonus
 (:mod:`finecap.objectives.entropy`): a failed caption takes no gradient from any term. The logged ``entropy`` is a
-token mean whatever ``grpo.loss_aggregation`` (TRL's: :func:`~finecap.objectives.entropy.logged_entropy`), while the
+token mean whatever ``grpo.loss_aggregation`` (TRL's: :mod:`~finecap.objectives.entropy`), while the
 bonus is a mean of caption means outside ``token``. With ``grpo.kl_coef > 0``,
 ``time/reference``: the seconds of the reference pass, beside ``time/generate`` and ``time/reward`` (each 0 at the
 steps of a cycle after its rollout: :meth:`PolicyOptimization.rollout_seconds`).
@@ -86,7 +87,7 @@ from finecap.contract import is_copy
 from finecap.decode import Generation
 from finecap.objectives.base import ObjectiveOutput, token_stats
 from finecap.objectives.baselines import NoBaseline
-from finecap.objectives.entropy import logged_entropy, mean_entropy
+from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.reference import Reference
 from finecap.objectives.reinforce import (
     Reinforce,
@@ -96,6 +97,7 @@ from finecap.objectives.reinforce import (
     reinforce_kwargs,
     sequence_logprob,
 )
+from finecap.objectives.token_means import scored_values
 from finecap.rewards.base import RewardOutput
 
 if TYPE_CHECKING:
@@ -372,29 +374,6 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str, max_length:
     raise ValueError(f"grpo.loss_aggregation: invalid value {how!r}; valid choices: sequence, token, constant")
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> float:
-    """Mean of ``x`` (N, L) over the mask, or of ``x`` (N, 1) over captions; with ``rows`` (N,) bool over those
-    captions only (the scored ones), NaN when there is none. Over no token at all: 0 (TRL's ``clamp(min=1)``).
-
-    >>> x, m = torch.tensor([[1.0, 3.0], [5.0, 0.0]]), torch.tensor([[True, True], [True, False]])
-    >>> masked_mean(x, m), masked_mean(x, m, torch.tensor([True, False])), masked_mean(x, m, torch.tensor([False] * 2))
-    (3.0, 2.0, nan)
-    """
-    if rows is not None:
-        rows = rows.to(x.device, torch.bool)
-        if not bool(rows.any()):
-            return float("nan")
-    if x.shape[-1] == 1:
-        return float(x.mean() if rows is None else x[rows].mean())
-    m = scored_tokens(mask, rows).to(x.dtype)
-    return float((x * m).sum() / m.sum().clamp(min=1.0))
-
-
-def scored_tokens(mask: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-    """The token ``mask`` (N, L) of the captions ``rows`` (N,) bool (every one for ``None``)."""
-    return mask if rows is None else mask.to(torch.bool) & rows.to(mask.device, torch.bool).unsqueeze(1)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # The objective
 # --------------------------------------------------------------------------------------------------------------------
@@ -545,16 +524,6 @@ class PolicyOptimization(Reinforce):
         super().end_step()
         self._finish_step()
 
-    def step_values(self) -> dict[str, float]:
-        """REINFORCE's (``reward/failed``) and, with ``grpo.kl_coef > 0``, ``kl``: the step's KL to the reference,
-        the mean over every token of the step's global batch (:attr:`Monitor.step_kl
-        <finecap.objectives.monitor.Monitor.step_kl>`, what the ``rl.alarms.kl`` alarm reads), in place of the
-        mean of the micro-batches' token means (logged until 2026-11-29), which moves with how the batch is cut."""
-        values = super().step_values()
-        if self.monitor.step_kl is not None:
-            values["kl"] = self.monitor.step_kl
-        return values
-
     def _finish_step(self) -> None:
         if self.open:
             self.taken += 1
@@ -659,7 +628,8 @@ class PolicyOptimization(Reinforce):
         adv = item.advantages.to(logp.device)
         seq_logp = sequence_logprob(logp, gen.lengths, self.rl.logprob)  # (N,)
         metrics = {name: value if first else 0.0 for name, value in self.rollout_seconds(item).items()}
-        weights, mismatch = self.engine_correction(item.old.to(logp.device), gen)  # vLLM's rollouts: TRL's IS
+        counted = not is_copy(batch)  # a copy's tokens count in no step's token mean (finecap.objectives.token_means)
+        weights, mismatch = self.engine_correction(item.old.to(logp.device), gen, counted)  # vLLM's: TRL's IS
         metrics.update(mismatch)
         failed = rollout.rewards.failed_mask()
         scored = None if failed is None else ~failed  # what the loss covers: a failed caption takes no gradient
@@ -667,18 +637,16 @@ class PolicyOptimization(Reinforce):
             weighted = seq_logp if weights is None else self.weighted_logprob(logp, gen, weights)
             losses, items = {"reinforce": policy_gradient_loss(adv, weighted)}, float(len(gen))
         else:
-            loss, items, extra = self.clipped_loss(logp, item, adv, mask, weights, scored)
+            loss, items, extra = self.clipped_loss(logp, item, adv, mask, weights, scored, counted)
             losses = {"policy": loss}
             metrics.update(extra)
-            if "kl" in extra and not is_copy(batch):  # the rl.alarms.kl alarm's measure (a copy's counts nowhere)
-                tokens = float(scored_tokens(mask, scored).sum())
-                self.monitor.observe_kl(extra["kl"] if tokens else 0.0, tokens)
         if scores.entropy is not None:  # over the scored captions, as the clipped loss (finecap.objectives.entropy)
             tokens = self.grpo.policy_loss != "reinforce" and self.grpo.loss_aggregation == "token"
             per = "token" if tokens else "caption"  # a mean over what `items` counts
             mask = mask.to(scores.entropy.device)
             losses["entropy"] = -self.rl.entropy_coef * mean_entropy(scores.entropy, mask, per, scored)
-            metrics["entropy"] = logged_entropy(scores.entropy, mask, scored)  # a token mean, as TRL's
+            # a token mean whatever the bonus's aggregation, as TRL's: the measure of the policy's entropy
+            metrics["entropy"] = self.token_means.add("entropy", scored_values(scores.entropy, mask, scored), counted)
         metrics.update(self.metrics(rollout, seq_logp))
         metrics.update(self.advantage_metrics(item))
         metrics.update(self.watch(rollout, batch))
@@ -720,6 +688,7 @@ class PolicyOptimization(Reinforce):
         mask: torch.Tensor,
         engine_weights: torch.Tensor | None = None,
         scored: torch.Tensor | None = None,
+        counted: bool = True,
     ) -> tuple[torch.Tensor, float, dict[str, float]]:
         """The clipped surrogate (times ``engine_weights``, the importance weights of rollouts vLLM decoded:
         :meth:`engine_correction`; + β k3) aggregated, its item count, and its metrics.
@@ -748,7 +717,7 @@ class PolicyOptimization(Reinforce):
             if grpo.kl_bias_correction:
                 kl = kl * ratio
             per_token = per_token + grpo.kl_coef * kl
-            metrics["kl"] = masked_mean(kl.detach(), mask, scored)
+            metrics["kl"] = self.token_means.add("kl", scored_values(kl, mask, scored), counted)
         if scored is not None:  # a failed caption's terms are 0; it still counts in the denominator (docstring)
             keep = scored.to(per_token.device, torch.bool).unsqueeze(1)  # (N, 1)
             per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
@@ -756,12 +725,11 @@ class PolicyOptimization(Reinforce):
         w = ratio.detach()
         a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)
         clipped = ((w < 1 - grpo.clip_low) & (a < 0)) | ((w > 1 + grpo.clip_high) & (a > 0))
-        if w.shape[-1] != 1:  # ratio/*: the weights the loss applies, a failed caption's none (docstring)
-            values = w[scored_tokens(mask, scored)]
-        else:  # GSPO's, one per caption
-            values = w.flatten() if scored is None else w.flatten()[scored.to(w.device, torch.bool)]
-        metrics["clip_fraction"] = masked_mean(clipped.float(), mask, scored)
+        values = scored_values(w, mask, scored)  # ratio/*: the weights the loss applies, a failed caption's none
+        metrics["clip_fraction"] = self.token_means.add("clip_fraction", scored_values(clipped.float(), mask, scored),
+                                                        counted)  # fmt: skip
         metrics.update(token_stats("ratio", values))
+        self.token_means.add("ratio/mean", values, counted)
         return loss, items, metrics
 
     def advantage_metrics(self, item: Prepared) -> dict[str, float]:

@@ -23,10 +23,10 @@ samples (no extra decoding) and logs them with the step's other values; none of 
 
 - ``kl``: the step's KL to the starting policy (TRL's k3, mean over every token of the step's global batch, so it
   does not depend on how the step is cut into micro-batches; until 2026-11-27 the mean of each micro-batch's token
-  mean), handed over by the GRPO objective
-  (:meth:`Monitor.observe_kl`) when ``grpo.kl_coef > 0``; the objective logs it as the step's ``kl``
-  (:attr:`Monitor.step_kl`), so the log shows the value the alarm read (until 2026-11-29 the log held the mean of the
-  micro-batch means, and a run could stop for a KL above its threshold that its log never showed).
+  mean), handed over by the GRPO objective at the step's end (``end_step(kl=...)``) when ``grpo.kl_coef > 0``: the
+  step's token mean the objective logs as ``kl`` (:mod:`finecap.objectives.token_means`; :attr:`Monitor.step_kl`),
+  so the log shows the value the alarm read (until 2026-11-29 the log held the mean of the micro-batch means, and a
+  run could stop for a KL above its threshold that its log never showed).
 - ``failed`` (logged as ``reward/failed`` by the objective, :attr:`Monitor.failed_share`): the step's share of
   sampled captions a reward could not score (``RewardOutput.failed``, e.g. a judge that timed out), handed over by the
   objective (:meth:`Monitor.observe_failed`) for every micro-batch, one whose reward gave ``failed=None`` as none
@@ -102,8 +102,6 @@ SUMS = (
     "scored",
     "precision",
     "recall",
-    "kl",
-    "kl_tokens",
     "failed",
     "rewarded",
     "greedy_failed",
@@ -186,13 +184,6 @@ class Monitor:
             self.step = step
         return out
 
-    def observe_kl(self, kl: float, tokens: float) -> None:
-        """Add one micro-batch's mean KL to the starting policy over its ``tokens`` tokens (those of its scored
-        captions) to the step's sums (the ``kl`` alarm reads the mean over every such token of the step's global
-        batch)."""
-        self._sums["kl"] += float(kl) * float(tokens)
-        self._sums["kl_tokens"] += float(tokens)
-
     def observe_failed(self, failed: int, captions: int) -> None:
         """Add one micro-batch's count of captions a reward could not score (``RewardOutput.failed``) out of its
         ``captions`` to the step's sums (the ``failed`` alarm reads their share over the step's global batch)."""
@@ -223,8 +214,6 @@ class Monitor:
             self.first_length = length or None
         out = {"length_drift": self._drift(length), "repetition": sums["repetition"] / sums["captions"],
                "distinct": sums["distinct"] / max(1.0, sums["groups"])}  # fmt: skip
-        if sums["kl_tokens"] > 0:
-            out["kl"] = sums["kl"] / sums["kl_tokens"]
         if sums["rewarded"] > 0:
             out["failed"] = sums["failed"] / sums["rewarded"]
         if sums["greedy"] > 0:
@@ -234,9 +223,13 @@ class Monitor:
             out["fact_recall"] = sums["recall"] / sums["scored"]
         return out
 
-    def end_step(self) -> None:
-        """After an optimizer step: the step's global measures, the first step's length kept, the alarms checked."""
+    def end_step(self, kl: float | None = None) -> None:
+        """After an optimizer step: the step's global measures, the first step's length kept, the alarms checked;
+        ``kl``: the step's KL to the starting policy, over every token of its global batch (``None``: none, no
+        ``grpo.kl_coef``, or no scored token)."""
         values = self.step_values()
+        if kl is not None:
+            values["kl"] = kl
         self._sums = dict.fromkeys(SUMS, 0.0)
         self.failed_seen = self.failed_seen or values.get("failed", 0.0) > 0
         self.failed_share = values.get("failed") if self.failed_seen else None

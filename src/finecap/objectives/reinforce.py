@@ -77,9 +77,10 @@ from finecap.models import sharding
 from finecap.models.base import set_dropout
 from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
 from finecap.objectives.baselines import baseline_of, build_baseline, call_hook
-from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics
-from finecap.objectives.entropy import logged_entropy, mean_entropy
+from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics, mismatch_values
+from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
+from finecap.objectives.token_means import Reduce, TokenMeans, scored_values
 from finecap.registry import declared_needs
 from finecap.rewards import RewardInputs, as_reward, build_reward
 from finecap.rewards.base import RewardOutput, check_finite, scored_mean
@@ -234,6 +235,8 @@ class Reinforce(ObjectiveBase):
         self.accelerator: Any = None  # the run's (setup): the reward's tallies of a step are summed over processes
         self.tallied: dict[str, float] = {}  # the reward's tallies at the end of the last step (or of its set-up)
         self.step_tallies: dict[str, float] = {}  # their increase over the last step, every process's (end_step)
+        self.token_means = TokenMeans()  # the step's per-token metrics (finecap.objectives.token_means)
+        self.step_means: dict[str, float] = {}  # their token means over the last step's global batch (end_step)
         engine_cfg = Config(run=RunConfig(seed=seed), decode=decode, vllm=vllm or VllmConfig())  # what it reads
         self.rollouts = RolloutEngine(engine_cfg, tempered=self.logprob_temperature != 1.0)
 
@@ -354,7 +357,7 @@ class Reinforce(ObjectiveBase):
         gen = rollout.samples
         scores = self.score(model, batch, gen)
         logp = sequence_logprob(scores.logprobs, gen.lengths, self.rl.logprob)  # (N,)
-        weights, extra_mismatch = self.engine_correction(scores.logprobs, gen)
+        weights, extra_mismatch = self.engine_correction(scores.logprobs, gen, counted=not is_copy(batch))
         extra.update(extra_mismatch)
         weighted = logp if weights is None else self.weighted_logprob(scores.logprobs, gen, weights)
         losses = {name: policy_gradient_loss(adv.to(logp.device), weighted) for name, adv in advantages.items()}
@@ -363,7 +366,7 @@ class Reinforce(ObjectiveBase):
             failed = rollout.rewards.failed_mask()
             scored, mask = None if failed is None else ~failed, gen.mask.to(scores.entropy.device)
             losses["entropy"] = -self.rl.entropy_coef * mean_entropy(scores.entropy, mask, rows=scored)
-            entropy = logged_entropy(scores.entropy, mask, rows=scored)
+            entropy = self.token_means.add("entropy", scored_values(scores.entropy, mask, scored), not is_copy(batch))
         metrics.update(self.metrics(rollout, logp))
         metrics.update(self.watch(rollout, batch))
         metrics.update(extra)
@@ -391,16 +394,21 @@ class Reinforce(ObjectiveBase):
             return rollout.rewards.scored()
         return int(self.has_advantage(rollout).sum())
 
-    def engine_correction(self, old: torch.Tensor, gen: Generation) -> tuple[torch.Tensor | None, dict[str, float]]:
+    def engine_correction(
+        self, old: torch.Tensor, gen: Generation, counted: bool = True
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """For rollouts another engine decoded (``decode.engine=vllm``): TRL's truncated importance weights ``(N, L)``
         of the trainer's log-probs ``old`` (the policy that was synced into the engine) against the engine's
         (``None`` with ``rl.vllm_is_correction=false``), and the mismatch metrics
-        (:mod:`finecap.objectives.engine_mismatch`); ``(None, {})`` for the policy's own rollouts."""
+        (:mod:`finecap.objectives.engine_mismatch`), whose means go to the step's token means too (``counted``:
+        unless the micro-batch is a copy); ``(None, {})`` for the policy's own rollouts."""
         if not self.rollouts.external:
             return None, {}
         mask = gen.mask.to(old.device)
         weights = importance_weights(old, gen.token_logprobs, mask, self.rl.vllm_is_cap)
         metrics = mismatch_metrics(old, gen.token_logprobs, mask, weights)
+        for name, values in mismatch_values(old, gen.token_logprobs, mask, weights).items():
+            self.token_means.add(f"{name}/mean", values, counted)
         return (weights if self.rl.vllm_is_correction else None), metrics
 
     def weighted_logprob(self, token_logprobs: torch.Tensor, gen: Generation, weights: torch.Tensor) -> torch.Tensor:
@@ -417,11 +425,12 @@ class Reinforce(ObjectiveBase):
     def end_step(self) -> None:
         """After each optimizer step: the step's tallies of the reward are taken (:meth:`step_values`); baselines
         with per-step state (the running mean) update once; the monitor's alarms are checked on the step's global
-        batch; the rollout engine is told the policy changed, unless the step's update was skipped
-        (:meth:`update_skipped`)."""
+        batch, its ``kl`` the step's token mean (:attr:`step_means`); the rollout engine is told the policy changed,
+        unless the step's update was skipped (:meth:`update_skipped`)."""
         self._tally_step()  # before an alarm may stop the run: the stopped step's values hold them too
+        self.step_means = self.token_means.step_means(self.process_sum())  # likewise (every process: a collective)
         call_hook(self.baseline, "end_step")
-        self.monitor.end_step()
+        self.monitor.end_step(kl=self.step_means.get("kl"))
         if not self.weights_kept:
             self.rollouts.policy_changed()
         self.weights_kept = False
@@ -435,24 +444,35 @@ class Reinforce(ObjectiveBase):
         keys = sorted(now)  # the same on every process: the reward's structure
         increase = tallies_grown(self.tallied, now)
         grown = torch.tensor([increase[k] for k in keys], dtype=torch.float64)
-        acc = self.accelerator
-        if keys and acc is not None and acc.num_processes > 1:
-            grown = acc.reduce(grown.to(acc.device), reduction="sum").cpu()
+        reduce = self.process_sum()
+        if keys and reduce is not None:
+            grown = reduce(grown).cpu()
         self.tallied = now
         self.step_tallies = {f"reward/{k}": v for k, v in zip(keys, grown.tolist(), strict=True)}
 
+    def process_sum(self) -> Reduce | None:
+        """The sum of a tensor over the run's processes (every one must call it alike), ``None`` on one process."""
+        acc = self.accelerator
+        if acc is None or acc.num_processes == 1:
+            return None
+        return lambda t: acc.reduce(t.to(acc.device), reduction="sum")
+
     def step_values(self) -> dict[str, float]:
-        """``reward/failed``: the share of the step's captions (every micro-batch and process) a reward could not
-        score, the ``rl.alarms.failed`` alarm's measure, from the run's first step with one on
-        (:attr:`Monitor.failed_share`). The micro-batches' mean of their own shares, which it replaces, left out
-        those whose reward gave ``failed=None`` (none failed) until 2026-11-28, and overstated the share. And the
-        reward's tallies of the step (:attr:`step_tallies`: ``reward/qa_utility/judge/calls``, ``.../judge/failed``,
-        ...), which the log averages over its window's steps: a judge's calls, failures and HTTP 429s per step. With
-        the greedy baseline, ``reward_greedy/failed``: the step's share of greedy captions a reward could not score
-        (:attr:`Monitor.greedy_failed_share`, the ``rl.alarms.greedy_failed`` alarm's measure), in place of the
-        micro-batches' mean of their shares (logged until 2026-11-29)."""
+        """The step's per-token metrics (:attr:`step_means`: ``entropy``, the GRPO family's ``kl``,
+        ``clip_fraction``, ``ratio/mean``, ``vllm/*/mean``), each the token mean over every process's tokens
+        (:mod:`finecap.objectives.token_means`), in place of the mean of the micro-batches' and processes' means
+        (logged until 2026-11-29; ``kl`` was the step's already). ``reward/failed``: the share of the step's captions
+        (every micro-batch and process) a reward could not score, the ``rl.alarms.failed`` alarm's measure, from the
+        run's first step with one on (:attr:`Monitor.failed_share`). The micro-batches' mean of their own shares,
+        which it replaces, left out those whose reward gave ``failed=None`` (none failed) until 2026-11-28, and
+        overstated the share. And the reward's tallies of the step (:attr:`step_tallies`:
+        ``reward/qa_utility/judge/calls``, ``.../judge/failed``, ...), which the log averages over its window's
+        steps: a judge's calls, failures and HTTP 429s per step. With the greedy baseline, ``reward_greedy/failed``:
+        the step's share of greedy captions a reward could not score (:attr:`Monitor.greedy_failed_share`, the
+        ``rl.alarms.greedy_failed`` alarm's measure), in place of the micro-batches' mean of their shares (logged
+        until 2026-11-29)."""
         share, greedy = self.monitor.failed_share, self.monitor.greedy_failed_share
-        return {**self.step_tallies, **({} if share is None else {"reward/failed": share}),
+        return {**self.step_means, **self.step_tallies, **({} if share is None else {"reward/failed": share}),
                 **({} if greedy is None else {"reward_greedy/failed": greedy})}  # fmt: skip
 
     def close(self) -> None:

@@ -2,12 +2,13 @@
 :class:`Logger` that averages training values between log events.
 
 Logged values are averaged over micro-batches and processes (a step's loss and its parts are already the step's:
-:meth:`finecap.train.engine.Engine.train_step`; an extreme such as ``advantage/min`` is the extreme of them all:
-:data:`EXTREMES`) and go to the trackers of ``train.log_with`` through
-``accelerator.log`` (``jsonl``: ``metrics.jsonl``, one event per line; ``tensorboard``, ``wandb``, ``mlflow``, ... as
-accelerate supports them, under ``<run>/trackers``: :func:`placed_trackers`). Only the main process writes. Trackers
-receive the configuration with every secret masked (:func:`tracker_config`) and see the command line masked while
-they start (:func:`masked_argv`: wandb records it).
+:meth:`finecap.train.engine.Engine.train_step`, and so are the RL objectives' per-token metrics, token means over
+every process's tokens: :mod:`finecap.objectives.token_means`; an extreme such as ``advantage/min`` is the extreme
+of them all: :data:`EXTREMES`) and go to the trackers of ``train.log_with`` through ``accelerator.log``
+(``jsonl``: ``metrics.jsonl``, one event per line; ``tensorboard``, ``wandb``, ``mlflow``, ... as accelerate
+supports them, under ``<run>/trackers``: :func:`placed_trackers`). Only the main process writes. Trackers receive
+the configuration with every secret masked (:func:`tracker_config`) and see the command line masked while they start
+(:func:`masked_argv`: wandb records it).
 """
 
 from __future__ import annotations

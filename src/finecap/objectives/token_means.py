@@ -1,0 +1,88 @@
+"""The per-token metrics of the RL objectives, logged as the step's token means over every process's tokens.
+
+A per-token metric (the GRPO family's ``kl``, ``clip_fraction`` and ``ratio/mean``, the logged ``entropy``, and with
+vLLM's rollouts ``vllm/logp_diff/mean`` and ``vllm/is_ratio/mean``) is a mean over tokens. The value a step logs is
+the mean over *every* token of its global batch: each micro-batch adds the sum of its tokens' values and their count
+(:meth:`TokenMeans.add`), and at the step's end both are summed over the processes (one all-reduce,
+:meth:`TokenMeans.step_means`), so the value does not change with how the step is cut into micro-batches and
+processes, which hold different numbers of tokens (10 tokens of entropy 1 on one process, 2 of entropy 3 on another:
+16 / 12, where the mean of the two processes' means is 2). TRL 1.16 reduces the sum and count over the processes too
+(``GRPOTrainer._compute_loss``'s ``global_masked_mean``), one micro-batch at a time, then averages the micro-batches;
+the two agree without gradient accumulation (docs/methods/grpo.md, where finecap differs). Until 2026-11-29 only
+``kl`` was the step's token mean; the others were the mean over the processes of each one's mean over its
+micro-batches of their token means. The log averages a step's value over the steps of its window, as every value.
+
+A metric's tokens are those of the captions a reward scored (:func:`scored_values`): a failed caption takes no
+gradient and is no measurement. GSPO's sequence-level ratio has one value per caption, so ``clip_fraction`` and
+``ratio/mean`` are means over the scored captions there (TRL's ``global_masked_mean`` counts sequences too).
+
+Example::
+
+    >>> one, other = TokenMeans(), TokenMeans()  # two processes' micro-batches
+    >>> one.add("entropy", torch.ones(10)), other.add("entropy", torch.tensor([3.0, 3.0]))
+    (1.0, 3.0)
+    >>> both = one.totals() + other.totals()  # what the all-reduce sums
+    >>> one.step_means(lambda t: both)  # (10 + 6) / 12
+    {'entropy': 1.3333333333333333}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+"""A sum over the processes (``accelerator.reduce(t, "sum")``), every process taking part with the same shape."""
+
+
+def scored_values(x: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The values of ``x`` (N, L) at the tokens ``mask`` (N, L) holds of the captions ``rows`` (N,) bool (every one
+    for ``None``), or of ``x`` (N, 1) (one per caption: GSPO's) at those captions; 1-D. What ``x`` holds elsewhere
+    (a NaN at padding) takes no part.
+
+    >>> x, m = torch.tensor([[1.0, 3.0], [5.0, float("nan")]]), torch.tensor([[True, True], [True, False]])
+    >>> scored_values(x, m).tolist(), scored_values(x, m, torch.tensor([False, True])).tolist()
+    ([1.0, 3.0, 5.0], [5.0])
+    >>> scored_values(torch.tensor([[0.5], [2.0]]), m, torch.tensor([True, False])).tolist()
+    [0.5]
+    """
+    keep = rows.to(x.device, torch.bool) if rows is not None else torch.ones(len(x), dtype=torch.bool, device=x.device)
+    if x.shape[-1] == 1:
+        return x.flatten()[keep]
+    return x[mask.to(x.device, torch.bool) & keep.unsqueeze(1)]
+
+
+class TokenMeans:
+    """One process's sums and counts of the step's per-token metrics (module docstring), added micro-batch by
+    micro-batch; :meth:`step_means` reduces them over the processes and starts the next step."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, list[float]] = {}  # name: [sum of the values, their count]
+
+    def add(self, name: str, values: torch.Tensor, counted: bool = True) -> float:
+        """Add one micro-batch's ``values`` (1-D, one per token: :func:`scored_values`) to the step's ``name`` and
+        return their mean, the micro-batch's value (NaN over none). ``counted=False`` (a copy,
+        :func:`~finecap.contract.is_copy`, whose tokens are counted where it was cut from) adds nothing, but the
+        name is known still: every process reduces the same names."""
+        values = values.detach().double()
+        entry = self.sums.setdefault(name, [0.0, 0.0])
+        if counted:
+            entry[0] += float(values.sum())
+            entry[1] += float(values.numel())
+        return float(values.mean()) if values.numel() else math.nan
+
+    def totals(self) -> torch.Tensor:
+        """(K, 2) float64: each name's ``[sum, count]``, names sorted (the same order on every process)."""
+        return torch.tensor([self.sums[name] for name in sorted(self.sums)], dtype=torch.float64).reshape(-1, 2)
+
+    def step_means(self, reduce: Reduce | None = None) -> dict[str, float]:
+        """The step's token mean of each name over every process's tokens (``reduce``: the sum over the processes,
+        ``None`` on one), a name with no token anywhere left out (its micro-batches' NaN stand); the sums start
+        again at 0."""
+        names, totals = sorted(self.sums), self.totals()
+        if reduce is not None and names:
+            totals = reduce(totals).cpu()
+        self.sums = {}
+        return {name: s / c for name, (s, c) in zip(names, totals.tolist(), strict=True) if c > 0}

@@ -1,0 +1,70 @@
+"""The per-token metrics' step values (finecap.objectives.token_means): the token mean over every process's tokens,
+from hand-made per-process sums and counts, and the tokens each metric covers (the scored captions')."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from finecap.objectives.token_means import TokenMeans, scored_values
+
+
+def reduced(*processes: TokenMeans):
+    """The all-reduce (sum) of the processes' ``[sum, count]`` tensors, as each process receives it."""
+    total = sum(p.totals() for p in processes)
+    return lambda t: total
+
+
+def test_the_step_mean_is_over_every_processs_tokens_not_the_mean_of_their_means():
+    # process 0: two micro-batches, 10 tokens of entropy 1 and 2 of entropy 4; process 1: one micro-batch of 3 tokens
+    # of entropy 6. Over the 15 tokens: (10 + 8 + 18) / 15 = 2.4. What was logged until 2026-11-29: each process's
+    # mean of its micro-batches' means, (1 + 4) / 2 = 2.5 and 6, averaged over the processes: 4.25.
+    zero, one = TokenMeans(), TokenMeans()
+    assert zero.add("entropy", torch.ones(10)) == 1.0 and zero.add("entropy", torch.full((2,), 4.0)) == 4.0
+    assert one.add("entropy", torch.full((3,), 6.0)) == 6.0
+    reduce = reduced(zero, one)
+    assert zero.step_means(reduce) == one.step_means(reduce) == {"entropy": pytest.approx(2.4, rel=1e-12)}
+    assert zero.sums == {} and zero.step_means() == {}  # the next step starts from nothing
+
+
+def test_several_metrics_reduce_in_one_tensor_of_sums_and_counts_in_the_same_order_on_every_process():
+    # the processes add their metrics in different orders; the reduced tensor is sorted by name on each
+    zero, one = TokenMeans(), TokenMeans()
+    zero.add("kl", torch.tensor([0.1, 0.3])), zero.add("clip_fraction", torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    one.add("clip_fraction", torch.tensor([1.0])), one.add("kl", torch.tensor([0.2] * 6))
+    assert zero.totals().tolist() == [[1.0, 4.0], [pytest.approx(0.4), 2.0]]  # clip_fraction, kl
+    reduce = reduced(zero, one)
+    # clip_fraction: 2 of 5 tokens; kl: (0.1 + 0.3 + 6 x 0.2) / 8 = 0.2
+    assert zero.step_means(reduce) == {"clip_fraction": pytest.approx(0.4), "kl": pytest.approx(0.2)}
+
+
+def test_a_copy_adds_no_token_but_its_name_so_every_process_reduces_the_same_names():
+    # a process whose every micro-batch is a copy (an epoch's last global batch smaller than the micro-batches)
+    # reduces a tensor of the same shape as the others (a collective of another shape fails or hangs) holding 0s:
+    # the step's means are the other processes' tokens'
+    copies, real = TokenMeans(), TokenMeans()
+    assert copies.add("ratio/mean", torch.tensor([2.0, 2.0]), counted=False) == 2.0  # the copy's own value
+    real.add("ratio/mean", torch.tensor([1.0, 0.5, 1.5]))
+    assert copies.totals().shape == real.totals().shape and copies.totals().tolist() == [[0.0, 0.0]]
+    assert copies.step_means(reduced(copies, real)) == {"ratio/mean": 1.0}
+
+
+def test_a_name_with_no_token_anywhere_is_left_out_and_a_micro_batch_of_none_has_the_value_nan():
+    # every caption of the step failed: no token is measured, the step has no value (its micro-batches' NaN stand)
+    zero, one = TokenMeans(), TokenMeans()
+    assert math.isnan(zero.add("kl", torch.tensor([])))
+    one.add("kl", torch.tensor([]))
+    assert zero.step_means(reduced(zero, one)) == {}
+
+
+def test_the_scored_values_are_the_scored_captions_tokens_or_their_one_value_each():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, float("nan"), 0.0], [6.0, 7.0, 8.0]])  # NaN at padding takes no part
+    mask = torch.tensor([[True, True, False], [True, False, False], [True, True, True]])
+    assert scored_values(x, mask).tolist() == [1.0, 2.0, 4.0, 6.0, 7.0, 8.0]
+    assert scored_values(x, mask, torch.tensor([True, False, True])).tolist() == [1.0, 2.0, 6.0, 7.0, 8.0]
+    assert scored_values(x, mask, torch.tensor([False] * 3)).numel() == 0
+    per_caption = torch.tensor([[0.5], [1.5], [2.5]])  # GSPO's sequence-level ratio: one per caption
+    assert scored_values(per_caption, mask, torch.tensor([True, False, True])).tolist() == [0.5, 2.5]
+    assert scored_values(per_caption, mask).tolist() == [0.5, 1.5, 2.5]
