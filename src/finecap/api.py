@@ -435,16 +435,14 @@ def _aligned(predictions: Any, references: Any) -> tuple[dict[Hashable, str], di
             what = type(r).__name__ + (f" holding a {type(odd[0]).__name__}" if odd else "")
             raise TypeError(f"references of image {i!r}: expected a list of captions (str) or one caption, got {what}")
         refs[i] = texts
-    from finecap.data.records import id_key
+    from finecap.data.records import id_key, refuse_repeated_ids
 
+    # {1: ..., "1": ...}: one image twice (it was read as "no references for '1'"), refused as finecap eval does
+    refuse_repeated_ids(refs, "references")  # first, as the data readers refuse such references before eval
+    refuse_repeated_ids(preds, "predictions")
     aligned: dict[Hashable, str] = {}
-    named: dict[Hashable, Hashable] = {}  # the reference id each prediction names: the prediction's id
     for i, caption in preds.items():  # an id given as an int on one side, as its string on the other: one image
         key = id_key(i, refs)
-        if key is not None and key in named:  # {1: ..., "1": ...}: read as "no references for '1'"
-            raise ValueError(f"predictions: ids {named[key]!r} and {i!r} name one image (an int id and its string "
-                             "are one image): give it one caption")  # fmt: skip
-        named[key] = i
         aligned[key if key is not None and key not in preds else i] = caption
     return aligned, refs
 

@@ -30,7 +30,7 @@ def test_the_ngram_groups_match_an_int_id_with_its_string_and_keep_the_reference
 
 
 def test_two_predicted_ids_naming_one_image_are_refused():
-    with pytest.raises(ValueError, match=r"predictions: ids 1 and '1' name one image 1"):
+    with pytest.raises(ValueError, match=r"^predictions: 1 image\(s\) keyed twice, e\.g\. 1 and '1' \(an int id"):
         evaluate_items({1: "a", "1": "b"}, {1: ["a"]}, metrics="length")
 
 
@@ -217,3 +217,121 @@ def test_questions_keyed_by_an_int_and_its_string_are_refused():
     with pytest.raises(ValueError, match=r"^questions: 1 image\(s\) keyed twice, e\.g\. 7 and '7' \(an int id"):
         evaluate_items({7: "a red circle"}, None, metrics="qa", questions={7: _asked(7), "7": _asked("7", "blue")},
                        cfg=load(None, ["judge.name=world"]))  # fmt: skip
+
+
+def _family_items(predictions):
+    from finecap.metrics.families import family_self_retrieval_items
+
+    return family_self_retrieval_items(predictions, FakeRetriever(), [Rec(i) for i in range(4)],
+                                       {0: "a", 1: "a", 2: "b", 3: "b"}, size=2)  # fmt: skip
+
+
+def _every_metric_called_from_python():
+    """Each metric that reads ``{image_id: caption}`` predictions, called as a notebook calls it: ``(name, call)``."""
+    from finecap.metrics.clipscore import CLIPScore
+    from finecap.metrics.faithfulness import faithfulness_per_item
+    from finecap.metrics.hallucination import chair
+    from finecap.metrics.meteor.inputs import check_inputs
+    from finecap.metrics.ngram import ngram_metrics
+    from finecap.metrics.retrieval import SelfRetrieval
+
+    images = [Rec(i) for i in range(4)]
+    objects = {i: frozenset({"dog"}) for i in range(4)}
+    refs = {i: [c] for i, c in PREDS.items()}
+    retrieval = SelfRetrieval(FakeRetriever(), images, n_distractors=2, draws=1)
+    return [
+        ("CLIPScore predictions", lambda p: CLIPScore(FakeRetriever(), images).per_item(p)),
+        ("self-retrieval predictions", retrieval.scores),
+        ("chair predictions", lambda p: chair(p, objects)),
+        ("family predictions", _family_items),
+        ("faithfulness predictions", lambda p: faithfulness_per_item(p, SCENES)),
+        ("listener predictions", lambda p: listener_retrieval(p, SCENES, [0, 1, 2, 3], n_distractors=2, draws=1)),
+        ("predictions", lambda p: ngram_metrics(p, refs, ["cider_d"])),
+        ("predictions", lambda p: check_inputs(p, refs)),  # METEOR's and SPICE's inputs
+        ("predictions", lambda p: evaluate_items(p, None, metrics="length")),  # no references or images to key by
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_every_metric_refuses_two_predicted_ids_of_one_image(case):
+    """``{1: ..., "1": ...}`` is one image twice, as finecap eval refuses it ("keep one caption entry per image").
+    Called from Python, CLIPScore, self-retrieval, CHAIR and the faithfulness and listener metrics scored both
+    captions (two rows, two queries: the image counted twice in every mean), family retrieval refused "1" beside a
+    record 1, and evaluate_items without references counted both captions."""
+    metrics = _every_metric_called_from_python()
+    assert len(metrics) == 9
+    what, call = metrics[case]
+    with pytest.raises(ValueError, match=rf"^{what}: 1 image\(s\) keyed twice, e\.g\. 1 and '1' \(an int id"):
+        call({1: "a red circle", "1": "a blue square", 2: "a green star"})
+
+
+def test_family_retrieval_finds_records_and_families_written_either_way():
+    """family_self_retrieval_items looked the predicted ids up among the records exactly ("1" beside a record 1 was
+    a KeyError), and family_retrieval_items and the hard RD kept only the families keyed as the columns write their
+    ids (families {"0": ...} with images 0..3 dropped family "a": its captions went unranked)."""
+    from finecap.metrics.families import family_retrieval_items, hard_rd_retrieval
+
+    want = _family_items(PREDS)
+    corpus, items = _family_items({str(i): c for i, c in PREDS.items()})
+    assert corpus == want[0] and items == {str(i): row for i, row in want[1].items()}
+    assert want[0]["family/n"] == 4.0 and want[0]["family/R@1"] == 0.75  # "one" ranks image 0 above image 1
+    scores = np.eye(4)  # caption q scores 1 on image q
+    ints = family_retrieval_items(scores, [0, 1, 2, 3], {0: "a", 1: "a", 2: "b", 3: "b"}, size=2)
+    texts = family_retrieval_items(scores, [0, 1, 2, 3], {"0": "a", "1": "a", 2: "b", 3: "b"}, size=2)
+    assert texts == ints and ints[0]["family/n"] == 4.0
+    kw = dict(size=2, n_distractors=2, draws=1)
+    assert hard_rd_retrieval(scores, [0, 1, 2, 3], {"0": "a", "1": "a", 2: "b", 3: "b"}, **kw) == hard_rd_retrieval(
+        scores, [0, 1, 2, 3], {0: "a", 1: "a", 2: "b", 3: "b"}, **kw)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^families: 1 image\(s\) keyed twice, e\.g\. 1 and '1'"):
+        family_retrieval_items(scores, [0, 1, 2, 3], {0: "a", 1: "a", "1": "b", 3: "b"}, size=2)
+
+
+def test_the_ngram_and_meteor_inputs_match_ids_either_way_and_refuse_references_keyed_twice():
+    """ngram_metrics and METEOR's (and SPICE's) inputs looked references up exactly: {"1": ...} against references
+    {1: ...} was "no entry", where finecap eval scores it; references {1: ..., "1": ...} with predictions for both
+    were two images (two CIDEr documents)."""
+    from finecap.metrics.meteor.inputs import check_inputs
+    from finecap.metrics.ngram import ngram_metrics
+
+    refs = {1: ["a red circle"], "2": ["two dogs on a deck"]}
+    same = ngram_metrics({1: "a red circle", "2": "two dogs"}, refs, ["cider_d", "bleu"])
+    assert ngram_metrics({"1": "a red circle", 2: "two dogs"}, refs, ["cider_d", "bleu"])[0] == same[0]
+    assert check_inputs({"1": "a dog", 2: "a cat"}, refs) == (["1", 2], ["a dog", "a cat"], [refs[1], refs["2"]])
+    for call in (lambda r: ngram_metrics({1: "a", "1": "b"}, r, ["cider_d"]), lambda r: check_inputs({1: "a"}, r)):
+        with pytest.raises(ValueError, match=r"references: 1 image\(s\) keyed twice|predictions: 1 image"):
+            call({1: ["a"], "1": ["b"]})
+    with pytest.raises(ValueError, match=r"^references: 1 image\(s\) keyed twice, e\.g\. 1 and '1'"):
+        ngram_metrics({1: "a"}, {1: ["a"], "1": ["b"]}, ["cider_d"])
+
+
+def test_clipscore_self_retrieval_and_chair_refuse_records_references_or_objects_keyed_twice():
+    """Images, references or objects keyed 1 and "1": which one an image is scored by was a silent choice (the
+    spelling of its predicted id), and self-retrieval's uniqueness check compared ids exactly (image 1 and "1" were
+    two columns, one the other's distractor)."""
+    from finecap.metrics.clipscore import CLIPScore
+    from finecap.metrics.hallucination import chair
+    from finecap.metrics.retrieval import SelfRetrieval
+
+    twice = [Rec(0), Rec(1), Rec("1")]
+    for build, what in ((CLIPScore, "CLIPScore records"),
+                        (SelfRetrieval, r"self-retrieval images \(records \+ extra_records\)")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^{what}: 1 image\(s\) keyed twice, e\.g\. 1 and '1'"):
+            build(FakeRetriever(), twice)
+    with pytest.raises(ValueError, match=r"^CLIPScore references: 1 image\(s\) keyed twice"):
+        CLIPScore(FakeRetriever(), [Rec(i) for i in range(4)]).per_item({1: "one"}, {1: ["one"], "1": ["zero"]})
+    with pytest.raises(ValueError, match=r"^chair objects: 1 image\(s\) keyed twice"):
+        chair({1: "a dog"}, {1: frozenset({"dog"}), "1": frozenset({"cat"})})
+
+
+def test_an_integral_float_id_is_its_integers_image():
+    """COCO's readers read 42.0 as 42 (pycocotools' dicts do); from Python, evaluate({42.0: ...}) against
+    references {"42": ...} found none, and {1.0: ..., "1": ...} was not seen as one image twice."""
+    from finecap.data.records import id_key, repeated_ids
+
+    assert id_key(42.0, {"42"}) == "42" and id_key(42.5, {"42"}) is None
+    assert repeated_ids([1.0, "1", 2]) == [(1.0, "1")]
+    refs = {"42": ["a red circle"]}
+    assert evaluate_items({42.0: "a red circle"}, refs, metrics="rouge") == evaluate_items(
+        {42: "a red circle"}, refs, metrics="rouge")  # fmt: skip
+    with pytest.raises(ValueError, match=r"^predictions: 1 image\(s\) keyed twice, e\.g\. 1\.0 and '1'"):
+        evaluate_items({1.0: "a", "1": "b"}, None, metrics="length")

@@ -106,3 +106,12 @@ def test_configure_after_the_references_applies_wholly_or_refuses():
         late(caption, call_batch([1])).total.tolist()
         == CiderReward(refs, tokenize_text=False, sigma=1.0)(caption, call_batch([1])).total.tolist()
     )
+
+
+def test_references_keyed_by_an_int_and_its_string_are_refused():
+    """{1: [...], "1": [...]} made image 1 two documents of CIDEr-D's corpus (its n-grams' document frequencies
+    counted twice) and scored a caption against the list keyed as its id was written; refused as finecap eval refuses
+    such references."""
+    for build in (lambda refs: CiderReward(refs), lambda refs: CiderReward().setup(RewardInputs(references=refs))):
+        with pytest.raises(ValueError, match=r"^cider references: 1 image\(s\) keyed twice, e\.g\. 1 and '1'"):
+            build({1: ["a red circle"], "1": ["a blue square"], 2: ["two dogs"]})

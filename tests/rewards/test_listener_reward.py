@@ -34,6 +34,25 @@ def test_expected_r1_among_the_batch_images_hand_computed():
     assert reward(texts, call_batch(["0", "1", "2", "0"])).total.tolist() == [0.5, 1.0, 1.0, 0.0]
 
 
+def test_an_image_written_as_an_int_and_as_its_string_is_one_candidate():
+    """A call naming image 2 as 2 and as "2" (call_batch kept both, a batch may too) ranked image 2 against itself:
+    "a blue square" for scene 2 tied with its own second column, expected R@1 1/2 where it is 1."""
+    reward = ListenerReward(SCENES)
+    texts = ["a red circle on sand", "a blue square", "a blue square"]
+    want = reward(texts, call_batch([1, 2, 2])).total.tolist()
+    assert want == [1.0, 1.0, 1.0]
+    assert reward(texts, call_batch([1, 2, "2"])).total.tolist() == want
+    batch = {"image_ids": [1, 2, "2"], "image_index": torch.tensor([0, 1, 2])}  # a batch holding both spellings
+    assert reward(texts, batch).total.tolist() == want
+    step = SimpleNamespace(step=0, image_ids=[1, "2", 2], fields={})  # and a step's global batch
+    assert reward(texts, {**batch, "step_info": step}).total.tolist() == want
+
+
+def test_call_batch_reads_an_int_and_its_string_as_one_image():
+    batch = call_batch([7, "9", "7", 9, 7.0])
+    assert batch["image_ids"] == [7, "9"] and batch["image_index"].tolist() == [0, 1, 0, 1, 0]
+
+
 def test_the_candidates_are_the_steps_global_batch():
     # this micro-batch holds images 0 and 2 only; the step's global batch also holds image 1, which ties with image
     # 0 on "a red circle" and beats it on "a red circle on sand"

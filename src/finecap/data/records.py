@@ -166,16 +166,16 @@ def id_key(image_id: Hashable, keys: Collection[Hashable]) -> Hashable | None:
     string or the string of an int as that int; ``None`` when none does.
 
     The rule, the one every part of finecap reads ids by: two ids are one image when they read the same as text
-    (``str``), so an int and its decimal string (``391895`` and ``"391895"``) are one id, and a string that is not
-    exactly how Python writes an integer is its own id: ``"000000391895"``, ``"+42"``, ``" 42"`` and ``"-0"`` are
-    not ``391895``, ``42`` and ``0``. COCO's annotation and results files give ids as ints and pycocoevalcap matches
-    them as written (``"391895"`` is no image there); data files give them as strings (``"391895"``), so finecap
-    also reads an int and its string as one. A zero-padded string is no spelling of a COCO id: it is the id a data
-    set chose (``"0042"`` and ``"42"`` may be two images), and the data readers' duplicate check
-    (:func:`check_unique_ids`), results files, per-image outputs and the reward server key images by the id's text,
-    so reading ``"0042"`` as ``42`` here would join two images that every other part keeps apart. A file name's
-    number (``000000391895.jpg`` -> ``391895``, :func:`file_number`) is another rule, ``finecap eval``'s alone, for
-    matching predictions keyed by file names (:func:`finecap.app.eval.match_ids`).
+    (:func:`id_text`: ``str``, an integral float as its integer), so an int and its decimal string (``391895`` and
+    ``"391895"``) are one id, and a string that is not exactly how Python writes an integer is its own id:
+    ``"000000391895"``, ``"+42"``, ``" 42"`` and ``"-0"`` are not ``391895``, ``42`` and ``0``. COCO's annotation and
+    results files give ids as ints and pycocoevalcap matches them as written (``"391895"`` is no image there); data
+    files give them as strings (``"391895"``), so finecap also reads an int and its string as one. A zero-padded string
+    is no spelling of a COCO id: it is the id a data set chose (``"0042"`` and ``"42"`` may be two images), and the
+    data readers' duplicate check (:func:`check_unique_ids`), results files, per-image outputs and the reward server
+    key images by the id's text, so reading ``"0042"`` as ``42`` here would join two images that every other part keeps
+    apart. A file name's number (``000000391895.jpg`` -> ``391895``, :func:`file_number`) is another rule, ``finecap
+    eval``'s alone, for matching predictions keyed by file names (:func:`finecap.app.eval.match_ids`).
 
     Example::
 
@@ -183,9 +183,12 @@ def id_key(image_id: Hashable, keys: Collection[Hashable]) -> Hashable | None:
         ('42', 42, -3, None, None)
         >>> id_key("000000391895", {391895}), id_key(" 42", {42}), id_key("-0", {0}), id_key(42, {"042"})
         (None, None, None, None)
+        >>> id_key(42.0, {"42"}), id_key(42.5, {"42"})
+        ('42', None)
     """
     if image_id in keys:
         return image_id
+    image_id = integral_id(image_id)  # 42.0 is 42 (a float key 42.0 finds 42 above; "42" here), as COCO's readers
     if isinstance(image_id, str) and _INT_TEXT.fullmatch(image_id):  # ASCII digits, one sign ("--5", "²": none)
         number = int(image_id)
         return number if str(number) == image_id and number in keys else None  # "042", "-0": their own ids
@@ -216,19 +219,49 @@ def id_keys(ids: Iterable[Hashable], keys: Collection[Hashable]) -> tuple[dict[H
     return found, missing
 
 
-def repeated_ids(ids: Iterable[Hashable]) -> list[tuple[Hashable, ...]]:
-    """The ids of ``ids`` that name one image more than once, a group for each image, each id as written and in
-    order: ids read as :func:`id_key` and :func:`check_unique_ids` read them, one when they read the same as text.
+def id_text(image_id: Hashable) -> str:
+    """The text an image id is read by: two ids name one image when their texts are equal (:func:`id_key`'s rule),
+    an integral float being its integer (:func:`integral_id`). The one key of "the same image" wherever ids are
+    grouped or indexed by it (:func:`repeated_ids`, :func:`check_unique_ids`, the reward server's image table, the
+    batch of a reward call).
 
     Example::
 
-        >>> repeated_ids([1, 2, "1", "02", 3, 3])
-        [(1, '1'), (3, 3)]
+        >>> id_text(42), id_text("42"), id_text(42.0), id_text("042"), id_text(42.5)
+        ('42', '42', '42', '042', '42.5')
+    """
+    return str(integral_id(image_id))
+
+
+def repeated_ids(ids: Iterable[Hashable]) -> list[tuple[Hashable, ...]]:
+    """The ids of ``ids`` that name one image more than once, a group for each image, each id as written and in
+    order: ids read as :func:`id_key` and :func:`check_unique_ids` read them, one when they read the same as text
+    (:func:`id_text`).
+
+    Example::
+
+        >>> repeated_ids([1, 2, "1", "02", 3, 3, 2.0])
+        [(1, '1'), (2, 2.0), (3, 3)]
     """
     by_text: dict[str, list[Hashable]] = {}
     for i in ids:
-        by_text.setdefault(str(i), []).append(i)
+        by_text.setdefault(id_text(i), []).append(i)
     return [tuple(group) for group in by_text.values() if len(group) > 1]
+
+
+def refuse_repeated_ids(ids: Iterable[Hashable], what: str) -> None:
+    """A ``ValueError`` naming ``what`` and the first ids when two of ``ids`` (an input's keys: predictions,
+    references, scenes, ...) name one image (:func:`repeated_ids`: ``1`` and ``"1"``): scoring both would count the
+    image twice, and choosing one is no silent choice. How ``finecap eval``, :func:`finecap.evaluate` and every
+    metric called from Python read a keyed input, as the data readers refuse such a data set
+    (:func:`check_unique_ids`); ``refuse_repeated_ids({1: "a dog", "1": "a cat"}, "predictions")`` is
+    ``ValueError("predictions: 1 image(s) keyed twice, e.g. 1 and '1' (an int id and its string are one id, ...")``.
+    """
+    twice = repeated_ids(ids)
+    if twice:
+        raise ValueError(f"{what}: {len(twice)} image(s) keyed twice, e.g. {' and '.join(map(repr, twice[0]))} "
+                         "(an int id and its string are one id, as the data readers read them): give each image one "
+                         "entry")  # fmt: skip
 
 
 def some_ids(ids: Iterable[Hashable]) -> str:
@@ -500,11 +533,11 @@ def check_unique_ids(records: list[Record], path: Path, what: str = "records") -
     holding all its references, and which of two would be meant cannot be guessed. Ids that read the same as text
     are one id (``1`` and ``"1"``): results files, per-image outputs and the reward server key images by that text,
     and ``finecap eval`` matches a predicted ``"1"`` with a reference ``1`` (:func:`id_key`)."""
-    if len({str(r.image_id) for r in records}) == len(records):
+    if len({id_text(r.image_id) for r in records}) == len(records):
         return
     where: dict[str, list[int]] = {}
     for k, r in enumerate(records):
-        where.setdefault(str(r.image_id), []).append(k)
+        where.setdefault(id_text(r.image_id), []).append(k)
     dups = {i: ks for i, ks in where.items() if len(ks) > 1}
 
     def named(ks: list[int]) -> str:

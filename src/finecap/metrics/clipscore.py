@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from finecap.data.records import id_keys, some_ids
+from finecap.data.records import id_keys, refuse_repeated_ids, some_ids
 from finecap.models.text_window import TextEncoding, encode_texts, log_note
 
 W = 2.5
@@ -152,6 +152,7 @@ class CLIPScore:
     ) -> None:
         self.retriever = retriever
         self.records = list(records)
+        refuse_repeated_ids([r.image_id for r in self.records], "CLIPScore records")  # 1 and "1": one image
         self.row = {r.image_id: i for i, r in enumerate(self.records)}
         self.cache_dir = cache_dir
         self.image_emb = _np(retriever.image_embeddings(self.records, cache_dir))  # (N, D)
@@ -169,10 +170,14 @@ class CLIPScore:
         self, predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]] | None
     ) -> tuple[dict[Hashable, dict[str, float]], TextEncoding]:
         """:meth:`per_item` and the captions' encoding (their lengths; the note of long ones is logged). No caption
-        is a ``ValueError`` (a mean of none would be NaN)."""
+        is a ``ValueError`` (a mean of none would be NaN), and so are two predictions, or references, keyed by ids
+        naming one image (``1`` and ``"1"``: :func:`~finecap.data.records.refuse_repeated_ids`)."""
         ids = list(predictions)
         if not ids:
             raise ValueError("CLIPScore: no captions to score")
+        refuse_repeated_ids(ids, "CLIPScore predictions")  # one image's two captions: scored twice in the means
+        if references is not None:
+            refuse_repeated_ids(references, "CLIPScore references")  # which of two lists scores: no silent choice
         rows, missing = id_keys(ids, self.row)  # an id written as an int or as its string: one image
         if missing:
             raise KeyError(f"predictions for images not among the CLIPScore images: {missing[:5]}; their ids are e.g. "

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.records import id_key
+from finecap.data.records import id_key, refuse_repeated_ids
 from finecap.world.facts import FACT_KINDS
 from finecap.world.facts import faithfulness as caption_faithfulness
 
@@ -62,9 +62,14 @@ def faithfulness_per_item(
         predictions: ``{image_id: caption}``.
         scenes: ``{image_id: Scene}``; every predicted image needs its scene (extra scenes are ignored). String ids
             that spell an integer (``"12"``) also find the scene of integer id 12, since JSON keys are strings.
+
+    Two predictions, or scenes, keyed by ids naming one image (``1`` and ``"1"``) are a ``ValueError``
+    (:func:`~finecap.data.records.refuse_repeated_ids`).
     """
     if not predictions:
         raise ValueError("faithfulness: no predictions to score")
+    refuse_repeated_ids(predictions, "faithfulness predictions")  # one image's two captions: counted twice
+    refuse_repeated_ids(scenes, "faithfulness scenes")  # which scene is the truth: no silent choice
     items: dict[Hashable, Faithfulness] = {}
     missing = []
     for image_id, caption in predictions.items():

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from finecap.config import WorldConfig
+from finecap.data.records import id_keys, refuse_repeated_ids, some_ids
 from finecap.metrics.items import corpus_only
 from finecap.metrics.retrieval import (
     as_score_matrix,
@@ -92,6 +93,24 @@ def family_sets(families: Mapping[Hashable, Hashable | None], size: int) -> list
     return [ids for ids in members.values() if len(ids) == size]
 
 
+def scored_families(
+    families: Mapping[Hashable, Hashable | None], image_ids: Sequence[Hashable]
+) -> dict[Hashable, Hashable | None]:
+    """``{image id: family}`` of ``families`` for the scored images ``image_ids``, keyed as those write their ids
+    (``1`` and ``"1"`` are one image: :func:`~finecap.data.records.id_keys`), in ``families``' order; the others are
+    left out. Two keys of ``families`` naming one image are a ``ValueError``
+    (:func:`~finecap.data.records.refuse_repeated_ids`).
+
+    Example::
+
+        >>> scored_families({"1": "a", 2: "a", 3: "b"}, [1, 2])
+        {1: 'a', 2: 'a'}
+    """
+    refuse_repeated_ids(families, "families")
+    found, _ = id_keys(families, set(image_ids))
+    return {found[i]: family for i, family in families.items() if i in found}
+
+
 def family_retrieval_items(
     scores: Any,
     image_ids: Sequence[Hashable],
@@ -102,8 +121,7 @@ def family_retrieval_items(
 ) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
     """:func:`family_retrieval` and the per-caption values of its means (``family/R@k``, ``family/mean_rank``;
     :func:`finecap.metrics.retrieval.rank_items`) by caption row, for the captions ranked in a family."""
-    scored = set(image_ids)
-    sets = family_sets({i: f for i, f in families.items() if i in scored}, size)
+    sets = family_sets(scored_families(families, image_ids), size)
     if not sets:
         raise ValueError(f"no family of {size} scored images (check world.families and the images scored)")
     out, per_caption = bag_retrieval_items(scores, sets, image_ids, targets, ks)  # each family is a bag of `size`
@@ -168,10 +186,9 @@ def hard_rd_ranks(
         raise ValueError(f"hard RD{n_distractors} needs {n_random} images outside a family, the pool has {n - size}")
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}")
-    scored = set(image_ids)
     column = {i: c for c, i in enumerate(image_ids)}
     family_of = np.full(n, -1, dtype=np.int64)  # (N,) family number of each column, -1 = none / incomplete
-    for f, members in enumerate(family_sets({i: fam for i, fam in families.items() if i in scored}, size)):
+    for f, members in enumerate(family_sets(scored_families(families, image_ids), size)):
         family_of[[column[i] for i in members]] = f
     keep = np.flatnonzero(family_of[targets] >= 0)  # (Q',) captions of complete families
     if not len(keep):
@@ -255,18 +272,23 @@ def family_self_retrieval_items(
     seed: int = 0,
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
     """:func:`family_self_retrieval` and the per-image values of its means (:func:`family_retrieval_items`, and the
-    hard RD's :func:`hard_rd_items`) by image id."""
-    column = {r.image_id: c for c, r in enumerate(records)}
-    missing = [i for i in predictions if i not in column]
-    if missing:
-        raise KeyError(f"captions of images not among the records: {missing[:5]}")
-    ids = list(predictions)
+    hard RD's :func:`hard_rd_items`) by image id. A predicted id finds its record written either way (``1`` and
+    ``"1"`` are one image: :func:`~finecap.data.records.id_keys`); two predicted ids, or records, naming one image
+    are a ``ValueError`` (:func:`~finecap.data.records.refuse_repeated_ids`)."""
     image_ids = [r.image_id for r in records]
+    refuse_repeated_ids(image_ids, "family records")
+    refuse_repeated_ids(predictions, "family predictions")  # one image's two captions: ranked twice in the means
+    column = {i: c for c, i in enumerate(image_ids)}
+    found, missing = id_keys(predictions, column)
+    if missing:
+        raise KeyError(f"captions of images not among the records: {missing[:5]}; their ids are e.g. "
+                       f"{some_ids(column)}")  # fmt: skip
+    ids = list(predictions)
     image_emb = retriever.image_embeddings(list(records), cache_dir)  # (N, D)
     encoding = encode_texts(retriever, [predictions[i] for i in ids], ids)
     log_note(encoding, "family")
     scores = np.asarray(encoding.embeddings @ image_emb.T, dtype=np.float64)  # (Q, N)
-    targets = np.array([column[i] for i in ids], dtype=np.int64)
+    targets = np.array([column[found[i]] for i in ids], dtype=np.int64)
     corpus, items = family_retrieval_items(scores, image_ids, families, size, targets)
     if n_distractors is not None:
         hard, hard_items = hard_rd_items(scores, image_ids, families, size, targets, n_distractors, draws, seed)

@@ -48,7 +48,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.records import MAX_LISTED, DataError, id_key, some_ids
+from finecap.data.records import MAX_LISTED, DataError, id_key, refuse_repeated_ids, some_ids
 
 if TYPE_CHECKING:
     from finecap.world.scene import Scene
@@ -315,9 +315,13 @@ def chair(
     ``objects`` (``{image id: annotated categories}``, :func:`read_instances`) and, when given, the images'
     ``references`` (their mentions are ground truth too). ``vocabulary``: COCO's by default. Every predicted image
     needs its objects (errors name ``source``); its objects and references are found whether they write its id as an
-    int or as its string."""
+    int or as its string; two predictions, objects or references keyed by ids naming one image (``1`` and ``"1"``)
+    are a ``ValueError`` (:func:`~finecap.data.records.refuse_repeated_ids`)."""
     if not predictions:
         raise ValueError("chair: no predictions to score")
+    for what, given in (("predictions", predictions), ("objects", objects), ("references", references)):
+        if given is not None:
+            refuse_repeated_ids(given, f"chair {what}")  # one image's two captions: counted twice in the means
     vocabulary = vocabulary or coco_vocabulary()
     ids = list(predictions)
     items: dict[Hashable, CaptionChair] = {}

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from finecap.data.bags_file import check_bag_size
-from finecap.data.records import id_keys, some_ids
+from finecap.data.records import id_keys, refuse_repeated_ids, some_ids
 from finecap.metrics.faithfulness import scene_of
 from finecap.metrics.retrieval import bag_columns, random_distractors, recall_ks, target_ranks
 from finecap.world.listener import RankResult, rank_with_ties, support_matrix
@@ -82,10 +82,14 @@ def listener_retrieval(
             number of images is not its size.
         retriever_scores: the retriever's ``(Q, N)`` scores of the same queries and columns, for ``exploit``.
 
-    No caption is a ``ValueError``, as in the retriever's metrics (a mean of none would be NaN).
+    No caption is a ``ValueError``, as in the retriever's metrics (a mean of none would be NaN); so are two
+    predictions, pool images or scenes keyed by ids naming one image (``1`` and ``"1"``:
+    :func:`~finecap.data.records.refuse_repeated_ids`).
     """
     if not predictions:
         raise ValueError("listener: no captions to rank")
+    for what, given in (("predictions", predictions), ("pool", image_ids), ("scenes", scenes)):
+        refuse_repeated_ids(given, f"listener {what}")  # 1 and "1": one image, ranked (or a candidate) once
     column = {i: c for c, i in enumerate(image_ids)}
     found, missing = id_keys(predictions, column)  # 1 and "1": one image
     if missing:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from finecap.data.records import id_keys, some_ids
+from finecap.data.records import id_keys, refuse_repeated_ids, some_ids
 from finecap.metrics.items import corpus_only
 from finecap.models.text_window import TextEncoding, encode_texts, log_note
 from finecap.utils.once import SaidOnce
@@ -461,8 +461,8 @@ class SelfRetrieval:
         self.retriever = retriever
         self.records = list(records)
         self.image_ids = [r.image_id for r in self.records] + [r.image_id for r in extra_records]
-        if len(set(self.image_ids)) != len(self.image_ids):
-            raise ValueError("self-retrieval images (records + extra_records) must have unique image ids")
+        # unique as ids are read (1 and "1": one image, whose second column would be its own distractor)
+        refuse_repeated_ids(self.image_ids, "self-retrieval images (records + extra_records)")
         self.column = {i: c for c, i in enumerate(self.image_ids[: len(self.records)])}
         self.image_emb = retriever.image_embeddings([*self.records, *extra_records], cache_dir)  # (N, D)
         self.n_distractors, self.draws, self.seed = n_distractors, draws, seed
@@ -473,7 +473,9 @@ class SelfRetrieval:
     def _queries(self, predictions: Mapping[Hashable, str | Sequence[str]]) -> tuple[list[Hashable], list[str]]:
         """The query ids (each caption's image, as the records write its id: ``1`` and ``"1"`` are one image,
         :func:`~finecap.data.records.id_keys`) and the captions; a ``KeyError`` naming the predicted ids that name
-        no retrieval image, and some of theirs."""
+        no retrieval image, and some of theirs. Two predicted ids naming one image (``1`` and ``"1"``) are a
+        ``ValueError`` (:func:`~finecap.data.records.refuse_repeated_ids`): give an image's captions as one list."""
+        refuse_repeated_ids(predictions, "self-retrieval predictions")
         found, missing = id_keys(predictions, self.column)
         if missing:
             raise KeyError(f"predictions for {len(missing)} image(s) not among the retrieval images: "

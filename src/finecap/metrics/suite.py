@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any
 
 from finecap.config import did_you_mean, load
 from finecap.data.bags_file import check_bag_size
-from finecap.data.records import id_keys, repeated_ids
+from finecap.data.records import id_keys, refuse_repeated_ids
 from finecap.metrics.context import EvalContext
 from finecap.metrics.group import MetricGroup, metric_group
 from finecap.metrics.items import corpus_only
@@ -196,12 +196,13 @@ def evaluate_items(
     for size, size_bags in (bags or {}).items():  # a bag of 3 under 5 would be scored, and overwrite, as bag3
         for j, bag in enumerate(size_bags):
             check_bag_size(int(size), list(bag), f"bags[{size!r}][{j}]")
-    for given, what in ((references, "references"), (questions, "questions")):  # which one scores: no silent choice
-        twice = repeated_ids(given) if given is not None else []
-        if twice:
-            raise ValueError(f"{what}: {len(twice)} image(s) keyed twice, e.g. {' and '.join(map(repr, twice[0]))} "
-                             "(an int id and its string are one id, as the data readers read them): give each "
-                             "image one entry")  # fmt: skip
+    keyed = {"references": references, "questions": questions, "predictions": predictions, "samples": samples,
+             "scenes": scenes, "instances": instances if isinstance(instances, Mapping) else None}  # fmt: skip
+    for what, given in keyed.items():  # 1 and "1": one image, scored once (which one scores: no silent choice)
+        if given is not None:
+            refuse_repeated_ids(given, what)
+    if images is not None:
+        refuse_repeated_ids([r.image_id for r in images], "images")
     predictions, samples = _as_given_ids(predictions, samples, references, images)
     groups = [metric_group(name) for name in names]
     reads_instances = any("instances" in g.reads for g in groups)  # a file of ~160 MB: read only when asked for
@@ -244,19 +245,13 @@ def _as_given_ids(
     """``predictions`` and ``samples`` keyed by the ids of the references (else of the images) as those write them,
     an int and its string being one id (:func:`finecap.data.records.id_keys`): every group then reads one id per
     image, and the per-image scores carry the references' ids. An id naming none is kept as written (the groups that
-    need it say so); two naming one image (``1`` and ``"1"``) are a ``ValueError``."""
+    need it say so); the caller has refused two naming one image (``1`` and ``"1"``: :func:`refuse_repeated_ids`)."""
     keys = references if references is not None else [r.image_id for r in images] if images is not None else None
     if keys is None:
         return predictions, samples
     found, _ = id_keys(predictions, keys)
     if all(i == k and type(i) is type(k) for i, k in found.items()):
         return predictions, samples
-    named: dict[Hashable, Hashable] = {}
-    for i, key in found.items():
-        if key in named:
-            raise ValueError(f"predictions: ids {named[key]!r} and {i!r} name one image {key!r} (an int id and its "
-                             "string are one id): give it one caption")  # fmt: skip
-        named[key] = i
     rekeyed = {found.get(i, i): caption for i, caption in predictions.items()}
     if samples is not None:
         of_samples, _ = id_keys(samples, keys)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
+from finecap.data.records import id_text
 from finecap.registry import declared_needs
 from finecap.utils.closing import close_all
 
@@ -226,17 +227,21 @@ and CHAIR rewards in place of an image's references); training batches never car
 
 def call_batch(image_ids: Sequence[Hashable], references: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
     """The batch a reward is called with outside a training run (adapters, the reward server): caption ``n``
-    describes the image ``image_ids[n]``; the batch's images are the distinct ids in order of first appearance
-    (``image_ids``) and ``image_index`` ``(N,)`` gives each caption's row among them; ``references`` (one list per
-    caption), when given, are the call's own references (:data:`CAPTION_REFERENCES`).
+    describes the image ``image_ids[n]``; the batch's images are the distinct images in order of first appearance
+    (``image_ids``, each as first written: ``7`` and ``"7"`` are one image, :func:`~finecap.data.records.id_text`)
+    and ``image_index`` ``(N,)`` gives each caption's row among them; ``references`` (one list per caption), when
+    given, are the call's own references (:data:`CAPTION_REFERENCES`).
 
-    >>> batch = call_batch([7, 9, 7])
+    >>> batch = call_batch([7, 9, "7"])
     >>> batch["image_ids"], batch["image_index"].tolist()
     ([7, 9], [0, 1, 0])
     """
-    distinct = list(dict.fromkeys(image_ids))
-    row = {image_id: r for r, image_id in enumerate(distinct)}
-    batch = {"image_ids": distinct, "image_index": torch.tensor([row[i] for i in image_ids], dtype=torch.long)}
+    texts = [id_text(i) for i in image_ids]
+    first: dict[str, Hashable] = {}  # each image's id as first written
+    for text, image_id in zip(texts, image_ids):
+        first.setdefault(text, image_id)
+    row = {text: r for r, text in enumerate(first)}
+    batch = {"image_ids": list(first.values()), "image_index": torch.tensor([row[t] for t in texts], dtype=torch.long)}
     if references is not None:
         if len(references) != len(image_ids):
             raise ValueError(f"call_batch: {len(references)} reference lists for {len(image_ids)} captions")

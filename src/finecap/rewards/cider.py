@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from finecap.data.records import id_key
+from finecap.data.records import id_key, refuse_repeated_ids
 from finecap.metrics.ngram import CiderD
 from finecap.metrics.ptb_tokenize import tokenize
 from finecap.rewards.base import (
@@ -74,6 +74,9 @@ class CiderReward(RewardBase):
             self._build(references)
 
     def _build(self, references: Mapping[Hashable, Sequence[str]]) -> None:
+        # {1: ..., "1": ...}: one image as two documents of the corpus (its n-grams' document frequencies counted
+        # twice) and a caption scored against the list keyed as its id is written; refused as finecap eval does
+        refuse_repeated_ids(references, "cider references")
         if self.tokenize_text:
             references = {i: [tokenize(c) for c in refs] for i, refs in references.items()}
         self.references = {i: list(refs) for i, refs in references.items()}

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from finecap.data.records import id_text
 from finecap.metrics.faithfulness import scene_of
 from finecap.rewards.base import RewardBase, RewardOutput, caption_rows
 from finecap.world.listener import rank_with_ties, support_matrix
@@ -75,9 +76,15 @@ class ListenerReward(RewardBase):
             raise RuntimeError("ListenerReward: no scene graphs; pass scenes= or call setup(inputs) first")
         ids = list(batch["image_ids"])
         info = batch.get("step_info")
-        pool = list(dict.fromkeys(ids if info is None else info.image_ids))  # (M,) the candidates
-        column = {image_id: c for c, image_id in enumerate(pool)}
-        targets = np.array([column[ids[r]] for r in caption_rows(captions, batch).tolist()], dtype=np.int64)  # (N,)
+        # (M,) the candidates: each image once, 1 and "1" one image (as first written; else its own distractor)
+        column: dict[str, int] = {}
+        pool = []
+        for image_id in ids if info is None else info.image_ids:
+            if column.setdefault(id_text(image_id), len(pool)) == len(pool):
+                pool.append(image_id)
+        targets = np.array(
+            [column[id_text(ids[r])] for r in caption_rows(captions, batch).tolist()], dtype=np.int64
+        )  # (N,)
         support = support_matrix(list(captions), [self.scene(i) for i in pool])  # (N, M)
         candidates = np.tile(np.arange(len(pool)), (len(captions), 1))  # (N, M): every image competes
         result = rank_with_ties(support, targets, candidates, np.random.default_rng(0))  # expected R@1: no draw

@@ -115,6 +115,7 @@ from typing import Any
 
 import numpy as np
 
+from finecap.data.records import id_text
 from finecap.rewards import NonFiniteReward, Reward, RewardOutput, as_reward, call_batch, check_finite
 from finecap.serve.protocol import Limits, RequestError, RewardRequest, in_callers_words
 
@@ -253,9 +254,9 @@ def real_path(path: str) -> str:
 
 
 class ImageTable:
-    """The images a served reward knows: request ids (``str(id)``: ``17`` and ``"17"`` are one image) and image
-    paths (as the data set names them, or an existing file's other name: :func:`real_path`) -> the reward's image
-    ids.
+    """The images a served reward knows: request ids (:func:`~finecap.data.records.id_text`: ``17`` and ``"17"`` are
+    one image) and image paths (as the data set names them, or an existing file's other name: :func:`real_path`) ->
+    the reward's image ids.
 
     Args:
         image_ids: the reward's image ids (the served data set's training images).
@@ -267,7 +268,7 @@ class ImageTable:
                  source: str = "") -> None:  # fmt: skip
         self.by_text: dict[str, Hashable] = {}
         for image_id in image_ids:
-            seen = self.by_text.setdefault(str(image_id), image_id)
+            seen = self.by_text.setdefault(id_text(image_id), image_id)
             if seen != image_id:
                 raise ValueError(f"image ids {seen!r} and {image_id!r} read the same in a request")
         self.by_path = dict(paths or {})
@@ -299,7 +300,7 @@ class ImageTable:
                     with contextlib.suppress(ValueError, OSError, RuntimeError):
                         hit = self.by_path.get(real_path(value), _MISSING)
             else:
-                hit = self.by_text.get(str(value), _MISSING)
+                hit = self.by_text.get(id_text(value), _MISSING)
             if hit is _MISSING:
                 what = "image file" if by_path else "image id"
                 raise RequestError(f"{field}[{i}]", f"unknown {what} {value!r}: the server scores {self.source}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 
+from finecap.data.records import id_keys, refuse_repeated_ids
 from finecap.metrics.meteor.normalize import java_trim
 
 __all__ = ["MAX_WORDS", "check_inputs", "check_lengths", "pycocoevalcap_line", "segment_fields"]
@@ -16,18 +17,23 @@ def check_inputs(
     predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]]
 ) -> tuple[list[Hashable], list[str], list[list[str]]]:
     """``(ids, hypotheses, references)`` in the order of ``predictions``; ``ValueError`` naming the record at fault.
+    Ids are matched as :func:`finecap.metrics.ngram.counting.align` matches them (an int and its string are one
+    image; two naming one image on either side are refused).
 
-    >>> check_inputs({1: "a dog"}, {1: ["a dog", "the dog"], 2: ["unused"]})
+    >>> check_inputs({1: "a dog"}, {"1": ["a dog", "the dog"], 2: ["unused"]})
     ([1], ['a dog'], [['a dog', 'the dog']])
     """
     ids = list(predictions)
     if not ids:
         raise ValueError("predictions: empty, nothing to evaluate")
+    refuse_repeated_ids(ids, "predictions")
+    refuse_repeated_ids(references, "references")
+    found, _ = id_keys(ids, references)
     refs = []
     for i in ids:
-        if i not in references:
+        if i not in found:
             raise ValueError(f"references: no entry for prediction id {i!r}")
-        r = references[i]
+        r = references[found[i]]
         if isinstance(r, str) or len(r) == 0:
             raise ValueError(f"references[{i!r}]: expected a non-empty list of caption strings")
         refs.append(list(r))

@@ -20,6 +20,7 @@ from itertools import chain, count, repeat
 
 import numpy as np
 
+from finecap.data.records import id_keys, refuse_repeated_ids
 from finecap.metrics.word_ids import split_ids
 
 _TINY = 1e-15  # pycocoevalcap bleu_scorer: "so that if guess is 0 still return 0"
@@ -37,15 +38,20 @@ PerItem = dict[Hashable, dict[str, float]]
 def align(
     predictions: Mapping[Hashable, str], references: Mapping[Hashable, Sequence[str]]
 ) -> tuple[list[Hashable], list[str], list[list[str]]]:
-    """Ids, predictions and reference lists in prediction order; errors name the offending id."""
+    """Ids, predictions and reference lists in prediction order; errors name the offending id. A prediction's
+    references are found whether either side writes its id as an int or as its string
+    (:func:`~finecap.data.records.id_keys`); two predictions, or references, naming one image (``1`` and ``"1"``)
+    are a ``ValueError`` (:func:`~finecap.data.records.refuse_repeated_ids`)."""
     ids = list(predictions)
     if not ids:
         raise ValueError("predictions: empty, nothing to evaluate")
-    try:
-        preds = [predictions[i] for i in ids]
-        refs = [references[i] for i in ids]
-    except KeyError as e:
-        raise ValueError(f"references: no entry for prediction id {e.args[0]!r}") from None
+    refuse_repeated_ids(ids, "predictions")  # one image's two captions: counted twice in the corpus scores
+    refuse_repeated_ids(references, "references")  # and its two reference lists: two documents of CIDEr's corpus
+    found, missing = id_keys(ids, references)
+    if missing:
+        raise ValueError(f"references: no entry for prediction id {missing[0]!r}")
+    preds = [predictions[i] for i in ids]
+    refs = [references[found[i]] for i in ids]
     str_preds = all(type(p) is str for p in preds)  # fast paths: exact types (an ABC isinstance costs ~1 us)
     list_refs = all(type(r) is list and r for r in refs)
     if str_preds and list_refs:
