@@ -467,3 +467,18 @@ def test_a_key_of_a_mapping_option_is_told_how_to_set_the_option(override, how):
                                                     f"dropped): {how}")):  # fmt: skip
         load(None, [override])
     assert load(None, ["rl.rewards={cider: 1.0}"]).rl.rewards == {"cider": 1.0}  # the way out works
+
+
+@pytest.mark.parametrize(
+    ("key", "written", "fix"),
+    [("rl.rewards", "{cider:1}", "{cider: 1}"), ("train.loss_weights", "{mle: 1, sr:2}", "{sr: 2}"),
+     ("data.bag_schedule", "{1:3}", "{1: 3}"), ("rl.rewards", "{pkg.mod:fn:2}", "{pkg.mod:fn: 2}")],
+)  # fmt: skip
+def test_a_mapping_without_a_space_after_its_colon_says_to_write_one(key, written, fix, tmp_path):
+    # YAML ends a key at a colon only before a space: `rl.rewards={cider:1}` is the key 'cider:1' with no value,
+    # refused as "rl.rewards.cider:1: expected a number, got None" (data.bag_schedule: "key: expected an integer")
+    message = rf"{re.escape(key)}: '.*' is a key with no value: YAML ends a key at a colon only before a space; " \
+              rf"write {re.escape(fix)}$"  # fmt: skip
+    refused_both_ways(key, written, tmp_path, rf"^override '{re.escape(key)}=.*': {message}",
+                      rf"recipe\.yaml: line 2: {message}")  # fmt: skip
+    assert load(None, [f"{key}={fix}"])  # with the space: the mapping meant

@@ -248,6 +248,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {short_repr(value)}")
+        _refuse_unspaced_colon(value, key)
         return {_coerce(k, args[0], f"{key} key"): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
@@ -352,6 +353,27 @@ def _refuse_yaml11_number(value: Any, key: str) -> None:
     else:
         return
     raise ConfigError(f"{key}: {written!r} reads as {value} (YAML 1.1 reads {how}); {fix}", key=key)
+
+
+def _refuse_unspaced_colon(value: dict[Any, Any], key: str) -> None:
+    """A :class:`ConfigError` naming ``key`` when the mapping ``value`` holds a key with a colon and no value: YAML
+    reads a colon as a key's end only before a space, so ``{cider:1}`` is the key ``'cider:1'`` with no value, which
+    was refused as ``rl.rewards.cider:1: expected a number, got None``. The last colon is the one meant
+    (``{pkg.mod:fn:2}`` is ``{pkg.mod:fn: 2}``). A key of digits is checked as written: YAML 1.1 reads ``{1:30}``
+    as the key 90 (base 60), no value.
+
+    >>> try:
+    ...     _refuse_unspaced_colon({"cider:1": None}, "rl.rewards")
+    ... except ConfigError as e:
+    ...     print(e)
+    rl.rewards: 'cider:1' is a key with no value: YAML ends a key at a colon only before a space; write {cider: 1}
+    """
+    for k, v in value.items():
+        text = getattr(k, "written", k)
+        if v is None and isinstance(text, str) and ":" in text.strip(":"):
+            name, _, given = text.rpartition(":")
+            raise ConfigError(f"{key}: {short_repr(text)} is a key with no value: YAML ends a key at a colon only "
+                              f"before a space; write {{{name}: {given}}}", key=key)  # fmt: skip
 
 
 def _list_item(text: str, tp: Any) -> Any:
