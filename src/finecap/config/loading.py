@@ -787,11 +787,14 @@ def load(
     return cfg
 
 
-def with_over(data: dict[str, Any], over: dict[str, Any] | None, over_source: str, origins: Origins) -> dict[str, Any]:
+def with_over(data: dict[str, Any], over: dict[str, Any] | None, over_source: str, origins: Origins,
+              warn: bool = True) -> dict[str, Any]:  # fmt: skip
     """Sections ``data`` with the settings ``over`` (``{section: {key: value}}``: keywords of the Python API, the
-    demo's ``--quick``) on top, key by key (:func:`merged`); ``origins`` records ``over_source`` for each key set."""
+    demo's ``--quick``) on top, key by key (:func:`merged`); ``origins`` records ``over_source`` for each key set. A
+    former key (``rl__kl_coef=0.1``: :func:`renamed_keys`) is read under its new name, ``warn``: saying so once, as
+    for a recipe or an override (``False`` for a second merge of the same settings, as :func:`merge_overrides`)."""
     data = dict(data)
-    for name, values in renamed_keys(over or {}).items():
+    for name, values in renamed_keys(over or {}, over_source, warn=warn).items():
         data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
         keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
         origins.update({k: over_source for k in keys or [name]})  # not the recipe's: it did not set them
