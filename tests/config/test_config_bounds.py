@@ -359,7 +359,7 @@ def test_bag_sizes_have_an_upper_bound(override, key):
 def test_a_stored_config_with_a_huge_beam_is_refused_naming_the_file(tmp_path):
     stored = tmp_path / "config.yaml"
     stored.write_text("decode:\n  strategy: beam\n  beam_size: 100000\n")
-    with pytest.raises(ConfigError, match=rf"^{stored}: decode.beam_size: must be <= 100, got 100000"):
+    with pytest.raises(ConfigError, match=rf"^{stored}: line 3: decode.beam_size: must be <= 100, got 100000"):
         load_stored(stored)
 
 

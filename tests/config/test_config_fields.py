@@ -47,7 +47,7 @@ def test_a_bound_is_the_same_rule_by_hand_and_from_a_recipe(tmp_path):
     recipe.write_text("rl:\n  samples: 300\n")
     with pytest.raises(ConfigError) as loaded:
         load(recipe)
-    assert str(loaded.value) == f"{recipe}: {by_hand.value}"
+    assert str(loaded.value) == f"{recipe}: line 2: {by_hand.value}"
     assert (
         str(by_hand.value)
         == "rl.samples: must be <= 256, got 300 (captions decoded per image; SCST: 5, GRPO-style: 8 to 64)"
@@ -212,7 +212,7 @@ def test_numeric_options_read_the_yaml_numbers_as_plain_numbers():
 def test_a_numeric_option_refuses_a_number_yaml_1_1_reads_otherwise(key, written, read, tmp_path):
     # YAML 1.1 reads a leading 0 as octal and a colon as base 60: run.seed: 010 trained with seed 8, silently
     refused_both_ways(key, written, tmp_path, rf"{re.escape(key)}.*reads as {read}\b.*YAML 1.1",
-                      rf"recipe.yaml: {re.escape(key)}.*reads as {read}\b")  # fmt: skip
+                      rf"recipe.yaml: line 2: {re.escape(key)}.*reads as {read}\b")  # fmt: skip
 
 
 def test_a_numeric_option_reads_what_yaml_1_1_reads_as_written():

@@ -182,7 +182,8 @@ def test_typos_get_a_suggestion_in_files_and_overrides(tmp_path):
     recipe.write_text("world:\n  n_trian: 10\n")
     with pytest.raises(ConfigError) as e:
         load(recipe)
-    assert str(e.value).startswith(f"{recipe}: unknown key 'world.n_trian' (did you mean 'world.n_train'?); valid")
+    message = "line 2: unknown key 'world.n_trian' (did you mean 'world.n_train'?); valid"
+    assert str(e.value).startswith(f"{recipe}: {message}")
     with pytest.raises(ConfigError) as e:
         load(None, ["train.lerning_rate=3"])  # nothing close enough: no suggestion, the valid keys
     assert "did you mean" not in str(e.value) and "valid keys of [train]: batch_size" in str(e.value)
@@ -220,10 +221,10 @@ def test_an_override_at_fault_is_named_not_the_recipe(tmp_path):
         assert str(recipe) not in str(e.value)
     # the same mistakes in the file are blamed on the file
     recipe.write_text("train:\n  lr: abc\n")
-    with pytest.raises(ConfigError, match=f"^{recipe}: train.lr: expected a number"):
+    with pytest.raises(ConfigError, match=f"^{recipe}: line 2: train.lr: expected a number"):
         load(recipe, ["train.epochs=2"])
     recipe.write_text("train:\n  lr: -1\n")
-    with pytest.raises(ConfigError, match=f"^{recipe}: train.lr: must be > 0"):
+    with pytest.raises(ConfigError, match=f"^{recipe}: line 2: train.lr: must be > 0"):
         load(recipe, ["train.epochs=2"])
 
 
@@ -316,14 +317,14 @@ def test_errors_never_repeat_a_secret(tmp_path):
     recipe.write_text("boost:\n  vlm_api_key: {a: sk-map-3}\n")
     with pytest.raises(ConfigError) as e:
         load(recipe)
-    assert str(e.value) == f"{recipe}: boost.vlm_api_key: expected str (the value is not shown)"
+    assert str(e.value) == f"{recipe}: line 2: boost.vlm_api_key: expected str (the value is not shown)"
 
 
 @pytest.mark.parametrize("key", ["run.root", "data.path", "vlm.name", "train.init_from"])
 def test_a_path_option_holding_a_nul_character_is_refused_naming_it(key, tmp_path):
     # `finecap train demo/mle 'run.root="a\x00b"'` failed at the first mkdir with a bare "embedded null byte"
     refused_both_ways(key, '"a\\x00b"', tmp_path, rf"override '{key}=.*': {key}: 'a\\x00b' holds a NUL character",
-                      rf"recipe\.yaml: {key}: 'a\\x00b' holds a NUL character")  # fmt: skip
+                      rf"recipe\.yaml: line 2: {key}: 'a\\x00b' holds a NUL character")  # fmt: skip
     section, option = key.split(".")
     assert getattr(getattr(load(None, [f'{key}="a\\tb"']), section), option) == "a\tb"  # other characters are kept
 
@@ -354,7 +355,9 @@ def test_a_key_of_another_section_gets_that_section_in_its_did_you_mean(override
     section, key = override.split("=")[0].split(".", 1)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"{section}:\n  {key}: 3\n" if "." not in key else "data:\n  hf:\n    path: d\n")
-    with pytest.raises(ConfigError, match=re.escape(f"{recipe}: unknown key") + r".*" + re.escape(suggested)):
+    line = 2 if "." not in key else 3
+    where = re.escape(f"{recipe}: line {line}: unknown key")
+    with pytest.raises(ConfigError, match=where + r".*" + re.escape(suggested)):
         load(recipe)
 
 
@@ -420,6 +423,31 @@ def test_a_string_option_given_a_yaml_word_says_to_quote_it_naming_the_file_and_
     assert load(recipe).run.name == "1.10"
 
 
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        ("train:\n  epochs: 2\n  lr: abc\n", "line 6: train.lr: expected a number, got 'abc'"),  # a wrong type
+        ("train:\n  epochs: 2\n  lr: -1\n", "line 6: train.lr: must be > 0, got -1.0"),  # a bound
+        ("train:\n  epochs: 2\n  lerning_rate: 1\n", "line 6: unknown key 'train.lerning_rate'; valid keys"),
+        ("train:\n  epochs: 2\n  LR: 1\n", "line 6: unknown key 'train.LR' (did you mean 'train.lr'?)"),
+        ("Train:\n  epochs: 2\n", "line 4: unknown section 'Train' (did you mean 'train'?)"),
+        ("train:\n  validators: [captions, nosuch]\n", "line 5: train.validators: unknown validator 'nosuch'"),
+        ("train:\n  epochs: 0\n  max_steps: 0\n", "line 5: train.epochs/train.max_steps: one of them must be > 0"),
+        ("data:\n  hf: [a]\n", "line 5: data.hf is a section: expected a mapping of its keys"),
+        ("rl:\n  alpha: 1.5\n", "line 5: sle.alpha: must be in [0, 1], got 1.5"),  # set under its former name
+        ("model:\n  kind: clipcap\n  prefix_length: 5\n", "line 6: 'model.prefix_length' moved to"),
+    ],
+)
+def test_an_error_about_a_value_a_recipe_set_names_the_file_and_the_line(written, message, tmp_path):
+    # only a YAML word in a string option (`name: null`) named its line: a wrong type, a bound, an unknown key or
+    # section, a registry name and a check across keys named the file alone, leaving the line to be searched for
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"# a recipe\nrun:\n  name: x\n{written}")
+    with pytest.raises(ConfigError) as e:
+        load(recipe)
+    assert str(e.value).startswith(f"{recipe}: {message}"), str(e.value)
+
+
 def test_replaced_section_takes_an_option_called_name():
     # replaced_section(cfg.judge, "judge", name="x") was a TypeError (multiple values for argument 'name')
     from finecap.config import VlmBackboneConfig, replaced_section
@@ -439,3 +467,18 @@ def test_a_key_of_a_mapping_option_is_told_how_to_set_the_option(override, how):
                                                     f"dropped): {how}")):  # fmt: skip
         load(None, [override])
     assert load(None, ["rl.rewards={cider: 1.0}"]).rl.rewards == {"cider": 1.0}  # the way out works
+
+
+@pytest.mark.parametrize(
+    ("key", "written", "fix"),
+    [("rl.rewards", "{cider:1}", "{cider: 1}"), ("train.loss_weights", "{mle: 1, sr:2}", "{sr: 2}"),
+     ("data.bag_schedule", "{1:3}", "{1: 3}"), ("rl.rewards", "{pkg.mod:fn:2}", "{pkg.mod:fn: 2}")],
+)  # fmt: skip
+def test_a_mapping_without_a_space_after_its_colon_says_to_write_one(key, written, fix, tmp_path):
+    # YAML ends a key at a colon only before a space: `rl.rewards={cider:1}` is the key 'cider:1' with no value,
+    # refused as "rl.rewards.cider:1: expected a number, got None" (data.bag_schedule: "key: expected an integer")
+    message = rf"{re.escape(key)}: '.*' is a key with no value: YAML ends a key at a colon only before a space; " \
+              rf"write {re.escape(fix)}$"  # fmt: skip
+    refused_both_ways(key, written, tmp_path, rf"^override '{re.escape(key)}=.*': {message}",
+                      rf"recipe\.yaml: line 2: {message}")  # fmt: skip
+    assert load(None, [f"{key}={fix}"])  # with the space: the mapping meant

@@ -120,7 +120,7 @@ def test_an_old_recipe_fails_naming_the_file_and_the_new_key(tmp_path):
     recipe.write_text("model:\n  kind: blip\n  blip: world-tiny\n  tiny_hidden: 64\n")
     with pytest.raises(ConfigError) as e:
         load(recipe)
-    assert str(e.value).startswith(f"{recipe}: 'model.blip' moved to 'blip.name'"), str(e.value)
+    assert str(e.value).startswith(f"{recipe}: line 3: 'model.blip' moved to 'blip.name'"), str(e.value)
     recipe.write_text("model:\n  kind: blip\nblip:\n  name: world-tiny\n  tiny_hidden: 64\n")
     assert load(recipe).blip.tiny_hidden == 64
 

@@ -63,12 +63,12 @@ def test_what_is_refused_names_the_whole_dotted_key(overrides, expected):
 def test_an_unknown_key_inside_the_section_in_a_recipe_names_the_file_and_the_key(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("data:\n  hf:\n    image_column: img\n    caption_colum: text\n")
-    with pytest.raises(ConfigError, match=r"r\.yaml: unknown key 'data\.hf\.caption_colum' \(did you mean "
+    with pytest.raises(ConfigError, match=r"r\.yaml: line 4: unknown key 'data\.hf\.caption_colum' \(did you mean "
                                           r"'data\.hf\.caption_column'\?\)") as e:  # fmt: skip
         load(recipe)
     assert e.value.key == "data.hf.caption_colum"
     recipe.write_text("data:\n  hf:\n    image_column: [a, b]\n")
-    with pytest.raises(ConfigError, match=r"r\.yaml: data\.hf\.image_column: expected a string"):
+    with pytest.raises(ConfigError, match=r"r\.yaml: line 3: data\.hf\.image_column: expected a string"):
         load(recipe)
 
 

@@ -166,3 +166,23 @@ def test_a_stored_run_with_options_it_never_read_loads_without_them(tmp_path, ca
         section, key = option.split(".")
         assert getattr(getattr(cfg, section), key) == getattr(getattr(Config(), section), key), option
     assert f"read without {', '.join(unread)}, which the run set but never read" in caplog.text
+
+
+def test_a_former_key_among_the_python_apis_keywords_is_read_as_its_new_key_saying_so(tmp_path, caplog):
+    # finecap.train(..., rl__kl_coef=0.1) read grpo.kl_coef without a word, where the same key in a recipe or an
+    # override logs one line naming its new name; a stored configuration read with the keywords says it once too
+    over, source = {"rl": {"kl_coef": 0.1, "policy_loss": "clipped"}}, "finecap.train keywords: "
+    with caplog.at_level(logging.WARNING, logger="finecap"):
+        cfg = load(None, over=over, over_source=source)
+    assert (cfg.grpo.kl_coef, cfg.grpo.policy_loss) == (0.1, "clipped")
+    said = [r.getMessage() for r in caplog.records if "new names" in r.getMessage()]
+    assert said == [f"{source}read under their new names: rl.kl_coef -> grpo.kl_coef, rl.policy_loss -> "
+                    "grpo.policy_loss"]  # fmt: skip
+    stored = tmp_path / "config.yaml"
+    load(None).save(stored)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="finecap"):
+        assert load_stored(stored, over=over, over_source=source).grpo.kl_coef == 0.1
+    assert [r.getMessage() for r in caplog.records if "new names" in r.getMessage()] == said
+    with pytest.raises(ConfigError, match=rf"^{source}rl.kl_coef=0.1 and grpo.kl_coef=0.2 are both set"):
+        load(None, over={"rl": {"kl_coef": 0.1}, "grpo": {"kl_coef": 0.2}}, over_source=source)

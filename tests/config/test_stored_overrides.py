@@ -21,9 +21,9 @@ def test_an_override_of_a_stored_key_rescues_its_value_and_only_that(tmp_path):
     assert (cfg.decode.beam_size, cfg.world.image_size) == (5, 32)
     cfg = load_stored(stored, ["world.image_size=32"], over={"decode": {"beam_size": 4}}, over_source="keywords: ")
     assert cfg.decode.beam_size == 4
-    with pytest.raises(ConfigError, match=rf"^{stored}: decode.beam_size: must be <= 100, got 100000"):
+    with pytest.raises(ConfigError, match=rf"^{stored}: line 3: decode.beam_size: must be <= 100, got 100000"):
         load_stored(stored, ["world.image_size=32"])  # an override of another key rescues nothing
-    with pytest.raises(ConfigError, match=rf"^{stored}: world.image_size: must be in \[16, 1024\], got 8"):
+    with pytest.raises(ConfigError, match=rf"^{stored}: line 5: world.image_size: must be in \[16, 1024\], got 8"):
         load_stored(stored, ["decode.beam_size=5"])
     with pytest.raises(ConfigError, match=r"^override 'decode.beam_size=500': decode.beam_size: must be <= 100"):
         load_stored(stored, ["decode.beam_size=500", "world.image_size=32"])  # the override's own value is checked
@@ -42,8 +42,8 @@ def test_a_stored_former_key_warns_once_naming_both_keys_and_the_file(tmp_path, 
     assert warnings == [f"{stored}: written before these keys moved, read under their new names: rl.alpha -> "
                         "sle.alpha, data.image_column -> data.hf.image_column"]  # fmt: skip
     stored.write_text("rl:\n  alpha: 1.5\n")
-    with pytest.raises(ConfigError, match=rf"^{stored}: sle.alpha: .*got 1.5 \({stored} sets it as rl.alpha, its "
-                                          r"former name\)$"):  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"^{stored}: line 2: sle.alpha: .*got 1.5 \({stored} sets it as rl.alpha, "
+                                          r"its former name\)$"):  # fmt: skip
         load_stored(stored)
     assert load_stored(stored, ["sle.alpha=0.5"]).sle.alpha == 0.5  # an override of it rescues it, as any key's
 

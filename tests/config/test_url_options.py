@@ -28,7 +28,7 @@ def test_a_url_option_holding_white_space_is_refused_naming_it(override, key):
 def test_a_url_with_white_space_is_refused_from_a_recipe_and_a_section_built_by_hand(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text('judge:\n  urls: ["http://a/v1 http://b/v1"]\n')
-    with pytest.raises(ConfigError, match=r"r.yaml: judge.urls\[0\]: holds white space"):
+    with pytest.raises(ConfigError, match=r"r.yaml: line 2: judge.urls\[0\]: holds white space"):
         load(recipe)
     with pytest.raises(ConfigError, match="boost.llm_base_url: holds white space"):
         BoostConfig(llm_base_url="http://a/v1\nhttp://b/v1")

@@ -1,5 +1,5 @@
 """Reading a configuration: YAML recipes and dotlist overrides, values coerced to the fields' types, errors that
-name where the value at fault was set (the override, else the file) and suggest the closest valid name.
+name where the value at fault was set (the override, else the file and its line) and suggest the closest valid name.
 
 :func:`load`'s contract and an example: the package's docstring (:mod:`finecap.config`); the fields' own bounds and
 the sections' cross-field checks run when each section is built (:mod:`finecap.config.fields`).
@@ -248,6 +248,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {short_repr(value)}")
+        _refuse_unspaced_colon(value, key)
         return {_coerce(k, args[0], f"{key} key"): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
@@ -354,6 +355,27 @@ def _refuse_yaml11_number(value: Any, key: str) -> None:
     raise ConfigError(f"{key}: {written!r} reads as {value} (YAML 1.1 reads {how}); {fix}", key=key)
 
 
+def _refuse_unspaced_colon(value: dict[Any, Any], key: str) -> None:
+    """A :class:`ConfigError` naming ``key`` when the mapping ``value`` holds a key with a colon and no value: YAML
+    reads a colon as a key's end only before a space, so ``{cider:1}`` is the key ``'cider:1'`` with no value, which
+    was refused as ``rl.rewards.cider:1: expected a number, got None``. The last colon is the one meant
+    (``{pkg.mod:fn:2}`` is ``{pkg.mod:fn: 2}``). A key of digits is checked as written: YAML 1.1 reads ``{1:30}``
+    as the key 90 (base 60), no value.
+
+    >>> try:
+    ...     _refuse_unspaced_colon({"cider:1": None}, "rl.rewards")
+    ... except ConfigError as e:
+    ...     print(e)
+    rl.rewards: 'cider:1' is a key with no value: YAML ends a key at a colon only before a space; write {cider: 1}
+    """
+    for k, v in value.items():
+        text = getattr(k, "written", k)
+        if v is None and isinstance(text, str) and ":" in text.strip(":"):
+            name, _, given = text.rpartition(":")
+            raise ConfigError(f"{key}: {short_repr(text)} is a key with no value: YAML ends a key at a colon only "
+                              f"before a space; write {{{name}: {given}}}", key=key)  # fmt: skip
+
+
 def _list_item(text: str, tp: Any) -> Any:
     """One item of a comma-separated list value: a string for string lists, else read as YAML (``3`` -> 3)."""
     if tp is str or typing.get_origin(tp) is Literal:
@@ -378,19 +400,32 @@ class FileSource(str):
 
     def at(self, key: str) -> str:
         """``"recipe.yaml: line 3: "``: the prefix with the line of the file setting ``key`` (``section.key``, a
-        nested section's ``section.sub.key``), or the prefix alone when the file cannot say (it changed, or
-        sets the key under a former name)."""
+        nested section's ``section.sub.key``, a list's ``section.key[1]``, or ``a/b`` for a check across keys: the
+        first the file sets), under its former name too (:data:`MOVED_KEYS`: ``rl.kl_coef`` for ``grpo.kl_coef``);
+        the prefix alone when the file cannot say (it changed, or does not set the key). Read only for an error."""
+        keys = [k.split("[")[0] for k in key.split("/")]
+        keys += [old for k in keys for old, new in MOVED_KEYS.items() if new == k]
         try:
-            node = StrictYAMLLoader(read_text_bounded(self.path, METADATA)).get_single_node()
+            root = StrictYAMLLoader(read_text_bounded(self.path, METADATA)).get_single_node()
         except (OSError, ValueError, yaml.YAMLError):
             return str(self)
-        for part in key.split("."):
-            found = [v for k, v in getattr(node, "value", ()) if isinstance(node, yaml.MappingNode)
-                     and isinstance(k, yaml.ScalarNode) and k.value == part]  # fmt: skip
-            if not found:
-                return str(self)
-            node = found[0]
-        return f"{self}line {node.start_mark.line + 1}: "
+        for dotted in keys:
+            node, line = root, None
+            for part in dotted.split("."):
+                found = [(k, v) for k, v in getattr(node, "value", ()) if isinstance(node, yaml.MappingNode)
+                         and isinstance(k, yaml.ScalarNode) and k.value == part]  # fmt: skip
+                if not found:
+                    break
+                line, node = found[0][0].start_mark.line + 1, found[0][1]
+            else:
+                return f"{self}line {line}: "
+        return str(self)
+
+
+def _located(prefix: str, key: str | None) -> str:
+    """An error's prefix ``prefix`` (:func:`_where`) with the line of the file setting ``key`` when the prefix names
+    a file (:meth:`FileSource.at`), else as it is."""
+    return prefix.at(key) if isinstance(prefix, FileSource) and key else prefix
 
 
 Origins = dict[str, str]
@@ -468,15 +503,17 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
         key = f"{name}.{k}"
         where = _where(key, origins, source)
         if k not in known and key in MOVED_KEYS:
-            raise ConfigError(f"{where}{_moved_message(key, str(values.get('kind', ModelConfig.kind)))}", key=key)
+            kind = str(values.get("kind", ModelConfig.kind))
+            raise ConfigError(f"{_located(where, key)}{_moved_message(key, kind)}", key=key)
         if k not in known:
             kind = str(values.get("kind", ModelConfig.kind))
-            raise ConfigError(f"{where}{_unknown_key(name, k, known, kind)}", key=key)
+            raise ConfigError(f"{_located(where, key)}{_unknown_key(name, k, known, kind)}", key=key)
         if k in nested:
             if v is not None and not isinstance(v, dict):
                 inner = ", ".join(f.name for f in dataclasses.fields(nested[k]))
-                raise ConfigError(f"{_where(_first_set(key, origins), origins, source)}{key} is a section: expected "
-                                  f"a mapping of its keys ({inner}), got {short_repr(v)}", key=key)  # fmt: skip
+                at = _located(_where(_first_set(key, origins), origins, source), key)
+                raise ConfigError(f"{at}{key} is a section: expected a mapping of its keys ({inner}), got "
+                                  f"{short_repr(v)}", key=key)  # fmt: skip
             kwargs[k] = _build_section(key, nested[k], v or {}, source, origins)
             continue
         if key in SECRET_KEYS and v == MASK:  # a secret read back masked (a stored configuration) is unset
@@ -485,14 +522,12 @@ def _build_section(name: str, cls: type, values: dict[str, Any], source: str, or
             kwargs[k] = _coerce(empty_path(v, key), hints[k], key)
             refuse_nul_path(kwargs[k], key)
         except ConfigError as e:
-            if isinstance(where, FileSource) and (v is None or isinstance(v, bool)):  # a YAML word to quote: where
-                where = where.at(key)
             message = f"{key}: expected {_type_name(hints[k])} (the value is not shown)" if looks_secret(key) else e
-            raise ConfigError(f"{where}{message}", key=key) from None
+            raise ConfigError(f"{_located(where, key)}{message}", key=key) from None
     try:
         return cls(**kwargs)
     except ConfigError as e:
-        raise ConfigError(f"{_where(e.key or name, origins, source)}{e}", key=e.key) from None
+        raise ConfigError(f"{_located(_where(e.key or name, origins, source), e.key or name)}{e}", key=e.key) from None
 
 
 def _first_set(prefix: str, origins: Origins) -> str:
@@ -555,20 +590,20 @@ def from_dict(data: dict[str, Any] | None, source: str = "", origins: Origins | 
         where = _where("/".join(k for k in origins if k.split(".")[0] == name), origins, source)
         if name not in SECTIONS:
             raise ConfigError(
-                f"{where}unknown section {short_repr(name)}{did_you_mean(name, SECTIONS)}; valid sections: "
-                f"{', '.join(SECTIONS)}"
+                f"{_located(where, name)}unknown section {short_repr(name)}{did_you_mean(name, SECTIONS)}; valid "
+                f"sections: {', '.join(SECTIONS)}"
             )
         if values is None:
             values = {}
         if not isinstance(values, dict):
-            raise ConfigError(f"{where}section {short_repr(name)} must be a mapping of keys, got "
+            raise ConfigError(f"{_located(where, name)}section {short_repr(name)} must be a mapping of keys, got "
                               f"{short_repr(values)}: write each key below it, indented")  # fmt: skip
         sections[name] = _build_section(name, SECTIONS[name], values, source, origins)
     try:
         cfg = Config(**sections)  # the checks across sections (Section.check_config)
         check_names(cfg)
     except ConfigError as e:
-        raise ConfigError(f"{_where(e.key, origins, source)}{e}", key=e.key) from None
+        raise ConfigError(f"{_located(_where(e.key, origins, source), e.key)}{e}", key=e.key) from None
     return cfg
 
 
@@ -675,7 +710,7 @@ def merge_overrides(
         try:
             mapping_at(data, parts[:-1])[parts[-1]] = value
         except ConfigError as e:  # a recipe's subsection that is no mapping: name the recipe
-            raise ConfigError(f"{_where(e.key, origins or {}, '')}{e}", key=e.key) from None
+            raise ConfigError(f"{_located(_where(e.key, origins or {}, ''), e.key)}{e}", key=e.key) from None
         if origins is not None:
             origins[key] = f"{labels[item]}: " if labels and item in labels else f"override {_shown_override(item)}: "
     return data
@@ -752,11 +787,14 @@ def load(
     return cfg
 
 
-def with_over(data: dict[str, Any], over: dict[str, Any] | None, over_source: str, origins: Origins) -> dict[str, Any]:
+def with_over(data: dict[str, Any], over: dict[str, Any] | None, over_source: str, origins: Origins,
+              warn: bool = True) -> dict[str, Any]:  # fmt: skip
     """Sections ``data`` with the settings ``over`` (``{section: {key: value}}``: keywords of the Python API, the
-    demo's ``--quick``) on top, key by key (:func:`merged`); ``origins`` records ``over_source`` for each key set."""
+    demo's ``--quick``) on top, key by key (:func:`merged`); ``origins`` records ``over_source`` for each key set. A
+    former key (``rl__kl_coef=0.1``: :func:`renamed_keys`) is read under its new name, ``warn``: saying so once, as
+    for a recipe or an override (``False`` for a second merge of the same settings, as :func:`merge_overrides`)."""
     data = dict(data)
-    for name, values in renamed_keys(over or {}).items():
+    for name, values in renamed_keys(over or {}, over_source, warn=warn).items():
         data[name] = merged(SECTIONS.get(name), data.get(name) or {}, values)
         keys = list(_flat(SECTIONS.get(name), values, f"{name}.")) if isinstance(values, dict) else []
         origins.update({k: over_source for k in keys or [name]})  # not the recipe's: it did not set them

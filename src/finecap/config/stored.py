@@ -163,8 +163,8 @@ def load_stored(path: str | Path, overrides: list[str] | None = None, recipe: st
     warn_former_names(path, former)
     data = absolute_path_values(without_unread(data, path), path.parent)
     origins: Origins = {}
-    on_top = merge_overrides(with_over(data, over, over_source, origins), overrides or [], origins, warn=False,
-                             labels=labels)  # fmt: skip
+    on_top = merge_overrides(with_over(data, over, over_source, origins, warn=False), overrides or [], origins,
+                             warn=False, labels=labels)  # fmt: skip
     try:  # the stored file is valid but for the keys set on top of it, whose stored values are never read
         stored = from_dict(on_top, FileSource(path), origins)
     except ConfigError as e:
