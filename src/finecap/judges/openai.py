@@ -75,6 +75,7 @@ import yaml
 from finecap.boost.engine import (
     BackendError,
     Cancelled,
+    EngineFailing,
     FatalBackendError,
     MalformedReply,
     ServerFailing,
@@ -267,6 +268,10 @@ def parse_rating(text: str) -> tuple[float, str]:
 
 def _stop_hint(last: BackendError | None) -> str:
     """What a judge stopped for ``last`` (the last server failure of its last call) asks of the user."""
+    if isinstance(last, EngineFailing):
+        return ("its engine fails every call (out of GPU memory: lower judge.max_tokens or vllm.max_model_len, or "
+                "give the engine more with vllm.gpu_memory_utilization; its engine core dead: the log above says "
+                "why)")  # fmt: skip
     if isinstance(last, ServerFailing) and last.status == 429:
         return ("the server rate-limits the judge (HTTP 429): lower judge.concurrency, raise judge.retries or "
                 "judge.retry_max_wait, or check the API's quota")  # fmt: skip
@@ -529,6 +534,10 @@ class OpenAIJudge(Judge):
         model); ``None`` before either."""
         return self._served.first if self._served is not None else None
 
+    def answerers(self) -> str:
+        """Who gave no answer, as the message of a judge stopped by ``judge.max_consecutive_failures`` names them."""
+        return f"any of its {len(self.backends)} server(s)"
+
     def _reached(self) -> None:
         with self._lock:
             self._unreachable = 0
@@ -546,9 +555,9 @@ class OpenAIJudge(Judge):
             self._unreachable += 1
             if self._unreachable >= self.max_consecutive_failures and not self._unavailable:
                 self._unavailable = (
-                    f"judge {self.name}: {self._unreachable} calls in a row got no answer from any of its "
-                    f"{len(self.backends)} server(s) (judge.max_consecutive_failures={self.max_consecutive_failures})"
-                    f"; {_stop_hint(last)}. Last error: {why}"
+                    f"judge {self.name}: {self._unreachable} calls in a row got no answer from {self.answerers()} "
+                    f"(judge.max_consecutive_failures={self.max_consecutive_failures}); {_stop_hint(last)}. Last "
+                    f"error: {why}"
                 )
             unavailable = self._unavailable
         if unavailable:

@@ -8,7 +8,11 @@ The transport is boost's in-process vLLM chat backend (:class:`finecap.boost.vll
 (temperature 0) up to ``judge.max_tokens`` tokens, the engine takes the ``vllm`` section's memory and parallelism
 settings. Calls go one at a time (``judge.concurrency`` is not used: one engine in one process answers one
 ``generate`` call at a time); a prompt vLLM refuses (longer than ``vllm.max_model_len``) fails its call, as an HTTP
-400 does with the ``openai`` judge. Nothing is imported from vLLM until the judge is built.
+400 does with the ``openai`` judge. An engine that raises instead of answering (out of memory, its engine core dead,
+shut down) fails the call too, and ``judge.max_consecutive_failures`` such calls in a row (no call answered meanwhile)
+make the judge unavailable (:class:`~finecap.judges.base.JudgeUnavailable`, naming the last error), the ``openai``
+judge's rule for servers that answer nothing (docs/methods/judges.md#judge-failures-are-counted-never-paid). Nothing
+is imported from vLLM until the judge is built.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from finecap.boost.engine import BackendError, model_stamp
+from finecap.boost.engine import BackendError, EngineFailing, model_stamp
 from finecap.judges.base import Judge
 from finecap.judges.cache import AnswerCache
 from finecap.judges.openai import OpenAIJudge, holding_cache, judge_settings, load_prompts
@@ -34,9 +38,18 @@ class _InProcess:
         self.backend = backend
 
     def complete(self, request: Any) -> str:
-        (answer,) = self.backend.generate([SimpleNamespace(messages=request.messages)])
+        """The engine's answer to ``request``; a prompt it refuses is that request's :class:`BackendError` (as an
+        HTTP 400), an engine that raises (out of memory, its engine core dead, shut down) or returns another error
+        gave no answer: :class:`~finecap.boost.engine.EngineFailing`, which the judge counts towards
+        ``judge.max_consecutive_failures`` (module docstring)."""
+        try:
+            (answer,) = self.backend.generate([SimpleNamespace(messages=request.messages)])
+        except Exception as e:  # not BaseException: a Ctrl-C stops the run, never a call
+            raise EngineFailing(f"the vLLM engine failed: {type(e).__name__}: {e}") from e
+        if isinstance(answer, BackendError):
+            raise answer
         if isinstance(answer, BaseException):
-            raise answer if isinstance(answer, BackendError) else BackendError(str(answer))
+            raise EngineFailing(f"the vLLM engine failed: {type(answer).__name__}: {answer}") from answer
         return answer
 
     def close(self) -> None:
@@ -51,8 +64,8 @@ class VllmJudge(OpenAIJudge):
     name = "vllm"
 
     def __init__(self, model: str, *, section: VllmConfig | None = None, retries: int = 3, max_tokens: int = 512,
-                 cache: AnswerCache | None = None, prompts: Any = None, seed: int = 0,
-                 backend: Any = None) -> None:  # fmt: skip
+                 max_consecutive_failures: int = 10, cache: AnswerCache | None = None, prompts: Any = None,
+                 seed: int = 0, backend: Any = None) -> None:  # fmt: skip
         Judge.__init__(self)
         if not model:
             raise ValueError("judge.model: the vllm judge needs a transformers folder or a Hub name of a chat LLM")
@@ -68,11 +81,14 @@ class VllmJudge(OpenAIJudge):
         try:
             self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, asked again
             self._start(model, [_InProcess(backend)], prompts=loaded, cache=cache, retries=retries, concurrency=1,
-                        max_tokens=max_tokens)  # fmt: skip
+                        max_tokens=max_tokens, max_consecutive_failures=max_consecutive_failures)  # fmt: skip
         except BaseException:
             if built is not None:
                 built.close()
             raise
+
+    def answerers(self) -> str:
+        return "its in-process engine"
 
     def identity(self) -> dict[str, Any]:
         """The ``openai`` judge's, with what identifies the model's files as boost's vLLM backend keys its cache
@@ -84,7 +100,7 @@ class VllmJudge(OpenAIJudge):
 def build(cfg: Config | None = None, **options: Any) -> VllmJudge:
     """Factory of the judge registry: the ``judge`` and ``vllm`` sections of ``cfg`` (``options`` override the judge
     keys, and may give ``backend``, ``prompts`` or ``cache_path``)."""
-    settings, cache = judge_settings(cfg, options, ("model", "retries", "max_tokens"))
+    settings, cache = judge_settings(cfg, options, ("model", "retries", "max_tokens", "max_consecutive_failures"))
     section = cfg.vllm if cfg is not None else None
     seed = cfg.run.seed if cfg is not None else 0
     return holding_cache(

@@ -12,9 +12,8 @@ from finecap.registry import JUDGES
 
 SERVED = ("openai", "vllm")
 JUDGE_READS: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(("urls", "api_key_env", "timeout", "retry_max_wait", "concurrency", "max_consecutive_failures"),
-                    ("openai",)),
-    **dict.fromkeys(("model", "max_tokens", "retries", "cache"), SERVED),
+    **dict.fromkeys(("urls", "api_key_env", "timeout", "retry_max_wait", "concurrency"), ("openai",)),
+    **dict.fromkeys(("model", "max_tokens", "retries", "cache", "max_consecutive_failures"), SERVED),
     "noise": ("world",),
 }  # fmt: skip
 """The ``judge`` options only some judges read (their factories, :mod:`finecap.judges`), with those judges; the
@@ -38,8 +37,8 @@ class JudgeConfig(Section, name="judge"):
     )  # fmt: skip
     max_consecutive_failures: int = doc(
         10,
-        "openai: the run stops (judge unavailable) after this many calls in a row no server answered (unreachable, "
-        "or HTTP 429/5xx after the retries).",
+        "openai, vllm: the run stops (judge unavailable) after this many calls in a row got no answer (openai: no "
+        "server answered: unreachable, or HTTP 429/5xx after the retries; vllm: the engine raised).",
         ge=1,
     )
     timeout: float = doc(60.0, "openai: seconds before a request times out (then retried).", gt=0)
