@@ -35,8 +35,7 @@ class StandIn:
 
 
 def judge_with(backend, tmp_path=None, **options):
-    cfg = load(None, ["judge.name=vllm", "judge.model=my-chat-lm", "judge.retries=2",
-                      f"judge.cache={'true' if tmp_path else 'false'}"])  # fmt: skip
+    cfg = load(None, ["judge.name=vllm", "judge.model=my-chat-lm", f"judge.cache={'true' if tmp_path else 'false'}"])
     extra = {"cache_path": tmp_path / "answers.sqlite"} if tmp_path else {}
     return get_judge("vllm", cfg, backend=backend, **extra, **options)
 
@@ -50,14 +49,16 @@ def test_asks_with_the_versioned_prompt_and_parses_the_letter():
     assert judge.identity()["judge"] == "vllm" and judge.identity()["model"] == "my-chat-lm"
 
 
-def test_an_unparsable_answer_is_asked_again_then_counted_failed():
-    judge = judge_with(StandIn("Well, I think B.", "B"))
-    assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"] and judge.counts["unparsable"] == 1
-    judge = judge_with(StandIn("no idea", "no idea", "no idea"))
+def test_an_unparsable_answer_is_counted_failed_without_asking_the_engine_again():
+    # the engine decodes greedily, one prompt a call: asked again, it gives the same text (the real engine's
+    # tests/engines/test_vllm_judge_engine.py), yet the judge asked it judge.retries more times (3) for nothing
+    backend = StandIn("no idea", "no idea", "no idea", "no idea")
+    judge = judge_with(backend)
     (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
-    assert isinstance(out, JudgeFailed) and "unparsable" in str(out) and judge.counts["failed"] == 1
+    assert isinstance(out, JudgeFailed) and "unparsable answer after 1 attempt(s)" in str(out), out
+    assert len(backend.seen) == 1
     # what a results file and a training log say of it (Judge.tallies); an engine in process is never rate-limited
-    assert judge.tallies() == {"calls": 1, "cache_hits": 0, "unparsable": 3, "failed": 1, "rate_limited": 0}
+    assert judge.tallies() == {"calls": 1, "cache_hits": 0, "unparsable": 1, "failed": 1, "rate_limited": 0}
 
 
 def test_a_prompt_vllm_refuses_fails_its_call():

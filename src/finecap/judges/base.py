@@ -43,8 +43,8 @@ T = TypeVar("T")
 TALLIES = ("calls", "cache_hits", "unparsable", "failed", "rate_limited")
 """What :meth:`Judge.tallies` reports, always every key: the calls asked of the judge (one per question ask, claims
 split, support check, reference claims, rating), those answered from the answer cache, the answers that did not parse
-(each asked again), the calls that failed (a :class:`JudgeFailed` in their place) and the HTTP 429 (rate limit)
-replies of its servers."""
+(the ``openai`` judge asks again while they differ), the calls that failed (a :class:`JudgeFailed` in their place)
+and the HTTP 429 (rate limit) replies of its servers."""
 
 
 def tallies_grown(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:

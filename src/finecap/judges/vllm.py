@@ -2,7 +2,10 @@
 counterpart of the ``openai`` judge against a vLLM server.
 
 Everything but the transport is the ``openai`` judge's (:class:`~finecap.judges.openai.OpenAIJudge`): the versioned
-prompts, the strict parsing (an unparsable answer re-asked, then counted failed), the answer cache and the counters.
+prompts, the strict parsing, the answer cache and the counters; but an unparsable answer is counted failed at once,
+never asked again (``judge.retries`` is the ``openai`` judge's): one engine decoding greedily, one prompt a call,
+gives the same text to the same prompt (tests/engines/test_vllm_judge_engine.py), where a re-ask of a server may be
+answered otherwise.
 The transport is boost's in-process vLLM chat backend (:class:`finecap.boost.vllm_backend.VllmBackend`, LLM role):
 ``judge.model`` is a transformers folder or a Hub name, its chat template renders the messages, decoding is greedy
 (temperature 0) up to ``judge.max_tokens`` tokens, the engine takes the ``vllm`` section's memory and parallelism
@@ -63,7 +66,7 @@ class VllmJudge(OpenAIJudge):
 
     name = "vllm"
 
-    def __init__(self, model: str, *, section: VllmConfig | None = None, retries: int = 3, max_tokens: int = 512,
+    def __init__(self, model: str, *, section: VllmConfig | None = None, max_tokens: int = 512,
                  max_consecutive_failures: int = 10, cache: AnswerCache | None = None, prompts: Any = None,
                  seed: int = 0, backend: Any = None) -> None:  # fmt: skip
         Judge.__init__(self)
@@ -80,7 +83,8 @@ class VllmJudge(OpenAIJudge):
                                           refuse_cut_off=False)  # fmt: skip
         try:
             self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, asked again
-            self._start(model, [_InProcess(backend)], prompts=loaded, cache=cache, retries=retries, concurrency=1,
+            # retries=0: an unparsable answer is not asked again, the engine would give it again (module docstring)
+            self._start(model, [_InProcess(backend)], prompts=loaded, cache=cache, retries=0, concurrency=1,
                         max_tokens=max_tokens, max_consecutive_failures=max_consecutive_failures)  # fmt: skip
         except BaseException:
             if built is not None:
@@ -100,7 +104,7 @@ class VllmJudge(OpenAIJudge):
 def build(cfg: Config | None = None, **options: Any) -> VllmJudge:
     """Factory of the judge registry: the ``judge`` and ``vllm`` sections of ``cfg`` (``options`` override the judge
     keys, and may give ``backend``, ``prompts`` or ``cache_path``)."""
-    settings, cache = judge_settings(cfg, options, ("model", "retries", "max_tokens", "max_consecutive_failures"))
+    settings, cache = judge_settings(cfg, options, ("model", "max_tokens", "max_consecutive_failures"))
     section = cfg.vllm if cfg is not None else None
     seed = cfg.run.seed if cfg is not None else 0
     return holding_cache(
