@@ -64,6 +64,8 @@ def said(key: str, needs: str, have: str, override: str) -> str:
         (["judge.urls=[http://localhost:8000/v1]"], "judge.urls", "judge.name=openai", "judge.name=world"),
         (["judge.name=vllm", "judge.model=m", "judge.concurrency=4"], "judge.concurrency", "judge.name=openai",
          "judge.name=vllm"),
+        (["judge.name=vllm", "judge.model=m", "judge.retries=1"], "judge.retries", "judge.name=openai",
+         "judge.name=vllm"),
         (["judge.name=openai", "judge.noise=0.2"], "judge.noise", "judge.name=world", "judge.name=openai"),
         (["judge.max_tokens=64"], "judge.max_tokens", "judge.name=openai or vllm", "judge.name=world"),
         (["boost.mode=visual", "boost.llm_backend=openai"], "boost.llm_backend", "boost.mode=blend or holistic",

@@ -163,11 +163,21 @@ def test_an_unparsable_answer_is_asked_again_then_counted_failed():
         judge = judge_of(server, retries=2)
         assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
         assert len(server.requests) == 2 and judge.counts["unparsable"] == 1
-    with ChatServer(lambda payload, n: (200, completion("no idea"))) as server:
-        judge = judge_of(server, retries=2)
+    with ChatServer(lambda payload, n: (200, completion(("no idea", "hmm", "no idea", "B")[n]))) as server:
+        judge = judge_of(server, retries=3)  # answers that vary (a server's batching, a hosted API) are asked again
         (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
-        assert isinstance(out, JudgeFailed) and "unparsable" in str(out)
-        assert len(server.requests) == 3 and judge.counts["failed"] == 1  # 1 + 2 retries
+        assert isinstance(out, JudgeFailed) and "unparsable answer after 3 attempt(s)" in str(out), out
+        assert len(server.requests) == 3 and judge.counts["failed"] == 1  # the third repeats the first: no fourth
+
+
+def test_an_unparsable_answer_given_again_is_not_asked_a_third_time():
+    # decoding is greedy (temperature 0) and the servers serve one model: a prompt answered twice alike would be
+    # answered so again, yet the judge asked it judge.retries more times (4 requests for nothing at the default 3)
+    with ChatServer(lambda payload, n: (200, completion("no idea"))) as server:
+        judge = judge_of(server, retries=3)
+        (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
+        assert isinstance(out, JudgeFailed) and "not asked again" in str(out), out
+        assert len(server.requests) == 2 and judge.counts["unparsable"] == 2 and judge.counts["failed"] == 1
 
 
 def test_server_errors_are_retried_and_a_dead_server_fails_the_call():

@@ -11,8 +11,9 @@ import pytest
 from finecap.boost.engine import BackendError
 from finecap.config import load
 from finecap.judges import get_judge
-from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, Question
+from finecap.judges.base import CANNOT_ANSWER, Ask, JudgeFailed, JudgeUnavailable, Question
 from finecap.judges.cache import AnswerCache
+from finecap.utils.closing import UsedAfterClose
 
 Q = Question("0/color", "What colour is the circle?", ("red", "blue", "green"), "red")
 OPTIONS = ("blue", "red", "green", CANNOT_ANSWER)
@@ -34,8 +35,7 @@ class StandIn:
 
 
 def judge_with(backend, tmp_path=None, **options):
-    cfg = load(None, ["judge.name=vllm", "judge.model=my-chat-lm", "judge.retries=2",
-                      f"judge.cache={'true' if tmp_path else 'false'}"])  # fmt: skip
+    cfg = load(None, ["judge.name=vllm", "judge.model=my-chat-lm", f"judge.cache={'true' if tmp_path else 'false'}"])
     extra = {"cache_path": tmp_path / "answers.sqlite"} if tmp_path else {}
     return get_judge("vllm", cfg, backend=backend, **extra, **options)
 
@@ -49,20 +49,95 @@ def test_asks_with_the_versioned_prompt_and_parses_the_letter():
     assert judge.identity()["judge"] == "vllm" and judge.identity()["model"] == "my-chat-lm"
 
 
-def test_an_unparsable_answer_is_asked_again_then_counted_failed():
-    judge = judge_with(StandIn("Well, I think B.", "B"))
-    assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"] and judge.counts["unparsable"] == 1
-    judge = judge_with(StandIn("no idea", "no idea", "no idea"))
+def test_an_unparsable_answer_is_counted_failed_without_asking_the_engine_again():
+    # the engine decodes greedily, one prompt a call: asked again, it gives the same text (the real engine's
+    # tests/engines/test_vllm_judge_engine.py), yet the judge asked it judge.retries more times (3) for nothing
+    backend = StandIn("no idea", "no idea", "no idea", "no idea")
+    judge = judge_with(backend)
     (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
-    assert isinstance(out, JudgeFailed) and "unparsable" in str(out) and judge.counts["failed"] == 1
+    assert isinstance(out, JudgeFailed) and "unparsable answer after 1 attempt(s)" in str(out), out
+    assert len(backend.seen) == 1
     # what a results file and a training log say of it (Judge.tallies); an engine in process is never rate-limited
-    assert judge.tallies() == {"calls": 1, "cache_hits": 0, "unparsable": 3, "failed": 1, "rate_limited": 0}
+    assert judge.tallies() == {"calls": 1, "cache_hits": 0, "unparsable": 1, "failed": 1, "rate_limited": 0}
 
 
 def test_a_prompt_vllm_refuses_fails_its_call():
     judge = judge_with(StandIn(BackendError("vLLM refused the request: prompt too long")))
     (out,) = judge.answer([Ask(Q, OPTIONS, "a red circle")])
     assert isinstance(out, JudgeFailed) and "refused" in str(out)
+
+
+class Failing:
+    """An in-process chat backend whose engine fails every call: raising ``error`` from ``generate`` (an engine core
+    dead, out of memory: what boost's VllmBackend lets through), or returning it in the task's place (``returned``);
+    ``calls`` counts the calls."""
+
+    def __init__(self, error, returned=False):
+        self.error, self.returned, self.calls = error, returned, 0
+
+    def generate(self, tasks, images=()):
+        self.calls += 1
+        if self.returned:
+            return [self.error]
+        raise self.error
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("error", "returned"),
+    [(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), False),
+     (RuntimeError("EngineCore encountered an issue"), True),  # returned in the task's place, not raised
+     (UsedAfterClose("judge.name=vllm: this backend was closed"), False)],
+)  # fmt: skip
+def test_an_engine_failing_every_call_stops_the_judge_after_max_consecutive_failures(error, returned):
+    # the engine's errors stopped nothing: one raised (vLLM's EngineDeadError, a CUDA out of memory) escaped the
+    # judge as a traceback of the first call, one returned was read as that prompt's refusal (an HTTP 400), which
+    # answers the call, and every caption of every later step failed without the run stopping
+    backend = Failing(error, returned)
+    judge = judge_with(backend, max_consecutive_failures=3)
+    asks = [Ask(Q, OPTIONS, f"a red circle {i}") for i in range(6)]
+    below = judge.answer(asks[:2])  # below the limit: counted failures, each naming the engine's error
+    assert all(isinstance(a, JudgeFailed) and str(error) in str(a) for a in below), below
+    with pytest.raises(JudgeUnavailable) as stopped:
+        judge.answer(asks[2:])
+    message = str(stopped.value)
+    assert message.startswith("judge vllm: 3 calls in a row got no answer from its in-process engine "
+                              "(judge.max_consecutive_failures=3); its engine fails every call"), message  # fmt: skip
+    assert message.endswith(f"Last error: the vLLM engine failed: {type(error).__name__}: {error}"), message
+    assert backend.calls == 3 and judge.counts["failed"] == 2  # one engine call each; the third raised
+    with pytest.raises(JudgeUnavailable):  # every call after it raises without asking the engine
+        judge.answer(asks[:1])
+    assert backend.calls == 3
+
+
+def test_the_vllm_judge_reads_judge_max_consecutive_failures():
+    cfg = load(None, ["judge.name=vllm", "judge.model=my-chat-lm", "judge.cache=false",
+                      "judge.max_consecutive_failures=2"])  # fmt: skip
+    judge = get_judge("vllm", cfg, backend=Failing(RuntimeError("CUDA out of memory")))
+    assert isinstance(judge.answer([Ask(Q, OPTIONS, "a red circle")])[0], JudgeFailed)
+    with pytest.raises(JudgeUnavailable, match=r"^judge vllm: 2 calls in a row .*max_consecutive_failures=2\)"):
+        judge.answer([Ask(Q, OPTIONS, "a blue circle")])
+
+
+def test_a_refusal_or_an_answer_between_engine_failures_resets_the_streak():
+    # a prompt vLLM refuses (too long) is that prompt's own: it answers the call, as an HTTP 400 does, and so does an
+    # answer; neither judge stops while calls are answered
+    error = RuntimeError("CUDA out of memory")
+    script = [error, error, BackendError("vLLM refused the request: prompt too long"), error, error, "B", error, error]
+
+    class Mixed(StandIn):
+        def generate(self, tasks, images=()):
+            reply = self.replies.pop(0)
+            if reply is error:  # raised; the refusal is returned, as boost's VllmBackend returns it
+                raise reply
+            return [reply]
+
+    judge = judge_with(Mixed(*script), max_consecutive_failures=3)
+    out = judge.answer([Ask(Q, OPTIONS, f"a red circle {i}") for i in range(len(script))])
+    assert out[5] == "red" and sum(isinstance(a, JudgeFailed) for a in out) == 7
+    assert "refused" in str(out[2]) and "out of memory" in str(out[7])
 
 
 def test_answers_are_cached_and_not_asked_again(tmp_path):

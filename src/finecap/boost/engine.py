@@ -102,6 +102,13 @@ class ServerFailing(BackendError):
         self.status = status
 
 
+class EngineFailing(ServerFailing):
+    """An in-process engine (the ``vllm`` judge's ``vllm.LLM``) raised instead of answering a request it accepted:
+    out of memory, its engine core dead, shut down. No answer, as a failing server's (``status`` ``None``): a judge
+    counts it towards ``judge.max_consecutive_failures``; a request the engine refuses (a prompt too long) is a plain
+    :class:`BackendError`, that request's own."""
+
+
 class MalformedReply(BackendError):
     """The server answered, but not with a chat completion (not JSON, no ``choices[0].message.content``); the engine
     asks again, as for an empty answer."""

@@ -16,7 +16,8 @@ a server can send them concurrently:
 
 A call that fails (no answer after the judge's retries, an answer that does not parse) comes back as a
 :class:`JudgeFailed` in its place, never as a made-up value: the caller counts it and leaves the caption out. A judge
-that cannot answer at all (its server down or failing call after call, a refused key) raises
+that cannot answer at all (its server down or failing call after call, its engine failing every call, a refused key)
+raises
 :class:`JudgeUnavailable`.
 :attr:`Judge.counts` counts calls, cache hits and failures; :meth:`Judge.tallies` reports them with the HTTP 429
 replies of the judge's servers, one fixed set of keys (:data:`TALLIES`), what ``finecap eval``'s results file and a
@@ -42,8 +43,8 @@ T = TypeVar("T")
 TALLIES = ("calls", "cache_hits", "unparsable", "failed", "rate_limited")
 """What :meth:`Judge.tallies` reports, always every key: the calls asked of the judge (one per question ask, claims
 split, support check, reference claims, rating), those answered from the answer cache, the answers that did not parse
-(each asked again), the calls that failed (a :class:`JudgeFailed` in their place) and the HTTP 429 (rate limit)
-replies of its servers."""
+(the ``openai`` judge asks again while they differ), the calls that failed (a :class:`JudgeFailed` in their place)
+and the HTTP 429 (rate limit) replies of its servers."""
 
 
 def tallies_grown(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -69,7 +70,9 @@ class JudgeFailed(Exception):
 class JudgeUnavailable(ValueError):
     """The judge cannot answer any call: its servers refuse the key, the model or the URL, or
     ``judge.max_consecutive_failures`` calls in a row got no answer from any of them (unreachable, or failing with
-    HTTP 429/5xx after the retries). Raised, never returned: the rewards and
+    HTTP 429/5xx after the retries) or from its in-process engine (raising: out of memory, its engine core dead; the
+    rule's one home: :class:`~finecap.judges.openai.OpenAIJudge`, whose ``vllm`` judge is a subclass). Raised, never
+    returned: the rewards and
     metrics stop with this message (a one-line error of the command) rather than score every caption as failed."""
 
 

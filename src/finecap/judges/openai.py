@@ -21,7 +21,10 @@ jittered exponential backoff and ``Retry-After``, masked secrets).
 - **Failures**: connection errors, time-outs, HTTP 408/409/429/5xx and an HTTP 200 whose body is an error
   (``{"error": ...}``) are retried by the client (``judge.retries`` times, with backoff); a server that still fails
   passes the call to the next server it has not failed on; an unparsable or malformed answer is asked again, up to
-  ``judge.retries`` more times, each time of the next server; a call still without an answer is a
+  ``judge.retries`` more times, each time of the next server, until a reply repeats one that call already got
+  (decoding is greedy, temperature 0, and the servers serve one model, so such a reply would only come again: a
+  re-ask helps only where a server's answers vary, as under a vLLM server's batching or a hosted API's; a malformed
+  reply, not a chat completion, is always asked again); a call still without an answer is a
   :class:`~finecap.judges.base.JudgeFailed` in its place, counted (``counts["failed"]``). A judge that cannot
   answer at all raises :class:`~finecap.judges.base.JudgeUnavailable` (the run stops with its message): at once on
   HTTP 401/403/404 (a refused key, a wrong model or URL) and on an HTTP 429 saying ``insufficient_quota`` (the
@@ -75,6 +78,7 @@ import yaml
 from finecap.boost.engine import (
     BackendError,
     Cancelled,
+    EngineFailing,
     FatalBackendError,
     MalformedReply,
     ServerFailing,
@@ -267,6 +271,10 @@ def parse_rating(text: str) -> tuple[float, str]:
 
 def _stop_hint(last: BackendError | None) -> str:
     """What a judge stopped for ``last`` (the last server failure of its last call) asks of the user."""
+    if isinstance(last, EngineFailing):
+        return ("its engine fails every call (out of GPU memory: lower judge.max_tokens or vllm.max_model_len, or "
+                "give the engine more with vllm.gpu_memory_utilization; its engine core dead: the log above says "
+                "why)")  # fmt: skip
     if isinstance(last, ServerFailing) and last.status == 429:
         return ("the server rate-limits the judge (HTTP 429): lower judge.concurrency, raise judge.retries or "
                 "judge.retry_max_wait, or check the API's quota")  # fmt: skip
@@ -443,6 +451,7 @@ class OpenAIJudge(Judge):
             seen = self._answered  # an answer to another call while this one is asked: the servers are up
         last: BackendError | None = None  # the last server failure, for the judge's stop message
         failed: set[int] = set()  # the servers this call failed on
+        unparsed: set[str] = set()  # the replies of this call that did not parse (module docstring: failures)
         while asked <= self.retries:
             if self._unavailable:  # stopped by another call while this one was in flight: no other server, no retry
                 raise JudgeUnavailable(self._unavailable)
@@ -450,15 +459,21 @@ class OpenAIJudge(Judge):
             if index is None:
                 break
             self._count("requests")
+            reply: str | None = None
             try:
                 reply = self.backends[index].complete(_Request(messages))  # type: ignore[arg-type]
                 self._failed_last(index, False)
                 value = parse(reply)
-            except (ValueError, MalformedReply) as e:  # the server answered: asked again
+            except (ValueError, MalformedReply) as e:  # the server answered: asked again, unless it would repeat
                 self._failed_last(index, False)
                 answered, asked = True, asked + 1
                 self._count("unparsable")
                 why = f"unparsable answer after {asked} attempt(s): {e}"
+                if reply is not None and reply in unparsed:  # greedy decoding: this text would only come again
+                    why += " (not asked again: the judge decodes greedily and gives this answer to this prompt)"
+                    break
+                if reply is not None:
+                    unparsed.add(reply)
                 continue
             except FatalBackendError as e:  # a refused key, a wrong model or URL: every call would fail alike
                 raise JudgeUnavailable(self._out(f"judge {self.name}: {e}")) from None
@@ -529,6 +544,10 @@ class OpenAIJudge(Judge):
         model); ``None`` before either."""
         return self._served.first if self._served is not None else None
 
+    def answerers(self) -> str:
+        """Who gave no answer, as the message of a judge stopped by ``judge.max_consecutive_failures`` names them."""
+        return f"any of its {len(self.backends)} server(s)"
+
     def _reached(self) -> None:
         with self._lock:
             self._unreachable = 0
@@ -546,9 +565,9 @@ class OpenAIJudge(Judge):
             self._unreachable += 1
             if self._unreachable >= self.max_consecutive_failures and not self._unavailable:
                 self._unavailable = (
-                    f"judge {self.name}: {self._unreachable} calls in a row got no answer from any of its "
-                    f"{len(self.backends)} server(s) (judge.max_consecutive_failures={self.max_consecutive_failures})"
-                    f"; {_stop_hint(last)}. Last error: {why}"
+                    f"judge {self.name}: {self._unreachable} calls in a row got no answer from {self.answerers()} "
+                    f"(judge.max_consecutive_failures={self.max_consecutive_failures}); {_stop_hint(last)}. Last "
+                    f"error: {why}"
                 )
             unavailable = self._unavailable
         if unavailable:

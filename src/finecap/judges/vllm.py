@@ -2,13 +2,20 @@
 counterpart of the ``openai`` judge against a vLLM server.
 
 Everything but the transport is the ``openai`` judge's (:class:`~finecap.judges.openai.OpenAIJudge`): the versioned
-prompts, the strict parsing (an unparsable answer re-asked, then counted failed), the answer cache and the counters.
+prompts, the strict parsing, the answer cache and the counters; but an unparsable answer is counted failed at once,
+never asked again (``judge.retries`` is the ``openai`` judge's): one engine decoding greedily, one prompt a call,
+gives the same text to the same prompt (tests/engines/test_vllm_judge_engine.py), where a re-ask of a server may be
+answered otherwise.
 The transport is boost's in-process vLLM chat backend (:class:`finecap.boost.vllm_backend.VllmBackend`, LLM role):
 ``judge.model`` is a transformers folder or a Hub name, its chat template renders the messages, decoding is greedy
 (temperature 0) up to ``judge.max_tokens`` tokens, the engine takes the ``vllm`` section's memory and parallelism
 settings. Calls go one at a time (``judge.concurrency`` is not used: one engine in one process answers one
 ``generate`` call at a time); a prompt vLLM refuses (longer than ``vllm.max_model_len``) fails its call, as an HTTP
-400 does with the ``openai`` judge. Nothing is imported from vLLM until the judge is built.
+400 does with the ``openai`` judge. An engine that raises instead of answering (out of memory, its engine core dead,
+shut down) fails the call too, and ``judge.max_consecutive_failures`` such calls in a row (no call answered meanwhile)
+make the judge unavailable (:class:`~finecap.judges.base.JudgeUnavailable`, naming the last error), the ``openai``
+judge's rule for servers that answer nothing (docs/methods/judges.md#judge-failures-are-counted-never-paid). Nothing
+is imported from vLLM until the judge is built.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from finecap.boost.engine import BackendError, model_stamp
+from finecap.boost.engine import BackendError, EngineFailing, model_stamp
 from finecap.judges.base import Judge
 from finecap.judges.cache import AnswerCache
 from finecap.judges.openai import OpenAIJudge, holding_cache, judge_settings, load_prompts
@@ -34,9 +41,18 @@ class _InProcess:
         self.backend = backend
 
     def complete(self, request: Any) -> str:
-        (answer,) = self.backend.generate([SimpleNamespace(messages=request.messages)])
+        """The engine's answer to ``request``; a prompt it refuses is that request's :class:`BackendError` (as an
+        HTTP 400), an engine that raises (out of memory, its engine core dead, shut down) or returns another error
+        gave no answer: :class:`~finecap.boost.engine.EngineFailing`, which the judge counts towards
+        ``judge.max_consecutive_failures`` (module docstring)."""
+        try:
+            (answer,) = self.backend.generate([SimpleNamespace(messages=request.messages)])
+        except Exception as e:  # not BaseException: a Ctrl-C stops the run, never a call
+            raise EngineFailing(f"the vLLM engine failed: {type(e).__name__}: {e}") from e
+        if isinstance(answer, BackendError):
+            raise answer
         if isinstance(answer, BaseException):
-            raise answer if isinstance(answer, BackendError) else BackendError(str(answer))
+            raise EngineFailing(f"the vLLM engine failed: {type(answer).__name__}: {answer}") from answer
         return answer
 
     def close(self) -> None:
@@ -50,9 +66,9 @@ class VllmJudge(OpenAIJudge):
 
     name = "vllm"
 
-    def __init__(self, model: str, *, section: VllmConfig | None = None, retries: int = 3, max_tokens: int = 512,
-                 cache: AnswerCache | None = None, prompts: Any = None, seed: int = 0,
-                 backend: Any = None) -> None:  # fmt: skip
+    def __init__(self, model: str, *, section: VllmConfig | None = None, max_tokens: int = 512,
+                 max_consecutive_failures: int = 10, cache: AnswerCache | None = None, prompts: Any = None,
+                 seed: int = 0, backend: Any = None) -> None:  # fmt: skip
         Judge.__init__(self)
         if not model:
             raise ValueError("judge.model: the vllm judge needs a transformers folder or a Hub name of a chat LLM")
@@ -67,12 +83,16 @@ class VllmJudge(OpenAIJudge):
                                           refuse_cut_off=False)  # fmt: skip
         try:
             self.stamp = model_stamp(model)  # after loading: a folder saved again in place, a Hub commit, asked again
-            self._start(model, [_InProcess(backend)], prompts=loaded, cache=cache, retries=retries, concurrency=1,
-                        max_tokens=max_tokens)  # fmt: skip
+            # retries=0: an unparsable answer is not asked again, the engine would give it again (module docstring)
+            self._start(model, [_InProcess(backend)], prompts=loaded, cache=cache, retries=0, concurrency=1,
+                        max_tokens=max_tokens, max_consecutive_failures=max_consecutive_failures)  # fmt: skip
         except BaseException:
             if built is not None:
                 built.close()
             raise
+
+    def answerers(self) -> str:
+        return "its in-process engine"
 
     def identity(self) -> dict[str, Any]:
         """The ``openai`` judge's, with what identifies the model's files as boost's vLLM backend keys its cache
@@ -84,7 +104,7 @@ class VllmJudge(OpenAIJudge):
 def build(cfg: Config | None = None, **options: Any) -> VllmJudge:
     """Factory of the judge registry: the ``judge`` and ``vllm`` sections of ``cfg`` (``options`` override the judge
     keys, and may give ``backend``, ``prompts`` or ``cache_path``)."""
-    settings, cache = judge_settings(cfg, options, ("model", "retries", "max_tokens"))
+    settings, cache = judge_settings(cfg, options, ("model", "max_tokens", "max_consecutive_failures"))
     section = cfg.vllm if cfg is not None else None
     seed = cfg.run.seed if cfg is not None else 0
     return holding_cache(

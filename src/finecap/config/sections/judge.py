@@ -12,9 +12,8 @@ from finecap.registry import JUDGES
 
 SERVED = ("openai", "vllm")
 JUDGE_READS: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(("urls", "api_key_env", "timeout", "retry_max_wait", "concurrency", "max_consecutive_failures"),
-                    ("openai",)),
-    **dict.fromkeys(("model", "max_tokens", "retries", "cache"), SERVED),
+    **dict.fromkeys(("urls", "api_key_env", "timeout", "retry_max_wait", "concurrency", "retries"), ("openai",)),
+    **dict.fromkeys(("model", "max_tokens", "cache", "max_consecutive_failures"), SERVED),
     "noise": ("world",),
 }  # fmt: skip
 """The ``judge`` options only some judges read (their factories, :mod:`finecap.judges`), with those judges; the
@@ -33,13 +32,14 @@ class JudgeConfig(Section, name="judge"):
     noise: float = doc(0.0, "world: share of answers flipped to another option at random (seeded).", ge=0, le=1)
     seed: int = doc(0, "Seed of the option shuffles of QA questions (every judge) and of world's flipped answers.")
     retries: int = doc(
-        3, "Retries of a failed call or unparsable answer before it counts as failed.", ge=0, le=100,
+        3, "openai: retries of a failed request, and re-asks of an unparsable answer until one repeats, before the "
+        "call counts as failed (vllm asks once: its greedy engine repeats its answers).", ge=0, le=100,
         why="each retry waits; a failing server would hold the run",
     )  # fmt: skip
     max_consecutive_failures: int = doc(
         10,
-        "openai: the run stops (judge unavailable) after this many calls in a row no server answered (unreachable, "
-        "or HTTP 429/5xx after the retries).",
+        "openai, vllm: the run stops (judge unavailable) after this many calls in a row got no answer (openai: no "
+        "server answered: unreachable, or HTTP 429/5xx after the retries; vllm: the engine raised).",
         ge=1,
     )
     timeout: float = doc(60.0, "openai: seconds before a request times out (then retried).", gt=0)
