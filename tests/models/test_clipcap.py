@@ -1,5 +1,7 @@
 """ClipCap on the tiny world GPT-2 with random image features: alignment, MLE fit, decoding, log-probs, saving."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -228,6 +230,47 @@ def test_save_and_from_checkpoint_round_trip(trained, tmp_path):
         assert torch.allclose(again(batch), model(batch), atol=1e-6)
     assert again.generate(feats).texts == CAPTIONS
     assert again.config_dict() == model.config_dict()
+
+
+def test_a_relative_lm_folder_is_recorded_absolute_and_named_by_the_lm_lora_adapter(tmp_path, monkeypatch):
+    """``clipcap.lm=models/gpt2`` given where that folder exists: ``captioner.json`` recorded ``lm_source:
+    models/gpt2`` (beside the absolute ``encoder_source``) and ``lm_lora/adapter_config.json`` (peft's record of the
+    loaded model's name) ``base_model_name_or_path: models/gpt2``, which from any other working directory peft and
+    transformers look up as a Hub repository (``AutoPeftModelForCausalLM.from_pretrained("lm_lora")`` failed there)."""
+    from peft import AutoPeftModelForCausalLM
+
+    from finecap.config import load
+    from finecap.models import lora
+    from finecap.models.presets import save_tiny_clip
+
+    torch.manual_seed(0)
+    lm, tok = build_world_lm(layers=1, hidden=32, heads=2)
+    folder = tmp_path / "models" / "gpt2"
+    lm.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    clip = save_tiny_clip(tmp_path / "clip", image_size=16, patch_size=8)
+    monkeypatch.chdir(tmp_path)
+    cfg = load(None, ["clipcap.lm=models/gpt2", f"model.encoder={clip}", "clipcap.prefix_length=2", "lora.rank=4",
+                      "lora.alpha=8", "lora.lm=true"])  # fmt: skip
+    model = ClipCap.build(cfg)
+    lora.configure_training(model, cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # the adapter changes the logits
+    out = model.eval().save(tmp_path / "ckpt")
+    meta = json.loads((out / "captioner.json").read_text())
+    config = json.loads((out / "lm_lora" / "adapter_config.json").read_text())
+    assert meta["lm_source"] == config["base_model_name_or_path"] == str(folder.resolve())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # the base is found by the adapter's record alone
+    theirs = AutoPeftModelForCausalLM.from_pretrained(out / "lm_lora").eval()
+    ids = torch.tensor([[5, 6, 7, 2]])
+    with torch.no_grad():
+        plain = lm(input_ids=ids).logits
+        ours, loaded = model.lm(input_ids=ids).logits, theirs(input_ids=ids).logits
+    assert not torch.allclose(ours, plain, atol=1e-3)  # the adapter was applied
+    assert torch.allclose(loaded, ours, atol=1e-5)
 
 
 def test_lora_through_peft_on_the_whole_captioner():

@@ -178,3 +178,34 @@ def test_a_saved_qwen2_vl_keeps_its_video_processor_settings_for_autoprocessor(d
     ours, again = Vlm.from_pretrained(dirs["qwen2_vl"]), load_processor(plain)  # the saved folder still loads here
     call = {"text": [ours.prompt_text], "images": image_in, "return_tensors": "pt"}
     assert again(**call)["input_ids"].tolist() == ours.processor(**call)["input_ids"].tolist()
+
+
+@pytest.mark.parametrize("family", ["blip", *VLM_FAMILIES])
+def test_the_whole_adapter_names_a_base_read_from_a_relative_folder_by_its_absolute_path(dirs, family, tmp_path,
+                                                                                      monkeypatch):  # fmt: skip
+    """``vlm.name=models/vlm`` (``blip.name``) given where that folder exists: ``adapter/adapter_config.json`` said
+    ``base_model_name_or_path: models/vlm`` (and the card its base model so), which from any other working directory
+    peft and transformers look up as a Hub repository: ``AutoModelForImageTextToText.from_pretrained("adapter")``
+    there failed offline (or would load another model). Found exporting a tiny VLM run trained on a relative
+    ``vlm.name`` and loading its adapter from another folder."""
+    monkeypatch.chdir(dirs[family].parent)
+    if family == "blip":
+        model, auto = adapted(Blip.from_pretrained(family)), BlipForConditionalGeneration
+        inputs = {"pixel_values": model.encoder.preprocess(images(2, 32))}
+        ours, start = model.generate(inputs, GREEDY), 1  # generate's first token is [bos]
+    else:
+        model = Vlm.from_pretrained(family)
+        model, auto = adapted(model, module_path(model.model, model.family.projector)), AutoModelForImageTextToText
+        inputs = vlm_inputs(model, 2)
+        ours = model.generate(inputs | {"prompt_ids": inputs["input_ids"], "prompt_mask": inputs["attention_mask"]},
+                              GREEDY)  # fmt: skip
+        start = inputs["input_ids"].shape[1]
+    out = model.save(tmp_path / "ckpt")
+    config = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(dirs[family].resolve())
+    assert json.loads((out / "captioner.json").read_text())["source"] == str(dirs[family].resolve())
+    monkeypatch.chdir(tmp_path)  # another working directory: the base is found by the adapter's record alone
+    loaded = auto.from_pretrained(out / "adapter").eval()  # transformers reads base_model_name_or_path
+    with torch.no_grad():
+        theirs = new_tokens(loaded.generate(**inputs, max_new_tokens=8, do_sample=False), start)
+    assert_same_greedy(ours, theirs, model.pad_token_id, model.eos_token_id)

@@ -66,6 +66,24 @@ def absolute_path_values(data: dict[str, Any], base: str | Path) -> dict[str, An
     return out
 
 
+def recorded_source(name: str) -> str:
+    """How a loaded model's source ``name`` (a Hub name or a local path, as ``from_pretrained`` read it) is recorded
+    in what finecap saves (``captioner.json``'s sources, a whole-model adapter's ``base_model_name_or_path``, a model
+    card): a local file or folder, one that exists at ``name`` from the working directory, by its absolute path (links
+    resolved), so the record names that folder from any working directory; anything else (a Hub name) as given. A
+    relative ``models/vlm`` recorded as given is what peft and transformers look up as a Hub repository from anywhere
+    else.
+
+    Example::
+
+        >>> recorded_source("openai-community/gpt2")  # no such folder here: a Hub name
+        'openai-community/gpt2'
+        >>> recorded_source(".") == os.path.realpath(".")
+        True
+    """
+    return str(Path(name).resolve()) if Path(name).exists() else name
+
+
 def read_as_path(name: str, cfg: Any) -> bool:
     """Whether ``name``, a model source as the user gave it and a captioner recorded it (``models/gpt2``), was read
     as a local file or folder rather than a Hub name: one exists there from the working directory, or ``cfg`` (a

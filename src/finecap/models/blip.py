@@ -59,6 +59,7 @@ from torch import nn
 from transformers import AutoTokenizer, BlipConfig, BlipForConditionalGeneration
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from finecap.config.paths import recorded_source
 from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, same_source, set_dropout
 from finecap.models.captioner import encode_images, shifted_mask
@@ -328,7 +329,7 @@ class Blip(CaptionerBase):
             processor = BlipImageProcessor.from_pretrained(name, trust_remote_code=False)
         except OSError as e:
             raise OSError(f"blip.name={name}: cannot load the BLIP model, tokenizer or image processor: {e}") from None
-        return cls(model, tokenizer, processor, source=name, **kwargs)
+        return cls(model, tokenizer, processor, source=recorded_source(name), **kwargs)
 
     @classmethod
     def card_lines(cls, meta: dict[str, Any]) -> list[str]:

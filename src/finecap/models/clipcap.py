@@ -45,6 +45,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.cache_utils import Cache
 
 from finecap.config import ClipCapBackboneConfig
+from finecap.config.paths import recorded_source
 from finecap.models import lora, memory, strict
 from finecap.models.base import CaptionerBase, dtype_argument, same_source, set_dropout
 from finecap.models.captioner import encode_images, last_positions, shifted_mask, strip_prefix
@@ -362,14 +363,16 @@ class ClipCap(CaptionerBase):
                 encoder = VisionEncoder.from_pretrained(m.encoder, dtype)
             except OSError as e:
                 raise OSError(f"model.encoder={m.encoder}: cannot load the vision encoder: {e}") from None
+        lm_source = c.lm
         if c.lm in (WORLD_LM, DATA_LM):
             positions = max(WORLD_LM_POSITIONS, c.prefix_length + max(cfg.data.max_tokens, cfg.decode.max_length))
             vocab = data_vocabulary(cfg) if c.lm == DATA_LM else None
             lm, tokenizer = build_world_lm(c.tiny_layers, c.tiny_hidden, c.tiny_heads, n_positions=positions,
                                            vocab=vocab, dropout=c.tiny_dropout)  # fmt: skip
             lm = options.fresh(lm, f"clipcap.lm={c.lm}")
-        else:
-            lm, tokenizer = load_lm(c.lm, options)
+        else:  # a local folder by its absolute path: the source recorded, and the lm_lora adapter's base
+            lm_source = recorded_source(c.lm)
+            lm, tokenizer = load_lm(lm_source, options)
         return cls(
             lm,
             tokenizer,
@@ -378,7 +381,7 @@ class ClipCap(CaptionerBase):
             encoder=encoder,
             train_encoder=m.train_encoder,
             train_lm=m.train_lm,
-            lm_source=c.lm,
+            lm_source=lm_source,
             encoder_source=encoder.source,
         )
 

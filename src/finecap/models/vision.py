@@ -25,6 +25,7 @@ import transformers
 from PIL import Image
 from torch import nn
 
+from finecap.config.paths import recorded_source
 from finecap.models import memory, strict
 from finecap.models.world_encoder_cache import world_encoder_path
 
@@ -87,8 +88,7 @@ class VisionEncoder(nn.Module):
             processor = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
         except (OSError, ValueError):
             processor = None
-        source = str(Path(name).resolve()) if Path(name).exists() else name
-        return cls(model, processor, source=source)
+        return cls(model, processor, source=recorded_source(name))
 
     @property
     def feature_dim(self) -> int:

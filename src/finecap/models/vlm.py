@@ -104,6 +104,7 @@ from transformers import AutoModelForImageTextToText
 from transformers.cache_utils import Cache
 
 from finecap.config import VlmBackboneConfig
+from finecap.config.paths import recorded_source
 from finecap.data.images import ImageRefused
 from finecap.models import lora, memory
 from finecap.models.base import TEXT_TINY_SIZES, CaptionerBase, module_path, same_source
@@ -1425,7 +1426,7 @@ class Vlm(CaptionerBase):
             model = options.load(AutoModelForImageTextToText, name, f"vlm.name={name}", skip=UNQUANTIZED)
         except OSError as e:
             raise OSError(f"vlm.name={name}: cannot load the VLM or its processor: {e}") from None
-        return cls(model, processor, source=name, **kwargs)
+        return cls(model, processor, source=recorded_source(name), **kwargs)
 
     @classmethod
     def build(cls, cfg: Config) -> Vlm:
