@@ -882,21 +882,31 @@ def test_the_logged_advantage_values_of_a_micro_batch_whose_captions_all_failed_
     assert all(math.isnan(out.metrics[k]) for k in ("advantage_std", "advantage/min", "advantage/max"))
 
 
-def test_the_logged_kl_is_the_steps_token_mean_the_kl_alarm_reads():
-    # images 0 and 1 in two micro-batches of 6 and 9 tokens (LENGTH), the policy moved away from the reference by
-    # image: the step's KL is the mean over its 15 tokens, which the kl alarm reads. The log held the mean of the two
-    # micro-batch means until 2026-11-29: a run could stop for a KL above the threshold its log never showed.
-    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5)
+def _moved_policy_step(model, accelerator=None, **rl) -> tuple[PolicyOptimization, list[dict]]:
+    """One GRPO step (clipped loss, KL to the reference at 0.5, ``rl`` options) of ``model`` moved off its
+    reference by image, over images 0 and 1 in two micro-batches of 6 and 9 tokens (LENGTH): the objective after
+    its ``end_step`` and each micro-batch's metrics."""
+    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5, **rl)
     obj = PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), **sections,
                              decode=DecodeConfig(max_length=L))  # fmt: skip
-    model = StandIn()
+    if accelerator is not None:
+        obj.accelerator = accelerator
     obj.reference.capture(model)
     with torch.no_grad():
         model.lp.add_(torch.arange(N_IMAGES * S).unsqueeze(1) * 0.1)
     micro_batches = [step_batch(0), step_batch(1)]
     obj.begin_step(model, micro_batches)
-    kls = [obj(model, b).metrics["kl"] for b in micro_batches]
+    outs = [obj(model, b).metrics for b in micro_batches]
     obj.end_step()
+    return obj, outs
+
+
+def test_the_logged_kl_is_the_steps_token_mean_the_kl_alarm_reads():
+    # images 0 and 1 in two micro-batches of 6 and 9 tokens (LENGTH), the policy moved away from the reference by
+    # image: the step's KL is the mean over its 15 tokens, which the kl alarm reads. The log held the mean of the two
+    # micro-batch means until 2026-11-29: a run could stop for a KL above the threshold its log never showed.
+    obj, outs = _moved_policy_step(StandIn())
+    kls = [out["kl"] for out in outs]
     alarmed = obj.monitor.step_kl
     token_mean = (kls[0] * 6 + kls[1] * 9) / 15
     assert obj.step_values()["kl"] == pytest.approx(token_mean, rel=1e-6) == alarmed
@@ -924,18 +934,7 @@ def test_the_logged_per_token_metrics_are_the_token_means_over_every_processs_to
     # the mean over the processes of each one's mean of its micro-batches' means (kl: of its own tokens' mean).
     others = {"clip_fraction": [50.0, 100.0], "entropy": [300.0, 100.0], "kl": [40.0, 100.0],
               "ratio/mean": [80.0, 100.0]}  # fmt: skip
-    sections = rl_sections(samples=S, advantage="group", policy_loss="clipped", kl_coef=0.5, entropy_coef=0.1)
-    obj = PolicyOptimization(WeightedSum({"table": (1.0, Table())}), NoBaseline(), **sections,
-                             decode=DecodeConfig(max_length=L))  # fmt: skip
-    obj.accelerator = OtherProcess(others)
-    model = EntropyStandIn()
-    obj.reference.capture(model)
-    with torch.no_grad():
-        model.lp.add_(torch.arange(N_IMAGES * S).unsqueeze(1) * 0.1)
-    micro_batches = [step_batch(0), step_batch(1)]
-    obj.begin_step(model, micro_batches)
-    outs = [obj(model, b).metrics for b in micro_batches]
-    obj.end_step()
+    obj, outs = _moved_policy_step(EntropyStandIn(), OtherProcess(others), entropy_coef=0.1)
     tokens = [sum(LENGTH[f"c{i}_{j}"] for j in range(S)) for i in (0, 1)]  # 6, 9 (every caption scored)
     logged = obj.step_values()
     for name, (other_sum, other_count) in others.items():

@@ -277,16 +277,23 @@ def preparing_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
     (last / "config.yaml").write_text(cfg.to_yaml())
 
 
-def test_a_forced_retrain_that_is_refused_changes_nothing_of_the_finished_stage(tmp_path):
-    # a forced retrain of `a` refused by training (a file of the user's in its checkpoints/) had already removed its
-    # DONE marker and written its start's new digest into start.json; with the file moved away, a run without force
-    # resumed the old finished run and marked it done: reused as if trained from the new start
+def _start_trained_again(tmp_path: Path) -> tuple[StageRunner, Path, dict]:
+    """Stages ``start`` and ``a`` (from ``start``) trained, then ``start`` alone trained again (another lr): the
+    runner, ``a``'s start record (its file) and what it holds, the start ``a`` was trained from."""
     runner = _runner(tmp_path, preparing_train)
     runner.run(["world", "start", "a"])
     record = runner.stage_dir("a") / START_FILE
     started = json.loads(record.read_text())
     _runner(tmp_path, preparing_train, force=True, items=["train.lr=0.3"]).train_stage("start")
     assert runner.start_record("a") != started  # `a`'s start trained again since
+    return runner, record, started
+
+
+def test_a_forced_retrain_that_is_refused_changes_nothing_of_the_finished_stage(tmp_path):
+    # a forced retrain of `a` refused by training (a file of the user's in its checkpoints/) had already removed its
+    # DONE marker and written its start's new digest into start.json; with the file moved away, a run without force
+    # resumed the old finished run and marked it done: reused as if trained from the new start
+    runner, record, started = _start_trained_again(tmp_path)
     mine = runner.stage_dir("a") / "checkpoints" / "my-weights.safetensors"
     mine.write_text("mine")
     with pytest.raises(ValueError, match=rf"holds files finecap did not make .*\({mine}\).*nothing was deleted"):
@@ -453,13 +460,8 @@ def test_a_forced_retrain_killed_as_training_starts_is_not_continued_as_the_old_
     # --force removed `a`'s DONE and wrote its new start into start.json, then trained: killed before training
     # removed the old run's checkpoints, a run without force resumed the old finished run (trained from the old
     # start), found start.json equal to the start now, and marked it done as if trained from the new start
-    runner = _runner(tmp_path, preparing_train)
-    runner.run(["world", "start", "a"])
-    record = runner.stage_dir("a") / START_FILE
-    old = json.loads(record.read_text())
-    _runner(tmp_path, preparing_train, force=True, items=["train.lr=0.3"]).train_stage("start")
+    runner, record, _ = _start_trained_again(tmp_path)
     now = runner.start_record("a")
-    assert now != old  # `a`'s start trained again since
     with pytest.raises(KeyboardInterrupt):
         _runner(tmp_path, killed_as_training_starts, force=True).train_stage("a")
     assert not runner.is_done("a") and json.loads(record.read_text()) == now
@@ -474,12 +476,7 @@ def test_a_forced_retrain_killed_while_removing_the_old_run_keeps_the_old_start_
     # rewritten: a run without force continued the old finished run as if trained from the new start
     import finecap.train.state
 
-    runner = _runner(tmp_path, preparing_train)
-    runner.run(["world", "start", "a"])
-    record = runner.stage_dir("a") / START_FILE
-    old = json.loads(record.read_text())
-    _runner(tmp_path, preparing_train, force=True, items=["train.lr=0.3"]).train_stage("start")
-    assert runner.start_record("a") != old
+    runner, record, old = _start_trained_again(tmp_path)
 
     def killed(folders, **kwargs):
         raise KeyboardInterrupt
