@@ -216,19 +216,26 @@ class Captioner(Closeable):
     def decode_settings(self, **decode: Any) -> Any:
         """The checkpoint's decoding settings (``cfg.decode``) with ``decode`` replacing some, each converted and
         checked as a recipe's value (``max_length="5"`` or ``5.7`` is a ``ConfigError`` naming ``decode.max_length``);
-        an unknown key is a ``ValueError`` listing the valid ones, and saying so when it is an argument of
-        :meth:`from_pretrained` instead (``device``: where the model is loaded, not a decoding setting)."""
+        an unknown key is a ``ValueError`` listing the valid ones and :meth:`caption`'s own keywords (``progress``,
+        ``seed``: a misspelt one, ``progres=True``, is suggested as it, not as a decoding option), and saying so when
+        it is an argument of :meth:`from_pretrained` instead (``device``: where the model is loaded, not a decoding
+        setting)."""
         from finecap.config import did_you_mean, replaced_section
+        from finecap.utils.text import closest
 
         fields = [f.name for f in dataclasses.fields(self.cfg.decode)]
         loading = set(inspect.signature(Captioner.from_pretrained).parameters)
+        own = [p.name for p in inspect.signature(Captioner.caption).parameters.values() if p.kind is p.KEYWORD_ONLY]
         for key in decode:
             if key not in fields:
                 hint = did_you_mean(key, fields)
+                if not hint and (match := closest(key, own)) is not None:
+                    hint = f" (did you mean {match!r}? an argument of caption() and caption_all())"
                 if key in loading:
                     hint = (f" ({key} is an argument of Captioner.from_pretrained, which loads the model: "
                             f"Captioner.from_pretrained(path, {key}=...))")  # fmt: skip
-                raise ValueError(f"unknown decoding option {key!r}{hint}; valid: {', '.join(fields)}")
+                raise ValueError(f"unknown decoding option {key!r}{hint}; valid: {', '.join(fields)} (and caption()'s "
+                                 f"own {' and '.join(own)})")  # fmt: skip
         return replaced_section(self.cfg.decode, "decode", **decode)
 
 
@@ -482,6 +489,35 @@ def _run_config(run_dir: str | os.PathLike, over: dict[str, Any], *, resume: boo
                          with_recipe="finecap.train(RECIPE, resume=True, run__dir=RUN)")  # fmt: skip
 
 
+OWN_KEYWORDS = ("resume", "overwrite")
+"""The keywords of :func:`train` that are no option (``section__key``) of the configuration."""
+
+
+def unknown_keyword(name: str) -> TypeError:
+    """The error of ``finecap.train(recipe, <name>=...)`` for a keyword that is neither one of
+    :data:`OWN_KEYWORDS` nor written ``section__key``: it names the closest of its own keywords
+    (``overwrte`` -> ``overwrite``), else the options of that name (``max_steps`` -> ``train__max_steps``), else the
+    closest option (``train_max_steps`` -> ``train__max_steps``), and says how an option is written. It said only
+    the last, so a misspelt ``overwrite`` read as a malformed option."""
+    from finecap.config import SECTIONS
+    from finecap.config.fields import option_fields
+    from finecap.config.loading import either, options_named
+    from finecap.utils.text import closest
+
+    hint = ""
+    if (own := closest(name, OWN_KEYWORDS)) is not None:
+        hint = f" (did you mean {own!r}?)"
+    elif named := options_named(name):
+        hint = f" (did you mean {either([key.replace('.', '__') for key in named])}?)"
+    else:
+        every = [key.replace(".", "__") for s, cls in SECTIONS.items() for key, _, _ in option_fields(cls, f"{s}.")]
+        option = closest(name, every)
+        hint = f" (did you mean {option!r}?)" if option is not None else ""
+    return TypeError(f"finecap.train: unexpected keyword {name!r}{hint}; its own keywords are "
+                     f"{' and '.join(OWN_KEYWORDS)}, and an option is written section__key=value (e.g. "
+                     "train__max_steps=2, data__hf__caption_column='sentences')")  # fmt: skip
+
+
 def more_positionals(more: tuple[Any, ...]) -> TypeError:
     """The error of ``finecap.train(recipe, <more>)``: the recipe (or configuration) is its one positional argument,
     and overrides are keywords, a dict of them unpacked (``**{"train__max_steps": 2}``), not a dict or a list of the
@@ -519,7 +555,9 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
             underscore and the value a Python value: ``train__max_steps=2``, ``run__dir="runs/x"``,
             ``rl__rewards={"cider": 1.0}`` (what ``train.max_steps=2`` ... are on the command line); a path
             (``pathlib.Path``) is its text (``run__dir=tmp / "run"``). They are checked
-            as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest.
+            as the command line's are: an unknown key is a :class:`finecap.config.ConfigError` naming the closest; a
+            keyword that is neither ``resume``, ``overwrite`` nor ``section__key`` a ``TypeError`` naming the one
+            meant (:func:`unknown_keyword`: ``overwrte``, ``max_steps``, ``train_lr``).
 
     The run seeds the process's random generators (python, numpy, torch) with ``run.seed`` as ``finecap train``
     does; afterwards they are as the caller left them, and so are accelerate's per-process state (none when the
@@ -556,8 +594,7 @@ def train(recipe_or_config: str | os.PathLike | Config, /, *, resume: bool = Fal
     for name, value in sorted(overrides.items(), key=lambda item: item[0].count("__")):
         *path, key = name.split("__")
         if not path or not all(path) or not key:
-            raise TypeError(f"finecap.train: unexpected keyword {name!r}; an option is written section__key=value "
-                            "(e.g. train__max_steps=2, data__hf__caption_column='sentences')")  # fmt: skip
+            raise unknown_keyword(name)
         node = over
         for part in path:  # a subsection's key (data__hf__caption_column) goes into its own table
             given = node.get(part, {})

@@ -192,6 +192,19 @@ def test_a_loading_argument_given_to_caption_says_where_it_belongs(cap, files):
         cap.caption(files[:1], devise="cpu")
 
 
+@pytest.mark.parametrize("typo, meant", [("progres", "progress"), ("sed", "seed"), ("Seed", "seed")])
+def test_a_misspelt_keyword_of_caption_is_suggested_as_it(cap, files, typo, meant):
+    """``caption(img, progres=True)`` said "unknown decoding option 'progres'" and listed only the decoding options:
+    ``progress`` and ``seed``, caption's own keywords, were neither suggested nor named. Now the closest of them is
+    suggested and the listing names them; nothing is decoded."""
+    said = (rf"^unknown decoding option '{typo}' \(did you mean '{meant}'\? an argument of caption\(\) and "
+            r"caption_all\(\)\); valid: engine, .*, batch_size \(and caption\(\)'s own progress and "
+            r"seed\)$")  # fmt: skip
+    for call in (cap.caption, cap.caption_all):
+        with pytest.raises(ValueError, match=said):
+            call(files[:1], **{typo: 1})
+
+
 def test_the_runs_autocast_is_used(cap, files):
     # A linear layer of the decoder computes in bfloat16 under the run's train.mixed_precision=bf16 (CPU autocast).
     dtypes = []
@@ -690,6 +703,25 @@ def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
     with pytest.raises(ConfigError, match=r"^finecap.train keywords: train.max_steps: expected an integer, got 'two'"):
         finecap.train("demo/mle", train__max_steps="two", run__dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "keyword, meant",
+    [("overwrte", "'overwrite'"), ("Resume", "'resume'"), ("max_steps", "'train__max_steps'"),
+     ("train_max_steps", "'train__max_steps'"), ("lr", "'retriever__lr' or 'train__lr'")],
+)  # fmt: skip
+def test_a_keyword_that_is_no_option_names_the_one_meant(monkeypatch, keyword, meant):
+    """A misspelt ``overwrite`` (or ``resume``) was told "an option is written section__key=value", as if it were an
+    option, and a key without its section (or joined by one underscore) was not told which option it names. Now
+    the error suggests the keyword of finecap.train meant, else the options of that name, else the closest option,
+    and names finecap.train's own keywords; nothing trains."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    said = (rf"^finecap.train: unexpected keyword '{keyword}' \(did you mean {meant}\?\); its own keywords are resume "
+            r"and overwrite, and an option is written section__key=value ")  # fmt: skip
+    with pytest.raises(TypeError, match=said):
+        finecap.train("demo/mle", **{keyword: True})
+    assert not seen
 
 
 @pytest.mark.parametrize("more", [({"train__max_steps": 2},), (["train.max_steps=2"],), ("train.max_steps=2", "x")])

@@ -455,8 +455,8 @@ def _unknown_key(name: str, k: str, known: list[str], kind: str) -> str:
     ``decode.beam_size``, where the closest key of ``train`` is ``batch_size``), else the closest key of the section,
     else the new name of the closest key the section had before it moved (:data:`MOVED_KEYS`: ``rl.kl_cof`` ->
     ``grpo.kl_coef``; a former ``model`` key's for ``model.kind=kind``), and the section's valid keys."""
-    same = _options_named(k, exclude=f"{name}.{k}")
-    hint = f" (did you mean {_either(same)}?)" if same else did_you_mean(k, known, f"{name}.")
+    same = options_named(k, exclude=f"{name}.{k}")
+    hint = f" (did you mean {either(same)}?)" if same else did_you_mean(k, known, f"{name}.")
     former = [key.split(".", 1)[1] for key in MOVED_KEYS if key.split(".")[0] == name]
     if not hint and (match := closest(k, former)) is not None:
         target = renamed_key(f"{name}.{match}") or moved_key(f"{name}.{match}", kind)
@@ -464,14 +464,15 @@ def _unknown_key(name: str, k: str, known: list[str], kind: str) -> str:
     return f"unknown key {short_repr(f'{name}.{k}')}{hint}; valid keys of [{name}]: {', '.join(sorted(known))}"
 
 
-def _options_named(k: str, exclude: str) -> list[str]:
+def options_named(k: str, exclude: str = "") -> list[str]:
     """Every option (``section.key``, a nested section's ``section.sub.key``) whose own name is ``k``, but
-    ``exclude``, in the order of :data:`SECTIONS`."""
+    ``exclude``, in the order of :data:`SECTIONS`: what a key given without its section names
+    (``options_named("max_steps")`` is ``["train.max_steps"]``)."""
     return [key for s, cls in SECTIONS.items() for key, _, _ in option_fields(cls, f"{s}.")
             if key.rsplit(".", 1)[-1] == k and key != exclude]  # fmt: skip
 
 
-def _either(names: list[str], most: int = 4) -> str:
+def either(names: list[str], most: int = 4) -> str:
     """``'a'``, ``'a' or 'b'``, ``'a', 'b' or 'c'`` (at most ``most`` names, then ``...``): the suggestions of a
     message."""
     shown = [repr(n) for n in names[:most]] + (["..."] if len(names) > most else [])
