@@ -11,6 +11,7 @@ line in its section's module and its uses there, and a section built by hand is 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from finecap.config.fields import Section
-from finecap.config.paths import absolute_paths
+from finecap.config.paths import absolute_path_values
 from finecap.config.secrets import redacted
 from finecap.config.sections.backbones import BlipBackboneConfig, ClipCapBackboneConfig, Mapper, VlmBackboneConfig
 from finecap.config.sections.bags import BagsConfig
@@ -188,18 +189,43 @@ class Config:
 
     def save(self, path: str | Path) -> None:
         """Write the resolved configuration as YAML (atomically). Relative paths are written absolute
-        (:func:`absolute_paths`), so the stored file means the same from any working directory."""
+        (:func:`~finecap.config.paths.absolute_paths`), so the stored file means the same from any working
+        directory."""
         from finecap.utils.files import atomic_write_text
 
         atomic_write_text(path, self.to_yaml())
 
     def to_yaml(self) -> str:
-        """What :meth:`save` writes: :meth:`saved_dict` as YAML."""
-        return yaml.safe_dump(self.saved_dict(), sort_keys=False)
+        """What :meth:`save` writes: :meth:`saved_dict` as YAML (``yaml.safe_dump``, keys in order), rendered once
+        for the same data (:func:`_saved_yaml`: a run saves it with every checkpoint)."""
+        return _saved_yaml(self.saved_dict())
 
     def saved_dict(self) -> dict[str, dict[str, Any]]:
-        """What :meth:`save` writes (and trackers receive): relative paths made absolute, secrets masked."""
-        return absolute_paths(self).to_dict(redact=True)
+        """What :meth:`save` writes (and trackers receive): relative paths made absolute against the working
+        directory, secrets masked (``absolute_paths(cfg).to_dict(redact=True)``, without building and checking the
+        absolute configuration: :func:`~finecap.config.paths.absolute_path_values` of :meth:`to_dict`)."""
+        return redacted(absolute_path_values(self.to_dict(), os.getcwd()))
+
+
+_RENDERED: tuple[str, str] = ("", "")
+"""The last data :func:`_saved_yaml` rendered (its ``repr``) and its YAML."""
+
+
+def _saved_yaml(data: dict[str, dict[str, Any]]) -> str:
+    """``yaml.safe_dump(data, sort_keys=False)``, remembered for the last ``data`` rendered: PyYAML's pure-Python
+    emitter takes ~5 ms of CPU for a configuration (a third of a tiny model's checkpoint save), which a run wrote with
+    each of its checkpoints. The key is the whole
+    ``data``'s ``repr``, which tells apart every two values ``safe_dump`` writes differently (``1``, ``1.0`` and
+    ``True``; ``0.0`` and ``-0.0``; the order of the keys), so a configuration changed in any way, or whose paths
+    read otherwise (another working directory, a folder made since), is rendered again; ``data`` holds no object
+    twice (:meth:`Config.saved_dict` builds fresh containers), so ``safe_dump`` writes no anchors whose placement
+    the ``repr`` would not show."""
+    global _RENDERED
+    key = repr(data)
+    last = _RENDERED
+    if last[0] != key:
+        last = _RENDERED = (key, yaml.safe_dump(data, sort_keys=False))
+    return last[1]
 
 
 SECTIONS: dict[str, type[Section]] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
