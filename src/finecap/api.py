@@ -219,8 +219,10 @@ class Captioner(Closeable):
         an unknown key is a ``ValueError`` listing the valid ones and :meth:`caption`'s own keywords (``progress``,
         ``seed``: a misspelt one, ``progres=True``, is suggested as it, not as a decoding option), and saying so when
         it is an argument of :meth:`from_pretrained` instead (``device``: where the model is loaded, not a decoding
-        setting)."""
+        setting); a Hugging Face name is told what it is here (``num_beams``: ``beam_size``, with
+        ``decode.strategy=beam``: :data:`~finecap.config.hf_names.HF_NAMES`)."""
         from finecap.config import did_you_mean, replaced_section
+        from finecap.config.hf_names import hf_hint
         from finecap.utils.text import closest
 
         fields = [f.name for f in dataclasses.fields(self.cfg.decode)]
@@ -228,7 +230,7 @@ class Captioner(Closeable):
         own = [p.name for p in inspect.signature(Captioner.caption).parameters.values() if p.kind is p.KEYWORD_ONLY]
         for key in decode:
             if key not in fields:
-                hint = did_you_mean(key, fields)
+                hint = hf_hint(key, spell=lambda option: option.removeprefix("decode.")) or did_you_mean(key, fields)
                 if not hint and (match := closest(key, own)) is not None:
                     hint = f" (did you mean {match!r}? an argument of caption() and caption_all())"
                 if key in loading:
@@ -496,11 +498,13 @@ OWN_KEYWORDS = ("resume", "overwrite")
 def unknown_keyword(name: str) -> TypeError:
     """The error of ``finecap.train(recipe, <name>=...)`` for a keyword that is neither one of
     :data:`OWN_KEYWORDS` nor written ``section__key``: it names the closest of its own keywords
-    (``overwrte`` -> ``overwrite``), else the options of that name (``max_steps`` -> ``train__max_steps``), else the
-    closest option (``train_max_steps`` -> ``train__max_steps``), and says how an option is written. It said only
-    the last, so a misspelt ``overwrite`` read as a malformed option."""
+    (``overwrte`` -> ``overwrite``), else the options of that name (``max_steps`` -> ``train__max_steps``), else
+    what a Hugging Face name is here (``learning_rate`` -> ``train__lr``: :data:`~finecap.config.hf_names.HF_NAMES`),
+    else the closest option (``train_max_steps`` -> ``train__max_steps``), and says how an option is written. It said
+    only the last, so a misspelt ``overwrite`` read as a malformed option."""
     from finecap.config import SECTIONS
     from finecap.config.fields import option_fields
+    from finecap.config.hf_names import hf_hint
     from finecap.config.loading import either, options_named
     from finecap.utils.text import closest
 
@@ -509,6 +513,8 @@ def unknown_keyword(name: str) -> TypeError:
         hint = f" (did you mean {own!r}?)"
     elif named := options_named(name):
         hint = f" (did you mean {either([key.replace('.', '__') for key in named])}?)"
+    elif hf := hf_hint(name, spell=lambda option: option.replace(".", "__")):
+        hint = hf
     else:
         every = [key.replace(".", "__") for s, cls in SECTIONS.items() for key, _, _ in option_fields(cls, f"{s}.")]
         option = closest(name, every)

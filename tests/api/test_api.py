@@ -192,6 +192,21 @@ def test_a_loading_argument_given_to_caption_says_where_it_belongs(cap, files):
         cap.caption(files[:1], devise="cpu")
 
 
+@pytest.mark.parametrize(
+    "name, told",
+    [("num_beams", "Hugging Face's num_beams is 'beam_size' here; read with decode.strategy=beam"),
+     ("max_new_tokens", "Hugging Face's max_new_tokens is 'max_length' here; generated tokens"),
+     ("do_sample", "Hugging Face's do_sample=true is 'strategy=sample' here")],
+)  # fmt: skip
+def test_a_hugging_face_decoding_name_is_told_finecaps_keyword(cap, files, name, told):
+    """``caption(img, num_beams=3)`` was told the closest decoding option by spelling, ``finished_beams``, and
+    ``max_new_tokens=30`` or ``do_sample=True`` nothing. Now the keyword of finecap meant (config.hf_names), still
+    refused: one spelling per option."""
+    for call in (cap.caption, cap.caption_all):
+        with pytest.raises(ValueError, match=rf"^unknown decoding option '{name}' \({re.escape(told)}"):
+            call(files[:1], **{name: 3})
+
+
 @pytest.mark.parametrize("typo, meant", [("progres", "progress"), ("sed", "seed"), ("Seed", "seed")])
 def test_a_misspelt_keyword_of_caption_is_suggested_as_it(cap, files, typo, meant):
     """``caption(img, progres=True)`` said "unknown decoding option 'progres'" and listed only the decoding options:
@@ -721,6 +736,23 @@ def test_a_keyword_that_is_no_option_names_the_one_meant(monkeypatch, keyword, m
             r"and overwrite, and an option is written section__key=value ")  # fmt: skip
     with pytest.raises(TypeError, match=said):
         finecap.train("demo/mle", **{keyword: True})
+    assert not seen
+
+
+@pytest.mark.parametrize(
+    "keyword, told",
+    [("learning_rate", "Hugging Face's learning_rate is 'train__lr' here)"),
+     ("gradient_accumulation_steps", "Hugging Face's gradient_accumulation_steps is 'train__grad_accum_steps' here)"),
+     ("num_generations", "TRL's num_generations is 'rl__samples' here)")],
+)  # fmt: skip
+def test_a_hugging_face_training_keyword_is_told_finecaps_option(monkeypatch, keyword, told):
+    """``finecap.train(recipe, learning_rate=1e-4)`` was told no option (nothing is close by spelling to
+    ``learning_rate`` or ``num_generations``; ``gradient_accumulation_steps`` was told ``train__grad_accum_steps``
+    only by chance of spelling). Now the option meant, written as a keyword (config.hf_names); nothing trains."""
+    seen = []
+    monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
+    with pytest.raises(TypeError, match=rf"^finecap.train: unexpected keyword '{keyword}' \({re.escape(told)}; its "):
+        finecap.train("demo/mle", **{keyword: 1})
     assert not seen
 
 

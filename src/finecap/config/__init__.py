@@ -10,6 +10,7 @@ The package, split by reason:
 - :mod:`~finecap.config.fields`: :class:`ConfigError`, :func:`doc` and the one loop checking every field's bounds;
 - :mod:`~finecap.config.sections`: the sections and :class:`Config`;
 - :mod:`~finecap.config.loading`: coercion, origins, overrides, did-you-mean, :func:`load`, :func:`from_dict`;
+- :mod:`~finecap.config.hf_names`: Hugging Face's names of the options, suggested by the errors of unknown keys;
 - :mod:`~finecap.config.stored`: configurations finecap stored, migrated keys, :func:`load_stored`;
 - :mod:`~finecap.config.paths`: the keys holding paths, made absolute when stored;
 - :mod:`~finecap.config.secrets`: the keys holding secrets and their masking.

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from finecap.config.fields import ConfigError, choices_text, constraint_text, is_choice, option_fields, subsections
+from finecap.config.hf_names import HF_NAMES, hf_hint
 from finecap.config.paths import PATH_KEYS
 from finecap.config.secrets import (
     DEPRECATED_SECRETS,
@@ -450,13 +451,23 @@ def _where(key: str | None, origins: Origins, source: str) -> str:
 
 
 def _unknown_key(name: str, k: str, known: list[str], kind: str) -> str:
-    """The message of an unknown key ``name.k``: the options of that very name elsewhere, a nested section's
+    """The message of an unknown key ``name.k``: what a Hugging Face name of this section's options is here
+    (:data:`~finecap.config.hf_names.HF_NAMES`: ``decode.num_beams`` -> ``decode.beam_size``, where the closest key by
+    spelling is ``finished_beams``; ``decode.max_new_tokens`` -> ``decode.max_length``, not the boost LLM's
+    ``boost.max_new_tokens``), else the options of that very name elsewhere, a nested section's
     (``data.questions_column`` -> ``data.hf.questions_column``) or another section's (``train.beam_size`` ->
-    ``decode.beam_size``, where the closest key of ``train`` is ``batch_size``), else the closest key of the section,
-    else the new name of the closest key the section had before it moved (:data:`MOVED_KEYS`: ``rl.kl_cof`` ->
-    ``grpo.kl_coef``; a former ``model`` key's for ``model.kind=kind``), and the section's valid keys."""
+    ``decode.beam_size``, where the closest key of ``train`` is ``batch_size``), else what a Hugging Face name is here
+    (``train.num_beams`` -> ``decode.beam_size``), else the closest key of the section, else the new name of the
+    closest key the section had before it moved (:data:`MOVED_KEYS`: ``rl.kl_cof`` -> ``grpo.kl_coef``; a former
+    ``model`` key's for ``model.kind=kind``), and the section's valid keys."""
     same = options_named(k, exclude=f"{name}.{k}")
-    hint = f" (did you mean {either(same)}?)" if same else did_you_mean(k, known, f"{name}.")
+    hf = HF_NAMES.get(k)
+    if hf is not None and (hf.key or "").rsplit(".", 1)[0] == name:
+        hint = hf_hint(k)
+    elif same:
+        hint = f" (did you mean {either(same)}?)"
+    else:
+        hint = hf_hint(k) or did_you_mean(k, known, f"{name}.")
     former = [key.split(".", 1)[1] for key in MOVED_KEYS if key.split(".")[0] == name]
     if not hint and (match := closest(k, former)) is not None:
         target = renamed_key(f"{name}.{match}") or moved_key(f"{name}.{match}", kind)
