@@ -1,8 +1,8 @@
 """boost's in-process ``vllm`` backend (``boost.llm_backend=vllm``, ``boost.vlm_backend=vllm``) on a tiny world:
 HolisticCap through a tiny Llama chat LM and a tiny Idefics3 answers as the ``transformers`` backend does (greedy,
 float32, with the folders' repetition penalty); the decoding settings are boost's over the folder's; a prompt vLLM
-refuses fails alone; a ``finecap boost`` killed (SIGKILL) after two batches resumes without asking vLLM again for a
-finished image.
+refuses fails alone, an engine raising inside ``generate`` fails its whole batch; a ``finecap boost`` killed (SIGKILL)
+after two batches resumes without asking vLLM again for a finished image.
 
 The two engines (LLM and VLM) are built once, by :func:`finecap.boost.backends.make_backend` from the run's
 configuration, and live side by side in this process, as in a ``finecap boost`` with both roles on vLLM."""
@@ -26,7 +26,7 @@ pytest.importorskip("vllm", reason=NOT_HERE)
 
 from finecap.app import boost as boost_command  # noqa: E402
 from finecap.boost.backends import make_backend  # noqa: E402
-from finecap.boost.engine import AnswerCache, BackendError, Task, boost_records  # noqa: E402
+from finecap.boost.engine import AnswerCache, BackendError, EngineFailing, Task, boost_records  # noqa: E402
 from finecap.boost.prompts import Prompts  # noqa: E402
 from finecap.config import load  # noqa: E402
 from finecap.data.formats import read_dataset  # noqa: E402
@@ -224,3 +224,31 @@ def test_killed_boost_resumes_without_repeating_finished_images(folders, backend
     whole.close()
     resumed = read_dataset("world", out)
     assert [r.captions for r in resumed] == [f["blend"] for f in uninterrupted.fields]
+
+
+def test_an_engine_raising_inside_generate_fails_its_batch_not_as_a_refusal(folders, monkeypatch):
+    """vLLM's engine raising from inside ``LLM.generate`` (its model's step; a CUDA out of memory stood in for on the
+    CPU) reaches boost as one :class:`EngineFailing` per task of the batch, naming the engine's error: vLLM passes it
+    on as it is, never as a refusal (a ``VLLMClientError`` or ``ValueError``), so the batch is not asked again prompt
+    by prompt. An engine of its own, shut down after: the module's engines stay sound for the other tests."""
+    backend = make_backend(load(None, settings(folders, "vllm")), "llm")
+    try:
+        steps = []
+
+        def out_of_memory(*args, **kwargs):
+            steps.append(args)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+        core = backend.llm.llm_engine.engine_core.engine_core  # the in-process engine core (InprocClient's)
+        monkeypatch.setattr(core.model_executor, "execute_model", out_of_memory)
+        records = read_dataset("world", folders["world"])[:3]
+        prompts = Prompts.load()
+        tasks = [Task(i, r, "blend", prompts.messages("blend", few_shot=False, captions=r.captions),
+                      {"captions": r.captions}) for i, r in enumerate(records)]  # fmt: skip
+        answers = dict(backend.run(tasks))
+        assert len(steps) == 1  # one step of the batch, none of a prompt alone
+        assert sorted(answers) == [0, 1, 2] and all(isinstance(a, EngineFailing) for a in answers.values()), answers
+        assert str(answers[0]) == ("the vLLM engine failed: OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                   "2.00 GiB")  # fmt: skip
+    finally:
+        backend.close()

@@ -15,6 +15,13 @@ conversation with its image, and the batches they generate in.
   (:class:`~finecap.boost.engine.BadImage`), unseen by the model.
 - **Batches**: ``boost.batch_size`` tasks per :meth:`InProcessBackend.generate` call; their answers are yielded (and
   so cached by the engine) when the batch is done, so a killed run loses at most one batch.
+- **An engine that fails**: a batch whose :meth:`InProcessBackend.generate` raises
+  :class:`~finecap.boost.engine.EngineFailing` (the ``vllm`` backend's engine raised instead of answering: out of
+  memory, its engine core dead) or :class:`~finecap.utils.closing.UsedAfterClose` (the backend was closed) answers
+  each of its tasks with that :class:`~finecap.boost.engine.EngineFailing`: the boost engine fails each image as a
+  failing server's (:class:`~finecap.boost.engine.FailureBudget` stops the run by ``boost.max_failure_rate``, the
+  answers already cached kept), never a traceback out of :meth:`InProcessBackend.run`. Any other error (a chat
+  template's) still stops the run as it is.
 """
 
 from __future__ import annotations
@@ -23,12 +30,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from finecap.boost.engine import BadImage, Task, option_name
+from finecap.boost.engine import BadImage, EngineFailing, Task, engine_failing, option_name
 from finecap.data.images import load_record_image
 from finecap.data.records import DataError
 from finecap.data.targets import text_only
 from finecap.models.chat_prompts import chat_prompt_ids
 from finecap.models.chat_templates import apply_chat_template
+from finecap.utils.closing import UsedAfterClose
 
 
 def load_chat_tokenizer(model: str, *, vision: bool, key: str, backend: str) -> tuple[Any, Any]:
@@ -84,12 +92,14 @@ def prompt_ids(tokenizer: Any, task: Task) -> list[int]:
 
 class InProcessBackend(ABC):
     """A chat model in this process answering boost's tasks in batches (module docstring). Subclasses name their
-    :attr:`backend` and how their samples are drawn (:attr:`drawn`), keep their settings through :meth:`_settings`,
-    set ``stamp`` (:func:`~finecap.boost.engine.model_stamp`) once the model is loaded, and implement
-    :meth:`generate`."""
+    :attr:`backend`, their :attr:`engine` and how their samples are drawn (:attr:`drawn`), keep their settings
+    through :meth:`_settings`, set ``stamp`` (:func:`~finecap.boost.engine.model_stamp`) once the model is loaded,
+    and implement :meth:`generate`."""
 
     backend: str
     """The backend's name: ``boost.llm_backend`` / ``boost.vlm_backend``'s value, and the cache key's."""
+    engine: str
+    """The engine's name in messages (``vLLM``: :func:`~finecap.boost.engine.engine_failing`)."""
     drawn: str
     """How a sample is drawn (``boost.temperature > 0``): ``"per batch"`` when the tasks of one batch are sampled
     from one generator seeded for the batch (:func:`~finecap.boost.engine.batch_seed`), so a task's samples depend on
@@ -132,5 +142,9 @@ class InProcessBackend(ABC):
                         batch.remove(i)
                         yield i, BadImage(str(e))
             if batch:
-                answers = self.generate([tasks[i] for i in batch], [images[i] for i in batch] if self.vision else ())
+                batch_images = [images[i] for i in batch] if self.vision else ()
+                try:
+                    answers = self.generate([tasks[i] for i in batch], batch_images)
+                except (EngineFailing, UsedAfterClose) as e:  # the engine's failure: each task's (module docstring)
+                    answers = [engine_failing(e, self.engine) for _ in batch]
                 yield from zip(batch, answers)

@@ -103,10 +103,25 @@ class ServerFailing(BackendError):
 
 
 class EngineFailing(ServerFailing):
-    """An in-process engine (the ``vllm`` judge's ``vllm.LLM``) raised instead of answering a request it accepted:
-    out of memory, its engine core dead, shut down. No answer, as a failing server's (``status`` ``None``): a judge
-    counts it towards ``judge.max_consecutive_failures``; a request the engine refuses (a prompt too long) is a plain
-    :class:`BackendError`, that request's own."""
+    """An in-process engine (boost's ``vllm`` backend's and the ``vllm`` judge's ``vllm.LLM``) raised instead of
+    answering a request it accepted: out of memory, its engine core dead, shut down. No answer, as a failing server's
+    (``status`` ``None``): boost fails each image of the batch it was asked for, counted in ``boost.max_failure_rate``
+    (:class:`FailureBudget`); a judge counts it towards ``judge.max_consecutive_failures``. A request the engine
+    refuses (a prompt too long) is a plain :class:`BackendError`, that request's own."""
+
+
+def engine_failing(error: BaseException, engine: str = "vLLM") -> EngineFailing:
+    """The :class:`EngineFailing` of an in-process ``engine`` that raised ``error`` instead of answering, in one line
+    naming the error (``error`` itself when it is one already).
+
+    Example::
+
+        >>> engine_failing(RuntimeError("CUDA out of memory.\\nTried to allocate 2.00 GiB"))
+        EngineFailing('the vLLM engine failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB')
+    """
+    if isinstance(error, EngineFailing):
+        return error
+    return EngineFailing(f"the {engine} engine failed: {type(error).__name__}: {' '.join(str(error).split())}")
 
 
 class MalformedReply(BackendError):

@@ -41,7 +41,7 @@ from finecap.utils.rng import rng_preserved
 class TransformersBackend(InProcessBackend):
     """A chat model run in this process (module docstring)."""
 
-    backend = "transformers"
+    backend = engine = "transformers"
     drawn = "per batch"  # one torch generator per batch: transformers' generate takes no seed per sequence
 
     def __init__(

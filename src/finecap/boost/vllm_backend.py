@@ -33,6 +33,13 @@ so a killed run loses at most one batch).
   HTTP 4xx on its server, or a ``ValueError``, before generating) fails its image as a
   :class:`~finecap.boost.engine.BackendError`, as an HTTP 400 does with the ``openai`` backend: the batch is asked
   again one task at a time, so only the refused tasks fail.
+- **An engine that raises instead of answering** (out of memory, vLLM's ``EngineDeadError``, any other error of
+  ``LLM.generate``) raises :class:`~finecap.boost.engine.EngineFailing` from :meth:`VllmBackend.generate`, naming
+  the engine's error (:func:`~finecap.boost.engine.engine_failing`); the batch is not asked again prompt by prompt.
+  Boost's :meth:`~finecap.boost.chat.InProcessBackend.run` fails each task of the batch with it, as a failing
+  server's request fails its image (``failures.jsonl``; the run stops by ``boost.max_failure_rate``, exit code 2,
+  the answers already cached kept), and so does a use after :meth:`VllmBackend.close`; the ``vllm`` judge counts
+  it towards ``judge.max_consecutive_failures``.
 
 Greedy answers equal the ``transformers`` backend's in float32 on tiny Llama and Idefics3 chat models
 (``tests/engines/test_vllm_boost.py``).
@@ -45,7 +52,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from finecap.boost.chat import InProcessBackend, prompt_ids, prompt_text
-from finecap.boost.engine import BackendError, Task, cut_off, model_stamp, option_name, request_seed
+from finecap.boost.engine import BackendError, Task, cut_off, engine_failing, model_stamp, option_name, request_seed
 
 if TYPE_CHECKING:
     from finecap.config import VllmConfig
@@ -65,7 +72,7 @@ class VllmBackend(InProcessBackend):
     ``judge``); ``option``: the option and value that chose it, named when vLLM is missing or the engine was closed
     (default ``<key>_backend=vllm``, boost's; the ``vllm`` judge's is ``judge.name=vllm``)."""
 
-    backend = "vllm"
+    backend, engine = "vllm", "vLLM"
     drawn = "per task"  # each request's SamplingParams.seed
 
     def __init__(
@@ -132,6 +139,8 @@ class VllmBackend(InProcessBackend):
             if len(prompts) > 1:
                 return [answer for p, t in zip(prompts, tasks, strict=True) for answer in self._answers([p], [t])]
             return [BackendError(f"vLLM refused the request: {' '.join(str(e).split())[:300]}")]
+        except Exception as e:  # the engine's failure, no request's: not asked again prompt by prompt (docstring)
+            raise engine_failing(e, self.engine) from e
         texts = self.tokenizer.batch_decode([list(o.outputs[0].token_ids) for o in outputs], skip_special_tokens=True)
         return [
             cut_off(text, self.max_new_tokens, "no end-of-sequence token")  # as the transformers backend says it
@@ -142,7 +151,9 @@ class VllmBackend(InProcessBackend):
 
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
         """Answers of ``tasks`` (a :class:`BackendError` for a prompt vLLM refuses); ``images``: their decoded
-        images (the VLM). After :meth:`close`, a :class:`~finecap.utils.closing.UsedAfterClose` saying so."""
+        images (the VLM). An engine that raises instead of answering raises
+        :class:`~finecap.boost.engine.EngineFailing` naming its error; after :meth:`close`, a
+        :class:`~finecap.utils.closing.UsedAfterClose` saying so (module docstring)."""
         self._running()
         prompts = [self.prompt(t, im) for t, im in zip(tasks, images or [None] * len(tasks), strict=True)]
         return self._answers(prompts, tasks)

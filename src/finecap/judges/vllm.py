@@ -23,7 +23,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from finecap.boost.engine import BackendError, EngineFailing, model_stamp
+from finecap.boost.engine import BackendError, EngineFailing, engine_failing, model_stamp
 from finecap.judges.base import Judge
 from finecap.judges.cache import AnswerCache
 from finecap.judges.openai import OpenAIJudge, holding_cache, judge_settings, load_prompts
@@ -47,12 +47,14 @@ class _InProcess:
         ``judge.max_consecutive_failures`` (module docstring)."""
         try:
             (answer,) = self.backend.generate([SimpleNamespace(messages=request.messages)])
+        except EngineFailing:  # boost's VllmBackend's own: its engine raised instead of answering
+            raise
         except Exception as e:  # not BaseException: a Ctrl-C stops the run, never a call
-            raise EngineFailing(f"the vLLM engine failed: {type(e).__name__}: {e}") from e
+            raise engine_failing(e) from e
         if isinstance(answer, BackendError):
             raise answer
         if isinstance(answer, BaseException):
-            raise EngineFailing(f"the vLLM engine failed: {type(answer).__name__}: {answer}") from answer
+            raise engine_failing(answer) from answer
         return answer
 
     def close(self) -> None:

@@ -1,0 +1,169 @@
+"""boost's in-process ``vllm`` backend (:mod:`finecap.boost.vllm_backend`) over a stand-in ``vllm.LLM`` (no vLLM
+here; the real engine's tests are tests/engines/test_vllm_boost.py, in ``.venv-vllm``): an engine that raises
+instead of answering (vLLM's ``EngineDeadError``, out of memory, a use after close) ends a ``finecap boost`` as a
+failing server does, a prompt the engine refuses stays that image's own failure."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+from finecap.app.boost import main as boost
+from finecap.boost import chat, vllm_backend
+from finecap.boost.chat import InProcessBackend
+from finecap.boost.engine import BoostFailed, EngineFailing, Task
+from finecap.boost.vllm_backend import VllmBackend
+from finecap.config import load
+from finecap.data.records import Record
+from finecap.engines import vllm as engines_vllm
+from finecap.utils.closing import UsedAfterClose
+from helpers.tiny_world import make_tiny_world, world_items
+from helpers.vllm_stand_in import StandInLLM, stand_in_vllm
+
+
+class VLLMClientError(Exception):
+    """vLLM's error of a request (its HTTP 4xx: a prompt longer than ``vllm.max_model_len``)."""
+
+
+class EngineDeadError(Exception):
+    """vLLM's error of an engine core that died (a ``VLLMServerError``), with vLLM's own message."""
+
+    def __init__(self) -> None:
+        super().__init__("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+
+class ScriptedLLM(StandInLLM):
+    """A ``vllm.LLM`` that answers its first ``healthy`` ``generate`` calls (each prompt ``Caption N.``, N its task's
+    position, as :func:`scripted` tokenizes it), then raises ``error`` on every later call; a prompt in ``refused`` is
+    refused (:class:`VLLMClientError`). ``calls``: the prompts of each call."""
+
+    healthy = 0
+    error: BaseException | None = None
+    refused: frozenset[int] = frozenset()
+    calls: list[list[int]] = []
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.model_config = SimpleNamespace(get_diff_sampling_param=lambda: {})
+
+    def generate(self, prompts, params, use_tqdm=False):
+        ids = [p["prompt_token_ids"][0] for p in prompts]
+        type(self).calls.append(ids)
+        if len(self.calls) > self.healthy:
+            raise self.error
+        if self.refused & set(ids):
+            raise VLLMClientError("This model's maximum context length is 512 tokens")
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[i], finish_reason="stop")]) for i in ids]
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """vLLM stood in for by :class:`ScriptedLLM` (its records emptied): the backend's prompt of a task is its
+    position alone, decoded back as ``Caption N.``."""
+    vllm = ModuleType("vllm")
+    vllm.SamplingParams = SimpleNamespace(from_optional=lambda **settings: settings)
+    exceptions = ModuleType("vllm.exceptions")
+    exceptions.VLLMClientError = VLLMClientError
+    tokenizer = SimpleNamespace(batch_decode=lambda ids, skip_special_tokens: [f"Caption {i[0]}." for i in ids])
+    with stand_in_vllm(monkeypatch):
+        monkeypatch.setitem(sys.modules, "vllm", vllm)
+        monkeypatch.setitem(sys.modules, "vllm.exceptions", exceptions)
+        monkeypatch.setattr(engines_vllm, "import_vllm", lambda option="": SimpleNamespace(LLM=ScriptedLLM))
+        monkeypatch.setattr(VllmBackend, "_settings", InProcessBackend._settings)  # the settings kept, as boost's
+        monkeypatch.setattr(chat, "load_chat_tokenizer", lambda model, **kwargs: (None, tokenizer))
+        monkeypatch.setattr(vllm_backend, "prompt_ids", lambda tokenizer, task: [task.index])
+        for name, value in (("healthy", 0), ("error", None), ("refused", frozenset()), ("calls", [])):
+            monkeypatch.setattr(ScriptedLLM, name, value)
+        yield ScriptedLLM
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    return make_tiny_world(tmp_path_factory.mktemp("world"))
+
+
+def settings(world: Path, *extra: str) -> list[str]:
+    return [*world_items(world), "boost.mode=blend", "boost.few_shot=false", "boost.llm_backend=vllm",
+            "boost.llm_model=a-chat-model", "boost.batch_size=4", *extra]  # fmt: skip
+
+
+def test_an_engine_that_dies_mid_run_stops_boost_in_one_line_keeping_the_cached_answers(scripted, world, tmp_path):
+    # the engine's EngineDeadError escaped backend.run, boost_records and finecap boost as a traceback: no boost.json
+    # but "running", no failures.jsonl, no line saying what failed
+    scripted.healthy, scripted.error = 2, EngineDeadError()  # two batches answered (8 images), then dead
+    out = tmp_path / "out"
+    with pytest.raises(BoostFailed) as stopped:
+        boost(load(None, settings(world)), out, progress=False)
+    message = str(stopped.value)
+    engine_error = ("the vLLM engine failed: EngineDeadError: EngineCore encountered an issue. See stack trace "
+                    "(above) for the root cause.")  # fmt: skip
+    # the default budget (boost.max_failure_rate=0.01 of 32 images) stops at the first failed image
+    assert message.startswith("boost stopped: 1 of 32 images failed, more than boost.max_failure_rate=0.01 allows; "
+                              f"last error: {engine_error}. 8 of 32 images boosted (blend), 1 failed, 23 not done; "
+                              "no data set written. 8 answers are kept in"), message  # fmt: skip
+    assert "\n" not in message
+    assert scripted.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # the dead batch not asked prompt by prompt
+    summary = json.loads((out / "boost.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].endswith(engine_error) and summary["output"] is None
+    assert (summary["boosted"], summary["failed"], summary["not_done"]) == (8, 1, 23)
+    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    failed = ("blend", f"EngineFailing: {engine_error}", 1)  # step, error, attempts: the image's own line
+    assert [(f["step"], f["error"], f["attempts"]) for f in failures] == [failed]
+    cached = [json.loads(line) for line in (out / "cache.jsonl").read_text().splitlines()]
+    assert sorted(row["answer"] for row in cached) == sorted(f"Caption {i}." for i in range(8))
+    assert not (out / "dataset.json").exists()
+    (llm,) = scripted.built
+    assert llm.shutdowns == 1  # the dead engine's backend closed all the same
+    # the engine started again: the run continues where it stopped, asking only for the 24 images not answered
+    scripted.healthy, scripted.calls = 10**6, []
+    summary = boost(load(None, settings(world)), out, progress=False)
+    assert summary["status"] == "ok" and summary["boosted"] == 32
+    assert summary["cached"] == {"blend": 8} and summary["requested"] == {"blend": 24}
+    assert sorted(i for call in scripted.calls for i in call) == list(range(8, 32))
+
+
+def test_a_dead_engine_fails_every_image_of_its_batches_within_a_budget_that_allows_it(scripted, world, tmp_path):
+    # a budget of 100 %: the run goes on, each batch asked once and failed whole, and ends with the human captions
+    scripted.error = RuntimeError("CUDA out of memory.\nTried to allocate 2.00 GiB")
+    summary = boost(load(None, settings(world, "boost.max_failure_rate=1")), tmp_path / "out", progress=False)
+    assert summary["status"] == "ok" and (summary["boosted"], summary["failed"]) == (0, 32)
+    assert len(scripted.calls) == 8  # 32 images in batches of 4, each asked once
+    failures = [json.loads(line) for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()]
+    assert {f["error"] for f in failures} == {"EngineFailing: the vLLM engine failed: RuntimeError: CUDA out of "
+                                              "memory. Tried to allocate 2.00 GiB"}  # fmt: skip
+
+
+def tasks(n: int) -> list[Task]:
+    return [Task(i, Record(i, Path(f"{i}.png"), "test", ["a dog"]), "blend", [], {}) for i in range(n)]
+
+
+def test_a_refused_prompt_fails_alone_and_an_engine_failure_fails_its_batch(scripted):
+    scripted.healthy, scripted.refused, scripted.error = 4, frozenset({1}), RuntimeError("CUDA out of memory")
+    backend = VllmBackend("a-chat-model", batch_size=3)
+    answers = dict(backend.run(tasks(6)))
+    # the first batch refused as a whole, asked again prompt by prompt: only the refused prompt fails, as its own
+    assert scripted.calls == [[0, 1, 2], [0], [1], [2], [3, 4, 5]]
+    assert (answers[0], answers[2]) == ("Caption 0.", "Caption 2.")
+    assert type(answers[1]).__name__ == "BackendError" and "refused the request" in str(answers[1])
+    # the second batch's engine failed: each of its tasks fails with it, none asked again
+    assert all(isinstance(answers[i], EngineFailing) for i in (3, 4, 5))
+    assert str(answers[3]) == "the vLLM engine failed: RuntimeError: CUDA out of memory"
+    with pytest.raises(EngineFailing, match="^the vLLM engine failed: RuntimeError: CUDA out of memory$"):
+        backend.generate(tasks(1))  # what the vllm judge counts towards judge.max_consecutive_failures
+    backend.close()
+
+
+def test_a_closed_backend_fails_each_task_naming_the_close(scripted):
+    backend = VllmBackend("a-chat-model", batch_size=2)
+    backend.close()
+    with pytest.raises(UsedAfterClose):  # generate says it, as before
+        backend.generate(tasks(1))
+    answers = list(backend.run(tasks(3)))
+    assert [i for i, _ in answers] == [0, 1, 2] and scripted.calls == []
+    assert all(isinstance(a, EngineFailing) for _, a in answers)
+    assert str(answers[0][1]).startswith("the vLLM engine failed: UsedAfterClose: boost.llm_backend=vllm: this "
+                                         "backend was closed")  # fmt: skip
