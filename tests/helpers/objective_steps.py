@@ -1,5 +1,5 @@
 """Optimizer steps of an objective on a tiny captioner, for the objective tests that train a few steps
-(tests/objectives/)."""
+(tests/objectives/), and the stand-ins of their hand-computed tests: fixed logits, a second process."""
 
 from __future__ import annotations
 
@@ -25,3 +25,29 @@ def train_steps(model: Any, objective: Any, batch: dict | Callable[[], dict], st
         objective.end_step()
         outs.append(out)
     return outs
+
+
+class FixedLogits(torch.nn.Module):
+    """A stand-in captioner whose logits (B, T, V) are the parameter ``logits``, whatever the batch: the teacher-forced
+    objectives' (MLE, SMILE) hand-computed tests."""
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__()
+        self.logits = torch.nn.Parameter(logits)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.logits
+
+
+class OtherProcess:
+    """An accelerator of two processes; the other process's per-token metrics are the hand-made ``[sum, count]``
+    rows ``others`` (by name, sorted), and it adds nothing to the other reductions (the monitor's, the tallies')."""
+
+    num_processes, device = 2, "cpu"
+
+    def __init__(self, others: dict[str, list[float]]):
+        self.others = torch.tensor([others[name] for name in sorted(others)], dtype=torch.float64)
+
+    def reduce(self, t: torch.Tensor, reduction: str) -> torch.Tensor:
+        assert reduction == "sum"
+        return t + self.others if t.dim() == 2 else t  # (K, 2): the token means' sums and counts

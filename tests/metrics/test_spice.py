@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 import finecap.compat.pycocoevalcap.spice.spice as compat_spice
 import finecap.metrics.spice as spice
 
@@ -71,3 +73,30 @@ def test_corpus_spice_equals_pycocoevalcaps_bit_for_bit(monkeypatch, tmp_path):
     assert per == {i: {"SPICE": _f_score(predictions[i])} for i in ids}
     monkeypatch.setattr(compat_spice, "spice_unavailable_reason", lambda *args: None)
     assert compat_spice.Spice().compute_score(references, {i: [c] for i, c in predictions.items()})[0] == want
+
+
+def test_ids_of_both_types_are_scored_in_the_order_of_the_images_they_name(monkeypatch, tmp_path):
+    # References keyed {0: ..., "1": ..., 2: ...}: the rest of finecap reads an int and its string as one image
+    # (finecap.data.records.id_key); the jar's input was sorted by the ids as written, and an int beside a string
+    # raised TypeError. Now the jar scores them in the order of the images they name, so the corpus SPICE is, bit
+    # for bit, that of the same captions keyed by ints (pycocoevalcap's, tested above), and each image keeps its
+    # own score under the id it was given. 101 images, so that np.mean's pairwise sum tells the orders apart.
+    ids = [(k * 37) % 101 for k in range(101)]
+    mixed = [str(i) if i % 2 else i for i in ids]  # odd ids as strings
+    monkeypatch.setattr(spice, "spice_unavailable_reason", lambda *args: None)
+    monkeypatch.setattr(spice, "find_spice_dir", lambda *args: tmp_path)
+    monkeypatch.setattr(spice.subprocess, "run", _fake_jar)
+    as_ints, _ = spice.spice_per_item({i: f"a caption {i + 1}" for i in ids}, {i: ["a reference"] for i in ids})
+    references = {i: ["a reference"] for i in mixed}
+    other_way = [i if i % 2 else str(i) for i in ids]  # the predictions' ids: each written the other way
+    predictions = {i: f"a caption {int(i) + 1}" for i in other_way}
+    corpus, per = spice.spice_per_item(predictions, references)
+    assert corpus == as_ints
+    values = [_f_score(f"a caption {i + 1}") for i in sorted(ids, key=str)]  # the ids' text order: another mean
+    assert float(np.mean(np.array(values))) != as_ints["SPICE"]
+    assert per == {i: {"SPICE": _f_score(predictions[i])} for i in predictions}
+    # pycocoevalcap's Spice keyed the same way: the scores in the images' order, 0, 1, ..., 100
+    monkeypatch.setattr(compat_spice, "spice_unavailable_reason", lambda *args: None)
+    mean, scores = compat_spice.Spice().compute_score(references, {i: [f"a caption {int(i) + 1}"] for i in mixed})
+    assert mean == as_ints["SPICE"]
+    assert [s["All"]["f"] for s in scores] == [_f_score(f"a caption {i + 1}") for i in range(101)]

@@ -34,7 +34,7 @@ from finecap.objectives.reinforce import Reinforce
 from finecap.rewards import RewardOutput, WeightedSum
 from finecap.train.logging import step_sum
 from finecap.train.state import load_tree, save_tree
-from helpers.objective_steps import train_steps
+from helpers.objective_steps import OtherProcess, train_steps
 from helpers.rl_sections import rl_sections
 
 S, L = 3, 4  # samples per image, token positions
@@ -911,20 +911,6 @@ def test_the_logged_kl_is_the_steps_token_mean_the_kl_alarm_reads():
     token_mean = (kls[0] * 6 + kls[1] * 9) / 15
     assert obj.step_values()["kl"] == pytest.approx(token_mean, rel=1e-6) == alarmed
     assert abs(token_mean - sum(kls) / 2) > 1e-3  # what the log held: not the step's KL
-
-
-class OtherProcess:
-    """An accelerator of two processes; the other process's per-token metrics are the hand-made ``[sum, count]``
-    rows ``others`` (by name, sorted), and it adds nothing to the other reductions (the monitor's, the tallies')."""
-
-    num_processes, device = 2, "cpu"
-
-    def __init__(self, others):
-        self.others = torch.tensor([others[name] for name in sorted(others)], dtype=torch.float64)
-
-    def reduce(self, t, reduction):
-        assert reduction == "sum"
-        return t + self.others if t.dim() == 2 else t  # (K, 2): the token means' sums and counts
 
 
 def test_the_logged_per_token_metrics_are_the_token_means_over_every_processs_tokens():

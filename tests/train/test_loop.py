@@ -40,6 +40,7 @@ from finecap.train.state import config_changes
 from finecap.utils.rng import seed_everything
 from helpers.equivalence import LR, compare, weights
 from helpers.logged_keys import undocumented
+from helpers.objective_steps import FixedLogits
 
 
 def read_metrics(run_dir):
@@ -553,6 +554,18 @@ def test_the_logged_loss_parts_are_the_steps_as_the_loss_is(make_cfg):
     values = engine.train_step([{"items": 1, "scale": 1.0}, {"items": 3, "scale": 2.0}])
     assert (values["loss/a"], values["loss/b"], values["loss"]) == (700.0, 1400.0, 1400.0)
     assert values["m"] == 7.0  # metrics stay means over the micro-batches
+
+
+def test_mles_logged_accuracy_is_the_steps_share_of_its_tokens_predicted_right(make_cfg):
+    # Fixed logits whose top tokens are 0, 1, 0 (caption 0) and 1, 2, 2 (caption 1); two accumulated micro-batches:
+    # 5 tokens of which 4 are right (label 0 at (1, 1), where 2 is on top), then 1 token that is wrong. The step's
+    # accuracy is 4 / 6; the mean of the micro-batches' shares, (0.8 + 0) / 2 = 0.4, was logged until 2026-11-29.
+    logits = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 0.7, 0.0], [50.0, -50.0, 9.0]],
+                           [[0.0, 1.1, 0.0], [-7.0, 3.0, 20.0], [1.0, 2.0, 3.0]]])  # fmt: skip
+    labels = ([[0, 1, 0], [1, 0, -100]], [[2, -100, -100], [-100, -100, -100]])
+    _, engine = _engine(make_cfg, MLE(), "train.grad_accum_steps=2", model=FixedLogits(logits))
+    values = engine.train_step([{"labels": torch.tensor(t)} for t in labels])
+    assert values["accuracy"] == pytest.approx(4 / 6) and values["tokens"] == 3  # tokens: per micro-batch
 
 
 class RewardOfTheBatch:

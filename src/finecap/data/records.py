@@ -188,12 +188,31 @@ def id_key(image_id: Hashable, keys: Collection[Hashable]) -> Hashable | None:
     """
     if image_id in keys:
         return image_id
-    image_id = integral_id(image_id)  # 42.0 is 42 (a float key 42.0 finds 42 above; "42" here), as COCO's readers
+    number = id_number(image_id)  # 42.0 is 42 (a float key 42.0 finds 42 above; "42" here), as COCO's readers
+    if number is None:
+        return None
+    other = number if isinstance(image_id, str) else str(number)  # the same id written the other way
+    return other if other in keys else None
+
+
+def id_number(image_id: Hashable) -> int | None:
+    """The integer ``image_id`` names by :func:`id_key`'s rule: an int (not a bool), an integral float
+    (:func:`integral_id`) or the string Python writes for an int; ``None`` for any other id (``"042"``, ``"-0"``,
+    ``" 42"``, ``"x"``, ``42.5``), which names no integer.
+
+    Example::
+
+        >>> id_number(42), id_number("42"), id_number(42.0), id_number("-3"), id_number("042"), id_number("x")
+        (42, 42, 42, -3, None, None)
+    """
+    image_id = integral_id(image_id)
+    if isinstance(image_id, bool):
+        return None
+    if isinstance(image_id, int):
+        return image_id
     if isinstance(image_id, str) and _INT_TEXT.fullmatch(image_id):  # ASCII digits, one sign ("--5", "²": none)
         number = int(image_id)
-        return number if str(number) == image_id and number in keys else None  # "042", "-0": their own ids
-    if isinstance(image_id, int) and not isinstance(image_id, bool) and str(image_id) in keys:
-        return str(image_id)
+        return number if str(number) == image_id else None  # "042", "-0": their own ids
     return None
 
 

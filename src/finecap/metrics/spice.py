@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from finecap.data.records import id_number, id_text
 from finecap.metrics.meteor.inputs import check_inputs
 from finecap.metrics.meteor.resources import MetricUnavailable, pycocoevalcap_file
 
@@ -67,6 +68,28 @@ def spice_float(x: object) -> float:
         return math.nan
 
 
+def jar_order(ids: Sequence[Hashable]) -> list[int]:
+    """The positions of ``ids`` in the order the jar scores them: the ids sorted, as pycocoevalcap sorts them, where
+    they compare (ids of one type); ids that do not (ints beside strings, which pycocoevalcap cannot sort) by the
+    image each names: those naming an integer first, by it (:func:`~finecap.data.records.id_number`: ``7`` and
+    ``"7"`` are the number 7), then the others by their text (:func:`~finecap.data.records.id_text`), so
+    ``{"0": ..., 2: ..., 10: ...}`` is scored as ``{0: ..., 2: ..., 10: ...}`` is
+    (docs/evaluation.md#ids-written-as-an-int-or-as-a-string).
+
+    >>> jar_order([10, 2, 0]), jar_order(["10", "2", "0"]), jar_order(["10", 2, "0", "x"])
+    ([2, 1, 0], [2, 0, 1], [2, 1, 0, 3])
+    """
+    try:
+        return sorted(range(len(ids)), key=ids.__getitem__)  # pycocoevalcap sorts the image ids
+    except TypeError:
+
+        def image(j: int) -> tuple[int, int | str]:
+            number = id_number(ids[j])
+            return (0, number) if number is not None else (1, id_text(ids[j]))
+
+        return sorted(range(len(ids)), key=image)
+
+
 def spice_per_item(
     predictions: Mapping[Hashable, str],
     references: Mapping[Hashable, Sequence[str]],
@@ -77,9 +100,9 @@ def spice_per_item(
     memory: str = "8G",
     timeout: float | None = None,
 ) -> tuple[dict[str, float], dict[Hashable, dict[str, float]]]:
-    """Corpus SPICE (key ``SPICE``: mean of the per-image F-scores in sorted id order, NaNs included, taken with
-    ``np.mean`` as pycocoevalcap does: its pairwise sum differs from a running one in the last bits) and per-image
-    SPICE F-score. Raises :class:`MetricUnavailable` when Java or a jar is missing."""
+    """Corpus SPICE (key ``SPICE``: mean of the per-image F-scores in sorted id order (:func:`jar_order`), NaNs
+    included, taken with ``np.mean`` as pycocoevalcap does: its pairwise sum differs from a running one in the last
+    bits) and per-image SPICE F-score. Raises :class:`MetricUnavailable` when Java or a jar is missing."""
     ids, order, results = spice_results(predictions, references, spice_dir=spice_dir, cache_dir=cache_dir,
                                         java=java, memory=memory, timeout=timeout)  # fmt: skip
     per: dict[Hashable, dict[str, float]] = {}
@@ -100,16 +123,16 @@ def spice_results(
     timeout: float | None = None,
 ) -> tuple[list[Hashable], list[int], dict[Hashable, dict]]:
     """The jar's output as it writes it: ``(ids, order, {id: scores})`` with ``ids`` those of ``predictions``,
-    ``order`` the positions of ``ids`` in the order the jar scored them (sorted ids, as pycocoevalcap) and
-    ``scores`` each image's ``{category: {"pr", "re", "f", ...}}`` (values as the jar wrote them). Raises
-    :class:`MetricUnavailable` when Java or a jar is missing."""
+    ``order`` the positions of ``ids`` in the order the jar scored them (sorted ids, as pycocoevalcap:
+    :func:`jar_order`) and ``scores`` each image's ``{category: {"pr", "re", "f", ...}}`` (values as the jar wrote
+    them). Raises :class:`MetricUnavailable` when Java or a jar is missing."""
     reason = spice_unavailable_reason(spice_dir, java)
     if reason is not None:
         raise MetricUnavailable(reason)
     root = find_spice_dir(spice_dir)
     assert root is not None
     ids, preds, refs = check_inputs(predictions, references)
-    order = sorted(range(len(ids)), key=lambda j: ids[j])  # pycocoevalcap sorts the image ids
+    order = jar_order(ids)
     with tempfile.TemporaryDirectory(prefix="finecap-spice-") as tmp:
         in_file, out_file = Path(tmp) / "input.json", Path(tmp) / "output.json"
         data = [{"image_id": j, "test": preds[j], "refs": refs[j]} for j in order]

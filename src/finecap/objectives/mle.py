@@ -21,16 +21,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from finecap.contract import is_copy
 from finecap.data.targets import IGNORE_INDEX
-from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
+from finecap.objectives.base import ObjectiveOutput, unwrap
+from finecap.objectives.token_means import TokenMeanObjective
 
 
 def mle_loss(
     logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX, reduction: str = "mean"
 ) -> torch.Tensor:
-    """Cross-entropy over positions whose label is not ``ignore_index`` (their mean, or ``reduction="sum"``);
-    logits (B, T, V), labels (B, T). finecap's one masked cross-entropy: MLE, SMILE (on restricted logits), the
-    validation loss and perplexity all use it."""
+    """Cross-entropy over positions whose label is not ``ignore_index`` (their mean, or ``reduction="sum"``, or
+    ``"none"``: each position's, (B*T,), 0 where ignored); logits (B, T, V), labels (B, T). finecap's one masked
+    cross-entropy: MLE, SMILE (on restricted logits), the validation loss and perplexity all use it."""
     B, T, V = logits.shape
     if not (labels != ignore_index).any():
         raise ValueError("mle_loss: every label is ignored (empty captions?)")
@@ -38,8 +40,10 @@ def mle_loss(
     return F.cross_entropy(flat, labels.reshape(B * T), ignore_index=ignore_index, reduction=reduction)
 
 
-class MLE(ObjectiveBase):
-    """``objective(model, batch)``: the MLE loss ``losses["mle"]``, plus token accuracy and token count as metrics."""
+class MLE(TokenMeanObjective):
+    """``objective(model, batch)``: the MLE loss ``losses["mle"]``, plus token accuracy and token count as metrics.
+    ``accuracy`` is a per-token metric: a step logs the share of every process's tokens predicted right
+    (:mod:`finecap.objectives.token_means`), not the mean of the micro-batches' and processes' shares."""
 
     def __call__(self, model: torch.nn.Module, batch: dict[str, Any]) -> ObjectiveOutput:
         labels = batch["labels"]  # (B, T)
@@ -58,7 +62,8 @@ class MLE(ObjectiveBase):
             loss = mle_loss(logits, labels)
             with torch.no_grad():
                 correct = (logits.argmax(-1) == labels) & valid
-        metrics = {"accuracy": float(correct.sum()) / n, "tokens": n}
+        right = correct[valid].float()  # (n,) 1 where the token's top prediction is its label
+        metrics = {"accuracy": self.token_means.add("accuracy", right, not is_copy(batch)), "tokens": n}
         return ObjectiveOutput(losses={"mle": loss}, metrics=metrics, num_items=n)  # a mean over n tokens
 
 

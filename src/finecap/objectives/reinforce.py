@@ -75,12 +75,12 @@ from finecap.engines.rollouts import RolloutEngine
 from finecap.judges.base import tallies_grown
 from finecap.models import sharding
 from finecap.models.base import set_dropout
-from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
+from finecap.objectives.base import ObjectiveOutput, unwrap
 from finecap.objectives.baselines import baseline_of, build_baseline, call_hook
 from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics, mismatch_values
 from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
-from finecap.objectives.token_means import Reduce, TokenMeans, scored_values
+from finecap.objectives.token_means import TokenMeanObjective, scored_values
 from finecap.registry import declared_needs
 from finecap.rewards import RewardInputs, as_reward, build_reward
 from finecap.rewards.base import RewardOutput, check_finite, scored_mean
@@ -191,7 +191,7 @@ def policy_gradient_loss(advantage: torch.Tensor, logprob: torch.Tensor) -> torc
     return -(advantage.detach().to(logprob.dtype) * logprob).mean()
 
 
-class Reinforce(ObjectiveBase):
+class Reinforce(TokenMeanObjective):
     """``objective(model, batch)``: REINFORCE with a reward, a baseline and optional max-entropy term.
 
     Args:
@@ -219,6 +219,7 @@ class Reinforce(ObjectiveBase):
         seed: int = 0,
         vllm: VllmConfig | None = None,
     ):
+        super().__init__()  # the step's per-token metrics (finecap.objectives.token_means), the run's accelerator
         rl = rl or RLConfig()
         decode = decode or DecodeConfig()
         self.reward = as_reward(reward)
@@ -232,11 +233,8 @@ class Reinforce(ObjectiveBase):
         self.greedy_cfg = greedy_decode(decode)
         self.monitor = Monitor(rl)  # the reward-hacking monitor (finecap.objectives.monitor): logged, never a loss
         self.weights_kept = False  # the step ending now was skipped by the engine (update_skipped): no sync needed
-        self.accelerator: Any = None  # the run's (setup): the reward's tallies of a step are summed over processes
         self.tallied: dict[str, float] = {}  # the reward's tallies at the end of the last step (or of its set-up)
         self.step_tallies: dict[str, float] = {}  # their increase over the last step, every process's (end_step)
-        self.token_means = TokenMeans()  # the step's per-token metrics (finecap.objectives.token_means)
-        self.step_means: dict[str, float] = {}  # their token means over the last step's global batch (end_step)
         engine_cfg = Config(run=RunConfig(seed=seed), decode=decode, vllm=vllm or VllmConfig())  # what it reads
         self.rollouts = RolloutEngine(engine_cfg, tempered=self.logprob_temperature != 1.0)
 
@@ -245,8 +243,8 @@ class Reinforce(ObjectiveBase):
     # ----------------------------------------------------------------------------------------------------------------
 
     def setup(self, ctx: TrainContext) -> None:
-        acc = getattr(ctx, "accelerator", None)
-        self.accelerator = acc
+        super().setup(ctx)  # the accelerator: the step's token means and the reward's tallies sum over its processes
+        acc = self.accelerator
         self.rollouts.check_processes(1 if acc is None else acc.num_processes)
         model = getattr(ctx, "model", None)
         if model is not None:  # decoding settings the engine cannot decode the policy's captions with
@@ -428,7 +426,7 @@ class Reinforce(ObjectiveBase):
         batch, its ``kl`` the step's token mean (:attr:`step_means`); the rollout engine is told the policy changed,
         unless the step's update was skipped (:meth:`update_skipped`)."""
         self._tally_step()  # before an alarm may stop the run: the stopped step's values hold them too
-        self.step_means = self.token_means.step_means(self.process_sum())  # likewise (every process: a collective)
+        super().end_step()  # the step's token means (step_means), likewise (every process: a collective)
         call_hook(self.baseline, "end_step")
         self.monitor.end_step(kl=self.step_means.get("kl"))
         if not self.weights_kept:
@@ -449,13 +447,6 @@ class Reinforce(ObjectiveBase):
             grown = reduce(grown).cpu()
         self.tallied = now
         self.step_tallies = {f"reward/{k}": v for k, v in zip(keys, grown.tolist(), strict=True)}
-
-    def process_sum(self) -> Reduce | None:
-        """The sum of a tensor over the run's processes (every one must call it alike), ``None`` on one process."""
-        acc = self.accelerator
-        if acc is None or acc.num_processes == 1:
-            return None
-        return lambda t: acc.reduce(t.to(acc.device), reduction="sum")
 
     def step_values(self) -> dict[str, float]:
         """The step's per-token metrics (:attr:`step_means`: ``entropy``, the GRPO family's ``kl``,

@@ -65,11 +65,13 @@ import torch
 import torch.nn.functional as F
 
 from finecap.config import SmileConfig
+from finecap.contract import is_copy
 from finecap.data.targets import IGNORE_INDEX
 from finecap.decode import step_seeds
 from finecap.models.first_token import shift_of, start_shift, subword_alternatives
-from finecap.objectives.base import ObjectiveBase, ObjectiveOutput, unwrap
+from finecap.objectives.base import ObjectiveOutput, unwrap
 from finecap.objectives.mle import mle_loss
+from finecap.objectives.token_means import TokenMeanObjective
 
 log = logging.getLogger(__name__)
 
@@ -219,15 +221,17 @@ def smile_loss(
 
 
 @dataclass
-class SmileObjective(ObjectiveBase):
+class SmileObjective(TokenMeanObjective):
     """``objective(model, batch)``: SMILE on teacher-forced logits with the options of ``smile`` (the section);
-    logs the MLE loss of the same batch too. ``seed`` (``run.seed``) seeds the random subsets: per caption from
-    ``(seed, step, index)`` in training (module docstring), else from one generator."""
+    logs the MLE loss of the same batch too (``mle_loss``, a per-token metric: a step logs its mean over every
+    process's tokens, :mod:`finecap.objectives.token_means`). ``seed`` (``run.seed``) seeds the random subsets: per
+    caption from ``(seed, step, index)`` in training (module docstring), else from one generator."""
 
     smile: SmileConfig = field(default_factory=SmileConfig)
     seed: int = 0
 
     def __post_init__(self) -> None:
+        TokenMeanObjective.__init__(self)  # the dataclass's __init__ calls no base's
         self._generator = torch.Generator().manual_seed(self.seed)
         self._shift: int | torch.Tensor | None = None  # first_token=shift: what the first token becomes
 
@@ -255,10 +259,12 @@ class SmileObjective(ObjectiveBase):
             seeds = step_seeds(self.seed, int(info.step), batch["index"])
         draws = self._generator if seeds is None else seeds
         loss = smile_loss(logits, labels, self.smile, eos_token_id=eos, draws=draws, alternatives=alternatives)
+        valid = labels != IGNORE_INDEX  # (B, T)
         with torch.no_grad():
-            mle = mle_loss(logits, labels)
-        n = int((labels != IGNORE_INDEX).sum())
-        return ObjectiveOutput(losses={"smile": loss}, metrics={"mle_loss": float(mle)}, num_items=n)  # n tokens
+            token_losses = mle_loss(logits, labels, reduction="none")[valid.reshape(-1)]  # (n,) each token's CE
+        mle = self.token_means.add("mle_loss", token_losses, not is_copy(batch))
+        n = int(valid.sum())
+        return ObjectiveOutput(losses={"smile": loss}, metrics={"mle_loss": mle}, num_items=n)  # n tokens
 
 
 def validation_shift_token(cfg, model: Any) -> int | torch.Tensor | None:

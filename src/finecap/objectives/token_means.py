@@ -1,16 +1,18 @@
-"""The per-token metrics of the RL objectives, logged as the step's token means over every process's tokens.
+"""The per-token metrics of the objectives, logged as the step's token means over every process's tokens.
 
-A per-token metric (the GRPO family's ``kl``, ``clip_fraction`` and ``ratio/mean``, the logged ``entropy``, and with
-vLLM's rollouts ``vllm/logp_diff/mean`` and ``vllm/is_ratio/mean``) is a mean over tokens. The value a step logs is
-the mean over *every* token of its global batch: each micro-batch adds the sum of its tokens' values and their count
-(:meth:`TokenMeans.add`), and at the step's end both are summed over the processes (one all-reduce,
-:meth:`TokenMeans.step_means`), so the value does not change with how the step is cut into micro-batches and
-processes, which hold different numbers of tokens (10 tokens of entropy 1 on one process, 2 of entropy 3 on another:
-16 / 12, where the mean of the two processes' means is 2). TRL 1.16 reduces the sum and count over the processes too
-(``GRPOTrainer._compute_loss``'s ``global_masked_mean``), one micro-batch at a time, then averages the micro-batches;
-the two agree without gradient accumulation (docs/methods/grpo.md, where finecap differs). Until 2026-11-29 only
-``kl`` was the step's token mean; the others were the mean over the processes of each one's mean over its
-micro-batches of their token means. The log averages a step's value over the steps of its window, as every value.
+A per-token metric (MLE's ``accuracy``, SMILE's ``mle_loss``, the GRPO family's ``kl``, ``clip_fraction`` and
+``ratio/mean``, the logged ``entropy``, and with vLLM's rollouts ``vllm/logp_diff/mean`` and ``vllm/is_ratio/mean``) is
+a mean over tokens. The value a step logs is the mean over *every* token of its global batch: each micro-batch adds the
+sum of its tokens' values and their count (:meth:`TokenMeans.add`), and at the step's end both are summed over the
+processes (one all-reduce, :meth:`TokenMeans.step_means`), so the value does not change with how the step is cut into
+micro-batches and processes, which hold different numbers of tokens (10 tokens of entropy 1 on one process, 2 of
+entropy 3 on another: 16 / 12, where the mean of the two processes' means is 2). TRL 1.16 reduces the sum and count
+over the processes too (``GRPOTrainer._compute_loss``'s ``global_masked_mean``), one micro-batch at a time, then
+averages the micro-batches; the two agree without gradient accumulation (docs/methods/grpo.md, where finecap differs).
+Until 2026-11-29 only ``kl`` was the step's token mean; the others were the mean over the processes of each one's mean
+over its micro-batches of their token means (MLE's ``accuracy`` and SMILE's ``mle_loss`` too). The log averages a
+step's value over the steps of its window, as every value. An objective with per-token metrics derives from
+:class:`TokenMeanObjective`, which reduces them at the step's end and logs them as its step values.
 
 A metric's tokens are those of the captions a reward scored (:func:`scored_values`): a failed caption takes no
 gradient and is no measurement. GSPO's sequence-level ratio has one value per caption, so ``clip_fraction`` and
@@ -30,8 +32,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from finecap.objectives.base import ObjectiveBase
+
+if TYPE_CHECKING:
+    from finecap.contract import TrainContext
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 """A sum over the processes (``accelerator.reduce(t, "sum")``), every process taking part with the same shape."""
@@ -86,3 +94,36 @@ class TokenMeans:
             totals = reduce(totals).cpu()
         self.sums = {}
         return {name: s / c for name, (s, c) in zip(names, totals.tolist(), strict=True) if c > 0}
+
+
+class TokenMeanObjective(ObjectiveBase):
+    """An objective whose per-token metrics are the step's token means (module docstring): its ``__call__`` adds each
+    micro-batch's tokens' values to :attr:`token_means` (:meth:`TokenMeans.add`, ``counted=False`` for a copy:
+    :func:`~finecap.contract.is_copy`) and logs what ``add`` returns, the micro-batch's own value; :meth:`end_step`
+    reduces them over the processes (a collective: every process calls it alike) into :attr:`step_means`, which
+    :meth:`step_values` logs in place of the micro-batches' mean (MLE, SMILE, and REINFORCE and the GRPO family:
+    :class:`~finecap.objectives.reinforce.Reinforce`). A subclass that overrides :meth:`setup` or :meth:`end_step`
+    calls this class's."""
+
+    def __init__(self) -> None:
+        self.accelerator: Any = None  # the run's (setup): the step's token means are summed over its processes
+        self.token_means = TokenMeans()  # the step's per-token metrics
+        self.step_means: dict[str, float] = {}  # their token means over the last step's global batch (end_step)
+
+    def setup(self, ctx: TrainContext) -> None:
+        self.accelerator = getattr(ctx, "accelerator", None)
+
+    def process_sum(self) -> Reduce | None:
+        """The sum of a tensor over the run's processes (every one must call it alike), ``None`` on one process."""
+        acc = self.accelerator
+        if acc is None or acc.num_processes == 1:
+            return None
+        return lambda t: acc.reduce(t.to(acc.device), reduction="sum")
+
+    def end_step(self) -> None:
+        """The step's token means (:attr:`step_means`), over every process's tokens; the next step starts from 0."""
+        self.step_means = self.token_means.step_means(self.process_sum())
+
+    def step_values(self) -> dict[str, float]:
+        """The step's per-token metrics (:attr:`step_means`)."""
+        return dict(self.step_means)

@@ -2,7 +2,7 @@
 :class:`Logger` that averages training values between log events.
 
 Logged values are averaged over micro-batches and processes (a step's loss and its parts are already the step's:
-:meth:`finecap.train.engine.Engine.train_step`, and so are the RL objectives' per-token metrics, token means over
+:meth:`finecap.train.engine.Engine.train_step`, and so are the objectives' per-token metrics, token means over
 every process's tokens: :mod:`finecap.objectives.token_means`; an extreme such as ``advantage/min`` is the extreme
 of them all: :data:`EXTREMES`) and go to the trackers of ``train.log_with`` through ``accelerator.log``
 (``jsonl``: ``metrics.jsonl``, one event per line; ``tensorboard``, ``wandb``, ``mlflow``, ... as accelerate
