@@ -497,8 +497,9 @@ OWN_KEYWORDS = ("resume", "overwrite")
 
 def unknown_keyword(name: str) -> TypeError:
     """The error of ``finecap.train(recipe, <name>=...)`` for a keyword that is neither one of
-    :data:`OWN_KEYWORDS` nor written ``section__key``: it names the closest of its own keywords
-    (``overwrte`` -> ``overwrite``), else the options of that name (``max_steps`` -> ``train__max_steps``), else
+    :data:`OWN_KEYWORDS` nor written ``section__key``: it names the options of that name (``max_steps`` ->
+    ``train__max_steps``; ``preset`` -> ``retriever__preset``, not the keyword ``resume`` it is close to), else the
+    closest of its own keywords (``overwrte`` -> ``overwrite``), else
     what a Hugging Face name is here (``learning_rate`` -> ``train__lr``: :data:`~finecap.config.hf_names.HF_NAMES`),
     else the closest option (``train_max_steps`` -> ``train__max_steps``), and says how an option is written. It said
     only the last, so a misspelt ``overwrite`` read as a malformed option."""
@@ -509,10 +510,10 @@ def unknown_keyword(name: str) -> TypeError:
     from finecap.utils.text import closest
 
     hint = ""
-    if (own := closest(name, OWN_KEYWORDS)) is not None:
-        hint = f" (did you mean {own!r}?)"
-    elif named := options_named(name):
+    if named := options_named(name):  # first: an option's very name (preset) is not a misspelt keyword (resume)
         hint = f" (did you mean {either([key.replace('.', '__') for key in named])}?)"
+    elif (own := closest(name, OWN_KEYWORDS)) is not None:
+        hint = f" (did you mean {own!r}?)"
     elif hf := hf_hint(name, spell=lambda option: option.replace(".", "__")):
         hint = hf
     else:

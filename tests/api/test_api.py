@@ -723,13 +723,15 @@ def test_finecap_train_refuses_a_keyword_that_is_no_option(tmp_path):
 @pytest.mark.parametrize(
     "keyword, meant",
     [("overwrte", "'overwrite'"), ("Resume", "'resume'"), ("max_steps", "'train__max_steps'"),
-     ("train_max_steps", "'train__max_steps'"), ("lr", "'retriever__lr' or 'train__lr'")],
+     ("train_max_steps", "'train__max_steps'"), ("lr", "'retriever__lr' or 'train__lr'"),
+     ("preset", "'retriever__preset'")],
 )  # fmt: skip
 def test_a_keyword_that_is_no_option_names_the_one_meant(monkeypatch, keyword, meant):
     """A misspelt ``overwrite`` (or ``resume``) was told "an option is written section__key=value", as if it were an
     option, and a key without its section (or joined by one underscore) was not told which option it names. Now
-    the error suggests the keyword of finecap.train meant, else the options of that name, else the closest option,
-    and names finecap.train's own keywords; nothing trains."""
+    the error suggests the options of that name, else the keyword of finecap.train meant, else the closest option,
+    and names finecap.train's own keywords; nothing trains. An option's own name close to a keyword (``preset``,
+    ``resume``) was told the keyword, not the option it names."""
     seen = []
     monkeypatch.setattr("finecap.train.run.train", lambda cfg, **kwargs: seen.append(cfg))
     said = (rf"^finecap.train: unexpected keyword '{keyword}' \(did you mean {meant}\?\); its own keywords are resume "
