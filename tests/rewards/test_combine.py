@@ -292,3 +292,18 @@ def test_a_sum_knows_an_image_its_components_key_as_an_int_and_as_its_string(ord
     chair = parts["chair"](captions, {"image_ids": [1, 2]}).total
     assert chair.tolist() == [0.5, 1.0]
     assert out.total.tolist() == (cider + chair).tolist()
+
+
+def test_a_sum_knows_an_image_a_component_keys_as_an_integral_float():
+    # a COCO instances file written by pandas keys its image ids as floats (1.0), which read_instances keeps and every
+    # lookup reads as 1 (records.id_key); the sum intersected its components' images by str(), "1.0" against a JSONL
+    # data set's "1": the image was unknown to the sum, and an adapter or the server refused it
+    from finecap.integrations.scoring import Scorer
+
+    mix = WeightedSum({
+        "cider": (1.0, reward_of("cider", references={"1": ["a dog chasing a cat"], "2": ["a red bus"]})),
+        "chair": (1.0, reward_of("chair", objects={1.0: frozenset({"dog"}), 2.0: frozenset({"bus"})})),
+    })  # fmt: skip
+    assert sorted(map(str, mix.known_images())) == ["1", "2"]
+    out = Scorer.of(mix).score(["a dog chasing a cat", "a red bus"], [1, "2"])
+    assert out.parts["chair"].tolist() == [0.5, 1.0]  # 1 - 1/2 (the cat), then 1: each image found by its float key

@@ -172,6 +172,20 @@ def test_a_reward_comparing_the_calls_images_refuses_a_request_of_one_image():
     assert service.job(request("a", "b", ids=[3, 4])).image_ids == [3, 4]
 
 
+def test_a_call_of_one_image_written_as_an_int_and_its_string_is_refused_without_an_image_table():
+    # a reward that names no images (known_images() None: no table, ids passed on as given) and compares the call's:
+    # [3, "3"] passed the check as two images, though call_batch reads them as one (records.id_text), so the reward
+    # ranked each caption's image among that one image alone
+    from finecap.rewards import call_batch
+    from finecap.serve.service import CallCheck
+
+    assert call_batch([3, "3"])["image_ids"] == [3]  # the one image the reward would be called with
+    check = CallCheck(None, compares=True, name="the reward")
+    with pytest.raises(RequestError, match=r"^image_ids: names one distinct image; the reward ranks"):
+        check.job(request("a", "b", ids=[3, "3"]))
+    assert check.job(request("a", "b", ids=[3, "4"])).image_ids == [3, "4"]
+
+
 def test_a_get_reward_requests_unknown_or_single_image_is_refused_naming_its_labels(tmp_path):
     # /get_reward's images travel in its labels; its refusals named image_ids[i] or images[i], fields it has not
     from finecap.serve.protocol import Limits, parse_get_reward

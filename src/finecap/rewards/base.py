@@ -402,13 +402,14 @@ class WeightedSum(RewardBase):
 
     def known_images(self) -> frozenset[Hashable] | None:
         """The images every component knows, an id written as an int by one and as its string by another one image
-        (a COCO ``instances`` file keys ints, a JSONL data set strings), written as the first component writes it."""
+        (a COCO ``instances`` file keys ints, a JSONL data set strings; :func:`~finecap.data.records.id_text`, so an
+        integral float is its integer), written as the first component writes it."""
         sets = [s for s in (r.known_images() for r in self._components()) if s is not None]
         if not sets:
             return None
-        known = {str(i): i for i in sets[0]}
+        known = {id_text(i): i for i in sets[0]}
         for other in sets[1:]:
-            texts = {str(i) for i in other}
+            texts = {id_text(i) for i in other}
             known = {text: i for text, i in known.items() if text in texts}
         return frozenset(known.values())
 

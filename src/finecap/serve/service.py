@@ -317,7 +317,8 @@ class CallCheck:
     Args:
         images: the images the reward knows (``None``: a reward that does not say; any id is passed on as given).
         compares: the reward ranks each caption's image among the call's (``compares_images``):
-            a call of one distinct image is refused (its values would say nothing).
+            a call of one distinct image is refused (its values would say nothing), ``7`` and ``"7"`` being one
+            image as :func:`~finecap.rewards.call_batch` reads them, with or without ``images``.
         name: what messages call the reward.
     """
 
@@ -340,7 +341,7 @@ class CallCheck:
             ids = self.images.resolve(request.image_ids, request.by_path, field)
         else:
             ids = list(request.image_ids)
-        if self.compares and len(set(ids)) < 2:
+        if self.compares and len({id_text(i) for i in ids}) < 2:  # 3 and "3": one image (call_batch's rule)
             raise RequestError(field, f"names one distinct image; {self.name} ranks each caption's image among the "
                                "request's images (sr.distractors=batch, or the listener): send a generation batch of "
                                "several images per request, or serve sr.distractors=hard")  # fmt: skip
