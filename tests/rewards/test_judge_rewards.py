@@ -270,3 +270,12 @@ def test_a_run_whose_training_images_lack_questions_is_refused_at_set_up():
         QAUtilityReward(KnowsEverythingBlind(), shuffles=1).setup(RewardInputs(questions=QUESTIONS, records=records))
     QAUtilityReward(WorldJudge()).setup(RewardInputs(questions={"0": QUESTIONS[0], 1: QUESTIONS[1]},
                                                      records=records[:2]))  # ids as ints or strings  # fmt: skip
+
+
+def test_the_claims_rewards_images_are_one_each_however_a_side_keys_them():
+    # references keyed by integral floats (a pandas-written file) beside scenes keyed by the ids' strings: each image
+    # was listed twice (str(1.0) is "1.0"), where every other reward reads both as one (records.id_text)
+    scenes = {str(i): scene for i, scene in SCENES.items()}
+    references = {float(i): ["a caption"] for i in SCENES}
+    known = ClaimsReward(WorldJudge(), references=references, scenes=scenes).known_images()
+    assert sorted(known) == sorted(float(i) for i in SCENES)

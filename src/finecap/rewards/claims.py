@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from finecap.data.records import id_text
 from finecap.judges.base import Judge, JudgeFailed
 from finecap.judges.claims import claim_scores, f1
 from finecap.rewards.judged import JudgedReward, caption_subjects, judged_output
@@ -114,9 +115,9 @@ class ClaimsReward(JudgedReward):
         """The images with evidence: those of the references and of the scenes."""
         if self.references is None and self.scenes is None:
             return None
-        known: dict[str, Hashable] = {}  # one entry an image, whether a side keys it as an int or as its string
+        known: dict[str, Hashable] = {}  # one entry an image, a side keying it as an int, its string or 1.0 (id_text)
         for image_id in [*(self.references or {}), *(self.scenes or {})]:
-            known.setdefault(str(image_id), image_id)
+            known.setdefault(id_text(image_id), image_id)
         return list(known.values())
 
     def __call__(self, captions: Sequence[str], batch: Mapping[str, Any]) -> RewardOutput:
