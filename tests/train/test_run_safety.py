@@ -567,3 +567,14 @@ def test_a_missing_split_is_named_before_any_model_is_loaded(make_cfg, tmp_path)
     cfg = make_cfg("data.format=jsonl", f"data.path={data}", f"clipcap.lm={tmp_path / 'no-such-lm'}")
     with pytest.raises(ValueError, match=r"captions.jsonl: no records in split 'val'"):
         train(cfg)
+
+
+@pytest.mark.slow
+def test_a_resume_asked_with_overwrite_resumes_beside_a_users_file_and_removes_nothing(make_cfg):
+    """A resume removes nothing, so ``overwrite=True`` beside it refuses nothing of the user's (prepare_run_dir
+    resumes first): the check of what an overwrite may remove refused such a resume once it ran before training."""
+    run = train(make_cfg("train.max_steps=1", "train.save_every=1"))
+    mine = run / "checkpoints" / "my-notes.txt"
+    mine.write_text("accuracy,0.93\n")
+    assert train(make_cfg("train.max_steps=2", "train.save_every=1"), resume=True, overwrite=True) == run
+    assert mine.read_text() == "accuracy,0.93\n" and step_of(checkpoint_dir(run, "last")) == 2

@@ -189,7 +189,7 @@ def train(
             held.enter_context(made_folder(run_dir))  # removed again if training fails before writing anything
             held.enter_context(output_lock(run_dir, name=TRAIN_LOCK, holder="finecap train", log=log.warning))
             check_run_folder(run_dir, overwrite=overwrite, reads=run_reads(cfg), recipe=recipe,
-                             option=run_dir_option)  # fmt: skip
+                             option=run_dir_option, resume=resume)  # fmt: skip
         held.enter_context(torch.inference_mode(False))  # the model built in inference mode could never train
         held.enter_context(torch.enable_grad())
         return _train(cfg, processes, validators=validators, resume=resume, overwrite=overwrite, callbacks=callbacks,

@@ -744,21 +744,23 @@ def run_reads(cfg: Config) -> dict[str, str | None]:
 
 
 def check_run_folder(run_dir: Path, *, overwrite: bool, reads: Mapping[str, str | Path | None],
-                     recipe: str | Path | None = None, option: str = "run.dir") -> None:  # fmt: skip
+                     recipe: str | Path | None = None, option: str = "run.dir",
+                     resume: bool = False) -> None:  # fmt: skip
     """What training into ``run_dir`` refuses of what is there before it changes any of it: a symbolic link where it
     writes (:func:`run_paths`); a ``config.yaml`` that is not finecap's run configuration, or is the ``recipe`` it
-    reads (:func:`check_config_target`); a ``fingerprints.json`` that is not finecap's; with ``overwrite``, what the
-    overwrite may not remove (:func:`check_overwrite`). :func:`finecap.train.run.train` checks it with the folder
-    locked; a caller that changes files of the folder's old run before it trains there (the stage runner: a stage's
-    ``DONE`` marker and ``start.json``, :meth:`finecap.stages.StageRunner.train_stage`) checks it first, so a
-    refusal leaves the old run as it was."""
+    reads (:func:`check_config_target`); a ``fingerprints.json`` that is not finecap's; with ``overwrite`` and not
+    ``resume``, what the overwrite may not remove (:func:`check_overwrite`; a resume removes nothing, whatever
+    ``overwrite`` says, as :func:`prepare_run_dir` resumes first). :func:`finecap.train.run.train` checks it with
+    the folder locked; a caller that changes files of the folder's old run before it trains there (the stage runner:
+    a stage's ``DONE`` marker and ``start.json``, :meth:`finecap.stages.StageRunner.train_stage`) checks it first, so
+    a refusal leaves the old run as it was."""
     for path in run_paths(run_dir):
         refuse_link(path)
     check_config_target(run_dir / CONFIG_FILE, inputs={"recipe": Path(recipe) if recipe else None}, force=overwrite,
                         option=option, force_flag=None, ours=lambda p: holds_run(p.parent))  # fmt: skip
     check_replaceable(run_dir / FINGERPRINTS_FILE, force=False, option=option, kind="fingerprints",
                       ours=is_fingerprints_file, force_flag=None)  # fmt: skip
-    if overwrite:
+    if overwrite and not resume:
         check_overwrite(run_dir, reads=reads, option=option)
 
 
