@@ -8,15 +8,20 @@ accepts (:func:`helpers.served.accepted_connections`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import logging
+import socket
 import threading
 import weakref
+from collections.abc import Iterator
 
+import pytest
 import torch
 
 from finecap.integrations.verl import compute_score_async
 from finecap.rewards import RewardOutput
-from finecap.serve.client import RewardClient
+from finecap.serve.client import RewardClient, RewardServerError
 from finecap.serve.service import ImageTable, RewardService
 from helpers.served import accepted_connections, open_connections, serving_server
 from helpers.waiting import until
@@ -153,3 +158,83 @@ def test_a_client_lets_an_idle_connection_go_before_the_server_would_close_it(mo
         assert asyncio.run(one_after_another()) == [[3.0]] * 3
         assert accepted_connections(server) == 6  # the threads' pool and the loop's both use the value
         client.close()
+
+
+@contextlib.contextmanager
+def dropping(drops: int) -> Iterator[tuple[str, list[bytes]]]:
+    """A stand-in server on 127.0.0.1, one request a connection: it reads each request whole, closes the connection
+    of the first ``drops`` without answering (as a server restarting, or one whose connections are all open, does),
+    and answers the others 200 ``{"total": [3.0]}``; yields its URL and the bodies it read."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)  # accept() wakes up to see the test end (closing the listener would not wake it)
+    bodies: list[bytes] = []
+    over = threading.Event()
+
+    def serve() -> None:
+        while not over.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))  # fmt: skip
+                while len(body) < length:
+                    body += conn.recv(65536)
+                bodies.append(body)
+                if len(bodies) <= drops:
+                    continue  # closed unanswered
+                reply = b'{"total": [3.0]}'
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply))  # fmt: skip
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", bodies
+    finally:
+        over.set()
+        thread.join(30)
+        listener.close()
+
+
+@pytest.mark.parametrize("awaited", [False, True], ids=["score", "ascore"])
+def test_a_connection_the_server_closed_unanswered_is_asked_again(awaited, caplog):
+    # a RemoteProtocolError (a restarting server's, or one closing a connection over its --max-connections at once)
+    # failed the trainer's batch at once, where a 503 of the same server was asked again
+    caplog.set_level(logging.WARNING, logger="finecap.serve.client")
+    with dropping(1) as (url, bodies):
+        client = RewardClient(url)
+        out = asyncio.run(client.ascore(["a red circle"], [1])) if awaited else client.score(["a red circle"], [1])
+        client.close()
+    assert out.total.tolist() == [3.0]
+    assert len(bodies) == 2 and bodies[0] == bodies[1]  # the same request, asked again
+    retried = [r.getMessage() for r in caplog.records]
+    assert len(retried) == 1 and "closed the connection without answering" in retried[0], retried
+    assert "asking again in 1 s (retry 1 of 5)" in retried[0], retried
+
+
+def test_a_server_that_keeps_closing_the_connection_fails_once_the_retries_are_spent(caplog):
+    caplog.set_level(logging.WARNING, logger="finecap.serve.client")
+    with dropping(10) as (url, bodies):
+        with pytest.raises(RewardServerError, match=r"the server closed the connection: restarting, or more open"):
+            RewardClient(url, retries=1).score(["a red circle"], [1])
+        with pytest.raises(RewardServerError, match=r"the server closed the connection"):
+            RewardClient(url, retries=0).score(["not retried"], [1])
+    assert len(bodies) == 3  # the first request and its one retry; retries=0: asked once
+    assert len(caplog.records) == 1
+
+
+def test_a_server_that_cannot_be_reached_is_said_at_once(caplog):
+    # a wrong URL (nothing listens there) is not asked again: no backoff before the error
+    caplog.set_level(logging.WARNING, logger="finecap.serve.client")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+    with pytest.raises(RewardServerError, match=rf"127\.0\.0\.1:{port}/reward"):
+        RewardClient(f"http://127.0.0.1:{port}").score(["a red circle"], [1])
+    assert caplog.records == []

@@ -7,7 +7,8 @@ Every reply is checked before a trainer sees it (:func:`checked_values`): one fi
 a reply of another length never reaches a policy's advantages. A 503 (a server stuck behind a reward call past its
 ``--score-timeout``, its queue full, or all of its connections open) is asked again with backoff
 (:meth:`RewardClient.retry_wait`: the server's ``Retry-After`` at least), :data:`RETRIES` times at most, before it is
-a :class:`RewardServerError`. A
+a :class:`RewardServerError`; so is a connection the server closed without answering (``httpx.RemoteProtocolError``:
+a server restarting, or one whose connections are all open closing a new one at once). A
 ``null`` is read only as a caption the reward could not score, when the reply counts it (``"failed": k``): a
 :class:`finecap.rewards.RewardOutput` with that caption in ``failed`` (its values NaN), which each adapter answers in
 its trainer's way. A server's bearer token (``finecap
@@ -84,7 +85,8 @@ moment, which would fail it (``RemoteProtocolError``) where a new connection wou
 
 
 RETRIES = 5
-"""Times a request answered 503 is asked again at most (:meth:`RewardClient.retry_wait`)."""
+"""Times a request answered 503, or whose connection the server closed unanswered, is asked again at most
+(:meth:`RewardClient.retry_wait`)."""
 MAX_RETRY_WAIT = 30.0
 """Seconds a client waits at most before asking again after a 503 (a larger ``Retry-After`` is cut to it)."""
 
@@ -93,7 +95,7 @@ def _unreachable(url: str, e: httpx.HTTPError) -> RewardServerError:
     """The error of a request that got no reply (``e``: httpx's), saying what happened even when ``e`` says nothing."""
     text = str(e) or type(e).__name__
     if isinstance(e, httpx.RemoteProtocolError):
-        text += " (the server closed the connection: more open than its --max-connections?)"
+        text += " (the server closed the connection: restarting, or more open than its --max-connections?)"
     return RewardServerError(None, None, f"{url}: {text}")
 
 
@@ -117,7 +119,8 @@ class RewardClient:
         timeout: seconds per request (:meth:`score`'s wait for a free connection too).
         token: the server's bearer token (default: ``$FINECAP_REWARD_TOKEN``, if set).
         max_in_flight: requests in flight at most (:data:`MAX_IN_FLIGHT`).
-        retries: times a request answered 503 is asked again (:meth:`retry_wait`; 0: never).
+        retries: times a request answered 503, or whose connection the server closed unanswered, is asked again
+            (:meth:`retry_wait`; 0: never).
     """
 
     def __init__(self, url: str, timeout: float = 180.0, token: str | None = None,
@@ -257,26 +260,45 @@ class RewardClient:
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: its pool goes with it
                     loop.call_soon_threadsafe(loop.create_task, pool.keeper.aclose())
 
-    def retry_wait(self, response: httpx.Response, attempt: int) -> float | None:
-        """Seconds to wait before asking again after ``response`` to the ``attempt``-th try (0: the first), or
-        ``None``: it is the answer. A 503 (a stuck server, one whose queue is full, or one whose connections are all
-        open) is asked again :attr:`retries` times at most, after ``2 ** attempt`` seconds, or the server's
-        ``Retry-After`` when longer, :data:`MAX_RETRY_WAIT` at most; every retry is logged with the server's
-        message."""
-        if response.status_code != 503 or attempt >= self.retries:
+    def retry_wait(self, answer: httpx.Response | httpx.HTTPError, attempt: int) -> float | None:
+        """Seconds to wait before asking again after ``answer`` (the server's response, or httpx's error of a request
+        that got none) to the ``attempt``-th try (0: the first), or ``None``: it is the answer, or the error.
+
+        Asked again, :attr:`retries` times at most, after ``2 ** attempt`` seconds, or the server's ``Retry-After``
+        when longer, :data:`MAX_RETRY_WAIT` at most, each retry logged with the server's message or httpx's error:
+        a 503 (a stuck server, one whose queue is full, or one whose connections are all open) and a connection the
+        server closed without answering (``httpx.RemoteProtocolError``: a server restarting, one whose connections
+        are all open, the two kept for ``/health`` too, closing a new one at once, or one closing an idle connection
+        as the request is sent on it), which a later try may find served. Any other error (a server that cannot be
+        reached, a time-out) is said at once: a wrong URL waits for no backoff, and a request that ran past
+        :attr:`timeout` is not sent again to the server still scoring it."""
+        if attempt >= self.retries:
             return None
-        try:
-            asked = float(response.headers.get("retry-after", "0"))
-        except ValueError:  # an HTTP date: the backoff alone
-            asked = 0.0
+        if isinstance(answer, httpx.RemoteProtocolError):
+            asked, said = 0.0, f"closed the connection without answering ({str(answer) or type(answer).__name__})"
+        elif isinstance(answer, httpx.Response) and answer.status_code == 503:
+            try:
+                asked = float(answer.headers.get("retry-after", "0"))
+            except ValueError:  # an HTTP date: the backoff alone
+                asked = 0.0
+            try:
+                said = f"answered 503 ({answer.json()['error']['message']})"
+            except (ValueError, KeyError, TypeError):
+                said = f"answered 503 ({answer.text[:300]})"
+        else:
+            return None
         wait = min(max(asked if math.isfinite(asked) else 0.0, 2.0**attempt), MAX_RETRY_WAIT)
-        try:
-            said = str(response.json()["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            said = response.text[:300]
-        log.warning("%s", masked_url_secrets(f"reward server {self.shown_url} answered 503 ({said}); asking again in "
-                                             f"{wait:g} s (retry {attempt + 1} of {self.retries})"))  # fmt: skip
+        log.warning("%s", masked_url_secrets(f"reward server {self.shown_url} {said}; asking again in {wait:g} s "
+                                             f"(retry {attempt + 1} of {self.retries})"))  # fmt: skip
         return wait
+
+    def _answer(self, answer: httpx.Response | httpx.HTTPError, n: int,
+                fields: Mapping[str, str] | None) -> RewardOutput:  # fmt: skip
+        """The values of the last ``answer`` to a request of ``n`` captions (:meth:`reply`), or the error of one that
+        got no reply."""
+        if isinstance(answer, httpx.HTTPError):
+            raise _unreachable(self.shown_url, answer) from None
+        return self.reply(answer, n, fields)
 
     def tallies(self) -> dict[str, float]:
         """The served reward's running counts of its work, ``tallies`` of the server's ``GET /health``
@@ -299,20 +321,21 @@ class RewardClient:
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
               fields: Mapping[str, str] | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
-        """The values of ``captions`` (keyword arguments: :meth:`payload`'s); a 503 is asked again
-        (:meth:`retry_wait`). ``fields``: the caller's own names for the request's fields, which a refusal names
-        (OpenRLHF's, :data:`~finecap.serve.protocol.GET_REWARD_FIELDS`: ``labels[1]`` and ``query[1]``, where the
-        server named the ``image_ids[1]`` and ``captions[1]`` of its request:
+        """The values of ``captions`` (keyword arguments: :meth:`payload`'s); a 503, or a connection the server
+        closed unanswered, is asked again (:meth:`retry_wait`). ``fields``: the caller's own names for the request's
+        fields, which a refusal names (OpenRLHF's, :data:`~finecap.serve.protocol.GET_REWARD_FIELDS`: ``labels[1]``
+        and ``query[1]``, where the server named the ``image_ids[1]`` and ``captions[1]`` of its request:
         :func:`~finecap.serve.protocol.callers_field`)."""
         body = self.payload(captions, image_ids, fields=fields, **kwargs)
         for attempt in itertools.count():
+            answer: httpx.Response | httpx.HTTPError
             try:
-                response = self._client().post(self.url, json=body)
+                answer = self._client().post(self.url, json=body)
             except httpx.HTTPError as e:
-                raise _unreachable(self.shown_url, e) from None
-            wait = self.retry_wait(response, attempt)
+                answer = e
+            wait = self.retry_wait(answer, attempt)
             if wait is None:
-                return self.reply(response, len(body["captions"]), fields)
+                return self._answer(answer, len(body["captions"]), fields)
             time.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -320,18 +343,20 @@ class RewardClient:
                      fields: Mapping[str, str] | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
         """:meth:`score`, awaited, at most :attr:`max_in_flight` of one event loop at once, over that loop's
         connections (:meth:`_loop_pool`: trainers may run each step in a new event loop, and an httpx async client is
-        bound to its loop); a 503 is asked again (:meth:`retry_wait`), its turn given up while it waits."""
+        bound to its loop); a 503, or a connection the server closed unanswered, is asked again (:meth:`retry_wait`),
+        its turn given up while it waits."""
         body = self.payload(captions, image_ids, fields=fields, **kwargs)
         for attempt in itertools.count():
             pool = await self._loop_pool()
+            answer: httpx.Response | httpx.HTTPError
             try:
                 async with pool.gate:
-                    response = await pool.http.post(self.url, json=body)
+                    answer = await pool.http.post(self.url, json=body)
             except httpx.HTTPError as e:
-                raise _unreachable(self.shown_url, e) from None
-            wait = self.retry_wait(response, attempt)
+                answer = e
+            wait = self.retry_wait(answer, attempt)
             if wait is None:
-                return self.reply(response, len(body["captions"]), fields)
+                return self._answer(answer, len(body["captions"]), fields)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
