@@ -57,8 +57,6 @@ def test_images_by_id_text_or_path(tmp_path):
         table.resolve([17, 18], False, "image_ids")
     with pytest.raises(RequestError, match=r"^images\[0\]: unknown image file '/w/1.png'"):
         table.resolve(["/w/1.png"], True, "images")
-    with pytest.raises(ValueError, match="image ids 1 and '1' read the same"):
-        ImageTable([1, "1"])
     from finecap.data.formats import Record
 
     records = [Record(5, tmp_path / "img" / "5.png", "train", ["a"])]
@@ -309,3 +307,14 @@ def test_the_meter_keeps_a_bounded_number_of_latencies():
     assert "latency p50" in meter.line("r") and len(meter.latencies) == 0
     # a window without any scored request (a server stopped before its first, or every client left): no "nan ms"
     assert meter.line("r").endswith("of the time; no request scored")
+
+
+@pytest.mark.parametrize(("ids", "shown"), [([1, "1"], "1 and '1'"), ([2, 2.0], "2 and 2.0"), ([3, 3], "3 and 3")])
+def test_an_image_keyed_twice_is_refused_by_the_one_rule_of_repeated_ids(ids, shown):
+    # the table said its own "image ids 1 and '1' read the same in a request", where every other keyed input says
+    # refuse_repeated_ids' message; and took 2 and 2.0, or one id twice, without a word (2 == 2.0)
+    said = rf"^the 2 images of a test: 1 image\(s\) keyed twice, e\.g\. {shown} \(an int id and its string are one id"
+    with pytest.raises(ValueError, match=said):
+        ImageTable(ids, source="the 2 images of a test")
+    with pytest.raises(ValueError, match=r"^the reward's images: 1 image\(s\) keyed twice"):
+        ImageTable(iter(ids))

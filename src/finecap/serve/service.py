@@ -115,7 +115,7 @@ from typing import Any
 
 import numpy as np
 
-from finecap.data.records import id_text
+from finecap.data.records import id_text, refuse_repeated_ids
 from finecap.rewards import NonFiniteReward, Reward, RewardOutput, as_reward, call_batch, check_finite
 from finecap.serve.protocol import Limits, RequestError, RewardRequest, in_callers_words
 
@@ -259,18 +259,18 @@ class ImageTable:
     the reward's image ids.
 
     Args:
-        image_ids: the reward's image ids (the served data set's training images).
+        image_ids: the reward's image ids (the served data set's training images), each image once: two ids that
+            read the same in a request (``1`` and ``"1"``, or one id twice) are a ``ValueError``
+            (:func:`~finecap.data.records.refuse_repeated_ids`, naming ``source``).
         paths: ``{path: image id}`` of the images' files (optional: requests by path are refused without).
         source: what the images are, for errors (``"the 900 training images of world 3f2a"``).
     """
 
     def __init__(self, image_ids: Iterable[Hashable], paths: Mapping[str, Hashable] | None = None,
                  source: str = "") -> None:  # fmt: skip
-        self.by_text: dict[str, Hashable] = {}
-        for image_id in image_ids:
-            seen = self.by_text.setdefault(id_text(image_id), image_id)
-            if seen != image_id:
-                raise ValueError(f"image ids {seen!r} and {image_id!r} read the same in a request")
+        image_ids = list(image_ids)
+        refuse_repeated_ids(image_ids, source or "the reward's images")
+        self.by_text: dict[str, Hashable] = {id_text(image_id): image_id for image_id in image_ids}
         self.by_path = dict(paths or {})
         self.source = source or f"the {len(self.by_text)} images the reward was set up with"
 
