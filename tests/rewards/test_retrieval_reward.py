@@ -8,7 +8,7 @@ import torch
 
 from finecap.config import ConfigError, SRConfig, load
 from finecap.contract import StepInfo
-from finecap.rewards import WeightedSum, get_reward
+from finecap.rewards import WeightedSum, get_reward, reward_of
 from finecap.rewards.cider import CiderReward
 from finecap.rewards.retrieval import RetrievalReward, candidate_mask, mine_hard, self_retrieval_scores
 
@@ -354,3 +354,15 @@ def test_an_image_id_written_as_an_int_or_as_its_string_is_one_image():
     assert keyed(captions, {"image_ids": [1, 2, "3"]}).total.tolist() == as_strings.total.tolist()
     with pytest.raises(KeyError, match="image id 6 has no retriever embedding"):
         keyed(captions, {"image_ids": [1, 2, 6]})
+
+
+@pytest.mark.parametrize(("ids", "shown"), [([1, "1", 2], "1 and '1'"), (["a", "a", "b"], "'a' and 'a'")])
+def test_an_image_keyed_twice_in_the_table_is_refused_not_mined_as_its_own_distractor(ids, shown):
+    # the table kept both rows of the one image: a caption of it met its twin (the other row, one embedding) as its
+    # hard distractor, a tie, paid -log 2 at best and never a hit, without a word
+    table = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    with pytest.raises(ValueError, match=rf"^retrieval image table: 1 image\(s\) keyed twice, e\.g\. {shown} \("):
+        RetrievalReward(VectorRetriever(), SRConfig(distractors="hard", hard_k=1), image_ids=ids, embeddings=table)
+    embeddings = {1: table[0], "1": table[1], 2: table[2]}  # an adapter's embeddings= (reward_of, setup)
+    with pytest.raises(ValueError, match=r"^retrieval image table: 1 image\(s\) keyed twice, e\.g\. 1 and '1'"):
+        reward_of("retrieval", retriever=VectorRetriever(), embeddings=embeddings)

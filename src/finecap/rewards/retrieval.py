@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import torch
 
 from finecap.config import Distractors, SRConfig, SRReward
-from finecap.data.records import id_key
+from finecap.data.records import id_key, refuse_repeated_ids
 from finecap.models.text_window import DONE, encode_texts
 from finecap.rewards.base import RewardBase, RewardOutput, caption_rows
 
@@ -256,7 +256,13 @@ class RetrievalReward(RewardBase):
         self.retriever = retriever
 
     def set_embeddings(self, image_ids: Sequence[Hashable], embeddings: torch.Tensor) -> None:
-        """Use ``embeddings`` ``(P, D)`` (L2-normalised here) as the image table, row ``j`` = ``image_ids[j]``."""
+        """Use ``embeddings`` ``(P, D)`` (L2-normalised here) as the image table, row ``j`` = ``image_ids[j]``; two
+        ids naming one image (``1`` and ``"1"``, or one id twice) are a ``ValueError``
+        (:func:`~finecap.data.records.refuse_repeated_ids`): the image's other row stays in the table, a candidate
+        that ties with it (a hard distractor mined from it, ``sr.distractors=hard``), as the self-retrieval metric
+        refuses such images."""
+        image_ids = list(image_ids)
+        refuse_repeated_ids(image_ids, "retrieval image table")
         if len(image_ids) != embeddings.shape[0]:
             raise ValueError(f"RetrievalReward: {len(image_ids)} image ids for {embeddings.shape[0]} embeddings")
         self.table = torch.nn.functional.normalize(embeddings.detach().float().cpu(), dim=-1)  # (P, D)
