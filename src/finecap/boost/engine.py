@@ -103,8 +103,9 @@ class ServerFailing(BackendError):
 
 
 class EngineFailing(ServerFailing):
-    """An in-process engine (boost's ``vllm`` backend's and the ``vllm`` judge's ``vllm.LLM``) raised instead of
-    answering a request it accepted: out of memory, its engine core dead, shut down. No answer, as a failing server's
+    """An in-process engine (boost's ``vllm`` backend's and the ``vllm`` judge's ``vllm.LLM``, boost's
+    ``transformers`` backend's model) raised instead of answering a request it accepted: out of memory, its engine
+    core dead, shut down. No answer, as a failing server's
     (``status`` ``None``): boost fails each image of the batch it was asked for, counted in ``boost.max_failure_rate``
     (:class:`FailureBudget`); a judge counts it towards ``judge.max_consecutive_failures``. A request the engine
     refuses (a prompt too long) is a plain :class:`BackendError`, that request's own."""
