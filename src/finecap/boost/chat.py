@@ -20,8 +20,8 @@ conversation with its image, and the batches they generate in.
   CUDA error, vLLM's engine core dead) or :class:`~finecap.utils.closing.UsedAfterClose` (the backend was closed)
   answers each of its tasks with that :class:`~finecap.boost.engine.EngineFailing`: the boost engine fails each
   image as a failing server's (:class:`~finecap.boost.engine.FailureBudget` stops the run by
-  ``boost.max_failure_rate``, the answers already cached kept), never a traceback out of
-  :meth:`InProcessBackend.run`. Any other error (a chat template's) still stops the run as it is.
+  ``boost.max_failure_rate`` or ``boost.max_consecutive_failures``, the answers already cached kept), never a
+  traceback out of :meth:`InProcessBackend.run`. Any other error (a chat template's) still stops the run as it is.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ A model that raises instead of answering (``torch.OutOfMemoryError``, a CUDA err
 the device or of ``generate``) raises :class:`~finecap.boost.engine.EngineFailing` naming it
 (:func:`~finecap.boost.engine.engine_failing`), the ``vllm`` backend's rule: :meth:`InProcessBackend.run
 <finecap.boost.chat.InProcessBackend.run>` fails each task of the batch with it, as a failing server's request fails
-its image (``failures.jsonl``, counted in ``boost.max_failure_rate``; exit code 2 when the run stops, the answers
-already cached kept), never a traceback leaving ``boost.json`` ``running``.
+its image (``failures.jsonl``, counted in ``boost.max_failure_rate`` and ``boost.max_consecutive_failures``; exit
+code 2 when the run stops, the answers already cached kept), never a traceback leaving ``boost.json`` ``running``.
 """
 
 from __future__ import annotations
