@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from finecap.app.boost import main as boost
-from finecap.boost.engine import BackendError, BoostFailed, FailureBudget, ServerUnavailable
+from finecap.boost.engine import (
+    BackendError,
+    BoostFailed,
+    EngineFailing,
+    FailureBudget,
+    ServerFailing,
+    ServerUnavailable,
+)
 from finecap.config import ConfigError, load
 from finecap.locks import LOCK_NAME, OutputLocked, output_lock
 from helpers.chat_server import ChatServer, completion, echo_first_caption
@@ -143,6 +150,18 @@ def test_budget_counts_consecutive_connection_failures_only():
     assert budget.failed(5, down) is None and budget.failed(6, down) is None
     reason = budget.failed(7, down)
     assert reason.startswith("3 requests in a row could not reach the server (boost.max_consecutive_failures=3)")
+
+
+def test_budget_counts_an_engine_that_raised_as_a_server_not_reached():
+    # an in-process engine raising instead of answering (EngineFailing) did not count: with max_rate=1 a dead engine
+    # failed every image and the run ended "ok"; a failing server's answers (ServerFailing) still do not count
+    budget = FailureBudget(100, max_rate=1.0, max_consecutive=3)
+    dead = EngineFailing("the vLLM engine failed: EngineDeadError: EngineCore encountered an issue.")
+    assert budget.failed(0, dead) is None and budget.failed(1, dead) is None
+    assert budget.failed(2, ServerFailing("HTTP 500", status=500)) is None  # the server answered: resets the count
+    assert budget.failed(3, ServerUnavailable("refused")) is None and budget.failed(4, dead) is None
+    assert budget.failed(5, dead) == ("3 requests in a row got no answer from the in-process engine "
+                                      f"(boost.max_consecutive_failures=3); last error: {dead}")  # fmt: skip
 
 
 def test_401_stops_at_once(world, tmp_path):

@@ -2,6 +2,7 @@
 with a chat template; nothing downloaded): the chat template is applied, batches are left-padded so that batched
 greedy answers equal one-by-one answers, and the answers feed the engine."""
 
+import json
 import os
 from pathlib import Path
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from finecap.app.boost import main as boost
 from finecap.boost.backends import make_backend
-from finecap.boost.engine import AnswerCache, CutOff, Task, boost_records
+from finecap.boost.engine import AnswerCache, BoostFailed, CutOff, EngineFailing, Task, boost_records
 from finecap.boost.hf_backend import TransformersBackend
 from finecap.boost.prompts import Prompts
 from finecap.config import load
@@ -18,6 +20,7 @@ from finecap.data.records import Record
 from finecap.models.tokenizer import world_tokenizer
 from finecap.world.captions import vocabulary
 from helpers.chat_models import chatml_ids, save_chat_lm
+from helpers.tiny_world import make_tiny_world, world_items
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +73,65 @@ def test_engine_with_transformers_backend(chat_model, tmp_path):
     assert failed == {i for i, answer in direct.items() if not answer.strip()}
     for i, f in enumerate(result.fields):
         assert f["blend"] == (records[i].captions if i in failed else [direct[i].strip()])
+
+
+OUT_OF_MEMORY = "CUDA out of memory.\nTried to allocate 2.00 GiB"
+"""What ``torch.OutOfMemoryError`` says, in two lines: the message of each failed image says it in one."""
+
+
+def test_a_model_raising_instead_of_answering_fails_its_batch_and_the_next_batch_is_asked(chat_model, monkeypatch):
+    # torch.OutOfMemoryError from generate escaped backend.run (and finecap boost) as a traceback; the vllm backend's
+    # rule (41da231a): each task of that batch fails with an EngineFailing naming the error, none asked again alone
+    backend = TransformersBackend(str(chat_model), batch_size=2, max_new_tokens=4, refuse_cut_off=False)
+    real, calls = backend.model.generate, []
+
+    def generate(**inputs):  # the second batch runs out of memory; the others are answered
+        calls.append(len(inputs["input_ids"]))
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError(OUT_OF_MEMORY)
+        return real(**inputs)
+
+    monkeypatch.setattr(backend.model, "generate", generate)
+    answers = dict(backend.run(_tasks(5)))
+    assert calls == [2, 2, 1]  # three batches, each asked once
+    assert all(isinstance(answers[i], str) for i in (0, 1, 4))
+    said = "the transformers engine failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert [(type(answers[i]), str(answers[i])) for i in (2, 3)] == [(EngineFailing, said)] * 2
+    with pytest.raises(ValueError, match="chat_template is not set"):  # a chat template's error: no engine's
+        backend.tokenizer.chat_template = None
+        backend.generate(_tasks(1))
+
+
+def test_boost_on_a_model_out_of_memory_stops_in_one_line_and_says_failed(chat_model, tmp_path, monkeypatch):
+    # before: a traceback out of finecap boost, boost.json left "running", no failures.jsonl
+    world = make_tiny_world(tmp_path / "world")
+
+    def out_of_memory(self, **inputs):
+        raise torch.OutOfMemoryError(OUT_OF_MEMORY)
+
+    monkeypatch.setattr(LlamaForCausalLM, "generate", out_of_memory)
+    settings = ["boost.mode=blend", "boost.few_shot=false", "boost.batch_size=4", "boost.llm_backend=transformers",
+                f"boost.llm_model={chat_model}", "train.cpu=true"]  # fmt: skip
+    cfg = load(None, [*world_items(world), *settings])
+    out = tmp_path / "out"
+    with pytest.raises(BoostFailed) as stopped:
+        boost(cfg, out, progress=False)
+    said = "the transformers engine failed: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert str(stopped.value).startswith(
+        f"boost stopped: 1 of 32 images failed, more than boost.max_failure_rate=0.01 allows; last error: {said}. "
+        "0 of 32 images boosted (blend), 1 failed, 31 not done; no data set written."
+    ), str(stopped.value)
+    assert "\n" not in str(stopped.value)
+    summary = json.loads((out / "boost.json").read_text())
+    assert (summary["status"], summary["error"], summary["output"]) == (
+        "failed",
+        f"1 of 32 images failed, more than boost.max_failure_rate=0.01 allows; last error: {said}",
+        None,
+    )
+    assert (summary["boosted"], summary["failed"], summary["not_done"]) == (0, 1, 31)
+    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert (failure["step"], failure["error"], failure["attempts"]) == ("blend", f"EngineFailing: {said}", 1)
+    assert not (out / "dataset.json").exists()
 
 
 def _with_generation(model: Path, out: Path, **settings) -> Path:

@@ -101,11 +101,12 @@ def test_an_engine_that_dies_mid_run_stops_boost_in_one_line_keeping_the_cached_
     message = str(stopped.value)
     engine_error = ("the vLLM engine failed: EngineDeadError: EngineCore encountered an issue. See stack trace "
                     "(above) for the root cause.")  # fmt: skip
-    # the default budget (boost.max_failure_rate=0.01 of 32 images) stops at the first failed image
-    assert message.startswith("boost stopped: 1 of 32 images failed, more than boost.max_failure_rate=0.01 allows; "
-                              f"last error: {engine_error}. 8 of 32 images boosted (blend), 1 failed, 23 not done; "
-                              "no data set written. 8 answers are kept in"), message  # fmt: skip
-    assert "\n" not in message
+    # the default budget (boost.max_failure_rate=0.01 of 32 images) stops at the first failed image; the error's own
+    # period ends the reason (it read "root cause.. 8 of 32")
+    assert message == ("boost stopped: 1 of 32 images failed, more than boost.max_failure_rate=0.01 allows; last "
+                       f"error: {engine_error} 8 of 32 images boosted (blend), 1 failed, 23 not done; no data set "
+                       f"written. 8 answers are kept in {out / 'cache.jsonl'}: re-run with the same --out to continue "
+                       f"(details: {out / 'boost.json'}, {out / 'failures.jsonl'})")  # fmt: skip
     assert scripted.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # the dead batch not asked prompt by prompt
     summary = json.loads((out / "boost.json").read_text())
     assert summary["status"] == "failed" and summary["error"].endswith(engine_error) and summary["output"] is None
@@ -126,15 +127,44 @@ def test_an_engine_that_dies_mid_run_stops_boost_in_one_line_keeping_the_cached_
     assert sorted(i for call in scripted.calls for i in call) == list(range(8, 32))
 
 
-def test_a_dead_engine_fails_every_image_of_its_batches_within_a_budget_that_allows_it(scripted, world, tmp_path):
-    # a budget of 100 %: the run goes on, each batch asked once and failed whole, and ends with the human captions
+def test_a_dead_engine_stops_the_run_after_max_consecutive_failures_whatever_the_budget(scripted, world, tmp_path):
+    # a budget of 100 % let a dead engine fail all 32 images and the command exit 0 ("ok", nothing boosted): only an
+    # unreachable server's requests counted towards boost.max_consecutive_failures. Each image of a failed batch now
+    # counts, as each of a server's concurrent requests does: the 10th in a row stops the run, exit 2
     scripted.error = RuntimeError("CUDA out of memory.\nTried to allocate 2.00 GiB")
-    summary = boost(load(None, settings(world, "boost.max_failure_rate=1")), tmp_path / "out", progress=False)
-    assert summary["status"] == "ok" and (summary["boosted"], summary["failed"]) == (0, 32)
-    assert len(scripted.calls) == 8  # 32 images in batches of 4, each asked once
-    failures = [json.loads(line) for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()]
-    assert {f["error"] for f in failures} == {"EngineFailing: the vLLM engine failed: RuntimeError: CUDA out of "
-                                              "memory. Tried to allocate 2.00 GiB"}  # fmt: skip
+    out = tmp_path / "out"
+    with pytest.raises(BoostFailed) as stopped:
+        boost(load(None, settings(world, "boost.max_failure_rate=1")), out, progress=False)
+    engine_error = "the vLLM engine failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    reason = (f"10 requests in a row got no answer from the in-process engine (boost.max_consecutive_failures=10); "
+              f"last error: {engine_error}")  # fmt: skip
+    assert str(stopped.value).startswith(f"boost stopped: {reason}. 0 of 32 images boosted (blend), 10 failed, 22 "
+                                         "not done; no data set written."), str(stopped.value)  # fmt: skip
+    assert scripted.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # each batch asked once, none after
+    summary = json.loads((out / "boost.json").read_text())
+    assert (summary["status"], summary["error"], summary["output"]) == ("failed", reason, None)
+    assert (summary["boosted"], summary["failed"], summary["not_done"]) == (0, 10, 22)
+    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert [f["error"] for f in failures] == [f"EngineFailing: {engine_error}"] * 10
+    assert not (out / "dataset.json").exists()
+
+
+def test_an_answered_batch_ends_a_dead_engines_streak(scripted, world, tmp_path, monkeypatch):
+    # the streak counts images in a row that got no answer: a batch answered in between starts it again, and a budget
+    # of 100 % then lets the run end "ok" with the failed images' human captions
+    scripted.healthy = 10**6
+    real = ScriptedLLM.generate
+
+    def every_other_batch(self, prompts, params, use_tqdm=False):  # batches 2, 4, 6, 8 fail: 4 images in a row
+        if len(type(self).calls) % 2 == 1:
+            type(self).calls.append([p["prompt_token_ids"][0] for p in prompts])
+            raise RuntimeError("CUDA out of memory")
+        return real(self, prompts, params, use_tqdm)
+
+    monkeypatch.setattr(scripted, "generate", every_other_batch)
+    cfg = load(None, settings(world, "boost.max_failure_rate=1", "boost.max_consecutive_failures=5"))
+    summary = boost(cfg, tmp_path / "out", progress=False)
+    assert summary["status"] == "ok" and (summary["boosted"], summary["failed"], summary["not_done"]) == (16, 16, 0)
 
 
 def tasks(n: int) -> list[Task]:

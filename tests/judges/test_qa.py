@@ -7,6 +7,7 @@ and follow the seed; the reward asks in the orders the blind filter used."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -134,3 +135,23 @@ def test_a_blind_filter_that_could_not_ask_is_refused_naming_the_first_failure()
         QAUtilityReward(WorldJudge(), questions={0: [free]}, shuffles=2)(["a red circle"], {"image_ids": [0]})
     assert str(refused.value).startswith("qa_utility: the world judge could not answer the blind asks of 1 of 1")
     assert "the world judge answers only questions with a 'fact'; '0/q0' has none" in str(refused.value)
+
+
+def test_two_questions_of_an_image_given_with_one_id_are_refused_naming_it():
+    # a data set's or a file's questions were checked for repeated ids, a caller's questions= were not: the blind
+    # filter counted two questions of one id as one, and a judge answering the first option shown, right blind in one
+    # of two orders of each, had both dropped though neither was right in every order
+    from finecap.judges.questions import pick_questions
+
+    colour = Question("7/q", "What colour is the circle?", ("red", "blue"), "red", ("color", "circle"))
+    size = Question("7/q", "What size is the square?", ("small", "large"), "large", ("size", "square"))
+    first = Scripted(blind_right={o for q in (colour, size) for o in presentations(q, 2) if o[0] == q.answer})
+    assert [drop_blind(first, {7: [q]}, 2)[1]["dropped"] for q in (colour, size)] == [0, 0]  # apart: both kept
+    said = "image 7 has two questions with id '7/q' (ids must differ)"
+    with pytest.raises(ValueError, match=f"^qa_utility: {re.escape(said)}$"):
+        QAUtilityReward(first, questions={7: [colour, size]}, shuffles=2)
+    with pytest.raises(ValueError, match=f"^metric 'qa': {re.escape(said)}$"):
+        pick_questions({7: [colour, size]}, "", None, "metric 'qa'")
+    renamed = Question("7/q2", size.text, size.options, size.answer, size.fact)
+    reward = QAUtilityReward(first, questions={7: [colour, renamed]}, shuffles=2)
+    assert reward.blind["dropped"] == 0 and reward.known_images() == [7]

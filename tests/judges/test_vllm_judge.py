@@ -319,3 +319,30 @@ def test_a_closed_judge_refuses_calls_by_name_and_closes_once(tmp_path, cached):
     assert backend.closes == 1
     with pytest.raises(UsedAfterClose, match=r"^judge vllm: this judge was closed .*; build another"):
         judge.answer([Ask(Q, OPTIONS, "a red circle")])
+
+
+def test_an_option_of_the_openai_judge_is_refused_saying_whose_it_is(tmp_path, monkeypatch):
+    # VllmJudge(..., retries=3) was Python's "unexpected keyword argument 'retries'", though judge.retries is an
+    # option of the judge section (the openai judge's): now the error says what the configuration says of it, before
+    # any engine starts, through the registry's factory too (whose answer cache is then closed)
+    from finecap.boost import vllm_backend
+    from finecap.judges.vllm import VllmJudge
+
+    monkeypatch.setattr(vllm_backend, "VllmBackend", lambda *a, **k: pytest.fail("the engine started"))
+    said = ("VllmJudge: retries= is judge.retries, read with judge.name=openai, not by the vllm judge. judge.retries: "
+            "openai: retries of a failed request, and re-asks of an unparsable answer until one repeats, before the "
+            "call counts as failed (vllm asks once: its greedy engine repeats its answers).")  # fmt: skip
+    with pytest.raises(TypeError) as refused:
+        VllmJudge("my-chat-lm", retries=3)
+    assert str(refused.value) == said
+    closed, close = [], AnswerCache.close
+    monkeypatch.setattr(AnswerCache, "close", lambda self: (closed.append(self), close(self)))
+    with pytest.raises(TypeError) as refused:
+        judge_with(None, tmp_path, retries=3)
+    assert str(refused.value) == said and len(closed) == 1
+    with pytest.raises(TypeError, match="^VllmJudge: concurrency= is judge.concurrency, read with judge.name=openai"):
+        VllmJudge("my-chat-lm", concurrency=2)
+    with pytest.raises(TypeError, match="^VllmJudge: noise= is judge.noise, read with judge.name=world, not by"):
+        VllmJudge("my-chat-lm", noise=0.1)
+    with pytest.raises(TypeError, match=r"^VllmJudge.__init__\(\) got an unexpected keyword argument 'retry'$"):
+        VllmJudge("my-chat-lm", retry=3)  # a name of no judge's option: Python's own words

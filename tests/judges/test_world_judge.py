@@ -126,6 +126,23 @@ def test_noise_draws_apart_for_each_caption_and_each_order_and_may_answer_cannot
     assert 40 <= flips.count(CANNOT_ANSWER) <= 93  # 200 draws of p = 1/3: mean 66.7, 4 sigma 26.7
 
 
+def test_noise_flips_blind_answers_too_so_the_blind_filter_drops_some_questions():
+    # noise models a wrong judge, and a blind ask is an ask of the judge: its exact "cannot answer" is flipped like any
+    # answer, to one of the question's n options (docs/methods/judges.md#what-the-world-judge-answers-exactly), so
+    # with k distinct orders the blind filter drops a question with probability (p / n) ** k
+    from finecap.judges.qa import drop_blind
+
+    blind = WorldJudge(noise=1.0).answer([ask(None, options=o) for o in presentations(COLOR, 6)])  # all 3! orders
+    assert CANNOT_ANSWER not in blind and set(blind) <= {"red", "green", "blue"}
+    size = {i: [Question(f"{i}/size/circle", "What size?", ("small", "large"), "small", ("size", "circle"))]
+            for i in range(4000)}  # fmt: skip
+    assert drop_blind(WorldJudge(), size, 2)[1]["dropped"] == 0  # an exact blind judge is never right
+    share = drop_blind(WorldJudge(noise=1.0), size, 2)[1]["share"]
+    assert abs(share - (1.0 / 2) ** 2) < 0.03, share  # 4000 draws of p = 0.25: 4 sigma 0.027
+    share = drop_blind(WorldJudge(noise=0.3), size, 2)[1]["share"]
+    assert abs(share - (0.3 / 2) ** 2) < 0.012, share  # p = 0.0225: 4 sigma 0.0094
+
+
 def test_recall_is_zero_when_the_references_state_no_claim():
     (score,) = claim_scores(WorldJudge(), ["a red circle"], [Subject(0, ("nothing to see",))])
     assert (score.recall, score.n_reference, score.f1) == (0.0, 0, 0.0)

@@ -125,8 +125,9 @@ def main(cfg: Config, out: str | Path, progress: bool = True) -> dict[str, Any]:
     if result.stopped:
         earlier = dataset_file(cfg.data.format, source).name
         left = f" (the {earlier} there is an earlier run's)" if (out / earlier).exists() else ""
+        reason = result.stopped if result.stopped.endswith((".", "!", "?")) else f"{result.stopped}."  # one period
         raise BoostFailed(
-            f"boost stopped: {result.stopped}. {counts}, {summary['not_done']} not done; no data set written{left}. "
+            f"boost stopped: {reason} {counts}, {summary['not_done']} not done; no data set written{left}. "
             f"{len(cache.answers)} answers are kept in {out / 'cache.jsonl'}: re-run with the same --out to continue "
             f"(details: {out / 'boost.json'}, {out / 'failures.jsonl'})"
         )

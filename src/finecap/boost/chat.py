@@ -16,12 +16,12 @@ conversation with its image, and the batches they generate in.
 - **Batches**: ``boost.batch_size`` tasks per :meth:`InProcessBackend.generate` call; their answers are yielded (and
   so cached by the engine) when the batch is done, so a killed run loses at most one batch.
 - **An engine that fails**: a batch whose :meth:`InProcessBackend.generate` raises
-  :class:`~finecap.boost.engine.EngineFailing` (the ``vllm`` backend's engine raised instead of answering: out of
-  memory, its engine core dead) or :class:`~finecap.utils.closing.UsedAfterClose` (the backend was closed) answers
-  each of its tasks with that :class:`~finecap.boost.engine.EngineFailing`: the boost engine fails each image as a
-  failing server's (:class:`~finecap.boost.engine.FailureBudget` stops the run by ``boost.max_failure_rate``, the
-  answers already cached kept), never a traceback out of :meth:`InProcessBackend.run`. Any other error (a chat
-  template's) still stops the run as it is.
+  :class:`~finecap.boost.engine.EngineFailing` (the model or engine raised instead of answering: out of memory, a
+  CUDA error, vLLM's engine core dead) or :class:`~finecap.utils.closing.UsedAfterClose` (the backend was closed)
+  answers each of its tasks with that :class:`~finecap.boost.engine.EngineFailing`: the boost engine fails each
+  image as a failing server's (:class:`~finecap.boost.engine.FailureBudget` stops the run by
+  ``boost.max_failure_rate`` or ``boost.max_consecutive_failures``, the answers already cached kept), never a
+  traceback out of :meth:`InProcessBackend.run`. Any other error (a chat template's) still stops the run as it is.
 """
 
 from __future__ import annotations

@@ -35,7 +35,9 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   :class:`BadImage` too).
 - **Stopping** (:class:`FailureBudget`): the run stops as soon as more than ``boost.max_failure_rate`` of the images
   to boost failed (the fraction can then only be exceeded at the end too), after ``boost.max_consecutive_failures``
-  requests in a row could not reach the server (:class:`ServerUnavailable`), and at once on a
+  requests in a row could not reach the server (:class:`ServerUnavailable`) or got no answer from an in-process
+  engine that raised instead (:class:`EngineFailing`: each image of a failed batch counts), so that a dead server or
+  engine fails a run whatever ``boost.max_failure_rate`` allows, and at once on a
   :class:`FatalBackendError` (a refused API key, a wrong URL), whichever answer of the requests in flight arrives
   first: a request the backend did not send or retry because the run is stopping (:class:`Cancelled`) leaves its
   image not done, never failed. The result then carries ``stopped`` (the reason);
@@ -103,11 +105,13 @@ class ServerFailing(BackendError):
 
 
 class EngineFailing(ServerFailing):
-    """An in-process engine (boost's ``vllm`` backend's and the ``vllm`` judge's ``vllm.LLM``) raised instead of
-    answering a request it accepted: out of memory, its engine core dead, shut down. No answer, as a failing server's
-    (``status`` ``None``): boost fails each image of the batch it was asked for, counted in ``boost.max_failure_rate``
-    (:class:`FailureBudget`); a judge counts it towards ``judge.max_consecutive_failures``. A request the engine
-    refuses (a prompt too long) is a plain :class:`BackendError`, that request's own."""
+    """An in-process engine (boost's ``vllm`` backend's and the ``vllm`` judge's ``vllm.LLM``, boost's
+    ``transformers`` backend's model) raised instead of answering a request it accepted: out of memory, its engine
+    core dead, shut down. No answer, as a failing server's (``status`` ``None``): boost fails each image of the batch
+    it was asked for, counted in ``boost.max_failure_rate`` and, as an unreachable server's
+    (:class:`ServerUnavailable`), towards ``boost.max_consecutive_failures`` (:class:`FailureBudget`); a judge counts
+    it towards ``judge.max_consecutive_failures``. A request the engine refuses (a prompt too long) is a plain
+    :class:`BackendError`, that request's own."""
 
 
 def engine_failing(error: BaseException, engine: str = "vLLM") -> EngineFailing:
@@ -345,7 +349,9 @@ class FailureBudget:
     max_consecutive: int = 10
     failed_images: set[int] = field(default_factory=set)
     consecutive: int = 0
-    """Connection failures in a row (:class:`ServerUnavailable`), reset by any answer."""
+    """Requests in a row that got no answer from a server or engine that is gone, reset by any answer or other
+    failure: a server not reached (:class:`ServerUnavailable`), an in-process engine that raised instead of answering
+    (:class:`EngineFailing`: each image of its batch counts, as each of a server's concurrent requests does)."""
 
     def over_budget(self) -> bool:
         return self.n_images > 0 and len(self.failed_images) / self.n_images > self.max_rate
@@ -360,10 +366,13 @@ class FailureBudget:
         self.failed_images.add(index)
         if isinstance(error, FatalBackendError):
             return str(error)
-        self.consecutive = self.consecutive + 1 if isinstance(error, ServerUnavailable) else 0
+        unanswered = isinstance(error, ServerUnavailable | EngineFailing)
+        self.consecutive = self.consecutive + 1 if unanswered else 0
         if self.consecutive >= self.max_consecutive:
+            gone = "got no answer from the in-process engine" if isinstance(error, EngineFailing) else (
+                "could not reach the server")  # fmt: skip
             return (
-                f"{self.consecutive} requests in a row could not reach the server "
+                f"{self.consecutive} requests in a row {gone} "
                 f"(boost.max_consecutive_failures={self.max_consecutive}); last error: {error}"
             )
         if self.over_budget():

@@ -22,6 +22,12 @@ An answer with no end-of-sequence token (the generation config's ``eos_token_id`
 ``refuse_cut_off=False``.
 A model without a chat template is an error naming ``boost.llm_model`` / ``boost.vlm_model``. The model runs on
 ``device`` (:func:`~finecap.boost.backends.make_backend`: the GPU, as ``finecap eval``'s models, unless ``train.cpu``).
+A model that raises instead of answering (``torch.OutOfMemoryError``, a CUDA error: any error of moving the batch to
+the device or of ``generate``) raises :class:`~finecap.boost.engine.EngineFailing` naming it
+(:func:`~finecap.boost.engine.engine_failing`), the ``vllm`` backend's rule: :meth:`InProcessBackend.run
+<finecap.boost.chat.InProcessBackend.run>` fails each task of the batch with it, as a failing server's request fails
+its image (``failures.jsonl``, counted in ``boost.max_failure_rate`` and ``boost.max_consecutive_failures``; exit
+code 2 when the run stops, the answers already cached kept), never a traceback leaving ``boost.json`` ``running``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 import torch
 
 from finecap.boost.chat import InProcessBackend, conversation, prompt_ids
-from finecap.boost.engine import Task, batch_seed, cut_off, model_stamp
+from finecap.boost.engine import Task, batch_seed, cut_off, engine_failing, model_stamp
 from finecap.models.chat_templates import apply_chat_template
 from finecap.models.vlm import model_stop_tokens
 from finecap.utils.rng import rng_preserved
@@ -84,17 +90,23 @@ class TransformersBackend(InProcessBackend):
 
     @torch.no_grad()
     def generate(self, tasks: Sequence[Task], images: Sequence[Any] = ()) -> list[str | BaseException]:
-        """Answers of ``tasks``; ``images``: their decoded images (the VLM)."""
-        inputs = self._inputs(tasks, images).to(self.model.device)
+        """Answers of ``tasks``; ``images``: their decoded images (the VLM). A model that raises instead of answering
+        (out of memory, a CUDA error) raises :class:`~finecap.boost.engine.EngineFailing` naming its error (module
+        docstring); a chat template's error is raised as it is."""
+        inputs = self._inputs(tasks, images)
         sampling = (
             {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
         )
-        with rng_preserved():  # the process's generators as they were after the batch
-            if self.temperature > 0:
-                torch.manual_seed(batch_seed(self.seed, tasks))
-            out = self.model.generate(
-                **inputs, max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
-            )  # (B, T_in + T_new)
+        try:
+            inputs = inputs.to(self.model.device)
+            with rng_preserved():  # the process's generators as they were after the batch
+                if self.temperature > 0:
+                    torch.manual_seed(batch_seed(self.seed, tasks))
+                out = self.model.generate(
+                    **inputs, max_new_tokens=self.max_new_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
+                )  # (B, T_in + T_new)
+        except Exception as e:  # the engine's failure, no request's: the batch fails (module docstring)
+            raise engine_failing(e, self.engine) from e
         new = out[:, inputs["input_ids"].shape[1] :]  # (B, T_new)
         texts: list[str | BaseException] = list(self.tokenizer.batch_decode(new, skip_special_tokens=True))
         if self.refuse_cut_off and new.shape[1] >= self.max_new_tokens:  # a shorter batch ended every answer

@@ -37,9 +37,9 @@ so a killed run loses at most one batch).
   ``LLM.generate``) raises :class:`~finecap.boost.engine.EngineFailing` from :meth:`VllmBackend.generate`, naming
   the engine's error (:func:`~finecap.boost.engine.engine_failing`); the batch is not asked again prompt by prompt.
   Boost's :meth:`~finecap.boost.chat.InProcessBackend.run` fails each task of the batch with it, as a failing
-  server's request fails its image (``failures.jsonl``; the run stops by ``boost.max_failure_rate``, exit code 2,
-  the answers already cached kept), and so does a use after :meth:`VllmBackend.close`; the ``vllm`` judge counts
-  it towards ``judge.max_consecutive_failures``.
+  server's request fails its image (``failures.jsonl``; the run stops by ``boost.max_failure_rate`` or
+  ``boost.max_consecutive_failures``, exit code 2, the answers already cached kept), and so does a use after
+  :meth:`VllmBackend.close`; the ``vllm`` judge counts it towards ``judge.max_consecutive_failures``.
 
 Greedy answers equal the ``transformers`` backend's in float32 on tiny Llama and Idefics3 chat models
 (``tests/engines/test_vllm_boost.py``).

@@ -233,7 +233,9 @@ def pick_questions(
     data set's own (``given``: :func:`questions_of` of its records, or a caller's ``questions=``), else the
     questions file ``questions_file`` (``judge.questions``), else made from the world's ``scenes``; ``None`` when
     there are none of the three. Both ``given`` and a file is a ``ValueError`` naming ``who``: which of two sets of
-    questions scores the captions would otherwise be a silent choice.
+    questions scores the captions would otherwise be a silent choice. So is an image of ``given`` with two questions
+    of one id (:func:`check_unique_ids`, as a data set's or a file's): the blind filter, the shuffles and the cache
+    would take them for one question.
 
     Example::
 
@@ -250,6 +252,8 @@ def pick_questions(
                              "give one of the two")  # fmt: skip
         return read_questions(questions_file)
     if given is not None:
+        for image_id, questions in given.items():  # a caller's questions= too, not only a data set's (questions_of)
+            check_unique_ids(questions, image_id, who)
         return given
     if scenes is not None:
         return {i: scene_questions(i, s) for i, s in scenes.items()}

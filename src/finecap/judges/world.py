@@ -21,7 +21,10 @@ What it answers, exactly:
 - **rate**: 100 x the F1 of the claim precision and recall (:mod:`finecap.judges.claims`), the reason naming the
   false and the missing facts.
 
-No answer is cached: computing one costs less than looking it up. Noise touches only the answers to questions.
+No answer is cached: computing one costs less than looking it up. Noise touches only the answers to questions, blind
+asks included (a wrong judge guesses blind too): the blind filter then drops a question of ``n`` options asked in
+``k`` distinct orders with probability ``(noise / n) ** k``
+(docs/methods/judges.md#what-the-world-judge-answers-exactly).
 
 The captions' facts are read as the world's grammar writes them: negation is not read ("no red circle" states the red
 circle), nor are digits ("3 shapes" states nothing); docs/methods/judges.md lists what this judge disagrees with the

@@ -92,7 +92,10 @@ class BoostConfig(Section, name="boost"):
         le=1,
     )
     max_consecutive_failures: int = doc(
-        10, "The run stops, exit 2, after this many requests in a row failed to reach the server.", ge=1
+        10,
+        "The run stops, exit 2, after this many requests in a row failed to reach the server or got no answer from "
+        "an in-process engine that raised instead (each image of its batch).",
+        ge=1,
     )
     prompts: str = doc("", "Prompt file (YAML) overriding the default templates, or 'ndlb' (the paper's prompts).")
     few_shot: bool = doc(True, "Prepend the prompts' few-shot examples to each request.")
