@@ -674,9 +674,11 @@ def masked_override(item: str) -> str:
     so any spelling of it is caught) as ``key=***``; any other argument with the credentials of the URLs in it masked
     (:func:`~finecap.config.secrets.masked_url_secrets`).
 
-    The rule is the wide one on purpose: options merely named like a secret (``data.max_tokens``, or
-    ``boost.llm_api_key_env`` given the key itself by mistake) are masked too. A command line is never the record of
-    a value: the run's and each checkpoint's ``config.yaml`` hold every option, secrets alone masked.
+    The rule is the wide one on purpose: options merely named like a secret (``smile.first_token``, or
+    ``boost.llm_api_key_env`` given the key itself by mistake) are masked too, but for a name's words for a text's
+    tokens (:data:`~finecap.config.secrets.TEXT_TOKENS`: ``decode.max_new_tokens=20`` is shown as given). A command
+    line is never the record of a value: the run's and each checkpoint's ``config.yaml`` hold every option, secrets
+    alone masked.
 
     Example::
 
