@@ -30,11 +30,12 @@ Example (a tiny random BLIP saved as a captioner; a trained run directory is loa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from finecap.library_warnings import silenced
 from finecap.utils.closing import Closeable
@@ -47,6 +48,31 @@ if TYPE_CHECKING:
     from finecap.config import Config
 
 __all__ = ["Captioner", "evaluate", "train"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checked_keywords(where: str) -> Callable[[F], F]:
+    """A decorator: a call of the decorated function given a keyword it does not take is the ``TypeError`` of
+    :func:`unknown_keyword`, naming the call ``where`` (``"finecap.evaluate"``) and the closest of its keywords, before
+    the function runs. For the entries of the Python API whose keywords are fixed (:func:`evaluate`,
+    :meth:`Captioner.from_pretrained`, the constructor); :func:`train` and :meth:`Captioner.caption` take options as
+    keywords and say so themselves. ``inspect.signature`` and ``help`` still show the function's own signature."""
+
+    def decorate(func: F) -> F:
+        taken = [p.name for p in inspect.signature(func).parameters.values()
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "cls")]  # fmt: skip
+
+        @functools.wraps(func)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            for name in kwargs:
+                if name not in taken:
+                    raise unknown_keyword(name, where, taken, options=False)
+            return func(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return decorate
 
 
 class Captioner(Closeable):
@@ -78,6 +104,7 @@ class Captioner(Closeable):
         if "__init__" in cls.__dict__ or "__new__" in cls.__dict__:
             cls.__signature__ = None  # type: ignore[attr-defined]
 
+    @checked_keywords("Captioner")
     def __init__(self, model: Any, cfg: Config, checkpoint: Path | None = None) -> None:
         """Wrap ``model`` (a loaded finecap captioner) with ``cfg``, its configuration, and ``checkpoint``, the
         folder it came from; :meth:`from_pretrained` calls it. A path given as ``model`` (``Captioner("runs/x")``)
@@ -86,6 +113,7 @@ class Captioner(Closeable):
         self._engine: Any = None  # the generation engine (decode.engine), opened on first use (:meth:`close` frees it)
 
     @classmethod
+    @checked_keywords("Captioner.from_pretrained")  # devce="cpu": Python's TypeError suggested nothing
     @said_afresh()  # a command of its own: its notes said as in a fresh process (finecap.utils.once)
     def from_pretrained(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Captioner:
         """Load the captioner of ``path``: a run directory (its best checkpoint, else its last), a checkpoint folder
@@ -342,6 +370,7 @@ def _refuse_folder(item: Any, where: str) -> None:
                         f"[{folder!r}])]; captioner.caption(files)")  # fmt: skip
 
 
+@checked_keywords("finecap.evaluate")  # metric="bleu": Python's TypeError suggested nothing
 @said_afresh()
 def evaluate(
     predictions: Sequence[str] | Mapping[Hashable, str],
@@ -495,14 +524,32 @@ OWN_KEYWORDS = ("resume", "overwrite")
 """The keywords of :func:`train` that are no option (``section__key``) of the configuration."""
 
 
-def unknown_keyword(name: str) -> TypeError:
-    """The error of ``finecap.train(recipe, <name>=...)`` for a keyword that is neither one of
-    :data:`OWN_KEYWORDS` nor written ``section__key``: it names the options of that name (``max_steps`` ->
-    ``train__max_steps``; ``preset`` -> ``retriever__preset``, not the keyword ``resume`` it is close to), else the
-    closest of its own keywords (``overwrte`` -> ``overwrite``), else
-    what a Hugging Face name is here (``learning_rate`` -> ``train__lr``: :data:`~finecap.config.hf_names.HF_NAMES`),
-    else the closest option (``train_max_steps`` -> ``train__max_steps``), and says how an option is written. It said
-    only the last, so a misspelt ``overwrite`` read as a malformed option."""
+def _as_keyword(option: str) -> str:
+    """An option ``section.key`` as a keyword of :func:`train`: ``train__max_steps``."""
+    return option.replace(".", "__")
+
+
+def unknown_keyword(name: str, where: str = "finecap.train", own: Sequence[str] = OWN_KEYWORDS,
+                    options: bool = True) -> TypeError:  # fmt: skip
+    """The error of a call of the Python API given a keyword ``name`` it does not take: ``where`` names the call and
+    ``own`` its keywords, the closest of which is suggested (``overwrte`` -> ``overwrite``; with
+    :func:`checked_keywords`, ``finecap.evaluate(..., metric="bleu")`` -> ``metrics`` and
+    ``Captioner.from_pretrained(path, devce="cpu")`` -> ``device``, where Python's own ``TypeError`` suggested none).
+
+    ``options``: the call also takes the configuration's options as ``section__key`` keywords (:func:`train`, the
+    default), so a keyword that is neither one of ``own`` nor written ``section__key`` is told the options of that name
+    first (``max_steps`` -> ``train__max_steps``; ``preset`` -> ``retriever__preset``, not the keyword ``resume`` it is
+    close to), then the closest of ``own``, else what a Hugging Face name is here (``learning_rate`` -> ``train__lr``:
+    :data:`~finecap.config.hf_names.HF_NAMES`), else the closest option (``train_max_steps`` -> ``train__max_steps``),
+    and how an option is written. It said only the last, so a misspelt ``overwrite`` read as a malformed option.
+
+    Example::
+
+        >>> print(unknown_keyword("metric", "finecap.evaluate", ("predictions", "references", "metrics", "cfg"),
+        ...                       options=False))
+        finecap.evaluate: unexpected keyword 'metric' (did you mean 'metrics'?); its keywords are predictions, \
+references, metrics and cfg
+    """
     from finecap.config import SECTIONS
     from finecap.config.fields import option_fields
     from finecap.config.hf_names import hf_hint
@@ -510,19 +557,22 @@ def unknown_keyword(name: str) -> TypeError:
     from finecap.utils.text import closest
 
     hint = ""
-    if named := options_named(name):  # first: an option's very name (preset) is not a misspelt keyword (resume)
-        hint = f" (did you mean {either([key.replace('.', '__') for key in named])}?)"
-    elif (own := closest(name, OWN_KEYWORDS)) is not None:
-        hint = f" (did you mean {own!r}?)"
-    elif hf := hf_hint(name, spell=lambda option: option.replace(".", "__")):
+    if options and (named := options_named(name)):  # an option's very name (preset) is no misspelt keyword (resume)
+        hint = f" (did you mean {either([_as_keyword(key) for key in named])}?)"
+    elif (match := closest(name, own)) is not None:
+        hint = f" (did you mean {match!r}?)"
+    elif options and (hf := hf_hint(name, spell=_as_keyword)):
         hint = hf
-    else:
-        every = [key.replace(".", "__") for s, cls in SECTIONS.items() for key, _, _ in option_fields(cls, f"{s}.")]
+    elif options:
+        every = [_as_keyword(key) for s, cls in SECTIONS.items() for key, _, _ in option_fields(cls, f"{s}.")]
         option = closest(name, every)
         hint = f" (did you mean {option!r}?)" if option is not None else ""
-    return TypeError(f"finecap.train: unexpected keyword {name!r}{hint}; its own keywords are "
-                     f"{' and '.join(OWN_KEYWORDS)}, and an option is written section__key=value (e.g. "
-                     "train__max_steps=2, data__hf__caption_column='sentences')")  # fmt: skip
+    listed = " and ".join(own) if len(own) <= 2 else f"{', '.join(own[:-1])} and {own[-1]}"
+    if not options:
+        return TypeError(f"{where}: unexpected keyword {name!r}{hint}; its keywords are {listed}")
+    return TypeError(f"{where}: unexpected keyword {name!r}{hint}; its own keywords are {listed}, and an option is "
+                     "written section__key=value (e.g. train__max_steps=2, "
+                     "data__hf__caption_column='sentences')")  # fmt: skip
 
 
 def more_positionals(more: tuple[Any, ...]) -> TypeError:

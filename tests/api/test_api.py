@@ -742,6 +742,42 @@ def test_a_keyword_that_is_no_option_names_the_one_meant(monkeypatch, keyword, m
 
 
 @pytest.mark.parametrize(
+    "call, said",
+    [
+        (lambda tmp: evaluate(["a red circle"], [["a red circle"]], metric="bleu"),
+         "finecap.evaluate: unexpected keyword 'metric' (did you mean 'metrics'?); its keywords are predictions, "
+         "references, metrics and cfg"),
+        (lambda tmp: evaluate(["a red circle"], reference=[["a red circle"]]),
+         "finecap.evaluate: unexpected keyword 'reference' (did you mean 'references'?); its keywords are "
+         "predictions, references, metrics and cfg"),
+        # the folder does not exist: the keyword is refused before anything is read (no FileNotFoundError)
+        (lambda tmp: Captioner.from_pretrained(tmp / "no-run", devce="cpu"),
+         "Captioner.from_pretrained: unexpected keyword 'devce' (did you mean 'device'?); its keywords are path and "
+         "device"),
+        (lambda tmp: Captioner(None, None, chekpoint=tmp),
+         "Captioner: unexpected keyword 'chekpoint' (did you mean 'checkpoint'?); its keywords are model, cfg and "
+         "checkpoint"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_keyword_of_evaluate_or_the_loader_names_the_one_meant(tmp_path, call, said):
+    """``finecap.evaluate(..., metric="bleu")`` and ``Captioner.from_pretrained(path, devce="cpu")`` were Python's
+    own "evaluate() got an unexpected keyword argument 'metric'", which suggests nothing, where finecap.train and
+    caption() name the keyword meant. Now the same words (finecap.api.unknown_keyword), before the call runs."""
+    with pytest.raises(TypeError) as refused:
+        call(tmp_path)
+    assert str(refused.value) == said
+
+
+def test_the_checked_entries_keep_their_signatures():
+    # help() and inspect show the entries' own keywords, not the check's (*args, **kwargs)
+    import inspect
+
+    assert list(inspect.signature(evaluate).parameters) == ["predictions", "references", "metrics", "cfg"]
+    assert list(inspect.signature(Captioner.from_pretrained).parameters) == ["path", "device"]
+    assert list(inspect.signature(Captioner).parameters) == ["model", "cfg", "checkpoint"]
+
+
+@pytest.mark.parametrize(
     "keyword, told",
     [("learning_rate", "Hugging Face's learning_rate is 'train__lr' here)"),
      ("gradient_accumulation_steps", "Hugging Face's gradient_accumulation_steps is 'train__grad_accum_steps' here)"),

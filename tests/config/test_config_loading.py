@@ -34,7 +34,22 @@ def test_recipe_then_override(tmp_path):
             "invalid YAML at line 2, column 1: expected ',' or ']', but got '<stream end>' "
             r"\(while parsing a flow sequence at line 1, column 8\)",
         ),
-        ("train:\n\tlr: 1\n", r"invalid YAML at line 2, column 1: found character '\\t' that cannot start any token"),
+        # a tab: PyYAML's "found character '\t' that cannot start any token" said neither that YAML indents with
+        # spaces only nor where a tab may not go
+        (
+            "train:\n\tlr: 1\n",
+            "invalid YAML at line 2, column 1: a tab in the indentation: YAML allows no tabs there; "
+            "indent with spaces$",
+        ),
+        (
+            "train:\n  lr: 1\n \tmax_steps: 3\n",
+            "invalid YAML at line 3, column 2: a tab in the indentation: .*indent with spaces$",
+        ),
+        (
+            "train:\n  lr:\t1\n",
+            "invalid YAML at line 2, column 6: a tab; PyYAML reads no tab between a key, its value "
+            "and a comment, nor inside an unquoted value: write a space, or quote the text$",
+        ),
         ("- train\n", "a recipe must be a mapping of sections"),
         ("trian: 5\n", r"unknown section 'trian' \(did you mean 'train'\?\)"),  # the name first, as for a mapping
         # a section that is no mapping: a traceback (5, true), an error naming nothing (lr=1e-4), or nothing (false, 0)
@@ -50,6 +65,17 @@ def test_malformed_recipe_names_the_file(tmp_path, text, error):
     with pytest.raises(ConfigError, match=error) as e:
         load(recipe)
     assert str(e.value).startswith(f"{recipe}: ") and "\n" not in str(e.value)  # one line (PyYAML's: six)
+
+
+def test_a_tab_indenting_a_stored_config_names_the_file_the_line_and_spaces(tmp_path):
+    # a run's config.yaml edited by hand goes through the recipe's reader: the same words
+    from finecap.config import load_stored
+
+    stored = tmp_path / "config.yaml"
+    stored.write_text("run:\n  seed: 1\ntrain:\n\tlr: 0.5\n")
+    with pytest.raises(ConfigError, match="line 4, column 1: a tab in the indentation: .*indent with spaces$") as e:
+        load_stored(stored)
+    assert str(e.value).startswith(f"{stored}: ")
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ import pytest
 
 import finecap.train.run as train_app
 from finecap.app.cli import main
-from finecap.config import load, masked_override, masked_url_secrets, override_key
+from finecap.config import ConfigError, load, masked_override, masked_url_secrets, override_key
+from finecap.config.secrets import looks_secret
 from finecap.locks import LOCK_NAME, TRAIN_LOCK, output_lock
 from helpers.tiny_run import tiny_world_and_clip
 
@@ -141,10 +142,40 @@ def test_white_space_in_a_key_sets_that_key_and_is_masked_by_it():
         assert load(None, [item]).boost.llm_api_key == SECRET
         assert masked_override(item) == "boost.llm_api_key=***"
     # the wide rule: a key named like a secret is masked, in any spelling (config.yaml keeps non-secret values)
-    assert masked_override(f" data.max_tokens = {SECRET}") == "data.max_tokens=***"
+    assert masked_override(f" hub . hf_token = {SECRET}") == "hub.hf_token=***"
     assert masked_override(f"boost.llm_api_key_env ={SECRET}") == "boost.llm_api_key_env=***"
     assert masked_override(f"boost. llm_apikey={SECRET}") == "boost.llm_apikey=***"  # mistyped: refused, masked
     assert masked_override("train.lr=1e-4") == "train.lr=1e-4"
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["boost.llm_api_key", "boost.llm_apikey", "x.api_key", "x.token", "hub.hf_token", "x.access_token",
+     "x.auth_tokens", "x.password", "x.passwd", "x.secret", "x.client_secret", "x.credentials",
+     "boost.llm_api_key_env"],
+)  # fmt: skip
+def test_a_secret_named_key_is_masked(key):
+    assert looks_secret(key)
+    assert masked_override(f"{key}={SECRET}") == f"{key}=***"
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["decode.max_new_tokens", "data.max_tokens", "boost.max_new_tokens", "judge.max_tokens", "vlm.tokenizer",
+     "smile.shift_token_id", "x.token_ids", "x.tokens_per_batch"],
+)  # fmt: skip
+def test_a_key_naming_text_tokens_is_no_secret(key):
+    """``decode.max_new_tokens=20`` (Hugging Face's name, refused with finecap's: ``decode.max_length``) was repeated
+    as ``decode.max_new_tokens=***``, its value hidden, because the name holds "token"; so were the counts
+    ``data.max_tokens`` and ``judge.max_tokens``. A text's tokens (plural, a tokenizer, a token id) are no secret."""
+    assert not looks_secret(key)
+    assert masked_override(f"{key}=20") == f"{key}=20"
+
+
+def test_the_error_of_a_hugging_face_token_count_shows_its_value():
+    with pytest.raises(ConfigError) as refused:
+        load(None, ["decode.max_new_tokens=20"])
+    assert str(refused.value).startswith("override 'decode.max_new_tokens=20': unknown key 'decode.max_new_tokens'")
 
 
 @pytest.mark.parametrize(

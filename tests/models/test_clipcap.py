@@ -273,6 +273,46 @@ def test_a_relative_lm_folder_is_recorded_absolute_and_named_by_the_lm_lora_adap
     assert torch.allclose(loaded, ours, atol=1e-5)
 
 
+def test_a_relative_encoder_folder_is_named_by_the_encoder_lora_adapter(tmp_path, monkeypatch):
+    """``model.encoder=models/clip`` given where that folder exists: ``captioner.json`` recorded its absolute path as
+    ``encoder_source``, but the encoder was read from ``models/clip`` as given, so ``encoder_lora/adapter_config.json``
+    (peft's record of the loaded model's name) said ``base_model_name_or_path: models/clip``, which from any other
+    working directory peft looks up as a Hub repository: the sibling of the lm_lora fix above, which it missed."""
+    from peft import AutoPeftModel
+
+    from finecap.config import load
+    from finecap.models import lora
+    from finecap.models.presets import save_tiny_clip
+
+    torch.manual_seed(0)
+    save_tiny_clip(tmp_path / "models" / "clip", image_size=16, patch_size=8)
+    monkeypatch.chdir(tmp_path)
+    cfg = load(None, ["model.encoder=models/clip", "clipcap.prefix_length=2", "lora.rank=4", "lora.alpha=8",
+                      "lora.encoder=true", "model.train_encoder=true"])  # fmt: skip
+    model = ClipCap.build(cfg)
+    lora.configure_training(model, cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # the adapter changes the features
+    out = model.eval().save(tmp_path / "ckpt")
+    meta = json.loads((out / "captioner.json").read_text())
+    config = json.loads((out / "encoder_lora" / "adapter_config.json").read_text())
+    assert meta["encoder_source"] == config["base_model_name_or_path"] == str((tmp_path / "models" / "clip").resolve())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # the base is found by the adapter's record alone
+    theirs = AutoPeftModel.from_pretrained(out / "encoder_lora").eval()
+    pixels = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model.encoder.model.get_image_features(pixel_values=pixels)
+        with lora.adapters_disabled(model):
+            plain = model.encoder.model.get_image_features(pixel_values=pixels)
+        loaded = theirs.get_image_features(pixel_values=pixels)
+    features = [getattr(f, "pooler_output", f) for f in (ours, plain, loaded)]
+    assert not torch.allclose(features[0], features[1], atol=1e-3)  # the adapter was applied
+    assert torch.allclose(features[2], features[0], atol=1e-5)
+
+
 def test_lora_through_peft_on_the_whole_captioner():
     from peft import LoraConfig, get_peft_model
 

@@ -204,6 +204,11 @@ def test_the_whole_adapter_names_a_base_read_from_a_relative_folder_by_its_absol
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(dirs[family].resolve())
     assert json.loads((out / "captioner.json").read_text())["source"] == str(dirs[family].resolve())
+    # the per-part adapters adapt a part inside the model (its language model, its vision tower), which no folder
+    # holds alone: they name no base (the source would have peft load that part's class from the whole model's
+    # folder, every weight fresh); the whole model's adapter is the one other tools load (docs/caption.md)
+    for part in ("lm_lora", "encoder_lora"):
+        assert json.loads((out / part / "adapter_config.json").read_text())["base_model_name_or_path"] is None
     monkeypatch.chdir(tmp_path)  # another working directory: the base is found by the adapter's record alone
     loaded = auto.from_pretrained(out / "adapter").eval()  # transformers reads base_model_name_or_path
     with torch.no_grad():

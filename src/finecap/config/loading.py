@@ -27,6 +27,7 @@ from finecap.config.secrets import (
     MASK,
     SECRET_KEYS,
     deprecated_secret_message,
+    environment_advice,
     looks_secret,
     masked_url_secrets,
 )
@@ -673,9 +674,11 @@ def masked_override(item: str) -> str:
     so any spelling of it is caught) as ``key=***``; any other argument with the credentials of the URLs in it masked
     (:func:`~finecap.config.secrets.masked_url_secrets`).
 
-    The rule is the wide one on purpose: options merely named like a secret (``data.max_tokens``, or
-    ``boost.llm_api_key_env`` given the key itself by mistake) are masked too. A command line is never the record of
-    a value: the run's and each checkpoint's ``config.yaml`` hold every option, secrets alone masked.
+    The rule is the wide one on purpose: options merely named like a secret (``smile.first_token``, or
+    ``boost.llm_api_key_env`` given the key itself by mistake) are masked too, but for a name's words for a text's
+    tokens (:data:`~finecap.config.secrets.TEXT_TOKENS`: ``decode.max_new_tokens=20`` is shown as given). A command
+    line is never the record of a value: the run's and each checkpoint's ``config.yaml`` hold every option, secrets
+    alone masked.
 
     Example::
 
@@ -795,6 +798,7 @@ def load(
     data = merge_overrides(data, overrides or [], origins, labels=labels)
     cfg = from_dict(data, source, origins)
     warn_unread(cfg, origins)
+    warn_unexpanded(cfg, origins)
     warn_deprecated_secrets(cfg)
     return cfg
 
@@ -822,6 +826,57 @@ def warn_unread(cfg: Config, origins: Origins) -> None:
             if key in origins:
                 log.warning("%s%s changes nothing: it is read with %s (this configuration has %s)", origins[key], key,
                             needs, have)  # fmt: skip
+
+
+ENVIRONMENT_REFERENCE = re.compile(r"\$\{[^}]*\}|\$[A-Z_][A-Z0-9_]*\b")
+"""What reads like a reference to an environment variable in a value: ``${NAME}`` (``${oc.env:NAME}``,
+``${NAME:-default}``) or a shell's ``$NAME`` in capitals (``$HOME/data``). finecap expands none
+(:func:`warn_unexpanded`)."""
+
+
+def environment_references(value: Any) -> list[str]:
+    """The references to environment variables (:data:`ENVIRONMENT_REFERENCE`) in ``value``, a string or the strings
+    of a list or mapping, in order.
+
+    >>> environment_references("${DATA_DIR}/coco.json"), environment_references(["a", "$HOME/x", "$5, $x"])
+    (['${DATA_DIR}'], ['$HOME'])
+    """
+    if isinstance(value, str):
+        return ENVIRONMENT_REFERENCE.findall(value)
+    if isinstance(value, list | tuple):
+        return [found for v in value for found in environment_references(v)]
+    if isinstance(value, dict):
+        return [found for v in (*value, *value.values()) for found in environment_references(v)]
+    return []
+
+
+def warn_unexpanded(cfg: Config, origins: Origins) -> None:
+    """A warning for each option a recipe, a keyword or an override set (``origins``) whose value reads like a
+    reference to an environment variable (``data.path: ${DATA_DIR}/coco.json``): finecap expands none, so the value
+    is used as written, a folder named ``${DATA_DIR}`` or an API key of those characters. Not expanding is the rule
+    (docs/configuration.md, "No environment variables in a recipe"): a run stores its configuration, and a secret
+    expanded into it would be written to ``config.yaml``. The warning names where the value was set (a recipe's
+    line) and the reference, never the value of a key named like a secret
+    (:func:`~finecap.config.secrets.looks_secret`), and for a secret key the option that reads it from the
+    environment (``boost.llm_api_key_env``)."""
+    values = flat_options(cfg.to_dict())
+    for key, origin in origins.items():
+        found = environment_references(values.get(key))
+        if not found:
+            continue
+        secret, value = looks_secret(key), values[key]
+        shown = "the value" if secret else either(list(dict.fromkeys(found)))
+        example = masked_url_secrets(value) if isinstance(value, str) and len(value) <= 80 else "...$NAME..."
+        if key in DEPRECATED_SECRETS:
+            advice = environment_advice(key)
+        elif key.endswith("_env"):  # boost.llm_api_key_env: ${OPENAI_API_KEY} looks up a variable of that name
+            advice = f"{key} names the variable itself, without $: {key}=OPENAI_API_KEY"
+        else:
+            advice = ("write the value itself, or set it on the command line, where the shell expands it: "
+                      + (f'{key}="{example}"' if not secret else f"{key}=..."))  # fmt: skip
+        log.warning("%s%s: %s is used as written: finecap expands no environment variables in a configuration "
+                    "(docs/configuration.md#no-environment-variables-in-a-recipe); %s", _located(origin, key), key,
+                    shown, advice)  # fmt: skip
 
 
 _DEPRECATED_SAID = SaidOnce()

@@ -97,8 +97,22 @@ _PARAM = re.compile(r"(?P<sep>[?&;#])(?P<name>[^=&;#?]*)=(?P<value>[^&;#]*)")
 """One ``name=value`` parameter of a URL's query or fragment."""
 
 
+TEXT_TOKENS = re.compile(r"tokens|tokeni[sz]|token_?ids?(?![a-z])")
+"""Parts of a name that speak of a text's tokens, not of an access token: ``tokens`` (``max_new_tokens``,
+``data.max_tokens``: a count), ``tokenizer`` / ``tokenise``, ``token_id(s)`` (``smile.shift_token_id``). They are
+left out before a name is read for :data:`SECRET_WORDS`, so ``decode.max_new_tokens=20`` is repeated in an error
+as given, where ``hf_token``, ``access_token`` or ``api_token`` (one token, singular) is a secret still."""
+
+
 def _secret_name(name: str) -> bool:
-    return any(word in name.lower() for word in SECRET_WORDS)
+    """Whether ``name`` (a key's last part, a URL's query parameter) holds one of :data:`SECRET_WORDS`, its words
+    for a text's tokens (:data:`TEXT_TOKENS`) left out.
+
+    >>> [_secret_name(n) for n in ("hf_token", "api_key", "auth_tokens", "max_new_tokens", "tokenizer", "token_ids")]
+    [True, True, True, False, False, False]
+    """
+    lowered = TEXT_TOKENS.sub(" ", name.lower())
+    return any(word in lowered for word in SECRET_WORDS)
 
 
 def _authority(rest: str) -> tuple[str | None, str, str]:
@@ -212,14 +226,17 @@ nearest, ``boost.llm_backend``, is under 0.8: ``tests/config/test_config_loading
 
 
 def looks_secret(key: str) -> bool:
-    """A key of :data:`SECRET_KEYS`, one named like a secret (a mistyped ``boost.llm_apikey``) or one close to a
-    secret key's name (a mistyped ``boost.llm_api_kye`` or ``boost.llm_api``, :data:`SECRET_TYPO_CUTOFF`): its value
-    is never repeated in an error message.
+    """A key of :data:`SECRET_KEYS`, one named like a secret (a mistyped ``boost.llm_apikey``, ``hub.hf_token``) or
+    one close to a secret key's name (a mistyped ``boost.llm_api_kye`` or ``boost.llm_api``,
+    :data:`SECRET_TYPO_CUTOFF`): its value is never repeated in an error message. A name's words for a text's tokens
+    are no secret (:data:`TEXT_TOKENS`: ``decode.max_new_tokens``).
 
     Example::
 
         >>> looks_secret("boost.llm_apikey"), looks_secret("boost.llm_api_kye"), looks_secret("train.lr")
         (True, True, False)
+        >>> looks_secret("hub.hf_token"), looks_secret("decode.max_new_tokens")
+        (True, False)
     """
     name = key.rsplit(".", 1)[-1]
     if key in SECRET_KEYS or _secret_name(name):

@@ -81,14 +81,18 @@ class VisionEncoder(nn.Module):
     def from_pretrained(cls, name_or_path: str | Path, dtype: torch.dtype | str = "auto",
                         checkpoint: bool = False) -> VisionEncoder:  # fmt: skip
         """Load model (weights in ``dtype``, ``"auto"``: the checkpoint's) and image processor (if the checkpoint has
-        one) from a Hub name or local folder (``checkpoint``: a folder of a captioner checkpoint, loaded strictly)."""
-        name = str(name_or_path)
+        one) from a Hub name or local folder (``checkpoint``: a folder of a captioner checkpoint, loaded strictly). A
+        local folder is read by its absolute path (:func:`~finecap.config.paths.recorded_source`), the source
+        recorded, so that the model's ``name_or_path``, which peft writes as an ``encoder_lora/`` adapter's
+        ``base_model_name_or_path``, names it from any working directory (``models/clip`` was looked up as a Hub
+        name there)."""
+        name = recorded_source(str(name_or_path))
         model = load_dual_encoder(name, dtype, checkpoint)
         try:
             processor = transformers.AutoImageProcessor.from_pretrained(name, trust_remote_code=False)
         except (OSError, ValueError):
             processor = None
-        return cls(model, processor, source=recorded_source(name))
+        return cls(model, processor, source=name)
 
     @property
     def feature_dim(self) -> int:

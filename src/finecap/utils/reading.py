@@ -502,13 +502,33 @@ def load_yaml(text: str) -> Any:
 def yaml_error_text(error: yaml.YAMLError) -> str:
     """A YAML syntax error on one line, where it is first: ``" at line 2, column 5: expected ',' or ']', but got
     '<stream end>' (while parsing a flow sequence that started at line 1, column 5)"`` (PyYAML's own message spans
-    several lines, each place named as ``in "<unicode string>"``)."""
+    several lines, each place named as ``in "<unicode string>"``). A tab PyYAML stops at (:func:`_tab_problem`) is
+    said in words: ``" at line 2, column 1: a tab in the indentation: YAML allows no tabs there; indent with
+    spaces"``."""
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if (tab := _tab_problem(problem, mark)) is not None:
+        return f"{where}: {tab}"
     context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
     started = f" at line {context_mark.line + 1}, column {context_mark.column + 1}" if context_mark is not None else ""
     return f"{where}: {problem}" + (f" ({context}{started})" if context else "")
+
+
+def _tab_problem(problem: str, mark: Any) -> str | None:
+    """What a tab PyYAML refuses (``found character '\\t' that cannot start any token``, its words for every tab
+    outside a quoted text) means at ``mark``, else ``None``: in a line's indentation, that YAML indents with spaces
+    only (an editor's tab key, a pasted block); elsewhere (after ``key:``, before a ``#`` comment, inside a plain
+    value), that PyYAML reads no tab between a value's parts, so a space goes there, or the text is quoted."""
+    if "'\\t'" not in problem:
+        return None
+    buffer, pointer = getattr(mark, "buffer", None), getattr(mark, "pointer", None)
+    if isinstance(buffer, str) and isinstance(pointer, int):
+        start = buffer.rfind("\n", 0, pointer) + 1
+        if buffer[start:pointer].strip(" \t"):  # text before the tab on its line: not the indentation
+            return ("a tab; PyYAML reads no tab between a key, its value and a comment, nor inside an unquoted "
+                    "value: write a space, or quote the text")  # fmt: skip
+    return "a tab in the indentation: YAML allows no tabs there; indent with spaces"
 
 
 def read_yaml_mapping(path: str | Path, expected: str) -> dict[str, Any]:
