@@ -24,8 +24,9 @@ def check_settings(cfg: Config, *, resume: bool, option: str = "run.dir") -> Con
     ``data.images``), one naming a file or a path through one, or a folder where nothing can be written
     (:func:`finecap.outputs.check_not_input`, :func:`finecap.outputs.check_writable`); a ``train.init_from`` found
     nowhere, unless the run resumes from a checkpoint of its own (``resume`` and one is resumable: it never reads
-    its start again). Reads nothing of the data, writes nothing. ``option``: what the errors about the run folder
-    name (``run.dir``, or the command line's ``--out``)."""
+    its start again). Reads nothing of the data and leaves nothing written (the trial file of ``check_writable`` is
+    removed at once). ``option``: what the errors about the run folder name (``run.dir``, or the command line's
+    ``--out``)."""
     check_attention(cfg.model.attn_implementation)  # a kernel this machine lacks stops it before anything is made
     check_fsync_setting()  # a mistyped $FINECAP_FSYNC, not at the first checkpoint's save
     run_dir = run_path(cfg.run)
