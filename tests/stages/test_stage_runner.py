@@ -39,6 +39,7 @@ def saving_train(cfg: Config, *, resume: bool, overwrite: bool) -> None:
     best = Path(cfg.run.dir) / "checkpoints" / "best" / "model"
     best.mkdir(parents=True, exist_ok=True)
     (best / "model.safetensors").write_text(f"weights of lr {cfg.train.lr}")
+    (best.parent / "config.yaml").write_text(cfg.to_yaml())  # a checkpoint folder, which a later stage starts from
     write_output(Path(cfg.run.dir) / "config.yaml", cfg.to_yaml(), "config")
 
 
@@ -149,7 +150,7 @@ def test_a_stages_configuration_layers_base_recipe_over_overrides_computed_items
 def test_side_stages_run_in_worker_processes_with_their_thread_count(tmp_path):
     """``a`` and ``b`` start from ``start`` and nothing starts from them: they run side by side, each in a worker
     process with one torch thread; ``start`` (an input of both) and the task run here."""
-    runner = _runner(tmp_path)
+    runner = _runner(tmp_path, saving_train)  # a best checkpoint of `start`, which `a` and `b` start from
     stages = ["world", "start", "a", "b"]
     assert runner.side_stages(stages) == {"a", "b"}
     timings = tmp_path / "timings.json"
@@ -492,3 +493,47 @@ def test_a_forced_retrain_killed_while_removing_the_old_run_keeps_the_old_start_
     assert not runner.is_done("a") and _trained(runner, "a")["resume"] is False  # not trained since
     assert _runner(tmp_path, preparing_train, force=True).train_stage("a") is True
     assert json.loads(record.read_text()) == runner.start_record("a") and runner.train_stage("a") is False
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path: content)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("stage", "items", "fsync", "refusal"),
+    [
+        (
+            "a",
+            ["model.attn_implementation=flash_attention_2"],
+            None,
+            "model.attn_implementation=flash_attention_2 needs the flash-attn package",
+        ),
+        ("a", [], "maybe", r"\$FINECAP_FSYNC must be 0 \(no fsync\) or 1"),
+        ("a", ["data.path={tmp_path}"], None, r"run.dir: .* lies inside the command's data set"),
+        ("start", ["train.init_from={tmp_path}/nowhere"], None, r"train.init_from=.*/nowhere: checkpoint not found"),
+    ],
+    ids=["attention", "fsync", "run-inside-its-data", "start-not-found"],
+)
+def test_a_forced_retrain_that_training_refuses_by_its_settings_leaves_the_finished_stage(
+    tmp_path, monkeypatch, stage, items, fsync, refusal
+):
+    # training's refusals of its settings (finecap.train.preflight: a kernel this machine lacks, a mistyped
+    # $FINECAP_FSYNC, a run folder inside the data it reads, a start found nowhere) came inside train(), after the
+    # runner had removed the stage's DONE marker and its old run (checkpoints/, metrics): a finished stage lost,
+    # for a setting to correct; the real training function refuses here, as the demo and the grids train
+    from finecap.train.run import train
+    from finecap.utils.files import FSYNC_ENV
+
+    runner = _runner(tmp_path, preparing_train)
+    runner.run(["world", "start", "a"])
+    out = runner.stage_dir(stage)
+    before = _files(out)
+    assert (out / DONE).is_file() and (out / "checkpoints" / "last").is_dir()
+    assert (stage != "a") or (out / START_FILE).is_file()
+    if fsync is not None:
+        monkeypatch.setenv(FSYNC_ENV, fsync)
+    forced = _runner(tmp_path, train, force=True, items=[item.format(tmp_path=tmp_path) for item in items])
+    with pytest.raises((ValueError, FileNotFoundError), match=refusal):
+        forced.train_stage(stage)
+    assert _files(out) == before and runner.is_done(stage)  # DONE, start.json and the old run as they were

@@ -553,6 +553,28 @@ def test_a_runs_own_fingerprints_json_is_replaced_by_the_next_run(make_cfg):
     assert json.loads((run / "fingerprints.json").read_text()) == written  # written again by the next run
 
 
+def test_a_runs_own_config_yaml_left_by_a_removed_run_is_replaced_whatever_the_home(make_cfg, tmp_path, monkeypatch):
+    # a run folder whose run files were removed (an overwrite, or a forced stage retrain, killed before the new run
+    # wrote) keeps its config.yaml and fingerprints.json; with the finecap home's record of outputs gone (another
+    # $FINECAP_HOME, a cleared cache: it lives in the user cache directory), the next run into the folder refused
+    # the run's own config.yaml as "finecap did not make it", as it did a stored configuration of the user's
+    cfg = make_cfg("train.max_steps=1", f"run.dir={tmp_path / 'outside'}")  # a folder outside the home
+    run = train(cfg)
+    prepare_run_dir(run, resume=False, overwrite=True)  # the old run removed, then the new training killed
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "fingerprints.json"]
+    left = (run / "config.yaml").read_text()
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "another-home"))
+    assert train(cfg) == run and (run / "checkpoints" / "last").is_dir()
+    assert (run / "config.yaml").read_text() == left  # written again by the new run (the same configuration)
+    # a stored configuration with no run file of finecap's beside it and no record is still the user's
+    prepare_run_dir(run, resume=False, overwrite=True)
+    (run / "fingerprints.json").unlink()
+    monkeypatch.setenv("FINECAP_HOME", str(tmp_path / "a-third-home"))
+    with pytest.raises(ValueError, match=r"config.yaml exists and finecap did not make it"):
+        train(cfg)
+    assert (run / "config.yaml").read_text() == left and not (run / "checkpoints").exists()
+
+
 def test_a_missing_split_is_named_before_any_model_is_loaded(make_cfg, tmp_path):
     """A data set without a val split stopped only after the language model had loaded (a new user's run spent 51 s
     retrying the Hub for clipcap.lm=gpt2 and reported that, not the data); the splits are read first."""

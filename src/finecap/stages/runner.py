@@ -42,6 +42,7 @@ from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.recipes import resolve_recipe
 from finecap.runs import BEST, CONFIG_FILE, checkpoint_dir
 from finecap.train.fingerprint import HINTS, FingerprintMismatch, check_run, checkpoint_files
+from finecap.train.preflight import check_settings
 from finecap.train.state import (
     check_run_folder,
     config_changes,
@@ -347,12 +348,14 @@ class StageRunner:
 
     def train_stage(self, stage: str) -> bool:
         """Train ``stage`` unless it finished (then check that it may be reused); returns whether it trained now. What
-        it refuses, and what training there would refuse of the files in the stage's folder
-        (:func:`finecap.train.state.check_run_folder`), is refused before anything of the stage's old run changes (its
-        :data:`DONE` marker, its :data:`START_FILE`). Trained from the start (``force``, or a killed run that saved
-        no checkpoint), its old run is removed (:func:`finecap.train.state.prepare_run_dir`, holding training's lock)
-        before :data:`START_FILE` records the new start: a kill before then leaves the old run under the start it
-        was trained from, which the next run compares (:meth:`check_continue`); a kill after, no old run."""
+        it refuses, and what training there would refuse of its settings
+        (:func:`finecap.train.preflight.check_settings`) and of the files in the stage's folder
+        (:func:`finecap.train.state.check_run_folder`), is refused before anything of the stage's old run changes
+        (its :data:`DONE` marker, its :data:`START_FILE`, its checkpoints). Trained from the start (``force``, or a
+        killed run that saved no checkpoint), its old run is removed (:func:`finecap.train.state.prepare_run_dir`,
+        holding training's lock) before :data:`START_FILE` records the new start: a kill before then leaves the old
+        run under the start it was trained from, which the next run compares (:meth:`check_continue`); a kill after,
+        no old run."""
         out = self.stage_dir(stage)
         cfg = self.stage_config(stage)
         if self.is_done(stage) and not self.force:
@@ -379,7 +382,8 @@ class StageRunner:
         start = self.start_record(stage)  # what it starts from, before training reads it
         if resume:  # an unfinished run there (killed, or written by `finecap train`): on this stage's settings?
             self.check_continue(stage, cfg, start)
-        check_run_folder(out, overwrite=overwrite, reads=run_reads(cfg))  # what training there would refuse
+        check_settings(cfg, resume=resume)  # what training would refuse of its settings,
+        check_run_folder(out, overwrite=overwrite, reads=run_reads(cfg))  # and of the files there
         if self.force and marker.exists():
             marker.unlink()
         # the old run goes before START_FILE names the new start: written first, a kill in training's start-up left

@@ -40,16 +40,15 @@ from finecap.contract import TrainContext
 from finecap.data.datasets import load_records, to_device, validation_records
 from finecap.data.loading import LoaderSettings
 from finecap.data.samplers import get_sampler, repeat_batches
-from finecap.home import run_path, world_path
+from finecap.home import run_path
 from finecap.locks import TRAIN_LOCK, output_lock
 from finecap.models import sharding
 from finecap.models.backbones import check_before_building, reads_world_encoder
-from finecap.models.memory import check_attention
 from finecap.models.retriever import Retriever, SharedRetrievers, retriever_path
 from finecap.objectives import get_objective
 from finecap.objectives.base import ObjectiveBase
 from finecap.objectives.smile import validation_shift_token
-from finecap.outputs import check_not_input, check_writable, write_output
+from finecap.outputs import write_output
 from finecap.registry import SAMPLERS, VALIDATORS, declared_needs, lookup
 from finecap.runs import BEST, CONFIG_FILE, METRICS_FILE, TRACKERS_DIR, checkpoint_dir, model_dir
 from finecap.train.checkpoint import save_checkpoint
@@ -65,6 +64,7 @@ from finecap.train.engine import (
 from finecap.train.fingerprint import check_run_dir as check_fingerprints_of_run
 from finecap.train.fingerprint import write_fingerprints
 from finecap.train.logging import masked_argv, placed_trackers, tracker_config
+from finecap.train.preflight import check_settings
 from finecap.train.prepare import prepare_needs
 from finecap.train.schedule import build_scheduler, short_run_note
 from finecap.train.setup import (
@@ -81,7 +81,6 @@ from finecap.train.state import (
     check_run_folder,
     check_unchanged_on_resume,
     config_changes,
-    find_resumable,
     prepare_run_dir,
     read_info,
     run_reads,
@@ -89,7 +88,6 @@ from finecap.train.state import (
     truncate_metrics,
 )
 from finecap.train.validators import caption_samples, validation_loss
-from finecap.utils.files import check_fsync_setting
 from finecap.utils.folders import made_folder
 from finecap.utils.rng import seed_everything
 
@@ -168,21 +166,9 @@ def train(
     outside inference mode, whatever the caller's (a notebook's ``no_grad`` or ``inference_mode`` cell).
     ``run_dir_option``: what the errors about the run directory name (``--out`` when the command line's gave it).
     """
-    check_attention(cfg.model.attn_implementation)  # before anything is made: a kernel this machine lacks stops it
-    check_fsync_setting()  # a mistyped $FINECAP_FSYNC, not at the first checkpoint's save
+    # what training refuses of its settings (a kernel, $FINECAP_FSYNC, the run folder, its start), before anything
+    cfg = check_settings(cfg, resume=resume, option=run_dir_option)
     run_dir = run_path(cfg.run)
-    # a run folder inside the data it reads (a data set folder, the world, data.images), as caption and eval refuse
-    inputs = {
-        "data set": cfg.data.path or world_path(cfg.world),
-        "image folder (data.images)": cfg.data.images or None,
-    }
-    check_not_input(run_dir, inputs, option=run_dir_option)
-    # a run.dir naming a file (or a path through one), or a folder where nothing can be written, said as the option's
-    # error before anything is read or made (it was mkdir's bare FileExistsError / NotADirectoryError)
-    check_writable(run_dir / CONFIG_FILE, option=run_dir_option)
-    # train.init_from found (working directory, else the runs root) before anything is made; a run resuming from a
-    # checkpoint of its own reads its weights from there, so its start may have moved since
-    cfg = resolve_start(cfg, must_exist=not (resume and find_resumable(run_dir) is not None))
     processes = process_state(cfg.train)  # the processes, before any Accelerator: preparing may train with its own
     with contextlib.ExitStack() as held:
         if processes.is_main_process:

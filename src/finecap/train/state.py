@@ -472,6 +472,17 @@ def holds_run(run_dir: Path) -> bool:
     return (run_dir / CHECKPOINTS_DIR).exists() or (run_dir / METRICS_FILE).exists()
 
 
+def beside_run_files(run_dir: Path) -> bool:
+    """Whether a stored configuration (:func:`is_run_config`) at ``run_dir/config.yaml`` is the run's own by what
+    lies beside it, which a run may replace without the finecap home's record of it (:mod:`finecap.outputs`: that
+    record is lost with another ``$FINECAP_HOME`` or a cleared cache): the folder holds a run (:func:`holds_run`), or
+    finecap's ``fingerprints.json`` (:func:`~finecap.train.fingerprint.is_fingerprints_file`), which training writes
+    right after ``config.yaml`` and an overwrite keeps: all a run leaves when it is killed before its first log or
+    checkpoint, or when its files were removed (an overwrite, a forced stage retrain) before the new run wrote any.
+    A stored configuration alone in a folder is the user's (a ``--dry-run`` printout kept there)."""
+    return holds_run(run_dir) or is_fingerprints_file(run_dir / FINGERPRINTS_FILE)
+
+
 CHECKPOINT_FOLDERS = frozenset(
     {INCOMPLETE}
     | {p.name for name in (LAST, BEST) for p in (Path(name), temporary_dir(name), previous_dir(Path(name)))}
@@ -748,7 +759,8 @@ def check_run_folder(run_dir: Path, *, overwrite: bool, reads: Mapping[str, str 
                      resume: bool = False) -> None:  # fmt: skip
     """What training into ``run_dir`` refuses of what is there before it changes any of it: a symbolic link where it
     writes (:func:`run_paths`); a ``config.yaml`` that is not finecap's run configuration, or is the ``recipe`` it
-    reads (:func:`check_config_target`); a ``fingerprints.json`` that is not finecap's; with ``overwrite`` and not
+    reads (:func:`check_config_target`; a stored configuration is the run's beside its files,
+    :func:`beside_run_files`); a ``fingerprints.json`` that is not finecap's; with ``overwrite`` and not
     ``resume``, what the overwrite may not remove (:func:`check_overwrite`; a resume removes nothing, whatever
     ``overwrite`` says, as :func:`prepare_run_dir` resumes first). :func:`finecap.train.run.train` checks it with
     the folder locked; a caller that changes files of the folder's old run before it trains there (the stage runner:
@@ -757,7 +769,7 @@ def check_run_folder(run_dir: Path, *, overwrite: bool, reads: Mapping[str, str 
     for path in run_paths(run_dir):
         refuse_link(path)
     check_config_target(run_dir / CONFIG_FILE, inputs={"recipe": Path(recipe) if recipe else None}, force=overwrite,
-                        option=option, force_flag=None, ours=lambda p: holds_run(p.parent))  # fmt: skip
+                        option=option, force_flag=None, ours=lambda p: beside_run_files(p.parent))  # fmt: skip
     check_replaceable(run_dir / FINGERPRINTS_FILE, force=False, option=option, kind="fingerprints",
                       ours=is_fingerprints_file, force_flag=None)  # fmt: skip
     if overwrite and not resume:
