@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -41,13 +42,22 @@ class FixedLogits(torch.nn.Module):
 
 class OtherProcess:
     """An accelerator of two processes; the other process's per-token metrics are the hand-made ``[sum, count]``
-    rows ``others`` (by name, sorted), and it adds nothing to the other reductions (the monitor's, the tallies')."""
+    rows ``others`` (by name, sorted), its step extremes (``TokenMeans.add_extreme``) the values ``extremes`` (every
+    name, a ``.../*min`` one a minimum; ``None``: it has none), and it adds nothing to the other reductions (the
+    monitor's, the tallies')."""
 
     num_processes, device = 2, "cpu"
 
-    def __init__(self, others: dict[str, list[float]]):
+    def __init__(self, others: dict[str, list[float]], extremes: dict[str, float] | None = None):
         self.others = torch.tensor([others[name] for name in sorted(others)], dtype=torch.float64)
+        signed = [(-1.0 if name.endswith("min") else 1.0) * v for name, v in sorted((extremes or {}).items())]
+        self.extremes = None if extremes is None else torch.tensor(signed, dtype=torch.float64)
 
     def reduce(self, t: torch.Tensor, reduction: str) -> torch.Tensor:
         assert reduction == "sum"
         return t + self.others if t.dim() == 2 else t  # (K, 2): the token means' sums and counts
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """(K,) signed extremes: this process's, then the other's (-inf: none)."""
+        other = torch.full_like(t, -math.inf) if self.extremes is None else self.extremes
+        return torch.cat([t, other])

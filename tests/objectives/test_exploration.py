@@ -24,7 +24,7 @@ from finecap.objectives.exploration import (
 )
 from finecap.rewards import RewardOutput
 from helpers.contexts import training_context
-from helpers.objective_steps import train_steps
+from helpers.objective_steps import OtherProcess, train_steps
 
 # --------------------------------------------------------------------------------------------------------------------
 # Distance
@@ -224,6 +224,28 @@ def test_a_failed_caption_takes_no_gradient_and_is_out_of_the_others_diversity()
     assert out.metrics["pairwise_distance"] == pytest.approx(10 / 12, abs=1e-5)  # the samples themselves: all pairs
     sum(out.losses.values()).backward()
     assert model.lp.grad[3].abs().max().item() == 0.0 and model.lp.grad[2].abs().max().item() > 0
+
+
+def test_the_logged_diversity_reward_is_the_steps_mean_over_every_scored_sample():
+    # micro-batch 1: the test above's four samples, three scored: r = (2/3)(1, 1, 2) = (2/3, 2/3, 4/3), summing to
+    # 8/3 (overlap34: a b c d and e f g h share no trigram, d = 1 exactly); micro-batch 2: four samples with no
+    # trigram in common, every one scored: r = (2/4) x 3 = 1.5 each, summing to 6; the other process: two samples
+    # of r summing to 1. The step's mean over its 9 scored samples: (8/3 + 6 + 1) / 9 = 29/27. Until 2026-11-29 the
+    # log held the mean of the processes' means of their micro-batches' means: ((8/9 + 1.5) / 2 + 0.5) / 2 = 61/72.
+    table = {"a b c d": 1.0, "e f g h": 0.4, "m n o p": 0.2, "q r s t": 0.3}
+    objective = SequenceLevelExploration(JudgeTable(table), NoBaseline(), rl=RLConfig(samples=4),
+                                         sle=SLEConfig(distance="overlap34"))  # fmt: skip
+    captions = {"baseline": [0.0, 2.0], "diversity_reward": [1.0, 2.0], "logprob": [-2.0, 2.0],
+                "reward": [1.0, 2.0], "sample_words": [8.0, 2.0]}  # fmt: skip
+    objective.accelerator = OtherProcess(captions)
+    lp = [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0], [-3.0, -3.0]]
+    model = StandIn(["a b c d", "a b c d", "e f g h", "i j k l"], lp, [1, 2, 2, 2])  # "i j k l" fails
+    outs = [objective(model, {"features": torch.zeros(1, 2), "image_ids": [7]}).metrics]
+    model.texts = ["a b c d", "e f g h", "m n o p", "q r s t"]
+    outs.append(objective(model, {"features": torch.zeros(1, 2), "image_ids": [8]}).metrics)
+    assert [o["diversity_reward"] for o in outs] == pytest.approx([8 / 9, 1.5])  # each micro-batch's own
+    objective.end_step()
+    assert objective.step_values()["diversity_reward"] == pytest.approx(29 / 27)
 
 
 def test_alpha_one_is_plain_reinforce():

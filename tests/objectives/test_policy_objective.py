@@ -726,7 +726,10 @@ def test_a_copy_micro_batch_counts_in_no_monitor_measure():
     # the logged share and the step's token means, the KL the kl alarm reads among them (the copy's tokens left out:
     # image 0's KL differs from image 1's, and counted twice it would move the step's)
     logged = real_obj.step_values()
-    assert set(logged) == {"reward/failed", "kl", "clip_fraction", "ratio/mean"} and logged["kl"] > 0
+    clip_ratios = {f"clip_ratio/{name}" for name in ("low_mean", "high_mean", "region_mean", "low_min", "high_max")}
+    captions = {"reward", "baseline", "logprob", "sample_words"}  # the step's means over captions
+    assert set(logged) == {"reward/failed", "kl", "clip_fraction", "ratio/mean", *clip_ratios, *captions}
+    assert logged["kl"] > 0
     assert logged["reward/failed"] == pytest.approx(1 / 6) and real_obj.monitor.step_kl == logged["kl"]
     assert obj.step_values() == pytest.approx(logged) and obj.monitor.step_kl == pytest.approx(logged["kl"])
     assert "reward/failed" in outs[2].metrics  # the copy's own values, which the engine leaves out of the log
@@ -918,9 +921,15 @@ def test_the_logged_per_token_metrics_are_the_token_means_over_every_processs_to
     # other process: 100 tokens whose values are hand-made. Each logged per-token metric is the mean over the step's
     # 115 tokens, as TRL 1.16's global_masked_mean sums and counts over the processes. Until 2026-11-29 the log held
     # the mean over the processes of each one's mean of its micro-batches' means (kl: of its own tokens' mean).
-    others = {"clip_fraction": [50.0, 100.0], "entropy": [300.0, 100.0], "kl": [40.0, 100.0],
+    # TRL's clip_ratio/*_mean likewise (clip_fraction is region_mean's other name); nothing is clipped on this process
+    # (one iteration: the ratio is 1), so its low_min (0) is the step's and the other's high_max (0.75) the step's
+    others = {"clip_ratio/region_mean": [50.0, 100.0], "clip_ratio/low_mean": [20.0, 100.0],
+              "clip_ratio/high_mean": [30.0, 100.0], "entropy": [300.0, 100.0], "kl": [40.0, 100.0],
               "ratio/mean": [80.0, 100.0]}  # fmt: skip
-    obj, outs = _moved_policy_step(EntropyStandIn(), OtherProcess(others), entropy_coef=0.1)
+    captions = {"reward": [6.0, 4.0], "baseline": [0.0, 4.0], "logprob": [-8.0, 4.0], "sample_words": [4.0, 4.0]}
+    extremes = {"clip_ratio/low_min": 0.25, "clip_ratio/high_max": 0.75}
+    accelerator = OtherProcess({**others, **captions}, extremes)
+    obj, outs = _moved_policy_step(EntropyStandIn(), accelerator, entropy_coef=0.1)
     tokens = [sum(LENGTH[f"c{i}_{j}"] for j in range(S)) for i in (0, 1)]  # 6, 9 (every caption scored)
     logged = obj.step_values()
     for name, (other_sum, other_count) in others.items():
@@ -929,4 +938,7 @@ def test_the_logged_per_token_metrics_are_the_token_means_over_every_processs_to
         assert logged[name] == pytest.approx(want, rel=1e-6), name
         process_means = ((outs[0][name] + outs[1][name]) / 2, other_sum / other_count)  # what was logged
         assert abs(want - sum(process_means) / 2) > 0.05, name
+    assert logged["clip_fraction"] == logged["clip_ratio/region_mean"]
+    assert outs[0]["clip_ratio/low_min"] == outs[1]["clip_ratio/high_max"] == 0.0
+    assert logged["clip_ratio/low_min"] == 0.0 and logged["clip_ratio/high_max"] == 0.75
     assert obj.monitor.step_kl == logged["kl"]  # the kl alarm reads the logged value

@@ -82,6 +82,19 @@ def finecap_loss(model, inputs, rl: dict):
     return loss, items, metrics
 
 
+CLIP_RATIOS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+               "clip_ratio/high_max")  # fmt: skip
+
+
+def assert_clip_ratios_are_trls(metrics: dict, trainer, step: int | None = None) -> None:
+    """finecap's ``clip_ratio/*`` (``PolicyOptimization.clip_ratios``) are what TRL's ``_compute_loss`` just logged
+    (one process: its gathers and reductions are its own values), and ``clip_fraction`` is ``region_mean``."""
+    logged = trainer._metrics["eval"]
+    for name in CLIP_RATIOS:
+        assert metrics[name] == pytest.approx(logged[name][-1], rel=1e-6), (name, step)
+    assert metrics["clip_fraction"] == metrics["clip_ratio/region_mean"], step
+
+
 def grads(model):
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
@@ -132,7 +145,9 @@ def test_loss_and_gradient_equal_trls_compute_loss(tiny_lm, tmp_path, loss_type,
     assert 0 < metrics["clip_fraction"] < 1
     if beta:
         assert metrics["kl"] == pytest.approx(trainer._metrics["eval"]["kl"][-1], rel=1e-5)
-    assert metrics["clip_fraction"] == pytest.approx(trainer._metrics["eval"]["clip_ratio/region_mean"][-1], rel=1e-6)
+    assert_clip_ratios_are_trls(metrics, trainer)
+    if importance == "token":  # both sides bind (of the 6 sequence ratios, one leaves the range, below)
+        assert metrics["clip_ratio/low_mean"] > 0 and metrics["clip_ratio/high_mean"] > 0
     assert items == (float(sum(LENGTHS)) if FINECAP_NAME[loss_type] == "token" else 6.0)
 
 
@@ -164,7 +179,7 @@ def test_loss_equals_trls_on_empty_and_full_length_completions_and_zero_advantag
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
     assert ((grads(model) - their_grads).norm() / their_grads.norm()).item() <= 1e-5
     assert metrics["kl"] == pytest.approx(trainer._metrics["eval"]["kl"][-1], rel=1e-5)
-    assert metrics["clip_fraction"] == pytest.approx(trainer._metrics["eval"]["clip_ratio/region_mean"][-1], rel=1e-6)
+    assert_clip_ratios_are_trls(metrics, trainer)  # the caption of no token: NaN in TRL's min and max, left out
     assert items == (float(sum(lengths)) if FINECAP_NAME[loss_type] == "token" else 6.0)
 
 
@@ -540,7 +555,7 @@ def test_a_cycle_of_two_iterations_equals_trls_compute_loss_with_num_iterations_
     computes them at generation when ``num_iterations > 1``) and ``ref_per_token_logps``, both TRL's own log-probs
     of the starting policy, and the rollout's advantages. At the first step the ratio is 1 (nothing clipped); at the
     second the updated policy is scored against the first step's ``old`` (not its own), the clip binds and the KL
-    (β = 0.04) is no longer 0: loss, gradient, ``kl`` and ``clip_fraction`` are TRL's at both."""
+    (β = 0.04) is no longer 0: loss, gradient, ``kl`` and ``clip_ratio/*`` are TRL's at both."""
     from helpers.trl_grpo import trainer_logprobs
 
     path, tok = tiny_lm
@@ -582,7 +597,7 @@ def test_a_cycle_of_two_iterations_equals_trls_compute_loss_with_num_iterations_
         assert out.losses["policy"].item() == pytest.approx(theirs.item(), rel=1e-6, abs=5e-7 if step == 0 else 0)
         assert ((ours - grads(model)).norm() / grads(model).norm()).item() <= 1e-5, step
         assert out.metrics["kl"] == pytest.approx(logged["kl"][-1], rel=1e-5, abs=1e-9), step
-        assert out.metrics["clip_fraction"] == pytest.approx(logged["clip_ratio/region_mean"][-1], rel=1e-6), step
+        assert_clip_ratios_are_trls(out.metrics, trainer, step)
         clipped.append(out.metrics["clip_fraction"])
 
         for p, g in zip(model.parameters(), our_grads, strict=True):  # the update both sides then score

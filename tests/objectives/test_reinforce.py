@@ -18,7 +18,7 @@ from finecap.objectives.entropy import mean_entropy, token_entropy
 from finecap.objectives.reinforce import Reinforce, sequence_logprob
 from finecap.rewards import RewardBase, RewardOutput, WeightedSum, caption_rows
 from helpers.contexts import training_context
-from helpers.objective_steps import train_steps
+from helpers.objective_steps import OtherProcess, train_steps
 
 # --------------------------------------------------------------------------------------------------------------------
 # Stand-ins
@@ -317,15 +317,44 @@ def test_each_step_logs_the_increase_of_the_rewards_tallies_over_every_process()
     objective = Reinforce(WeightedSum({"t": (1.0, reward)}), MeanBaseline(), rl=RLConfig(samples=2))
     objective.setup(training_context([]))  # one process; the set-up's 2 calls are no step's
     model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2)
+    captions = {"reward", "baseline", "logprob", "sample_words"}  # the step's means over its captions, beside
+
+    def tallies():
+        values = objective.step_values()
+        return {k: v for k, v in values.items() if k not in captions}
+
     objective(model, BATCH)  # 4 captions, one call
     objective.end_step()
-    assert objective.step_values() == {"reward/t/calls": 1.0, "reward/t/captions": 4.0}
+    assert tallies() == {"reward/t/calls": 1.0, "reward/t/captions": 4.0} and captions <= set(objective.step_values())
     objective.accelerator = TwoProcesses()
     objective(model, BATCH), objective(model, BATCH)  # two micro-batches here, as many on the other process
     objective.end_step()
-    assert objective.step_values() == {"reward/t/calls": 4.0, "reward/t/captions": 16.0}
-    objective.end_step()  # a step that called nothing
+    assert tallies() == {"reward/t/calls": 4.0, "reward/t/captions": 16.0}
+    objective.end_step()  # a step that called nothing: no caption either
     assert objective.step_values() == {"reward/t/calls": 0.0, "reward/t/captions": 0.0}
+
+
+def test_the_logged_caption_means_are_the_steps_over_every_micro_batch_and_process():
+    # micro-batch 1: images 0 and 1, captions a, b, c, d: rewards (1, 3, 2, 2), log p (-2, -2, -1.5, -3);
+    # micro-batch 2: one image, captions b, b: rewards (3, 3), log p (-2, -2); the other process: two captions of
+    # rewards summing to 10 and log-probs to -7. The step's means are over its 8 captions, as TRL's reward over the
+    # step's gathered rewards: reward (8 + 6 + 10) / 8 = 3, logprob (-8.5 - 4 - 7) / 8 = -2.4375. Until 2026-11-29 the
+    # log held the mean over the processes of each one's mean of its micro-batches' means: reward ((2 + 3) / 2 + 5) / 2
+    # = 3.75, logprob ((-2.125 - 2) / 2 - 3.5) / 2 = -2.78125.
+    reward = WeightedSum({"table": (1.0, TableReward(REWARDS))})
+    objective = Reinforce(reward, NoBaseline(), rl=RLConfig(samples=2))
+    objective.accelerator = OtherProcess(
+        {"baseline": [0.0, 2.0], "logprob": [-7.0, 2.0], "reward": [10.0, 2.0], "sample_words": [6.0, 2.0]}
+    )
+    model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2)
+    outs = [objective(model, BATCH).metrics]
+    model.texts, model.lengths, model.lp = ["b", "b"], [1, 1], torch.nn.Parameter(torch.tensor([LOGPROBS[1]] * 2))
+    outs.append(objective(model, {"features": torch.zeros(1, 3), "image_ids": [12]}).metrics)
+    assert [o["reward"] for o in outs] == [2.0, 3.0] and [o["logprob"] for o in outs] == [-2.125, -2.0]  # their own
+    objective.end_step()
+    logged = objective.step_values()
+    assert logged["reward"] == 3.0 and logged["logprob"] == -2.4375
+    assert logged["baseline"] == 0.0 and logged["sample_words"] == 1.5  # (6 x 1 word + 6) / 8
 
 
 def test_build_baseline_names():

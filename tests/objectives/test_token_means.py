@@ -17,6 +17,12 @@ def reduced(*processes: TokenMeans):
     return lambda t: total
 
 
+def gathered(*processes: TokenMeans):
+    """The gather of the processes' signed extremes, end to end, as each process receives it."""
+    signed = torch.cat([p.extreme_values() for p in processes])
+    return lambda t: signed
+
+
 def test_the_step_mean_is_over_every_processs_tokens_not_the_mean_of_their_means():
     # process 0: two micro-batches, 10 tokens of entropy 1 and 2 of entropy 4; process 1: one micro-batch of 3 tokens
     # of entropy 6. Over the 15 tokens: (10 + 8 + 18) / 15 = 2.4. What was logged until 2026-11-29: each process's
@@ -68,3 +74,22 @@ def test_the_scored_values_are_the_scored_captions_tokens_or_their_one_value_eac
     per_caption = torch.tensor([[0.5], [1.5], [2.5]])  # GSPO's sequence-level ratio: one per caption
     assert scored_values(per_caption, mask, torch.tensor([True, False, True])).tolist() == [0.5, 2.5]
     assert scored_values(per_caption, mask).tolist() == [0.5, 1.5, 2.5]
+
+
+def test_a_steps_extreme_is_over_every_processs_micro_batches_and_none_of_a_copy():
+    # TRL's clip_ratio/low_min and high_max: the smallest and largest over every caption of every process (its gather
+    # then nanmin / nanmax). Process 0: micro-batches [0.5, NaN] (a caption of no token) and [0.25]; process 1: a copy
+    # of [0.0] (counted where it was cut from) and [0.75]. Minimum 0.25 (not the copy's 0), maximum 0.75.
+    zero, one = TokenMeans(), TokenMeans()
+    for means, batches in ((zero, [([0.5, math.nan], True), ([0.25], True)]), (one, [([0.0], False), ([0.75], True)])):
+        for values, counted in batches:
+            means.add_extreme("share/low_min", torch.tensor(values), False, counted)
+            means.add_extreme("share/high_max", torch.tensor(values), True, counted)
+    assert zero.add_extreme("share/low_min", torch.tensor([1.0, 3.0]), False, counted=False) == 1.0  # its own value
+    assert math.isnan(zero.add_extreme("share/high_max", torch.tensor([math.nan]), True))  # no value: NaN, left out
+    gather, want = gathered(zero, one), {"share/high_max": 0.75, "share/low_min": 0.25}
+    assert zero.step_means(gather=gather) == one.step_means(gather=gather) == want
+    assert zero.extremes == {} and zero.step_means() == {}  # the next step starts from nothing
+    alone = TokenMeans()  # one process whose micro-batches held no value: the name is left out
+    alone.add_extreme("share/high_max", torch.tensor([]), True)
+    assert alone.step_means() == {}

@@ -1,7 +1,8 @@
 """The GRPO family over 2 CPU processes (DDP, gloo) equals 1 process with the same global batch: the rewards, the
-loss (batch statistics of the global batch: grpo.scale_rewards=batch; the token mean over both processes' tokens) and
-the gradient norm of one step, and the weights after it (the tolerance of tests/train/test_equivalence.py; the 2
-processes train in the launch that tests/train shares, helpers.shared_launch)."""
+loss (batch statistics of the global batch: grpo.scale_rewards=batch; the token mean over both processes' tokens),
+the logged step means and extremes and the gradient norm of one step, and the weights after it (the tolerance of
+tests/train/test_equivalence.py; the 2 processes train in the launch that tests/train shares,
+helpers.shared_launch)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,14 @@ def test_two_processes_equal_one_with_the_same_global_batch(world_args, clip_dir
     one = train(load(None, grpo_run(tmp_path / "one", world_args, clip_dir, folder / "cache", 16)))
 
     a, b = first_train_values(one), first_train_values(folder / "two")
-    # the logged values of 2 processes are the mean of each process's; the reward mean is the same either way
-    assert a["reward"] == pytest.approx(b["reward"], rel=1e-6)
-    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5) and a["grad_norm"] > 0
-    for key in ("advantage/min", "advantage/max", "ratio/min", "ratio/max"):  # the extremes over both processes
+    # the step's means over every token and caption of both processes (finecap.objectives.token_means): entropy is
+    # the one that tells them from the mean of the processes' means at a first step (helpers.shared_launch.grpo_run)
+    for key in ("reward", "logprob", "baseline", "entropy", "kl", "clip_fraction", "ratio/mean"):
         assert a[key] == pytest.approx(b[key], rel=1e-6), key
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5) and a["grad_norm"] > 0
+    for key in ("advantage/min", "advantage/max", "ratio/min", "ratio/max", "clip_ratio/low_min",
+                "clip_ratio/high_max"):  # fmt: skip
+        assert a[key] == pytest.approx(b[key], rel=1e-6), key  # the extremes over both processes
     mine = ClipCap.from_checkpoint(model_dir(checkpoint_dir(one, "last")), load_encoder=False).state_dict()
     theirs = ClipCap.from_checkpoint(model_dir(checkpoint_dir(folder / "two", "last")), load_encoder=False)
     diffs = torch.cat([(mine[k].float() - v.float()).abs().flatten() for k, v in theirs.state_dict().items()])

@@ -68,6 +68,7 @@ import numpy as np
 import torch
 
 from finecap.config import Distance, DiversityBaseline, SLEConfig
+from finecap.contract import is_copy
 from finecap.metrics.diversity import bleu_distance, overlap_distance
 from finecap.metrics.ptb_tokenize import tokenize
 from finecap.objectives.reinforce import Reinforce, Rollout, reinforce_kwargs
@@ -194,8 +195,9 @@ class SequenceLevelExploration(Reinforce):
             "diversity": (1.0 - self.sle.alpha) * div.to(device),
         }
         rewards = diversity_rewards(d, scored)  # (B, s)
-        metrics = {
-            "diversity_reward": float(rewards.mean() if scored is None else rewards[scored].mean()),
+        values = rewards.flatten() if scored is None else rewards[scored]  # the scored samples' (N',)
+        metrics = {  # diversity_reward: the step's mean over every scored sample, every process's (Reinforce.metrics)
+            "diversity_reward": self.token_means.add("diversity_reward", values, not is_copy(batch)),
             "pairwise_distance": float(d.sum() / max(1, d.shape[0] * s * (s - 1))),  # mean over pairs j != k
             "time/diversity": seconds,
         }

@@ -60,10 +60,11 @@ the policy, the ratios of the later steps also carry the dropout noise of two fo
 
 Losses: ``policy`` (the clipped surrogate, KL included) or ``reinforce``, and ``entropy`` with ``rl.entropy_coef``.
 Metrics besides REINFORCE's: ``advantage/min``, ``advantage/max``, ``zero_std_groups`` (share of groups whose rewards
-are all equal: no signal), and with ``clipped`` ``clip_fraction`` (TRL's ``clip_ratio/region_mean``: tokens whose
-ratio left the clip range on the side where the clip binds), ``ratio/mean|min|max`` and ``kl`` (per-token mean;
+are all equal: no signal), and with ``clipped`` TRL's ``clip_ratio/low_mean``, ``high_mean``, ``region_mean`` (also
+``clip_fraction``: tokens whose ratio left the clip range on the side where the clip binds), ``low_min`` and
+``high_max`` (:meth:`PolicyOptimization.clip_ratios`), ``ratio/mean|min|max`` and ``kl`` (per-token mean;
 a step logs the token mean over every process's tokens: :mod:`~finecap.objectives.token_means`);
-``kl``, ``clip_fraction`` and ``ratio/*`` over the scored captions' tokens (a failed caption is out of the clipped
+``kl``, ``clip_ratio/*`` and ``ratio/*`` over the scored captions' tokens (a failed caption is out of the clipped
 loss, its KL term included: :meth:`PolicyOptimization.clipped_loss`), and so is the ``entropy`` bonus
 (:mod:`finecap.objectives.entropy`): a failed caption takes no gradient from any term. The logged ``entropy`` is a
 token mean whatever ``grpo.loss_aggregation`` (TRL's: :mod:`~finecap.objectives.entropy`), while the
@@ -97,7 +98,7 @@ from finecap.objectives.reinforce import (
     reinforce_kwargs,
     sequence_logprob,
 )
-from finecap.objectives.token_means import scored_values
+from finecap.objectives.token_means import caption_means, scored_values
 from finecap.rewards.base import RewardOutput
 
 if TYPE_CHECKING:
@@ -647,7 +648,7 @@ class PolicyOptimization(Reinforce):
             losses["entropy"] = -self.rl.entropy_coef * mean_entropy(scores.entropy, mask, per, scored)
             # a token mean whatever the bonus's aggregation, as TRL's: the measure of the policy's entropy
             metrics["entropy"] = self.token_means.add("entropy", scored_values(scores.entropy, mask, scored), counted)
-        metrics.update(self.metrics(rollout, seq_logp))
+        metrics.update(self.metrics(rollout, seq_logp, counted))
         metrics.update(self.advantage_metrics(item))
         metrics.update(self.watch(rollout, batch))
         return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items, scored=self.signal(rollout))
@@ -723,14 +724,43 @@ class PolicyOptimization(Reinforce):
             per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
         loss, items = aggregate(per_token, mask, grpo.loss_aggregation, self.max_length)
         w = ratio.detach()
-        a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)
-        clipped = ((w < 1 - grpo.clip_low) & (a < 0)) | ((w > 1 + grpo.clip_high) & (a > 0))
+        metrics.update(self.clip_ratios(w, adv, mask, scored, counted))
         values = scored_values(w, mask, scored)  # ratio/*: the weights the loss applies, a failed caption's none
-        metrics["clip_fraction"] = self.token_means.add("clip_fraction", scored_values(clipped.float(), mask, scored),
-                                                        counted)  # fmt: skip
         metrics.update(token_stats("ratio", values))
         self.token_means.add("ratio/mean", values, counted)
         return loss, items, metrics
+
+    def clip_ratios(self, w: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, scored: torch.Tensor | None = None,
+                    counted: bool = True) -> dict[str, float]:  # fmt: skip
+        """TRL 1.16's ``clip_ratio/*`` of the importance weights ``w`` (N, L) or (N, 1) (GSPO's) and the advantages
+        ``adv`` (N,), over the ``scored`` (N,) captions' tokens (``None``: every caption), each the micro-batch's own:
+        a token is *low-clipped* where ``w < 1 - clip_low`` and ``A < 0``, *high-clipped* where ``w > 1 + clip_high``
+        and ``A > 0`` (the sides where the clip binds), *region-clipped* where either holds. ``clip_ratio/low_mean``,
+        ``high_mean`` and ``region_mean`` (also logged as ``clip_fraction``, finecap's name before it took TRL's) are
+        their shares of the tokens, the step's token means over every process's tokens (TRL's
+        ``global_masked_mean``: :mod:`~finecap.objectives.token_means`); ``clip_ratio/low_min`` and ``high_max`` the
+        smallest low-clipped and largest high-clipped share of a caption's tokens, the step's over every caption of
+        every process (TRL's ``nanmin`` / ``nanmax`` of the gathered ``masked_seq_mean``s). Until 2026-11-29 only
+        ``clip_fraction`` was logged."""
+        a = adv.to(w.dtype).unsqueeze(1)  # (N, 1)
+        low = ((w < 1 - self.grpo.clip_low) & (a < 0)).float()  # (N, L) or (N, 1)
+        high = ((w > 1 + self.grpo.clip_high) & (a > 0)).float()
+        region = torch.maximum(low, high)  # either: the two never hold at once
+        means = self.token_means
+        shares = (("clip_ratio/low_mean", low), ("clip_ratio/high_mean", high), ("clip_ratio/region_mean", region))
+        out = {name: means.add(name, scored_values(x, mask, scored), counted) for name, x in shares}
+        out["clip_fraction"] = out["clip_ratio/region_mean"]
+        for name, x, highest in (("clip_ratio/low_min", low, False), ("clip_ratio/high_max", high, True)):
+            out[name] = means.add_extreme(name, caption_means(x, mask, scored), highest, counted)
+        return out
+
+    def step_values(self) -> dict[str, float]:
+        """:meth:`Reinforce.step_values`, with ``clip_fraction`` the step's ``clip_ratio/region_mean``
+        (:meth:`clip_ratios`: one value, two names)."""
+        values = super().step_values()
+        if "clip_ratio/region_mean" in values:
+            values["clip_fraction"] = values["clip_ratio/region_mean"]
+        return values
 
     def advantage_metrics(self, item: Prepared) -> dict[str, float]:
         rewards = item.rollout.rewards

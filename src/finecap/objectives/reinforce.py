@@ -80,7 +80,7 @@ from finecap.objectives.baselines import baseline_of, build_baseline, call_hook
 from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics, mismatch_values
 from finecap.objectives.entropy import mean_entropy
 from finecap.objectives.monitor import Monitor, distinct_share
-from finecap.objectives.token_means import TokenMeanObjective, scored_values
+from finecap.objectives.token_means import TokenMeanObjective, finite_values, scored_values
 from finecap.registry import declared_needs
 from finecap.rewards import RewardInputs, as_reward, build_reward
 from finecap.rewards.base import RewardOutput, check_finite, scored_mean
@@ -365,7 +365,7 @@ class Reinforce(TokenMeanObjective):
             scored, mask = None if failed is None else ~failed, gen.mask.to(scores.entropy.device)
             losses["entropy"] = -self.rl.entropy_coef * mean_entropy(scores.entropy, mask, rows=scored)
             entropy = self.token_means.add("entropy", scored_values(scores.entropy, mask, scored), not is_copy(batch))
-        metrics.update(self.metrics(rollout, logp))
+        metrics.update(self.metrics(rollout, logp, not is_copy(batch)))
         metrics.update(self.watch(rollout, batch))
         metrics.update(extra)
         if entropy is not None:
@@ -449,19 +449,19 @@ class Reinforce(TokenMeanObjective):
         self.step_tallies = {f"reward/{k}": v for k, v in zip(keys, grown.tolist(), strict=True)}
 
     def step_values(self) -> dict[str, float]:
-        """The step's per-token metrics (:attr:`step_means`: ``entropy``, the GRPO family's ``kl``,
-        ``clip_fraction``, ``ratio/mean``, ``vllm/*/mean``), each the token mean over every process's tokens
-        (:mod:`finecap.objectives.token_means`), in place of the mean of the micro-batches' and processes' means
-        (logged until 2026-11-29; ``kl`` was the step's already). ``reward/failed``: the share of the step's captions
-        (every micro-batch and process) a reward could not score, the ``rl.alarms.failed`` alarm's measure, from the
-        run's first step with one on (:attr:`Monitor.failed_share`). The micro-batches' mean of their own shares,
-        which it replaces, left out those whose reward gave ``failed=None`` (none failed) until 2026-11-28, and
-        overstated the share. And the reward's tallies of the step (:attr:`step_tallies`:
-        ``reward/qa_utility/judge/calls``, ``.../judge/failed``, ...), which the log averages over its window's
-        steps: a judge's calls, failures and HTTP 429s per step. With the greedy baseline, ``reward_greedy/failed``:
-        the step's share of greedy captions a reward could not score (:attr:`Monitor.greedy_failed_share`, the
-        ``rl.alarms.greedy_failed`` alarm's measure), in place of the micro-batches' mean of their shares (logged
-        until 2026-11-29)."""
+        """The step's per-token metrics (:attr:`step_means`: ``entropy``, the GRPO family's ``kl``, ``clip_ratio/*``,
+        ``ratio/mean``, ``vllm/*/mean``), each the token mean over every process's tokens
+        (:mod:`finecap.objectives.token_means`; its means over captions too: :meth:`metrics`), in place of the mean of
+        the micro-batches' and processes' means (logged until 2026-11-29; ``kl`` was the step's already).
+        ``reward/failed``: the share of the step's captions (every micro-batch and process) a reward could not score,
+        the ``rl.alarms.failed`` alarm's measure, from the run's first step with one on (:attr:`Monitor.failed_share`).
+        The micro-batches' mean of their own shares, which it replaces, left out those whose reward gave
+        ``failed=None`` (none failed) until 2026-11-28, and overstated the share. And the reward's tallies of the step
+        (:attr:`step_tallies`: ``reward/qa_utility/judge/calls``, ``.../judge/failed``, ...), which the log averages
+        over its window's steps: a judge's calls, failures and HTTP 429s per step. With the greedy baseline,
+        ``reward_greedy/failed``: the step's share of greedy captions a reward could not score
+        (:attr:`Monitor.greedy_failed_share`, the ``rl.alarms.greedy_failed`` alarm's measure), in place of the
+        micro-batches' mean of their shares (logged until 2026-11-29)."""
         share, greedy = self.monitor.failed_share, self.monitor.greedy_failed_share
         return {**self.step_means, **self.step_tallies, **({} if share is None else {"reward/failed": share}),
                 **({} if greedy is None else {"reward_greedy/failed": greedy})}  # fmt: skip
@@ -496,24 +496,33 @@ class Reinforce(TokenMeanObjective):
             self.monitor.observe_greedy_failed(0 if greedy_failed is None else int(greedy_failed.sum()), n_greedy)
         return self.monitor.measure(rollout.samples.texts, image_ids, step)
 
-    def metrics(self, rollout: Rollout, logp: torch.Tensor) -> dict[str, float]:
+    def metrics(self, rollout: Rollout, logp: torch.Tensor, counted: bool = True) -> dict[str, float]:
+        """The micro-batch's values of the rollout (module docstring). ``reward``, ``reward_greedy``, ``baseline``,
+        ``logprob`` and ``sample_words``, means over captions, also go to the step's means (``counted``: unless the
+        micro-batch is a copy), which the step logs in their place (:meth:`step_values`): the means over every
+        caption of the step, every process's, as TRL 1.16's ``reward`` is over the step's gathered rewards. Until
+        2026-11-29 a step logged the mean of its micro-batches' and processes' means, which differs when they hold
+        unequal numbers of (scored) captions. ``reward/<part>`` stays the mean of the micro-batches' means (a part is
+        the reward's to name: a name one process lacked would stall the step's reduction)."""
         r = rollout.rewards
+        add = self.token_means.add  # the step's means (finecap.objectives.token_means)
         # means over the captions the rewards scored: a failed caption's values are NaN (RewardOutput.failed)
-        out = {"reward": scored_mean(r.total)}
+        out = {"reward": add("reward", finite_values(r.total), counted)}
         out.update({f"reward/{k}": scored_mean(v) for k, v in r.parts.items()})
         if r.failed is not None:  # this micro-batch's share; in training the step's replaces it (step_values)
             out["reward/failed"] = float(r.failed.float().mean())
         if rollout.greedy_rewards is not None:
-            out["reward_greedy"] = scored_mean(rollout.greedy_rewards.total)
+            out["reward_greedy"] = add("reward_greedy", finite_values(rollout.greedy_rewards.total), counted)
             # the share of greedy captions a reward could not score: their images' samples had the fallback baseline
             # (this micro-batch's; in training the step's replaces it: step_values)
             greedy_failed = rollout.greedy_rewards.failed_mask()
             out["reward_greedy/failed"] = 0.0 if greedy_failed is None else float(greedy_failed.float().mean())
-        out["baseline"] = scored_mean(rollout.baseline)  # over the captions that have one (not a failed greedy's)
+        # over the captions that have one (not a failed greedy's)
+        out["baseline"] = add("baseline", finite_values(rollout.baseline), counted)
         out["advantage_std"] = advantage_spread(rollout.advantage, rollout.usable)["advantage_std"]
-        out["logprob"] = float(logp.detach().mean())
+        out["logprob"] = add("logprob", logp.detach().flatten(), counted)
         texts = rollout.samples.texts
-        out["sample_words"] = sum(len(t.split()) for t in texts) / max(1, len(texts))
+        out["sample_words"] = add("sample_words", torch.tensor([float(len(t.split())) for t in texts]), counted)
         if self.rl.samples > 1:
             out["distinct_samples"] = distinct_share(texts, self.rl.samples)
         return out

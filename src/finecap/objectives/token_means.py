@@ -1,22 +1,32 @@
 """The per-token metrics of the objectives, logged as the step's token means over every process's tokens.
 
-A per-token metric (MLE's ``accuracy``, SMILE's ``mle_loss``, the GRPO family's ``kl``, ``clip_fraction`` and
-``ratio/mean``, the logged ``entropy``, and with vLLM's rollouts ``vllm/logp_diff/mean`` and ``vllm/is_ratio/mean``) is
-a mean over tokens. The value a step logs is the mean over *every* token of its global batch: each micro-batch adds the
-sum of its tokens' values and their count (:meth:`TokenMeans.add`), and at the step's end both are summed over the
-processes (one all-reduce, :meth:`TokenMeans.step_means`), so the value does not change with how the step is cut into
-micro-batches and processes, which hold different numbers of tokens (10 tokens of entropy 1 on one process, 2 of
-entropy 3 on another: 16 / 12, where the mean of the two processes' means is 2). TRL 1.16 reduces the sum and count
-over the processes too (``GRPOTrainer._compute_loss``'s ``global_masked_mean``), one micro-batch at a time, then
-averages the micro-batches; the two agree without gradient accumulation (docs/methods/grpo.md, where finecap differs).
-Until 2026-11-29 only ``kl`` was the step's token mean; the others were the mean over the processes of each one's mean
-over its micro-batches of their token means (MLE's ``accuracy`` and SMILE's ``mle_loss`` too). The log averages a
-step's value over the steps of its window, as every value. An objective with per-token metrics derives from
-:class:`TokenMeanObjective`, which reduces them at the step's end and logs them as its step values.
+A per-token metric (MLE's ``accuracy``, SMILE's ``mle_loss``, the GRPO family's ``kl``, ``clip_ratio/low_mean``,
+``high_mean`` and ``region_mean`` (``clip_fraction``) and ``ratio/mean``, the logged ``entropy``, and with vLLM's
+rollouts ``vllm/logp_diff/mean`` and ``vllm/is_ratio/mean``) is a mean over tokens. The value a step logs is the mean
+over *every* token of its global batch: each micro-batch adds the sum of its tokens' values and their count
+(:meth:`TokenMeans.add`), and at the step's end both are summed over the processes (one all-reduce,
+:meth:`TokenMeans.step_means`), so the value does not change with how the step is cut into micro-batches and processes,
+which hold different numbers of tokens (10 tokens of entropy 1 on one process, 2 of entropy 3 on another: 16 / 12,
+where the mean of the two processes' means is 2). TRL 1.16 reduces the sum and count over the processes too
+(``GRPOTrainer._compute_loss``'s ``global_masked_mean``), one micro-batch at a time, then averages the micro-batches;
+the two agree without gradient accumulation (docs/methods/grpo.md, where finecap differs). Until 2026-11-29 only ``kl``
+was the step's token mean; the others were the mean over the processes of each one's mean over its micro-batches of
+their token means (MLE's ``accuracy`` and SMILE's ``mle_loss`` too). The log averages a step's value over the steps of
+its window, as every value. An objective with per-token metrics derives from :class:`TokenMeanObjective`, which reduces
+them at the step's end and logs them as its step values.
 
 A metric's tokens are those of the captions a reward scored (:func:`scored_values`): a failed caption takes no
 gradient and is no measurement. GSPO's sequence-level ratio has one value per caption, so ``clip_fraction`` and
 ``ratio/mean`` are means over the scored captions there (TRL's ``global_masked_mean`` counts sequences too).
+
+A mean over captions is reduced alike, one value per caption: the REINFORCE family's ``reward``, ``reward_greedy``,
+``baseline``, ``logprob``, ``sample_words`` and SLE's ``diversity_reward`` are the step's means over every caption of
+every process (TRL's ``reward`` is over the step's gathered rewards), not the mean of the micro-batches' means, which
+differs where they hold unequal numbers of (scored) captions (until 2026-11-29). And an extreme of per-caption values
+(:meth:`TokenMeans.add_extreme`: TRL's ``clip_ratio/low_min`` and ``high_max``, the extremes of each caption's share
+of clipped tokens, :func:`caption_means`) is the step's over every process's captions (one gather), which the log then
+averages over its window's steps as TRL averages its logged values (its name ends in ``_min``, not ``/min``: no
+extreme of the log, ``finecap.train.logging.EXTREMES``).
 
 Example::
 
@@ -44,6 +54,10 @@ if TYPE_CHECKING:
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 """A sum over the processes (``accelerator.reduce(t, "sum")``), every process taking part with the same shape."""
 
+Gather = Callable[[torch.Tensor], torch.Tensor]
+"""Every process's tensor (K,), end to end in process order (``accelerator.gather(t)``: (P x K,)), every process taking
+part with the same shape."""
+
 
 def scored_values(x: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """The values of ``x`` (N, L) at the tokens ``mask`` (N, L) holds of the captions ``rows`` (N,) bool (every one
@@ -62,12 +76,41 @@ def scored_values(x: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None
     return x[mask.to(x.device, torch.bool) & keep.unsqueeze(1)]
 
 
+def finite_values(x: torch.Tensor) -> torch.Tensor:
+    """The finite entries of ``x`` (one value per caption: a reward, a baseline), 1-D: a caption a reward could not
+    score has NaN there and is no value (as :func:`~finecap.rewards.base.scored_mean` reads them).
+
+    >>> finite_values(torch.tensor([0.5, float("nan"), 2.0])).tolist()
+    [0.5, 2.0]
+    """
+    x = x.detach().flatten()
+    return x[torch.isfinite(x)]
+
+
+def caption_means(x: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Each caption's mean of ``x`` (N, L) over its tokens ``mask`` (N, L), or ``x`` (N, 1) itself (one value per
+    caption: GSPO's), for the captions ``rows`` (N,) bool (every one for ``None``); 1-D, NaN for a caption of no token
+    (TRL 1.16's ``masked_seq_mean``, whose extremes its ``nanmin`` / ``nanmax`` take over the captions).
+
+    >>> x = torch.tensor([[1.0, 0.0, 9.0], [1.0, 1.0, 1.0]])
+    >>> m = torch.tensor([[True, True, False], [True, True, True]])
+    >>> caption_means(x, m).tolist(), caption_means(x, m, torch.tensor([False, True])).tolist()
+    ([0.5, 1.0], [1.0])
+    """
+    keep = rows.to(x.device, torch.bool) if rows is not None else torch.ones(len(x), dtype=torch.bool, device=x.device)
+    if x.shape[-1] == 1:
+        return x.flatten()[keep]
+    m = mask.to(x.device, x.dtype)
+    return ((x * m).sum(-1) / m.sum(-1))[keep]  # (N,): 0 / 0 = NaN for a caption of no token, as TRL's
+
+
 class TokenMeans:
     """One process's sums and counts of the step's per-token metrics (module docstring), added micro-batch by
     micro-batch; :meth:`step_means` reduces them over the processes and starts the next step."""
 
     def __init__(self) -> None:
         self.sums: dict[str, list[float]] = {}  # name: [sum of the values, their count]
+        self.extremes: dict[str, list[float]] = {}  # name: [1 for a maximum, -1 for a minimum; the largest sign x v]
 
     def add(self, name: str, values: torch.Tensor, counted: bool = True) -> float:
         """Add one micro-batch's ``values`` (1-D, one per token: :func:`scored_values`) to the step's ``name`` and
@@ -75,25 +118,53 @@ class TokenMeans:
         :func:`~finecap.contract.is_copy`, whose tokens are counted where it was cut from) adds nothing, but the
         name is known still: every process reduces the same names."""
         values = values.detach().double()
+        n = values.numel()
+        total = float(values.sum())  # the one synchronisation: the count is the shape's, the mean their ratio
         entry = self.sums.setdefault(name, [0.0, 0.0])
         if counted:
-            entry[0] += float(values.sum())
-            entry[1] += float(values.numel())
-        return float(values.mean()) if values.numel() else math.nan
+            entry[0] += total
+            entry[1] += n
+        return total / n if n else math.nan
+
+    def add_extreme(self, name: str, values: torch.Tensor, highest: bool, counted: bool = True) -> float:
+        """Add one micro-batch's ``values`` (1-D, a NaN left out: a caption of no token) to the step's extreme
+        ``name``, the largest (``highest``) or smallest over every process's micro-batches (:meth:`step_means`), and
+        return the micro-batch's own (NaN over none). ``counted`` as :meth:`add`."""
+        sign = 1.0 if highest else -1.0
+        values = sign * values.detach().double()
+        values = values[~torch.isnan(values)]
+        own = float(values.max()) if values.numel() else -math.inf  # the one synchronisation
+        entry = self.extremes.setdefault(name, [sign, -math.inf])
+        if counted:
+            entry[1] = max(entry[1], own)
+        return sign * own if values.numel() else math.nan
 
     def totals(self) -> torch.Tensor:
         """(K, 2) float64: each name's ``[sum, count]``, names sorted (the same order on every process)."""
         return torch.tensor([self.sums[name] for name in sorted(self.sums)], dtype=torch.float64).reshape(-1, 2)
 
-    def step_means(self, reduce: Reduce | None = None) -> dict[str, float]:
+    def extreme_values(self) -> torch.Tensor:
+        """(K,) float64: each extreme's value so far times its sign (1 for a maximum, -1 for a minimum: the largest
+        is the extreme), -inf for none, names sorted (the same order on every process)."""
+        return torch.tensor([self.extremes[name][1] for name in sorted(self.extremes)], dtype=torch.float64)
+
+    def step_means(self, reduce: Reduce | None = None, gather: Gather | None = None) -> dict[str, float]:
         """The step's token mean of each name over every process's tokens (``reduce``: the sum over the processes,
-        ``None`` on one), a name with no token anywhere left out (its micro-batches' NaN stand); the sums start
-        again at 0."""
+        ``None`` on one), and each extreme (:meth:`add_extreme`) over every process's values (``gather``: the
+        processes' tensors end to end, ``None`` on one); a name with no value anywhere left out (its micro-batches'
+        NaN stand); the step starts again from nothing."""
         names, totals = sorted(self.sums), self.totals()
         if reduce is not None and names:
             totals = reduce(totals).cpu()
-        self.sums = {}
-        return {name: s / c for name, (s, c) in zip(names, totals.tolist(), strict=True) if c > 0}
+        out = {name: s / c for name, (s, c) in zip(names, totals.tolist(), strict=True) if c > 0}
+        extremes, signed = sorted(self.extremes), self.extreme_values()
+        if gather is not None and extremes:
+            signed = gather(signed).cpu().reshape(-1, len(extremes)).amax(dim=0)  # (P, K) -> (K,)
+        for name, value in zip(extremes, signed.tolist(), strict=True):
+            if value > -math.inf:
+                out[name] = self.extremes[name][0] * value
+        self.sums, self.extremes = {}, {}
+        return out
 
 
 class TokenMeanObjective(ObjectiveBase):
@@ -120,9 +191,17 @@ class TokenMeanObjective(ObjectiveBase):
             return None
         return lambda t: acc.reduce(t.to(acc.device), reduction="sum")
 
+    def process_gather(self) -> Gather | None:
+        """Every process's tensor end to end (every one must call it alike), ``None`` on one process."""
+        acc = self.accelerator
+        if acc is None or acc.num_processes == 1:
+            return None
+        return lambda t: acc.gather(t.to(acc.device))
+
     def end_step(self) -> None:
-        """The step's token means (:attr:`step_means`), over every process's tokens; the next step starts from 0."""
-        self.step_means = self.token_means.step_means(self.process_sum())
+        """The step's token means and extremes (:attr:`step_means`), over every process's tokens; the next step
+        starts from nothing."""
+        self.step_means = self.token_means.step_means(self.process_sum(), self.process_gather())
 
     def step_values(self) -> dict[str, float]:
         """The step's per-token metrics (:attr:`step_means`)."""
