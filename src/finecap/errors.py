@@ -267,9 +267,16 @@ def worker_message(exc: BaseException) -> str | None:
 
 
 class AnotherProcessFailed(Exception):
-    """A process of an ``accelerate launch``-ed command stops because the main process met an error it relayed
-    (:func:`relayed`): the main process prints the one line, the others exit 2 silently, so the command says it
-    once, not once per process plus each process's traceback."""
+    """A process of an ``accelerate launch``-ed command stops because another process met an error it relayed
+    (:func:`relayed`, :func:`together`): the main process prints the one line, the others exit 2 silently, so the
+    command says it once, not once per process plus each process's traceback."""
+
+
+class ProcessFailed(Exception):
+    """The main process of an ``accelerate launch``-ed command stops because another process met an error
+    (:func:`together`): its message is that process's one line, named by its rank (``process 1 of 2: PATH: no space
+    left on device ...``), which the main process prints as the command's error (:func:`explain`), since the launcher
+    stops the other processes once the main one ends."""
 
 
 def relayed(processes: PartialState, work: Callable[[], T]) -> T:
@@ -277,26 +284,44 @@ def relayed(processes: PartialState, work: Callable[[], T]) -> T:
     every process calls this, the others waiting for the main one's outcome). What the main process alone reads or
     checks, which every process then goes on with: training's preparation of its data
     (:func:`finecap.train.prepare.prepare_needs`), the partial results a resumed ``finecap caption`` read. An
-    ``Exception`` that stops the main process there stops the others too, as :class:`AnotherProcessFailed` with its
-    one-line message (:func:`explain`, else its ``repr``), while the main process raises its own: the command says
-    it once."""
+    ``Exception`` that stops the main process there stops the others too (:func:`together`): the command says it
+    once."""
     if processes.num_processes == 1:
         return work()
     from accelerate.utils import broadcast_object_list
 
+    value = together(processes, work if processes.is_main_process else lambda: None)
+    return broadcast_object_list([value])[0]
+
+
+def together(processes: PartialState, work: Callable[[], T]) -> T:
+    """``work()`` run on every process of ``processes``, each process's own value returned; every process calls this,
+    and none goes on before each has run it (every process's outcome is gathered: a collective). The rule of a launched
+    command's errors: a process that stops while the others go on would leave them waiting at their next collective
+    until the launcher ends them, killed, their clean-up undone. So an ``Exception`` that stops one process here stops
+    every process, and the command says it once, by the main process: the main process raises its own error, else
+    :class:`ProcessFailed` with the first failing process's one-line message (:func:`explain`, else its ``repr``),
+    named by its rank; another process raises :class:`AnotherProcessFailed` (quiet), but a bug of its own (an error
+    :func:`explain` does not know) keeps its traceback."""
+    if processes.num_processes == 1:
+        return work()
+    from accelerate.utils import gather_object
+
     value, failed = None, None
-    if processes.is_main_process:
-        try:
-            value = work()
-        except Exception as e:  # relayed below: the other processes would otherwise wait at the broadcast for ever
-            failed = e
-    sent = [value, None if failed is None else (explain(failed) or repr(failed))]
-    value, message = broadcast_object_list(sent)
-    if failed is not None:
+    try:
+        value = work()
+    except Exception as e:  # gathered below: the other processes would otherwise wait at their next collective
+        failed = e
+    said = gather_object([None if failed is None else (explain(failed) or repr(failed))])
+    if failed is not None and (processes.is_main_process or explain(failed) is None):
         raise failed
-    if message is not None:
-        raise AnotherProcessFailed(message)
-    return value
+    first = next(((rank, message) for rank, message in enumerate(said) if message is not None), None)
+    if first is None:
+        return value  # type: ignore[return-value]  # work() returned it: no process failed
+    rank, message = first
+    if processes.is_main_process:
+        raise ProcessFailed(f"process {rank} of {processes.num_processes}: {message}")
+    raise AnotherProcessFailed(message) from failed
 
 
 def explain(exc: BaseException) -> str | None:
@@ -304,6 +329,8 @@ def explain(exc: BaseException) -> str | None:
     original = worker_message(exc)
     if original is not None and isinstance(exc, ValueError | OSError):  # others stay bugs, with their traceback
         return explain(ValueError(original) if isinstance(exc, ValueError) else OSError(original))
+    if isinstance(exc, ProcessFailed):  # another process's one line, said by the main one
+        return str(exc)
     if isinstance(exc, RecursionError):
         return _prefix(culprit_path(exc)) + "nested too deeply to read (a file thousands of levels deep?)"
     if isinstance(exc, OSError):

@@ -64,7 +64,7 @@ from finecap.data.records import DataError
 from finecap.data.references import MissingSplit
 from finecap.data.results import empty_captions_note, write_results
 from finecap.engines import engine_class, open_engine
-from finecap.errors import relayed
+from finecap.errors import relayed, together
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
 from finecap.locks import output_lock
@@ -348,7 +348,8 @@ class PartialResults:
         self.file: Any = None
         self.lock = contextlib.ExitStack()
 
-    def read(self, path: Path) -> tuple[dict | None, list[dict], int]:
+    @staticmethod
+    def read(path: Path) -> tuple[dict | None, list[dict], int]:
         """The header of the file ``path`` (``None``: not finecap's), its image lines, and the
         length of its whole lines: a last line cut short (no newline after it: a kill, or a machine that stopped
         before the system wrote the file's end, maybe as zero bytes) is left out."""
@@ -528,12 +529,28 @@ class PartialResults:
 
 def kept_where(partial: PartialResults, processes: int) -> str:
     """Where the captions of a stopped run are kept, as the main process says it (``partial``: its own file): ``4
-    image(s) captioned are kept in X``, of several processes ``... in X (the main process's; each other process's
-    in X.partial.<rank>.jsonl beside it)``."""
-    said = f"{partial.kept} image(s) captioned are kept in {partial.path}"
-    if processes > 1:
-        said += f" (the main process's; each other process's in {partial_path(partial.out, '<rank>')} beside it)"
-    return said
+    image(s) captioned are kept in X``; of several processes, every process's part, the other processes' as their
+    files hold them now (:func:`images_kept`), whether the main process kept any or not: ``8 image(s) captioned are
+    kept: 4 in X (the main process's) and 4 in X.partial.<rank>.jsonl (1 other process's)``. ``""`` when no
+    process kept any."""
+    if processes == 1:
+        return f"{partial.kept} image(s) captioned are kept in {partial.path}" if partial.kept else ""
+    theirs = [n for n in map(images_kept, other_partials(partial.out)) if n]
+    parts = [f"{partial.kept} in {partial.path} (the main process's)"] if partial.kept else []
+    if theirs:
+        whose = "1 other process's" if len(theirs) == 1 else f"{len(theirs)} other processes'"
+        parts.append(f"{sum(theirs)} in {partial_path(partial.out, '<rank>')} ({whose})")
+    return f"{partial.kept + sum(theirs)} image(s) captioned are kept: {' and '.join(parts)}" if parts else ""
+
+
+def images_kept(path: Path) -> int:
+    """The number of images whose captions the partial results file ``path`` holds now (0 when it is not one
+    finecap wrote, or cannot be read: what a stopped run says, never a reason to fail)."""
+    try:
+        header, lines, _ = PartialResults.read(path)
+    except (OSError, OutputRefused):
+        return 0
+    return len({row["image"] for row in lines if "captions" in row}) if header is not None else 0
 
 
 def partial_path(out: Path, rank: int | str = 0) -> Path:
@@ -717,8 +734,13 @@ def main(
         done, header = relayed(accelerator, lambda: (partial.open(force), partial.header))
         if not accelerator.is_main_process:
             partial = PartialResults(Path(out), header, places, rank=accelerator.process_index)
-            partial = partial if partial.start() else None
+        own = partial
         try:
+            # each other process makes its own file; one that cannot (a disk full) stops every process, said once
+            # (finecap.errors.together), not the others left waiting at their next collective until the launcher
+            # kills them, their clean-up undone
+            if not together(accelerator, lambda: accelerator.is_main_process or own.start()):
+                partial = None  # a file of its name there: this process's captions are not kept as it makes them
             model = load_for_captioning(setup.checkpoint, cfg, accelerator.device)
             hold.close()  # the checkpoint is read: the run may swap its next one in while this one captions
             with open_engine(cfg, model) as generator:  # the captioner itself, or an engine serving it (decode.engine)
@@ -753,10 +775,13 @@ def main(
                                         describe_skipped(bad, total, f"images of split {split!r}"),
                                         listed)  # fmt: skip
         except BaseException:
-            kept = partial is not None and partial.close(remove=partial.kept == 0)  # nothing captioned: not kept
-            if kept and accelerator.is_main_process:
-                log.warning("caption: stopped; %s: run the same command again to resume (--force to start over)",
-                            kept_where(partial, accelerator.num_processes))  # fmt: skip
+            if partial is not None:
+                partial.close(remove=partial.kept == 0)  # nothing captioned: not kept
+                # the main process says what every process kept, its own file or not (the others' files as they are)
+                said = kept_where(partial, accelerator.num_processes) if accelerator.is_main_process else ""
+                if said:
+                    log.warning("caption: stopped; %s: run the same command again to resume (--force to start "
+                                "over)", said)  # fmt: skip
             raise
     out = Path(out)
     if accelerator.is_main_process:
@@ -766,9 +791,11 @@ def main(
         except BaseException:  # a disk full, a folder turned read-only: the captions stay for the same command
             if partial is not None:
                 partial.close()
-                log.warning("caption: the results could not be written to %s; %s: run the same command again once "
-                            "it can be written, to write them without decoding them again",
-                            out, kept_where(partial, accelerator.num_processes))  # fmt: skip
+                said = kept_where(partial, accelerator.num_processes)
+                if said:
+                    log.warning("caption: the results could not be written to %s; %s: run the same command again "
+                                "once it can be written, to write them without decoding them again", out,
+                                said)  # fmt: skip
             raise
         log.info("wrote %d captions of %s to %s", len(captions), what, out)
         empty = empty_captions_note(first, "the captions")
