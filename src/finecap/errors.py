@@ -149,13 +149,37 @@ def elsewhere(path: str | None, folders: Mapping[str, str] | None = None) -> str
     return f"set {settings[0]}{more} to a folder of yours"
 
 
-def denied_reason(path: str | None, folders: Mapping[str, str] | None = None) -> str | None:
+WAY_ELSEWHERE = "finecap_elsewhere"
+"""The attribute of an ``OSError`` holding how to write its file elsewhere, when the command that wrote it knows a
+truer way than :func:`elsewhere`'s (:func:`elsewhere_by`)."""
+
+
+def elsewhere_by(exc: OSError, way: str) -> OSError:
+    """Have :func:`explain` say ``way`` as how to write ``exc``'s file elsewhere, in place of :func:`elsewhere`'s:
+    for a file whose command knows a truer way than ``write elsewhere (--out)``, such as ``finecap caption``'s
+    results, whose captions kept beside ``--out`` a new ``--out`` finds only when they are copied beside it
+    (docs/caption.md#a-stopped-run-resumes). Returns ``exc``.
+
+    Example::
+
+        >>> way = "write elsewhere (--out NEW), after copying r.json.partial.jsonl to NEW.partial.jsonl"
+        >>> explain(elsewhere_by(OSError(errno.EROFS, "Read-only file system", "r.json"), way))  # doctest: +ELLIPSIS
+        'r.json: read-only file system; write elsewhere (--out NEW), after copying r.json.partial.jsonl to NEW...'
+    """
+    setattr(exc, WAY_ELSEWHERE, way)
+    return exc
+
+
+def denied_reason(
+    path: str | None, folders: Mapping[str, str] | None = None, way_out: str | None = None
+) -> str | None:
     """What a permission error on ``path`` means, from what this user may do there: a file it cannot reach (a
     folder above it is closed to this user), read (a recipe, a data file: read, not written), or write, or a folder
     it cannot create or replace a file in (finecap writes a file anew beside its name, then renames it); inside the
     finecap home, the way out is ``FINECAP_HOME``, under one of ``folders`` (the configured ``run.cache_dir``,
-    ``world.out``) that setting (:func:`elsewhere`: ``--out`` moves none of them). ``None`` without a path. A
-    guess from ``os.access``, which allows everything to root: then the folder is named."""
+    ``world.out``) that setting (:func:`elsewhere`: ``--out`` moves none of them), unless ``way_out`` says it
+    (:func:`elsewhere_by`). ``None`` without a path. A guess from ``os.access``, which allows everything to root: then
+    the folder is named."""
     if path is None:
         return None
     target = Path(shown_path(path))  # a temporary name's: the file it was being written as
@@ -166,7 +190,7 @@ def denied_reason(path: str | None, folders: Mapping[str, str] | None = None) ->
         return "permission denied: this user cannot reach it (a folder above it is closed to this user)"
     except OSError:
         exists = False
-    way_out = elsewhere(path, folders)
+    way_out = way_out or elsewhere(path, folders)
     if exists and not os.access(target, os.R_OK):
         return "permission denied: this user cannot read it; change its permissions (or run as its owner)"
     if exists and not os.access(target, os.W_OK):
@@ -179,16 +203,17 @@ def os_message(exc: OSError, folders: Mapping[str, str] | None = None) -> str:
     """``PATH: what it means``; the path of a failed rename is its target (``filename2``). ``folders``: the
     configured ``run.cache_dir`` and ``world.out`` (:func:`explain` passes the failing command's:
     :func:`configured_folders`), whose setting an error about a file under it names as the way to write elsewhere
-    (:func:`elsewhere`)."""
+    (:func:`elsewhere`), unless the command gave its own way (:func:`elsewhere_by`)."""
     path = exc.filename2 or exc.filename
     if path is None:
         path = culprit_path(exc)
     shown = None if path is None else str(path)
-    reason = denied_reason(shown, folders) if exc.errno in (errno.EACCES, errno.EPERM) else None
+    way = getattr(exc, WAY_ELSEWHERE, None)
+    reason = denied_reason(shown, folders, way) if exc.errno in (errno.EACCES, errno.EPERM) else None
     if exc.errno == errno.EEXIST and shown is not None and Path(shown).is_file():
         reason = "a file, but a folder is expected here"
     if reason is None and exc.errno in OS_REASONS:
-        reason = OS_REASONS[exc.errno].format(elsewhere=elsewhere(shown, folders))
+        reason = OS_REASONS[exc.errno].format(elsewhere=way or elsewhere(shown, folders))
     return _prefix(shown) + (reason or (exc.strerror or str(exc)).rstrip("."))
 
 

@@ -165,6 +165,35 @@ def test_results_that_cannot_be_written_keep_the_partial_file_and_release_the_lo
 
 
 @pytest.mark.slow
+def test_results_that_cannot_be_written_say_how_another_out_keeps_the_captions(run, shapes, tmp_path, monkeypatch):
+    # a disk full when --out is written: the error's hint, "free space or write elsewhere (--out)", led to a new --out
+    # that found no partial file and decoded every image again. It says to copy the partial file beside the new
+    # --out, named after it; done so, the command with that --out writes the results without decoding an image
+    whole, out = tmp_path / "whole.json", tmp_path / "out.json"
+    assert run_cli(argv(run, shapes, whole, "images", GREEDY))[0] == 0
+
+    def disk_full(path, captions):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    with monkeypatch.context() as m:
+        m.setattr(finecap.app.caption, "write_results", disk_full)
+        code, _, err = run_cli(argv(run, shapes, out, "images", GREEDY))
+    partial = tmp_path / "out.json.partial.jsonl"
+    hint = (f"finecap: error: {out}: no space left on device (the disk is full); free space or write elsewhere (--out "
+            f"NEW), after copying {partial} to NEW.partial.jsonl beside it, to keep its captions")  # fmt: skip
+    assert code == 2 and hint in err.splitlines(), err
+
+    new = tmp_path / "elsewhere" / "new.json"
+    new.parent.mkdir()
+    shutil.copy(partial, tmp_path / "elsewhere" / "new.json.partial.jsonl")
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli(argv(run, shapes, new, "images", GREEDY))
+    assert code == 0 and "24 image(s) already captioned" in err, err
+    assert counted.calls == 0 and new.read_bytes() == whole.read_bytes()
+    assert sorted(p.name for p in new.parent.iterdir()) == ["new.json"]  # its partial file removed, the lock too
+
+
+@pytest.mark.slow
 def test_other_settings_are_refused_naming_them_and_force_starts_over(run, shapes, tmp_path, monkeypatch):
     out = tmp_path / "out.json"
     stopped(run, shapes, out, "images", GREEDY, monkeypatch, after=1)

@@ -64,7 +64,7 @@ from finecap.data.records import DataError
 from finecap.data.references import MissingSplit
 from finecap.data.results import empty_captions_note, write_results
 from finecap.engines import engine_class, open_engine
-from finecap.errors import relayed, together
+from finecap.errors import elsewhere_by, relayed, together
 from finecap.home import world_path
 from finecap.inference import caption_images, checkpoint_where, describe_skipped, image_files, load_for_captioning
 from finecap.locks import output_lock
@@ -517,6 +517,21 @@ class PartialResults:
         self.write(*({"image": k, **where(k), "captions": caps, **size} for k, caps in made.items()))
         self.kept += len(made)
 
+    def elsewhere(self, processes: int) -> str:
+        """How to write the results elsewhere without decoding the captions kept again, as the error of results that
+        could not be written says it (:func:`finecap.errors.elsewhere_by`): another ``--out NEW`` resumes from
+        ``NEW.partial.jsonl`` (and, of several processes, ``NEW.partial.<rank>.jsonl``) alone, so these files are
+        copied there first; ``processes``: the run's number of processes."""
+        new = Path("NEW")
+        if processes > 1 and other_partials(self.out):
+            return (f"write elsewhere (--out NEW), after copying {self.path} and each "
+                    f"{partial_path(self.out, '<rank>')} to {partial_path(new)} and {partial_path(new, '<rank>')} "
+                    "beside it, to keep their captions")  # fmt: skip
+        return (
+            f"write elsewhere (--out NEW), after copying {self.path} to {partial_path(new)} beside it, to keep its "
+            "captions"
+        )
+
     def close(self, remove: bool = False) -> int:
         """Close the file (and remove it when ``remove``), then release the lock; the number of images it holds."""
         if self.file is not None:
@@ -788,7 +803,7 @@ def main(
         first = {image_id: caps[0] for image_id, caps in captions.items()}
         try:
             write_results(out, first)
-        except BaseException:  # a disk full, a folder turned read-only: the captions stay for the same command
+        except BaseException as e:  # a disk full, a folder turned read-only: the captions stay for the same command
             if partial is not None:
                 partial.close()
                 said = kept_where(partial, accelerator.num_processes)
@@ -796,6 +811,8 @@ def main(
                     log.warning("caption: the results could not be written to %s; %s: run the same command again "
                                 "once it can be written, to write them without decoding them again", out,
                                 said)  # fmt: skip
+                    if isinstance(e, OSError):  # another --out finds the captions kept only copied beside it
+                        elsewhere_by(e, partial.elsewhere(accelerator.num_processes))
             raise
         log.info("wrote %d captions of %s to %s", len(captions), what, out)
         empty = empty_captions_note(first, "the captions")
