@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import finecap.caption
-from finecap.app.caption import PartialResults
+from finecap.app.caption_partial import PartialResults
 from finecap.app.cli import main
 
 folder, stop_after, *argv = sys.argv[1:]

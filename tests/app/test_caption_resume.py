@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 import finecap.app.caption
+import finecap.app.caption_partial
 import finecap.caption
-from finecap.app.caption import PartialResults
+from finecap.app.caption_partial import PartialResults
 from finecap.outputs import OutputRefused
 from helpers.caption_batches import Batches
 from helpers.cli import run_cli
@@ -556,13 +557,13 @@ def test_a_partial_file_is_never_there_without_its_header(tmp_path, monkeypatch)
     # it was made empty and the header appended: a machine stopping before the system wrote the header back left an
     # empty file, which the next run refused as not finecap's. It is made with its header, written aside and renamed
     seen = []
-    real = finecap.app.caption.open_append
+    real = finecap.app.caption_partial.open_append
 
     def opening(path):
         seen.append(Path(path).read_text() if Path(path).exists() else None)
         return real(path)
 
-    monkeypatch.setattr(finecap.app.caption, "open_append", opening)
+    monkeypatch.setattr(finecap.app.caption_partial, "open_append", opening)
     partial = PartialResults(tmp_path / "out.json", HEADER)
     partial.open(force=False)
     partial.close()
