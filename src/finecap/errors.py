@@ -149,13 +149,37 @@ def elsewhere(path: str | None, folders: Mapping[str, str] | None = None) -> str
     return f"set {settings[0]}{more} to a folder of yours"
 
 
-def denied_reason(path: str | None, folders: Mapping[str, str] | None = None) -> str | None:
+WAY_ELSEWHERE = "finecap_elsewhere"
+"""The attribute of an ``OSError`` holding how to write its file elsewhere, when the command that wrote it knows a
+truer way than :func:`elsewhere`'s (:func:`elsewhere_by`)."""
+
+
+def elsewhere_by(exc: OSError, way: str) -> OSError:
+    """Have :func:`explain` say ``way`` as how to write ``exc``'s file elsewhere, in place of :func:`elsewhere`'s:
+    for a file whose command knows a truer way than ``write elsewhere (--out)``, such as ``finecap caption``'s
+    results, whose captions kept beside ``--out`` a new ``--out`` finds only when they are copied beside it
+    (docs/caption.md#a-stopped-run-resumes). Returns ``exc``.
+
+    Example::
+
+        >>> way = "write elsewhere (--out NEW), after copying r.json.partial.jsonl to NEW.partial.jsonl"
+        >>> explain(elsewhere_by(OSError(errno.EROFS, "Read-only file system", "r.json"), way))  # doctest: +ELLIPSIS
+        'r.json: read-only file system; write elsewhere (--out NEW), after copying r.json.partial.jsonl to NEW...'
+    """
+    setattr(exc, WAY_ELSEWHERE, way)
+    return exc
+
+
+def denied_reason(
+    path: str | None, folders: Mapping[str, str] | None = None, way_out: str | None = None
+) -> str | None:
     """What a permission error on ``path`` means, from what this user may do there: a file it cannot reach (a
     folder above it is closed to this user), read (a recipe, a data file: read, not written), or write, or a folder
     it cannot create or replace a file in (finecap writes a file anew beside its name, then renames it); inside the
     finecap home, the way out is ``FINECAP_HOME``, under one of ``folders`` (the configured ``run.cache_dir``,
-    ``world.out``) that setting (:func:`elsewhere`: ``--out`` moves none of them). ``None`` without a path. A
-    guess from ``os.access``, which allows everything to root: then the folder is named."""
+    ``world.out``) that setting (:func:`elsewhere`: ``--out`` moves none of them), unless ``way_out`` says it
+    (:func:`elsewhere_by`). ``None`` without a path. A guess from ``os.access``, which allows everything to root: then
+    the folder is named."""
     if path is None:
         return None
     target = Path(shown_path(path))  # a temporary name's: the file it was being written as
@@ -166,7 +190,7 @@ def denied_reason(path: str | None, folders: Mapping[str, str] | None = None) ->
         return "permission denied: this user cannot reach it (a folder above it is closed to this user)"
     except OSError:
         exists = False
-    way_out = elsewhere(path, folders)
+    way_out = way_out or elsewhere(path, folders)
     if exists and not os.access(target, os.R_OK):
         return "permission denied: this user cannot read it; change its permissions (or run as its owner)"
     if exists and not os.access(target, os.W_OK):
@@ -179,16 +203,17 @@ def os_message(exc: OSError, folders: Mapping[str, str] | None = None) -> str:
     """``PATH: what it means``; the path of a failed rename is its target (``filename2``). ``folders``: the
     configured ``run.cache_dir`` and ``world.out`` (:func:`explain` passes the failing command's:
     :func:`configured_folders`), whose setting an error about a file under it names as the way to write elsewhere
-    (:func:`elsewhere`)."""
+    (:func:`elsewhere`), unless the command gave its own way (:func:`elsewhere_by`)."""
     path = exc.filename2 or exc.filename
     if path is None:
         path = culprit_path(exc)
     shown = None if path is None else str(path)
-    reason = denied_reason(shown, folders) if exc.errno in (errno.EACCES, errno.EPERM) else None
+    way = getattr(exc, WAY_ELSEWHERE, None)
+    reason = denied_reason(shown, folders, way) if exc.errno in (errno.EACCES, errno.EPERM) else None
     if exc.errno == errno.EEXIST and shown is not None and Path(shown).is_file():
         reason = "a file, but a folder is expected here"
     if reason is None and exc.errno in OS_REASONS:
-        reason = OS_REASONS[exc.errno].format(elsewhere=elsewhere(shown, folders))
+        reason = OS_REASONS[exc.errno].format(elsewhere=way or elsewhere(shown, folders))
     return _prefix(shown) + (reason or (exc.strerror or str(exc)).rstrip("."))
 
 
@@ -267,9 +292,16 @@ def worker_message(exc: BaseException) -> str | None:
 
 
 class AnotherProcessFailed(Exception):
-    """A process of an ``accelerate launch``-ed command stops because the main process met an error it relayed
-    (:func:`relayed`): the main process prints the one line, the others exit 2 silently, so the command says it
-    once, not once per process plus each process's traceback."""
+    """A process of an ``accelerate launch``-ed command stops because another process met an error it relayed
+    (:func:`relayed`, :func:`together`): the main process prints the one line, the others exit 2 silently, so the
+    command says it once, not once per process plus each process's traceback."""
+
+
+class ProcessFailed(Exception):
+    """The main process of an ``accelerate launch``-ed command stops because another process met an error
+    (:func:`together`): its message is that process's one line, named by its rank (``process 1 of 2: PATH: no space
+    left on device ...``), which the main process prints as the command's error (:func:`explain`), since the launcher
+    stops the other processes once the main one ends."""
 
 
 def relayed(processes: PartialState, work: Callable[[], T]) -> T:
@@ -277,26 +309,44 @@ def relayed(processes: PartialState, work: Callable[[], T]) -> T:
     every process calls this, the others waiting for the main one's outcome). What the main process alone reads or
     checks, which every process then goes on with: training's preparation of its data
     (:func:`finecap.train.prepare.prepare_needs`), the partial results a resumed ``finecap caption`` read. An
-    ``Exception`` that stops the main process there stops the others too, as :class:`AnotherProcessFailed` with its
-    one-line message (:func:`explain`, else its ``repr``), while the main process raises its own: the command says
-    it once."""
+    ``Exception`` that stops the main process there stops the others too (:func:`together`): the command says it
+    once."""
     if processes.num_processes == 1:
         return work()
     from accelerate.utils import broadcast_object_list
 
+    value = together(processes, work if processes.is_main_process else lambda: None)
+    return broadcast_object_list([value])[0]
+
+
+def together(processes: PartialState, work: Callable[[], T]) -> T:
+    """``work()`` run on every process of ``processes``, each process's own value returned; every process calls this,
+    and none goes on before each has run it (every process's outcome is gathered: a collective). The rule of a launched
+    command's errors: a process that stops while the others go on would leave them waiting at their next collective
+    until the launcher ends them, killed, their clean-up undone. So an ``Exception`` that stops one process here stops
+    every process, and the command says it once, by the main process: the main process raises its own error, else
+    :class:`ProcessFailed` with the first failing process's one-line message (:func:`explain`, else its ``repr``),
+    named by its rank; another process raises :class:`AnotherProcessFailed` (quiet), but a bug of its own (an error
+    :func:`explain` does not know) keeps its traceback."""
+    if processes.num_processes == 1:
+        return work()
+    from accelerate.utils import gather_object
+
     value, failed = None, None
-    if processes.is_main_process:
-        try:
-            value = work()
-        except Exception as e:  # relayed below: the other processes would otherwise wait at the broadcast for ever
-            failed = e
-    sent = [value, None if failed is None else (explain(failed) or repr(failed))]
-    value, message = broadcast_object_list(sent)
-    if failed is not None:
+    try:
+        value = work()
+    except Exception as e:  # gathered below: the other processes would otherwise wait at their next collective
+        failed = e
+    said = gather_object([None if failed is None else (explain(failed) or repr(failed))])
+    if failed is not None and (processes.is_main_process or explain(failed) is None):
         raise failed
-    if message is not None:
-        raise AnotherProcessFailed(message)
-    return value
+    first = next(((rank, message) for rank, message in enumerate(said) if message is not None), None)
+    if first is None:
+        return value  # type: ignore[return-value]  # work() returned it: no process failed
+    rank, message = first
+    if processes.is_main_process:
+        raise ProcessFailed(f"process {rank} of {processes.num_processes}: {message}")
+    raise AnotherProcessFailed(message) from failed
 
 
 def explain(exc: BaseException) -> str | None:
@@ -304,6 +354,8 @@ def explain(exc: BaseException) -> str | None:
     original = worker_message(exc)
     if original is not None and isinstance(exc, ValueError | OSError):  # others stay bugs, with their traceback
         return explain(ValueError(original) if isinstance(exc, ValueError) else OSError(original))
+    if isinstance(exc, ProcessFailed):  # another process's one line, said by the main one
+        return str(exc)
     if isinstance(exc, RecursionError):
         return _prefix(culprit_path(exc)) + "nested too deeply to read (a file thousands of levels deep?)"
     if isinstance(exc, OSError):

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 import finecap.app.caption
+import finecap.app.caption_partial
 import finecap.caption
-from finecap.app.caption import PartialResults
+from finecap.app.caption_partial import PartialResults
 from finecap.outputs import OutputRefused
 from helpers.caption_batches import Batches
 from helpers.cli import run_cli
@@ -162,6 +163,35 @@ def test_results_that_cannot_be_written_keep_the_partial_file_and_release_the_lo
     assert code == 0 and f"taking over the lock of pid {dead.pid} on host" in err, err
     assert counted.calls == 0 and out.read_bytes() == whole.read_bytes()
     assert not partial.exists() and not lock.exists()
+
+
+@pytest.mark.slow
+def test_results_that_cannot_be_written_say_how_another_out_keeps_the_captions(run, shapes, tmp_path, monkeypatch):
+    # a disk full when --out is written: the error's hint, "free space or write elsewhere (--out)", led to a new --out
+    # that found no partial file and decoded every image again. It says to copy the partial file beside the new
+    # --out, named after it; done so, the command with that --out writes the results without decoding an image
+    whole, out = tmp_path / "whole.json", tmp_path / "out.json"
+    assert run_cli(argv(run, shapes, whole, "images", GREEDY))[0] == 0
+
+    def disk_full(path, captions):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    with monkeypatch.context() as m:
+        m.setattr(finecap.app.caption, "write_results", disk_full)
+        code, _, err = run_cli(argv(run, shapes, out, "images", GREEDY))
+    partial = tmp_path / "out.json.partial.jsonl"
+    hint = (f"finecap: error: {out}: no space left on device (the disk is full); free space or write elsewhere (--out "
+            f"NEW), after copying {partial} to NEW.partial.jsonl beside it, to keep its captions")  # fmt: skip
+    assert code == 2 and hint in err.splitlines(), err
+
+    new = tmp_path / "elsewhere" / "new.json"
+    new.parent.mkdir()
+    shutil.copy(partial, tmp_path / "elsewhere" / "new.json.partial.jsonl")
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli(argv(run, shapes, new, "images", GREEDY))
+    assert code == 0 and "24 image(s) already captioned" in err, err
+    assert counted.calls == 0 and new.read_bytes() == whole.read_bytes()
+    assert sorted(p.name for p in new.parent.iterdir()) == ["new.json"]  # its partial file removed, the lock too
 
 
 @pytest.mark.slow
@@ -527,13 +557,13 @@ def test_a_partial_file_is_never_there_without_its_header(tmp_path, monkeypatch)
     # it was made empty and the header appended: a machine stopping before the system wrote the header back left an
     # empty file, which the next run refused as not finecap's. It is made with its header, written aside and renamed
     seen = []
-    real = finecap.app.caption.open_append
+    real = finecap.app.caption_partial.open_append
 
     def opening(path):
         seen.append(Path(path).read_text() if Path(path).exists() else None)
         return real(path)
 
-    monkeypatch.setattr(finecap.app.caption, "open_append", opening)
+    monkeypatch.setattr(finecap.app.caption_partial, "open_append", opening)
     partial = PartialResults(tmp_path / "out.json", HEADER)
     partial.open(force=False)
     partial.close()

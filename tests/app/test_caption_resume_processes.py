@@ -50,14 +50,19 @@ def command(run: Path, images: Path, what: str, out: Path) -> list[str]:
     return ["caption", "--checkpoint", str(run), *SAMPLED, *where, "--out", str(out)]
 
 
-def launched(argv: list[str], tmp_path: Path, stop_after: int | None = None) -> tuple[str, list[list[list[int]]]]:
-    """``finecap ARGV`` in 2 launched processes, each stopped after ``stop_after`` batches (the launch then fails):
-    what they printed, and the batches each process decoded (the images' places)."""
+def launched(
+    argv: list[str], tmp_path: Path, stop_after: int | str | None = None, succeed: bool | None = None
+) -> tuple[str, list[list[list[int]] | None]]:
+    """``finecap ARGV`` in 2 launched processes, each stopped after ``stop_after`` batches (a number for both, or
+    ``"0,1"``: each its own; the launch then fails, unless ``succeed`` says otherwise): what they printed, and the
+    batches each process decoded (the images' places; ``None``: the process was killed before it recorded them)."""
     folder = tmp_path / "decoded"
     folder.mkdir()
     cmd = [*two_processes(), str(WORKER), str(folder), "-" if stop_after is None else str(stop_after), *argv]
-    err = launch_bounded(cmd, tmp_path / "launch.log", timeout=300, succeed=stop_after is None)
-    return err, [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(2)]
+    succeed = stop_after is None if succeed is None else succeed
+    err = launch_bounded(cmd, tmp_path / "launch.log", timeout=300, succeed=succeed)
+    records = [folder / f"rank{rank}.json" for rank in range(2)]
+    return err, [json.loads(path.read_text()) if path.exists() else None for path in records]
 
 
 def test_a_run_stopped_in_one_process_resumes_in_two(run, images, tmp_path, monkeypatch):
@@ -88,8 +93,8 @@ def test_a_launched_run_stopped_resumes_in_one_process(run, images, tmp_path, mo
     err, decoded = launched(command(run, images, "split", out), tmp_path, stop_after=1)
     partial, other = tmp_path / "out.json.partial.jsonl", tmp_path / "out.json.partial.1.jsonl"
     assert decoded == [[[0, 1, 2, 3]], [[6, 7, 8, 9]]]  # each process's first batch of its half, then stopped
-    said = f"4 image(s) captioned are kept in {partial} (the main process's; each other process's in "
-    assert said in err and "out.json.partial.<rank>.jsonl beside it)" in err, err[-3000:]
+    said = f"8 image(s) captioned are kept: 4 in {partial} (the main process's) and 4 in {tmp_path}/"
+    assert said + "out.json.partial.<rank>.jsonl (1 other process's): run the same command" in err, err[-3000:]
     for path, places in [(partial, range(4)), (other, range(6, 10))]:
         lines = path.read_text().splitlines()
         assert json.loads(lines[0])["finecap"] == "finecap caption partial results"  # each file with its header
@@ -118,3 +123,43 @@ def test_a_partial_file_made_otherwise_is_refused_once_by_two_processes(run, ima
     said = [line for line in err.splitlines() if "finecap: error:" in line]
     assert len(said) == 1 and "decode.max_length: 6 before, 3 now" in said[0] and "--force" in said[0], err[-3000:]
     assert partial.read_bytes() == before and not out.exists()
+
+
+def test_a_stopped_launch_says_what_another_process_kept_when_the_main_one_kept_nothing(
+    run, images, tmp_path, monkeypatch
+):
+    # the warning that captions are kept, and how to resume them, was the main process's alone: stopped before its
+    # first batch, it said nothing, though the other process's file held 4 captions, which a resumed run reads
+    whole, out = tmp_path / "whole.json", tmp_path / "out.json"
+    code, _, err = run_cli(command(run, images, "split", whole))
+    assert code == 0, err
+    partial, other = tmp_path / "out.json.partial.jsonl", tmp_path / "out.json.partial.1.jsonl"
+    monkeypatch.setenv("CAPTION_WORKER_AWAIT", f"{other}:5")  # the main process stops once its header + 4 lines are in
+    err, decoded = launched(command(run, images, "split", out), tmp_path, stop_after="0,1")
+    assert decoded == [[], [[6, 7, 8, 9]]]  # the main process stopped before its first batch, the other after one
+    said = f"stopped; 4 image(s) captioned are kept: 4 in {tmp_path}/out.json.partial.<rank>.jsonl (1 other process's)"
+    assert said + ": run the same command again to resume" in err, err[-3000:]
+    assert not partial.exists() and len(other.read_text().splitlines()) == 1 + 4  # the main process's held none
+
+    counted = Batches(monkeypatch)
+    code, _, err = run_cli(command(run, images, "split", out))
+    assert code == 0 and f"resuming from {partial}: 4 image(s) already captioned" in err, err
+    assert counted.calls == 2  # the 8 left (0 to 5, 10, 11): 2 batches of 4
+    assert out.read_bytes() == whole.read_bytes() and not partial.exists() and not other.exists()
+
+
+def test_a_process_that_cannot_make_its_partial_file_stops_every_process_said_once(run, images, tmp_path, monkeypatch):
+    # process 1 could not make its own partial file (a disk full): it stopped alone, and the main process captioned
+    # its part, then waited for the other's at a collective until the launcher killed it (its lock file and partial
+    # file left behind). Now every process stops there together (finecap.errors.together), before any decodes, the
+    # main process saying the other's error once, its own files removed
+    out = tmp_path / "out.json"
+    monkeypatch.setenv("CAPTION_WORKER_FULL_DISK", "1")
+    err, decoded = launched(command(run, images, "images", out), tmp_path, succeed=False)
+    assert decoded == [[], []], err[-3000:]  # both stopped cleanly, neither decoded a batch
+    said = [line for line in err.splitlines() if "finecap: error:" in line]
+    other = tmp_path / "out.json.partial.1.jsonl"
+    expected = f"finecap: error: process 1 of 2: {other}: no space left on device (the disk is full)"
+    assert len(said) == 1 and said[0].startswith(expected), err[-3000:]
+    assert "[rank0]" not in err and "[rank1]" not in err, err[-3000:]  # no process's traceback
+    assert not [p for p in tmp_path.iterdir() if "out.json" in p.name]  # no partial file, no lock, no results
