@@ -53,7 +53,7 @@ from finecap.train.state import (
     replace_checkpoint,
 )
 from finecap.utils.files import refuse_link, sync_to_disk, write_json
-from finecap.utils.folders import check_swap
+from finecap.utils.folders import check_swap, prepare_swap
 from finecap.utils.reading import read_json
 
 if TYPE_CHECKING:
@@ -307,9 +307,10 @@ def save_checkpoint(
         cfg.save(tmp / CONFIG_FILE)
         if fingerprints is not None:
             write_json(tmp / FINGERPRINTS_FILE, fingerprints)
+        prepare_swap(tmp, CHECKPOINT_KIND)  # the swap's own changes (the modes) now, for the sync below to hold
         sync_to_disk(tmp)  # all of it on the disk before the file that says it is complete (a power loss)
         write_json(tmp / INFO_FILE, encode_event(info))  # a best's non-finite values named, as metrics.jsonl's
-        replace_checkpoint(tmp, path)
+        replace_checkpoint(tmp, path, synced=True)  # synced above, and trainer_state.json by its atomic write
     except BaseException:  # trainer_state.json (written above) goes first: killed meanwhile, tmp is no resume's
         remove_checkpoints([tmp], ignore_errors=True)
         raise
