@@ -62,6 +62,58 @@ def test_a_run_renders_its_configurations_yaml_once_for_all_its_checkpoints(tmp_
     assert [(checkpoint_dir(tmp_path, n) / "config.yaml").read_bytes() for n in ("last", "best")] == [expected] * 2
 
 
+class _SavesAnLm(TinyModel):
+    """A captioner whose save holds a transformers model's folder, ``lm/``, with the ``generation_config.json`` its
+    ``save_pretrained`` writes (ClipCap's): settings of its own that the checkpoint's file keeps."""
+
+    def save(self, out, state_dict=None):
+        from transformers import GenerationConfig
+
+        super().save(out, state_dict)
+        GenerationConfig(bos_token_id=3, eos_token_id=4, repetition_penalty=1.05).save_pretrained(out / "lm")
+
+
+def test_a_save_renders_its_generation_configs_only_to_save_them(tmp_path, monkeypatch):
+    """transformers renders a whole ``GenerationConfig`` (``to_json_string``: deep copies, a default config, JSON) to
+    write it and to hash it: a tiny ClipCap's save rendered its two configs 9 times (2-3 ms), 3 of them for nothing:
+    ``lm/``'s file was read back with ``from_pretrained``, whose ``from_dict`` renders it for a log line (an f-string,
+    at every level) and which hashes it, and copied with ``from_dict`` (the log line again). Now every rendering is
+    one of ``save_pretrained``'s own, and the files are byte for byte what ``from_pretrained``'s reading gives."""
+    from transformers import GenerationConfig
+
+    from finecap.train.checkpoint import generation_config
+
+    real_render, real_save = GenerationConfig.to_json_string, GenerationConfig.save_pretrained
+    inside, outside = [0], []
+
+    def render(self, *args, **kwargs):
+        if not inside[0]:
+            outside.append(args or kwargs)
+        return real_render(self, *args, **kwargs)
+
+    def save(self, *args, **kwargs):
+        inside[0] += 1
+        try:
+            return real_save(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(GenerationConfig, "to_json_string", render)
+    monkeypatch.setattr(GenerationConfig, "save_pretrained", save)
+    cfg = load()
+    last = checkpoint_dir(tmp_path / "run", "last")
+    save_checkpoint(last, model=_SavesAnLm(1), cfg=cfg, info={"step": 1})
+    assert outside == []
+    # the lm's file as transformers' own loader reads the file the model's save wrote (its repetition penalty off)
+    model = _SavesAnLm(1)
+    model.save(tmp_path / "theirs")
+    base = GenerationConfig.from_pretrained(tmp_path / "theirs" / "lm")
+    generation_config(cfg.decode, None, base).save_pretrained(tmp_path / "expected")
+    written = (last / "model" / "lm" / "generation_config.json").read_bytes()
+    assert written == (tmp_path / "expected" / "generation_config.json").read_bytes()
+    assert json.loads(written)["bos_token_id"] == 3 and json.loads(written)["repetition_penalty"] == 1.0
+
+
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS])
 def test_a_swap_whose_last_rename_fails_puts_the_previous_checkpoint_back(tmp_path, monkeypatch, error):
     """The swap renames ``last`` to ``last.old``, then ``.last.tmp`` to ``last``; when that second rename failed, the

@@ -24,7 +24,14 @@ from finecap.app.models import tiny_main
 from finecap.boost.output import link_images
 from finecap.config import load
 from finecap.train.state import promote, save_tree
-from finecap.utils.files import FSYNC_ENV, atomic_write_bytes, make_temporary_dir, one_folder_sync
+from finecap.utils.files import (
+    FSYNC_ENV,
+    atomic_write_bytes,
+    file_mode,
+    make_temporary_dir,
+    one_folder_sync,
+    sync_to_disk,
+)
 from finecap.utils.folders import FOLDER_MARK, atomic_replace_dir, mark_folder, previous_dir
 from helpers.durable_syncs import Recorder
 
@@ -143,11 +150,76 @@ def test_a_checkpoints_files_are_on_the_disk_before_its_trainer_state_says_it_is
     rec = Recorder(monkeypatch)
     save_checkpoint(last, model=_Saves(), cfg=load(), info={"step": 3})
     marked = rec.replaced_at(last.with_name(".last.tmp") / "trainer_state.json")
-    # (the folder's mark is written again, atomically, by the swap: finecap.utils.folders.atomic_replace_dir)
-    files = [p for p in last.rglob("*") if p.name not in ("trainer_state.json", FOLDER_MARK)]
-    assert {"model.safetensors", "captioner.json", "config.yaml", "README.md", "model"} <= {p.name for p in files}
+    files = [p for p in last.rglob("*") if p.name != "trainer_state.json"]
+    assert {"model.safetensors", "captioner.json", "config.yaml", "README.md", "model", FOLDER_MARK} <= {
+        p.name for p in files
+    }
     for path in files:
         assert any(i < marked for i in rec.synced_at(path)), (path, rec.events)
+
+
+def _record_chmods(rec: Recorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``os.chmod`` recorded among ``rec``'s events too: ``("chmod", inode)``."""
+    real = os.chmod
+
+    def chmod(path, mode, *args, **kwargs) -> None:
+        st = os.stat(path)
+        rec.events.append(("chmod", (st.st_dev, st.st_ino)))
+        real(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "chmod", chmod)
+
+
+class _SavesPrivately(_Saves):
+    """A save whose weights file is 0600, as safetensors writes it whatever the umask: the swap gives it the umask's
+    mode (:func:`finecap.utils.files.apply_umask`)."""
+
+    def save(self, out, state_dict=None):
+        super().save(out, state_dict)
+        os.chmod(out / "model.safetensors", 0o600)
+
+
+def test_a_checkpoint_save_syncs_nothing_again_in_its_swap_but_the_renames(tmp_path, monkeypatch):
+    # a save synced its folder before trainer_state.json, then its swap synced every file and folder of it again
+    # (replace_durably's sync_to_disk) and wrote its mark anew: 17 of a tiny ClipCap's 41 fsync calls a save, for
+    # data and entries on the disk already or changed since only by a durable write (trainer_state.json's). The one
+    # other change, the modes the swap gives (finecap.utils.files.apply_umask), is made before the first round now
+    from finecap.train.checkpoint import save_checkpoint
+
+    last = tmp_path / "run" / "checkpoints" / "last"
+    save_checkpoint(last, model=_SavesPrivately(), cfg=load(), info={"step": 2})  # a previous one to swap out
+    rec = Recorder(monkeypatch)
+    _record_chmods(rec, monkeypatch)
+    save_checkpoint(last, model=_SavesPrivately(), cfg=load(), info={"step": 3})
+    state_file = rec.replaced_at(last.with_name(".last.tmp") / "trainer_state.json")
+    swapped = rec.replaced_at(previous_dir(last))  # the swap's first rename: last aside, to last.old
+    synced = [i for i, e in enumerate(rec.events) if e[0] == "fsync"]
+    # trainer_state.json's folder (its rename) is the last sync before the swap
+    assert [i for i in synced if state_file < i < swapped] == rec.synced_at(last)[-1:], rec.events
+    # after the renames: the folder holding them, then last.old, whose trainer_state.json goes first
+    assert [i for i in synced if i > swapped] == [rec.synced_at(last.parent)[-1], synced[-1]], rec.events
+    for path in last.rglob("*"):
+        assert any(i < state_file for i in rec.synced_at(path)) or path.name == "trainer_state.json", path
+    weights = last / "model" / "model.safetensors"
+    st = os.stat(weights)
+    chmodded = max(i for i, e in enumerate(rec.events) if e == ("chmod", (st.st_dev, st.st_ino)))  # 0600, then ours
+    assert chmodded < rec.synced_at(weights)[-1] and stat.S_IMODE(st.st_mode) == file_mode()  # its mode synced
+
+
+def test_a_swap_of_a_folder_its_caller_synced_syncs_only_the_modes_it_gives(tmp_path, monkeypatch):
+    tmp, final = _swap_in(tmp_path)
+    (tmp / "model" / "weights.bin").chmod(0o600)  # as safetensors writes it
+    mark_folder(tmp, "checkpoint")
+    sync_to_disk(tmp)
+    rec = Recorder(monkeypatch)
+    atomic_replace_dir(tmp, final, kind="checkpoint", synced=True)
+    first = min(i for i, e in enumerate(rec.events) if e[0] == "replace" and e[2] in (final, previous_dir(final)))
+    last = rec.replaced_at(final)
+    (weights,) = rec.synced_at(final / "model" / "weights.bin")  # its new mode, before the renames
+    assert weights < first and stat.S_IMODE((final / "model" / "weights.bin").stat().st_mode) == file_mode()
+    for path in (final / "trainer_state.json", final / "model", final):
+        assert rec.synced_at(path) == [], (path, rec.events)  # as the caller synced them
+    assert rec.synced_at(tmp_path) and rec.synced_at(tmp_path)[0] > last, rec.events
 
 
 def test_a_file_system_that_cannot_sync_folders_still_renames(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ from finecap.train.state import (
     replace_checkpoint,
 )
 from finecap.utils.files import refuse_link, sync_to_disk, write_json
-from finecap.utils.folders import check_swap
+from finecap.utils.folders import check_swap, prepare_swap
 from finecap.utils.reading import read_json
 
 if TYPE_CHECKING:
@@ -94,7 +94,9 @@ def generation_config(
 
     from finecap.decode import stop_token_ids
 
-    gen = GenerationConfig.from_dict(base.to_dict()) if base is not None else GenerationConfig()
+    # a copy, base left as it is; the constructor, which from_dict calls: from_dict also renders the whole config for
+    # a log line (an f-string, at every log level), a serialisation a save paid for nothing
+    gen = GenerationConfig(**base.to_dict()) if base is not None else GenerationConfig()
     beam, sample = decode.strategy == "beam", decode.strategy == "sample"
     gen.update(
         max_new_tokens=decode.max_length,
@@ -233,18 +235,28 @@ def saved_dtype(model_folder: str | Path) -> str:
     return frozen.pop() if len(frozen) == 1 and next(iter(frozen)) in DTYPES else "auto"
 
 
+def read_generation_config(folder: str | Path) -> GenerationConfig:
+    """``folder``'s ``generation_config.json`` as ``GenerationConfig.from_pretrained`` reads a local folder's (its
+    JSON given to the constructor, as ``from_dict`` does), less the two serialisations of the whole config that
+    ``from_pretrained`` adds and :func:`write_generation_config` does not use: ``from_dict``'s log line (an f-string,
+    rendered at every log level) and the hash it keeps to tell ``save_pretrained`` whether the config was modified
+    (:func:`generation_config` copies the config, and the copy drops that hash). A ``ValueError`` naming the file
+    when it is not JSON (:func:`finecap.utils.reading.read_json`)."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(**read_json(Path(folder) / GENERATION_CONFIG))
+
+
 def write_generation_config(model_folder: str | Path, decode: DecodeConfig, tokenizer: Any = None,
                             ends: Sequence[int] | None = None) -> list[Path]:  # fmt: skip
     """Write :func:`generation_config` (``ends``: the captioner's end tokens) into ``model_folder`` and every
     sub-folder that already holds a ``generation_config.json`` (a transformers model saved inside, e.g. ClipCap's
     ``lm/``, whose settings are kept); returns the files written."""
-    from transformers import GenerationConfig
-
     model_folder = Path(model_folder)
     folders = [model_folder, *sorted(p.parent for p in model_folder.glob(f"*/{GENERATION_CONFIG}"))]
     written = []
     for folder in folders:
-        base = GenerationConfig.from_pretrained(folder) if (folder / GENERATION_CONFIG).exists() else None
+        base = read_generation_config(folder) if (folder / GENERATION_CONFIG).exists() else None
         generation_config(decode, tokenizer, base, ends).save_pretrained(folder)
         written.append(folder / GENERATION_CONFIG)
     return written
@@ -295,9 +307,10 @@ def save_checkpoint(
         cfg.save(tmp / CONFIG_FILE)
         if fingerprints is not None:
             write_json(tmp / FINGERPRINTS_FILE, fingerprints)
+        prepare_swap(tmp, CHECKPOINT_KIND)  # the swap's own changes (the modes) now, for the sync below to hold
         sync_to_disk(tmp)  # all of it on the disk before the file that says it is complete (a power loss)
         write_json(tmp / INFO_FILE, encode_event(info))  # a best's non-finite values named, as metrics.jsonl's
-        replace_checkpoint(tmp, path)
+        replace_checkpoint(tmp, path, synced=True)  # synced above, and trainer_state.json by its atomic write
     except BaseException:  # trainer_state.json (written above) goes first: killed meanwhile, tmp is no resume's
         remove_checkpoints([tmp], ignore_errors=True)
         raise

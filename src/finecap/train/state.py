@@ -531,14 +531,17 @@ def is_checkpoint_folder(folder: Path) -> bool:
         return False
 
 
-def replace_checkpoint(tmp: Path, path: Path) -> None:
+def replace_checkpoint(tmp: Path, path: Path, *, synced: bool = False) -> None:
     """Swap the complete checkpoint folder ``tmp`` in at ``path`` (:func:`finecap.utils.folders.atomic_replace_dir`):
     only a checkpoint of finecap's (marked, or :func:`is_checkpoint_folder`) at ``path`` or ``<path>.old`` is replaced;
     anything else there is refused, named and kept. The swap holds :func:`finecap.runs.swap_guard` exclusively: it
-    waits for a process loading one of the run's checkpoints (``finecap caption`` or ``eval`` of the run) to finish."""
+    waits for a process loading one of the run's checkpoints (``finecap caption`` or ``eval`` of the run) to finish.
+    ``synced``: as ``atomic_replace_dir``'s (a save that synced ``tmp`` itself)."""
     wait = f"train: waiting for another process to finish loading a checkpoint of the run before replacing {path}"
     with swap_guard(path, exclusive=True, log_wait=wait):
-        atomic_replace_dir(tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder, complete_file=INFO_FILE)
+        atomic_replace_dir(
+            tmp, path, kind=CHECKPOINT_KIND, ours=is_checkpoint_folder, complete_file=INFO_FILE, synced=synced
+        )
 
 
 def remove_unfinished_checkpoint(tmp: Path) -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -172,20 +173,25 @@ FOLDER_SYNC_UNSUPPORTED = frozenset(
 """What ``fsync`` of a folder fails with on a file system that does not sync folders: the folder is left unsynced."""
 
 
-def replace_durably(src: str | Path, dst: str | Path, *, previous: str | Path | None = None) -> None:
+def replace_durably(
+    src: str | Path, dst: str | Path, *, previous: str | Path | None = None, synced: bool = False
+) -> None:
     """``os.replace(src, dst)`` that a power loss cannot undo half-way: ``src`` (a file, or a folder and everything in
     it) is synced to the disk first (:func:`sync_to_disk`), so ``dst`` never names an empty or partly written file,
     and the folder holding ``dst`` after (:func:`sync_folder`), so the rename is not lost. With ``previous`` (a name
     in the same folder), what stands at ``dst`` is renamed there first, the way a folder swap keeps the replaced
     folder until the new one is in place; when the rename of ``src`` then fails (a disk full or turned read-only), it
-    is renamed back before the error is raised.
+    is renamed back before the error is raised. ``synced``: the caller has put ``src`` on the disk itself
+    (:func:`sync_to_disk` after its last change, or only durable changes since: an atomic write into it, a synced
+    mode), so it is not synced a second time; the folder holding ``dst`` still is, after the renames.
 
     The one durable rename of the package: every atomic write (:func:`atomic_write_bytes`, the checkpoints' state
     files), every folder swap (:func:`finecap.utils.folders.atomic_replace_dir`, a resume's promotion of a
     checkpoint) and every other rename into place (``finecap models tiny``'s folder or files, boost's link to the
     source images) goes through it."""
     src, dst = Path(src), Path(dst)
-    sync_to_disk(src)  # before the old one is moved aside: a reader finds dst missing for two renames only
+    if not synced:
+        sync_to_disk(src)  # before the old one is moved aside: a reader finds dst missing for two renames only
     moved = previous is not None and os.path.lexists(dst)
     if moved:
         os.replace(dst, previous)
@@ -345,17 +351,24 @@ def make_temporary_dir(final_dir: str | Path) -> Path:
     return tmp
 
 
-def apply_umask(root: str | Path) -> None:
+def apply_umask(root: str | Path) -> list[Path]:
     """Give ``root`` and every folder under it :func:`dir_mode`, every file :func:`file_mode` (symbolic links are
-    left alone). For folders finecap builds before renaming them into place: ``tempfile.mkdtemp`` makes 0700 folders,
-    and safetensors (0.8) writes its files with mode 0600 whatever the umask, as do ``save_pretrained`` calls that go
-    through it."""
+    left alone); returns the files and folders whose mode changed (one already right is not touched). For folders
+    finecap builds before renaming them into place: ``tempfile.mkdtemp`` makes 0700 folders, and safetensors (0.8)
+    writes its files with mode 0600 whatever the umask, as do ``save_pretrained`` calls that go through it."""
     root = Path(root)
-    os.chmod(root, dir_mode())
+    folder_mode, plain_mode = dir_mode(), file_mode()
+    changed = []
+
+    def give(path: Path, mode: int, st: os.stat_result) -> None:
+        if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(path, mode)
+            changed.append(path)
+
+    give(root, folder_mode, os.stat(root))
     for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), dir_mode())
-        for name in files:
-            if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), file_mode())
+        for names, mode in ((dirs, folder_mode), (files, plain_mode)):
+            for name in names:
+                path = Path(folder) / name
+                give(path, mode, os.lstat(path))
+    return changed

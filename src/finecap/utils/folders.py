@@ -16,6 +16,7 @@ from finecap.utils.files import (
     refuse_link,
     replace_durably,
     sync_folder,
+    sync_to_disk,
 )
 
 FOLDER_MARK = ".finecap-folder"
@@ -133,6 +134,16 @@ DEFAULT_KIND = "folder"
 """The folder kind of :func:`atomic_replace_dir` when its caller names none."""
 
 
+def prepare_swap(tmp_dir: str | Path, kind: str) -> list[Path]:
+    """What :func:`atomic_replace_dir` changes in ``tmp_dir`` before renaming it: its :data:`FOLDER_MARK` of a
+    ``kind``, written (:func:`mark_folder`, a durable write) unless it holds that mark already, and its modes, given
+    the user's umask (:func:`apply_umask`); returns the files and folders whose mode changed. A caller that syncs
+    ``tmp_dir`` itself before the swap (``synced``) calls it first, so that the swap finds nothing left to change."""
+    if not is_finecap_folder(tmp_dir, kind):
+        mark_folder(tmp_dir, kind)
+    return apply_umask(tmp_dir)
+
+
 def atomic_replace_dir(
     tmp_dir: str | Path,
     final_dir: str | Path,
@@ -140,30 +151,39 @@ def atomic_replace_dir(
     kind: str = DEFAULT_KIND,
     ours: Callable[[Path], bool] | None = None,
     complete_file: str | None = None,
+    synced: bool = False,
 ) -> None:
     """Move a fully written ``tmp_dir`` to ``final_dir``, replacing any previous version, which is first renamed
     ``<name>.old`` (:func:`previous_dir`) and removed once the new folder is in place. When the rename of
     ``tmp_dir`` fails (a disk full or turned read-only), the previous version is renamed back to ``final_dir`` before
     the error is raised: a failed swap leaves the previous folder where it was. The new folder's files are on the disk
     before the renames, and the renames after (:func:`finecap.utils.files.replace_durably`): a power loss leaves the
-    previous folder or the complete new one, never one of empty files.
+    previous folder or the complete new one, never one of empty files. ``synced``: the caller has put ``tmp_dir`` on
+    the disk (:func:`finecap.utils.files.sync_to_disk`, after :func:`prepare_swap`) and changed it since only by
+    durable writes (:func:`finecap.utils.files.atomic_write_bytes`: the file's data synced, then its folder); the swap
+    then syncs only the modes it sets itself (none after :func:`prepare_swap`), not every file and folder a second
+    time. That second round is redundant: an ``fsync`` puts a file's data and inode (its mode too) on the disk, a
+    folder's its entries, and none of them changed since; what the renames need is all of it on the disk before them,
+    and the parent folder synced after them, which is still done (:func:`finecap.utils.files.replace_durably`).
 
     Only finecap's own folders are replaced or removed: ``final_dir`` and ``<name>.old`` must each be missing or a
     folder finecap made as a ``kind`` (:func:`check_swap`: its :data:`FOLDER_MARK`, or ``ours``), else
     :class:`OutputRefused` names it and nothing is changed. ``tmp_dir`` is marked as a ``kind`` before the swap
-    (:func:`mark_folder`), so the folder swapped in is recognised as finecap's the next time. Its modes follow the
-    user's umask first (:func:`apply_umask`): what ``mkdtemp`` or safetensors created 0700 / 0600 ends up as readable
-    as ``mkdir`` and ``open`` make it. ``complete_file``: the file that marks a ``kind`` folder complete, removed
-    first when ``<name>.old`` is removed (:func:`remove_folders`)."""
+    (:func:`prepare_swap`, unless it is already), so the folder swapped in is recognised as finecap's the next time.
+    Its modes follow the user's umask first (:func:`apply_umask`): what ``mkdtemp`` or safetensors created 0700 / 0600
+    ends up as readable as ``mkdir`` and ``open`` make it. ``complete_file``: the file that marks a ``kind`` folder
+    complete, removed first when ``<name>.old`` is removed (:func:`remove_folders`)."""
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
     old = previous_dir(final_dir)
     check_swap(final_dir, kind, ours)
     finish_swap(final_dir, kind, ours)  # a kill's .old back first: a failed rename below then puts it back
-    mark_folder(tmp_dir, kind)
-    apply_umask(tmp_dir)
+    changed = prepare_swap(tmp_dir, kind)
+    if synced:
+        for path in changed:  # a mode set after the caller's sync: its inode again (a folder's: its own only)
+            (sync_folder if path.is_dir() else sync_to_disk)(path)
     if old.exists():
         remove_folders([old], complete_file=complete_file)
-    replace_durably(tmp_dir, final_dir, previous=old)
+    replace_durably(tmp_dir, final_dir, previous=old, synced=synced)
     if old.exists():
         remove_folders([old], complete_file=complete_file)
 
