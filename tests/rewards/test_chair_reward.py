@@ -105,3 +105,36 @@ def test_references_keyed_by_the_id_written_the_other_way_are_the_images():
     reward = ChairReward(references={"1": ["a cat"]})
     reward.setup(RewardInputs(objects={1: frozenset({"dog"})}, references={1: ["a bus"]}))
     assert reward(["a dog, a cat and a bus"], call_batch([1])).total.tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("table", "given", "objects"),
+    [
+        ("objects", {1: frozenset({"dog"}), "1": frozenset({"cat"}), 2: frozenset()}, None),
+        ("references", {1: ["a dog"], "1": ["a cat"], 2: ["a bus"]}, {1: frozenset(), 2: frozenset()}),
+    ],
+)
+def test_a_table_keyed_by_an_int_and_its_string_is_refused(table, given, objects):
+    """Image 1 keyed 1 and "1" with two different entries: "a dog" was checked against the entry its call's spelling
+    found first, without a word: 1.0 called as 1 and 0.0 as "1" (objects; references given to the constructor, the
+    image having no annotated object), while set-up (reward_of) pooled the two reference lists into one, as the
+    ``chair`` metric refuses. Refused wherever the table enters the reward: the constructor and set-up."""
+    said = rf"^chair {table}: 1 image\(s\) keyed twice, e\.g\. 1 and '1' \(an int id and its string are one id"
+    tables = {table: given} if objects is None else {table: given, "objects": objects}
+    with pytest.raises(ValueError, match=said):
+        ChairReward(**tables)
+    with pytest.raises(ValueError, match=said):
+        reward_of("chair", **tables)
+
+
+def test_world_scenes_keyed_by_an_int_and_its_string_are_refused():
+    # the world's ground truth (its scenes' shapes) keyed 0 and "0": "a circle" was true or a hallucination by how
+    # its call spelt the id
+    from finecap.world.scene import Obj, Scene
+
+    scenes = {0: Scene(0, "grass", [Obj("circle", "red", "large", 1, 1)]),
+              "0": Scene(0, "grass", [Obj("square", "red", "large", 1, 1)])}  # fmt: skip
+    with pytest.raises(ValueError, match=r"^chair scenes: 1 image\(s\) keyed twice, e\.g\. 0 and '0'"):
+        reward_of("chair", scenes=scenes)
+    reward = reward_of("chair", scenes={0: scenes[0]})
+    assert reward(["a circle", "a circle"], call_batch([0, "0"])).total.tolist() == [1.0, 1.0]

@@ -11,7 +11,7 @@ import torch
 from finecap.config.sections.judge import JudgeConfig
 from finecap.judges.base import JudgeFailed, Question
 from finecap.judges.world import WorldJudge
-from finecap.rewards import RewardOutput, WeightedSum, call_batch, reward_of
+from finecap.rewards import RewardInputs, RewardOutput, WeightedSum, call_batch, reward_of
 from finecap.rewards.claims import ClaimsReward
 from finecap.rewards.qa_utility import QAUtilityReward
 from finecap.world.facts import faithfulness
@@ -257,8 +257,6 @@ def test_a_run_whose_training_images_lack_questions_is_refused_at_set_up():
     # a run's training image without questions once crashed the run at the first batch holding it
     from types import SimpleNamespace
 
-    from finecap.rewards import RewardInputs
-
     records = [SimpleNamespace(image_id=i) for i in (0, 1, 2)]
     reward = QAUtilityReward(WorldJudge())
     reward.setup(RewardInputs(questions=QUESTIONS, records=records[:2]))  # every training image has questions
@@ -279,3 +277,34 @@ def test_the_claims_rewards_images_are_one_each_however_a_side_keys_them():
     references = {float(i): ["a caption"] for i in SCENES}
     known = ClaimsReward(WorldJudge(), references=references, scenes=scenes).known_images()
     assert sorted(known) == sorted(float(i) for i in SCENES)
+
+
+KEYED_TWICE = r"^{}: 1 image\(s\) keyed twice, e\.g\. 0 and '0' \(an int id and its string are one id"
+
+
+@pytest.mark.parametrize(
+    ("name", "table", "given"),
+    [
+        ("claims", "references", {0: ["a red circle on grass"], "0": ["a green star"], 1: ["a green star"]}),
+        ("claims", "scenes", {0: A, "0": B, 1: B}),
+        ("qa_utility", "questions", {0: QUESTIONS[0], "0": QUESTIONS[1], 1: QUESTIONS[1]}),
+        ("qa_utility", "scenes", {0: A, "0": B, 1: B}),
+    ],
+)
+def test_evidence_keyed_by_an_int_and_its_string_is_refused(name, table, given):
+    """Image 0 keyed 0 and "0" with two different entries: a caption of it met the entry its call's spelling found
+    first (the exact key), without a word. Before, "a red circle on grass" called as 0 and as "0" was paid: claims
+    1.0 and 0.0 (references), 2/3 and 0.0 (scenes); qa_utility 2/3 and 0.0 (questions), 0.4 and 0.0 (scenes).
+    Refused wherever the table enters the reward: the constructor and set-up (reward_of, an adapter's options)."""
+    build = {"claims": ClaimsReward, "qa_utility": QAUtilityReward}[name]
+    said = KEYED_TWICE.format(f"{name} {table}")
+    with pytest.raises(ValueError, match=said):
+        build(WorldJudge(), **{table: given})
+    with pytest.raises(ValueError, match=said):
+        reward_of(name, judge=WorldJudge(), **{table: given})
+    with pytest.raises(ValueError, match=said):  # a world= folder's or a run's inputs land in set-up alike
+        build(WorldJudge()).setup(RewardInputs(**{table: given}))
+    one = {i: v for i, v in given.items() if i != "0"}  # keyed once, the same table is read either way
+    caption = ["a red circle on grass"]
+    reward = reward_of(name, judge=WorldJudge(), **{table: one})
+    assert reward(caption, call_batch([0])).total.tolist() == reward(caption, call_batch(["0"])).total.tolist()

@@ -84,3 +84,20 @@ def test_refused_off_the_world():
     cfg = load(None, ["data.format=jsonl", "data.path=captions.jsonl"])
     with pytest.raises(ValueError, match="a training run reads the world's scene graphs .* this data has none"):
         get_reward("listener", cfg).setup(RewardInputs.of_run(cfg, []))
+
+
+def test_scenes_keyed_by_an_int_and_its_string_are_refused():
+    """Image 0 keyed 0 (a red circle on grass) and "0" (a blue square): "a red circle" for image 0 beside image 1 was
+    read in the scene its call's spelling found first, without a word: a tie with image 1 (1/2) called as 0, 0 called
+    as "0". Refused wherever the scenes enter the reward: the constructor and set-up (reward_of, a run's inputs)."""
+    scenes = {**SCENES, "0": SCENES[2]}
+    said = r"^listener scenes: 1 image\(s\) keyed twice, e\.g\. 0 and '0' \(an int id and its string are one id"
+    with pytest.raises(ValueError, match=said):
+        ListenerReward(scenes)
+    with pytest.raises(ValueError, match=said):
+        reward_of("listener", scenes=scenes)
+    with pytest.raises(ValueError, match=said):
+        ListenerReward().setup(RewardInputs(scenes=scenes))
+    reward = reward_of("listener", scenes=SCENES)  # keyed once: either spelling reads the one scene
+    assert reward(["a red circle", "a red circle"], call_batch([0, 1])).total.tolist()[0] == 0.5
+    assert reward(["a red circle", "a red circle"], call_batch(["0", 1])).total.tolist()[0] == 0.5

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
-from finecap.data.records import id_text
+from finecap.data.records import id_text, refuse_repeated_ids
 from finecap.registry import declared_needs
 from finecap.utils.closing import close_all
 
@@ -247,6 +247,24 @@ def call_batch(image_ids: Sequence[Hashable], references: Sequence[Sequence[str]
             raise ValueError(f"call_batch: {len(references)} reference lists for {len(image_ids)} captions")
         batch[CAPTION_REFERENCES] = [list(r) for r in references]
     return batch
+
+
+def keyed_table(table: Mapping[Hashable, Any] | None, what: str, entry: Callable[[Any], Any] | None = None
+                ) -> dict[Hashable, Any] | None:  # fmt: skip
+    """``table``, an input a reward keys by image id (references, scenes, objects, questions), as it enters the
+    reward: copied as a dict (``entry`` copies each value: ``list`` for reference lists), ``None`` as it is. Two ids
+    naming one image (``1`` and ``"1"``) are a ``ValueError`` naming ``what``
+    (:func:`~finecap.data.records.refuse_repeated_ids`): the reward finds an image's entry whichever way either side
+    writes its id (:func:`~finecap.data.records.id_key`, the exact key first), so which of the two a caption met would
+    hang on how its call spelt the id, as ``finecap eval`` and the metrics refuse such inputs.
+
+    >>> keyed_table({1: ("a red circle",), "2": ("a blue square",)}, "claims references", list)
+    {1: ['a red circle'], '2': ['a blue square']}
+    """
+    if table is None:
+        return None
+    refuse_repeated_ids(table, what)
+    return {i: v if entry is None else entry(v) for i, v in table.items()}
 
 
 def number_setting(reward: str, key: str, value: Any, *, minimum: float | None = None, positive: bool = False,

@@ -49,7 +49,14 @@ from finecap.metrics.hallucination import (
     world_objects,
     world_vocabulary,
 )
-from finecap.rewards.base import CAPTION_REFERENCES, RewardBase, RewardOutput, caption_rows, number_setting
+from finecap.rewards.base import (
+    CAPTION_REFERENCES,
+    RewardBase,
+    RewardOutput,
+    caption_rows,
+    keyed_table,
+    number_setting,
+)
 
 if TYPE_CHECKING:
     from finecap.config import Config
@@ -67,6 +74,10 @@ class ChairReward(RewardBase):
         vocabulary: the object vocabulary (default COCO's).
         recall_weight: weight of the object recall in the total.
         instances: the COCO ``instances_*.json`` read in :meth:`setup` when no objects are given (``eval.instances``).
+    Two ids of one table (the objects, the references, the scenes; given here or read in :meth:`setup`) naming one
+    image (``1`` and ``"1"``) are a ``ValueError`` naming it ("chair objects: ...",
+    :func:`~finecap.rewards.base.keyed_table`), as the ``chair`` metric refuses them: a caption would be checked
+    against the entry its call's spelling of the id finds first.
     """
 
     name = "chair"
@@ -82,8 +93,8 @@ class ChairReward(RewardBase):
         recall_weight: float = 0.0,
         instances: str = "",
     ) -> None:
-        self.objects = None if objects is None else dict(objects)
-        self.references = {} if references is None else {i: list(r) for i, r in references.items()}
+        self.objects = keyed_table(objects, "chair objects")
+        self.references = keyed_table(references, "chair references", list) or {}
         self.vocabulary = vocabulary
         self.recall_weight = self.check_setting("recall_weight", recall_weight)
         self.instances = instances
@@ -105,17 +116,20 @@ class ChairReward(RewardBase):
             if self.instances:
                 raise ValueError("chair: give objects={image_id: categories} or instances=<instances_*.json> "
                                  "(eval.instances), not both")  # fmt: skip
-            self.objects = dict(inputs.objects)
+            self.objects = keyed_table(inputs.objects, "chair objects")
         elif inputs.scenes is not None:
-            self.objects, self.vocabulary = world_objects(inputs.scenes), world_vocabulary()
+            self.objects = world_objects(keyed_table(inputs.scenes, "chair scenes"))
+            self.vocabulary = world_vocabulary()
             return
         elif not self.instances:
             raise ValueError("chair: no object annotations: outside a training run give objects={image_id: "
                              "categories} or instances=<COCO instances_*.json>; in a run set eval.instances=<COCO "
                              "instances_*.json> (or train on the world)")  # fmt: skip
         else:
-            self.objects = read_instances(self.instances, "eval.instances")
-        for image_id, refs in (inputs.references or {}).items():  # one list an image, whichever way its id is written
+            objects = read_instances(self.instances, "eval.instances")
+            self.objects = keyed_table(objects, "chair objects (eval.instances)")
+        # one list an image, whichever way the two sides (the constructor's, the inputs') write its id
+        for image_id, refs in (keyed_table(inputs.references, "chair references") or {}).items():
             key = id_key(image_id, self.references)
             self.references.setdefault(image_id if key is None else key, []).extend(refs)
 

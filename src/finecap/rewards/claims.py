@@ -36,6 +36,7 @@ import torch
 from finecap.data.records import id_text
 from finecap.judges.base import Judge, JudgeFailed
 from finecap.judges.claims import claim_scores, f1
+from finecap.rewards.base import keyed_table
 from finecap.rewards.judged import JudgedReward, caption_subjects, judged_output
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ class ClaimsReward(JudgedReward):
     Args:
         judge: the judge (or a judge name); ``None``: the ``judge`` section of ``cfg``, made in :meth:`setup`.
         references: ``{image_id: [captions]}`` and ``scenes`` ``{image_id: Scene}``, the evidence; ``None`` for both:
-            read in :meth:`setup`.
+            read in :meth:`setup`. Two ids of one naming one image (``1`` and ``"1"``) are a ``ValueError``
+            (:meth:`take_evidence`).
         score: the total, ``f1``, ``precision`` or ``recall``.
         cfg: the configuration whose ``judge`` section builds the judge (``None``: the ``world`` judge's defaults).
     """
@@ -80,8 +82,9 @@ class ClaimsReward(JudgedReward):
         check_score(score)
         self.judge: Judge | str | None = judge
         self.score, self.cfg = score, cfg
-        self.references = None if references is None else {i: list(r) for i, r in references.items()}
-        self.scenes = None if scenes is None else dict(scenes)
+        self.references: dict[Hashable, list[str]] | None = None
+        self.scenes: dict[Hashable, Scene] | None = None
+        self.take_evidence(references, scenes)
         if judge is not None and not isinstance(judge, Judge):
             self.judge = self._resolve(judge, cfg, "claims")
 
@@ -108,8 +111,18 @@ class ClaimsReward(JudgedReward):
         if inputs.references is None and inputs.scenes is None:
             raise ValueError("claims: outside a training run give references={image_id: [captions]} and/or scenes= "
                              "(world=)")  # fmt: skip
-        self.references = None if inputs.references is None else {i: list(r) for i, r in inputs.references.items()}
-        self.scenes = None if inputs.scenes is None else dict(inputs.scenes)
+        self.take_evidence(inputs.references, inputs.scenes)
+
+    def take_evidence(
+        self, references: Mapping[Hashable, Sequence[str]] | None, scenes: Mapping[Hashable, Scene] | None
+    ) -> None:
+        """Where the evidence enters the reward (the constructor's, or :meth:`setup`'s inputs'): each table copied,
+        two ids of one table naming one image (``1`` and ``"1"``) a ``ValueError`` naming it ("claims references:
+        ...", :func:`~finecap.rewards.base.keyed_table`), as a caption would meet the one its call's spelling of the
+        id finds first. An image keyed ``1`` by the references and ``"1"`` by the scenes is one image, as the two
+        sides are read (:func:`~finecap.rewards.judged.caption_subjects`)."""
+        self.references = keyed_table(references, "claims references", list)
+        self.scenes = keyed_table(scenes, "claims scenes")
 
     def known_images(self) -> list[Hashable] | None:
         """The images with evidence: those of the references and of the scenes."""

@@ -28,7 +28,7 @@ import torch
 
 from finecap.data.records import id_text
 from finecap.metrics.faithfulness import scene_of
-from finecap.rewards.base import RewardBase, RewardOutput, caption_rows
+from finecap.rewards.base import RewardBase, RewardOutput, caption_rows, keyed_table
 from finecap.world.listener import rank_with_ties, support_matrix
 
 if TYPE_CHECKING:
@@ -42,14 +42,16 @@ class ListenerReward(RewardBase):
 
     Args:
         scenes: ``{image_id: Scene}`` of every image a caption may describe or compete with; ``None``: the training
-            inputs', read in :meth:`setup`.
+            inputs', read in :meth:`setup`. Two ids naming one image (``1`` and ``"1"``) are a ``ValueError``
+            ("listener scenes: ...", :func:`~finecap.rewards.base.keyed_table`): a caption's image would be read in
+            the scene its call's spelling of the id finds first.
     """
 
     name = "listener"
     compares_images = True  # the candidates are the call's distinct images
 
     def __init__(self, scenes: Mapping[Hashable, Scene] | None = None) -> None:
-        self.scenes = None if scenes is None else dict(scenes)
+        self.scenes = keyed_table(scenes, "listener scenes")
 
     def known_images(self) -> list[Hashable]:
         """The images with a scene graph."""
@@ -63,7 +65,7 @@ class ListenerReward(RewardBase):
             raise ValueError("listener: outside a training run give scenes={image_id: Scene} or world=<world folder>; "
                              "a training run reads the world's scene graphs (data.format=world), and this data has "
                              "none")  # fmt: skip
-        self.scenes = dict(inputs.scenes)
+        self.scenes = keyed_table(inputs.scenes, "listener scenes")
 
     def scene(self, image_id: Hashable) -> Scene:
         scene = scene_of(image_id, self.scenes or {})  # ids as ints or as their strings
