@@ -645,3 +645,23 @@ def test_a_model_name_echoing_the_api_key_is_masked_in_the_warning(caplog):
         judge = judge_of(server, api_key=key)
         assert judge.answer([Ask(Q, OPTIONS, "a red circle")]) == ["red"]
     assert judge.served_model == "model for ***" and key not in caplog.text and "model for ***" in caplog.text
+
+
+def test_an_option_of_the_world_judge_is_refused_saying_whose_it_is(tmp_path, monkeypatch):
+    # OpenAIJudge(..., noise=0.1) and get_judge("openai", cfg, noise=0.1) were Python's bare "unexpected keyword
+    # argument 'noise'", though judge.noise is a judge option (the world judge's): now the error says what the
+    # configuration says of it, before any client is built, through the factory too (whose answer cache is closed)
+    monkeypatch.setattr("finecap.judges.openai.OpenAIBackend", lambda *a, **k: pytest.fail("a client was built"))
+    said = ("OpenAIJudge: noise= is judge.noise, read with judge.name=world, not by the openai judge. judge.noise: "
+            "world: share of answers flipped to another option at random (seeded).")  # fmt: skip
+    with pytest.raises(TypeError) as refused:
+        OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", noise=0.1)
+    assert str(refused.value) == said
+    closed, close = [], AnswerCache.close
+    monkeypatch.setattr(AnswerCache, "close", lambda self: (closed.append(self), close(self)))
+    cfg = load(None, ["judge.name=openai", "judge.urls=[http://127.0.0.1:9/v1]", "judge.model=judge-model"])
+    with pytest.raises(TypeError) as refused:
+        get_judge("openai", cfg, cache_path=tmp_path / "answers.sqlite", noise=0.1)
+    assert str(refused.value) == said and len(closed) == 1
+    with pytest.raises(TypeError, match=r"^OpenAIJudge.__init__\(\) got an unexpected keyword argument 'nois'$"):
+        get_judge("openai", cfg, nois=0.1)  # a name of no judge's option: Python's own words

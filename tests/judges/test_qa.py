@@ -155,3 +155,25 @@ def test_two_questions_of_an_image_given_with_one_id_are_refused_naming_it():
     renamed = Question("7/q2", size.text, size.options, size.answer, size.fact)
     reward = QAUtilityReward(first, questions={7: [colour, renamed]}, shuffles=2)
     assert reward.blind["dropped"] == 0 and reward.known_images() == [7]
+
+
+def test_an_image_keyed_by_an_int_and_its_string_is_refused_naming_the_source():
+    # questions={7: [...], "7": [...]} from Python were neither merged (as read_questions merges a file's lines of 7
+    # and "7") nor refused: the reward asked a caption of image 7 the one set or the other as the batch wrote its id,
+    # so one caption scored 1.0 or 0.0. Scenes keyed so made two sets of questions for one image the same way
+    from finecap.judges.questions import pick_questions
+    from finecap.world.scene import Obj, Scene
+
+    colour = Question("7/0", "What colour is the circle?", ("red", "blue"), "red", ("color", "circle"))
+    size = Question("7/1", "What size is the circle?", ("small", "large"), "large", ("size", "circle"))
+    twice = r" 1 image\(s\) keyed twice, e\.g\. 7 and '7' \(an int id and its string are one id"
+    with pytest.raises(ValueError, match="^qa_utility questions:" + twice):
+        QAUtilityReward(WorldJudge(), questions={7: [colour], "7": [size]}, shuffles=1)
+    with pytest.raises(ValueError, match="^metric 'qa' questions:" + twice):
+        pick_questions({7: [colour], "7": [size]}, "", None, "metric 'qa'")
+    scene = Scene(7, "grass", [Obj("circle", "red", "large", 0, 0)])
+    other = Scene(7, "sand", [Obj("circle", "blue", "small", 1, 1)])
+    with pytest.raises(ValueError, match="^qa_utility scenes:" + twice):
+        QAUtilityReward(WorldJudge(), scenes={7: scene, "7": other}, shuffles=1)
+    reward = QAUtilityReward(WorldJudge(), questions={"7": [colour, size]}, shuffles=1)  # one key: asked either way
+    assert [reward(["a red large circle"], {"image_ids": [i]}).total.item() for i in (7, "7")] == [1.0, 1.0]

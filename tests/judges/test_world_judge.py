@@ -320,3 +320,27 @@ def test_what_the_world_judge_does_not_read_is_as_its_docs_say():
     )
     # the false caption's precision is 1, the true one's 0; "3 shapes" states nothing: the reward's 0 of 0 claims
     assert out.total.tolist() == [1.0, 0.0, 0.0]
+
+
+def test_an_option_of_another_judge_is_refused_saying_whose_it_is():
+    # WorldJudge(retries=3) and get_judge("world", cfg, retries=3) were Python's bare "unexpected keyword argument"
+    # (the factory's: "build() got ..."), though judge.retries is a judge option (the openai judge's): now the error
+    # says what the configuration says of it, as the vllm judge's does (finecap.judges.base.refuse_unread)
+    from finecap.config import load
+
+    said = ("WorldJudge: retries= is judge.retries, read with judge.name=openai, not by the world judge. "
+            "judge.retries: openai: retries of a failed request, and re-asks of an unparsable answer until one "
+            "repeats, before the call counts as failed (vllm asks once: its greedy engine repeats its "
+            "answers).")  # fmt: skip
+    for make in (lambda: WorldJudge(retries=3), lambda: get_judge("world", load(None, []), retries=3),
+                 lambda: get_judge("world", None, noise=0.1, retries=3)):  # fmt: skip
+        with pytest.raises(TypeError) as refused:
+            make()
+        assert str(refused.value) == said
+    model = r"^WorldJudge: model= is judge.model, read with judge.name=openai or vllm, not by the world judge\. "
+    with pytest.raises(TypeError, match=model + "judge.model: openai: the served model name"):
+        get_judge("world", None, model="my-chat-lm")
+    with pytest.raises(TypeError, match=r"^WorldJudge.__init__\(\) got an unexpected keyword argument 'retry'$"):
+        get_judge("world", None, retry=3)  # a name of no judge's option: Python's own words
+    judge = get_judge("world", None, noise=0.1, seed=4)  # the world judge's own options still taken
+    assert (judge.noise, judge.seed) == (0.1, 4)

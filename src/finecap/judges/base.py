@@ -186,6 +186,38 @@ class Judge(ABC):
         """Release connections (a judge behind a server)."""
 
 
+def refuse_unread(judge: type[Judge], options: Mapping[str, Any]) -> None:
+    """A ``TypeError`` for ``options`` given to the constructor of ``judge`` (a judge class; its factory passes on
+    what it does not read) that it does not take: one of another judge's options
+    (:data:`~finecap.config.sections.judge.JUDGE_READS`: ``retries=`` to the ``world`` or ``vllm`` judge, ``noise=``
+    to the ``openai`` judge) says whose it is, as the configuration does (``judge.retries`` with ``judge.name=world``
+    changes nothing), with the option's doc; any other is Python's unexpected keyword. Nothing when ``options`` is
+    empty. The one home of the rule, which every built-in judge's constructor applies
+    (docs/methods/judges.md#the-judge-section).
+
+    Example::
+
+        >>> from finecap.judges.openai import OpenAIJudge
+        >>> refuse_unread(OpenAIJudge, {"noise": 0.1})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: OpenAIJudge: noise= is judge.noise, read with judge.name=world, not by the openai judge. ...
+    """
+    import dataclasses
+
+    from finecap.config.sections.judge import JUDGE_READS, JudgeConfig
+
+    docs = {f.name: f.metadata["doc"] for f in dataclasses.fields(JudgeConfig)}
+    who = judge.__qualname__
+    for key in options:
+        readers = JUDGE_READS.get(key, (judge.name,))
+        if judge.name not in readers:
+            raise TypeError(f"{who}: {key}= is judge.{key}, read with judge.name={' or '.join(readers)}, not by the "
+                            f"{judge.name} judge. judge.{key}: {docs[key]}")  # fmt: skip
+    if options:
+        raise TypeError(f"{who}.__init__() got an unexpected keyword argument {next(iter(options))!r}")
+
+
 def failed(value: object) -> bool:
     """Whether a batched call's result is a failure."""
     return isinstance(value, JudgeFailed)

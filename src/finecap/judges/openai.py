@@ -86,7 +86,16 @@ from finecap.boost.engine import (
 )
 from finecap.boost.openai_backend import OpenAIBackend, Stop, api_key_from_env
 from finecap.boost.served_model import ServedModel
-from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, JudgeUnavailable, Question, Subject
+from finecap.judges.base import (
+    CANNOT_ANSWER,
+    Ask,
+    Judge,
+    JudgeFailed,
+    JudgeUnavailable,
+    Question,
+    Subject,
+    refuse_unread,
+)
 from finecap.judges.cache import AnswerCache, Entry, cache_key
 from finecap.judges.questions import letter
 from finecap.utils.closing import UsedAfterClose, close_all
@@ -285,7 +294,8 @@ def _stop_hint(last: BackendError | None) -> str:
 
 class OpenAIJudge(Judge):
     """The judge behind OpenAI-compatible servers (module docstring). ``transport`` and ``sleep`` are the client's
-    test hooks; ``cache`` None keeps nothing."""
+    test hooks; ``cache`` None keeps nothing. An option only another judge reads (``noise=``, the ``world`` judge's
+    ``judge.noise``) is a ``TypeError`` saying so (:func:`~finecap.judges.base.refuse_unread`)."""
 
     name = "openai"
 
@@ -306,7 +316,9 @@ class OpenAIJudge(Judge):
         prompts: str | Path | None = None,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], Any] | None = None,
+        **unread: Any,
     ) -> None:
+        refuse_unread(OpenAIJudge, unread)  # another judge's option (noise=): says whose, before anything is built
         super().__init__()
         if not urls:
             raise ValueError(

@@ -26,7 +26,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from finecap.data.records import check_id
+from finecap.data.records import check_id, refuse_repeated_ids
 from finecap.judges.base import CANNOT_ANSWER, Question
 from finecap.utils.reading import text_lines
 from finecap.world.scene import BACKGROUNDS, CELLS, COLORS, MAX_OBJECTS, PATTERNS, SHAPES, SIZES, Scene
@@ -235,7 +235,10 @@ def pick_questions(
     there are none of the three. Both ``given`` and a file is a ``ValueError`` naming ``who``: which of two sets of
     questions scores the captions would otherwise be a silent choice. So is an image of ``given`` with two questions
     of one id (:func:`check_unique_ids`, as a data set's or a file's): the blind filter, the shuffles and the cache
-    would take them for one question.
+    would take them for one question; and an image keyed twice in ``given`` or ``scenes`` (``7`` and ``"7"``:
+    :func:`~finecap.data.records.refuse_repeated_ids`, naming ``who``), whose questions :func:`read_questions`
+    would read as one image's: which of the two sets an image's captions are asked would hang on how the batch
+    keys it.
 
     Example::
 
@@ -252,10 +255,12 @@ def pick_questions(
                              "give one of the two")  # fmt: skip
         return read_questions(questions_file)
     if given is not None:
+        refuse_repeated_ids(given, f"{who} questions")  # 7 and "7": one image (read_questions merges them)
         for image_id, questions in given.items():  # a caller's questions= too, not only a data set's (questions_of)
             check_unique_ids(questions, image_id, who)
         return given
     if scenes is not None:
+        refuse_repeated_ids(scenes, f"{who} scenes")  # 7 and "7": two sets of questions for one image
         return {i: scene_questions(i, s) for i, s in scenes.items()}
     return None
 

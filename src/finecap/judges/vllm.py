@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from finecap.boost.engine import BackendError, EngineFailing, engine_failing, model_stamp
-from finecap.judges.base import Judge
+from finecap.judges.base import Judge, refuse_unread
 from finecap.judges.cache import AnswerCache
 from finecap.judges.openai import OpenAIJudge, holding_cache, judge_settings, load_prompts
 
@@ -62,37 +62,18 @@ class _InProcess:
         self.backend.close()
 
 
-def refuse_unread(options: dict[str, Any]) -> None:
-    """A ``TypeError`` for ``options`` the ``vllm`` judge does not take: one of another judge's options (``retries``,
-    ``concurrency``, ``urls``, ...: :data:`~finecap.config.sections.judge.JUDGE_READS`) says so as the configuration
-    does (``judge.retries`` with ``judge.name=vllm`` changes nothing), with the option's doc, which says why; any
-    other is Python's unexpected keyword. Nothing when ``options`` is empty."""
-    import dataclasses
-
-    from finecap.config.sections.judge import JUDGE_READS, JudgeConfig
-
-    docs = {f.name: f.metadata["doc"] for f in dataclasses.fields(JudgeConfig)}
-    for key in options:
-        readers = JUDGE_READS.get(key, ("vllm",))
-        if "vllm" not in readers:
-            raise TypeError(f"VllmJudge: {key}= is judge.{key}, read with judge.name={' or '.join(readers)}, not by "
-                            f"the vllm judge. judge.{key}: {docs[key]}")  # fmt: skip
-    if options:
-        raise TypeError(f"VllmJudge.__init__() got an unexpected keyword argument {next(iter(options))!r}")
-
-
 class VllmJudge(OpenAIJudge):
     """The ``openai`` judge's prompts, parsing and cache over a ``vllm.LLM`` in this process (module docstring);
     ``backend``: an in-process chat backend answering ``generate(tasks)`` (a test's stand-in), else one is built.
     An option only another judge reads (``retries=``, the ``openai`` judge's ``judge.retries``) is a ``TypeError``
-    saying so (:func:`refuse_unread`), before the engine starts."""
+    saying so (:func:`~finecap.judges.base.refuse_unread`), before the engine starts."""
 
     name = "vllm"
 
     def __init__(self, model: str, *, section: VllmConfig | None = None, max_tokens: int = 512,
                  max_consecutive_failures: int = 10, cache: AnswerCache | None = None, prompts: Any = None,
                  seed: int = 0, backend: Any = None, **unread: Any) -> None:  # fmt: skip
-        refuse_unread(unread)
+        refuse_unread(VllmJudge, unread)
         Judge.__init__(self)
         if not model:
             raise ValueError("judge.model: the vllm judge needs a transformers folder or a Hub name of a chat LLM")

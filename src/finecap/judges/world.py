@@ -38,7 +38,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, Subject
+from finecap.judges.base import CANNOT_ANSWER, Ask, Judge, JudgeFailed, Subject, refuse_unread
 from finecap.world.facts import Fact, entails, facts, is_true, scene_facts
 
 if TYPE_CHECKING:
@@ -46,12 +46,15 @@ if TYPE_CHECKING:
 
 
 class WorldJudge(Judge):
-    """The exact judge of the world (module docstring); ``noise`` in [0, 1], ``seed`` its draws'."""
+    """The exact judge of the world (module docstring); ``noise`` in [0, 1], ``seed`` its draws'. An option only
+    another judge reads (``retries=``, the ``openai`` judge's ``judge.retries``) is a ``TypeError`` saying so
+    (:func:`~finecap.judges.base.refuse_unread`)."""
 
     name = "world"
     prompt_version = "world-1"
 
-    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, noise: float = 0.0, seed: int = 0, **unread: Any) -> None:
+        refuse_unread(WorldJudge, unread)
         super().__init__()
         if not 0.0 <= noise <= 1.0:
             raise ValueError(f"judge.noise={noise}: must be in [0, 1]")
@@ -158,8 +161,10 @@ def _true(fact: Fact, subject: Subject, reference: set[Fact]) -> bool:
     return is_true(fact, subject.scene) if subject.scene is not None else entails(reference, fact)
 
 
-def build(cfg: Config | None = None, *, noise: float | None = None, seed: int | None = None) -> WorldJudge:
-    """Factory of the judge registry: ``judge.noise`` and ``judge.seed`` of ``cfg`` unless given."""
+def build(cfg: Config | None = None, *, noise: float | None = None, seed: int | None = None,
+          **options: Any) -> WorldJudge:  # fmt: skip
+    """Factory of the judge registry: ``judge.noise`` and ``judge.seed`` of ``cfg`` unless given; other ``options``
+    go to :class:`WorldJudge`, which refuses them (another judge's saying whose)."""
     j = cfg.judge if cfg is not None else None
     return WorldJudge(noise if noise is not None else (j.noise if j else 0.0),
-                      seed if seed is not None else (j.seed if j else 0))  # fmt: skip
+                      seed if seed is not None else (j.seed if j else 0), **options)  # fmt: skip

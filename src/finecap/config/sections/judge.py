@@ -17,7 +17,9 @@ JUDGE_READS: dict[str, tuple[str, ...]] = {
     "noise": ("world",),
 }  # fmt: skip
 """The ``judge`` options only some judges read (their factories, :mod:`finecap.judges`), with those judges; the
-others (``name``, ``seed``, ``questions``, ``shuffles``) every judge's callers read."""
+others (``name``, ``seed``, ``questions``, ``shuffles``) every judge's callers read. Given to another judge, one is
+warned of in a configuration (:meth:`JudgeConfig.unread_options`) and refused from Python
+(:func:`finecap.judges.base.refuse_unread`)."""
 
 
 @dataclass
