@@ -87,8 +87,10 @@ then comes from the environment (``boost.llm_api_key_env``), never the mask itse
 
 SECRET_WORDS: tuple[str, ...] = ("key", "token", "secret", "password", "passwd", "pwd", "auth", "credential",
                                  "signature", "sig")  # fmt: skip
-"""Parts of a name that make it look like it holds a secret: a configuration key (:func:`looks_secret`) or a URL's
-query parameter (:func:`masked_url_secrets`)."""
+"""Words that make a name look like it holds a secret: a configuration key (:func:`looks_secret`) or a URL's query
+parameter (:func:`masked_url_secrets`). A word counts at an edge of one of the name's words (:func:`_secret_name`):
+``api_key``, ``apiKey``, ``apikey``, ``keys``, ``oauth``, ``authorization``, ``X-Amz-Signature``; not inside one
+(``design``, ``assign``)."""
 
 _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*:/+)(?P<rest>[^\s'\"<>`]*)")
 """A URL inside a text: a scheme, ``://`` and everything up to white space or a quote (as pasted in a message). One
@@ -104,15 +106,50 @@ left out before a name is read for :data:`SECRET_WORDS`, so ``decode.max_new_tok
 as given, where ``hf_token``, ``access_token`` or ``api_token`` (one token, singular) is a secret still."""
 
 
-def _secret_name(name: str) -> bool:
-    """Whether ``name`` (a key's last part, a URL's query parameter) holds one of :data:`SECRET_WORDS`, its words
-    for a text's tokens (:data:`TEXT_TOKENS`) left out.
+_WORDS_ALTERNATIVES = "|".join(SECRET_WORDS)
+_SECRET_AT_EDGE = re.compile(rf"^(?:{_WORDS_ALTERNATIVES})|(?:{_WORDS_ALTERNATIVES})s?$")
+"""A word of a name that starts with one of :data:`SECRET_WORDS` (``keyid``, ``signed``, ``authorization``) or ends
+with one, plural too (``apikey``, ``hftoken``, ``clientsecret``, ``oauth``, ``credentials``)."""
 
-    >>> [_secret_name(n) for n in ("hf_token", "api_key", "auth_tokens", "max_new_tokens", "tokenizer", "token_ids")]
-    [True, True, True, False, False, False]
+COMMON_WORDS = re.compile(
+    r"(?:mon|don|tur|hoc|joc|whis|lac)keys?"  # monkey, turkey, hockey, ...
+    r"|key(?:point|word|frame|board|stroke|pad|note|stone|hole)s?"  # keypoints, keyword, keyframe, ...
+    r"|sig(?:mas?|moids?|nals?|nal(?:l?ed|l?ing)|nifica[a-z]*|ils?)"  # sigma, sigmoid, signal, significant, sigil
+    r"|author(?:s|ed|ing|ship|it[a-z]*)?"  # author, authors, authority (authorization and authorize are secrets)
+    r"|secretar[a-z]*"  # secretary
+)
+"""Common words that start or end with one of :data:`SECRET_WORDS` and name no secret: a user's dataset column
+``author``, a reward's ``sigma``, ``keypoints``, the class ``monkey``. Only these are exempt: a word of a name not
+listed here is read for a secret (:data:`_SECRET_AT_EDGE`), since masking too little leaks a secret where masking too
+much only hides a value."""
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+"""Where a camelCase name's words meet: ``apiKey``, ``XAmzSignature``, ``AWSAccessKeyId``."""
+
+
+def _name_words(name: str) -> list[str]:
+    """The words of ``name`` (a key's last part, a URL's query parameter), lower case: split at anything but a
+    letter (``_``, ``-``, ``.``, digits) and where camelCase words meet, its words for a text's tokens
+    (:data:`TEXT_TOKENS`) left out.
+
+    >>> _name_words("X-Amz-Signature"), _name_words("AWSAccessKeyId"), _name_words("maxNewTokens")
+    (['x', 'amz', 'signature'], ['aws', 'access', 'key', 'id'], ['max', 'new'])
     """
-    lowered = TEXT_TOKENS.sub(" ", name.lower())
-    return any(word in lowered for word in SECRET_WORDS)
+    return re.findall(r"[a-z]+", TEXT_TOKENS.sub(" ", _CAMEL.sub("_", name).lower()))
+
+
+def _secret_name(name: str) -> bool:
+    """Whether ``name`` (a key's last part, a URL's query parameter) names a secret: one of its words
+    (:func:`_name_words`) starts or ends with one of :data:`SECRET_WORDS` (``api_key``, ``apikey``, ``x-api-key``,
+    ``accessToken``, ``sig``) and is no common word (:data:`COMMON_WORDS`: ``sigma``, ``author``, ``keypoint``,
+    ``monkey``); a word merely holding one (``design``) names none.
+
+    >>> [_secret_name(n) for n in ("hf_token", "api_key", "apikey", "auth_tokens", "X-Amz-Signature", "sig")]
+    [True, True, True, True, True, True]
+    >>> [_secret_name(n) for n in ("max_new_tokens", "tokenizer", "token_ids", "sigma", "design", "author", "monkey")]
+    [False, False, False, False, False, False, False]
+    """
+    return any(_SECRET_AT_EDGE.search(w) and not COMMON_WORDS.fullmatch(w) for w in _name_words(name))
 
 
 def _authority(rest: str) -> tuple[str | None, str, str]:
