@@ -176,11 +176,13 @@ def test_a_key_naming_text_tokens_is_no_secret(key):
     "key",
     ["x.apiKey", "x.APIKey", "x.apikey", "x.x-api-key", "x.hf_token", "x.HFToken", "x.accessToken", "x.sig",
      "x.auth", "x.oauth", "x.Authorization", "x.private_key", "x.secretKey", "x.credential", "x.sessionToken",
-     "x.X-Amz-Signature", "x.X-Amz-Security-Token", "x.api_keys", "x.passkey", "x.apikey2", "x.db_pwd"],
+     "x.X-Amz-Signature", "x.X-Amz-Security-Token", "x.api_keys", "x.passkey", "x.apikey2", "x.db_pwd",
+     "x.hftokenvalue", "x.accesskeyid", "x.urlsig", "x.sigv4"],
 )  # fmt: skip
-def test_a_secret_word_at_an_edge_of_a_word_of_the_name_is_masked(key):
-    """A secret word counts where a word of the name starts or ends: split at ``_``, ``-``, ``.``, digits and
-    camelCase (``apiKey``, ``X-Amz-Signature``), and joined to another word (``apikey``, ``oauth``)."""
+def test_a_secret_word_in_a_word_of_the_name_is_masked(key):
+    """A secret word counts in each word of the name, split at ``_``, ``-``, ``.``, digits and camelCase
+    (``apiKey``, ``X-Amz-Signature``), also joined to other words (``apikey``, ``hftokenvalue``); ``sig`` and
+    ``auth`` at a word's start or end (``urlsig``, ``sigv4``, ``oauth``)."""
     assert looks_secret(key)
     assert masked_override(f"{key}={SECRET}") == f"{key}=***"
 
