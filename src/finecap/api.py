@@ -52,12 +52,14 @@ __all__ = ["Captioner", "evaluate", "train"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def checked_keywords(where: str) -> Callable[[F], F]:
+def checked_keywords(where: str, elsewhere: Callable[[str], str] | None = None) -> Callable[[F], F]:
     """A decorator: a call of the decorated function given a keyword it does not take is the ``TypeError`` of
     :func:`unknown_keyword`, naming the call ``where`` (``"finecap.evaluate"``) and the closest of its keywords, before
     the function runs. For the entries of the Python API whose keywords are fixed (:func:`evaluate`,
     :meth:`Captioner.from_pretrained`, the constructor); :func:`train` and :meth:`Captioner.caption` take options as
-    keywords and say so themselves. ``inspect.signature`` and ``help`` still show the function's own signature."""
+    keywords and say so themselves. ``elsewhere``: where a keyword belongs instead, said in its place (the hint of
+    :func:`unknown_keyword`; ``""`` for none): :func:`_caption_keyword_hint` for :meth:`Captioner.from_pretrained`.
+    ``inspect.signature`` and ``help`` still show the function's own signature."""
 
     def decorate(func: F) -> F:
         taken = [p.name for p in inspect.signature(func).parameters.values()
@@ -67,12 +69,56 @@ def checked_keywords(where: str) -> Callable[[F], F]:
         def checked(*args: Any, **kwargs: Any) -> Any:
             for name in kwargs:
                 if name not in taken:
-                    raise unknown_keyword(name, where, taken, options=False)
+                    hint = elsewhere(name) if elsewhere is not None else ""
+                    raise unknown_keyword(name, where, taken, options=False, hint=hint)
             return func(*args, **kwargs)
 
         return checked  # type: ignore[return-value]
 
     return decorate
+
+
+def _caption_arguments() -> list[str]:
+    """The keywords of :meth:`Captioner.caption` (and :meth:`Captioner.caption_all`) that are no decoding option:
+    ``progress``, ``seed``."""
+    return [p.name for p in inspect.signature(Captioner.caption).parameters.values() if p.kind is p.KEYWORD_ONLY]
+
+
+def _caption_keyword_hint(name: str) -> str:
+    """`` (...)``: where the keyword ``name`` given to :meth:`Captioner.from_pretrained` belongs when it is one of
+    :meth:`Captioner.caption`'s: a decoding option (a key of the ``decode`` section: ``max_length``, ``beam_size``),
+    one of its own arguments (``seed``), or a Hugging Face name of a decoding option (``num_beams``:
+    :data:`~finecap.config.hf_names.HF_NAMES`), with the call that takes it; ``""`` for any other name. Loading takes
+    no decoding settings: the checkpoint's ``decode`` section is the default, and each call replaces some of them.
+
+    Example::
+
+        >>> _caption_keyword_hint("max_length")
+        ' (max_length is a decoding option of caption() and caption_all(), not of loading: \
+captioner.caption(images, max_length=...))'
+        >>> _caption_keyword_hint("num_beams").endswith("captioner.caption(images, beam_size=...))")
+        True
+        >>> _caption_keyword_hint("devce"), _caption_keyword_hint("learning_rate")
+        ('', '')
+    """
+    from finecap.config import SECTIONS
+    from finecap.config.hf_names import HF_NAMES, hf_hint
+
+    fields = [f.name for f in dataclasses.fields(SECTIONS["decode"])]
+    if name in fields or name in _caption_arguments():
+        what = "a decoding option" if name in fields else "an argument"
+        return (f" ({name} is {what} of caption() and caption_all(), not of loading: "
+                f"captioner.caption(images, {name}=...))")  # fmt: skip
+    hf = HF_NAMES.get(name)
+    if hf is None or (hf.key is not None and not hf.key.startswith("decode.")):
+        return ""
+    said = hf_hint(name, spell=lambda option: option.removeprefix("decode."))
+    if hf.key is None:  # a generate() name finecap has no counterpart of
+        return said
+    key = hf.key.removeprefix("decode.")
+    call = f"{key}={hf.value!r}" if hf.value else f"{key}=..."
+    return (f"{said[:-1]}; a decoding option of caption() and caption_all(), not of loading: "
+            f"captioner.caption(images, {call}))")  # fmt: skip
 
 
 class Captioner(Closeable):
@@ -113,7 +159,8 @@ class Captioner(Closeable):
         self._engine: Any = None  # the generation engine (decode.engine), opened on first use (:meth:`close` frees it)
 
     @classmethod
-    @checked_keywords("Captioner.from_pretrained")  # devce="cpu": Python's TypeError suggested nothing
+    # devce="cpu": Python's TypeError suggested nothing; max_length=5 is caption()'s (_caption_keyword_hint)
+    @checked_keywords("Captioner.from_pretrained", elsewhere=_caption_keyword_hint)
     @said_afresh()  # a command of its own: its notes said as in a fresh process (finecap.utils.once)
     def from_pretrained(cls, path: str | os.PathLike[str], *, device: str | torch.device | None = None) -> Captioner:
         """Load the captioner of ``path``: a run directory (its best checkpoint, else its last), a checkpoint folder
@@ -255,7 +302,7 @@ class Captioner(Closeable):
 
         fields = [f.name for f in dataclasses.fields(self.cfg.decode)]
         loading = set(inspect.signature(Captioner.from_pretrained).parameters)
-        own = [p.name for p in inspect.signature(Captioner.caption).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        own = _caption_arguments()
         for key in decode:
             if key not in fields:
                 hint = hf_hint(key, spell=lambda option: option.removeprefix("decode.")) or did_you_mean(key, fields)
@@ -530,7 +577,7 @@ def _as_keyword(option: str) -> str:
 
 
 def unknown_keyword(name: str, where: str = "finecap.train", own: Sequence[str] = OWN_KEYWORDS,
-                    options: bool = True) -> TypeError:  # fmt: skip
+                    options: bool = True, hint: str = "") -> TypeError:  # fmt: skip
     """The error of a call of the Python API given a keyword ``name`` it does not take: ``where`` names the call and
     ``own`` its keywords, the closest of which is suggested (``overwrte`` -> ``overwrite``; with
     :func:`checked_keywords`, ``finecap.evaluate(..., metric="bleu")`` -> ``metrics`` and
@@ -542,6 +589,9 @@ def unknown_keyword(name: str, where: str = "finecap.train", own: Sequence[str] 
     close to), then the closest of ``own``, else what a Hugging Face name is here (``learning_rate`` -> ``train__lr``:
     :data:`~finecap.config.hf_names.HF_NAMES`), else the closest option (``train_max_steps`` -> ``train__max_steps``),
     and how an option is written. It said only the last, so a misspelt ``overwrite`` read as a malformed option.
+
+    ``hint``: where the keyword belongs instead (`` (...)``, :func:`checked_keywords`' ``elsewhere``), said in place
+    of a suggestion when not empty.
 
     Example::
 
@@ -556,8 +606,9 @@ references, metrics and cfg
     from finecap.config.loading import either, options_named
     from finecap.utils.text import closest
 
-    hint = ""
-    if options and (named := options_named(name)):  # an option's very name (preset) is no misspelt keyword (resume)
+    if hint:  # where it belongs, said by the caller
+        pass
+    elif options and (named := options_named(name)):  # an option's very name (preset) is no misspelt keyword (resume)
         hint = f" (did you mean {either([_as_keyword(key) for key in named])}?)"
     elif (match := closest(name, own)) is not None:
         hint = f" (did you mean {match!r}?)"

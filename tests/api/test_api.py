@@ -768,6 +768,32 @@ def test_a_misspelt_keyword_of_evaluate_or_the_loader_names_the_one_meant(tmp_pa
     assert str(refused.value) == said
 
 
+@pytest.mark.parametrize(
+    "keyword, told",
+    [("max_length", "(max_length is a decoding option of caption() and caption_all(), not of loading: "
+                    "captioner.caption(images, max_length=...))"),
+     ("strategy", "(strategy is a decoding option of caption() and caption_all(), not of loading: "
+                  "captioner.caption(images, strategy=...))"),
+     ("seed", "(seed is an argument of caption() and caption_all(), not of loading: captioner.caption(images, "
+              "seed=...))"),
+     ("num_beams", "(Hugging Face's num_beams is 'beam_size' here; read with decode.strategy=beam; transformers' rule "
+                   "of finished beams is decode.finished_beams=set_aside; a decoding option of caption() and "
+                   "caption_all(), not of loading: captioner.caption(images, beam_size=...))"),
+     ("do_sample", "a decoding option of caption() and caption_all(), not of loading: "
+                   "captioner.caption(images, strategy='sample'))")],
+)  # fmt: skip
+def test_a_decoding_keyword_given_to_the_loader_names_caption(tmp_path, keyword, told):
+    """``Captioner.from_pretrained(path, max_length=5)`` was told only "unexpected keyword 'max_length'; its keywords
+    are path and device": nothing said that decoding settings are caption()'s (the checkpoint's ``decode`` section is
+    the default, each call replaces some). Now the call that takes it, with finecap's name for a Hugging Face one;
+    refused before anything is read (the folder does not exist)."""
+    with pytest.raises(TypeError) as refused:
+        Captioner.from_pretrained(tmp_path / "no-run", **{keyword: 5})
+    said = str(refused.value)
+    assert said.startswith(f"Captioner.from_pretrained: unexpected keyword {keyword!r} (")
+    assert said.endswith(f"{told}; its keywords are path and device")
+
+
 def test_the_checked_entries_keep_their_signatures():
     # help() and inspect show the entries' own keywords, not the check's (*args, **kwargs)
     import inspect

@@ -172,6 +172,35 @@ def test_a_key_naming_text_tokens_is_no_secret(key):
     assert masked_override(f"{key}=20") == f"{key}=20"
 
 
+@pytest.mark.parametrize(
+    "key",
+    ["x.apiKey", "x.APIKey", "x.apikey", "x.x-api-key", "x.hf_token", "x.HFToken", "x.accessToken", "x.sig",
+     "x.auth", "x.oauth", "x.Authorization", "x.private_key", "x.secretKey", "x.credential", "x.sessionToken",
+     "x.X-Amz-Signature", "x.X-Amz-Security-Token", "x.api_keys", "x.passkey", "x.apikey2", "x.db_pwd",
+     "x.hftokenvalue", "x.accesskeyid", "x.urlsig", "x.sigv4"],
+)  # fmt: skip
+def test_a_secret_word_in_a_word_of_the_name_is_masked(key):
+    """A secret word counts in each word of the name, split at ``_``, ``-``, ``.``, digits and camelCase
+    (``apiKey``, ``X-Amz-Signature``), also joined to other words (``apikey``, ``hftokenvalue``); ``sig`` and
+    ``auth`` at a word's start or end (``urlsig``, ``sigv4``, ``oauth``)."""
+    assert looks_secret(key)
+    assert masked_override(f"{key}={SECRET}") == f"{key}=***"
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["reward.sigma", "x.signal", "x.design", "data.author", "x.author_field", "x.keypoint", "x.keypoints",
+     "x.monkey", "x.sigmoid_scale", "x.authority", "x.keyword", "x.designSigma", "x.assign"],
+)  # fmt: skip
+def test_a_word_merely_holding_a_secret_word_is_no_secret(key):
+    """``sig`` was found inside ``sigma``, ``signal`` and ``design``, ``auth`` inside ``author``, ``key`` inside
+    ``keypoint`` and ``monkey``: a future option or a user's own name (a reward's option, a dataset's column) so
+    named had its value hidden in errors and logs. A secret word counts at an edge of a word of the name, common
+    words (``finecap.config.secrets.COMMON_WORDS``) aside."""
+    assert not looks_secret(key)
+    assert masked_override(f"{key}=0.5") == f"{key}=0.5"
+
+
 def test_the_error_of_a_hugging_face_token_count_shows_its_value():
     with pytest.raises(ConfigError) as refused:
         load(None, ["decode.max_new_tokens=20"])
@@ -189,6 +218,27 @@ def test_the_error_of_a_hugging_face_token_count_shows_its_value():
         (f"https://h/cb#access_token={SECRET}&state=2", "https://h/cb#access_token=***&state=2"),
         (f"see 'https://u:{SECRET}@h/x' and", "see 'https://***@h/x' and"),
         ("https://h/p?page=2&q=cats", "https://h/p?page=2&q=cats"),
+        # a secret word at an edge of a parameter's word is masked; one inside a word, or a common word, is not
+        (
+            f"https://b.blob.example/c/x.png?sv=2022&sig={SECRET}&se=1",
+            "https://b.blob.example/c/x.png?sv=2022&sig=***&se=1",
+        ),
+        (
+            f"https://s.example/x?X-Goog-Signature={SECRET}&X-Amz-Security-Token={SECRET}&X-Amz-Date=1",
+            "https://s.example/x?X-Goog-Signature=***&X-Amz-Security-Token=***&X-Amz-Date=1",
+        ),
+        (
+            f"https://h/v1?apiKey={SECRET}&key={SECRET}&Authorization={SECRET}&x-api-key={SECRET}",
+            "https://h/v1?apiKey=***&key=***&Authorization=***&x-api-key=***",
+        ),
+        (
+            "https://h/run?sigma=0.5&signal=on&design=2&author=bob&keypoint=3&monkey=1",
+            "https://h/run?sigma=0.5&signal=on&design=2&author=bob&keypoint=3&monkey=1",
+        ),
+        (
+            f"https://h/run?sigma=0.5&sig={SECRET}&author=bob&auth={SECRET}",
+            "https://h/run?sigma=0.5&sig=***&author=bob&auth=***",
+        ),
         ("/data/my@folder/x.json", "/data/my@folder/x.json"),
     ],
 )

@@ -87,8 +87,15 @@ then comes from the environment (``boost.llm_api_key_env``), never the mask itse
 
 SECRET_WORDS: tuple[str, ...] = ("key", "token", "secret", "password", "passwd", "pwd", "auth", "credential",
                                  "signature", "sig")  # fmt: skip
-"""Parts of a name that make it look like it holds a secret: a configuration key (:func:`looks_secret`) or a URL's
-query parameter (:func:`masked_url_secrets`)."""
+"""Words that make a name look like it holds a secret: a configuration key (:func:`looks_secret`) or a URL's query
+parameter (:func:`masked_url_secrets`), read in each of the name's words (:func:`_secret_name`): ``api_key``,
+``apiKey``, ``apikey``, ``accesskeyid``, ``oauth``, ``authorization``, ``X-Amz-Signature``; the short
+:data:`EDGE_WORDS` only at a word's start or end (not in ``design``, ``assign``)."""
+
+EDGE_WORDS: tuple[str, ...] = ("sig", "auth")
+"""The :data:`SECRET_WORDS` that begin or sit inside common words (``signal``, ``sigma``, ``design``, ``author``),
+so they count only at the start or end of a word of a name (``sig``, ``sigv``, ``urlsig``, ``oauth``,
+``authorization``); the others count anywhere in one (``hftokenvalue``, ``accesskeyid``)."""
 
 _URL = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*:/+)(?P<rest>[^\s'\"<>`]*)")
 """A URL inside a text: a scheme, ``://`` and everything up to white space or a quote (as pasted in a message). One
@@ -104,15 +111,51 @@ left out before a name is read for :data:`SECRET_WORDS`, so ``decode.max_new_tok
 as given, where ``hf_token``, ``access_token`` or ``api_token`` (one token, singular) is a secret still."""
 
 
-def _secret_name(name: str) -> bool:
-    """Whether ``name`` (a key's last part, a URL's query parameter) holds one of :data:`SECRET_WORDS`, its words
-    for a text's tokens (:data:`TEXT_TOKENS`) left out.
+_ANYWHERE = "|".join(w for w in SECRET_WORDS if w not in EDGE_WORDS)
+_AT_EDGE = "|".join(EDGE_WORDS)
+_SECRET_IN_WORD = re.compile(rf"{_ANYWHERE}|^(?:{_AT_EDGE})|(?:{_AT_EDGE})s?$")
+"""A word of a name holding one of :data:`SECRET_WORDS` (``apikey``, ``hftoken``, ``clientsecret``, ``keyid``), one
+of the :data:`EDGE_WORDS` at its start or end (``sig``, ``signed``, ``authorization``, ``oauth``, ``sigs``)."""
 
-    >>> [_secret_name(n) for n in ("hf_token", "api_key", "auth_tokens", "max_new_tokens", "tokenizer", "token_ids")]
-    [True, True, True, False, False, False]
+COMMON_WORDS = re.compile(
+    r"(?:mon|don|tur|hoc|joc|whis|lac)keys?"  # monkey, turkey, hockey, ...
+    r"|key(?:point|word|frame|board|stroke|pad|note|stone|hole)s?"  # keypoints, keyword, keyframe, ...
+    r"|sig(?:mas?|moids?|nals?|nal(?:l?ed|l?ing)|nifica[a-z]*|ils?)"  # sigma, sigmoid, signal, significant, sigil
+    r"|author(?:s|ed|ing|ship|it[a-z]*)?"  # author, authors, authority (authorization and authorize are secrets)
+    r"|secretar[a-z]*"  # secretary
+)
+"""Common words that hold one of :data:`SECRET_WORDS` as a secret's name would (:data:`_SECRET_IN_WORD`) and name no
+secret: a user's dataset column ``author``, a reward's ``sigma``, ``keypoints``, the class ``monkey``. Only these
+whole words are exempt: any other word holding a secret word is read as a secret's name, since masking too little
+leaks a secret where masking too much only hides a value."""
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+"""Where a camelCase name's words meet: ``apiKey``, ``XAmzSignature``, ``AWSAccessKeyId``."""
+
+
+def _name_words(name: str) -> list[str]:
+    """The words of ``name`` (a key's last part, a URL's query parameter), lower case: split at anything but a
+    letter (``_``, ``-``, ``.``, digits) and where camelCase words meet, its words for a text's tokens
+    (:data:`TEXT_TOKENS`) left out.
+
+    >>> _name_words("X-Amz-Signature"), _name_words("AWSAccessKeyId"), _name_words("maxNewTokens")
+    (['x', 'amz', 'signature'], ['aws', 'access', 'key', 'id'], ['max', 'new'])
     """
-    lowered = TEXT_TOKENS.sub(" ", name.lower())
-    return any(word in lowered for word in SECRET_WORDS)
+    return re.findall(r"[a-z]+", TEXT_TOKENS.sub(" ", _CAMEL.sub("_", name).lower()))
+
+
+def _secret_name(name: str) -> bool:
+    """Whether ``name`` (a key's last part, a URL's query parameter) names a secret: one of its words
+    (:func:`_name_words`) holds one of :data:`SECRET_WORDS` (``api_key``, ``apikey``, ``x-api-key``, ``accessToken``),
+    one of the :data:`EDGE_WORDS` at its start or end (``sig``, ``oauth``; not ``design``), and is no common word
+    (:data:`COMMON_WORDS`: ``sigma``, ``author``, ``keypoint``, ``monkey``).
+
+    >>> [_secret_name(n) for n in ("hf_token", "api_key", "apikey", "auth_tokens", "X-Amz-Signature", "sig")]
+    [True, True, True, True, True, True]
+    >>> [_secret_name(n) for n in ("max_new_tokens", "tokenizer", "token_ids", "sigma", "design", "author", "monkey")]
+    [False, False, False, False, False, False, False]
+    """
+    return any(_SECRET_IN_WORD.search(w) and not COMMON_WORDS.fullmatch(w) for w in _name_words(name))
 
 
 def _authority(rest: str) -> tuple[str | None, str, str]:
