@@ -41,7 +41,7 @@ from finecap.judges.base import Judge, JudgeFailed, Question
 from finecap.judges.qa import drop_blind, qa_scores
 from finecap.judges.questions import pick_questions
 from finecap.metrics.faithfulness import scene_of
-from finecap.rewards.base import caption_rows, keyed_table
+from finecap.rewards.base import caption_rows
 from finecap.rewards.judged import JudgedReward, judged_output
 
 if TYPE_CHECKING:
@@ -51,20 +51,6 @@ if TYPE_CHECKING:
     from finecap.world.scene import Scene
 
 
-def picked_questions(
-    questions: Mapping[Hashable, Sequence[Question]] | None,
-    scenes: Mapping[Hashable, Scene] | None,
-    questions_file: str = "",
-) -> Mapping[Hashable, Sequence[Question]] | None:
-    """The questions the reward asks (:func:`~finecap.judges.questions.pick_questions`' order), where a caller's
-    ``questions`` and ``scenes`` (the constructor's, :meth:`QAUtilityReward.prepare`'s, or the inputs of
-    :meth:`QAUtilityReward.setup`) enter the reward: two ids of one naming one image (``1`` and ``"1"``) are a
-    ``ValueError`` naming it ("qa_utility questions: ...", :func:`~finecap.rewards.base.keyed_table`), as a caption
-    would be asked the set its call's spelling of the id finds first."""
-    return pick_questions(keyed_table(questions, "qa_utility questions"), questions_file,
-                          keyed_table(scenes, "qa_utility scenes"), "qa_utility")  # fmt: skip
-
-
 class QAUtilityReward(JudgedReward):
     """QA utility of each caption (module docstring).
 
@@ -72,7 +58,8 @@ class QAUtilityReward(JudgedReward):
         judge: the judge (or a judge name); ``None``: the ``judge`` section of ``cfg``, made in :meth:`setup`.
         questions: ``{image_id: [Question]}``; ``None``: read in :meth:`setup` (module docstring).
         scenes: ``{image_id: Scene}`` to make the questions from (the world), when no questions are given. Two ids
-            of either naming one image (``1`` and ``"1"``) are a ``ValueError`` (:func:`picked_questions`).
+            of either naming one image (``1`` and ``"1"``) are a ``ValueError``
+            (:func:`~finecap.judges.questions.pick_questions`).
         shuffles: ``k``, the orders each question is asked in; ``seed`` the shuffles' seed.
         questions_file: a questions file read in :meth:`setup` when the inputs bring no questions
             (``judge.questions``).
@@ -113,7 +100,7 @@ class QAUtilityReward(JudgedReward):
         """The one set-up step: take the judge, make or take the questions, drop the blind-answerable ones; returns
         the questions before the drop."""
         self.judge = judge
-        questions = picked_questions(questions, scenes)
+        questions = pick_questions(questions, "", scenes, "qa_utility")
         if questions is None:
             raise ValueError("qa_utility: no questions; outside a training run give questions={image_id: "
                              "[Question]} or scenes= (world=); in a run give the data set's images questions, set "
@@ -157,7 +144,7 @@ class QAUtilityReward(JudgedReward):
         """The judge and the questions (module docstring), once; the blind asks are made here."""
         if self.questions is not None:
             return
-        questions = picked_questions(inputs.questions, inputs.scenes, self.questions_file)
+        questions = pick_questions(inputs.questions, self.questions_file, inputs.scenes, "qa_utility")
         judge = self._resolve(self.judge, self.cfg, "qa_utility")
         asked = self.prepare(judge, questions, None)
         if inputs.records is not None:  # a run: its training images
