@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 import gc
 import logging
+import pickle
 import socket
+import struct
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -161,14 +163,19 @@ def test_a_client_lets_an_idle_connection_go_before_the_server_would_close_it(mo
 
 
 @contextlib.contextmanager
-def dropping(drops: int) -> Iterator[tuple[str, list[bytes]]]:
-    """A stand-in server on 127.0.0.1, one request a connection: it reads each request whole, closes the connection
-    of the first ``drops`` without answering (as a server restarting, or one whose connections are all open, does),
-    and answers the others 200 ``{"total": [3.0]}``; yields its URL and the bodies it read."""
+def standing_in(script: Sequence[str]) -> Iterator[tuple[str, list[bytes]]]:
+    """A stand-in server on 127.0.0.1, one request a connection: it reads each request whole and does what ``script``
+    says for it, in order: ``"answer"`` 200 ``{"total": [3.0]}``; ``"close"`` the connection unanswered (a server
+    restarting, or one whose connections are all open); ``"reset"`` it midway through the answer (an RST: httpx's
+    ``ReadError``); ``"garbage"``: answer what is no HTTP (a wrong port's other service) and close. Requests past the
+    script are answered. Yields its URL and the bodies it read."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.05)  # accept() wakes up to see the test end (closing the listener would not wake it)
     bodies: list[bytes] = []
     over = threading.Event()
+    reply = b'{"total": [3.0]}'
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply))  # fmt: skip
 
     def serve() -> None:
         while not over.is_set():
@@ -182,16 +189,21 @@ def dropping(drops: int) -> Iterator[tuple[str, list[bytes]]]:
                 while b"\r\n\r\n" not in data:
                     data += conn.recv(65536)
                 head, _, body = data.partition(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))  # fmt: skip
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
                 while len(body) < length:
                     body += conn.recv(65536)
                 bodies.append(body)
-                if len(bodies) <= drops:
-                    continue  # closed unanswered
-                reply = b'{"total": [3.0]}'
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply))  # fmt: skip
+                act = script[len(bodies) - 1] if len(bodies) <= len(script) else "answer"
+                if act == "answer":
+                    conn.sendall(answer)
+                elif act == "reset":
+                    conn.sendall(answer[: answer.index(b"\r\n\r\n") + 5])  # the head and a byte of the body
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # closed: an RST
+                elif act == "garbage":
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                else:
+                    assert act == "close", act  # closed unanswered
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -203,31 +215,99 @@ def dropping(drops: int) -> Iterator[tuple[str, list[bytes]]]:
         listener.close()
 
 
+def one_score(client: RewardClient, awaited: bool, caption: str = "a red circle") -> list[float]:
+    """The total of one caption of image 1 through :meth:`RewardClient.score` or, ``awaited``, ``ascore`` (in an event
+    loop of its own, as a trainer's step)."""
+    out = asyncio.run(client.ascore([caption], [1])) if awaited else client.score([caption], [1])
+    return out.total.tolist()
+
+
 @pytest.mark.parametrize("awaited", [False, True], ids=["score", "ascore"])
-def test_a_connection_the_server_closed_unanswered_is_asked_again(awaited, caplog):
-    # a RemoteProtocolError (a restarting server's, or one closing a connection over its --max-connections at once)
-    # failed the trainer's batch at once, where a 503 of the same server was asked again
+def test_a_reward_server_restarting_on_its_port_is_asked_again_until_it_listens(awaited, caplog):
+    # a restarting server refuses connections for a moment (httpx's ConnectError), which was never asked again: the
+    # trainer died on a restart of the reward server it had been scoring with
     caplog.set_level(logging.WARNING, logger="finecap.serve.client")
-    with dropping(1) as (url, bodies):
+    with serving_server(service()) as (url, _):
         client = RewardClient(url)
-        out = asyncio.run(client.ascore(["a red circle"], [1])) if awaited else client.score(["a red circle"], [1])
+        assert one_score(client, awaited) == [3.0]  # the server answered this client
+    port = int(url.rsplit(":", 1)[1])
+
+    def retried() -> bool:
+        return any("asking again" in r.getMessage() for r in caplog.records)
+
+    restarted, done = threading.Event(), threading.Event()
+
+    def restart() -> None:  # started again on the same port once the client has been refused and waits
+        until(retried, "the client never asked again after the server stopped")
+        with serving_server(service(), port=port):
+            restarted.set()
+            done.wait(60)
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        assert one_score(client, awaited, "two blue squares on sand") == [5.0]
+    finally:
+        done.set()
+        thread.join(60)
         client.close()
-    assert out.total.tolist() == [3.0]
-    assert len(bodies) == 2 and bodies[0] == bodies[1]  # the same request, asked again
+    assert restarted.is_set()
+    said = [r.getMessage() for r in caplog.records]
+    assert said and all("could not be connected to (restarting?) (ConnectError" in m for m in said), said
+    assert "asking again in 1 s (retry 1 of 5)" in said[0], said
+    # the server stopped again: a copy in another process (a Ray worker, which may not reach the URL at all) was
+    # answered by no server, and is not asked again
+    copy = pickle.loads(pickle.dumps(client))
+    with pytest.raises(RewardServerError, match="it has never answered this client: not asked again"):
+        one_score(copy, awaited)
+    assert len(caplog.records) == len(said)
+
+
+@pytest.mark.parametrize("awaited", [False, True], ids=["score", "ascore"])
+@pytest.mark.parametrize(("act", "said"), [("close", "closed the connection without answering (RemoteProtocolError"),
+                                           ("reset", "broke the connection without answering (ReadError")],
+                         ids=["close", "reset"])  # fmt: skip
+def test_a_connection_the_server_dropped_unanswered_is_asked_again(act, said, awaited, caplog):
+    # a RemoteProtocolError (a restarting server's, or one closing a connection over its --max-connections at once)
+    # failed the trainer's batch at once, where a 503 of the same server was asked again; a connection reset midway
+    # through the answer (ReadError) still did
+    caplog.set_level(logging.WARNING, logger="finecap.serve.client")
+    with standing_in(["answer", act]) as (url, bodies):
+        client = RewardClient(url)
+        assert one_score(client, awaited) == [3.0]
+        assert one_score(client, awaited, "two blue squares") == [3.0]  # the stand-in's 3.0 again, once asked again
+        client.close()
+    assert len(bodies) == 3 and bodies[1] == bodies[2] != bodies[0]  # the same request, asked again
     retried = [r.getMessage() for r in caplog.records]
-    assert len(retried) == 1 and "closed the connection without answering" in retried[0], retried
+    assert len(retried) == 1 and said in retried[0], retried
     assert "asking again in 1 s (retry 1 of 5)" in retried[0], retried
 
 
 def test_a_server_that_keeps_closing_the_connection_fails_once_the_retries_are_spent(caplog):
     caplog.set_level(logging.WARNING, logger="finecap.serve.client")
-    with dropping(10) as (url, bodies):
+    with standing_in(["answer"] + ["close"] * 10) as (url, bodies):
+        client = RewardClient(url, retries=1)
+        assert one_score(client, False) == [3.0]
         with pytest.raises(RewardServerError, match=r"the server closed the connection: restarting, or more open"):
-            RewardClient(url, retries=1).score(["a red circle"], [1])
-        with pytest.raises(RewardServerError, match=r"the server closed the connection"):
-            RewardClient(url, retries=0).score(["not retried"], [1])
-    assert len(bodies) == 3  # the first request and its one retry; retries=0: asked once
+            client.score(["a red circle"], [1])
+        client.retries = 0
+        with pytest.raises(RewardServerError, match=r"the server closed the connection") as failed:
+            client.score(["not retried"], [1])
+        assert "never answered" not in str(failed.value)
+    assert len(bodies) == 4  # the answered request, the failed one and its one retry; retries=0: asked once
     assert len(caplog.records) == 1
+
+
+@pytest.mark.parametrize("act", ["close", "reset", "garbage"])
+def test_a_server_that_never_answered_this_client_is_not_asked_again(act, caplog):
+    # a port that closes, resets or speaks no HTTP (a wrong port) was asked again for 31 s when it closed the
+    # connection (a RemoteProtocolError: "close", "garbage") before the error was said
+    caplog.set_level(logging.WARNING, logger="finecap.serve.client")
+    with standing_in([act] * 3) as (url, bodies), pytest.raises(RewardServerError) as failed:
+        RewardClient(url, retries=2).score(["a red circle"], [1])
+    assert len(bodies) == 1  # asked once
+    assert caplog.records == []
+    assert "it has never answered this client: not asked again" in str(failed.value)
 
 
 def test_a_server_that_cannot_be_reached_is_said_at_once(caplog):
@@ -235,6 +315,6 @@ def test_a_server_that_cannot_be_reached_is_said_at_once(caplog):
     caplog.set_level(logging.WARNING, logger="finecap.serve.client")
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-    with pytest.raises(RewardServerError, match=rf"127\.0\.0\.1:{port}/reward"):
+    with pytest.raises(RewardServerError, match=rf"127\.0\.0\.1:{port}/reward: .*it has never answered this client"):
         RewardClient(f"http://127.0.0.1:{port}").score(["a red circle"], [1])
     assert caplog.records == []

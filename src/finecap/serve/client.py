@@ -7,8 +7,9 @@ Every reply is checked before a trainer sees it (:func:`checked_values`): one fi
 a reply of another length never reaches a policy's advantages. A 503 (a server stuck behind a reward call past its
 ``--score-timeout``, its queue full, or all of its connections open) is asked again with backoff
 (:meth:`RewardClient.retry_wait`: the server's ``Retry-After`` at least), :data:`RETRIES` times at most, before it is
-a :class:`RewardServerError`; so is a connection the server closed without answering (``httpx.RemoteProtocolError``:
-a server restarting, or one whose connections are all open closing a new one at once). A
+a :class:`RewardServerError`; so is a request that got no answer from a server that has answered this client before
+(a server restarting: refused, closed or reset connections), where one that never has fails at once (a wrong URL or
+port). A
 ``null`` is read only as a caption the reward could not score, when the reply counts it (``"failed": k``): a
 :class:`finecap.rewards.RewardOutput` with that caption in ``failed`` (its values NaN), which each adapter answers in
 its trainer's way. A server's bearer token (``finecap
@@ -85,18 +86,36 @@ moment, which would fail it (``RemoteProtocolError``) where a new connection wou
 
 
 RETRIES = 5
-"""Times a request answered 503, or whose connection the server closed unanswered, is asked again at most
+"""Times a request answered 503, or that got no answer from a server that answered before, is asked again at most
 (:meth:`RewardClient.retry_wait`)."""
 MAX_RETRY_WAIT = 30.0
 """Seconds a client waits at most before asking again after a 503 (a larger ``Retry-After`` is cut to it)."""
 
 
-def _unreachable(url: str, e: httpx.HTTPError) -> RewardServerError:
-    """The error of a request that got no reply (``e``: httpx's), saying what happened even when ``e`` says nothing."""
+NO_ANSWER = (httpx.NetworkError, httpx.RemoteProtocolError)
+"""httpx's errors of a request whose connection failed before an answer came: refused (``ConnectError``: nothing
+listens there, or not yet again), closed unanswered (``RemoteProtocolError``, or a reply that is no HTTP) or reset
+(``ReadError``, ``WriteError``). A time-out is none of them (:meth:`RewardClient.retry_wait`)."""
+
+
+def _unreachable(url: str, e: httpx.HTTPError, answered: bool) -> RewardServerError:
+    """The error of a request that got no reply (``e``: httpx's), saying what happened even when ``e`` says nothing;
+    ``answered``: whether the server has answered this client before (else a wrong URL or port is likelier)."""
     text = str(e) or type(e).__name__
     if isinstance(e, httpx.RemoteProtocolError):
         text += " (the server closed the connection: restarting, or more open than its --max-connections?)"
+    if isinstance(e, NO_ANSWER) and not answered:
+        text += "; it has never answered this client: not asked again (a wrong URL or port, or no HTTP server?)"
     return RewardServerError(None, None, f"{url}: {text}")
+
+
+def _failure(e: httpx.HTTPError) -> str:
+    """What a request's failed connection (:data:`NO_ANSWER`) says of the server, in a retry's log line."""
+    if isinstance(e, httpx.ConnectError):
+        return "could not be connected to (restarting?)"
+    if isinstance(e, httpx.RemoteProtocolError):
+        return "closed the connection without answering"
+    return "broke the connection without answering"
 
 
 @dataclass
@@ -119,8 +138,8 @@ class RewardClient:
         timeout: seconds per request (:meth:`score`'s wait for a free connection too).
         token: the server's bearer token (default: ``$FINECAP_REWARD_TOKEN``, if set).
         max_in_flight: requests in flight at most (:data:`MAX_IN_FLIGHT`).
-        retries: times a request answered 503, or whose connection the server closed unanswered, is asked again
-            (:meth:`retry_wait`; 0: never).
+        retries: times a request answered 503, or that got no answer from a server that answered before, is asked
+            again (:meth:`retry_wait`; 0: never).
     """
 
     def __init__(self, url: str, timeout: float = 180.0, token: str | None = None,
@@ -148,6 +167,7 @@ class RewardClient:
         if not (isinstance(retries, int) and retries >= 0):
             raise ValueError(f"RewardClient: retries must be an integer, at least 0, got {retries!r}")
         self.retries = retries
+        self._answered = False  # whether the server has answered a request of this client (retry_wait)
         self._http: httpx.Client | None = None  # one pool for every thread (httpx's Client can be shared)
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPool] = (
             weakref.WeakKeyDictionary()
@@ -160,11 +180,13 @@ class RewardClient:
     def __getstate__(self) -> dict[str, Any]:
         """What a copy in another process needs (verl's ``remote`` reward manager ships its ``compute_score`` to Ray
         workers): the URL, timeout, token and limit; its pools, event loops' turns and lock are this process's, and
-        the copy opens its own."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_http", "_loops", "_lock")}
+        the copy opens its own. Whether the server answered is this process's too (another node may not reach a
+        ``127.0.0.1`` URL at all): the copy has not been answered yet (:meth:`retry_wait`)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_http", "_loops", "_lock", "_answered")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._answered = False
         self._http = None
         self._loops = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
@@ -266,16 +288,21 @@ class RewardClient:
 
         Asked again, :attr:`retries` times at most, after ``2 ** attempt`` seconds, or the server's ``Retry-After``
         when longer, :data:`MAX_RETRY_WAIT` at most, each retry logged with the server's message or httpx's error:
-        a 503 (a stuck server, one whose queue is full, or one whose connections are all open) and a connection the
-        server closed without answering (``httpx.RemoteProtocolError``: a server restarting, one whose connections
-        are all open, the two kept for ``/health`` too, closing a new one at once, or one closing an idle connection
-        as the request is sent on it), which a later try may find served. Any other error (a server that cannot be
-        reached, a time-out) is said at once: a wrong URL waits for no backoff, and a request that ran past
-        :attr:`timeout` is not sent again to the server still scoring it."""
+        a 503 (a stuck server, one whose queue is full, or one whose connections are all open), and a request whose
+        connection failed before an answer came (:data:`NO_ANSWER`: refused, closed unanswered, reset) when the
+        server has answered this client before (any response: a request's, :meth:`tallies`'): a server restarting
+        (refusing connections until it listens again), one whose connections are all open, the two kept for
+        ``/health`` too, closing a new one at once, or one closing an idle connection as the request is sent on it,
+        which a later try may find served. From a server that never answered this client such an error is said at
+        once (a wrong URL or port, a port that speaks no HTTP: no backoff before the error), as is a time-out: a
+        request that ran past :attr:`timeout` is not sent again to the server still scoring it. Each response
+        ``answer`` marks the server answered (docs/integrations.md#requests)."""
+        if isinstance(answer, httpx.Response):
+            self._answered = True
         if attempt >= self.retries:
             return None
-        if isinstance(answer, httpx.RemoteProtocolError):
-            asked, said = 0.0, f"closed the connection without answering ({str(answer) or type(answer).__name__})"
+        if isinstance(answer, NO_ANSWER) and self._answered:
+            asked, said = 0.0, f"{_failure(answer)} ({type(answer).__name__}: {str(answer) or 'no message'})"
         elif isinstance(answer, httpx.Response) and answer.status_code == 503:
             try:
                 asked = float(answer.headers.get("retry-after", "0"))
@@ -297,7 +324,7 @@ class RewardClient:
         """The values of the last ``answer`` to a request of ``n`` captions (:meth:`reply`), or the error of one that
         got no reply."""
         if isinstance(answer, httpx.HTTPError):
-            raise _unreachable(self.shown_url, answer) from None
+            raise _unreachable(self.shown_url, answer, self._answered) from None
         return self.reply(answer, n, fields)
 
     def tallies(self) -> dict[str, float]:
@@ -309,7 +336,8 @@ class RewardClient:
         try:
             response = self._client().get(url)
         except httpx.HTTPError as e:
-            raise _unreachable(self.shown_url, e) from None
+            raise _unreachable(self.shown_url, e, self._answered) from None
+        self._answered = True  # the server is there: a request's failed connection is asked again (retry_wait)
         try:
             tallies = response.json()["tallies"]
         except (ValueError, KeyError, TypeError):
@@ -321,8 +349,8 @@ class RewardClient:
 
     def score(self, captions: Sequence[str], image_ids: Sequence[Hashable] | None = None, *,
               fields: Mapping[str, str] | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
-        """The values of ``captions`` (keyword arguments: :meth:`payload`'s); a 503, or a connection the server
-        closed unanswered, is asked again (:meth:`retry_wait`). ``fields``: the caller's own names for the request's
+        """The values of ``captions`` (keyword arguments: :meth:`payload`'s); a 503, or no answer from a server that
+        answered before, is asked again (:meth:`retry_wait`). ``fields``: the caller's own names for the request's
         fields, which a refusal names (OpenRLHF's, :data:`~finecap.serve.protocol.GET_REWARD_FIELDS`: ``labels[1]``
         and ``query[1]``, where the server named the ``image_ids[1]`` and ``captions[1]`` of its request:
         :func:`~finecap.serve.protocol.callers_field`)."""
@@ -343,8 +371,8 @@ class RewardClient:
                      fields: Mapping[str, str] | None = None, **kwargs: Any) -> RewardOutput:  # fmt: skip
         """:meth:`score`, awaited, at most :attr:`max_in_flight` of one event loop at once, over that loop's
         connections (:meth:`_loop_pool`: trainers may run each step in a new event loop, and an httpx async client is
-        bound to its loop); a 503, or a connection the server closed unanswered, is asked again (:meth:`retry_wait`),
-        its turn given up while it waits."""
+        bound to its loop); a 503, or no answer from a server that answered before, is asked again
+        (:meth:`retry_wait`), its turn given up while it waits."""
         body = self.payload(captions, image_ids, fields=fields, **kwargs)
         for attempt in itertools.count():
             pool = await self._loop_pool()
