@@ -164,6 +164,25 @@ def test_budget_counts_an_engine_that_raised_as_a_server_not_reached():
                                       f"(boost.max_consecutive_failures=3); last error: {dead}")  # fmt: skip
 
 
+def test_a_budget_of_100_percent_still_stops_a_run_whose_every_image_failed():
+    # boost.max_failure_rate=1 let every image fail and the run end "ok" (exit 0, nothing boosted): it tolerates failed
+    # images, not a run of nothing else. The last image failing stops it; an answered image keeps it within budget
+    budget, http = FailureBudget(3, max_rate=1.0, max_consecutive=10), BackendError("HTTP 400")
+    assert budget.failed(0, http) is None and budget.failed(1, http) is None and not budget.over_budget()
+    assert budget.failed(2, http) == ("all 3 images failed, none boosted, whatever boost.max_failure_rate=1 allows; "
+                                      "last error: HTTP 400")  # fmt: skip
+    assert budget.over_budget()
+    some = FailureBudget(3, max_rate=1.0, max_consecutive=10)
+    assert some.failed(0, http) is None and some.failed(2, http) is None
+    some.succeeded()  # image 1 answered
+    assert not some.over_budget()
+    assert not FailureBudget(0, max_rate=1.0).over_budget()  # nothing to boost: no run of failures
+    # under a lower budget all images failing is over it as before, said as before
+    low = FailureBudget(1, max_rate=0.5)
+    said = low.failed(0, http)
+    assert said == "1 of 1 images failed, more than boost.max_failure_rate=0.5 allows; last error: HTTP 400"
+
+
 def test_401_stops_at_once(world, tmp_path):
     with ChatServer(lambda p, n: (401, {"error": {"message": "Incorrect API key provided"}}), delay=0.05) as server:
         cfg = load(None, [*world_items(world), *_openai(server.url, "boost.concurrency=2")])
@@ -298,8 +317,10 @@ def test_lock_in_process(tmp_path, monkeypatch):
 def test_non_json_reply_is_reported_as_such(world, tmp_path):
     with ChatServer(lambda p, n: (200, "<html>proxy error</html>")) as server:
         cfg = load(None, [*world_items(world), *_openai(server.url, "boost.retries=1", "boost.max_failure_rate=1")])
-        summary = boost(cfg, tmp_path / "out", progress=False)
-    assert summary["failed"] == 32 and summary["status"] == "ok"  # a budget of 100 % accepts it
+        with pytest.raises(BoostFailed, match="^boost stopped: all 32 images failed, none boosted, whatever"):
+            boost(cfg, tmp_path / "out", progress=False)  # a budget of 100 % allows failed images, not all
+    summary = json.loads((tmp_path / "out" / "boost.json").read_text())
+    assert summary["failed"] == 32 and summary["status"] == "failed"
     errors = {json.loads(line)["error"] for line in (tmp_path / "out" / "failures.jsonl").read_text().splitlines()}
     assert errors == {"malformed reply: HTTP 200 but the reply is not JSON: '<html>proxy error</html>'"}
     assert summary["requested"] == {"blend": 64}  # asked again once (boost.retries=1), as an empty answer is

@@ -21,6 +21,7 @@ from finecap.config import load
 from finecap.data.records import Record
 from finecap.engines import vllm as engines_vllm
 from finecap.utils.closing import UsedAfterClose
+from helpers.cli import refused
 from helpers.tiny_world import make_tiny_world, world_items
 from helpers.vllm_stand_in import StandInLLM, stand_in_vllm
 
@@ -147,6 +148,28 @@ def test_a_dead_engine_stops_the_run_after_max_consecutive_failures_whatever_the
     failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
     assert [f["error"] for f in failures] == [f"EngineFailing: {engine_error}"] * 10
     assert not (out / "dataset.json").exists()
+
+
+def test_a_dead_engine_on_fewer_images_than_the_streak_fails_the_run_whatever_the_budget(scripted, world, tmp_path):
+    # boost.limit=5 under boost.max_consecutive_failures=10: a dead engine failed all 5 images, never 10 in a row,
+    # and a budget of 100 % let the run end "ok", exit 0, writing a data set with no boosted caption. A run whose
+    # every image failed now fails (exit 2, boost.json "failed", no data set), and resumes once the engine answers
+    scripted.error = RuntimeError("CUDA out of memory")
+    out = tmp_path / "out"
+    argv = ["boost", "--out", str(out), *settings(world, "boost.max_failure_rate=1", "boost.limit=5")]
+    line = refused(argv, "boost stopped: all 5 images failed, none boosted, whatever boost.max_failure_rate=1 "
+                   "allows; last error: the vLLM engine failed: RuntimeError: CUDA out of memory. 0 of 5 images "
+                   "boosted (blend), 5 failed, 0 not done; no data set written.")  # fmt: skip
+    assert scripted.calls == [[0, 1, 2, 3], [4]]
+    summary = json.loads((out / "boost.json").read_text())
+    assert (summary["status"], summary["output"]) == ("failed", None)
+    assert summary["error"] == line.removeprefix("finecap: error: boost stopped: ").split(". 0 of 5")[0]
+    assert (summary["boosted"], summary["failed"], summary["not_done"]) == (0, 5, 0)
+    assert len((out / "failures.jsonl").read_text().splitlines()) == 5
+    assert not (out / "dataset.json").exists()
+    scripted.healthy, scripted.calls = 10**6, []  # the engine answers again: the same --out boosts the 5 images
+    summary = boost(load(None, settings(world, "boost.max_failure_rate=1", "boost.limit=5")), out, progress=False)
+    assert summary["status"] == "ok" and (summary["boosted"], summary["failed"]) == (5, 0)
 
 
 def test_an_answered_batch_ends_a_dead_engines_streak(scripted, world, tmp_path, monkeypatch):

@@ -346,3 +346,20 @@ def test_an_option_of_the_openai_judge_is_refused_saying_whose_it_is(tmp_path, m
         VllmJudge("my-chat-lm", noise=0.1)
     with pytest.raises(TypeError, match=r"^VllmJudge.__init__\(\) got an unexpected keyword argument 'retry'$"):
         VllmJudge("my-chat-lm", retry=3)  # a name of no judge's option: Python's own words
+
+
+def test_a_judge_seed_given_to_the_factory_is_refused_saying_who_reads_it(tmp_path, monkeypatch):
+    # get_judge("vllm", cfg, seed=1) passed VllmJudge seed= twice (the factory's run.seed, the engine's, and the
+    # option): Python's "got multiple values for keyword argument 'seed'". A factory's options override the judge
+    # keys, so it is judge.seed, which the callers read: refused saying so, before the answer cache is opened
+    from finecap.boost import vllm_backend
+
+    monkeypatch.setattr(vllm_backend, "VllmBackend", lambda *a, **k: pytest.fail("the engine started"))
+    opened, init = [], AnswerCache.__init__
+    monkeypatch.setattr(AnswerCache, "__init__", lambda self, *a, **k: opened.append(init(self, *a, **k)))
+    with pytest.raises(TypeError) as refused:
+        judge_with(None, tmp_path, seed=1)
+    said = ("VllmJudge: seed= is judge.seed, which the judge's callers read from the configuration (its judge "
+            "section), not an option of the vllm judge. judge.seed: Seed of the option shuffles of QA questions "
+            "(every judge) and of world's flipped answers.")  # fmt: skip
+    assert str(refused.value) == said and opened == []

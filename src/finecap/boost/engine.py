@@ -37,7 +37,8 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
   to boost failed (the fraction can then only be exceeded at the end too), after ``boost.max_consecutive_failures``
   requests in a row could not reach the server (:class:`ServerUnavailable`) or got no answer from an in-process
   engine that raised instead (:class:`EngineFailing`: each image of a failed batch counts), so that a dead server or
-  engine fails a run whatever ``boost.max_failure_rate`` allows, and at once on a
+  engine fails a run whatever ``boost.max_failure_rate`` allows, when every image to boost failed (none boosted:
+  ``boost.max_failure_rate=1`` tolerates failed images, not all of them), and at once on a
   :class:`FatalBackendError` (a refused API key, a wrong URL), whichever answer of the requests in flight arrives
   first: a request the backend did not send or retry because the run is stopping (:class:`Cancelled`) leaves its
   image not done, never failed. The result then carries ``stopped`` (the reason);
@@ -342,6 +343,14 @@ class FailureBudget:
         True
         >>> budget.failed(1, BackendError("HTTP 500"))
         '2 of 10 images failed, more than boost.max_failure_rate=0.1 allows; last error: HTTP 500'
+
+    A budget of 100 % still stops a run whose every image failed (2 images: the second failure)::
+
+        >>> budget = FailureBudget(2, max_rate=1.0, max_consecutive=3)
+        >>> budget.failed(0, BackendError("HTTP 500")) is None
+        True
+        >>> budget.failed(1, BackendError("HTTP 500"))
+        'all 2 images failed, none boosted, whatever boost.max_failure_rate=1 allows; last error: HTTP 500'
     """
 
     n_images: int
@@ -354,13 +363,17 @@ class FailureBudget:
     (:class:`EngineFailing`: each image of its batch counts, as each of a server's concurrent requests does)."""
 
     def over_budget(self) -> bool:
-        return self.n_images > 0 and len(self.failed_images) / self.n_images > self.max_rate
+        """More than ``max_rate`` of the images failed, or every one of them did: a run that was to boost images and
+        boosted none failed, whatever ``max_rate`` allows (``boost.max_failure_rate=1`` tolerates failed images, not a
+        run of nothing but failures, such as a dead engine on fewer images than ``max_consecutive``)."""
+        failed = len(self.failed_images)
+        return self.n_images > 0 and (failed / self.n_images > self.max_rate or failed == self.n_images)
 
     def budget_reason(self, last: str) -> str:
-        return (
-            f"{len(self.failed_images)} of {self.n_images} images failed, more than "
-            f"boost.max_failure_rate={self.max_rate:g} allows; last error: {last}"
-        )
+        failed, rate = len(self.failed_images), f"boost.max_failure_rate={self.max_rate:g}"
+        if failed / self.n_images > self.max_rate:
+            return f"{failed} of {self.n_images} images failed, more than {rate} allows; last error: {last}"
+        return f"all {self.n_images} images failed, none boosted, whatever {rate} allows; last error: {last}"
 
     def failed(self, index: int, error: BaseException | str) -> str | None:
         self.failed_images.add(index)
@@ -685,7 +698,7 @@ def boost_records(
     read within ``image_limits`` (:class:`~finecap.data.images.ImageLimits`: ``ImageLimits.of(cfg.data)``). Every
     record gets ``original`` and one field per step; a failed or unanswered step keeps the human captions in its
     field. The run stops early (``result.stopped``) as :class:`FailureBudget` says; the library default is no
-    budget."""
+    budget, but a run whose every image failed, or a fatal error (:class:`FatalBackendError`), still stops it."""
     if mode not in MODE_STEPS:
         raise ValueError(f"boost.mode: unknown mode {mode!r}; valid modes: {', '.join(MODE_STEPS)}")
     chosen = list(range(len(records)))[: limit or None]

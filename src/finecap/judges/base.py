@@ -191,9 +191,12 @@ def refuse_unread(judge: type[Judge], options: Mapping[str, Any]) -> None:
     what it does not read) that it does not take: one of another judge's options
     (:data:`~finecap.config.sections.judge.JUDGE_READS`: ``retries=`` to the ``world`` or ``vllm`` judge, ``noise=``
     to the ``openai`` judge) says whose it is, as the configuration does (``judge.retries`` with ``judge.name=world``
-    changes nothing), with the option's doc; any other is Python's unexpected keyword. Nothing when ``options`` is
-    empty. The one home of the rule, which every built-in judge's constructor applies
-    (docs/methods/judges.md#the-judge-section).
+    changes nothing), with the option's doc; one the judge's callers read (``seed=``, ``shuffles=``, ``questions=``,
+    ``name=``: in no judge's :data:`~finecap.config.sections.judge.JUDGE_READS`, so the configuration never warns of
+    it) says that the callers read it from the configuration, not this judge, which would otherwise take and ignore
+    it (``seed=`` to the ``openai`` judge: its decoding is greedy, the option shuffles are the callers'); any other is
+    Python's unexpected keyword. Nothing when ``options`` is empty. The one home of the rule, which every built-in
+    judge's constructor applies (docs/methods/judges.md#the-judge-section).
 
     Example::
 
@@ -202,6 +205,10 @@ def refuse_unread(judge: type[Judge], options: Mapping[str, Any]) -> None:
         Traceback (most recent call last):
         ...
         TypeError: OpenAIJudge: noise= is judge.noise, read with judge.name=world, not by the openai judge. ...
+        >>> refuse_unread(OpenAIJudge, {"seed": 1})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: OpenAIJudge: seed= is judge.seed, which the judge's callers read from the configuration ...
     """
     import dataclasses
 
@@ -210,6 +217,10 @@ def refuse_unread(judge: type[Judge], options: Mapping[str, Any]) -> None:
     docs = {f.name: f.metadata["doc"] for f in dataclasses.fields(JudgeConfig)}
     who = judge.__qualname__
     for key in options:
+        if key in docs and key not in JUDGE_READS:  # the callers' key: given here, it would change nothing
+            raise TypeError(f"{who}: {key}= is judge.{key}, which the judge's callers read from the configuration "
+                            f"(its judge section), not an option of the {judge.name} judge. "
+                            f"judge.{key}: {docs[key]}")  # fmt: skip
         readers = JUDGE_READS.get(key, (judge.name,))
         if judge.name not in readers:
             raise TypeError(f"{who}: {key}= is judge.{key}, read with judge.name={' or '.join(readers)}, not by the "

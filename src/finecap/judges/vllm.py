@@ -108,7 +108,11 @@ class VllmJudge(OpenAIJudge):
 
 def build(cfg: Config | None = None, **options: Any) -> VllmJudge:
     """Factory of the judge registry: the ``judge`` and ``vllm`` sections of ``cfg`` (``options`` override the judge
-    keys, and may give ``backend``, ``prompts`` or ``cache_path``)."""
+    keys, and may give ``backend``, ``prompts`` or ``cache_path``). A ``seed=`` there is ``judge.seed``, which the
+    judge's callers read, refused as :func:`~finecap.judges.base.refuse_unread` says (the engine's seed is
+    ``run.seed``)."""
+    if "seed" in options:  # not VllmJudge's seed= (the engine's, run.seed): refused before anything is opened
+        refuse_unread(VllmJudge, {"seed": options["seed"]})
     settings, cache = judge_settings(cfg, options, ("model", "max_tokens", "max_consecutive_failures"))
     section = cfg.vllm if cfg is not None else None
     seed = cfg.run.seed if cfg is not None else 0

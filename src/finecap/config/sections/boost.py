@@ -87,7 +87,8 @@ class BoostConfig(Section, name="boost"):
     )
     max_failure_rate: float = doc(
         0.01,
-        "Failure budget: the run stops, exit 2, once more than this fraction of the images to boost failed.",
+        "Failure budget: the run stops, exit 2, once more than this fraction of the images to boost failed; a run "
+        "whose every image failed fails at 1 too.",
         ge=0,
         le=1,
     )
