@@ -1,4 +1,4 @@
-"""Secrets, round three (issue 48, class 2): a secret given in any spelling reaches no file and nothing printed.
+"""Secrets in any spelling (issue 48): a secret given in any spelling reaches no file and nothing printed.
 
 - An API key given with white space in its override (leading, before or after ``=``, a tab, around the dot) sets the
   key (the key is read once, :func:`finecap.config.override_key`) and is masked by that parsed key everywhere.
