@@ -1,6 +1,6 @@
-"""Hostile outputs, round two (issue 32): nothing written through a symbolic link, no output over one of the
-command's inputs or over a file finecap did not make (without --force), one training per run folder, no code run
-from a checkpoint or a stored configuration, and a world whose files were edited refused by its fingerprint.
+"""Output safety (issue 32): nothing written through a symbolic link, no output over one of the command's inputs or
+over a file finecap did not make (without --force), one training per run folder, no code run from a checkpoint or a
+stored configuration, and a world whose files were edited refused by its fingerprint.
 
 Every command is run through the command line (`run_cli`, from tests/helpers/cli.py): a refusal is one
 `finecap: error:` line with exit code 2, never a traceback, and the file a planted link points to is unchanged.

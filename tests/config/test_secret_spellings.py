@@ -1,4 +1,4 @@
-"""Secrets, round three (issue 48, class 2): a secret given in any spelling reaches no file and nothing printed.
+"""Secrets in any spelling (issue 48): a secret given in any spelling reaches no file and nothing printed.
 
 - An API key given with white space in its override (leading, before or after ``=``, a tab, around the dot) sets the
   key (the key is read once, :func:`finecap.config.override_key`) and is masked by that parsed key everywhere.
@@ -201,6 +201,44 @@ def test_a_word_merely_holding_a_secret_word_is_no_secret(key):
     assert masked_override(f"{key}=0.5") == f"{key}=0.5"
 
 
+@pytest.mark.parametrize(
+    "key",
+    ["x.passphrase", "x.ssh_passphrase", "x.bearer", "x.bearer_value", "x.jwt", "x.id_jwt", "x.cookie",
+     "x.cookies", "x.session_cookie", "x.session_id", "x.sessionId", "x.sessionid", "x.JSESSIONID", "x.PHPSESSID",
+     "x.session"],
+)  # fmt: skip
+def test_a_passphrase_bearer_jwt_cookie_or_session_id_is_masked(key):
+    """A passphrase, a bearer token, a JWT, a cookie or a session's id each logs its holder in, and a name holding
+    one had its value repeated in errors and the recorded command line."""
+    assert looks_secret(key)
+    assert masked_override(f"{key}={SECRET}") == f"{key}=***"
+
+
+@pytest.mark.parametrize(
+    "key", ["x.sessions_per_epoch", "x.session_timeout", "x.session_name", "x.max_sessions", "x.private"]
+)
+def test_a_session_count_or_setting_is_no_secret(key):
+    """``session`` counts with ``id`` or alone (:data:`finecap.config.secrets.SESSION_ID`), never beside other
+    words; ``private`` (a repository's ``private=true``) is no secret word."""
+    assert not looks_secret(key)
+    assert masked_override(f"{key}=3") == f"{key}=3"
+
+
+def test_finecap_options_named_like_a_secret():
+    """The options of finecap whose values are hidden in an error and a recorded command line: the API keys, the
+    names of the variables holding them, and ``smile.first_token`` (one token, singular: taken for a secret on
+    purpose, :data:`finecap.config.secrets.TEXT_TOKENS`). A new secret word that hid another option's value would
+    show here."""
+    from finecap.config import SECTIONS
+    from finecap.config.fields import option_fields
+
+    keys = [f"{name}.{key}" for name, cls in SECTIONS.items() for key, _, _ in option_fields(cls)]
+    assert len(keys) > 200
+    assert sorted(k for k in keys if looks_secret(k)) == [
+        "boost.llm_api_key", "boost.llm_api_key_env", "boost.vlm_api_key", "boost.vlm_api_key_env",
+        "judge.api_key_env", "smile.first_token"]  # fmt: skip
+
+
 def test_the_error_of_a_hugging_face_token_count_shows_its_value():
     with pytest.raises(ConfigError) as refused:
         load(None, ["decode.max_new_tokens=20"])
@@ -243,6 +281,25 @@ def test_the_error_of_a_hugging_face_token_count_shows_its_value():
     ],
 )
 def test_url_credentials_are_masked_in_text(text, expected):
+    assert masked_url_secrets(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"https://h/v1?%74oken={SECRET}&x=1", "https://h/v1?%74oken=***&x=1"),
+        (f"https://h/v1?api%5Fk%65y={SECRET}", "https://h/v1?api%5Fk%65y=***"),
+        (f"https://h/v1?x=1&%70assword={SECRET}", "https://h/v1?x=1&%70assword=***"),
+        (f"https://h/cb#%61ccess%5Ftoken={SECRET}", "https://h/cb#%61ccess%5Ftoken=***"),
+        (f"https://h/v1?%53ession%49d={SECRET}", "https://h/v1?%53ession%49d=***"),
+        (f"https://h/v1?session+id={SECRET}", "https://h/v1?session+id=***"),
+        # decoded, a harmless name stays shown: n%5Fkeypoints is n_keypoints (a common word), not n + fkeypoints
+        ("https://h/run?n%5Fkeypoints=17&%73igma=0.5", "https://h/run?n%5Fkeypoints=17&%73igma=0.5"),
+    ],
+)
+def test_a_percent_encoded_parameter_name_is_read_as_the_server_reads_it(text, expected):
+    """A server decodes a query parameter's name: ``?%74oken=`` is ``token=``, ``api%5Fk%65y`` is ``api_key``; such a
+    name was read as written, its secret shown. The name is shown as given, only its value masked."""
     assert masked_url_secrets(text) == expected
 
 

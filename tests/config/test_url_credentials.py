@@ -9,6 +9,8 @@ import asyncio
 import base64
 import logging
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -165,3 +167,72 @@ def test_a_configuration_printed_shows_no_secret():
     assert "llm_base_url='http://***@h:8000/v1'" in repr(cfg)
     assert "urls=['http://127.0.0.1:9/v1', 'http://***@h/v1']" in repr(cfg.judge)
     assert "lr=0.0003" in repr(cfg.train) and "hf=HfDataConfig(image_column='image'" in repr(cfg.data)
+
+
+TOKEN = "rw-t0ken-pa55-w0rd"
+"""The reward server's bearer token in the tests of a server that echoes the request's headers."""
+
+
+def echoing_authorization(server_box: list[ChatServer], status: int, then: tuple[int, Any] | None = None):
+    """A server or proxy that answers ``status`` repeating the ``Authorization`` header it got (httpx's, as httpbin
+    or a debugging proxy would), then ``then`` to every later request."""
+
+    def answer(payload, n):
+        if then is not None and len(server_box[0].requests) > 1:
+            return then
+        header = server_box[0].requests[-1]["headers"]["Authorization"]
+        return status, {"error": {"message": f"refused: got headers {{'Authorization': '{header}'}}"}}
+
+    return answer
+
+
+@pytest.mark.parametrize("credentials", ["token", "url"])
+def test_a_server_echoing_the_authorization_header_shows_no_credential(credentials, http_logs):
+    # a reward server (or a proxy) repeating the request's Authorization header in its error: the client's error
+    # repeated its words, the bearer token (or the URL's user:password, in base64) with them
+    box: list[ChatServer] = []
+    with ChatServer(echoing_authorization(box, 401)) as server:
+        box.append(server)
+        url = server.url.removesuffix("/v1")
+        client = RewardClient(url, token=TOKEN) if credentials == "token" else RewardClient(with_credentials(url))
+        try:
+            with pytest.raises(RuntimeError) as refused:
+                client.score(["a"], [1])
+        finally:
+            client.close()
+    sent = server.requests[0]["headers"]["Authorization"]
+    assert sent == (f"Bearer {TOKEN}" if credentials == "token" else BASIC)
+    assert "refused: got headers {'Authorization': '" in str(refused.value)  # the server's words, its header masked
+    assert sent.split()[1] not in str(refused.value) and "***" in str(refused.value)
+
+
+def test_a_retried_reply_echoing_the_authorization_header_logs_no_token(http_logs):
+    box: list[ChatServer] = []
+    with ChatServer(echoing_authorization(box, 503, then=(200, {"total": [1.0]}))) as server:
+        box.append(server)
+        client = RewardClient(server.url.removesuffix("/v1"), token=TOKEN, retries=1)
+        try:
+            with mock.patch("time.sleep"):
+                assert client.score(["a"], [1]).total.tolist() == [1.0]
+        finally:
+            client.close()
+    retried = [r.getMessage() for r in http_logs.records if "asking again" in r.getMessage()]
+    assert len(retried) == 1 and "answered 503" in retried[0], retried
+    assert not [r for r in http_logs.records if TOKEN in r.getMessage()]
+
+
+def test_the_boost_backend_masks_an_echoed_basic_authorization(http_logs):
+    # the openai backend masked its API key in a server's words, not the basic authentication of its URL's
+    # user:password, which an echoing server repeated in base64 (what the judge's errors show too)
+    box: list[ChatServer] = []
+    with ChatServer(echoing_authorization(box, 401)) as server:
+        box.append(server)
+        backend = OpenAIBackend("m", with_credentials(server.url), "", sleep=lambda s: None)
+        try:
+            with pytest.raises(Exception) as refused:
+                backend.complete(Task(0, None, "blend", [{"role": "user", "content": "- a cat"}], {}))
+        finally:
+            backend.close()
+    assert server.requests[0]["headers"]["Authorization"] == BASIC
+    assert "HTTP 401" in str(refused.value) and "Authorization': 'Basic ***'" in str(refused.value)
+    assert not [s for s in SECRETS if s in str(refused.value)]

@@ -1,5 +1,4 @@
-"""The image budget (issue 48, class 6, round three of the hostile user's trial): small, legal images that cost
-gigabytes.
+"""The image budget (issue 48): small, legal images that cost gigabytes.
 
 ``data.max_image_pixels``, ``data.max_aspect_ratio`` (``finecap.data.images.ImageLimits``): a 1 x 60,000 PNG of a few
 hundred bytes (2.5 GB in a 64 px CLIP image processor: docs/reliability.md), its 60,000 x 1 twin, an image just over

@@ -1,4 +1,4 @@
-"""Issue 48, round three, class 9 (links and names).
+"""Links and names (issue 48): what a data set, a run's name and an option may name.
 
 - A ``folder`` data set's caption files (``captions.jsonl``, ``captions.csv``, each ``.txt``) are read only inside
   the folder, as its images are: a link out (to a file, through a linked folder, by ``..``) is refused, named, before

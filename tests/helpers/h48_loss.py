@@ -1,4 +1,4 @@
-"""Helpers of the issue-48 round-three tests of data loss, links and names (tests/utils/test_folder_swaps.py,
+"""Helpers of the tests of data loss, links and names (tests/utils/test_folder_swaps.py,
 tests/data/test_names_and_links.py): a user's folder holding a precious file, and a snapshot of a folder to show that
 nothing in it changed (the command line run in this process is :mod:`helpers.cli`)."""
 

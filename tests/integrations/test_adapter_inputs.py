@@ -1,7 +1,6 @@
-"""The adapters check what a trainer hands them exactly as the reward server checks a request, with the same message
-(hostile input, round four): ids that are no image id, references that are no list, completions without an
-assistant turn, a call of one image for a reward that compares a call's images; and ``17`` and ``"17"`` are one image
-in process as on the server."""
+"""The adapters check what a trainer hands them exactly as the reward server checks a request, with the same message:
+ids that are no image id, references that are no list, completions without an assistant turn, a call of one image for a
+reward that compares a call's images; and ``17`` and ``"17"`` are one image in process as on the server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""METEOR inputs that made finecap run for ever (issue 48, class 5, round three of the hostile user's trial).
+"""METEOR inputs that made finecap run for ever (issue 48).
 
 Its normaliser's handling of runs of dots is linear (the jar's loops kept here as the oracle), and a caption or
 reference longer than ``eval.meteor_max_words`` is refused naming the image, its length, the limit and the option

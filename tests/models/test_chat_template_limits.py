@@ -1,4 +1,4 @@
-"""Chat templates that made finecap run for ever (issue 48, class 5, round three of the hostile user's trial).
+"""Chat templates that made finecap run for ever (issue 48).
 
 A checkpoint's ``chat_template.jinja`` is a program (:mod:`finecap.models.chat_templates`): nested loops, huge
 repetitions, powers and widths, recursive or doubling macros, doubling strings and lists and floods of output each end

@@ -1,6 +1,6 @@
-"""What a client of the reward server believes (hostile input, round four): every reply is checked for its length,
-its types and its finiteness before a trainer sees it, through the client and every adapter's ``url=``; no message
-shows the credentials of the server's URL; the bearer token comes from the environment."""
+"""What a client of the reward server believes: every reply is checked for its length, its types and its finiteness
+before a trainer sees it, through the client and every adapter's ``url=``; no message shows the credentials of the
+server's URL; the bearer token comes from the environment."""
 
 from __future__ import annotations
 

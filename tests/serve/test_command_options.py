@@ -1,5 +1,5 @@
-"""``finecap serve-reward``'s options (hostile input, round four): every numeric option is checked for its range at the
-command line (a one-line usage error, exit 2, before anything is loaded), and ``--token-file`` is read safely."""
+"""``finecap serve-reward``'s options: every numeric option is checked for its range at the command line (a one-line
+usage error, exit 2, before anything is loaded), and ``--token-file`` is read safely."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The reward server as a network service (hostile input, round four): who may ask (Host, Origin, Content-Type, a
-bearer token), what a reward's fault may tell a client (nothing of its text; a non-finite value is a named 500; the
-reply is strict JSON), and what a client may cost (a stalled or departed client nothing, a maximal request not the
-event loop, the connections a cap). Every server here serves a stand-in reward over 10 images on 127.0.0.1."""
+"""The reward server as a network service: who may ask (Host, Origin, Content-Type, a bearer token), what a reward's
+fault may tell a client (nothing of its text; a non-finite value is a named 500; the reply is strict JSON), and what a
+client may cost (a stalled or departed client nothing, a maximal request not the event loop, the connections a cap).
+Every server here serves a stand-in reward over 10 images on 127.0.0.1."""
 
 from __future__ import annotations
 

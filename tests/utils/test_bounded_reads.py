@@ -1,4 +1,4 @@
-"""Bounded reads (issue 48, class 7, round three of the hostile user's trial): files read whole.
+"""Bounded reads (issue 48): files read whole.
 
 ``finecap.utils.reading.read_bounded`` / ``read_lines``: 10 GB sparse files (no disk taken) as a caption ``.txt``, a
 ``captions.jsonl`` / ``captions.csv`` sidecar, a JSONL data set, references, predictions, a bags file, a run's

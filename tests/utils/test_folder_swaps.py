@@ -1,4 +1,4 @@
-"""Issue 48, round three, class 1 (data loss): finecap swaps a folder into place only over a folder it made.
+"""Folder swaps and data loss (issue 48): finecap swaps a folder into place only over a folder it made.
 
 Every folder finecap swaps into place (:func:`finecap.utils.folders.atomic_replace_dir`: checkpoints, merged exports,
 world encoders) carries finecap's mark (:data:`finecap.utils.folders.FOLDER_MARK`, holding the folder's kind). Whatever

@@ -8,8 +8,9 @@ Two kinds of secret are masked:
 - credentials inside a URL, in any string value of any option and in any command-line argument: the user information
   of ``scheme://user:password@host`` (all of it: a lone ``token@`` is a credential too, as GitHub and Hub tokens are
   given) and the values of query or fragment parameters named like a secret (``?api_key=...``, ``&token=...``,
-  ``#access_token=...``). Which options hold a URL is not listed anywhere: every string is scanned, so a new option
-  (or a data path, a model name, a Hub address) is covered without being named here.
+  ``#access_token=...``), each name read percent-decoded as a server reads it (``?%74oken=...`` is ``token``,
+  shown as given with its value masked). Which options hold a URL is not listed anywhere: every string is scanned,
+  so a new option (or a data path, a model name, a Hub address) is covered without being named here.
 
 A masked URL is no longer usable: a stored ``config.yaml`` reused (``finecap caption RUN``, a resume) needs the
 credentials given again (an override, or better the environment of the tool that reads the URL).
@@ -18,7 +19,9 @@ Nor does a URL finecap requests carry its user information: httpx logs every req
 http://user:password@host/...`` at INFO, which a training script's ``logging.basicConfig(level=logging.INFO)``
 writes to its log file). Every HTTP client of finecap (the ``openai`` backend of boost and of the judge, the reward
 server's client) takes it out of the URL first (:func:`split_credentials`) and sends it as HTTP basic authentication
-(httpx's ``auth=``), as httpx would have sent it from the URL.
+(httpx's ``auth=``), as httpx would have sent it from the URL. A server (or proxy) that echoes the request's
+``Authorization`` header in its error has the header's credential masked in the client's message
+(:func:`masked_authorization`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import difflib
 import re
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, unquote_plus
 
 SECRET_KEYS: tuple[str, ...] = ("boost.llm_api_key", "boost.vlm_api_key")
 """Keys holding secrets: masked wherever a configuration is saved, printed or logged; finecap boost never writes them
@@ -85,12 +88,14 @@ MASK = "***"
 """What a secret (:data:`SECRET_KEYS`) is written as. Read back (a stored ``config.yaml``), it means "not set": the key
 then comes from the environment (``boost.llm_api_key_env``), never the mask itself."""
 
-SECRET_WORDS: tuple[str, ...] = ("key", "token", "secret", "password", "passwd", "pwd", "auth", "credential",
-                                 "signature", "sig")  # fmt: skip
+SECRET_WORDS: tuple[str, ...] = ("key", "token", "secret", "password", "passwd", "passphrase", "pwd", "auth",
+                                 "credential", "signature", "sig", "bearer", "jwt", "cookie")  # fmt: skip
 """Words that make a name look like it holds a secret: a configuration key (:func:`looks_secret`) or a URL's query
 parameter (:func:`masked_url_secrets`), read in each of the name's words (:func:`_secret_name`): ``api_key``,
-``apiKey``, ``apikey``, ``accesskeyid``, ``oauth``, ``authorization``, ``X-Amz-Signature``; the short
-:data:`EDGE_WORDS` only at a word's start or end (not in ``design``, ``assign``)."""
+``apiKey``, ``apikey``, ``accesskeyid``, ``oauth``, ``authorization``, ``X-Amz-Signature``, ``passphrase``,
+``bearer``, ``jwt``, ``cookie``; the short :data:`EDGE_WORDS` only at a word's start or end (not in ``design``,
+``assign``). A session's id is a secret too, read by its own rule (:data:`SESSION_ID`); ``private`` alone is none (a
+repository's ``private=true``), ``private_key`` is one by ``key``."""
 
 EDGE_WORDS: tuple[str, ...] = ("sig", "auth")
 """The :data:`SECRET_WORDS` that begin or sit inside common words (``signal``, ``sigma``, ``design``, ``author``),
@@ -129,6 +134,13 @@ secret: a user's dataset column ``author``, a reward's ``sigma``, ``keypoints``,
 whole words are exempt: any other word holding a secret word is read as a secret's name, since masking too little
 leaks a secret where masking too much only hides a value."""
 
+SESSION_ID = re.compile(r"(?:^|_)[a-z]*sess(?:ion)?_?ids?(?:_|$)|^session$")
+"""A session's id, which logs its holder in as a password would, read in a name's words joined by ``_``
+(:func:`_name_words`): ``session_id``, ``sessionId``, ``sessionid``, ``JSESSIONID``, ``PHPSESSID``,
+``ASP.NET_SessionId``, or a name that is ``session`` alone (Flask's cookie); ``session_token``, ``session_key`` and
+``session_cookie`` are secrets by their other word. Other words beside ``session`` name no secret
+(``sessions_per_epoch``, ``session_timeout``, ``session_name``): "session" is no secret word itself."""
+
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 """Where a camelCase name's words meet: ``apiKey``, ``XAmzSignature``, ``AWSAccessKeyId``."""
 
@@ -154,8 +166,13 @@ def _secret_name(name: str) -> bool:
     [True, True, True, True, True, True]
     >>> [_secret_name(n) for n in ("max_new_tokens", "tokenizer", "token_ids", "sigma", "design", "author", "monkey")]
     [False, False, False, False, False, False, False]
+    >>> [_secret_name(n) for n in ("session_id", "JSESSIONID", "session", "sessions_per_epoch", "session_timeout")]
+    [True, True, True, False, False]
     """
-    return any(_SECRET_IN_WORD.search(w) and not COMMON_WORDS.fullmatch(w) for w in _name_words(name))
+    words = _name_words(name)
+    return bool(SESSION_ID.search("_".join(words))) or any(
+        _SECRET_IN_WORD.search(w) and not COMMON_WORDS.fullmatch(w) for w in words
+    )
 
 
 def _authority(rest: str) -> tuple[str | None, str, str]:
@@ -176,8 +193,9 @@ def _masked_url(scheme: str, rest: str) -> str:
     cut = min([i for i in (tail.find(c) for c in "?#") if i >= 0], default=len(tail))
     path, params = tail[:cut], tail[cut:]
     params = _PARAM.sub(
-        lambda m: f"{m['sep']}{m['name']}={MASK}" if m["value"] and _secret_name(m["name"]) else m[0], params
-    )
+        lambda m: f"{m['sep']}{m['name']}={MASK}" if m["value"] and _secret_name(unquote_plus(m["name"])) else m[0],
+        params,
+    )  # a name is read as the server decodes it (?%74oken= is token=, api+key is 'api key'), shown as given
     return f"{scheme}{authority}{path}{params}"
 
 
@@ -195,6 +213,31 @@ def masked_url_secrets(text: str) -> str:
         'http://localhost:8000/v1'
     """
     return _URL.sub(lambda m: _masked_url(m["scheme"], m["rest"]), text) if ":/" in text else text
+
+
+_AUTHORIZATION = re.compile(
+    r"(?i)(?P<head>\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token)\s+)?)"
+    r"(?!(?:bearer|basic|token)\s)(?P<value>[^\s\"'<>,;}]+)"
+)
+"""An ``Authorization`` (or ``Proxy-Authorization``) header's value as a server or proxy echoing the request writes
+it in its reply (``Authorization: Bearer sk-...``, ``"authorization": "Basic YWxp..."``): the scheme kept, the
+credential after it (a placeholder such as ``<token>`` is none)."""
+
+
+def masked_authorization(text: str) -> str:
+    """``text`` (what a server answered) with the credential of every ``Authorization`` header in it masked: a
+    server or proxy that echoes the request in its error (httpbin, a debugging proxy) repeats the bearer token or
+    the basic authentication (:func:`split_credentials`: a URL's password, in base64) that finecap's HTTP clients
+    sent, and the client's error message repeats the server's words.
+
+    Example::
+
+        >>> masked_authorization('denied {"headers": {"Authorization": "Bearer sk-1234", "Host": "h"}}')
+        'denied {"headers": {"Authorization": "Bearer ***", "Host": "h"}}'
+        >>> masked_authorization("authorization: Basic YWxpY2U6cGE1NQ== and send 'Authorization: Bearer <token>'")
+        "authorization: Basic *** and send 'Authorization: Bearer <token>'"
+    """
+    return _AUTHORIZATION.sub(lambda m: f"{m['head']}{MASK}", text) if "uthorization" in text.lower() else text
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
