@@ -5,6 +5,7 @@ comments."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -12,7 +13,7 @@ from finecap.data.records import DataError
 from finecap.metrics.hallucination import chair, coco_vocabulary, read_instances, read_vocabulary
 from finecap.metrics.suite import evaluate_items
 from helpers.cli import refused, run_cli
-from helpers.coco_instances import instances_file
+from helpers.coco_instances import CATEGORIES, instances_file
 
 CAPTIONS = {
     # men -> person, bikes -> bicycle, puppies -> dog, bus: hallucinated. 4 mentions, 1 hallucinated; recall 3/3
@@ -141,6 +142,42 @@ def test_instances_errors_are_one_line_and_name_the_option(tmp_path):
         chair({7: "a dog"}, read_instances(instances_file(tmp_path)))
 
 
+def _instances_by_ids(path, images, annotations):
+    """An instances file at ``path`` listing ``images`` (ids as written) and one box per ``(image_id, category_id)``
+    of ``annotations``, in COCO's categories."""
+    path.write_text(json.dumps({
+        "images": [{"id": i} for i in images],
+        "annotations": [{"id": n, "image_id": i, "category_id": c} for n, (i, c) in enumerate(annotations)],
+        "categories": CATEGORIES,
+    }))  # fmt: skip
+    return path
+
+
+def test_an_instances_file_naming_one_image_by_two_ids_is_refused_naming_the_file(tmp_path):
+    # read_instances kept 1 and "1" (or a pandas file's 1.0 and "1") as two images, each with its own objects: chair()
+    # refused them later as "chair objects", the chair reward as "chair objects (eval.instances)", neither naming the
+    # file, and any other caller got both keys (id_key finds an image's objects by the spelling a prediction gives).
+    # One image, two entries: the reader refuses the file, naming it
+    def refused_file(name, images, annotations):
+        path = _instances_by_ids(tmp_path / name, images, annotations)
+        with pytest.raises(ValueError, match=rf"^--instances: {re.escape(str(path))}: 1 image\(s\) keyed twice") as e:
+            read_instances(path, "--instances")
+        return str(e.value)
+
+    assert "1 and '1'" in refused_file("both.json", [1, "1"], [(1, 18), ("1", 17)])  # two entries in 'images'
+    assert "1 and '1'" in refused_file("spelled.json", [1], [("1", 17)])  # an annotation spells image 1 "1"
+    assert "1.0 and '1'" in refused_file("pandas.json", [1.0, 2.0], [(1.0, 18), ("1", 17)])
+    # the suite, given the file by path, stops on the reader's error (naming the file), for any spelling predicted
+    for predictions in ({1: "a dog"}, {"1": "a dog"}):
+        with pytest.raises(ValueError, match=r"both\.json: 1 image\(s\) keyed twice"):
+            evaluate_items(predictions, None, metrics="hallucination", instances=tmp_path / "both.json")
+    # one image written alike (ints, or integral floats as pandas writes them) is read
+    assert read_instances(instances_file(tmp_path, {1: [18], 2: [17]}, name="ints.json")) == {
+        1: frozenset({"dog"}), 2: frozenset({"cat"})}  # fmt: skip
+    assert read_instances(instances_file(tmp_path, {1.0: [18], 2.0: [17]}, name="floats.json")) == {
+        1: frozenset({"dog"}), 2: frozenset({"cat"})}  # fmt: skip
+
+
 def _eval_files(tmp_path):
     refs = {"images": [{"id": i, "file_name": f"{i}.jpg"} for i in (1, 2, 3)],
             "annotations": [{"image_id": 1, "id": 11, "caption": "Two people and a dog with a bicycle."},
@@ -179,6 +216,8 @@ def test_finecap_eval_refuses_missing_or_malformed_instances(tmp_path):
     refused(argv, "--metrics: metric 'hallucination' cannot run here", "pass --instances")
     refused([*argv, "--instances", str(tmp_path / "missing.json")], "--instances:", "missing.json", "no such file")
     refused([*argv, "--instances", str(refs)], "--instances:", "no 'categories' list")
+    twice = _instances_by_ids(tmp_path / "twice.json", [1, "1", 2, 3], [(1, 18), ("1", 17), (2, 17), (3, 58)])
+    refused([*argv, "--instances", str(twice)], f"--instances: {twice}: 1 image(s) keyed twice, e.g. 1 and '1'")
     refused([*argv, f"eval.instances={tmp_path / 'gone.json'}"], "eval.instances:", "gone.json", "no such file")
 
 

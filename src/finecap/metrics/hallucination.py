@@ -185,7 +185,9 @@ def read_instances(
     """``{image id: the categories of its instance annotations}`` of a COCO ``instances_*.json`` (``images``,
     ``annotations`` with ``image_id`` and ``category_id``, ``categories`` with ``id`` and ``name``), every image of
     its ``images`` list included (an image without annotations has none). Each category name must be one of
-    ``vocabulary``'s (default COCO's). Errors are one line naming ``option`` and the file."""
+    ``vocabulary``'s (default COCO's). Two ids naming one image (``1`` and ``"1"``, in ``images`` or
+    ``annotations``) are refused (:func:`~finecap.data.records.refuse_repeated_ids`). Errors are one line naming
+    ``option`` and the file."""
     vocabulary = vocabulary or coco_vocabulary()
     where = f"{option}: {path}"
     p = Path(path)
@@ -222,6 +224,7 @@ def read_instances(
         objects.setdefault(a["image_id"], set()).add(names[a["category_id"]])
     if not objects:
         raise DataError(f"{where}: no images and no annotations")
+    refuse_repeated_ids(objects, where)  # 1 and "1": one image, whose objects a prediction's spelling would choose
     return {i: frozenset(o) for i, o in objects.items()}
 
 
