@@ -166,7 +166,7 @@ def test_an_instances_file_naming_one_image_by_two_ids_is_refused_naming_the_fil
 
     assert "1 and '1'" in refused_file("both.json", [1, "1"], [(1, 18), ("1", 17)])  # two entries in 'images'
     assert "1 and '1'" in refused_file("spelled.json", [1], [("1", 17)])  # an annotation spells image 1 "1"
-    assert "1.0 and '1'" in refused_file("pandas.json", [1.0, 2.0], [(1.0, 18), ("1", 17)])
+    assert "1 and '1'" in refused_file("pandas.json", [1.0, 2.0], [(1.0, 18), ("1", 17)])  # 1.0: read as 1
     # the suite, given the file by path, stops on the reader's error (naming the file), for any spelling predicted
     for predictions in ({1: "a dog"}, {"1": "a dog"}):
         with pytest.raises(ValueError, match=r"both\.json: 1 image\(s\) keyed twice"):
@@ -176,6 +176,32 @@ def test_an_instances_file_naming_one_image_by_two_ids_is_refused_naming_the_fil
         1: frozenset({"dog"}), 2: frozenset({"cat"})}  # fmt: skip
     assert read_instances(instances_file(tmp_path, {1.0: [18], 2.0: [17]}, name="floats.json")) == {
         1: frozenset({"dog"}), 2: frozenset({"cat"})}  # fmt: skip
+
+
+def test_instances_ids_are_ints_or_strings_and_an_integral_float_is_its_integer(tmp_path, caplog):
+    # read_instances kept any JSON value as an image id: an annotation's "image_id": true was image 1 (True == 1 in a
+    # dict), so a cat annotated on no image made image 1's "a cat" no hallucination; a list id was a TypeError
+    # traceback; 1.5 an image no prediction names. It reads ids as the COCO captions reader does (records.require_id)
+    def fails(name, images, annotations, *texts):
+        path = _instances_by_ids(tmp_path / name, images, annotations)
+        with pytest.raises(DataError) as e:
+            read_instances(path, "--instances")
+        message = str(e.value)
+        assert "\n" not in message and message.startswith(f"--instances: {path}: "), message
+        for text in texts:
+            assert text in message, message
+
+    fails("bool.json", [1], [(1, 18), (True, 17)], "annotation 1: 'image_id' must be int or str, got bool True")
+    fails("list.json", [1], [([1], 17)], "annotation 0: 'image_id' must be int or str, got list [1]")
+    fails("half.json", [1.5], [], "images[0]: 'id' 1.5 names no image")
+    fails("image_bool.json", [False], [], "images[0]: 'id' must be int or str, got bool False")
+    # pandas' floats: the integers they are (as pycocotools reads them), keyed as ints, with one warning
+    path = _instances_by_ids(tmp_path / "floats.json", [1.0, 2.0], [(1.0, 18), (2, 17)])
+    with caplog.at_level("WARNING", logger="finecap.metrics.hallucination"):
+        objects = read_instances(path)
+    assert objects == {1: frozenset({"dog"}), 2: frozenset({"cat"})}
+    assert [type(i) for i in objects] == [int, int]
+    assert "3 image id(s) are written as floats (e.g. 1.0)" in caplog.text  # two images, one annotation
 
 
 def _eval_files(tmp_path):
