@@ -544,6 +544,22 @@ def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_pa
         read_predictions(path)
 
 
+def test_a_vlmevalkit_index_is_read_as_an_id_by_the_one_rule(tmp_path):
+    # a .tsv's index "1" is image 1, but str.isdigit() also took "01" as 1 (two images merged into one's samples,
+    # where records.id_key keeps "01" its own id), "²" to int() (a bare ValueError naming no file) and a 30-digit
+    # index to an integer beyond MAX_INT_ID; records.id_from_key reads them as JSON keys are read
+    path = tmp_path / "m_COCO_VAL.tsv"
+    long = "1" * 30
+    rows = [["index", "question", "answer", "prediction"], ["1", "Describe.", str(["a dog"]), "a dog"],
+            ["01", "Describe.", str(["a cat"]), "a cat"], ["²", "Describe.", str(["a cow"]), "a cow"],
+            [long, "Describe.", str(["a hen"]), "a hen"], ["-3", "Describe.", str(["a pig"]), "a pig"]]  # fmt: skip
+    with open(path, "w", newline="") as f:
+        csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
+    read = read_predictions(path)[1]
+    assert read.captions == {1: ["a dog"], "01": ["a cat"], "²": ["a cow"], long: ["a hen"], -3: ["a pig"]}
+    assert [type(i) for i in read.captions] == [int, str, str, str, int]
+
+
 def test_a_vlmevalkit_xlsx_as_pandas_writes_it_scores_as_its_tsv(tmp_path, capsys, captions):
     # VLMEvalKit's default result file, <model>_<dataset>.xlsx (open-compass/VLMEvalKit 00fff545 vlmeval/smp/file.py
     # dump_xlsx: DataFrame.to_excel(index=False) of the result table through pd.ExcelWriter, engine xlsxwriter; here
