@@ -244,6 +244,26 @@ def test_an_lmms_eval_image_listed_again_with_other_references_is_refused(tmp_pa
         read_predictions(path)
 
 
+def test_a_file_carrying_references_that_names_one_image_by_two_ids_is_refused_naming_it(tmp_path):
+    # lmms-eval lines of image_id 7 and "7" were read as two images, each with its reference list: finecap eval (no
+    # --references, the file's own) then refused "references: 1 image(s) keyed twice", naming no file, and a caller
+    # of read_predictions got both. The reader refuses the file, naming it
+    log = lmms_eval_log(tmp_path / "samples_coco2017_cap_val.jsonl", [7, "7", 8], ["a dog", "a puppy", "a cat"],
+                        [["a dog on grass"], ["a dog on grass"], ["a cat"]])  # fmt: skip
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(log))}: 1 image\(s\) keyed twice, e.g. 7 and '7'"):
+        read_predictions(log)
+    code, _, err = run_cli(["eval", "--predictions", str(log), "--metrics", "bleu"])
+    assert code == 2 and f"finecap: error: {log}: 1 image(s) keyed twice" in err, err
+    # one id per image reads (7 listed twice: two samples of image 7)
+    again = lmms_eval_log(tmp_path / "samples_again.jsonl", [7, 7, 8], ["a dog", "a puppy", "a cat"],
+                          [["a dog on grass"], ["a dog on grass"], ["a cat"]])  # fmt: skip
+    assert read_predictions(again)[1].captions == {7: ["a dog", "a puppy"], 8: ["a cat"]}
+    # captions alone (COCO results) are read as written: --references matches them (tests/app/test_eval_ids.py)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([{"image_id": 7, "caption": "a dog"}, {"image_id": "7", "caption": "a puppy"}]))
+    assert read_predictions(results)[1].captions == {7: ["a dog"], "7": ["a puppy"]}
+
+
 def test_coco_results_written_one_object_a_line_are_named_as_json_lines_with_the_fix(tmp_path):
     # the keys of COCO results, one object a line (as many tools write them): the error said only "invalid JSON at
     # line 2, column 1: Extra data"
@@ -522,6 +542,22 @@ def test_a_vlmevalkit_index_listed_again_with_other_references_is_refused(tmp_pa
         csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
     with pytest.raises(DataError, match=r"m_COCO_VAL.tsv: row 3: image id 1 is listed again with other references"):
         read_predictions(path)
+
+
+def test_a_vlmevalkit_index_is_read_as_an_id_by_the_one_rule(tmp_path):
+    # a .tsv's index "1" is image 1, but str.isdigit() also took "01" as 1 (two images merged into one's samples,
+    # where records.id_key keeps "01" its own id), "²" to int() (a bare ValueError naming no file) and a 30-digit
+    # index to an integer beyond MAX_INT_ID; records.id_from_key reads them as JSON keys are read
+    path = tmp_path / "m_COCO_VAL.tsv"
+    long = "1" * 30
+    rows = [["index", "question", "answer", "prediction"], ["1", "Describe.", str(["a dog"]), "a dog"],
+            ["01", "Describe.", str(["a cat"]), "a cat"], ["²", "Describe.", str(["a cow"]), "a cow"],
+            [long, "Describe.", str(["a hen"]), "a hen"], ["-3", "Describe.", str(["a pig"]), "a pig"]]  # fmt: skip
+    with open(path, "w", newline="") as f:
+        csv.writer(f, delimiter="\t", quoting=csv.QUOTE_ALL).writerows(rows)
+    read = read_predictions(path)[1]
+    assert read.captions == {1: ["a dog"], "01": ["a cat"], "²": ["a cow"], long: ["a hen"], -3: ["a pig"]}
+    assert [type(i) for i in read.captions] == [int, str, str, str, int]
 
 
 def test_a_vlmevalkit_xlsx_as_pandas_writes_it_scores_as_its_tsv(tmp_path, capsys, captions):

@@ -5,6 +5,7 @@ comments."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -12,7 +13,7 @@ from finecap.data.records import DataError
 from finecap.metrics.hallucination import chair, coco_vocabulary, read_instances, read_vocabulary
 from finecap.metrics.suite import evaluate_items
 from helpers.cli import refused, run_cli
-from helpers.coco_instances import instances_file
+from helpers.coco_instances import CATEGORIES, instances_file
 
 CAPTIONS = {
     # men -> person, bikes -> bicycle, puppies -> dog, bus: hallucinated. 4 mentions, 1 hallucinated; recall 3/3
@@ -141,6 +142,68 @@ def test_instances_errors_are_one_line_and_name_the_option(tmp_path):
         chair({7: "a dog"}, read_instances(instances_file(tmp_path)))
 
 
+def _instances_by_ids(path, images, annotations):
+    """An instances file at ``path`` listing ``images`` (ids as written) and one box per ``(image_id, category_id)``
+    of ``annotations``, in COCO's categories."""
+    path.write_text(json.dumps({
+        "images": [{"id": i} for i in images],
+        "annotations": [{"id": n, "image_id": i, "category_id": c} for n, (i, c) in enumerate(annotations)],
+        "categories": CATEGORIES,
+    }))  # fmt: skip
+    return path
+
+
+def test_an_instances_file_naming_one_image_by_two_ids_is_refused_naming_the_file(tmp_path):
+    # read_instances kept 1 and "1" (or a pandas file's 1.0 and "1") as two images, each with its own objects: chair()
+    # refused them later as "chair objects", the chair reward as "chair objects (eval.instances)", neither naming the
+    # file, and any other caller got both keys (id_key finds an image's objects by the spelling a prediction gives).
+    # One image, two entries: the reader refuses the file, naming it
+    def refused_file(name, images, annotations):
+        path = _instances_by_ids(tmp_path / name, images, annotations)
+        with pytest.raises(ValueError, match=rf"^--instances: {re.escape(str(path))}: 1 image\(s\) keyed twice") as e:
+            read_instances(path, "--instances")
+        return str(e.value)
+
+    assert "1 and '1'" in refused_file("both.json", [1, "1"], [(1, 18), ("1", 17)])  # two entries in 'images'
+    assert "1 and '1'" in refused_file("spelled.json", [1], [("1", 17)])  # an annotation spells image 1 "1"
+    assert "1 and '1'" in refused_file("pandas.json", [1.0, 2.0], [(1.0, 18), ("1", 17)])  # 1.0: read as 1
+    # the suite, given the file by path, stops on the reader's error (naming the file), for any spelling predicted
+    for predictions in ({1: "a dog"}, {"1": "a dog"}):
+        with pytest.raises(ValueError, match=r"both\.json: 1 image\(s\) keyed twice"):
+            evaluate_items(predictions, None, metrics="hallucination", instances=tmp_path / "both.json")
+    # one image written alike (ints, or integral floats as pandas writes them) is read
+    assert read_instances(instances_file(tmp_path, {1: [18], 2: [17]}, name="ints.json")) == {
+        1: frozenset({"dog"}), 2: frozenset({"cat"})}  # fmt: skip
+    assert read_instances(instances_file(tmp_path, {1.0: [18], 2.0: [17]}, name="floats.json")) == {
+        1: frozenset({"dog"}), 2: frozenset({"cat"})}  # fmt: skip
+
+
+def test_instances_ids_are_ints_or_strings_and_an_integral_float_is_its_integer(tmp_path, caplog):
+    # read_instances kept any JSON value as an image id: an annotation's "image_id": true was image 1 (True == 1 in a
+    # dict), so a cat annotated on no image made image 1's "a cat" no hallucination; a list id was a TypeError
+    # traceback; 1.5 an image no prediction names. It reads ids as the COCO captions reader does (records.require_id)
+    def fails(name, images, annotations, *texts):
+        path = _instances_by_ids(tmp_path / name, images, annotations)
+        with pytest.raises(DataError) as e:
+            read_instances(path, "--instances")
+        message = str(e.value)
+        assert "\n" not in message and message.startswith(f"--instances: {path}: "), message
+        for text in texts:
+            assert text in message, message
+
+    fails("bool.json", [1], [(1, 18), (True, 17)], "annotation 1: 'image_id' must be int or str, got bool True")
+    fails("list.json", [1], [([1], 17)], "annotation 0: 'image_id' must be int or str, got list [1]")
+    fails("half.json", [1.5], [], "images[0]: 'id' 1.5 names no image")
+    fails("image_bool.json", [False], [], "images[0]: 'id' must be int or str, got bool False")
+    # pandas' floats: the integers they are (as pycocotools reads them), keyed as ints, with one warning
+    path = _instances_by_ids(tmp_path / "floats.json", [1.0, 2.0], [(1.0, 18), (2, 17)])
+    with caplog.at_level("WARNING", logger="finecap.metrics.hallucination"):
+        objects = read_instances(path)
+    assert objects == {1: frozenset({"dog"}), 2: frozenset({"cat"})}
+    assert [type(i) for i in objects] == [int, int]
+    assert "3 image id(s) are written as floats (e.g. 1.0)" in caplog.text  # two images, one annotation
+
+
 def _eval_files(tmp_path):
     refs = {"images": [{"id": i, "file_name": f"{i}.jpg"} for i in (1, 2, 3)],
             "annotations": [{"image_id": 1, "id": 11, "caption": "Two people and a dog with a bicycle."},
@@ -179,6 +242,8 @@ def test_finecap_eval_refuses_missing_or_malformed_instances(tmp_path):
     refused(argv, "--metrics: metric 'hallucination' cannot run here", "pass --instances")
     refused([*argv, "--instances", str(tmp_path / "missing.json")], "--instances:", "missing.json", "no such file")
     refused([*argv, "--instances", str(refs)], "--instances:", "no 'categories' list")
+    twice = _instances_by_ids(tmp_path / "twice.json", [1, "1", 2, 3], [(1, 18), ("1", 17), (2, 17), (3, 58)])
+    refused([*argv, "--instances", str(twice)], f"--instances: {twice}: 1 image(s) keyed twice, e.g. 1 and '1'")
     refused([*argv, f"eval.instances={tmp_path / 'gone.json'}"], "eval.instances:", "gone.json", "no such file")
 
 

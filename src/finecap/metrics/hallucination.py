@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,10 +49,21 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from finecap.data.records import MAX_LISTED, DataError, id_key, refuse_repeated_ids, some_ids
+from finecap.data.records import (
+    MAX_LISTED,
+    DataError,
+    float_ids_note,
+    id_key,
+    is_id,
+    refuse_repeated_ids,
+    require_id,
+    some_ids,
+)
 
 if TYPE_CHECKING:
     from finecap.world.scene import Scene
+
+log = logging.getLogger(__name__)
 
 COCO_VOCABULARY = "chair_coco.txt"
 """The COCO object vocabulary's file in ``finecap/metrics/data`` (package data)."""
@@ -185,7 +197,11 @@ def read_instances(
     """``{image id: the categories of its instance annotations}`` of a COCO ``instances_*.json`` (``images``,
     ``annotations`` with ``image_id`` and ``category_id``, ``categories`` with ``id`` and ``name``), every image of
     its ``images`` list included (an image without annotations has none). Each category name must be one of
-    ``vocabulary``'s (default COCO's). Errors are one line naming ``option`` and the file."""
+    ``vocabulary``'s (default COCO's). An image id is an int or a string; an integral float (``1.0``, as pandas
+    writes ids) is read as its integer, as pycocotools reads it (one warning), and any other value (``true``,
+    ``1.5``, a list) is refused naming its entry (:func:`~finecap.data.records.require_id`). Two ids naming one image
+    (``1`` and ``"1"``, in ``images`` or ``annotations``) are refused
+    (:func:`~finecap.data.records.refuse_repeated_ids`). Errors are one line naming ``option`` and the file."""
     vocabulary = vocabulary or coco_vocabulary()
     where = f"{option}: {path}"
     p = Path(path)
@@ -210,18 +226,26 @@ def read_instances(
     if unknown:
         raise DataError(f"{where}: categories {unknown[:MAX_LISTED]} are not COCO's 80 object categories, which "
                         "CHAIR's synonym lists cover")  # fmt: skip
-    objects: dict[int, set[str]] = {}
-    for image in data.get("images") or []:
+    objects: dict[int | str, set[str]] = {}
+    floats: list[float] = []  # integral float ids (1.0, as pandas writes them), read as the integers they are
+    images = data.get("images") or []
+    for n, image in enumerate(images if isinstance(images, list) else []):
         if isinstance(image, dict) and "id" in image:
-            objects.setdefault(image["id"], set())
+            i = image["id"]
+            objects.setdefault(i if is_id(i) else require_id(image, "id", f"{where}: images[{n}]", floats), set())
     for n, a in enumerate(data["annotations"]):
         if not isinstance(a, dict) or "image_id" not in a or "category_id" not in a:
             raise DataError(f"{where}: annotation {n} has no 'image_id' and 'category_id'")
         if a["category_id"] not in names:
             raise DataError(f"{where}: annotation {n} has category_id {a['category_id']!r}, not in 'categories'")
-        objects.setdefault(a["image_id"], set()).add(names[a["category_id"]])
+        i = a["image_id"]
+        i = i if is_id(i) else require_id(a, "image_id", f"{where}: annotation {n}", floats)
+        objects.setdefault(i, set()).add(names[a["category_id"]])
     if not objects:
         raise DataError(f"{where}: no images and no annotations")
+    if floats:
+        log.warning("hallucination: %s", float_ids_note(where, floats))
+    refuse_repeated_ids(objects, where)  # 1 and "1": one image, whose objects a prediction's spelling would choose
     return {i: frozenset(o) for i, o in objects.items()}
 
 

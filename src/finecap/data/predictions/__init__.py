@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from finecap.data.records import DataError
+from finecap.data.records import DataError, refuse_repeated_ids
 from finecap.registry import PREDICTION_FORMATS, lookup
 from finecap.utils.text import short_repr
 
@@ -125,11 +125,18 @@ def not_recognised(path: Path, detail: str = "") -> DataError:
 
 
 def read_predictions(path: str | Path, fmt: str = "auto") -> tuple[str, Predictions]:
-    """``(format name, Predictions)`` of ``path`` in format ``fmt`` (``"auto"``: :func:`detect_prediction_format`)."""
+    """``(format name, Predictions)`` of ``path`` in format ``fmt`` (``"auto"``: :func:`detect_prediction_format`).
+    A file carrying references that names one image by two ids (``7`` and ``"7"``: two reference lists, two captions
+    of one image scored as two images) is a ``ValueError`` naming the file
+    (:func:`~finecap.data.records.refuse_repeated_ids`); captions alone are matched with ``--references``, which
+    refuses two ids naming one of its images (:mod:`finecap.app.eval`)."""
     path = Path(path)
     name = detect_prediction_format(path) if fmt == "auto" else fmt
     spec = prediction_format(name)
-    return spec.name, spec.read(path)
+    read = spec.read(path)
+    if read.references is not None:
+        refuse_repeated_ids(read.references, str(path))
+    return spec.name, read
 
 
 def check_line_order(

@@ -26,7 +26,7 @@ from pathlib import Path
 from finecap.data.predictions import PredictionFormat, Predictions
 from finecap.data.predictions.jsonl import head_text
 from finecap.data.predictions.reference_lists import ReferenceLists
-from finecap.data.records import DataError, check_id, integral_id
+from finecap.data.records import DataError, check_id, id_from_key, integral_id
 from finecap.utils.reading import DATA_FILE, checked_size, parse_json, read_bounded
 from finecap.utils.text import short_repr
 
@@ -123,8 +123,8 @@ def _read(path: Path) -> Predictions:
                                 "its cached result); save the table as .tsv, or the cell as text")  # fmt: skip
         raw = row[col["index"]]
         image_id = check_id(integral_id(raw), where)  # 42.0 (a float column's) is image 42
-        if isinstance(image_id, str) and image_id.isdigit():
-            image_id = int(image_id)
+        if isinstance(image_id, str):  # a .tsv's "42" is image 42; "042", "²" and a 30-digit index their own ids
+            image_id = id_from_key(image_id)
         pred = row[col["prediction"]]
         read.add(image_id, "" if pred is None else str(pred), answers.parse(row[col["answer"]], at), where)
     return Predictions(read.captions, read.references, answers.warnings())
