@@ -22,6 +22,7 @@ from finecap.objectives.exploration import (
     diversity_advantages,
     diversity_rewards,
 )
+from finecap.objectives.token_means import spread_keys
 from finecap.rewards import RewardOutput
 from helpers.contexts import training_context
 from helpers.objective_steps import OtherProcess, train_steps
@@ -236,7 +237,8 @@ def test_the_logged_diversity_reward_is_the_steps_mean_over_every_scored_sample(
     objective = SequenceLevelExploration(JudgeTable(table), NoBaseline(), rl=RLConfig(samples=4),
                                          sle=SLEConfig(distance="overlap34"))  # fmt: skip
     captions = {"baseline": [0.0, 2.0], "diversity_reward": [1.0, 2.0], "logprob": [-2.0, 2.0],
-                "reward": [1.0, 2.0], "sample_words": [8.0, 2.0]}  # fmt: skip
+                "reward": [1.0, 2.0], "sample_words": [8.0, 2.0],  # and nothing of these, no part of this test:
+                "distinct_samples": [0.0, 0.0], **dict.fromkeys(spread_keys("advantage_std"), [0.0, 0.0])}  # fmt: skip
     objective.accelerator = OtherProcess(captions)
     lp = [[-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0], [-3.0, -3.0]]
     model = StandIn(["a b c d", "a b c d", "e f g h", "i j k l"], lp, [1, 2, 2, 2])  # "i j k l" fails

@@ -31,6 +31,7 @@ from finecap.objectives.baselines import MeanBaseline, NoBaseline
 from finecap.objectives.grpo import PolicyOptimization
 from finecap.objectives.monitor import RewardHackingAlarm
 from finecap.objectives.reinforce import Reinforce
+from finecap.objectives.token_means import spread_keys
 from finecap.rewards import RewardOutput, WeightedSum
 from finecap.train.logging import step_sum
 from finecap.train.state import load_tree, save_tree
@@ -727,8 +728,10 @@ def test_a_copy_micro_batch_counts_in_no_monitor_measure():
     # image 0's KL differs from image 1's, and counted twice it would move the step's)
     logged = real_obj.step_values()
     clip_ratios = {f"clip_ratio/{name}" for name in ("low_mean", "high_mean", "region_mean", "low_min", "high_max")}
-    captions = {"reward", "baseline", "logprob", "sample_words"}  # the step's means over captions
-    assert set(logged) == {"reward/failed", "kl", "clip_fraction", "ratio/mean", *clip_ratios, *captions}
+    captions = {"reward", "baseline", "logprob", "sample_words", "advantage_std"}  # the step's values over captions
+    groups = {"distinct_samples", "zero_std_groups"}  # and over images
+    assert set(logged) == {"reward/failed", "kl", "clip_fraction", "ratio/mean", *clip_ratios, *captions, *groups}
+    assert logged["distinct_samples"] == real["distinct"]  # the distinct alarm's measure
     assert logged["kl"] > 0
     assert logged["reward/failed"] == pytest.approx(1 / 6) and real_obj.monitor.step_kl == logged["kl"]
     assert obj.step_values() == pytest.approx(logged) and obj.monitor.step_kl == pytest.approx(logged["kl"])
@@ -872,6 +875,24 @@ def test_a_lone_scored_caption_of_a_group_has_no_advantage_to_log_or_learn_from(
     assert out.metrics["advantage_std"] == pytest.approx(a * math.sqrt(3.0), rel=1e-6)  # of (-2a, a, a): var 3a^2
 
 
+def test_the_logged_advantage_std_and_zero_std_groups_are_the_steps_over_every_group():
+    # micro-batches of images (0, 1) and (2): rewards (1, 2, 6), (4, 4, 4), (0, 3, 3); group advantages with TRL's
+    # std: k0 (-2, -1, 3), 0, k2 (-2, 1, 1), k0 = 1 / (sqrt(7) + 1e-4), k2 = 1 / (sqrt(3) + 1e-4). The step's std over
+    # its 9 advantages (sum 0, squares 14 k0^2 + 6 k2^2, Bessel-corrected as TRL's nanstd): sqrt((14 k0^2 + 6 k2^2)
+    # / 8), about 0.707, and 1 of its 3 groups has equal rewards. Until 2026-11-29 the log held the means of the
+    # micro-batches' values: (sqrt(14 k0^2 / 5) + sqrt(3) k2) / 2, about 0.816, and (1/2 + 0) / 2 = 1/4.
+    k0, k2 = 1 / (math.sqrt(7) + 1e-4), 1 / (math.sqrt(3) + 1e-4)
+    obj = objective()
+    _, outs = grad_of(obj, StandIn(), batch(0, 1), batch(2))
+    stds = [o.metrics["advantage_std"] for o in outs]
+    assert stds == pytest.approx([math.sqrt(14 * k0**2 / 5), math.sqrt(3) * k2], rel=1e-6)  # each micro-batch's
+    assert [o.metrics["zero_std_groups"] for o in outs] == [0.5, 0.0]
+    logged = obj.step_values()
+    assert logged["advantage_std"] == pytest.approx(math.sqrt((14 * k0**2 + 6 * k2**2) / 8), rel=1e-6)
+    assert logged["zero_std_groups"] == pytest.approx(1 / 3)
+    assert abs(logged["advantage_std"] - sum(stds) / 2) > 0.1  # what the log held: not the step's
+
+
 def test_the_logged_advantage_values_of_a_micro_batch_whose_captions_all_failed_are_undefined():
     class FailsAll(Table):
         def __call__(self, captions, batch):
@@ -926,7 +947,9 @@ def test_the_logged_per_token_metrics_are_the_token_means_over_every_processs_to
     others = {"clip_ratio/region_mean": [50.0, 100.0], "clip_ratio/low_mean": [20.0, 100.0],
               "clip_ratio/high_mean": [30.0, 100.0], "entropy": [300.0, 100.0], "kl": [40.0, 100.0],
               "ratio/mean": [80.0, 100.0]}  # fmt: skip
-    captions = {"reward": [6.0, 4.0], "baseline": [0.0, 4.0], "logprob": [-8.0, 4.0], "sample_words": [4.0, 4.0]}
+    captions = {"reward": [6.0, 4.0], "baseline": [0.0, 4.0], "logprob": [-8.0, 4.0], "sample_words": [4.0, 4.0],
+                "distinct_samples": [1.0, 1.0], "zero_std_groups": [0.0, 1.0],
+                **dict(zip(spread_keys("advantage_std"), ([0.0, 4.0], [4.0, 4.0]), strict=True))}  # fmt: skip
     extremes = {"clip_ratio/low_min": 0.25, "clip_ratio/high_max": 0.75}
     accelerator = OtherProcess({**others, **captions}, extremes)
     obj, outs = _moved_policy_step(EntropyStandIn(), accelerator, entropy_coef=0.1)

@@ -16,6 +16,7 @@ from finecap.objectives import get_objective
 from finecap.objectives.baselines import GreedyBaseline, LeaveOneOut, MeanBaseline, NoBaseline, build_baseline
 from finecap.objectives.entropy import mean_entropy, token_entropy
 from finecap.objectives.reinforce import Reinforce, sequence_logprob
+from finecap.objectives.token_means import spread_keys
 from finecap.rewards import RewardBase, RewardOutput, WeightedSum, caption_rows
 from helpers.contexts import training_context
 from helpers.objective_steps import OtherProcess, train_steps
@@ -317,7 +318,8 @@ def test_each_step_logs_the_increase_of_the_rewards_tallies_over_every_process()
     objective = Reinforce(WeightedSum({"t": (1.0, reward)}), MeanBaseline(), rl=RLConfig(samples=2))
     objective.setup(training_context([]))  # one process; the set-up's 2 calls are no step's
     model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2)
-    captions = {"reward", "baseline", "logprob", "sample_words"}  # the step's means over its captions, beside
+    # the step's values over its captions (images: distinct_samples), beside
+    captions = {"reward", "baseline", "logprob", "sample_words", "advantage_std", "distinct_samples"}
 
     def tallies():
         values = objective.step_values()
@@ -336,16 +338,19 @@ def test_each_step_logs_the_increase_of_the_rewards_tallies_over_every_process()
 
 def test_the_logged_caption_means_are_the_steps_over_every_micro_batch_and_process():
     # micro-batch 1: images 0 and 1, captions a, b, c, d: rewards (1, 3, 2, 2), log p (-2, -2, -1.5, -3);
-    # micro-batch 2: one image, captions b, b: rewards (3, 3), log p (-2, -2); the other process: two captions of
-    # rewards summing to 10 and log-probs to -7. The step's means are over its 8 captions, as TRL's reward over the
-    # step's gathered rewards: reward (8 + 6 + 10) / 8 = 3, logprob (-8.5 - 4 - 7) / 8 = -2.4375. Until 2026-11-29 the
-    # log held the mean over the processes of each one's mean of its micro-batches' means: reward ((2 + 3) / 2 + 5) / 2
-    # = 3.75, logprob ((-2.125 - 2) / 2 - 3.5) / 2 = -2.78125.
+    # micro-batch 2: one image, captions b, b: rewards (3, 3), log p (-2, -2); the other process: one image's two
+    # samples, one caption twice, of rewards (5, 5) (summing to 10, their squares to 50) and log-probs (-3.5, -3.5).
+    # The step's means are over its 8 captions, as TRL's reward over the step's gathered rewards: reward
+    # (8 + 6 + 10) / 8 = 3, logprob (-8.5 - 4 - 7) / 8 = -2.4375. Until 2026-11-29 the log held the mean over the
+    # processes of each one's mean of its micro-batches' means: reward ((2 + 3) / 2 + 5) / 2 = 3.75, logprob
+    # ((-2.125 - 2) / 2 - 3.5) / 2 = -2.78125.
     reward = WeightedSum({"table": (1.0, TableReward(REWARDS))})
     objective = Reinforce(reward, NoBaseline(), rl=RLConfig(samples=2))
+    total, squares = spread_keys("advantage_std")
     objective.accelerator = OtherProcess(
-        {"baseline": [0.0, 2.0], "logprob": [-7.0, 2.0], "reward": [10.0, 2.0], "sample_words": [6.0, 2.0]}
-    )
+        {"baseline": [0.0, 2.0], "logprob": [-7.0, 2.0], "reward": [10.0, 2.0], "sample_words": [6.0, 2.0],
+         total: [10.0, 2.0], squares: [50.0, 2.0], "distinct_samples": [0.5, 1.0]}
+    )  # fmt: skip
     model = StandIn(TEXTS, LOGPROBS, LENGTHS, 2)
     outs = [objective(model, BATCH).metrics]
     model.texts, model.lengths, model.lp = ["b", "b"], [1, 1], torch.nn.Parameter(torch.tensor([LOGPROBS[1]] * 2))
@@ -355,6 +360,15 @@ def test_the_logged_caption_means_are_the_steps_over_every_micro_batch_and_proce
     logged = objective.step_values()
     assert logged["reward"] == 3.0 and logged["logprob"] == -2.4375
     assert logged["baseline"] == 0.0 and logged["sample_words"] == 1.5  # (6 x 1 word + 6) / 8
+    # advantage_std (no baseline: A = R) over the step's 8 advantages (1, 3, 2, 2; 3, 3; 5, 5), Bessel-corrected as
+    # TRL's nanstd: sum 24, squares 18 + 18 + 50 = 86, variance (86 - 24^2 / 8) / 7 = 2. Until 2026-11-29 the mean
+    # over the processes of the means of the micro-batches' stds: ((sqrt(2/3) + 0) / 2 + 0) / 2 = 0.204.
+    assert [o["advantage_std"] for o in outs] == pytest.approx([math.sqrt(2 / 3), 0.0])  # their own
+    assert logged["advantage_std"] == pytest.approx(math.sqrt(2), rel=1e-12)
+    # distinct_samples over the step's 3 images (a b: 1, c d: 1, b b: 1/2) and the other process's one (1/2): 3 / 4.
+    # Until 2026-11-29: ((1 + 1/2) / 2 + 1/2) / 2 = 5/8
+    assert [o["distinct_samples"] for o in outs] == [1.0, 0.5]  # their own
+    assert logged["distinct_samples"] == 0.75
 
 
 def test_build_baseline_names():

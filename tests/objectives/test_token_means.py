@@ -93,3 +93,37 @@ def test_a_steps_extreme_is_over_every_processs_micro_batches_and_none_of_a_copy
     alone = TokenMeans()  # one process whose micro-batches held no value: the name is left out
     alone.add_extreme("share/high_max", torch.tensor([]), True)
     assert alone.step_means() == {}
+
+
+STD_VALUES = {0: [([1.0, 3.0], True), ([2.0, 2.0, 5.0], True)], 1: [([9.0, 9.0], False), ([4.0], True)]}
+"""Two processes' micro-batches of per-caption values (``counted=False``: a copy, counted where it was cut from)."""
+
+
+def test_a_steps_std_is_over_every_processs_values_and_none_of_a_copy():
+    # the step's values: 1, 3, 2, 2, 5 on process 0 and 4 on process 1 (not the copy's 9s): n 6, sum 17, squares 59,
+    # Bessel-corrected variance (59 - 17^2 / 6) / 5 = 13/6. Each micro-batch returns its own std (sqrt 2, sqrt 3, 0
+    # for one value); the mean of those, process by process, is what was logged until 2026-11-29.
+    zero, one = TokenMeans(), TokenMeans()
+    own = [means.add_std("spread", torch.tensor(v), counted) for means, p in ((zero, 0), (one, 1))
+           for v, counted in STD_VALUES[p]]  # fmt: skip
+    assert own == pytest.approx([math.sqrt(2), math.sqrt(3), 0.0, 0.0])
+    zero.add("kl", torch.tensor([0.5])), one.add("kl", torch.tensor([1.5]))  # reduced with the others, apart
+    reduce = reduced(zero, one)
+    want = {"spread": pytest.approx(math.sqrt(13 / 6), rel=1e-12), "kl": 1.0}
+    assert zero.step_means(reduce) == one.step_means(reduce) == want
+    assert zero.sums == {} and zero.spreads == set() and zero.step_means() == {}  # the next step starts from nothing
+    alone = TokenMeans()  # one value in the step: std 0; none: NaN for the micro-batch and no step value
+    assert alone.add_std("spread", torch.tensor([7.0])) == 0.0 and alone.step_means() == {"spread": 0.0}
+    assert math.isnan(alone.add_std("spread", torch.tensor([]))) and alone.step_means() == {}
+
+
+def test_a_steps_std_is_trls_nanstd_of_the_steps_values():
+    # TRL 1.16 logs reward_std as nanstd of the step's gathered values: the sample std (Bessel's correction)
+    nanstd = pytest.importorskip("trl.trainer.utils").nanstd
+    zero, one = TokenMeans(), TokenMeans()
+    for means, p in ((zero, 0), (one, 1)):
+        for values, counted in STD_VALUES[p]:
+            means.add_std("spread", torch.tensor(values), counted)
+    step = torch.tensor([1.0, 3.0, 2.0, 2.0, 5.0, 4.0], dtype=torch.float64)
+    # rel 1e-7: nanstd multiplies by its correction count / (count - 1) in float32
+    assert zero.step_means(reduced(zero, one))["spread"] == pytest.approx(float(nanstd(step)), rel=1e-7)

@@ -73,6 +73,8 @@ def test_each_reward_part_has_an_axis_of_its_own_and_nothing_else_shares_it():
     ("reward/qa_utility/judge_failed", "reward/qa_utility/judge_failed"),
     ("reward/qa_utility/judge/seconds", "reward/qa_utility/judge/seconds"),
     ("kl", "kl"), ("ratio/max", "ratio"), ("advantage/min", "advantage"), ("clip_fraction", "clip_fraction"),
+    ("clip_ratio/low_mean", "clip_fraction"), ("clip_ratio/high_mean", "clip_fraction"),
+    ("clip_ratio/region_mean", None), ("clip_ratio/low_min", None),  # clip_fraction's other name; an extreme
     ("time/reward", None), ("rewards", None), ("reward/", None), ("my_reward", None), ("baseline", None),
     ("loss/policy", None), ("lr", None), ("monitor", None),
 ])  # fmt: skip
@@ -114,6 +116,39 @@ def test_a_judges_tallies_are_one_panel_with_a_line_each(tmp_path, monkeypatch):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(JUDGE_TALLIES)
     assert ax.get_title() == rl_title("reward/qa_utility/judge") == "judge of reward part qa_utility: per step"
     assert rl_title("reward/qa_utility") == "reward part: qa_utility"
+
+
+CLIP_SIDES = {"clip_ratio/low_mean": 0.02, "clip_ratio/high_mean": 0.08, "clip_ratio/region_mean": 0.1}
+"""TRL's clip_ratio/*_mean as a GRPO step logs them from 2026-11-29 (region_mean is clip_fraction's other name)."""
+
+
+def test_the_clip_panel_draws_both_sides_of_the_clip_beside_clip_fraction_and_an_older_runs_alone(
+    tmp_path, monkeypatch
+):
+    # the clip panel drew clip_fraction only, not which side of the clip bound (the ratio below 1 - clip_low with a
+    # negative advantage, or above 1 + clip_high with a positive one); a run before 2026-11-29 logged neither side
+    from finecap.report import plots
+
+    new = [{**e, "values": {**e["values"], **CLIP_SIDES}} if e["split"] == "train" else e for e in rl_events(2)]
+    panel = rl_panels(new)["clip_fraction"]
+    assert panel == {"clip_fraction": [(1, 0.1), (2, 0.11)], "clip_ratio/low_mean": [(1, 0.02), (2, 0.02)],
+                     "clip_ratio/high_mean": [(1, 0.08), (2, 0.08)]}  # fmt: skip
+    assert list(rl_panels(rl_events(2))["clip_fraction"]) == ["clip_fraction"]
+    titles = {}
+    save = plots._save
+
+    def keep(fig, out):
+        (ax,) = fig.axes
+        titles[Path(out).name] = (ax.get_title(), [line.get_label() for line in ax.get_lines()])
+        return save(fig, out)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    for stage, events in (("new", new), ("old", rl_events(2))):
+        drawn = dict(rl_curves(events, tmp_path, stage))
+        title, lines = titles[drawn["clip_fraction"].name]
+        assert title == "clip fraction (either side, low, high)"
+        assert lines == (["clip_fraction", "clip_ratio/low_mean", "clip_ratio/high_mean"] if stage == "new"
+                         else ["clip_fraction"])  # fmt: skip
 
 
 def test_a_run_without_a_reward_gets_no_rl_panels(tmp_path):

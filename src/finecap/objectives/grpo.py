@@ -93,10 +93,11 @@ from finecap.objectives.reference import Reference
 from finecap.objectives.reinforce import (
     Reinforce,
     Rollout,
-    advantage_spread,
+    advantage_range,
     policy_gradient_loss,
     reinforce_kwargs,
     sequence_logprob,
+    usable_advantages,
 )
 from finecap.objectives.token_means import caption_means, scored_values
 from finecap.rewards.base import RewardOutput
@@ -292,16 +293,16 @@ def compared(failed: torch.Tensor | None, n: int, samples: int) -> torch.Tensor:
     return (grouped & (grouped.sum(dim=1, keepdim=True) >= 2)).flatten()  # (N,)
 
 
-def zero_std_share(rewards: torch.Tensor, samples: int, failed: torch.Tensor | None = None) -> float:
-    """Share of groups whose rewards are all equal (TRL's ``frac_reward_zero_std``): no learning signal. The std of a
+def zero_std_groups(rewards: torch.Tensor, samples: int, failed: torch.Tensor | None = None) -> torch.Tensor:
+    """(G,) bool: whether each group's rewards are all equal (TRL's ``is_std_zero``): no learning signal. The std of a
     group is over its scored captions (neither NaN, which TRL's ``nanstd`` skips too, nor ``failed`` (N,), whatever
     number a reward left there), so a group whose scored captions agree counts; one with fewer than two scored
     captions has no std and does not (as TRL's).
 
-    >>> zero_std_share(torch.tensor([2.0, float("nan"), 2.0, 1.0, 2.0, 3.0]), 3)  # group 0: (2, 2) scored
-    0.5
-    >>> zero_std_share(torch.tensor([float("nan")] * 3 + [1.0, 2.0, 3.0]), 3)  # group 0: none scored, no std
-    0.0
+    >>> zero_std_groups(torch.tensor([2.0, float("nan"), 2.0, 1.0, 2.0, 3.0]), 3).tolist()  # group 0: (2, 2)
+    [True, False]
+    >>> zero_std_groups(torch.tensor([float("nan")] * 3 + [1.0, 2.0, 3.0]), 3).tolist()  # group 0: none scored
+    [False, False]
     """
     grouped = rewards.view(-1, samples)  # (G, s)
     ok = ~torch.isnan(grouped)
@@ -309,8 +310,16 @@ def zero_std_share(rewards: torch.Tensor, samples: int, failed: torch.Tensor | N
         ok &= ~failed.to(grouped.device, torch.bool).view(-1, samples)
     count, centred = _scored_centred(grouped, ok)
     std = _scored_std(centred, count)
-    zero = torch.isclose(std, torch.zeros_like(std)) & (count >= 2)  # (G, 1)
-    return float(zero.float().mean())
+    return (torch.isclose(std, torch.zeros_like(std)) & (count >= 2)).flatten()  # (G, 1) -> (G,)
+
+
+def zero_std_share(rewards: torch.Tensor, samples: int, failed: torch.Tensor | None = None) -> float:
+    """Share of groups whose rewards are all equal (:func:`zero_std_groups`; TRL's ``frac_reward_zero_std``).
+
+    >>> zero_std_share(torch.tensor([2.0, float("nan"), 2.0, 1.0, 2.0, 3.0]), 3)
+    0.5
+    """
+    return float(zero_std_groups(rewards, samples, failed).float().mean())
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -648,8 +657,8 @@ class PolicyOptimization(Reinforce):
             losses["entropy"] = -self.rl.entropy_coef * mean_entropy(scores.entropy, mask, per, scored)
             # a token mean whatever the bonus's aggregation, as TRL's: the measure of the policy's entropy
             metrics["entropy"] = self.token_means.add("entropy", scored_values(scores.entropy, mask, scored), counted)
-        metrics.update(self.metrics(rollout, seq_logp, counted))
-        metrics.update(self.advantage_metrics(item))
+        metrics.update(self.metrics(rollout, seq_logp, counted, item.advantages))
+        metrics.update(self.advantage_metrics(item, counted))
         metrics.update(self.watch(rollout, batch))
         return ObjectiveOutput(losses=losses, metrics=metrics, num_items=items, scored=self.signal(rollout))
 
@@ -762,14 +771,20 @@ class PolicyOptimization(Reinforce):
             values["clip_fraction"] = values["clip_ratio/region_mean"]
         return values
 
-    def advantage_metrics(self, item: Prepared) -> dict[str, float]:
+    def advantage_metrics(self, item: Prepared, counted: bool = True) -> dict[str, float]:
+        """``advantage/min`` and ``advantage/max`` of the micro-batch (``advantage_std``: :meth:`Reinforce.metrics`)
+        and under group advantages ``zero_std_groups``, the share of its groups whose rewards are all equal, which
+        also goes to the step's means (``counted``: unless the micro-batch is a copy): the step logs the share over
+        every group of every process, as TRL's ``frac_reward_zero_std`` over the step's gathered groups (until
+        2026-11-29 the mean of the micro-batches' and processes' shares)."""
         rewards = item.rollout.rewards
         failed = rewards.failed_mask()
-        # a placeholder 0 is no advantage (advantage_spread): a failed caption's, or one without a baseline or a group
-        # to compare with (until 2026-11-29 the latter counted here, as it never did in REINFORCE's metrics)
-        out = advantage_spread(item.advantages, self.has_advantage(item.rollout))
+        # a placeholder 0 is no advantage (usable_advantages): a failed caption's, or one without a baseline or a
+        # group to compare with (until 2026-11-29 the latter counted here, as it never did in REINFORCE's metrics)
+        out = advantage_range(usable_advantages(item.advantages, self.has_advantage(item.rollout)))
         if self.grpo.advantage == "group":
-            out["zero_std_groups"] = zero_std_share(rewards.total, self.rl.samples, failed)
+            zero = zero_std_groups(rewards.total, self.rl.samples, failed).double()  # (G,)
+            out["zero_std_groups"] = self.token_means.add("zero_std_groups", zero, counted)
         return out
 
 

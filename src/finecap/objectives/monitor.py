@@ -15,8 +15,9 @@ samples (no extra decoding) and logs them with the step's other values; none of 
   repeat an earlier 3-gram of the same caption (``a red circle a red circle``: 4 trigrams, 1 repeated, 0.25); a
   caption shorter than 3 words has none. Trigrams, because a plain caption may repeat a word or a pair (``a red
   circle and a red square``) but rarely three in a row; loops always do.
-- ``distinct_samples`` (logged by the objective when ``rl.samples > 1``, :func:`distinct_share`): the mean over images
-  of the share of distinct captions among the image's samples.
+- ``distinct_samples`` (logged by the objective when ``rl.samples > 1``, :func:`distinct_shares`): the mean over images
+  of the share of distinct captions among the image's samples, every image of the step, every process's (the
+  ``distinct`` alarm's measure; until 2026-11-29 the log held the mean of the micro-batches' and processes' means).
 - ``monitor/fact_precision``, ``monitor/fact_recall`` (on the world only, where scene graphs say what is true): the
   mean over sampled captions of the world's fact precision and recall (:func:`finecap.world.facts.faithfulness`, the
   parser ``finecap eval``'s faithfulness uses).
@@ -122,12 +123,23 @@ def repetition(text: str, n: int = REPETITION_N) -> float:
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
-def distinct_share(texts: list[str], s: int) -> float:
-    """Mean over images of (distinct captions / s), captions of one image contiguous in groups of ``s``."""
-    if s <= 1 or not texts:
-        return 1.0
+def distinct_shares(texts: list[str], s: int) -> list[float]:
+    """Each image's share of distinct captions among its samples (distinct captions / s), captions of one image
+    contiguous in groups of ``s``; 1 for each caption with ``s <= 1``.
+
+    >>> distinct_shares(["a", "a", "b", "c", "d", "e"], 3)
+    [0.6666666666666666, 1.0]
+    """
+    if s <= 1:
+        return [1.0] * len(texts)
     groups = [texts[i : i + s] for i in range(0, len(texts), s)]
-    return sum(len(set(g)) / len(g) for g in groups) / len(groups)
+    return [len(set(g)) / len(g) for g in groups]
+
+
+def distinct_share(texts: list[str], s: int) -> float:
+    """Mean over images of :func:`distinct_shares`; 1 for no caption."""
+    shares = distinct_shares(texts, s)
+    return sum(shares) / len(shares) if shares else 1.0
 
 
 class Monitor:

@@ -79,7 +79,7 @@ from finecap.objectives.base import ObjectiveOutput, unwrap
 from finecap.objectives.baselines import baseline_of, build_baseline, call_hook
 from finecap.objectives.engine_mismatch import importance_weights, mismatch_metrics, mismatch_values
 from finecap.objectives.entropy import mean_entropy
-from finecap.objectives.monitor import Monitor, distinct_share
+from finecap.objectives.monitor import Monitor, distinct_shares
 from finecap.objectives.token_means import TokenMeanObjective, finite_values, scored_values
 from finecap.registry import declared_needs
 from finecap.rewards import RewardInputs, as_reward, build_reward
@@ -118,7 +118,7 @@ class Rollout:
     def usable(self) -> torch.Tensor:
         """(N,) bool: the captions that have an advantage (a finite ``R - b`` of a caption a reward scored); the
         others' :attr:`advantage` is a placeholder 0, left out of the logged advantage values
-        (:func:`advantage_spread`)."""
+        (:func:`usable_advantages`)."""
         usable = torch.isfinite(self.rewards.total - self.baseline)  # only failed captions' NaN passed check_finite
         if self.rewards.failed is not None:
             usable &= ~self.rewards.failed.to(usable.device)
@@ -160,26 +160,31 @@ def sequence_logprob(token_logprobs: torch.Tensor, lengths: torch.Tensor, reduct
     raise ValueError(f"rl.logprob: invalid value {reduction!r}; valid choices: {', '.join(LOGPROBS)}")
 
 
-def advantage_spread(advantage: torch.Tensor, usable: torch.Tensor | None = None) -> dict[str, float]:
-    """``advantage_std``, ``advantage/min`` and ``advantage/max`` of the (N,) ``advantage`` over the captions that have
-    one (``usable``, (N,) bool; ``None``: all): a caption a reward could not score has the placeholder advantage 0
-    (:attr:`Rollout.advantage`), which is no advantage and is left out, as it is of every statistic
-    (docs/methods/grpo.md). The std is 0 for a single caption; all three are NaN (left out of the logged means:
-    :class:`finecap.train.logging.Means`) when no caption has an advantage. Until 2026-11-29 the placeholders counted:
-    a step with failed captions logged a smaller spread, and a 0 as an extreme no caption had.
+def usable_advantages(advantage: torch.Tensor, usable: torch.Tensor | None = None) -> torch.Tensor:
+    """The (N,) ``advantage`` of the captions that have one (``usable``, (N,) bool; ``None``: all), 1-D, what
+    ``advantage_std`` (:meth:`Reinforce.metrics`), ``advantage/min`` and ``advantage/max`` (:func:`advantage_range`)
+    are of: a caption a reward could not score has the placeholder advantage 0 (:attr:`Rollout.advantage`), which is
+    no advantage and is left out, as it is of every statistic (docs/methods/grpo.md). Until 2026-11-29 the
+    placeholders counted: a step with failed captions logged a smaller spread, and a 0 as an extreme no caption had.
 
-    Example::
-
-        >>> advantage_spread(torch.tensor([-1.0, 0.0, 1.0, 0.0]), torch.tensor([True, True, True, False]))
-        {'advantage_std': 1.0, 'advantage/min': -1.0, 'advantage/max': 1.0}
+    >>> usable_advantages(torch.tensor([-1.0, 0.0, 1.0, 0.0]), torch.tensor([True, True, True, False])).tolist()
+    [-1.0, 0.0, 1.0]
     """
-    values = advantage.detach().float()
-    if usable is not None:
-        values = values[usable.to(values.device)]
+    values = advantage.detach()
+    return values if usable is None else values[usable.to(values.device)]
+
+
+def advantage_range(values: torch.Tensor) -> dict[str, float]:
+    """``advantage/min`` and ``advantage/max`` of the advantages ``values`` (:func:`usable_advantages`), both NaN
+    (left out of the logged extremes: :class:`finecap.train.logging.Means`) when no caption has an advantage.
+
+    >>> advantage_range(torch.tensor([-1.0, 0.0, 1.0]))
+    {'advantage/min': -1.0, 'advantage/max': 1.0}
+    """
     if not values.numel():
-        return dict.fromkeys(("advantage_std", "advantage/min", "advantage/max"), float("nan"))
-    return {"advantage_std": float(values.std()) if values.numel() > 1 else 0.0,
-            "advantage/min": float(values.min()), "advantage/max": float(values.max())}  # fmt: skip
+        return dict.fromkeys(("advantage/min", "advantage/max"), float("nan"))
+    low, high = torch.stack((values.min(), values.max())).float().tolist()
+    return {"advantage/min": low, "advantage/max": high}
 
 
 def policy_gradient_loss(advantage: torch.Tensor, logprob: torch.Tensor) -> torch.Tensor:
@@ -496,14 +501,24 @@ class Reinforce(TokenMeanObjective):
             self.monitor.observe_greedy_failed(0 if greedy_failed is None else int(greedy_failed.sum()), n_greedy)
         return self.monitor.measure(rollout.samples.texts, image_ids, step)
 
-    def metrics(self, rollout: Rollout, logp: torch.Tensor, counted: bool = True) -> dict[str, float]:
-        """The micro-batch's values of the rollout (module docstring). ``reward``, ``reward_greedy``, ``baseline``,
-        ``logprob`` and ``sample_words``, means over captions, also go to the step's means (``counted``: unless the
-        micro-batch is a copy), which the step logs in their place (:meth:`step_values`): the means over every
-        caption of the step, every process's, as TRL 1.16's ``reward`` is over the step's gathered rewards. Until
-        2026-11-29 a step logged the mean of its micro-batches' and processes' means, which differs when they hold
-        unequal numbers of (scored) captions. ``reward/<part>`` stays the mean of the micro-batches' means (a part is
-        the reward's to name: a name one process lacked would stall the step's reduction)."""
+    def metrics(
+        self, rollout: Rollout, logp: torch.Tensor, counted: bool = True, advantage: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        """The micro-batch's values of the rollout (module docstring), ``advantage`` (N,) the captions' advantages
+        (``None``: :attr:`Rollout.advantage`; the GRPO family's own). ``reward``, ``reward_greedy``, ``baseline``,
+        ``logprob`` and ``sample_words``, means over captions, and ``distinct_samples``, a mean over images, also go
+        to the step's means (``counted``: unless the micro-batch is a copy), which the step logs in their place
+        (:meth:`step_values`): the means over every caption (image) of the step, every process's, as TRL 1.16's
+        ``reward`` is over the step's gathered rewards; ``distinct_samples`` is then the measure the
+        ``rl.alarms.distinct`` alarm reads (:meth:`finecap.objectives.monitor.Monitor.step_values`).
+        ``advantage_std`` likewise (:meth:`~finecap.objectives.token_means.TokenMeans.add_std`): the std over every
+        advantage of the step (:func:`usable_advantages`), as TRL's ``nanstd`` of the step's gathered values. Until
+        2026-11-29 a step logged the mean of its micro-batches' and processes' values, which differs when they hold
+        unequal numbers of (scored) captions. ``reward/<part>`` stays the mean of the micro-batches' means: a part is
+        named by each call's output (:attr:`RewardOutput.parts <finecap.rewards.base.RewardOutput.parts>`), declared
+        nowhere beforehand (a reward server's answer names its parts, a plain callable returns what it likes), so no
+        process knows the names another's micro-batches gave, and a reduction over a name one process lacked would
+        stall the step or sum unlike rows."""
         r = rollout.rewards
         add = self.token_means.add  # the step's means (finecap.objectives.token_means)
         # means over the captions the rewards scored: a failed caption's values are NaN (RewardOutput.failed)
@@ -519,12 +534,15 @@ class Reinforce(TokenMeanObjective):
             out["reward_greedy/failed"] = 0.0 if greedy_failed is None else float(greedy_failed.float().mean())
         # over the captions that have one (not a failed greedy's)
         out["baseline"] = add("baseline", finite_values(rollout.baseline), counted)
-        out["advantage_std"] = advantage_spread(rollout.advantage, rollout.usable)["advantage_std"]
+        advantage = rollout.advantage if advantage is None else advantage
+        usable = usable_advantages(advantage, self.has_advantage(rollout))
+        out["advantage_std"] = self.token_means.add_std("advantage_std", usable, counted)
         out["logprob"] = add("logprob", logp.detach().flatten(), counted)
         texts = rollout.samples.texts
         out["sample_words"] = add("sample_words", torch.tensor([float(len(t.split())) for t in texts]), counted)
         if self.rl.samples > 1:
-            out["distinct_samples"] = distinct_share(texts, self.rl.samples)
+            shares = torch.tensor(distinct_shares(texts, self.rl.samples), dtype=torch.float64)  # (B,)
+            out["distinct_samples"] = add("distinct_samples", shares, counted)
         return out
 
 

@@ -22,7 +22,14 @@ gradient and is no measurement. GSPO's sequence-level ratio has one value per ca
 A mean over captions is reduced alike, one value per caption: the REINFORCE family's ``reward``, ``reward_greedy``,
 ``baseline``, ``logprob``, ``sample_words`` and SLE's ``diversity_reward`` are the step's means over every caption of
 every process (TRL's ``reward`` is over the step's gathered rewards), not the mean of the micro-batches' means, which
-differs where they hold unequal numbers of (scored) captions (until 2026-11-29). And an extreme of per-caption values
+differs where they hold unequal numbers of (scored) captions (until 2026-11-29); so is a share of groups, one value
+per image: ``distinct_samples`` and the GRPO family's ``zero_std_groups`` (TRL's ``frac_reward_zero_std`` is over the
+step's gathered groups; both the micro-batches' means until 2026-11-29). A standard deviation of per-caption values
+(:meth:`TokenMeans.add_std`: ``advantage_std``) is reduced alike too: each micro-batch adds the sum of its values and
+of their squares, two more rows of the same all-reduce, and the step's std over every process's values is made of the
+reduced sums with Bessel's correction, as TRL 1.16's ``nanstd`` (its ``reward_std``) over the step's gathered values,
+0 for a single value where TRL's is NaN (:func:`sample_std`; until 2026-11-29 the log held the mean of the
+micro-batches' and processes' stds, which changed with how the step was cut). And an extreme of per-caption values
 (:meth:`TokenMeans.add_extreme`: TRL's ``clip_ratio/low_min`` and ``high_max``, the extremes of each caption's share
 of clipped tokens, :func:`caption_means`) is the step's over every process's captions (one gather), which the log then
 averages over its window's steps as TRL averages its logged values (its name ends in ``_min``, not ``/min``: no
@@ -87,6 +94,27 @@ def finite_values(x: torch.Tensor) -> torch.Tensor:
     return x[torch.isfinite(x)]
 
 
+def sample_std(total: float, squares: float, n: float) -> float:
+    """The standard deviation, with Bessel's correction (TRL 1.16's ``nanstd``), of ``n`` values whose sum is
+    ``total`` and sum of squares ``squares`` (float64 sums: :meth:`TokenMeans.add_std`); 0 for one value, NaN for
+    none.
+
+    >>> sample_std(3.0, 5.0, 3), sample_std(2.0, 4.0, 1), sample_std(0.0, 0.0, 0)  # (0, 1, 2): variance 1
+    (1.0, 0.0, nan)
+    """
+    if n < 1:
+        return math.nan
+    if n < 2:
+        return 0.0
+    return math.sqrt(max(0.0, (squares - total * total / n) / (n - 1)))  # rounding never makes it negative
+
+
+def spread_keys(name: str) -> tuple[str, str]:
+    """The two rows of :attr:`TokenMeans.sums` a standard deviation ``name`` keeps (:meth:`TokenMeans.add_std`):
+    its values' ``[sum, count]`` and ``[sum of squares, count]``; never logged."""
+    return f"{name}:sum", f"{name}:squares"
+
+
 def caption_means(x: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Each caption's mean of ``x`` (N, L) over its tokens ``mask`` (N, L), or ``x`` (N, 1) itself (one value per
     caption: GSPO's), for the captions ``rows`` (N,) bool (every one for ``None``); 1-D, NaN for a caption of no token
@@ -111,6 +139,7 @@ class TokenMeans:
     def __init__(self) -> None:
         self.sums: dict[str, list[float]] = {}  # name: [sum of the values, their count]
         self.extremes: dict[str, list[float]] = {}  # name: [1 for a maximum, -1 for a minimum; the largest sign x v]
+        self.spreads: set[str] = set()  # the standard deviations (add_std), each two rows of sums (spread_keys)
 
     def add(self, name: str, values: torch.Tensor, counted: bool = True) -> float:
         """Add one micro-batch's ``values`` (1-D, one per token: :func:`scored_values`) to the step's ``name`` and
@@ -125,6 +154,30 @@ class TokenMeans:
             entry[0] += total
             entry[1] += n
         return total / n if n else math.nan
+
+    def add_std(self, name: str, values: torch.Tensor, counted: bool = True) -> float:
+        """Add one micro-batch's ``values`` (1-D, one per caption) to the step's standard deviation ``name`` and
+        return theirs (:func:`sample_std`: 0 for one value, NaN for none): their sum and sum of squares go to two
+        rows of the sums :meth:`add` keeps (:func:`spread_keys`), reduced over the processes with the others, from
+        which :meth:`step_means` makes the std over every process's values. ``counted`` as :meth:`add`.
+
+        >>> one, other = TokenMeans(), TokenMeans()  # two processes: values (0, 2) and (1,)
+        >>> one.add_std("a", torch.tensor([0.0, 2.0])), other.add_std("a", torch.tensor([1.0]))
+        (1.4142135623730951, 0.0)
+        >>> both = one.totals() + other.totals()
+        >>> one.step_means(lambda t: both)  # the std of (0, 2, 1)
+        {'a': 1.0}
+        """
+        values = values.detach().double()
+        n = values.numel()
+        total, squares = torch.stack((values.sum(), values.square().sum())).tolist()  # the one synchronisation
+        self.spreads.add(name)
+        for key, value in zip(spread_keys(name), (total, squares), strict=True):
+            entry = self.sums.setdefault(key, [0.0, 0.0])
+            if counted:
+                entry[0] += value
+                entry[1] += n
+        return sample_std(total, squares, n)
 
     def add_extreme(self, name: str, values: torch.Tensor, highest: bool, counted: bool = True) -> float:
         """Add one micro-batch's ``values`` (1-D, a NaN left out: a caption of no token) to the step's extreme
@@ -150,20 +203,27 @@ class TokenMeans:
 
     def step_means(self, reduce: Reduce | None = None, gather: Gather | None = None) -> dict[str, float]:
         """The step's token mean of each name over every process's tokens (``reduce``: the sum over the processes,
-        ``None`` on one), and each extreme (:meth:`add_extreme`) over every process's values (``gather``: the
-        processes' tensors end to end, ``None`` on one); a name with no value anywhere left out (its micro-batches'
-        NaN stand); the step starts again from nothing."""
+        ``None`` on one), each standard deviation (:meth:`add_std`) over every process's values, reduced alike, and
+        each extreme (:meth:`add_extreme`) over every process's values (``gather``: the processes' tensors end to
+        end, ``None`` on one); a name with no value anywhere left out (its micro-batches' NaN stand); the step starts
+        again from nothing."""
         names, totals = sorted(self.sums), self.totals()
         if reduce is not None and names:
             totals = reduce(totals).cpu()
-        out = {name: s / c for name, (s, c) in zip(names, totals.tolist(), strict=True) if c > 0}
+        rows = dict(zip(names, totals.tolist(), strict=True))
+        out = {}
+        for name in sorted(self.spreads):
+            (total, n), (squares, _) = (rows.pop(key) for key in spread_keys(name))
+            if n > 0:
+                out[name] = sample_std(total, squares, n)
+        out.update({name: s / c for name, (s, c) in rows.items() if c > 0})
         extremes, signed = sorted(self.extremes), self.extreme_values()
         if gather is not None and extremes:
             signed = gather(signed).cpu().reshape(-1, len(extremes)).amax(dim=0)  # (P, K) -> (K,)
         for name, value in zip(extremes, signed.tolist(), strict=True):
             if value > -math.inf:
                 out[name] = self.extremes[name][0] * value
-        self.sums, self.extremes = {}, {}
+        self.sums, self.extremes, self.spreads = {}, {}, set()
         return out
 
 

@@ -41,12 +41,17 @@ mean and the greedy captions' (SCST); one axis. (``baseline`` is not drawn: 0 un
 stretch the axis.)"""
 RL_GROUPS = {
     "kl": ("KL to the reference", ("kl",)),
-    "clip_fraction": ("clip fraction", ("clip_fraction",)),
+    "clip_fraction": (
+        "clip fraction (either side, low, high)",
+        ("clip_fraction", "clip_ratio/low_mean", "clip_ratio/high_mean"),
+    ),
     "ratio": ("importance ratio range (min, mean, max)", ("ratio/min", "ratio/mean", "ratio/max")),
     "advantage": ("advantage spread (std, min, max)", ("advantage_std", "advantage/min", "advantage/max")),
 }
 """The RL diagnostics drawn together because they share units (:class:`finecap.objectives.grpo.PolicyOptimization`'s
-metrics): ``{panel: (title, keys)}``."""
+metrics): ``{panel: (title, keys)}``; a panel draws those of its keys a run logged (``clip_ratio/low_mean`` and
+``high_mean``, the two sides of ``clip_fraction``, from 2026-11-29 on: an older run's panel holds ``clip_fraction``
+alone)."""
 
 
 _Draw = TypeVar("_Draw", bound=Callable[..., Any])
