@@ -135,12 +135,9 @@ def test_a_line_cut_short_is_left_out_with_a_warning_and_decoded_again(run, shap
     assert out.read_bytes() == whole.read_bytes() and not partial.exists()
 
 
-@pytest.mark.slow
-def test_results_that_cannot_be_written_keep_the_partial_file_and_release_the_lock(run, shapes, tmp_path, monkeypatch):
-    # a disk full when --out is written, at the very end: the command failed naming --out, but said nothing of the
-    # captions kept, and left its lock file behind. Now it says where they are kept, releases the lock, and the same
-    # command again writes them without decoding any image; a lock file a dead process left does not stop it
-    whole, out = tmp_path / "whole.json", tmp_path / "out.json"
+def written_on_a_full_disk(run, shapes, whole, out, monkeypatch):
+    """Caption the images into ``whole``, then again into ``out`` on a disk found full when ``out`` is written (at
+    the very end); the second command's exit code and standard error."""
     assert run_cli(argv(run, shapes, whole, "images", GREEDY))[0] == 0
 
     def disk_full(path, captions):
@@ -149,6 +146,16 @@ def test_results_that_cannot_be_written_keep_the_partial_file_and_release_the_lo
     with monkeypatch.context() as m:
         m.setattr(finecap.app.caption, "write_results", disk_full)
         code, _, err = run_cli(argv(run, shapes, out, "images", GREEDY))
+    return code, err
+
+
+@pytest.mark.slow
+def test_results_that_cannot_be_written_keep_the_partial_file_and_release_the_lock(run, shapes, tmp_path, monkeypatch):
+    # a disk full when --out is written, at the very end: the command failed naming --out, but said nothing of the
+    # captions kept, and left its lock file behind. Now it says where they are kept, releases the lock, and the same
+    # command again writes them without decoding any image; a lock file a dead process left does not stop it
+    whole, out = tmp_path / "whole.json", tmp_path / "out.json"
+    code, err = written_on_a_full_disk(run, shapes, whole, out, monkeypatch)
     partial, lock = tmp_path / "out.json.partial.jsonl", tmp_path / ".out.json.caption.lock"
     assert code == 2 and f"finecap: error: {out}: no space left on device" in err, err
     said = f"the results could not be written to {out}; 24 image(s) captioned are kept in {partial}: run the same"
@@ -171,14 +178,7 @@ def test_results_that_cannot_be_written_say_how_another_out_keeps_the_captions(r
     # that found no partial file and decoded every image again. It says to copy the partial file beside the new
     # --out, named after it; done so, the command with that --out writes the results without decoding an image
     whole, out = tmp_path / "whole.json", tmp_path / "out.json"
-    assert run_cli(argv(run, shapes, whole, "images", GREEDY))[0] == 0
-
-    def disk_full(path, captions):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-
-    with monkeypatch.context() as m:
-        m.setattr(finecap.app.caption, "write_results", disk_full)
-        code, _, err = run_cli(argv(run, shapes, out, "images", GREEDY))
+    code, err = written_on_a_full_disk(run, shapes, whole, out, monkeypatch)
     partial = tmp_path / "out.json.partial.jsonl"
     hint = (f"finecap: error: {out}: no space left on device (the disk is full); free space or write elsewhere (--out "
             f"NEW), after copying {partial} to NEW.partial.jsonl beside it, to keep its captions")  # fmt: skip

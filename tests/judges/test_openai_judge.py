@@ -647,43 +647,38 @@ def test_a_model_name_echoing_the_api_key_is_masked_in_the_warning(caplog):
     assert judge.served_model == "model for ***" and key not in caplog.text and "model for ***" in caplog.text
 
 
-def test_an_option_of_the_world_judge_is_refused_saying_whose_it_is(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        ("noise", "OpenAIJudge: noise= is judge.noise, read with judge.name=world, not by the openai judge. "
+         "judge.noise: world: share of answers flipped to another option at random (seeded)."),
+        ("seed", "OpenAIJudge: seed= is judge.seed, which the judge's callers read from the configuration (its judge "
+         "section), not an option of the openai judge. judge.seed: Seed of the option shuffles of QA questions "
+         "(every judge) and of world's flipped answers."),
+    ],
+)  # fmt: skip
+def test_a_judge_option_the_openai_judge_does_not_read_is_refused_saying_whose_it_is(option, said, tmp_path,
+                                                                                    monkeypatch):  # fmt: skip
     # OpenAIJudge(..., noise=0.1) and get_judge("openai", cfg, noise=0.1) were Python's bare "unexpected keyword
-    # argument 'noise'", though judge.noise is a judge option (the world judge's): now the error says what the
-    # configuration says of it, before any client is built, through the factory too (whose answer cache is closed)
+    # argument 'noise'", though judge.noise is a judge option (the world judge's), and so was seed=1, a judge key the
+    # judge's callers read (the QA option shuffles' seed, in no judge's JUDGE_READS; taken, it would change nothing:
+    # greedy decoding, the shuffles are the callers'): now the error says whose it is, before any client is built,
+    # through the factory too (whose answer cache is closed)
     monkeypatch.setattr("finecap.judges.openai.OpenAIBackend", lambda *a, **k: pytest.fail("a client was built"))
-    said = ("OpenAIJudge: noise= is judge.noise, read with judge.name=world, not by the openai judge. judge.noise: "
-            "world: share of answers flipped to another option at random (seeded).")  # fmt: skip
     with pytest.raises(TypeError) as refused:
-        OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", noise=0.1)
+        OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", **{option: 1})
     assert str(refused.value) == said
     closed, close = [], AnswerCache.close
     monkeypatch.setattr(AnswerCache, "close", lambda self: (closed.append(self), close(self)))
     cfg = load(None, ["judge.name=openai", "judge.urls=[http://127.0.0.1:9/v1]", "judge.model=judge-model"])
     with pytest.raises(TypeError) as refused:
-        get_judge("openai", cfg, cache_path=tmp_path / "answers.sqlite", noise=0.1)
+        get_judge("openai", cfg, cache_path=tmp_path / "answers.sqlite", **{option: 1})
     assert str(refused.value) == said and len(closed) == 1
+
+
+def test_a_name_of_no_judge_option_is_pythons_error_and_a_callers_key_is_refused_saying_so():
+    cfg = load(None, ["judge.name=openai", "judge.urls=[http://127.0.0.1:9/v1]", "judge.model=judge-model"])
     with pytest.raises(TypeError, match=r"^OpenAIJudge.__init__\(\) got an unexpected keyword argument 'nois'$"):
         get_judge("openai", cfg, nois=0.1)  # a name of no judge's option: Python's own words
-
-
-def test_a_seed_which_the_callers_read_is_refused_saying_so(tmp_path, monkeypatch):
-    # get_judge("openai", cfg, seed=1) was Python's bare "unexpected keyword argument 'seed'", though judge.seed is a
-    # judge key (the QA option shuffles' seed, read by every judge's callers, so in no judge's JUDGE_READS): now the
-    # error says who reads it, before any client is built, the factory's answer cache closed; taken, it would change
-    # nothing (greedy decoding, the shuffles are the callers')
-    monkeypatch.setattr("finecap.judges.openai.OpenAIBackend", lambda *a, **k: pytest.fail("a client was built"))
-    said = ("OpenAIJudge: seed= is judge.seed, which the judge's callers read from the configuration (its judge "
-            "section), not an option of the openai judge. judge.seed: Seed of the option shuffles of QA questions "
-            "(every judge) and of world's flipped answers.")  # fmt: skip
-    with pytest.raises(TypeError) as refused:
-        OpenAIJudge(["http://127.0.0.1:9/v1"], "judge-model", seed=1)
-    assert str(refused.value) == said
-    closed, close = [], AnswerCache.close
-    monkeypatch.setattr(AnswerCache, "close", lambda self: (closed.append(self), close(self)))
-    cfg = load(None, ["judge.name=openai", "judge.urls=[http://127.0.0.1:9/v1]", "judge.model=judge-model"])
-    with pytest.raises(TypeError) as refused:
-        get_judge("openai", cfg, cache_path=tmp_path / "answers.sqlite", seed=1)
-    assert str(refused.value) == said and len(closed) == 1
     with pytest.raises(TypeError, match=r"^OpenAIJudge: shuffles= is judge.shuffles, which the judge's callers read"):
         get_judge("openai", cfg, shuffles=3)

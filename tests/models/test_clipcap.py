@@ -232,6 +232,20 @@ def test_save_and_from_checkpoint_round_trip(trained, tmp_path):
     assert again.config_dict() == model.config_dict()
 
 
+def saved_with_lora(cfg, folder):
+    """The ClipCap ``cfg`` makes, with its LoRA adapters (``lora.*``) set to change its outputs (``lora_B`` drawn, not
+    0), saved to ``folder``: ``(model, checkpoint folder)``."""
+    from finecap.models import lora
+
+    model = ClipCap.build(cfg)
+    lora.configure_training(model, cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # the adapters change the logits and the features
+    return model, model.eval().save(folder)
+
+
 def test_a_relative_lm_folder_is_recorded_absolute_and_named_by_the_lm_lora_adapter(tmp_path, monkeypatch):
     """``clipcap.lm=models/gpt2`` given where that folder exists: ``captioner.json`` recorded ``lm_source:
     models/gpt2`` (beside the absolute ``encoder_source``) and ``lm_lora/adapter_config.json`` (peft's record of the
@@ -240,7 +254,6 @@ def test_a_relative_lm_folder_is_recorded_absolute_and_named_by_the_lm_lora_adap
     from peft import AutoPeftModelForCausalLM
 
     from finecap.config import load
-    from finecap.models import lora
     from finecap.models.presets import save_tiny_clip
 
     torch.manual_seed(0)
@@ -252,13 +265,7 @@ def test_a_relative_lm_folder_is_recorded_absolute_and_named_by_the_lm_lora_adap
     monkeypatch.chdir(tmp_path)
     cfg = load(None, ["clipcap.lm=models/gpt2", f"model.encoder={clip}", "clipcap.prefix_length=2", "lora.rank=4",
                       "lora.alpha=8", "lora.lm=true"])  # fmt: skip
-    model = ClipCap.build(cfg)
-    lora.configure_training(model, cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)  # the adapter changes the logits
-    out = model.eval().save(tmp_path / "ckpt")
+    model, out = saved_with_lora(cfg, tmp_path / "ckpt")
     meta = json.loads((out / "captioner.json").read_text())
     config = json.loads((out / "lm_lora" / "adapter_config.json").read_text())
     assert meta["lm_source"] == config["base_model_name_or_path"] == str(folder.resolve())
@@ -289,13 +296,7 @@ def test_a_relative_encoder_folder_is_named_by_the_encoder_lora_adapter(tmp_path
     monkeypatch.chdir(tmp_path)
     cfg = load(None, ["model.encoder=models/clip", "clipcap.prefix_length=2", "lora.rank=4", "lora.alpha=8",
                       "lora.encoder=true", "model.train_encoder=true"])  # fmt: skip
-    model = ClipCap.build(cfg)
-    lora.configure_training(model, cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)  # the adapter changes the features
-    out = model.eval().save(tmp_path / "ckpt")
+    model, out = saved_with_lora(cfg, tmp_path / "ckpt")
     meta = json.loads((out / "captioner.json").read_text())
     config = json.loads((out / "encoder_lora" / "adapter_config.json").read_text())
     assert meta["encoder_source"] == config["base_model_name_or_path"] == str((tmp_path / "models" / "clip").resolve())
