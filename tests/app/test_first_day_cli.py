@@ -305,7 +305,8 @@ def test_a_config_that_can_never_run_is_refused_before_the_world_is_made(recipe,
 )
 def test_a_missing_extra_is_one_line_naming_the_install(module, expected, monkeypatch):
     """An option whose package (an extra of finecap's) is not installed: one line, exit 2, never an ImportError
-    traceback (issue 48, found in round three)."""
+    traceback (issue 48): ``explain`` shows a MissingExtra as its message alone, and each option's import guard
+    (bitsandbytes for ``model.quantization``, ``datasets`` for ``data.format=hf``) raises one naming the install."""
     from finecap.errors import explain
     from finecap.utils.system import MissingExtra
 

@@ -480,7 +480,7 @@ def test_bomb_and_truncated_images_in_training_are_one_line(tiny, bomb_data, tmp
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Round one's open case: a similarity that is not a number
+# A bag's similarity that is not a number
 # --------------------------------------------------------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ from finecap.data.results import read_results, write_results
 from finecap.inference import image_files, image_ids
 from finecap.train.model_card import md_code, model_card, one_line
 from helpers.cli import refused, run_cli
-from helpers.h48_loss import snapshot
+from helpers.user_folders import snapshot
 
 # --------------------------------------------------------------------------------------------------------------------
 # (a) A folder data set's caption files: only inside the folder

@@ -1122,7 +1122,7 @@ def test_a_request_the_server_cannot_read_is_a_400_never_a_500(caplog):
 
 
 def test_an_overflowing_id_a_link_loop_and_a_departing_body_are_answered_quietly(tmp_path, caplog):
-    """Three requests that made a 500 and a logged traceback (round five): an id of 1e999 (a valid JSON number that
+    """Three requests that made a 500 and a logged traceback: an id of 1e999 (a valid JSON number that
     reads as infinity, which no JSON reply can echo), an image path inside a symbolic link loop (pathlib raises
     RuntimeError there before Python 3.13), and a client that leaves while sending its body."""
     loop = tmp_path / "loop"

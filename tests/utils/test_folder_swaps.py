@@ -39,7 +39,7 @@ from finecap.utils.folders import (
     remove_own_folder,
 )
 from helpers.cli import refused, run_cli
-from helpers.h48_loss import PRECIOUS, snapshot, user_folder
+from helpers.user_folders import PRECIOUS, snapshot, user_folder
 
 INFO = {"step": 7, "epoch": 1, "total_steps": 10}
 
