@@ -52,13 +52,14 @@ __all__ = ["Captioner", "evaluate", "train"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def checked_keywords(where: str, elsewhere: Callable[[str], str] | None = None) -> Callable[[F], F]:
+def checked_keywords(where: str, elsewhere: Callable[[str, Sequence[str]], str] | None = None) -> Callable[[F], F]:
     """A decorator: a call of the decorated function given a keyword it does not take is the ``TypeError`` of
     :func:`unknown_keyword`, naming the call ``where`` (``"finecap.evaluate"``) and the closest of its keywords, before
     the function runs. For the entries of the Python API whose keywords are fixed (:func:`evaluate`,
     :meth:`Captioner.from_pretrained`, the constructor); :func:`train` and :meth:`Captioner.caption` take options as
-    keywords and say so themselves. ``elsewhere``: where a keyword belongs instead, said in its place (the hint of
-    :func:`unknown_keyword`; ``""`` for none): :func:`_caption_keyword_hint` for :meth:`Captioner.from_pretrained`.
+    keywords and say so themselves. ``elsewhere(name, keywords)``: where a keyword belongs instead, given the
+    function's own ``keywords``, said in its place (the hint of :func:`unknown_keyword`; ``""`` for none):
+    :func:`_caption_keyword_hint` for :meth:`Captioner.from_pretrained`.
     ``inspect.signature`` and ``help`` still show the function's own signature."""
 
     def decorate(func: F) -> F:
@@ -69,7 +70,7 @@ def checked_keywords(where: str, elsewhere: Callable[[str], str] | None = None) 
         def checked(*args: Any, **kwargs: Any) -> Any:
             for name in kwargs:
                 if name not in taken:
-                    hint = elsewhere(name) if elsewhere is not None else ""
+                    hint = elsewhere(name, taken) if elsewhere is not None else ""
                     raise unknown_keyword(name, where, taken, options=False, hint=hint)
             return func(*args, **kwargs)
 
@@ -84,11 +85,13 @@ def _caption_arguments() -> list[str]:
     return [p.name for p in inspect.signature(Captioner.caption).parameters.values() if p.kind is p.KEYWORD_ONLY]
 
 
-def _caption_keyword_hint(name: str) -> str:
+def _caption_keyword_hint(name: str, own: Sequence[str] = ()) -> str:
     """`` (...)``: where the keyword ``name`` given to :meth:`Captioner.from_pretrained` belongs when it is one of
     :meth:`Captioner.caption`'s: a decoding option (a key of the ``decode`` section: ``max_length``, ``beam_size``),
     one of its own arguments (``seed``), or a Hugging Face name of a decoding option (``num_beams``:
-    :data:`~finecap.config.hf_names.HF_NAMES`), with the call that takes it; ``""`` for any other name. Loading takes
+    :data:`~finecap.config.hf_names.HF_NAMES`), with the call that takes it; else, for a name close to one of them
+    and to none of the loader's ``own`` keywords (``devce``: ``device``, which :func:`unknown_keyword` suggests), that
+    one (``max_lenght``: ``max_length``, :func:`finecap.utils.text.closest`); ``""`` for any other name. Loading takes
     no decoding settings: the checkpoint's ``decode`` section is the default, and each call replaces some of them.
 
     Example::
@@ -98,18 +101,27 @@ def _caption_keyword_hint(name: str) -> str:
 captioner.caption(images, max_length=...))'
         >>> _caption_keyword_hint("num_beams").endswith("captioner.caption(images, beam_size=...))")
         True
-        >>> _caption_keyword_hint("devce"), _caption_keyword_hint("learning_rate")
+        >>> _caption_keyword_hint("max_lenght")
+        ' (did you mean max_length, a decoding option of caption() and caption_all(), not of loading? \
+captioner.caption(images, max_length=...))'
+        >>> _caption_keyword_hint("devce", ["path", "device"]), _caption_keyword_hint("learning_rate")
         ('', '')
     """
     from finecap.config import SECTIONS
     from finecap.config.hf_names import HF_NAMES, hf_hint
+    from finecap.utils.text import closest
 
     fields = [f.name for f in dataclasses.fields(SECTIONS["decode"])]
-    if name in fields or name in _caption_arguments():
-        what = "a decoding option" if name in fields else "an argument"
-        return (f" ({name} is {what} of caption() and caption_all(), not of loading: "
-                f"captioner.caption(images, {name}=...))")  # fmt: skip
+    arguments = _caption_arguments()
+
+    def what(key: str) -> str:
+        return f"{'a decoding option' if key in fields else 'an argument'} of caption() and caption_all()"
+
+    if name in fields or name in arguments:
+        return f" ({name} is {what(name)}, not of loading: captioner.caption(images, {name}=...))"
     hf = HF_NAMES.get(name)
+    if hf is None and closest(name, own) is None and (match := closest(name, [*fields, *arguments])) is not None:
+        return f" (did you mean {match}, {what(match)}, not of loading? captioner.caption(images, {match}=...))"
     if hf is None or (hf.key is not None and not hf.key.startswith("decode.")):
         return ""
     said = hf_hint(name, spell=lambda option: option.removeprefix("decode."))

@@ -794,6 +794,25 @@ def test_a_decoding_keyword_given_to_the_loader_names_caption(tmp_path, keyword,
     assert said.endswith(f"{told}; its keywords are path and device")
 
 
+@pytest.mark.parametrize(
+    "typo, meant, what",
+    [("max_lenght", "max_length", "a decoding option"), ("beamsize", "beam_size", "a decoding option"),
+     ("sed", "seed", "an argument")],
+)  # fmt: skip
+def test_a_misspelt_decoding_keyword_given_to_the_loader_is_suggested_as_captions(tmp_path, typo, meant, what):
+    """``Captioner.from_pretrained(path, max_lenght=5)`` was told no suggestion ("unexpected keyword 'max_lenght'; its
+    keywords are path and device": only the loader's own keywords were matched). Now the decoding option (or
+    caption()'s argument) it is close to, with the call that takes it; a name close to the loader's own keyword is
+    still suggested as it (``devce``: ``device``, tested above)."""
+    with pytest.raises(TypeError) as refused:
+        Captioner.from_pretrained(tmp_path / "no-run", **{typo: 5})
+    said = (
+        f"Captioner.from_pretrained: unexpected keyword {typo!r} (did you mean {meant}, {what} of caption() and "
+        f"caption_all(), not of loading? captioner.caption(images, {meant}=...)); its keywords are path and device"
+    )
+    assert str(refused.value) == said
+
+
 def test_the_checked_entries_keep_their_signatures():
     # help() and inspect show the entries' own keywords, not the check's (*args, **kwargs)
     import inspect

@@ -5,7 +5,8 @@ tests/conftest.py builds it once per session.
 builds two services as ``finecap serve-reward`` builds them (:func:`finecap.app.serve_reward.build_service`: the
 training loop's reward, set up with its context): the NDLB mixture ``retrieval 1.0 + cider 0.5`` and CIDEr-D alone.
 :func:`fixture_captions` gives the 1,000 captions of the identity tests, cut into :data:`GROUP` requests of 100;
-:func:`serving` runs a service on 127.0.0.1 (a free port) in a thread; :func:`every_front_end` asks one reward
+:func:`serving` runs a service on 127.0.0.1 (a free port) in a thread; :func:`standing_in` a stand-in server that
+closes, resets or garbles requests by script (the client's retries); :func:`every_front_end` asks one reward
 through every front end. :func:`small_mixture` is a mixture small enough to compute by hand (``EXPECTED`` for
 ``CAPTIONS`` of the images ``IDS``), for the tests that need no world (the frameworks' own loaders)."""
 
@@ -14,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import socket
+import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +119,77 @@ def serving_server(service, **options) -> Iterator[tuple[str, Any]]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+class Asked(list):
+    """The bodies of the requests a stand-in server (:func:`standing_in`) read, in order, and :attr:`health`: how many
+    ``GET /health`` it answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.health = 0
+
+
+@contextlib.contextmanager
+def standing_in(script: Sequence[str]) -> Iterator[tuple[str, Asked]]:
+    """A stand-in reward server on 127.0.0.1, one request a connection: it reads each request whole and does what
+    ``script`` says for it, in order: ``"answer"`` 200 ``{"total": [3.0]}``; ``"close"`` the connection unanswered (a
+    server restarting, or one whose connections are all open); ``"reset"`` it midway through the answer (an RST:
+    httpx's ``ReadError``); ``"garbage"``: answer what is no HTTP (a wrong port's other service) and close. Requests
+    past the script are answered. A ``GET /health`` is answered ``{"status": "ok", "tallies": {}}`` (a reward that
+    counts nothing, as finecap's server answers it even with all its connections open) and is no step of the script.
+    Yields its URL and what it was asked (:class:`Asked`: the script's requests' bodies, the ``/health`` reads)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)  # accept() wakes up to see the test end (closing the listener would not wake it)
+    asked = Asked()
+    over = threading.Event()
+
+    def reply(body: bytes) -> bytes:
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+
+    answer, healthy = reply(b'{"total": [3.0]}'), reply(b'{"status": "ok", "tallies": {}}')
+
+    def serve() -> None:
+        while not over.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                if head.startswith(b"GET /health "):
+                    asked.health += 1
+                    conn.sendall(healthy)
+                    continue
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+                while len(body) < length:
+                    body += conn.recv(65536)
+                asked.append(body)
+                act = script[len(asked) - 1] if len(asked) <= len(script) else "answer"
+                if act == "answer":
+                    conn.sendall(answer)
+                elif act == "reset":
+                    conn.sendall(answer[: answer.index(b"\r\n\r\n") + 5])  # the head and a byte of the body
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # closed: an RST
+                elif act == "garbage":
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                else:
+                    assert act == "close", act  # closed unanswered
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", asked
+    finally:
+        over.set()
+        thread.join(30)
+        listener.close()
 
 
 PROMPT = "<|im_start|>user\n<image>Describe the image in detail.<|im_end|>\n<|im_start|>assistant\n"

@@ -8,15 +8,12 @@ accepts (:func:`helpers.served.accepted_connections`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import pickle
 import socket
-import struct
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -25,7 +22,7 @@ from finecap.integrations.verl import compute_score_async
 from finecap.rewards import RewardOutput
 from finecap.serve.client import RewardClient, RewardServerError
 from finecap.serve.service import ImageTable, RewardService
-from helpers.served import accepted_connections, open_connections, serving_server
+from helpers.served import accepted_connections, open_connections, serving_server, standing_in
 from helpers.waiting import until
 
 
@@ -160,59 +157,6 @@ def test_a_client_lets_an_idle_connection_go_before_the_server_would_close_it(mo
         assert asyncio.run(one_after_another()) == [[3.0]] * 3
         assert accepted_connections(server) == 6  # the threads' pool and the loop's both use the value
         client.close()
-
-
-@contextlib.contextmanager
-def standing_in(script: Sequence[str]) -> Iterator[tuple[str, list[bytes]]]:
-    """A stand-in server on 127.0.0.1, one request a connection: it reads each request whole and does what ``script``
-    says for it, in order: ``"answer"`` 200 ``{"total": [3.0]}``; ``"close"`` the connection unanswered (a server
-    restarting, or one whose connections are all open); ``"reset"`` it midway through the answer (an RST: httpx's
-    ``ReadError``); ``"garbage"``: answer what is no HTTP (a wrong port's other service) and close. Requests past the
-    script are answered. Yields its URL and the bodies it read."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.05)  # accept() wakes up to see the test end (closing the listener would not wake it)
-    bodies: list[bytes] = []
-    over = threading.Event()
-    reply = b'{"total": [3.0]}'
-    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-              b"Content-Length: %d\r\n\r\n%s" % (len(reply), reply))  # fmt: skip
-
-    def serve() -> None:
-        while not over.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            conn.settimeout(None)
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536)
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
-                while len(body) < length:
-                    body += conn.recv(65536)
-                bodies.append(body)
-                act = script[len(bodies) - 1] if len(bodies) <= len(script) else "answer"
-                if act == "answer":
-                    conn.sendall(answer)
-                elif act == "reset":
-                    conn.sendall(answer[: answer.index(b"\r\n\r\n") + 5])  # the head and a byte of the body
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # closed: an RST
-                elif act == "garbage":
-                    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-                else:
-                    assert act == "close", act  # closed unanswered
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}", bodies
-    finally:
-        over.set()
-        thread.join(30)
-        listener.close()
 
 
 def one_score(client: RewardClient, awaited: bool, caption: str = "a red circle") -> list[float]:

@@ -153,8 +153,10 @@ class Scorer(Closeable):
         a server's requests go out at once. ``fields``: the caller's own names for the call's fields (``captions``,
         ``image_ids``, ``references``), which a refusal names, in process as from a server
         (:func:`finecap.serve.protocol.callers_field`; OpenRLHF's :data:`~finecap.serve.protocol.GET_REWARD_FIELDS`:
-        ``labels[1]: unknown image id 99``); default the names of a ``/reward`` request."""
+        ``labels[1]: unknown image id 99``); default the names of a ``/reward`` request. A server is asked after
+        its ``/health`` is read once (:meth:`_read_first`), as every adapter asks it."""
         if self.client is not None:
+            self._read_first()
             return self.client.score(captions, image_ids, references=references, fields=fields)
         return self._in_process(captions, image_ids, references, fields)[0]
 
@@ -163,6 +165,7 @@ class Scorer(Closeable):
                      fields: Mapping[str, str] | None = None) -> RewardOutput:  # fmt: skip
         """:meth:`score` (its arguments), awaited: a server's request does not block the trainer's event loop."""
         if self.client is not None:
+            await self._aread_first()
             return await self.client.ascore(captions, image_ids, references=references, fields=fields)
         return self.score(captions, image_ids, references, fields=fields)
 
@@ -183,8 +186,7 @@ class Scorer(Closeable):
     def counted_on_server(self, call: Callable[[], RewardOutput]) -> tuple[RewardOutput, dict[str, float]]:
         """``call()``, a request of this scorer's server client (one :meth:`counted` does not make: OpenRLHF's
         images by path), and the increase of the server's tallies over it, as :meth:`counted` counts it."""
-        if self._tallied is None:
-            self._server_grown()  # the first call: the counts before it (the server's work until then is no call's)
+        self._read_first()
         out = call()
         return out, self._server_grown()
 
@@ -194,10 +196,24 @@ class Scorer(Closeable):
         """:meth:`counted`, awaited: a server's request and the read of its tallies do not block the event loop."""
         if self.client is None:
             return self.counted(captions, image_ids, references, fields=fields)
-        if self._tallied is None:
-            await asyncio.to_thread(self._server_grown)
+        await self._aread_first()
         out = await self.client.ascore(captions, image_ids, references=references, fields=fields)
         return out, await asyncio.to_thread(self._server_grown)
+
+    def _read_first(self) -> None:
+        """Before this scorer's first request to its server, the server's ``/health`` read (:meth:`_server_grown`),
+        whichever adapter asks (:meth:`score`, :meth:`ascore`, :meth:`counted`, :meth:`acounted`): the tallies before
+        the first call (the server's work until then is no call's), and the server known to the client as one that
+        answers, so that a first request whose connection is refused or closed unanswered (a server over its
+        ``--max-connections``, or restarting) is asked again as a later one is
+        (:meth:`finecap.serve.client.RewardClient.retry_wait`); from a server that never answered, it fails at once."""
+        if self._tallied is None:
+            self._server_grown()
+
+    async def _aread_first(self) -> None:
+        """:meth:`_read_first`, awaited: the read does not block the event loop."""
+        if self._tallied is None:
+            await asyncio.to_thread(self._server_grown)
 
     def _in_process(self, captions: Sequence[str], image_ids: Sequence[Hashable],
                     references: Sequence[Sequence[str]] | None,

@@ -91,7 +91,9 @@ RETRIES = 5
 """Times a request answered 503, or that got no answer from a server that answered before, is asked again at most
 (:meth:`RewardClient.retry_wait`)."""
 MAX_RETRY_WAIT = 30.0
-"""Seconds a client waits at most before asking again after a 503 (a larger ``Retry-After`` is cut to it)."""
+"""Seconds a client waits at most before asking a request again, whichever answer it retries
+(:meth:`RewardClient.retry_wait`: a 503, whose larger ``Retry-After`` is cut to it, or a connection refused, closed
+unanswered or reset by a server that answered before)."""
 
 
 NO_ANSWER = (httpx.NetworkError, httpx.RemoteProtocolError)
