@@ -5,6 +5,9 @@ random subsets: each caption's random subset is seeded by its index, not drawn f
 global batch, running-mean baseline); and, over several steps with a resume in between, for a VLM whose vision
 tower trains through LoRA adapters (:func:`test_vlm_tower_lora_two_processes_and_resume_equal_accumulation`).
 
+The runs log the same step: the loss and its parts, the gradient norm and the objectives' step values (``accuracy``,
+``reward``, ``advantage_std``, ...: :data:`STEP_VALUES`), within 1e-6 (relative; 1e-5 for the gradient norm).
+
 Dropout is off (``clipcap.tiny_dropout=0``) and RL sampling is seeded per image (``finecap.decode.sample``), so the
 three runs compute the same function of the same data; what differs is only how the global batch is split, which
 the loop's item-weighted normalisation must undo. Tolerances: the runs sum the same numbers in different orders
@@ -32,6 +35,36 @@ from finecap.train.run import train
 from helpers.equivalence import OBJECTIVES, compare, overrides, weights
 from helpers.shared_launch import vlm_tower_run
 
+# The objectives' logged step values, besides the loss, that the three runs must log alike (the loss's tolerance):
+# each is reduced over every micro-batch and process of the step before it is divided (finecap.objectives.token_means:
+# a mean over every token, caption or image, the std over every caption), and the three runs compute the same tokens
+# and captions (dropout off, sampling seeded per image, not drawn in process order; SR's retrieval reward and its
+# running mean reduced over the global batch), so only the order of the sums differs. MLE's ``accuracy`` and SMILE's
+# ``mle_loss``: token means over the step's labels; the REINFORCE family's ``reward``, ``reward_greedy``,
+# ``baseline``, ``logprob`` and ``sample_words``: means over its captions; ``advantage_std``: the std over its
+# captions' advantages; ``distinct_samples``: a mean over its images; ``reward_greedy/failed``: the share of its
+# greedy captions a reward could not score (the monitor's step count).
+# What each comparison can see: the accumulation run, a step value made of its last micro-batch only (or of the
+# micro-batches' stds); the 2-process run, one whose processes' sums were not all-reduced, but only in ``mle_loss``
+# (the processes hold different numbers of tokens) and ``advantage_std`` (a std): every value is logged as the mean
+# of the processes' values (finecap.train.logging.mean_over_processes), which for a mean over captions or images is
+# the step's when, as here, each process holds 8 images, all scored. Both checked by breaking TokenMeans.
+# At this first step some are constants, whose comparison sees only that each run logs them (finite): ``accuracy`` 0
+# (the random ClipCap predicts no label), SCST's ``distinct_samples`` 1 (every image's 3 samples differ) and
+# ``reward_greedy/failed`` 0, SR's ``baseline`` 0 (the running mean before any step) and ``sample_words`` 8 (every
+# greedy caption is decode.max_length's 8 words).
+# Not compared, as not equal by construction: a reward's parts (``reward/cider``, ``reward/retrieval/*``) and the
+# monitor's measures (``monitor/*``), the mean of the micro-batches' values (equal here only because every
+# micro-batch holds 8 images, all scored); ``tokens`` (the micro-batches' mean count); ``time/*``.
+STEP_VALUES = {
+    "mle": ["accuracy"],
+    "smile": ["mle_loss"],
+    "smile_random": ["mle_loss"],
+    "scst": ["reward", "reward_greedy", "reward_greedy/failed", "baseline", "logprob", "sample_words", "advantage_std",
+             "distinct_samples"],
+    "sr": ["reward", "baseline", "logprob", "sample_words", "advantage_std"],
+}  # fmt: skip
+
 
 def logged(run: Path, key: str) -> float:
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -45,6 +78,8 @@ def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir
     (:func:`helpers.shared_launch.equivalence_runs`), whose feature cache the one-process runs share."""
     folder = shared_launch / "equivalence"
     args = dict(world=world_args, clip=clip_dir, cache=folder / "cache")
+    unequal = {}  # the step values (STEP_VALUES) the runs logged unlike, of every objective: asserted after them all
+    assert STEP_VALUES.keys() == OBJECTIVES.keys()
     for name in OBJECTIVES:
         big = train(load(None, overrides(name, tmp_path / f"{name}-big", batch=16, accum=1, **args)))
         accum = train(load(None, overrides(name, tmp_path / f"{name}-accum", batch=8, accum=2, **args)))
@@ -70,6 +105,12 @@ def test_two_processes_and_accumulation_equal_one_big_batch(world_args, clip_dir
             name,
             norms,
         )
+        # ... and so are the objective's step values (STEP_VALUES), over every token and caption of the global batch
+        for key in STEP_VALUES[name]:
+            values = [logged(run, key) for run in runs]  # 1 x 16, 1 x 8 x 2 accumulation steps, 2 processes x 8
+            if not all(v == pytest.approx(values[0], rel=1e-6) for v in values[1:]):
+                unequal[f"{name}: {key}"] = values
+    assert not unequal, unequal
 
 
 def adapter_files(run: Path) -> dict[str, dict[str, torch.Tensor]]:

@@ -34,9 +34,20 @@ def test_two_processes_equal_one_with_the_same_global_batch(world_args, clip_dir
     one = train(load(None, grpo_run(tmp_path / "one", world_args, clip_dir, folder / "cache", 16)))
 
     a, b = first_train_values(one), first_train_values(folder / "two")
-    # the step's means over every token and caption of both processes (finecap.objectives.token_means): entropy is
-    # the one that tells them from the mean of the processes' means at a first step (helpers.shared_launch.grpo_run)
-    for key in ("reward", "logprob", "baseline", "entropy", "kl", "clip_fraction", "ratio/mean"):
+    # the step's values over every token, caption and group of both processes (finecap.objectives.token_means),
+    # equal by construction (sampling is seeded per image, not drawn in process order): token means, means over
+    # captions (reward, logprob, sample_words) and images (distinct_samples), the std of the advantages, the share of
+    # groups of equal rewards. Every value is logged as the mean of the processes' values
+    # (finecap.train.logging.mean_over_processes): entropy (the processes hold different numbers of tokens:
+    # helpers.shared_launch.grpo_run) and advantage_std (a std) are the ones that tell the step's values from the
+    # mean of the processes' own (TokenMeans not all-reduced); a mean over captions or images does not here (each
+    # process holds 8 images, all scored), but tells a caption drawn or scored unlike the one process's. At a first
+    # step the ratio is 1 and the policy the reference: kl, clip_ratio/*, clip_fraction and ratio/* are constants (0
+    # or 1), the baseline is 0 (the group mean is no baseline of rl.baseline) and every image's 3 samples differ
+    # (distinct_samples 1): their comparisons see only that both runs log them
+    for key in ("reward", "logprob", "baseline", "sample_words", "distinct_samples", "advantage_std",
+                "zero_std_groups", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                "clip_ratio/region_mean", "clip_fraction", "ratio/mean"):  # fmt: skip
         assert a[key] == pytest.approx(b[key], rel=1e-6), key
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5) and a["grad_norm"] > 0
     for key in ("advantage/min", "advantage/max", "ratio/min", "ratio/max", "clip_ratio/low_min",
