@@ -224,6 +224,19 @@ def test_a_session_count_or_setting_is_no_secret(key):
     assert masked_override(f"{key}=3") == f"{key}=3"
 
 
+@pytest.mark.parametrize(
+    "name", ["tokenstring", "tokenstr", "tokenstore", "x-tokenset", "proxyauthorization", "httpauthorization"]
+)
+def test_a_word_beginning_with_tokens_or_holding_authorization_is_a_secret(name):
+    """The substring rule masked these; the word rule did not: ``tokens`` was left out of a name wherever it stood
+    (:data:`finecap.config.secrets.TEXT_TOKENS`), so ``tokenstring`` read as ``tring``, and ``auth`` counted only at
+    a word's edge, so ``proxyauthorization`` (a header's name run together) held none. Both as a key and as a URL's
+    query parameter."""
+    assert looks_secret(f"x.{name}")
+    assert masked_override(f"x.{name}={SECRET}") == f"x.{name}=***"
+    assert masked_url_secrets(f"https://h/v1?{name}={SECRET}&n=1") == f"https://h/v1?{name}=***&n=1"
+
+
 def test_finecap_options_named_like_a_secret():
     """The options of finecap whose values are hidden in an error and a recorded command line: the API keys, the
     names of the variables holding them, and ``smile.first_token`` (one token, singular: taken for a secret on

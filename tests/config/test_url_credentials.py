@@ -18,7 +18,7 @@ from finecap.app.boost import main as boost
 from finecap.boost.engine import Task
 from finecap.boost.openai_backend import OpenAIBackend
 from finecap.config import ConfigError, load
-from finecap.config.secrets import split_credentials
+from finecap.config.secrets import masked_authorization, split_credentials
 from finecap.integrations.swift import async_orm
 from finecap.integrations.verl import compute_score_batch
 from finecap.judges.base import Ask, Question
@@ -236,3 +236,21 @@ def test_the_boost_backend_masks_an_echoed_basic_authorization(http_logs):
     assert server.requests[0]["headers"]["Authorization"] == BASIC
     assert "HTTP 401" in str(refused.value) and "Authorization': 'Basic ***'" in str(refused.value)
     assert not [s for s in SECRETS if s in str(refused.value)]
+
+
+@pytest.mark.parametrize(
+    "echoed",
+    [
+        '{"headers":{"Authorization":["Bearer TOKEN"],"Host":["h"]}}',  # Go's http.Header in JSON: a list
+        "{'HTTP_AUTHORIZATION': 'Bearer TOKEN', 'PATH_INFO': '/score'}",  # a WSGI environ (Flask, Django)
+        '{"detail": "upstream said {\\"Authorization\\": \\"Bearer TOKEN\\"}"}',  # a JSON string in JSON
+        "raw headers {b'host': b'h', b'authorization': b'Bearer TOKEN'}",  # a dict of bytes, as printed
+        "request.headers => {authorization => 'Bearer TOKEN'}",  # Ruby's hash
+    ],
+)
+def test_an_echoed_authorization_header_in_any_common_spelling_is_masked(echoed):
+    # masked_authorization read a header followed by ':' or '=' and at most one quote: a list around the value, a
+    # variable named HTTP_AUTHORIZATION (no word boundary before the name), an escaped quote or a bytes literal
+    # left the bearer token in the message
+    masked = masked_authorization(echoed.replace("TOKEN", TOKEN))
+    assert TOKEN not in masked and "Bearer ***" in masked, masked

@@ -109,18 +109,21 @@ _PARAM = re.compile(r"(?P<sep>[?&;#])(?P<name>[^=&;#?]*)=(?P<value>[^&;#]*)")
 """One ``name=value`` parameter of a URL's query or fragment."""
 
 
-TEXT_TOKENS = re.compile(r"tokens|tokeni[sz]|token_?ids?(?![a-z])")
-"""Parts of a name that speak of a text's tokens, not of an access token: ``tokens`` (``max_new_tokens``,
-``data.max_tokens``: a count), ``tokenizer`` / ``tokenise``, ``token_id(s)`` (``smile.shift_token_id``). They are
-left out before a name is read for :data:`SECRET_WORDS`, so ``decode.max_new_tokens=20`` is repeated in an error
-as given, where ``hf_token``, ``access_token`` or ``api_token`` (one token, singular) is a secret still."""
+TEXT_TOKENS = re.compile(r"tokens(?![a-z])|tokeni[sz]|token_?ids?(?![a-z])")
+"""Parts of a name that speak of a text's tokens, not of an access token: ``tokens`` as a word's end
+(``max_new_tokens``, ``data.max_tokens``: a count), ``tokenizer`` / ``tokenise``, ``token_id(s)``
+(``smile.shift_token_id``). They are left out before a name is read for :data:`SECRET_WORDS`, so
+``decode.max_new_tokens=20`` is repeated in an error as given, where ``hf_token``, ``access_token`` or ``api_token``
+(one token, singular) is a secret still, and so is a word that only begins with ``tokens`` (``tokenstring``,
+``tokenstore``: a token's string)."""
 
 
 _ANYWHERE = "|".join(w for w in SECRET_WORDS if w not in EDGE_WORDS)
 _AT_EDGE = "|".join(EDGE_WORDS)
-_SECRET_IN_WORD = re.compile(rf"{_ANYWHERE}|^(?:{_AT_EDGE})|(?:{_AT_EDGE})s?$")
+_SECRET_IN_WORD = re.compile(rf"{_ANYWHERE}|authori[sz]|^(?:{_AT_EDGE})|(?:{_AT_EDGE})s?$")
 """A word of a name holding one of :data:`SECRET_WORDS` (``apikey``, ``hftoken``, ``clientsecret``, ``keyid``), one
-of the :data:`EDGE_WORDS` at its start or end (``sig``, ``signed``, ``authorization``, ``oauth``, ``sigs``)."""
+of the :data:`EDGE_WORDS` at its start or end (``sig``, ``signed``, ``authorization``, ``oauth``, ``sigs``), or
+``authoriz``/``authoris`` anywhere (``proxyauthorization``: no common word holds it)."""
 
 COMMON_WORDS = re.compile(
     r"(?:mon|don|tur|hoc|joc|whis|lac)keys?"  # monkey, turkey, hockey, ...
@@ -216,12 +219,15 @@ def masked_url_secrets(text: str) -> str:
 
 
 _AUTHORIZATION = re.compile(
-    r"(?i)(?P<head>\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token)\s+)?)"
-    r"(?!(?:bearer|basic|token)\s)(?P<value>[^\s\"'<>,;}]+)"
+    r"(?i)(?P<head>(?<![a-z0-9])(?:proxy[-_])?authorization(?:\\?[\"'])?\s*(?:[:=]|=>)\s*(?:\[\s*)?(?:b?\\?[\"'])?"
+    r"(?:(?:bearer|basic|token)\s+)?)"
+    r"(?!(?:bearer|basic|token)\s)(?P<value>[^\s\"'<>,;}\]\\]+)"
 )
 """An ``Authorization`` (or ``Proxy-Authorization``) header's value as a server or proxy echoing the request writes
-it in its reply (``Authorization: Bearer sk-...``, ``"authorization": "Basic YWxp..."``): the scheme kept, the
-credential after it (a placeholder such as ``<token>`` is none)."""
+it in its reply (``Authorization: Bearer sk-...``, ``"authorization": "Basic YWxp..."``), also as a list (Go's
+``http.Header`` in JSON: ``"Authorization":["Bearer sk-..."]``), a WSGI/CGI variable (``HTTP_AUTHORIZATION``), a
+Python bytes literal (``b'Bearer sk-...'``) or inside a JSON string (``\\"Authorization\\": \\"Bearer sk-...\\"``):
+the scheme kept, the credential after it (a placeholder such as ``<token>`` is none)."""
 
 
 def masked_authorization(text: str) -> str:
