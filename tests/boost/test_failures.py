@@ -156,12 +156,16 @@ def test_budget_counts_an_engine_that_raised_as_a_server_not_reached():
     # an in-process engine raising instead of answering (EngineFailing) did not count: with max_rate=1 a dead engine
     # failed every image and the run ended "ok"; a failing server's answers (ServerFailing) still do not count
     budget = FailureBudget(100, max_rate=1.0, max_consecutive=3)
-    dead = EngineFailing("the vLLM engine failed: EngineDeadError: EngineCore encountered an issue.")
-    assert budget.failed(0, dead) is None and budget.failed(1, dead) is None
-    assert budget.failed(2, ServerFailing("HTTP 500", status=500)) is None  # the server answered: resets the count
-    assert budget.failed(3, ServerUnavailable("refused")) is None and budget.failed(4, dead) is None
-    assert budget.failed(5, dead) == ("3 requests in a row got no answer from the in-process engine "
-                                      f"(boost.max_consecutive_failures=3); last error: {dead}")  # fmt: skip
+    text = "the vLLM engine failed: EngineDeadError: EngineCore encountered an issue."
+    dead = EngineFailing(text)  # one failed batch: its images share the engine's one failure (InProcessBackend.run)
+    assert all(budget.failed(i, dead) is None for i in range(5))  # a batch of 5 counts once, not 5 times
+    assert budget.consecutive == 1
+    assert budget.failed(5, EngineFailing(text)) is None  # the next batch: 2 in a row
+    assert budget.failed(6, ServerFailing("HTTP 500", status=500)) is None  # the server answered: resets the count
+    assert budget.failed(7, ServerUnavailable("refused")) is None and budget.failed(8, EngineFailing(text)) is None
+    assert budget.failed(9, last := EngineFailing(text)) == (
+        f"3 requests in a row got no answer from the in-process engine (boost.max_consecutive_failures=3); "
+        f"last error: {last}")  # fmt: skip
 
 
 def test_a_budget_of_100_percent_still_stops_a_run_whose_every_image_failed():

@@ -130,24 +130,46 @@ def test_an_engine_that_dies_mid_run_stops_boost_in_one_line_keeping_the_cached_
 
 def test_a_dead_engine_stops_the_run_after_max_consecutive_failures_whatever_the_budget(scripted, world, tmp_path):
     # a budget of 100 % let a dead engine fail all 32 images and the command exit 0 ("ok", nothing boosted): only an
-    # unreachable server's requests counted towards boost.max_consecutive_failures. Each image of a failed batch now
-    # counts, as each of a server's concurrent requests does: the 10th in a row stops the run, exit 2
+    # unreachable server's requests counted towards boost.max_consecutive_failures. A failed batch (one generate
+    # call) now counts as one request: the 3rd failed batch in a row stops the run, exit 2
     scripted.error = RuntimeError("CUDA out of memory.\nTried to allocate 2.00 GiB")
     out = tmp_path / "out"
     with pytest.raises(BoostFailed) as stopped:
-        boost(load(None, settings(world, "boost.max_failure_rate=1")), out, progress=False)
+        boost(load(None, settings(world, "boost.max_failure_rate=1", "boost.max_consecutive_failures=3")), out,
+              progress=False)  # fmt: skip
     engine_error = "the vLLM engine failed: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
-    reason = (f"10 requests in a row got no answer from the in-process engine (boost.max_consecutive_failures=10); "
+    reason = (f"3 requests in a row got no answer from the in-process engine (boost.max_consecutive_failures=3); "
               f"last error: {engine_error}")  # fmt: skip
-    assert str(stopped.value).startswith(f"boost stopped: {reason}. 0 of 32 images boosted (blend), 10 failed, 22 "
+    assert str(stopped.value).startswith(f"boost stopped: {reason}. 0 of 32 images boosted (blend), 9 failed, 23 "
                                          "not done; no data set written."), str(stopped.value)  # fmt: skip
     assert scripted.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # each batch asked once, none after
     summary = json.loads((out / "boost.json").read_text())
     assert (summary["status"], summary["error"], summary["output"]) == ("failed", reason, None)
-    assert (summary["boosted"], summary["failed"], summary["not_done"]) == (0, 10, 22)
+    assert (summary["boosted"], summary["failed"], summary["not_done"]) == (0, 9, 23)
     failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
-    assert [f["error"] for f in failures] == [f"EngineFailing: {engine_error}"] * 10
+    assert [f["error"] for f in failures] == [f"EngineFailing: {engine_error}"] * 9
     assert not (out / "dataset.json").exists()
+
+
+def test_one_failed_batch_larger_than_the_streak_does_not_stop_a_run_the_rate_allows(scripted, world, tmp_path,
+                                                                                     monkeypatch):  # fmt: skip
+    # each image of a failed batch counted towards boost.max_consecutive_failures, so one transient failure (an out
+    # of memory on one batch) of a batch of boost.batch_size >= that streak (256 against the default 10) stopped
+    # the run at once, whatever boost.max_failure_rate allowed. The batch is one request: it counts once
+    scripted.healthy = 10**6
+    real = ScriptedLLM.generate
+
+    def second_batch_fails(self, prompts, params, use_tqdm=False):
+        if len(type(self).calls) == 1:
+            type(self).calls.append([p["prompt_token_ids"][0] for p in prompts])
+            raise RuntimeError("CUDA out of memory")
+        return real(self, prompts, params, use_tqdm)
+
+    monkeypatch.setattr(scripted, "generate", second_batch_fails)
+    cfg = load(None, settings(world, "boost.max_failure_rate=0.2", "boost.max_consecutive_failures=2"))
+    summary = boost(cfg, tmp_path / "out", progress=False)
+    assert summary["status"] == "ok" and (summary["boosted"], summary["failed"], summary["not_done"]) == (28, 4, 0)
+    assert len(scripted.calls) == 8  # every batch asked once
 
 
 def test_a_dead_engine_on_fewer_images_than_the_streak_fails_the_run_whatever_the_budget(scripted, world, tmp_path):
@@ -173,7 +195,7 @@ def test_a_dead_engine_on_fewer_images_than_the_streak_fails_the_run_whatever_th
 
 
 def test_an_answered_batch_ends_a_dead_engines_streak(scripted, world, tmp_path, monkeypatch):
-    # the streak counts images in a row that got no answer: a batch answered in between starts it again, and a budget
+    # the streak counts requests in a row that got no answer: a batch answered in between starts it again, and a budget
     # of 100 % then lets the run end "ok" with the failed images' human captions
     scripted.healthy = 10**6
     real = ScriptedLLM.generate

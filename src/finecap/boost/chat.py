@@ -20,7 +20,8 @@ conversation with its image, and the batches they generate in.
   CUDA error, vLLM's engine core dead) or :class:`~finecap.utils.closing.UsedAfterClose` (the backend was closed)
   answers each of its tasks with that :class:`~finecap.boost.engine.EngineFailing`: the boost engine fails each
   image as a failing server's (:class:`~finecap.boost.engine.FailureBudget` stops the run by
-  ``boost.max_failure_rate`` or ``boost.max_consecutive_failures``, the answers already cached kept), never a
+  ``boost.max_failure_rate`` or ``boost.max_consecutive_failures``, where the batch's one failure counts once, the
+  answers already cached kept), never a
   traceback out of :meth:`InProcessBackend.run`. Any other error (a chat template's) still stops the run as it is.
 """
 
@@ -146,5 +147,6 @@ class InProcessBackend(ABC):
                 try:
                     answers = self.generate([tasks[i] for i in batch], batch_images)
                 except (EngineFailing, UsedAfterClose) as e:  # the engine's failure: each task's (module docstring)
-                    answers = [engine_failing(e, self.engine) for _ in batch]
+                    failure = engine_failing(e, self.engine)  # one, shared: the budget counts the batch once
+                    answers = [failure] * len(batch)
                 yield from zip(batch, answers)

@@ -36,7 +36,7 @@ resumable cache, retries of malformed answers, a failure budget and a per-image 
 - **Stopping** (:class:`FailureBudget`): the run stops as soon as more than ``boost.max_failure_rate`` of the images
   to boost failed (the fraction can then only be exceeded at the end too), after ``boost.max_consecutive_failures``
   requests in a row could not reach the server (:class:`ServerUnavailable`) or got no answer from an in-process
-  engine that raised instead (:class:`EngineFailing`: each image of a failed batch counts), so that a dead server or
+  engine that raised instead (:class:`EngineFailing`: a failed batch counts once), so that a dead server or
   engine fails a run whatever ``boost.max_failure_rate`` allows, when every image to boost failed (none boosted:
   ``boost.max_failure_rate=1`` tolerates failed images, not all of them), and at once on a
   :class:`FatalBackendError` (a refused API key, a wrong URL), whichever answer of the requests in flight arrives
@@ -109,8 +109,9 @@ class EngineFailing(ServerFailing):
     """An in-process engine (boost's ``vllm`` backend's and the ``vllm`` judge's ``vllm.LLM``, boost's
     ``transformers`` backend's model) raised instead of answering a request it accepted: out of memory, its engine
     core dead, shut down. No answer, as a failing server's (``status`` ``None``): boost fails each image of the batch
-    it was asked for, counted in ``boost.max_failure_rate`` and, as an unreachable server's
-    (:class:`ServerUnavailable`), towards ``boost.max_consecutive_failures`` (:class:`FailureBudget`); a judge counts
+    it was asked for, counted in ``boost.max_failure_rate`` and, as an unreachable server's request
+    (:class:`ServerUnavailable`), towards ``boost.max_consecutive_failures``, once per batch (:class:`FailureBudget`:
+    the batch's images share one :class:`EngineFailing`); a judge counts
     it towards ``judge.max_consecutive_failures``. A request the engine refuses (a prompt too long) is a plain
     :class:`BackendError`, that request's own."""
 
@@ -359,8 +360,12 @@ class FailureBudget:
     failed_images: set[int] = field(default_factory=set)
     consecutive: int = 0
     """Requests in a row that got no answer from a server or engine that is gone, reset by any answer or other
-    failure: a server not reached (:class:`ServerUnavailable`), an in-process engine that raised instead of answering
-    (:class:`EngineFailing`: each image of its batch counts, as each of a server's concurrent requests does)."""
+    failure: a server not reached (:class:`ServerUnavailable`: each image's request), an in-process engine that
+    raised instead of answering (:class:`EngineFailing`: one per failed batch, the one ``generate`` call its images
+    share, so that one failed batch of ``boost.batch_size`` images counts once, not ``boost.batch_size`` times)."""
+    _streak_error: BaseException | str | None = None
+    """The failure last counted in :attr:`consecutive`: an image failing with that same :class:`EngineFailing` (the
+    other images of an engine's failed batch) adds nothing."""
 
     def over_budget(self) -> bool:
         """More than ``max_rate`` of the images failed, or every one of them did: a run that was to boost images and
@@ -380,7 +385,11 @@ class FailureBudget:
         if isinstance(error, FatalBackendError):
             return str(error)
         unanswered = isinstance(error, ServerUnavailable | EngineFailing)
-        self.consecutive = self.consecutive + 1 if unanswered else 0
+        if not unanswered:
+            self.consecutive = 0
+        elif not (isinstance(error, EngineFailing) and error is self._streak_error):  # a batch's images share
+            self.consecutive += 1  # their engine's one failure (InProcessBackend.run): counted once
+        self._streak_error = error if unanswered else None
         if self.consecutive >= self.max_consecutive:
             gone = "got no answer from the in-process engine" if isinstance(error, EngineFailing) else (
                 "could not reach the server")  # fmt: skip
@@ -393,7 +402,7 @@ class FailureBudget:
         return None
 
     def succeeded(self) -> None:
-        self.consecutive = 0
+        self.consecutive, self._streak_error = 0, None
 
 
 @dataclass

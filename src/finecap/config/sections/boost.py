@@ -95,7 +95,7 @@ class BoostConfig(Section, name="boost"):
     max_consecutive_failures: int = doc(
         10,
         "The run stops, exit 2, after this many requests in a row failed to reach the server or got no answer from "
-        "an in-process engine that raised instead (each image of its batch).",
+        "an in-process engine that raised instead (a failed batch counts once).",
         ge=1,
     )
     prompts: str = doc("", "Prompt file (YAML) overriding the default templates, or 'ndlb' (the paper's prompts).")
