@@ -172,6 +172,16 @@ def test_a_key_naming_text_tokens_is_no_secret(key):
     assert masked_override(f"{key}=20") == f"{key}=20"
 
 
+@pytest.mark.parametrize("key", ["x.access_tokens", "x.api_tokens", "x.refresh_tokens", "x.accessTokens",
+                                 "x.tokens"])  # fmt: skip
+def test_tokens_that_are_no_count_stay_a_secret(key):
+    """The plural ``tokens`` is a count of a text's tokens only in a name that counts (``max_new_tokens``,
+    ``tokens_per_batch``); ``access_tokens`` or ``refresh_tokens`` name access tokens, and were shown as given when
+    every name ending in ``tokens`` was read as a count."""
+    assert looks_secret(key)
+    assert masked_override(f"{key}={SECRET}") == f"{key}=***"
+
+
 @pytest.mark.parametrize(
     "key",
     ["x.apiKey", "x.APIKey", "x.apikey", "x.x-api-key", "x.hf_token", "x.HFToken", "x.accessToken", "x.sig",

@@ -109,13 +109,17 @@ _PARAM = re.compile(r"(?P<sep>[?&;#])(?P<name>[^=&;#?]*)=(?P<value>[^&;#]*)")
 """One ``name=value`` parameter of a URL's query or fragment."""
 
 
-TEXT_TOKENS = re.compile(r"tokens(?![a-z])|tokeni[sz]|token_?ids?(?![a-z])")
-"""Parts of a name that speak of a text's tokens, not of an access token: ``tokens`` as a word's end
-(``max_new_tokens``, ``data.max_tokens``: a count), ``tokenizer`` / ``tokenise``, ``token_id(s)``
-(``smile.shift_token_id``). They are left out before a name is read for :data:`SECRET_WORDS`, so
-``decode.max_new_tokens=20`` is repeated in an error as given, where ``hf_token``, ``access_token`` or ``api_token``
-(one token, singular) is a secret still, and so is a word that only begins with ``tokens`` (``tokenstring``,
-``tokenstore``: a token's string)."""
+TEXT_TOKENS = re.compile(r"tokeni[sz]|token_?ids?(?![a-z])")
+"""Parts of a name that speak of a text's tokens, not of an access token: ``tokenizer`` / ``tokenise``,
+``token_id(s)`` (``smile.shift_token_id``); and ``tokens`` as a word's end in a name that counts them
+(:data:`TOKEN_COUNT`: ``max_new_tokens``, ``data.max_tokens``, ``tokens_per_batch``). They are left out before a
+name is read for :data:`SECRET_WORDS`, so ``decode.max_new_tokens=20`` is repeated in an error as given, where
+``hf_token``, ``access_token`` or ``api_token`` (one token) is a secret still, and so are ``access_tokens`` or
+``refresh_tokens`` (tokens, but no count) and a word that only begins with ``tokens`` (``tokenstring``)."""
+
+TOKEN_COUNT = re.compile(r"(?:^|_)(?:max|min|num|n|new|per|count|total|limit|budget)(?:_|$)")
+"""A word of a name that makes its ``tokens`` a count of a text's tokens (:data:`TEXT_TOKENS`), read in the name's
+lower-case words joined by ``_``: ``max_new_tokens``, ``num_tokens``, ``tokens_per_batch``."""
 
 
 _ANYWHERE = "|".join(w for w in SECRET_WORDS if w not in EDGE_WORDS)
@@ -156,7 +160,10 @@ def _name_words(name: str) -> list[str]:
     >>> _name_words("X-Amz-Signature"), _name_words("AWSAccessKeyId"), _name_words("maxNewTokens")
     (['x', 'amz', 'signature'], ['aws', 'access', 'key', 'id'], ['max', 'new'])
     """
-    return re.findall(r"[a-z]+", TEXT_TOKENS.sub(" ", _CAMEL.sub("_", name).lower()))
+    lowered = TEXT_TOKENS.sub(" ", _CAMEL.sub("_", name).lower())
+    if TOKEN_COUNT.search("_".join(re.findall(r"[a-z]+", lowered))):  # a count of tokens, not an access token's
+        lowered = re.sub(r"tokens(?![a-z])", " ", lowered)
+    return re.findall(r"[a-z]+", lowered)
 
 
 def _secret_name(name: str) -> bool:
