@@ -151,21 +151,27 @@ def test_a_dead_engine_stops_the_run_after_max_consecutive_failures_whatever_the
     assert not (out / "dataset.json").exists()
 
 
+def failing_batches(scripted, monkeypatch, fails):
+    """The scripted engine answers every batch but those whose index (0: the first) ``fails`` says, which raise as
+    an engine out of memory; each batch asked is recorded in ``scripted.calls``."""
+    scripted.healthy = 10**6
+    real = ScriptedLLM.generate
+
+    def generate(self, prompts, params, use_tqdm=False):
+        if fails(len(type(self).calls)):
+            type(self).calls.append([p["prompt_token_ids"][0] for p in prompts])
+            raise RuntimeError("CUDA out of memory")
+        return real(self, prompts, params, use_tqdm)
+
+    monkeypatch.setattr(scripted, "generate", generate)
+
+
 def test_one_failed_batch_larger_than_the_streak_does_not_stop_a_run_the_rate_allows(scripted, world, tmp_path,
                                                                                      monkeypatch):  # fmt: skip
     # each image of a failed batch counted towards boost.max_consecutive_failures, so one transient failure (an out
     # of memory on one batch) of a batch of boost.batch_size >= that streak (256 against the default 10) stopped
     # the run at once, whatever boost.max_failure_rate allowed. The batch is one request: it counts once
-    scripted.healthy = 10**6
-    real = ScriptedLLM.generate
-
-    def second_batch_fails(self, prompts, params, use_tqdm=False):
-        if len(type(self).calls) == 1:
-            type(self).calls.append([p["prompt_token_ids"][0] for p in prompts])
-            raise RuntimeError("CUDA out of memory")
-        return real(self, prompts, params, use_tqdm)
-
-    monkeypatch.setattr(scripted, "generate", second_batch_fails)
+    failing_batches(scripted, monkeypatch, lambda batch: batch == 1)  # the second batch fails
     cfg = load(None, settings(world, "boost.max_failure_rate=0.2", "boost.max_consecutive_failures=2"))
     summary = boost(cfg, tmp_path / "out", progress=False)
     assert summary["status"] == "ok" and (summary["boosted"], summary["failed"], summary["not_done"]) == (28, 4, 0)
@@ -197,16 +203,7 @@ def test_a_dead_engine_on_fewer_images_than_the_streak_fails_the_run_whatever_th
 def test_an_answered_batch_ends_a_dead_engines_streak(scripted, world, tmp_path, monkeypatch):
     # the streak counts requests in a row that got no answer: a batch answered in between starts it again, and a budget
     # of 100 % then lets the run end "ok" with the failed images' human captions
-    scripted.healthy = 10**6
-    real = ScriptedLLM.generate
-
-    def every_other_batch(self, prompts, params, use_tqdm=False):  # batches 2, 4, 6, 8 fail: 4 images in a row
-        if len(type(self).calls) % 2 == 1:
-            type(self).calls.append([p["prompt_token_ids"][0] for p in prompts])
-            raise RuntimeError("CUDA out of memory")
-        return real(self, prompts, params, use_tqdm)
-
-    monkeypatch.setattr(scripted, "generate", every_other_batch)
+    failing_batches(scripted, monkeypatch, lambda batch: batch % 2 == 1)  # batches 2, 4, 6, 8: 4 images in a row
     cfg = load(None, settings(world, "boost.max_failure_rate=1", "boost.max_consecutive_failures=5"))
     summary = boost(cfg, tmp_path / "out", progress=False)
     assert summary["status"] == "ok" and (summary["boosted"], summary["failed"], summary["not_done"]) == (16, 16, 0)
