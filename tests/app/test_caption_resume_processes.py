@@ -90,8 +90,11 @@ def test_a_launched_run_stopped_resumes_in_one_process(run, images, tmp_path, mo
     whole, out = tmp_path / "whole.json", tmp_path / "out.json"
     code, _, err = run_cli(command(run, images, "split", whole))
     assert code == 0, err
-    err, decoded = launched(command(run, images, "split", out), tmp_path, stop_after=1)
     partial, other = tmp_path / "out.json.partial.jsonl", tmp_path / "out.json.partial.1.jsonl"
+    # the main process stops once the other's header + 4 lines are on the disk: it counts the other's file as it is
+    # when it stops, and on a loaded machine it could stop before the other had written its batch
+    monkeypatch.setenv("CAPTION_WORKER_AWAIT", f"{other}:5")
+    err, decoded = launched(command(run, images, "split", out), tmp_path, stop_after=1)
     assert decoded == [[[0, 1, 2, 3]], [[6, 7, 8, 9]]]  # each process's first batch of its half, then stopped
     said = f"8 image(s) captioned are kept: 4 in {partial} (the main process's) and 4 in {tmp_path}/"
     assert said + "out.json.partial.<rank>.jsonl (1 other process's): run the same command" in err, err[-3000:]
