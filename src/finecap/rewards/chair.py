@@ -126,8 +126,8 @@ class ChairReward(RewardBase):
                              "categories} or instances=<COCO instances_*.json>; in a run set eval.instances=<COCO "
                              "instances_*.json> (or train on the world)")  # fmt: skip
         else:
-            objects = read_instances(self.instances, "eval.instances")
-            self.objects = keyed_table(objects, "chair objects (eval.instances)")
+            # read_instances refuses two ids of one image itself, naming eval.instances and the file
+            self.objects = read_instances(self.instances, "eval.instances")
         # one list an image, whichever way the two sides (the constructor's, the inputs') write its id
         for image_id, refs in (keyed_table(inputs.references, "chair references") or {}).items():
             key = id_key(image_id, self.references)
