@@ -126,7 +126,7 @@ from finecap.boost.engine import (
 )
 from finecap.boost.served_model import ServedModel
 from finecap.config.fields import url_problem
-from finecap.config.secrets import masked_authorization, masked_url_secrets, split_credentials
+from finecap.config.secrets import masked_reply, masked_url_secrets, split_credentials
 from finecap.data.images import DEFAULT_LIMITS, ImageLimits, decode_image, encode_image
 from finecap.data.records import DataError
 
@@ -502,7 +502,7 @@ class OpenAIBackend:
         URLs in it masked (:func:`~finecap.config.secrets.masked_url_secrets`: the server's own URL may hold some)
         and those of an echoed ``Authorization`` header (:func:`~finecap.config.secrets.masked_authorization`: the
         basic authentication of the URL's ``user:password@``, in base64)."""
-        return masked_authorization(masked_url_secrets(text.replace(self._api_key, "***") if self._api_key else text))
+        return masked_reply(text.replace(self._api_key, "***") if self._api_key else text)
 
     def masked_answer(self, text: str) -> str:
         """An answer as it is used: the API key masked when it has ``MASKED_KEY_LENGTH`` characters or more, URL

@@ -253,6 +253,18 @@ def masked_authorization(text: str) -> str:
     return _AUTHORIZATION.sub(lambda m: f"{m['head']}{MASK}", text) if "uthorization" in text.lower() else text
 
 
+def masked_reply(text: str) -> str:
+    """What a server answered, as finecap repeats it in a message: the credentials of the URLs in it
+    (:func:`masked_url_secrets`) and of an ``Authorization`` header it echoes (:func:`masked_authorization`) masked.
+    The one rule of finecap's HTTP clients (the reward client's errors and retry lines, boost's and the judges'
+    ``openai`` backend).
+
+    >>> masked_reply('bad token for https://u:pw@h/v1: "Authorization": "Bearer sk-1"')
+    'bad token for https://***@h/v1: "Authorization": "Bearer ***"'
+    """
+    return masked_authorization(masked_url_secrets(text))
+
+
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 
 

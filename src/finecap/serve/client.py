@@ -43,7 +43,7 @@ import httpx
 import torch
 
 from finecap.config.fields import url_problem
-from finecap.config.secrets import masked_authorization, masked_url_secrets, split_credentials
+from finecap.config.secrets import masked_reply, masked_url_secrets, split_credentials
 from finecap.rewards import RewardOutput
 from finecap.serve.protocol import RequestError, callers_field, in_callers_words, reward_body
 
@@ -61,7 +61,7 @@ class RewardServerError(RuntimeError):
         text = f"reward server{where}: {message}" + (f" [HTTP {status}]" if status else "")
         # a URL's user:password@ or ?token=, or the request's Authorization header echoed by the server, never
         # reaches a message
-        super().__init__(masked_authorization(masked_url_secrets(text)))
+        super().__init__(masked_reply(text))
         self.status, self.field = status, field
 
 
@@ -319,7 +319,7 @@ class RewardClient:
         else:
             return None
         wait = min(max(asked if math.isfinite(asked) else 0.0, 2.0**attempt), MAX_RETRY_WAIT)
-        said = masked_authorization(masked_url_secrets(said))  # the server's words: an echoed header masked
+        said = masked_reply(said)  # the server's words: an echoed header masked
         log.warning("%s", f"reward server {self.shown_url} {said}; asking again in {wait:g} s "
                           f"(retry {attempt + 1} of {self.retries})")  # fmt: skip
         return wait
